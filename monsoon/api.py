@@ -1,0 +1,133 @@
+"""``monsoon.train``: one call from a problem name to a finished, recorded run.
+
+    import monsoon
+    result = monsoon.train("exp", strategy="sync", workers=2, lr=0.01, epochs=50, seed=0)
+    result.summary   # the dict written to summary.json
+    result.history   # the rows of metrics.csv
+    result.params    # final flat parameters (and result.model for torch problems)
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .config import TrainConfig, resolve
+from .engines import make_engine
+from .errors import ConfigError, TrainingDiverged
+from .problems import Problem
+from .record import Recorder, write_run_folder
+
+
+@dataclass
+class Result:
+    summary: dict
+    history: list[dict]
+    params: np.ndarray
+    problem: Problem
+    run_dir: Path | None = None
+
+    @property
+    def model(self):
+        """The trained ``torch.nn.Module`` (torch problems only)."""
+        if not hasattr(self.problem, "model_at"):
+            raise AttributeError(f"problem {self.problem.name!r} has no torch model")
+        return self.problem.model_at(self.params)
+
+
+def staleness_stats(counts: Counter) -> dict:
+    total = sum(counts.values())
+    if total == 0:
+        return {"mean": None, "p50": None, "p99": None, "max": None}
+    values = sorted(counts)
+    mean = sum(v * c for v, c in counts.items()) / total
+
+    def quantile(q):
+        rank, seen = q * (total - 1), 0
+        for v in values:
+            seen += counts[v]
+            if seen > rank:
+                return v
+        return values[-1]
+
+    return {"mean": mean, "p50": quantile(0.5), "p99": quantile(0.99), "max": values[-1]}
+
+
+def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
+          raise_on_divergence: bool = True, **options) -> Result:
+    """Train ``problem`` (a catalog name or a ``Problem``) with ``strategy`` on
+    ``workers`` workers. Options are the fields of ``TrainConfig``."""
+    unknown = set(options) - TrainConfig.field_names()
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))}; valid options: "
+                          f"{', '.join(sorted(TrainConfig.field_names()))}")
+    instance = problem if isinstance(problem, Problem) else None
+    config = TrainConfig(problem=problem if instance is None else instance.name,
+                         strategy=strategy, workers=workers, out=None if out is None else str(out),
+                         **options)
+    config, problem, rule, strat, budget = resolve(config, instance)
+    engine = make_engine(config.engine, backend=config.backend, timeout=config.timeout,
+                         shards=config.shards)
+
+    w0 = problem.initial_params(config.seed).astype(problem.dtype, copy=False)
+    total = (budget.epochs * problem.n_examples if budget.epochs is not None
+             else budget.steps * config.batch_size)
+    recorder = Recorder(problem, total, config.target_loss, evals=config.evals,
+                        progress=config.progress,
+                        label=f"{config.problem} {config.strategy} x{config.workers}")
+    t_start = time.perf_counter()
+    try:
+        res = engine.run(problem, rule, strat, w0, config.workers, config.batch_size,
+                         config.seed, budget, recorder)
+    finally:
+        recorder.close()
+    final_loss = float(problem.loss(res.params))
+    recorder.add_row(res.wall_time_s, res.updates, res.examples, final_loss)
+    summary = {
+        "problem": config.problem,
+        "strategy": config.strategy,
+        "engine": config.engine,
+        "backend": "inline" if config.strategy == "serial" else config.backend,
+        "rule": rule.name,
+        "workers": config.workers,
+        "seed": config.seed,
+        "final_loss": final_loss,
+        "wall_time_s": res.wall_time_s,
+        "startup_s": res.startup_s,
+        "updates": res.updates,
+        "examples": res.examples,
+        "examples_per_s": res.examples / res.wall_time_s if res.wall_time_s > 0 else None,
+        "epochs": res.examples / problem.n_examples,
+        "staleness": staleness_stats(res.staleness),
+        "dropped_updates": res.dropped_updates,
+        "failed_workers": [{"worker": f["worker"], "error": f["error"]} for f in res.failed_workers],
+        "time_to_target_s": recorder.time_to_target_s,
+        "target_loss": config.target_loss,
+        "lr": config.lr,
+        "batch_size": config.batch_size,
+        "dtype": config.dtype,
+        "shards": getattr(engine, "shards_used", None),
+        "n_params": problem.n_params,
+        "n_examples": problem.n_examples,
+        "status": "diverged" if res.stopped else "finished",
+        "total_time_s": time.perf_counter() - t_start,
+        "monsoon_version": __version__,
+    }
+    if res.stopped:
+        summary["stopped"] = res.stopped
+    if config.strategy == "async":
+        summary.update(n_fetch=config.n_fetch, n_push=config.n_push)
+    result = Result(summary, recorder.rows, res.params, problem)
+    if out is not None:
+        full_config = {**config.to_dict(), **rule.describe(), **strat.describe(),
+                       **engine.describe(), "problem_info": problem.describe()}
+        result.run_dir = write_run_folder(Path(out), full_config, summary, recorder.rows)
+    if res.stopped and raise_on_divergence:
+        err = TrainingDiverged(res.stopped + (f" (run folder: {out})" if out else ""))
+        err.result = result
+        raise err
+    return result

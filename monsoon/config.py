@@ -1,0 +1,113 @@
+"""The run configuration, validated at the boundary before any worker starts.
+
+Every check here names what to change. Defaults for the learning rate, the
+batch size and the budget come from the problem's catalog entry.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from .engines import BACKENDS, engine_names, make_engine
+from .errors import ConfigError
+from .problems import Problem, make_problem, problem_defaults
+from .rules import make_rule
+from .strategies import Budget, make_strategy
+
+FALLBACK = {"lr": 0.01, "epochs": 10, "batch_size": 32}
+DTYPES = ("float32", "float64")
+
+
+@dataclass
+class TrainConfig:
+    problem: str = "exp"
+    strategy: str = "serial"
+    workers: int = 1
+    engine: str = "local"
+    backend: str = "processes"
+    rule: str = "sgd"
+    lr: float | None = None
+    lr_schedule: str = "constant"
+    lr_gamma: float = 0.1
+    lr_step_size: int = 1000
+    momentum: float = 0.9
+    epochs: int | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    seed: int = 0
+    dtype: str = "float32"
+    target_loss: float | None = None
+    shards: int | None = None
+    n_fetch: int = 1
+    n_push: int = 1
+    timeout: float = 60.0
+    evals: int = 100
+    out: str | None = None
+    progress: bool | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+
+def _positive_int(name: str, value, flag: str) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}; fix {flag}")
+
+
+def resolve(config: TrainConfig, problem: Problem | None = None):
+    """Check ``config`` and build its pieces. Returns (config with defaults
+    filled in, problem, rule, strategy, budget). Raises ConfigError."""
+    c = config
+    if c.dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {c.dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if problem is None:
+        if not isinstance(c.problem, str):
+            raise ConfigError("problem must be a catalog name or a Problem instance")
+        defaults = problem_defaults(c.problem)  # raises on unknown names
+    else:
+        defaults = {}
+        c.problem = problem.name
+    _positive_int("workers", c.workers, "--workers")
+    _positive_int("epochs", c.epochs, "--epochs")
+    _positive_int("steps", c.steps, "--steps")
+    _positive_int("batch size", c.batch_size, "--batch-size")
+    _positive_int("n_fetch", c.n_fetch, "--n-fetch")
+    _positive_int("n_push", c.n_push, "--n-push")
+    _positive_int("shards", c.shards, "--shards")
+    if c.engine not in engine_names():
+        make_engine(c.engine)  # raises, listing the engines there are
+    if c.backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {c.backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if c.epochs is not None and c.steps is not None:
+        raise ConfigError("give either --epochs or --steps, not both")
+    if c.lr is None:
+        c.lr = defaults.get("lr", FALLBACK["lr"])
+    if c.batch_size is None:
+        c.batch_size = defaults.get("batch_size", FALLBACK["batch_size"])
+    if c.epochs is None and c.steps is None:
+        if "steps" in defaults:
+            c.steps = defaults["steps"]
+        else:
+            c.epochs = defaults.get("epochs", FALLBACK["epochs"])
+    if not (isinstance(c.timeout, (int, float)) and c.timeout > 0):
+        raise ConfigError(f"timeout must be a positive number of seconds, got {c.timeout!r}")
+    if c.target_loss is not None and not c.target_loss == c.target_loss:
+        raise ConfigError("target loss must be a number")
+    if c.strategy == "serial" and c.workers != 1:
+        raise ConfigError(f"serial runs exactly 1 worker, not {c.workers}; "
+                          "drop --workers or pick another strategy")
+    rule = make_rule(c.rule, c.lr, c.lr_schedule, c.lr_gamma, c.lr_step_size,
+                     **({"momentum": c.momentum} if c.rule == "momentum" else {}))
+    options = {"n_fetch": c.n_fetch, "n_push": c.n_push,
+               "local_lr": c.lr if c.n_fetch > 1 else 0.0} if c.strategy == "async" else {}
+    strategy = make_strategy(c.strategy, **options)
+    if problem is None:
+        problem = make_problem(c.problem, c.dtype)
+    strategy.validate(c.workers, c.batch_size, problem.n_examples)
+    if c.batch_size > problem.n_examples:
+        raise ConfigError(f"batch size {c.batch_size} is larger than the {problem.n_examples} "
+                          f"training examples; use --batch-size {problem.n_examples} or less")
+    return c, problem, rule, strategy, Budget(epochs=c.epochs, steps=c.steps)

@@ -1,0 +1,19 @@
+"""Engines: where workers run and how parameters move."""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .local import BACKENDS, LocalEngine
+
+ENGINES = {"local": LocalEngine}
+PLANNED = {"sim": "the discrete-event simulator", "ray": "Ray actors on a cluster"}
+
+
+def engine_names() -> list[str]:
+    return list(ENGINES)
+
+
+def make_engine(name: str, **options):
+    if name not in ENGINES:
+        extra = f" ({name} is {PLANNED[name]}, not built yet)" if name in PLANNED else ""
+        raise ConfigError(f"unknown engine {name!r}{extra}; choose one of: {', '.join(engine_names())}")
+    return ENGINES[name](**options)

@@ -1,0 +1,3 @@
+from .engine import BACKENDS, EngineResult, LocalEngine
+
+__all__ = ["LocalEngine", "EngineResult", "BACKENDS"]

@@ -1,0 +1,295 @@
+"""The local engine (the default, zero set-up): workers on this machine.
+
+Workers are processes (spawn start method) or threads; the parameters, the
+rule state and the counters live in shared memory (``store.py``). ``serial``
+runs inline in the calling thread, with no engine overhead at all.
+
+Each worker process sets its torch thread count so that workers x threads
+<= cores (oversubscription is a known 30x slowdown).
+
+The calling process is the monitor: it starts the workers and waits (with
+``start_timeout``) until every one is ready, which is ``startup_s``; then it
+releases them together and, until they finish, evaluates the full loss on
+snapshots of the parameters, drives the progress bar, and watches for
+failure. A worker that raises or dies is named in ``failed_workers``; if the
+strategy needs all workers (sync) the others are aborted and the run fails
+with that worker's error. If no worker makes progress for ``timeout``
+seconds the run is aborted: nothing can hang forever.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import WaitTimeout, WorkerError
+from ...strategies import WorkerJob
+from ..waiting import Aborted, wait_until
+from .runtime import WorkerRuntime
+from .store import (ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, START, STARTING,
+                    ParameterStore)
+
+BACKENDS = ("processes", "threads")
+
+
+@dataclass
+class EngineResult:
+    params: np.ndarray
+    startup_s: float
+    wall_time_s: float
+    examples: int
+    updates: int
+    dropped_updates: int
+    staleness: Counter
+    failed_workers: list = field(default_factory=list)
+    stopped: str | None = None   # why the monitor stopped the run early, if it did
+
+
+@dataclass
+class WorkerSetup:
+    """Everything a worker needs, sent once at start (pickled for processes)."""
+    rank: int
+    workers: int
+    store: ParameterStore
+    problem: object
+    rule: object
+    strategy: object
+    job: WorkerJob
+    timeout: float
+    start_timeout: float
+    torch_threads: int
+
+
+def torch_threads_per_worker(workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def _worker_body(setup: WorkerSetup, messages) -> None:
+    store = setup.store
+    rank = setup.rank
+    try:
+        runtime = WorkerRuntime(rank, setup.workers, store, setup.problem, setup.rule,
+                                setup.strategy, setup.timeout)
+        program = setup.strategy.program(setup.job)
+        store.status[rank] = READY
+        wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
+                   lambda: store.control[1], "the start signal")
+        store.status[rank] = RUNNING
+        runtime.run(program)
+        store.status[rank] = DONE
+        messages.put(("done", rank, dict(runtime.staleness)))
+    except Aborted:
+        store.status[rank] = ABORTED
+        messages.put(("aborted", rank, None))
+    except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
+        store.status[rank] = FAILED
+        messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _process_main(payload: bytes, locks, sync_lock, messages) -> None:
+    import pickle
+
+    import torch
+
+    setup = pickle.loads(payload)
+    setup.store.attach_locks(locks, sync_lock)
+    torch.set_num_threads(setup.torch_threads)
+    _worker_body(setup, messages)
+    messages.close()
+    messages.join_thread()
+
+
+class LocalEngine:
+    name = "local"
+
+    def __init__(self, backend: str = "processes", timeout: float = 60.0,
+                 start_timeout: float = 120.0, shards: int | None = None, poll_s: float = 0.02):
+        self.backend = backend
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.shards = shards
+        self.poll_s = poll_s
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "backend": self.backend, "timeout_s": self.timeout}
+
+    def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        shards = self.shards or workers
+        shards = max(1, min(shards, w0.size))
+        inline = strategy.name == "serial"
+        backend = "inline" if inline else self.backend
+        ctx = mp.get_context("spawn") if backend == "processes" else None
+        store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.needs_all_workers,
+                               backend=backend, mp_context=ctx)
+        self.shards_used = shards
+        try:
+            if inline:
+                return self._run_inline(store, problem, rule, strategy, batch_size, seed,
+                                        budget, recorder)
+            return self._run_workers(store, ctx, problem, rule, strategy, workers, batch_size,
+                                     seed, budget, recorder)
+        finally:
+            store.close()
+
+    # -- serial: in the calling thread --------------------------------------
+    def _run_inline(self, store, problem, rule, strategy, batch_size, seed, budget, recorder):
+        job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget)
+        runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
+        t0 = time.perf_counter()
+        recorder.start(store.params)
+        ticks = [0]
+
+        def between_ops():
+            ticks[0] += 1
+            if ticks[0] & 7 == 0:
+                now = time.perf_counter() - t0
+                if recorder.due(now):
+                    ex, up, dropped = store.totals()
+                    if recorder.record(now, int(up), int(ex), store.params, int(dropped)) is not None:
+                        store.abort()
+
+        stopped = None
+        try:
+            runtime.run(strategy.program(job), between_ops)
+        except Aborted:
+            stopped = recorder.stop_reason
+        wall = time.perf_counter() - t0
+        ex, up, dropped = store.totals()
+        return EngineResult(np.array(store.params, copy=True), 0.0, wall, int(ex), int(up),
+                            int(dropped), runtime.staleness, [], stopped)
+
+    # -- parallel: processes or threads --------------------------------------
+    def _run_workers(self, store, ctx, problem, rule, strategy, workers, batch_size, seed,
+                     budget, recorder):
+        import copy
+
+        t_begin = time.perf_counter()
+        messages = ctx.Queue() if ctx is not None else queue.Queue()
+        handles = []
+        for rank in range(workers):
+            job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget)
+            setup = WorkerSetup(rank, workers, store,
+                                problem if ctx is not None else problem.for_worker(rank, workers),
+                                rule if ctx is not None else copy.deepcopy(rule),
+                                strategy, job, self.timeout, self.start_timeout,
+                                torch_threads_per_worker(workers))
+            if ctx is not None:
+                # Plain pickle, not multiprocessing's: torch's reducers would
+                # try to pass tensors as file descriptors.
+                payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
+                h = ctx.Process(target=_process_main,
+                                args=(payload, store.locks, store.sync_lock, messages),
+                                name=f"monsoon-worker-{rank}", daemon=True)
+            else:
+                h = threading.Thread(target=_worker_body, args=(setup, messages),
+                                     name=f"monsoon-worker-{rank}", daemon=True)
+            h.start()
+            handles.append(h)
+        failed: dict[int, str] = {}
+        staleness = Counter()
+        finished: set[int] = set()
+
+        def drain(block_s: float = 0.0):
+            try:
+                while True:
+                    kind, rank, payload = messages.get(timeout=block_s) if block_s else messages.get_nowait()
+                    block_s = 0.0
+                    finished.add(rank)
+                    if kind == "failed":
+                        failed[rank] = payload
+                    elif kind == "done":
+                        staleness.update(payload)
+            except queue.Empty:
+                pass
+
+        def check_dead():
+            if ctx is None:
+                return
+            for rank, h in enumerate(handles):
+                if rank not in finished and h.exitcode is not None:
+                    drain(0.2)  # its last message may still be in the pipe
+                    if rank not in finished:
+                        finished.add(rank)
+                        failed[rank] = f"worker process died (exit code {h.exitcode})"
+
+        stopped = None
+        try:
+            # start-up: every worker imported, unpickled and ready
+            deadline = time.monotonic() + self.start_timeout
+            while not all(store.status[r] == READY or r in finished for r in range(workers)):
+                drain()
+                check_dead()
+                if failed and strategy.needs_all_workers:
+                    raise self._fail(failed)
+                if len(finished) == workers:
+                    break
+                if time.monotonic() > deadline:
+                    raise WaitTimeout(f"workers did not start within {self.start_timeout:g} s")
+                time.sleep(0.005)
+            startup = time.perf_counter() - t_begin
+            recorder.start(store.params)
+            t0 = time.perf_counter()
+            store.control[START] = 1
+            snapshot = np.empty_like(store.params)
+            last_progress, last_examples = time.monotonic(), -1
+            while len(finished) < workers:
+                drain(self.poll_s)
+                check_dead()
+                if failed and strategy.needs_all_workers:
+                    raise self._fail(failed)
+                now = time.perf_counter() - t0
+                ex, up, dropped = store.totals()
+                if ex != last_examples:
+                    last_examples, last_progress = ex, time.monotonic()
+                elif time.monotonic() - last_progress > self.timeout:
+                    raise WaitTimeout(f"no worker made progress for {self.timeout:g} s; "
+                                      "raise --timeout if steps are genuinely that slow")
+                if recorder.due(now):
+                    np.copyto(snapshot, store.params)
+                    reason = recorder.record(now, int(up), int(ex), snapshot, int(dropped))
+                    if reason is not None:
+                        stopped = reason
+                        store.abort()
+            wall = time.perf_counter() - t0
+            ex, up, dropped = store.totals()
+            params = np.array(store.params, copy=True)
+        except BaseException:
+            store.abort()
+            self._join(handles, ctx)
+            raise
+        self._join(handles, ctx)
+        failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
+                       for r in sorted(failed)]
+        return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
+                            failed_list, stopped)
+
+    @staticmethod
+    def _fail(failed: dict) -> WorkerError:
+        rank = min(failed)
+        text = failed[rank]
+        err = WorkerError(f"worker {rank} failed, and this strategy needs every worker: "
+                          f"{text.splitlines()[0]}")
+        err.worker = rank
+        err.worker_traceback = text
+        return err
+
+    def _join(self, handles, ctx) -> None:
+        deadline = time.monotonic() + max(5.0, min(self.timeout, 30.0))
+        for h in handles:
+            h.join(max(0.0, deadline - time.monotonic()))
+        if ctx is not None:
+            for h in handles:
+                if h.is_alive():
+                    h.terminate()
+                    h.join(2.0)
+                if h.is_alive():
+                    h.kill()
+                    h.join(2.0)

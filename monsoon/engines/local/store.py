@@ -1,0 +1,124 @@
+"""The local parameter store: shared memory plus one lock and one version
+counter per shard.
+
+Everything workers share lives in one ``SharedArrays`` block:
+
+- ``params``: the flat parameter vector, and the rule state arrays beside it;
+- ``versions[s]``: updates applied to shard s (a push is a locked in-place
+  update of that shard, not a message);
+- ``slots[k]``: worker k's gradient for the current synchronous step, and
+  ``weights[k]`` its weight; ``sync[ARRIVED]`` / ``sync[APPLIED]`` count the
+  barrier's arrivals, ``sync[BAD_STEP]`` marks a step with a non-finite
+  gradient;
+- ``counters[k]``: worker k's examples, updates, dropped updates (each written
+  by worker k only, so no lock is needed);
+- ``status[k]`` and ``control``: start, abort and life-cycle flags.
+
+Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
+threads. After a lock-free wait on a counter, a reader takes and releases the
+lock once, which orders its later reads after the writer's (needed on CPUs
+with weaker memory ordering than x86).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ...rules import Rule, slice_state
+from .memory import SharedArrays
+
+# counters columns
+EXAMPLES, UPDATES, DROPPED = 0, 1, 2
+# sync columns
+ARRIVED, APPLIED, BAD_STEP = 0, 1, 2
+# control columns
+START, ABORT = 0, 1
+# status values
+STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
+
+
+def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n, shards)
+    bounds, start = [], 0
+    for s in range(shards):
+        stop = start + base + (1 if s < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class ParameterStore:
+    def __init__(self, w0: np.ndarray, rule: Rule, workers: int, shards: int,
+                 sync_slots: bool, backend: str, mp_context=None):
+        n = w0.size
+        dtype = str(w0.dtype)
+        template = rule.init(n, w0.dtype)
+        layout = {"params": ((n,), dtype),
+                  "versions": ((shards,), "int64"),
+                  "counters": ((workers, 3), "int64"),
+                  "status": ((workers,), "int64"),
+                  "control": ((2,), "int64"),
+                  "sync": ((3,), "int64"),
+                  "weights": ((workers,), "float64")}
+        for field, arr in zip(template._fields, template):
+            layout["state." + field] = (arr.shape, str(arr.dtype))
+        if sync_slots:
+            layout["slots"] = ((workers, n), dtype)
+        self.memory = SharedArrays(layout, in_process=(backend != "processes"))
+        self.memory["params"][:] = w0
+        for field, arr in zip(template._fields, template):
+            self.memory["state." + field][:] = arr
+        self.memory["sync"][BAD_STEP] = -1
+        self.state_type = type(template)
+        self.bounds = shard_bounds(n, shards)
+        if backend == "processes":
+            self.locks = [mp_context.Lock() for _ in range(shards)]
+            self.sync_lock = mp_context.Lock()
+        else:
+            self.locks = [threading.Lock() for _ in range(shards)]
+            self.sync_lock = threading.Lock()
+        self._attach()
+
+    def _attach(self):
+        m = self.memory
+        self.params = m["params"]
+        self.versions = m["versions"]
+        self.counters = m["counters"]
+        self.status = m["status"]
+        self.control = m["control"]
+        self.sync = m["sync"]
+        self.weights = m["weights"]
+        self.slots = m.arrays.get("slots")
+        self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
+        self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
+
+    def __getstate__(self):
+        # Locks travel separately, as process arguments (multiprocessing only
+        # lets them cross at process creation); see ``attach_locks``.
+        return {"memory": self.memory, "state_type": self.state_type, "bounds": self.bounds}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.locks, self.sync_lock = None, None
+        self._attach()
+
+    def attach_locks(self, locks, sync_lock) -> None:
+        self.locks, self.sync_lock = locks, sync_lock
+
+    @property
+    def aborted(self) -> bool:
+        return bool(self.control[ABORT])
+
+    def abort(self) -> None:
+        self.control[ABORT] = 1
+
+    def totals(self) -> np.ndarray:
+        """Examples, updates and dropped updates summed over workers."""
+        return self.counters.sum(axis=0)
+
+    def close(self) -> None:
+        for name in ("params", "versions", "counters", "status", "control", "sync",
+                     "weights", "slots", "state", "shard_states"):
+            self.__dict__.pop(name, None)
+        self.memory.close()

@@ -1,0 +1,53 @@
+"""The Problem protocol: what is trained, independent of how it is parallelised.
+
+A problem owns a flat parameter vector (one contiguous float32 or float64
+array), a gradient oracle ``gradient(w, indices) -> (loss, grad)`` returning
+the MEAN loss and MEAN gradient over the given examples, and the full-data
+objective ``loss(w)`` that every strategy reports the same way.
+
+Invariants:
+- ``gradient`` reads the parameters from ``w`` itself (zero copy where the
+  problem can alias it), and returns a gradient buffer owned by the problem,
+  valid until the next call; pass ``out=`` to have it written elsewhere.
+- ``loss(w)`` is the mean objective over all training examples, the one
+  number runs are compared by.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+class Problem(ABC):
+    name: str = "problem"
+    dtype: np.dtype
+    n_params: int
+    n_examples: int
+
+    @abstractmethod
+    def initial_params(self, seed: int) -> np.ndarray:
+        """A fresh flat parameter vector, a pure function of the seed."""
+
+    @abstractmethod
+    def gradient(self, w: np.ndarray, indices: np.ndarray, out: np.ndarray | None = None):
+        """Mean loss and mean gradient over ``indices`` at parameters ``w``."""
+
+    @abstractmethod
+    def loss(self, w: np.ndarray) -> float:
+        """Full-training-set objective at ``w`` (mean over examples)."""
+
+    def for_worker(self, rank: int, workers: int) -> "Problem":
+        """The instance a worker uses. Workers must not share mutable buffers
+        (a model, a gradient buffer), so threads get a copy; processes receive
+        a pickled copy already and may return ``self``."""
+        return self.copy()
+
+    def copy(self) -> "Problem":
+        import copy
+
+        return copy.deepcopy(self)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "n_params": int(self.n_params),
+                "n_examples": int(self.n_examples), "dtype": str(np.dtype(self.dtype))}

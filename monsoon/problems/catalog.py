@@ -1,0 +1,79 @@
+"""Named problems, each with the defaults that make ``monsoon train --problem
+NAME`` work with no other flag.
+
+- ``parabola``: seed 000 exactly. 50 points on [-2, 2], y = x², a 1-5-1 tanh
+  network initialised N(0, 1) as the seed's ``tf.random_normal``, loss = mean
+  squared error, full-batch gradient descent at lr 0.01 for 2000 steps.
+- ``exp``: seed 001. y = eˣ on [-1, 1], a 1-16-1 network whose first layer
+  starts U(0, 1) as the seed's ``random_uniform_initializer(0, 1)``.
+- ``digits``: scikit-learn's bundled 8x8 digit images (1797 real examples),
+  an MLP 64-64-10 with cross-entropy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from .torch_problem import TorchProblem
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    build: callable
+    description: str
+    defaults: dict = field(default_factory=dict)
+
+
+def _normal_init(module):
+    for p in module.parameters():
+        p.normal_(0.0, 1.0)
+
+
+def parabola(dtype="float32") -> TorchProblem:
+    x = np.linspace(-2, 2, 50)[:, None]
+    y = np.square(x)
+    net = nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 1))
+    return TorchProblem(net, nn.MSELoss(), x, y, dtype=dtype, name="parabola",
+                        init_fn=_normal_init)
+
+
+def _exp_init(module):
+    first, last = module[0], module[2]
+    first.weight.uniform_(0.0, 1.0)
+    first.bias.zero_()
+    last.weight.uniform_(-0.25, 0.25)
+    last.bias.zero_()
+
+
+def exp(dtype="float32") -> TorchProblem:
+    x = np.linspace(-1, 1, 256)[:, None]
+    y = np.exp(x)
+    net = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
+    return TorchProblem(net, nn.MSELoss(), x, y, dtype=dtype, name="exp", init_fn=_exp_init)
+
+
+def digits(dtype="float32") -> TorchProblem:
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    X = data.data / 16.0
+    y = torch.as_tensor(data.target, dtype=torch.long)
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    return TorchProblem(net, nn.CrossEntropyLoss(), X, y, dtype=dtype, name="digits")
+
+
+CATALOG = {
+    "parabola": CatalogEntry(
+        "parabola", parabola, "seed 000: y = x^2, 50 points, 1-5-1 tanh net",
+        {"lr": 0.01, "steps": 2000, "batch_size": 50}),
+    "exp": CatalogEntry(
+        "exp", exp, "seed 001: y = e^x, 256 points, 1-16-1 tanh net",
+        {"lr": 0.05, "epochs": 40, "batch_size": 16}),
+    "digits": CatalogEntry(
+        "digits", digits, "scikit-learn digits (1797 8x8 images), MLP 64-64-10",
+        {"lr": 0.1, "epochs": 10, "batch_size": 32}),
+}

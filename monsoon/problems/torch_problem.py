@@ -1,0 +1,187 @@
+"""TorchProblem: any ``torch.nn.Module`` as a flat parameter vector.
+
+The module's parameters are re-pointed to be views into ONE flat buffer (as
+DDP's gradient buckets and Horovod's fusion buffer are), and so are their
+``.grad`` tensors. Sharing, sending and averaging a model is then one array
+operation, never a loop over tensors.
+
+``gradient(w, idx)`` aliases ``w``: if ``w`` is not the buffer the module
+currently views, the module is re-pointed at it (no copy). A worker that
+computes on shared memory (Hogwild!, sync on the local engine) therefore
+reads the shared parameters directly, and one that computes on a private
+copy (Downpour) reads its copy.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from .base import Problem
+
+_TORCH_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float64}
+
+
+class TorchProblem(Problem):
+    """Train ``module`` on ``(X, y)`` under ``loss_fn(output, target)``, which
+    must return the mean over the batch (the default of torch's losses)."""
+
+    def __init__(self, module: torch.nn.Module, loss_fn, X, y, dtype="float32",
+                 name: str = "torch", eval_batch: int = 65536, init_fn=None):
+        self.name = name
+        self.init_fn = init_fn
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in _TORCH_DTYPES:
+            raise ValueError(f"dtype must be float32 or float64, not {dtype}")
+        tdtype = _TORCH_DTYPES[self.dtype]
+        X = torch.as_tensor(X)
+        y = torch.as_tensor(y)
+        if len(X) != len(y):
+            raise ValueError(f"X has {len(X)} rows but y has {len(y)}: they must match")
+        if len(X) == 0:
+            raise ValueError("the training set is empty")
+        self.X = X.to(tdtype) if X.is_floating_point() else X
+        self.y = y.to(tdtype) if y.is_floating_point() else y
+        self.module = module.to(tdtype)
+        self.loss_fn = loss_fn
+        self.eval_batch = eval_batch
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the module has no trainable parameters")
+        self._shapes = [p.shape for p in params]
+        self._sizes = [p.numel() for p in params]
+        self.n_params = int(sum(self._sizes))
+        self.n_examples = int(len(self.X))
+        self._params = params
+        flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy().copy()
+        self._initial = flat.copy()
+        self._bound = None
+        self._grad_out = None
+        self._bind(flat)
+        self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
+
+    # -- flat-buffer plumbing ---------------------------------------------
+    def _views(self, array: np.ndarray):
+        flat = torch.from_numpy(array)
+        offset = 0
+        for shape, size in zip(self._shapes, self._sizes):
+            yield flat[offset:offset + size].view(shape)
+            offset += size
+
+    def _bind(self, w: np.ndarray) -> None:
+        for p, view in zip(self._params, self._views(w)):
+            p.data = view
+        self._bound = w
+
+    def _bind_grad(self, g: np.ndarray) -> None:
+        for p, view in zip(self._params, self._views(g)):
+            p.grad = view
+        self._grad_out = g
+
+    def _check(self, w: np.ndarray) -> None:
+        if w.shape != (self.n_params,) or w.dtype != self.dtype:
+            raise ValueError(f"parameters have shape {w.shape} and dtype {w.dtype}; "
+                             f"this problem needs shape ({self.n_params},) and {self.dtype}")
+
+    # -- the Problem protocol ------------------------------------------------
+    def initial_params(self, seed: int) -> np.ndarray:
+        """Parameters re-drawn from ``seed``: by ``init_fn(module)`` when one
+        was given, else by each layer's own ``reset_parameters``."""
+        fresh = self.model_at(self._initial)
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        try:
+            if self.init_fn is not None:
+                with torch.no_grad():
+                    self.init_fn(fresh)
+            else:
+                layers = [m for m in fresh.modules() if hasattr(m, "reset_parameters")]
+                if not layers:
+                    return self._initial.copy()
+                for layer in layers:
+                    layer.reset_parameters()
+        finally:
+            torch.random.set_rng_state(gen_state)
+        return torch.cat([p.detach().reshape(-1) for p in fresh.parameters()
+                          if p.requires_grad]).numpy().astype(self.dtype, copy=True)
+
+    def gradient(self, w, indices, out=None):
+        if w is not self._bound:
+            self._check(w)
+            self._bind(w)
+        if out is not None and out is not self._grad_out:
+            self._check(out)
+            self._bind_grad(out)
+        grad = self._grad_out
+        grad.fill(0)
+        loss = self.loss_fn(self.module(self.X[indices]), self.y[indices])
+        loss.backward()
+        return float(loss.detach()), grad
+
+    def loss(self, w) -> float:
+        self._check(w)
+        saved = self._bound
+        self._bind(w)
+        total = 0.0
+        with torch.no_grad():
+            for start in range(0, self.n_examples, self.eval_batch):
+                stop = min(start + self.eval_batch, self.n_examples)
+                batch_loss = self.loss_fn(self.module(self.X[start:stop]), self.y[start:stop])
+                total += float(batch_loss) * (stop - start)
+        if saved is not None:
+            self._bind(saved)
+        return total / self.n_examples
+
+    def model_at(self, w: np.ndarray) -> torch.nn.Module:
+        """A standalone copy of the module holding parameters ``w``."""
+        self._check(w)
+        model = copy.deepcopy(self.module)
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p, view in zip(params, self._views(np.array(w, copy=True))):
+            p.data = view.clone()
+            p.grad = None
+        return model
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        # The module's parameters may view shared memory; ship plain copies.
+        state["_bound_copy"] = np.array(self._bound, copy=True)
+        state["_bound"] = None
+        state["_grad_out"] = None
+        state["module"] = None
+        state["_params"] = None
+        state["_module_bytes"] = _module_without_buffers(self.module, self._params)
+        return state
+
+    def __setstate__(self, state):
+        module_bytes = state.pop("_module_bytes")
+        bound = state.pop("_bound_copy")
+        self.__dict__.update(state)
+        self.module = module_bytes
+        self._params = [p for p in self.module.parameters() if p.requires_grad]
+        self._bind(bound)
+        self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
+
+    def __deepcopy__(self, memo):
+        clone = TorchProblem.__new__(TorchProblem)
+        memo[id(self)] = clone
+        memo[id(self.X)] = self.X  # data is read-only: share it
+        memo[id(self.y)] = self.y
+        clone.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return clone
+
+
+def _module_without_buffers(module, params):
+    """A copy of ``module`` whose parameters own their storage (not views of
+    a flat or shared buffer), so it pickles small and safely."""
+    saved = [(p.data, p.grad) for p in params]
+    try:
+        for p in params:
+            p.data = p.data.clone()
+            p.grad = None
+        return copy.deepcopy(module)
+    finally:
+        for p, (data, grad) in zip(params, saved):
+            p.data = data
+            p.grad = grad

@@ -1,0 +1,89 @@
+"""The live record of a run: loss curve rows, progress bar, divergence watch.
+
+The engine calls ``record`` whenever ``due`` says so, with a snapshot of the
+parameters; the recorder evaluates the full-data objective (``problem.loss``,
+the same function for every strategy) and appends a row of ``metrics.csv``.
+Evaluations are spaced so that they cost at most about 5% of the run: the
+interval grows with elapsed time (about ``evals`` rows per run) and with the
+cost of one evaluation.
+
+A non-finite loss, or more dropped updates than applied ones, stops the run
+with advice.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+COLUMNS = ("time_s", "updates", "examples", "epoch", "loss")
+
+
+class Recorder:
+    def __init__(self, problem, total_examples: int | None, target_loss: float | None = None,
+                 evals: int = 100, min_interval_s: float = 0.02, progress: bool | None = None,
+                 label: str = ""):
+        self.problem = problem
+        self.n_examples = problem.n_examples
+        self.total_examples = total_examples
+        self.target_loss = target_loss
+        self.evals = evals
+        self.min_interval_s = min_interval_s
+        self.rows: list[dict] = []
+        self.time_to_target_s = None
+        self.stop_reason = None
+        self._next = 0.0
+        self._eval_cost = 0.0
+        self._bar = None
+        self._progress = progress
+        self._label = label
+
+    # -- life cycle -------------------------------------------------------
+    def start(self, params) -> None:
+        self._open_bar()
+        self._next = 0.0
+        self.record(0.0, 0, 0, params)
+
+    def due(self, now: float) -> bool:
+        return self.evals > 0 and now >= self._next
+
+    def record(self, now: float, updates: int, examples: int, params, dropped: int = 0):
+        t = time.perf_counter()
+        loss = float(self.problem.loss(params))
+        self._eval_cost = time.perf_counter() - t
+        self.add_row(now, updates, examples, loss)
+        interval = max(self.min_interval_s, now / max(self.evals, 1), 20 * self._eval_cost)
+        self._next = now + interval
+        if not math.isfinite(loss):
+            self.stop_reason = (f"diverged: the loss became {loss} after {updates} updates; "
+                                "lower the learning rate (--lr)")
+        elif dropped > 100 and dropped > updates:
+            self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
+                                f"dropped (only {updates} applied); lower the learning rate (--lr)")
+        return self.stop_reason
+
+    def add_row(self, now: float, updates: int, examples: int, loss: float) -> None:
+        row = {"time_s": round(now, 6), "updates": updates, "examples": examples,
+               "epoch": round(examples / self.n_examples, 6), "loss": loss}
+        self.rows.append(row)
+        if (self.time_to_target_s is None and self.target_loss is not None
+                and math.isfinite(loss) and loss <= self.target_loss):
+            self.time_to_target_s = now
+        if self._bar is not None:
+            self._bar.n = min(examples, self._bar.total or examples)
+            self._bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def _open_bar(self) -> None:
+        enabled = self._progress if self._progress is not None else sys.stderr.isatty()
+        if not enabled:
+            return
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(total=self.total_examples, unit="ex", unit_scale=True,
+                         desc=self._label or None, leave=False, file=sys.stderr)

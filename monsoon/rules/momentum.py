@@ -1,0 +1,34 @@
+"""Heavy-ball momentum, PyTorch's convention (``torch.optim.SGD(momentum=mu)``,
+dampening 0): v <- mu * v + g; w <- w - lr_t * v. The velocity ``v`` lives
+with the parameters (on the server, in shared memory)."""
+from typing import NamedTuple
+
+import numpy as np
+
+from .base import Rule, Schedule
+
+
+class MomentumState(NamedTuple):
+    velocity: np.ndarray
+
+
+class Momentum(Rule):
+    name = "momentum"
+
+    def __init__(self, schedule: Schedule, momentum: float = 0.9):
+        super().__init__(schedule)
+        self.momentum = momentum
+
+    def init(self, n, dtype, zeros=np.zeros):
+        return MomentumState(zeros(n, dtype=dtype))
+
+    def apply(self, w, g, state, info):
+        v = state.velocity
+        v *= self.momentum
+        v += g
+        step = self.scratch(g)
+        np.multiply(v, self.schedule(info.step), out=step)
+        w -= step
+
+    def describe(self):
+        return {**super().describe(), "momentum": self.momentum}

@@ -1,0 +1,82 @@
+"""Which examples each worker visits, as a pure function of the seed.
+
+Every epoch ``e`` has one global permutation, drawn from ``(seed, e)``. All
+plans are cut from it, so a strategy with one worker visits exactly the
+batches ``serial`` visits:
+
+- ``global_batches``: consecutive chunks of ``batch_size`` (serial, sync;
+  sync then splits each chunk among its workers with ``split``);
+- ``slice_batches``: worker k's contiguous slice of each epoch's
+  permutation, in chunks (Hogwild!, as in Niu et al.'s experiments);
+- ``shard_batches``: worker k's fixed data shard, re-permuted each epoch
+  (Downpour: each replica owns a part of the data).
+
+A budget is either ``epochs`` (each plan covers its data that many times) or
+``steps`` (the total number of gradient steps over all workers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Budget:
+    epochs: int | None = None
+    steps: int | None = None
+
+    def steps_for(self, rank: int, workers: int) -> int | None:
+        """Worker ``rank``'s share of a step budget (None: go by epochs)."""
+        if self.steps is None:
+            return None
+        return self.steps // workers + (1 if rank < self.steps % workers else 0)
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def split(indices: np.ndarray, workers: int, rank: int) -> np.ndarray:
+    """Rank's part of ``indices`` in ``workers`` contiguous parts whose sizes
+    differ by at most one."""
+    n = len(indices)
+    base, extra = divmod(n, workers)
+    start = rank * base + min(rank, extra)
+    return indices[start:start + base + (1 if rank < extra else 0)]
+
+
+def _chunks(order: np.ndarray, batch_size: int):
+    for start in range(0, len(order), batch_size):
+        yield order[start:start + batch_size]
+
+
+def _run(epoch_order, batch_size: int, budget: Budget, max_steps: int | None):
+    steps = 0
+    epoch = 0
+    while True:
+        if budget.steps is None and epoch >= budget.epochs:
+            return
+        order = epoch_order(epoch)
+        if len(order) == 0:
+            return
+        for batch in _chunks(order, batch_size):
+            if max_steps is not None and steps >= max_steps:
+                return
+            yield batch
+            steps += 1
+        epoch += 1
+
+
+def global_batches(n: int, batch_size: int, seed: int, budget: Budget):
+    return _run(lambda e: epoch_permutation(n, seed, e), batch_size, budget, budget.steps)
+
+
+def slice_batches(n: int, batch_size: int, seed: int, budget: Budget, rank: int, workers: int):
+    return _run(lambda e: split(epoch_permutation(n, seed, e), workers, rank),
+                batch_size, budget, budget.steps_for(rank, workers))
+
+
+def shard_batches(n: int, batch_size: int, seed: int, budget: Budget, rank: int, workers: int):
+    shard = split(np.arange(n), workers, rank)
+    return _run(lambda e: shard[epoch_permutation(len(shard), seed, e)], batch_size, budget, budget.steps_for(rank, workers))

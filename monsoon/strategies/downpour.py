@@ -1,0 +1,68 @@
+"""Asynchronous SGD with a parameter server: Downpour (Dean et al., NIPS 2012).
+
+Worker loop (the paper's appendix), each worker on its own data shard:
+
+    every n_fetch steps:  w_local = fetch()        # a read ticket: shard versions
+    g = gradient(w_local, next mini-batch)
+    accrued += g;  w_local -= lr * g                # local step between fetches
+    every n_push steps:   push(accrued); accrued = 0
+
+The server is split into shards, each with its own lock, version and rule
+state; a push is applied shard by shard the moment it arrives, so shards do
+not see updates in the same order. The staleness of a push to a shard is
+(shard version at push) - (shard version at the fetch the gradient was
+computed on), and every one is recorded.
+
+Where workers wait: only on a shard's lock for the length of one update.
+A worker that fails does not stop the others. The paper ran n_fetch =
+n_push = 1 (the defaults) and AdaGrad on the server (``--rule adagrad``).
+Invariant: with one worker and n_fetch = n_push = 1, this is serial SGD.
+"""
+import numpy as np
+
+from ..errors import ConfigError
+from .base import Strategy, WorkerJob
+from .batches import shard_batches
+from .ops import Fetch, Gradient, LocalStep, Push
+
+
+class Downpour(Strategy):
+    name = "async"
+    shared_params = False
+
+    def __init__(self, n_fetch: int = 1, n_push: int = 1, local_lr: float = 0.0):
+        if n_fetch < 1 or n_push < 1:
+            raise ConfigError(f"n_fetch and n_push must be at least 1 (got {n_fetch}, {n_push})")
+        self.n_fetch = n_fetch
+        self.n_push = n_push
+        self.local_lr = local_lr
+
+    def program(self, job: WorkerJob):
+        accrued = None
+        pending = 0
+        ticket = None
+        batches = shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
+                                job.rank, job.workers)
+        for step, batch in enumerate(batches):
+            if step % self.n_fetch == 0:
+                ticket = yield Fetch()
+            _, grad = yield Gradient(batch)
+            if self.n_push == 1:
+                yield Push(grad, ticket)
+            else:
+                if accrued is None:
+                    accrued = np.zeros_like(grad)
+                accrued += grad
+                pending += 1
+                if pending == self.n_push:
+                    yield Push(accrued, ticket)
+                    accrued.fill(0)
+                    pending = 0
+            if self.local_lr > 0 and (step + 1) % self.n_fetch != 0:
+                yield LocalStep(grad, self.local_lr)
+        if pending:
+            yield Push(accrued, ticket)
+
+    def describe(self):
+        return {"strategy": self.name, "n_fetch": self.n_fetch, "n_push": self.n_push,
+                "local_lr": self.local_lr}
