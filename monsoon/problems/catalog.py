@@ -75,5 +75,5 @@ CATALOG = {
         {"lr": 0.05, "epochs": 40, "batch_size": 16}),
     "digits": CatalogEntry(
         "digits", digits, "scikit-learn digits (1797 8x8 images), MLP 64-64-10",
-        {"lr": 0.1, "epochs": 10, "batch_size": 32}),
+        {"lr": 0.05, "epochs": 10, "batch_size": 32}),
 }

@@ -8,8 +8,10 @@ batches ``serial`` visits:
   sync then splits each chunk among its workers with ``split``);
 - ``slice_batches``: worker k's contiguous slice of each epoch's
   permutation, in chunks (Hogwild!, as in Niu et al.'s experiments);
-- ``shard_batches``: worker k's fixed data shard, re-permuted each epoch
-  (Downpour: each replica owns a part of the data).
+- ``shard_batches``: worker k's fixed data shard, a random part of the
+  data drawn once from the seed (so shards are alike, not ranges of a
+  sorted file), re-permuted each epoch (Downpour: each replica owns a part
+  of the data).
 
 A budget is either ``epochs`` (each plan covers its data that many times) or
 ``steps`` (the total number of gradient steps over all workers).
@@ -78,5 +80,7 @@ def slice_batches(n: int, batch_size: int, seed: int, budget: Budget, rank: int,
 
 
 def shard_batches(n: int, batch_size: int, seed: int, budget: Budget, rank: int, workers: int):
-    shard = split(np.arange(n), workers, rank)
+    # Sorted, so that one worker's single shard is arange(n) and it visits
+    # exactly serial's batches.
+    shard = np.sort(split(np.random.default_rng([seed, 1 << 30]).permutation(n), workers, rank))
     return _run(lambda e: shard[epoch_permutation(len(shard), seed, e)], batch_size, budget, budget.steps_for(rank, workers))

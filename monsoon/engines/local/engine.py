@@ -176,8 +176,7 @@ class LocalEngine:
         handles = []
         for rank in range(workers):
             job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget)
-            setup = WorkerSetup(rank, workers, store,
-                                problem if ctx is not None else problem.for_worker(rank, workers),
+            setup = WorkerSetup(rank, workers, store, problem.for_worker(rank, workers),
                                 rule if ctx is not None else copy.deepcopy(rule),
                                 strategy, job, self.timeout, self.start_timeout,
                                 torch_threads_per_worker(workers))

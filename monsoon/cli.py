@@ -1,0 +1,111 @@
+"""The ``monsoon`` command line: ``train`` and ``compare`` (DESIGN.md's contract).
+
+Errors in the input print one line, ``monsoon: error: ...``, and exit with
+status 2, before any worker starts. A run that fails (a worker error,
+divergence, a timeout) prints one line and exits with status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import __version__
+from .engines import BACKENDS, engine_names
+from .errors import MonsoonError, TrainingDiverged
+from .problems import problem_names
+from .rules import rule_names
+from .strategies import strategy_names
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--problem", default="exp",
+                   help=f"a catalog problem: {', '.join(problem_names())} (default exp)")
+    p.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
+    p.add_argument("--engine", default="local", help=f"one of: {', '.join(engine_names())}")
+    p.add_argument("--backend", default="processes", help=f"local engine: {', '.join(BACKENDS)}")
+    p.add_argument("--rule", default="sgd", help=f"update rule: {', '.join(rule_names())}")
+    p.add_argument("--lr", type=float, help="learning rate (default: the problem's)")
+    p.add_argument("--lr-schedule", default="constant", help="constant or step")
+    p.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule: decay factor")
+    p.add_argument("--lr-step-size", type=int, default=1000, help="step schedule: updates per decay")
+    p.add_argument("--momentum", type=float, default=0.9, help="momentum rule: coefficient")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--epochs", type=int, help="passes over the training set")
+    budget.add_argument("--steps", type=int, help="gradient steps in total, over all workers")
+    p.add_argument("--batch-size", type=int, help="examples per update (default: the problem's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", help="float32 or float64")
+    p.add_argument("--target-loss", type=float, help="report the time to reach this loss")
+    p.add_argument("--shards", type=int, help="parameter-server shards (default: workers)")
+    p.add_argument("--n-fetch", type=int, default=1, help="async: steps between fetches")
+    p.add_argument("--n-push", type=int, default=1, help="async: steps between pushes")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may last")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="monsoon", description=(
+        "Parallel and distributed SGD behind one switch: "
+        f"{', '.join(strategy_names())}."))
+    parser.add_argument("--version", action="version", version=f"monsoon {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train one problem with one strategy")
+    _common(train)
+    train.add_argument("--strategy", default="serial", help=f"one of: {', '.join(strategy_names())}")
+    train.add_argument("--out", default=None, help="run folder (default runs/PROBLEM-STRATEGY)")
+    compare = sub.add_parser("compare", help="the same problem under several strategies")
+    _common(compare)
+    compare.add_argument("--strategies", default="serial,sync,async,hogwild",
+                         help="comma-separated (default serial,sync,async,hogwild)")
+    compare.add_argument("--out", default=None, help="output folder (default runs/compare-PROBLEM)")
+    return parser
+
+
+def _options(args) -> dict:
+    keys = ("engine", "backend", "rule", "lr", "lr_schedule", "lr_gamma", "lr_step_size",
+            "momentum", "epochs", "steps", "batch_size", "seed", "dtype", "target_loss", "shards",
+            "n_fetch", "n_push", "timeout")
+    options = {k: getattr(args, k) for k in keys}
+    options["progress"] = False if args.quiet else None
+    return options
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .api import train
+    from .compare import compare
+
+    try:
+        if args.command == "train":
+            workers = 1 if args.strategy == "serial" else args.workers
+            out = args.out or f"runs/{args.problem.replace(':', '_')}-{args.strategy}"
+            result = train(args.problem, args.strategy, workers, out=out, **_options(args))
+            s = result.summary
+            print(f"{s['problem']} {s['strategy']} x{s['workers']}: final_loss {s['final_loss']:.6g}, "
+                  f"{s['examples_per_s']:.4g} examples/s, wall {s['wall_time_s']:.3g} s "
+                  f"(+{s['startup_s']:.2g} s start-up)")
+            if s["failed_workers"]:
+                print("failed workers: " + json.dumps(s["failed_workers"]))
+            print(f"run folder: {result.run_dir}")
+        else:
+            out = args.out or f"runs/compare-{args.problem.replace(':', '_')}"
+            comparison = compare(args.problem, args.strategies, args.workers, out=out,
+                                 **_options(args))
+            print((comparison.out / "report.md").read_text())
+            print(f"report: {comparison.out / 'report.md'}  plot: {comparison.out / 'comparison.png'}")
+    except TrainingDiverged as exc:
+        print(f"monsoon: {exc}", file=sys.stderr)
+        return 1
+    except MonsoonError as exc:
+        code = 2 if isinstance(exc, ValueError) else 1
+        print(f"monsoon: error: {exc}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        print("monsoon: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""A problem that misbehaves on purpose, for fault tests.
+
+It wraps a real problem and, on worker ``rank`` only, after ``after`` gradient
+calls, raises, returns a NaN gradient, exits the process, or hangs. It lives
+in an importable module because spawned workers unpickle it by name.
+"""
+import os
+import time
+
+import numpy as np
+
+from monsoon.problems import Problem
+
+
+class FaultyProblem(Problem):
+    def __init__(self, inner: Problem, mode: str, rank: int = 1, after: int = 5, every: int = 0):
+        self.inner = inner
+        self.mode = mode
+        self.fault_rank = rank
+        self.after = after
+        self.every = every
+        self.rank = 0
+        self.calls = 0
+        self.name = inner.name
+        self.dtype = inner.dtype
+        self.n_params = inner.n_params
+        self.n_examples = inner.n_examples
+
+    def for_worker(self, rank, workers):
+        clone = FaultyProblem(self.inner.for_worker(rank, workers), self.mode, self.fault_rank,
+                              self.after, self.every)
+        clone.rank = rank
+        return clone
+
+    def initial_params(self, seed):
+        return self.inner.initial_params(seed)
+
+    def loss(self, w):
+        return self.inner.loss(w)
+
+    def gradient(self, w, indices, out=None):
+        self.calls += 1
+        loss, grad = self.inner.gradient(w, indices, out)
+        armed = self.rank == self.fault_rank and self.calls > self.after
+        if self.every:
+            armed = armed and self.calls % self.every == 0
+        if not armed:
+            return loss, grad
+        if self.mode == "nan":
+            grad[0] = np.nan
+            return loss, grad
+        if self.mode == "raise":
+            raise RuntimeError(f"injected failure on worker {self.rank}")
+        if self.mode == "exit":
+            os._exit(3)
+        if self.mode == "hang":
+            time.sleep(3600)
+        raise ValueError(f"unknown fault mode {self.mode}")

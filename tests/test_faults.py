@@ -1,0 +1,69 @@
+"""Bad gradients, failing and dying workers, divergence: nothing hangs or is lost."""
+import time
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.errors import TrainingDiverged, WorkerError
+from monsoon.problems import make_problem
+
+from faulty import FaultyProblem
+
+
+@pytest.mark.parametrize("strategy,workers", [("serial", 1), ("sync", 2), ("async", 2),
+                                              ("hogwild", 2)])
+def test_nan_gradient_is_dropped_and_counted(strategy, workers):
+    rank = 0 if workers == 1 else 1
+    problem = FaultyProblem(make_problem("exp"), "nan", rank=rank, after=3, every=5)
+    run = monsoon.train(problem, strategy, workers, epochs=5, seed=0)
+    assert run.summary["dropped_updates"] > 0
+    assert np.isfinite(run.params).all()
+    assert np.isfinite(run.summary["final_loss"])
+    assert run.summary["status"] == "finished"
+
+
+def test_sync_fails_fast_with_the_workers_error():
+    problem = FaultyProblem(make_problem("exp"), "raise", rank=1, after=5)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=r"worker 1 failed.*injected failure on worker 1"):
+        monsoon.train(problem, "sync", 2, epochs=50, timeout=20)
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("strategy", ["async", "hogwild"])
+@pytest.mark.parametrize("mode", ["raise", "exit"])
+def test_async_and_hogwild_carry_on_without_a_failed_worker(strategy, mode):
+    problem = FaultyProblem(make_problem("exp"), mode, rank=1, after=5)
+    run = monsoon.train(problem, strategy, 3, epochs=6, seed=0, timeout=20)
+    failed = run.summary["failed_workers"]
+    assert [f["worker"] for f in failed] == [1]
+    expected = "injected failure on worker 1" if mode == "raise" else "exit code 3"
+    assert expected in failed[0]["error"]
+    assert run.summary["status"] == "finished"
+    # the two healthy workers did all of their share: two thirds of the budget, and more
+    assert run.summary["examples"] > 0.6 * 6 * 256
+    assert run.summary["final_loss"] < make_problem("exp").loss(make_problem("exp").initial_params(0))
+
+
+def test_sync_does_not_hang_when_a_worker_hangs():
+    problem = FaultyProblem(make_problem("exp"), "hang", rank=1, after=3)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="waited 3 s"):
+        monsoon.train(problem, "sync", 2, epochs=50, timeout=3)
+    assert time.monotonic() - t0 < 30
+
+
+def test_sync_fails_when_a_worker_process_dies():
+    problem = FaultyProblem(make_problem("exp"), "exit", rank=0, after=3)
+    with pytest.raises(WorkerError, match="worker 0 failed.*exit code 3"):
+        monsoon.train(problem, "sync", 2, epochs=50, timeout=20)
+
+
+def test_divergence_stops_with_advice(tmp_path):
+    with pytest.raises(TrainingDiverged, match="lower the learning rate") as info:
+        monsoon.train("exp", "serial", lr=1e6, epochs=200, out=tmp_path / "run")
+    # the run folder is still written, and records why it stopped
+    summary = (tmp_path / "run" / "summary.json").read_text()
+    assert '"status": "diverged"' in summary
+    assert info.value.result.summary["examples"] < 200 * 256
