@@ -1,6 +1,7 @@
 """Bounded waiting: every wait in monsoon has a timeout."""
 from __future__ import annotations
 
+import os
 import time
 
 from ..errors import WaitTimeout
@@ -10,27 +11,38 @@ class Aborted(Exception):
     """The engine asked this worker to stop (a peer failed, or the run ended)."""
 
 
-def wait_until(ready, timeout: float, aborted, what: str) -> None:
-    """Spin, then yield, then sleep with back-off until ``ready()``; raise
-    ``Aborted`` if ``aborted()`` and ``WaitTimeout`` after ``timeout`` s.
+SPIN_S = 0.05  # spin (yielding the core) this long before sleeping
 
-    Spinning first keeps a synchronous step's barrier in the microseconds
-    when workers arrive together; backing off keeps a long wait cheap."""
+
+def wait_until(ready, timeout: float, aborted, what: str, spin: bool = True) -> None:
+    """Return once ``ready()``; raise ``Aborted`` if ``aborted()``, and
+    ``WaitTimeout`` after ``timeout`` seconds.
+
+    With ``spin`` (a core per worker), first spin for up to ``SPIN_S``,
+    yielding the core on each turn: a synchronous step's barrier then costs
+    microseconds, where a sleep would cost its wake-up latency (50-100 us).
+    After that, or without ``spin``, sleep with back-off up to 1 ms, so a long
+    wait (a straggler, a slow start) costs no CPU."""
     if ready():
         return
-    deadline = time.monotonic() + timeout
-    spins = 0
-    pause = 1e-5
+    start = time.monotonic()
+    deadline = start + timeout
+    spin_until = start + (SPIN_S if spin else 0.0)
+    turns = 0
+    pause = 2e-5
     while not ready():
-        spins += 1
-        if spins > 2000:
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
-        elif spins > 200:
-            time.sleep(0)
-        if spins % 64 == 0 or spins > 2000:
+        turns += 1
+        if turns & 255 == 0 or not spin:
+            now = time.monotonic()
             if aborted():
                 raise Aborted()
-            if time.monotonic() > deadline:
+            if now > deadline:
                 raise WaitTimeout(f"waited {timeout:g} s for {what}; a peer is stuck or dead "
                                   "(raise --timeout if steps are genuinely that slow)")
+            if now > spin_until:
+                spin = False
+        if spin:
+            os.sched_yield() if hasattr(os, "sched_yield") else time.sleep(0)
+        else:
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)

@@ -115,7 +115,8 @@ class TorchProblem(Problem):
             self._bind_grad(out)
         grad = self._grad_out
         grad.fill(0)
-        loss = self.loss_fn(self.module(self.X[indices]), self.y[indices])
+        rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        loss = self.loss_fn(self.module(self.X.index_select(0, rows)), self.y.index_select(0, rows))
         loss.backward()
         return float(loss.detach()), grad
 

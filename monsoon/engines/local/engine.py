@@ -19,9 +19,11 @@ seconds the run is aborted: nothing can hang forever.
 from __future__ import annotations
 
 import multiprocessing as mp
+import contextlib
 import os
 import pickle
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -83,7 +85,13 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
                    lambda: store.control[1], "the start signal")
         store.status[rank] = RUNNING
-        runtime.run(program)
+        if os.environ.get("MONSOON_PROFILE"):
+            import cProfile, pstats
+            prof = cProfile.Profile(); prof.enable(); runtime.run(program); prof.disable()
+            with open(f"/tmp/prof-{rank}.txt", "w") as f:
+                pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(18)
+        else:
+            runtime.run(program)
         store.status[rank] = DONE
         messages.put(("done", rank, dict(runtime.staleness)))
     except Aborted:
@@ -92,6 +100,31 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+@contextlib.contextmanager
+def _main_module_hidden(needed: bool):
+    """Spawned children re-run the parent's ``__main__`` script unless it is
+    hidden; a script that calls ``monsoon.train`` without an
+    ``if __name__ == "__main__":`` guard would then start workers from its
+    workers. Workers need ``__main__`` only when the payload refers to
+    something defined there (a user's own module class), so hide it otherwise."""
+    main = sys.modules.get("__main__")
+    if needed or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+
+
+MAIN_HINT = ("; the problem refers to code in your script, which every worker process "
+             "re-runs: put the call to monsoon under `if __name__ == \"__main__\":`, "
+             "or use --backend threads")
 
 
 def _process_main(payload: bytes, locks, sync_lock, messages) -> None:
@@ -174,6 +207,7 @@ class LocalEngine:
         t_begin = time.perf_counter()
         messages = ctx.Queue() if ctx is not None else queue.Queue()
         handles = []
+        needs_main = False
         for rank in range(workers):
             job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget)
             setup = WorkerSetup(rank, workers, store, problem.for_worker(rank, workers),
@@ -184,15 +218,21 @@ class LocalEngine:
                 # Plain pickle, not multiprocessing's: torch's reducers would
                 # try to pass tensors as file descriptors.
                 payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
+                needs_main = b"__main__" in payload
                 h = ctx.Process(target=_process_main,
                                 args=(payload, store.locks, store.sync_lock, messages),
                                 name=f"monsoon-worker-{rank}", daemon=True)
+                with _main_module_hidden(needs_main):
+                    h.start()
+                handles.append(h)
+                continue
             else:
                 h = threading.Thread(target=_worker_body, args=(setup, messages),
                                      name=f"monsoon-worker-{rank}", daemon=True)
             h.start()
             handles.append(h)
         failed: dict[int, str] = {}
+        started_at = [None]
         staleness = Counter()
         finished: set[int] = set()
 
@@ -217,7 +257,8 @@ class LocalEngine:
                     drain(0.2)  # its last message may still be in the pipe
                     if rank not in finished:
                         finished.add(rank)
-                        failed[rank] = f"worker process died (exit code {h.exitcode})"
+                        hint = MAIN_HINT if started_at[0] is None and needs_main else ""
+                        failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
 
         stopped = None
         try:
@@ -234,6 +275,7 @@ class LocalEngine:
                     raise WaitTimeout(f"workers did not start within {self.start_timeout:g} s")
                 time.sleep(0.005)
             startup = time.perf_counter() - t_begin
+            started_at[0] = startup
             recorder.start(store.params)
             t0 = time.perf_counter()
             store.control[START] = 1

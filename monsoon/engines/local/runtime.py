@@ -8,15 +8,16 @@ that ``serial`` uses. Op by op:
   their gradient slot.
 - ``Apply``: the rule on the whole shared vector, no lock (Hogwild!).
 - ``Fetch`` / ``Push``: per shard, under that shard's lock.
-- ``AllReduce``: write slot, barrier, reduce-and-apply this worker's shards
-  (slots summed in rank order, so the result does not depend on timing),
-  barrier.
+- ``AllReduce``: write slot; barrier; sum this worker's shards of every
+  slot (in rank order, so the result does not depend on timing); barrier;
+  apply the rule to those shards; barrier.
 
 A non-finite gradient is never applied: it is counted in ``dropped``.
 """
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 
 import numpy as np
@@ -24,7 +25,8 @@ import numpy as np
 from ...rules import UpdateInfo
 from ...strategies.ops import AllReduce, Apply, Fetch, Gradient, LocalStep, Push
 from ..waiting import Aborted, wait_until
-from .store import APPLIED, ARRIVED, BAD_STEP, DROPPED, EXAMPLES, UPDATES, ParameterStore
+from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, EXAMPLES, REDUCED, UPDATES,
+                    ParameterStore)
 
 
 def finite(g: np.ndarray) -> bool:
@@ -53,6 +55,8 @@ class WorkerRuntime:
         self._sync_step = 0
         self._my_shards = [s for s in range(len(store.bounds)) if s % workers == rank]
         self._acc = None
+        # Spin in barriers only when every worker can own a core.
+        self._spin = workers <= (os.cpu_count() or 1)
         self._handlers = {Gradient: self.gradient, Apply: self.apply, Fetch: self.fetch,
                           Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce}
 
@@ -131,9 +135,12 @@ class WorkerRuntime:
         self.work -= op.lr * op.grad
 
     def all_reduce(self, op: AllReduce) -> None:
+        """Three barriers per step: all gradients written; all shards summed
+        (and checked: a non-finite sum anywhere drops the whole step, on every
+        worker); all shards updated. Each worker sums and updates only its own
+        shards, so the work of the update is spread over the workers."""
         store = self.store
         step = self._sync_step
-        workers = self.workers
         slot = store.slots[self.rank]
         if op.grad is None:
             slot.fill(0)  # 0 * a stale NaN would still be NaN
@@ -142,44 +149,61 @@ class WorkerRuntime:
             if op.grad is not slot:
                 np.copyto(slot, op.grad)
             store.weights[self.rank] = op.weight
-            if not finite(slot):
-                store.sync[BAD_STEP] = step
-        with store.sync_lock:
-            store.sync[ARRIVED] += 1
-        target = workers * (step + 1)
-        wait_until(lambda: store.sync[ARRIVED] >= target, self.timeout,
-                   lambda: store.control[1], f"all {workers} workers to reach step {step}")
-        with store.sync_lock:
-            pass  # acquire: see every slot written before its arrival
-        if store.sync[BAD_STEP] != step:
-            self._reduce_and_apply(step)
-        with store.sync_lock:
-            store.sync[APPLIED] += 1
-        wait_until(lambda: store.sync[APPLIED] >= target, self.timeout,
-                   lambda: store.control[1], f"all {workers} workers to apply step {step}")
-        with store.sync_lock:
-            pass
+        self._barrier(ARRIVED, step, "write their gradients")
+        sums = self._reduce(step)
+        if not all(finite(acc) for acc in sums):
+            store.sync[BAD_STEP] = step
+        self._barrier(REDUCED, step, "sum their shards")
+        bad = store.sync[BAD_STEP] == step
+        if not bad:
+            for s, acc in zip(self._my_shards, sums):
+                a, b = store.bounds[s]
+                self.rule.apply(store.params[a:b], acc, store.shard_states[s],
+                                UpdateInfo(step=step, staleness=0, worker=self.rank))
+                store.versions[s] += 1
+        self._barrier(APPLIED, step, "apply step")
         if self.rank == 0:
-            if store.sync[BAD_STEP] == step:
+            if bad:
                 self.counters[DROPPED] += 1
             else:
                 self.counters[UPDATES] += 1
                 self.staleness[0] += 1
         self._sync_step = step + 1
 
-    def _reduce_and_apply(self, step: int) -> None:
+    def _barrier(self, column: int, step: int, what: str) -> None:
         store = self.store
-        weights = [float(x) for x in store.weights]
+        with store.sync_lock:
+            store.sync[column] += 1
+        target = self.workers * (step + 1)
+        wait_until(lambda: store.sync[column] >= target, self.timeout,
+                   lambda: store.control[1], f"all {self.workers} workers to {what} {step}",
+                   self._spin)
+        with store.sync_lock:
+            pass  # acquire: see every write made before the others arrived
+
+    def _reduce(self, step: int) -> list:
+        """sum_k weight_k * slot_k on each of this worker's shards, in rank
+        order (so the result does not depend on timing)."""
+        store = self.store
+        if self._acc is None:
+            self._acc = np.empty(store.params.size, dtype=store.params.dtype)
+            self._tmp = np.empty_like(self._acc)
+        weights = store.weights.tolist()
+        equal = all(w == weights[0] for w in weights)
+        sums = []
         for s in self._my_shards:
             a, b = store.bounds[s]
-            if self._acc is None:
-                self._acc = np.empty(store.params.size, dtype=store.params.dtype)
-                self._tmp = np.empty_like(self._acc)
-            acc, tmp = self._acc[a:b], self._tmp[a:b]
-            np.multiply(store.slots[0, a:b], weights[0], out=acc)
-            for k in range(1, self.workers):
-                np.multiply(store.slots[k, a:b], weights[k], out=tmp)
-                acc += tmp
-            self.rule.apply(store.params[a:b], acc, store.shard_states[s],
-                            UpdateInfo(step=step, staleness=0, worker=self.rank))
-            store.versions[s] += 1
+            acc, slots = self._acc[a:b], store.slots[:, a:b]
+            if equal and self.workers > 1:
+                np.add(slots[0], slots[1], out=acc)
+                for k in range(2, self.workers):
+                    acc += slots[k]
+                acc *= weights[0]
+            else:
+                np.multiply(slots[0], weights[0], out=acc)
+                tmp = self._tmp[a:b]
+                for k in range(1, self.workers):
+                    np.multiply(slots[k], weights[k], out=tmp)
+                    acc += tmp
+            sums.append(acc)
+        return sums

@@ -7,9 +7,9 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``versions[s]``: updates applied to shard s (a push is a locked in-place
   update of that shard, not a message);
 - ``slots[k]``: worker k's gradient for the current synchronous step, and
-  ``weights[k]`` its weight; ``sync[ARRIVED]`` / ``sync[APPLIED]`` count the
-  barrier's arrivals, ``sync[BAD_STEP]`` marks a step with a non-finite
-  gradient;
+  ``weights[k]`` its weight; ``sync[ARRIVED]``, ``sync[REDUCED]`` and
+  ``sync[APPLIED]`` count arrivals at the step's three barriers, and
+  ``sync[BAD_STEP]`` marks a step whose summed gradient is not finite;
 - ``counters[k]``: worker k's examples, updates, dropped updates (each written
   by worker k only, so no lock is needed);
 - ``status[k]`` and ``control``: start, abort and life-cycle flags.
@@ -31,7 +31,7 @@ from .memory import SharedArrays
 # counters columns
 EXAMPLES, UPDATES, DROPPED = 0, 1, 2
 # sync columns
-ARRIVED, APPLIED, BAD_STEP = 0, 1, 2
+ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3
 # control columns
 START, ABORT = 0, 1
 # status values
@@ -59,7 +59,7 @@ class ParameterStore:
                   "counters": ((workers, 3), "int64"),
                   "status": ((workers,), "int64"),
                   "control": ((2,), "int64"),
-                  "sync": ((3,), "int64"),
+                  "sync": ((4,), "int64"),
                   "weights": ((workers,), "float64")}
         for field, arr in zip(template._fields, template):
             layout["state." + field] = (arr.shape, str(arr.dtype))

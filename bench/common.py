@@ -1,0 +1,38 @@
+"""Shared by the benchmarks: interleaved repetitions and a ratio table.
+
+Absolute times drift on shared machines, so every benchmark runs monsoon and
+its peer alternately in one process tree, several times, and reports the
+ratio of the medians."""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+
+
+def interleave(runs: dict, repeats: int) -> dict[str, list[float]]:
+    """Call each ``runs[name]()`` (returning a number) ``repeats`` times, in turn."""
+    results = {name: [] for name in runs}
+    for rep in range(repeats):
+        for name, fn in runs.items():
+            value = fn()
+            results[name].append(value)
+            print(f"  rep {rep + 1}/{repeats} {name}: {value:.6g}", file=sys.stderr, flush=True)
+    return results
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def report(title: str, rows: list[tuple[str, str]], extra: dict | None = None) -> None:
+    print(f"\n## {title}")
+    print(f"python {platform.python_version()}, {platform.machine()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if extra is not None:
+        print(json.dumps(extra))

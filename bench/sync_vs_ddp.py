@@ -1,0 +1,133 @@
+"""monsoon ``sync`` (2 workers) against PyTorch DistributedDataParallel (gloo, 2 processes).
+
+The model is an MLP 784-1024-1024-10 (1.86M parameters) with cross-entropy,
+global batch 256 (128 per worker), plain SGD, on synthetic MNIST-shaped data.
+Both sides use one torch thread per process on this 2-core machine, both
+exclude start-up and a few warm-up steps, and the peers run alternately.
+Printed: examples/s of each, and their ratio (target >= 1.5). For scale,
+one process with 2 threads is also timed.
+
+    python bench/sync_vs_ddp.py [--steps 60] [--repeats 3]
+"""
+import argparse
+import os
+import socket
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+from torch import nn
+
+import monsoon
+from common import interleave, median, report
+
+N_EXAMPLES, BATCH, LR = 8192, 256, 0.01
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                         nn.Linear(1024, 10))
+
+
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((N_EXAMPLES, 784)).astype(np.float32)
+    y = rng.integers(0, 10, N_EXAMPLES)
+    return X, y
+
+
+def monsoon_sync(steps: int) -> float:
+    X, y = data()
+    torch.manual_seed(0)
+    problem = monsoon.TorchProblem(mlp(), nn.CrossEntropyLoss(), X, torch.as_tensor(y), name="mlp")
+    run = monsoon.train(problem, "sync", 2, steps=steps, batch_size=BATCH, lr=LR, evals=0,
+                        progress=False)
+    return run.summary["examples_per_s"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, world, port, steps, warmup, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    X, y = data()
+    X, y = torch.from_numpy(X), torch.from_numpy(y)
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loss_fn = nn.CrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    per = BATCH // world
+
+    def step():
+        batch = torch.from_numpy(rng.choice(N_EXAMPLES, BATCH, replace=False))
+        mine = batch[rank * per:(rank + 1) * per]
+        opt.zero_grad(set_to_none=False)
+        loss_fn(model(X[mine]), y[mine]).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    if rank == 0:
+        out.put(steps * BATCH / (time.perf_counter() - t0))
+    dist.destroy_process_group()
+
+
+def ddp(steps: int) -> float:
+    ctx = tmp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    tmp.start_processes(_ddp_worker, args=(2, _free_port(), steps, 3, out), nprocs=2,
+                        join=True, start_method="spawn")
+    return out.get()
+
+
+def one_process(steps: int, threads: int = 2) -> float:
+    torch.set_num_threads(threads)
+    X, y = data()
+    X, y = torch.from_numpy(X), torch.from_numpy(y)
+    torch.manual_seed(0)
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    rng = np.random.default_rng(0)
+    for i in range(steps + 3):
+        if i == 3:
+            t0 = time.perf_counter()
+        batch = torch.from_numpy(rng.choice(N_EXAMPLES, BATCH, replace=False))
+        opt.zero_grad()
+        loss_fn(model(X[batch]), y[batch]).backward()
+        opt.step()
+    return steps * BATCH / (time.perf_counter() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    results = interleave({"monsoon sync x2": lambda: monsoon_sync(args.steps),
+                          "DDP gloo x2": lambda: ddp(args.steps),
+                          "1 process, 2 threads": lambda: one_process(args.steps)}, args.repeats)
+    m = {k: median(v) for k, v in results.items()}
+    ratio = m["monsoon sync x2"] / m["DDP gloo x2"]
+    report("sync x2 vs DDP (gloo) x2, MLP 784-1024-1024-10, batch 256", [
+        ("monsoon sync x2, examples/s", f"{m['monsoon sync x2']:.0f}"),
+        ("DDP gloo x2, examples/s", f"{m['DDP gloo x2']:.0f}"),
+        ("1 process 2 threads, examples/s", f"{m['1 process, 2 threads']:.0f}"),
+        ("ratio monsoon/DDP", f"{ratio:.2f}   (target >= 1.5)"),
+    ], {k: v for k, v in results.items()} | {"ratio": ratio})
+
+
+if __name__ == "__main__":
+    main()

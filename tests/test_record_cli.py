@@ -1,0 +1,112 @@
+"""What a run leaves behind, and the command line a user meets first."""
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+import monsoon
+
+SUMMARY_FIELDS = {"problem", "strategy", "engine", "rule", "workers", "seed", "final_loss",
+                  "wall_time_s", "startup_s", "updates", "examples", "examples_per_s", "epochs",
+                  "staleness", "dropped_updates", "failed_workers", "time_to_target_s"}
+
+
+def run_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "monsoon", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_run_folder_has_the_contract_files(tmp_path):
+    result = monsoon.train("exp", "async", 2, epochs=3, target_loss=10.0, out=tmp_path / "r")
+    folder = tmp_path / "r"
+    assert result.run_dir == folder
+    summary = json.loads((folder / "summary.json").read_text())
+    assert SUMMARY_FIELDS <= set(summary)
+    assert set(summary["staleness"]) == {"mean", "p50", "p99", "max"}
+    assert summary == json.loads(json.dumps(result.summary, default=str)) or \
+        summary["final_loss"] == pytest.approx(result.summary["final_loss"])
+    assert summary["time_to_target_s"] is not None  # the initial loss is below 10
+    with open(folder / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {"time_s", "updates", "examples", "epoch", "loss"} <= set(rows[0])
+    assert len(rows) >= 2 and float(rows[-1]["loss"]) == pytest.approx(summary["final_loss"])
+    assert int(rows[-1]["examples"]) == summary["examples"] == 3 * 256
+    times = [float(r["time_s"]) for r in rows]
+    assert times == sorted(times)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["strategy"] == "async" and config["workers"] == 2 and config["rule"] == "sgd"
+    assert (folder / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(folder.glob("*.tmp"))
+
+
+def test_history_and_final_loss_use_the_same_objective():
+    result = monsoon.train("digits", "serial", epochs=1)
+    assert result.history[0]["loss"] == pytest.approx(
+        result.problem.loss(result.problem.initial_params(0)))
+    assert result.history[-1]["loss"] == result.summary["final_loss"]
+    assert result.summary["final_loss"] == pytest.approx(result.problem.loss(result.params))
+
+
+def test_compare_writes_report_plot_and_one_folder_per_strategy(tmp_path):
+    comparison = monsoon.compare("exp", "serial,sync,hogwild", workers=2, out=tmp_path,
+                                 epochs=2, target_loss=1.0)
+    for s in ("serial", "sync", "hogwild"):
+        assert (tmp_path / s / "summary.json").exists()
+    with open(tmp_path / "comparison.csv") as f:
+        rows = {r["strategy"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"serial", "sync", "hogwild"}
+    assert float(rows["serial"]["speedup_vs_serial"]) == pytest.approx(1.0)
+    assert rows["serial"]["workers"] == "1" and rows["sync"]["workers"] == "2"
+    report = (tmp_path / "report.md").read_text()
+    assert "| sync | 2 |" in report and "comparison.png" in report
+    assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    assert comparison.results["sync"].summary["strategy"] == "sync"
+
+
+def test_cli_train_writes_run_folder(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("train", "--problem", "parabola", "--strategy", "sync", "--workers", "2",
+                   "--lr", "0.01", "--steps", "300", "--seed", "0", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "final_loss" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategy"] == "sync" and summary["workers"] == 2 and summary["updates"] == 300
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--problem", "nope"], "unknown problem 'nope'; choose one of: digits, exp, parabola"),
+    (["--strategy", "nope"], "choose one of: serial, sync, async, hogwild"),
+    (["--rule", "nope"], "choose one of: adagrad, momentum, sgd"),
+    (["--strategy", "sync", "--workers", "0"], "workers must be a whole number of at least 1"),
+    (["--lr", "0"], "learning rate must be positive"),
+    (["--lr", "-0.5"], "learning rate must be positive"),
+    (["--problem", "parabola", "--strategy", "async", "--workers", "51"],
+     "51 workers but only 50 training examples"),
+    (["--engine", "nope"], "unknown engine 'nope'"),
+])
+def test_cli_refuses_bad_input_in_one_line(tmp_path, args, message):
+    proc = run_cli("train", *args, "--out", str(tmp_path / "x"), timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()  # refused before any work started
+
+
+def test_api_refuses_unknown_options():
+    with pytest.raises(monsoon.ConfigError, match="unknown option"):
+        monsoon.train("exp", "serial", learning_rate=0.1)
+
+
+def test_script_without_main_guard_can_use_processes(tmp_path):
+    """Spawned workers must not re-run a user's unguarded script."""
+    script = tmp_path / "train_exp.py"
+    script.write_text("import monsoon\n"
+                      "r = monsoon.train('exp', 'sync', 2, epochs=1)\n"
+                      "print('loss', r.summary['final_loss'])\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("loss") == 1
