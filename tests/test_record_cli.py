@@ -25,8 +25,8 @@ def test_run_folder_has_the_contract_files(tmp_path):
     summary = json.loads((folder / "summary.json").read_text())
     assert SUMMARY_FIELDS <= set(summary)
     assert set(summary["staleness"]) == {"mean", "p50", "p99", "max"}
-    assert summary == json.loads(json.dumps(result.summary, default=str)) or \
-        summary["final_loss"] == pytest.approx(result.summary["final_loss"])
+    assert summary["final_loss"] == result.summary["final_loss"]
+    assert summary["workers"] == 2 and summary["strategy"] == "async"
     assert summary["time_to_target_s"] is not None  # the initial loss is below 10
     with open(folder / "metrics.csv") as f:
         rows = list(csv.DictReader(f))

@@ -72,7 +72,7 @@ CATALOG = {
         {"lr": 0.01, "steps": 2000, "batch_size": 50}),
     "exp": CatalogEntry(
         "exp", exp, "seed 001: y = e^x, 256 points, 1-16-1 tanh net",
-        {"lr": 0.05, "epochs": 40, "batch_size": 16}),
+        {"lr": 0.05, "epochs": 200, "batch_size": 16}),
     "digits": CatalogEntry(
         "digits", digits, "scikit-learn digits (1797 8x8 images), MLP 64-64-10",
         {"lr": 0.05, "epochs": 10, "batch_size": 32}),

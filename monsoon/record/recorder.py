@@ -3,9 +3,9 @@
 The engine calls ``record`` whenever ``due`` says so, with a snapshot of the
 parameters; the recorder evaluates the full-data objective (``problem.loss``,
 the same function for every strategy) and appends a row of ``metrics.csv``.
-Evaluations are spaced so that they cost at most about 5% of the run: the
-interval grows with elapsed time (about ``evals`` rows per run) and with the
-cost of one evaluation.
+A row is due every 1/``evals`` of the example budget (and at least every
+1/``evals`` of the elapsed time), but never sooner than 20 times the cost of
+one evaluation after the last, so evaluating costs at most about 5% of the run.
 
 A non-finite loss, or more dropped updates than applied ones, stops the run
 with advice.
@@ -21,7 +21,7 @@ COLUMNS = ("time_s", "updates", "examples", "epoch", "loss")
 
 class Recorder:
     def __init__(self, problem, total_examples: int | None, target_loss: float | None = None,
-                 evals: int = 100, min_interval_s: float = 0.02, progress: bool | None = None,
+                 evals: int = 100, min_interval_s: float = 0.5, progress: bool | None = None,
                  label: str = ""):
         self.problem = problem
         self.n_examples = problem.n_examples
@@ -33,6 +33,8 @@ class Recorder:
         self.time_to_target_s = None
         self.stop_reason = None
         self._next = 0.0
+        self._next_examples = 0
+        self._earliest = 0.0
         self._eval_cost = 0.0
         self._bar = None
         self._progress = progress
@@ -44,16 +46,23 @@ class Recorder:
         self._next = 0.0
         self.record(0.0, 0, 0, params)
 
-    def due(self, now: float) -> bool:
-        return self.evals > 0 and now >= self._next
+    def due(self, now: float, examples: int) -> bool:
+        return (self.evals > 0 and now >= self._earliest
+                and (now >= self._next or examples >= self._next_examples))
 
     def record(self, now: float, updates: int, examples: int, params, dropped: int = 0):
-        t = time.perf_counter()
+        # CPU time, not wall time: the monitor shares the cores with busy
+        # workers, and a preempted evaluation is not an expensive one.
+        t = time.thread_time()
         loss = float(self.problem.loss(params))
-        self._eval_cost = time.perf_counter() - t
+        self._eval_cost = time.thread_time() - t
         self.add_row(now, updates, examples, loss)
-        interval = max(self.min_interval_s, now / max(self.evals, 1), 20 * self._eval_cost)
-        self._next = now + interval
+        evals = max(self.evals, 1)
+        self._earliest = now + max(20 * self._eval_cost, 1e-3)
+        self._next = now + max(self.min_interval_s, now / evals)
+        if self.total_examples:
+            step = self.total_examples / evals
+            self._next_examples = (int(examples / step) + 1) * step
         if not math.isfinite(loss):
             self.stop_reason = (f"diverged: the loss became {loss} after {updates} updates; "
                                 "lower the learning rate (--lr)")

@@ -67,11 +67,43 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
                              f"in {_fmt(first['time_to_target_s'], 3)} s.")
             else:
                 lines.append(f"- No strategy reached the target loss {target}.")
+    lines += explain(rows)
     lines += ["", "Every strategy processed the same budget of examples; the final loss is the "
               "full-training-set objective, computed the same way for all. Staleness counts the "
               "updates applied between a worker's read of the parameters and its update.",
               "", "![loss curves](comparison.png)", ""]
     return "\n".join(lines)
+
+
+def explain(rows: list[dict]) -> list[str]:
+    """Why the winners won: plain-language readings of the numbers."""
+    out = []
+    base = next((r for r in rows if r["strategy"] == "serial"), None)
+    if base is None or not base["updates"]:
+        return out
+    step_us = 1e6 * base["wall_time_s"] / base["updates"]
+    slower = [r["strategy"] for r in rows
+              if r["strategy"] != "serial" and (r["speedup_vs_serial"] or 0) < 1.0]
+    if slower:
+        out.append(f"- {', '.join(slower)} ran slower than serial. One serial update costs "
+                   f"{step_us:.0f} us here, too little work to share: coordinating workers "
+                   "(barriers, locks, contention for memory and cores) costs about as much as "
+                   "it saves. Parallel strategies pay off when an update costs milliseconds "
+                   "(a larger model or batch) or when gradients are sparse (Hogwild!).")
+    for r in rows:
+        if r["strategy"] in ("async", "hogwild") and r["staleness_mean"]:
+            loss_ratio = (r["final_loss"] / base["final_loss"]
+                          if base["final_loss"] else None)
+            verdict = ("hurt" if loss_ratio and loss_ratio > 1.1 else "did not hurt")
+            out.append(f"- {r['strategy']}: updates were computed on parameters "
+                       f"{r['staleness_mean']:.2g} updates old on average (max "
+                       f"{r['staleness_max']}); at this learning rate that {verdict} "
+                       f"(final loss {_fmt(loss_ratio, 3)}x serial's).")
+        if r["strategy"] == "sync" and base["final_loss"] is not None:
+            out.append("- sync computes the same gradient per step as serial (each batch "
+                       "split among its workers), so its curve against epochs overlays "
+                       "serial's: it differs from serial only in speed.")
+    return out
 
 
 def write_comparison(out: Path, problem: str, summaries: list[dict], histories: dict,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 from collections import Counter
 
 import numpy as np
@@ -27,6 +28,11 @@ from ...strategies.ops import AllReduce, Apply, Fetch, Gradient, LocalStep, Push
 from ..waiting import Aborted, wait_until
 from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, EXAMPLES, REDUCED, UPDATES,
                     ParameterStore)
+
+
+# x86 keeps stores in order (TSO), so a counter seen raised implies the slot
+# writes before it are visible; weaker CPUs (ARM) need the lock as a fence.
+NEEDS_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 
 def finite(g: np.ndarray) -> bool:
@@ -172,14 +178,17 @@ class WorkerRuntime:
 
     def _barrier(self, column: int, step: int, what: str) -> None:
         store = self.store
+        counts = store.sync
         with store.sync_lock:
-            store.sync[column] += 1
+            counts[column] += 1
         target = self.workers * (step + 1)
-        wait_until(lambda: store.sync[column] >= target, self.timeout,
-                   lambda: store.control[1], f"all {self.workers} workers to {what} {step}",
-                   self._spin)
-        with store.sync_lock:
-            pass  # acquire: see every write made before the others arrived
+        if counts[column] < target:
+            wait_until(lambda: counts[column] >= target, self.timeout,
+                       lambda: store.control[1], f"all {self.workers} workers to {what} {step}",
+                       self._spin)
+        if NEEDS_FENCE:
+            with store.sync_lock:
+                pass  # acquire: see every write made before the others arrived
 
     def _reduce(self, step: int) -> list:
         """sum_k weight_k * slot_k on each of this worker's shards, in rank
