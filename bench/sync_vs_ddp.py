@@ -10,18 +10,15 @@ one process with 2 threads is also timed.
     python bench/sync_vs_ddp.py [--steps 60] [--repeats 3]
 """
 import argparse
-import os
-import socket
 import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as tmp
 from torch import nn
 
 import monsoon
 from common import interleave, median, report
+from ddp_peer import ddp_examples_per_s
 
 N_EXAMPLES, BATCH, LR = 8192, 256, 0.01
 
@@ -47,50 +44,8 @@ def monsoon_sync(steps: int) -> float:
     return run.summary["examples_per_s"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ddp_worker(rank, world, port, steps, warmup, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    X, y = data()
-    X, y = torch.from_numpy(X), torch.from_numpy(y)
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(mlp())
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    loss_fn = nn.CrossEntropyLoss()
-    rng = np.random.default_rng(0)
-    per = BATCH // world
-
-    def step():
-        batch = torch.from_numpy(rng.choice(N_EXAMPLES, BATCH, replace=False))
-        mine = batch[rank * per:(rank + 1) * per]
-        opt.zero_grad(set_to_none=False)
-        loss_fn(model(X[mine]), y[mine]).backward()
-        opt.step()
-
-    for _ in range(warmup):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dist.barrier()
-    if rank == 0:
-        out.put(steps * BATCH / (time.perf_counter() - t0))
-    dist.destroy_process_group()
-
-
 def ddp(steps: int) -> float:
-    ctx = tmp.get_context("spawn")
-    out = ctx.SimpleQueue()
-    tmp.start_processes(_ddp_worker, args=(2, _free_port(), steps, 3, out), nprocs=2,
-                        join=True, start_method="spawn")
-    return out.get()
+    return ddp_examples_per_s(mlp, data, nn.CrossEntropyLoss(), BATCH, LR, steps)
 
 
 def one_process(steps: int, threads: int = 2) -> float:

@@ -30,6 +30,7 @@ class Result:
     params: np.ndarray
     problem: Problem
     run_dir: Path | None = None
+    worker_params: dict | None = None   # each worker's own copy, where it keeps one
 
     @property
     def model(self):
@@ -69,7 +70,9 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     config = TrainConfig(problem=problem if instance is None else instance.name,
                          strategy=strategy, workers=workers, out=None if out is None else str(out),
                          **options)
-    config, problem, rule, strat, budget = resolve(config, instance)
+    resolved = resolve(config, instance)
+    config, problem, rule, strat, budget = (resolved.config, resolved.problem, resolved.rule,
+                                            resolved.strategy, resolved.budget)
     engine = make_engine(config.engine, backend=config.backend, timeout=config.timeout,
                          shards=config.shards)
 
@@ -81,7 +84,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                         label=f"{config.problem} {config.strategy} x{config.workers}")
     t_start = time.perf_counter()
     try:
-        res = engine.run(problem, rule, strat, w0, config.workers, config.batch_size,
+        res = engine.run(problem, rule, strat, w0, resolved.processes, config.batch_size,
                          config.seed, budget, recorder)
     finally:
         recorder.close()
@@ -92,7 +95,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "strategy": config.strategy,
         "engine": config.engine,
         "backend": "inline" if config.strategy == "serial" else config.backend,
-        "rule": rule.name,
+        "rule": config.rule,
         "workers": config.workers,
         "seed": config.seed,
         "final_loss": final_loss,
@@ -103,7 +106,9 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "examples_per_s": res.examples / res.wall_time_s if res.wall_time_s > 0 else None,
         "epochs": res.examples / problem.n_examples,
         "staleness": staleness_stats(res.staleness),
+        "staleness_counts": {int(k): int(v) for k, v in sorted(res.staleness.items())},
         "dropped_updates": res.dropped_updates,
+        "late_gradients": res.late_gradients,
         "failed_workers": [{"worker": f["worker"], "error": f["error"]} for f in res.failed_workers],
         "time_to_target_s": recorder.time_to_target_s,
         "target_loss": config.target_loss,
@@ -119,11 +124,16 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     }
     if res.stopped:
         summary["stopped"] = res.stopped
-    if config.strategy == "async":
-        summary.update(n_fetch=config.n_fetch, n_push=config.n_push)
-    result = Result(summary, recorder.rows, res.params, problem)
+    summary.update({k: v for k, v in strat.describe().items()
+                    if k not in ("strategy", "local_rule")})
+    if strat.local_rule is not None:
+        summary["outer_rule"] = rule.describe()
+    if config.staleness_lr:
+        summary["staleness_lr"] = True
+    result = Result(summary, recorder.rows, res.params, problem,
+                    worker_params=res.worker_params or None)
     if out is not None:
-        full_config = {**config.to_dict(), **rule.describe(), **strat.describe(),
+        full_config = {**config.to_dict(), "server_rule": rule.describe(), **strat.describe(),
                        **engine.describe(), "problem_info": problem.describe()}
         result.run_dir = write_run_folder(Path(out), full_config, summary, recorder.rows)
     if res.stopped and raise_on_divergence:

@@ -40,6 +40,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", type=int, help="parameter-server shards (default: workers)")
     p.add_argument("--n-fetch", type=int, default=1, help="async: steps between fetches")
     p.add_argument("--n-push", type=int, default=1, help="async: steps between pushes")
+    p.add_argument("--backup-workers", type=int, default=0,
+                   help="sync: extra workers; each step takes the first --workers gradients")
+    p.add_argument("--staleness-lr", action="store_true",
+                   help="divide the learning rate by each update's staleness (any rule)")
+    p.add_argument("--local-steps", type=int, default=8, help="local-sgd: steps between averages")
+    p.add_argument("--diloco", action="store_true",
+                   help="local-sgd: outer Nesterov step on the mean drift (DiLoCo)")
+    p.add_argument("--outer-lr", type=float,
+                   help="local-sgd: outer learning rate (default 1, or 0.7 with --diloco)")
+    p.add_argument("--easgd-alpha", type=float, help="easgd: elastic force (default 0.9/workers)")
+    p.add_argument("--easgd-tau", type=int, default=4, help="easgd: steps between exchanges")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may last")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -65,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _options(args) -> dict:
     keys = ("engine", "backend", "rule", "lr", "lr_schedule", "lr_gamma", "lr_step_size",
             "momentum", "epochs", "steps", "batch_size", "seed", "dtype", "target_loss", "shards",
-            "n_fetch", "n_push", "timeout")
+            "n_fetch", "n_push", "timeout", "backup_workers", "staleness_lr", "local_steps",
+            "diloco", "outer_lr", "easgd_alpha", "easgd_tau")
     options = {k: getattr(args, k) for k in keys}
     options["progress"] = False if args.quiet else None
     return options

@@ -39,6 +39,14 @@ class TrainConfig:
     shards: int | None = None
     n_fetch: int = 1
     n_push: int = 1
+    backup_workers: int = 0
+    staleness_lr: bool = False
+    local_steps: int = 8
+    diloco: bool = False
+    outer_lr: float | None = None
+    outer_momentum: float = 0.9
+    easgd_alpha: float | None = None   # default 0.9 / workers (the paper's beta = 0.9)
+    easgd_tau: int = 4
     timeout: float = 60.0
     evals: int = 100
     out: str | None = None
@@ -57,9 +65,44 @@ def _positive_int(name: str, value, flag: str) -> None:
         raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}; fix {flag}")
 
 
-def resolve(config: TrainConfig, problem: Problem | None = None):
-    """Check ``config`` and build its pieces. Returns (config with defaults
-    filled in, problem, rule, strategy, budget). Raises ConfigError."""
+@dataclass
+class Resolved:
+    config: TrainConfig      # with the defaults filled in
+    problem: Problem
+    rule: object             # the rule the server (the engine) applies
+    strategy: object
+    budget: Budget
+    processes: int           # workers the engine starts (backups included)
+
+
+def _rule_options(c: TrainConfig) -> dict:
+    return {"momentum": c.momentum} if c.rule in ("momentum", "nesterov") else {}
+
+
+def _strategy_and_server_rule(c: TrainConfig, rule):
+    """Most strategies apply ``rule`` on the server. Local SGD and EASGD apply
+    it on each worker's copy, and the server runs the outer step instead."""
+    if c.strategy == "async":
+        return make_strategy("async", n_fetch=c.n_fetch, n_push=c.n_push,
+                             local_lr=c.lr if c.n_fetch > 1 else 0.0), rule
+    if c.strategy == "sync":
+        return make_strategy("sync", backup_workers=c.backup_workers), rule
+    if c.strategy == "local-sgd":
+        if c.diloco:
+            outer = make_rule("nesterov", c.outer_lr or 0.7, momentum=c.outer_momentum)
+        else:
+            outer = make_rule("sgd", c.outer_lr or 1.0)
+        return make_strategy("local-sgd", local_rule=rule, local_steps=c.local_steps,
+                             diloco=c.diloco), outer
+    if c.strategy == "easgd":
+        alpha = 0.9 / c.workers if c.easgd_alpha is None else c.easgd_alpha
+        return (make_strategy("easgd", local_rule=rule, alpha=alpha, tau=c.easgd_tau),
+                make_rule("sgd", 1.0))
+    return make_strategy(c.strategy), rule
+
+
+def resolve(config: TrainConfig, problem: Problem | None = None) -> Resolved:
+    """Check ``config`` and build its pieces. Raises ConfigError."""
     c = config
     if c.dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {c.dtype!r}; choose one of: {', '.join(DTYPES)}")
@@ -77,6 +120,12 @@ def resolve(config: TrainConfig, problem: Problem | None = None):
     _positive_int("n_fetch", c.n_fetch, "--n-fetch")
     _positive_int("n_push", c.n_push, "--n-push")
     _positive_int("shards", c.shards, "--shards")
+    _positive_int("local steps", c.local_steps, "--local-steps")
+    _positive_int("easgd tau", c.easgd_tau, "--easgd-tau")
+    if not isinstance(c.backup_workers, int) or c.backup_workers < 0:
+        raise ConfigError(f"backup workers must be 0 or more, got {c.backup_workers!r}")
+    if c.backup_workers and c.strategy != "sync":
+        raise ConfigError("--backup-workers applies to --strategy sync only")
     if c.engine not in engine_names():
         make_engine(c.engine)  # raises, listing the engines there are
     if c.backend not in BACKENDS:
@@ -99,15 +148,16 @@ def resolve(config: TrainConfig, problem: Problem | None = None):
     if c.strategy == "serial" and c.workers != 1:
         raise ConfigError(f"serial runs exactly 1 worker, not {c.workers}; "
                           "drop --workers or pick another strategy")
+    make_strategy(c.strategy)  # an unknown name fails here, listing the valid ones
     rule = make_rule(c.rule, c.lr, c.lr_schedule, c.lr_gamma, c.lr_step_size,
-                     **({"momentum": c.momentum} if c.rule == "momentum" else {}))
-    options = {"n_fetch": c.n_fetch, "n_push": c.n_push,
-               "local_lr": c.lr if c.n_fetch > 1 else 0.0} if c.strategy == "async" else {}
-    strategy = make_strategy(c.strategy, **options)
+                     staleness_lr=c.staleness_lr, **_rule_options(c))
+    strategy, server_rule = _strategy_and_server_rule(c, rule)
     if problem is None:
         problem = make_problem(c.problem, c.dtype)
-    strategy.validate(c.workers, c.batch_size, problem.n_examples)
+    processes = c.workers + c.backup_workers
+    strategy.validate(processes, c.batch_size, problem.n_examples)
     if c.batch_size > problem.n_examples:
         raise ConfigError(f"batch size {c.batch_size} is larger than the {problem.n_examples} "
                           f"training examples; use --batch-size {problem.n_examples} or less")
-    return c, problem, rule, strategy, Budget(epochs=c.epochs, steps=c.steps)
+    return Resolved(c, problem, server_rule, strategy, Budget(epochs=c.epochs, steps=c.steps),
+                    processes)

@@ -1,7 +1,8 @@
 """A problem that misbehaves on purpose, for fault tests.
 
 It wraps a real problem and, on worker ``rank`` only, after ``after`` gradient
-calls, raises, returns a NaN gradient, exits the process, or hangs. It lives
+calls, raises, returns a NaN gradient, exits the process, hangs, or takes
+0.1 s longer per gradient (a straggler). It lives
 in an importable module because spawned workers unpickle it by name.
 """
 import os
@@ -55,4 +56,7 @@ class FaultyProblem(Problem):
             os._exit(3)
         if self.mode == "hang":
             time.sleep(3600)
+        if self.mode == "slow":
+            time.sleep(0.1)
+            return loss, grad
         raise ValueError(f"unknown fault mode {self.mode}")

@@ -56,6 +56,28 @@ def adagrad_reference(w, grads, lr, eps=1e-10):
     return np.array(trajectory)
 
 
+def nesterov_reference(w, grads, lr, mu):
+    v = np.zeros_like(w)
+    trajectory = []
+    for g in grads:
+        v = mu * v + g
+        w = w - lr * (g + mu * v)
+        trajectory.append(w)
+    return np.array(trajectory)
+
+
+def adam_reference(w, grads, lr, b1=0.9, b2=0.999, eps=1e-8):
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    trajectory = []
+    for t, g in enumerate(grads, start=1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        w = w - lr * m_hat / (np.sqrt(v_hat) + eps)
+        trajectory.append(w)
+    return np.array(trajectory)
+
+
 # --- the table ----------------------------------------------------------------
 
 @dataclass
@@ -89,6 +111,14 @@ CASES = {
         dict(name="adagrad", lr=LR),
         lambda w, gs: adagrad_reference(w, gs, LR, eps=1e-10),
         lambda p: (torch.optim.Adagrad(p, lr=LR, eps=1e-10, initial_accumulator_value=0), None)),
+    "nesterov": Case(
+        dict(name="nesterov", lr=LR, momentum=0.9),
+        lambda w, gs: nesterov_reference(w, gs, LR, mu=0.9),
+        lambda p: (torch.optim.SGD(p, lr=LR, momentum=0.9, nesterov=True), None)),
+    "adam": Case(
+        dict(name="adam", lr=LR),
+        lambda w, gs: adam_reference(w, gs, LR),
+        lambda p: (torch.optim.Adam(p, lr=LR), None)),
 }
 
 each_rule = pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
@@ -206,9 +236,9 @@ def test_pickled_rule_gives_identical_updates(case, recorded):
 # --- make_rule validation -------------------------------------------------------
 
 def test_unknown_rule_name_lists_valid_names():
-    with pytest.raises(ConfigError, match="nesterov") as excinfo:
-        rules.make_rule("nesterov", lr=0.1)
-    for name in ("adagrad", "momentum", "sgd"):
+    with pytest.raises(ConfigError, match="rmsprop") as excinfo:
+        rules.make_rule("rmsprop", lr=0.1)
+    for name in ("adagrad", "momentum", "sgd", "nesterov", "adam", "adarevision", "dcasgd"):
         assert name in str(excinfo.value)
 
 

@@ -37,3 +37,28 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> Non
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     atomic_write(path, buf.getvalue())
+
+
+def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
+    """Histogram of update staleness: how many updates other workers applied
+    between a worker's read of the parameters and its own update."""
+    from .run_folder import atomic_write
+
+    taus = sorted(int(t) for t in counts)
+    values = [int(counts[t] if t in counts else counts[str(t)]) for t in taus]
+    total = sum(values)
+    mean = sum(t * v for t, v in zip(taus, values)) / total
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.bar(taus, values, width=0.9, color="tab:blue")
+    ax.axvline(mean, color="tab:red", linestyle="--", label=f"mean {mean:.2f}")
+    ax.set_xlabel("staleness (updates applied between read and update)")
+    ax.set_ylabel("updates")
+    if max(values) > 50 * max(1, min(values)):
+        ax.set_yscale("log")
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())

@@ -1,4 +1,5 @@
-"""The run folder: config.json, metrics.csv, summary.json and loss.png.
+"""The run folder: config.json, metrics.csv, summary.json, loss.png, and
+staleness.png where updates were stale (async, Hogwild!).
 
 Files are written to a temporary name and renamed, so a folder never holds a
 half-written file.
@@ -66,6 +67,11 @@ def write_run_folder(out: Path, config: dict, summary: dict, rows: list[dict]) -
     atomic_write(out / "config.json", to_json(config))
     atomic_write(out / "metrics.csv", metrics_csv(rows))
     atomic_write(out / "summary.json", to_json(summary))
-    plot_loss(out / "loss.png", {summary.get("strategy", "run"): rows},
-              title=f"{summary.get('problem')}: {summary.get('strategy')} x{summary.get('workers')}")
+    title = f"{summary.get('problem')}: {summary.get('strategy')} x{summary.get('workers')}"
+    plot_loss(out / "loss.png", {summary.get("strategy", "run"): rows}, title=title)
+    counts = summary.get("staleness_counts") or {}
+    if any(int(tau) > 0 for tau in counts):
+        from .plots import plot_staleness
+
+        plot_staleness(out / "staleness.png", counts, title=title)
     return out

@@ -20,8 +20,9 @@ class AdagradState(NamedTuple):
 class Adagrad(Rule):
     name = "adagrad"
 
-    def __init__(self, schedule: Schedule, eps: float = 1e-10, initial_accumulator: float = 0.0):
-        super().__init__(schedule)
+    def __init__(self, schedule: Schedule, eps: float = 1e-10, initial_accumulator: float = 0.0,
+                 **options):
+        super().__init__(schedule, **options)
         self.eps = eps
         self.initial_accumulator = initial_accumulator
 
@@ -38,7 +39,7 @@ class Adagrad(Rule):
         np.sqrt(s, out=tmp)
         tmp += self.eps
         np.divide(g, tmp, out=tmp)
-        tmp *= self.schedule(info.step)
+        tmp *= self.learning_rate(info)
         w -= tmp
 
     def describe(self):

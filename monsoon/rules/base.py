@@ -9,7 +9,18 @@ A rule is a small object with two methods, in the spirit of optax's
   is left untouched.
 
 ``info`` (an ``UpdateInfo``) carries what a schedule or a delay-aware rule
-needs: the server's update count ``step`` and the ``staleness`` of ``g``.
+needs: the server's update count ``step``, the ``staleness`` of ``g``, and
+``reader``: what the server remembered when the pushing worker read the
+parameters (``None`` means the read was just now: no delay).
+
+Delay-aware rules declare that per-worker memory with ``init_reader`` (a
+NamedTuple of flat arrays, one set per worker, kept by the server) and fill
+it in ``on_read(w, state, reader)``, which the engine calls at every read
+(a Downpour fetch, a Hogwild! gradient). The worker never ships it back.
+
+``staleness_lr`` (Zhang et al., IJCAI 2016) divides the learning rate by the
+staleness tau when tau >= 1, for any rule.
+
 A rule never knows which engine or strategy called it; a sharded server
 calls ``apply`` on slices ``w[a:b]``, ``g[a:b]``, ``slice_state(state, a, b)``,
 which is exact because every rule here is per coordinate.
@@ -28,6 +39,7 @@ class UpdateInfo:
     step: int = 0          # updates the server (or shard) applied before this one
     staleness: int = 0     # updates applied between the read and this update
     worker: int = 0
+    reader: tuple | None = None  # the server's memory of this worker's read
 
 
 class EmptyState(NamedTuple):
@@ -57,12 +69,27 @@ class Schedule:
 class Rule:
     name = "rule"
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, staleness_lr: bool = False):
         self.schedule = schedule
+        self.staleness_lr = staleness_lr
         self._scratch = None
+        self._scratch2 = None
 
     def init(self, n: int, dtype, zeros=np.zeros) -> NamedTuple:
         return EmptyState()
+
+    def init_reader(self, n: int, dtype, zeros=np.zeros) -> NamedTuple:
+        """Per-worker memory the server keeps between a read and its update."""
+        return EmptyState()
+
+    def on_read(self, w: np.ndarray, state: NamedTuple, reader: NamedTuple) -> None:
+        """Called when a worker reads ``w``; fills that worker's ``reader``."""
+
+    def learning_rate(self, info: UpdateInfo) -> float:
+        lr = self.schedule(info.step)
+        if self.staleness_lr and info.staleness >= 1:
+            lr /= info.staleness
+        return lr
 
     def apply(self, w: np.ndarray, g: np.ndarray, state: NamedTuple, info: UpdateInfo) -> None:
         raise NotImplementedError
@@ -74,9 +101,16 @@ class Rule:
             self._scratch = np.empty(like.size, dtype=like.dtype)
         return self._scratch[:like.size].reshape(like.shape)
 
+    def scratch2(self, like: np.ndarray) -> np.ndarray:
+        """A second work buffer, for rules that need two temporaries."""
+        if self._scratch2 is None or self._scratch2.size < like.size or self._scratch2.dtype != like.dtype:
+            self._scratch2 = np.empty(like.size, dtype=like.dtype)
+        return self._scratch2[:like.size].reshape(like.shape)
+
     def describe(self) -> dict:
         s = self.schedule
-        out = {"rule": self.name, "lr": s.lr, "lr_schedule": s.kind}
+        out = {"rule": self.name, "lr": s.lr, "lr_schedule": s.kind,
+               "staleness_lr": self.staleness_lr}
         if s.kind == "step":
             out.update(lr_gamma=s.gamma, lr_step_size=s.step_size)
         return out
@@ -84,4 +118,5 @@ class Rule:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_scratch"] = None
+        state["_scratch2"] = None
         return state

@@ -15,8 +15,8 @@ class MomentumState(NamedTuple):
 class Momentum(Rule):
     name = "momentum"
 
-    def __init__(self, schedule: Schedule, momentum: float = 0.9):
-        super().__init__(schedule)
+    def __init__(self, schedule: Schedule, momentum: float = 0.9, **options):
+        super().__init__(schedule, **options)
         self.momentum = momentum
 
     def init(self, n, dtype, zeros=np.zeros):
@@ -27,7 +27,7 @@ class Momentum(Rule):
         v *= self.momentum
         v += g
         step = self.scratch(g)
-        np.multiply(v, self.schedule(info.step), out=step)
+        np.multiply(v, self.learning_rate(info), out=step)
         w -= step
 
     def describe(self):

@@ -10,5 +10,5 @@ class SGD(Rule):
 
     def apply(self, w, g, state, info):
         step = self.scratch(g)
-        np.multiply(g, self.schedule(info.step), out=step)
+        np.multiply(g, self.learning_rate(info), out=step)
         w -= step

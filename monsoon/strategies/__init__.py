@@ -5,11 +5,14 @@ from ..errors import ConfigError
 from .base import Strategy, WorkerJob
 from .batches import Budget
 from .downpour import Downpour
+from .easgd import EASGD
 from .hogwild import Hogwild
+from .local_sgd import LocalSGD
 from .serial import Serial
 from .sync import Sync
 
-STRATEGIES = {"serial": Serial, "sync": Sync, "async": Downpour, "hogwild": Hogwild}
+STRATEGIES = {"serial": Serial, "sync": Sync, "async": Downpour, "hogwild": Hogwild,
+              "local-sgd": LocalSGD, "easgd": EASGD}
 
 __all__ = ["Strategy", "WorkerJob", "Budget", "make_strategy", "strategy_names", "STRATEGIES"]
 

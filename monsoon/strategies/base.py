@@ -31,6 +31,14 @@ class Strategy:
     # True: the worker loop contains a barrier (AllReduce): one lost worker
     # stalls the rest, so the engine fails fast instead of carrying on.
     needs_all_workers = False
+    # True: the program uses AllReduce or Average (the engine keeps gradient slots).
+    synchronous = False
+    # Synchronous strategies: how many of the workers are spares (the step
+    # takes the first workers - backup_workers contributions).
+    backup_workers = 0
+    # Strategies with local steps (local SGD, EASGD): the rule each worker
+    # applies to its private copy; the engine's rule then runs on the server.
+    local_rule = None
 
     def program(self, job: WorkerJob):
         raise NotImplementedError

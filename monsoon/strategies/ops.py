@@ -57,9 +57,37 @@ class LocalStep:
 
 @dataclass(slots=True)
 class AllReduce:
-    """Synchronous update: contribute ``weight * grad`` to this step's sum;
-    once every worker has, the rule is applied ONCE to the sum, and the op
-    returns when the working parameters hold the result. ``grad=None``
-    contributes nothing (an empty shard)."""
+    """Synchronous update: contribute ``grad``, the mean gradient over
+    ``examples`` examples, to this step. Once the step's first N
+    contributions are in (N = workers - backups), the rule is applied ONCE to
+    their example-weighted mean, and the op returns when the working
+    parameters hold the result. A contribution that comes after the first N
+    is late: dropped and counted. Returns how many steps the others completed
+    without this worker (0 unless it was late), which the worker skips.
+    ``grad=None`` (an empty shard) contributes nothing."""
     grad: np.ndarray | None
-    weight: float
+    examples: int
+
+
+@dataclass(slots=True)
+class Average:
+    """Like ``AllReduce``, but the contribution is the worker's drift from the
+    server, ``server - working`` (local SGD's pseudo-gradient), weighted by
+    the ``examples`` behind it; the server's rule then applies the mean drift
+    (sgd with lr 1 makes the server the average of the workers), and the
+    working parameters are reset to the server's."""
+    examples: int
+
+
+@dataclass(slots=True)
+class LocalApply:
+    """Apply the strategy's local (inner) rule to the working parameters,
+    with the worker's private rule state (local SGD, EASGD)."""
+    grad: np.ndarray
+
+
+@dataclass(slots=True)
+class Elastic:
+    """EASGD's exchange with the centre x~, per shard under its lock:
+    d = alpha (x_i - x~);  x~ += d;  x_i -= d."""
+    alpha: float

@@ -9,9 +9,17 @@ examples, and the step applies the rule ONCE to
 which is the full-batch mean gradient, exact up to floating-point reduction
 order. Every worker reads the same parameters at every step.
 
-Where workers wait: once per step, in ``AllReduce``, for all N
-contributions. A worker that fails stalls the others, so the engine fails the
-run fast with that worker's error.
+Where workers wait: once per step, in ``AllReduce``, for the contributions.
+A worker that fails stalls the others, so the engine fails the run fast with
+that worker's error.
+
+Backup workers (Chen, Pan, Monga, Bengio, Jozefowicz 2016; TensorFlow's
+``SyncReplicasOptimizer(replicas_to_aggregate=N, total_num_replicas=N+b)``):
+N + b workers each compute their slice of the batch at w_t; the first N to
+arrive are averaged (weighted by their examples) and the b late ones are
+dropped and counted in ``late_gradients``. A late worker skips to the
+current step. A step no longer waits for the slowest worker, and up to b
+failed workers are covered.
 
 Invariants (each has a test): with N workers the parameters equal
 ``serial``'s (1e-9 relative, float64); with 1 worker they are bit-identical;
@@ -27,17 +35,32 @@ class Sync(Strategy):
     name = "sync"
     shared_params = True
     needs_all_workers = True
+    synchronous = True
+
+    def __init__(self, backup_workers: int = 0):
+        if backup_workers < 0:
+            raise ConfigError(f"backup workers must be 0 or more, got {backup_workers}")
+        self.backup_workers = backup_workers
 
     def program(self, job: WorkerJob):
-        for batch in global_batches(job.n_examples, job.batch_size, job.seed, job.budget):
+        batches = global_batches(job.n_examples, job.batch_size, job.seed, job.budget)
+        for batch in batches:
             mine = split(batch, job.workers, job.rank)
             if len(mine) == 0:
-                yield AllReduce(None, 0.0)
-                continue
-            _, grad = yield Gradient(mine)
-            yield AllReduce(grad, len(mine) / len(batch))
+                behind = yield AllReduce(None, 0)
+            else:
+                _, grad = yield Gradient(mine)
+                behind = yield AllReduce(grad, len(mine))
+            for _ in range(behind):  # steps the others completed without us
+                next(batches, None)
+
+    def describe(self):
+        return {"strategy": self.name, "backup_workers": self.backup_workers}
 
     def validate(self, workers, batch_size, n_examples):
+        if self.backup_workers >= workers:
+            raise ConfigError(f"{self.backup_workers} backup workers leave none of the {workers} "
+                              "workers to count; use fewer --backup-workers")
         super().validate(workers, batch_size, n_examples)
         if batch_size < workers:
             raise ConfigError(f"sync splits each batch among the workers: batch size {batch_size} "

@@ -53,6 +53,8 @@ class EngineResult:
     dropped_updates: int
     staleness: Counter
     failed_workers: list = field(default_factory=list)
+    late_gradients: int = 0
+    worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
     stopped: str | None = None   # why the monitor stopped the run early, if it did
 
 
@@ -111,10 +113,11 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         else:
             runtime.run(program)
         store.status[rank] = DONE
-        messages.put(("done", rank, dict(runtime.staleness)))
+        own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
+        messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own}))
     except Aborted:
         store.status[rank] = ABORTED
-        messages.put(("aborted", rank, None))
+        messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": None}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -178,7 +181,7 @@ class LocalEngine:
         inline = strategy.name == "serial"
         backend = "inline" if inline else self.backend
         ctx = mp.get_context("spawn") if backend == "processes" else None
-        store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.needs_all_workers,
+        store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
                                backend=backend, mp_context=ctx)
         self.shards_used = shards
         try:
@@ -204,7 +207,7 @@ class LocalEngine:
                 now = time.perf_counter() - clock[0]
                 ex = store.counters[:, EXAMPLES].sum()
                 if recorder.due(now, ex):
-                    ex, up, dropped = store.totals()
+                    ex, up, dropped, late = store.totals()
                     if recorder.record(now, int(up), int(ex), store.params, int(dropped)) is not None:
                         store.abort()
                     # The clock stops while serial evaluates: parallel runs
@@ -217,9 +220,10 @@ class LocalEngine:
         except Aborted:
             stopped = recorder.stop_reason
         wall = time.perf_counter() - clock[0]
-        ex, up, dropped = store.totals()
+        ex, up, dropped, late = store.totals()
         return EngineResult(np.array(store.params, copy=True), 0.0, wall, int(ex), int(up),
-                            int(dropped), runtime.staleness, [], stopped)
+                            int(dropped), runtime.staleness, [], stopped=stopped,
+                            late_gradients=int(late))
 
     # -- parallel: processes or threads --------------------------------------
     def _run_workers(self, store, ctx, problem, rule, strategy, workers, batch_size, seed,
@@ -254,6 +258,7 @@ class LocalEngine:
             h.start()
             handles.append(h)
         failed: dict[int, str] = {}
+        worker_params: dict[int, np.ndarray] = {}
         started_at = [None]
         staleness = Counter()
         finished: set[int] = set()
@@ -266,8 +271,10 @@ class LocalEngine:
                     finished.add(rank)
                     if kind == "failed":
                         failed[rank] = payload
-                    elif kind == "done":
-                        staleness.update(payload)
+                    elif kind in ("done", "aborted"):
+                        staleness.update(payload["staleness"])
+                        if payload["params"] is not None:
+                            worker_params[rank] = payload["params"]
             except queue.Empty:
                 pass
 
@@ -289,7 +296,7 @@ class LocalEngine:
             while not all(store.status[r] == READY or r in finished for r in range(workers)):
                 drain()
                 check_dead()
-                if failed and strategy.needs_all_workers:
+                if strategy.needs_all_workers and len(failed) > strategy.backup_workers:
                     raise self._fail(failed)
                 if len(finished) == workers:
                     break
@@ -308,10 +315,10 @@ class LocalEngine:
                 # curve), then settle, so the monitor steals little CPU.
                 drain(0.002 if time.perf_counter() - t0 < 1.0 else self.poll_s)
                 check_dead()
-                if failed and strategy.needs_all_workers:
+                if strategy.needs_all_workers and len(failed) > strategy.backup_workers:
                     raise self._fail(failed)
                 now = time.perf_counter() - t0
-                ex, up, dropped = store.totals()
+                ex, up, dropped, late = store.totals()
                 if ex != last_examples:
                     last_examples, last_progress = ex, time.monotonic()
                 elif time.monotonic() - last_progress > 2 * self.timeout:
@@ -326,7 +333,7 @@ class LocalEngine:
                         stopped = reason
                         store.abort()
             wall = time.perf_counter() - t0
-            ex, up, dropped = store.totals()
+            ex, up, dropped, late = store.totals()
             params = np.array(store.params, copy=True)
         except BaseException:
             store.abort()
@@ -336,7 +343,8 @@ class LocalEngine:
         failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
                        for r in sorted(failed)]
         return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
-                            failed_list, stopped)
+                            failed_list, stopped=stopped, late_gradients=int(late),
+                            worker_params=worker_params)
 
     @staticmethod
     def _fail(failed: dict) -> WorkerError:

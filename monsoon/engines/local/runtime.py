@@ -8,14 +8,18 @@ that ``serial`` uses. Op by op:
   their gradient slot.
 - ``Apply``: the rule on the whole shared vector, no lock (Hogwild!).
 - ``Fetch`` / ``Push``: per shard, under that shard's lock.
-- ``AllReduce``: write slot; barrier; sum this worker's shards of every
-  slot (in rank order, so the result does not depend on timing); barrier;
+- ``AllReduce`` / ``Average``: write slot; the first N arrivals count (the
+  rest, backups, are late); barrier; sum this worker's shards of the counted
+  slots (in rank order, so the result does not depend on timing); barrier;
   apply the rule to those shards; barrier.
+- ``LocalApply`` / ``Elastic``: the inner rule on the private working copy;
+  EASGD's exchange with the centre, per shard under its lock.
 
 A non-finite gradient is never applied: it is counted in ``dropped``.
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 import platform
@@ -24,9 +28,10 @@ from collections import Counter
 import numpy as np
 
 from ...rules import UpdateInfo
-from ...strategies.ops import AllReduce, Apply, Fetch, Gradient, LocalStep, Push
+from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
+                               LocalStep, Push)
 from ..waiting import Aborted, wait_until
-from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, EXAMPLES, REDUCED, UPDATES,
+from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, EXAMPLES, LATE, REDUCED, STEP, UPDATES,
                     ParameterStore)
 
 
@@ -59,12 +64,18 @@ class WorkerRuntime:
         self._grad_out = store.slots[rank] if store.slots is not None else None
         self._others_at_read = 0
         self._sync_step = 0
-        self._my_shards = [s for s in range(len(store.bounds)) if s % workers == rank]
+        self._reader = store.reader(rank)
+        self._shard_readers = [store.reader(rank, s) for s in range(len(store.bounds))]
         self._acc = None
         # Spin in barriers only when every worker can own a core.
         self._spin = workers <= (os.cpu_count() or 1)
+        self._local_rule = None
+        self._local_state = None
+        self._local_steps = 0
         self._handlers = {Gradient: self.gradient, Apply: self.apply, Fetch: self.fetch,
-                          Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce}
+                          Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce,
+                          Average: self.average, LocalApply: self.local_apply,
+                          Elastic: self.elastic}
 
     # -- driving a program -------------------------------------------------
     def run(self, program, between_ops=None) -> None:
@@ -93,6 +104,9 @@ class WorkerRuntime:
     def gradient(self, op: Gradient):
         if self.strategy.shared_params and self.workers > 1:
             self._others_at_read = self._updates_by_others()
+            if self._reader is not None and not self.strategy.needs_all_workers:
+                # Hogwild!: this gradient reads the shared parameters now.
+                self.rule.on_read(self.store.params, self.store.state, self._reader)
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
         self.counters[EXAMPLES] += len(op.indices)
         return loss, grad
@@ -104,8 +118,10 @@ class WorkerRuntime:
         others = self._updates_by_others() if self.workers > 1 else 0
         staleness = others - self._others_at_read
         mine = int(self.counters[UPDATES])
+        reader = self._reader if self.workers > 1 else None
         self.rule.apply(self.store.params, op.grad, self.store.state,
-                        UpdateInfo(step=mine + others, staleness=staleness, worker=self.rank))
+                        UpdateInfo(step=mine + others, staleness=staleness, worker=self.rank,
+                                   reader=reader))
         self.counters[UPDATES] += 1
         self.staleness[staleness] += 1
 
@@ -116,6 +132,9 @@ class WorkerRuntime:
             with store.locks[s]:
                 ticket[s] = store.versions[s]
                 np.copyto(self.work[a:b], store.params[a:b])
+                if self._reader is not None:
+                    self.rule.on_read(store.params[a:b], store.shard_states[s],
+                                      self._shard_readers[s])
         return ticket
 
     def push(self, op: Push) -> None:
@@ -132,7 +151,8 @@ class WorkerRuntime:
                 version = int(store.versions[s])
                 staleness = version - int(op.ticket[s])
                 self.rule.apply(store.params[a:b], grad[a:b], store.shard_states[s],
-                                UpdateInfo(step=version, staleness=staleness, worker=self.rank))
+                                UpdateInfo(step=version, staleness=staleness, worker=self.rank,
+                                           reader=self._shard_readers[s]))
                 store.versions[s] = version + 1
             self.staleness[staleness] += 1
         self.counters[UPDATES] += 1
@@ -140,79 +160,147 @@ class WorkerRuntime:
     def local_step(self, op: LocalStep) -> None:
         self.work -= op.lr * op.grad
 
-    def all_reduce(self, op: AllReduce) -> None:
-        """Three barriers per step: all gradients written; all shards summed
-        (and checked: a non-finite sum anywhere drops the whole step, on every
-        worker); all shards updated. Each worker sums and updates only its own
-        shards, so the work of the update is spread over the workers."""
-        store = self.store
-        step = self._sync_step
-        slot = store.slots[self.rank]
+    def all_reduce(self, op: AllReduce) -> int:
+        slot = self.store.slots[self.rank]
         if op.grad is None:
             slot.fill(0)  # 0 * a stale NaN would still be NaN
-            store.weights[self.rank] = 0.0
+            examples = 0
         else:
             if op.grad is not slot:
                 np.copyto(slot, op.grad)
-            store.weights[self.rank] = op.weight
-        self._barrier(ARRIVED, step, "write their gradients")
-        sums = self._reduce(step)
+            examples = op.examples
+        return self._synchronous_step(examples)
+
+    def average(self, op: Average) -> int:
+        np.subtract(self.store.params, self.work, out=self.store.slots[self.rank])
+        return self._synchronous_step(op.examples)
+
+    def local_apply(self, op: LocalApply) -> None:
+        if not finite(op.grad):
+            self.counters[DROPPED] += 1
+            return
+        if self._local_state is None:
+            self._local_rule = copy.deepcopy(self.strategy.local_rule)
+            self._local_state = self._local_rule.init(self.work.size, self.work.dtype)
+        self._local_rule.apply(self.work, op.grad, self._local_state,
+                               UpdateInfo(step=self._local_steps, worker=self.rank))
+        self._local_steps += 1
+
+    def elastic(self, op: Elastic) -> None:
+        store = self.store
+        for s, (a, b) in enumerate(store.bounds):
+            mine = self.work[a:b]
+            with store.locks[s]:
+                centre = store.params[a:b]
+                diff = np.subtract(mine, centre)
+                diff *= op.alpha
+                centre += diff
+                store.versions[s] += 1
+            mine -= diff
+        self.counters[UPDATES] += 1
+
+    def _synchronous_step(self, examples: int) -> int:
+        """One synchronous step over the slots; see ``AllReduce``.
+
+        Arrival order decides who counts: under the lock, the first N arrivals
+        at the current step are recorded in ``contributors``; anyone else is
+        late. Then three barriers among the N: all arrived; all shards summed
+        (the i-th arrival sums shards s with s % N == i, over the contributors
+        in rank order, so the sum does not depend on timing) and checked; all
+        shards updated, after which the last one through opens the next step."""
+        store = self.store
+        sync = store.sync
+        step = self._sync_step
+        counted = self.workers - self.strategy.backup_workers
+        store.slot_examples[self.rank] = examples
+        with store.sync_lock:
+            order = -1
+            if sync[STEP] == step and sync[ARRIVED] < counted:
+                order = int(sync[ARRIVED])
+                store.contributors[order] = self.rank
+                sync[ARRIVED] += 1
+        if order < 0:
+            return self._late(step)
+        self._wait_count(ARRIVED, counted, step, "arrive at step")
+        ranks = sorted(int(r) for r in store.contributors[:counted])
+        shards = [s for s in range(len(store.bounds)) if s % counted == order]
+        sums = self._reduce(ranks, shards)
         if not all(finite(acc) for acc in sums):
-            store.sync[BAD_STEP] = step
-        self._barrier(REDUCED, step, "sum their shards")
-        bad = store.sync[BAD_STEP] == step
+            sync[BAD_STEP] = step
+        with store.sync_lock:
+            sync[REDUCED] += 1
+        self._wait_count(REDUCED, counted, step, "sum step")
+        bad = sync[BAD_STEP] == step
         if not bad:
-            for s, acc in zip(self._my_shards, sums):
+            for s, acc in zip(shards, sums):
                 a, b = store.bounds[s]
                 self.rule.apply(store.params[a:b], acc, store.shard_states[s],
                                 UpdateInfo(step=step, staleness=0, worker=self.rank))
                 store.versions[s] += 1
-        self._barrier(APPLIED, step, "apply step")
-        if self.rank == 0:
-            if bad:
-                self.counters[DROPPED] += 1
-            else:
-                self.counters[UPDATES] += 1
+        with store.sync_lock:
+            sync[APPLIED] += 1
+            if sync[APPLIED] == counted:  # the last one through opens the next step
+                sync[ARRIVED] = sync[REDUCED] = sync[APPLIED] = 0
+                sync[STEP] = step + 1
+        self._wait_step(step, "apply step")
+        if order == 0:
+            self.counters[DROPPED if bad else UPDATES] += 1
+            if not bad:
                 self.staleness[0] += 1
         self._sync_step = step + 1
+        if not self.strategy.shared_params:
+            np.copyto(self.work, store.params)
+        return 0
 
-    def _barrier(self, column: int, step: int, what: str) -> None:
+    def _late(self, step: int) -> int:
+        """Dropped: N others arrived first. Wait for the step to be applied,
+        then join the current step."""
+        self.counters[LATE] += 1
+        self._wait_step(step, "apply step")
+        current = int(self.store.sync[STEP])
+        self._sync_step = current
+        if not self.strategy.shared_params:
+            np.copyto(self.work, self.store.params)
+        return current - (step + 1)
+
+    def _wait_count(self, column: int, target: int, step: int, what: str) -> None:
         store = self.store
         counts = store.sync
-        with store.sync_lock:
-            counts[column] += 1
-        target = self.workers * (step + 1)
         if counts[column] < target:
             wait_until(lambda: counts[column] >= target, self.timeout,
-                       lambda: store.control[1], f"all {self.workers} workers to {what} {step}",
-                       self._spin)
+                       lambda: store.control[1],
+                       f"{target} workers to {what} {step}", self._spin)
         if NEEDS_FENCE:
             with store.sync_lock:
                 pass  # acquire: see every write made before the others arrived
 
-    def _reduce(self, step: int) -> list:
-        """sum_k weight_k * slot_k on each of this worker's shards, in rank
-        order (so the result does not depend on timing)."""
+    def _wait_step(self, step: int, what: str) -> None:
+        self._wait_count(STEP, step + 1, step, what)
+
+    def _reduce(self, ranks: list[int], shards: list[int]) -> list:
+        """sum_k (examples_k / total) * slot_k over ``ranks``, in rank order."""
         store = self.store
         if self._acc is None:
             self._acc = np.empty(store.params.size, dtype=store.params.dtype)
             self._tmp = np.empty_like(self._acc)
-        weights = store.weights.tolist()
-        equal = all(w == weights[0] for w in weights)
+        examples = [int(store.slot_examples[k]) for k in ranks]
+        total = sum(examples)
+        weights = [e / total if total else 0.0 for e in examples]
+        equal = all(e == examples[0] for e in examples)
         sums = []
-        for s in self._my_shards:
+        for s in shards:
             a, b = store.bounds[s]
             acc, slots = self._acc[a:b], store.slots[:, a:b]
-            if equal and self.workers > 1:
-                np.add(slots[0], slots[1], out=acc)
-                for k in range(2, self.workers):
+            if equal and len(ranks) > 1:
+                np.add(slots[ranks[0]], slots[ranks[1]], out=acc)
+                for k in ranks[2:]:
                     acc += slots[k]
                 acc *= weights[0]
             else:
-                np.multiply(slots[0], weights[0], out=acc)
+                np.multiply(slots[ranks[0]], weights[0], out=acc)
                 tmp = self._tmp[a:b]
-                for k in range(1, self.workers):
-                    np.multiply(slots[k], weights[k], out=tmp)
+                for k, wk in zip(ranks[1:], weights[1:]):
+                    np.multiply(slots[k], wk, out=tmp)
                     acc += tmp
             sums.append(acc)
         return sums

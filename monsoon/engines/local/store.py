@@ -4,14 +4,18 @@ counter per shard.
 Everything workers share lives in one ``SharedArrays`` block:
 
 - ``params``: the flat parameter vector, and the rule state arrays beside it;
+- ``reader.*[k]``: what a delay-aware rule remembers of worker k's last read
+  (AdaRevision's gradient sum, DC-ASGD's parameters sent to k);
 - ``versions[s]``: updates applied to shard s (a push is a locked in-place
   update of that shard, not a message);
-- ``slots[k]``: worker k's gradient for the current synchronous step, and
-  ``weights[k]`` its weight; ``sync[ARRIVED]``, ``sync[REDUCED]`` and
-  ``sync[APPLIED]`` count arrivals at the step's three barriers, and
+- ``slots[k]``: worker k's contribution to the current synchronous step and
+  ``slot_examples[k]`` the examples behind it; ``sync[STEP]`` counts completed
+  steps, ``sync[ARRIVED]``, ``sync[REDUCED]`` and ``sync[APPLIED]`` count
+  arrivals at the step's three barriers (reset when the step completes),
+  ``contributors`` lists the ranks that count, in arrival order, and
   ``sync[BAD_STEP]`` marks a step whose summed gradient is not finite;
-- ``counters[k]``: worker k's examples, updates, dropped updates (each written
-  by worker k only, so no lock is needed);
+- ``counters[k]``: worker k's examples, updates, dropped updates and late
+  (backup) gradients, each written by worker k only, so no lock is needed;
 - ``status[k]`` and ``control``: start, abort and life-cycle flags.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
@@ -29,9 +33,9 @@ from ...rules import Rule, slice_state
 from .memory import SharedArrays
 
 # counters columns
-EXAMPLES, UPDATES, DROPPED = 0, 1, 2
+EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
 # sync columns
-ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3
+STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
 # control columns
 START, ABORT = 0, 1
 # status values
@@ -54,15 +58,19 @@ class ParameterStore:
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
+        reader = rule.init_reader(n, w0.dtype)
         layout = {"params": ((n,), dtype),
                   "versions": ((shards,), "int64"),
-                  "counters": ((workers, 3), "int64"),
+                  "counters": ((workers, 4), "int64"),
                   "status": ((workers,), "int64"),
                   "control": ((2,), "int64"),
-                  "sync": ((4,), "int64"),
-                  "weights": ((workers,), "float64")}
+                  "sync": ((5,), "int64"),
+                  "contributors": ((workers,), "int64"),
+                  "slot_examples": ((workers,), "int64")}
         for field, arr in zip(template._fields, template):
             layout["state." + field] = (arr.shape, str(arr.dtype))
+        for field, arr in zip(reader._fields, reader):
+            layout["reader." + field] = ((workers,) + arr.shape, str(arr.dtype))
         if sync_slots:
             layout["slots"] = ((workers, n), dtype)
         self.memory = SharedArrays(layout, in_process=(backend != "processes"))
@@ -71,6 +79,7 @@ class ParameterStore:
             self.memory["state." + field][:] = arr
         self.memory["sync"][BAD_STEP] = -1
         self.state_type = type(template)
+        self.reader_type = type(reader)
         self.bounds = shard_bounds(n, shards)
         if backend == "processes":
             self.locks = [mp_context.Lock() for _ in range(shards)]
@@ -88,15 +97,31 @@ class ParameterStore:
         self.status = m["status"]
         self.control = m["control"]
         self.sync = m["sync"]
-        self.weights = m["weights"]
+        self.contributors = m["contributors"]
+        self.slot_examples = m["slot_examples"]
         self.slots = m.arrays.get("slots")
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
         self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
+        readers = [m["reader." + f] for f in self.reader_type._fields]
+        self.has_readers = bool(readers)
+
+    def reader(self, worker: int, shard: int | None = None):
+        """What the server remembers of ``worker``'s last read (all of it, or
+        one shard's slice); None for rules that remember nothing."""
+        if not self.has_readers:
+            return None
+        whole = self.reader_type(*(self.memory["reader." + f][worker]
+                                   for f in self.reader_type._fields))
+        if shard is None:
+            return whole
+        a, b = self.bounds[shard]
+        return slice_state(whole, a, b)
 
     def __getstate__(self):
         # Locks travel separately, as process arguments (multiprocessing only
         # lets them cross at process creation); see ``attach_locks``.
-        return {"memory": self.memory, "state_type": self.state_type, "bounds": self.bounds}
+        return {"memory": self.memory, "state_type": self.state_type,
+                "reader_type": self.reader_type, "bounds": self.bounds}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -114,11 +139,11 @@ class ParameterStore:
         self.control[ABORT] = 1
 
     def totals(self) -> np.ndarray:
-        """Examples, updates and dropped updates summed over workers."""
+        """Examples, updates, dropped updates and late gradients, summed over workers."""
         return self.counters.sum(axis=0)
 
     def close(self) -> None:
         for name in ("params", "versions", "counters", "status", "control", "sync",
-                     "weights", "slots", "state", "shard_states"):
+                     "contributors", "slot_examples", "slots", "state", "shard_states"):
             self.__dict__.pop(name, None)
         self.memory.close()

@@ -1,0 +1,64 @@
+"""The peer: PyTorch DistributedDataParallel on gloo, one process per worker.
+
+``ddp_examples_per_s(make_model, make_data, ...)`` trains ``make_model()`` on
+``make_data() -> (X, y)`` with plain SGD for ``steps`` steps of a global batch
+split evenly among ``world`` processes (one torch thread each), after a few
+warm-up steps, and returns examples per second. ``make_model`` and
+``make_data`` must be module-level functions (spawned processes import them).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, make_model, make_data, loss_fn, batch, lr, steps, warmup, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    X, y = make_data()
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    rng = np.random.default_rng(0)
+    per = batch // world
+
+    def step():
+        chosen = torch.from_numpy(rng.choice(len(X), batch, replace=False))
+        mine = chosen[rank * per:(rank + 1) * per]
+        opt.zero_grad(set_to_none=False)
+        loss_fn(model(X[mine]), y[mine]).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    if rank == 0:
+        out.put(steps * batch / (time.perf_counter() - t0))
+    dist.destroy_process_group()
+
+
+def ddp_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, steps: int,
+                       world: int = 2, warmup: int = 3) -> float:
+    out = tmp.get_context("spawn").SimpleQueue()
+    tmp.start_processes(_worker, args=(world, _free_port(), make_model, make_data, loss_fn,
+                                       batch, lr, steps, warmup, out),
+                        nprocs=world, join=True, start_method="spawn")
+    return out.get()
