@@ -44,6 +44,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="sync: extra workers; each step takes the first --workers gradients")
     p.add_argument("--staleness-lr", action="store_true",
                    help="divide the learning rate by each update's staleness (any rule)")
+    p.add_argument("--dc-lambda", type=float,
+                   help="dcasgd: lambda (default 0.04); dcasgd-a: lambda0 (default 2)")
     p.add_argument("--local-steps", type=int, default=8, help="local-sgd: steps between averages")
     p.add_argument("--diloco", action="store_true",
                    help="local-sgd: outer Nesterov step on the mean drift (DiLoCo)")
@@ -77,7 +79,7 @@ def _options(args) -> dict:
     keys = ("engine", "backend", "rule", "lr", "lr_schedule", "lr_gamma", "lr_step_size",
             "momentum", "epochs", "steps", "batch_size", "seed", "dtype", "target_loss", "shards",
             "n_fetch", "n_push", "timeout", "backup_workers", "staleness_lr", "local_steps",
-            "diloco", "outer_lr", "easgd_alpha", "easgd_tau")
+            "diloco", "outer_lr", "easgd_alpha", "easgd_tau", "dc_lambda")
     options = {k: getattr(args, k) for k in keys}
     options["progress"] = False if args.quiet else None
     return options

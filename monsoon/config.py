@@ -47,6 +47,7 @@ class TrainConfig:
     outer_momentum: float = 0.9
     easgd_alpha: float | None = None   # default 0.9 / workers (the paper's beta = 0.9)
     easgd_tau: int = 4
+    dc_lambda: float | None = None   # dcasgd: lambda (0.04); dcasgd-a: lambda0 (2)
     timeout: float = 60.0
     evals: int = 100
     out: str | None = None
@@ -76,7 +77,13 @@ class Resolved:
 
 
 def _rule_options(c: TrainConfig) -> dict:
-    return {"momentum": c.momentum} if c.rule in ("momentum", "nesterov") else {}
+    if c.rule in ("momentum", "nesterov"):
+        return {"momentum": c.momentum}
+    if c.rule in ("dcasgd", "dcasgd-a") and c.dc_lambda is not None:
+        if not c.dc_lambda >= 0:
+            raise ConfigError(f"--dc-lambda must be 0 or more, got {c.dc_lambda}")
+        return {"lam": c.dc_lambda}
+    return {}
 
 
 def _strategy_and_server_rule(c: TrainConfig, rule):

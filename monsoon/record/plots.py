@@ -10,11 +10,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _save_png(fig, path: Path) -> None:
+    """Render, then write atomically (a temp file renamed into place)."""
+    from .run_folder import atomic_write
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
 def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> None:
     """Two panels: loss against wall time and against epochs, one curve per
     entry of ``curves`` (strategy name -> metrics rows)."""
-    from .run_folder import atomic_write
-
     fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2))
     positive = all(r["loss"] > 0 for rows in curves.values() for r in rows
                    if r["loss"] == r["loss"])
@@ -32,18 +41,12 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> Non
         ax.legend()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    _save_png(fig, path)
 
 
 def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
     """Histogram of update staleness: how many updates other workers applied
     between a worker's read of the parameters and its own update."""
-    from .run_folder import atomic_write
-
     taus = sorted(int(t) for t in counts)
     values = [int(counts[t] if t in counts else counts[str(t)]) for t in taus]
     total = sum(values)
@@ -57,8 +60,4 @@ def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
         ax.set_yscale("log")
     ax.legend()
     ax.set_title(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    _save_png(fig, path)
