@@ -39,9 +39,9 @@ class FaultyProblem(Problem):
     def loss(self, w):
         return self.inner.loss(w)
 
-    def gradient(self, w, indices, out=None):
+    def gradient(self, w, indices, out=None, accumulate=False):
         self.calls += 1
-        loss, grad = self.inner.gradient(w, indices, out)
+        loss, grad = self.inner.gradient(w, indices, out, accumulate)
         armed = self.rank == self.fault_rank and self.calls > self.after
         if self.every:
             armed = armed and self.calls % self.every == 0

@@ -8,7 +8,9 @@ objective ``loss(w)`` that every strategy reports the same way.
 Invariants:
 - ``gradient`` reads the parameters from ``w`` itself (zero copy where the
   problem can alias it), and returns a gradient buffer owned by the problem,
-  valid until the next call; pass ``out=`` to have it written elsewhere.
+  valid until the next call; pass ``out=`` to have it written elsewhere, and
+  ``accumulate=True`` to have it ADDED to ``out`` (the caller guarantees
+  ``out`` holds zeros, which saves the problem a pass over it).
 - ``loss(w)`` is the mean objective over all training examples, the one
   number runs are compared by.
 """
@@ -30,7 +32,8 @@ class Problem(ABC):
         """A fresh flat parameter vector, a pure function of the seed."""
 
     @abstractmethod
-    def gradient(self, w: np.ndarray, indices: np.ndarray, out: np.ndarray | None = None):
+    def gradient(self, w: np.ndarray, indices: np.ndarray, out: np.ndarray | None = None,
+                 accumulate: bool = False):
         """Mean loss and mean gradient over ``indices`` at parameters ``w``."""
 
     @abstractmethod

@@ -106,7 +106,7 @@ class TorchProblem(Problem):
         return torch.cat([p.detach().reshape(-1) for p in fresh.parameters()
                           if p.requires_grad]).numpy().astype(self.dtype, copy=True)
 
-    def gradient(self, w, indices, out=None):
+    def gradient(self, w, indices, out=None, accumulate=False):
         if w is not self._bound:
             self._check(w)
             self._bind(w)
@@ -114,7 +114,8 @@ class TorchProblem(Problem):
             self._check(out)
             self._bind_grad(out)
         grad = self._grad_out
-        grad.fill(0)
+        if not accumulate:
+            grad.fill(0)  # autograd adds into .grad
         rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
         loss = self.loss_fn(self.module(self.X.index_select(0, rows)), self.y.index_select(0, rows))
         loss.backward()

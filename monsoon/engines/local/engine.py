@@ -143,6 +143,23 @@ def _main_module_hidden(needed: bool):
         main.__dict__.update(saved)
 
 
+@contextlib.contextmanager
+def _blas_threads(threads: int):
+    """Spawned workers read these when NumPy loads its BLAS: give each the
+    same share of the cores as its torch threads (the parent's are kept)."""
+    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update({k: str(threads) for k in names})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 MAIN_HINT = ("; the problem refers to code in your script, which every worker process "
              "re-runs: put the call to monsoon under `if __name__ == \"__main__\":`, "
              "or use --backend threads")
@@ -248,7 +265,7 @@ class LocalEngine:
                 h = ctx.Process(target=_process_main,
                                 args=(payload, store.locks, store.sync_lock, messages),
                                 name=f"monsoon-worker-{rank}", daemon=True)
-                with _main_module_hidden(needs_main):
+                with _main_module_hidden(needs_main), _blas_threads(setup.torch_threads):
                     h.start()
                 handles.append(h)
                 continue
