@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .config import TrainConfig, resolve
+from .config import TrainConfig, engine_options, resolve
 from .engines import make_engine
 from .errors import ConfigError, TrainingDiverged
 from .problems import Problem
@@ -73,14 +73,14 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     resolved = resolve(config, instance)
     config, problem, rule, strat, budget = (resolved.config, resolved.problem, resolved.rule,
                                             resolved.strategy, resolved.budget)
-    engine = make_engine(config.engine, backend=config.backend, timeout=config.timeout,
-                         shards=config.shards)
+    engine = make_engine(config.engine, **engine_options(config))
+    virtual = config.engine == "sim"
 
     w0 = problem.initial_params(config.seed).astype(problem.dtype, copy=False)
     total = (budget.epochs * problem.n_examples if budget.epochs is not None
              else budget.steps * config.batch_size)
     recorder = Recorder(problem, total, config.target_loss, evals=config.evals,
-                        progress=config.progress,
+                        progress=config.progress, cost_aware=not virtual,
                         label=f"{config.problem} {config.strategy} x{config.workers}")
     t_start = time.perf_counter()
     try:
@@ -94,7 +94,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "problem": config.problem,
         "strategy": config.strategy,
         "engine": config.engine,
-        "backend": "inline" if config.strategy == "serial" else config.backend,
+        "backend": ("virtual" if virtual else
+                    "inline" if config.strategy == "serial" else config.backend),
         "rule": config.rule,
         "workers": config.workers,
         "seed": config.seed,
@@ -124,6 +125,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     }
     if res.stopped:
         summary["stopped"] = res.stopped
+    summary.update(res.extra)
     summary.update({k: v for k, v in strat.describe().items()
                     if k not in ("strategy", "local_rule")})
     if strat.local_rule is not None:

@@ -37,7 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32", help="float32 or float64")
     p.add_argument("--target-loss", type=float, help="report the time to reach this loss")
-    p.add_argument("--shards", type=int, help="parameter-server shards (default: workers)")
+    p.add_argument("--shards", type=int, help="parameter-server shards (default: workers, at most 8)")
     p.add_argument("--n-fetch", type=int, default=1, help="async: steps between fetches")
     p.add_argument("--n-push", type=int, default=1, help="async: steps between pushes")
     p.add_argument("--backup-workers", type=int, default=0,
@@ -54,6 +54,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--easgd-alpha", type=float, help="easgd: elastic force (default 0.9/workers)")
     p.add_argument("--easgd-tau", type=int, default=4, help="easgd: steps between exchanges")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may last")
+    sim = p.add_argument_group("sim engine (--engine sim, or monsoon simulate)")
+    sim.add_argument("--compute-s", dest="sim_compute_s", type=float, default=1e-3,
+                     help="seconds per gradient (default 0.001)")
+    sim.add_argument("--compute-sigma", dest="sim_compute_sigma", type=float, default=0.0,
+                     help="lognormal spread of compute time (0: constant)")
+    sim.add_argument("--straggler-p", dest="sim_straggler_p", type=float, default=0.0,
+                     help="probability that a step is --straggler-factor times slower")
+    sim.add_argument("--straggler-factor", dest="sim_straggler_factor", type=float, default=10.0)
+    sim.add_argument("--slow-fraction", dest="sim_slow_fraction", type=float, default=0.0,
+                     help="fraction of workers always --straggler-factor times slower")
+    sim.add_argument("--latency-s", dest="sim_latency_s", type=float, default=0.0,
+                     help="seconds per message, before bandwidth")
+    sim.add_argument("--bandwidth", dest="sim_bandwidth", type=float, default=0.0,
+                     help="bytes per second per message (0: infinite)")
+    sim.add_argument("--service-s", dest="sim_service_s", type=float, default=0.0,
+                     help="seconds a server shard spends on each request")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -67,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(train)
     train.add_argument("--strategy", default="serial", help=f"one of: {', '.join(strategy_names())}")
     train.add_argument("--out", default=None, help="run folder (default runs/PROBLEM-STRATEGY)")
+    simulate = sub.add_parser("simulate", help="train on the sim engine: a virtual cluster "
+                              "(time is simulated, the math is real)")
+    _common(simulate)
+    simulate.add_argument("--strategy", default="async",
+                          help=f"one of: {', '.join(strategy_names())}")
+    simulate.add_argument("--out", default=None, help="run folder (default runs/sim-PROBLEM-STRATEGY)")
     compare = sub.add_parser("compare", help="the same problem under several strategies")
     _common(compare)
     compare.add_argument("--strategies", default="serial,sync,async,hogwild",
@@ -79,7 +101,9 @@ def _options(args) -> dict:
     keys = ("engine", "backend", "rule", "lr", "lr_schedule", "lr_gamma", "lr_step_size",
             "momentum", "epochs", "steps", "batch_size", "seed", "dtype", "target_loss", "shards",
             "n_fetch", "n_push", "timeout", "backup_workers", "staleness_lr", "local_steps",
-            "diloco", "outer_lr", "easgd_alpha", "easgd_tau", "dc_lambda")
+            "diloco", "outer_lr", "easgd_alpha", "easgd_tau", "dc_lambda", "sim_compute_s",
+            "sim_compute_sigma", "sim_straggler_p", "sim_straggler_factor", "sim_slow_fraction",
+            "sim_latency_s", "sim_bandwidth", "sim_service_s")
     options = {k: getattr(args, k) for k in keys}
     options["progress"] = False if args.quiet else None
     return options
@@ -91,14 +115,23 @@ def main(argv=None) -> int:
     from .compare import compare
 
     try:
-        if args.command == "train":
+        if args.command in ("train", "simulate"):
             workers = 1 if args.strategy == "serial" else args.workers
-            out = args.out or f"runs/{args.problem.replace(':', '_')}-{args.strategy}"
-            result = train(args.problem, args.strategy, workers, out=out, **_options(args))
+            options = _options(args)
+            prefix = "runs/"
+            if args.command == "simulate":
+                options["engine"], prefix = "sim", "runs/sim-"
+            out = args.out or f"{prefix}{args.problem.replace(':', '_')}-{args.strategy}"
+            result = train(args.problem, args.strategy, workers, out=out, **options)
             s = result.summary
+            clock = "simulated" if s["engine"] == "sim" else "wall"
             print(f"{s['problem']} {s['strategy']} x{s['workers']}: final_loss {s['final_loss']:.6g}, "
-                  f"{s['examples_per_s']:.4g} examples/s, wall {s['wall_time_s']:.3g} s "
+                  f"{s['examples_per_s']:.4g} examples/s, {clock} {s['wall_time_s']:.3g} s "
                   f"(+{s['startup_s']:.2g} s start-up)")
+            if "utilization" in s:
+                u = s["utilization"]
+                print(f"utilization: workers {u['workers']:.1%}, server shards {u['shards']:.1%}; "
+                      f"simulated in {s['real_time_s']:.3g} s")
             if s["failed_workers"]:
                 print("failed workers: " + json.dumps(s["failed_workers"]))
             print(f"run folder: {result.run_dir}")

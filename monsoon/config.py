@@ -48,6 +48,15 @@ class TrainConfig:
     easgd_alpha: float | None = None   # default 0.9 / workers (the paper's beta = 0.9)
     easgd_tau: int = 4
     dc_lambda: float | None = None   # dcasgd: lambda (0.04); dcasgd-a: lambda0 (2)
+    # the sim engine's delay model (see engines/sim/delays.py)
+    sim_compute_s: float = 1e-3
+    sim_compute_sigma: float = 0.0
+    sim_straggler_p: float = 0.0
+    sim_straggler_factor: float = 10.0
+    sim_slow_fraction: float = 0.0
+    sim_latency_s: float = 0.0
+    sim_bandwidth: float = 0.0
+    sim_service_s: float = 0.0
     timeout: float = 60.0
     evals: int = 100
     out: str | None = None
@@ -64,6 +73,19 @@ class TrainConfig:
 def _positive_int(name: str, value, flag: str) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}; fix {flag}")
+
+
+def engine_options(c: TrainConfig) -> dict:
+    """The keyword arguments of ``make_engine`` for this configuration."""
+    if c.engine == "sim":
+        from .engines import DelayModel
+
+        return {"shards": c.shards, "delays": DelayModel(
+            compute_s=c.sim_compute_s, compute_sigma=c.sim_compute_sigma,
+            straggler_p=c.sim_straggler_p, straggler_factor=c.sim_straggler_factor,
+            slow_fraction=c.sim_slow_fraction, latency_s=c.sim_latency_s,
+            bandwidth_Bps=c.sim_bandwidth, service_s=c.sim_service_s)}
+    return {"backend": c.backend, "timeout": c.timeout, "shards": c.shards}
 
 
 @dataclass

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .local import BACKENDS, LocalEngine
+from .sim import DelayModel, SimEngine
 
-ENGINES = {"local": LocalEngine}
-PLANNED = {"sim": "the discrete-event simulator", "ray": "Ray actors on a cluster"}
+ENGINES = {"local": LocalEngine, "sim": SimEngine}
+PLANNED = {"ray": "Ray actors on a cluster"}
 
 
 def engine_names() -> list[str]:

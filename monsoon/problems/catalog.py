@@ -8,6 +8,8 @@ NAME`` work with no other flag.
   starts U(0, 1) as the seed's ``random_uniform_initializer(0, 1)``.
 - ``digits``: scikit-learn's bundled 8x8 digit images (1797 real examples),
   an MLP 64-64-10 with cross-entropy.
+- ``linear`` / ``logistic``: a planted linear model (16384 examples, 20
+  features) in plain NumPy: microsecond steps, for simulating big clusters.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .linear import synthetic
 from .torch_problem import TorchProblem
 
 
@@ -66,6 +69,14 @@ def digits(dtype="float32") -> TorchProblem:
     return TorchProblem(net, nn.CrossEntropyLoss(), X, y, dtype=dtype, name="digits")
 
 
+def linear(dtype="float64"):
+    return synthetic("squared", dtype=dtype)
+
+
+def logistic(dtype="float64"):
+    return synthetic("logistic", dtype=dtype)
+
+
 CATALOG = {
     "parabola": CatalogEntry(
         "parabola", parabola, "seed 000: y = x^2, 50 points, 1-5-1 tanh net",
@@ -76,4 +87,10 @@ CATALOG = {
     "digits": CatalogEntry(
         "digits", digits, "scikit-learn digits (1797 8x8 images), MLP 64-64-10",
         {"lr": 0.05, "epochs": 10, "batch_size": 32}),
+    "linear": CatalogEntry(
+        "linear", linear, "least squares, 16384 x 20 planted model (NumPy)",
+        {"lr": 0.05, "epochs": 2, "batch_size": 16}),
+    "logistic": CatalogEntry(
+        "logistic", logistic, "logistic regression, 16384 x 20 planted model (NumPy)",
+        {"lr": 0.1, "epochs": 2, "batch_size": 16}),
 }

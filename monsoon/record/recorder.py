@@ -22,7 +22,7 @@ COLUMNS = ("time_s", "updates", "examples", "epoch", "loss")
 class Recorder:
     def __init__(self, problem, total_examples: int | None, target_loss: float | None = None,
                  evals: int = 100, min_interval_s: float = 0.5, progress: bool | None = None,
-                 label: str = ""):
+                 label: str = "", cost_aware: bool = True):
         self.problem = problem
         self.n_examples = problem.n_examples
         self.total_examples = total_examples
@@ -39,6 +39,8 @@ class Recorder:
         self._bar = None
         self._progress = progress
         self._label = label
+        # False for virtual time (the sim engine): evaluating costs no time there
+        self.cost_aware = cost_aware
 
     # -- life cycle -------------------------------------------------------
     def start(self, params) -> None:
@@ -58,7 +60,8 @@ class Recorder:
         self._eval_cost = time.thread_time() - t
         self.add_row(now, updates, examples, loss)
         evals = max(self.evals, 1)
-        self._earliest = now + max(20 * self._eval_cost, 1e-3)
+        if self.cost_aware:
+            self._earliest = now + max(20 * self._eval_cost, 1e-3)
         self._next = now + max(self.min_interval_s, now / evals)
         if self.total_examples:
             step = self.total_examples / evals

@@ -41,6 +41,8 @@ from .store import (ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, START, STAR
                     ParameterStore)
 
 BACKENDS = ("processes", "threads")
+# Parameter-server shards default to one per worker, up to this many.
+DEFAULT_MAX_SHARDS = 8
 
 
 @dataclass
@@ -55,6 +57,7 @@ class EngineResult:
     failed_workers: list = field(default_factory=list)
     late_gradients: int = 0
     worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
+    extra: dict = field(default_factory=dict)          # engine-specific summary fields
     stopped: str | None = None   # why the monitor stopped the run early, if it did
 
 
@@ -193,7 +196,7 @@ class LocalEngine:
         return {"engine": self.name, "backend": self.backend, "timeout_s": self.timeout}
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
-        shards = self.shards or workers
+        shards = self.shards or min(workers, DEFAULT_MAX_SHARDS)
         shards = max(1, min(shards, w0.size))
         inline = strategy.name == "serial"
         backend = "inline" if inline else self.backend

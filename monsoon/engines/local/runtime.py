@@ -31,6 +31,7 @@ from scipy.linalg import blas
 from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
+from ..reduce import weighted_sum
 from ..waiting import Aborted, wait_until
 from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, EXAMPLES, LATE, REDUCED, STEP, UPDATES,
                     ParameterStore)
@@ -295,29 +296,15 @@ class WorkerRuntime:
         self._wait_count(STEP, step + 1, step, what)
 
     def _reduce(self, ranks: list[int], shards: list[int]) -> list:
-        """sum_k (examples_k / total) * slot_k over ``ranks``, in rank order."""
+        """The weighted mean of the counted slots, on each of ``shards``."""
         store = self.store
         if self._acc is None:
             self._acc = np.empty(store.params.size, dtype=store.params.dtype)
             self._tmp = np.empty_like(self._acc)
         examples = [int(store.slot_examples[k]) for k in ranks]
-        total = sum(examples)
-        weights = [e / total if total else 0.0 for e in examples]
-        equal = all(e == examples[0] for e in examples)
         sums = []
         for s in shards:
             a, b = store.bounds[s]
-            acc, slots = self._acc[a:b], store.slots[:, a:b]
-            if equal and len(ranks) > 1:
-                np.add(slots[ranks[0]], slots[ranks[1]], out=acc)
-                for k in ranks[2:]:
-                    acc += slots[k]
-                acc *= weights[0]
-            else:
-                np.multiply(slots[ranks[0]], weights[0], out=acc)
-                tmp = self._tmp[a:b]
-                for k, wk in zip(ranks[1:], weights[1:]):
-                    np.multiply(slots[k], wk, out=tmp)
-                    acc += tmp
-            sums.append(acc)
+            sums.append(weighted_sum(store.slots[:, a:b], ranks, examples, self._acc[a:b],
+                                     self._tmp[a:b]))
         return sums

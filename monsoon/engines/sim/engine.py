@@ -1,0 +1,383 @@
+"""The sim engine: a deterministic discrete-event virtual cluster.
+
+N virtual workers (one to tens of thousands) run the SAME strategy programs
+as the local engine, in virtual time. The math is real: every gradient is
+computed, at the moment its virtual worker starts it, on the parameters that
+worker actually holds (the shared ones for Hogwild! and sync, its own copy
+otherwise), so staleness effects are exact. Time is simulated by
+``DelayModel``: compute times with stragglers, message latency and
+bandwidth, and parameter-server shards that serve one request at a time.
+
+How each op spends virtual time:
+- ``Gradient``: computed now, the worker resumes after its compute time.
+- ``Apply`` (Hogwild!): applied to the shared parameters now.
+- ``Fetch`` / ``Push`` / ``Elastic``: a message to every shard; each shard
+  queues requests and serves them in arrival order (the read or the update
+  happens when it is served); a fetch resumes when all replies are back, a
+  push as soon as it is sent.
+- ``AllReduce`` / ``Average``: the contribution travels to the server; the
+  first N arrivals of a step count (the rest are late: dropped, counted),
+  the N-th triggers the update, and every worker of the step resumes when
+  the new parameters reach it.
+
+Invariants (each has a test): events at equal times are taken in the order
+they were scheduled, and every random draw comes from the seed, so a seed
+gives the same event order and bit-identical parameters; with zero latency,
+zero service time and constant compute, sim sync equals local sync bit for
+bit (the same shard-wise reduction and update).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+
+import numpy as np
+
+from ...rules import UpdateInfo, slice_state
+from ...strategies import WorkerJob
+from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
+                               LocalStep, Push)
+from ..local.engine import DEFAULT_MAX_SHARDS, EngineResult
+from ..local.runtime import finite
+from ..local.store import shard_bounds
+from ..reduce import weighted_sum
+from .delays import DelayModel
+
+REQUEST_BYTES = 64  # a fetch request, an acknowledgement
+
+
+class _Worker:
+    __slots__ = ("rank", "program", "work", "grad", "examples", "updates", "dropped", "late",
+                 "busy", "staleness", "reader", "shard_readers", "others_at_read", "pending",
+                 "ticket", "sync_step", "local_rule", "local_state", "local_steps", "done")
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.examples = self.updates = self.dropped = self.late = 0
+        self.busy = 0.0
+        self.staleness = Counter()
+        self.others_at_read = 0
+        self.pending = 0
+        self.sync_step = 0
+        self.local_rule = self.local_state = None
+        self.local_steps = 0
+        self.done = False
+
+
+class SimEngine:
+    name = "sim"
+
+    def __init__(self, delays: DelayModel | None = None, shards: int | None = None,
+                 timeout: float = 60.0, **_ignored):
+        self.delays = delays or DelayModel()
+        self.shards = shards
+        self.timeout = timeout  # unused: nothing waits in real time
+
+    def describe(self) -> dict:
+        return {"engine": self.name, **{f"sim_{k}": v for k, v in self.delays.describe().items()}}
+
+    # -- set-up ----------------------------------------------------------------
+    def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        t_real = time.perf_counter()
+        n = w0.size
+        self.problem, self.rule, self.strategy = problem, rule, strategy
+        self.W = workers
+        self.S = max(1, min(self.shards or min(workers, DEFAULT_MAX_SHARDS), n))
+        self.shards_used = self.S
+        self.bounds = shard_bounds(n, self.S)
+        self.params = np.array(w0, copy=True)
+        self.state = rule.init(n, w0.dtype)
+        self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
+        self.versions = np.zeros(self.S, dtype=np.int64)
+        self.shard_free = np.zeros(self.S)
+        self.shard_busy = np.zeros(self.S)
+        self.rng = np.random.default_rng([seed, 7919])
+        self.nbytes = n * w0.itemsize
+        self.heap, self.seq, self.now = [], 0, 0.0
+        self.total = {"examples": 0, "updates": 0, "dropped": 0, "late": 0}
+        has_readers = bool(rule.init_reader(1, w0.dtype)._fields)
+        # synchronous step state
+        self.counted = workers - strategy.backup_workers
+        self.sync_step = 0
+        self.arrivals: list[int] = []
+        self.waiting_late: list[_Worker] = []
+        if strategy.synchronous:
+            self.slots = np.zeros((workers, n), dtype=w0.dtype)
+            self.slot_examples = [0] * workers
+            self.acc, self.tmp = np.empty(n, dtype=w0.dtype), np.empty(n, dtype=w0.dtype)
+        self.workers = []
+        for rank in range(workers):
+            w = _Worker(rank)
+            w.program = strategy.program(WorkerJob(rank, workers, problem.n_examples, batch_size,
+                                                   seed, budget))
+            w.work = self.params if strategy.shared_params else np.array(w0, copy=True)
+            w.grad = np.empty(n, dtype=w0.dtype)
+            w.reader = rule.init_reader(n, w0.dtype) if has_readers else None
+            w.shard_readers = ([slice_state(w.reader, a, b) for a, b in self.bounds]
+                               if has_readers else [None] * self.S)
+            self.workers.append(w)
+            self._at(0.0, self._resume, w, None)
+        self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
+                         Push: self._push, LocalStep: self._local_step,
+                         LocalApply: self._local_apply, AllReduce: self._all_reduce,
+                         Average: self._average, Elastic: self._elastic}
+        recorder.start(self.params)
+        stopped = self._loop(recorder)
+        blocked = [w.rank for w in self.workers if not w.done]
+        if blocked and stopped is None:
+            raise RuntimeError(f"simulation ended with workers {blocked[:10]} still waiting "
+                               "(a synchronous step could not gather its workers)")
+        end = self.now
+        staleness = Counter()
+        for w in self.workers:
+            staleness.update(w.staleness)
+        result = EngineResult(np.array(self.params, copy=True), 0.0, end,
+                              self.total["examples"], self.total["updates"],
+                              self.total["dropped"], staleness, [], stopped=stopped,
+                              late_gradients=self.total["late"],
+                              worker_params={} if strategy.shared_params else
+                              {w.rank: w.work.copy() for w in self.workers[:64]})
+        busy = sum(w.busy for w in self.workers)
+        result.extra = {
+            "simulated_time_s": end, "real_time_s": time.perf_counter() - t_real,
+            "utilization": {"workers": busy / (workers * end) if end > 0 else None,
+                            "shards": float(self.shard_busy.sum() / (self.S * end))
+                            if end > 0 else None},
+            "delays": self.delays.describe()}
+        return result
+
+    # -- the event loop ----------------------------------------------------------
+    def _at(self, t: float, fn, *args) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, fn, args))
+
+    def _loop(self, recorder):
+        heap, total = self.heap, self.total
+        while heap:
+            t, _, fn, args = heapq.heappop(heap)
+            self.now = t
+            fn(*args)
+            if recorder.due(t, total["examples"]):
+                reason = recorder.record(t, total["updates"], total["examples"], self.params,
+                                         total["dropped"])
+                if reason is not None:
+                    return reason
+        return None
+
+    def _resume(self, w: _Worker, value) -> None:
+        """Run ``w``'s program until an op has to wait for virtual time."""
+        handlers = self.handlers
+        while True:
+            try:
+                op = w.program.send(value)
+            except StopIteration:
+                w.done = True
+                return
+            immediate, value = handlers[type(op)](w, op)
+            if not immediate:
+                return
+
+    def _message(self, nbytes: int) -> float:
+        return self.delays.message_time(nbytes)
+
+    def _shard_arrive(self, s: int, serve, *args) -> None:
+        """A request reaches shard s: it is served when the shard is free."""
+        start = max(self.now, self.shard_free[s])
+        service = self.delays.service_s
+        self.shard_free[s] = start + service
+        self.shard_busy[s] += service
+        self._at(start, serve, s, *args)
+
+    # -- ops ---------------------------------------------------------------------
+    def _gradient(self, w, op):
+        if self.strategy.shared_params:
+            w.others_at_read = self.total["updates"] - w.updates
+            if w.reader is not None and not self.strategy.synchronous:
+                self.rule.on_read(self.params, self.state, w.reader)
+        loss, grad = self.problem.gradient(w.work, op.indices)
+        np.copyto(w.grad, grad)
+        w.examples += len(op.indices)
+        self.total["examples"] += len(op.indices)
+        dt = self.delays.compute_time(self.rng, w.rank, self.W)
+        w.busy += dt
+        self._at(self.now + dt, self._resume, w, (loss, w.grad))
+        return False, None
+
+    def _apply(self, w, op):
+        if not finite(op.grad):
+            w.dropped += 1
+            self.total["dropped"] += 1
+            return True, None
+        others = self.total["updates"] - w.updates
+        staleness = others - w.others_at_read
+        self.rule.apply(self.params, op.grad, self.state,
+                        UpdateInfo(step=self.total["updates"], staleness=staleness, worker=w.rank,
+                                   reader=w.reader if self.W > 1 else None))
+        w.updates += 1
+        self.total["updates"] += 1
+        w.staleness[staleness] += 1
+        return True, None
+
+    def _local_step(self, w, op):
+        w.work -= op.lr * op.grad
+        return True, None
+
+    def _local_apply(self, w, op):
+        if not finite(op.grad):
+            w.dropped += 1
+            self.total["dropped"] += 1
+            return True, None
+        if w.local_state is None:
+            import copy
+
+            w.local_rule = copy.deepcopy(self.strategy.local_rule)
+            w.local_state = w.local_rule.init(w.work.size, w.work.dtype)
+        w.local_rule.apply(w.work, op.grad, w.local_state, UpdateInfo(step=w.local_steps,
+                                                                      worker=w.rank))
+        w.local_steps += 1
+        return True, None
+
+    # Downpour: fetch and push, shard by shard
+    def _fetch(self, w, op):
+        w.pending = self.S
+        w.ticket = np.empty(self.S, dtype=np.int64)
+        arrive = self.now + self._message(REQUEST_BYTES)
+        for s in range(self.S):
+            self._at(arrive, self._shard_arrive, s, self._serve_read, w)
+        return False, None
+
+    def _serve_read(self, s, w):
+        a, b = self.bounds[s]
+        w.ticket[s] = self.versions[s]
+        np.copyto(w.work[a:b], self.params[a:b])
+        if w.reader is not None:
+            self.rule.on_read(self.params[a:b], self.shard_states[s], w.shard_readers[s])
+        reply = (self.now + self.delays.service_s
+                 + self._message((b - a) * self.params.itemsize))
+        self._at(reply, self._reply, w)
+
+    def _reply(self, w):
+        w.pending -= 1
+        if w.pending == 0:
+            self._resume(w, None if w.ticket is None else w.ticket.copy())
+
+    def _push(self, w, op):
+        if not finite(op.grad):
+            w.dropped += 1
+            self.total["dropped"] += 1
+            return True, None
+        grad, ticket = op.grad.copy(), op.ticket
+        push = {"left": self.S}
+        for s in range(self.S):
+            a, b = self.bounds[s]
+            arrive = self.now + self._message((b - a) * grad.itemsize)
+            self._at(arrive, self._shard_arrive, s, self._serve_push, w, grad, ticket, push)
+        send = self.nbytes / self.delays.bandwidth_Bps if self.delays.bandwidth_Bps else 0.0
+        self._at(self.now + send, self._resume, w, None)
+        return False, None
+
+    def _serve_push(self, s, w, grad, ticket, push):
+        a, b = self.bounds[s]
+        version = int(self.versions[s])
+        staleness = version - int(ticket[s])
+        self.rule.apply(self.params[a:b], grad[a:b], self.shard_states[s],
+                        UpdateInfo(step=version, staleness=staleness, worker=w.rank,
+                                   reader=w.shard_readers[s]))
+        self.versions[s] = version + 1
+        w.staleness[staleness] += 1
+        push["left"] -= 1
+        if push["left"] == 0:
+            w.updates += 1
+            self.total["updates"] += 1
+
+    def _elastic(self, w, op):
+        w.pending = self.S
+        w.ticket = None
+        for s in range(self.S):
+            a, b = self.bounds[s]
+            arrive = self.now + self._message((b - a) * self.params.itemsize)
+            self._at(arrive, self._shard_arrive, s, self._serve_elastic, w, op.alpha)
+        return False, None
+
+    def _serve_elastic(self, s, w, alpha):
+        a, b = self.bounds[s]
+        diff = np.subtract(w.work[a:b], self.params[a:b])
+        diff *= alpha
+        self.params[a:b] += diff
+        w.work[a:b] -= diff
+        self.versions[s] += 1
+        if s == self.S - 1:
+            w.updates += 1
+            self.total["updates"] += 1
+        reply = self.now + self.delays.service_s + self._message((b - a) * self.params.itemsize)
+        self._at(reply, self._reply, w)
+
+    # synchronous steps
+    def _all_reduce(self, w, op):
+        if op.grad is None:
+            self.slots[w.rank].fill(0)
+            examples = 0
+        else:
+            np.copyto(self.slots[w.rank], op.grad)
+            examples = op.examples
+        return self._contribute(w, examples)
+
+    def _average(self, w, op):
+        np.subtract(self.params, w.work, out=self.slots[w.rank])
+        return self._contribute(w, op.examples)
+
+    def _contribute(self, w, examples):
+        self._at(self.now + self._message(self.nbytes), self._sync_arrive, w, w.sync_step,
+                 examples)
+        return False, None
+
+    def _sync_arrive(self, w, step, examples):
+        if step < self.sync_step:  # the step was applied without it
+            self._late(w)
+            self._at(self.now + self._message(self.nbytes), self._sync_resume, w, step)
+            return
+        if len(self.arrivals) >= self.counted:  # the step is full: wait for its update
+            self._late(w)
+            self.waiting_late.append(w)
+            return
+        self.arrivals.append(w.rank)
+        self.slot_examples[w.rank] = examples
+        if len(self.arrivals) == self.counted:
+            self._complete_step()
+
+    def _late(self, w):
+        w.late += 1
+        self.total["late"] += 1
+
+    def _complete_step(self):
+        ranks = sorted(self.arrivals)
+        examples = [self.slot_examples[k] for k in ranks]
+        sums = [(s, weighted_sum(self.slots[:, a:b], ranks, examples, self.acc[a:b],
+                                 self.tmp[a:b])) for s, (a, b) in enumerate(self.bounds)]
+        if all(finite(acc) for _, acc in sums):
+            for s, acc in sums:
+                a, b = self.bounds[s]
+                self.rule.apply(self.params[a:b], acc, self.shard_states[s],
+                                UpdateInfo(step=self.sync_step, staleness=0, worker=s))
+                self.versions[s] += 1
+            self.total["updates"] += 1
+            self.workers[ranks[0]].staleness[0] += 1
+        else:
+            self.total["dropped"] += 1
+        self.shard_busy += self.delays.service_s
+        done = self.now + self.delays.service_s + self._message(self.nbytes)
+        resumed = [self.workers[k] for k in self.arrivals] + self.waiting_late
+        step = self.sync_step
+        self.sync_step += 1
+        self.arrivals, self.waiting_late = [], []
+        for w in resumed:
+            self._at(done, self._sync_resume, w, step)
+
+    def _sync_resume(self, w, step):
+        """``w`` contributed to ``step``; it joins the current step, skipping
+        those the others completed without it (counted when it resumes)."""
+        w.sync_step = self.sync_step
+        if not self.strategy.shared_params:
+            np.copyto(w.work, self.params)
+        self._resume(w, self.sync_step - (step + 1))
