@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--strategy", default="async",
                           help=f"one of: {', '.join(strategy_names())}")
     simulate.add_argument("--out", default=None, help="run folder (default runs/sim-PROBLEM-STRATEGY)")
+    simulate.set_defaults(problem="logistic", workers=64)  # clusters want more examples
     compare = sub.add_parser("compare", help="the same problem under several strategies")
     _common(compare)
     compare.add_argument("--strategies", default="serial,sync,async,hogwild",

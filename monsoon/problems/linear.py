@@ -44,7 +44,7 @@ class DenseLinear(Problem):
         sz = s * z
         # log(1 + exp(-sz)) without overflow; its derivative -s * sigmoid(-sz)
         loss = float(np.mean(np.logaddexp(0.0, -sz)))
-        return -s / (1.0 + np.exp(sz)), loss
+        return -s * np.exp(-np.logaddexp(0.0, sz)), loss  # -s sigmoid(-sz), stably
 
     def gradient(self, w, indices, out=None, accumulate=False):
         X, y = self.X[indices], self.y[indices]

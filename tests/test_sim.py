@@ -1,0 +1,107 @@
+"""The sim engine: same programs as the local engine, virtual time, real math."""
+import json
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.cli import main as cli_main
+from monsoon.errors import ConfigError
+
+
+def test_sim_sync_equals_local_sync_and_serial():
+    """Zero latency, constant compute: sim sync is local sync, bit for bit."""
+    opts = dict(steps=20, batch_size=256, dtype="float64", seed=3, lr=0.05)
+    serial = monsoon.train("exp", "serial", **opts)
+    local = monsoon.train("exp", "sync", 3, **opts)
+    sim = monsoon.train("exp", "sync", 3, engine="sim", **opts)
+    assert np.array_equal(sim.params, local.params)
+    np.testing.assert_allclose(sim.params, serial.params, rtol=1e-9, atol=1e-12)
+    assert sim.summary["wall_time_s"] == pytest.approx(20 * 1e-3)  # 20 steps of 1 ms
+    assert sim.summary["utilization"]["workers"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("strategy,options", [
+    ("async", dict(n_fetch=2, n_push=2, rule="adarevision")),
+    ("hogwild", dict(rule="dcasgd-a", lr=0.05)),
+    ("sync", dict(backup_workers=2)),
+    ("local-sgd", dict(local_steps=4)),
+    ("easgd", dict()),
+])
+def test_same_seed_same_run(tmp_path, strategy, options):
+    delays = dict(sim_compute_sigma=0.5, sim_straggler_p=0.1, sim_latency_s=2e-4,
+                  sim_bandwidth=1e6, sim_service_s=1e-4)
+    runs = [monsoon.train("logistic", strategy, 12, engine="sim", steps=600, seed=seed,
+                          batch_size=24, out=tmp_path / f"{seed}-{i}", **delays, **options)
+            for i, seed in enumerate([5, 5, 6])]
+    a, b, c = runs
+    assert np.array_equal(a.params, b.params)
+    assert (tmp_path / "5-0" / "metrics.csv").read_text() == (tmp_path / "5-1" / "metrics.csv").read_text()
+    assert a.summary["wall_time_s"] == b.summary["wall_time_s"]
+    assert not np.array_equal(a.params, c.params)
+
+
+def test_adarevision_beats_adagrad_at_delays_of_a_thousand_updates():
+    """McMahan & Streeter 2014: with 1000 asynchronous workers each gradient
+    is ~1000 updates stale; AdaGrad applied to stale gradients falls behind."""
+    common = dict(engine="sim", steps=12000, lr=0.3, seed=0, sim_compute_sigma=0.3, shards=1)
+    adagrad = monsoon.train("logistic", "async", 1000, rule="adagrad", **common).summary
+    adarevision = monsoon.train("logistic", "async", 1000, rule="adarevision", **common).summary
+    assert adagrad["staleness"]["mean"] > 900
+    assert adarevision["final_loss"] < 0.8 * adagrad["final_loss"]
+
+
+def test_backup_workers_beat_stragglers_in_simulated_time():
+    """Chen et al. 2016: p = 0.05 of 10x-slow steps, 100 workers."""
+    common = dict(engine="sim", steps=120, batch_size=1050, lr=0.2, seed=0,
+                  sim_straggler_p=0.05, sim_straggler_factor=10, target_loss=0.02)
+    plain = monsoon.train("linear", "sync", 100, **common).summary
+    backed = monsoon.train("linear", "sync", 100, backup_workers=5, **common).summary
+    assert plain["time_to_target_s"] is not None and backed["time_to_target_s"] is not None
+    assert backed["time_to_target_s"] < 0.8 * plain["time_to_target_s"]
+    assert backed["late_gradients"] > 0 and plain["late_gradients"] == 0
+    assert backed["utilization"]["workers"] > plain["utilization"]["workers"]
+
+
+def test_staleness_breaks_async_sgd_and_delay_tolerance_fixes_it():
+    common = dict(engine="sim", steps=6000, lr=0.05, seed=0, sim_compute_sigma=0.3,
+                  raise_on_divergence=False)
+    few = monsoon.train("linear", "async", 4, **common).summary["final_loss"]
+    many = monsoon.train("linear", "async", 64, **common).summary["final_loss"]
+    slr = monsoon.train("linear", "async", 64, staleness_lr=True, **common).summary["final_loss"]
+    dca = monsoon.train("linear", "async", 64, rule="dcasgd-a", **common).summary["final_loss"]
+    assert few < 0.01
+    assert not np.isfinite(many) or many > 100 * few  # diverged or stalled
+    assert slr < 2 * few  # the staleness-aware rate fixes it
+    assert np.isfinite(dca) and dca < 10 * few  # DC-ASGD-a keeps it from diverging
+
+
+def test_a_slow_server_shows_in_utilization():
+    busy_server = monsoon.train("logistic", "async", 16, engine="sim", steps=800, shards=1,
+                                sim_service_s=1e-3, seed=0).summary["utilization"]
+    assert busy_server["shards"] > 0.9 and busy_server["workers"] < 0.2
+
+
+def test_simulate_command_writes_a_run_folder(tmp_path, capsys):
+    code = cli_main(["simulate", "--problem", "logistic", "--strategy", "async", "--workers",
+                     "200", "--steps", "2000", "--latency-s", "1e-4", "--straggler-p", "0.05",
+                     "--out", str(tmp_path / "sim"), "--quiet"])
+    assert code == 0
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["engine"] == "sim" and summary["workers"] == 200
+    assert 0 < summary["utilization"]["workers"] <= 1
+    assert summary["delays"]["latency_s"] == 1e-4
+    assert "simulated" in capsys.readouterr().out
+
+
+def test_compare_on_the_sim_engine(tmp_path):
+    comparison = monsoon.compare("logistic", "serial,sync,async,hogwild", workers=32,
+                                 out=tmp_path, engine="sim", steps=400, batch_size=32)
+    assert {r["strategy"] for r in comparison.rows} == {"serial", "sync", "async", "hogwild"}
+    assert (tmp_path / "comparison.png").exists()
+    assert all(r.summary["engine"] == "sim" for r in comparison.results.values())
+
+
+def test_bad_delay_model_is_refused():
+    with pytest.raises(ConfigError, match="straggler probability"):
+        monsoon.train("linear", "async", 4, engine="sim", steps=10, sim_straggler_p=2.0)
