@@ -105,3 +105,36 @@ def test_compare_on_the_sim_engine(tmp_path):
 def test_bad_delay_model_is_refused():
     with pytest.raises(ConfigError, match="straggler probability"):
         monsoon.train("linear", "async", 4, engine="sim", steps=10, sim_straggler_p=2.0)
+
+
+def test_hogwild_reads_are_inconsistent_in_the_sim():
+    """A Hogwild! worker's read spans its compute time: with 4 shards, other
+    workers' updates land between its shard reads, so some gradients are
+    taken on parameters that match no single version of the shared vector."""
+    from monsoon.engines.sim import engine as sim_engine
+
+    reads, torn = {}, []
+    read_shard = sim_engine.SimEngine._read_shard
+    on_snapshot = sim_engine.SimEngine._gradient_on_snapshot
+
+    def spy_read(self, w, s):
+        reads.setdefault(w.rank, []).append(self.total["updates"])
+        return read_shard(self, w, s)
+
+    def spy_gradient(self, w, indices):
+        versions = reads.pop(w.rank)
+        assert len(versions) == 4
+        torn.append(len(set(versions)) > 1)
+        return on_snapshot(self, w, indices)
+
+    sim_engine.SimEngine._read_shard = spy_read
+    sim_engine.SimEngine._gradient_on_snapshot = spy_gradient
+    try:
+        run = monsoon.train("linear", "hogwild", 8, engine="sim", steps=400, shards=4, seed=1,
+                            sim_compute_sigma=0.5)
+    finally:
+        sim_engine.SimEngine._read_shard = read_shard
+        sim_engine.SimEngine._gradient_on_snapshot = on_snapshot
+    assert len(torn) == 400
+    assert 0.2 < sum(torn) / len(torn) < 1.0  # many reads torn, not all
+    assert np.isfinite(run.summary["final_loss"])

@@ -10,6 +10,9 @@ bandwidth, and parameter-server shards that serve one request at a time.
 
 How each op spends virtual time:
 - ``Gradient``: computed now, the worker resumes after its compute time.
+  A Hogwild! worker instead reads the shared vector shard by shard over its
+  compute time (inconsistent reads: others' writes land mid-read) and takes
+  the gradient on what it read.
 - ``Apply`` (Hogwild!): applied to the shared parameters now.
 - ``Fetch`` / ``Push`` / ``Elastic``: a message to every shard; each shard
   queues requests and serves them in arrival order (the read or the update
@@ -50,7 +53,8 @@ REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 class _Worker:
     __slots__ = ("rank", "program", "work", "grad", "examples", "updates", "dropped", "late",
                  "busy", "staleness", "reader", "shard_readers", "others_at_read", "pending",
-                 "ticket", "sync_step", "local_rule", "local_state", "local_steps", "done")
+                 "ticket", "sync_step", "local_rule", "local_state", "local_steps", "done",
+                 "snapshot")
 
     def __init__(self, rank):
         self.rank = rank
@@ -63,6 +67,7 @@ class _Worker:
         self.local_rule = self.local_state = None
         self.local_steps = 0
         self.done = False
+        self.snapshot = None
 
 
 class SimEngine:
@@ -195,6 +200,8 @@ class SimEngine:
             w.others_at_read = self.total["updates"] - w.updates
             if w.reader is not None and not self.strategy.synchronous:
                 self.rule.on_read(self.params, self.state, w.reader)
+            if not self.strategy.synchronous and self.S > 1:
+                return self._inconsistent_read(w, op)
         loss, grad = self.problem.gradient(w.work, op.indices)
         np.copyto(w.grad, grad)
         w.examples += len(op.indices)
@@ -203,6 +210,30 @@ class SimEngine:
         w.busy += dt
         self._at(self.now + dt, self._resume, w, (loss, w.grad))
         return False, None
+
+    def _inconsistent_read(self, w, op):
+        """Hogwild!: the worker reads the shared vector while it computes, so
+        shard s is read at t + dt * s / S and other workers' writes land in
+        the middle of its read; the gradient is taken on what it read."""
+        dt = self.delays.compute_time(self.rng, w.rank, self.W)
+        w.busy += dt
+        if w.snapshot is None:
+            w.snapshot = np.empty_like(self.params)
+        for s in range(self.S):
+            self._at(self.now + dt * s / self.S, self._read_shard, w, s)
+        self._at(self.now + dt, self._gradient_on_snapshot, w, op.indices)
+        return False, None
+
+    def _read_shard(self, w, s):
+        a, b = self.bounds[s]
+        np.copyto(w.snapshot[a:b], self.params[a:b])
+
+    def _gradient_on_snapshot(self, w, indices):
+        loss, grad = self.problem.gradient(w.snapshot, indices)
+        np.copyto(w.grad, grad)
+        w.examples += len(indices)
+        self.total["examples"] += len(indices)
+        self._resume(w, (loss, w.grad))
 
     def _apply(self, w, op):
         if not finite(op.grad):
