@@ -76,7 +76,7 @@ def test_cli_train_writes_run_folder(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--problem", "nope"], "unknown problem 'nope'; choose one of: digits, exp, parabola"),
+    (["--problem", "nope"], "unknown problem 'nope'; choose one of: digits, exp, linear, logistic, parabola"),
     (["--strategy", "nope"], "choose one of: serial, sync, async, hogwild, local-sgd, easgd"),
     (["--rule", "nope"], "choose one of: adagrad, adam, adarevision, dcasgd, dcasgd-a, momentum"),
     (["--strategy", "sync", "--workers", "0"], "workers must be a whole number of at least 1"),
