@@ -54,6 +54,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--easgd-alpha", type=float, help="easgd: elastic force (default 0.9/workers)")
     p.add_argument("--easgd-tau", type=int, default=4, help="easgd: steps between exchanges")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may last")
+    cluster = p.add_argument_group("ray engine (--engine ray)")
+    cluster.add_argument("--address", help="join this Ray cluster (auto or HOST:PORT); "
+                         "default: start a local Ray instance")
+    cluster.add_argument("--checkpoint-every", type=int, default=0,
+                         help="write shard checkpoints every K updates into OUT/checkpoints")
+    cluster.add_argument("--resume", help="continue from the checkpoints of this run folder")
     sim = p.add_argument_group("sim engine (--engine sim, or monsoon simulate)")
     sim.add_argument("--compute-s", dest="sim_compute_s", type=float, default=1e-3,
                      help="seconds per gradient (default 0.001)")
@@ -104,7 +110,8 @@ def _options(args) -> dict:
             "n_fetch", "n_push", "timeout", "backup_workers", "staleness_lr", "local_steps",
             "diloco", "outer_lr", "easgd_alpha", "easgd_tau", "dc_lambda", "sim_compute_s",
             "sim_compute_sigma", "sim_straggler_p", "sim_straggler_factor", "sim_slow_fraction",
-            "sim_latency_s", "sim_bandwidth", "sim_service_s")
+            "sim_latency_s", "sim_bandwidth", "sim_service_s", "address", "checkpoint_every",
+            "resume")
     options = {k: getattr(args, k) for k in keys}
     options["progress"] = False if args.quiet else None
     return options

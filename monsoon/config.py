@@ -57,6 +57,11 @@ class TrainConfig:
     sim_latency_s: float = 0.0
     sim_bandwidth: float = 0.0
     sim_service_s: float = 0.0
+    # the ray engine
+    address: str | None = None       # None: a local Ray instance; "auto" or HOST:PORT: join
+    checkpoint_every: int = 0         # updates between shard checkpoints (0: none)
+    resume: str | None = None         # a run folder whose checkpoints to continue from
+    run_name: str | None = None       # names the Ray actors monsoon-NAME-worker-K (default random)
     timeout: float = 60.0
     evals: int = 100
     out: str | None = None
@@ -85,6 +90,18 @@ def engine_options(c: TrainConfig) -> dict:
             straggler_p=c.sim_straggler_p, straggler_factor=c.sim_straggler_factor,
             slow_fraction=c.sim_slow_fraction, latency_s=c.sim_latency_s,
             bandwidth_Bps=c.sim_bandwidth, service_s=c.sim_service_s)}
+    if c.engine == "ray":
+        import os
+
+        checkpoints = os.path.join(c.out, "checkpoints") if c.out and c.checkpoint_every else None
+        resume = os.path.join(c.resume, "checkpoints") if c.resume else None
+        if c.checkpoint_every and not c.out:
+            raise ConfigError("--checkpoint-every needs a run folder (--out) to write to")
+        if resume and not os.path.isdir(resume):
+            raise ConfigError(f"--resume {c.resume}: no checkpoints folder there")
+        return {"address": c.address, "timeout": c.timeout, "shards": c.shards,
+                "checkpoint_dir": checkpoints, "checkpoint_every": c.checkpoint_every,
+                "resume_dir": resume, "run_name": c.run_name}
     return {"backend": c.backend, "timeout": c.timeout, "shards": c.shards}
 
 

@@ -60,3 +60,20 @@ class FaultyProblem(Problem):
             time.sleep(0.1)
             return loss, grad
         raise ValueError(f"unknown fault mode {self.mode}")
+
+
+def _unavailable():
+    raise ImportError("this node cannot load the problem's code")
+
+
+class UnshippableProblem(FaultyProblem):
+    """Works here, but fails to unpickle in a worker (a node missing a library)."""
+
+    def __init__(self, inner):
+        super().__init__(inner, "none", rank=-1)
+
+    def for_worker(self, rank, workers):
+        return self
+
+    def __reduce__(self):
+        return (_unavailable, ())

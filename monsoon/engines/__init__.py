@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .local import BACKENDS, LocalEngine
+from .ray import RayEngine
 from .sim import DelayModel, SimEngine
 
-ENGINES = {"local": LocalEngine, "sim": SimEngine}
-PLANNED = {"ray": "Ray actors on a cluster"}
+ENGINES = {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine}
+PLANNED = {}
 
 
 def engine_names() -> list[str]:

@@ -21,6 +21,7 @@ class WorkerJob:
     batch_size: int
     seed: int
     budget: Budget
+    start_step: int = 0   # steps already done (a resumed run skips their batches)
 
 
 class Strategy:

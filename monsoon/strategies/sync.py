@@ -44,6 +44,8 @@ class Sync(Strategy):
 
     def program(self, job: WorkerJob):
         batches = global_batches(job.n_examples, job.batch_size, job.seed, job.budget)
+        for _ in range(job.start_step):  # resumed from a checkpoint
+            next(batches, None)
         for batch in batches:
             mine = split(batch, job.workers, job.rank)
             if len(mine) == 0:

@@ -1,0 +1,157 @@
+"""A parameter-server shard for the Ray engine (run as a threaded Ray actor).
+
+It holds its slice of the parameters and the rule state for that slice,
+updated in place as NumPy arrays, and serves:
+
+- ``read(worker)``: the slice and its version (Downpour's fetch; the rule's
+  ``on_read`` runs here, so delay-aware state never travels to workers);
+- ``push(worker, grad, read_version)``: the rule, applied at once;
+- ``contribute(step, worker, grad, examples)``: a synchronous step. The first
+  ``counted`` contributions of a step count, and the last of them sums them
+  (``weighted_sum``, rank order, as every engine does) and applies the rule.
+  Every caller blocks (with a timeout) until the step is applied and gets the
+  new slice; a late caller is told how many steps it missed;
+- ``elastic(worker, alpha, x)``: EASGD's exchange with the centre.
+
+Every ``checkpoint_every`` updates the slice, its rule state and its version
+are written atomically (temporary file, then rename) to ``checkpoint_dir``.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from ...rules import UpdateInfo
+from ..reduce import weighted_sum
+
+
+class Shard:
+    def __init__(self, index: int, params: np.ndarray, rule, workers: int, counted: int,
+                 timeout: float, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+                 resume: dict | None = None):
+        self.index = index
+        self.params = np.array(params, copy=True)
+        self.rule = rule
+        self.state = rule.init(self.params.size, self.params.dtype)
+        self.readers = [rule.init_reader(self.params.size, self.params.dtype)
+                        for _ in range(workers)]
+        self.has_readers = bool(self.readers[0]._fields)
+        self.version = 0
+        self.counted = counted
+        self.timeout = timeout
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.lock = threading.Condition()
+        self.step = 0
+        self.arrivals: dict[int, tuple[np.ndarray, int]] = {}
+        self.dropped = 0
+        if resume is not None:
+            self.params[:] = resume["params"]
+            for field, arr in zip(self.state._fields, self.state):
+                arr[:] = resume["state." + field]
+            self.version = self.step = int(resume["version"])
+
+    # -- asynchronous ----------------------------------------------------------
+    def read(self, worker: int):
+        with self.lock:
+            if self.has_readers:
+                self.rule.on_read(self.params, self.state, self.readers[worker])
+            return self.params.copy(), self.version
+
+    def push(self, worker: int, grad: np.ndarray, read_version: int) -> int:
+        with self.lock:
+            staleness = self.version - read_version
+            self.rule.apply(self.params, grad, self.state,
+                            UpdateInfo(step=self.version, staleness=staleness, worker=worker,
+                                       reader=self.readers[worker] if self.has_readers else None))
+            self._updated()
+            return staleness
+
+    def elastic(self, worker: int, alpha: float, x: np.ndarray) -> np.ndarray:
+        with self.lock:
+            diff = np.subtract(x, self.params)
+            diff *= alpha
+            self.params += diff
+            self._updated()
+            return diff
+
+    # -- synchronous -----------------------------------------------------------
+    def contribute(self, step: int, worker: int, grad, examples: int):
+        """Returns (new slice, steps missed, counted?)."""
+        with self.lock:
+            if step < self.step or len(self.arrivals) >= self.counted:
+                late_for = step
+                ok = self.lock.wait_for(lambda: self.step > late_for, self.timeout)
+                if not ok:
+                    raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for step "
+                                       f"{late_for} to complete")
+                return self.params.copy(), self.step - (step + 1), False
+            self.arrivals[worker] = (np.zeros_like(self.params) if grad is None else grad,
+                                     examples)
+            if len(self.arrivals) == self.counted:
+                self._complete()
+            else:
+                ok = self.lock.wait_for(lambda: self.step > step, self.timeout)
+                if not ok:
+                    raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for "
+                                       f"{self.counted} workers at step {step} (got "
+                                       f"{len(self.arrivals)}); a worker is stuck or dead")
+            return self.params.copy(), 0, True
+
+    def _complete(self):
+        ranks = sorted(self.arrivals)
+        examples = [self.arrivals[k][1] for k in ranks]
+        grads = {k: self.arrivals[k][0] for k in ranks}
+        acc = np.empty_like(self.params)
+        weighted_sum(grads, ranks, examples, acc, np.empty_like(acc))
+        if np.isfinite(acc).all():
+            self.rule.apply(self.params, acc, self.state, UpdateInfo(step=self.step))
+        else:
+            self.dropped += 1
+        self.arrivals = {}
+        self.step += 1
+        self._updated()
+        self.lock.notify_all()
+
+    # -- bookkeeping -----------------------------------------------------------
+    def _updated(self):
+        self.version += 1
+        if self.checkpoint_every and self.version % self.checkpoint_every == 0:
+            self.save()
+
+    def save(self) -> None:
+        if not self.checkpoint_dir:
+            return
+        arrays = {"params": self.params, "version": np.array(self.version)}
+        arrays.update({"state." + f: a for f, a in zip(self.state._fields, self.state)})
+        final = os.path.join(self.checkpoint_dir, f"shard-{self.index}-{self.version}.npz")
+        tmp = final + ".tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, final)
+
+    def snapshot(self):
+        with self.lock:
+            return self.params.copy(), self.version, self.dropped
+
+
+def latest_checkpoint(directory: str, shards: int) -> tuple[int, list[dict]] | None:
+    """The newest version for which every shard has a checkpoint."""
+    import glob
+    import re
+
+    versions = None
+    for s in range(shards):
+        found = {int(re.search(rf"shard-{s}-(\d+)\.npz$", p).group(1))
+                 for p in glob.glob(os.path.join(directory, f"shard-{s}-*.npz"))
+                 if re.search(rf"shard-{s}-(\d+)\.npz$", p)}
+        versions = found if versions is None else versions & found
+    if not versions:
+        return None
+    v = max(versions)
+    data = []
+    for s in range(shards):
+        with np.load(os.path.join(directory, f"shard-{s}-{v}.npz")) as f:
+            data.append({k: f[k] for k in f.files})
+    return v, data

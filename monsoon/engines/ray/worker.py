@@ -1,0 +1,138 @@
+"""A worker of the Ray engine (run as a Ray actor): it loads its problem
+(and so its data) once, runs its strategy program, and turns each op into
+calls on the shard actors. Every remote wait has the run's timeout.
+
+Workers always compute on a private copy of the parameters (there is no
+shared memory across machines); ``AllReduce`` and ``Average`` return with the
+new parameters, ``Fetch`` refreshes them, and a ``Push`` runs in the
+background, one at a time (Downpour's "push may run in the background").
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from ...rules import UpdateInfo
+from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
+                               LocalStep, Push)
+from ..local.runtime import finite
+
+
+class RemoteWorker:
+    def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout):
+        self.rank = rank
+        self.problem = problem
+        self.strategy = strategy
+        self.job = job
+        self.shards = shards
+        self.bounds = bounds
+        self.work = np.array(w0, copy=True)
+        self.anchor = np.array(w0, copy=True)  # the server's parameters at the last sync
+        self.timeout = timeout
+        self.sync_step = job.start_step
+        self.counts = {"examples": 0, "dropped": 0, "late": 0}
+        self.staleness = Counter()
+        self.pending = []
+        self.local_rule = self.local_state = None
+        self.local_steps = 0
+        self.handlers = {Gradient: self.gradient, Fetch: self.fetch, Push: self.push,
+                         LocalStep: self.local_step, LocalApply: self.local_apply,
+                         AllReduce: self.all_reduce, Average: self.average,
+                         Elastic: self.elastic}
+
+    def ready(self) -> bool:
+        return True
+
+    def progress(self) -> dict:
+        return dict(self.counts)
+
+    def run(self) -> dict:
+        program = self.strategy.program(self.job)
+        result = None
+        try:
+            while True:
+                op = program.send(result)
+                result = self.handlers[type(op)](op)
+        except StopIteration:
+            pass
+        self._settle_pushes()
+        return {"staleness": dict(self.staleness), **self.counts,
+                "params": None if self.strategy.shared_params else self.work}
+
+    def _get(self, refs):
+        import ray
+
+        return ray.get(refs, timeout=self.timeout)
+
+    # -- ops ---------------------------------------------------------------------
+    def gradient(self, op):
+        loss, grad = self.problem.gradient(self.work, op.indices)
+        self.counts["examples"] += len(op.indices)
+        return loss, grad
+
+    def local_step(self, op):
+        self.work -= op.lr * op.grad
+
+    def local_apply(self, op):
+        if not finite(op.grad):
+            self.counts["dropped"] += 1
+            return
+        if self.local_state is None:
+            import copy
+
+            self.local_rule = copy.deepcopy(self.strategy.local_rule)
+            self.local_state = self.local_rule.init(self.work.size, self.work.dtype)
+        self.local_rule.apply(self.work, op.grad, self.local_state,
+                              UpdateInfo(step=self.local_steps, worker=self.rank))
+        self.local_steps += 1
+
+    def fetch(self, op):
+        replies = self._get([sh.read.remote(self.rank) for sh in self.shards])
+        ticket = np.empty(len(self.shards), dtype=np.int64)
+        for s, ((a, b), (values, version)) in enumerate(zip(self.bounds, replies)):
+            self.work[a:b] = values
+            ticket[s] = version
+        return ticket
+
+    def push(self, op):
+        if not finite(op.grad):
+            self.counts["dropped"] += 1
+            return
+        self._settle_pushes()
+        self.pending = [sh.push.remote(self.rank, op.grad[a:b].copy(), int(op.ticket[s]))
+                        for s, (sh, (a, b)) in enumerate(zip(self.shards, self.bounds))]
+
+    def _settle_pushes(self):
+        if self.pending:
+            self.staleness.update(self._get(self.pending))
+            self.pending = []
+
+    def all_reduce(self, op):
+        return self._synchronous(op.grad, op.examples)
+
+    def average(self, op):
+        return self._synchronous(self.anchor - self.work, op.examples)
+
+    def _synchronous(self, contribution, examples):
+        refs = [sh.contribute.remote(self.sync_step, self.rank,
+                                     None if contribution is None else contribution[a:b].copy(),
+                                     examples)
+                for sh, (a, b) in zip(self.shards, self.bounds)]
+        replies = self._get(refs)
+        for (a, b), (values, _, _) in zip(self.bounds, replies):
+            self.work[a:b] = values
+        self.anchor[:] = self.work
+        _, behind, counted = replies[0]
+        if not counted:
+            self.counts["late"] += 1
+        else:
+            self.staleness[0] += 1
+        self.sync_step += 1 + behind
+        return behind
+
+    def elastic(self, op):
+        moves = self._get([sh.elastic.remote(self.rank, op.alpha, self.work[a:b].copy())
+                           for sh, (a, b) in zip(self.shards, self.bounds)])
+        for (a, b), d in zip(self.bounds, moves):
+            self.work[a:b] -= d

@@ -1,0 +1,124 @@
+"""The ray engine on a real local Ray instance (2 CPUs): sync, async, faults,
+checkpoints. Skipped only where Ray is not installed."""
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.errors import ConfigError, WorkerError
+from monsoon.problems import make_problem
+
+from faulty import FaultyProblem, UnshippableProblem
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    # Ray's worker processes import the fault-injecting problem from tests/
+    tests_dir = str(Path(__file__).parent)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": tests_dir}})
+    yield
+    ray.shutdown()
+
+
+def test_sync_equals_serial_on_the_full_batch():
+    opts = dict(steps=15, batch_size=1797, dtype="float64", seed=3, lr=0.05)
+    serial = monsoon.train("digits", "serial", **opts)
+    run = monsoon.train("digits", "sync", 2, engine="ray", **opts)
+    np.testing.assert_allclose(run.params, serial.params, rtol=1e-6, atol=1e-12)
+    assert run.summary["engine"] == "ray" and run.summary["updates"] == 15
+
+
+def test_async_reaches_serial_loss_on_digits():
+    serial = monsoon.train("digits", "serial", seed=0).summary
+    run = monsoon.train("digits", "async", 3, engine="ray", seed=0).summary
+    assert run["examples"] == serial["examples"]
+    assert run["final_loss"] <= 1.10 * serial["final_loss"]
+    assert run["staleness"]["max"] >= 1
+
+
+def _train_in_background(**kwargs):
+    box = {}
+
+    def target():
+        try:
+            box["result"] = monsoon.train(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _kill_worker_when_running(name: str, after_s: float = 1.0):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            actor = ray.get_actor(name)
+            ray.get(actor.ready.remote(), timeout=30)
+            time.sleep(after_s)
+            ray.kill(actor)
+            return
+        except ValueError:
+            time.sleep(0.2)
+    raise AssertionError(f"actor {name} never appeared")
+
+
+def test_async_carries_on_when_a_worker_actor_is_killed():
+    thread, box = _train_in_background(problem="exp", strategy="async", workers=3,
+                                       engine="ray", epochs=150, run_name="killasync",
+                                       timeout=30)
+    _kill_worker_when_running("monsoon-killasync-worker-1")
+    thread.join(120)
+    assert "error" not in box, box.get("error")
+    summary = box["result"].summary
+    assert [f["worker"] for f in summary["failed_workers"]] == [1]
+    assert "Actor" in summary["failed_workers"][0]["error"]
+    assert summary["examples"] < 150 * 256  # worker 1's share was lost, not redone
+    assert np.isfinite(summary["final_loss"])
+
+
+def test_sync_fails_fast_when_a_worker_actor_is_killed():
+    thread, box = _train_in_background(problem="exp", strategy="sync", workers=3,
+                                       engine="ray", epochs=1000, run_name="killsync",
+                                       timeout=20)
+    _kill_worker_when_running("monsoon-killsync-worker-2")
+    t0 = time.monotonic()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(box.get("error"), WorkerError), box
+    assert "worker 2 failed" in str(box["error"])
+    assert time.monotonic() - t0 < 30
+
+
+def test_resume_from_a_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
+    opts = dict(steps=20, batch_size=64, dtype="float64", seed=5, lr=0.05)
+    whole = monsoon.train("exp", "sync", 2, engine="ray", **opts)
+    crashing = FaultyProblem(make_problem("exp", "float64"), "raise", rank=0, after=12)
+    with pytest.raises(WorkerError):
+        monsoon.train(crashing, "sync", 2, engine="ray", checkpoint_every=5,
+                      out=tmp_path / "first", **opts)
+    saved = sorted(p.name for p in (tmp_path / "first" / "checkpoints").glob("*.npz"))
+    assert "shard-0-10.npz" in saved and not any(".tmp" in p for p in saved)
+    resumed = monsoon.train("exp", "sync", 2, engine="ray", resume=str(tmp_path / "first"),
+                            out=tmp_path / "second", **opts)
+    assert resumed.summary["updates"] == 10  # steps 10..19
+    np.testing.assert_array_equal(resumed.params, whole.params)
+
+
+def test_a_worker_that_cannot_start_is_named():
+    problem = UnshippableProblem(make_problem("exp"))
+    with pytest.raises(WorkerError, match="Ray worker 0 could not start.*cannot load"):
+        monsoon.train(problem, "async", 2, engine="ray", epochs=1, timeout=30)
+
+
+def test_hogwild_is_refused_on_ray():
+    with pytest.raises(ConfigError, match="the ray engine runs sync, async"):
+        monsoon.train("exp", "hogwild", 2, engine="ray", epochs=1)
