@@ -60,6 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     cluster.add_argument("--checkpoint-every", type=int, default=0,
                          help="write shard checkpoints every K updates into OUT/checkpoints")
     cluster.add_argument("--resume", help="continue from the checkpoints of this run folder")
+    cluster.add_argument("--run-name", help="names the actors monsoon-NAME-worker-K (default random)")
     sim = p.add_argument_group("sim engine (--engine sim, or monsoon simulate)")
     sim.add_argument("--compute-s", dest="sim_compute_s", type=float, default=1e-3,
                      help="seconds per gradient (default 0.001)")
@@ -111,7 +112,7 @@ def _options(args) -> dict:
             "diloco", "outer_lr", "easgd_alpha", "easgd_tau", "dc_lambda", "sim_compute_s",
             "sim_compute_sigma", "sim_straggler_p", "sim_straggler_factor", "sim_slow_fraction",
             "sim_latency_s", "sim_bandwidth", "sim_service_s", "address", "checkpoint_every",
-            "resume")
+            "resume", "run_name")
     options = {k: getattr(args, k) for k in keys}
     options["progress"] = False if args.quiet else None
     return options

@@ -67,3 +67,9 @@ def test_divergence_stops_with_advice(tmp_path):
     summary = (tmp_path / "run" / "summary.json").read_text()
     assert '"status": "diverged"' in summary
     assert info.value.result.summary["examples"] < 200 * 256
+
+
+def test_async_fails_when_every_worker_fails():
+    problem = FaultyProblem(make_problem("exp"), "raise", rank=0, after=2)
+    with pytest.raises(WorkerError, match="every worker failed"):
+        monsoon.train(problem, "async", 1, epochs=5, timeout=20)

@@ -10,6 +10,8 @@ NAME`` work with no other flag.
   an MLP 64-64-10 with cross-entropy.
 - ``linear`` / ``logistic``: a planted linear model (16384 examples, 20
   features) in plain NumPy: microsecond steps, for simulating big clusters.
+- ``quadratic``: 1M parameters with a two-pass gradient, communication-bound
+  on purpose: for measuring what moving parameters costs.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from .linear import synthetic
+from .quadratic import Quadratic
 from .torch_problem import TorchProblem
 
 
@@ -77,6 +80,10 @@ def logistic(dtype="float64"):
     return synthetic("logistic", dtype=dtype)
 
 
+def quadratic(dtype="float32"):
+    return Quadratic(dtype=dtype)
+
+
 CATALOG = {
     "parabola": CatalogEntry(
         "parabola", parabola, "seed 000: y = x^2, 50 points, 1-5-1 tanh net",
@@ -93,4 +100,7 @@ CATALOG = {
     "logistic": CatalogEntry(
         "logistic", logistic, "logistic regression, 16384 x 20 planted model (NumPy)",
         {"lr": 0.1, "epochs": 2, "batch_size": 16}),
+    "quadratic": CatalogEntry(
+        "quadratic", quadratic, "1M parameters, a two-pass gradient: what moving parameters costs",
+        {"lr": 0.1, "steps": 200, "batch_size": 8}),
 }

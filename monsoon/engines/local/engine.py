@@ -316,8 +316,8 @@ class LocalEngine:
             while not all(store.status[r] == READY or r in finished for r in range(workers)):
                 drain()
                 check_dead()
-                if strategy.needs_all_workers and len(failed) > strategy.backup_workers:
-                    raise self._fail(failed)
+                if self._must_stop(strategy, failed, workers):
+                    raise self._fail(failed, workers)
                 if len(finished) == workers:
                     break
                 if time.monotonic() > deadline:
@@ -335,8 +335,8 @@ class LocalEngine:
                 # curve), then settle, so the monitor steals little CPU.
                 drain(0.002 if time.perf_counter() - t0 < 1.0 else self.poll_s)
                 check_dead()
-                if strategy.needs_all_workers and len(failed) > strategy.backup_workers:
-                    raise self._fail(failed)
+                if self._must_stop(strategy, failed, workers):
+                    raise self._fail(failed, workers)
                 now = time.perf_counter() - t0
                 ex, up, dropped, late = store.totals()
                 if ex != last_examples:
@@ -367,11 +367,17 @@ class LocalEngine:
                             worker_params=worker_params)
 
     @staticmethod
-    def _fail(failed: dict) -> WorkerError:
+    def _must_stop(strategy, failed: dict, workers: int) -> bool:
+        """Sync cannot lose more workers than it has backups; nobody can lose all."""
+        return len(failed) == workers or (strategy.needs_all_workers
+                                          and len(failed) > strategy.backup_workers)
+
+    @staticmethod
+    def _fail(failed: dict, workers: int) -> WorkerError:
         rank = min(failed)
         text = failed[rank]
-        err = WorkerError(f"worker {rank} failed, and this strategy needs every worker: "
-                          f"{text.splitlines()[0]}")
+        why = "every worker failed" if len(failed) == workers else "this strategy needs every worker"
+        err = WorkerError(f"worker {rank} failed, and {why}: {text.splitlines()[0]}")
         err.worker = rank
         err.worker_traceback = text
         return err

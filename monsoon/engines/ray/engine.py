@@ -159,10 +159,12 @@ class RayEngine:
                     results[rank] = ray.get(ref, timeout=self.timeout)
                 except Exception as exc:  # noqa: BLE001 - a dead or failed worker, by name
                     failed[rank] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
-            if strategy.needs_all_workers and len(failed) > strategy.backup_workers:
+            if len(failed) == workers or (strategy.needs_all_workers
+                                          and len(failed) > strategy.backup_workers):
                 rank = min(failed)
-                err = WorkerError(f"worker {rank} failed, and this strategy needs every worker: "
-                                  f"{failed[rank]}")
+                why = ("every worker failed" if len(failed) == workers
+                       else "this strategy needs every worker")
+                err = WorkerError(f"worker {rank} failed, and {why}: {failed[rank]}")
                 err.worker = rank
                 raise err
             now = time.perf_counter() - t0

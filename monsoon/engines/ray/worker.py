@@ -21,8 +21,12 @@ from ..local.runtime import finite
 
 class RemoteWorker:
     def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout):
+        import copy
+
         self.rank = rank
-        self.problem = problem
+        # Ray hands arrays over read-only (zero copy from its object store);
+        # the worker's own copy has writable buffers. Its data is loaded once.
+        self.problem = copy.deepcopy(problem)
         self.strategy = strategy
         self.job = job
         self.shards = shards
@@ -100,7 +104,8 @@ class RemoteWorker:
             self.counts["dropped"] += 1
             return
         self._settle_pushes()
-        self.pending = [sh.push.remote(self.rank, op.grad[a:b].copy(), int(op.ticket[s]))
+        # .remote() serializes its arguments at once: no copy needed here
+        self.pending = [sh.push.remote(self.rank, op.grad[a:b], int(op.ticket[s]))
                         for s, (sh, (a, b)) in enumerate(zip(self.shards, self.bounds))]
 
     def _settle_pushes(self):
@@ -116,7 +121,7 @@ class RemoteWorker:
 
     def _synchronous(self, contribution, examples):
         refs = [sh.contribute.remote(self.sync_step, self.rank,
-                                     None if contribution is None else contribution[a:b].copy(),
+                                     None if contribution is None else contribution[a:b],
                                      examples)
                 for sh, (a, b) in zip(self.shards, self.bounds)]
         replies = self._get(refs)
@@ -132,7 +137,7 @@ class RemoteWorker:
         return behind
 
     def elastic(self, op):
-        moves = self._get([sh.elastic.remote(self.rank, op.alpha, self.work[a:b].copy())
+        moves = self._get([sh.elastic.remote(self.rank, op.alpha, self.work[a:b])
                            for sh, (a, b) in zip(self.shards, self.bounds)])
         for (a, b), d in zip(self.bounds, moves):
             self.work[a:b] -= d
