@@ -98,6 +98,18 @@ def test_sync_fails_fast_when_a_worker_actor_is_killed():
     assert time.monotonic() - t0 < 30
 
 
+def test_sync_with_a_backup_carries_on_when_a_worker_actor_is_killed():
+    thread, box = _train_in_background(problem="exp", strategy="sync", workers=2,
+                                       backup_workers=1, engine="ray", steps=1500,
+                                       batch_size=48, run_name="killbackup", timeout=20)
+    _kill_worker_when_running("monsoon-killbackup-worker-0")
+    thread.join(120)
+    assert "error" not in box, box.get("error")
+    summary = box["result"].summary
+    assert [f["worker"] for f in summary["failed_workers"]] == [0]
+    assert summary["updates"] == 1500
+
+
 def test_resume_from_a_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
     opts = dict(steps=20, batch_size=64, dtype="float64", seed=5, lr=0.05)
     whole = monsoon.train("exp", "sync", 2, engine="ray", **opts)
