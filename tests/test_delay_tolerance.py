@@ -130,3 +130,23 @@ def test_cli_refuses_bad_delay_options(args, message):
     with contextlib.redirect_stderr(err):
         code = main(["train", "--problem", "exp", *args])
     assert code == 2 and message in err.getvalue()
+
+
+def test_delay_tolerant_options_from_the_cli_and_in_compare(tmp_path, capsys):
+    from monsoon.cli import main
+
+    code = main(["train", "--problem", "digits", "--strategy", "async", "--workers", "2",
+                 "--rule", "dcasgd-a", "--staleness-lr", "--epochs", "1",
+                 "--out", str(tmp_path / "one"), "--quiet"])
+    assert code == 0
+    summary = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["rule"] == "dcasgd-a" and summary["staleness_lr"] is True
+    code = main(["compare", "--problem", "exp", "--strategies", "serial,local-sgd,easgd",
+                 "--workers", "2", "--rule", "adarevision", "--lr", "0.3", "--epochs", "3",
+                 "--local-steps", "2", "--out", str(tmp_path / "cmp"), "--quiet"])
+    assert code == 0
+    report = (tmp_path / "cmp" / "report.md").read_text()
+    assert "| local-sgd | 2 |" in report and "| easgd | 2 |" in report
+    local = json.loads((tmp_path / "cmp" / "local-sgd" / "summary.json").read_text())
+    assert local["rule"] == "adarevision" and local["local_steps"] == 2
+    assert "Lowest final loss" in capsys.readouterr().out

@@ -6,6 +6,9 @@ from .local import BACKENDS, LocalEngine
 from .ray import RayEngine
 from .sim import DelayModel, SimEngine
 
+__all__ = ["ENGINES", "BACKENDS", "DelayModel", "LocalEngine", "RayEngine", "SimEngine",
+           "engine_names", "make_engine"]
+
 ENGINES = {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine}
 PLANNED = {}
 

@@ -37,8 +37,7 @@ from ...errors import WaitTimeout, WorkerError
 from ...strategies import WorkerJob
 from ..waiting import Aborted, wait_until
 from .runtime import WorkerRuntime
-from .store import (ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, START, STARTING,
-                    ParameterStore)
+from .store import ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, START, ParameterStore
 
 BACKENDS = ("processes", "threads")
 # Parameter-server shards default to one per worker, up to this many.

@@ -19,7 +19,6 @@ A non-finite gradient is never applied: it is counted in ``dropped``.
 """
 from __future__ import annotations
 
-import copy
 import math
 import os
 import platform
@@ -29,6 +28,7 @@ import numpy as np
 from scipy.linalg import blas
 
 from ...rules import UpdateInfo
+from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
 from ..reduce import weighted_sum
@@ -80,8 +80,6 @@ class WorkerRuntime:
         # Spin in barriers only when every worker can own a core.
         self._spin = workers <= (os.cpu_count() or 1)
         self._local_rule = None
-        self._local_state = None
-        self._local_steps = 0
         self._handlers = {Gradient: self.gradient, Apply: self.apply, Fetch: self.fetch,
                           Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce,
                           Average: self.average, LocalApply: self.local_apply,
@@ -192,12 +190,9 @@ class WorkerRuntime:
         if not finite(op.grad):
             self.counters[DROPPED] += 1
             return
-        if self._local_state is None:
-            self._local_rule = copy.deepcopy(self.strategy.local_rule)
-            self._local_state = self._local_rule.init(self.work.size, self.work.dtype)
-        self._local_rule.apply(self.work, op.grad, self._local_state,
-                               UpdateInfo(step=self._local_steps, worker=self.rank))
-        self._local_steps += 1
+        if self._local_rule is None:
+            self._local_rule = LocalRule(self.strategy.local_rule, self.rank)
+        self._local_rule.apply(self.work, op.grad)
 
     def elastic(self, op: Elastic) -> None:
         store = self.store

@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 
-from ...rules import UpdateInfo
+from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
 from ..local.runtime import finite
@@ -38,8 +38,7 @@ class RemoteWorker:
         self.counts = {"examples": 0, "dropped": 0, "late": 0}
         self.staleness = Counter()
         self.pending = []
-        self.local_rule = self.local_state = None
-        self.local_steps = 0
+        self.local_rule = None
         self.handlers = {Gradient: self.gradient, Fetch: self.fetch, Push: self.push,
                          LocalStep: self.local_step, LocalApply: self.local_apply,
                          AllReduce: self.all_reduce, Average: self.average,
@@ -82,14 +81,9 @@ class RemoteWorker:
         if not finite(op.grad):
             self.counts["dropped"] += 1
             return
-        if self.local_state is None:
-            import copy
-
-            self.local_rule = copy.deepcopy(self.strategy.local_rule)
-            self.local_state = self.local_rule.init(self.work.size, self.work.dtype)
-        self.local_rule.apply(self.work, op.grad, self.local_state,
-                              UpdateInfo(step=self.local_steps, worker=self.rank))
-        self.local_steps += 1
+        if self.local_rule is None:
+            self.local_rule = LocalRule(self.strategy.local_rule, self.rank)
+        self.local_rule.apply(self.work, op.grad)
 
     def fetch(self, op):
         replies = self._get([sh.read.remote(self.rank) for sh in self.shards])

@@ -38,6 +38,7 @@ from collections import Counter
 import numpy as np
 
 from ...rules import UpdateInfo, slice_state
+from ...rules.local import LocalRule
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
@@ -53,7 +54,7 @@ REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 class _Worker:
     __slots__ = ("rank", "program", "work", "grad", "examples", "updates", "dropped", "late",
                  "busy", "staleness", "reader", "shard_readers", "others_at_read", "pending",
-                 "ticket", "sync_step", "local_rule", "local_state", "local_steps", "done",
+                 "ticket", "sync_step", "local_rule", "done",
                  "snapshot")
 
     def __init__(self, rank):
@@ -64,8 +65,7 @@ class _Worker:
         self.others_at_read = 0
         self.pending = 0
         self.sync_step = 0
-        self.local_rule = self.local_state = None
-        self.local_steps = 0
+        self.local_rule = None
         self.done = False
         self.snapshot = None
 
@@ -259,14 +259,9 @@ class SimEngine:
             w.dropped += 1
             self.total["dropped"] += 1
             return True, None
-        if w.local_state is None:
-            import copy
-
-            w.local_rule = copy.deepcopy(self.strategy.local_rule)
-            w.local_state = w.local_rule.init(w.work.size, w.work.dtype)
-        w.local_rule.apply(w.work, op.grad, w.local_state, UpdateInfo(step=w.local_steps,
-                                                                      worker=w.rank))
-        w.local_steps += 1
+        if w.local_rule is None:
+            w.local_rule = LocalRule(self.strategy.local_rule, w.rank)
+        w.local_rule.apply(w.work, op.grad)
         return True, None
 
     # Downpour: fetch and push, shard by shard

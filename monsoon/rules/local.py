@@ -1,0 +1,22 @@
+"""A worker's private copy of a rule (local SGD's and EASGD's inner
+optimizer): its own state, created on first use, and its own step count.
+Momentum and Adam state therefore stay local, as the papers prescribe."""
+from __future__ import annotations
+
+import copy
+
+from .base import UpdateInfo
+
+
+class LocalRule:
+    def __init__(self, rule, worker: int):
+        self.rule = copy.deepcopy(rule)
+        self.worker = worker
+        self.state = None
+        self.steps = 0
+
+    def apply(self, w, g) -> None:
+        if self.state is None:
+            self.state = self.rule.init(w.size, w.dtype)
+        self.rule.apply(w, g, self.state, UpdateInfo(step=self.steps, worker=self.worker))
+        self.steps += 1
