@@ -1,0 +1,125 @@
+"""Readers for the data files users already have.
+
+- svmlight / libsvm (``label [qid:N] index:value ... [# comment]``), as the
+  real RCV1 is distributed: indices one-based (the format's convention) or
+  zero-based, detected as scikit-learn does (any index 0 means zero-based).
+- ratings (``user, item, rating[, timestamp]``), as MovieLens ships them:
+  comma-, tab- or ``::``-separated, with an optional header line.
+
+A malformed line raises ``DataFileError`` naming the file and line number.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import ConfigError
+
+
+class DataFileError(ConfigError):
+    """A data file could not be read; the message names the file and line."""
+
+
+def _open_lines(path):
+    path = Path(path)
+    if not path.is_file():
+        raise DataFileError(f"{path}: no such file")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            yield number, line
+
+
+def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype="float64"):
+    """Returns (X as CSR, y, qid or None)."""
+    labels, qids, rows_idx, rows_val = [], [], [], []
+    for number, raw in _open_lines(path):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        tokens = line.split()
+        where = f"{path}:{number}"
+        try:
+            labels.append(float(tokens[0]))
+        except ValueError:
+            raise DataFileError(f"{where}: the label {tokens[0]!r} is not a number") from None
+        rest = tokens[1:]
+        if rest and rest[0].startswith("qid:"):
+            try:
+                qids.append(int(rest[0][4:]))
+            except ValueError:
+                raise DataFileError(f"{where}: bad query id {rest[0]!r}") from None
+            rest = rest[1:]
+        idx, val = [], []
+        for token in rest:
+            key, sep, value = token.partition(":")
+            if not sep:
+                raise DataFileError(f"{where}: expected index:value, got {token!r}")
+            try:
+                i, v = int(key), float(value)
+            except ValueError:
+                raise DataFileError(f"{where}: expected index:value, got {token!r}") from None
+            if i < 0:
+                raise DataFileError(f"{where}: negative feature index {i}")
+            if idx and i <= idx[-1]:
+                raise DataFileError(f"{where}: feature indices must increase ({idx[-1]} then {i})")
+            idx.append(i)
+            val.append(v)
+        rows_idx.append(idx)
+        rows_val.append(val)
+    if not labels:
+        raise DataFileError(f"{path}: no examples in the file")
+    if qids and len(qids) != len(labels):
+        raise DataFileError(f"{path}: qid is given on some lines but not on others")
+    all_idx = [i for row in rows_idx for i in row]
+    offset = 0
+    if zero_based == "auto":
+        offset = 0 if (all_idx and min(all_idx) == 0) else 1
+    elif not zero_based:
+        offset = 1
+    if offset and any(i == 0 for i in all_idx):
+        raise DataFileError(f"{path}: index 0 in a one-based file")
+    indptr = np.cumsum([0] + [len(r) for r in rows_idx])
+    cols = np.array(all_idx, dtype=np.int64) - offset
+    width = (int(cols.max()) + 1) if len(cols) else 0
+    if n_features is not None:
+        if width > n_features:
+            raise DataFileError(f"{path}: a feature index reaches {width}, beyond n_features="
+                                f"{n_features}")
+        width = n_features
+    X = sp.csr_matrix((np.array([v for row in rows_val for v in row], dtype=dtype), cols, indptr),
+                      shape=(len(labels), width))
+    return X, np.array(labels, dtype=dtype), (np.array(qids) if qids else None)
+
+
+_SEPARATOR = re.compile(r"::|,|\t")
+
+
+def load_ratings(path):
+    """Returns (users, items, ratings): users and items re-indexed 0..U-1 and
+    0..I-1 in order of first appearance, and the original ids of each."""
+    users, items, ratings = [], [], []
+    for number, raw in _open_lines(path):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = [f.strip() for f in _SEPARATOR.split(line)]
+        if len(fields) < 3:
+            raise DataFileError(f"{path}:{number}: expected user, item, rating; got {line!r}")
+        try:
+            rating = float(fields[2])
+        except ValueError:
+            if number == 1 and not users:  # a header line
+                continue
+            raise DataFileError(f"{path}:{number}: the rating {fields[2]!r} is not a number") from None
+        users.append(fields[0])
+        items.append(fields[1])
+        ratings.append(rating)
+    if not ratings:
+        raise DataFileError(f"{path}: no ratings in the file")
+    user_ids, user_index = np.unique(users, return_inverse=True)
+    item_ids, item_index = np.unique(items, return_inverse=True)
+    return {"users": user_index.astype(np.int64), "items": item_index.astype(np.int64),
+            "ratings": np.array(ratings), "user_ids": user_ids, "item_ids": item_ids}

@@ -1,0 +1,123 @@
+"""SparseLinear: linear models on sparse (CSR) data, the problems Hogwild!
+was defined on (Niu et al. 2011: RCV1 text classification).
+
+Parameters are one weight per feature, then the bias. With z = x.w + b:
+
+    logistic:  l(z, y) = log(1 + exp(-s z)),  s = 2y - 1 (y in {0, 1})
+    hinge:     l(z, y) = max(0, 1 - s z)               (a linear SVM)
+    squared:   l(z, y) = (z - y)^2 / 2
+
+The L2 term is split over examples by feature degree, as in the paper: an
+example touching features u adds (lam / (2 d_u)) w_u^2 for each, with d_u the
+number of examples in which u is non-zero. Summed over the data that is
+lam/2 ||w||^2, but every example only touches its own coordinates, so
+per-example updates stay sparse (no global scale factor that every thread
+would write). The objective is therefore
+
+    f(w) = mean_e l(x_e.w + b, y_e) + (lam / (2 n)) ||w_seen||^2
+
+(w_seen: the weights of features that occur at least once; the others
+never move).
+
+and ``gradient`` returns its mini-batch estimate, which is unbiased.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from .base import Problem
+
+LOSSES = ("logistic", "hinge", "squared")
+
+
+class SparseLinear(Problem):
+    def __init__(self, X, y, loss: str = "logistic", lam: float = 1e-4, dtype="float64",
+                 name: str = "sparse-linear"):
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")
+        if not lam >= 0:
+            raise ValueError(f"the L2 weight must be 0 or more, got {lam}")
+        X = sp.csr_matrix(X, dtype=dtype)
+        X.sort_indices()
+        y = np.asarray(y, dtype=dtype).reshape(-1)
+        if X.shape[0] != len(y):
+            raise ValueError(f"X has {X.shape[0]} rows but y has {len(y)} values: they must match")
+        if loss in ("logistic", "hinge") and not np.isin(y, (0, 1)).all():
+            raise ValueError(f"{loss} loss needs labels 0 and 1; map your labels first "
+                             "(e.g. y = (y > 0))")
+        self.X, self.y, self.kind, self.lam, self.name = X, y, loss, float(lam), name
+        self.dtype = X.dtype
+        self.n_examples, self.n_features = X.shape
+        self.n_params = self.n_features + 1
+        degree = np.bincount(X.indices, minlength=self.n_features).astype(self.dtype)
+        self.inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+        self._grad = np.zeros(self.n_params, dtype=self.dtype)
+
+    def initial_params(self, seed: int) -> np.ndarray:
+        return np.zeros(self.n_params, dtype=self.dtype)
+
+    def _dloss(self, z, y):
+        """d l / d z per example, and the sum of the losses."""
+        if self.kind == "squared":
+            r = z - y
+            return r, 0.5 * float(r @ r)
+        s = 2.0 * y - 1.0
+        sz = s * z
+        if self.kind == "logistic":
+            return -s * np.exp(-np.logaddexp(0.0, sz)), float(np.logaddexp(0.0, -sz).sum())
+        active = sz < 1.0
+        return np.where(active, -s, 0.0), float(np.maximum(0.0, 1.0 - sz).sum())
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        Xb = self.X[indices]
+        d, total = self._dloss(Xb @ w[:-1] + w[-1], self.y[indices])
+        m = len(indices)
+        g = self._grad if out is None or accumulate else out
+        g[:-1] = Xb.T @ d
+        if self.lam:
+            # degree-split L2: each example adds lam w_u / d_u for its features u
+            touched = np.bincount(Xb.indices, minlength=self.n_features)
+            g[:-1] += self.lam * w[:-1] * self.inv_degree * touched
+        g[-1] = d.sum()
+        g /= m
+        reg = 0.5 * self.lam * float((w[:-1] ** 2 * self.inv_degree) @ np.bincount(
+            Xb.indices, minlength=self.n_features)) if self.lam else 0.0
+        if out is not None and accumulate:
+            out += g
+            return (total + reg) / m, out
+        return (total + reg) / m, g
+
+    def loss(self, w) -> float:
+        _, total = self._dloss(self.X @ w[:-1] + w[-1], self.y)
+        seen = self.inv_degree > 0  # the split L2 covers the features that occur
+        return total / self.n_examples + 0.5 * self.lam * float(w[:-1][seen] @ w[:-1][seen]) / self.n_examples
+
+    def predict_margin(self, w) -> np.ndarray:
+        return self.X @ w[:-1] + w[-1]
+
+
+def rcv1_like(rows: int = 200_000, features: int = 47_236, nnz: int = 50,
+              exponent: float = 1.1, noise: float = 0.05, seed: int = 0, dtype="float64",
+              loss: str = "logistic", lam: float = 1e-4) -> SparseLinear:
+    """Synthetic sparse text classification shaped like RCV1: each row has about
+    ``nnz`` features drawn from a power-law popularity (rank^-exponent),
+    tf-idf-like positive values normalised to unit length, and labels from a
+    planted linear model with ``noise`` of them flipped."""
+    rng = np.random.default_rng([seed, 1729])
+    popularity = np.arange(1, features + 1, dtype=float) ** -exponent
+    popularity /= popularity.sum()
+    counts = np.clip(rng.poisson(nnz, rows), 1, features)
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    cols = rng.choice(features, size=int(indptr[-1]), p=popularity)
+    values = rng.exponential(1.0, size=len(cols))
+    X = sp.csr_matrix((values, cols, indptr), shape=(rows, features))
+    X.sum_duplicates()
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    X = sp.diags(1.0 / np.maximum(norms, 1e-12)) @ X
+    w_star = rng.standard_normal(features) * 3.0
+    margin = X @ w_star
+    y = (margin > np.median(margin)).astype(float)
+    flip = rng.random(rows) < noise
+    y[flip] = 1.0 - y[flip]
+    return SparseLinear(X.tocsr(), y, loss=loss, lam=lam, dtype=dtype, name="rcv1-like")

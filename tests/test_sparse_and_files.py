@@ -1,0 +1,135 @@
+"""Sparse linear problems and the data files users bring (written here)."""
+import json
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.cli import main as cli_main
+from monsoon.problems import make_problem
+from monsoon.problems.files import DataFileError, load_ratings, load_svmlight
+from monsoon.problems.sparse_linear import SparseLinear, rcv1_like
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_svmlight_one_based_with_comments_and_qid(tmp_path):
+    path = write(tmp_path, "a.svm", "# a header comment\n"
+                 "1 qid:3 1:0.5 4:2 # first\n"
+                 "\n"
+                 "-1 qid:3 2:1.5\n"
+                 "1 qid:7 4:-1 5:3e-1\n")
+    X, y, qid = load_svmlight(path)
+    assert X.shape == (3, 5)
+    np.testing.assert_array_equal(y, [1, -1, 1])
+    np.testing.assert_array_equal(qid, [3, 3, 7])
+    np.testing.assert_allclose(X.toarray(), [[0.5, 0, 0, 2, 0], [0, 1.5, 0, 0, 0],
+                                             [0, 0, 0, -1, 0.3]])
+
+
+def test_svmlight_zero_based_is_detected(tmp_path):
+    path = write(tmp_path, "z.svm", "0 0:1 2:2\n1 1:3\n")
+    X, y, qid = load_svmlight(path)
+    assert qid is None and X.shape == (2, 3)
+    np.testing.assert_allclose(X.toarray(), [[1, 0, 2], [0, 3, 0]])
+    X1, _, _ = load_svmlight(write(tmp_path, "o.svm", "0 1:1 3:2\n"), zero_based=False,
+                             n_features=10)
+    assert X1.shape == (1, 10) and X1[0, 2] == 2
+
+
+@pytest.mark.parametrize("text,line,message", [
+    ("1 1:1\nspam 2:1\n", 2, "label 'spam' is not a number"),
+    ("1 1:1\n1 2:1 3\n", 2, "expected index:value, got '3'"),
+    ("1 1:1 2:x\n", 1, "expected index:value, got '2:x'"),
+    ("1 3:1 2:1\n", 1, "feature indices must increase"),
+    ("1 qid:x 1:1\n", 1, "bad query id"),
+])
+def test_svmlight_malformed_line_names_file_and_line(tmp_path, text, line, message):
+    path = write(tmp_path, "bad.svm", text)
+    with pytest.raises(DataFileError, match=message) as info:
+        load_svmlight(path)
+    assert f"{path}:{line}:" in str(info.value)
+
+
+def test_svmlight_missing_and_empty_files(tmp_path):
+    with pytest.raises(DataFileError, match="no such file"):
+        load_svmlight(tmp_path / "nope.svm")
+    with pytest.raises(DataFileError, match="no examples"):
+        load_svmlight(write(tmp_path, "empty.svm", "# nothing\n"))
+
+
+@pytest.mark.parametrize("sep", [",", "\t", "::"])
+def test_ratings_separators_and_header(tmp_path, sep):
+    header = sep.join(["userId", "movieId", "rating", "timestamp"]) + "\n" if sep == "," else ""
+    rows = [("u1", "m9", "4.0"), ("u2", "m9", "3.5"), ("u1", "m3", "5")]
+    path = write(tmp_path, "r.dat", header + "".join(sep.join(r + ("881250949",)) + "\n"
+                                                     for r in rows))
+    data = load_ratings(path)
+    np.testing.assert_allclose(data["ratings"], [4.0, 3.5, 5.0])
+    assert list(data["user_ids"][data["users"]]) == ["u1", "u2", "u1"]
+    assert list(data["item_ids"][data["items"]]) == ["m9", "m9", "m3"]
+
+
+def test_ratings_malformed_line_names_file_and_line(tmp_path):
+    path = write(tmp_path, "r.csv", "1,2,3.0\n1,3,high\n")
+    with pytest.raises(DataFileError, match=rf"{path}:2: the rating 'high' is not a number"):
+        load_ratings(path)
+    with pytest.raises(DataFileError, match=r":1: expected user, item, rating"):
+        load_ratings(write(tmp_path, "short.csv", "1,2\n"))
+
+
+@pytest.mark.parametrize("loss", ["logistic", "hinge", "squared"])
+def test_sparse_gradient_is_the_objectives_derivative(loss):
+    p = rcv1_like(rows=500, features=200, nnz=10, loss=loss, lam=0.1)
+    w = np.random.default_rng(0).standard_normal(p.n_params) * 0.3
+    batch_loss, g = p.gradient(w, np.arange(p.n_examples))
+    assert batch_loss == pytest.approx(p.loss(w), rel=1e-12)
+    for j in [0, 1, 2, p.n_params - 1]:
+        e = np.zeros_like(w)
+        e[j] = 1e-6
+        assert g[j] == pytest.approx((p.loss(w + e) - p.loss(w - e)) / 2e-6, abs=1e-7)
+
+
+def test_sparse_labels_are_checked():
+    import scipy.sparse as sp
+
+    with pytest.raises(ValueError, match="labels 0 and 1"):
+        SparseLinear(sp.eye(3), [0, 2, 1], loss="logistic")
+
+
+def test_libsvm_problem_trains_from_the_cli(tmp_path):
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(300):
+        cols = np.sort(rng.choice(40, 5, replace=False))
+        label = 1 if cols[0] < 8 else -1
+        lines.append(f"{label} " + " ".join(f"{c + 1}:{rng.random():.3f}" for c in cols))
+    path = write(tmp_path, "train.svm", "\n".join(lines) + "\n")
+    code = cli_main(["train", "--problem", f"libsvm:{path}", "--strategy", "hogwild",
+                     "--workers", "2", "--epochs", "3", "--out", str(tmp_path / "run"), "--quiet"])
+    assert code == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    start = make_problem(f"libsvm:{path}", "float64")
+    assert summary["final_loss"] < start.loss(start.initial_params(0))
+    assert summary["n_examples"] == 300
+
+
+def test_rcv1_like_hogwild_matches_serial():
+    name = "rcv1-like:rows=4000,features=2000,nnz=20"
+    serial = monsoon.train(name, "serial", epochs=3, seed=0)
+    hog = monsoon.train(name, "hogwild", 2, epochs=3, seed=0)
+    assert hog.summary["final_loss"] <= 1.05 * serial.summary["final_loss"]
+    assert serial.summary["final_loss"] < np.log(2)
+
+
+def test_problem_name_errors():
+    with pytest.raises(monsoon.ConfigError, match="libsvm:PATH"):
+        make_problem("nope")
+    with pytest.raises(monsoon.ConfigError, match="unknown rcv1-like option"):
+        make_problem("rcv1-like:size=3")
+    with pytest.raises(monsoon.ConfigError, match="needs a file"):
+        make_problem("libsvm:")
