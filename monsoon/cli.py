@@ -23,7 +23,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help=f"a catalog problem: {', '.join(problem_names())} (default exp)")
     p.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
     p.add_argument("--engine", default="local", help=f"one of: {', '.join(engine_names())}")
-    p.add_argument("--backend", default="processes", help=f"local engine: {', '.join(BACKENDS)}")
+    p.add_argument("--backend", default="auto",
+                   help=f"local engine: {', '.join(BACKENDS)}, or auto (threads for problems "
+                        "with a compiled loop, else processes)")
     p.add_argument("--rule", default="sgd", help=f"update rule: {', '.join(rule_names())}")
     p.add_argument("--lr", type=float, help="learning rate (default: the problem's)")
     p.add_argument("--lr-schedule", default="constant", help="constant or step")

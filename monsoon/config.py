@@ -23,7 +23,7 @@ class TrainConfig:
     strategy: str = "serial"
     workers: int = 1
     engine: str = "local"
-    backend: str = "processes"
+    backend: str = "auto"   # processes; threads for problems with a compiled (GIL-free) loop
     rule: str = "sgd"
     lr: float | None = None
     lr_schedule: str = "constant"
@@ -174,8 +174,9 @@ def resolve(config: TrainConfig, problem: Problem | None = None) -> Resolved:
         raise ConfigError("--backup-workers applies to --strategy sync only")
     if c.engine not in engine_names():
         make_engine(c.engine)  # raises, listing the engines there are
-    if c.backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {c.backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if c.backend not in BACKENDS + ("auto",):
+        raise ConfigError(f"unknown backend {c.backend!r}; choose one of: auto, "
+                          f"{', '.join(BACKENDS)}")
     if c.epochs is not None and c.steps is not None:
         raise ConfigError("give either --epochs or --steps, not both")
     if c.lr is None:
@@ -200,6 +201,9 @@ def resolve(config: TrainConfig, problem: Problem | None = None) -> Resolved:
     strategy, server_rule = _strategy_and_server_rule(c, rule)
     if problem is None:
         problem = make_problem(c.problem, c.dtype)
+    if c.backend == "auto":
+        # compiled loops release the GIL: threads share the data with no copy
+        c.backend = "threads" if hasattr(problem, "sgd_pass") else "processes"
     processes = c.workers + c.backup_workers
     strategy.validate(processes, c.batch_size, problem.n_examples)
     if c.batch_size > problem.n_examples:

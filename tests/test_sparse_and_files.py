@@ -133,3 +133,50 @@ def test_problem_name_errors():
         make_problem("rcv1-like:size=3")
     with pytest.raises(monsoon.ConfigError, match="needs a file"):
         make_problem("libsvm:")
+
+
+def reference_hogwild_one_thread(p, lr, beta, epochs, seed):
+    """Per-example SGD written out in NumPy: for each epoch, the blocks of 512
+    rows in the epoch's random order; w_u <- w_u - lr (d x_u + lam w_u / d_u)."""
+    from monsoon.strategies.batches import block_permutation
+
+    w = np.zeros(p.n_params)
+    X = p.X
+    for epoch in range(epochs):
+        step = lr * beta ** epoch
+        for i in block_permutation(p.n_examples, seed, epoch):
+            cols = X.indices[X.indptr[i]:X.indptr[i + 1]]
+            vals = X.data[X.indptr[i]:X.indptr[i + 1]]
+            z = w[cols] @ vals + w[-1]
+            y = p.y[i]
+            if p.kind == "logistic":
+                s = 2 * y - 1
+                d = -s / (1 + np.exp(s * z))
+            elif p.kind == "hinge":
+                s = 2 * y - 1
+                d = -s if s * z < 1 else 0.0
+            else:
+                d = z - y
+            w[cols] -= step * (d * vals + p.lam * w[cols] * p.inv_degree[cols])
+            w[-1] -= step * d
+    return w
+
+
+@pytest.mark.parametrize("loss", ["logistic", "hinge", "squared"])
+def test_one_thread_hogwild_equals_a_numpy_per_example_reference(loss):
+    p = rcv1_like(rows=1500, features=300, nnz=12, loss=loss, lam=0.5)
+    run = monsoon.train(p, "hogwild", 1, epochs=3, lr=0.1, seed=4)
+    expected = reference_hogwild_one_thread(p, 0.1, 0.9, 3, 4)
+    np.testing.assert_allclose(run.params, expected, rtol=1e-10, atol=1e-12)
+    assert run.summary["updates"] == 3 * 1500  # one update per example
+    serial = monsoon.train(p, "serial", epochs=3, lr=0.1, seed=4)
+    assert np.array_equal(serial.params, run.params)
+
+
+def test_two_thread_hogwild_on_sparse_data_shares_one_copy():
+    p = rcv1_like(rows=20000, features=3000, nnz=20)
+    assert p.for_worker(0, 2).X is p.X  # threads read one copy of the data
+    serial = monsoon.train(p, "serial", epochs=3, seed=0)
+    hog = monsoon.train(p, "hogwild", 2, epochs=3, seed=0)
+    assert hog.summary["backend"] == "threads"
+    assert hog.summary["final_loss"] <= 1.02 * serial.summary["final_loss"]

@@ -15,7 +15,7 @@ __all__ = ["Problem", "TorchProblem", "CATALOG", "make_problem", "problem_defaul
 # Problems named with arguments: "libsvm:PATH", "rcv1-like:rows=20000,nnz=30".
 PARAMETRIC = {"libsvm": "libsvm:PATH (an svmlight / libsvm file)",
               "rcv1-like": "rcv1-like[:rows=N,features=N,nnz=N,exponent=X,seed=N]"}
-SPARSE_DEFAULTS = {"lr": 0.5, "epochs": 5, "batch_size": 64}
+SPARSE_DEFAULTS = {"lr": 0.25, "epochs": 5, "batch_size": 64}
 
 
 def problem_names() -> list[str]:

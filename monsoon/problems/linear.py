@@ -32,6 +32,14 @@ class DenseLinear(Problem):
         self.n_params = features + 1
         self._grad = np.zeros(self.n_params, dtype=self.dtype)
 
+    def for_worker(self, rank: int, workers: int):
+        """Workers share the (read-only) data and own their gradient buffer."""
+        import copy
+
+        clone = copy.copy(self)
+        clone._grad = np.zeros_like(self._grad)
+        return clone
+
     def initial_params(self, seed: int) -> np.ndarray:
         return np.zeros(self.n_params, dtype=self.dtype)
 

@@ -33,16 +33,21 @@ LOSSES = ("logistic", "hinge", "squared")
 
 class SparseLinear(Problem):
     def __init__(self, X, y, loss: str = "logistic", lam: float = 1e-4, dtype="float64",
-                 name: str = "sparse-linear"):
+                 name: str = "sparse-linear", shuffle: bool = True):
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")
         if not lam >= 0:
             raise ValueError(f"the L2 weight must be 0 or more, got {lam}")
         X = sp.csr_matrix(X, dtype=dtype)
-        X.sort_indices()
         y = np.asarray(y, dtype=dtype).reshape(-1)
         if X.shape[0] != len(y):
             raise ValueError(f"X has {X.shape[0]} rows but y has {len(y)} values: they must match")
+        if shuffle:
+            # Stored once in a random order (a file may be sorted by label or
+            # time), so an epoch can read blocks of consecutive rows.
+            perm = np.random.default_rng(20111).permutation(len(y))
+            X, y = X[perm], y[perm]
+        X.sort_indices()
         if loss in ("logistic", "hinge") and not np.isin(y, (0, 1)).all():
             raise ValueError(f"{loss} loss needs labels 0 and 1; map your labels first "
                              "(e.g. y = (y > 0))")
@@ -53,6 +58,34 @@ class SparseLinear(Problem):
         degree = np.bincount(X.indices, minlength=self.n_features).astype(self.dtype)
         self.inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
         self._grad = np.zeros(self.n_params, dtype=self.dtype)
+        self._kernel_ready = False
+
+    # -- the compiled per-example path (Hogwild!, serial) ----------------------
+    def sgd_pass(self, w, order, lr: float) -> float:
+        """Per-example SGD over ``order`` in place on ``w`` (compiled, releases
+        the GIL); returns the mean loss seen."""
+        from .kernels import LOSS_CODES, sparse_sgd_pass
+
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        total = sparse_sgd_pass(self.X.indptr, self.X.indices, self.X.data, self.y, w, order,
+                                lr, self.lam, self.inv_degree, LOSS_CODES[self.kind])
+        return total / max(len(order), 1)
+
+    def prepare_kernel(self) -> None:
+        if not self._kernel_ready:
+            from .kernels import LOSS_CODES, warm_up
+
+            warm_up(self.X, self.y, self.initial_params(0), self.inv_degree,
+                    LOSS_CODES[self.kind])
+            self._kernel_ready = True
+
+    def for_worker(self, rank: int, workers: int):
+        """Workers share the (read-only) data and own their gradient buffer."""
+        import copy
+
+        clone = copy.copy(self)
+        clone._grad = np.zeros_like(self._grad)
+        return clone
 
     def initial_params(self, seed: int) -> np.ndarray:
         return np.zeros(self.n_params, dtype=self.dtype)

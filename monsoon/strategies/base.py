@@ -22,6 +22,7 @@ class WorkerJob:
     seed: int
     budget: Budget
     start_step: int = 0   # steps already done (a resumed run skips their batches)
+    kernel: bool = False  # the problem has a compiled per-example SGD loop the engine can run
 
 
 class Strategy:

@@ -91,3 +91,12 @@ class Elastic:
     """EASGD's exchange with the centre x~, per shard under its lock:
     d = alpha (x_i - x~);  x~ += d;  x_i -= d."""
     alpha: float
+
+
+@dataclass(slots=True)
+class SGDPass:
+    """Per-example SGD over ``indices``, in place on the shared parameters,
+    by the problem's compiled loop (no Python per example, no lock); the
+    rule's learning rate times ``decay``. Each example is one update."""
+    indices: np.ndarray
+    decay: float

@@ -194,7 +194,17 @@ class LocalEngine:
     def describe(self) -> dict:
         return {"engine": self.name, "backend": self.backend, "timeout_s": self.timeout}
 
+    @staticmethod
+    def uses_kernel(problem, rule, strategy, budget) -> bool:
+        """Hogwild!/serial on a problem with a compiled per-example SGD loop,
+        plain SGD, an epoch budget: run the loop, not mini-batches."""
+        return (hasattr(problem, "sgd_pass") and rule.name == "sgd" and not rule.staleness_lr
+                and budget.epochs is not None and strategy.name in ("serial", "hogwild"))
+
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        self.kernel = self.uses_kernel(problem, rule, strategy, budget)
+        if self.kernel:
+            problem.prepare_kernel()
         shards = self.shards or min(workers, DEFAULT_MAX_SHARDS)
         shards = max(1, min(shards, w0.size))
         inline = strategy.name == "serial"
@@ -215,7 +225,7 @@ class LocalEngine:
 
     # -- serial: in the calling thread --------------------------------------
     def _run_inline(self, store, problem, rule, strategy, batch_size, seed, budget, recorder):
-        job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget)
+        job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget, kernel=self.kernel)
         runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
         recorder.start(store.params)
         clock = [time.perf_counter(), 0]  # start, ops so far
@@ -254,7 +264,8 @@ class LocalEngine:
         handles = []
         needs_main = False
         for rank in range(workers):
-            job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget)
+            job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
+                            kernel=self.kernel)
             setup = WorkerSetup(rank, workers, store, problem.for_worker(rank, workers),
                                 rule if ctx is not None else copy.deepcopy(rule),
                                 strategy, job, self.timeout, self.start_timeout,

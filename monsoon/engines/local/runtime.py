@@ -30,7 +30,7 @@ from scipy.linalg import blas
 from ...rules import UpdateInfo
 from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push)
+                               LocalStep, Push, SGDPass)
 from ..reduce import weighted_sum
 from ..waiting import Aborted, wait_until
 from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, EXAMPLES, LATE, REDUCED, STEP, UPDATES,
@@ -83,7 +83,7 @@ class WorkerRuntime:
         self._handlers = {Gradient: self.gradient, Apply: self.apply, Fetch: self.fetch,
                           Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce,
                           Average: self.average, LocalApply: self.local_apply,
-                          Elastic: self.elastic}
+                          Elastic: self.elastic, SGDPass: self.sgd_pass}
 
     # -- driving a program -------------------------------------------------
     def run(self, program, between_ops=None) -> None:
@@ -135,6 +135,13 @@ class WorkerRuntime:
                                    reader=reader))
         self.counters[UPDATES] += 1
         self.staleness[staleness] += 1
+
+    def sgd_pass(self, op: SGDPass) -> float:
+        lr = self.rule.learning_rate(UpdateInfo(step=0)) * op.decay
+        loss = self.problem.sgd_pass(self.store.params, op.indices, lr)
+        self.counters[EXAMPLES] += len(op.indices)
+        self.counters[UPDATES] += len(op.indices)
+        return loss
 
     def fetch(self, op: Fetch) -> np.ndarray:
         store = self.store
