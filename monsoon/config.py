@@ -157,7 +157,7 @@ def resolve(config: TrainConfig, problem: Problem | None = None) -> Resolved:
             raise ConfigError("problem must be a catalog name or a Problem instance")
         defaults = problem_defaults(c.problem)  # raises on unknown names
     else:
-        defaults = {}
+        defaults = dict(getattr(problem, "defaults", {}) or {})
         c.problem = problem.name
     _positive_int("workers", c.workers, "--workers")
     _positive_int("epochs", c.epochs, "--epochs")

@@ -14,8 +14,11 @@ __all__ = ["Problem", "TorchProblem", "CATALOG", "make_problem", "problem_defaul
 
 # Problems named with arguments: "libsvm:PATH", "rcv1-like:rows=20000,nnz=30".
 PARAMETRIC = {"libsvm": "libsvm:PATH (an svmlight / libsvm file)",
-              "rcv1-like": "rcv1-like[:rows=N,features=N,nnz=N,exponent=X,seed=N]"}
+              "rcv1-like": "rcv1-like[:rows=N,features=N,nnz=N,exponent=X,seed=N]",
+              "mf-synthetic": "mf-synthetic[:users=N,items=N,ratings=N,rank=N]",
+              "ratings": "ratings:PATH (user,item,rating rows)"}
 SPARSE_DEFAULTS = {"lr": 0.25, "epochs": 5, "batch_size": 64}
+MF_DEFAULTS = {"lr": 0.05, "epochs": 10, "batch_size": 64}
 
 
 def problem_names() -> list[str]:
@@ -37,6 +40,8 @@ def _entry(name: str):
 def problem_defaults(name: str) -> dict:
     """The training defaults (lr, batch size, budget) a catalog problem suggests."""
     base, _ = _split(name)
+    if base in ("mf-synthetic", "ratings"):
+        return dict(MF_DEFAULTS)
     if base in PARAMETRIC:
         return dict(SPARSE_DEFAULTS)
     return dict(_entry(name).defaults)
@@ -56,6 +61,12 @@ def _options(arg: str) -> dict:
 
 
 def make_problem(name: str, dtype: str = "float32") -> Problem:
+    problem = _build(name, dtype)
+    problem.defaults = problem_defaults(name)
+    return problem
+
+
+def _build(name: str, dtype: str) -> Problem:
     base, arg = _split(name)
     if base == "libsvm":
         from .files import load_svmlight
@@ -78,4 +89,23 @@ def make_problem(name: str, dtype: str = "float32") -> Problem:
             raise ConfigError(f"unknown rcv1-like option(s) {', '.join(sorted(unknown))}; "
                               f"valid: {', '.join(sorted(allowed))}")
         return rcv1_like(dtype=dtype, **options)
+    if base == "mf-synthetic":
+        from .matrix_factorization import mf_synthetic
+
+        options = _options(arg)
+        allowed = {"users", "items", "ratings", "rank", "noise", "seed", "lam", "model_rank"}
+        unknown = set(options) - allowed
+        if unknown:
+            raise ConfigError(f"unknown mf-synthetic option(s) {', '.join(sorted(unknown))}; "
+                              f"valid: {', '.join(sorted(allowed))}")
+        return mf_synthetic(dtype=dtype, **options)
+    if base == "ratings":
+        from .files import load_ratings
+        from .matrix_factorization import MatrixFactorization
+
+        if not arg:
+            raise ConfigError("ratings needs a file: --problem ratings:PATH")
+        data = load_ratings(arg)
+        return MatrixFactorization(data["users"], data["items"], data["ratings"], dtype=dtype,
+                                   name=name)
     return _entry(name).build(dtype=dtype)

@@ -23,6 +23,9 @@ import numpy as np
 
 class Problem(ABC):
     name: str = "problem"
+    # training defaults (lr, batch_size, epochs or steps) that suit this
+    # problem; catalog problems carry their entry's, instances keep them
+    defaults: dict = {}
     dtype: np.dtype
     n_params: int
     n_examples: int

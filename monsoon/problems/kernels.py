@@ -66,3 +66,27 @@ def warm_up(X, y, w, inv_degree, loss_code):
     """Compile for these dtypes now, not inside a timed run."""
     sparse_sgd_pass(X.indptr, X.indices, X.data, y, w.copy(), np.empty(0, dtype=np.int64),
                     0.0, 0.0, inv_degree, loss_code)
+
+
+@numba.njit(nogil=True, cache=True)
+def mf_sgd_pass(users, items, ratings, w, n_users, rank, order, lr, lam, inv_user_degree,
+                inv_item_degree):
+    """Per-rating SGD over ``order`` on the factors stored in ``w`` (L then R,
+    row by row); returns the sum of squared errors / 2 seen."""
+    item_base = n_users * rank
+    total = 0.0
+    for k in range(order.shape[0]):
+        n = order[k]
+        u, i = users[n], items[n]
+        lu, ri = u * rank, item_base + i * rank
+        pred = 0.0
+        for f in range(rank):
+            pred += w[lu + f] * w[ri + f]
+        e = ratings[n] - pred
+        total += 0.5 * e * e
+        su, si = lam * inv_user_degree[u], lam * inv_item_degree[i]
+        for f in range(rank):
+            a, b = w[lu + f], w[ri + f]
+            w[lu + f] = a + lr * (e * b - su * a)
+            w[ri + f] = b + lr * (e * a - si * b)
+    return total
