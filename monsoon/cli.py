@@ -42,6 +42,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", type=int, help="parameter-server shards (default: workers, at most 8)")
     p.add_argument("--n-fetch", type=int, default=1, help="async: steps between fetches")
     p.add_argument("--n-push", type=int, default=1, help="async: steps between pushes")
+    p.add_argument("--beta", dest="hogwild_beta", type=float, default=0.9,
+                   help="hogwild/serial on sparse problems: step size factor per epoch")
     p.add_argument("--backup-workers", type=int, default=0,
                    help="sync: extra workers; each step takes the first --workers gradients")
     p.add_argument("--staleness-lr", action="store_true",
@@ -110,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _options(args) -> dict:
     keys = ("engine", "backend", "rule", "lr", "lr_schedule", "lr_gamma", "lr_step_size",
             "momentum", "epochs", "steps", "batch_size", "seed", "dtype", "target_loss", "shards",
-            "n_fetch", "n_push", "timeout", "backup_workers", "staleness_lr", "local_steps",
+            "n_fetch", "n_push", "timeout", "hogwild_beta", "backup_workers", "staleness_lr", "local_steps",
             "diloco", "outer_lr", "easgd_alpha", "easgd_tau", "dc_lambda", "sim_compute_s",
             "sim_compute_sigma", "sim_straggler_p", "sim_straggler_factor", "sim_slow_fraction",
             "sim_latency_s", "sim_bandwidth", "sim_service_s", "address", "checkpoint_every",

@@ -40,6 +40,7 @@ class TrainConfig:
     n_fetch: int = 1
     n_push: int = 1
     backup_workers: int = 0
+    hogwild_beta: float = 0.9         # hogwild/serial on compiled loops: step decay per epoch
     staleness_lr: bool = False
     local_steps: int = 8
     diloco: bool = False
@@ -144,6 +145,10 @@ def _strategy_and_server_rule(c: TrainConfig, rule):
         alpha = 0.9 / c.workers if c.easgd_alpha is None else c.easgd_alpha
         return (make_strategy("easgd", local_rule=rule, alpha=alpha, tau=c.easgd_tau),
                 make_rule("sgd", 1.0))
+    if c.strategy in ("hogwild", "serial"):
+        if not 0 < c.hogwild_beta <= 1:
+            raise ConfigError(f"--beta must be in (0, 1], got {c.hogwild_beta}")
+        return make_strategy(c.strategy, beta=c.hogwild_beta), rule
     return make_strategy(c.strategy), rule
 
 

@@ -33,7 +33,7 @@ LOSSES = ("logistic", "hinge", "squared")
 
 class SparseLinear(Problem):
     def __init__(self, X, y, loss: str = "logistic", lam: float = 1e-4, dtype="float64",
-                 name: str = "sparse-linear", shuffle: bool = True):
+                 name: str = "sparse-linear", shuffle: bool = True, start=None):
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")
         if not lam >= 0:
@@ -59,6 +59,8 @@ class SparseLinear(Problem):
         self.inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
         self._grad = np.zeros(self.n_params, dtype=self.dtype)
         self._kernel_ready = False
+        # where training starts (weights then bias): a warm start, else zeros
+        self.start = None if start is None else np.asarray(start, dtype=self.dtype).copy()
 
     # -- the compiled per-example path (Hogwild!, serial) ----------------------
     def sgd_pass(self, w, order, lr: float) -> float:
@@ -88,6 +90,8 @@ class SparseLinear(Problem):
         return clone
 
     def initial_params(self, seed: int) -> np.ndarray:
+        if self.start is not None:
+            return self.start.copy()
         return np.zeros(self.n_params, dtype=self.dtype)
 
     def _dloss(self, z, y):
