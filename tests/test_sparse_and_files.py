@@ -220,3 +220,16 @@ def test_ratings_file_trains_from_the_cli(tmp_path):
     assert summary["n_examples"] == 2000 and summary["backend"] == "threads"
     start = make_problem(f"ratings:{path}", "float64")
     assert summary["final_loss"] < 0.5 * start.loss(start.initial_params(0))
+
+
+def test_cli_hogwild_on_default_rcv1_like_and_async_on_sparse(tmp_path):
+    """The issue's command as written: 200,000 x 47,236 rows, 2 threads."""
+    code = cli_main(["train", "--problem", "rcv1-like", "--strategy", "hogwild", "--workers",
+                     "2", "--out", str(tmp_path / "hog"), "--quiet"])
+    assert code == 0
+    summary = json.loads((tmp_path / "hog" / "summary.json").read_text())
+    assert summary["n_examples"] == 200_000 and summary["n_params"] == 47_237
+    assert summary["final_loss"] < 0.5 and (tmp_path / "hog" / "loss.png").exists()
+    run = monsoon.train("rcv1-like:rows=5000,features=1000", "async", 2, epochs=2, seed=0,
+                        backend="threads")
+    assert run.summary["staleness"]["max"] >= 0 and run.summary["updates"] > 0
