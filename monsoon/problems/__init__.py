@@ -47,7 +47,8 @@ def problem_defaults(name: str) -> dict:
     return dict(_entry(name).defaults)
 
 
-def _options(arg: str) -> dict:
+def _options(arg: str, kind: str, allowed: set[str]) -> dict:
+    """Parse "key=value,..." after a problem's name, refusing unknown keys."""
     options = {}
     for part in filter(None, arg.split(",")):
         key, sep, value = part.partition("=")
@@ -57,6 +58,10 @@ def _options(arg: str) -> dict:
             options[key.strip()] = float(value) if "." in value or "e" in value else int(value)
         except ValueError:
             raise ConfigError(f"problem option {part!r}: {value!r} is not a number") from None
+    unknown = set(options) - allowed
+    if unknown:
+        raise ConfigError(f"unknown {kind} option(s) {', '.join(sorted(unknown))}; "
+                          f"valid: {', '.join(sorted(allowed))}")
     return options
 
 
@@ -82,23 +87,14 @@ def _build(name: str, dtype: str) -> Problem:
     if base == "rcv1-like":
         from .sparse_linear import rcv1_like
 
-        options = _options(arg)
-        allowed = {"rows", "features", "nnz", "exponent", "noise", "seed", "lam"}
-        unknown = set(options) - allowed
-        if unknown:
-            raise ConfigError(f"unknown rcv1-like option(s) {', '.join(sorted(unknown))}; "
-                              f"valid: {', '.join(sorted(allowed))}")
-        return rcv1_like(dtype=dtype, **options)
+        return rcv1_like(dtype=dtype, **_options(
+            arg, base, {"rows", "features", "nnz", "exponent", "noise", "seed", "lam"}))
     if base == "mf-synthetic":
         from .matrix_factorization import mf_synthetic
 
-        options = _options(arg)
-        allowed = {"users", "items", "ratings", "rank", "noise", "seed", "lam", "model_rank"}
-        unknown = set(options) - allowed
-        if unknown:
-            raise ConfigError(f"unknown mf-synthetic option(s) {', '.join(sorted(unknown))}; "
-                              f"valid: {', '.join(sorted(allowed))}")
-        return mf_synthetic(dtype=dtype, **options)
+        return mf_synthetic(dtype=dtype, **_options(
+            arg, base, {"users", "items", "ratings", "rank", "noise", "seed", "lam",
+                        "model_rank"}))
     if base == "ratings":
         from .files import load_ratings
         from .matrix_factorization import MatrixFactorization
