@@ -7,7 +7,7 @@ degree-split lam), both training from zero. Prints examples/s of each and
 the ratios (targets: 2 threads >= 2.0, 1 thread >= 1.0), and the training
 log-loss of each (target: within 1% of scikit-learn's).
 
-    python bench/hogwild_vs_sklearn.py [--rows 200000] [--epochs 5] [--repeats 3]
+    python bench/hogwild_vs_sklearn.py [--rows 200000] [--epochs 5] [--lr 0.3] [--beta 0.7] [--repeats 3]
 """
 import argparse
 import time
@@ -25,7 +25,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--lr", type=float, default=0.25)
+    ap.add_argument("--lr", type=float, default=0.3)
+    ap.add_argument("--beta", type=float, default=0.7, help="step decay per epoch")
     ap.add_argument("--lam", type=float, default=1e-4 * 200_000)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
@@ -36,8 +37,8 @@ def main():
     losses = {}
 
     def monsoon_rate(threads):
-        run = monsoon.train(problem, "serial" if threads == 1 else "hogwild", threads,
-                            epochs=args.epochs, lr=args.lr, evals=0, progress=False)
+        run = monsoon.train(problem, "hogwild", threads, epochs=args.epochs, lr=args.lr,
+                            hogwild_beta=args.beta, backend="threads", evals=0, progress=False)
         margin = problem.predict_margin(run.params)
         losses[f"log-loss monsoon x{threads}"] = log_loss(y, 1 / (1 + np.exp(-margin)))
         return run.summary["examples_per_s"]
@@ -52,13 +53,13 @@ def main():
         return args.epochs * n / seconds
 
     rates = interleave({"monsoon hogwild x2": lambda: monsoon_rate(2),
-                        "monsoon x1": lambda: monsoon_rate(1),
+                        "monsoon hogwild x1": lambda: monsoon_rate(1),
                         "sklearn SGDClassifier": sklearn_rate}, args.repeats)
-    m2, m1, sk = (median(rates[k]) for k in ("monsoon hogwild x2", "monsoon x1",
+    m2, m1, sk = (median(rates[k]) for k in ("monsoon hogwild x2", "monsoon hogwild x1",
                                               "sklearn SGDClassifier"))
     report(f"sparse logistic regression, {name}, {args.epochs} epochs", [
         ("monsoon hogwild x2 threads, examples/s", f"{m2:.3g}"),
-        ("monsoon 1 thread, examples/s", f"{m1:.3g}"),
+        ("monsoon hogwild x1 thread, examples/s", f"{m1:.3g}"),
         ("sklearn SGDClassifier, examples/s", f"{sk:.3g}"),
         ("ratio 2 threads / sklearn", f"{m2 / sk:.2f}   (target >= 2.0)"),
         ("ratio 1 thread / sklearn", f"{m1 / sk:.2f}   (target >= 1.0)"),

@@ -134,3 +134,17 @@ def test_a_worker_that_cannot_start_is_named():
 def test_hogwild_is_refused_on_ray():
     with pytest.raises(ConfigError, match="the ray engine runs sync, async"):
         monsoon.train("exp", "hogwild", 2, engine="ray", epochs=1)
+
+
+def test_cli_trains_on_the_ray_engine(tmp_path):
+    from monsoon.cli import main
+
+    code = main(["train", "--engine", "ray", "--problem", "digits", "--strategy", "async",
+                 "--workers", "2", "--epochs", "2", "--out", str(tmp_path / "run"), "--quiet"])
+    assert code == 0
+    import json
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["engine"] == "ray" and summary["workers"] == 2
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["run_name"]  # actors were named after the run
