@@ -1,0 +1,101 @@
+"""Hogwild! on a dense MLP with 2 processes: monsoon against PyTorch's own
+shared-memory Hogwild pattern (``model.share_memory()`` plus processes that
+each run plain SGD on their slice of every epoch, as in PyTorch's
+``examples/mnist_hogwild``).
+
+MLP 784-256-10 on synthetic MNIST-shaped data (8192 examples), batch 64,
+lr 0.01, both sides one torch thread per process, start-up excluded. Prints
+examples/s of each and the ratio (DESIGN.md target >= 1.0).
+
+    python bench/hogwild_vs_torch.py [--epochs 3] [--repeats 3]
+"""
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.multiprocessing as tmp
+from torch import nn
+
+import monsoon
+from common import interleave, median, report
+
+N, BATCH, LR = 8192, 64, 0.01
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return (torch.from_numpy(rng.standard_normal((N, 784)).astype(np.float32)),
+            torch.from_numpy(rng.integers(0, 10, N)))
+
+
+def monsoon_rate(epochs: int) -> float:
+    X, y = data()
+    problem = monsoon.TorchProblem(mlp(), nn.CrossEntropyLoss(), X, y, name="mlp")
+    run = monsoon.train(problem, "hogwild", 2, epochs=epochs, batch_size=BATCH, lr=LR, evals=0,
+                        backend="processes", progress=False)
+    return run.summary["examples_per_s"]
+
+
+def _torch_worker(rank, model, epochs, ready, start, done):
+    torch.set_num_threads(1)
+    X, y = data()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loss_fn = nn.CrossEntropyLoss()
+    loss_fn(model(X[:BATCH]), y[:BATCH]).backward()  # warm up, as monsoon's start-up does
+    opt.zero_grad()
+    ready.put(rank)
+    start.wait()
+    for epoch in range(epochs):
+        order = torch.from_numpy(np.random.default_rng([0, epoch]).permutation(N))
+        mine = order[rank * N // 2:(rank + 1) * N // 2]
+        for b in range(0, len(mine), BATCH):
+            idx = mine[b:b + BATCH]
+            opt.zero_grad()
+            loss_fn(model(X[idx]), y[idx]).backward()
+            opt.step()
+    done.put(time.perf_counter())
+
+
+def torch_rate(epochs: int) -> float:
+    ctx = tmp.get_context("spawn")
+    model = mlp()
+    model.share_memory()
+    ready, start, done = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_torch_worker, args=(r, model, epochs, ready, start, done))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for _ in procs:  # both imported torch and loaded their data: start-up excluded
+        ready.get(timeout=120)
+    t0 = time.perf_counter()
+    start.set()
+    end = max(done.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(30)
+    return epochs * N / (end - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    rates = interleave({"monsoon hogwild x2": lambda: monsoon_rate(args.epochs),
+                        "torch share_memory hogwild x2": lambda: torch_rate(args.epochs)},
+                       args.repeats)
+    m, t = median(rates["monsoon hogwild x2"]), median(rates["torch share_memory hogwild x2"])
+    report("Hogwild! MLP 784-256-10, 2 processes: monsoon vs PyTorch share_memory", [
+        ("monsoon hogwild x2, examples/s", f"{m:.0f}"),
+        ("PyTorch share_memory hogwild x2, examples/s", f"{t:.0f}"),
+        ("ratio monsoon/PyTorch", f"{m / t:.2f}   (target >= 1.0)"),
+    ], {**rates, "ratio": m / t})
+
+
+if __name__ == "__main__":
+    main()
