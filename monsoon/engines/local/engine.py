@@ -107,13 +107,7 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
                    lambda: store.control[1], "the start signal")
         store.status[rank] = RUNNING
-        if os.environ.get("MONSOON_PROFILE"):
-            import cProfile, pstats
-            prof = cProfile.Profile(); prof.enable(); runtime.run(program); prof.disable()
-            with open(f"/tmp/prof-{rank}.txt", "w") as f:
-                pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(18)
-        else:
-            runtime.run(program)
+        runtime.run(program)
         store.status[rank] = DONE
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
         messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own}))
