@@ -57,3 +57,15 @@ class Problem(ABC):
     def describe(self) -> dict:
         return {"name": self.name, "n_params": int(self.n_params),
                 "n_examples": int(self.n_examples), "dtype": str(np.dtype(self.dtype))}
+
+
+class SharedDataProblem(Problem):
+    """A NumPy problem whose data is read-only: workers share it and own only
+    their gradient buffer ``_grad`` (a thread copy costs nothing)."""
+
+    def for_worker(self, rank: int, workers: int) -> "Problem":
+        import copy
+
+        clone = copy.copy(self)
+        clone._grad = np.zeros_like(self._grad)
+        return clone

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Problem
+from .base import SharedDataProblem
 
 LOSSES = ("squared", "logistic")
 
 
-class DenseLinear(Problem):
+class DenseLinear(SharedDataProblem):
     def __init__(self, X, y, loss: str = "squared", dtype="float64", name: str = "linear"):
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")
@@ -31,14 +31,6 @@ class DenseLinear(Problem):
         self.n_examples, features = X.shape
         self.n_params = features + 1
         self._grad = np.zeros(self.n_params, dtype=self.dtype)
-
-    def for_worker(self, rank: int, workers: int):
-        """Workers share the (read-only) data and own their gradient buffer."""
-        import copy
-
-        clone = copy.copy(self)
-        clone._grad = np.zeros_like(self._grad)
-        return clone
 
     def initial_params(self, seed: int) -> np.ndarray:
         return np.zeros(self.n_params, dtype=self.dtype)

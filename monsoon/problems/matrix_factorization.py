@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Problem
+from .base import SharedDataProblem
 
 
-class MatrixFactorization(Problem):
+class MatrixFactorization(SharedDataProblem):
     def __init__(self, users, items, ratings, rank: int = 10, lam: float = 0.05,
                  dtype="float64", name: str = "matrix-factorization", init_scale: float = 0.1):
         users = np.asarray(users, dtype=np.int64)
@@ -45,13 +45,6 @@ class MatrixFactorization(Problem):
         split = self.n_users * self.rank
         return (w[:split].reshape(self.n_users, self.rank),
                 w[split:].reshape(self.n_items, self.rank))
-
-    def for_worker(self, rank: int, workers: int):
-        import copy
-
-        clone = copy.copy(self)
-        clone._grad = np.zeros_like(self._grad)
-        return clone
 
     def initial_params(self, seed: int) -> np.ndarray:
         rng = np.random.default_rng([seed, 99])

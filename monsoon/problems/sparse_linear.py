@@ -26,12 +26,12 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .base import Problem
+from .base import SharedDataProblem
 
 LOSSES = ("logistic", "hinge", "squared")
 
 
-class SparseLinear(Problem):
+class SparseLinear(SharedDataProblem):
     def __init__(self, X, y, loss: str = "logistic", lam: float = 1e-4, dtype="float64",
                  name: str = "sparse-linear", shuffle: bool = True, start=None):
         if loss not in LOSSES:
@@ -81,14 +81,6 @@ class SparseLinear(Problem):
                     LOSS_CODES[self.kind])
             self._kernel_ready = True
 
-    def for_worker(self, rank: int, workers: int):
-        """Workers share the (read-only) data and own their gradient buffer."""
-        import copy
-
-        clone = copy.copy(self)
-        clone._grad = np.zeros_like(self._grad)
-        return clone
-
     def initial_params(self, seed: int) -> np.ndarray:
         if self.start is not None:
             return self.start.copy()
@@ -112,14 +104,14 @@ class SparseLinear(Problem):
         m = len(indices)
         g = self._grad if out is None or accumulate else out
         g[:-1] = Xb.T @ d
+        reg = 0.0
         if self.lam:
             # degree-split L2: each example adds lam w_u / d_u for its features u
-            touched = np.bincount(Xb.indices, minlength=self.n_features)
-            g[:-1] += self.lam * w[:-1] * self.inv_degree * touched
+            share = np.bincount(Xb.indices, minlength=self.n_features) * self.inv_degree
+            g[:-1] += self.lam * w[:-1] * share
+            reg = 0.5 * self.lam * float((w[:-1] ** 2) @ share)
         g[-1] = d.sum()
         g /= m
-        reg = 0.5 * self.lam * float((w[:-1] ** 2 * self.inv_degree) @ np.bincount(
-            Xb.indices, minlength=self.n_features)) if self.lam else 0.0
         if out is not None and accumulate:
             out += g
             return (total + reg) / m, out
