@@ -1,7 +1,6 @@
 """Delay- and straggler-tolerant training: backup workers, local SGD and
 DiLoCo, EASGD, and the delay-tolerant rules on a real asynchronous run."""
 import json
-import statistics
 import time
 
 import numpy as np
@@ -88,20 +87,21 @@ def test_easgd_pulls_workers_together_and_trains():
 
 def test_delay_tolerant_rules_fix_async_sgd_at_a_high_rate():
     """digits, async, 8 workers, lr 0.25: serial SGD is fine at this rate, plain
-    async SGD stalls, AdaRevision and DC-ASGD-a end >= 20% lower (median of 3
-    seeds, for the same examples)."""
-    losses = {rule: [] for rule in ("sgd", "adarevision", "dcasgd-a")}
-    for seed in range(3):
-        for rule in losses:
-            run = monsoon.train("digits", "async", 8, rule=rule, lr=0.25, epochs=3, seed=seed,
-                                backend="threads", raise_on_divergence=False)
-            assert run.summary["examples"] == 3 * 1797
-            losses[rule].append(run.summary["final_loss"])
+    async SGD stalls (each gradient ~7 updates stale), AdaRevision and DC-ASGD-a
+    end >= 20% lower for the same examples. The 8 workers are virtual (the sim
+    engine runs the same strategy and rules), so the staleness, and the test,
+    are deterministic; threads gave the same picture but flaked."""
     serial = monsoon.train("digits", "serial", lr=0.25, epochs=3, seed=0).summary["final_loss"]
-    median = {rule: statistics.median(v) for rule, v in losses.items()}
-    assert median["sgd"] > 2 * serial, median
-    assert median["adarevision"] <= 0.8 * median["sgd"], median
-    assert median["dcasgd-a"] <= 0.8 * median["sgd"], median
+    for seed in range(3):
+        losses = {}
+        for rule in ("sgd", "adarevision", "dcasgd-a"):
+            run = monsoon.train("digits", "async", 8, rule=rule, lr=0.25, epochs=3, seed=seed,
+                                engine="sim", sim_compute_sigma=0.3, raise_on_divergence=False)
+            assert run.summary["examples"] == 3 * 1797 and run.summary["staleness"]["mean"] > 5
+            losses[rule] = run.summary["final_loss"]
+        assert losses["sgd"] > 2 * serial, losses
+        assert losses["adarevision"] <= 0.8 * losses["sgd"], losses
+        assert losses["dcasgd-a"] <= 0.8 * losses["sgd"], losses
 
 
 def test_staleness_lr_is_recorded_with_a_staleness_histogram(tmp_path):
