@@ -1,9 +1,14 @@
 """TorchProblem: any ``torch.nn.Module`` as a flat parameter vector.
 
 The module's parameters are re-pointed to be views into ONE flat buffer (as
-DDP's gradient buckets and Horovod's fusion buffer are), and so are their
-``.grad`` tensors. Sharing, sending and averaging a model is then one array
-operation, never a loop over tensors.
+DDP's gradient buckets and Horovod's fusion buffer are), and the gradient
+lands in one flat buffer too. Sharing, sending and averaging a model is then
+one array operation, never a loop over tensors.
+
+A fresh gradient is autograd's own tensors gathered by one ``torch.cat``
+into the flat buffer: one pass, where zeroing views of the buffer and
+letting autograd add into them takes three. ``accumulate=True`` points the
+``.grad`` tensors at the buffer and lets autograd add.
 
 ``gradient(w, idx)`` aliases ``w``: if ``w`` is not the buffer the module
 currently views, the module is re-pointed at it (no copy). A worker that
@@ -75,8 +80,8 @@ class TorchProblem(Problem):
         self._bound = w
 
     def _bind_grad(self, g: np.ndarray) -> None:
-        for p, view in zip(self._params, self._views(g)):
-            p.grad = view
+        self._grad_views = list(self._views(g))
+        self._grad_flat = torch.from_numpy(g)
         self._grad_out = g
 
     def _check(self, w: np.ndarray) -> None:
@@ -113,13 +118,31 @@ class TorchProblem(Problem):
         if out is not None and out is not self._grad_out:
             self._check(out)
             self._bind_grad(out)
-        grad = self._grad_out
-        if not accumulate:
-            grad.fill(0)  # autograd adds into .grad
+        params = self._params
+        if accumulate:  # autograd adds into .grad: point it at ``out``
+            for p, view in zip(params, self._grad_views):
+                p.grad = view
+        else:  # autograd hands over fresh tensors: one copy, no zeroing pass
+            for p in params:
+                p.grad = None
         rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
         loss = self.loss_fn(self.module(self.X.index_select(0, rows)), self.y.index_select(0, rows))
         loss.backward()
-        return float(loss.detach()), grad
+        if not accumulate:
+            self._gather_grads()
+        return float(loss.detach()), self._grad_out
+
+    def _gather_grads(self) -> None:
+        """Copy the fresh ``.grad`` tensors into the flat gradient buffer."""
+        grads = [p.grad for p in self._params]
+        if all(g is not None for g in grads):
+            torch.cat([g.reshape(-1) for g in grads], out=self._grad_flat)
+            return
+        for view, g in zip(self._grad_views, grads):  # a parameter the loss did not use
+            if g is None:
+                view.zero_()
+            else:
+                view.copy_(g)
 
     def loss(self, w) -> float:
         self._check(w)
@@ -151,6 +174,8 @@ class TorchProblem(Problem):
         state["_bound_copy"] = np.array(self._bound, copy=True)
         state["_bound"] = None
         state["_grad_out"] = None
+        state["_grad_views"] = None
+        state["_grad_flat"] = None
         state["module"] = None
         state["_params"] = None
         state["_module_bytes"] = _module_without_buffers(self.module, self._params)

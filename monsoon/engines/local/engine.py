@@ -336,8 +336,10 @@ class LocalEngine:
             last_progress, last_examples = time.monotonic(), -1
             while len(finished) < workers:
                 # Poll fast while the run is young (short runs still get a
-                # curve), then settle, so the monitor steals little CPU.
-                drain(0.002 if time.perf_counter() - t0 < 1.0 else self.poll_s)
+                # curve), then settle, so the monitor steals little CPU; with
+                # no curve to draw, only failures are watched for.
+                young = recorder.evals > 0 and time.perf_counter() - t0 < 1.0
+                drain(0.002 if young else self.poll_s)
                 check_dead()
                 if self._must_stop(strategy, failed, workers):
                     raise self._fail(failed, workers)

@@ -115,10 +115,8 @@ class WorkerRuntime:
             if self._reader is not None and not self.strategy.needs_all_workers:
                 # Hogwild!: this gradient reads the shared parameters now.
                 self.rule.on_read(self.store.params, self.store.state, self._reader)
-        # A sync worker's slot is zeroed by the reducers once summed (while
-        # it is hot in cache), so the gradient is added straight into it.
-        loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out,
-                                           accumulate=self._grad_out is not None)
+        # A sync worker's gradient is written straight into its slot.
+        loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
         self.counters[EXAMPLES] += len(op.indices)
         return loss, grad
 
@@ -242,10 +240,6 @@ class WorkerRuntime:
         sums = self._reduce(ranks, shards)
         if not all(finite(acc) for acc in sums):
             sync[BAD_STEP] = step
-        for s in shards:  # leave the summed slots zeroed for the next step
-            a, b = store.bounds[s]
-            for k in ranks:
-                store.slots[k, a:b].fill(0)
         with store.sync_lock:
             sync[REDUCED] += 1
         self._wait_count(REDUCED, counted, step, "sum step")
@@ -275,7 +269,6 @@ class WorkerRuntime:
         """Dropped: N others arrived first. Wait for the step to be applied,
         then join the current step."""
         self.counters[LATE] += 1
-        self.store.slots[self.rank].fill(0)  # nobody summed it: zero it for the next step
         self._wait_step(step, "apply step")
         current = int(self.store.sync[STEP])
         self._sync_step = current
