@@ -38,6 +38,7 @@ from ...strategies import WorkerJob
 from ..waiting import Aborted, wait_until
 from .runtime import WorkerRuntime
 from .store import ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, START, ParameterStore
+from .synchronous import replicates
 
 BACKENDS = ("processes", "threads")
 # Parameter-server shards default to one per worker, up to this many.
@@ -205,7 +206,8 @@ class LocalEngine:
         backend = "inline" if inline else self.backend
         ctx = mp.get_context("spawn") if backend == "processes" else None
         store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
-                               backend=backend, mp_context=ctx)
+                               backend=backend, mp_context=ctx,
+                               replicated=not inline and replicates(strategy, w0.size))
         self.shards_used = shards
         try:
             if inline:
@@ -368,9 +370,12 @@ class LocalEngine:
         self._join(handles, ctx)
         failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
                        for r in sorted(failed)]
+        extra = {}
+        if strategy.synchronous:
+            extra["sync_step"] = "replicated" if store.replicated else "sharded"
         return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
                             failed_list, stopped=stopped, late_gradients=int(late),
-                            worker_params=worker_params)
+                            worker_params=worker_params, extra=extra)
 
     @staticmethod
     def _must_stop(strategy, failed: dict, workers: int) -> bool:

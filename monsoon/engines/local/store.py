@@ -14,6 +14,10 @@ Everything workers share lives in one ``SharedArrays`` block:
   arrivals at the step's three barriers (reset when the step completes),
   ``contributors`` lists the ranks that count, in arrival order, and
   ``sync[BAD_STEP]`` marks a step whose summed gradient is not finite;
+- or, for replicated synchronous steps (small models, see
+  ``synchronous.py``), ``rep_slots[step % 2, k]`` and ``rep_examples``,
+  ``arrivals[k]`` (steps worker k has contributed to) and ``published``
+  (steps worker 0 has copied to ``params``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, each written by worker k only, so no lock is needed;
 - ``status[k]`` and ``control``: start, abort and life-cycle flags.
@@ -54,7 +58,7 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
 
 class ParameterStore:
     def __init__(self, w0: np.ndarray, rule: Rule, workers: int, shards: int,
-                 sync_slots: bool, backend: str, mp_context=None):
+                 sync_slots: bool, backend: str, mp_context=None, replicated: bool = False):
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
@@ -71,7 +75,12 @@ class ParameterStore:
             layout["state." + field] = (arr.shape, str(arr.dtype))
         for field, arr in zip(reader._fields, reader):
             layout["reader." + field] = ((workers,) + arr.shape, str(arr.dtype))
-        if sync_slots:
+        if sync_slots and replicated:
+            layout["rep_slots"] = ((2, workers, n), dtype)
+            layout["rep_examples"] = ((2, workers), "int64")
+            layout["arrivals"] = ((workers,), "int64")
+            layout["published"] = ((1,), "int64")
+        elif sync_slots:
             layout["slots"] = ((workers, n), dtype)
         self.memory = SharedArrays(layout, in_process=(backend != "processes"))
         self.memory["params"][:] = w0
@@ -100,6 +109,12 @@ class ParameterStore:
         self.contributors = m["contributors"]
         self.slot_examples = m["slot_examples"]
         self.slots = m.arrays.get("slots")
+        self.replicated = "rep_slots" in m.arrays
+        if self.replicated:
+            self.rep_slots = m["rep_slots"]
+            self.rep_examples = m["rep_examples"]
+            self.arrivals = m["arrivals"]
+            self.published = m["published"]
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
         self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
         readers = [m["reader." + f] for f in self.reader_type._fields]
@@ -144,6 +159,7 @@ class ParameterStore:
 
     def close(self) -> None:
         for name in ("params", "versions", "counters", "status", "control", "sync",
-                     "contributors", "slot_examples", "slots", "state", "shard_states"):
+                     "contributors", "slot_examples", "slots", "state", "shard_states",
+                     "rep_slots", "rep_examples", "arrivals", "published"):
             self.__dict__.pop(name, None)
         self.memory.close()

@@ -16,7 +16,7 @@ import numpy as np
 from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..local.runtime import finite
+from ..reduce import finite
 
 
 class RemoteWorker:

@@ -43,9 +43,9 @@ from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
 from ..local.engine import DEFAULT_MAX_SHARDS, EngineResult
-from ..local.runtime import finite
 from ..local.store import shard_bounds
-from ..reduce import weighted_sum
+from ..local.synchronous import replicates
+from ..reduce import finite, weighted_sum
 from .delays import DelayModel
 
 REQUEST_BYTES = 64  # a fetch request, an acknowledgement
@@ -93,6 +93,7 @@ class SimEngine:
         self.bounds = shard_bounds(n, self.S)
         self.params = np.array(w0, copy=True)
         self.state = rule.init(n, w0.dtype)
+        self.replicated = replicates(strategy, n)
         self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
         self.versions = np.zeros(self.S, dtype=np.int64)
         self.shard_free = np.zeros(self.S)
@@ -382,10 +383,14 @@ class SimEngine:
         sums = [(s, weighted_sum(self.slots[:, a:b], ranks, examples, self.acc[a:b],
                                  self.tmp[a:b])) for s, (a, b) in enumerate(self.bounds)]
         if all(finite(acc) for _, acc in sums):
+            if self.replicated:  # as the local engine: one update of the whole vector
+                self.rule.apply(self.params, self.acc, self.state,
+                                UpdateInfo(step=self.sync_step, staleness=0))
             for s, acc in sums:
-                a, b = self.bounds[s]
-                self.rule.apply(self.params[a:b], acc, self.shard_states[s],
-                                UpdateInfo(step=self.sync_step, staleness=0, worker=s))
+                if not self.replicated:
+                    a, b = self.bounds[s]
+                    self.rule.apply(self.params[a:b], acc, self.shard_states[s],
+                                    UpdateInfo(step=self.sync_step, staleness=0, worker=s))
                 self.versions[s] += 1
             self.total["updates"] += 1
             self.workers[ranks[0]].staleness[0] += 1
