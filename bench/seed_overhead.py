@@ -7,13 +7,17 @@ as DDP's process-group set-up would be; time per step = wall time / updates.
 
     python bench/seed_overhead.py [--steps 3000] [--repeats 5]
 
-DDP (gloo, 2 processes) runs the same model, batch and steps alongside.
+DDP (gloo, 2 processes) runs the same model, batch and steps alongside, and
+so does the floor (``bare_sync.py``): two bare processes that only compute
+their half-batch gradients and meet at a lock-free barrier, over one process
+computing the whole batch's. No data-parallel step can beat that ratio here.
 """
 import argparse
 
 import torch
 
 import monsoon
+from bare_sync import bare_alone_us, bare_pair_us
 from common import interleave, median, report
 from ddp_peer import ddp_examples_per_s
 from monsoon.problems import make_problem
@@ -23,6 +27,10 @@ BATCH = 16
 
 def exp_model():
     return make_problem("exp").model_at(make_problem("exp").initial_params(0))
+
+
+def exp_problem():
+    return make_problem("exp")
 
 
 def exp_data():
@@ -48,15 +56,22 @@ def main():
     args = ap.parse_args()
     times = interleave({"serial": lambda: per_step_us("serial", 1, args.steps),
                         "sync-2": lambda: per_step_us("sync", 2, args.steps),
-                        "ddp-2": lambda: ddp_per_step_us(args.steps)}, args.repeats)
-    serial, sync, ddp = (median(times[k]) for k in ("serial", "sync-2", "ddp-2"))
+                        "ddp-2": lambda: ddp_per_step_us(args.steps),
+                        "bare-1": lambda: bare_alone_us(exp_problem, BATCH, args.steps),
+                        "bare-2": lambda: bare_pair_us(exp_problem, BATCH, args.steps)},
+                       args.repeats)
+    serial, sync, ddp, bare1, bare2 = (median(times[k]) for k in
+                                       ("serial", "sync-2", "ddp-2", "bare-1", "bare-2"))
     report("seed 001 (exp): time per step over serial's", [
         ("serial, us/step (median)", f"{serial:.1f}"),
         ("monsoon sync x2, us/step (median)", f"{sync:.1f}"),
         ("DDP gloo x2, us/step (median)", f"{ddp:.1f}"),
         ("ratio sync/serial", f"{sync / serial:.2f}   (target <= 1.1)"),
         ("ratio DDP/serial", f"{ddp / serial:.2f}"),
-    ], {**times, "ratio": sync / serial, "ddp_ratio": ddp / serial})
+        ("floor: bare gradients x2 / x1, us/step", f"{bare2:.1f} / {bare1:.1f}"),
+        ("floor ratio", f"{bare2 / bare1:.2f}"),
+        ("sync's overhead over serial's, us/step", f"{(sync - bare2) - (serial - bare1):.1f}"),
+    ], {**times, "ratio": sync / serial, "ddp_ratio": ddp / serial, "floor": bare2 / bare1})
 
 
 if __name__ == "__main__":
