@@ -83,6 +83,14 @@ class _Step:
             with self.store.sync_lock:
                 pass  # acquire: see every write made before the others arrived
 
+    def _publish(self, counters, index: int, value: int) -> None:
+        """Raise a counter others wait on, after every write before it."""
+        if NEEDS_FENCE:
+            with self.store.sync_lock:  # release
+                counters[index] = value
+        else:
+            counters[index] = value
+
     def finish(self) -> None:
         """Called once the worker's program has ended."""
 
@@ -112,12 +120,8 @@ class ReplicatedStep(_Step):
             np.copyto(slot, grad)
         store.rep_examples[parity, self.rank] = examples
         target = step + 1
-        if NEEDS_FENCE:
-            with store.sync_lock:
-                self.arrivals[self.rank] = target
-        else:
-            self.arrivals[self.rank] = target
         arrivals = self.arrivals
+        self._publish(arrivals, self.rank, target)
         for k in self.others:
             if arrivals[k] < target:
                 self._wait(lambda: arrivals[k] >= target, f"worker {k} to arrive at step {step}")
@@ -134,7 +138,7 @@ class ReplicatedStep(_Step):
         elif self.rank == 0:
             rt.counters[DROPPED] += 1
         if self.rank == 0:
-            store.published[0] = target
+            self._publish(store.published, 0, target)
         self.step = target
         return 0
 
