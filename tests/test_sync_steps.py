@@ -16,7 +16,7 @@ from faulty import FaultyProblem
 @pytest.fixture(params=["replicated", "sharded"])
 def sync_step(request, monkeypatch):
     if request.param == "sharded":  # every model counts as large
-        monkeypatch.setattr(synchronous, "REPLICATE_MAX_PARAMS", 0)
+        monkeypatch.setattr(synchronous, "REPLICATE_MAX_BYTES", 0)
     return request.param
 
 

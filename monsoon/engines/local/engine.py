@@ -207,7 +207,7 @@ class LocalEngine:
         ctx = mp.get_context("spawn") if backend == "processes" else None
         store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
                                backend=backend, mp_context=ctx,
-                               replicated=not inline and replicates(strategy, w0.size))
+                               replicated=not inline and replicates(strategy, w0))
         self.shards_used = shards
         try:
             if inline:

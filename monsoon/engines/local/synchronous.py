@@ -4,7 +4,7 @@ is in its slot, the weighted mean of the slots is applied once.
 Two ways to run one step, chosen per run by the model's size
 (``replicates``):
 
-``ShardedStep`` (large models; backup workers; local SGD and EASGD). The
+``ShardedStep`` (large models; backup workers; local SGD's averaging). The
 reduction is split like a reduce-scatter: the i-th of the N counted
 arrivals sums the shards s with s % N == i over the counted slots, in rank
 order, and applies the rule to those shards of the shared parameters. Three
@@ -13,8 +13,8 @@ backup workers); all shards summed and checked (a non-finite sum anywhere
 drops the whole step); all shards updated, after which the last one through
 opens the next step. Each worker reads and writes 1/N of the vector.
 
-``ReplicatedStep`` (small models, here up to ``REPLICATE_MAX_PARAMS``
-parameters, sync without backups). As DDP does after its all-reduce, every
+``ReplicatedStep`` (small models, up to ``REPLICATE_MAX_BYTES`` of
+parameters: 64k float32; sync without backups). As DDP does after its all-reduce, every
 worker holds a private replica of the parameters and the rule state and
 applies the same mean gradient to it, so one barrier per step is enough:
 a worker writes its slot, raises its own arrival counter, and waits for
@@ -24,8 +24,8 @@ replicas bit-identical; worker 0 publishes its replica to the shared
 parameters after every step (for the monitor and the result), and at the
 end every other worker checks that its replica equals the published one.
 Where a step's compute is tens of microseconds (seed 001's 1-16-1 net),
-the two extra barriers are the difference between sync costing about what
-serial costs and costing half as much again.
+dropping the two barriers took sync x2 from 1.41x to 1.26x serial's time
+per step (``bench/seed_overhead.py``).
 
 A non-finite mean is never applied: the step is counted in ``dropped``.
 """
@@ -44,16 +44,19 @@ from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, LATE, REDUCED, STEP, UP
 # writes before it are visible; weaker CPUs (ARM) need the lock as a fence.
 NEEDS_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
-# Above this many parameters a full reduce + apply per worker costs more
-# than the two barriers it saves (measured on a 2-core VM: a barrier is
-# ~10 us, a float32 reduce + SGD apply of 32k parameters ~15 us).
-REPLICATE_MAX_PARAMS = 1 << 15
+# Above this many bytes of parameters, a full reduce + apply per worker
+# costs more than the two barriers it saves. Measured with sync x2 on a
+# 2-core VM, float32 MLPs, us per step replicated / sharded: 15.5k
+# parameters 148 / 174, 32k 182 / 227, 64k 251 / 238 and 359 / 440 (noise),
+# 129k 405 / 368, 516k 1759 / 1218.
+REPLICATE_MAX_BYTES = 1 << 18
 
 
-def replicates(strategy, n_params: int) -> bool:
+def replicates(strategy, params: np.ndarray) -> bool:
     """Whether a run's synchronous steps are replicated (see the module doc)."""
     return (strategy.synchronous and strategy.shared_params
-            and getattr(strategy, "backup_workers", 0) == 0 and n_params <= REPLICATE_MAX_PARAMS)
+            and getattr(strategy, "backup_workers", 0) == 0
+            and params.nbytes <= REPLICATE_MAX_BYTES)
 
 
 def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:

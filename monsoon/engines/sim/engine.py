@@ -93,7 +93,7 @@ class SimEngine:
         self.bounds = shard_bounds(n, self.S)
         self.params = np.array(w0, copy=True)
         self.state = rule.init(n, w0.dtype)
-        self.replicated = replicates(strategy, n)
+        self.replicated = replicates(strategy, w0)
         self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
         self.versions = np.zeros(self.S, dtype=np.int64)
         self.shard_free = np.zeros(self.S)
