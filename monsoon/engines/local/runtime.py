@@ -161,14 +161,15 @@ class WorkerRuntime:
 
     def all_reduce(self, op: AllReduce) -> int:
         grad = op.grad
+        examples = op.examples if grad is not None else 0
         if self.store.replicated:
-            return self._sync.contribute(grad, op.examples if grad is not None else 0)
+            return self._sync.contribute(grad, examples)
         slot = self.store.slots[self.rank]
         if grad is None:
             slot.fill(0)  # 0 * a stale NaN would still be NaN
         elif grad is not slot:
             np.copyto(slot, grad)
-        return self._after_step(self._sync.contribute(op.examples if grad is not None else 0))
+        return self._after_step(self._sync.contribute(examples))
 
     def average(self, op: Average) -> int:
         np.subtract(self.store.params, self.work, out=self.store.slots[self.rank])

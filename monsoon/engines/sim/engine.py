@@ -386,12 +386,12 @@ class SimEngine:
             if self.replicated:  # as the local engine: one update of the whole vector
                 self.rule.apply(self.params, self.acc, self.state,
                                 UpdateInfo(step=self.sync_step, staleness=0))
-            for s, acc in sums:
-                if not self.replicated:
+            else:
+                for s, acc in sums:
                     a, b = self.bounds[s]
                     self.rule.apply(self.params[a:b], acc, self.shard_states[s],
                                     UpdateInfo(step=self.sync_step, staleness=0, worker=s))
-                self.versions[s] += 1
+            self.versions += 1
             self.total["updates"] += 1
             self.workers[ranks[0]].staleness[0] += 1
         else:
