@@ -36,7 +36,7 @@ import platform
 import numpy as np
 
 from ...rules import UpdateInfo
-from ..reduce import finite, weighted_sum
+from ..reduce import WeightedMean, finite, weighted_sum
 from ..waiting import wait_until
 from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, LATE, REDUCED, STEP, UPDATES)
 
@@ -104,44 +104,47 @@ class ReplicatedStep(_Step):
         store = self.store
         self.params = aligned_copy(store.params)
         self.state = type(store.state)(*(aligned_copy(a) for a in store.state))
-        self.acc = aligned_copy(store.params)
-        self.tmp = aligned_copy(store.params)
+        acc, tmp = aligned_copy(store.params), aligned_copy(store.params)
         self.arrivals = store.arrivals
         self.others = [k for k in range(self.workers) if k != self.rank]
-        self.ranks = list(range(self.workers))
+        # Per step parity: this worker's slot, everyone's examples, the mean.
+        self.slot = [store.rep_slots[parity, self.rank] for parity in (0, 1)]
+        self.examples = [store.rep_examples[parity] for parity in (0, 1)]
+        self.mean = [WeightedMean(list(store.rep_slots[parity]), acc, tmp) for parity in (0, 1)]
 
     def contribute(self, grad, examples: int) -> int:
         """Write ``grad`` (None: nothing) to this step's slot, wait for the
-        others, apply the mean to the replica. Returns 0 (nobody is late)."""
-        store = self.store
+        others, apply the mean to the replica. Returns 0 (nobody is late).
+        This runs between two gradients of tiny models, where every call
+        counts: the views and the reducer are built once, in ``__init__``."""
         step = self.step
         parity = step & 1
-        slot = store.rep_slots[parity, self.rank]
+        slot = self.slot[parity]
         if grad is None:
             slot.fill(0)  # 0 * a stale NaN would still be NaN
         elif grad is not slot:
             np.copyto(slot, grad)
-        store.rep_examples[parity, self.rank] = examples
+        counts = self.examples[parity]
+        counts[self.rank] = examples
         target = step + 1
         arrivals = self.arrivals
         self._publish(arrivals, self.rank, target)
         for k in self.others:
             if arrivals[k] < target:
                 self._wait(lambda: arrivals[k] >= target, f"worker {k} to arrive at step {step}")
-        examples = store.rep_examples[parity].tolist()
-        acc = weighted_sum(store.rep_slots[parity], self.ranks, examples, self.acc, self.tmp)
+        acc = self.mean[parity](counts.tolist())
         rt = self.rt
         if finite(acc):
             rt.rule.apply(self.params, acc, self.state,
                           UpdateInfo(step=step, staleness=0, worker=self.rank))
             if self.rank == 0:
-                np.copyto(store.params, self.params)
+                np.copyto(self.store.params, self.params)
                 rt.counters[UPDATES] += 1
                 rt.staleness[0] += 1
         elif self.rank == 0:
             rt.counters[DROPPED] += 1
         if self.rank == 0:
-            self._publish(store.published, 0, target)
+            self._publish(self.store.published, 0, target)
         self.step = target
         return 0
 
