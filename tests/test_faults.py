@@ -60,6 +60,33 @@ def test_sync_fails_when_a_worker_process_dies():
         monsoon.train(problem, "sync", 2, epochs=50, timeout=20)
 
 
+@pytest.fixture
+def sleepy_monitor(monkeypatch):
+    """The monitor sleeps up to 60 s between looks when it records nothing:
+    only a worker's message or death can wake it in time."""
+    from monsoon.engines.local import engine
+
+    init = engine.LocalEngine.__init__
+    monkeypatch.setattr(engine.LocalEngine, "__init__",
+                        lambda self, *a, **k: init(self, *a, **{**k, "idle_s": 60.0}))
+
+
+def test_an_idle_monitor_wakes_when_the_workers_finish(sleepy_monitor):
+    t0 = time.monotonic()
+    run = monsoon.train("exp", "sync", 2, epochs=2, evals=0, seed=0)
+    assert run.summary["status"] == "finished"
+    assert run.summary["wall_time_s"] < 10
+    assert time.monotonic() - t0 < 40
+
+
+def test_an_idle_monitor_wakes_when_a_worker_dies(sleepy_monitor):
+    problem = FaultyProblem(make_problem("exp"), "exit", rank=1, after=3)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="worker 1 failed.*exit code 3"):
+        monsoon.train(problem, "sync", 2, epochs=50, evals=0, timeout=60)
+    assert time.monotonic() - t0 < 40
+
+
 def test_divergence_stops_with_advice(tmp_path):
     with pytest.raises(TrainingDiverged, match="lower the learning rate") as info:
         monsoon.train("exp", "serial", lr=1e6, epochs=200, out=tmp_path / "run")

@@ -11,7 +11,9 @@ The calling process is the monitor: it starts the workers and waits (with
 ``start_timeout``) until every one is ready, which is ``startup_s``; then it
 releases them together and, until they finish, evaluates the full loss on
 snapshots of the parameters, drives the progress bar, and watches for
-failure. A worker that raises or dies is named in ``failed_workers``; if the
+failure. Between looks it sleeps on the workers' pipes and process
+sentinels (``inbox.py``), so a message or a death wakes it at once; with no
+loss curve to record it looks only every ``idle_s`` otherwise. A worker that raises or dies is named in ``failed_workers``; if the
 strategy needs all workers (sync) the others are aborted and the run fails
 with that worker's error. If no worker makes progress for twice ``timeout``
 seconds (a stuck barrier says so itself after ``timeout``), the run is
@@ -23,7 +25,6 @@ import multiprocessing as mp
 import contextlib
 import os
 import pickle
-import queue
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ import numpy as np
 from ...errors import WaitTimeout, WorkerError
 from ...strategies import WorkerJob
 from ..waiting import Aborted, wait_until
+from .inbox import Outbox, PipeInbox, QueueInbox
 from .runtime import WorkerRuntime
 from .store import ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, START, ParameterStore
 from .synchronous import replicates
@@ -162,29 +164,31 @@ MAIN_HINT = ("; the problem refers to code in your script, which every worker pr
              "or use --backend threads")
 
 
-def _process_main(payload: bytes, locks, sync_lock, messages) -> None:
+def _process_main(payload: bytes, locks, sync_lock, conn) -> None:
     import pickle
 
     import torch
 
+    outbox = Outbox(conn)
     setup = pickle.loads(payload)
     setup.store.attach_locks(locks, sync_lock)
     torch.set_num_threads(setup.torch_threads)
-    _worker_body(setup, messages)
-    messages.close()
-    messages.join_thread()
+    _worker_body(setup, outbox)
+    outbox.close()
 
 
 class LocalEngine:
     name = "local"
 
     def __init__(self, backend: str = "processes", timeout: float = 60.0,
-                 start_timeout: float = 120.0, shards: int | None = None, poll_s: float = 0.02):
+                 start_timeout: float = 120.0, shards: int | None = None, poll_s: float = 0.02,
+                 idle_s: float = 1.0):
         self.backend = backend
         self.timeout = timeout
         self.start_timeout = start_timeout
         self.shards = shards
-        self.poll_s = poll_s
+        self.poll_s = poll_s    # how often the monitor looks, when rows can be due
+        self.idle_s = idle_s    # ... and when nothing is recorded (messages wake it)
 
     def describe(self) -> dict:
         return {"engine": self.name, "backend": self.backend, "timeout_s": self.timeout}
@@ -256,7 +260,7 @@ class LocalEngine:
         import copy
 
         t_begin = time.perf_counter()
-        messages = ctx.Queue() if ctx is not None else queue.Queue()
+        inbox = PipeInbox(ctx, workers) if ctx is not None else QueueInbox()
         handles = []
         needs_main = False
         for rank in range(workers):
@@ -272,14 +276,15 @@ class LocalEngine:
                 payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
                 needs_main = b"__main__" in payload
                 h = ctx.Process(target=_process_main,
-                                args=(payload, store.locks, store.sync_lock, messages),
+                                args=(payload, store.locks, store.sync_lock, inbox.senders[rank]),
                                 name=f"monsoon-worker-{rank}", daemon=True)
                 with _main_module_hidden(needs_main), _blas_threads(setup.torch_threads):
                     h.start()
+                inbox.started(rank, h)
                 handles.append(h)
                 continue
             else:
-                h = threading.Thread(target=_worker_body, args=(setup, messages),
+                h = threading.Thread(target=_worker_body, args=(setup, inbox.outbox(rank)),
                                      name=f"monsoon-worker-{rank}", daemon=True)
             h.start()
             handles.append(h)
@@ -290,19 +295,14 @@ class LocalEngine:
         finished: set[int] = set()
 
         def drain(block_s: float = 0.0):
-            try:
-                while True:
-                    kind, rank, payload = messages.get(timeout=block_s) if block_s else messages.get_nowait()
-                    block_s = 0.0
-                    finished.add(rank)
-                    if kind == "failed":
-                        failed[rank] = payload
-                    elif kind in ("done", "aborted"):
-                        staleness.update(payload["staleness"])
-                        if payload["params"] is not None:
-                            worker_params[rank] = payload["params"]
-            except queue.Empty:
-                pass
+            for kind, rank, payload in inbox.receive(block_s, finished):
+                finished.add(rank)
+                if kind == "failed":
+                    failed[rank] = payload
+                elif kind in ("done", "aborted"):
+                    staleness.update(payload["staleness"])
+                    if payload["params"] is not None:
+                        worker_params[rank] = payload["params"]
 
         def check_dead():
             if ctx is None:
@@ -339,9 +339,11 @@ class LocalEngine:
             while len(finished) < workers:
                 # Poll fast while the run is young (short runs still get a
                 # curve), then settle, so the monitor steals little CPU; with
-                # no curve to draw, only failures are watched for.
-                young = recorder.evals > 0 and time.perf_counter() - t0 < 1.0
-                drain(0.002 if young else self.poll_s)
+                # no curve to draw, sleep until a worker reports or dies.
+                if recorder.evals > 0:
+                    drain(0.002 if time.perf_counter() - t0 < 1.0 else self.poll_s)
+                else:
+                    drain(self.idle_s)
                 check_dead()
                 if self._must_stop(strategy, failed, workers):
                     raise self._fail(failed, workers)
@@ -365,9 +367,11 @@ class LocalEngine:
             params = np.array(store.params, copy=True)
         except BaseException:
             store.abort()
+            inbox.close()  # a worker still sending gets a broken pipe, not a wait
             self._join(handles, ctx)
             raise
         self._join(handles, ctx)
+        inbox.close()
         failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
                        for r in sorted(failed)]
         extra = {}
