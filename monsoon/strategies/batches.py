@@ -50,13 +50,18 @@ def block_permutation(n: int, seed: int, epoch: int, block: int = 512) -> np.nda
     return np.concatenate([np.arange(starts[b], min(starts[b] + block, n)) for b in order])
 
 
-def split(indices: np.ndarray, workers: int, rank: int) -> np.ndarray:
-    """Rank's part of ``indices`` in ``workers`` contiguous parts whose sizes
-    differ by at most one."""
-    n = len(indices)
+def part_bounds(n: int, workers: int, rank: int) -> tuple[int, int]:
+    """Where rank's part starts and stops when ``n`` items are cut into
+    ``workers`` contiguous parts whose sizes differ by at most one."""
     base, extra = divmod(n, workers)
     start = rank * base + min(rank, extra)
-    return indices[start:start + base + (1 if rank < extra else 0)]
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def split(indices: np.ndarray, workers: int, rank: int) -> np.ndarray:
+    """Rank's part of ``indices`` (see ``part_bounds``)."""
+    start, stop = part_bounds(len(indices), workers, rank)
+    return indices[start:stop]
 
 
 def _chunks(order: np.ndarray, batch_size: int):

@@ -57,6 +57,10 @@ class WorkerRuntime:
                 self._grad_out = store.slots[rank]  # gradients land straight in the slot
             self.work = store.params if strategy.shared_params else np.array(store.params)
         self._others_at_read = 0
+        # Gradients read parameters others are updating (Hogwild!): staleness
+        # is counted from the read.
+        self._reads_shared = (strategy.shared_params and workers > 1
+                              and not strategy.synchronous)
         self._reader = store.reader(rank)
         self._shard_readers = [store.reader(rank, s) for s in range(len(store.bounds))]
         # Spin in barriers only when every worker can own a core.
@@ -94,7 +98,7 @@ class WorkerRuntime:
 
     # -- ops -----------------------------------------------------------------
     def gradient(self, op: Gradient):
-        if self.strategy.shared_params and self.workers > 1 and not self.strategy.synchronous:
+        if self._reads_shared:
             self._others_at_read = self._updates_by_others()
             if self._reader is not None and not self.strategy.needs_all_workers:
                 # Hogwild!: this gradient reads the shared parameters now.
