@@ -30,12 +30,44 @@ def test_both_steps_equal_serial(sync_step, rule):
     np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
 
 
-def test_replicated_step_matches_the_simulator_bit_for_bit():
-    opts = dict(steps=20, batch_size=64, dtype="float64", seed=4, lr=0.05, rule="momentum")
-    local = monsoon.train("exp", "sync", 2, **opts)
-    sim = monsoon.train("exp", "sync", 2, engine="sim", **opts)
+@pytest.mark.parametrize("dtype,workers,batch", [("float64", 2, 64), ("float32", 3, 63),
+                                                ("float32", 3, 64)])
+def test_replicated_step_matches_the_simulator_bit_for_bit(dtype, workers, batch):
+    # float32 with 3 workers: the mean's scale, 1/3, must round as float32
+    # (a batch of 64 splits 21/21/22: the unequal-weight path)
+    opts = dict(steps=20, batch_size=batch, dtype=dtype, seed=4, lr=0.05, rule="momentum")
+    local = monsoon.train("exp", "sync", workers, **opts)
+    sim = monsoon.train("exp", "sync", workers, engine="sim", **opts)
     assert local.summary["sync_step"] == "replicated"
     assert np.array_equal(local.params, sim.params)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+def test_compiled_mean_has_the_bits_of_weighted_mean(dtype, parts):
+    from monsoon.engines.local.kernels import equal_mean_finite_for
+    from monsoon.engines.reduce import WeightedMean, finite
+
+    kernel = equal_mean_finite_for(dtype)
+    rng = np.random.default_rng(parts)
+    for n in (1, 7, 49, 1000):
+        # magnitudes up to 1e40 overflow float32 to inf on purpose
+        slots = (rng.standard_normal((parts, n)) * 10.0 ** rng.uniform(-40, 40, (parts, n)))
+        with np.errstate(over="ignore"):
+            slots = slots.astype(dtype)
+        if n == 7:
+            slots[-1, 3] = np.nan
+        out, ref = np.empty(n, dtype), np.empty(n, dtype)
+        ok = kernel(slots, np.full(parts, 8), out, np.dtype(dtype).type(1 / parts))
+        expected = WeightedMean(list(slots), ref, np.empty(n, dtype))([8] * parts)
+        assert ok == int(finite(expected))
+        assert out.tobytes() == expected.tobytes()
+    untouched = np.full(3, 7, dtype)
+    # unequal or zero examples: nothing written, the caller falls back
+    assert kernel(slots[:, :3], np.arange(1, parts + 1) if parts > 1 else np.zeros(1),
+                  untouched, np.dtype(dtype).type(1)) == -1
+    assert (untouched == 7).all()
+    assert equal_mean_finite_for(np.float16)(slots, np.full(parts, 8), out, 1.0) == -1
 
 
 def test_large_models_and_backup_workers_use_the_sharded_step():
