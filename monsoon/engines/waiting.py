@@ -11,16 +11,24 @@ class Aborted(Exception):
     """The engine asked this worker to stop (a peer failed, or the run ended)."""
 
 
-SPIN_S = 0.05  # spin (yielding the core) this long before sleeping
+SPIN_S = 0.05  # spin this long before sleeping
+# Between processes, the first turns of a spin need not yield the core: a
+# peer at a barrier is usually microseconds away, and a yield (a system
+# call) on every turn made seed 001's sync x2 steps 1-4 us slower
+# (bench/seed_overhead.py). Threads always yield: a thread spinning flat out
+# holds the GIL its peer needs.
+HOT_TURNS = 256
 
 
-def wait_until(ready, timeout: float, aborted, what: str, spin: bool = True) -> None:
+def wait_until(ready, timeout: float, aborted, what: str, spin: bool = True,
+               hot_turns: int = 0) -> None:
     """Return once ``ready()``; raise ``Aborted`` if ``aborted()``, and
     ``WaitTimeout`` after ``timeout`` seconds.
 
-    With ``spin`` (a core per worker), first spin for up to ``SPIN_S``,
-    yielding the core on each turn: a synchronous step's barrier then costs
-    microseconds, where a sleep would cost its wake-up latency (50-100 us).
+    With ``spin`` (a core per worker), first spin for up to ``SPIN_S``:
+    ``hot_turns`` turns flat out (256 are ~40 us), then yielding the core on
+    each turn. A synchronous step's barrier then costs microseconds, where a
+    sleep would cost its wake-up latency (50-100 us).
     After that, or without ``spin``, sleep with back-off up to 1 ms, so a long
     wait (a straggler, a slow start) costs no CPU."""
     if ready():
@@ -42,7 +50,8 @@ def wait_until(ready, timeout: float, aborted, what: str, spin: bool = True) -> 
             if now > spin_until:
                 spin = False
         if spin:
-            os.sched_yield() if hasattr(os, "sched_yield") else time.sleep(0)
+            if turns > hot_turns:
+                os.sched_yield() if hasattr(os, "sched_yield") else time.sleep(0)
         else:
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)

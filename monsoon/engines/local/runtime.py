@@ -29,7 +29,7 @@ from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push, SGDPass)
 from ..reduce import finite
-from ..waiting import Aborted
+from ..waiting import HOT_TURNS, Aborted
 from .store import DROPPED, EXAMPLES, UPDATES, ParameterStore
 from .synchronous import ReplicatedStep, ShardedStep
 
@@ -63,8 +63,10 @@ class WorkerRuntime:
                               and not strategy.synchronous)
         self._reader = store.reader(rank)
         self._shard_readers = [store.reader(rank, s) for s in range(len(store.bounds))]
-        # Spin in barriers only when every worker can own a core.
+        # Spin in barriers only when every worker can own a core, and flat
+        # out (no yield) only between processes.
         self._spin = workers <= (os.cpu_count() or 1)
+        self._hot_turns = HOT_TURNS if self._spin and store.processes else 0
         self._local_rule = None
         self._handlers = {Gradient: self.gradient, Apply: self.apply, Fetch: self.fetch,
                           Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce,

@@ -90,7 +90,8 @@ class ParameterStore:
         self.state_type = type(template)
         self.reader_type = type(reader)
         self.bounds = shard_bounds(n, shards)
-        if backend == "processes":
+        self.processes = backend == "processes"
+        if self.processes:
             self.locks = [mp_context.Lock() for _ in range(shards)]
             self.sync_lock = mp_context.Lock()
         else:
@@ -136,7 +137,8 @@ class ParameterStore:
         # Locks travel separately, as process arguments (multiprocessing only
         # lets them cross at process creation); see ``attach_locks``.
         return {"memory": self.memory, "state_type": self.state_type,
-                "reader_type": self.reader_type, "bounds": self.bounds}
+                "reader_type": self.reader_type, "bounds": self.bounds,
+                "processes": self.processes}
 
     def __setstate__(self, state):
         self.__dict__.update(state)

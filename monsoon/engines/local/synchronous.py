@@ -83,7 +83,8 @@ class _Step:
     def _wait(self, ready, what: str) -> None:
         rt = self.rt
         if not ready():
-            wait_until(ready, rt.timeout, lambda: self.store.control[1], what, rt._spin)
+            wait_until(ready, rt.timeout, lambda: self.store.control[1], what, rt._spin,
+                       rt._hot_turns)
         if NEEDS_FENCE:
             with self.store.sync_lock:
                 pass  # acquire: see every write made before the others arrived
