@@ -92,7 +92,19 @@ def test_a_failing_worker_fails_both_steps_fast(sync_step):
         monsoon.train(problem, "sync", 2, epochs=50, timeout=20)
 
 
-def test_replicas_that_drift_apart_fail_the_run(monkeypatch):
+def test_replicated_step_publishes_once_when_nothing_is_recorded():
+    """With no loss curve (evals=0) worker 0 publishes its replica only at
+    the end: the result is still the last step's, equal to serial's."""
+    opts = dict(steps=15, batch_size=32, dtype="float64", seed=2, lr=0.05, evals=0)
+    serial = monsoon.train("exp", "serial", **opts)
+    sync = monsoon.train("exp", "sync", 2, **opts)
+    assert sync.summary["sync_step"] == "replicated"
+    assert not np.array_equal(sync.params, make_problem("exp").initial_params(2))
+    np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("evals", [0, 100])
+def test_replicas_that_drift_apart_fail_the_run(monkeypatch, evals):
     """A rule whose result depends on the worker breaks replication: the
     run must say so, not return worker 0's replica as if all agreed."""
     plain = SGD.apply
@@ -104,4 +116,4 @@ def test_replicas_that_drift_apart_fail_the_run(monkeypatch):
 
     monkeypatch.setattr(SGD, "apply", worker_dependent)
     with pytest.raises(WorkerError, match="replica of the parameters differs"):
-        monsoon.train("exp", "sync", 2, steps=5, evals=0, backend="threads", timeout=20)
+        monsoon.train("exp", "sync", 2, steps=5, evals=evals, backend="threads", timeout=20)

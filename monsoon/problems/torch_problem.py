@@ -63,6 +63,7 @@ class TorchProblem(Problem):
         self._initial = flat.copy()
         self._bound = None
         self._grad_out = None
+        self._grad_bindings = {}
         self._bind(flat)
         self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
 
@@ -80,9 +81,17 @@ class TorchProblem(Problem):
         self._bound = w
 
     def _bind_grad(self, g: np.ndarray) -> None:
-        self._grad_views = list(self._views(g))
-        self._grad_flat = torch.from_numpy(g)
-        self._grad_out = g
+        """Make ``g`` the gradient buffer. The last few bindings are kept, so
+        a caller alternating between two buffers (the replicated sync step's
+        double-buffered slots) binds each once."""
+        bound = self._grad_bindings.get(id(g))
+        if bound is None or bound[0] is not g:
+            self._check(g)
+            if len(self._grad_bindings) >= 4:
+                self._grad_bindings.clear()
+            bound = (g, list(self._views(g)), torch.from_numpy(g))
+            self._grad_bindings[id(g)] = bound
+        self._grad_out, self._grad_views, self._grad_flat = bound
 
     def _check(self, w: np.ndarray) -> None:
         if w.shape != (self.n_params,) or w.dtype != self.dtype:
@@ -116,7 +125,6 @@ class TorchProblem(Problem):
             self._check(w)
             self._bind(w)
         if out is not None and out is not self._grad_out:
-            self._check(out)
             self._bind_grad(out)
         params = self._params
         if accumulate:  # autograd adds into .grad: point it at ``out``
@@ -176,6 +184,7 @@ class TorchProblem(Problem):
         state["_grad_out"] = None
         state["_grad_views"] = None
         state["_grad_flat"] = None
+        state["_grad_bindings"] = {}
         state["module"] = None
         state["_params"] = None
         state["_module_bytes"] = _module_without_buffers(self.module, self._params)

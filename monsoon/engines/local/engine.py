@@ -76,6 +76,7 @@ class WorkerSetup:
     timeout: float
     start_timeout: float
     torch_threads: int
+    live: bool  # the monitor snapshots the parameters during the run
 
 
 def torch_threads_per_worker(workers: int) -> int:
@@ -104,7 +105,7 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
     rank = setup.rank
     try:
         runtime = WorkerRuntime(rank, setup.workers, store, setup.problem, setup.rule,
-                                setup.strategy, setup.timeout)
+                                setup.strategy, setup.timeout, setup.live)
         program = setup.strategy.program(setup.job)
         store.status[rank] = READY
         wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
@@ -269,7 +270,7 @@ class LocalEngine:
             setup = WorkerSetup(rank, workers, store, problem.for_worker(rank, workers),
                                 rule if ctx is not None else copy.deepcopy(rule),
                                 strategy, job, self.timeout, self.start_timeout,
-                                torch_threads_per_worker(workers))
+                                torch_threads_per_worker(workers), live=recorder.evals > 0)
             if ctx is not None:
                 # Plain pickle, not multiprocessing's: torch's reducers would
                 # try to pass tensors as file descriptors.

@@ -4,8 +4,8 @@ The same runtime serves a spawned process, a thread, and the inline runner
 that ``serial`` uses. Op by op:
 
 - ``Gradient``: the problem computes at the working parameters (the shared
-  ones for shared strategies: zero copy). Sharded sync workers write
-  straight into their gradient slot.
+  ones for shared strategies: zero copy). Sync workers write straight into
+  their gradient slot (the replicated step's alternate with the step).
 - ``Apply``: the rule on the whole shared vector, no lock (Hogwild!).
 - ``Fetch`` / ``Push``: per shard, under that shard's lock.
 - ``AllReduce`` / ``Average``: write the slot, then one synchronous step
@@ -36,7 +36,7 @@ from .synchronous import ReplicatedStep, ShardedStep
 
 class WorkerRuntime:
     def __init__(self, rank: int, workers: int, store: ParameterStore, problem, rule,
-                 strategy, timeout: float):
+                 strategy, timeout: float, live: bool = True):
         self.rank = rank
         self.workers = workers
         self.store = store
@@ -44,6 +44,7 @@ class WorkerRuntime:
         self.rule = rule
         self.strategy = strategy
         self.timeout = timeout
+        self.live = live  # the monitor reads the shared parameters during the run
         self.counters = store.counters[rank]
         self.staleness = Counter()
         self._sync = None
@@ -51,6 +52,7 @@ class WorkerRuntime:
         if store.replicated:
             self._sync = ReplicatedStep(self)
             self.work = self._sync.params  # a private replica
+            self._grad_out = self._sync.slot[0]  # then each step's slot, in turn
         else:
             if strategy.synchronous:
                 self._sync = ShardedStep(self)

@@ -21,8 +21,9 @@ a worker writes its slot, raises its own arrival counter, and waits for
 everyone's. The slots are double-buffered by step parity (a worker can only
 be one step ahead of the slowest reader). Summing in rank order makes the
 replicas bit-identical; worker 0 publishes its replica to the shared
-parameters after every step (for the monitor and the result), and at the
-end every other worker checks that its replica equals the published one.
+parameters after every step when the monitor records a loss curve, else
+once, at the end; then every other worker checks that its replica equals
+the published one.
 Where a step's compute is tens of microseconds (seed 001's 1-16-1 net),
 dropping the two barriers took sync x2 from 1.41x to 1.26x serial's time
 per step (``bench/seed_overhead.py``); computing the equal-weight mean and
@@ -150,19 +151,26 @@ class ReplicatedStep(_Step):
         if ok:
             rt.rule.apply(self.params, acc, self.state,
                           UpdateInfo(step=step, staleness=0, worker=self.rank))
-            if self.rank == 0:
-                np.copyto(self.store.params, self.params)
-                rt.counters[UPDATES] += 1
-                rt.staleness[0] += 1
-        elif self.rank == 0:
-            rt.counters[DROPPED] += 1
         if self.rank == 0:
-            self._publish(self.store.published, 0, target)
+            rt.counters[UPDATES if ok else DROPPED] += 1
+            if ok:
+                rt.staleness[0] += 1
+            if rt.live:  # the monitor may snapshot the parameters now
+                self._publish_params(target)
         self.step = target
+        rt._grad_out = self.slot[target & 1]  # the next gradient lands in the next slot
         return 0
 
+    def _publish_params(self, step: int) -> None:
+        np.copyto(self.store.params, self.params)
+        self._publish(self.store.published, 0, step)
+
     def finish(self) -> None:
-        if self.rank == 0 or self.step == 0:
+        if self.step == 0:
+            return
+        if self.rank == 0:
+            if not self.rt.live:
+                self._publish_params(self.step)
             return
         published = self.store.published
         self._wait(lambda: published[0] >= self.step, f"worker 0 to publish step {self.step}")
