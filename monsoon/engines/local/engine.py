@@ -13,9 +13,10 @@ releases them together and, until they finish, evaluates the full loss on
 snapshots of the parameters, drives the progress bar, and watches for
 failure. Between looks it sleeps on the workers' pipes and process
 sentinels (``inbox.py``), so a message or a death wakes it at once; with no
-loss curve to record it looks only every ``idle_s`` otherwise. A worker that raises or dies is named in ``failed_workers``; if the
-strategy needs all workers (sync) the others are aborted and the run fails
-with that worker's error. If no worker makes progress for twice ``timeout``
+loss curve to record it looks only every ``idle_s`` otherwise. A worker
+that raises or dies is named in ``failed_workers``; if the strategy needs
+all workers (sync) the others are aborted and the run fails with that
+worker's error. If no worker makes progress for twice ``timeout``
 seconds (a stuck barrier says so itself after ``timeout``), the run is
 aborted: nothing can hang forever.
 """

@@ -39,15 +39,10 @@ def equal_mean_finite(slots, counts, out, scale):
         for i in range(n):
             out[i] += slots[k, i]
     bad = 0
-    if parts > 1:
-        for i in range(n):
-            v = out[i] * scale
-            out[i] = v
-            bad |= not (v - v == 0)  # NaN and +-Inf give NaN
-    else:
-        for i in range(n):
-            v = out[i]
-            bad |= not (v - v == 0)
+    for i in range(n):
+        v = out[i] * scale if parts > 1 else out[i]  # one part: a copy, unscaled
+        out[i] = v
+        bad |= not (v - v == 0)  # NaN and +-Inf give NaN
     return 0 if bad else 1
 
 
