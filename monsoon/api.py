@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .config import TrainConfig, engine_options, resolve
-from .engines import make_engine
-from .errors import ConfigError, TrainingDiverged
+from .config import resolve
+from .errors import TrainingDiverged
 from .problems import Problem
 from .record import Recorder, write_run_folder
 
@@ -60,45 +59,41 @@ def staleness_stats(counts: Counter) -> dict:
 
 def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
           raise_on_divergence: bool = True, **options) -> Result:
-    """Train ``problem`` (a catalog name or a ``Problem``) with ``strategy`` on
-    ``workers`` workers. Options are the fields of ``TrainConfig``."""
-    unknown = set(options) - TrainConfig.field_names()
-    if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))}; valid options: "
-                          f"{', '.join(sorted(TrainConfig.field_names()))}")
-    instance = problem if isinstance(problem, Problem) else None
-    config = TrainConfig(problem=problem if instance is None else instance.name,
-                         strategy=strategy, workers=workers, out=None if out is None else str(out),
-                         **options)
-    resolved = resolve(config, instance)
-    config, problem, rule, strat, budget = (resolved.config, resolved.problem, resolved.rule,
-                                            resolved.strategy, resolved.budget)
-    engine = make_engine(config.engine, **engine_options(config))
-    virtual = config.engine == "sim"
+    """Train ``problem`` (a problem's name or a ``Problem``) with ``strategy``
+    on ``workers`` workers. ``options`` are the run's options and those the
+    chosen strategy, rule, engine and problem declare (``monsoon options``
+    lists them all); one that none of them takes is refused."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if out is not None:
+        given["out"] = str(out)
+    resolved = resolve(problem, strategy, workers, given)
+    run, problem, rule, strat, budget, engine = (resolved.run, resolved.problem, resolved.rule,
+                                                 resolved.strategy, resolved.budget,
+                                                 resolved.engine)
+    virtual = engine.virtual_time
 
-    w0 = problem.initial_params(config.seed).astype(problem.dtype, copy=False)
+    w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
     total = (budget.epochs * problem.n_examples if budget.epochs is not None
-             else budget.steps * config.batch_size)
-    recorder = Recorder(problem, total, config.target_loss, evals=config.evals,
-                        progress=config.progress, cost_aware=not virtual,
-                        label=f"{config.problem} {config.strategy} x{config.workers}")
+             else budget.steps * run['batch_size'])
+    recorder = Recorder(problem, total, run['target_loss'], evals=run['evals'],
+                        progress=run['progress'], cost_aware=not virtual,
+                        label=f"{run['problem']} {run['strategy']} x{run['workers']}")
     t_start = time.perf_counter()
     try:
-        res = engine.run(problem, rule, strat, w0, resolved.processes, config.batch_size,
-                         config.seed, budget, recorder)
+        res = engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
+                         run['seed'], budget, recorder)
     finally:
         recorder.close()
     final_loss = float(problem.loss(res.params))
     recorder.add_row(res.wall_time_s, res.updates, res.examples, final_loss)
     summary = {
-        "problem": config.problem,
-        "strategy": config.strategy,
-        "engine": config.engine,
-        "backend": ("virtual" if virtual else
-                    "inline" if config.strategy == "serial" else config.backend),
-        "rule": config.rule,
-        "workers": config.workers,
-        "seed": config.seed,
+        "problem": run["problem"],
+        "strategy": run["strategy"],
+        "engine": run["engine"],
+        "backend": getattr(engine, "backend_used", None),
+        "rule": run["rule"],
+        "workers": run["workers"],
+        "seed": run['seed'],
         "final_loss": final_loss,
         "wall_time_s": res.wall_time_s,
         "startup_s": res.startup_s,
@@ -112,10 +107,10 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "late_gradients": res.late_gradients,
         "failed_workers": [{"worker": f["worker"], "error": f["error"]} for f in res.failed_workers],
         "time_to_target_s": recorder.time_to_target_s,
-        "target_loss": config.target_loss,
-        "lr": config.lr,
-        "batch_size": config.batch_size,
-        "dtype": config.dtype,
+        "target_loss": run['target_loss'],
+        "lr": run["lr"],
+        "batch_size": run['batch_size'],
+        "dtype": run["dtype"],
         "shards": getattr(engine, "shards_used", None),
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,
@@ -130,12 +125,12 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                     if k not in ("strategy", "local_rule")})
     if strat.local_rule is not None:
         summary["outer_rule"] = rule.describe()
-    if config.staleness_lr:
+    if getattr(rule if strat.local_rule is None else strat.local_rule, "staleness_lr", False):
         summary["staleness_lr"] = True
     result = Result(summary, recorder.rows, res.params, problem,
                     worker_params=res.worker_params or None)
     if out is not None:
-        full_config = {**config.to_dict(), "server_rule": rule.describe(), **strat.describe(),
+        full_config = {**resolved.config(), "server_rule": rule.describe(), **strat.describe(),
                        **engine.describe(), "problem_info": problem.describe()}
         result.run_dir = write_run_folder(Path(out), full_config, summary, recorder.rows)
     if res.stopped and raise_on_divergence:

@@ -1,4 +1,10 @@
-"""The ``monsoon`` command line: ``train`` and ``compare`` (DESIGN.md's contract).
+"""The ``monsoon`` command line: ``train``, ``compare``, ``simulate`` and
+``options`` (DESIGN.md's contract).
+
+The flags are derived from the options the run and its components declare
+(``config.RUN_OPTIONS``, each component's ``options``), grouped by the
+components that take them. Only the flags given on the command line are
+passed on, so an option the chosen components do not take is refused.
 
 Errors in the input print one line, ``monsoon: error: ...``, and exit with
 status 2, before any worker starts. A run that fails (a worker error,
@@ -11,149 +17,158 @@ import json
 import sys
 
 from . import __version__
-from .engines import BACKENDS, engine_names
+from .config import RUN_OPTIONS, registries
 from .errors import MonsoonError, TrainingDiverged
-from .problems import problem_names
-from .rules import rule_names
-from .strategies import strategy_names
+from .options import Option, declared
+
+__all__ = ["main", "build_parser", "option_groups"]
+
+# Run options the commands spell themselves.
+_OWN = ("problem", "strategy", "workers", "out", "progress", "epochs", "steps")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--problem", default="exp",
-                   help=f"a catalog problem: {', '.join(problem_names())} (default exp)")
-    p.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
-    p.add_argument("--engine", default="local", help=f"one of: {', '.join(engine_names())}")
-    p.add_argument("--backend", default="auto",
-                   help=f"local engine: {', '.join(BACKENDS)}, or auto (threads for problems "
-                        "with a compiled loop, else processes)")
-    p.add_argument("--rule", default="sgd", help=f"update rule: {', '.join(rule_names())}")
-    p.add_argument("--lr", type=float, help="learning rate (default: the problem's)")
-    p.add_argument("--lr-schedule", default="constant", help="constant or step")
-    p.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule: decay factor")
-    p.add_argument("--lr-step-size", type=int, default=1000, help="step schedule: updates per decay")
-    p.add_argument("--momentum", type=float, default=0.9, help="momentum rule: coefficient")
+def option_groups() -> list[tuple[str, list[Option]]]:
+    """(title, options) for each set of components that take the same options,
+    by kind: "strategy async", "rule momentum, nesterov", "engine local, ray"."""
+    groups: dict[tuple, list[Option]] = {}
+    seen: set[str] = set(o.name for o in RUN_OPTIONS)
+    for kind, registry in registries().items():
+        components = registry.all()
+        for option in registry.options().values():
+            if option.name in seen:
+                continue
+            seen.add(option.name)
+            takers = [n for n, c in components.items() if option in declared(c)]
+            everyone = len(takers) == len(components) and len(takers) > 1
+            title = f"{kind}: {f'every {kind}' if everyone else ', '.join(takers)}"
+            groups.setdefault((kind, title), []).append(option)
+    return [(title, options) for (_, title), options in groups.items()]
+
+
+def _help(option: Option) -> str:
+    choices = f"; one of: {', '.join(map(str, option.choices))}" if option.choices else ""
+    default = "" if option.type is bool or option.default is None else \
+        f" (default {option.describe_default()})"
+    return option.help + choices + default
+
+
+def _metavar(option: Option) -> str:
+    return option.cli.lstrip("-").upper().replace("-", "_")
+
+
+def _add(group, option: Option) -> None:
+    if option.type is bool:
+        group.add_argument(option.cli, dest=option.name, action="store_true",
+                           default=argparse.SUPPRESS, help=option.help)
+    else:
+        # choices are checked by the option itself, in one line that names the flag
+        group.add_argument(option.cli, dest=option.name, type=option.type,
+                           default=argparse.SUPPRESS, help=_help(option),
+                           metavar=_metavar(option))
+
+
+def _common(p: argparse.ArgumentParser, problem: str, workers: int) -> None:
+    names = registries()
+    problems = ", ".join(spec.usage() for spec in names["problem"].all().values())
+    p.add_argument("--problem", default=problem, help=f"one of: {problems} (default {problem})")
+    p.add_argument("--workers", type=int, default=workers,
+                   help=f"number of workers (default {workers}; serial always runs 1)")
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--epochs", type=int, help="passes over the training set")
-    budget.add_argument("--steps", type=int, help="gradient steps in total, over all workers")
-    p.add_argument("--batch-size", type=int, help="examples per update (default: the problem's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32", help="float32 or float64")
-    p.add_argument("--target-loss", type=float, help="report the time to reach this loss")
-    p.add_argument("--shards", type=int, help="parameter-server shards (default: workers, at most 8)")
-    p.add_argument("--n-fetch", type=int, default=1, help="async: steps between fetches")
-    p.add_argument("--n-push", type=int, default=1, help="async: steps between pushes")
-    p.add_argument("--beta", dest="hogwild_beta", type=float, default=0.9,
-                   help="hogwild/serial on sparse problems: step size factor per epoch")
-    p.add_argument("--backup-workers", type=int, default=0,
-                   help="sync: extra workers; each step takes the first --workers gradients")
-    p.add_argument("--staleness-lr", action="store_true",
-                   help="divide the learning rate by each update's staleness (any rule)")
-    p.add_argument("--dc-lambda", type=float,
-                   help="dcasgd: lambda (default 0.04); dcasgd-a: lambda0 (default 2)")
-    p.add_argument("--local-steps", type=int, default=8, help="local-sgd: steps between averages")
-    p.add_argument("--diloco", action="store_true",
-                   help="local-sgd: outer Nesterov step on the mean drift (DiLoCo)")
-    p.add_argument("--outer-lr", type=float,
-                   help="local-sgd: outer learning rate (default 1, or 0.7 with --diloco)")
-    p.add_argument("--easgd-alpha", type=float, help="easgd: elastic force (default 0.9/workers)")
-    p.add_argument("--easgd-tau", type=int, default=4, help="easgd: steps between exchanges")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may last")
-    cluster = p.add_argument_group("ray engine (--engine ray)")
-    cluster.add_argument("--address", help="join this Ray cluster (auto or HOST:PORT); "
-                         "default: start a local Ray instance")
-    cluster.add_argument("--checkpoint-every", type=int, default=0,
-                         help="write shard checkpoints every K updates into OUT/checkpoints")
-    cluster.add_argument("--resume", help="continue from the checkpoints of this run folder")
-    cluster.add_argument("--run-name", help="names the actors monsoon-NAME-worker-K (default random)")
-    sim = p.add_argument_group("sim engine (--engine sim, or monsoon simulate)")
-    sim.add_argument("--compute-s", dest="sim_compute_s", type=float, default=1e-3,
-                     help="seconds per gradient (default 0.001)")
-    sim.add_argument("--compute-sigma", dest="sim_compute_sigma", type=float, default=0.0,
-                     help="lognormal spread of compute time (0: constant)")
-    sim.add_argument("--straggler-p", dest="sim_straggler_p", type=float, default=0.0,
-                     help="probability that a step is --straggler-factor times slower")
-    sim.add_argument("--straggler-factor", dest="sim_straggler_factor", type=float, default=10.0)
-    sim.add_argument("--slow-fraction", dest="sim_slow_fraction", type=float, default=0.0,
-                     help="fraction of workers always --straggler-factor times slower")
-    sim.add_argument("--latency-s", dest="sim_latency_s", type=float, default=0.0,
-                     help="seconds per message, before bandwidth")
-    sim.add_argument("--bandwidth", dest="sim_bandwidth", type=float, default=0.0,
-                     help="bytes per second per message (0: infinite)")
-    sim.add_argument("--service-s", dest="sim_service_s", type=float, default=0.0,
-                     help="seconds a server shard spends on each request")
+    budget.add_argument("--epochs", type=int, default=argparse.SUPPRESS,
+                        help="passes over the training set (default: the problem's)")
+    budget.add_argument("--steps", type=int, default=argparse.SUPPRESS,
+                        help="gradient steps in total, over all workers")
+    for option in RUN_OPTIONS:
+        if option.name not in _OWN:
+            extra = ""
+            if option.name in ("engine", "rule"):
+                extra = f": {', '.join(names[option.name].names())}"
+            _add(p, Option(option.name, option.type, option.default, option.help + extra,
+                           option.flag))
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    for title, options in option_groups():
+        group = p.add_argument_group(title)
+        for option in options:
+            _add(group, option)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    strategies = registries()["strategy"].names()
     parser = argparse.ArgumentParser(prog="monsoon", description=(
-        "Parallel and distributed SGD behind one switch: "
-        f"{', '.join(strategy_names())}."))
+        f"Parallel and distributed SGD behind one switch: {', '.join(strategies)}."))
     parser.add_argument("--version", action="version", version=f"monsoon {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train one problem with one strategy")
-    _common(train)
-    train.add_argument("--strategy", default="serial", help=f"one of: {', '.join(strategy_names())}")
+    train.add_argument("--strategy", default="serial", help=f"one of: {', '.join(strategies)}")
     train.add_argument("--out", default=None, help="run folder (default runs/PROBLEM-STRATEGY)")
+    _common(train, "exp", 2)
     simulate = sub.add_parser("simulate", help="train on the sim engine: a virtual cluster "
                               "(time is simulated, the math is real)")
-    _common(simulate)
-    simulate.add_argument("--strategy", default="async",
-                          help=f"one of: {', '.join(strategy_names())}")
+    simulate.add_argument("--strategy", default="async", help=f"one of: {', '.join(strategies)}")
     simulate.add_argument("--out", default=None, help="run folder (default runs/sim-PROBLEM-STRATEGY)")
-    simulate.set_defaults(problem="logistic", workers=64)  # clusters want more examples
+    _common(simulate, "logistic", 64)  # clusters want more examples
     compare = sub.add_parser("compare", help="the same problem under several strategies")
-    _common(compare)
     compare.add_argument("--strategies", default="serial,sync,async,hogwild",
                          help="comma-separated (default serial,sync,async,hogwild)")
     compare.add_argument("--out", default=None, help="output folder (default runs/compare-PROBLEM)")
+    _common(compare, "exp", 2)
+    sub.add_parser("options", help="print every option as Markdown tables, by component")
     return parser
 
 
-def _options(args) -> dict:
-    keys = ("engine", "backend", "rule", "lr", "lr_schedule", "lr_gamma", "lr_step_size",
-            "momentum", "epochs", "steps", "batch_size", "seed", "dtype", "target_loss", "shards",
-            "n_fetch", "n_push", "timeout", "hogwild_beta", "backup_workers", "staleness_lr", "local_steps",
-            "diloco", "outer_lr", "easgd_alpha", "easgd_tau", "dc_lambda", "sim_compute_s",
-            "sim_compute_sigma", "sim_straggler_p", "sim_straggler_factor", "sim_slow_fraction",
-            "sim_latency_s", "sim_bandwidth", "sim_service_s", "address", "checkpoint_every",
-            "resume", "run_name")
-    options = {k: getattr(args, k) for k in keys}
-    options["progress"] = False if args.quiet else None
+def _given(args) -> dict:
+    skip = {"command", "problem", "strategy", "strategies", "workers", "out", "quiet"}
+    options = {k: v for k, v in vars(args).items() if k not in skip}
+    if args.quiet:
+        options["progress"] = False
     return options
+
+
+def _train(args) -> None:
+    from .api import train
+
+    options = _given(args)
+    prefix = "runs/"
+    if args.command == "simulate":
+        options["engine"], prefix = "sim", "runs/sim-"
+    single = registries()["strategy"].get(args.strategy).single_worker
+    out = args.out or f"{prefix}{args.problem.replace(':', '_')}-{args.strategy}"
+    result = train(args.problem, args.strategy, 1 if single else args.workers, out=out, **options)
+    s = result.summary
+    virtual = registries()["engine"].get(s["engine"]).virtual_time
+    print(f"{s['problem']} {s['strategy']} x{s['workers']}: final_loss {s['final_loss']:.6g}, "
+          f"{s['examples_per_s']:.4g} examples/s, {'simulated' if virtual else 'wall'} "
+          f"{s['wall_time_s']:.3g} s (+{s['startup_s']:.2g} s start-up)")
+    if "utilization" in s:
+        u = s["utilization"]
+        print(f"utilization: workers {u['workers']:.1%}, server shards {u['shards']:.1%}; "
+              f"simulated in {s['real_time_s']:.3g} s")
+    if s["failed_workers"]:
+        print("failed workers: " + json.dumps(s["failed_workers"]))
+    print(f"run folder: {result.run_dir}")
+
+
+def _compare(args) -> None:
+    from .compare import compare
+
+    out = args.out or f"runs/compare-{args.problem.replace(':', '_')}"
+    comparison = compare(args.problem, args.strategies, args.workers, out=out, **_given(args))
+    print((comparison.out / "report.md").read_text())
+    print(f"report: {comparison.out / 'report.md'}  plot: {comparison.out / 'comparison.png'}")
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from .api import train
-    from .compare import compare
+    if args.command == "options":
+        from .docs import option_tables
 
+        print(option_tables())
+        return 0
     try:
         if args.command in ("train", "simulate"):
-            workers = 1 if args.strategy == "serial" else args.workers
-            options = _options(args)
-            prefix = "runs/"
-            if args.command == "simulate":
-                options["engine"], prefix = "sim", "runs/sim-"
-            out = args.out or f"{prefix}{args.problem.replace(':', '_')}-{args.strategy}"
-            result = train(args.problem, args.strategy, workers, out=out, **options)
-            s = result.summary
-            clock = "simulated" if s["engine"] == "sim" else "wall"
-            print(f"{s['problem']} {s['strategy']} x{s['workers']}: final_loss {s['final_loss']:.6g}, "
-                  f"{s['examples_per_s']:.4g} examples/s, {clock} {s['wall_time_s']:.3g} s "
-                  f"(+{s['startup_s']:.2g} s start-up)")
-            if "utilization" in s:
-                u = s["utilization"]
-                print(f"utilization: workers {u['workers']:.1%}, server shards {u['shards']:.1%}; "
-                      f"simulated in {s['real_time_s']:.3g} s")
-            if s["failed_workers"]:
-                print("failed workers: " + json.dumps(s["failed_workers"]))
-            print(f"run folder: {result.run_dir}")
+            _train(args)
         else:
-            out = args.out or f"runs/compare-{args.problem.replace(':', '_')}"
-            comparison = compare(args.problem, args.strategies, args.workers, out=out,
-                                 **_options(args))
-            print((comparison.out / "report.md").read_text())
-            print(f"report: {comparison.out / 'report.md'}  plot: {comparison.out / 'comparison.png'}")
+            _compare(args)
     except TrainingDiverged as exc:
         print(f"monsoon: {exc}", file=sys.stderr)
         return 1

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .api import Result, train
+from .config import for_strategy, refuse_untaken
 from .errors import ConfigError
 from .record.report import write_comparison
-from .strategies import strategy_names
+from .strategies import STRATEGIES
 
 
 @dataclass
@@ -29,16 +30,17 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
     if not strategies:
         raise ConfigError("no strategies given; e.g. --strategies serial,sync,async,hogwild")
-    for s in strategies:
-        if s not in strategy_names():
-            raise ConfigError(f"unknown strategy {s!r}; choose from: {', '.join(strategy_names())}")
+    classes = {s: STRATEGIES.get(s) for s in strategies}  # an unknown name lists the valid ones
     if len(set(strategies)) != len(strategies):
         raise ConfigError("a strategy is listed twice in --strategies")
+    # an option is refused only when none of the strategies takes it
+    refuse_untaken({k: v for k, v in options.items() if STRATEGIES.takers(k)},
+                   {"strategy": list(strategies)})
     out = Path(out)
     results = {}
     for s in strategies:
-        results[s] = train(problem, strategy=s, workers=1 if s == "serial" else workers,
-                           out=out / s, raise_on_divergence=False, **options)
+        results[s] = train(problem, strategy=s, workers=1 if classes[s].single_worker else workers,
+                           out=out / s, raise_on_divergence=False, **for_strategy(options, s))
     name = next(iter(results.values())).summary["problem"]
     rows = write_comparison(out, name, [r.summary for r in results.values()],
                             {s: r.history for s, r in results.items()},

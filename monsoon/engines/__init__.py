@@ -1,7 +1,14 @@
-"""Engines: where workers run and how parameters move."""
+"""Engines: where workers run and how parameters move.
+
+``ENGINES`` is the registry: monsoon's own by name, and other packages'
+through the ``monsoon.engines`` entry-point group (see ``registry.py``).
+An engine class declares ``options``, builds itself with
+``from_options(run, **values)`` and trains with ``run(...)``; see
+docs/extending.md.
+"""
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..registry import Registry
 from .local import BACKENDS, LocalEngine
 from .ray import RayEngine
 from .sim import DelayModel, SimEngine
@@ -9,16 +16,13 @@ from .sim import DelayModel, SimEngine
 __all__ = ["ENGINES", "BACKENDS", "DelayModel", "LocalEngine", "RayEngine", "SimEngine",
            "engine_names", "make_engine"]
 
-ENGINES = {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine}
-PLANNED = {}
+ENGINES = Registry("engine", "monsoon.engines",
+                   {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine})
 
 
 def engine_names() -> list[str]:
-    return list(ENGINES)
+    return ENGINES.names()
 
 
 def make_engine(name: str, **options):
-    if name not in ENGINES:
-        extra = f" ({name} is {PLANNED[name]}, not built yet)" if name in PLANNED else ""
-        raise ConfigError(f"unknown engine {name!r}{extra}; choose one of: {', '.join(engine_names())}")
-    return ENGINES[name](**options)
+    return ENGINES.get(name)(**options)

@@ -1,50 +1,26 @@
-"""Problems: what is trained. See ``base.Problem`` for the protocol."""
+"""Problems: what is trained. See ``base.Problem`` for the protocol.
+
+``PROBLEMS`` is the registry of named problems (``ProblemSpec``): the
+catalog, the ones named with an argument (``libsvm:PATH``,
+``rcv1-like:rows=20000``), and other packages' through the
+``monsoon.problems`` entry-point group (see ``registry.py``).
+"""
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..options import option_values
+from ..registry import Registry
 from .base import Problem
-from .catalog import CATALOG
+from .catalog import CATALOG, ProblemSpec
 from .torch_problem import TorchProblem
 
-__all__ = ["Problem", "TorchProblem", "CATALOG", "make_problem", "problem_defaults",
-           "problem_names"]
+__all__ = ["Problem", "TorchProblem", "ProblemSpec", "CATALOG", "PROBLEMS", "make_problem",
+           "problem_defaults", "problem_names", "problem_spec"]
 
-
-# Problems named with arguments: "libsvm:PATH", "rcv1-like:rows=20000,nnz=30".
-PARAMETRIC = {"libsvm": "libsvm:PATH (an svmlight / libsvm file)",
-              "rcv1-like": "rcv1-like[:rows=N,features=N,nnz=N,exponent=X,seed=N]",
-              "mf-synthetic": "mf-synthetic[:users=N,items=N,ratings=N,rank=N]",
-              "ratings": "ratings:PATH (user,item,rating rows)"}
 SPARSE_DEFAULTS = {"lr": 0.25, "epochs": 5, "batch_size": 64}
 MF_DEFAULTS = {"lr": 0.05, "epochs": 10, "batch_size": 64}
-
-
-def problem_names() -> list[str]:
-    return sorted(CATALOG)
-
-
-def _split(name: str) -> tuple[str, str]:
-    base, _, arg = name.partition(":")
-    return base, arg
-
-
-def _entry(name: str):
-    if name not in CATALOG:
-        valid = ", ".join(problem_names() + sorted(PARAMETRIC.values()))
-        raise ConfigError(f"unknown problem {name!r}; choose one of: {valid}")
-    return CATALOG[name]
-
-
-def problem_defaults(name: str) -> dict:
-    """The training defaults (lr, batch size, budget) a catalog problem suggests."""
-    base, _ = _split(name)
-    if base in ("mf-synthetic", "ratings"):
-        return dict(MF_DEFAULTS)
-    if base in PARAMETRIC:
-        return dict(SPARSE_DEFAULTS)
-    return dict(_entry(name).defaults)
 
 
 def _options(arg: str, kind: str, allowed: set[str]) -> dict:
@@ -65,43 +41,90 @@ def _options(arg: str, kind: str, allowed: set[str]) -> dict:
     return options
 
 
-def make_problem(name: str, dtype: str = "float32") -> Problem:
-    problem = _build(name, dtype)
-    problem.defaults = problem_defaults(name)
+def _libsvm(path: str, dtype: str = "float32"):
+    from .files import load_svmlight
+    from .sparse_linear import SparseLinear
+
+    X, y, _ = load_svmlight(path, dtype=dtype)
+    name = f"libsvm:{path}"
+    if set(np.unique(y)) <= {-1.0, 1.0} or set(np.unique(y)) <= {0.0, 1.0}:
+        return SparseLinear(X, (y > 0).astype(dtype), "logistic", dtype=dtype, name=name)
+    return SparseLinear(X, y, "squared", dtype=dtype, name=name)
+
+
+def _rcv1_like(arg: str = "", dtype: str = "float32"):
+    from .sparse_linear import rcv1_like
+
+    return rcv1_like(dtype=dtype, **_options(
+        arg, "rcv1-like", {"rows", "features", "nnz", "exponent", "noise", "seed", "lam"}))
+
+
+def _mf_synthetic(arg: str = "", dtype: str = "float32"):
+    from .matrix_factorization import mf_synthetic
+
+    return mf_synthetic(dtype=dtype, **_options(
+        arg, "mf-synthetic", {"users", "items", "ratings", "rank", "noise", "seed", "lam",
+                              "model_rank"}))
+
+
+def _ratings(path: str, dtype: str = "float32"):
+    from .files import load_ratings
+    from .matrix_factorization import MatrixFactorization
+
+    data = load_ratings(path)
+    return MatrixFactorization(data["users"], data["items"], data["ratings"], dtype=dtype,
+                               name=f"ratings:{path}")
+
+
+PROBLEMS = Registry("problem", "monsoon.problems", {
+    **dict(sorted(CATALOG.items())),
+    "libsvm": ProblemSpec("libsvm", _libsvm, "your svmlight / libsvm file: logistic regression "
+                          "for 0/1 or ±1 labels, else least squares", SPARSE_DEFAULTS,
+                          argument="PATH", argument_required=True),
+    "rcv1-like": ProblemSpec("rcv1-like", _rcv1_like, "synthetic sparse text classification "
+                             "shaped like RCV1", SPARSE_DEFAULTS,
+                             argument="rows=N,features=N,nnz=N,exponent=X,seed=N"),
+    "mf-synthetic": ProblemSpec("mf-synthetic", _mf_synthetic, "matrix factorization on planted "
+                                "rank-5 ratings", MF_DEFAULTS,
+                                argument="users=N,items=N,ratings=N,rank=N"),
+    "ratings": ProblemSpec("ratings", _ratings, "your rating file (user, item, rating rows), "
+                           "factored at rank 10", MF_DEFAULTS, argument="PATH",
+                           argument_required=True),
+})
+
+
+def problem_names() -> list[str]:
+    """The problems named without an argument."""
+    return sorted(n for n, s in PROBLEMS.all().items() if s.argument is None)
+
+
+def problem_spec(name: str) -> tuple[ProblemSpec, str]:
+    """The spec of ``name`` ("NAME" or "NAME:ARGUMENT") and its argument."""
+    base, _, arg = name.partition(":")
+    specs = PROBLEMS.all()
+    if base not in specs:
+        if PROBLEMS.broken(base):
+            PROBLEMS.get(base)  # raises, naming the plug-in that failed to load
+        valid = problem_names() + sorted(s.usage() for s in specs.values() if s.argument)
+        raise ConfigError(f"unknown problem {name!r}; choose one of: {', '.join(valid)}")
+    spec = specs[base]
+    if arg and spec.argument is None:
+        raise ConfigError(f"problem {base!r} takes no argument after ':'; use --problem {base}")
+    if spec.argument_required and not arg:
+        raise ConfigError(f"{base} needs a file: --problem {spec.usage()}")
+    return spec, arg
+
+
+def problem_defaults(name: str) -> dict:
+    """The training defaults (lr, batch size, budget) a named problem suggests."""
+    return dict(problem_spec(name)[0].defaults)
+
+
+def make_problem(name: str, dtype: str = "float32", **options) -> Problem:
+    """Build the named problem; ``options`` are the values of its spec's options."""
+    spec, arg = problem_spec(name)
+    values = option_values(spec, options)
+    problem = spec.build(arg, dtype=dtype, **values) if spec.argument else \
+        spec.build(dtype=dtype, **values)
+    problem.defaults = dict(spec.defaults)
     return problem
-
-
-def _build(name: str, dtype: str) -> Problem:
-    base, arg = _split(name)
-    if base == "libsvm":
-        from .files import load_svmlight
-        from .sparse_linear import SparseLinear
-
-        if not arg:
-            raise ConfigError("libsvm needs a file: --problem libsvm:PATH")
-        X, y, _ = load_svmlight(arg, dtype=dtype)
-        if set(np.unique(y)) <= {-1.0, 1.0} or set(np.unique(y)) <= {0.0, 1.0}:
-            y = (y > 0).astype(dtype)
-            return SparseLinear(X, y, "logistic", dtype=dtype, name=name)
-        return SparseLinear(X, y, "squared", dtype=dtype, name=name)
-    if base == "rcv1-like":
-        from .sparse_linear import rcv1_like
-
-        return rcv1_like(dtype=dtype, **_options(
-            arg, base, {"rows", "features", "nnz", "exponent", "noise", "seed", "lam"}))
-    if base == "mf-synthetic":
-        from .matrix_factorization import mf_synthetic
-
-        return mf_synthetic(dtype=dtype, **_options(
-            arg, base, {"users", "items", "ratings", "rank", "noise", "seed", "lam",
-                        "model_rank"}))
-    if base == "ratings":
-        from .files import load_ratings
-        from .matrix_factorization import MatrixFactorization
-
-        if not arg:
-            raise ConfigError("ratings needs a file: --problem ratings:PATH")
-        data = load_ratings(arg)
-        return MatrixFactorization(data["users"], data["items"], data["ratings"], dtype=dtype,
-                                   name=name)
-    return _entry(name).build(dtype=dtype)

@@ -27,11 +27,30 @@ from .torch_problem import TorchProblem
 
 
 @dataclass(frozen=True)
-class CatalogEntry:
+class ProblemSpec:
+    """A named problem: how to build it, the training defaults it suggests
+    (lr, batch size, budget), and the options it takes.
+
+    ``build(dtype=..., **option values)`` returns the Problem. A spec with
+    an ``argument`` (say "PATH") is named ``NAME:ARGUMENT`` and is built
+    with ``build(argument, dtype=..., ...)``. Other packages register specs
+    through the ``monsoon.problems`` entry-point group."""
     name: str
     build: callable
-    description: str
+    description: str = ""
     defaults: dict = field(default_factory=dict)
+    options: tuple = ()
+    argument: str | None = None   # what may follow "NAME:", for help and errors
+    argument_required: bool = False
+
+    def usage(self) -> str:
+        if self.argument is None:
+            return self.name
+        return f"{self.name}:{self.argument}" if self.argument_required \
+            else f"{self.name}[:{self.argument}]"
+
+
+CatalogEntry = ProblemSpec
 
 
 def _normal_init(module):

@@ -33,6 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..options import Option, at_least, in_range
+
 
 @dataclass(frozen=True)
 class UpdateInfo:
@@ -66,8 +68,27 @@ class Schedule:
         return self.lr * self.gamma ** math.floor(step / self.step_size)
 
 
+SCHEDULES = ("constant", "step")
+
+
 class Rule:
     name = "rule"
+    # Options every rule takes; a rule with its own adds them to these.
+    options = (
+        Option("lr_schedule", str, "constant", "constant, or step: lr * gamma^floor(t / step size)",
+               choices=SCHEDULES, label="lr schedule"),
+        Option("lr_gamma", float, 0.1, "step schedule: decay factor", check=in_range(0, 1, low_open=True)),
+        Option("lr_step_size", int, 1000, "step schedule: updates per decay", check=at_least(1)),
+        Option("staleness_lr", bool, False, "divide the learning rate by each update's staleness "
+               "(Zhang et al. 2016)"),
+    )
+
+    @classmethod
+    def from_options(cls, lr: float, lr_schedule="constant", lr_gamma=0.1, lr_step_size=1000,
+                     staleness_lr=False, **own):
+        """The rule at learning rate ``lr`` with its options' values."""
+        return cls(Schedule(float(lr), lr_schedule, float(lr_gamma), int(lr_step_size)),
+                   staleness_lr=staleness_lr, **own)
 
     def __init__(self, schedule: Schedule, staleness_lr: bool = False):
         self.schedule = schedule

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..options import Option
 from .base import EmptyState, Rule, Schedule
 
 
@@ -31,6 +32,14 @@ class DCAdaptiveState(NamedTuple):
 
 class DCASGD(Rule):
     name = "dcasgd"
+    options = Rule.options + (
+        Option("dc_lambda", float, None, "dcasgd: lambda (default 0.04); dcasgd-a: lambda0 "
+               "(default 2)", check=lambda v: None if v >= 0 else "0 or more"),)
+
+    @classmethod
+    def from_options(cls, lr, dc_lambda=None, **common):
+        own = {} if dc_lambda is None else {"lam": dc_lambda}
+        return super().from_options(lr, **common, **own)
 
     def __init__(self, schedule: Schedule, lam: float = 0.04, **options):
         super().__init__(schedule, **options)

@@ -5,7 +5,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..options import Option
 from .base import Rule, Schedule
+
+MOMENTUM = Option("momentum", float, 0.9, "momentum coefficient",
+                  check=lambda v: None if 0 <= v < 1 else "in [0, 1)")
 
 
 class MomentumState(NamedTuple):
@@ -14,6 +18,7 @@ class MomentumState(NamedTuple):
 
 class Momentum(Rule):
     name = "momentum"
+    options = Rule.options + (MOMENTUM,)
 
     def __init__(self, schedule: Schedule, momentum: float = 0.9, **options):
         super().__init__(schedule, **options)

@@ -1,8 +1,12 @@
-"""Strategies: communication patterns written once as worker programs."""
+"""Strategies: communication patterns written once as worker programs.
+
+``STRATEGIES`` is the registry: monsoon's own by name, and other packages'
+through the ``monsoon.strategies`` entry-point group (see ``registry.py``).
+"""
 from __future__ import annotations
 
-from ..errors import ConfigError
-from .base import Strategy, WorkerJob
+from ..registry import Registry
+from .base import RunInfo, Strategy, WorkerJob
 from .batches import Budget
 from .downpour import Downpour
 from .easgd import EASGD
@@ -11,17 +15,17 @@ from .local_sgd import LocalSGD
 from .serial import Serial
 from .sync import Sync
 
-STRATEGIES = {"serial": Serial, "sync": Sync, "async": Downpour, "hogwild": Hogwild,
-              "local-sgd": LocalSGD, "easgd": EASGD}
+STRATEGIES = Registry("strategy", "monsoon.strategies", {
+    "serial": Serial, "sync": Sync, "async": Downpour, "hogwild": Hogwild,
+    "local-sgd": LocalSGD, "easgd": EASGD})
 
-__all__ = ["Strategy", "WorkerJob", "Budget", "make_strategy", "strategy_names", "STRATEGIES"]
+__all__ = ["Strategy", "WorkerJob", "RunInfo", "Budget", "make_strategy", "strategy_names",
+           "STRATEGIES"]
 
 
 def strategy_names() -> list[str]:
-    return list(STRATEGIES)
+    return STRATEGIES.names()
 
 
 def make_strategy(name: str, **options) -> Strategy:
-    if name not in STRATEGIES:
-        raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(strategy_names())}")
-    return STRATEGIES[name](**options)
+    return STRATEGIES.get(name)(**options)

@@ -25,8 +25,23 @@ class WorkerJob:
     kernel: bool = False  # the problem has a compiled per-example SGD loop the engine can run
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a component may need to know about the run it is built for."""
+    workers: int
+    lr: float
+    out: str | None = None
+    problem: object = None
+
+
 class Strategy:
     name = "strategy"
+    # The options this strategy takes (``monsoon.options.Option``); their
+    # values reach ``from_options`` by name.
+    options: tuple = ()
+    # True: the strategy always runs exactly one worker (the command line and
+    # ``compare`` then ignore --workers for it).
+    single_worker = False
     # True: workers compute on the server's parameters themselves (no Fetch);
     # False: each worker computes on a private copy that Fetch refreshes.
     shared_params = True
@@ -41,6 +56,13 @@ class Strategy:
     # Strategies with local steps (local SGD, EASGD): the rule each worker
     # applies to its private copy; the engine's rule then runs on the server.
     local_rule = None
+
+    @classmethod
+    def from_options(cls, run: RunInfo, rule, **values):
+        """The strategy and the rule the server applies. Most strategies
+        take their options as keyword arguments and apply ``rule`` on the
+        server; local SGD and EASGD apply it on each worker instead."""
+        return cls(**values), rule
 
     def program(self, job: WorkerJob):
         raise NotImplementedError

@@ -21,6 +21,7 @@ Invariant: with one worker and n_fetch = n_push = 1, this is serial SGD.
 import numpy as np
 
 from ..errors import ConfigError
+from ..options import Option, at_least
 from .base import Strategy, WorkerJob
 from .batches import shard_batches
 from .ops import Fetch, Gradient, LocalStep, Push
@@ -29,6 +30,16 @@ from .ops import Fetch, Gradient, LocalStep, Push
 class Downpour(Strategy):
     name = "async"
     shared_params = False
+    options = (
+        Option("n_fetch", int, 1, "steps between fetches of the parameters", check=at_least(1)),
+        Option("n_push", int, 1, "steps between pushes of the accrued gradient",
+               check=at_least(1)),
+    )
+
+    @classmethod
+    def from_options(cls, run, rule, n_fetch=1, n_push=1):
+        # between fetches a worker steps its own copy at the run's rate
+        return cls(n_fetch, n_push, local_lr=run.lr if n_fetch > 1 else 0.0), rule
 
     def __init__(self, n_fetch: int = 1, n_push: int = 1, local_lr: float = 0.0):
         if n_fetch < 1 or n_push < 1:

@@ -13,6 +13,7 @@ alpha = 0 the workers never interact (a test), and the centre stays put.
 Workers wait only on a shard's lock; a failed worker does not stop the rest.
 """
 from ..errors import ConfigError
+from ..options import Option, at_least, in_range
 from .base import Strategy, WorkerJob
 from .batches import shard_batches
 from .ops import Elastic, Fetch, Gradient, LocalApply
@@ -21,6 +22,22 @@ from .ops import Elastic, Fetch, Gradient, LocalApply
 class EASGD(Strategy):
     name = "easgd"
     shared_params = False
+    options = (
+        Option("easgd_alpha", float, None, "elastic force (default 0.9 / workers)",
+               check=in_range(0, 1)),
+        Option("easgd_tau", int, 4, "steps between exchanges with the centre",
+               check=at_least(1)),
+    )
+
+    @classmethod
+    def from_options(cls, run, rule, easgd_alpha=None, easgd_tau=4):
+        """Workers apply ``rule``; the server moves the centre by the
+        elastic differences (sgd at lr 1). alpha defaults to the paper's
+        beta = 0.9 shared by the workers."""
+        from ..rules import make_rule
+
+        alpha = 0.9 / run.workers if easgd_alpha is None else easgd_alpha
+        return cls(local_rule=rule, alpha=alpha, tau=easgd_tau), make_rule("sgd", 1.0)
 
     def __init__(self, local_rule=None, alpha: float = 0.1, tau: int = 4):
         if not 0 <= alpha <= 1:

@@ -20,14 +20,24 @@ once, so memory is read sequentially.
 
 Invariant: with one worker, Hogwild! IS serial SGD, update for update.
 """
+from ..options import Option, in_range
 from .base import Strategy, WorkerJob
 from .batches import block_permutation, slice_batches, split
 from .ops import Apply, Gradient, SGDPass
 
 
+BETA = Option("hogwild_beta", float, 0.9, "on problems with a compiled loop (sparse): step "
+              "size factor per epoch", flag="--beta", label="beta", check=in_range(0, 1, low_open=True))
+
+
 class Hogwild(Strategy):
     name = "hogwild"
     shared_params = True
+    options = (BETA,)
+
+    @classmethod
+    def from_options(cls, run, rule, hogwild_beta=0.9):
+        return cls(beta=hogwild_beta), rule
 
     def __init__(self, beta: float = 0.9):
         self.beta = beta

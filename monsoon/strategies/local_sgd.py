@@ -17,6 +17,7 @@ H = 1 and the outer sgd at lr 1, local SGD equals ``sync`` (float64, up to
 rounding: theta - (theta - lr g) is lr g to the last bit or two).
 """
 from ..errors import ConfigError
+from ..options import Option, at_least, positive
 from .base import Strategy, WorkerJob
 from .batches import global_batches, split
 from .ops import Average, Gradient, LocalApply
@@ -27,6 +28,27 @@ class LocalSGD(Strategy):
     shared_params = False
     needs_all_workers = True
     synchronous = True
+    options = (
+        Option("local_steps", int, 8, "steps between averages", check=at_least(1)),
+        Option("diloco", bool, False, "outer Nesterov step on the mean drift (DiLoCo)"),
+        Option("outer_lr", float, None, "outer learning rate (default 1, or 0.7 with --diloco)",
+               check=positive),
+        Option("outer_momentum", float, 0.9, "DiLoCo's outer momentum",
+               check=lambda v: None if 0 <= v < 1 else "in [0, 1)"),
+    )
+
+    @classmethod
+    def from_options(cls, run, rule, local_steps=8, diloco=False, outer_lr=None,
+                     outer_momentum=0.9):
+        """Workers apply ``rule`` to their copies; the server's rule is the
+        outer step: plain averaging, or DiLoCo's Nesterov step."""
+        from ..rules import make_rule
+
+        if diloco:
+            outer = make_rule("nesterov", outer_lr or 0.7, momentum=outer_momentum)
+        else:
+            outer = make_rule("sgd", outer_lr or 1.0)
+        return cls(local_rule=rule, local_steps=local_steps, diloco=diloco), outer
 
     def __init__(self, local_rule=None, local_steps: int = 8, diloco: bool = False):
         if local_steps < 1:

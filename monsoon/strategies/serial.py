@@ -13,6 +13,7 @@ from .hogwild import Hogwild
 
 class Serial(Hogwild):
     name = "serial"
+    single_worker = True
 
     def validate(self, workers, batch_size, n_examples):
         if workers != 1:

@@ -26,6 +26,7 @@ Invariants (each has a test): with N workers the parameters equal
 a seed makes runs bit-reproducible (the reduction is done in rank order).
 """
 from ..errors import ConfigError
+from ..options import Option, at_least
 from .base import Strategy, WorkerJob
 from .batches import global_batches, part_bounds
 from .ops import AllReduce, Gradient
@@ -36,6 +37,8 @@ class Sync(Strategy):
     shared_params = True
     needs_all_workers = True
     synchronous = True
+    options = (Option("backup_workers", int, 0, "extra workers; each step takes the first "
+                      "--workers gradients", check=lambda v: None if v >= 0 else "0 or more"),)
 
     def __init__(self, backup_workers: int = 0):
         if backup_workers < 0:

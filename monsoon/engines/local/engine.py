@@ -36,7 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
+from ...options import Option
 from ...strategies import WorkerJob
+from ..options import SHARDS, TIMEOUT
 from ..waiting import Aborted, wait_until
 from .inbox import Outbox, PipeInbox, QueueInbox
 from .runtime import WorkerRuntime
@@ -181,6 +183,18 @@ def _process_main(payload: bytes, locks, sync_lock, conn) -> None:
 
 class LocalEngine:
     name = "local"
+    virtual_time = False
+    options = (
+        Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
+               "a compiled GIL-free loop (sparse), else processes",
+               choices=("auto",) + BACKENDS),
+        TIMEOUT, SHARDS)
+
+    @classmethod
+    def from_options(cls, run, backend="auto", timeout=60.0, shards=None):
+        if backend == "auto":  # compiled loops release the GIL: threads share the data
+            backend = "threads" if hasattr(run.problem, "sgd_pass") else "processes"
+        return cls(backend=backend, timeout=timeout, shards=shards)
 
     def __init__(self, backend: str = "processes", timeout: float = 60.0,
                  start_timeout: float = 120.0, shards: int | None = None, poll_s: float = 0.02,
@@ -208,8 +222,9 @@ class LocalEngine:
             problem.prepare_kernel()
         shards = self.shards or min(workers, DEFAULT_MAX_SHARDS)
         shards = max(1, min(shards, w0.size))
-        inline = strategy.name == "serial"
+        inline = strategy.single_worker
         backend = "inline" if inline else self.backend
+        self.backend_used = backend
         ctx = mp.get_context("spawn") if backend == "processes" else None
         store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
                                backend=backend, mp_context=ctx,

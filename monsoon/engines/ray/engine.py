@@ -30,9 +30,11 @@ from collections import Counter
 import numpy as np
 
 from ...errors import ConfigError, WaitTimeout, WorkerError
+from ...options import Option
 from ...strategies import WorkerJob
 from ..local.engine import DEFAULT_MAX_SHARDS, EngineResult
 from ..local.store import shard_bounds
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from .shard import Shard, latest_checkpoint
 from .worker import RemoteWorker
 
@@ -49,6 +51,20 @@ def import_ray():
 
 class RayEngine:
     name = "ray"
+    virtual_time = False
+    backend_used = "actors"
+    options = (
+        Option("address", str, None, "join this Ray cluster (auto or HOST:PORT); default: start "
+               "a local Ray instance"),
+        TIMEOUT, SHARDS, CHECKPOINT_EVERY, RESUME,
+        Option("run_name", str, None, "names the actors monsoon-NAME-worker-K (default random)"),
+    )
+
+    @classmethod
+    def from_options(cls, run, address=None, timeout=60.0, shards=None, checkpoint_every=0,
+                     resume=None, run_name=None):
+        return cls(address=address, timeout=timeout, shards=shards, run_name=run_name,
+                   **checkpoint_paths(run.out, checkpoint_every, resume))
 
     def __init__(self, address: str | None = None, timeout: float = 60.0,
                  start_timeout: float = 120.0, shards: int | None = None,

@@ -19,6 +19,37 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ...errors import ConfigError
+from ...options import Option, at_least, in_range
+
+_NOT_NEGATIVE = lambda v: None if v >= 0 else "0 or more"  # noqa: E731
+
+# The delay model's options: keyword sim_X, flag --X (sim_bandwidth: --bandwidth).
+OPTIONS = (
+    Option("sim_compute_s", float, 1e-3, "seconds per gradient", flag="--compute-s",
+           label="compute time", check=_NOT_NEGATIVE),
+    Option("sim_compute_sigma", float, 0.0, "lognormal spread of compute time (0: constant)",
+           flag="--compute-sigma", label="compute sigma", check=_NOT_NEGATIVE),
+    Option("sim_straggler_p", float, 0.0, "probability that a step is --straggler-factor times "
+           "slower", flag="--straggler-p", label="straggler probability", check=in_range(0, 1)),
+    Option("sim_straggler_factor", float, 10.0, "how much slower a straggler is",
+           flag="--straggler-factor", label="straggler factor", check=at_least(1.0)),
+    Option("sim_slow_fraction", float, 0.0, "fraction of workers always --straggler-factor "
+           "times slower", flag="--slow-fraction", label="slow fraction", check=in_range(0, 1)),
+    Option("sim_latency_s", float, 0.0, "seconds per message, before bandwidth",
+           flag="--latency-s", label="latency", check=_NOT_NEGATIVE),
+    Option("sim_bandwidth", float, 0.0, "bytes per second per message (0: infinite)",
+           flag="--bandwidth", label="bandwidth", check=_NOT_NEGATIVE),
+    Option("sim_service_s", float, 0.0, "seconds a server shard spends on each request",
+           flag="--service-s", label="service time", check=_NOT_NEGATIVE),
+)
+
+
+def delay_model(sim_compute_s=1e-3, sim_compute_sigma=0.0, sim_straggler_p=0.0,
+                sim_straggler_factor=10.0, sim_slow_fraction=0.0, sim_latency_s=0.0,
+                sim_bandwidth=0.0, sim_service_s=0.0) -> "DelayModel":
+    """The delay model from its options' values."""
+    return DelayModel(sim_compute_s, sim_compute_sigma, sim_straggler_p, sim_straggler_factor,
+                      sim_slow_fraction, sim_latency_s, sim_bandwidth, sim_service_s)
 
 
 @dataclass(frozen=True)

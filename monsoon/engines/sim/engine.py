@@ -46,7 +46,9 @@ from ..local.engine import DEFAULT_MAX_SHARDS, EngineResult
 from ..local.store import shard_bounds
 from ..local.synchronous import replicates
 from ..reduce import finite, weighted_sum
-from .delays import DelayModel
+from ..options import SHARDS
+from .delays import OPTIONS as DELAY_OPTIONS
+from .delays import DelayModel, delay_model
 
 REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 
@@ -73,11 +75,17 @@ class _Worker:
 class SimEngine:
     name = "sim"
 
-    def __init__(self, delays: DelayModel | None = None, shards: int | None = None,
-                 timeout: float = 60.0, **_ignored):
+    virtual_time = True   # its clock is simulated: evaluating costs no time
+    options = (SHARDS,) + DELAY_OPTIONS
+
+    @classmethod
+    def from_options(cls, run, shards=None, **delays):
+        return cls(delay_model(**delays), shards)
+
+    def __init__(self, delays: DelayModel | None = None, shards: int | None = None):
         self.delays = delays or DelayModel()
         self.shards = shards
-        self.timeout = timeout  # unused: nothing waits in real time
+        self.backend_used = "virtual"
 
     def describe(self) -> dict:
         return {"engine": self.name, **{f"sim_{k}": v for k, v in self.delays.describe().items()}}

@@ -1,0 +1,28 @@
+"""Options several engines share: one declaration each, so ``--timeout``
+means the same on every engine that takes it."""
+from __future__ import annotations
+
+import os
+
+from ..errors import ConfigError
+from ..options import Option, at_least, positive
+
+TIMEOUT = Option("timeout", float, 60.0, "seconds any wait may last", check=positive)
+SHARDS = Option("shards", int, None, "parameter-server shards (default: workers, at most 8)",
+                check=at_least(1))
+CHECKPOINT_EVERY = Option("checkpoint_every", int, 0, "write checkpoints every K updates into "
+                          "OUT/checkpoints (0: none)",
+                          check=lambda v: None if v >= 0 else "0 or more")
+RESUME = Option("resume", str, None, "continue from the checkpoints of this run folder")
+
+
+def checkpoint_paths(out: str | None, checkpoint_every: int, resume: str | None) -> dict:
+    """``checkpoint_dir``, ``checkpoint_every`` and ``resume_dir`` for an
+    engine, from the run folder and the two options, checked."""
+    if checkpoint_every and not out:
+        raise ConfigError("--checkpoint-every needs a run folder (--out) to write to")
+    resume_dir = os.path.join(resume, "checkpoints") if resume else None
+    if resume_dir and not os.path.isdir(resume_dir):
+        raise ConfigError(f"--resume {resume}: no checkpoints folder there")
+    return {"checkpoint_dir": os.path.join(out, "checkpoints") if out and checkpoint_every else None,
+            "checkpoint_every": checkpoint_every, "resume_dir": resume_dir}

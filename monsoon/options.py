@@ -1,0 +1,121 @@
+"""Options that components declare next to their code.
+
+Every strategy, rule, engine and problem lists its settings as ``Option``
+objects in a class attribute ``options``. Everything else derives from that
+one declaration: the command line's flags (grouped by component in
+``--help``), the keyword arguments of ``monsoon.train``, the checks and
+their messages (which name the flag), ``config.json`` and the README's
+option tables (``monsoon/docs.py``).
+
+Invariants:
+
+- An option's ``name`` is its keyword in ``monsoon.train`` and its key in
+  ``config.json``; its ``flag`` (``--name-with-dashes`` unless given) is its
+  command-line spelling. Several components may declare the same option
+  only with the same ``Option`` object (one meaning, one default).
+- ``Option.value`` returns the checked value or raises ``ConfigError`` with
+  one line that names the flag: ``--n-push must be a whole number of at
+  least 1, got 0``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True, eq=False)
+class Option:
+    name: str
+    type: type = float        # int, float, str or bool (a bool is an on/off switch)
+    default: object = None
+    help: str = ""
+    flag: str | None = None   # default: --name-with-dashes
+    check: Callable | None = None   # value -> None if fine, else what it must be
+    choices: tuple | None = None
+    label: str | None = None  # how messages call it (default: the name, in words)
+
+    @property
+    def cli(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def words(self) -> str:
+        return self.label or self.name.replace("_", " ")
+
+    def value(self, raw):
+        """``raw`` converted to this option's type and checked."""
+        if raw is None:
+            return None
+        value = self._convert(raw)
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"unknown {self.words} {value!r}; choose one of: "
+                              f"{', '.join(map(str, self.choices))} ({self.cli})")
+        if self.check is not None:
+            need = self.check(value)
+            if need:
+                raise ConfigError(f"{self.words} must be {need}, got {raw!r}; fix {self.cli}")
+        return value
+
+    def _convert(self, raw):
+        kind = self.type
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            raise ConfigError(f"{self.words} is a switch: pass True or False, not {raw!r} ({self.cli})")
+        if kind is int:
+            if isinstance(raw, bool) or not isinstance(raw, int):
+                if isinstance(raw, float) and raw.is_integer():
+                    return int(raw)
+                raise ConfigError(f"{self.words} must be a whole number, got {raw!r}; fix {self.cli}")
+            return raw
+        if kind is float:
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                raise ConfigError(f"{self.words} must be a number, got {raw!r}; fix {self.cli}")
+            if math.isnan(raw):
+                raise ConfigError(f"{self.words} must be a number, got nan; fix {self.cli}")
+            return float(raw)
+        if not isinstance(raw, kind):
+            raise ConfigError(f"{self.words} must be a {kind.__name__}, got {raw!r}; fix {self.cli}")
+        return raw
+
+    def describe_default(self) -> str:
+        if self.type is bool:
+            return "off" if not self.default else "on"
+        return "—" if self.default is None else str(self.default)
+
+
+# -- checks: each returns None when the value is fine, else what it must be --
+
+def at_least(low) -> Callable:
+    whole = isinstance(low, int)
+
+    def check(v):
+        if not v >= low:
+            return f"a whole number of at least {low}" if whole else f"at least {low}"
+        return None
+    return check
+
+
+def positive(v) -> str | None:
+    return None if v > 0 and math.isfinite(v) else "positive"
+
+
+def in_range(low, high, *, low_open: bool = False) -> Callable:
+    def check(v):
+        ok = (low < v if low_open else low <= v) and v <= high
+        return None if ok else f"in {'(' if low_open else '['}{low}, {high}]"
+    return check
+
+
+def declared(component) -> tuple[Option, ...]:
+    """The options a component (a class or a spec) declares."""
+    return tuple(getattr(component, "options", ()) or ())
+
+
+def option_values(component, given: dict) -> dict:
+    """Every option of ``component``: the given value (checked) or its default."""
+    return {o.name: o.value(given[o.name]) if given.get(o.name) is not None else o.default
+            for o in declared(component)}

@@ -1,0 +1,99 @@
+"""One registry per kind of component, open to other packages.
+
+monsoon's own strategies, rules, engines and problems are registered by
+name in their folders. Another package adds its own through a Python entry
+point, the convention pytest and others use, in its ``pyproject.toml``::
+
+    [project.entry-points."monsoon.strategies"]
+    ssp = "my_package.ssp:StaleSynchronous"
+
+The groups are ``monsoon.strategies``, ``monsoon.rules``,
+``monsoon.engines`` and ``monsoon.problems``. Entry points are read the
+first time a registry is asked for its names, and again after
+``reload()``. A built-in name cannot be replaced; a plug-in that fails to
+import is reported when it is asked for, by name and entry point.
+"""
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+from .errors import ConfigError
+from .options import Option, declared
+
+
+class Registry:
+    def __init__(self, kind: str, group: str, builtins: dict):
+        self.kind = kind            # "strategy", "rule", "engine", "problem"
+        self.group = group
+        self._builtins = dict(builtins)
+        self._plugins: dict | None = None
+        self._broken: dict[str, str] = {}
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.kind}"
+
+    def reload(self) -> None:
+        """Read the entry points again (after installing a plug-in)."""
+        self._plugins = None
+
+    def _load(self) -> dict:
+        if self._plugins is None:
+            self._plugins, self._broken = {}, {}
+            for ep in entry_points(group=self.group):
+                if ep.name in self._builtins or ep.name in self._plugins:
+                    continue
+                try:
+                    component = ep.load()
+                except Exception as exc:  # noqa: BLE001 - named when asked for
+                    self._broken[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
+                    continue
+                if getattr(component, "name", None) in (None, "strategy", "rule", "engine"):
+                    try:
+                        component.name = ep.name
+                    except (AttributeError, TypeError):
+                        pass
+                self._plugins[ep.name] = component
+        return {**self._builtins, **self._plugins}
+
+    def all(self) -> dict:
+        return self._load()
+
+    def names(self) -> list[str]:
+        return list(self._load())
+
+    def broken(self, name: str) -> bool:
+        self._load()
+        return name in self._broken
+
+    def __contains__(self, name) -> bool:
+        return name in self._load()
+
+    def get(self, name: str):
+        components = self._load()
+        if name in components:
+            return components[name]
+        if name in self._broken:
+            raise ConfigError(f"the {self.kind} {name!r} could not be loaded ({self._broken[name]}); "
+                              "reinstall the package that provides it")
+        raise ConfigError(f"unknown {self.kind} {name!r}; choose one of: "
+                          f"{', '.join(self.names())}")
+
+    def takers(self, option: str) -> list[str]:
+        """Names of the components that declare ``option``."""
+        return [n for n, c in self._load().items() if any(o.name == option for o in declared(c))]
+
+    def options(self) -> dict[str, Option]:
+        """Every option a component of this kind declares, by name."""
+        found: dict[str, Option] = {}
+        for component in self._load().values():
+            for o in declared(component):
+                if found.setdefault(o.name, o) is not o and not _same(found[o.name], o):
+                    print(f"monsoon: warning: {self.kind} options named {o.name!r} differ; "
+                          f"the first one declared is used", file=sys.stderr)
+        return found
+
+
+def _same(a: Option, b: Option) -> bool:
+    return (a.cli, a.type, a.default) == (b.cli, b.type, b.default)
