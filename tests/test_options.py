@@ -1,0 +1,220 @@
+"""Components declare their options; third-party ones plug in (issue 11).
+
+The plug-in in ``tests/plugin_example`` is a real package: the fixture
+installs it with pip into a folder that it puts on the path, as an
+installed package would be, and its strategy, rule and problem are then
+found through their entry points.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.cli import build_parser, main
+from monsoon.config import registries
+from monsoon.docs import BEGIN, END, option_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "tests" / "plugin_example"
+
+
+def _reload():
+    for registry in registries().values():
+        registry.reload()
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory):
+    """The example plug-in, installed with pip into a site folder."""
+    site = tmp_path_factory.mktemp("site")
+    source = tmp_path_factory.mktemp("src") / "plugin"  # the build writes beside its source
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--no-build-isolation", "--no-index", "--target", str(site),
+                           str(source)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert list(site.glob("monsoon_example_plugin-*.dist-info/entry_points.txt"))
+    return site
+
+
+@pytest.fixture
+def plugin(plugin_site):
+    """The installed plug-in on sys.path, for this test only."""
+    site = plugin_site
+    sys.path.insert(0, str(site))
+    import importlib
+
+    importlib.invalidate_caches()
+    _reload()
+    yield site
+    sys.path.remove(str(site))
+    sys.modules.pop("monsoon_example_plugin", None)
+    _reload()
+
+
+def cli(site, *args, timeout=120):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    return subprocess.run([sys.executable, "-m", "monsoon", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+# -- third-party components ------------------------------------------------------
+
+def test_plugin_components_appear_in_help(plugin):
+    out = cli(plugin, "train", "--help").stdout
+    for text in ("clipped-sync", "--clip-norm", "signum", "--signum-beta", "noisy-line",
+                 "--noise"):
+        assert text in out, text
+    assert "strategy: clipped-sync" in out  # grouped under the component that takes it
+
+
+def test_plugin_components_run_from_the_cli_with_their_flags(plugin, tmp_path):
+    out = tmp_path / "run"
+    proc = cli(plugin, "train", "--problem", "noisy-line", "--noise", "0.3", "--strategy",
+               "clipped-sync", "--workers", "2", "--clip-norm", "0.5", "--rule", "signum",
+               "--signum-beta", "0.5", "--lr", "0.01", "--epochs", "1", "--out", str(out),
+               "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategy"] == "clipped-sync" and summary["rule"] == "signum"
+    assert summary["clip_norm"] == 0.5 and summary["problem"] == "noisy-line"
+    config = json.loads((out / "config.json").read_text())
+    assert config["noise"] == 0.3 and config["signum_beta"] == 0.5 and config["clip_norm"] == 0.5
+    assert config["server_rule"]["signum_beta"] == 0.5
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--strategy", "clipped-sync", "--clip-norm", "-1"], "clip norm must be positive, got -1.0; fix --clip-norm"),
+    (["--rule", "signum", "--signum-beta", "1.5"], "signum beta must be in [0, 1), got 1.5; fix --signum-beta"),
+    (["--problem", "noisy-line", "--noise", "-2"], "noise must be 0 or more, got -2.0; fix --noise"),
+])
+def test_plugin_options_refuse_bad_values_naming_the_flag(plugin, tmp_path, args, message):
+    proc = cli(plugin, "train", "--workers", "2", *args, "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"monsoon: error: {message}"
+    assert not (tmp_path / "x").exists()
+
+
+def test_plugin_components_through_monsoon_train_and_compare(plugin, tmp_path):
+    def run(strategy, **options):
+        return monsoon.train("noisy-line", strategy, 2, dtype="float64", epochs=1, lr=0.05,
+                             **options)
+
+    sync = run("sync", noise=0.2)
+    unbound = run("clipped-sync", noise=0.2, clip_norm=1e9)
+    np.testing.assert_allclose(unbound.params, sync.params, rtol=1e-12)
+    clipped = run("clipped-sync", noise=0.2, clip_norm=1e-3)
+    assert np.abs(clipped.params - sync.params).max() > 1e-3  # the clip bites
+    other_data = run("sync", noise=2.0)
+    assert other_data.summary["final_loss"] > 2 * sync.summary["final_loss"]
+    with pytest.raises(monsoon.ConfigError, match="fix --signum-beta"):
+        run("sync", rule="signum", signum_beta=-1.0)
+
+    comparison = monsoon.compare("noisy-line", "serial,clipped-sync", workers=2,
+                                 out=tmp_path / "cmp", epochs=1, clip_norm=0.5,
+                                 rule="signum", lr=0.01)
+    assert set(comparison.results) == {"serial", "clipped-sync"}
+    assert comparison.results["clipped-sync"].summary["clip_norm"] == 0.5
+    assert "| clipped-sync | 2 |" in (tmp_path / "cmp" / "report.md").read_text()
+
+
+def test_problem_option_is_refused_for_another_problem(plugin):
+    with pytest.raises(monsoon.ConfigError,
+                       match="--noise applies to --problem noisy-line only; --problem exp "
+                             "does not take it"):
+        monsoon.train("exp", "serial", noise=0.1)
+
+
+# -- options the chosen components do not take -----------------------------------
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"strategy": "sync", "n_push": 4},
+     "--n-push applies to --strategy async only; --strategy sync does not take it"),
+    ({"strategy": "serial", "momentum": 0.5},
+     "--momentum applies to --rule momentum, nesterov only; --rule sgd does not take it"),
+    ({"strategy": "sync", "address": "auto"},
+     "--address applies to --engine ray only; --engine local does not take it"),
+    ({"strategy": "async", "engine": "sim", "timeout": 5.0},
+     "does not take it"),
+])
+def test_an_option_no_chosen_component_takes_is_refused(kwargs, message):
+    strategy = kwargs.pop("strategy")
+    with pytest.raises(monsoon.ConfigError) as info:
+        monsoon.train("exp", strategy, 1 if strategy == "serial" else 2, epochs=1, **kwargs)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_refuses_an_engine_option_in_one_line(tmp_path):
+    code_and_err = _main(["train", "--problem", "digits", "--strategy", "sync", "--workers",
+                          "2", "--run-name", "x", "--out", str(tmp_path / "r")])
+    assert code_and_err == (2, "monsoon: error: --run-name applies to --engine ray only; "
+                               "--engine local does not take it")
+    assert not (tmp_path / "r").exists()
+
+
+def test_compare_refuses_only_what_no_strategy_takes(tmp_path):
+    result = monsoon.compare("exp", "serial,async", workers=2, out=tmp_path, epochs=1,
+                             n_push=2)
+    assert result.results["async"].summary["n_push"] == 2
+    with pytest.raises(monsoon.ConfigError, match="--n-push applies to --strategy async only; "
+                                                  "--strategy serial, sync does not take it"):
+        monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path / "b", epochs=1, n_push=2)
+
+
+def _main(argv):
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue().strip()
+
+
+# -- derived documentation ---------------------------------------------------------
+
+def _readme_tables() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
+
+
+def test_readme_option_tables_are_current():
+    assert _readme_tables() == option_tables(), \
+        "README.md's option tables are stale: run python -m monsoon.docs README.md"
+
+
+def test_readme_option_tables_match_train_help():
+    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    in_help = set(re.findall(r"(--[a-z][a-z-]*)", help_text)) - {"--help"}
+    in_readme = set(re.findall(r"`(--[a-z][a-z-]*)", _readme_tables())) - {"--strategies"}
+    assert in_help == in_readme
+
+
+def test_no_component_name_is_compared_in_config_cli_or_api():
+    names = [n for r in ("strategy", "rule", "engine") for n in registries()[r].names()]
+    alternatives = "|".join(re.escape(n) for n in names)
+    compared = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({alternatives})["']|"""
+                          rf"""["']({alternatives})["']\s*(==|!=)""")
+    for module in ("config.py", "cli.py", "api.py"):
+        source = (ROOT / "monsoon" / module).read_text()
+        assert not compared.search(source), (module, compared.search(source).group(0))
+
+
+def test_plugin_engine_runs_strategies_with_its_own_option(plugin):
+    serial = monsoon.train("exp", "serial", 1, epochs=2, dtype="float64")
+    one = monsoon.train("exp", "hogwild", 1, engine="round-robin", epochs=2, dtype="float64")
+    np.testing.assert_array_equal(one.params, serial.params)  # one worker: serial SGD exactly
+    two = monsoon.train("exp", "hogwild", 2, engine="round-robin", quantum=3, epochs=2)
+    assert two.summary["engine"] == "round-robin" and two.summary["updates"] == serial.summary["updates"]
+    assert two.summary["final_loss"] < serial.history[0]["loss"]
+    with pytest.raises(monsoon.ConfigError, match="round-robin engine runs serial and hogwild"):
+        monsoon.train("exp", "sync", 2, engine="round-robin", epochs=1)
+    with pytest.raises(monsoon.ConfigError, match="--quantum applies to --engine round-robin only"):
+        monsoon.train("exp", "hogwild", 2, quantum=3, epochs=1)
