@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from .config import resolve
 from .errors import TrainingDiverged
 from .problems import Problem
 from .record import Recorder, write_run_folder
+from .record.recorder import DIVERGED
 
 
 @dataclass
@@ -84,8 +86,11 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                          run['seed'], budget, recorder)
     finally:
         recorder.close()
-    final_loss = float(problem.loss(res.params))
-    recorder.add_row(res.wall_time_s, res.updates, res.examples, final_loss)
+    # The curve's snapshots are evaluated now, after the run, off its clock.
+    final = recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
+    final_loss = final["loss"]
+    if res.stopped is None and not math.isfinite(final_loss):
+        res.stopped = DIVERGED.format(loss=final_loss, updates=res.updates)
     summary = {
         "problem": run["problem"],
         "strategy": run["strategy"],

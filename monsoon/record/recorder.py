@@ -1,90 +1,128 @@
-"""The live record of a run: loss curve rows, progress bar, divergence watch.
+"""The record of a run: loss curve rows, progress bar, divergence watch.
 
-The engine calls ``record`` whenever ``due`` says so, with a snapshot of the
-parameters; the recorder evaluates the full-data objective (``problem.loss``,
-the same function for every strategy) and appends a row of ``metrics.csv``.
+The curve costs the run nothing it could notice. While the run goes, the
+engine calls ``record`` whenever ``due`` says so; that copies the
+parameters into a snapshot (a memcpy, plus a finite check by summation)
+and nothing else. ``finish`` evaluates every snapshot after the run, with
+the same full-data objective for every strategy (``problem.loss``, or
+``problem.evaluate`` where a problem reports more, such as accuracy), so
+evaluation never competes with the workers for the cores and serial and
+parallel runs are timed the same way.
+
 A row is due every 1/``evals`` of the example budget (and at least every
-1/``evals`` of the elapsed time), but never sooner than 20 times the cost of
-one evaluation after the last, so evaluating costs at most about 5% of the run.
+``min_interval_s``, or 1/``evals`` of the elapsed time). Snapshots are
+bounded: at most ``max_bytes`` in all; when the pool is full every other
+snapshot is dropped and the interval doubles, so a run of any length and any
+model size keeps an evenly spaced curve in bounded memory.
 
-A non-finite loss, or more dropped updates than applied ones, stops the run
-with advice.
+Non-finite parameters, or more dropped updates than applied ones, stop the
+run with advice; a non-finite loss found afterwards marks it diverged too.
 """
 from __future__ import annotations
 
 import math
 import sys
-import time
+
+import numpy as np
 
 COLUMNS = ("time_s", "updates", "examples", "epoch", "loss")
+DIVERGED = "diverged: the loss became {loss} after {updates} updates; lower the learning rate (--lr)"
 
 
 class Recorder:
     def __init__(self, problem, total_examples: int | None, target_loss: float | None = None,
                  evals: int = 100, min_interval_s: float = 0.5, progress: bool | None = None,
-                 label: str = "", cost_aware: bool = True):
+                 label: str = "", cost_aware: bool = True, max_bytes: int = 256 << 20):
         self.problem = problem
         self.n_examples = problem.n_examples
         self.total_examples = total_examples
         self.target_loss = target_loss
         self.evals = evals
         self.min_interval_s = min_interval_s
+        self.max_bytes = max_bytes
         self.rows: list[dict] = []
+        self.snapshots: list[tuple[float, int, int, np.ndarray]] = []
         self.time_to_target_s = None
         self.stop_reason = None
+        self._stride = 1.0  # grows (doubles) when the snapshot pool fills
         self._next = 0.0
         self._next_examples = 0
-        self._earliest = 0.0
-        self._eval_cost = 0.0
         self._bar = None
         self._progress = progress
         self._label = label
-        # False for virtual time (the sim engine): evaluating costs no time there
-        self.cost_aware = cost_aware
+        self.cost_aware = cost_aware  # kept for callers; snapshots cost no evaluation time
 
-    # -- life cycle -------------------------------------------------------
+    # -- during the run ----------------------------------------------------
     def start(self, params) -> None:
         self._open_bar()
         self._next = 0.0
         self.record(0.0, 0, 0, params)
 
     def due(self, now: float, examples: int) -> bool:
-        return (self.evals > 0 and now >= self._earliest
-                and (now >= self._next or examples >= self._next_examples))
+        return self.evals > 0 and (now >= self._next or examples >= self._next_examples)
+
+    def seconds_to_due(self, now: float, examples: int) -> float:
+        """How long until the next row is due, at the run's pace so far: an
+        engine's monitor may sleep that long without missing a row."""
+        if self.evals <= 0:
+            return math.inf
+        wait = self._next - now
+        if self.total_examples and examples > 0 and now > 0:
+            wait = min(wait, (self._next_examples - examples) * now / examples)
+        return max(wait, 0.0)
 
     def record(self, now: float, updates: int, examples: int, params, dropped: int = 0):
-        # CPU time, not wall time: the monitor shares the cores with busy
-        # workers, and a preempted evaluation is not an expensive one.
-        t = time.thread_time()
-        loss = float(self.problem.loss(params))
-        self._eval_cost = time.thread_time() - t
-        self.add_row(now, updates, examples, loss)
+        """Snapshot ``params`` (copied: the caller may go on writing them)."""
+        if self.evals > 0 or not self.snapshots:
+            self._keep(now, updates, examples, np.array(params, copy=True))
         evals = max(self.evals, 1)
-        if self.cost_aware:
-            self._earliest = now + max(20 * self._eval_cost, 1e-3)
-        self._next = now + max(self.min_interval_s, now / evals)
+        self._next = now + self._stride * max(self.min_interval_s, now / evals)
         if self.total_examples:
-            step = self.total_examples / evals
+            step = self._stride * self.total_examples / evals
             self._next_examples = (int(examples / step) + 1) * step
-        if not math.isfinite(loss):
-            self.stop_reason = (f"diverged: the loss became {loss} after {updates} updates; "
-                                "lower the learning rate (--lr)")
+        if not math.isfinite(float(np.sum(params, dtype=np.float64))):
+            self.stop_reason = DIVERGED.format(loss="nan", updates=updates)
         elif dropped > 100 and dropped > updates:
             self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
                                 f"dropped (only {updates} applied); lower the learning rate (--lr)")
+        if self._bar is not None:
+            self._bar.n = min(examples, self._bar.total or examples)
+            self._bar.refresh()
         return self.stop_reason
 
-    def add_row(self, now: float, updates: int, examples: int, loss: float) -> None:
+    def _keep(self, now, updates, examples, params) -> None:
+        self.snapshots.append((now, updates, examples, params))
+        if len(self.snapshots) > 2 and sum(s[3].nbytes for s in self.snapshots) > self.max_bytes:
+            first, *rest = self.snapshots
+            self.snapshots = [first] + rest[1::2]
+            self._stride *= 2
+
+    # -- after the run -----------------------------------------------------
+    def finish(self, now: float, updates: int, examples: int, params) -> dict:
+        """Evaluate every snapshot and the final parameters; returns the final row."""
+        for t, up, ex, w in self.snapshots:
+            self.add_row(t, up, ex, self.evaluate(w))
+        self.snapshots = []
+        final = self.evaluate(params)
+        self.add_row(now, updates, examples, final)
+        return self.rows[-1]
+
+    def evaluate(self, params) -> dict:
+        evaluate = getattr(self.problem, "evaluate", None)
+        if evaluate is not None:
+            return dict(evaluate(params))
+        return {"loss": float(self.problem.loss(params))}
+
+    def add_row(self, now: float, updates: int, examples: int, metrics) -> None:
+        if not isinstance(metrics, dict):
+            metrics = {"loss": float(metrics)}
+        loss = metrics["loss"]
         row = {"time_s": round(now, 6), "updates": updates, "examples": examples,
-               "epoch": round(examples / self.n_examples, 6), "loss": loss}
+               "epoch": round(examples / self.n_examples, 6), **metrics}
         self.rows.append(row)
         if (self.time_to_target_s is None and self.target_loss is not None
                 and math.isfinite(loss) and loss <= self.target_loss):
             self.time_to_target_s = now
-        if self._bar is not None:
-            self._bar.n = min(examples, self._bar.total or examples)
-            self._bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
-            self._bar.refresh()
 
     def close(self) -> None:
         if self._bar is not None:

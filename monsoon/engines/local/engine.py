@@ -9,11 +9,12 @@ Each worker process sets its torch thread count so that workers x threads
 
 The calling process is the monitor: it starts the workers and waits (with
 ``start_timeout``) until every one is ready, which is ``startup_s``; then it
-releases them together and, until they finish, evaluates the full loss on
-snapshots of the parameters, drives the progress bar, and watches for
-failure. Between looks it sleeps on the workers' pipes and process
-sentinels (``inbox.py``), so a message or a death wakes it at once; with no
-loss curve to record it looks only every ``idle_s`` otherwise. A worker
+releases them together and, until they finish, snapshots the parameters
+for the loss curve (the recorder evaluates them after the run), drives the
+progress bar, and watches for failure. Between looks it sleeps on the
+workers' pipes and process sentinels (``inbox.py``), so a message or a death
+wakes it at once; otherwise it sleeps until the next row is due at the
+run's pace so far, and at most ``idle_s``. A worker
 that raises or dies is named in ``failed_workers``; if the strategy needs
 all workers (sync) the others are aborted and the run fails with that
 worker's error. If no worker makes progress for twice ``timeout``
@@ -42,7 +43,8 @@ from ..options import SHARDS, TIMEOUT
 from ..waiting import Aborted, wait_until
 from .inbox import Outbox, PipeInbox, QueueInbox
 from .runtime import WorkerRuntime
-from .store import ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, START, ParameterStore
+from .store import (ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, SNAP_ASKED, SNAP_SERVED, START,
+                    ParameterStore)
 from .synchronous import replicates
 
 BACKENDS = ("processes", "threads")
@@ -197,14 +199,13 @@ class LocalEngine:
         return cls(backend=backend, timeout=timeout, shards=shards)
 
     def __init__(self, backend: str = "processes", timeout: float = 60.0,
-                 start_timeout: float = 120.0, shards: int | None = None, poll_s: float = 0.02,
+                 start_timeout: float = 120.0, shards: int | None = None,
                  idle_s: float = 1.0):
         self.backend = backend
         self.timeout = timeout
         self.start_timeout = start_timeout
         self.shards = shards
-        self.poll_s = poll_s    # how often the monitor looks, when rows can be due
-        self.idle_s = idle_s    # ... and when nothing is recorded (messages wake it)
+        self.idle_s = idle_s    # the longest the monitor sleeps (messages wake it sooner)
 
     def describe(self) -> dict:
         return {"engine": self.name, "backend": self.backend, "timeout_s": self.timeout}
@@ -351,16 +352,18 @@ class LocalEngine:
             recorder.start(store.params)
             t0 = time.perf_counter()
             store.control[START] = 1
-            snapshot = np.empty_like(store.params)
+            asked = False  # a snapshot request to a replicated step is pending
             last_progress, last_examples = time.monotonic(), -1
             while len(finished) < workers:
                 # Poll fast while the run is young (short runs still get a
                 # curve), then settle, so the monitor steals little CPU; with
                 # no curve to draw, sleep until a worker reports or dies.
-                if recorder.evals > 0:
-                    drain(0.002 if time.perf_counter() - t0 < 1.0 else self.poll_s)
-                else:
-                    drain(self.idle_s)
+                # Sleep until the next row is due (a worker's message or
+                # death wakes the monitor sooner): every wake-up preempts a
+                # worker, and its peers then wait for it at the barrier.
+                due_in = recorder.seconds_to_due(time.perf_counter() - t0, last_examples)
+                young = last_examples <= 0  # no pace known yet
+                drain(0.002 if young or asked else min(max(due_in, 0.001), self.idle_s))
                 check_dead()
                 if self._must_stop(strategy, failed, workers):
                     raise self._fail(failed, workers)
@@ -373,12 +376,26 @@ class LocalEngine:
                     # waited for) after ``timeout``; this catches the rest.
                     raise WaitTimeout(f"no worker made progress for {2 * self.timeout:g} s; "
                                       "raise --timeout if steps are genuinely that slow")
-                if recorder.due(now, ex):
-                    np.copyto(snapshot, store.params)
-                    reason = recorder.record(now, int(up), int(ex), snapshot, int(dropped))
-                    if reason is not None:
-                        stopped = reason
-                        store.abort()
+                if store.replicated and strategy.synchronous:
+                    # worker 0 holds the parameters; ask it for a copy at its
+                    # next step's end, and record it once it has answered
+                    control = store.control
+                    if asked and control[SNAP_SERVED] == control[SNAP_ASKED]:
+                        asked = False
+                        reason = recorder.record(now, int(up), int(ex), store.params, int(dropped))
+                    elif not asked and recorder.due(now, ex):
+                        asked = True
+                        control[SNAP_ASKED] += 1
+                        reason = None
+                    else:
+                        reason = None
+                elif recorder.due(now, ex):
+                    reason = recorder.record(now, int(up), int(ex), store.params, int(dropped))
+                else:
+                    reason = None
+                if reason is not None:
+                    stopped = reason
+                    store.abort()
             wall = time.perf_counter() - t0
             ex, up, dropped, late = store.totals()
             params = np.array(store.params, copy=True)

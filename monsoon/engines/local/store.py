@@ -20,7 +20,8 @@ Everything workers share lives in one ``SharedArrays`` block:
   (steps worker 0 has copied to ``params``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, each written by worker k only, so no lock is needed;
-- ``status[k]`` and ``control``: start, abort and life-cycle flags.
+- ``status[k]`` and ``control``: start, abort and life-cycle flags, and the
+  monitor's snapshot requests to a replicated step.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
@@ -40,8 +41,9 @@ from .memory import SharedArrays
 EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
 # sync columns
 STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
-# control columns
-START, ABORT = 0, 1
+# control columns: the start and abort flags; snapshot requests raised by the
+# monitor and the last one a replicated step served (see ``synchronous.py``)
+START, ABORT, SNAP_ASKED, SNAP_SERVED = 0, 1, 2, 3
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 
@@ -67,7 +69,7 @@ class ParameterStore:
                   "versions": ((shards,), "int64"),
                   "counters": ((workers, 4), "int64"),
                   "status": ((workers,), "int64"),
-                  "control": ((2,), "int64"),
+                  "control": ((4,), "int64"),
                   "sync": ((5,), "int64"),
                   "contributors": ((workers,), "int64"),
                   "slot_examples": ((workers,), "int64")}

@@ -21,9 +21,10 @@ a worker writes its slot, raises its own arrival counter, and waits for
 everyone's. The slots are double-buffered by step parity (a worker can only
 be one step ahead of the slowest reader). Summing in rank order makes the
 replicas bit-identical; worker 0 publishes its replica to the shared
-parameters after every step when the monitor records a loss curve, else
-once, at the end; then every other worker checks that its replica equals
-the published one.
+parameters at the end of a step only when the monitor asked for a snapshot
+(``control[SNAP_ASKED]``, answered in ``control[SNAP_SERVED]``), and once
+at the end; then every other worker checks that its replica equals the
+published one.
 Where a step's compute is tens of microseconds (seed 001's 1-16-1 net),
 dropping the two barriers took sync x2 from 1.41x to 1.26x serial's time
 per step (``bench/seed_overhead.py``). Computing the equal-weight mean and
@@ -43,7 +44,8 @@ import numpy as np
 from ...rules import UpdateInfo
 from ..reduce import WeightedMean, finite, weighted_sum
 from ..waiting import wait_until
-from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, LATE, REDUCED, STEP, UPDATES)
+from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, LATE, REDUCED, SNAP_ASKED, SNAP_SERVED,
+                    STEP, UPDATES)
 
 # x86 keeps stores in order (TSO), so a counter seen raised implies the slot
 # writes before it are visible; weaker CPUs (ARM) need the lock as a fence.
@@ -112,6 +114,7 @@ class ReplicatedStep(_Step):
         self.state = type(store.state)(*(aligned_copy(a) for a in store.state))
         acc, tmp = aligned_copy(store.params), aligned_copy(store.params)
         self.arrivals = store.arrivals
+        self.control = store.control
         self.others = [k for k in range(self.workers) if k != self.rank]
         # Per step parity: this worker's slot, everyone's slots and examples,
         # the mean (compiled for equal weights, WeightedMean otherwise).
@@ -157,8 +160,12 @@ class ReplicatedStep(_Step):
             rt.counters[UPDATES if ok else DROPPED] += 1
             if ok:
                 rt.staleness[0] += 1
-            if rt.live:  # the monitor may snapshot the parameters now
+            control = self.control
+            asked = control[SNAP_ASKED]
+            if rt.live and asked != control[SNAP_SERVED]:
+                # the monitor asked for a snapshot: publish, then say so
                 self._publish_params(target)
+                self._publish(control, SNAP_SERVED, asked)
         self.step = target
         rt._grad_out = self.slot[target & 1]  # the next gradient lands in the next slot
         return 0
@@ -171,8 +178,7 @@ class ReplicatedStep(_Step):
         if self.step == 0:
             return
         if self.rank == 0:
-            if not self.rt.live:
-                self._publish_params(self.step)
+            self._publish_params(self.step)
             return
         published = self.store.published
         self._wait(lambda: published[0] >= self.step, f"worker 0 to publish step {self.step}")

@@ -1,0 +1,93 @@
+"""The loss curve is recorded from snapshots and evaluated after the run."""
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.problems import make_problem
+from monsoon.record import Recorder
+
+
+def counting(problem):
+    """Make a real problem's ``loss`` note whether the run was over when it ran."""
+    inner = problem.loss
+    problem.during_run = problem.after_run = 0
+    problem.run_over = False
+
+    def loss(w):
+        if problem.run_over:
+            problem.after_run += 1
+        else:
+            problem.during_run += 1
+        return inner(w)
+
+    problem.loss = loss
+    return problem
+
+
+@pytest.mark.parametrize("strategy,workers,backend", [
+    ("serial", 1, "processes"), ("sync", 2, "threads"), ("async", 2, "threads"),
+    ("hogwild", 2, "threads")])
+def test_no_evaluation_happens_while_the_run_goes(monkeypatch, strategy, workers, backend):
+    problem = counting(make_problem("linear"))
+    finish = Recorder.finish
+
+    def finish_marking(self, *args):
+        problem.run_over = True
+        return finish(self, *args)
+
+    monkeypatch.setattr(Recorder, "finish", finish_marking)
+    result = monsoon.train(problem, strategy, workers, epochs=1, backend=backend, seed=0,
+                           progress=False, evals=20)
+    assert problem.during_run == 0
+    assert problem.after_run == len(result.history) >= 5
+    losses = [row["loss"] for row in result.history]
+    assert losses[-1] < losses[0] / 10
+    assert result.summary["final_loss"] == losses[-1]
+    assert all(a["examples"] <= b["examples"] for a, b in zip(result.history, result.history[1:]))
+
+
+def test_replicated_sync_serves_snapshots_on_request():
+    result = monsoon.train("exp", "sync", 2, steps=2000, seed=0, progress=False, evals=50)
+    assert result.summary["sync_step"] == "replicated"
+    rows = result.history
+    assert len(rows) >= 20
+    # every snapshot is a real step's parameters: the curve falls, and the
+    # final row is the final parameters' loss
+    assert rows[-1]["loss"] < rows[0]["loss"] / 5
+    assert rows[-1]["loss"] == result.summary["final_loss"]
+    assert len({row["updates"] for row in rows}) == len(rows)
+
+
+def test_snapshot_pool_is_bounded_and_stays_evenly_spread():
+    problem = make_problem("linear")
+    w = problem.initial_params(0)
+    budget = 20 * w.nbytes
+    rec = Recorder(problem, total_examples=10_000, evals=1000, max_bytes=budget, progress=False)
+    rec.start(w)
+    for i in range(1, 10_001):
+        if rec.due(i * 1e-3, i):
+            rec.record(i * 1e-3, i, i, w + i)
+    assert sum(s[3].nbytes for s in rec.snapshots) <= budget + w.nbytes
+    kept = [s[2] for s in rec.snapshots]
+    assert kept[0] == 0 and len(kept) >= 8
+    gaps = np.diff(kept[1:])
+    assert gaps.max() <= 2.5 * np.median(gaps)
+    rec.finish(10.0, 10_000, 10_000, w)
+    assert len(rec.rows) == len(kept) + 1 and not rec.snapshots
+
+
+def test_snapshots_are_copies():
+    problem = make_problem("linear")
+    w = problem.initial_params(0)
+    rec = Recorder(problem, total_examples=100, evals=10, progress=False)
+    rec.start(w)
+    loss0 = problem.loss(w)
+    w += 100.0
+    rec.finish(1.0, 1, 100, w)
+    assert rec.rows[0]["loss"] == loss0 != rec.rows[1]["loss"]
+
+
+def test_non_finite_parameters_stop_the_run_as_diverged():
+    with pytest.raises(monsoon.TrainingDiverged, match="lower the learning rate"):
+        monsoon.train("linear", "sync", 2, epochs=2, lr=1e6, backend="threads", seed=0,
+                      progress=False)
