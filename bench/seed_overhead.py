@@ -1,9 +1,13 @@
-"""Seed 001's problem (``exp``): time per step of ``sync`` with 2 workers over ``serial``.
+"""Seed 001's problem (``exp``): time per step of ``sync`` with 2 workers over ``serial``,
+as a user gets it: the CLI with its defaults (loss curve on, progress off as
+in a pipe), the issue's command line:
 
-Seed 001 found its data-parallel version "roughly twice as slow" as one CPU,
-and PyTorch DDP on gloo is 5.6x slower than serial on this problem. Target:
-monsoon's ratio <= 1.1. Start-up (spawning workers) is excluded from both,
-as DDP's process-group set-up would be; time per step = wall time / updates.
+    monsoon train --problem exp --strategy serial|sync --workers 2 --lr 0.01 --steps 3000 --seed 0
+
+Seed 001 found its data-parallel version "roughly twice as slow" as one CPU.
+Target: monsoon's ratio <= 1.1 (median of interleaved pairs). Start-up
+(spawning workers) is excluded from both, as DDP's process-group set-up would
+be; time per step = the run's wall time / updates, from ``summary.json``.
 
     python bench/seed_overhead.py [--steps 3000] [--repeats 5]
 
@@ -13,10 +17,14 @@ their half-batch gradients and meet at a lock-free barrier, over one process
 computing the whole batch's. No data-parallel step can beat that ratio here.
 """
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
-import monsoon
 from bare_sync import bare_alone_us, bare_pair_us
 from common import interleave, median, report
 from ddp_peer import ddp_examples_per_s
@@ -39,9 +47,14 @@ def exp_data():
 
 
 def per_step_us(strategy: str, workers: int, steps: int) -> float:
-    run = monsoon.train("exp", strategy, workers, steps=steps, batch_size=BATCH, evals=0,
-                        seed=0, progress=False)
-    return 1e6 * run.summary["wall_time_s"] / run.summary["updates"]
+    """One CLI run with its defaults; us per step from its summary.json."""
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, "-m", "monsoon", "train", "--problem", "exp",
+                        "--strategy", strategy, "--workers", str(workers), "--lr", "0.01",
+                        "--steps", str(steps), "--seed", "0", "--out", out],
+                       check=True, stdout=subprocess.DEVNULL, timeout=600)
+        summary = json.loads((Path(out) / "summary.json").read_text())
+    return 1e6 * summary["wall_time_s"] / summary["updates"]
 
 
 def ddp_per_step_us(steps: int) -> float:
