@@ -1,0 +1,141 @@
+"""Sync across shapes: monsoon ``sync`` x2 against DDP (gloo) x2 and against one
+process using every core, on MLPs from 64 to 2048 wide with batches from 32 to
+1024, and a small CNN.
+
+Each shape runs the three side by side, interleaved, ``--repeats`` times:
+
+- monsoon ``sync`` with 2 workers, as ``monsoon.train`` runs it by default
+  (loss curve on), examples/s over the run's wall time (start-up excluded);
+- DDP on gloo, 2 processes with one torch thread each (``ddp_peer.py``);
+- the ceiling: one process, plain SGD, with one torch thread per core or
+  with one thread, whichever is faster on the shape.
+
+Printed per shape: the medians and the two ratios, sync/ceiling (target
+>= 0.9) and sync/DDP (target >= 1.1); then the worst shape of each.
+
+    python bench/sync_sweep.py [--repeats 3] [--quick]
+"""
+import argparse
+import functools
+import os
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+import monsoon
+from common import interleave, median, report
+from ddp_peer import ddp_examples_per_s
+
+N_EXAMPLES, LR = 8192, 0.01
+
+
+def mlp(width: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 10))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(nn.Unflatten(1, (1, 28, 28)),
+                         nn.Conv2d(1, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(512, 10))
+
+
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((N_EXAMPLES, 784)).astype(np.float32)
+    y = rng.integers(0, 10, N_EXAMPLES)
+    return X, y
+
+
+# name -> (model factory, batch, steps); steps sized for a few seconds a run here
+SHAPES = {
+    "mlp64-b32": (functools.partial(mlp, 64), 32, 1500),
+    "mlp256-b128": (functools.partial(mlp, 256), 128, 400),
+    "mlp512-b256": (functools.partial(mlp, 512), 256, 120),
+    "mlp1024-b512": (functools.partial(mlp, 1024), 512, 30),
+    "mlp2048-b1024": (functools.partial(mlp, 2048), 1024, 8),
+    "cnn-b128": (cnn, 128, 60),
+}
+
+
+def monsoon_sync(make_model, batch, steps) -> float:
+    X, y = data()
+    torch.manual_seed(0)
+    problem = monsoon.TorchProblem(make_model(), nn.CrossEntropyLoss(), X, torch.as_tensor(y),
+                                   name="sweep")
+    run = monsoon.train(problem, "sync", 2, steps=steps, batch_size=batch, lr=LR, seed=0,
+                        progress=False)
+    return run.summary["examples_per_s"]
+
+
+def ddp(make_model, batch, steps) -> float:
+    return ddp_examples_per_s(make_model, data, nn.CrossEntropyLoss(), batch, LR, steps)
+
+
+def ceiling(make_model, batch, steps) -> float:
+    """The best one process does: with one torch thread per core, or with one
+    thread where a small model's ops are too short to split."""
+    return max(one_process(make_model, batch, steps, threads)
+               for threads in sorted({1, os.cpu_count() or 1}))
+
+
+def one_process(make_model, batch, steps, threads: int, warmup: int = 3) -> float:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        X, y = data()
+        X, y = torch.from_numpy(X), torch.from_numpy(y)
+        torch.manual_seed(0)
+        model, loss_fn = make_model(), nn.CrossEntropyLoss()
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        rng = np.random.default_rng(0)
+        for i in range(steps + warmup):
+            if i == warmup:
+                t0 = time.perf_counter()
+            batch_idx = torch.from_numpy(rng.choice(N_EXAMPLES, batch, replace=False))
+            opt.zero_grad()
+            loss_fn(model(X[batch_idx]), y[batch_idx]).backward()
+            opt.step()
+        return steps * batch / (time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a quarter of the steps, 1 repeat")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset")
+    args = ap.parse_args()
+    repeats = 1 if args.quick else args.repeats
+    rows, extra = [], {}
+    worst_ceiling, worst_ddp = (None, np.inf), (None, np.inf)
+    for name in args.shapes.split(","):
+        make_model, batch, steps = SHAPES[name]
+        steps = max(4, steps // 4) if args.quick else steps
+        print(f"{name}:", flush=True)
+        times = interleave({"sync": lambda: monsoon_sync(make_model, batch, steps),
+                            "ddp": lambda: ddp(make_model, batch, steps),
+                            "ceiling": lambda: ceiling(make_model, batch, steps)}, repeats)
+        m = {k: median(v) for k, v in times.items()}
+        vs_ceiling, vs_ddp = m["sync"] / m["ceiling"], m["sync"] / m["ddp"]
+        spread = (min(times["sync"]) / m["ceiling"], max(times["sync"]) / m["ceiling"])
+        rows.append((f"{name} examples/s sync / DDP / ceiling",
+                     f"{m['sync']:.0f} / {m['ddp']:.0f} / {m['ceiling']:.0f}"))
+        rows.append((f"{name} sync/ceiling, sync/DDP",
+                     f"{vs_ceiling:.2f} (runs {spread[0]:.2f}-{spread[1]:.2f}), {vs_ddp:.2f}"))
+        extra[name] = {**times, "vs_ceiling": vs_ceiling, "vs_ddp": vs_ddp}
+        worst_ceiling = min(worst_ceiling, (name, vs_ceiling), key=lambda t: t[1])
+        worst_ddp = min(worst_ddp, (name, vs_ddp), key=lambda t: t[1])
+    rows.append(("worst sync/ceiling", f"{worst_ceiling[1]:.2f} ({worst_ceiling[0]})"
+                 "   (target >= 0.9)"))
+    rows.append(("worst sync/DDP", f"{worst_ddp[1]:.2f} ({worst_ddp[0]})   (target >= 1.1)"))
+    report(f"sync x2 vs DDP x2 vs one process ({os.cpu_count()} cores), median of {repeats}",
+           rows, extra)
+
+
+if __name__ == "__main__":
+    main()
