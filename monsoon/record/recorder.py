@@ -46,7 +46,13 @@ class Recorder:
     def start(self, params) -> None:
         self._open_bar()
         self._next = 0.0
-        self.record(0.0, 0, 0, params)
+        if not self.rows:  # a resumed run's curve already starts
+            self.record(0.0, 0, 0, params)
+
+    def resume(self, rows: list[dict]) -> None:
+        """Carry on a checkpointed run's curve: its rows come first."""
+        for row in rows:
+            self.add_row(row["time_s"], row["updates"], row["examples"], row["loss"])
 
     def due(self, now: float, examples: int) -> bool:
         return (self.evals > 0 and now >= self._earliest

@@ -20,7 +20,10 @@ Everything workers share lives in one ``SharedArrays`` block:
   (steps worker 0 has copied to ``params``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, each written by worker k only, so no lock is needed;
-- ``status[k]`` and ``control``: start, abort and life-cycle flags.
+- ``status[k]`` and ``control``: start, abort, stop and life-cycle flags;
+- ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
+  state of one step boundary, copied there by worker 0 for the
+  monitor to write out.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
@@ -40,8 +43,11 @@ from .memory import SharedArrays
 EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
 # sync columns
 STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
-# control columns
-START, ABORT = 0, 1
+# control columns: START and ABORT; STOP (the monitor asks synchronous
+# workers to stop at a step boundary), STOP_AT (the step they stop at, set
+# by the first worker to see STOP), CKPT_STEP (the step the checkpoint
+# buffer holds, 0: empty)
+START, ABORT, STOP, STOP_AT, CKPT_STEP = range(5)
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 
@@ -58,7 +64,8 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
 
 class ParameterStore:
     def __init__(self, w0: np.ndarray, rule: Rule, workers: int, shards: int,
-                 sync_slots: bool, backend: str, mp_context=None, replicated: bool = False):
+                 sync_slots: bool, backend: str, mp_context=None, replicated: bool = False,
+                 checkpoint_buffer: bool = False):
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
@@ -67,7 +74,7 @@ class ParameterStore:
                   "versions": ((shards,), "int64"),
                   "counters": ((workers, 4), "int64"),
                   "status": ((workers,), "int64"),
-                  "control": ((2,), "int64"),
+                  "control": ((5,), "int64"),
                   "sync": ((5,), "int64"),
                   "contributors": ((workers,), "int64"),
                   "slot_examples": ((workers,), "int64")}
@@ -82,6 +89,10 @@ class ParameterStore:
             layout["published"] = ((1,), "int64")
         elif sync_slots:
             layout["slots"] = ((workers, n), dtype)
+        if checkpoint_buffer:  # worker 0 copies a step's parameters here (synchronous.py)
+            layout["ckpt.params"] = ((n,), dtype)
+            for field, arr in zip(template._fields, template):
+                layout["ckpt.state." + field] = (arr.shape, str(arr.dtype))
         self.memory = SharedArrays(layout, in_process=(backend != "processes"))
         self.memory["params"][:] = w0
         for field, arr in zip(template._fields, template):
@@ -118,6 +129,11 @@ class ParameterStore:
             self.published = m["published"]
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
         self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
+        self.ckpt = None
+        if "ckpt.params" in m.arrays:
+            self.ckpt = {"params": m["ckpt.params"],
+                         "state": self.state_type(*(m["ckpt.state." + f]
+                                                    for f in self.state_type._fields))}
         readers = [m["reader." + f] for f in self.reader_type._fields]
         self.has_readers = bool(readers)
 
@@ -162,6 +178,6 @@ class ParameterStore:
     def close(self) -> None:
         for name in ("params", "versions", "counters", "status", "control", "sync",
                      "contributors", "slot_examples", "slots", "state", "shard_states",
-                     "rep_slots", "rep_examples", "arrivals", "published"):
+                     "rep_slots", "rep_examples", "arrivals", "published", "ckpt"):
             self.__dict__.pop(name, None)
         self.memory.close()
