@@ -1,0 +1,151 @@
+"""Checkpoints on the local and sim engines: written atomically, resumed bit
+for bit where the run is deterministic, and refused in one line when they
+are damaged or belong to another run (an older good one is then used)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.engines import checkpoints
+from monsoon.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cut_after(run_dir: Path, keep: int) -> list[Path]:
+    """Keep only the ``keep`` oldest checkpoints: as if the run died then."""
+    files = sorted((run_dir / "checkpoints").glob("ckpt-*.npz"))
+    for f in files[keep:]:
+        f.unlink()
+    return files[:keep]
+
+
+@pytest.mark.parametrize("strategy,workers,rule", [("serial", 1, "adam"), ("sync", 2, "momentum"),
+                                                   ("sync", 2, "adagrad")])
+def test_a_resumed_run_ends_bit_identical(tmp_path, strategy, workers, rule):
+    opts = dict(epochs=5, seed=0, rule=rule, evals=10)
+    whole = monsoon.train("exp", strategy, workers, out=tmp_path / "a", checkpoint_every=20,
+                          **opts)
+    kept = cut_after(tmp_path / "a", 1)
+    assert kept[0].name == "ckpt-000000000020.npz"
+    resumed = monsoon.train("exp", strategy, workers, out=tmp_path / "b",
+                            resume=str(tmp_path / "a"), **opts)
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+    assert resumed.summary["examples"] == whole.summary["examples"]
+    # the curve carries on: the rows before the checkpoint come first
+    assert resumed.history[0] == whole.history[0]
+    assert [r["updates"] for r in resumed.history] == sorted(r["updates"] for r in resumed.history)
+
+
+def test_sharded_sync_resumes_bit_identical(tmp_path):
+    opts = dict(epochs=1, seed=0, rule="adam", evals=0, batch_size=64)
+    whole = monsoon.train("digits", "sync", 2, out=tmp_path / "a", checkpoint_every=7, **opts)
+    assert whole.summary["sync_step"] == "sharded"
+    cut_after(tmp_path / "a", 1)
+    resumed = monsoon.train("digits", "sync", 2, resume=str(tmp_path / "a"), **opts)
+    assert np.array_equal(resumed.params, whole.params)
+
+
+@pytest.mark.parametrize("strategy", ["async", "hogwild", "local-sgd", "easgd"])
+def test_other_strategies_checkpoint_and_carry_on(tmp_path, strategy):
+    first = monsoon.train("exp", strategy, 2, epochs=6, seed=0, out=tmp_path / "a",
+                          checkpoint_every=30, timeout=20)
+    kept = cut_after(tmp_path / "a", 1)
+    meta = checkpoints.read(kept[0]).meta
+    assert meta["exact"] is False and len(meta["positions"]) == 2
+    resumed = monsoon.train("exp", strategy, 2, epochs=6, seed=0, resume=str(tmp_path / "a"),
+                            timeout=20)
+    # the budget is not done again: the resumed run does the rest of it
+    assert resumed.summary["examples"] == pytest.approx(first.summary["examples"], rel=0.15)
+    assert resumed.summary["final_loss"] < 2 * first.summary["final_loss"] + 0.05
+
+
+def test_only_the_newest_three_are_kept(tmp_path):
+    monsoon.train("exp", "serial", epochs=5, out=tmp_path, checkpoint_every=10)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*"))
+    assert names == ["ckpt-000000000060.npz", "ckpt-000000000070.npz", "ckpt-000000000080.npz"]
+
+
+def _good_run(tmp_path) -> Path:
+    monsoon.train("exp", "sync", 2, epochs=3, seed=0, out=tmp_path / "a", checkpoint_every=16,
+                  evals=0)
+    return tmp_path / "a"
+
+
+def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path):
+    run = _good_run(tmp_path)
+    newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
+    data = newest.read_bytes()
+    for tenth in range(10):
+        newest.write_bytes(data[:len(data) * tenth // 10])
+        with pytest.raises(checkpoints.CheckpointError) as info:
+            checkpoints.read(newest)
+        assert "corrupt or partial" in str(info.value) and "\n" not in str(info.value)
+    # a flipped byte in the middle: the zip's CRC catches it
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(damaged))
+    with pytest.raises(checkpoints.CheckpointError, match="corrupt or partial"):
+        checkpoints.read(newest)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_an_older_good_one(tmp_path, capsys):
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    files[-1].write_bytes(files[-1].read_bytes()[:1000])
+    resumed = monsoon.train("exp", "sync", 2, epochs=3, seed=0, resume=str(run), evals=0)
+    assert resumed.summary["resumed_from"] == str(files[-2])
+    err = capsys.readouterr().err
+    assert f"{files[-1]} is corrupt or partial" in err and files[-2].name in err
+    whole = monsoon.train("exp", "sync", 2, epochs=3, seed=0, evals=0)
+    assert np.array_equal(resumed.params, whole.params)
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    run = _good_run(tmp_path)
+    with pytest.raises(ConfigError, match="from another run: its problem is 'exp'"):
+        monsoon.train("parabola", "sync", 2, epochs=3, resume=str(run))
+    with pytest.raises(ConfigError, match="its workers is 2, this run's is 3"):
+        monsoon.train("exp", "sync", 3, epochs=3, resume=str(run))
+
+
+def test_wrong_shapes_are_refused_and_nothing_is_half_loaded(tmp_path):
+    run = _good_run(tmp_path)
+    newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
+    ckpt = checkpoints.read(newest)
+    arrays = dict(ckpt.arrays)
+    arrays["params"] = arrays["params"][:-1]
+    for f in (run / "checkpoints").glob("*.npz"):
+        f.unlink()
+    checkpoints.save(run / "checkpoints", 5, {k: v for k, v in ckpt.meta.items()
+                                              if k not in ("format", "version")}, arrays)
+    with pytest.raises(ConfigError, match=r"params has shape \(48,\).*needs \(49,\)"):
+        monsoon.train("exp", "sync", 2, epochs=3, seed=0, resume=str(run))
+
+
+def test_loading_unpickles_nothing(tmp_path):
+    path = tmp_path / "checkpoints" / "ckpt-000000000001.npz"
+    path.parent.mkdir()
+    np.savez(path, meta=np.array([{"format": "x"}], dtype=object))
+    with pytest.raises(checkpoints.CheckpointError, match="corrupt or partial"):
+        checkpoints.read(path)
+
+
+def test_the_command_line_refuses_a_bad_checkpoint_in_one_line(tmp_path):
+    run = _good_run(tmp_path)
+    for f in (run / "checkpoints").glob("*.npz"):
+        f.write_bytes(b"not a zip")
+    proc = subprocess.run([sys.executable, "-m", "monsoon", "train", "--strategy", "sync",
+                           "--epochs", "3", "--quiet", "--resume", str(run), "--out",
+                           str(tmp_path / "b")],
+                          capture_output=True, text=True, env={**os.environ,
+                                                               "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "corrupt or partial" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "b" / "summary.json").exists()
