@@ -157,3 +157,64 @@ def test_the_command_line_refuses_a_bad_checkpoint_in_one_line(tmp_path):
     assert proc.stderr.count("\n") == 1 and "corrupt or partial" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "b" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("strategy", ["sync", "async", "hogwild", "local-sgd", "easgd"])
+def test_sim_resumes_every_strategy_bit_identical(tmp_path, strategy):
+    opts = dict(engine="sim", steps=400, seed=3, evals=10, sim_compute_sigma=0.5,
+                sim_latency_s=1e-4)
+    whole = monsoon.train("logistic", strategy, 4, out=tmp_path / "a", checkpoint_every=40,
+                          **opts)
+    files = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    assert files
+    for f in files[1:]:
+        f.unlink()
+    resumed = monsoon.train("logistic", strategy, 4, resume=str(tmp_path / "a"), **opts)
+    assert resumed.summary["resumed_from"] == str(files[0])
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+    assert resumed.summary["wall_time_s"] == whole.summary["wall_time_s"]  # virtual time
+    for rank, copy in (whole.worker_params or {}).items():
+        assert np.array_equal(resumed.worker_params[rank], copy)
+
+
+def test_sim_refuses_a_checkpoint_its_replay_does_not_reproduce(tmp_path):
+    opts = dict(engine="sim", steps=200, seed=3, evals=0)
+    monsoon.train("logistic", "async", 4, out=tmp_path / "a", checkpoint_every=40, **opts)
+    newest = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))[-1]
+    ckpt = checkpoints.read(newest)
+    arrays = dict(ckpt.arrays)
+    arrays["params"] = arrays["params"] + 1
+    for f in (tmp_path / "a" / "checkpoints").glob("*.npz"):
+        f.unlink()
+    checkpoints.save(tmp_path / "a" / "checkpoints", 1, {k: v for k, v in ckpt.meta.items()
+                                                         if k not in ("format", "version")},
+                     arrays)
+    with pytest.raises(ConfigError, match="did not reproduce"):
+        monsoon.train("logistic", "async", 4, resume=str(tmp_path / "a"), **opts)
+
+
+@pytest.mark.parametrize("engine,problem,strategy,budget", [
+    ("local", "exp", "serial", {"epochs": 600}),
+    ("sim", "logistic", "async", {"steps": 30000}),
+])
+def test_sigterm_in_process_writes_the_folder_and_resumes_bit_identical(tmp_path, engine,
+                                                                        problem, strategy,
+                                                                        budget):
+    import json
+    import signal
+    import threading
+
+    from monsoon.errors import Interrupted
+
+    opts = dict(engine=engine, seed=0, evals=10, **budget)
+    workers = 1 if strategy == "serial" else 4
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(Interrupted) as info:
+        monsoon.train(problem, strategy, workers, out=tmp_path / "a", **opts)
+    assert info.value.exit_code == 143 and f"--resume {tmp_path / 'a'}" in str(info.value)
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["checkpoint"]
+    resumed = monsoon.train(problem, strategy, workers, resume=str(tmp_path / "a"), **opts)
+    whole = monsoon.train(problem, strategy, workers, **opts)
+    assert np.array_equal(resumed.params, whole.params)
