@@ -18,7 +18,8 @@ import numpy as np
 
 from . import __version__
 from .config import resolve
-from .errors import TrainingDiverged
+from .engines.lifecycle import StopSignals, signal_name
+from .errors import ConfigError, Interrupted, TrainingDiverged
 from .problems import Problem
 from .record import Recorder, write_run_folder
 from .record.recorder import DIVERGED
@@ -59,6 +60,18 @@ def staleness_stats(counts: Counter) -> dict:
     return {"mean": mean, "p50": quantile(0.5), "p99": quantile(0.99), "max": values[-1]}
 
 
+def check_writable(out: Path) -> None:
+    """The run folder can be created and written, before any worker starts."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".monsoon-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write the run folder {out}: {exc.strerror or exc}; "
+                          "choose another --out") from None
+
+
 def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
           raise_on_divergence: bool = True, **options) -> Result:
     """Train ``problem`` (a problem's name or a ``Problem``) with ``strategy``
@@ -73,6 +86,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                                                  resolved.strategy, resolved.budget,
                                                  resolved.engine)
     virtual = engine.virtual_time
+    if out is not None:
+        check_writable(Path(out))
 
     w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
     total = (budget.epochs * problem.n_examples if budget.epochs is not None
@@ -82,10 +97,12 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
     t_start = time.perf_counter()
     try:
-        res = engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
-                         run['seed'], budget, recorder)
+        with StopSignals():
+            res = engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
+                             run['seed'], budget, recorder)
     finally:
         recorder.close()
+    interrupted = getattr(res, "interrupted", None)
     # The curve's snapshots are evaluated now, after the run, off its clock.
     final = recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
     final_loss = final["loss"]
@@ -119,7 +136,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "shards": getattr(engine, "shards_used", None),
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,
-        "status": "diverged" if res.stopped else "finished",
+        "status": "interrupted" if interrupted else "diverged" if res.stopped else "finished",
         "total_time_s": time.perf_counter() - t_start,
         "monsoon_version": __version__,
     }
@@ -138,6 +155,14 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         full_config = {**resolved.config(), "server_rule": rule.describe(), **strat.describe(),
                        **engine.describe(), "problem_info": problem.describe()}
         result.run_dir = write_run_folder(Path(out), full_config, summary, recorder.rows)
+    if interrupted:
+        where = f"run folder {out}" if out is not None else "no run folder (give --out)"
+        hint = (f"; to carry on, run the same command with --resume {out}"
+                if out is not None and res.extra.get("checkpoint") else "")
+        err = Interrupted(f"interrupted by {signal_name(interrupted)} after {res.updates} "
+                          f"updates: {where}{hint}", interrupted, result.run_dir)
+        err.result = result
+        raise err
     if res.stopped and raise_on_divergence:
         err = TrainingDiverged(res.stopped + (f" (run folder: {out})" if out else ""))
         err.result = result

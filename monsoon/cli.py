@@ -18,7 +18,7 @@ import sys
 
 from . import __version__
 from .config import RUN_OPTIONS, registries
-from .errors import MonsoonError, TrainingDiverged
+from .errors import Interrupted, MonsoonError, TrainingDiverged
 from .options import Option, declared
 
 __all__ = ["main", "build_parser", "option_groups"]
@@ -169,6 +169,9 @@ def main(argv=None) -> int:
             _train(args)
         else:
             _compare(args)
+    except Interrupted as exc:  # the run folder and a checkpoint are written
+        print(f"monsoon: {exc}", file=sys.stderr)
+        return exc.exit_code
     except TrainingDiverged as exc:
         print(f"monsoon: {exc}", file=sys.stderr)
         return 1

@@ -19,3 +19,18 @@ class TrainingDiverged(MonsoonError, FloatingPointError):
 
 class WaitTimeout(MonsoonError, TimeoutError):
     """A wait (for a peer, a start signal or progress) ran past its timeout."""
+
+
+class Interrupted(MonsoonError):
+    """SIGTERM or SIGINT stopped the run. The run folder (``run_dir``) holds
+    what was recorded so far and a checkpoint to resume from; the command
+    line exits with ``exit_code`` (128 + the signal's number)."""
+
+    def __init__(self, message: str, signum: int, run_dir=None):
+        super().__init__(message)
+        self.signum = signum
+        self.run_dir = run_dir
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

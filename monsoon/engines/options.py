@@ -10,19 +10,19 @@ from ..options import Option, at_least, positive
 TIMEOUT = Option("timeout", float, 60.0, "seconds any wait may last", check=positive)
 SHARDS = Option("shards", int, None, "parameter-server shards (default: workers, at most 8)",
                 check=at_least(1))
-CHECKPOINT_EVERY = Option("checkpoint_every", int, 0, "write checkpoints every K updates into "
-                          "OUT/checkpoints (0: none)",
+CHECKPOINT_EVERY = Option("checkpoint_every", int, 1000, "write a checkpoint every K updates into "
+                          "OUT/checkpoints, when there is a run folder (0: only when "
+                          "interrupted)",
                           check=lambda v: None if v >= 0 else "0 or more")
 RESUME = Option("resume", str, None, "continue from the checkpoints of this run folder")
 
 
 def checkpoint_paths(out: str | None, checkpoint_every: int, resume: str | None) -> dict:
     """``checkpoint_dir``, ``checkpoint_every`` and ``resume_dir`` for an
-    engine, from the run folder and the two options, checked."""
-    if checkpoint_every and not out:
-        raise ConfigError("--checkpoint-every needs a run folder (--out) to write to")
+    engine, from the run folder and the two options, checked. With no run
+    folder there is nowhere to write checkpoints: ``checkpoint_dir`` is None."""
     resume_dir = os.path.join(resume, "checkpoints") if resume else None
     if resume_dir and not os.path.isdir(resume_dir):
         raise ConfigError(f"--resume {resume}: no checkpoints folder there")
-    return {"checkpoint_dir": os.path.join(out, "checkpoints") if out and checkpoint_every else None,
+    return {"checkpoint_dir": os.path.join(out, "checkpoints") if out else None,
             "checkpoint_every": checkpoint_every, "resume_dir": resume_dir}

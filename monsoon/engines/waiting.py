@@ -5,6 +5,7 @@ import os
 import time
 
 from ..errors import WaitTimeout
+from .lifecycle import parent_alive
 
 
 class Aborted(Exception):
@@ -22,7 +23,8 @@ HOT_TURNS = 256
 
 def wait_until(ready, timeout: float, aborted, what: str, spin: bool = True,
                hot_turns: int = 0) -> None:
-    """Return once ``ready()``; raise ``Aborted`` if ``aborted()``, and
+    """Return once ``ready()``; raise ``Aborted`` if ``aborted()`` (or the
+    monitor process has died), and
     ``WaitTimeout`` after ``timeout`` seconds.
 
     With ``spin`` (a core per worker), first spin for up to ``SPIN_S``:
@@ -42,7 +44,7 @@ def wait_until(ready, timeout: float, aborted, what: str, spin: bool = True,
         turns += 1
         if turns & 255 == 0 or not spin:
             now = time.monotonic()
-            if aborted():
+            if aborted() or not parent_alive():
                 raise Aborted()
             if now > deadline:
                 raise WaitTimeout(f"waited {timeout:g} s for {what}; a peer is stuck or dead "

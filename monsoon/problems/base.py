@@ -20,6 +20,29 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ..errors import ConfigError
+
+
+def check_finite(name: str, values, rows=None) -> None:
+    """Refuse data holding NaN or Inf, naming the first row that does.
+    ``values`` is an array (its first axis the rows), or a sparse matrix's
+    stored values with ``rows`` the matrix's ``indptr``."""
+    values = np.asarray(values)
+    if values.dtype.kind not in "fc" or values.size == 0:
+        return
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return
+    if rows is not None:
+        first = int(np.flatnonzero(bad)[0])
+        row, value = int(np.searchsorted(rows, first, side="right") - 1), values[first]
+    else:
+        by_row = bad.reshape(len(values), -1)
+        row = int(np.flatnonzero(by_row.any(axis=1))[0])
+        value = values.reshape(len(values), -1)[row][by_row[row]][0]
+    raise ConfigError(f"{name} row {row} holds {value}; NaN and Inf cannot be trained on: "
+                      "fix or remove that row")
+
 
 class Problem(ABC):
     name: str = "problem"

@@ -6,10 +6,14 @@
 - ratings (``user, item, rating[, timestamp]``), as MovieLens ships them:
   comma-, tab- or ``::``-separated, with an optional header line.
 
-A malformed line raises ``DataFileError`` naming the file and line number.
+A malformed line raises ``DataFileError`` naming the file and line number;
+so does a value that is not finite (NaN, Inf: it would make every loss NaN)
+and a feature index too large to allocate parameters for.
 """
 from __future__ import annotations
 
+import math
+import os
 import re
 from pathlib import Path
 
@@ -21,6 +25,27 @@ from ..errors import ConfigError
 
 class DataFileError(ConfigError):
     """A data file could not be read; the message names the file and line."""
+
+
+# A model holds several arrays of one float64 per feature (parameters, rule
+# state, gradients, snapshots): this many bytes per feature, at least.
+BYTES_PER_FEATURE = 32
+
+
+def max_features() -> int:
+    """The most features whose arrays fit in this machine's memory."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 1 << 36
+    return max(1, memory // BYTES_PER_FEATURE)
+
+
+def _finite(value: float, what: str, where: str) -> float:
+    if not math.isfinite(value):
+        raise DataFileError(f"{where}: {what} is {value}; NaN and Inf cannot be trained on: "
+                            "fix or remove this line")
+    return value
 
 
 def _open_lines(path):
@@ -35,6 +60,7 @@ def _open_lines(path):
 def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype="float64"):
     """Returns (X as CSR, y, qid or None)."""
     labels, qids, rows_idx, rows_val = [], [], [], []
+    limit = max_features()
     for number, raw in _open_lines(path):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -45,6 +71,7 @@ def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype=
             labels.append(float(tokens[0]))
         except ValueError:
             raise DataFileError(f"{where}: the label {tokens[0]!r} is not a number") from None
+        _finite(labels[-1], "the label", where)
         rest = tokens[1:]
         if rest and rest[0].startswith("qid:"):
             try:
@@ -63,6 +90,11 @@ def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype=
                 raise DataFileError(f"{where}: expected index:value, got {token!r}") from None
             if i < 0:
                 raise DataFileError(f"{where}: negative feature index {i}")
+            if i >= limit:
+                raise DataFileError(f"{where}: feature index {i} is too large: a model with "
+                                    f"{i + 1} features would need {i * BYTES_PER_FEATURE / 2**30:.3g}"
+                                    f" GiB; this machine fits at most {limit} features")
+            _finite(v, f"the value of feature {i}", where)
             if idx and i <= idx[-1]:
                 raise DataFileError(f"{where}: feature indices must increase ({idx[-1]} then {i})")
             idx.append(i)
@@ -114,6 +146,7 @@ def load_ratings(path):
             if number == 1 and not users:  # a header line
                 continue
             raise DataFileError(f"{path}:{number}: the rating {fields[2]!r} is not a number") from None
+        _finite(rating, "the rating", f"{path}:{number}")
         users.append(fields[0])
         items.append(fields[1])
         ratings.append(rating)

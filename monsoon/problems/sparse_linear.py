@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .base import SharedDataProblem
+from .base import SharedDataProblem, check_finite
 
 LOSSES = ("logistic", "hinge", "squared")
 
@@ -40,6 +40,8 @@ class SparseLinear(SharedDataProblem):
             raise ValueError(f"the L2 weight must be 0 or more, got {lam}")
         X = sp.csr_matrix(X, dtype=dtype)
         y = np.asarray(y, dtype=dtype).reshape(-1)
+        check_finite("X", X.data, rows=X.indptr)
+        check_finite("y", y)
         if X.shape[0] != len(y):
             raise ValueError(f"X has {X.shape[0]} rows but y has {len(y)} values: they must match")
         if shuffle:

@@ -23,7 +23,7 @@ import copy
 import numpy as np
 import torch
 
-from .base import Problem
+from .base import Problem, check_finite
 
 _TORCH_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float64}
 
@@ -46,6 +46,9 @@ class TorchProblem(Problem):
             raise ValueError(f"X has {len(X)} rows but y has {len(y)}: they must match")
         if len(X) == 0:
             raise ValueError("the training set is empty")
+        for name, data in (("X", X), ("y", y)):
+            if data.is_floating_point():
+                check_finite(name, data.detach().cpu().numpy())
         self.X = X.to(tdtype) if X.is_floating_point() else X
         self.y = y.to(tdtype) if y.is_floating_point() else y
         self.module = module.to(tdtype)

@@ -56,7 +56,15 @@ class Recorder:
     def start(self, params) -> None:
         self._open_bar()
         self._next = 0.0
-        self.record(0.0, 0, 0, params)
+        if not self.rows:  # a resumed run's curve already starts
+            self.record(0.0, 0, 0, params)
+
+    def resume(self, rows: list[dict]) -> None:
+        """Carry on a checkpointed run's curve: its rows come first."""
+        for row in rows:
+            self.add_row(row["time_s"], row["updates"], row["examples"],
+                         {k: v for k, v in row.items() if k not in ("time_s", "updates",
+                                                                     "examples", "epoch")})
 
     def due(self, now: float, examples: int) -> bool:
         return self.evals > 0 and (now >= self._next or examples >= self._next_examples)
@@ -98,11 +106,17 @@ class Recorder:
             self._stride *= 2
 
     # -- after the run -----------------------------------------------------
-    def finish(self, now: float, updates: int, examples: int, params) -> dict:
-        """Evaluate every snapshot and the final parameters; returns the final row."""
+    def settled_rows(self) -> list[dict]:
+        """The rows so far, with every snapshot evaluated: what a checkpoint
+        keeps (checkpoints are rare, so this evaluation is too)."""
         for t, up, ex, w in self.snapshots:
             self.add_row(t, up, ex, self.evaluate(w))
         self.snapshots = []
+        return self.rows
+
+    def finish(self, now: float, updates: int, examples: int, params) -> dict:
+        """Evaluate every snapshot and the final parameters; returns the final row."""
+        self.settled_rows()
         final = self.evaluate(params)
         self.add_row(now, updates, examples, final)
         return self.rows[-1]

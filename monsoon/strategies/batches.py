@@ -86,6 +86,23 @@ def _run(epoch_order, batch_size: int, budget: Budget, max_steps: int | None):
         epoch += 1
 
 
+def skip(batches, steps: int):
+    """``batches`` without its first ``steps`` (a resumed run's done steps)."""
+    for _ in range(steps):
+        if next(batches, None) is None:
+            break
+    return batches
+
+
+def batches_in(examples: int, per_epoch: int, batch_size: int) -> int:
+    """How many batches of a plan hold its first ``examples`` examples, when
+    each epoch gives it ``per_epoch`` examples in chunks of ``batch_size``."""
+    if per_epoch <= 0:
+        return 0
+    full, rest = divmod(int(examples), per_epoch)
+    return full * -(-per_epoch // batch_size) + -(-rest // batch_size)
+
+
 def global_batches(n: int, batch_size: int, seed: int, budget: Budget):
     return _run(lambda e: epoch_permutation(n, seed, e), batch_size, budget, budget.steps)
 

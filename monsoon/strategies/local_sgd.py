@@ -19,7 +19,7 @@ rounding: theta - (theta - lr g) is lr g to the last bit or two).
 from ..errors import ConfigError
 from ..options import Option, at_least, positive
 from .base import Strategy, WorkerJob
-from .batches import global_batches, split
+from .batches import global_batches, skip, split
 from .ops import Average, Gradient, LocalApply
 
 
@@ -58,9 +58,10 @@ class LocalSGD(Strategy):
         self.diloco = diloco
 
     def program(self, job: WorkerJob):
-        batches = global_batches(job.n_examples, job.batch_size, job.seed, job.budget)
+        batches = skip(global_batches(job.n_examples, job.batch_size, job.seed, job.budget),
+                       job.start_step)
         batch = next(batches, None)
-        steps = examples = 0
+        steps, examples = job.start_step, 0
         while batch is not None:
             mine = split(batch, job.workers, job.rank)
             if len(mine):

@@ -28,7 +28,7 @@ a seed makes runs bit-reproducible (the reduction is done in rank order).
 from ..errors import ConfigError
 from ..options import Option, at_least
 from .base import Strategy, WorkerJob
-from .batches import global_batches, part_bounds
+from .batches import global_batches, part_bounds, skip
 from .ops import AllReduce, Gradient
 
 
@@ -46,9 +46,8 @@ class Sync(Strategy):
         self.backup_workers = backup_workers
 
     def program(self, job: WorkerJob):
-        batches = global_batches(job.n_examples, job.batch_size, job.seed, job.budget)
-        for _ in range(job.start_step):  # resumed from a checkpoint
-            next(batches, None)
+        batches = skip(global_batches(job.n_examples, job.batch_size, job.seed, job.budget),
+                       job.start_step)  # resumed from a checkpoint
         # This worker's (start, stop) in a batch of each length (only an
         # epoch's last batch can be shorter): seed 001's steps take ~80 us,
         # so even split()'s arithmetic, done every step, showed.

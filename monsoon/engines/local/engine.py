@@ -20,6 +20,21 @@ all workers (sync) the others are aborted and the run fails with that
 worker's error. If no worker makes progress for twice ``timeout``
 seconds (a stuck barrier says so itself after ``timeout``), the run is
 aborted: nothing can hang forever.
+
+Nothing is lost, nothing is left behind:
+
+- every worker process asks the kernel to kill it when the monitor dies
+  (``lifecycle.py``: PR_SET_PDEATHSIG, and a parent check in every wait);
+- the shared-memory file is unlinked as soon as every worker has mapped it,
+  so the kernel frees it with the last process, however they end; the
+  locks are unnamed once their owner exits normally;
+- SIGTERM or SIGINT (``lifecycle.StopSignals``, installed by
+  ``monsoon.train``) makes the monitor stop the workers (synchronous ones at
+  a step boundary), write a final checkpoint and return what it has, with
+  ``interrupted`` set;
+- with a run folder, a checkpoint is written every ``checkpoint_every``
+  updates (``checkpointing.py``); ``resume_dir`` carries a run on from the
+  newest good one.
 """
 from __future__ import annotations
 
@@ -39,13 +54,16 @@ import numpy as np
 from ...errors import WaitTimeout, WorkerError
 from ...options import Option
 from ...strategies import WorkerJob
-from ..options import SHARDS, TIMEOUT
+from .. import checkpoints
+from ..lifecycle import StopSignals, signal_name, stop_requested, worker_started
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..waiting import Aborted, wait_until
+from .checkpointing import RunCheckpoints, exact_checkpoints
 from .inbox import Outbox, PipeInbox, QueueInbox
 from .runtime import WorkerRuntime
-from .store import (ABORTED, DONE, EXAMPLES, FAILED, READY, RUNNING, SNAP_ASKED, SNAP_SERVED, START,
-                    ParameterStore)
-from .synchronous import replicates
+from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, LATE, READY, RUNNING,
+                    SNAP_ASKED, SNAP_SERVED, START, STEP, STOP, UPDATES, ParameterStore)
+from .synchronous import Stopped, replicates
 
 BACKENDS = ("processes", "threads")
 # Parameter-server shards default to one per worker, up to this many.
@@ -66,6 +84,7 @@ class EngineResult:
     worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
     extra: dict = field(default_factory=dict)          # engine-specific summary fields
     stopped: str | None = None   # why the monitor stopped the run early, if it did
+    interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
 
 
 @dataclass
@@ -82,6 +101,23 @@ class WorkerSetup:
     start_timeout: float
     torch_threads: int
     live: bool  # the monitor snapshots the parameters during the run
+    checkpoint_every: int = 0      # synchronous steps between checkpoints
+    work0: np.ndarray | None = None  # a resumed private copy
+
+
+@dataclass
+class _Resume:
+    """Where a resumed run starts (a fresh run: at the beginning)."""
+    workers: int
+    start: list = None       # each worker's steps already done
+    time_s: float = 0.0      # run time before the checkpoint
+    private: dict = field(default_factory=dict)  # rank -> private copy
+    path: str | None = None
+
+    def __post_init__(self):
+        if self.start is None:
+            self.start = [0] * self.workers
+        self.private = {r: p for r, p in self.private.items() if p is not None}
 
 
 def torch_threads_per_worker(workers: int) -> int:
@@ -110,7 +146,9 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
     rank = setup.rank
     try:
         runtime = WorkerRuntime(rank, setup.workers, store, setup.problem, setup.rule,
-                                setup.strategy, setup.timeout, setup.live)
+                                setup.strategy, setup.timeout, setup.live,
+                                start_step=setup.job.start_step,
+                                checkpoint_every=setup.checkpoint_every, work0=setup.work0)
         program = setup.strategy.program(setup.job)
         store.status[rank] = READY
         wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
@@ -120,9 +158,14 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         store.status[rank] = DONE
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
         messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own}))
+    except Stopped:  # at a step boundary, as the monitor asked
+        runtime.on_stop()
+        store.status[rank] = ABORTED
+        messages.put(("stopped", rank, {"staleness": dict(runtime.staleness), "params": None}))
     except Aborted:
         store.status[rank] = ABORTED
-        messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": None}))
+        own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
+        messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -170,7 +213,8 @@ MAIN_HINT = ("; the problem refers to code in your script, which every worker pr
              "or use --backend threads")
 
 
-def _process_main(payload: bytes, locks, sync_lock, conn) -> None:
+def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> None:
+    worker_started(parent_pid)  # first: from now on this process dies with the monitor
     import pickle
 
     import torch
@@ -190,17 +234,22 @@ class LocalEngine:
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
                "a compiled GIL-free loop (sparse), else processes",
                choices=("auto",) + BACKENDS),
-        TIMEOUT, SHARDS)
+        TIMEOUT, SHARDS, CHECKPOINT_EVERY, RESUME)
 
     @classmethod
-    def from_options(cls, run, backend="auto", timeout=60.0, shards=None):
+    def from_options(cls, run, backend="auto", timeout=60.0, shards=None,
+                     checkpoint_every=CHECKPOINT_EVERY.default, resume=None):
         if backend == "auto":  # compiled loops release the GIL: threads share the data
             backend = "threads" if hasattr(run.problem, "sgd_pass") else "processes"
-        return cls(backend=backend, timeout=timeout, shards=shards)
+        return cls(backend=backend, timeout=timeout, shards=shards,
+                   **checkpoint_paths(run.out, checkpoint_every, resume))
 
     def __init__(self, backend: str = "processes", timeout: float = 60.0,
-                 start_timeout: float = 120.0, shards: int | None = None,
-                 idle_s: float = 1.0):
+                 start_timeout: float = 120.0, shards: int | None = None, idle_s: float = 1.0, checkpoint_dir: str | None = None,
+                 checkpoint_every: int = CHECKPOINT_EVERY.default, resume_dir: str | None = None):
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume_dir = resume_dir
         self.backend = backend
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -208,7 +257,8 @@ class LocalEngine:
         self.idle_s = idle_s    # the longest the monitor sleeps (messages wake it sooner)
 
     def describe(self) -> dict:
-        return {"engine": self.name, "backend": self.backend, "timeout_s": self.timeout}
+        return {"engine": self.name, "backend": self.backend, "timeout_s": self.timeout,
+                "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
     @staticmethod
     def uses_kernel(problem, rule, strategy, budget) -> bool:
@@ -226,75 +276,160 @@ class LocalEngine:
         inline = strategy.single_worker
         backend = "inline" if inline else self.backend
         self.backend_used = backend
+        # A compiled epoch pass is one op: no step boundary to checkpoint at.
+        exact = exact_checkpoints(strategy)
+        ck = RunCheckpoints(None if self.kernel else self.checkpoint_dir, self.checkpoint_every,
+                            self.resume_dir, checkpoints.identity(problem, strategy, rule, workers,
+                                                                  batch_size, seed), exact)
+        resumed = ck.load(rule, w0, workers)  # checked before anything starts
         ctx = mp.get_context("spawn") if backend == "processes" else None
         store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
                                backend=backend, mp_context=ctx,
-                               replicated=not inline and replicates(strategy, w0))
+                               replicated=not inline and replicates(strategy, w0),
+                               checkpoint_buffer=(exact and not inline and bool(ck.directory)
+                                                  and self.checkpoint_every > 0))
         self.shards_used = shards
+        resume = _Resume(workers)
+        if resumed is not None:
+            ck.restore(resumed, store)
+            resume = _Resume(workers, ck.positions(resumed, workers), resumed.meta["time_s"],
+                             {r: ck.private_copy(resumed, r) for r in range(workers)},
+                             str(resumed.path))
+            if strategy.synchronous:
+                store.sync[STEP] = resume.start[0]
+            recorder.resume(resumed.meta["rows"])
         try:
             if inline:
-                return self._run_inline(store, problem, rule, strategy, batch_size, seed,
-                                        budget, recorder)
-            with single_torch_thread():
-                return self._run_workers(store, ctx, problem, rule, strategy, workers,
-                                         batch_size, seed, budget, recorder)
+                res = self._run_inline(store, problem, rule, strategy, batch_size, seed,
+                                       budget, recorder, ck, resume)
+            else:
+                with single_torch_thread():
+                    res = self._run_workers(store, ctx, problem, rule, strategy, workers,
+                                            batch_size, seed, budget, recorder, ck, resume)
         finally:
             store.close()
+        res.wall_time_s += resume.time_s
+        if ck.last_path is not None:
+            res.extra["checkpoint"] = str(ck.last_path)
+        if resume.path:
+            res.extra["resumed_from"] = resume.path
+        return res
 
     # -- serial: in the calling thread --------------------------------------
-    def _run_inline(self, store, problem, rule, strategy, batch_size, seed, budget, recorder):
-        job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget, kernel=self.kernel)
+    def _run_inline(self, store, problem, rule, strategy, batch_size, seed, budget, recorder,
+                    ck, resume):
+        job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget,
+                        start_step=resume.start[0], kernel=self.kernel)
         runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
         recorder.start(store.params)
         clock = [time.perf_counter(), 0]  # start, ops so far
+        counters = store.counters[0]
+        every = self.checkpoint_every if ck.directory else 0
+
+        def steps_done() -> int:
+            return int(counters[UPDATES] + counters[DROPPED])
+
+        def next_due(steps: int):
+            return (steps // every + 1) * every if every else None
+
+        # ``watch``: the step count when a checkpoint or a stop became due;
+        # from then on every op looks for the next step boundary.
+        plan = {"next": next_due(steps_done()), "watch": None}
+
+        def boundary(steps: int) -> None:
+            now = time.perf_counter() - clock[0]
+            sig = stop_requested()
+            if sig or (plan["next"] is not None and steps >= plan["next"]):
+                ck.write(params=store.params, state=store.state, counters=store.counters.copy(),
+                         positions=[steps], time_s=resume.time_s + now,
+                         rows=recorder.settled_rows(), reason="interrupted" if sig else "periodic", exact=True)
+                plan["next"] = next_due(steps)
+            if sig:
+                raise Stopped()
+            near = plan["next"] is not None and steps + 8 >= plan["next"]
+            plan["watch"] = steps if near else None
 
         def between_ops():
             clock[1] += 1
+            watch = plan["watch"]
+            if watch is not None:
+                steps = steps_done()
+                if steps != watch:
+                    boundary(steps)
             if clock[1] & 7 == 0:
                 now = time.perf_counter() - clock[0]
                 ex = store.counters[:, EXAMPLES].sum()
-                if recorder.due(now, ex):
+                if recorder.due(resume.time_s + now, ex):
                     ex, up, dropped, late = store.totals()
-                    if recorder.record(now, int(up), int(ex), store.params, int(dropped)) is not None:
+                    if recorder.record(resume.time_s + now, int(up), int(ex), store.params,
+                                       int(dropped)) is not None:
                         store.abort()
                     # The clock stops while serial evaluates: parallel runs
                     # evaluate in the monitor, off the workers' clock.
                     clock[0] += time.perf_counter() - clock[0] - now
+                if plan["watch"] is None and not self.kernel:
+                    steps = steps_done()
+                    if stop_requested() or (plan["next"] is not None
+                                            and steps + 8 >= plan["next"]):
+                        plan["watch"] = steps
 
-        stopped = None
+        stopped = interrupted = None
         try:
             runtime.run(strategy.program(job), between_ops)
+        except Stopped:
+            interrupted = stop_requested()
+            stopped = f"interrupted by {signal_name(interrupted)}"
         except Aborted:
             stopped = recorder.stop_reason
         wall = time.perf_counter() - clock[0]
+        if self.kernel and stop_requested() and interrupted is None:
+            interrupted = stop_requested()
+            stopped = f"interrupted by {signal_name(interrupted)}"
         ex, up, dropped, late = store.totals()
         return EngineResult(np.array(store.params, copy=True), 0.0, wall, int(ex), int(up),
                             int(dropped), runtime.staleness, [], stopped=stopped,
-                            late_gradients=int(late))
+                            late_gradients=int(late), interrupted=interrupted)
 
     # -- parallel: processes or threads --------------------------------------
+    def _start_timeout(self, workers: int) -> float:
+        """Start-up grows with the processes each core must start (each
+        imports NumPy and torch: about a second of one core)."""
+        cores = os.cpu_count() or 1
+        if self.backend != "processes":
+            return self.start_timeout
+        if workers > 4 * cores:
+            print(f"monsoon: warning: {workers} worker processes on {cores} cores take a while "
+                  "to start and then share the cores; --backend threads, or fewer --workers, "
+                  "starts at once", file=sys.stderr)
+        return self.start_timeout * max(1.0, workers / (2 * cores))
+
     def _run_workers(self, store, ctx, problem, rule, strategy, workers, batch_size, seed,
-                     budget, recorder):
+                     budget, recorder, ck, resume):
         import copy
 
         t_begin = time.perf_counter()
         inbox = PipeInbox(ctx, workers) if ctx is not None else QueueInbox()
         handles = []
         needs_main = False
+        exact = ck.exact
+        start_timeout = self._start_timeout(workers)
         for rank in range(workers):
             job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
-                            kernel=self.kernel)
+                            start_step=resume.start[rank], kernel=self.kernel)
             setup = WorkerSetup(rank, workers, store, problem.for_worker(rank, workers),
                                 rule if ctx is not None else copy.deepcopy(rule),
-                                strategy, job, self.timeout, self.start_timeout,
-                                torch_threads_per_worker(workers), live=recorder.evals > 0)
+                                strategy, job, self.timeout, start_timeout,
+                                torch_threads_per_worker(workers), live=recorder.evals > 0,
+                                checkpoint_every=self.checkpoint_every if store.ckpt else 0,
+                                work0=resume.private.get(rank))
             if ctx is not None:
                 # Plain pickle, not multiprocessing's: torch's reducers would
                 # try to pass tensors as file descriptors.
                 payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
                 needs_main = b"__main__" in payload
                 h = ctx.Process(target=_process_main,
-                                args=(payload, store.locks, store.sync_lock, inbox.senders[rank]),
+                                args=(payload, store.locks, store.sync_lock, inbox.senders[rank],
+                                      os.getpid()),
                                 name=f"monsoon-worker-{rank}", daemon=True)
                 with _main_module_hidden(needs_main), _blas_threads(setup.torch_threads):
                     h.start()
@@ -307,20 +442,25 @@ class LocalEngine:
             h.start()
             handles.append(h)
         failed: dict[int, str] = {}
-        worker_params: dict[int, np.ndarray] = {}
+        worker_params: dict[int, np.ndarray] = dict(
+            (r, p) for r, p in resume.private.items() if p is not None)
         started_at = [None]
         staleness = Counter()
         finished: set[int] = set()
+        stopped_cleanly: set[int] = set()
+        wake = StopSignals.active.waitable() if StopSignals.active is not None else None
 
         def drain(block_s: float = 0.0):
-            for kind, rank, payload in inbox.receive(block_s, finished):
+            for kind, rank, payload in inbox.receive(block_s, finished, wake):
                 finished.add(rank)
                 if kind == "failed":
                     failed[rank] = payload
-                elif kind in ("done", "aborted"):
+                elif kind in ("done", "aborted", "stopped"):
                     staleness.update(payload["staleness"])
                     if payload["params"] is not None:
                         worker_params[rank] = payload["params"]
+                    if kind == "stopped":
+                        stopped_cleanly.add(rank)
 
         def check_dead():
             if ctx is None:
@@ -333,10 +473,27 @@ class LocalEngine:
                         hint = MAIN_HINT if started_at[0] is None and needs_main else ""
                         failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
 
-        stopped = None
+        n, every = problem.n_examples, self.checkpoint_every if ck.directory else 0
+
+        def snapshot(reason: str, now: float, private=None):
+            counters = store.counters.copy()
+            ck.write(params=np.array(store.params), state=store.state, counters=counters,
+                     positions=ck.snapshot_positions(strategy, counters, n, batch_size),
+                     time_s=resume.time_s + now, rows=recorder.settled_rows(), reason=reason,
+                     exact=False, private=private)
+
+        def exact_checkpoint(step: int, params, state, reason: str, now: float):
+            _, _, dropped, late = store.totals()
+            ck.write(params=params, state=state,
+                     counters=ck.exact_counters(step, workers, int(dropped), int(late), n,
+                                                batch_size),
+                     positions=[step] * workers, time_s=resume.time_s + now,
+                     rows=recorder.settled_rows(), reason=reason, exact=True)
+
+        stopped = interrupted = None
         try:
             # start-up: every worker imported, unpickled and ready
-            deadline = time.monotonic() + self.start_timeout
+            deadline = time.monotonic() + start_timeout
             while not all(store.status[r] == READY or r in finished for r in range(workers)):
                 drain()
                 check_dead()
@@ -344,9 +501,13 @@ class LocalEngine:
                     raise self._fail(failed, workers)
                 if len(finished) == workers:
                     break
+                if stop_requested():
+                    raise Aborted()
                 if time.monotonic() > deadline:
-                    raise WaitTimeout(f"workers did not start within {self.start_timeout:g} s")
+                    raise WaitTimeout(self._start_advice(workers, start_timeout))
                 time.sleep(0.005)
+            if ctx is not None:
+                store.memory.unlink()  # every worker has mapped it: the kernel frees it last
             startup = time.perf_counter() - t_begin
             started_at[0] = startup
             recorder.start(store.params)
@@ -354,6 +515,10 @@ class LocalEngine:
             store.control[START] = 1
             asked = False  # a snapshot request to a replicated step is pending
             last_progress, last_examples = time.monotonic(), -1
+            next_snapshot = None
+            if every and not exact:
+                next_snapshot = (int(store.totals()[1]) // every + 1) * every
+            stop_deadline = None
             while len(finished) < workers:
                 # Poll fast while the run is young (short runs still get a
                 # curve), then settle, so the monitor steals little CPU; with
@@ -361,44 +526,69 @@ class LocalEngine:
                 # Sleep until the next row is due (a worker's message or
                 # death wakes the monitor sooner): every wake-up preempts a
                 # worker, and its peers then wait for it at the barrier.
-                due_in = recorder.seconds_to_due(time.perf_counter() - t0, last_examples)
+                due_in = recorder.seconds_to_due(resume.time_s + time.perf_counter() - t0,
+                                                 last_examples)
                 young = last_examples <= 0  # no pace known yet
                 drain(0.002 if young or asked else min(max(due_in, 0.001), self.idle_s))
                 check_dead()
-                if self._must_stop(strategy, failed, workers):
+                sig = stop_requested()
+                if sig and interrupted is None:
+                    interrupted = sig
+                    stopped = f"interrupted by {signal_name(sig)}"
+                    if exact:  # at the next step boundary (synchronous.py)
+                        store.control[STOP] = 1
+                        stop_deadline = time.monotonic() + self.timeout
+                    else:
+                        store.abort()
+                if stop_deadline is not None and time.monotonic() > stop_deadline:
+                    store.abort()
+                    stop_deadline = None
+                if interrupted is None and self._must_stop(strategy, failed, workers):
                     raise self._fail(failed, workers)
                 now = time.perf_counter() - t0
                 ex, up, dropped, late = store.totals()
-                if ex != last_examples:
+                if ex != last_examples or interrupted is not None:
                     last_examples, last_progress = ex, time.monotonic()
                 elif time.monotonic() - last_progress > 2 * self.timeout:
                     # A backstop: a stuck barrier reports itself (and who it
                     # waited for) after ``timeout``; this catches the rest.
                     raise WaitTimeout(f"no worker made progress for {2 * self.timeout:g} s; "
                                       "raise --timeout if steps are genuinely that slow")
-                if store.replicated and strategy.synchronous:
+                if store.ckpt is not None and store.control[CKPT_STEP]:
+                    exact_checkpoint(int(store.control[CKPT_STEP]), store.ckpt["params"],
+                                     store.ckpt["state"], "periodic", now)
+                    store.control[CKPT_STEP] = 0  # the buffer is free again
+                elif next_snapshot is not None and up >= next_snapshot and interrupted is None:
+                    snapshot("periodic", now)
+                    next_snapshot = (int(up) // every + 1) * every
+                reason = None
+                at = resume.time_s + now
+                if interrupted is not None:
+                    pass
+                elif store.replicated and strategy.synchronous:
                     # worker 0 holds the parameters; ask it for a copy at its
                     # next step's end, and record it once it has answered
                     control = store.control
                     if asked and control[SNAP_SERVED] == control[SNAP_ASKED]:
                         asked = False
-                        reason = recorder.record(now, int(up), int(ex), store.params, int(dropped))
-                    elif not asked and recorder.due(now, ex):
+                        reason = recorder.record(at, int(up), int(ex), store.params, int(dropped))
+                    elif not asked and recorder.due(at, ex):
                         asked = True
                         control[SNAP_ASKED] += 1
-                        reason = None
-                    else:
-                        reason = None
-                elif recorder.due(now, ex):
-                    reason = recorder.record(now, int(up), int(ex), store.params, int(dropped))
-                else:
-                    reason = None
+                elif recorder.due(at, ex):
+                    reason = recorder.record(at, int(up), int(ex), store.params, int(dropped))
                 if reason is not None:
                     stopped = reason
                     store.abort()
             wall = time.perf_counter() - t0
             ex, up, dropped, late = store.totals()
             params = np.array(store.params, copy=True)
+            if interrupted is not None:
+                if not exact:
+                    snapshot("interrupted", wall, private=worker_params or None)
+                elif stopped_cleanly == set(range(workers)) - set(failed):
+                    step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
+                    exact_checkpoint(step, store.params, store.state, "interrupted", wall)
         except BaseException:
             store.abort()
             inbox.close()  # a worker still sending gets a broken pipe, not a wait
@@ -413,7 +603,13 @@ class LocalEngine:
             extra["sync_step"] = "replicated" if store.replicated else "sharded"
         return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
                             failed_list, stopped=stopped, late_gradients=int(late),
-                            worker_params=worker_params, extra=extra)
+                            worker_params=worker_params, extra=extra, interrupted=interrupted)
+
+    def _start_advice(self, workers: int, waited: float) -> str:
+        cores = os.cpu_count() or 1
+        return (f"{workers} worker processes did not start within {waited:g} s on {cores} "
+                f"cores; use fewer --workers (at most {2 * cores} start quickly here) or "
+                "--backend threads")
 
     @staticmethod
     def _must_stop(strategy, failed: dict, workers: int) -> bool:

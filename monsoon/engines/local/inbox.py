@@ -55,9 +55,10 @@ class PipeInbox:
         self.sentinels[rank] = process.sentinel
         self.senders[rank].close()
 
-    def receive(self, timeout: float, finished: set) -> list:
+    def receive(self, timeout: float, finished: set, wake=None) -> list:
         """The messages that arrive within ``timeout`` seconds (returning
-        early on the first message or death) from workers not ``finished``."""
+        early on the first message or death, or when ``wake``, a socket a
+        signal handler writes to, is readable) from workers not ``finished``."""
         watched = {}
         for rank, conn in enumerate(self.receivers):
             if rank not in finished:
@@ -67,7 +68,13 @@ class PipeInbox:
         if not watched:
             return []
         messages = []
-        for ready in wait(list(watched), timeout):
+        for ready in wait(list(watched) + ([wake] if wake is not None else []), timeout):
+            if ready is wake:
+                try:
+                    wake.recv(64)
+                except OSError:
+                    pass
+                continue
             if ready is self.receivers[watched[ready]]:
                 try:
                     messages.append(ready.recv())
@@ -87,7 +94,7 @@ class QueueInbox:
     def outbox(self, rank: int):
         return self.queue
 
-    def receive(self, timeout: float, finished: set) -> list:
+    def receive(self, timeout: float, finished: set, wake=None) -> list:
         messages = []
         try:
             messages.append(self.queue.get(timeout=timeout) if timeout > 0

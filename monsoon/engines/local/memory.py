@@ -71,18 +71,24 @@ class SharedArrays:
             self._map = mmap.mmap(f.fileno(), 0)
         self.arrays = self._views(self._offsets()[0])
 
-    def close(self) -> None:
-        """Unmap; the creating process also removes the file."""
-        self.arrays = {}
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:
-                pass  # a view is still alive somewhere; the OS unmaps at exit
-            self._map = None
+    def unlink(self) -> None:
+        """Remove the file now (the creator, once every worker has mapped
+        it): the kernel frees the memory with the last mapping, so nothing
+        is left in /dev/shm however the processes end."""
         if self._owner and self.path is not None:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
             self.path = None
+
+    def close(self) -> None:
+        """Unmap; the creating process also removes the file."""
+        self.arrays = {}
+        self.unlink()
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a view is still alive somewhere; the OS unmaps at exit
+            self._map = None

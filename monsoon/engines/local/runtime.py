@@ -36,8 +36,11 @@ from .synchronous import ReplicatedStep, ShardedStep
 
 class WorkerRuntime:
     def __init__(self, rank: int, workers: int, store: ParameterStore, problem, rule,
-                 strategy, timeout: float, live: bool = True):
+                 strategy, timeout: float, live: bool = True, start_step: int = 0,
+                 checkpoint_every: int = 0, work0: np.ndarray | None = None):
         self.rank = rank
+        self.start_step = start_step  # synchronous steps already done (a resumed run)
+        self.checkpoint_every = checkpoint_every
         self.workers = workers
         self.store = store
         self.problem = problem
@@ -58,6 +61,8 @@ class WorkerRuntime:
                 self._sync = ShardedStep(self)
                 self._grad_out = store.slots[rank]  # gradients land straight in the slot
             self.work = store.params if strategy.shared_params else np.array(store.params)
+            if work0 is not None and not strategy.shared_params:
+                np.copyto(self.work, work0)  # a resumed private copy
         self._others_at_read = 0
         # Gradients read parameters others are updating (Hogwild!): staleness
         # is counted from the read.
@@ -96,6 +101,11 @@ class WorkerRuntime:
             return
         finally:
             program.close()
+
+    def on_stop(self) -> None:
+        """The worker stopped at a step boundary (``synchronous.Stopped``)."""
+        if self._sync is not None:
+            self._sync.on_stop()
 
     def _updates_by_others(self) -> int:
         return int(self.store.counters[:, UPDATES].sum() - self.counters[UPDATES])

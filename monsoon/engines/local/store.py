@@ -20,8 +20,11 @@ Everything workers share lives in one ``SharedArrays`` block:
   (steps worker 0 has copied to ``params``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, each written by worker k only, so no lock is needed;
-- ``status[k]`` and ``control``: start, abort and life-cycle flags, and the
-  monitor's snapshot requests to a replicated step.
+- ``status[k]`` and ``control``: start, abort, stop and life-cycle flags, and the
+  monitor's snapshot requests to a replicated step;
+- ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
+  state of one step boundary, copied there by worker 0 for the
+  monitor to write out.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
@@ -41,9 +44,12 @@ from .memory import SharedArrays
 EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
 # sync columns
 STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
-# control columns: the start and abort flags; snapshot requests raised by the
-# monitor and the last one a replicated step served (see ``synchronous.py``)
-START, ABORT, SNAP_ASKED, SNAP_SERVED = 0, 1, 2, 3
+# control columns: START and ABORT; STOP (the monitor asks synchronous
+# workers to stop at a step boundary), STOP_AT (the step they stop at, set
+# by the first worker to see STOP), CKPT_STEP (the step the checkpoint
+# buffer holds, 0: empty); SNAP_ASKED (snapshot requests the monitor raised
+# for the loss curve) and SNAP_SERVED (the last one a replicated step served)
+START, ABORT, STOP, STOP_AT, CKPT_STEP, SNAP_ASKED, SNAP_SERVED = range(7)
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 
@@ -60,7 +66,8 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
 
 class ParameterStore:
     def __init__(self, w0: np.ndarray, rule: Rule, workers: int, shards: int,
-                 sync_slots: bool, backend: str, mp_context=None, replicated: bool = False):
+                 sync_slots: bool, backend: str, mp_context=None, replicated: bool = False,
+                 checkpoint_buffer: bool = False):
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
@@ -69,7 +76,7 @@ class ParameterStore:
                   "versions": ((shards,), "int64"),
                   "counters": ((workers, 4), "int64"),
                   "status": ((workers,), "int64"),
-                  "control": ((4,), "int64"),
+                  "control": ((7,), "int64"),
                   "sync": ((5,), "int64"),
                   "contributors": ((workers,), "int64"),
                   "slot_examples": ((workers,), "int64")}
@@ -84,6 +91,10 @@ class ParameterStore:
             layout["published"] = ((1,), "int64")
         elif sync_slots:
             layout["slots"] = ((workers, n), dtype)
+        if checkpoint_buffer:  # worker 0 copies a step's parameters here (synchronous.py)
+            layout["ckpt.params"] = ((n,), dtype)
+            for field, arr in zip(template._fields, template):
+                layout["ckpt.state." + field] = (arr.shape, str(arr.dtype))
         self.memory = SharedArrays(layout, in_process=(backend != "processes"))
         self.memory["params"][:] = w0
         for field, arr in zip(template._fields, template):
@@ -120,6 +131,11 @@ class ParameterStore:
             self.published = m["published"]
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
         self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
+        self.ckpt = None
+        if "ckpt.params" in m.arrays:
+            self.ckpt = {"params": m["ckpt.params"],
+                         "state": self.state_type(*(m["ckpt.state." + f]
+                                                    for f in self.state_type._fields))}
         readers = [m["reader." + f] for f in self.reader_type._fields]
         self.has_readers = bool(readers)
 
@@ -164,6 +180,6 @@ class ParameterStore:
     def close(self) -> None:
         for name in ("params", "versions", "counters", "status", "control", "sync",
                      "contributors", "slot_examples", "slots", "state", "shard_states",
-                     "rep_slots", "rep_examples", "arrivals", "published"):
+                     "rep_slots", "rep_examples", "arrivals", "published", "ckpt"):
             self.__dict__.pop(name, None)
         self.memory.close()

@@ -34,6 +34,20 @@ in the slot and publishing only when the monitor reads took it to ~1.05x,
 against a floor of ~1.04x for two processes that do nothing but compute.
 
 A non-finite mean is never applied: the step is counted in ``dropped``.
+
+Checkpoints and stops happen at step boundaries only, so what is saved is
+exactly the state after a whole number of steps (a resumed run then ends
+bit-identical to an uninterrupted one):
+
+- every ``checkpoint_every`` steps the parameters and rule state are copied
+  to the store's checkpoint buffer (replicated: by worker 0, from its
+  replica; sharded: by the last worker through the step, under the lock,
+  before it opens the next step), if the monitor has written out the last;
+- when the monitor raises ``STOP``, the first worker to see it at a step
+  boundary sets ``STOP_AT`` to its step; every worker stops there
+  (``Stopped``). A worker already waiting for the others to arrive at that
+  step leaves the wait, which is safe: nothing of the step is applied yet.
+  Worker 0 of a replicated run then publishes its replica and state.
 """
 from __future__ import annotations
 
@@ -43,9 +57,9 @@ import numpy as np
 
 from ...rules import UpdateInfo
 from ..reduce import WeightedMean, finite, weighted_sum
-from ..waiting import wait_until
-from .store import (APPLIED, ARRIVED, BAD_STEP, DROPPED, LATE, REDUCED, SNAP_ASKED, SNAP_SERVED,
-                    STEP, UPDATES)
+from ..waiting import Aborted, wait_until
+from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, LATE, REDUCED,
+                    SNAP_ASKED, SNAP_SERVED, STEP, STOP, STOP_AT, UPDATES)
 
 # x86 keeps stores in order (TSO), so a counter seen raised implies the slot
 # writes before it are visible; weaker CPUs (ARM) need the lock as a fence.
@@ -77,19 +91,35 @@ def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:
     return out
 
 
+class Stopped(Aborted):
+    """The monitor asked the workers to stop, and this step boundary is where."""
+
+
 class _Step:
     def __init__(self, runtime):
         self.rt = runtime
         self.store = runtime.store
         self.rank = runtime.rank
         self.workers = runtime.workers
-        self.step = 0  # the next step this worker joins
+        self.step = runtime.start_step  # the next step this worker joins (resumed: skipped)
+        self.control = control = self.store.control
+        self.every = runtime.checkpoint_every if self.store.ckpt is not None else 0
+        self.next_ckpt = -1
+        if self.every and self.rank == 0:
+            self.next_ckpt = (self.step // self.every + 1) * self.every
 
-    def _wait(self, ready, what: str) -> None:
+        def abort_or_stopped():
+            return control[ABORT] or (control[STOP_AT] and self.step >= control[STOP_AT])
+
+        self._leave = abort_or_stopped
+
+    def _wait(self, ready, what: str, may_stop: bool = False) -> None:
+        """``may_stop``: nothing of the step is applied yet, so a stop may end the wait."""
         rt = self.rt
         if not ready():
-            wait_until(ready, rt.timeout, lambda: self.store.control[1], what, rt._spin,
-                       rt._hot_turns)
+            wait_until(ready, rt.timeout,
+                       self._leave if may_stop else (lambda: self.store.control[ABORT]), what,
+                       rt._spin, rt._hot_turns)
         if NEEDS_FENCE:
             with self.store.sync_lock:
                 pass  # acquire: see every write made before the others arrived
@@ -105,6 +135,26 @@ class _Step:
     def finish(self) -> None:
         """Called once the worker's program has ended."""
 
+    def on_stop(self) -> None:
+        """Called when the worker stops at a step boundary."""
+
+    def _boundary(self) -> None:
+        """A checkpoint is due, or a stop was asked for (see the module doc)."""
+        control = self.control
+        if self.step == self.next_ckpt:
+            self.next_ckpt += self.every
+            if control[CKPT_STEP] == 0:  # the monitor has written out the last one
+                self._save_checkpoint()
+        if control[STOP]:
+            with self.store.sync_lock:
+                if control[STOP_AT] == 0:
+                    control[STOP_AT] = self.step
+            if self.step >= control[STOP_AT]:
+                raise Stopped()
+
+    def _save_checkpoint(self) -> None:
+        raise NotImplementedError
+
 
 class ReplicatedStep(_Step):
     def __init__(self, runtime):
@@ -114,7 +164,6 @@ class ReplicatedStep(_Step):
         self.state = type(store.state)(*(aligned_copy(a) for a in store.state))
         acc, tmp = aligned_copy(store.params), aligned_copy(store.params)
         self.arrivals = store.arrivals
-        self.control = store.control
         self.others = [k for k in range(self.workers) if k != self.rank]
         # Per step parity: this worker's slot, everyone's slots and examples,
         # the mean (compiled for equal weights, WeightedMean otherwise).
@@ -147,7 +196,8 @@ class ReplicatedStep(_Step):
         self._publish(arrivals, self.rank, target)
         for k in self.others:
             if arrivals[k] < target:
-                self._wait(lambda: arrivals[k] >= target, f"worker {k} to arrive at step {step}")
+                self._wait(lambda: arrivals[k] >= target, f"worker {k} to arrive at step {step}",
+                           may_stop=True)
         acc = self.acc
         ok = self.equal_mean_finite(self.slots[parity], counts, acc, self.scale)
         if ok < 0:  # unequal examples
@@ -168,7 +218,22 @@ class ReplicatedStep(_Step):
                 self._publish(control, SNAP_SERVED, asked)
         self.step = target
         rt._grad_out = self.slot[target & 1]  # the next gradient lands in the next slot
+        if target == self.next_ckpt or self.control[STOP]:
+            self._boundary()
         return 0
+
+    def _save_checkpoint(self) -> None:
+        ckpt = self.store.ckpt
+        np.copyto(ckpt["params"], self.params)
+        for dst, src in zip(ckpt["state"], self.state):
+            np.copyto(dst, src)
+        self._publish(self.control, CKPT_STEP, self.step)
+
+    def on_stop(self) -> None:
+        if self.rank == 0:
+            for dst, src in zip(self.store.state, self.state):
+                np.copyto(dst, src)
+            self._publish_params(self.step)
 
     def _publish_params(self, step: int) -> None:
         np.copyto(self.store.params, self.params)
@@ -190,6 +255,7 @@ class ReplicatedStep(_Step):
 class ShardedStep(_Step):
     def __init__(self, runtime):
         super().__init__(runtime)
+        self.next_ckpt = -1  # the last worker through a step saves (see contribute)
         self.acc = None
 
     def contribute(self, examples: int) -> int:
@@ -209,7 +275,7 @@ class ShardedStep(_Step):
                 sync[ARRIVED] += 1
         if order < 0:
             return self._late(step)
-        self._wait_count(ARRIVED, counted, step, "arrive at step")
+        self._wait_count(ARRIVED, counted, step, "arrive at step", may_stop=True)
         ranks = sorted(int(r) for r in store.contributors[:counted])
         shards = [s for s in range(len(store.bounds)) if s % counted == order]
         sums = self._reduce(ranks, shards)
@@ -229,6 +295,8 @@ class ShardedStep(_Step):
             sync[APPLIED] += 1
             if sync[APPLIED] == counted:  # the last one through opens the next step
                 sync[ARRIVED] = sync[REDUCED] = sync[APPLIED] = 0
+                if self.every and (step + 1) % self.every == 0 and self.control[CKPT_STEP] == 0:
+                    self._save_checkpoint(step + 1)  # nobody can apply until STEP moves on
                 sync[STEP] = step + 1
         self._wait_count(STEP, step + 1, step, "apply step")
         if order == 0:
@@ -236,20 +304,31 @@ class ShardedStep(_Step):
             if not bad:
                 rt.staleness[0] += 1
         self.step = step + 1
+        if self.control[STOP]:
+            self._boundary()
         return 0
+
+    def _save_checkpoint(self, step: int) -> None:
+        store = self.store
+        np.copyto(store.ckpt["params"], store.params)
+        for dst, src in zip(store.ckpt["state"], store.state):
+            np.copyto(dst, src)
+        self.control[CKPT_STEP] = step  # under the sync lock: ordered
 
     def _late(self, step: int) -> int:
         """Dropped: N others arrived first. Wait for the step to be applied,
         then join the current step."""
         self.rt.counters[LATE] += 1
-        self._wait_count(STEP, step + 1, step, "apply step")
+        self._wait_count(STEP, step + 1, step, "apply step", may_stop=True)
         current = int(self.store.sync[STEP])
         self.step = current
         return current - (step + 1)
 
-    def _wait_count(self, column: int, target: int, step: int, what: str) -> None:
+    def _wait_count(self, column: int, target: int, step: int, what: str,
+                    may_stop: bool = False) -> None:
         counts = self.store.sync
-        self._wait(lambda: counts[column] >= target, f"{target} workers to {what} {step}")
+        self._wait(lambda: counts[column] >= target, f"{target} workers to {what} {step}",
+                   may_stop)
 
     def _reduce(self, ranks: list[int], shards: list[int]) -> list:
         """The weighted mean of the counted slots, on each of ``shards``."""

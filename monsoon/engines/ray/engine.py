@@ -61,7 +61,8 @@ class RayEngine:
     )
 
     @classmethod
-    def from_options(cls, run, address=None, timeout=60.0, shards=None, checkpoint_every=0,
+    def from_options(cls, run, address=None, timeout=60.0, shards=None,
+                     checkpoint_every=CHECKPOINT_EVERY.default,
                      resume=None, run_name=None):
         return cls(address=address, timeout=timeout, shards=shards, run_name=run_name,
                    **checkpoint_paths(run.out, checkpoint_every, resume))

@@ -28,6 +28,18 @@ they were scheduled, and every random draw comes from the seed, so a seed
 gives the same event order and bit-identical parameters; with zero latency,
 zero service time and constant compute, sim sync equals local sync bit for
 bit (the same shard-wise reduction and update).
+
+Checkpoints (with a run folder, every ``checkpoint_every`` updates, and when
+SIGTERM or SIGINT stops the run) hold the parameters, the rule state, the
+workers' private copies, their counters, the delay model's RNG state, the
+virtual time, the number of events taken and the loss curve. In-flight
+messages and the strategies' program positions live in the event queue and
+in generators, which cannot be saved, so ``--resume`` replays the
+simulation from the seed to the checkpoint's event, silently (no loss
+evaluations, no writes), checks that the parameters, state and RNG state
+are the checkpoint's bit for bit, and carries on: a resumed run ends
+bit-identical to an uninterrupted one, for every strategy. A replay that
+does not reproduce the checkpoint (other code, another problem) is refused.
 """
 from __future__ import annotations
 
@@ -46,7 +58,9 @@ from ..local.engine import DEFAULT_MAX_SHARDS, EngineResult
 from ..local.store import shard_bounds
 from ..local.synchronous import replicates
 from ..reduce import finite, weighted_sum
-from ..options import SHARDS
+from .. import checkpoints
+from ..lifecycle import signal_name, stop_requested
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, checkpoint_paths
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
 
@@ -72,19 +86,33 @@ class _Worker:
         self.snapshot = None
 
 
+def _jsonable_state(state):
+    """An RNG state as plain JSON values (NumPy ints become ints)."""
+    import json
+
+    return json.loads(json.dumps(state, default=int))
+
+
 class SimEngine:
     name = "sim"
 
     virtual_time = True   # its clock is simulated: evaluating costs no time
-    options = (SHARDS,) + DELAY_OPTIONS
+    options = (SHARDS, CHECKPOINT_EVERY, RESUME) + DELAY_OPTIONS
 
     @classmethod
-    def from_options(cls, run, shards=None, **delays):
-        return cls(delay_model(**delays), shards)
+    def from_options(cls, run, shards=None, checkpoint_every=CHECKPOINT_EVERY.default,
+                     resume=None, **delays):
+        return cls(delay_model(**delays), shards,
+                   **checkpoint_paths(run.out, checkpoint_every, resume))
 
-    def __init__(self, delays: DelayModel | None = None, shards: int | None = None):
+    def __init__(self, delays: DelayModel | None = None, shards: int | None = None,
+                 checkpoint_dir: str | None = None,
+                 checkpoint_every: int = CHECKPOINT_EVERY.default, resume_dir: str | None = None):
         self.delays = delays or DelayModel()
         self.shards = shards
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume_dir = resume_dir
         self.backend_used = "virtual"
 
     def describe(self) -> dict:
@@ -136,6 +164,12 @@ class SimEngine:
                          Push: self._push, LocalStep: self._local_step,
                          LocalApply: self._local_apply, AllReduce: self._all_reduce,
                          Average: self._average, Elastic: self._elastic}
+        self.ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
+        self.resumed = self._load_checkpoint(w0)
+        self.last_checkpoint = None
+        self.interrupted = None
+        if self.resumed is not None:
+            recorder.resume(self.resumed.meta["rows"])
         recorder.start(self.params)
         stopped = self._loop(recorder)
         blocked = [w.rank for w in self.workers if not w.done]
@@ -151,7 +185,8 @@ class SimEngine:
                               self.total["dropped"], staleness, [], stopped=stopped,
                               late_gradients=self.total["late"],
                               worker_params={} if strategy.shared_params else
-                              {w.rank: w.work.copy() for w in self.workers[:64]})
+                              {w.rank: w.work.copy() for w in self.workers[:64]},
+                              interrupted=self.interrupted)
         busy = sum(w.busy for w in self.workers)
         result.extra = {
             "simulated_time_s": end, "real_time_s": time.perf_counter() - t_real,
@@ -159,6 +194,10 @@ class SimEngine:
                             "shards": float(self.shard_busy.sum() / (self.S * end))
                             if end > 0 else None},
             "delays": self.delays.describe()}
+        if self.last_checkpoint is not None:
+            result.extra["checkpoint"] = str(self.last_checkpoint)
+        if self.resumed is not None:
+            result.extra["resumed_from"] = str(self.resumed.path)
         return result
 
     # -- the event loop ----------------------------------------------------------
@@ -168,16 +207,88 @@ class SimEngine:
 
     def _loop(self, recorder):
         heap, total = self.heap, self.total
+        events = 0
+        replay_to = int(self.resumed.meta["events"]) if self.resumed is not None else 0
+        every = self.checkpoint_every if self.checkpoint_dir else 0
+        next_ckpt = None
         while heap:
             t, _, fn, args = heapq.heappop(heap)
             self.now = t
             fn(*args)
+            events += 1
+            if events <= replay_to:  # replaying up to the checkpoint: silently
+                if events == replay_to:
+                    self._check_replay()
+                continue
+            if every:
+                steps = total["updates"] + total["dropped"]
+                if next_ckpt is None:
+                    next_ckpt = (steps // every + 1) * every
+                if steps >= next_ckpt:
+                    self._save(events, recorder, "periodic")
+                    next_ckpt = (steps // every + 1) * every
+            if events & 255 == 0 and stop_requested():
+                self.interrupted = stop_requested()
+                self._save(events, recorder, "interrupted")
+                return f"interrupted by {signal_name(self.interrupted)}"
             if recorder.due(t, total["examples"]):
                 reason = recorder.record(t, total["updates"], total["examples"], self.params,
                                          total["dropped"])
                 if reason is not None:
                     return reason
+        if events < replay_to:
+            raise checkpoints.CheckpointError(
+                f"replaying the simulation ended before checkpoint {self.resumed.path} "
+                "(another run's?); start a new run without --resume")
         return None
+
+    # -- checkpoints ----------------------------------------------------------
+    def _arrays(self) -> dict:
+        arrays = {"params": self.params,
+                  "counters": np.array([[w.examples, w.updates, w.dropped, w.late]
+                                        for w in self.workers], dtype=np.int64)}
+        for field, arr in zip(self.state._fields, self.state):
+            arrays["state." + field] = arr
+        if not self.strategy.shared_params:
+            for w in self.workers:
+                arrays[f"worker.{w.rank}.params"] = w.work
+        return arrays
+
+    def _save(self, events: int, recorder, reason: str) -> None:
+        if not self.checkpoint_dir:
+            return
+        total = self.total
+        meta = {**self.ident, "updates": total["updates"], "examples": total["examples"],
+                "dropped": total["dropped"], "late": total["late"], "events": events,
+                "time_s": self.now, "exact": True, "reason": reason,
+                "positions": [w.examples for w in self.workers],
+                "rng": _jsonable_state(self.rng.bit_generator.state),
+                "rows": [dict(r) for r in recorder.settled_rows()
+                         if r["updates"] <= total["updates"]]}
+        self.last_checkpoint = checkpoints.save(self.checkpoint_dir,
+                                                total["updates"] + total["dropped"], meta,
+                                                self._arrays())
+
+    def _load_checkpoint(self, w0):
+        if not self.resume_dir:
+            return None
+        template = self.rule.init(w0.size, w0.dtype)
+        shapes = {"params": (w0.shape, w0.dtype), "counters": ((self.W, 4), "int64")}
+        for field, arr in zip(template._fields, template):
+            shapes["state." + field] = (arr.shape, arr.dtype)
+        return checkpoints.load_latest(self.resume_dir, self.ident, shapes)
+
+    def _check_replay(self) -> None:
+        """The replay reached the checkpoint's event: it must be the checkpoint."""
+        saved = self.resumed
+        same = (_jsonable_state(self.rng.bit_generator.state) == saved.meta["rng"]
+                and all(np.array_equal(v, saved.arrays[k], equal_nan=True)
+                        for k, v in self._arrays().items()))
+        if not same:
+            raise checkpoints.CheckpointError(
+                f"replaying the simulation to checkpoint {saved.path} did not reproduce its "
+                "parameters (the problem, the delays or monsoon changed); start a new run "
+                "without --resume")
 
     def _resume(self, w: _Worker, value) -> None:
         """Run ``w``'s program until an op has to wait for virtual time."""

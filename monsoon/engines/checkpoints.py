@@ -1,0 +1,176 @@
+"""Checkpoints of the local and sim engines: what a run needs to carry on.
+
+One checkpoint is one ``.npz`` file, ``ckpt-<updates, 12 digits>.npz``, in
+the run folder's ``checkpoints/``: the arrays (``params``, ``state.<field>``
+of the rule, ``counters``, the workers' private copies ``worker.<k>.<what>``)
+and ``meta``, a JSON document stored as bytes beside them: which run it
+belongs to (problem, parameter count and dtype, strategy, rule, workers,
+batch size, seed), the position in the data order (``step``: batches done;
+``positions``: per worker), the time and counters so far, and the
+recorder's rows, so the loss curve carries on.
+
+Invariants:
+
+- Writes are atomic: a temporary file in the same folder, fsync, rename,
+  then fsync of the folder. A reader sees a whole checkpoint or none.
+- Loading unpickles nothing (``allow_pickle=False``; the metadata is JSON).
+  Every member is read in full, so the zip's CRC-32 catches a corrupt
+  file, and a partial one has no central directory.
+- A checkpoint that is unreadable, from another run (another problem, other
+  shapes) is refused in one line; the newest good one is used, and each
+  refused one is named on stderr. None is ever half loaded: everything is
+  read and checked before anything is returned.
+- The newest ``KEEP`` checkpoints are kept, older ones are removed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+
+FORMAT = "monsoon-checkpoint"
+VERSION = 1
+KEEP = 3
+_NAME = re.compile(r"^ckpt-(\d{12})\.npz$")
+# What must match for a checkpoint to belong to this run.
+IDENTITY = ("problem", "n_params", "dtype", "strategy", "rule", "workers", "batch_size", "seed")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint cannot be used; the message says which and why."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    meta: dict
+    arrays: dict
+
+
+def identity(problem, strategy, rule, workers: int, batch_size: int, seed: int) -> dict:
+    return {"problem": problem.name, "n_params": int(problem.n_params),
+            "dtype": str(np.dtype(problem.dtype)), "strategy": strategy.name,
+            "rule": getattr(rule, "name", str(rule)), "workers": int(workers),
+            "batch_size": int(batch_size), "seed": int(seed)}
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(directory, updates: int, meta: dict, arrays: dict, keep: int = KEEP) -> Path:
+    """Write one checkpoint atomically; remove all but the newest ``keep``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"ckpt-{int(updates):012d}.npz"
+    doc = {"format": FORMAT, "version": VERSION, **meta}
+    members = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    members["meta"] = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **members)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with_suppressed_unlink(tmp)
+        raise
+    _fsync_dir(directory)
+    for old in checkpoint_files(directory)[keep:]:
+        with_suppressed_unlink(old)
+    return path
+
+
+def with_suppressed_unlink(path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def checkpoint_files(directory) -> list[Path]:
+    """The checkpoints in ``directory``, newest (most updates) first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.match(p.name)]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def read(path) -> Checkpoint:
+    """Read and check one file; raise CheckpointError (one line) if it is
+    not a whole monsoon checkpoint."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}  # reads every member: CRCs checked
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+    except Exception as exc:  # noqa: BLE001 - any failure to read is the same refusal
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path} is corrupt or partial ({reason})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not a monsoon checkpoint")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {meta.get('version')}, "
+                              f"this monsoon reads version {VERSION}")
+    return Checkpoint(path, meta, arrays)
+
+
+def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
+    """Refuse a checkpoint of another run, or with other shapes."""
+    for key in IDENTITY:
+        if key in expect and ckpt.meta.get(key) != expect[key]:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} is from another run: its {key} is "
+                f"{ckpt.meta.get(key)!r}, this run's is {expect[key]!r}; resume with the "
+                "same problem and settings, or start a new run without --resume")
+    for name, (shape, dtype) in shapes.items():
+        arr = ckpt.arrays.get(name)
+        if arr is None:
+            raise CheckpointError(f"checkpoint {ckpt.path} has no {name!r}; it was written by "
+                                  "another strategy or rule")
+        if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != str(np.dtype(dtype)):
+            raise CheckpointError(f"checkpoint {ckpt.path}: {name} has shape {arr.shape} "
+                                  f"{arr.dtype}, this run needs {tuple(shape)} "
+                                  f"{np.dtype(dtype)}")
+
+
+def load_latest(directory, expect: dict, shapes: dict, warn=None) -> Checkpoint:
+    """The newest checkpoint in ``directory`` that reads whole and belongs
+    to this run. Each newer one refused is reported through ``warn`` (stderr
+    by default); if none is usable, the newest one's refusal is raised."""
+    files = checkpoint_files(directory)
+    if not files:
+        raise CheckpointError(f"no checkpoint in {directory}; nothing to resume from")
+    warn = warn or (lambda line: print(f"monsoon: warning: {line}", file=sys.stderr))
+    refusals = []
+    for path in files:
+        try:
+            ckpt = read(path)
+            check(ckpt, expect, shapes)
+        except CheckpointError as exc:
+            refusals.append(str(exc))
+            continue
+        for line in refusals:
+            warn(f"{line}; using the older {path.name}")
+        return ckpt
+    raise CheckpointError(refusals[0] + (f" (and {len(refusals) - 1} older ones refused too)"
+                                         if len(refusals) > 1 else ""))

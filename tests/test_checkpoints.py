@@ -1,0 +1,220 @@
+"""Checkpoints on the local and sim engines: written atomically, resumed bit
+for bit where the run is deterministic, and refused in one line when they
+are damaged or belong to another run (an older good one is then used)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.engines import checkpoints
+from monsoon.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cut_after(run_dir: Path, keep: int) -> list[Path]:
+    """Keep only the ``keep`` oldest checkpoints: as if the run died then."""
+    files = sorted((run_dir / "checkpoints").glob("ckpt-*.npz"))
+    for f in files[keep:]:
+        f.unlink()
+    return files[:keep]
+
+
+@pytest.mark.parametrize("strategy,workers,rule", [("serial", 1, "adam"), ("sync", 2, "momentum"),
+                                                   ("sync", 2, "adagrad")])
+def test_a_resumed_run_ends_bit_identical(tmp_path, strategy, workers, rule):
+    opts = dict(epochs=5, seed=0, rule=rule, evals=10)
+    whole = monsoon.train("exp", strategy, workers, out=tmp_path / "a", checkpoint_every=30,
+                          **opts)
+    kept = cut_after(tmp_path / "a", 1)
+    assert kept[0].name == "ckpt-000000000030.npz"
+    resumed = monsoon.train("exp", strategy, workers, out=tmp_path / "b",
+                            resume=str(tmp_path / "a"), **opts)
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+    assert resumed.summary["examples"] == whole.summary["examples"]
+    # the curve carries on: the rows before the checkpoint come first
+    assert resumed.history[0] == whole.history[0]
+    assert [r["updates"] for r in resumed.history] == sorted(r["updates"] for r in resumed.history)
+
+
+def test_sharded_sync_resumes_bit_identical(tmp_path, monkeypatch):
+    from monsoon.engines.local import engine
+
+    monkeypatch.setattr(engine, "replicates", lambda strategy, params: False)
+    opts = dict(epochs=20, seed=0, rule="adam", evals=10)
+    whole = monsoon.train("exp", "sync", 2, out=tmp_path / "a", checkpoint_every=100, **opts)
+    assert whole.summary["sync_step"] == "sharded"
+    assert cut_after(tmp_path / "a", 1)
+    resumed = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "a"), **opts)
+    assert np.array_equal(resumed.params, whole.params)
+
+
+@pytest.mark.parametrize("strategy,every", [("async", 30), ("hogwild", 30), ("local-sgd", 5),
+                                            ("easgd", 8)])
+def test_other_strategies_checkpoint_and_carry_on(tmp_path, strategy, every):
+    first = monsoon.train("exp", strategy, 2, epochs=6, seed=0, out=tmp_path / "a",
+                          checkpoint_every=every, timeout=20)
+    kept = cut_after(tmp_path / "a", 1)
+    meta = checkpoints.read(kept[0]).meta
+    assert meta["exact"] is False and len(meta["positions"]) == 2
+    resumed = monsoon.train("exp", strategy, 2, epochs=6, seed=0, resume=str(tmp_path / "a"),
+                            timeout=20)
+    # the budget is not done again: the resumed run does the rest of it
+    assert resumed.summary["examples"] == pytest.approx(first.summary["examples"], rel=0.15)
+    assert resumed.summary["final_loss"] < 2 * first.summary["final_loss"] + 0.05
+
+
+def test_only_the_newest_three_are_kept(tmp_path):
+    monsoon.train("exp", "serial", epochs=5, out=tmp_path, checkpoint_every=10)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*"))
+    assert names == ["ckpt-000000000060.npz", "ckpt-000000000070.npz", "ckpt-000000000080.npz"]
+
+
+def _good_run(tmp_path) -> Path:
+    """Serial writes its checkpoints inline: all three are there."""
+    monsoon.train("exp", "serial", epochs=3, seed=0, out=tmp_path / "a", checkpoint_every=16,
+                  evals=0)
+    assert len(list((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))) == 3
+    return tmp_path / "a"
+
+
+def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path):
+    run = _good_run(tmp_path)
+    newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
+    data = newest.read_bytes()
+    for tenth in range(10):
+        newest.write_bytes(data[:len(data) * tenth // 10])
+        with pytest.raises(checkpoints.CheckpointError) as info:
+            checkpoints.read(newest)
+        assert "corrupt or partial" in str(info.value) and "\n" not in str(info.value)
+    # a flipped byte in the middle: the zip's CRC catches it
+    damaged = bytearray(data)
+    damaged[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(damaged))
+    with pytest.raises(checkpoints.CheckpointError, match="corrupt or partial"):
+        checkpoints.read(newest)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_an_older_good_one(tmp_path, capsys):
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    files[-1].write_bytes(files[-1].read_bytes()[:1000])
+    resumed = monsoon.train("exp", "serial", epochs=3, seed=0, resume=str(run), evals=0)
+    assert resumed.summary["resumed_from"] == str(files[-2])
+    err = capsys.readouterr().err
+    assert f"{files[-1]} is corrupt or partial" in err and files[-2].name in err
+    whole = monsoon.train("exp", "serial", epochs=3, seed=0, evals=0)
+    assert np.array_equal(resumed.params, whole.params)
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    run = _good_run(tmp_path)
+    with pytest.raises(ConfigError, match="from another run: its problem is 'exp'"):
+        monsoon.train("parabola", "serial", epochs=3, resume=str(run))
+    with pytest.raises(ConfigError, match="its strategy is 'serial', this run's is 'sync'"):
+        monsoon.train("exp", "sync", 2, epochs=3, resume=str(run))
+    with pytest.raises(ConfigError, match="its seed is 0, this run's is 1"):
+        monsoon.train("exp", "serial", epochs=3, seed=1, resume=str(run))
+
+
+def test_wrong_shapes_are_refused_and_nothing_is_half_loaded(tmp_path):
+    run = _good_run(tmp_path)
+    newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
+    ckpt = checkpoints.read(newest)
+    arrays = dict(ckpt.arrays)
+    arrays["params"] = arrays["params"][:-1]
+    for f in (run / "checkpoints").glob("*.npz"):
+        f.unlink()
+    checkpoints.save(run / "checkpoints", 5, {k: v for k, v in ckpt.meta.items()
+                                              if k not in ("format", "version")}, arrays)
+    with pytest.raises(ConfigError, match=r"params has shape \(48,\).*needs \(49,\)"):
+        monsoon.train("exp", "serial", epochs=3, seed=0, resume=str(run))
+
+
+def test_loading_unpickles_nothing(tmp_path):
+    path = tmp_path / "checkpoints" / "ckpt-000000000001.npz"
+    path.parent.mkdir()
+    np.savez(path, meta=np.array([{"format": "x"}], dtype=object))
+    with pytest.raises(checkpoints.CheckpointError, match="corrupt or partial"):
+        checkpoints.read(path)
+
+
+def test_the_command_line_refuses_a_bad_checkpoint_in_one_line(tmp_path):
+    run = _good_run(tmp_path)
+    for f in (run / "checkpoints").glob("*.npz"):
+        f.write_bytes(b"not a zip")
+    proc = subprocess.run([sys.executable, "-m", "monsoon", "train", "--strategy", "serial",
+                           "--epochs", "3", "--quiet", "--resume", str(run), "--out",
+                           str(tmp_path / "b")],
+                          capture_output=True, text=True, env={**os.environ,
+                                                               "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "corrupt or partial" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "b" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("strategy", ["sync", "async", "hogwild", "local-sgd", "easgd"])
+def test_sim_resumes_every_strategy_bit_identical(tmp_path, strategy):
+    opts = dict(engine="sim", steps=400, seed=3, evals=10, sim_compute_sigma=0.5,
+                sim_latency_s=1e-4)
+    whole = monsoon.train("logistic", strategy, 4, out=tmp_path / "a", checkpoint_every=40,
+                          **opts)
+    files = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    assert files
+    for f in files[1:]:
+        f.unlink()
+    resumed = monsoon.train("logistic", strategy, 4, resume=str(tmp_path / "a"), **opts)
+    assert resumed.summary["resumed_from"] == str(files[0])
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+    assert resumed.summary["wall_time_s"] == whole.summary["wall_time_s"]  # virtual time
+    for rank, copy in (whole.worker_params or {}).items():
+        assert np.array_equal(resumed.worker_params[rank], copy)
+
+
+def test_sim_refuses_a_checkpoint_its_replay_does_not_reproduce(tmp_path):
+    opts = dict(engine="sim", steps=200, seed=3, evals=0)
+    monsoon.train("logistic", "async", 4, out=tmp_path / "a", checkpoint_every=40, **opts)
+    newest = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))[-1]
+    ckpt = checkpoints.read(newest)
+    arrays = dict(ckpt.arrays)
+    arrays["params"] = arrays["params"] + 1
+    for f in (tmp_path / "a" / "checkpoints").glob("*.npz"):
+        f.unlink()
+    checkpoints.save(tmp_path / "a" / "checkpoints", 1, {k: v for k, v in ckpt.meta.items()
+                                                         if k not in ("format", "version")},
+                     arrays)
+    with pytest.raises(ConfigError, match="did not reproduce"):
+        monsoon.train("logistic", "async", 4, resume=str(tmp_path / "a"), **opts)
+
+
+@pytest.mark.parametrize("engine,problem,strategy,budget", [
+    ("local", "exp", "serial", {"epochs": 600}),
+    ("sim", "logistic", "async", {"steps": 30000}),
+])
+def test_sigterm_in_process_writes_the_folder_and_resumes_bit_identical(tmp_path, engine,
+                                                                        problem, strategy,
+                                                                        budget):
+    import json
+    import signal
+    import threading
+
+    from monsoon.errors import Interrupted
+
+    opts = dict(engine=engine, seed=0, evals=10, **budget)
+    workers = 1 if strategy == "serial" else 4
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(Interrupted) as info:
+        monsoon.train(problem, strategy, workers, out=tmp_path / "a", **opts)
+    assert info.value.exit_code == 143 and f"--resume {tmp_path / 'a'}" in str(info.value)
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["checkpoint"]
+    resumed = monsoon.train(problem, strategy, workers, resume=str(tmp_path / "a"), **opts)
+    whole = monsoon.train(problem, strategy, workers, **opts)
+    assert np.array_equal(resumed.params, whole.params)

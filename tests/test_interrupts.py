@@ -1,0 +1,178 @@
+"""Signals and deaths on the local engine (processes backend): SIGTERM and
+SIGINT stop a run cleanly and it resumes bit for bit; a killed monitor takes
+its workers and its shared memory with it; a killed worker is named.
+
+Real processes and real signals: each test runs ``monsoon train`` as a child
+in its own session, finds its workers in /proc, and signals them."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")]
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--problem", "exp", "--epochs", "400", "--seed", "0", "--quiet", "--evals", "20",
+        "--timeout", "20"]
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"spawn_main" in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def mapped_segments(pid: int) -> set[str]:
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return {line.split()[5] for line in maps.splitlines()
+            if len(line.split()) > 5 and "/monsoon-" in line.split()[5]}
+
+
+def start(out: Path, strategy="sync", workers=2, extra=()):
+    cmd = [sys.executable, "-m", "monsoon", "train", "--strategy", strategy, "--workers",
+           str(workers), "--out", str(out), *ARGS, *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+
+
+def wait_running(proc, out: Path, workers: int, timeout=60.0) -> list[int]:
+    """Until the workers exist and a first checkpoint is written."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        pids = children(proc.pid)
+        if len(pids) == workers and list((out / "checkpoints").glob("ckpt-*.npz")):
+            return pids
+        time.sleep(0.05)
+    raise AssertionError("the run did not get going")
+
+
+def wait_gone(pids, timeout=5.0) -> float:
+    t0 = time.monotonic()
+    while any(alive(p) for p in pids):
+        assert time.monotonic() - t0 < timeout, f"workers still alive after {timeout} s"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def final_params(out_dir, **options):
+    return monsoon.train("exp", "sync", 2, epochs=400, seed=0, evals=20, timeout=20,
+                         out=out_dir, **options)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_run_cleanly_and_it_resumes_bit_for_bit(tmp_path, how):
+    run = tmp_path / "run"
+    proc = start(run, extra=["--checkpoint-every", "500"])
+    workers = wait_running(proc, run, 2)
+    segments = mapped_segments(proc.pid)
+    time.sleep(0.3)
+    if how == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (143 if how == "SIGTERM" else 130), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"--resume {run}" in lines[0] and how in lines[0], err
+    wait_gone(workers)
+    assert not any(os.path.exists(s.replace(" (deleted)", "")) for s in segments)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert (run / "metrics.csv").read_text().count("\n") >= 2
+    saved = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    assert saved and summary["checkpoint"] == str(saved[-1])
+    assert 0 < summary["updates"] < 400 * 16
+
+    resumed = final_params(tmp_path / "resumed", resume=str(run))
+    assert resumed.summary["resumed_from"] == str(saved[-1])
+    whole = final_params(tmp_path / "whole")
+    assert resumed.summary["updates"] == whole.summary["updates"] == 400 * 16
+    assert np.array_equal(resumed.params, whole.params)
+
+
+def test_sigkill_to_the_monitor_takes_the_workers_and_the_memory(tmp_path):
+    run = tmp_path / "run"
+    proc = start(run, extra=["--checkpoint-every", "500"])
+    workers = wait_running(proc, run, 2)
+    segments = mapped_segments(proc.pid)
+    assert segments, "the monitor maps its shared memory"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert wait_gone(workers) < 5.0
+    assert not any(os.path.exists(s.replace(" (deleted)", "")) for s in segments)
+
+
+def test_sigkill_to_a_sync_worker_fails_fast_and_names_it(tmp_path):
+    run = tmp_path / "run"
+    proc = start(run, extra=["--checkpoint-every", "500", "--timeout", "10"])
+    workers = wait_running(proc, run, 2)
+    before = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    t0 = time.monotonic()
+    os.kill(workers[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode == 1
+    assert "failed" in err and "exit code -9" in err and len(err.strip().splitlines()) == 1
+    from monsoon.engines import checkpoints
+
+    for path in before:  # what was written before survives, whole
+        if path.exists():
+            assert checkpoints.read(path).meta["problem"] == "exp"
+    assert list((run / "checkpoints").glob("ckpt-*.npz"))
+
+
+@pytest.mark.parametrize("strategy", ["async", "hogwild"])
+def test_sigkill_to_an_async_worker_is_named_and_the_run_finishes(tmp_path, strategy):
+    import threading
+
+    result = {}
+
+    def kill_one():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pids = children(os.getpid())
+            if len(pids) == 3 and list((tmp_path / "run" / "checkpoints").glob("*.npz")):
+                os.kill(sorted(pids)[1], signal.SIGKILL)
+                result["killed"] = True
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_one, daemon=True)
+    killer.start()
+    run = monsoon.train("exp", strategy, 3, epochs=300, seed=0, timeout=20, evals=20,
+                        out=tmp_path / "run", checkpoint_every=300)
+    killer.join(5)
+    assert result.get("killed")
+    failed = run.summary["failed_workers"]
+    assert len(failed) == 1 and "exit code -9" in failed[0]["error"]
+    assert run.summary["status"] == "finished"
+    assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.npz"))
