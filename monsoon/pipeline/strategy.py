@@ -94,6 +94,6 @@ class Pipeline(Strategy):
                           "as a worker program")
 
     def describe(self):
-        return {"strategy": self.name, "pipeline_stages": self.pipeline_stages,
+        return {"strategy": self.name, "pipeline_stages": self.stages_used or self.pipeline_stages,
                 "micro_batches": self.micro_batches, "schedule": self.schedule,
                 "cuts": self.cuts, "balance": self.balance}

@@ -74,56 +74,91 @@ class StageWorker:
         k = min(self.micro, len(mine))
         return [mine[a:b] for a, b in (part_bounds(len(mine), k, m) for m in range(k))]
 
-    def step(self, batch: np.ndarray, t: int, link) -> None:
-        spec = self.spec
-        total = len(batch)
-        parts = self.micro_batches(batch)
-        ops = schedule(self.schedule_name, spec.index, spec.count, len(parts))
-        self.peak_in_flight = max(self.peak_in_flight, peak_activations(ops))
+    # -- one step, op by op (the sim engine interleaves the stages' ops) ------
+    def begin(self, batch: np.ndarray) -> None:
+        self._total = len(batch)
+        self._parts = self.micro_batches(batch)
+        self._ops = schedule(self.schedule_name, self.spec.index, self.spec.count,
+                             len(self._parts))
+        self._pos = 0
+        self._saved = {}
+        self.peak_in_flight = max(self.peak_in_flight, peak_activations(self._ops))
         for p in self._params:
             p.grad = None
-        saved = {}
-        start = time.perf_counter()
+
+    def next_op(self):
+        """The next ``(kind, m)`` of this step, or None when all are done."""
+        return self._ops[self._pos] if self._pos < len(self._ops) else None
+
+    def needs(self):
+        """What the next op must receive: ``"act"``, ``"grad"`` or None."""
+        op = self.next_op()
+        if op is None:
+            return None
+        if op[0] == "F":
+            return None if self.spec.first else "act"
+        return None if self.spec.last else "grad"
+
+    def run_op(self, link) -> float:
+        """Run the next op; returns the seconds spent waiting on ``link``."""
+        spec, parts = self.spec, self._parts
+        kind, m = self._ops[self._pos]
+        self._pos += 1
         waited = 0.0
-        for kind, m in ops:
-            if kind == "F":
-                if spec.first:
-                    x = self.X.index_select(0, torch.from_numpy(parts[m]))
-                else:
-                    t0 = time.perf_counter()
-                    x = torch.from_numpy(link.recv_act(m)).requires_grad_(True)
-                    waited += time.perf_counter() - t0
-                out = self.module(x)
-                if spec.last:
-                    target = self.y.index_select(0, torch.from_numpy(parts[m]))
-                    out = self.loss_fn(out, target) * (len(parts[m]) / total)
-                    self.loss_sum += float(out.detach())
-                else:
-                    link.send_act(m, out.detach().numpy())
-                saved[m] = (x, out)
+        if kind == "F":
+            if spec.first:
+                x = self.X.index_select(0, torch.from_numpy(parts[m]))
             else:
-                x, out = saved.pop(m)
-                if spec.last:
-                    out.backward()
-                else:
-                    t0 = time.perf_counter()
-                    g = torch.from_numpy(link.recv_grad(m))
-                    waited += time.perf_counter() - t0
-                    out.backward(g)
-                if not spec.first:
-                    link.send_grad(m, x.grad.numpy())
-        self._gather()
-        t0 = time.perf_counter()
-        link.reduce(self.grad)
-        waited += time.perf_counter() - t0
-        if finite(self.grad):
+                t0 = time.perf_counter()
+                x = torch.from_numpy(link.recv_act(m)).requires_grad_(True)
+                waited += time.perf_counter() - t0
+            out = self.module(x)
+            if spec.last:
+                target = self.y.index_select(0, torch.from_numpy(parts[m]))
+                out = self.loss_fn(out, target) * (len(parts[m]) / self._total)
+                self.loss_sum += float(out.detach())
+            else:
+                link.send_act(m, out.detach().numpy())
+            self._saved[m] = (x, out)
+        else:
+            x, out = self._saved.pop(m)
+            if spec.last:
+                out.backward()
+            else:
+                t0 = time.perf_counter()
+                g = torch.from_numpy(link.recv_grad(m))
+                waited += time.perf_counter() - t0
+                out.backward(g)
+            if not spec.first:
+                link.send_grad(m, x.grad.numpy())
+        return waited
+
+    def apply(self, t: int) -> None:
+        """The step's update, on the (replica-summed) gradient in ``grad``."""
+        if not self.params.size:  # a stage of parameter-free layers (an activation)
+            pass
+        elif finite(self.grad):
             self.rule.apply(self.params, self.grad, self.state, UpdateInfo(step=t))
         else:
             self.dropped += 1
-        self.busy_s += time.perf_counter() - start - waited
         self.steps += 1
 
-    def _gather(self) -> None:
+    def step(self, batch: np.ndarray, t: int, link) -> None:
+        """One whole step on a real transport (the local and ray engines)."""
+        start = time.perf_counter()
+        self.begin(batch)
+        waited = 0.0
+        while self._pos < len(self._ops):
+            waited += self.run_op(link)
+        self.gather()
+        t0 = time.perf_counter()
+        link.reduce(self.grad)
+        waited += time.perf_counter() - t0
+        self.apply(t)
+        self.busy_s += time.perf_counter() - start - waited
+
+    def gather(self) -> None:
+        """The accumulated ``.grad`` of every parameter into the flat ``grad``."""
         grads = [p.grad for p in self._params]
         if grads and all(g is not None for g in grads):
             torch.cat([g.reshape(-1) for g in grads], out=self._grad_flat)
