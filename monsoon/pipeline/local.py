@@ -1,11 +1,11 @@
 """The pipeline on the local engine: one process per (replica, stage).
 
-Transport: one pipe per direction between neighbouring stages of a replica
-(activations forward, their gradients backward), one duplex pipe between
-replica 0 and replica r of each stage (the 2D gradient sum). A send goes
-through a sender thread, so a stage never blocks on a neighbour that is
-itself sending (1F1B sends both ways at once); a receive polls with the
-run's timeout and the abort flag, so no wait is unbounded.
+Transport: one shared-memory channel per direction between neighbouring
+stages of a replica (activations forward, their gradients backward;
+``shm.py``), one duplex pipe between replica 0 and replica r of each stage
+(the 2D gradient sum, once a step). A channel has a slot per micro-batch,
+so a stage never blocks on a neighbour that is itself sending (1F1B sends
+both ways at once); every wait has the run's timeout and stops on abort.
 
 The 2D sum runs in rank order on replica 0 (g_0 + g_1 + ... ), which sends
 the sum back: every replica applies the same bits, so replicas never drift.
@@ -18,10 +18,7 @@ only its own slice); the snapshot is recorded once every stage has served.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import pickle
-import queue
-import threading
 import time
 import traceback
 
@@ -34,62 +31,33 @@ from ..engines.waiting import Aborted
 from ..errors import WaitTimeout, WorkerError
 from ..strategies.batches import global_batches
 from .runner import finish, stage_payloads
+from .shm import Channel, boundary_bytes, largest_micro_batch
 
 ABORT, START, ASKED = 0, 1, 2
 
 
-class PipeLink:
-    """A stage's transport: pipes to its neighbours and its replicas."""
+class Link:
+    """A stage's transport: shared-memory channels to its neighbours
+    (``shm.py``), pipes to its replicas."""
 
     def __init__(self, conns: dict, control, timeout: float):
         self.conns, self.control, self.timeout = conns, control, timeout
-        self._queue = queue.Queue()
-        self._error = None
-        self._thread = threading.Thread(target=self._send_loop, daemon=True)
-        self._thread.start()
-
-    def _send_loop(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            conn, message = item
-            try:
-                conn.send(message)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the worker
-                self._error = exc
-                return
-
-    def _send(self, key, m, array):
-        if self._error is not None:
-            raise self._error
-        self._queue.put((self.conns[key], (m, array)))
-
-    def _recv(self, key, m):
-        conn = self.conns[key]
-        deadline = time.monotonic() + self.timeout
-        while not conn.poll(0.05):
-            if self.control[ABORT]:
-                raise Aborted()
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"waited {self.timeout:g} s for {key} of micro-batch {m}; a "
-                                  "neighbouring stage is stuck or dead")
-        got, array = conn.recv()
-        if got != m:
-            raise RuntimeError(f"{key}: expected micro-batch {m}, got {got}")
-        return array
+        aborted = lambda: bool(control[ABORT])  # noqa: E731
+        for key in ("act_in", "act_out", "grad_in", "grad_out"):
+            if key in conns:
+                conns[key].attach(timeout, aborted)
 
     def send_act(self, m, a):
-        self._send("act_out", m, a)
+        self.conns["act_out"].send(m, a, "an activation")
 
     def recv_act(self, m):
-        return self._recv("act_in", m)
+        return self.conns["act_in"].recv(m, f"the activation of micro-batch {m}")
 
     def send_grad(self, m, g):
-        self._send("grad_out", m, g)
+        self.conns["grad_out"].send(m, g, "a gradient")
 
     def recv_grad(self, m):
-        return self._recv("grad_in", m)
+        return self.conns["grad_in"].recv(m, f"the gradient of micro-batch {m}")
 
     def reduce(self, grad: np.ndarray) -> None:
         peers = self.conns.get("replicas")
@@ -111,10 +79,6 @@ class PipeLink:
                 raise WaitTimeout(f"waited {self.timeout:g} s for replica {who}'s gradient")
         return conn.recv()[1]
 
-    def close(self):
-        self._queue.put(None)
-        self._thread.join(self.timeout)
-
 
 def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
     import torch
@@ -128,7 +92,7 @@ def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
         control, served, counters, snap = (shared["control"], shared["served"],
                                            shared["counters"], shared["snap"])
         worker = setup["make"]()
-        link = PipeLink(conns, control, timeout)
+        link = Link(conns, control, timeout)
         outbox.put(("ready", rank, None))
         deadline = time.monotonic() + setup["start_timeout"]
         while not control[START]:
@@ -151,7 +115,6 @@ def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
             if control[ABORT]:
                 raise Aborted()
         wall = time.perf_counter() - t0
-        link.close()
         outbox.put(("done", rank, {"params": worker.params if lead else None,
                                    "stats": worker.stats(wall)}))
     except Aborted:
@@ -163,21 +126,23 @@ def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
     outbox.close()
 
 
-def _pipes(ctx, stages: int, replicas: int) -> list[dict]:
+def _links(ctx, stages: int, replicas: int, boundary: list, rows: int, micro: int):
+    """Each worker's channels (to its neighbours) and pipes (to its replicas)."""
     conns = [dict() for _ in range(stages * replicas)]
+    channels = []
     for r in range(replicas):
         for s in range(stages - 1):
             a, b = r * stages + s, r * stages + s + 1
-            recv, send = ctx.Pipe(duplex=False)
-            conns[a]["act_out"], conns[b]["act_in"] = send, recv
-            recv, send = ctx.Pipe(duplex=False)
-            conns[b]["grad_out"], conns[a]["grad_in"] = send, recv
+            fwd, back = (Channel(micro, rows * boundary[s]) for _ in range(2))
+            channels += [fwd, back]
+            conns[a]["act_out"], conns[b]["act_in"] = fwd, fwd
+            conns[b]["grad_out"], conns[a]["grad_in"] = back, back
     for s in range(stages):
         for r in range(1, replicas):
             lead, other = ctx.Pipe(duplex=True)
             conns[s].setdefault("replicas", []).append(lead)
             conns[r * stages + s]["replica0"] = other
-    return conns
+    return conns, channels
 
 
 def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
@@ -187,7 +152,9 @@ def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, bu
                            "counters": ((2,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
     shared["snap"][:] = w0
     control = shared["control"]
-    conns = _pipes(ctx, stages, replicas)
+    conns, channels = _links(ctx, stages, replicas, boundary_bytes(problem, specs),
+                             largest_micro_batch(batch_size, replicas, strategy.micro_batches),
+                             strategy.micro_batches)
     inbox = PipeInbox(ctx, workers)
     threads = torch_threads_per_worker(workers)
     engine.backend_used = "processes"
@@ -205,9 +172,9 @@ def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, bu
                 h.start()
             inbox.started(rank, h)
             handles.append(h)
-        for c in conns:  # the children hold their ends now
-            for v in c.values():
-                for conn in (v if isinstance(v, list) else [v]):
+        for c in conns:  # the children hold their ends of the pipes now
+            for key in ("replicas", "replica0"):
+                for conn in (c[key] if key == "replicas" else [c[key]]) if key in c else ():
                     conn.close()
         return _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, recorder,
                         t_begin)
@@ -222,6 +189,8 @@ def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, bu
                 h.join(2.0)
         inbox.close()
         shared.close()
+        for channel in channels:
+            channel.close()
 
 
 def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, recorder, t_begin):
