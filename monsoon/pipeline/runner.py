@@ -43,7 +43,9 @@ def bubble(stats: list[dict], stages: int) -> float:
 
 
 def stage_summary(stats: list[dict], stages: int) -> list[dict]:
-    """Per stage: replica 0's compute time, wall time and memory."""
+    """Per stage: replica 0's compute time, wall time and memory (bytes of
+    its parameters, rule state and gradient), the most micro-batches whose
+    activations it held at once, and the median step's wall and compute time."""
     out = []
     for s in range(stages):
         mine = [x for x in stats if x["stage"] == s and x["replica"] == 0]
@@ -51,7 +53,8 @@ def stage_summary(stats: list[dict], stages: int) -> list[dict]:
             x = mine[0]
             out.append({k: x[k] for k in ("stage", "busy_s", "wall_s", "param_bytes",
                                           "rule_state_bytes", "grad_bytes",
-                                          "peak_micro_batches_in_flight") if k in x})
+                                          "peak_micro_batches_in_flight", "step_s_median",
+                                          "busy_s_median") if k in x})
     return out
 
 

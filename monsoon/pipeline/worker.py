@@ -61,6 +61,7 @@ class StageWorker:
         self.steps = self.dropped = 0
         self.peak_in_flight = 0
         self.loss_sum = 0.0
+        self.step_times, self.step_busy = [], []  # per step: wall and compute (real transports)
 
     def memory(self) -> dict:
         """Bytes of the arrays this worker holds for its stage."""
@@ -155,7 +156,10 @@ class StageWorker:
         link.reduce(self.grad)
         waited += time.perf_counter() - t0
         self.apply(t)
-        self.busy_s += time.perf_counter() - start - waited
+        took = time.perf_counter() - start
+        self.busy_s += took - waited
+        self.step_times.append(took)
+        self.step_busy.append(took - waited)
 
     def gather(self) -> None:
         """The accumulated ``.grad`` of every parameter into the flat ``grad``."""
@@ -173,6 +177,10 @@ class StageWorker:
             offset += size
 
     def stats(self, wall_s: float) -> dict:
-        return {"stage": self.spec.index, "replica": self.replica, "busy_s": self.busy_s,
-                "wall_s": wall_s, "steps": self.steps, "dropped": self.dropped,
-                "peak_micro_batches_in_flight": self.peak_in_flight, **self.memory()}
+        out = {"stage": self.spec.index, "replica": self.replica, "busy_s": self.busy_s,
+               "wall_s": wall_s, "steps": self.steps, "dropped": self.dropped,
+               "peak_micro_batches_in_flight": self.peak_in_flight, **self.memory()}
+        if self.step_times:  # medians resist the spikes of a shared machine
+            out["step_s_median"] = float(np.median(self.step_times))
+            out["busy_s_median"] = float(np.median(self.step_busy))
+        return out
