@@ -184,3 +184,40 @@ def test_ray_pipeline_equals_serial():
             assert len(got.history) >= 2
     finally:
         ray.shutdown()
+
+
+# -- faults -------------------------------------------------------------------------
+
+class Boom(nn.Module):
+    """A parameter-free layer that fails on its 3rd forward: raising, or
+    killing its process outright."""
+
+    def __init__(self, how="raise"):
+        super().__init__()
+        self.how, self.calls = how, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 3:
+            if self.how == "raise":
+                raise RuntimeError("boom in stage 1")
+            import os
+            os._exit(3)
+        return x
+
+
+def boom_problem(how):
+    rng = np.random.default_rng(0)
+    net = nn.Sequential(nn.Linear(4, 4), Boom(how), nn.Linear(4, 1))
+    return TorchProblem(net, nn.MSELoss(), rng.standard_normal((64, 4)),
+                        rng.standard_normal((64, 1)), dtype="float64")
+
+
+@pytest.mark.parametrize("how,says", [("raise", "boom in stage 1"), ("exit", "exit code 3")])
+def test_a_failing_stage_fails_the_run_naming_it(how, says):
+    from monsoon.errors import WorkerError
+
+    with pytest.raises(WorkerError, match=says) as info:
+        monsoon.train(boom_problem(how), "pipeline", 2, cuts="1", steps=5, batch_size=8,
+                      micro_batches=2, evals=0, timeout=20)
+    assert "stage 1" in str(info.value)

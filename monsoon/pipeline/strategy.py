@@ -86,6 +86,9 @@ class Pipeline(Strategy):
         """Run on ``engine`` (the engine's own hook calls this)."""
         from . import runner_for
 
+        if getattr(engine, "checkpoint_dir", None) or getattr(engine, "resume_dir", None):
+            raise ConfigError("the pipeline strategy does not write or resume checkpoints yet; "
+                              "drop --checkpoint-every and --resume")
         return runner_for(engine)(engine, self, problem, rule, w0, workers, batch_size, seed,
                                   budget, recorder)
 
