@@ -221,3 +221,25 @@ def test_a_failing_stage_fails_the_run_naming_it(how, says):
         monsoon.train(boom_problem(how), "pipeline", 2, cuts="1", steps=5, batch_size=8,
                       micro_batches=2, evals=0, timeout=20)
     assert "stage 1" in str(info.value)
+
+
+def test_balance_by_measured_time_cuts_and_still_equals_serial():
+    from monsoon.pipeline.stages import plan
+
+    problem = mlp4()
+    specs = plan(problem, 3, balance="time", batch_size=64)
+    bounds = [s.layers for s in specs]
+    assert bounds[0][0] == 0 and bounds[-1][1] == 7
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(bounds, bounds[1:]))
+    got = monsoon.train(problem, "pipeline", 3, engine="sim", balance="time", **OPTS)
+    np.testing.assert_allclose(got.params, serial("mlp4"), rtol=1e-9, atol=1e-12)
+
+
+def test_tied_weights_across_stages_are_refused():
+    first = nn.Linear(4, 4)
+    last = nn.Linear(4, 4)
+    last.weight = first.weight
+    problem = TorchProblem(nn.Sequential(first, nn.Tanh(), last), nn.MSELoss(),
+                           np.zeros((8, 4)), np.zeros((8, 4)))
+    with pytest.raises(ConfigError, match="share a parameter"):
+        monsoon.train(problem, "pipeline", 2, engine="sim", steps=1, batch_size=4)
