@@ -12,13 +12,14 @@ few steps on the local engine with each M. Printed per M:
   ``--compute-s`` is the compute the local run's stages did per step (the
   sum of their busy times, which on a shared machine is the only compute
   time measured under the same load), and ``--latency-s``/``--bandwidth``
-  come from a pipe ping-pong between two processes measured beforehand; the
+  come from a pipe ping-pong between two processes measured beforehand (an
+  upper bound on the shared-memory channels' cost); the
   waiting, i.e. the bubble and the step time, is the sim's prediction. A
   second column gives the sim with ``--compute-s`` measured beforehand in
   this process (one forward + backward of the whole model, one thread),
   which on a loaded machine says mostly how loaded it was.
 
-    python bench/pipeline.py [--width 512] [--batch 512] [--steps 8]
+    python bench/pipeline.py [--width 512] [--batch 512] [--steps 12]
 """
 import argparse
 import multiprocessing as mp

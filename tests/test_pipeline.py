@@ -100,6 +100,9 @@ def test_local_pipeline_equals_serial(name, S, M, sched):
     assert 0.0 <= s["bubble_fraction"] < 1.0
     assert [st["stage"] for st in s["stages"]] == list(range(S))
     assert all(st["busy_s"] > 0 for st in s["stages"])
+    for st in s["stages"]:  # 1F1B bounds the activations a stage holds: S - s, not M
+        bound = min(S - st["stage"], M) if sched == "1f1b" else M
+        assert st["peak_micro_batches_in_flight"] == bound
 
 
 @pytest.mark.parametrize("engine", ["local", "sim"])
