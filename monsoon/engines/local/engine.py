@@ -268,6 +268,9 @@ class LocalEngine:
                 and budget.epochs is not None and strategy.name in ("serial", "hogwild"))
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
+            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
+                                   recorder)
         self.kernel = self.uses_kernel(problem, rule, strategy, budget)
         if self.kernel:
             problem.prepare_kernel()

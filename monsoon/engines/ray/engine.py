@@ -92,6 +92,9 @@ class RayEngine:
                 "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
+            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
+                                   recorder)
         if strategy.name not in SUPPORTED:
             raise ConfigError(f"the ray engine runs {', '.join(SUPPORTED)}, not "
                               f"{strategy.name!r}; use --engine local for it")

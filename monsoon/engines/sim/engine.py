@@ -120,6 +120,9 @@ class SimEngine:
 
     # -- set-up ----------------------------------------------------------------
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
+            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
+                                   recorder)
         t_real = time.perf_counter()
         n = w0.size
         self.problem, self.rule, self.strategy = problem, rule, strategy

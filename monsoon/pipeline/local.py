@@ -1,0 +1,279 @@
+"""The pipeline on the local engine: one process per (replica, stage).
+
+Transport: one shared-memory channel per direction between neighbouring
+stages of a replica (activations forward, their gradients backward;
+``shm.py``), one duplex pipe between replica 0 and replica r of each stage
+(the 2D gradient sum, once a step). A channel has a slot per micro-batch,
+so a stage never blocks on a neighbour that is itself sending (1F1B sends
+both ways at once); every wait has the run's timeout and stops on abort.
+
+The 2D sum runs in rank order on replica 0 (g_0 + g_1 + ... ), which sends
+the sum back: every replica applies the same bits, so replicas never drift.
+
+The monitor (the calling process) starts the workers, releases them
+together, and for the loss curve asks replica 0's stages to copy their
+parameters into a shared snapshot vector at the end of a step (each copies
+only its own slice); the snapshot is recorded once every stage has served.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import time
+import traceback
+
+import numpy as np
+
+from ..engines.local.engine import EngineResult, _main_module_hidden, torch_threads_per_worker
+from ..engines.local.inbox import Outbox, PipeInbox
+from ..engines.local.memory import SharedArrays
+from ..engines.waiting import Aborted
+from ..errors import WaitTimeout, WorkerError
+from ..strategies.batches import global_batches
+from .runner import finish, stage_payloads
+from .shm import Channel, boundary_bytes, largest_micro_batch
+
+ABORT, START, ASKED = 0, 1, 2
+
+
+class Link:
+    """A stage's transport: shared-memory channels to its neighbours
+    (``shm.py``), pipes to its replicas."""
+
+    def __init__(self, conns: dict, control, timeout: float):
+        self.conns, self.control, self.timeout = conns, control, timeout
+        aborted = lambda: bool(control[ABORT])  # noqa: E731
+        for key in ("act_in", "act_out", "grad_in", "grad_out"):
+            if key in conns:
+                conns[key].attach(timeout, aborted)
+
+    def send_act(self, m, a):
+        self.conns["act_out"].send(m, a, "an activation")
+
+    def recv_act(self, m):
+        return self.conns["act_in"].recv(m, f"the activation of micro-batch {m}")
+
+    def send_grad(self, m, g):
+        self.conns["grad_out"].send(m, g, "a gradient")
+
+    def recv_grad(self, m):
+        return self.conns["grad_in"].recv(m, f"the gradient of micro-batch {m}")
+
+    def reduce(self, grad: np.ndarray) -> None:
+        peers = self.conns.get("replicas")
+        if peers:  # replica 0: sum in rank order, send the sum back
+            for r, conn in enumerate(peers, start=1):
+                grad += self._recv_on(conn, r)
+            for conn in peers:
+                conn.send((0, grad))
+        elif "replica0" in self.conns:
+            self.conns["replica0"].send((0, grad))
+            grad[...] = self._recv_on(self.conns["replica0"], 0)
+
+    def _recv_on(self, conn, who):
+        deadline = time.monotonic() + self.timeout
+        while not conn.poll(0.05):
+            if self.control[ABORT]:
+                raise Aborted()
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"waited {self.timeout:g} s for replica {who}'s gradient")
+        return conn.recv()[1]
+
+
+def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
+    import torch
+
+    torch.set_num_threads(threads)
+    outbox = Outbox(messages)
+    link = None
+    try:
+        setup = pickle.loads(payload)
+        del payload
+        control, served, counters, snap = (shared["control"], shared["served"],
+                                           shared["counters"], shared["snap"])
+        worker = setup["make"]()
+        link = Link(conns, control, timeout)
+        outbox.put(("ready", rank, None))
+        deadline = time.monotonic() + setup["start_timeout"]
+        while not control[START]:
+            if control[ABORT]:
+                raise Aborted()
+            if time.monotonic() > deadline:
+                raise WaitTimeout("the start signal never came")
+            time.sleep(0.001)
+        spec, lead = worker.spec, worker.replica == 0
+        t0 = time.perf_counter()
+        for t, batch in enumerate(global_batches(*setup["batches"])):
+            worker.step(batch, t, link)
+            if lead:
+                if spec.first:
+                    counters[0] += 1
+                    counters[1] += len(batch)
+                if served[spec.index] < control[ASKED]:
+                    snap[spec.lo:spec.hi] = worker.params
+                    served[spec.index] = control[ASKED]
+            if control[ABORT]:
+                raise Aborted()
+        wall = time.perf_counter() - t0
+        outbox.put(("done", rank, {"params": worker.params if lead else None,
+                                   "stats": worker.stats(wall)}))
+    except Aborted:
+        outbox.put(("aborted", rank, None))
+    except BaseException as exc:  # noqa: BLE001 - reported to the monitor
+        control = shared["control"]
+        control[ABORT] = 1
+        outbox.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    outbox.close()
+
+
+def _links(ctx, stages: int, replicas: int, boundary: list, rows: int, micro: int):
+    """Each worker's channels (to its neighbours) and pipes (to its replicas)."""
+    conns = [dict() for _ in range(stages * replicas)]
+    channels = []
+    for r in range(replicas):
+        for s in range(stages - 1):
+            a, b = r * stages + s, r * stages + s + 1
+            fwd, back = (Channel(micro, rows * boundary[s]) for _ in range(2))
+            channels += [fwd, back]
+            conns[a]["act_out"], conns[b]["act_in"] = fwd, fwd
+            conns[b]["grad_out"], conns[a]["grad_in"] = back, back
+    for s in range(stages):
+        for r in range(1, replicas):
+            lead, other = ctx.Pipe(duplex=True)
+            conns[s].setdefault("replicas", []).append(lead)
+            conns[r * stages + s]["replica0"] = other
+    return conns, channels
+
+
+def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
+    specs, stages, replicas = strategy.layout(problem, workers, batch_size)
+    ctx = mp.get_context("spawn")
+    shared = SharedArrays({"control": ((4,), "int64"), "served": ((stages,), "int64"),
+                           "counters": ((2,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
+    shared["snap"][:] = w0
+    control = shared["control"]
+    conns, channels = _links(ctx, stages, replicas, boundary_bytes(problem, specs),
+                             largest_micro_batch(batch_size, replicas, strategy.micro_batches),
+                             strategy.micro_batches)
+    inbox = PipeInbox(ctx, workers)
+    threads = torch_threads_per_worker(workers)
+    engine.backend_used = "processes"
+    handles = []
+    t_begin = time.perf_counter()
+    payloads = stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size, seed, budget)
+    try:
+        for rank, payload in enumerate(payloads):
+            payload = pickle.dumps({**payload, "start_timeout": engine.start_timeout},
+                                   protocol=pickle.HIGHEST_PROTOCOL)
+            h = ctx.Process(target=_stage_main, name=f"monsoon-stage-{rank}", daemon=True,
+                            args=(payload, conns[rank], shared, inbox.senders[rank], rank,
+                                  engine.timeout, threads))
+            with _main_module_hidden(b"__main__" in payload):
+                h.start()
+            inbox.started(rank, h)
+            handles.append(h)
+        for c in conns:  # the children hold their ends of the pipes now
+            for key in ("replicas", "replica0"):
+                for conn in (c[key] if key == "replicas" else [c[key]]) if key in c else ():
+                    conn.close()
+        return _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, recorder,
+                        t_begin)
+    except BaseException:
+        control[ABORT] = 1
+        raise
+    finally:
+        for h in handles:
+            h.join(5.0)
+            if h.is_alive():
+                h.terminate()
+                h.join(2.0)
+        inbox.close()
+        shared.close()
+        for channel in channels:
+            channel.close()
+
+
+def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, recorder, t_begin):
+    control, served, counters, snap = (shared["control"], shared["served"], shared["counters"],
+                                       shared["snap"])
+    workers = len(handles)
+    finished, ready, failed, results = set(), set(), {}, {}
+    stopped = None
+
+    def drain(block_s):
+        for kind, rank, payload in inbox.receive(block_s, finished):
+            if kind == "ready":
+                ready.add(rank)
+                continue
+            finished.add(rank)
+            if kind == "failed":
+                failed[rank] = payload
+            elif kind == "done":
+                results[rank] = payload
+        for rank, h in enumerate(handles):
+            if rank not in finished and h.exitcode is not None:
+                drain_once = inbox.receive(0.2, finished)
+                for kind, r, payload in drain_once:
+                    finished.add(r)
+                    if kind == "failed":
+                        failed[r] = payload
+                    elif kind == "done":
+                        results[r] = payload
+                if rank not in finished:
+                    finished.add(rank)
+                    failed[rank] = f"worker process died (exit code {h.exitcode})"
+
+    def fail():
+        control[ABORT] = 1
+        rank = min(failed)
+        text = failed[rank]
+        err = WorkerError(f"pipeline worker {rank} (stage {rank % len(specs)}, replica "
+                          f"{rank // len(specs)}) failed, and a pipeline needs every stage: "
+                          f"{text.splitlines()[0]}")
+        err.worker, err.worker_traceback = rank, text
+        return err
+
+    deadline = time.monotonic() + engine.start_timeout
+    while len(ready) < workers:
+        drain(0.05)
+        if failed:
+            raise fail()
+        if time.monotonic() > deadline:
+            control[ABORT] = 1
+            raise WaitTimeout(f"pipeline workers did not start within {engine.start_timeout:g} s")
+    startup = time.perf_counter() - t_begin
+    recorder.start(snap)
+    t0 = time.perf_counter()
+    control[START] = 1
+    asked = False
+    last_progress, last_ex = time.monotonic(), -1
+    while len(finished) < workers:
+        drain(0.002 if asked else min(0.05, engine.idle_s))
+        if failed:
+            raise fail()
+        now = time.perf_counter() - t0
+        up, ex = int(counters[0]), int(counters[1])
+        if ex != last_ex:
+            last_ex, last_progress = ex, time.monotonic()
+        elif time.monotonic() - last_progress > 2 * engine.timeout:
+            control[ABORT] = 1
+            raise WaitTimeout(f"no pipeline step finished for {2 * engine.timeout:g} s")
+        if asked and all(served[s] >= control[ASKED] for s in range(len(specs))):
+            asked = False
+            reason = recorder.record(now, up, ex, snap)
+            if reason is not None:
+                stopped = reason
+                control[ABORT] = 1
+        elif not asked and recorder.due(now, ex) and not stopped:
+            control[ASKED] += 1
+            asked = True
+    wall = time.perf_counter() - t0
+    if failed:
+        raise fail()
+    if stopped is not None and len(results) < workers:  # stopped early: the snapshot is the run
+        params = np.array(snap, copy=True)
+    else:
+        params = np.concatenate([results[s]["params"] for s in range(len(specs))])
+    stats = [results[r]["stats"] for r in sorted(results)]
+    return finish(EngineResult, strategy, params, startup, wall, int(counters[1]),
+                  int(counters[0]), stats, stopped, w0)

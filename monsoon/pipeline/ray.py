@@ -1,0 +1,201 @@
+"""The pipeline on the ray engine: one actor per (replica, stage), object refs between them.
+
+The driver submits each stage's ops in its schedule's order; an op's input
+is the object reference its neighbour's op returned (an activation going
+forward, its gradient going back), so activations travel actor to actor
+through Ray's object store and never through the driver. A Ray actor runs
+the tasks one caller submits in submission order, waiting for their
+arguments, which is exactly the schedule. After a step's last op, each
+stage's gradient (``gather``) goes, as a reference, to every replica of
+that stage, which sums them in rank order and applies its rule
+(``apply``): replicas apply the same bits.
+
+The driver keeps at most two steps in flight, and every wait has the
+engine's timeout. An actor that fails fails the run with its error (a
+pipeline needs every stage).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ..engines.local.engine import EngineResult
+from ..errors import WaitTimeout, WorkerError
+from ..strategies.batches import global_batches, part_bounds
+from .runner import finish, stage_payloads
+from .schedules import schedule
+
+
+class _OneOp:
+    """The transport of one op: its input was given, its output is kept."""
+
+    def __init__(self, value=None):
+        self.value, self.out = value, None
+
+    def recv_act(self, m):
+        return self.value
+
+    recv_grad = recv_act
+
+    def send_act(self, m, array):
+        self.out = array
+
+    send_grad = send_act
+
+
+class StageActor:
+    def __init__(self, make):
+        import torch
+
+        torch.set_num_threads(1)
+        self.worker = make()
+        self.busy = 0.0
+        self.first_at = self.last_at = None
+
+    def ready(self):
+        return True
+
+    def begin(self, batch):
+        now = time.perf_counter()
+        self.first_at = self.first_at or now
+        self.worker.begin(np.asarray(batch))
+
+    def op(self, value=None):
+        t0 = time.perf_counter()
+        link = _OneOp(None if value is None else np.array(value, copy=True))
+        self.worker.run_op(link)
+        self.busy += time.perf_counter() - t0
+        return link.out
+
+    def gather(self):
+        t0 = time.perf_counter()
+        self.worker.gather()
+        self.busy += time.perf_counter() - t0
+        return self.worker.grad
+
+    def apply(self, t, *grads):
+        t0 = time.perf_counter()
+        w = self.worker
+        if len(grads) > 1:  # the replicas' sum, in rank order
+            w.grad[...] = grads[0]
+            for g in grads[1:]:
+                w.grad += g
+        w.apply(t)
+        self.last_at = time.perf_counter()
+        self.busy += self.last_at - t0
+        return w.steps
+
+    def params(self):
+        return self.worker.params
+
+    def stats(self):
+        wall = (self.last_at - self.first_at) if self.first_at and self.last_at else 0.0
+        return {**self.worker.stats(wall), "busy_s": self.busy}
+
+
+def run_ray(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
+    from ..engines.ray.engine import import_ray
+
+    specs, S, R = strategy.layout(problem, workers, batch_size)
+    ray = import_ray()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=engine.address, include_dashboard=False, log_to_driver=False,
+                 num_cpus=None if engine.address else os.cpu_count())
+    actors = []
+    try:
+        t_begin = time.perf_counter()
+        Actor = ray.remote(StageActor)
+        for rank, p in enumerate(stage_payloads(strategy, problem, rule, specs, R, w0,
+                                                batch_size, seed, budget)):
+            actors.append(Actor.options(name=f"monsoon-{engine.run_name}-stage-{rank}",
+                                        num_cpus=0, max_concurrency=1).remote(p["make"]))
+        _get(ray, [a.ready.remote() for a in actors], engine.start_timeout, actors,
+             "start")
+        startup = time.perf_counter() - t_begin
+        return _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed,
+                      budget, recorder, startup, problem.n_examples)
+    finally:
+        for a in actors:
+            ray.kill(a)
+        if started:
+            ray.shutdown()
+
+
+def _get(ray, refs, timeout, actors, what):
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except GetTimeoutError as exc:
+        raise WaitTimeout(f"pipeline stage actors did not {what} within {timeout:g} s") from exc
+    except Exception as exc:  # noqa: BLE001 - an actor's error, reported in one line
+        lines = [line for line in str(exc).strip().splitlines() if "Error" in line]
+        raise WorkerError(f"a pipeline stage actor failed, and a pipeline needs every stage: "
+                          f"{lines[-1].strip() if lines else exc}") from exc
+
+
+def _submit_step(actors, S, R, t, batch, micro, name):
+    """Submit step t's ops; returns the refs of its applies."""
+    for a in actors:
+        a.begin.remote(batch)
+    for r in range(R):
+        lo, hi = part_bounds(len(batch), R, r)
+        k = min(micro, hi - lo)
+        plans = [schedule(name, s, S, k) for s in range(S)]
+        made, pos = {}, [0] * S
+        left = sum(len(p) for p in plans)
+        while left:
+            for s in range(S):
+                while pos[s] < len(plans[s]):
+                    kind, m = plans[s][pos[s]]
+                    dep = ((s - 1, "F", m) if kind == "F" and s > 0 else
+                           (s + 1, "B", m) if kind == "B" and s < S - 1 else None)
+                    if dep is not None and dep not in made:
+                        break
+                    actor = actors[r * S + s]
+                    made[(s, kind, m)] = (actor.op.remote(made[dep]) if dep is not None
+                                          else actor.op.remote())
+                    pos[s] += 1
+                    left -= 1
+    applies = []
+    for s in range(S):
+        grads = [actors[r * S + s].gather.remote() for r in range(R)]
+        for r in range(R):
+            applies.append(actors[r * S + s].apply.remote(t, *(grads if R > 1 else ())))
+    return applies
+
+
+def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, budget, recorder,
+           startup, n):
+    recorder.start(w0)
+    t0 = time.perf_counter()
+    in_flight = []
+    examples = updates = 0
+    stopped = None
+    for t, batch in enumerate(global_batches(n, batch_size, seed, budget)):
+        in_flight.append((_submit_step(actors, S, R, t, batch, strategy.micro_batches,
+                                       strategy.schedule), len(batch)))
+        if len(in_flight) >= 2:
+            refs, size = in_flight.pop(0)
+            _get(ray, refs, engine.timeout, actors, "finish a step")
+            updates, examples = updates + 1, examples + size
+            now = time.perf_counter() - t0
+            if recorder.due(now, examples):
+                params = np.concatenate(_get(ray, [actors[s].params.remote() for s in range(S)],
+                                             engine.timeout, actors, "send parameters"))
+                reason = recorder.record(now, updates, examples, params)
+                if reason is not None:
+                    stopped = reason
+                    break
+    for refs, size in in_flight if stopped is None else ():
+        _get(ray, refs, engine.timeout, actors, "finish a step")
+        updates, examples = updates + 1, examples + size
+    wall = time.perf_counter() - t0
+    params = np.concatenate(_get(ray, [actors[s].params.remote() for s in range(S)],
+                                 engine.timeout, actors, "send parameters"))
+    stats = _get(ray, [a.stats.remote() for a in actors], engine.timeout, actors, "report")
+    return finish(EngineResult, strategy, params, startup, wall, examples, updates, stats,
+                  stopped, w0)

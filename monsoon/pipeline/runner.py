@@ -1,0 +1,73 @@
+"""What every engine's pipeline runner shares: the per-worker payloads and
+the summary of a finished run (bubble fraction, per-stage time and memory).
+
+Worker ``rank`` is stage ``rank % S`` of replica ``rank // S``. A payload
+holds only that stage's layers and parameters, the data that stage reads
+(the inputs for the first stage, the targets for the last) and the rule,
+whose state the worker creates for its own slice.
+"""
+from __future__ import annotations
+
+import functools
+
+from .schedules import gpipe_bubble
+from .stages import stage_module
+from .worker import StageWorker
+
+
+def stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size, seed, budget):
+    payloads = []
+    for r in range(replicas):
+        for spec in specs:
+            make = functools.partial(
+                StageWorker, spec, stage_module(problem, spec, w0), rule, problem.dtype, r,
+                replicas, strategy.micro_batches, strategy.schedule,
+                X=problem.X if spec.first else None, y=problem.y if spec.last else None,
+                loss_fn=problem.loss_fn if spec.last else None)
+            payloads.append({"make": make,
+                             "batches": (problem.n_examples, batch_size, seed, budget)})
+    return payloads
+
+
+def bubble(stats: list[dict], stages: int) -> float:
+    """Measured idle fraction: per replica 1 - sum(busy) / (S * wall), averaged."""
+    by_replica: dict[int, list] = {}
+    for s in stats:
+        by_replica.setdefault(s["replica"], []).append(s)
+    fractions = []
+    for group in by_replica.values():
+        wall = max(s["wall_s"] for s in group)
+        if wall > 0:
+            fractions.append(max(0.0, 1.0 - sum(s["busy_s"] for s in group) / (stages * wall)))
+    return sum(fractions) / len(fractions) if fractions else 0.0
+
+
+def stage_summary(stats: list[dict], stages: int) -> list[dict]:
+    """Per stage: replica 0's compute time, wall time and memory (bytes of
+    its parameters, rule state and gradient), the most micro-batches whose
+    activations it held at once, and the median step's wall and compute time."""
+    out = []
+    for s in range(stages):
+        mine = [x for x in stats if x["stage"] == s and x["replica"] == 0]
+        if mine:
+            x = mine[0]
+            out.append({k: x[k] for k in ("stage", "busy_s", "wall_s", "param_bytes",
+                                          "rule_state_bytes", "grad_bytes",
+                                          "peak_micro_batches_in_flight", "step_s_median",
+                                          "busy_s_median") if k in x})
+    return out
+
+
+def finish(result_cls, strategy, params, startup, wall, examples, updates, stats, stopped, w0,
+           extra=None):
+    stages = strategy.stages_used
+    dropped = max((s["dropped"] for s in stats), default=0)
+    summary = {"pipeline_stages": stages, "pipeline_replicas": strategy.replicas_used,
+               "bubble_fraction": bubble(stats, stages),
+               "gpipe_bubble": gpipe_bubble(stages, strategy.micro_batches),
+               "stages": stage_summary(stats, stages),
+               "model_param_bytes": int(w0.nbytes), **(extra or {})}
+    from collections import Counter
+
+    return result_cls(params, startup, wall, examples, updates, dropped, Counter(), [],
+                      stopped=stopped, extra=summary)

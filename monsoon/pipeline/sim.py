@@ -1,0 +1,162 @@
+"""The pipeline on the sim engine: real math, virtual time.
+
+Every stage's forward and backward is computed for real, in one process
+(the same ``StageWorker`` as on the local engine, so the parameters are the
+same), in an order that respects the schedule's dependencies. Time is
+modelled per step by ``schedules.timeline``:
+
+- compute: the sim's ``--compute-s`` is the seconds of the WHOLE model's
+  forward and backward on one batch of ``--batch-size``; stage s's share is
+  its share of the parameters, a micro-batch of n examples costs
+  ``compute_s * share_s * n / batch_size``, one third forward and two
+  thirds backward (a backward computes two products per layer, a forward
+  one); stragglers (``--straggler-p``, ``--slow-fraction``,
+  ``--compute-sigma``) scale a worker's ops for the step;
+- transfer: an activation (or its gradient) of b bytes between neighbouring
+  stages takes ``--latency-s + b / --bandwidth``, with b the real array's size;
+- 2D: the replicas' gradient sum costs a message to replica 0 and back.
+
+The step's bubble is 1 - sum(busy) / (S * makespan); with equal stages and
+free transfers it is GPipe's (S - 1) / (M + S - 1) exactly (tested), so the
+sim answers "which S and M" for a cluster before it is rented.
+"""
+from __future__ import annotations
+
+import copy
+from collections import deque
+
+import numpy as np
+
+from ..engines.local.engine import EngineResult
+from ..strategies.batches import global_batches
+from .runner import finish, stage_payloads
+from .schedules import timeline
+
+
+class _Link:
+    """In-process FIFO channels of one worker; records the bytes it sends."""
+
+    def __init__(self, channels, r, s, sent):
+        self.channels, self.r, self.s, self.sent = channels, r, s, sent
+
+    def send_act(self, m, a):
+        self.channels[("act", self.r, self.s + 1)].append((m, a))
+        self.sent[(self.r, self.s, m)] = a.nbytes
+
+    def recv_act(self, m):
+        got, a = self.channels[("act", self.r, self.s)].popleft()
+        assert got == m
+        return a
+
+    def send_grad(self, m, g):
+        self.channels[("grad", self.r, self.s - 1)].append((m, g))
+
+    def recv_grad(self, m):
+        got, g = self.channels[("grad", self.r, self.s)].popleft()
+        assert got == m
+        return g
+
+    def has(self, kind) -> bool:
+        return bool(self.channels[(kind, self.r, self.s)])
+
+
+def run_sim(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
+    specs, S, R = strategy.layout(problem, workers, batch_size)
+    payloads = stage_payloads(strategy, problem, rule, specs, R, w0, batch_size, seed, budget)
+    ws = []
+    for p in payloads:  # each worker owns its rule object, as a process would
+        make = p["make"]
+        args = list(make.args)
+        args[2] = copy.deepcopy(args[2])
+        ws.append(make.func(*args, **make.keywords))
+    delays = engine.delays
+    engine.shards_used = None
+    rng = np.random.default_rng([seed, 7919])
+    n = w0.size
+    shares = [(spec.hi - spec.lo) / n for spec in specs]
+    channels = {(k, r, s): deque() for k in ("act", "grad") for r in range(R) for s in range(S)}
+    sent: dict = {}
+    links = [_Link(channels, r, s, sent) for r in range(R) for s in range(S)]
+    busy = [0.0] * len(ws)
+    now = 0.0
+    examples = updates = 0
+    stopped = None
+    recorder.start(w0)
+    for t, batch in enumerate(global_batches(problem.n_examples, batch_size, seed, budget)):
+        for w in ws:
+            w.begin(batch)
+        _interleave(ws, links)
+        for s in range(S):  # the replicas' sum, in rank order
+            group = [ws[r * S + s] for r in range(R)]
+            for w in group:
+                w.gather()
+            for w in group[1:]:
+                group[0].grad += w.grad
+            for w in group:
+                if w is not group[0]:
+                    w.grad[...] = group[0].grad
+                w.apply(t)
+        step_s = _step_time(ws, specs, S, R, shares, batch_size, delays, rng, sent, busy)
+        now += step_s
+        updates += 1
+        examples += len(batch)
+        if recorder.due(now, examples):
+            reason = recorder.record(now, updates, examples, _params(ws, S))
+            if reason is not None:
+                stopped = reason
+                break
+    stats = [{**w.stats(now), "busy_s": busy[i]} for i, w in enumerate(ws)]
+    result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, updates, stats,
+                    stopped, w0, extra={"sim_step_s": now / max(updates, 1)})
+    return result
+
+
+def _params(ws, S):
+    return np.concatenate([ws[s].params for s in range(S)])
+
+
+def _interleave(ws, links) -> None:
+    """Run every worker's ops, each as soon as its input has been sent."""
+    pending = list(range(len(ws)))
+    while pending:
+        still = []
+        progressed = False
+        for i in pending:
+            w, link = ws[i], links[i]
+            while w.next_op() is not None:
+                need = w.needs()
+                if need is not None and not link.has(need):
+                    break
+                w.run_op(link)
+                progressed = True
+            if w.next_op() is not None:
+                still.append(i)
+        if not progressed and still:
+            raise RuntimeError("pipeline schedule deadlocked in the simulator")
+        pending = still
+
+
+def _step_time(ws, specs, S, R, shares, batch_size, delays, rng, sent, busy) -> float:
+    makespans = []
+    for r in range(R):
+        forward, backward, transfer = [], [], []
+        for s in range(S):
+            w = ws[r * S + s]
+            slow = delays.compute_time(rng, r * S + s, len(ws)) / delays.compute_s \
+                if delays.compute_s > 0 else 1.0
+            unit = delays.compute_s * shares[s] * slow / batch_size
+            sizes = [len(p) for p in w._parts]
+            forward.append([unit * k / 3 for k in sizes])
+            backward.append([unit * k * 2 / 3 for k in sizes])
+            transfer.append([delays.message_time(sent.get((r, s, m), 0)) for m in range(len(sizes))])
+        if not forward[0]:
+            makespans.append(0.0)
+            continue
+        span, stage_busy = timeline(ws[r * S].schedule_name, forward, backward, transfer)
+        makespans.append(span)
+        for s in range(S):
+            busy[r * S + s] += stage_busy[s]
+    step = max(makespans)
+    if R > 1:
+        step += max(2 * delays.message_time(ws[s].grad.nbytes) for s in range(S))
+    return step

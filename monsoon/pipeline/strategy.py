@@ -1,0 +1,102 @@
+"""The ``pipeline`` strategy: model parallelism (GPipe, 1F1B) and 2D.
+
+The model is cut into S stages (``stages.py``), one per worker; each batch
+is cut into M micro-batches that flow through the stages in the chosen
+schedule (``schedules.py``); each stage accumulates its gradient over the
+micro-batches and updates its own parameters once per batch, with its own
+rule state (``worker.py``). With ``--workers N`` and ``--pipeline-stages
+S`` (S divides N), N / S replicas of the pipeline each take a contiguous
+part of every batch, and the gradients of each stage are summed over the
+replicas (weighted by examples, as sync does) before the update.
+
+Invariants (tested): the parameters equal serial full-batch SGD's to 1e-9
+in float64, for any S, M, schedule and replica count; each worker holds
+only its stage's parameters, gradient and rule state.
+
+Engines run the pipeline through ``run_on`` (the worker loop is not a
+program of the shared ops: it exchanges activations, not parameters); each
+engine's runner is a small file here.
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ..options import Option, at_least
+from ..strategies.base import Strategy
+from .schedules import SCHEDULES
+
+OPTIONS = (
+    Option("pipeline_stages", int, None, "stages the model is cut into (default: --workers); "
+           "--workers / stages pipeline replicas run side by side", check=at_least(1)),
+    Option("micro_batches", int, 4, "micro-batches each batch is cut into", check=at_least(1),
+           label="micro-batches"),
+    Option("schedule", str, "gpipe", "gpipe: all forwards, then all backwards; 1f1b: "
+           "PipeDream-Flush, one forward one backward (less activation memory)",
+           choices=SCHEDULES),
+    Option("cuts", str, None, "layer indices where stages 1, 2, ... start, like 2,4 "
+           "(default: balanced by --balance)"),
+    Option("balance", str, "params", "how stages are balanced without --cuts: by parameter "
+           "count, or by each layer's measured time", choices=("params", "time")),
+)
+
+
+class Pipeline(Strategy):
+    name = "pipeline"
+    options = OPTIONS
+    shared_params = False
+    needs_all_workers = True
+
+    def __init__(self, pipeline_stages=None, micro_batches=4, schedule="gpipe", cuts=None,
+                 balance="params"):
+        if schedule not in SCHEDULES:
+            raise ConfigError(f"unknown schedule {schedule!r}; choose one of: "
+                              f"{', '.join(SCHEDULES)} (--schedule)")
+        if micro_batches < 1:
+            raise ConfigError(f"micro-batches must be at least 1, got {micro_batches}")
+        self.pipeline_stages = pipeline_stages
+        self.micro_batches = micro_batches
+        self.schedule = schedule
+        self.cuts = cuts
+        self.balance = balance
+        self.stages_used = self.replicas_used = None
+
+    def stages_for(self, workers: int) -> int:
+        return self.pipeline_stages or workers
+
+    def validate(self, workers, batch_size, n_examples):
+        stages = self.stages_for(workers)
+        if workers % stages:
+            raise ConfigError(f"--workers {workers} is not a multiple of --pipeline-stages "
+                              f"{stages}; use --workers {stages * max(1, workers // stages)}")
+        replicas = workers // stages
+        super().validate(replicas, batch_size, n_examples)
+        if batch_size < replicas:
+            raise ConfigError(f"batch size {batch_size} is smaller than the {replicas} pipeline "
+                              f"replicas; use --batch-size {replicas} or more")
+
+    def layout(self, problem, workers: int, batch_size: int):
+        """The stages (cut now, from the problem's model), S and R."""
+        from .stages import plan
+
+        stages = self.stages_for(workers)
+        specs = plan(problem, stages, self.balance, self.cuts, batch_size)
+        self.stages_used, self.replicas_used = stages, workers // stages
+        return specs, stages, workers // stages
+
+    def run_on(self, engine, problem, rule, w0, workers, batch_size, seed, budget, recorder):
+        """Run on ``engine`` (the engine's own hook calls this)."""
+        from . import runner_for
+
+        if getattr(engine, "checkpoint_dir", None) or getattr(engine, "resume_dir", None):
+            raise ConfigError("the pipeline strategy does not write or resume checkpoints yet; "
+                              "drop --checkpoint-every and --resume")
+        return runner_for(engine)(engine, self, problem, rule, w0, workers, batch_size, seed,
+                                  budget, recorder)
+
+    def program(self, job):
+        raise ConfigError("the pipeline strategy runs through its engine runner (run_on), not "
+                          "as a worker program")
+
+    def describe(self):
+        return {"strategy": self.name, "pipeline_stages": self.stages_used or self.pipeline_stages,
+                "micro_batches": self.micro_batches, "schedule": self.schedule,
+                "cuts": self.cuts, "balance": self.balance}

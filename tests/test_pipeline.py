@@ -1,0 +1,248 @@
+"""The pipeline strategy (monsoon/pipeline/): schedules, stage cuts, equality
+with serial full-batch SGD on the local and sim engines, 2D replicas, memory
+per worker, and bad input."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import monsoon
+from monsoon.cli import main
+from monsoon.errors import ConfigError
+from monsoon.pipeline import staged
+from monsoon.pipeline.schedules import (bubble_fraction, gpipe_bubble, peak_activations,
+                                        schedule, timeline)
+from monsoon.pipeline.stages import balanced_cuts
+from monsoon.problems import TorchProblem
+
+
+def mlp4(dtype="float64"):
+    """A 4-layer MLP on a planted regression task (300 examples)."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 12))
+    y = np.tanh(X @ rng.standard_normal((12, 3)))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                        nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 3))
+    return TorchProblem(net, nn.MSELoss(), X, y, dtype=dtype, name="mlp4")
+
+
+def problem_of(name):
+    return mlp4() if name == "mlp4" else "digits"
+
+
+OPTS = dict(steps=5, batch_size=64, dtype="float64", seed=3, lr=0.05, evals=0)
+
+
+def serial(name, **extra):
+    return monsoon.train(problem_of(name), "serial", **OPTS, **extra).params
+
+
+# -- schedules ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("S,M", [(1, 1), (2, 1), (2, 4), (3, 8), (4, 2)])
+def test_schedules_run_each_op_once_in_a_shared_order(name, S, M):
+    fs, bs = [], []
+    for s in range(S):
+        ops = schedule(name, s, S, M)
+        assert sorted(ops) == sorted([("F", m) for m in range(M)] + [("B", m) for m in range(M)])
+        assert all(ops.index(("F", m)) < ops.index(("B", m)) for m in range(M))
+        fs.append([m for k, m in ops if k == "F"])
+        bs.append([m for k, m in ops if k == "B"])
+        if name == "1f1b":
+            assert peak_activations(ops) <= min(S - s, M)
+        else:
+            assert peak_activations(ops) == M
+    assert all(f == fs[0] for f in fs) and all(b == bs[0] for b in bs)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("S,M", [(2, 1), (2, 4), (3, 8), (4, 16)])
+def test_equal_stages_give_gpipes_bubble(name, S, M):
+    span, busy = timeline(name, [[1.0] * M] * S, [[2.0] * M] * S)
+    assert span == pytest.approx(3.0 * (M + S - 1))
+    assert bubble_fraction(span, busy) == pytest.approx(gpipe_bubble(S, M))
+
+
+def test_balanced_cuts_minimise_the_largest_stage():
+    assert balanced_cuts([10, 0, 10, 0, 10, 10], 2) == [0, 3]
+    assert balanced_cuts([1, 1, 1], 3) == [0, 1, 2]
+    assert balanced_cuts([100, 1, 1, 1, 1], 2) == [0, 1]
+
+
+# -- equality with serial full-batch SGD --------------------------------------
+
+@pytest.mark.parametrize("name", ["mlp4", "digits"])
+@pytest.mark.parametrize("S", [2, 3])
+@pytest.mark.parametrize("M", [1, 4, 8])
+@pytest.mark.parametrize("sched", ["gpipe", "1f1b"])
+def test_sim_pipeline_equals_serial(name, S, M, sched):
+    got = monsoon.train(problem_of(name), "pipeline", S, engine="sim", micro_batches=M,
+                        schedule=sched, **OPTS)
+    np.testing.assert_allclose(got.params, serial(name), rtol=1e-9, atol=1e-12)
+    assert got.summary["updates"] == OPTS["steps"]
+    assert got.summary["pipeline_stages"] == S
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,S,M,sched", [
+    ("mlp4", 2, 1, "gpipe"), ("mlp4", 2, 4, "1f1b"), ("mlp4", 2, 8, "gpipe"),
+    ("mlp4", 3, 1, "1f1b"), ("mlp4", 3, 4, "gpipe"), ("mlp4", 3, 8, "1f1b"),
+    ("digits", 2, 1, "1f1b"), ("digits", 2, 4, "gpipe"), ("digits", 2, 8, "1f1b"),
+    ("digits", 3, 1, "gpipe"), ("digits", 3, 4, "1f1b"), ("digits", 3, 8, "gpipe")])
+def test_local_pipeline_equals_serial(name, S, M, sched):
+    got = monsoon.train(problem_of(name), "pipeline", S, micro_batches=M, schedule=sched,
+                        rule="momentum", **OPTS)
+    np.testing.assert_allclose(got.params, serial(name, rule="momentum"), rtol=1e-9, atol=1e-12)
+    s = got.summary
+    assert s["backend"] == "processes" and s["updates"] == OPTS["steps"]
+    assert 0.0 <= s["bubble_fraction"] < 1.0
+    assert [st["stage"] for st in s["stages"]] == list(range(S))
+    assert all(st["busy_s"] > 0 for st in s["stages"])
+    for st in s["stages"]:  # 1F1B bounds the activations a stage holds: S - s, not M
+        bound = min(S - st["stage"], M) if sched == "1f1b" else M
+        assert st["peak_micro_batches_in_flight"] == bound
+
+
+@pytest.mark.parametrize("engine", ["local", "sim"])
+def test_two_stages_by_two_replicas_equal_serial(engine):
+    got = monsoon.train(mlp4(), "pipeline", 4, pipeline_stages=2, micro_batches=4,
+                        engine=engine, rule="adam", **{**OPTS, "lr": 0.01})
+    want = monsoon.train(mlp4(), "serial", rule="adam", **{**OPTS, "lr": 0.01}).params
+    np.testing.assert_allclose(got.params, want, rtol=1e-9, atol=1e-12)
+    assert got.summary["pipeline_replicas"] == 2
+
+
+def test_user_given_stages_are_the_cuts():
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((100, 4)), rng.standard_normal((100, 1))
+    model = staged([nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 8),
+                    nn.Sequential(nn.Tanh(), nn.Linear(8, 1))])
+    problem = TorchProblem(model, nn.MSELoss(), X, y, dtype="float64")
+    opts = dict(steps=4, batch_size=20, dtype="float64", seed=0, lr=0.1, evals=0)
+    got = monsoon.train(problem, "pipeline", 3, engine="sim", micro_batches=3, **opts)
+    assert [st["param_bytes"] for st in got.summary["stages"]] == [40 * 8, 72 * 8, 9 * 8]
+    want = monsoon.train(problem, "serial", **opts).params
+    np.testing.assert_allclose(got.params, want, rtol=1e-9, atol=1e-12)
+
+
+# -- memory -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_each_worker_holds_only_its_stage():
+    width = 2560  # two 2560x2560 float32 layers: 52 MB of parameters
+    net = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
+    X = np.zeros((8, width), dtype=np.float32)
+    problem = TorchProblem(net, nn.MSELoss(), X, np.zeros((8, width), dtype=np.float32))
+    model_bytes = problem.n_params * 4
+    assert model_bytes >= 50e6
+    got = monsoon.train(problem, "pipeline", 2, rule="adam", steps=1, batch_size=4,
+                        micro_batches=2, evals=0)
+    whole = model_bytes * 3  # parameters + Adam's two moments
+    for st in got.summary["stages"]:
+        held = st["param_bytes"] + st["rule_state_bytes"]
+        assert held <= 0.6 * whole, st
+        assert st["rule_state_bytes"] == 2 * st["param_bytes"]
+
+
+# -- bad input ------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,says", [
+    (["--workers", "3", "--pipeline-stages", "2"], "not a multiple of --pipeline-stages"),
+    (["--workers", "2", "--cuts", "1,2"], "--cuts 1,2 gives 3 stages"),
+    (["--workers", "2", "--cuts", "x"], "--cuts takes layer indices"),
+    (["--workers", "4"], "only 3 layers"),
+    (["--workers", "2", "--schedule", "zigzag"], "unknown schedule"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, says):
+    code = main(["train", "--problem", "digits", "--strategy", "pipeline", "--engine", "sim",
+                 "--steps", "1", *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and says in err, err
+
+
+def test_a_model_that_is_no_sequential_is_refused():
+    with pytest.raises(ConfigError, match="nn.Sequential"):
+        monsoon.train("linear", "pipeline", 2, engine="sim", steps=1)
+
+
+# -- ray --------------------------------------------------------------------------
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_pipeline_equals_serial():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        for S, W, M, sched in [(2, 2, 4, "1f1b"), (2, 4, 3, "gpipe")]:
+            got = monsoon.train(mlp4(), "pipeline", W, pipeline_stages=S, engine="ray",
+                                micro_batches=M, schedule=sched, rule="momentum",
+                                **{**OPTS, "evals": 3})
+            want = monsoon.train(mlp4(), "serial", rule="momentum", **OPTS).params
+            np.testing.assert_allclose(got.params, want, rtol=1e-9, atol=1e-12)
+            s = got.summary
+            assert s["updates"] == OPTS["steps"] and s["pipeline_replicas"] == W // S
+            assert all(st["busy_s"] > 0 for st in s["stages"])
+            assert len(got.history) >= 2
+    finally:
+        ray.shutdown()
+
+
+# -- faults -------------------------------------------------------------------------
+
+class Boom(nn.Module):
+    """A parameter-free layer that fails on its 3rd forward: raising, or
+    killing its process outright."""
+
+    def __init__(self, how="raise"):
+        super().__init__()
+        self.how, self.calls = how, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 3:
+            if self.how == "raise":
+                raise RuntimeError("boom in stage 1")
+            import os
+            os._exit(3)
+        return x
+
+
+def boom_problem(how):
+    rng = np.random.default_rng(0)
+    net = nn.Sequential(nn.Linear(4, 4), Boom(how), nn.Linear(4, 1))
+    return TorchProblem(net, nn.MSELoss(), rng.standard_normal((64, 4)),
+                        rng.standard_normal((64, 1)), dtype="float64")
+
+
+@pytest.mark.parametrize("how,says", [("raise", "boom in stage 1"), ("exit", "exit code 3")])
+def test_a_failing_stage_fails_the_run_naming_it(how, says):
+    from monsoon.errors import WorkerError
+
+    with pytest.raises(WorkerError, match=says) as info:
+        monsoon.train(boom_problem(how), "pipeline", 2, cuts="1", steps=5, batch_size=8,
+                      micro_batches=2, evals=0, timeout=20)
+    assert "stage 1" in str(info.value)
+
+
+def test_balance_by_measured_time_cuts_and_still_equals_serial():
+    from monsoon.pipeline.stages import plan
+
+    problem = mlp4()
+    specs = plan(problem, 3, balance="time", batch_size=64)
+    bounds = [s.layers for s in specs]
+    assert bounds[0][0] == 0 and bounds[-1][1] == 7
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(bounds, bounds[1:]))
+    got = monsoon.train(problem, "pipeline", 3, engine="sim", balance="time", **OPTS)
+    np.testing.assert_allclose(got.params, serial("mlp4"), rtol=1e-9, atol=1e-12)
+
+
+def test_tied_weights_across_stages_are_refused():
+    first = nn.Linear(4, 4)
+    last = nn.Linear(4, 4)
+    last.weight = first.weight
+    problem = TorchProblem(nn.Sequential(first, nn.Tanh(), last), nn.MSELoss(),
+                           np.zeros((8, 4)), np.zeros((8, 4)))
+    with pytest.raises(ConfigError, match="share a parameter"):
+        monsoon.train(problem, "pipeline", 2, engine="sim", steps=1, batch_size=4)
