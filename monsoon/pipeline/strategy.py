@@ -86,7 +86,13 @@ class Pipeline(Strategy):
         """Run on ``engine`` (the engine's own hook calls this)."""
         from . import runner_for
 
-        if getattr(engine, "checkpoint_dir", None) or getattr(engine, "resume_dir", None):
+        from ..engines.options import CHECKPOINT_EVERY
+
+        # A run folder turns checkpoints on by default; pipeline runs write
+        # none yet, and refuse only what the user asked for explicitly.
+        asked = getattr(engine, "checkpoint_every", CHECKPOINT_EVERY.default)
+        if getattr(engine, "resume_dir", None) or (getattr(engine, "checkpoint_dir", None)
+                                                   and asked != CHECKPOINT_EVERY.default):
             raise ConfigError("the pipeline strategy does not write or resume checkpoints yet; "
                               "drop --checkpoint-every and --resume")
         return runner_for(engine)(engine, self, problem, rule, w0, workers, batch_size, seed,
