@@ -1,0 +1,324 @@
+"""The per-example SGD loop of scikit-learn's ``_plain_sgd``, compiled (Numba,
+``nogil=True``) so that several threads can run it at once on one shared
+weight vector (Hogwild!, Niu et al. 2011).
+
+One call runs the examples ``order[lo:hi]`` of an epoch. Per example (the
+formulas and their order are scikit-learn's, ``sklearn/linear_model/_sgd_fast.pyx.tp``):
+
+    p     = wscale * (v . x) + b
+    eta   = 1 / (alpha (t0 + t - 1))   'optimal'  (t0 from sklearn's heuristic)
+          = eta0 / t^power_t            'invscaling'
+          = eta                         'constant', 'adaptive'
+    upd   = -eta * clip(dloss(y, p), 1e12) * class_weight(y) * sample_weight
+    wscale *= max(0, 1 - (1 - l1_ratio) eta alpha)          L2 part, by scaling
+    v    += x * upd / wscale;   b += upd * intercept_decay
+    average (ASGD, Bottou's sparse trick), then the L1 part as truncated
+    gradient with cumulative penalty u and per-feature q (Tsuruoka et al. 2009)
+
+The weights are ``w = wscale * v``. A call stops early, before an example,
+when ``wscale`` drops below 1e-9 and returns how many examples it ran: the
+caller folds ``wscale`` into ``v`` (``reset_wscale``) and calls again, so no
+thread ever rescales the shared vector while another one writes it.
+
+Threads (``stride`` J > 1): thread k takes global steps t, t+J, t+2J, ...
+Every scalar that scikit-learn advances once per step (wscale, the L1
+cumulative penalty u, the ASGD scalars a and b) is a function of the step
+count alone, so each thread advances its own copy of them through the J-1
+steps the others take ("phantom" steps): no thread ever writes a shared
+scalar. The intercept and the hottest coordinates (``hot_idx``, the most
+frequent features) are per-thread copies as well, merged into the shared
+vector every ``flush_every`` examples and at the end of the call by adding
+each copy's change since the last merge (Hogwild! updates, delayed): on
+power-law data the few features in most rows are otherwise written by both
+cores all the time and their cache lines bounce between them.
+
+Invariant: with one thread (J = 1, no hot copies) this is scikit-learn's
+loop update for update, so fits with ``shuffle=False`` agree with
+``SGDClassifier``/``SGDRegressor`` to rounding (a test holds them equal).
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+# loss codes; sklearn's classification losses take y in {-1, 1}, log_loss y in {0, 1}
+HINGE, SQUARED_HINGE, LOG, MODIFIED_HUBER, SQUARED, HUBER, EPS_INSENSITIVE, SQ_EPS_INSENSITIVE = \
+    range(8)
+NO_PENALTY, L1, L2, ELASTICNET = 0, 1, 2, 3
+CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE = 1, 2, 3, 4
+MAX_DLOSS = 1e12
+WSCALE_THRESHOLD = 1e-9
+
+# cfg slots
+(C_LOSS, C_LOSS_PARAM, C_PENALTY, C_ALPHA, C_L1_RATIO, C_LR, C_ETA, C_ETA0, C_POWER_T, C_T0,
+ C_FIT_INTERCEPT, C_INTERCEPT_DECAY, C_AVERAGE, C_WEIGHT_POS, C_WEIGHT_NEG, C_STRIDE,
+ C_COMPUTE_LOSS, C_FLUSH) = range(18)
+N_CFG = 18
+# per-thread state slots
+(S_T, S_WSCALE, S_INTERCEPT, S_AVG_A, S_AVG_B, S_AVG_INTERCEPT, S_U, S_SQ_NORM, S_L1_NORM,
+ S_SUMLOSS, S_OBJECTIVE, S_COUNT, S_INTERCEPT_BASE) = range(13)
+N_STATE = 13
+
+
+@numba.njit(inline="always")
+def loss_value(code, param, y, p):
+    if code == HINGE:
+        z = p * y
+        return param - z if z <= param else 0.0
+    if code == SQUARED_HINGE:
+        z = param - p * y
+        return z * z if z > 0 else 0.0
+    if code == LOG:  # log(1 + exp(p)) - y p, stable
+        if p <= -37.0:
+            return math.exp(p) - y * p
+        if p <= 18.0:
+            return math.log1p(math.exp(p)) - y * p
+        return p + math.exp(-p) - y * p if p <= 33.3 else p - y * p
+    if code == MODIFIED_HUBER:
+        z = p * y
+        if z >= 1.0:
+            return 0.0
+        if z >= -1.0:
+            return (1.0 - z) * (1.0 - z)
+        return -4.0 * z
+    if code == SQUARED:
+        return 0.5 * (p - y) * (p - y)
+    if code == HUBER:
+        r = abs(y - p)
+        return 0.5 * r * r if r <= param else param * (r - 0.5 * param)
+    r = abs(y - p) - param
+    if code == EPS_INSENSITIVE:
+        return r if r > 0 else 0.0
+    return r * r if r > 0 else 0.0
+
+
+@numba.njit(inline="always")
+def loss_gradient(code, param, y, p):
+    """d loss / d p, as scikit-learn's ``cy_gradient(y, p)``."""
+    if code == HINGE:
+        return -y if p * y <= param else 0.0
+    if code == SQUARED_HINGE:
+        z = param - p * y
+        return -2.0 * y * z if z > 0 else 0.0
+    if code == LOG:  # expit(p) - y, stable
+        if p > -37.0:
+            e = math.exp(-p)
+            return ((1.0 - y) - y * e) / (1.0 + e)
+        return math.exp(p) - y
+    if code == MODIFIED_HUBER:
+        z = p * y
+        if z >= 1.0:
+            return 0.0
+        if z >= -1.0:
+            return 2.0 * (1.0 - z) * -y
+        return -4.0 * y
+    if code == SQUARED:
+        return p - y
+    if code == HUBER:
+        r = p - y
+        if abs(r) <= param:
+            return r
+        return param if r >= 0 else -param
+    z = y - p
+    if code == EPS_INSENSITIVE:
+        if z > param:
+            return -1.0
+        if -z > param:
+            return 1.0
+        return 0.0
+    if z > param:
+        return -2.0 * (z - param)
+    if z < -param:
+        return 2.0 * (-z - param)
+    return 0.0
+
+
+@numba.njit(inline="always")
+def step_size(lr, eta, eta0, power_t, alpha, t0, t):
+    if lr == OPTIMAL:
+        return 1.0 / (alpha * (t0 + t - 1.0))
+    if lr == INVSCALING:
+        return eta0 / t ** power_t
+    return eta
+
+
+@numba.njit(nogil=True, cache=True)
+def flush(w, q, hot_idx, hot_w, hot_q, base_w, base_q, use_q):
+    """Add each hot copy's change since the last merge to the shared vector,
+    then re-read the shared value (it has the other threads' changes)."""
+    for s in range(hot_idx.shape[0]):
+        j = hot_idx[s]
+        w[j] += hot_w[s] - base_w[s]
+        hot_w[s] = w[j]
+        base_w[s] = hot_w[s]
+        if use_q:
+            q[j] += hot_q[s] - base_q[s]
+            hot_q[s] = q[j]
+            base_q[s] = hot_q[s]
+
+
+@numba.njit(nogil=True, cache=True)
+def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
+            hot_slot, hot_idx, hot_w, hot_q, base_w, base_q, shared_b, cfg, st):
+    """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
+    dense C-ordered ``data`` with ``width`` columns when ``width`` > 0),
+    updating ``w`` (and ``aw``, ``q``) in place and this thread's state
+    ``st``; returns how many ran. ``hot_slot[j]`` >= 0 routes feature j to
+    this thread's copy ``hot_w[hot_slot[j]]`` (empty ``hot_idx``: none)."""
+    code, param = int(cfg[C_LOSS]), cfg[C_LOSS_PARAM]
+    penalty, alpha, l1_ratio = int(cfg[C_PENALTY]), cfg[C_ALPHA], cfg[C_L1_RATIO]
+    lr, eta, eta0, power_t, t0 = int(cfg[C_LR]), cfg[C_ETA], cfg[C_ETA0], cfg[C_POWER_T], cfg[C_T0]
+    fit_intercept, decay = cfg[C_FIT_INTERCEPT] != 0, cfg[C_INTERCEPT_DECAY]
+    average, weight_pos, weight_neg = cfg[C_AVERAGE], cfg[C_WEIGHT_POS], cfg[C_WEIGHT_NEG]
+    stride, compute_loss, flush_every = int(cfg[C_STRIDE]), cfg[C_COMPUTE_LOSS] != 0, int(cfg[C_FLUSH])
+    use_hot = hot_idx.shape[0] > 0
+    use_l1 = penalty == L1 or penalty == ELASTICNET
+    shared_intercept = stride > 1
+
+    t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
+    avg_a, avg_b, avg_intercept, u = st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U]
+    sq_norm, l1_norm = st[S_SQ_NORM], st[S_L1_NORM]
+    sumloss, objective, count = st[S_SUMLOSS], st[S_OBJECTIVE], st[S_COUNT]
+    intercept_base = intercept
+    if shared_intercept:
+        intercept = shared_b[0]
+        intercept_base = intercept
+    if use_hot:
+        flush(w, q, hot_idx, hot_w, hot_q, base_w, base_q, use_l1)
+
+    done = 0
+    for k in range(lo, hi):
+        if wscale < WSCALE_THRESHOLD:
+            break
+        i = order[k]
+        if width > 0:
+            start, end = i * width, (i + 1) * width
+        else:
+            start, end = indptr[i], indptr[i + 1]
+        dot = 0.0
+        for pos in range(start, end):
+            j = pos - start if width > 0 else indices[pos]
+            if use_hot and hot_slot[j] >= 0:
+                dot += hot_w[hot_slot[j]] * data[pos]
+            else:
+                dot += w[j] * data[pos]
+        p = dot * wscale + intercept
+        eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
+        yi = y[i]
+        if compute_loss:
+            cur = loss_value(code, param, yi, p)
+            sumloss += cur
+            objective += cur
+            if penalty > 0:
+                objective += alpha * ((1.0 - l1_ratio) * 0.5 * sq_norm + l1_ratio * l1_norm)
+        class_weight = weight_pos if yi > 0.0 else weight_neg
+        dloss = loss_gradient(code, param, yi, p)
+        if dloss < -MAX_DLOSS:
+            dloss = -MAX_DLOSS
+        elif dloss > MAX_DLOSS:
+            dloss = MAX_DLOSS
+        update = -eta * dloss * (class_weight * sample_weight[i])
+        if penalty >= L2:
+            c = max(0.0, 1.0 - (1.0 - l1_ratio) * eta * alpha)
+            wscale *= c
+            sq_norm *= c * c
+            l1_norm *= abs(c)
+            if wscale < WSCALE_THRESHOLD and (stride == 1 or wscale == 0.0):
+                # sklearn's reset_wscale, inline: alone, or when the weights
+                # are zeroed (eta alpha >= 1), which every thread may do
+                if average > 0:
+                    for j in range(w.shape[0]):
+                        aw[j] = (aw[j] + avg_a * w[j]) / avg_b
+                    avg_a, avg_b = 0.0, 1.0
+                for j in range(w.shape[0]):
+                    w[j] *= wscale
+                for s in range(hot_idx.shape[0]):
+                    hot_w[s] *= wscale
+                    base_w[s] *= wscale
+                wscale = 1.0
+        if update != 0.0:
+            step = update / wscale
+            l2acc = 0.0
+            l1acc = 0.0
+            for pos in range(start, end):
+                j = pos - start if width > 0 else indices[pos]
+                if use_hot and hot_slot[j] >= 0:
+                    s = hot_slot[j]
+                    hot_w[s] += data[pos] * step
+                    v = hot_w[s]
+                else:
+                    w[j] += data[pos] * step
+                    v = w[j]
+                l2acc += v * v
+                l1acc += abs(v)
+            sq_norm = l2acc * (wscale * wscale)
+            l1_norm = l1acc * wscale
+        if fit_intercept and update != 0.0:
+            intercept += update * decay
+        if 0 < average <= t:
+            num = t - average + 1.0
+            if update != 0.0:
+                g = -avg_a * update / wscale
+                for pos in range(start, end):
+                    j = pos - start if width > 0 else indices[pos]
+                    aw[j] += g * data[pos]
+            mu = 1.0 / num
+            if num > 1:
+                avg_b /= (1.0 - mu)
+            avg_a += mu * avg_b * wscale
+            avg_intercept += (intercept - avg_intercept) / num
+        if use_l1:
+            u += l1_ratio * eta * alpha
+            for pos in range(start, end):
+                j = pos - start if width > 0 else indices[pos]
+                hot = use_hot and hot_slot[j] >= 0
+                z = hot_w[hot_slot[j]] if hot else w[j]
+                qj = hot_q[hot_slot[j]] if hot else q[j]
+                nz = z
+                if wscale * z > 0.0:
+                    nz = max(0.0, z - (u + qj) / wscale)
+                elif wscale * z < 0.0:
+                    nz = min(0.0, z + (u - qj) / wscale)
+                if hot:
+                    hot_w[hot_slot[j]] = nz
+                    hot_q[hot_slot[j]] += wscale * (nz - z)
+                else:
+                    w[j] = nz
+                    q[j] += wscale * (nz - z)
+        t += 1.0
+        count += 1.0
+        done += 1
+        # the steps the other threads take meanwhile: advance the scalars only
+        for _ in range(stride - 1):
+            eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
+            if penalty >= L2:
+                wscale *= max(0.0, 1.0 - (1.0 - l1_ratio) * eta * alpha)
+            if 0 < average <= t:
+                num = t - average + 1.0
+                if num > 1:
+                    avg_b /= (1.0 - 1.0 / num)
+                avg_a += avg_b * wscale / num
+                avg_intercept += (intercept - avg_intercept) / num
+            if use_l1:
+                u += l1_ratio * eta * alpha
+            t += 1.0
+        if shared_intercept or use_hot:
+            if done % flush_every == 0:
+                if use_hot:
+                    flush(w, q, hot_idx, hot_w, hot_q, base_w, base_q, use_l1)
+                if shared_intercept:
+                    shared_b[0] += intercept - intercept_base
+                    intercept = shared_b[0]
+                    intercept_base = intercept
+    if use_hot:
+        flush(w, q, hot_idx, hot_w, hot_q, base_w, base_q, use_l1)
+    if shared_intercept:
+        shared_b[0] += intercept - intercept_base
+        intercept = shared_b[0]
+    st[S_T], st[S_WSCALE], st[S_INTERCEPT] = t, wscale, intercept
+    st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U] = avg_a, avg_b, avg_intercept, u
+    st[S_SQ_NORM], st[S_L1_NORM] = sq_norm, l1_norm
+    st[S_SUMLOSS], st[S_OBJECTIVE], st[S_COUNT] = sumloss, objective, count
+    return done

@@ -1,0 +1,214 @@
+"""scikit-learn's ``_plain_sgd`` epoch loop, on the compiled ``kernel``, with
+``n_jobs`` Hogwild! threads.
+
+Same arguments and results as scikit-learn's (weights updated in place;
+returns weights, intercept, average weights, average intercept and the
+number of epochs), except that the data come as arrays (CSR
+``indptr/indices/data`` or a dense C-ordered array, used as they are: no
+copy, no conversion, no re-sorting) instead of a ``SequentialDataset``.
+
+Per epoch: the training rows (those not held out for early stopping) in a
+random order (an index array shuffled in place; the data never move), cut
+into ``n_jobs`` contiguous slices, one per thread, each running the compiled
+loop; then the threads' scalars are merged, ``wscale`` is folded into the
+weights, the weights are checked finite and the stopping rule is
+scikit-learn's: the epoch's mean objective (or, with ``early_stopping``, the
+validation score) must improve by ``tol`` at least once in
+``n_iter_no_change`` epochs; 'adaptive' then divides eta by 5 instead of
+stopping while eta > 1e-6.
+
+Hot coordinates: with more than one thread, the features present in at
+least ``HOT_SHARE`` of the rows (at most ``HOT_MAX`` of them) get
+per-thread copies (see ``kernel``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import kernel as K
+
+HOT_SHARE = 0.01
+HOT_MAX = 512
+FLUSH_EVERY = 64
+
+
+def hot_features(X, n_jobs: int) -> np.ndarray:
+    """The features to copy per thread: in >= HOT_SHARE of the rows, the
+    HOT_MAX most frequent at most (none with one thread, or dense data)."""
+    if n_jobs <= 1 or not sp.issparse(X) or X.shape[0] == 0:
+        return np.empty(0, dtype=np.int64)
+    degree = np.bincount(X.indices, minlength=X.shape[1])
+    hot = np.flatnonzero(degree >= max(2, HOT_SHARE * X.shape[0]))
+    if len(hot) > HOT_MAX:
+        hot = hot[np.argsort(degree[hot])[::-1][:HOT_MAX]]
+    return np.sort(hot).astype(np.int64)
+
+
+def _arrays(X):
+    if sp.issparse(X):
+        return X.indptr, X.indices, X.data, 0
+    data = X.reshape(-1)  # C-ordered: a view
+    return np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int32), data, X.shape[1]
+
+
+def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code, loss_param,
+              penalty_type, alpha, l1_ratio, X, y, sample_weight, intercept_decay,
+              validation_mask, early_stopping, validation_score_cb, n_iter_no_change, max_iter,
+              tol, fit_intercept, verbose, shuffle, seed, weight_pos, weight_neg, learning_rate,
+              eta0, power_t, t=1.0, average=0, n_jobs=1, hot=None):
+    n_samples, n_features = X.shape
+    indptr, indices, data, width = _arrays(X)
+    y = np.ascontiguousarray(y, dtype=data.dtype)
+    sample_weight = np.ascontiguousarray(sample_weight, dtype=data.dtype)
+    if penalty_type == K.L2:
+        l1_ratio = 0.0
+    elif penalty_type == K.L1:
+        l1_ratio = 1.0
+    optimal_init = 0.0
+    if learning_rate == K.OPTIMAL:
+        typw = math.sqrt(1.0 / math.sqrt(alpha))
+        initial_eta0 = typw / max(1.0, K.loss_gradient(loss_code, loss_param, 1.0, -typw))
+        optimal_init = 1.0 / (initial_eta0 * alpha)
+    train = np.flatnonzero(~np.asarray(validation_mask, dtype=bool)).astype(np.int64)
+    train_count = len(train)
+    jobs = max(1, min(int(n_jobs), train_count // 64 or 1))
+    hot = np.empty(0, dtype=np.int64) if jobs == 1 or hot is None else hot
+    hot_slot = np.full(n_features if len(hot) else 1, -1, dtype=np.int64)
+    hot_slot[hot] = np.arange(len(hot))
+    q = np.zeros(n_features if penalty_type in (K.L1, K.ELASTICNET) else 1, dtype=weights.dtype)
+    aw = average_weights if average_weights is not None else np.zeros(1, dtype=weights.dtype)
+    copies = [tuple(np.zeros(max(len(hot), 1), dtype=weights.dtype) for _ in range(4))
+              for _ in range(jobs)]
+    shared_b = np.array([intercept], dtype=np.float64)
+
+    cfg = np.zeros(K.N_CFG)
+    cfg[[K.C_LOSS, K.C_LOSS_PARAM, K.C_PENALTY, K.C_ALPHA, K.C_L1_RATIO, K.C_LR, K.C_ETA,
+         K.C_ETA0, K.C_POWER_T, K.C_T0, K.C_FIT_INTERCEPT, K.C_INTERCEPT_DECAY, K.C_AVERAGE,
+         K.C_WEIGHT_POS, K.C_WEIGHT_NEG, K.C_STRIDE, K.C_COMPUTE_LOSS, K.C_FLUSH]] = [
+        loss_code, loss_param, penalty_type, alpha, l1_ratio, learning_rate, eta0, eta0,
+        power_t, optimal_init, fit_intercept, intercept_decay, average, weight_pos, weight_neg,
+        jobs, bool(verbose or not early_stopping), FLUSH_EVERY]
+    state = np.zeros(K.N_STATE)
+    state[[K.S_T, K.S_WSCALE, K.S_INTERCEPT, K.S_AVG_B, K.S_AVG_INTERCEPT]] = \
+        [t, 1.0, intercept, 1.0, average_intercept]
+    state[K.S_SQ_NORM] = float(weights @ weights)
+    state[K.S_L1_NORM] = float(np.abs(weights).sum())
+    hot_idx = hot if jobs > 1 else np.empty(0, dtype=np.int64)
+
+    def run(st, order, lo, hi, k):
+        return K.sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, weights,
+                         aw, q, hot_slot, hot_idx, *copies[k], shared_b, cfg, st)
+
+    def reset_wscale(st):
+        if average_weights is not None:
+            np.add(average_weights, st[K.S_AVG_A] * weights, out=average_weights)
+            np.divide(average_weights, st[K.S_AVG_B], out=average_weights)
+            st[K.S_AVG_A], st[K.S_AVG_B] = 0.0, 1.0
+        np.multiply(weights, st[K.S_WSCALE], out=weights)
+        st[K.S_WSCALE] = 1.0
+
+    rng = np.random.default_rng(seed)
+    order = train.copy()
+    best_objective, best_score, no_improvement = math.inf, -math.inf, 0
+    t_start = time.time()
+    pool = ThreadPoolExecutor(jobs - 1) if jobs > 1 else None
+    epoch = 0
+    try:
+        for epoch in range(max_iter):
+            state[K.S_SUMLOSS] = state[K.S_OBJECTIVE] = 0.0
+            if verbose > 0:
+                print("-- Epoch %d" % (epoch + 1))
+            if shuffle:
+                rng.shuffle(order)
+            if jobs == 1:
+                lo = 0
+                while lo < train_count:
+                    lo += run(state, order, lo, train_count, 0)
+                    if lo < train_count:
+                        reset_wscale(state)
+            else:
+                _hogwild_epoch(run, reset_wscale, state, order, train_count, jobs, pool,
+                               shared_b)
+            state[K.S_INTERCEPT] = shared_b[0] if jobs > 1 else state[K.S_INTERCEPT]
+            shared_b[0] = state[K.S_INTERCEPT]
+            if early_stopping:  # the score needs the true weights
+                reset_wscale(state)
+            if not math.isfinite(state[K.S_INTERCEPT]) or not np.isfinite(weights).all():
+                raise ValueError("Floating-point under-/overflow occurred at epoch #%d. Scaling "
+                                 "input data with StandardScaler or MinMaxScaler might help."
+                                 % (epoch + 1))
+            mean_loss = state[K.S_SUMLOSS] / max(train_count, 1)
+            objective = state[K.S_OBJECTIVE] / max(train_count, 1)
+            if early_stopping:
+                score = validation_score_cb(weights, state[K.S_INTERCEPT])
+                if verbose > 0:
+                    _report(weights, state, mean_loss, objective, t_start, score)
+                no_improvement = no_improvement + 1 if (tol > -math.inf and
+                                                        score < best_score + tol) else 0
+                best_score = max(best_score, score)
+            else:
+                if verbose > 0:
+                    _report(weights, state, mean_loss, objective, t_start)
+                no_improvement = no_improvement + 1 if (tol > -math.inf and
+                                                        objective > best_objective - tol) else 0
+                best_objective = min(best_objective, objective)
+            if no_improvement >= n_iter_no_change:
+                if learning_rate == K.ADAPTIVE and cfg[K.C_ETA] > 1e-6:
+                    cfg[K.C_ETA] /= 5
+                    no_improvement = 0
+                else:
+                    if verbose:
+                        print("Convergence after %d epochs took %.2f seconds"
+                              % (epoch + 1, time.time() - t_start))
+                    break
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    reset_wscale(state)
+    return (weights, state[K.S_INTERCEPT], average_weights, state[K.S_AVG_INTERCEPT],
+            epoch + 1)
+
+
+def _hogwild_epoch(run, reset_wscale, state, order, n, jobs, pool, shared_b):
+    """One epoch on ``jobs`` threads: each its slice of ``order``; rounds
+    end only when a thread's wscale needs folding (rare), then go on."""
+    bounds = [(n * k) // jobs for k in range(jobs + 1)]
+    pos = bounds[:-1]
+    t_round = state[K.S_T]
+    while any(pos[k] < bounds[k + 1] for k in range(jobs)):
+        states = []
+        for k in range(jobs):
+            st = state.copy()
+            st[K.S_T] = t_round + k
+            st[K.S_SUMLOSS] = st[K.S_OBJECTIVE] = st[K.S_COUNT] = 0.0
+            states.append(st)
+        futures = [pool.submit(run, states[k], order, pos[k], bounds[k + 1], k)
+                   for k in range(1, jobs)]
+        done = [run(states[0], order, pos[0], bounds[1], 0)] + [f.result() for f in futures]
+        total = sum(done)
+        for k in range(jobs):
+            pos[k] += done[k]
+        t_round += total
+        merged = state  # the threads' scalars are functions of the step count: their mean
+        for slot in (K.S_WSCALE, K.S_AVG_A, K.S_AVG_B, K.S_U, K.S_AVG_INTERCEPT):
+            merged[slot] = sum(st[slot] for st in states) / jobs
+        for slot in (K.S_SUMLOSS, K.S_OBJECTIVE, K.S_COUNT):
+            merged[slot] += sum(st[slot] for st in states)
+        merged[K.S_SQ_NORM], merged[K.S_L1_NORM] = states[0][K.S_SQ_NORM], states[0][K.S_L1_NORM]
+        merged[K.S_T] = t_round
+        merged[K.S_INTERCEPT] = shared_b[0]
+        if merged[K.S_WSCALE] < K.WSCALE_THRESHOLD:
+            reset_wscale(merged)
+
+
+def _report(weights, state, mean_loss, objective, t_start, score=None):
+    line = ("Norm: %.2f, NNZs: %d, Bias: %.6f, T: %d, Avg. loss: %f, Objective: %f"
+            % (math.sqrt(state[K.S_SQ_NORM]), np.count_nonzero(weights), state[K.S_INTERCEPT],
+               state[K.S_COUNT], mean_loss, objective))
+    print(line + ("" if score is None else ", Validation score: %f" % score))
+    print("Total training time: %.2f seconds." % (time.time() - t_start))
