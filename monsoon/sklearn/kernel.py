@@ -144,38 +144,55 @@ def step_size(lr, eta, eta0, power_t, alpha, t0, t):
     return eta
 
 
+@numba.njit(inline="always")
+def slot(j, hot_slot, base):
+    """Where feature j lives for this thread: its own copy of a hot feature
+    (``base + slot``), else the shared ``j``; a select, not a branch."""
+    if hot_slot is None:
+        return j
+    s = hot_slot[j]
+    return j if s < 0 else base + s
+
+
+@numba.njit(inline="always")
+def column(indices, pos, start):
+    if indices is None:  # dense rows
+        return pos - start
+    return indices[pos]
+
+
 @numba.njit(nogil=True, cache=True)
-def flush(w, q, hot_idx, hot_w, hot_q, base_w, base_q, use_q):
-    """Add each hot copy's change since the last merge to the shared vector,
-    then re-read the shared value (it has the other threads' changes)."""
+def flush(w, hot_idx, base, last):
+    """Add this thread's change to each hot copy since the last merge to the
+    shared coordinate, then re-read the shared value (it has the other
+    threads' changes): ``w[base + s]`` is the copy of ``w[hot_idx[s]]``,
+    ``last[s]`` the copy's value at the last merge."""
     for s in range(hot_idx.shape[0]):
         j = hot_idx[s]
-        w[j] += hot_w[s] - base_w[s]
-        hot_w[s] = w[j]
-        base_w[s] = hot_w[s]
-        if use_q:
-            q[j] += hot_q[s] - base_q[s]
-            hot_q[s] = q[j]
-            base_q[s] = hot_q[s]
+        w[j] += w[base + s] - last[s]
+        w[base + s] = w[j]
+        last[s] = w[j]
 
 
 @numba.njit(nogil=True, cache=True)
 def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-            hot_slot, hot_idx, hot_w, hot_q, base_w, base_q, shared_b, cfg, st):
+            hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st):
     """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
-    dense C-ordered ``data`` with ``width`` columns when ``width`` > 0),
-    updating ``w`` (and ``aw``, ``q``) in place and this thread's state
-    ``st``; returns how many ran. ``hot_slot[j]`` >= 0 routes feature j to
-    this thread's copy ``hot_w[hot_slot[j]]`` (empty ``hot_idx``: none)."""
+    dense C-ordered ``data`` with ``width`` columns when ``indices`` is
+    None), updating ``w`` (and ``aw``, ``q``) in place and this thread's
+    state ``st``; returns how many ran. With ``hot_slot`` (None: no copies),
+    feature j with ``hot_slot[j]`` = s >= 0 is read and written at
+    ``w[base + s]`` (and ``q[base + s]``): this thread's copy."""
     code, param = int(cfg[C_LOSS]), cfg[C_LOSS_PARAM]
     penalty, alpha, l1_ratio = int(cfg[C_PENALTY]), cfg[C_ALPHA], cfg[C_L1_RATIO]
     lr, eta, eta0, power_t, t0 = int(cfg[C_LR]), cfg[C_ETA], cfg[C_ETA0], cfg[C_POWER_T], cfg[C_T0]
     fit_intercept, decay = cfg[C_FIT_INTERCEPT] != 0, cfg[C_INTERCEPT_DECAY]
     average, weight_pos, weight_neg = cfg[C_AVERAGE], cfg[C_WEIGHT_POS], cfg[C_WEIGHT_NEG]
     stride, compute_loss, flush_every = int(cfg[C_STRIDE]), cfg[C_COMPUTE_LOSS] != 0, int(cfg[C_FLUSH])
-    use_hot = hot_idx.shape[0] > 0
+    n_features = aw.shape[0] if average > 0 else 0
     use_l1 = penalty == L1 or penalty == ELASTICNET
     shared_intercept = stride > 1
+    n_hot = hot_idx.shape[0]
 
     t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
     avg_a, avg_b, avg_intercept, u = st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U]
@@ -185,25 +202,23 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     if shared_intercept:
         intercept = shared_b[0]
         intercept_base = intercept
-    if use_hot:
-        flush(w, q, hot_idx, hot_w, hot_q, base_w, base_q, use_l1)
+    if n_hot > 0:
+        flush(w, hot_idx, base, last_w)
+        if use_l1:
+            flush(q, hot_idx, base, last_q)
 
     done = 0
     for k in range(lo, hi):
         if wscale < WSCALE_THRESHOLD:
             break
         i = order[k]
-        if width > 0:
+        if indices is None:
             start, end = i * width, (i + 1) * width
         else:
             start, end = indptr[i], indptr[i + 1]
         dot = 0.0
         for pos in range(start, end):
-            j = pos - start if width > 0 else indices[pos]
-            if use_hot and hot_slot[j] >= 0:
-                dot += hot_w[hot_slot[j]] * data[pos]
-            else:
-                dot += w[j] * data[pos]
+            dot += w[slot(column(indices, pos, start), hot_slot, base)] * data[pos]
         p = dot * wscale + intercept
         eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
         yi = y[i]
@@ -229,41 +244,34 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
                 # sklearn's reset_wscale, inline: alone, or when the weights
                 # are zeroed (eta alpha >= 1), which every thread may do
                 if average > 0:
-                    for j in range(w.shape[0]):
+                    for j in range(n_features):
                         aw[j] = (aw[j] + avg_a * w[j]) / avg_b
                     avg_a, avg_b = 0.0, 1.0
                 for j in range(w.shape[0]):
                     w[j] *= wscale
-                for s in range(hot_idx.shape[0]):
-                    hot_w[s] *= wscale
-                    base_w[s] *= wscale
+                for s in range(n_hot):
+                    last_w[s] *= wscale
                 wscale = 1.0
         if update != 0.0:
             step = update / wscale
             l2acc = 0.0
             l1acc = 0.0
             for pos in range(start, end):
-                j = pos - start if width > 0 else indices[pos]
-                if use_hot and hot_slot[j] >= 0:
-                    s = hot_slot[j]
-                    hot_w[s] += data[pos] * step
-                    v = hot_w[s]
-                else:
-                    w[j] += data[pos] * step
-                    v = w[j]
+                j = slot(column(indices, pos, start), hot_slot, base)
+                v = w[j] + data[pos] * step
+                w[j] = v
                 l2acc += v * v
                 l1acc += abs(v)
             sq_norm = l2acc * (wscale * wscale)
             l1_norm = l1acc * wscale
-        if fit_intercept and update != 0.0:
-            intercept += update * decay
+            if fit_intercept:
+                intercept += update * decay
         if 0 < average <= t:
             num = t - average + 1.0
             if update != 0.0:
                 g = -avg_a * update / wscale
                 for pos in range(start, end):
-                    j = pos - start if width > 0 else indices[pos]
-                    aw[j] += g * data[pos]
+                    aw[column(indices, pos, start)] += g * data[pos]
             mu = 1.0 / num
             if num > 1:
                 avg_b /= (1.0 - mu)
@@ -272,21 +280,15 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
         if use_l1:
             u += l1_ratio * eta * alpha
             for pos in range(start, end):
-                j = pos - start if width > 0 else indices[pos]
-                hot = use_hot and hot_slot[j] >= 0
-                z = hot_w[hot_slot[j]] if hot else w[j]
-                qj = hot_q[hot_slot[j]] if hot else q[j]
+                j = slot(column(indices, pos, start), hot_slot, base)
+                z = w[j]
                 nz = z
                 if wscale * z > 0.0:
-                    nz = max(0.0, z - (u + qj) / wscale)
+                    nz = max(0.0, z - (u + q[j]) / wscale)
                 elif wscale * z < 0.0:
-                    nz = min(0.0, z + (u - qj) / wscale)
-                if hot:
-                    hot_w[hot_slot[j]] = nz
-                    hot_q[hot_slot[j]] += wscale * (nz - z)
-                else:
-                    w[j] = nz
-                    q[j] += wscale * (nz - z)
+                    nz = min(0.0, z + (u - q[j]) / wscale)
+                w[j] = nz
+                q[j] += wscale * (nz - z)
         t += 1.0
         count += 1.0
         done += 1
@@ -304,16 +306,18 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
             if use_l1:
                 u += l1_ratio * eta * alpha
             t += 1.0
-        if shared_intercept or use_hot:
-            if done % flush_every == 0:
-                if use_hot:
-                    flush(w, q, hot_idx, hot_w, hot_q, base_w, base_q, use_l1)
-                if shared_intercept:
-                    shared_b[0] += intercept - intercept_base
-                    intercept = shared_b[0]
-                    intercept_base = intercept
-    if use_hot:
-        flush(w, q, hot_idx, hot_w, hot_q, base_w, base_q, use_l1)
+        if stride > 1 and done % flush_every == 0:
+            if n_hot > 0:
+                flush(w, hot_idx, base, last_w)
+                if use_l1:
+                    flush(q, hot_idx, base, last_q)
+            shared_b[0] += intercept - intercept_base
+            intercept = shared_b[0]
+            intercept_base = intercept
+    if n_hot > 0:
+        flush(w, hot_idx, base, last_w)
+        if use_l1:
+            flush(q, hot_idx, base, last_q)
     if shared_intercept:
         shared_b[0] += intercept - intercept_base
         intercept = shared_b[0]

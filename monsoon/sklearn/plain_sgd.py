@@ -52,8 +52,12 @@ def hot_features(X, n_jobs: int) -> np.ndarray:
 def _arrays(X):
     if sp.issparse(X):
         return X.indptr, X.indices, X.data, 0
-    data = X.reshape(-1)  # C-ordered: a view
-    return np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int32), data, X.shape[1]
+    return np.zeros(1, dtype=np.int64), None, X.reshape(-1), X.shape[1]  # C-ordered: a view
+
+
+def _with_copies(v, jobs, width):
+    """``v`` followed by ``jobs`` regions of ``width`` per-thread copies."""
+    return v if width == 0 else np.concatenate([v, np.zeros(jobs * width, dtype=v.dtype)])
 
 
 def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code, loss_param,
@@ -62,7 +66,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
               tol, fit_intercept, verbose, shuffle, seed, weight_pos, weight_neg, learning_rate,
               eta0, power_t, t=1.0, average=0, n_jobs=1, hot=None):
     n_samples, n_features = X.shape
-    indptr, indices, data, width = _arrays(X)
+    indptr, indices, data, cols = _arrays(X)
     y = np.ascontiguousarray(y, dtype=data.dtype)
     sample_weight = np.ascontiguousarray(sample_weight, dtype=data.dtype)
     if penalty_type == K.L2:
@@ -78,12 +82,18 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     train_count = len(train)
     jobs = max(1, min(int(n_jobs), train_count // 64 or 1))
     hot = np.empty(0, dtype=np.int64) if jobs == 1 or hot is None else hot
-    hot_slot = np.full(n_features if len(hot) else 1, -1, dtype=np.int64)
-    hot_slot[hot] = np.arange(len(hot))
-    q = np.zeros(n_features if penalty_type in (K.L1, K.ELASTICNET) else 1, dtype=weights.dtype)
+    width = 0 if len(hot) == 0 else -(-len(hot) // 8) * 8 + 8  # own cache lines
+    hot_slot = None
+    if width:
+        hot_slot = np.full(n_features, -1, dtype=np.int16 if width < 2 ** 15 else np.int32)
+        hot_slot[hot] = np.arange(len(hot))
+    use_q = penalty_type in (K.L1, K.ELASTICNET)
+    W = _with_copies(weights, jobs, width)
+    Q = _with_copies(np.zeros(n_features if use_q else 1, dtype=weights.dtype), jobs,
+                     width if use_q else 0)
     aw = average_weights if average_weights is not None else np.zeros(1, dtype=weights.dtype)
-    copies = [tuple(np.zeros(max(len(hot), 1), dtype=weights.dtype) for _ in range(4))
-              for _ in range(jobs)]
+    last = [(np.zeros(max(width, 1), dtype=weights.dtype),
+             np.zeros(max(width, 1), dtype=weights.dtype)) for _ in range(jobs)]
     shared_b = np.array([intercept], dtype=np.float64)
 
     cfg = np.zeros(K.N_CFG)
@@ -98,18 +108,19 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         [t, 1.0, intercept, 1.0, average_intercept]
     state[K.S_SQ_NORM] = float(weights @ weights)
     state[K.S_L1_NORM] = float(np.abs(weights).sum())
-    hot_idx = hot if jobs > 1 else np.empty(0, dtype=np.int64)
+    hot_idx = hot if width else np.empty(0, dtype=np.int64)
+    wv = W[:n_features]  # the weights (a view of W)
 
     def run(st, order, lo, hi, k):
-        return K.sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, weights,
-                         aw, q, hot_slot, hot_idx, *copies[k], shared_b, cfg, st)
+        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, W, aw, Q,
+                         hot_slot, hot_idx, n_features + k * width, *last[k], shared_b, cfg, st)
 
     def reset_wscale(st):
         if average_weights is not None:
-            np.add(average_weights, st[K.S_AVG_A] * weights, out=average_weights)
+            np.add(average_weights, st[K.S_AVG_A] * wv, out=average_weights)
             np.divide(average_weights, st[K.S_AVG_B], out=average_weights)
             st[K.S_AVG_A], st[K.S_AVG_B] = 0.0, 1.0
-        np.multiply(weights, st[K.S_WSCALE], out=weights)
+        np.multiply(wv, st[K.S_WSCALE], out=wv)
         st[K.S_WSCALE] = 1.0
 
     rng = np.random.default_rng(seed)
@@ -138,22 +149,22 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             shared_b[0] = state[K.S_INTERCEPT]
             if early_stopping:  # the score needs the true weights
                 reset_wscale(state)
-            if not math.isfinite(state[K.S_INTERCEPT]) or not np.isfinite(weights).all():
+            if not math.isfinite(state[K.S_INTERCEPT]) or not np.isfinite(wv).all():
                 raise ValueError("Floating-point under-/overflow occurred at epoch #%d. Scaling "
                                  "input data with StandardScaler or MinMaxScaler might help."
                                  % (epoch + 1))
             mean_loss = state[K.S_SUMLOSS] / max(train_count, 1)
             objective = state[K.S_OBJECTIVE] / max(train_count, 1)
             if early_stopping:
-                score = validation_score_cb(weights, state[K.S_INTERCEPT])
+                score = validation_score_cb(wv, state[K.S_INTERCEPT])
                 if verbose > 0:
-                    _report(weights, state, mean_loss, objective, t_start, score)
+                    _report(wv, state, mean_loss, objective, t_start, score)
                 no_improvement = no_improvement + 1 if (tol > -math.inf and
                                                         score < best_score + tol) else 0
                 best_score = max(best_score, score)
             else:
                 if verbose > 0:
-                    _report(weights, state, mean_loss, objective, t_start)
+                    _report(wv, state, mean_loss, objective, t_start)
                 no_improvement = no_improvement + 1 if (tol > -math.inf and
                                                         objective > best_objective - tol) else 0
                 best_objective = min(best_objective, objective)
@@ -170,6 +181,8 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         if pool is not None:
             pool.shutdown()
     reset_wscale(state)
+    if W is not weights:
+        weights[:] = wv
     return (weights, state[K.S_INTERCEPT], average_weights, state[K.S_AVG_INTERCEPT],
             epoch + 1)
 
@@ -206,9 +219,9 @@ def _hogwild_epoch(run, reset_wscale, state, order, n, jobs, pool, shared_b):
             reset_wscale(merged)
 
 
-def _report(weights, state, mean_loss, objective, t_start, score=None):
+def _report(wv, state, mean_loss, objective, t_start, score=None):
     line = ("Norm: %.2f, NNZs: %d, Bias: %.6f, T: %d, Avg. loss: %f, Objective: %f"
-            % (math.sqrt(state[K.S_SQ_NORM]), np.count_nonzero(weights), state[K.S_INTERCEPT],
+            % (math.sqrt(state[K.S_SQ_NORM]), np.count_nonzero(wv), state[K.S_INTERCEPT],
                state[K.S_COUNT], mean_loss, objective))
     print(line + ("" if score is None else ", Validation score: %f" % score))
     print("Total training time: %.2f seconds." % (time.time() - t_start))
