@@ -42,6 +42,9 @@ import math
 
 import numba
 import numpy as np
+from numba import uint64
+
+from .prefetch import prefetch
 
 # loss codes; sklearn's classification losses take y in {-1, 1}, log_loss y in {0, 1}
 HINGE, SQUARED_HINGE, LOG, MODIFIED_HUBER, SQUARED, HUBER, EPS_INSENSITIVE, SQ_EPS_INSENSITIVE = \
@@ -49,6 +52,8 @@ HINGE, SQUARED_HINGE, LOG, MODIFIED_HUBER, SQUARED, HUBER, EPS_INSENSITIVE, SQ_E
 NO_PENALTY, L1, L2, ELASTICNET = 0, 1, 2, 3
 CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE = 1, 2, 3, 4
 MAX_DLOSS = 1e12
+AHEAD_ROW, AHEAD_DATA, AHEAD_WEIGHTS = 16, 8, 3  # prefetch distances, in examples
+FAR_WEIGHTS = 1 << 17  # more weights than this: prefetch those of the rows ahead too
 WSCALE_THRESHOLD = 1e-9
 
 # cfg slots
@@ -151,14 +156,14 @@ def slot(j, hot_slot, base):
     if hot_slot is None:
         return j
     s = hot_slot[j]
-    return j if s < 0 else base + s
+    return j if s < 0 else uint64(base) + uint64(s)
 
 
 @numba.njit(inline="always")
 def column(indices, pos, start):
     if indices is None:  # dense rows
         return pos - start
-    return indices[pos]
+    return uint64(indices[pos])
 
 
 @numba.njit(nogil=True, cache=True)
@@ -193,6 +198,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     use_l1 = penalty == L1 or penalty == ELASTICNET
     shared_intercept = stride > 1
     n_hot = hot_idx.shape[0]
+    far_weights = indices is not None and w.shape[0] > FAR_WEIGHTS  # beyond L2: prefetch
 
     t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
     avg_a, avg_b, avg_intercept, u = st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U]
@@ -211,11 +217,33 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     for k in range(lo, hi):
         if wscale < WSCALE_THRESHOLD:
             break
-        i = order[k]
+        # unsigned indices: no negative-index wraparound code in the loops
+        i = uint64(order[k])
         if indices is None:
-            start, end = i * width, (i + 1) * width
+            start, end = i * uint64(width), (i + uint64(1)) * uint64(width)
         else:
-            start, end = indptr[i], indptr[i + 1]
+            start, end = uint64(indptr[i]), uint64(indptr[i + uint64(1)])
+        # memory: the order is known, so start loading the rows ahead now
+        if k + AHEAD_ROW < hi:
+            r = uint64(order[k + AHEAD_ROW])
+            prefetch(y, r)
+            if indices is not None:
+                prefetch(indptr, r)
+        if k + AHEAD_DATA < hi:
+            r = uint64(order[k + AHEAD_DATA])
+            if indices is None:
+                for pos in range(r * uint64(width), (r + uint64(1)) * uint64(width), uint64(8)):
+                    prefetch(data, pos)
+            else:
+                lo_r, hi_r = uint64(indptr[r]), uint64(indptr[r + uint64(1)])
+                for pos in range(lo_r, hi_r, uint64(8)):
+                    prefetch(data, pos)
+                for pos in range(lo_r, hi_r, uint64(16)):
+                    prefetch(indices, pos)
+        if far_weights and k + AHEAD_WEIGHTS < hi:
+            r = uint64(order[k + AHEAD_WEIGHTS])
+            for pos in range(uint64(indptr[r]), uint64(indptr[r + uint64(1)])):
+                prefetch(w, slot(uint64(indices[pos]), hot_slot, base))
         dot = 0.0
         for pos in range(start, end):
             dot += w[slot(column(indices, pos, start), hot_slot, base)] * data[pos]
@@ -326,3 +354,13 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     st[S_SQ_NORM], st[S_L1_NORM] = sq_norm, l1_norm
     st[S_SUMLOSS], st[S_OBJECTIVE], st[S_COUNT] = sumloss, objective, count
     return done
+
+
+@numba.njit(nogil=True, cache=True)
+def shuffle(order, seed):
+    """Fisher-Yates in place, seeded: an epoch's order, in a few cycles an
+    element (numpy's Generator.shuffle costs more than a small epoch)."""
+    np.random.seed(seed)
+    for k in range(order.shape[0] - 1, 0, -1):
+        m = np.random.randint(0, k + 1)
+        order[k], order[m] = order[m], order[k]

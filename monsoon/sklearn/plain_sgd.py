@@ -135,7 +135,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             if verbose > 0:
                 print("-- Epoch %d" % (epoch + 1))
             if shuffle:
-                rng.shuffle(order)
+                K.shuffle(order, int(rng.integers(2 ** 31)))
             if jobs == 1:
                 lo = 0
                 while lo < train_count:
