@@ -20,17 +20,19 @@ when ``wscale`` drops below 1e-9 and returns how many examples it ran: the
 caller folds ``wscale`` into ``v`` (``reset_wscale``) and calls again, so no
 thread ever rescales the shared vector while another one writes it.
 
-Threads (``stride`` J > 1): thread k takes global steps t, t+J, t+2J, ...
-Every scalar that scikit-learn advances once per step (wscale, the L1
-cumulative penalty u, the ASGD scalars a and b) is a function of the step
-count alone, so each thread advances its own copy of them through the J-1
-steps the others take ("phantom" steps): no thread ever writes a shared
-scalar. The intercept and the hottest coordinates (``hot_idx``, the most
-frequent features) are per-thread copies as well, merged into the shared
-vector every ``flush_every`` examples and at the end of the call by adding
-each copy's change since the last merge (Hogwild! updates, delayed): on
-power-law data the few features in most rows are otherwise written by both
-cores all the time and their cache lines bounce between them.
+Threads (J > 1): they claim chunks of CHUNK consecutive positions of the
+epoch's order from a shared counter (an atomic add: a thread the OS delays
+leaves its work to the others). The example at position c is scikit-learn's
+step t(lo) + c: every scalar that scikit-learn advances once per step
+(wscale, the L1 total u, the ASGD scalars a and b) depends only on the step
+count, so before each chunk a thread advances its own copy of them through
+the steps the others took (``advance``): no thread writes a shared scalar.
+The intercept and the hottest coordinates (``hot_idx``, the features in
+most rows) are per-thread copies too: the intercept's change is added to the
+shared one after every chunk, and the hot copies' changes at the start of
+the next (then the copies re-read the shared values): on power-law data the
+few features present in most rows would otherwise be written by every core
+all the time, and their cache lines would bounce between the cores.
 
 Invariant: with one thread (J = 1, no hot copies) this is scikit-learn's
 loop update for update, so fits with ``shuffle=False`` agree with
@@ -44,7 +46,7 @@ import numba
 import numpy as np
 from numba import uint64
 
-from .prefetch import prefetch
+from .prefetch import fetch_add, prefetch
 
 # loss codes; sklearn's classification losses take y in {-1, 1}, log_loss y in {0, 1}
 HINGE, SQUARED_HINGE, LOG, MODIFIED_HUBER, SQUARED, HUBER, EPS_INSENSITIVE, SQ_EPS_INSENSITIVE = \
@@ -53,14 +55,15 @@ NO_PENALTY, L1, L2, ELASTICNET = 0, 1, 2, 3
 CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE = 1, 2, 3, 4
 MAX_DLOSS = 1e12
 AHEAD_ROW, AHEAD_DATA, AHEAD_WEIGHTS = 16, 8, 3  # prefetch distances, in examples
+CHUNK = 256  # examples a thread claims at a time
 FAR_WEIGHTS = 1 << 17  # more weights than this: prefetch those of the rows ahead too
 WSCALE_THRESHOLD = 1e-9
 
 # cfg slots
 (C_LOSS, C_LOSS_PARAM, C_PENALTY, C_ALPHA, C_L1_RATIO, C_LR, C_ETA, C_ETA0, C_POWER_T, C_T0,
  C_FIT_INTERCEPT, C_INTERCEPT_DECAY, C_AVERAGE, C_WEIGHT_POS, C_WEIGHT_NEG, C_STRIDE,
- C_COMPUTE_LOSS, C_FLUSH) = range(18)
-N_CFG = 18
+ C_COMPUTE_LOSS) = range(17)
+N_CFG = 17
 # per-thread state slots
 (S_T, S_WSCALE, S_INTERCEPT, S_AVG_A, S_AVG_B, S_AVG_INTERCEPT, S_U, S_SQ_NORM, S_L1_NORM,
  S_SUMLOSS, S_OBJECTIVE, S_COUNT, S_INTERCEPT_BASE) = range(13)
@@ -180,8 +183,8 @@ def flush(w, hot_idx, base, last):
 
 
 @numba.njit(nogil=True, cache=True)
-def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-            hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st):
+def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
+              hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st):
     """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
     dense C-ordered ``data`` with ``width`` columns when ``indices`` is
     None), updating ``w`` (and ``aw``, ``q``) in place and this thread's
@@ -193,7 +196,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     lr, eta, eta0, power_t, t0 = int(cfg[C_LR]), cfg[C_ETA], cfg[C_ETA0], cfg[C_POWER_T], cfg[C_T0]
     fit_intercept, decay = cfg[C_FIT_INTERCEPT] != 0, cfg[C_INTERCEPT_DECAY]
     average, weight_pos, weight_neg = cfg[C_AVERAGE], cfg[C_WEIGHT_POS], cfg[C_WEIGHT_NEG]
-    stride, compute_loss, flush_every = int(cfg[C_STRIDE]), cfg[C_COMPUTE_LOSS] != 0, int(cfg[C_FLUSH])
+    stride, compute_loss = int(cfg[C_STRIDE]), cfg[C_COMPUTE_LOSS] != 0
     n_features = aw.shape[0] if average > 0 else 0
     use_l1 = penalty == L1 or penalty == ELASTICNET
     shared_intercept = stride > 1
@@ -215,8 +218,6 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
 
     done = 0
     for k in range(lo, hi):
-        if wscale < WSCALE_THRESHOLD:
-            break
         # unsigned indices: no negative-index wraparound code in the loops
         i = uint64(order[k])
         if indices is None:
@@ -320,32 +321,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
         t += 1.0
         count += 1.0
         done += 1
-        # the steps the other threads take meanwhile: advance the scalars only
-        for _ in range(stride - 1):
-            eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
-            if penalty >= L2:
-                wscale *= max(0.0, 1.0 - (1.0 - l1_ratio) * eta * alpha)
-            if 0 < average <= t:
-                num = t - average + 1.0
-                if num > 1:
-                    avg_b /= (1.0 - 1.0 / num)
-                avg_a += avg_b * wscale / num
-                avg_intercept += (intercept - avg_intercept) / num
-            if use_l1:
-                u += l1_ratio * eta * alpha
-            t += 1.0
-        if stride > 1 and done % flush_every == 0:
-            if n_hot > 0:
-                flush(w, hot_idx, base, last_w)
-                if use_l1:
-                    flush(q, hot_idx, base, last_q)
-            shared_b[0] += intercept - intercept_base
-            intercept = shared_b[0]
-            intercept_base = intercept
-    if n_hot > 0:
-        flush(w, hot_idx, base, last_w)
-        if use_l1:
-            flush(q, hot_idx, base, last_q)
+    # (this thread's hot copies merge at the start of its next chunk)
     if shared_intercept:
         shared_b[0] += intercept - intercept_base
         intercept = shared_b[0]
@@ -353,6 +329,68 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U] = avg_a, avg_b, avg_intercept, u
     st[S_SQ_NORM], st[S_L1_NORM] = sq_norm, l1_norm
     st[S_SUMLOSS], st[S_OBJECTIVE], st[S_COUNT] = sumloss, objective, count
+    return done
+
+
+@numba.njit(nogil=True, cache=True)
+def advance(cfg, st, steps):
+    """Advance this thread's scalars through ``steps`` steps that other
+    threads take (wscale, the L1 total u, the ASGD scalars, the clock):
+    scikit-learn advances them once per step, whoever takes it."""
+    penalty, alpha, l1_ratio = int(cfg[C_PENALTY]), cfg[C_ALPHA], cfg[C_L1_RATIO]
+    lr, eta, eta0, power_t, t0 = int(cfg[C_LR]), cfg[C_ETA], cfg[C_ETA0], cfg[C_POWER_T], cfg[C_T0]
+    average = cfg[C_AVERAGE]
+    use_l1 = penalty == L1 or penalty == ELASTICNET
+    t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
+    avg_a, avg_b, avg_intercept, u = st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U]
+    for _ in range(steps):
+        eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
+        if penalty >= L2:
+            wscale *= max(0.0, 1.0 - (1.0 - l1_ratio) * eta * alpha)
+        if 0 < average <= t:
+            num = t - average + 1.0
+            if num > 1:
+                avg_b /= (1.0 - 1.0 / num)
+            avg_a += avg_b * wscale / num
+            avg_intercept += (intercept - avg_intercept) / num
+        if use_l1:
+            u += l1_ratio * eta * alpha
+        t += 1.0
+    st[S_T], st[S_WSCALE] = t, wscale
+    st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U] = avg_a, avg_b, avg_intercept, u
+
+
+@numba.njit(nogil=True, cache=True)
+def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
+            hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st, counter):
+    """One thread's share of the examples ``order[lo:hi]``; returns how many
+    it ran. Alone (``cfg`` stride 1): all of them, in order. With others:
+    it claims chunks of CHUNK positions from the shared ``counter`` (an
+    atomic add), so a thread the OS delays leaves its work to the others,
+    and stops claiming once its ``wscale`` needs folding (the caller folds
+    it and goes on from ``counter``). Before a chunk at position c it
+    advances its scalars to step t(lo) + c - lo: every example runs at the
+    step scikit-learn would give it."""
+    if int(cfg[C_STRIDE]) == 1:
+        sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
+                  hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st)
+        return hi - lo
+    t_lo = st[S_T]
+    done = 0
+    while st[S_WSCALE] >= WSCALE_THRESHOLD:
+        c = fetch_add(counter, 0, CHUNK)
+        if c >= hi:
+            advance(cfg, st, int(t_lo + (hi - lo) - st[S_T]))
+            break
+        advance(cfg, st, int(t_lo + (c - lo) - st[S_T]))
+        end = min(c + CHUNK, hi)
+        sgd_range(indptr, indices, data, width, y, sample_weight, order, c, end, w, aw, q,
+                  hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st)
+        done += end - c
+    if hot_idx.shape[0] > 0:
+        flush(w, hot_idx, base, last_w)
+        if cfg[C_PENALTY] == L1 or cfg[C_PENALTY] == ELASTICNET:
+            flush(q, hot_idx, base, last_q)
     return done
 
 

@@ -8,18 +8,19 @@ number of epochs), except that the data come as arrays (CSR
 copy, no conversion, no re-sorting) instead of a ``SequentialDataset``.
 
 Per epoch: the training rows (those not held out for early stopping) in a
-random order (an index array shuffled in place; the data never move), cut
-into ``n_jobs`` contiguous slices, one per thread, each running the compiled
-loop; then the threads' scalars are merged, ``wscale`` is folded into the
-weights, the weights are checked finite and the stopping rule is
-scikit-learn's: the epoch's mean objective (or, with ``early_stopping``, the
-validation score) must improve by ``tol`` at least once in
-``n_iter_no_change`` epochs; 'adaptive' then divides eta by 5 instead of
-stopping while eta > 1e-6.
+random order (an index array shuffled in place; the data never move); one
+thread runs them in order, several claim chunks of them (``kernel``); then
+the weights are checked finite and the stopping rule is scikit-learn's:
+the epoch's mean objective (or, with ``early_stopping``, the validation
+score, on the weights with ``wscale`` folded in) must improve by ``tol`` at
+least once in ``n_iter_no_change`` epochs; 'adaptive' then divides eta by
+5 instead of stopping while eta > 1e-6.
 
 Hot coordinates: with more than one thread, the features present in at
-least ``HOT_SHARE`` of the rows (at most ``HOT_MAX`` of them) get
-per-thread copies (see ``kernel``).
+least ``HOT_SHARE`` of the rows (the ``HOT_MAX`` most frequent at most) get
+per-thread copies, stored after the weights in one array (``W``). When
+the first step's L2 shrink exceeds ``MAX_SHARED_DECAY`` (huge alpha * eta),
+one thread runs: the weights would need folding every few steps.
 """
 from __future__ import annotations
 
@@ -34,7 +35,18 @@ from . import kernel as K
 
 HOT_SHARE = 0.01
 HOT_MAX = 512
-FLUSH_EVERY = 64
+MAX_SHARED_DECAY = 0.1
+
+
+def _first_decay(learning_rate, alpha, l1_ratio, eta0, power_t, optimal_init, t):
+    """The L2 shrink of the first step, (1 - l1_ratio) eta alpha: the largest."""
+    if learning_rate == K.OPTIMAL:
+        eta = 1.0 / (alpha * (optimal_init + t - 1))
+    elif learning_rate == K.INVSCALING:
+        eta = eta0 / t ** power_t
+    else:
+        eta = eta0
+    return (1.0 - l1_ratio) * eta * alpha
 
 
 def hot_features(X, n_jobs: int) -> np.ndarray:
@@ -80,7 +92,10 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         optimal_init = 1.0 / (initial_eta0 * alpha)
     train = np.flatnonzero(~np.asarray(validation_mask, dtype=bool)).astype(np.int64)
     train_count = len(train)
-    jobs = max(1, min(int(n_jobs), train_count // 64 or 1))
+    jobs = max(1, min(int(n_jobs), train_count // K.CHUNK or 1))
+    if jobs > 1 and _first_decay(learning_rate, alpha, l1_ratio, eta0, power_t, optimal_init,
+                                 t) > MAX_SHARED_DECAY:
+        jobs = 1  # weights shrink so fast that the threads would fold wscale all the time
     hot = np.empty(0, dtype=np.int64) if jobs == 1 or hot is None else hot
     width = 0 if len(hot) == 0 else -(-len(hot) // 8) * 8 + 8  # own cache lines
     hot_slot = None
@@ -99,10 +114,10 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     cfg = np.zeros(K.N_CFG)
     cfg[[K.C_LOSS, K.C_LOSS_PARAM, K.C_PENALTY, K.C_ALPHA, K.C_L1_RATIO, K.C_LR, K.C_ETA,
          K.C_ETA0, K.C_POWER_T, K.C_T0, K.C_FIT_INTERCEPT, K.C_INTERCEPT_DECAY, K.C_AVERAGE,
-         K.C_WEIGHT_POS, K.C_WEIGHT_NEG, K.C_STRIDE, K.C_COMPUTE_LOSS, K.C_FLUSH]] = [
+         K.C_WEIGHT_POS, K.C_WEIGHT_NEG, K.C_STRIDE, K.C_COMPUTE_LOSS]] = [
         loss_code, loss_param, penalty_type, alpha, l1_ratio, learning_rate, eta0, eta0,
         power_t, optimal_init, fit_intercept, intercept_decay, average, weight_pos, weight_neg,
-        jobs, bool(verbose or not early_stopping), FLUSH_EVERY]
+        jobs, bool(verbose or not early_stopping)]
     state = np.zeros(K.N_STATE)
     state[[K.S_T, K.S_WSCALE, K.S_INTERCEPT, K.S_AVG_B, K.S_AVG_INTERCEPT]] = \
         [t, 1.0, intercept, 1.0, average_intercept]
@@ -111,9 +126,12 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     hot_idx = hot if width else np.empty(0, dtype=np.int64)
     wv = W[:n_features]  # the weights (a view of W)
 
+    counter = np.zeros(8, dtype=np.int64)  # the next position to claim (own cache line)
+
     def run(st, order, lo, hi, k):
         return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, W, aw, Q,
-                         hot_slot, hot_idx, n_features + k * width, *last[k], shared_b, cfg, st)
+                         hot_slot, hot_idx, n_features + k * width, *last[k], shared_b, cfg, st,
+                         counter)
 
     def reset_wscale(st):
         if average_weights is not None:
@@ -143,8 +161,8 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                     if lo < train_count:
                         reset_wscale(state)
             else:
-                _hogwild_epoch(run, reset_wscale, state, order, train_count, jobs, pool,
-                               shared_b)
+                _hogwild_epoch(run, reset_wscale, cfg, state, order, train_count, jobs, pool,
+                               shared_b, counter)
             state[K.S_INTERCEPT] = shared_b[0] if jobs > 1 else state[K.S_INTERCEPT]
             shared_b[0] = state[K.S_INTERCEPT]
             if early_stopping:  # the score needs the true weights
@@ -187,36 +205,35 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             epoch + 1)
 
 
-def _hogwild_epoch(run, reset_wscale, state, order, n, jobs, pool, shared_b):
-    """One epoch on ``jobs`` threads: each its slice of ``order``; rounds
-    end only when a thread's wscale needs folding (rare), then go on."""
-    bounds = [(n * k) // jobs for k in range(jobs + 1)]
-    pos = bounds[:-1]
-    t_round = state[K.S_T]
-    while any(pos[k] < bounds[k + 1] for k in range(jobs)):
+def _hogwild_epoch(run, reset_wscale, cfg, state, order, n, jobs, pool, shared_b, counter):
+    """One epoch on ``jobs`` threads claiming chunks of ``order`` from
+    ``counter``; a round ends early only when wscale needs folding."""
+    lo = 0
+    while lo < n:
+        counter[0] = lo
         states = []
-        for k in range(jobs):
+        for _ in range(jobs):
             st = state.copy()
-            st[K.S_T] = t_round + k
             st[K.S_SUMLOSS] = st[K.S_OBJECTIVE] = st[K.S_COUNT] = 0.0
             states.append(st)
-        futures = [pool.submit(run, states[k], order, pos[k], bounds[k + 1], k)
-                   for k in range(1, jobs)]
-        done = [run(states[0], order, pos[0], bounds[1], 0)] + [f.result() for f in futures]
-        total = sum(done)
-        for k in range(jobs):
-            pos[k] += done[k]
-        t_round += total
-        merged = state  # the threads' scalars are functions of the step count: their mean
-        for slot in (K.S_WSCALE, K.S_AVG_A, K.S_AVG_B, K.S_U, K.S_AVG_INTERCEPT):
-            merged[slot] = sum(st[slot] for st in states) / jobs
+        futures = [pool.submit(run, states[k], order, lo, n, k) for k in range(1, jobs)]
+        run(states[0], order, lo, n, 0)
+        for f in futures:
+            f.result()
+        reached = min(int(counter[0]), n)
+        ahead = max(states, key=lambda st: st[K.S_T])  # the scalars: the furthest clock's
+        for slot in (K.S_WSCALE, K.S_AVG_A, K.S_AVG_B, K.S_U, K.S_AVG_INTERCEPT, K.S_SQ_NORM,
+                     K.S_L1_NORM):
+            state[slot] = ahead[slot]
         for slot in (K.S_SUMLOSS, K.S_OBJECTIVE, K.S_COUNT):
-            merged[slot] += sum(st[slot] for st in states)
-        merged[K.S_SQ_NORM], merged[K.S_L1_NORM] = states[0][K.S_SQ_NORM], states[0][K.S_L1_NORM]
-        merged[K.S_T] = t_round
-        merged[K.S_INTERCEPT] = shared_b[0]
-        if merged[K.S_WSCALE] < K.WSCALE_THRESHOLD:
-            reset_wscale(merged)
+            state[slot] += sum(st[slot] for st in states)
+        target = state[K.S_T] + (reached - lo)
+        state[K.S_T] = ahead[K.S_T]
+        state[K.S_INTERCEPT] = shared_b[0]
+        K.advance(cfg, state, int(target - state[K.S_T]))
+        if reached < n:
+            reset_wscale(state)
+        lo = reached
 
 
 def _report(wv, state, mean_loss, objective, t_start, score=None):

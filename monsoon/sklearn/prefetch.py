@@ -33,3 +33,21 @@ def prefetch(typingctx, arr, idx):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def fetch_add(typingctx, arr, idx, val):
+    """``old = a[i]; a[i] += v`` as one atomic step (int64 array); returns old."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+    sig = types.int64(arr, idx, val)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                       wraparound=False)
+        v = context.cast(builder, args[2], signature.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, v, "seq_cst")
+
+    return sig, codegen
