@@ -33,8 +33,9 @@ import scipy.sparse as sp
 
 from . import kernel as K
 
-HOT_SHARE = 0.01
-HOT_MAX = 512
+HOT_SHARE = 0.1
+HOT_MAX = 64
+FLUSH_EVERY = 8
 MAX_SHARED_DECAY = 0.1
 
 
@@ -114,10 +115,10 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     cfg = np.zeros(K.N_CFG)
     cfg[[K.C_LOSS, K.C_LOSS_PARAM, K.C_PENALTY, K.C_ALPHA, K.C_L1_RATIO, K.C_LR, K.C_ETA,
          K.C_ETA0, K.C_POWER_T, K.C_T0, K.C_FIT_INTERCEPT, K.C_INTERCEPT_DECAY, K.C_AVERAGE,
-         K.C_WEIGHT_POS, K.C_WEIGHT_NEG, K.C_STRIDE, K.C_COMPUTE_LOSS]] = [
+         K.C_WEIGHT_POS, K.C_WEIGHT_NEG, K.C_STRIDE, K.C_COMPUTE_LOSS, K.C_FLUSH]] = [
         loss_code, loss_param, penalty_type, alpha, l1_ratio, learning_rate, eta0, eta0,
         power_t, optimal_init, fit_intercept, intercept_decay, average, weight_pos, weight_neg,
-        jobs, bool(verbose or not early_stopping)]
+        jobs, bool(verbose or not early_stopping), FLUSH_EVERY]
     state = np.zeros(K.N_STATE)
     state[[K.S_T, K.S_WSCALE, K.S_INTERCEPT, K.S_AVG_B, K.S_AVG_INTERCEPT]] = \
         [t, 1.0, intercept, 1.0, average_intercept]
