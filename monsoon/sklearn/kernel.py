@@ -155,14 +155,22 @@ def step_size(lr, eta, eta0, power_t, alpha, t0, t):
     return eta
 
 
+TABLE_BITS = 11  # the hot-feature table: 2048 entries, in L1
+
+
 @numba.njit(inline="always")
-def slot(j, hot_slot, base):
-    """Where feature j lives for this thread: its own copy of a hot feature
-    (``base + slot``), else the shared ``j``; a select, not a branch."""
-    if hot_slot is None:
+def slot(j, table, base):
+    """Where feature j lives for this thread: its own copy ``base + s`` if j
+    is hot, else the shared ``j``. ``table`` (None: no copies) is a perfect
+    hash of the hot features, [multiplier, keys..., slots...], small enough
+    to stay in L1: a lookup is two cached loads and a select, no branch and
+    no walk through an n_features-long array."""
+    if table is None:
         return j
-    s = hot_slot[j]
-    return j if s < 0 else uint64(base) + uint64(s)
+    h = (j * table[0]) >> uint64(64 - TABLE_BITS)
+    key = table[uint64(1) + h]  # both loads unconditional: the choice is a select
+    own = uint64(base) + table[uint64(1 + (1 << TABLE_BITS)) + h]
+    return own if key == j else j
 
 
 @numba.njit(inline="always")
@@ -187,12 +195,12 @@ def flush(w, hot_idx, base, last):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-              hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st):
+              hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st):
     """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
     dense C-ordered ``data`` with ``width`` columns when ``indices`` is
     None), updating ``w`` (and ``aw``, ``q``) in place and this thread's
-    state ``st``; returns how many ran. With ``hot_slot`` (None: no copies),
-    feature j with ``hot_slot[j]`` = s >= 0 is read and written at
+    state ``st``; returns how many ran. With ``hot_table`` (None: no
+    copies), hot feature j = ``hot_idx[s]`` is read and written at
     ``w[base + s]`` (and ``q[base + s]``): this thread's copy."""
     code, param = int(cfg[C_LOSS]), cfg[C_LOSS_PARAM]
     penalty, alpha, l1_ratio = int(cfg[C_PENALTY]), cfg[C_ALPHA], cfg[C_L1_RATIO]
@@ -248,10 +256,15 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         if far_weights and k + AHEAD_WEIGHTS < hi:
             r = uint64(order[k + AHEAD_WEIGHTS])
             for pos in range(uint64(indptr[r]), uint64(indptr[r + uint64(1)])):
-                prefetch(w, slot(uint64(indices[pos]), hot_slot, base))
+                prefetch(w, indices[pos])  # (a hot one's shared copy: harmless)
         dot = 0.0
         for pos in range(start, end):
-            dot += w[slot(column(indices, pos, start), hot_slot, base)] * data[pos]
+            if hot_table is None:
+                dot += w[column(indices, pos, start)] * data[pos]
+            else:  # look each feature up once per example: keep where it lives
+                j = slot(column(indices, pos, start), hot_table, base)
+                where[pos - start] = j
+                dot += w[j] * data[pos]
         p = dot * wscale + intercept
         eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
         yi = y[i]
@@ -290,7 +303,7 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
             l2acc = 0.0
             l1acc = 0.0
             for pos in range(start, end):
-                j = slot(column(indices, pos, start), hot_slot, base)
+                j = column(indices, pos, start) if hot_table is None else where[pos - start]
                 v = w[j] + data[pos] * step
                 w[j] = v
                 l2acc += v * v
@@ -313,7 +326,7 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         if use_l1:
             u += l1_ratio * eta * alpha
             for pos in range(start, end):
-                j = slot(column(indices, pos, start), hot_slot, base)
+                j = column(indices, pos, start) if hot_table is None else where[pos - start]
                 z = w[j]
                 nz = z
                 if wscale * z > 0.0:
@@ -369,7 +382,7 @@ def advance(cfg, st, steps):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-            hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st, counter):
+            hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st, counter):
     """One thread's share of the examples ``order[lo:hi]``; returns how many
     it ran. Alone (``cfg`` stride 1): all of them, in order. With others:
     it claims chunks of CHUNK positions from the shared ``counter`` (an
@@ -380,7 +393,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     step scikit-learn would give it."""
     if int(cfg[C_STRIDE]) == 1:
         sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-                  hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st)
+                  hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st)
         return hi - lo
     t_lo = st[S_T]
     done = 0
@@ -392,7 +405,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
         advance(cfg, st, int(t_lo + (c - lo) - st[S_T]))
         end = min(c + CHUNK, hi)
         sgd_range(indptr, indices, data, width, y, sample_weight, order, c, end, w, aw, q,
-                  hot_slot, hot_idx, base, last_w, last_q, shared_b, cfg, st)
+                  hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st)
         done += end - c
     if hot_idx.shape[0] > 0:
         flush(w, hot_idx, base, last_w)

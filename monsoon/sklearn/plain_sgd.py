@@ -35,6 +35,7 @@ from . import kernel as K
 
 HOT_SHARE = 0.1
 HOT_MAX = 64
+HOT_SAMPLE = 4096
 FLUSH_EVERY = 8
 MAX_SHARED_DECAY = 0.1
 
@@ -51,15 +52,40 @@ def _first_decay(learning_rate, alpha, l1_ratio, eta0, power_t, optimal_init, t)
 
 
 def hot_features(X, n_jobs: int) -> np.ndarray:
-    """The features to copy per thread: in >= HOT_SHARE of the rows, the
-    HOT_MAX most frequent at most (none with one thread, or dense data)."""
+    """The features to copy per thread: those in at least HOT_SHARE of the
+    rows, the HOT_MAX most frequent at most (none with one thread, or dense
+    data). Counted on the first HOT_SAMPLE rows: a feature that frequent
+    shows in any few thousand rows, and counting all would cost a pass."""
     if n_jobs <= 1 or not sp.issparse(X) or X.shape[0] == 0:
         return np.empty(0, dtype=np.int64)
-    degree = np.bincount(X.indices, minlength=X.shape[1])
-    hot = np.flatnonzero(degree >= max(2, HOT_SHARE * X.shape[0]))
+    rows = min(X.shape[0], HOT_SAMPLE)
+    degree = np.bincount(X.indices[X.indptr[0]:X.indptr[rows]], minlength=X.shape[1])
+    hot = np.flatnonzero(degree >= max(2, HOT_SHARE * rows))
     if len(hot) > HOT_MAX:
         hot = hot[np.argsort(degree[hot])[::-1][:HOT_MAX]]
     return np.sort(hot).astype(np.int64)
+
+
+def hash_table(hot):
+    """A perfect hash of the hot feature ids for ``kernel.slot``:
+    [multiplier, 2^B keys (empty: 2^64 - 1), 2^B slots], h(j) = (j m mod 2^64)
+    >> (64 - B); tries odd multipliers until no two hot ids collide (None if
+    none does)."""
+    size = 1 << K.TABLE_BITS
+    keys = hot.astype(np.uint64)
+    rng = np.random.default_rng(20260)
+    for _ in range(200):
+        mult = np.uint64(rng.integers(1, 2 ** 63)) * np.uint64(2) + np.uint64(1)
+        with np.errstate(over="ignore"):
+            h = (keys * mult) >> np.uint64(64 - K.TABLE_BITS)
+        if len(np.unique(h)) == len(h):
+            table = np.zeros(1 + 2 * size, dtype=np.uint64)
+            table[0] = mult
+            table[1:1 + size] = np.iinfo(np.uint64).max
+            table[1 + h.astype(np.int64)] = keys
+            table[1 + size + h.astype(np.int64)] = np.arange(len(hot), dtype=np.uint64)
+            return table
+    return None
 
 
 def _arrays(X):
@@ -99,17 +125,19 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         jobs = 1  # weights shrink so fast that the threads would fold wscale all the time
     hot = np.empty(0, dtype=np.int64) if jobs == 1 or hot is None else hot
     width = 0 if len(hot) == 0 else -(-len(hot) // 8) * 8 + 8  # own cache lines
-    hot_slot = None
-    if width:
-        hot_slot = np.full(n_features, -1, dtype=np.int16 if width < 2 ** 15 else np.int32)
-        hot_slot[hot] = np.arange(len(hot))
+    hot_table = hash_table(hot) if width else None
+    if hot_table is None:
+        hot, width = np.empty(0, dtype=np.int64), 0
     use_q = penalty_type in (K.L1, K.ELASTICNET)
     W = _with_copies(weights, jobs, width)
     Q = _with_copies(np.zeros(n_features if use_q else 1, dtype=weights.dtype), jobs,
                      width if use_q else 0)
     aw = average_weights if average_weights is not None else np.zeros(1, dtype=weights.dtype)
+    longest = cols if indices is None else int(np.diff(indptr).max(initial=0))
     last = [(np.zeros(max(width, 1), dtype=weights.dtype),
-             np.zeros(max(width, 1), dtype=weights.dtype)) for _ in range(jobs)]
+             np.zeros(max(width, 1), dtype=weights.dtype),
+             np.zeros(max(longest, 1) if width else 1, dtype=np.uint64))  # a row's slots
+            for _ in range(jobs)]
     shared_b = np.array([intercept], dtype=np.float64)
 
     cfg = np.zeros(K.N_CFG)
@@ -131,7 +159,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
 
     def run(st, order, lo, hi, k):
         return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, W, aw, Q,
-                         hot_slot, hot_idx, n_features + k * width, *last[k], shared_b, cfg, st,
+                         hot_table, hot_idx, n_features + k * width, *last[k], shared_b, cfg, st,
                          counter)
 
     def reset_wscale(st):
