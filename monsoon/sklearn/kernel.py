@@ -15,10 +15,10 @@ formulas and their order are scikit-learn's, ``sklearn/linear_model/_sgd_fast.py
     average (ASGD, Bottou's sparse trick), then the L1 part as truncated
     gradient with cumulative penalty u and per-feature q (Tsuruoka et al. 2009)
 
-The weights are ``w = wscale * v``. A call stops early, before an example,
-when ``wscale`` drops below 1e-9 and returns how many examples it ran: the
-caller folds ``wscale`` into ``v`` (``reset_wscale``) and calls again, so no
-thread ever rescales the shared vector while another one writes it.
+The weights are ``w = wscale * v``. Alone, a thread folds ``wscale`` into
+``v`` when it drops below 1e-9, as scikit-learn does. With others, a thread
+stops claiming work instead, and the caller folds it between rounds
+(``plain_sgd``), so no thread rescales the vector while another writes it.
 
 Threads (J > 1): they claim chunks of CHUNK consecutive positions of the
 epoch's order from a shared counter (an atomic add: a thread the OS delays
@@ -27,15 +27,22 @@ step t(lo) + c: every scalar that scikit-learn advances once per step
 (wscale, the L1 total u, the ASGD scalars a and b) depends only on the step
 count, so before each chunk a thread advances its own copy of them through
 the steps the others took (``advance``): no thread writes a shared scalar.
-The intercept and the hottest coordinates (``hot_idx``, the features in
-many rows) are per-thread copies too: the intercept's change is added to
-the shared one after every chunk, the hot copies' changes every ``cfg``
-flush examples (then the copies re-read the shared values): on power-law data the
-few features present in most rows would otherwise be written by every core
-at every example, and their cache lines would bounce between the cores.
-Merging more rarely costs quality: at large steps both threads' copies
-overshoot the same way before the sum (256 examples: +50% log-loss at
-alpha=1e-6 in bench/hogwild_sweep.py; 8: none measurable).
+The intercept and the hottest coordinates (``hot_idx``: features in at
+least 10% of rows) are per-thread copies too, stored after the weights and
+found through a perfect hash that stays in L1 (``slot``): the intercept's
+change is added to the shared one after every chunk, the hot copies'
+changes every few examples (``cfg`` C_FLUSH; then the copies re-read the
+shared values). On power-law data the few features present in most rows
+would otherwise be written by every core at every example, and their cache
+lines would bounce between the cores. Merging more rarely costs quality: at
+large steps both threads' copies move the same way before the sum (merging
+per 256 examples: log-loss up to 50% worse at alpha=1e-6 in
+bench/hogwild_sweep.py; per 8: within the spread between seeds).
+
+Memory: an epoch in random order waits on memory, not arithmetic; the
+order is known, so the rows AHEAD_DATA examples ahead (and, for a weight
+vector beyond L2, the weights of the row AHEAD_WEIGHTS ahead) are
+prefetched. Indices are unsigned in the loops (no wraparound code).
 
 Invariant: with one thread (J = 1, no hot copies) this is scikit-learn's
 loop update for update, so fits with ``shuffle=False`` agree with
