@@ -1,0 +1,23 @@
+"""scikit-learn's SGDClassifier and SGDRegressor, trained by Hogwild! on all
+your cores: change the class name and nothing else.
+
+``HogwildClassifier`` and ``HogwildRegressor`` take scikit-learn's
+constructor parameters under the same names, meanings and defaults (loss,
+penalty/l1_ratio, alpha, fit_intercept, max_iter, tol, n_iter_no_change,
+the learning_rate schedules with eta0 and power_t, class_weight,
+warm_start, average, early_stopping, validation_fraction, shuffle, verbose,
+random_state, n_jobs) and fit the same model: scikit-learn's per-example SGD
+(``kernel``: the exact update rule, penalty by weight scaling, truncated L1,
+ASGD) run by ``n_jobs`` threads that share the weights without locks (Niu,
+Recht, Re and Wright, "Hogwild!", NIPS 2011), with per-thread copies of the
+intercept and of the hottest features, merged every few dozen examples.
+A parameter value they cannot honour is refused with a message saying so.
+
+Invariants: ``n_jobs=1`` runs scikit-learn's update sequence (with
+``shuffle=False`` the fitted coefficients equal SGDClassifier's to
+rounding); the data are read in place (CSR float64/float32 or C-ordered
+dense), never copied, converted or re-sorted by the fit.
+"""
+from .estimators import HogwildClassifier, HogwildRegressor
+
+__all__ = ["HogwildClassifier", "HogwildRegressor"]

@@ -1,0 +1,431 @@
+"""The per-example SGD loop of scikit-learn's ``_plain_sgd``, compiled (Numba,
+``nogil=True``) so that several threads can run it at once on one shared
+weight vector (Hogwild!, Niu et al. 2011).
+
+One call runs the examples ``order[lo:hi]`` of an epoch. Per example (the
+formulas and their order are scikit-learn's, ``sklearn/linear_model/_sgd_fast.pyx.tp``):
+
+    p     = wscale * (v . x) + b
+    eta   = 1 / (alpha (t0 + t - 1))   'optimal'  (t0 from sklearn's heuristic)
+          = eta0 / t^power_t            'invscaling'
+          = eta                         'constant', 'adaptive'
+    upd   = -eta * clip(dloss(y, p), 1e12) * class_weight(y) * sample_weight
+    wscale *= max(0, 1 - (1 - l1_ratio) eta alpha)          L2 part, by scaling
+    v    += x * upd / wscale;   b += upd * intercept_decay
+    average (ASGD, Bottou's sparse trick), then the L1 part as truncated
+    gradient with cumulative penalty u and per-feature q (Tsuruoka et al. 2009)
+
+The weights are ``w = wscale * v``. Alone, a thread folds ``wscale`` into
+``v`` when it drops below 1e-9, as scikit-learn does. With others, a thread
+stops claiming work instead, and the caller folds it between rounds
+(``plain_sgd``), so no thread rescales the vector while another writes it.
+
+Threads (J > 1): they claim chunks of CHUNK consecutive positions of the
+epoch's order from a shared counter (an atomic add: a thread the OS delays
+leaves its work to the others). The example at position c is scikit-learn's
+step t(lo) + c: every scalar that scikit-learn advances once per step
+(wscale, the L1 total u, the ASGD scalars a and b) depends only on the step
+count, so before each chunk a thread advances its own copy of them through
+the steps the others took (``advance``): no thread writes a shared scalar.
+The intercept and the hottest coordinates (``hot_idx``: features in at
+least 10% of rows) are per-thread copies too, stored after the weights and
+found through a perfect hash that stays in L1 (``slot``): the intercept's
+change is added to the shared one after every chunk, the hot copies'
+changes every few examples (``cfg`` C_FLUSH; then the copies re-read the
+shared values). On power-law data the few features present in most rows
+would otherwise be written by every core at every example, and their cache
+lines would bounce between the cores. Merging more rarely costs quality: at
+large steps both threads' copies move the same way before the sum (merging
+per 256 examples: log-loss up to 50% worse at alpha=1e-6 in
+bench/hogwild_sweep.py; per 8: within the spread between seeds).
+
+Memory: an epoch in random order waits on memory, not arithmetic; the
+order is known, so the rows AHEAD_DATA examples ahead (and, for a weight
+vector beyond L2, the weights of the row AHEAD_WEIGHTS ahead) are
+prefetched. Indices are unsigned in the loops (no wraparound code).
+
+Invariant: with one thread (J = 1, no hot copies) this is scikit-learn's
+loop update for update, so fits with ``shuffle=False`` agree with
+``SGDClassifier``/``SGDRegressor`` to rounding (a test holds them equal).
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import uint64
+
+from .prefetch import fetch_add, prefetch
+
+# loss codes; sklearn's classification losses take y in {-1, 1}, log_loss y in {0, 1}
+HINGE, SQUARED_HINGE, LOG, MODIFIED_HUBER, SQUARED, HUBER, EPS_INSENSITIVE, SQ_EPS_INSENSITIVE = \
+    range(8)
+NO_PENALTY, L1, L2, ELASTICNET = 0, 1, 2, 3
+CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE = 1, 2, 3, 4
+MAX_DLOSS = 1e12
+AHEAD_ROW, AHEAD_DATA, AHEAD_WEIGHTS = 16, 8, 3  # prefetch distances, in examples
+CHUNK = 256  # examples a thread claims at a time
+FAR_WEIGHTS = 1 << 17  # more weights than this: prefetch those of the rows ahead too
+WSCALE_THRESHOLD = 1e-9
+
+# cfg slots
+(C_LOSS, C_LOSS_PARAM, C_PENALTY, C_ALPHA, C_L1_RATIO, C_LR, C_ETA, C_ETA0, C_POWER_T, C_T0,
+ C_FIT_INTERCEPT, C_INTERCEPT_DECAY, C_AVERAGE, C_WEIGHT_POS, C_WEIGHT_NEG, C_STRIDE,
+ C_COMPUTE_LOSS, C_FLUSH) = range(18)
+N_CFG = 18
+# per-thread state slots
+(S_T, S_WSCALE, S_INTERCEPT, S_AVG_A, S_AVG_B, S_AVG_INTERCEPT, S_U, S_SQ_NORM, S_L1_NORM,
+ S_SUMLOSS, S_OBJECTIVE, S_COUNT, S_INTERCEPT_BASE) = range(13)
+N_STATE = 13
+
+
+@numba.njit(inline="always")
+def loss_value(code, param, y, p):
+    if code == HINGE:
+        z = p * y
+        return param - z if z <= param else 0.0
+    if code == SQUARED_HINGE:
+        z = param - p * y
+        return z * z if z > 0 else 0.0
+    if code == LOG:  # log(1 + exp(p)) - y p, stable
+        if p <= -37.0:
+            return math.exp(p) - y * p
+        if p <= 18.0:
+            return math.log1p(math.exp(p)) - y * p
+        return p + math.exp(-p) - y * p if p <= 33.3 else p - y * p
+    if code == MODIFIED_HUBER:
+        z = p * y
+        if z >= 1.0:
+            return 0.0
+        if z >= -1.0:
+            return (1.0 - z) * (1.0 - z)
+        return -4.0 * z
+    if code == SQUARED:
+        return 0.5 * (p - y) * (p - y)
+    if code == HUBER:
+        r = abs(y - p)
+        return 0.5 * r * r if r <= param else param * (r - 0.5 * param)
+    r = abs(y - p) - param
+    if code == EPS_INSENSITIVE:
+        return r if r > 0 else 0.0
+    return r * r if r > 0 else 0.0
+
+
+@numba.njit(inline="always")
+def loss_gradient(code, param, y, p):
+    """d loss / d p, as scikit-learn's ``cy_gradient(y, p)``."""
+    if code == HINGE:
+        return -y if p * y <= param else 0.0
+    if code == SQUARED_HINGE:
+        z = param - p * y
+        return -2.0 * y * z if z > 0 else 0.0
+    if code == LOG:  # expit(p) - y, stable
+        if p > -37.0:
+            e = math.exp(-p)
+            return ((1.0 - y) - y * e) / (1.0 + e)
+        return math.exp(p) - y
+    if code == MODIFIED_HUBER:
+        z = p * y
+        if z >= 1.0:
+            return 0.0
+        if z >= -1.0:
+            return 2.0 * (1.0 - z) * -y
+        return -4.0 * y
+    if code == SQUARED:
+        return p - y
+    if code == HUBER:
+        r = p - y
+        if abs(r) <= param:
+            return r
+        return param if r >= 0 else -param
+    z = y - p
+    if code == EPS_INSENSITIVE:
+        if z > param:
+            return -1.0
+        if -z > param:
+            return 1.0
+        return 0.0
+    if z > param:
+        return -2.0 * (z - param)
+    if z < -param:
+        return 2.0 * (-z - param)
+    return 0.0
+
+
+@numba.njit(inline="always")
+def step_size(lr, eta, eta0, power_t, alpha, t0, t):
+    if lr == OPTIMAL:
+        return 1.0 / (alpha * (t0 + t - 1.0))
+    if lr == INVSCALING:
+        return eta0 / t ** power_t
+    return eta
+
+
+TABLE_BITS = 11  # the hot-feature table: 2048 entries, in L1
+
+
+@numba.njit(inline="always")
+def slot(j, table, base):
+    """Where feature j lives for this thread: its own copy ``base + s`` if j
+    is hot, else the shared ``j``. ``table`` (None: no copies) is a perfect
+    hash of the hot features, [multiplier, keys..., slots...], small enough
+    to stay in L1: a lookup is two cached loads and a select, no branch and
+    no walk through an n_features-long array."""
+    if table is None:
+        return j
+    h = (j * table[0]) >> uint64(64 - TABLE_BITS)
+    key = table[uint64(1) + h]  # both loads unconditional: the choice is a select
+    own = uint64(base) + table[uint64(1 + (1 << TABLE_BITS)) + h]
+    return own if key == j else j
+
+
+@numba.njit(inline="always")
+def column(indices, pos, start):
+    if indices is None:  # dense rows
+        return pos - start
+    return uint64(indices[pos])
+
+
+@numba.njit(nogil=True, cache=True)
+def flush(w, hot_idx, base, last):
+    """Add this thread's change to each hot copy since the last merge to the
+    shared coordinate, then re-read the shared value (it has the other
+    threads' changes): ``w[base + s]`` is the copy of ``w[hot_idx[s]]``,
+    ``last[s]`` the copy's value at the last merge."""
+    for s in range(hot_idx.shape[0]):
+        j = hot_idx[s]
+        w[j] += w[base + s] - last[s]
+        w[base + s] = w[j]
+        last[s] = w[j]
+
+
+@numba.njit(nogil=True, cache=True)
+def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
+              hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st):
+    """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
+    dense C-ordered ``data`` with ``width`` columns when ``indices`` is
+    None), updating ``w`` (and ``aw``, ``q``) in place and this thread's
+    state ``st``; returns how many ran. With ``hot_table`` (None: no
+    copies), hot feature j = ``hot_idx[s]`` is read and written at
+    ``w[base + s]`` (and ``q[base + s]``): this thread's copy."""
+    code, param = int(cfg[C_LOSS]), cfg[C_LOSS_PARAM]
+    penalty, alpha, l1_ratio = int(cfg[C_PENALTY]), cfg[C_ALPHA], cfg[C_L1_RATIO]
+    lr, eta, eta0, power_t, t0 = int(cfg[C_LR]), cfg[C_ETA], cfg[C_ETA0], cfg[C_POWER_T], cfg[C_T0]
+    fit_intercept, decay = cfg[C_FIT_INTERCEPT] != 0, cfg[C_INTERCEPT_DECAY]
+    average, weight_pos, weight_neg = cfg[C_AVERAGE], cfg[C_WEIGHT_POS], cfg[C_WEIGHT_NEG]
+    stride, compute_loss = int(cfg[C_STRIDE]), cfg[C_COMPUTE_LOSS] != 0
+    flush_every = max(1, int(cfg[C_FLUSH]))
+    n_features = aw.shape[0] if average > 0 else 0
+    use_l1 = penalty == L1 or penalty == ELASTICNET
+    shared_intercept = stride > 1
+    n_hot = hot_idx.shape[0]
+    far_weights = indices is not None and w.shape[0] > FAR_WEIGHTS  # beyond L2: prefetch
+
+    t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
+    avg_a, avg_b, avg_intercept, u = st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U]
+    sq_norm, l1_norm = st[S_SQ_NORM], st[S_L1_NORM]
+    sumloss, objective, count = st[S_SUMLOSS], st[S_OBJECTIVE], st[S_COUNT]
+    intercept_base = intercept
+    if shared_intercept:
+        intercept = shared_b[0]
+        intercept_base = intercept
+    if n_hot > 0:
+        flush(w, hot_idx, base, last_w)
+        if use_l1:
+            flush(q, hot_idx, base, last_q)
+
+    done = 0
+    for k in range(lo, hi):
+        # unsigned indices: no negative-index wraparound code in the loops
+        i = uint64(order[k])
+        if indices is None:
+            start, end = i * uint64(width), (i + uint64(1)) * uint64(width)
+        else:
+            start, end = uint64(indptr[i]), uint64(indptr[i + uint64(1)])
+        # memory: the order is known, so start loading the rows ahead now
+        if k + AHEAD_ROW < hi:
+            r = uint64(order[k + AHEAD_ROW])
+            prefetch(y, r)
+            if indices is not None:
+                prefetch(indptr, r)
+        if k + AHEAD_DATA < hi:
+            r = uint64(order[k + AHEAD_DATA])
+            if indices is None:
+                for pos in range(r * uint64(width), (r + uint64(1)) * uint64(width), uint64(8)):
+                    prefetch(data, pos)
+            else:
+                lo_r, hi_r = uint64(indptr[r]), uint64(indptr[r + uint64(1)])
+                for pos in range(lo_r, hi_r, uint64(8)):
+                    prefetch(data, pos)
+                for pos in range(lo_r, hi_r, uint64(16)):
+                    prefetch(indices, pos)
+        if far_weights and k + AHEAD_WEIGHTS < hi:
+            r = uint64(order[k + AHEAD_WEIGHTS])
+            for pos in range(uint64(indptr[r]), uint64(indptr[r + uint64(1)])):
+                prefetch(w, indices[pos])  # (a hot one's shared copy: harmless)
+        dot = 0.0
+        for pos in range(start, end):
+            if hot_table is None:
+                dot += w[column(indices, pos, start)] * data[pos]
+            else:  # look each feature up once per example: keep where it lives
+                j = slot(column(indices, pos, start), hot_table, base)
+                where[pos - start] = j
+                dot += w[j] * data[pos]
+        p = dot * wscale + intercept
+        eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
+        yi = y[i]
+        if compute_loss:
+            cur = loss_value(code, param, yi, p)
+            sumloss += cur
+            objective += cur
+            if penalty > 0:
+                objective += alpha * ((1.0 - l1_ratio) * 0.5 * sq_norm + l1_ratio * l1_norm)
+        class_weight = weight_pos if yi > 0.0 else weight_neg
+        dloss = loss_gradient(code, param, yi, p)
+        if dloss < -MAX_DLOSS:
+            dloss = -MAX_DLOSS
+        elif dloss > MAX_DLOSS:
+            dloss = MAX_DLOSS
+        update = -eta * dloss * (class_weight * sample_weight[i])
+        if penalty >= L2:
+            c = max(0.0, 1.0 - (1.0 - l1_ratio) * eta * alpha)
+            wscale *= c
+            sq_norm *= c * c
+            l1_norm *= abs(c)
+            if wscale < WSCALE_THRESHOLD and (stride == 1 or wscale == 0.0):
+                # sklearn's reset_wscale, inline: alone, or when the weights
+                # are zeroed (eta alpha >= 1), which every thread may do
+                if average > 0:
+                    for j in range(n_features):
+                        aw[j] = (aw[j] + avg_a * w[j]) / avg_b
+                    avg_a, avg_b = 0.0, 1.0
+                for j in range(w.shape[0]):
+                    w[j] *= wscale
+                for s in range(n_hot):
+                    last_w[s] *= wscale
+                wscale = 1.0
+        if update != 0.0:
+            step = update / wscale
+            l2acc = 0.0
+            l1acc = 0.0
+            for pos in range(start, end):
+                j = column(indices, pos, start) if hot_table is None else where[pos - start]
+                v = w[j] + data[pos] * step
+                w[j] = v
+                l2acc += v * v
+                l1acc += abs(v)
+            sq_norm = l2acc * (wscale * wscale)
+            l1_norm = l1acc * wscale
+            if fit_intercept:
+                intercept += update * decay
+        if 0 < average <= t:
+            num = t - average + 1.0
+            if update != 0.0:
+                g = -avg_a * update / wscale
+                for pos in range(start, end):
+                    aw[column(indices, pos, start)] += g * data[pos]
+            mu = 1.0 / num
+            if num > 1:
+                avg_b /= (1.0 - mu)
+            avg_a += mu * avg_b * wscale
+            avg_intercept += (intercept - avg_intercept) / num
+        if use_l1:
+            u += l1_ratio * eta * alpha
+            for pos in range(start, end):
+                j = column(indices, pos, start) if hot_table is None else where[pos - start]
+                z = w[j]
+                nz = z
+                if wscale * z > 0.0:
+                    nz = max(0.0, z - (u + q[j]) / wscale)
+                elif wscale * z < 0.0:
+                    nz = min(0.0, z + (u - q[j]) / wscale)
+                w[j] = nz
+                q[j] += wscale * (nz - z)
+        t += 1.0
+        count += 1.0
+        done += 1
+        if n_hot > 0 and done % flush_every == 0:
+            flush(w, hot_idx, base, last_w)
+            if use_l1:
+                flush(q, hot_idx, base, last_q)
+    if shared_intercept:
+        shared_b[0] += intercept - intercept_base
+        intercept = shared_b[0]
+    st[S_T], st[S_WSCALE], st[S_INTERCEPT] = t, wscale, intercept
+    st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U] = avg_a, avg_b, avg_intercept, u
+    st[S_SQ_NORM], st[S_L1_NORM] = sq_norm, l1_norm
+    st[S_SUMLOSS], st[S_OBJECTIVE], st[S_COUNT] = sumloss, objective, count
+    return done
+
+
+@numba.njit(nogil=True, cache=True)
+def advance(cfg, st, steps):
+    """Advance this thread's scalars through ``steps`` steps that other
+    threads take (wscale, the L1 total u, the ASGD scalars, the clock):
+    scikit-learn advances them once per step, whoever takes it."""
+    penalty, alpha, l1_ratio = int(cfg[C_PENALTY]), cfg[C_ALPHA], cfg[C_L1_RATIO]
+    lr, eta, eta0, power_t, t0 = int(cfg[C_LR]), cfg[C_ETA], cfg[C_ETA0], cfg[C_POWER_T], cfg[C_T0]
+    average = cfg[C_AVERAGE]
+    use_l1 = penalty == L1 or penalty == ELASTICNET
+    t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
+    avg_a, avg_b, avg_intercept, u = st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U]
+    for _ in range(steps):
+        eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
+        if penalty >= L2:
+            wscale *= max(0.0, 1.0 - (1.0 - l1_ratio) * eta * alpha)
+        if 0 < average <= t:
+            num = t - average + 1.0
+            if num > 1:
+                avg_b /= (1.0 - 1.0 / num)
+            avg_a += avg_b * wscale / num
+            avg_intercept += (intercept - avg_intercept) / num
+        if use_l1:
+            u += l1_ratio * eta * alpha
+        t += 1.0
+    st[S_T], st[S_WSCALE] = t, wscale
+    st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U] = avg_a, avg_b, avg_intercept, u
+
+
+@numba.njit(nogil=True, cache=True)
+def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
+            hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st, counter):
+    """One thread's share of the examples ``order[lo:hi]``; returns how many
+    it ran. Alone (``cfg`` stride 1): all of them, in order. With others:
+    it claims chunks of CHUNK positions from the shared ``counter`` (an
+    atomic add), so a thread the OS delays leaves its work to the others,
+    and stops claiming once its ``wscale`` needs folding (the caller folds
+    it and goes on from ``counter``). Before a chunk at position c it
+    advances its scalars to step t(lo) + c - lo: every example runs at the
+    step scikit-learn would give it."""
+    if int(cfg[C_STRIDE]) == 1:
+        sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
+                  hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st)
+        return hi - lo
+    t_lo = st[S_T]
+    done = 0
+    while st[S_WSCALE] >= WSCALE_THRESHOLD:
+        c = fetch_add(counter, 0, CHUNK)
+        if c >= hi:
+            advance(cfg, st, int(t_lo + (hi - lo) - st[S_T]))
+            break
+        advance(cfg, st, int(t_lo + (c - lo) - st[S_T]))
+        end = min(c + CHUNK, hi)
+        sgd_range(indptr, indices, data, width, y, sample_weight, order, c, end, w, aw, q,
+                  hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st)
+        done += end - c
+    if hot_idx.shape[0] > 0:
+        flush(w, hot_idx, base, last_w)
+        if cfg[C_PENALTY] == L1 or cfg[C_PENALTY] == ELASTICNET:
+            flush(q, hot_idx, base, last_q)
+    return done
+
+
+@numba.njit(nogil=True, cache=True)
+def shuffle(order, seed):
+    """Fisher-Yates in place, seeded: an epoch's order, in a few cycles an
+    element (numpy's Generator.shuffle costs more than a small epoch)."""
+    np.random.seed(seed)
+    for k in range(order.shape[0] - 1, 0, -1):
+        m = np.random.randint(0, k + 1)
+        order[k], order[m] = order[m], order[k]
