@@ -5,6 +5,7 @@
 split evenly among ``world`` processes (one torch thread each), after a few
 warm-up steps, and returns examples per second. ``make_model`` and
 ``make_data`` must be module-level functions (spawned processes import them).
+``one_process_examples_per_s`` is the other peer: one process, plain SGD.
 """
 from __future__ import annotations
 
@@ -69,3 +70,28 @@ def ddp_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, st
         if out.empty():
             raise
     return out.get()
+
+
+def one_process_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, steps: int,
+                               threads: int, warmup: int = 3) -> float:
+    """The other peer: one process, ``threads`` torch threads, plain SGD on
+    random batches of ``batch``; examples per second after ``warmup`` steps."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        X, y = make_data()
+        X, y = torch.as_tensor(X), torch.as_tensor(y)
+        torch.manual_seed(0)
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        rng = np.random.default_rng(0)
+        for i in range(steps + warmup):
+            if i == warmup:
+                t0 = time.perf_counter()
+            chosen = torch.from_numpy(rng.choice(len(X), batch, replace=False))
+            opt.zero_grad()
+            loss_fn(model(X[chosen]), y[chosen]).backward()
+            opt.step()
+        return steps * batch / (time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)

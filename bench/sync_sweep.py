@@ -18,7 +18,6 @@ Printed per shape: the medians and the two ratios, sync/ceiling (target
 import argparse
 import functools
 import os
-import time
 
 import numpy as np
 import torch
@@ -26,7 +25,7 @@ from torch import nn
 
 import monsoon
 from common import interleave, median, report
-from ddp_peer import ddp_examples_per_s
+from ddp_peer import ddp_examples_per_s, one_process_examples_per_s
 
 N_EXAMPLES, LR = 8192, 0.01
 
@@ -78,30 +77,9 @@ def ddp(make_model, batch, steps) -> float:
 def ceiling(make_model, batch, steps) -> float:
     """The best one process does: with one torch thread per core, or with one
     thread where a small model's ops are too short to split."""
-    return max(one_process(make_model, batch, steps, threads)
+    return max(one_process_examples_per_s(make_model, data, nn.CrossEntropyLoss(), batch, LR,
+                                          steps, threads)
                for threads in sorted({1, os.cpu_count() or 1}))
-
-
-def one_process(make_model, batch, steps, threads: int, warmup: int = 3) -> float:
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        X, y = data()
-        X, y = torch.from_numpy(X), torch.from_numpy(y)
-        torch.manual_seed(0)
-        model, loss_fn = make_model(), nn.CrossEntropyLoss()
-        opt = torch.optim.SGD(model.parameters(), lr=LR)
-        rng = np.random.default_rng(0)
-        for i in range(steps + warmup):
-            if i == warmup:
-                t0 = time.perf_counter()
-            batch_idx = torch.from_numpy(rng.choice(N_EXAMPLES, batch, replace=False))
-            opt.zero_grad()
-            loss_fn(model(X[batch_idx]), y[batch_idx]).backward()
-            opt.step()
-        return steps * batch / (time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(before)
 
 
 def main():

@@ -10,7 +10,6 @@ one process with 2 threads is also timed.
     python bench/sync_vs_ddp.py [--steps 60] [--repeats 3]
 """
 import argparse
-import time
 
 import numpy as np
 import torch
@@ -18,7 +17,7 @@ from torch import nn
 
 import monsoon
 from common import interleave, median, report
-from ddp_peer import ddp_examples_per_s
+from ddp_peer import ddp_examples_per_s, one_process_examples_per_s
 
 N_EXAMPLES, BATCH, LR = 8192, 256, 0.01
 
@@ -49,21 +48,7 @@ def ddp(steps: int) -> float:
 
 
 def one_process(steps: int, threads: int = 2) -> float:
-    torch.set_num_threads(threads)
-    X, y = data()
-    X, y = torch.from_numpy(X), torch.from_numpy(y)
-    torch.manual_seed(0)
-    model, loss_fn = mlp(), nn.CrossEntropyLoss()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    rng = np.random.default_rng(0)
-    for i in range(steps + 3):
-        if i == 3:
-            t0 = time.perf_counter()
-        batch = torch.from_numpy(rng.choice(N_EXAMPLES, BATCH, replace=False))
-        opt.zero_grad()
-        loss_fn(model(X[batch]), y[batch]).backward()
-        opt.step()
-    return steps * BATCH / (time.perf_counter() - t0)
+    return one_process_examples_per_s(mlp, data, nn.CrossEntropyLoss(), BATCH, LR, steps, threads)
 
 
 def main():
