@@ -19,6 +19,7 @@ from . import __version__
 from .config import resolve
 from .errors import TrainingDiverged
 from .problems import Problem
+from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
 
 
@@ -37,6 +38,14 @@ class Result:
         if not hasattr(self.problem, "model_at"):
             raise AttributeError(f"problem {self.problem.name!r} has no torch model")
         return self.problem.model_at(self.params)
+
+
+def evaluate(problem, w) -> dict:
+    """Every reported figure at ``w``: ``problem.evaluate`` where the problem
+    has one (loss, accuracy, val_loss, val_accuracy), else its loss."""
+    if hasattr(problem, "evaluate"):
+        return problem.evaluate(w)
+    return {"loss": float(problem.loss(w))}
 
 
 def staleness_stats(counts: Counter) -> dict:
@@ -84,7 +93,10 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                          run['seed'], budget, recorder)
     finally:
         recorder.close()
-    final_loss = float(problem.loss(res.params))
+    if res.worker_states and hasattr(problem, "load_state"):
+        problem.load_state(combine_buffers(res.worker_states, strat.buffers))
+    figures = evaluate(problem, res.params)
+    final_loss = float(figures["loss"])
     recorder.add_row(res.wall_time_s, res.updates, res.examples, final_loss)
     summary = {
         "problem": run["problem"],
@@ -95,6 +107,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "workers": run["workers"],
         "seed": run['seed'],
         "final_loss": final_loss,
+        **{k: v for k, v in figures.items() if k != "loss"},
         "wall_time_s": res.wall_time_s,
         "startup_s": res.startup_s,
         "updates": res.updates,

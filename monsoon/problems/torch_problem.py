@@ -10,6 +10,18 @@ into the flat buffer: one pass, where zeroing views of the buffer and
 letting autograd add into them takes three. ``accumulate=True`` points the
 ``.grad`` tensors at the buffer and lets autograd add.
 
+Training starts from the module as the user built it (``init="module"``,
+DDP's behaviour: it broadcasts rank 0's ``state_dict`` at construction);
+``init="seed"`` re-draws the weights from the run's seed instead (the
+catalog's problems, so their published results stay the same).
+
+Buffers (BatchNorm's running statistics and counter, or any other) are
+trained state: gradient steps run in training mode and update the worker's
+buffers; ``state()`` / ``load_state()`` carry them back to the caller, which
+combines the workers' buffers by the strategy's rule (``buffers.py``).
+Everything reported (``loss``, ``evaluate``) runs under ``module.eval()``
+and ``torch.no_grad()`` and touches no buffer.
+
 ``gradient(w, idx)`` aliases ``w``: if ``w`` is not the buffer the module
 currently views, the module is re-pointed at it (no copy). A worker that
 computes on shared memory (Hogwild!, sync on the local engine) therefore
@@ -33,9 +45,15 @@ class TorchProblem(Problem):
     must return the mean over the batch (the default of torch's losses)."""
 
     def __init__(self, module: torch.nn.Module, loss_fn, X, y, dtype="float32",
-                 name: str = "torch", eval_batch: int = 65536, init_fn=None):
+                 name: str = "torch", eval_batch: int = 65536, init_fn=None,
+                 init: str = "module", val=None, val_fraction: float = 0.0,
+                 val_seed: int = 0):
         self.name = name
         self.init_fn = init_fn
+        if init not in ("module", "seed"):
+            raise ValueError(f"init must be 'module' (the module's own weights) or 'seed' "
+                             f"(re-drawn from the run's seed), not {init!r}")
+        self.init = init
         self.dtype = np.dtype(dtype)
         if self.dtype not in _TORCH_DTYPES:
             raise ValueError(f"dtype must be float32 or float64, not {dtype}")
@@ -46,11 +64,21 @@ class TorchProblem(Problem):
             raise ValueError(f"X has {len(X)} rows but y has {len(y)}: they must match")
         if len(X) == 0:
             raise ValueError("the training set is empty")
+        X, y, val = split_validation(X, y, val, val_fraction, val_seed)
         self.X = X.to(tdtype) if X.is_floating_point() else X
         self.y = y.to(tdtype) if y.is_floating_point() else y
         self.module = module.to(tdtype)
         self.loss_fn = loss_fn
         self.eval_batch = eval_batch
+        self.val = None
+        if val is not None:
+            vX, vy = (torch.as_tensor(v) for v in val)
+            if len(vX) != len(vy):
+                raise ValueError(f"val X has {len(vX)} rows but val y has {len(vy)}: "
+                                 "they must match")
+            self.val = (vX.to(tdtype) if vX.is_floating_point() else vX,
+                        vy.to(tdtype) if vy.is_floating_point() else vy)
+        self.classification = is_classification(loss_fn, self.y)
         params = [p for p in self.module.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the module has no trainable parameters")
@@ -61,6 +89,7 @@ class TorchProblem(Problem):
         self._params = params
         flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy().copy()
         self._initial = flat.copy()
+        self._initial_state = self.state()
         self._bound = None
         self._grad_out = None
         self._grad_bindings = {}
@@ -100,8 +129,12 @@ class TorchProblem(Problem):
 
     # -- the Problem protocol ------------------------------------------------
     def initial_params(self, seed: int) -> np.ndarray:
-        """Parameters re-drawn from ``seed``: by ``init_fn(module)`` when one
-        was given, else by each layer's own ``reset_parameters``."""
+        """The module's own parameters (``init="module"``), or parameters
+        re-drawn from ``seed`` (``init="seed"``): by ``init_fn(module)`` when
+        one was given, else by each layer's own ``reset_parameters``."""
+        self.load_state(self._initial_state)  # a new run starts from the given buffers
+        if self.init == "module":
+            return self._initial.copy()
         fresh = self.model_at(self._initial)
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
@@ -133,6 +166,8 @@ class TorchProblem(Problem):
         else:  # autograd hands over fresh tensors: one copy, no zeroing pass
             for p in params:
                 p.grad = None
+        if not self.module.training:  # evaluation restores the mode it found
+            self.module.train()
         rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
         loss = self.loss_fn(self.module(self.X.index_select(0, rows)), self.y.index_select(0, rows))
         loss.backward()
@@ -153,23 +188,68 @@ class TorchProblem(Problem):
                 view.copy_(g)
 
     def loss(self, w) -> float:
+        """Mean training loss at ``w``, in eval mode under no_grad."""
+        return self._measure(w, self.X, self.y)[0]
+
+    def evaluate(self, w) -> dict:
+        """Every reported figure at ``w`` (eval mode, no_grad, no buffer
+        touched): ``loss``, and where they apply ``accuracy``, ``val_loss``
+        and ``val_accuracy``."""
+        loss, acc = self._measure(w, self.X, self.y, self.classification)
+        out = {"loss": loss}
+        if acc is not None:
+            out["accuracy"] = acc
+        if self.val is not None:
+            vloss, vacc = self._measure(w, *self.val, self.classification)
+            out["val_loss"] = vloss
+            if vacc is not None:
+                out["val_accuracy"] = vacc
+        return out
+
+    def _measure(self, w, X, y, accuracy: bool = False):
         self._check(w)
         saved = self._bound
         self._bind(w)
-        total = 0.0
+        was_training = self.module.training
+        self.module.eval()
+        total, correct, n = 0.0, 0, len(X)
+        try:
+            with torch.no_grad():
+                for start in range(0, n, self.eval_batch):
+                    stop = min(start + self.eval_batch, n)
+                    out = self.module(X[start:stop])
+                    total += float(self.loss_fn(out, y[start:stop])) * (stop - start)
+                    if accuracy:
+                        correct += int(count_correct(out, y[start:stop]))
+        finally:
+            if was_training:
+                self.module.train()
+            if saved is not None:
+                self._bind(saved)
+        return total / n, (correct / n if accuracy else None)
+
+    # -- buffers: trained state beside the parameters ---------------------------
+    def state(self) -> dict | None:
+        """The module's buffers (name -> array copy), or None if it has none."""
+        named = dict(self.module.named_buffers())
+        if not named:
+            return None
+        return {k: v.detach().cpu().numpy().copy() for k, v in named.items()}
+
+    def load_state(self, state: dict | None) -> None:
+        """Copy buffers from ``state`` into the module (in place)."""
+        if not state:
+            return
+        named = dict(self.module.named_buffers())
         with torch.no_grad():
-            for start in range(0, self.n_examples, self.eval_batch):
-                stop = min(start + self.eval_batch, self.n_examples)
-                batch_loss = self.loss_fn(self.module(self.X[start:stop]), self.y[start:stop])
-                total += float(batch_loss) * (stop - start)
-        if saved is not None:
-            self._bind(saved)
-        return total / self.n_examples
+            for k, v in state.items():
+                named[k].copy_(torch.as_tensor(np.asarray(v)))
 
     def model_at(self, w: np.ndarray) -> torch.nn.Module:
         """A standalone copy of the module holding parameters ``w``."""
         self._check(w)
         model = copy.deepcopy(self.module)
+        model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         for p, view in zip(params, self._views(np.array(w, copy=True))):
             p.data = view.clone()
@@ -204,6 +284,8 @@ class TorchProblem(Problem):
         memo[id(self)] = clone
         memo[id(self.X)] = self.X  # data is read-only: share it
         memo[id(self.y)] = self.y
+        if self.val is not None:
+            memo[id(self.val)] = self.val
         clone.__setstate__(copy.deepcopy(self.__getstate__(), memo))
         return clone
 
@@ -221,3 +303,39 @@ def _module_without_buffers(module, params):
         for p, (data, grad) in zip(params, saved):
             p.data = data
             p.grad = grad
+
+
+def split_validation(X, y, val, fraction: float, seed: int = 0):
+    """``(X, y, val)`` with ``fraction`` of the rows held out (a seeded
+    permutation) as the validation set when no ``val`` was given."""
+    if not fraction:
+        return X, y, val
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), not {fraction}")
+    if val is not None:
+        raise ValueError("give either val=(X, y) or val_fraction, not both")
+    n = len(X)
+    held = int(round(n * fraction))
+    if held < 1 or held >= n:
+        raise ValueError(f"val_fraction {fraction} of {n} examples leaves no training "
+                         "or no validation example")
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(n))
+    train, test = order[held:].sort().values, order[:held].sort().values
+    return X[train], y[train], (X[test], y[test])
+
+
+def is_classification(loss_fn, y) -> bool:
+    """Accuracy applies: cross-entropy / NLL with class indices, or a binary
+    loss with 0/1 targets."""
+    if isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
+        return not y.is_floating_point()
+    if isinstance(loss_fn, (torch.nn.BCEWithLogitsLoss, torch.nn.BCELoss)):
+        return bool(((y == 0) | (y == 1)).all())
+    return False
+
+
+def count_correct(out, y) -> int:
+    if out.ndim > 1 and out.shape[-1] > 1 and not y.is_floating_point():
+        return int((out.argmax(-1) == y).sum())
+    pred = (out.reshape(y.shape) > 0).to(y.dtype)  # binary: logits (BCEWithLogits)
+    return int((pred == y).sum())

@@ -37,6 +37,7 @@ class Sync(Strategy):
     shared_params = True
     needs_all_workers = True
     synchronous = True
+    buffers = "rank0"   # DDP's broadcast_buffers: every replica holds rank 0's
     options = (Option("backup_workers", int, 0, "extra workers; each step takes the first "
                       "--workers gradients", check=lambda v: None if v >= 0 else "0 or more"),)
 

@@ -62,6 +62,7 @@ class EngineResult:
     failed_workers: list = field(default_factory=list)
     late_gradients: int = 0
     worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
+    worker_states: dict = field(default_factory=dict)  # each worker's buffers (BatchNorm)
     extra: dict = field(default_factory=dict)          # engine-specific summary fields
     stopped: str | None = None   # why the monitor stopped the run early, if it did
 
@@ -117,13 +118,21 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         runtime.run(program)
         store.status[rank] = DONE
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
-        messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own}))
+        messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
+                                     "state": _state(setup.problem)}))
     except Aborted:
         store.status[rank] = ABORTED
-        messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": None}))
+        messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": None,
+                                        "state": _state(setup.problem)}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _state(problem):
+    """The worker's buffers (``Problem.state``), if its problem has any."""
+    state = getattr(problem, "state", None)
+    return state() if state is not None else None
 
 
 @contextlib.contextmanager
@@ -307,6 +316,7 @@ class LocalEngine:
             handles.append(h)
         failed: dict[int, str] = {}
         worker_params: dict[int, np.ndarray] = {}
+        worker_states: dict[int, dict] = {}
         started_at = [None]
         staleness = Counter()
         finished: set[int] = set()
@@ -320,6 +330,8 @@ class LocalEngine:
                     staleness.update(payload["staleness"])
                     if payload["params"] is not None:
                         worker_params[rank] = payload["params"]
+                    if payload.get("state"):
+                        worker_states[rank] = payload["state"]
 
         def check_dead():
             if ctx is None:
@@ -396,7 +408,8 @@ class LocalEngine:
             extra["sync_step"] = "replicated" if store.replicated else "sharded"
         return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
                             failed_list, stopped=stopped, late_gradients=int(late),
-                            worker_params=worker_params, extra=extra)
+                            worker_params=worker_params, worker_states=worker_states,
+                            extra=extra)
 
     @staticmethod
     def _must_stop(strategy, failed: dict, workers: int) -> bool:

@@ -61,7 +61,8 @@ class RemoteWorker:
             pass
         self._settle_pushes()
         return {"staleness": dict(self.staleness), **self.counts,
-                "params": None if self.strategy.shared_params else self.work}
+                "params": None if self.strategy.shared_params else self.work,
+                "state": self.problem.state() if hasattr(self.problem, "state") else None}
 
     def _get(self, refs):
         import ray
