@@ -21,6 +21,8 @@ from .errors import TrainingDiverged
 from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
+from .record.recorder import evaluate
+from .record.run_folder import save_model
 
 
 @dataclass
@@ -38,14 +40,6 @@ class Result:
         if not hasattr(self.problem, "model_at"):
             raise AttributeError(f"problem {self.problem.name!r} has no torch model")
         return self.problem.model_at(self.params)
-
-
-def evaluate(problem, w) -> dict:
-    """Every reported figure at ``w``: ``problem.evaluate`` where the problem
-    has one (loss, accuracy, val_loss, val_accuracy), else its loss."""
-    if hasattr(problem, "evaluate"):
-        return problem.evaluate(w)
-    return {"loss": float(problem.loss(w))}
 
 
 def staleness_stats(counts: Counter) -> dict:
@@ -97,7 +91,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         problem.load_state(combine_buffers(res.worker_states, strat.buffers))
     figures = evaluate(problem, res.params)
     final_loss = float(figures["loss"])
-    recorder.add_row(res.wall_time_s, res.updates, res.examples, final_loss)
+    recorder.add_row(res.wall_time_s, res.updates, res.examples, final_loss, figures)
     summary = {
         "problem": run["problem"],
         "strategy": run["strategy"],
@@ -146,6 +140,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         full_config = {**resolved.config(), "server_rule": rule.describe(), **strat.describe(),
                        **engine.describe(), "problem_info": problem.describe()}
         result.run_dir = write_run_folder(Path(out), full_config, summary, recorder.rows)
+        save_model(result.run_dir, problem, res.params)
     if res.stopped and raise_on_divergence:
         err = TrainingDiverged(res.stopped + (f" (run folder: {out})" if out else ""))
         err.result = result

@@ -17,6 +17,18 @@ import sys
 import time
 
 COLUMNS = ("time_s", "updates", "examples", "epoch", "loss")
+# written where the problem reports them (``problem.evaluate``): torch
+# problems with a classification loss or a validation set
+OPTIONAL_COLUMNS = ("accuracy", "val_loss", "val_accuracy")
+
+
+def evaluate(problem, w) -> dict:
+    """Every reported figure at ``w``: ``problem.evaluate`` where the problem
+    has one (loss, accuracy, val_loss, val_accuracy; torch problems compute
+    them in eval mode under no_grad), else ``{"loss": problem.loss(w)}``."""
+    if hasattr(problem, "evaluate"):
+        return problem.evaluate(w)
+    return {"loss": float(problem.loss(w))}
 
 
 class Recorder:
@@ -56,9 +68,10 @@ class Recorder:
         # CPU time, not wall time: the monitor shares the cores with busy
         # workers, and a preempted evaluation is not an expensive one.
         t = time.thread_time()
-        loss = float(self.problem.loss(params))
+        figures = evaluate(self.problem, params)
+        loss = float(figures["loss"])
         self._eval_cost = time.thread_time() - t
-        self.add_row(now, updates, examples, loss)
+        self.add_row(now, updates, examples, loss, figures)
         evals = max(self.evals, 1)
         if self.cost_aware:
             self._earliest = now + max(20 * self._eval_cost, 1e-3)
@@ -74,9 +87,11 @@ class Recorder:
                                 f"dropped (only {updates} applied); lower the learning rate (--lr)")
         return self.stop_reason
 
-    def add_row(self, now: float, updates: int, examples: int, loss: float) -> None:
+    def add_row(self, now: float, updates: int, examples: int, loss: float,
+                figures: dict | None = None) -> None:
         row = {"time_s": round(now, 6), "updates": updates, "examples": examples,
                "epoch": round(examples / self.n_examples, 6), "loss": loss}
+        row.update({k: float(v) for k, v in (figures or {}).items() if k in OPTIONAL_COLUMNS})
         self.rows.append(row)
         if (self.time_to_target_s is None and self.target_loss is not None
                 and math.isfinite(loss) and loss <= self.target_loss):
