@@ -48,16 +48,7 @@ class TorchProblem(Problem):
                  name: str = "torch", eval_batch: int = 65536, init_fn=None,
                  init: str = "module", val=None, val_fraction: float = 0.0,
                  val_seed: int = 0):
-        self.name = name
-        self.init_fn = init_fn
-        if init not in ("module", "seed"):
-            raise ValueError(f"init must be 'module' (the module's own weights) or 'seed' "
-                             f"(re-drawn from the run's seed), not {init!r}")
-        self.init = init
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in _TORCH_DTYPES:
-            raise ValueError(f"dtype must be float32 or float64, not {dtype}")
-        tdtype = _TORCH_DTYPES[self.dtype]
+        tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch)
         X = torch.as_tensor(X)
         y = torch.as_tensor(y)
         if len(X) != len(y):
@@ -67,9 +58,6 @@ class TorchProblem(Problem):
         X, y, val = split_validation(X, y, val, val_fraction, val_seed)
         self.X = X.to(tdtype) if X.is_floating_point() else X
         self.y = y.to(tdtype) if y.is_floating_point() else y
-        self.module = module.to(tdtype)
-        self.loss_fn = loss_fn
-        self.eval_batch = eval_batch
         self.val = None
         if val is not None:
             vX, vy = (torch.as_tensor(v) for v in val)
@@ -79,13 +67,33 @@ class TorchProblem(Problem):
             self.val = (vX.to(tdtype) if vX.is_floating_point() else vX,
                         vy.to(tdtype) if vy.is_floating_point() else vy)
         self.classification = is_classification(loss_fn, self.y)
+        self.n_examples = int(len(self.X))
+        self._setup_module(module)
+
+    def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch):
+        """The settings every torch problem has; returns the torch dtype."""
+        self.name = name
+        self.init_fn = init_fn
+        if init not in ("module", "seed"):
+            raise ValueError(f"init must be 'module' (the module's own weights) or 'seed' "
+                             f"(re-drawn from the run's seed), not {init!r}")
+        self.init = init
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in _TORCH_DTYPES:
+            raise ValueError(f"dtype must be float32 or float64, not {dtype}")
+        self.loss_fn = loss_fn
+        self.eval_batch = eval_batch
+        return _TORCH_DTYPES[self.dtype]
+
+    def _setup_module(self, module):
+        """Point the module's parameters at one flat buffer."""
+        self.module = module.to(_TORCH_DTYPES[self.dtype])
         params = [p for p in self.module.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the module has no trainable parameters")
         self._shapes = [p.shape for p in params]
         self._sizes = [p.numel() for p in params]
         self.n_params = int(sum(self._sizes))
-        self.n_examples = int(len(self.X))
         self._params = params
         flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy().copy()
         self._initial = flat.copy()
@@ -95,6 +103,15 @@ class TorchProblem(Problem):
         self._grad_bindings = {}
         self._bind(flat)
         self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
+
+    @classmethod
+    def from_dataset(cls, dataset, module, loss_fn, collate_fn=None, **options):
+        """A problem over any map-style ``torch.utils.data.Dataset`` whose
+        items ``collate_fn`` (default: torch's ``default_collate``) batches
+        into ``(inputs, targets)``; see ``dataset_problem.DatasetProblem``."""
+        from .dataset_problem import DatasetProblem
+
+        return DatasetProblem(module, loss_fn, dataset, collate_fn=collate_fn, **options)
 
     # -- flat-buffer plumbing ---------------------------------------------
     def _views(self, array: np.ndarray):
@@ -168,12 +185,28 @@ class TorchProblem(Problem):
                 p.grad = None
         if not self.module.training:  # evaluation restores the mode it found
             self.module.train()
-        rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-        loss = self.loss_fn(self.module(self.X.index_select(0, rows)), self.y.index_select(0, rows))
+        xb, yb = self._rows(indices)
+        loss = self.loss_fn(self.module(xb), yb)
         loss.backward()
         if not accumulate:
             self._gather_grads()
         return float(loss.detach()), self._grad_out
+
+    def _rows(self, indices):
+        """The examples ``indices``: inputs and targets, batched."""
+        rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        return self.X.index_select(0, rows), self.y.index_select(0, rows)
+
+    def _train_chunks(self):
+        return self._chunks(self.X, self.y)
+
+    def _val_chunks(self):
+        """(chunks, number of examples) of the validation set, or None."""
+        return None if self.val is None else (self._chunks(*self.val), len(self.val[0]))
+
+    def _chunks(self, X, y):
+        for start in range(0, len(X), self.eval_batch):
+            yield X[start:start + self.eval_batch], y[start:start + self.eval_batch]
 
     def _gather_grads(self) -> None:
         """Copy the fresh ``.grad`` tensors into the flat gradient buffer."""
@@ -189,38 +222,40 @@ class TorchProblem(Problem):
 
     def loss(self, w) -> float:
         """Mean training loss at ``w``, in eval mode under no_grad."""
-        return self._measure(w, self.X, self.y)[0]
+        return self._measure(w, self._train_chunks(), self.n_examples)[0]
 
     def evaluate(self, w) -> dict:
         """Every reported figure at ``w`` (eval mode, no_grad, no buffer
         touched): ``loss``, and where they apply ``accuracy``, ``val_loss``
         and ``val_accuracy``."""
-        loss, acc = self._measure(w, self.X, self.y, self.classification)
+        loss, acc = self._measure(w, self._train_chunks(), self.n_examples,
+                                  self.classification)
         out = {"loss": loss}
         if acc is not None:
             out["accuracy"] = acc
-        if self.val is not None:
-            vloss, vacc = self._measure(w, *self.val, self.classification)
+        val = self._val_chunks()
+        if val is not None:
+            vloss, vacc = self._measure(w, *val, self.classification)
             out["val_loss"] = vloss
             if vacc is not None:
                 out["val_accuracy"] = vacc
         return out
 
-    def _measure(self, w, X, y, accuracy: bool = False):
+    def _measure(self, w, chunks, n: int, accuracy: bool = False):
+        """Mean loss (and accuracy) over ``chunks`` of (inputs, targets)."""
         self._check(w)
         saved = self._bound
         self._bind(w)
         was_training = self.module.training
         self.module.eval()
-        total, correct, n = 0.0, 0, len(X)
+        total, correct = 0.0, 0
         try:
             with torch.no_grad():
-                for start in range(0, n, self.eval_batch):
-                    stop = min(start + self.eval_batch, n)
-                    out = self.module(X[start:stop])
-                    total += float(self.loss_fn(out, y[start:stop])) * (stop - start)
+                for xb, yb in chunks:
+                    out = self.module(xb)
+                    total += float(self.loss_fn(out, yb)) * len(yb)
                     if accuracy:
-                        correct += int(count_correct(out, y[start:stop]))
+                        correct += int(count_correct(out, yb))
         finally:
             if was_training:
                 self.module.train()
@@ -279,13 +314,16 @@ class TorchProblem(Problem):
         self._bind(bound)
         self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
 
+    def _data(self) -> list:
+        """What copies share: the read-only data."""
+        return [self.X, self.y, self.val]
+
     def __deepcopy__(self, memo):
-        clone = TorchProblem.__new__(TorchProblem)
+        clone = type(self).__new__(type(self))
         memo[id(self)] = clone
-        memo[id(self.X)] = self.X  # data is read-only: share it
-        memo[id(self.y)] = self.y
-        if self.val is not None:
-            memo[id(self.val)] = self.val
+        for data in self._data():  # data is read-only: share it
+            if data is not None:
+                memo[id(data)] = data
         clone.__setstate__(copy.deepcopy(self.__getstate__(), memo))
         return clone
 

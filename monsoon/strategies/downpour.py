@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..options import Option, at_least
 from .base import Strategy, WorkerJob
-from .batches import shard_batches
+from .batches import lookahead, shard_batches
 from .ops import Fetch, Gradient, LocalStep, Push
 
 
@@ -54,10 +54,10 @@ class Downpour(Strategy):
         ticket = None
         batches = shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
                                 job.rank, job.workers)
-        for step, batch in enumerate(batches):
+        for step, (batch, following) in enumerate(lookahead(batches)):
             if step % self.n_fetch == 0:
                 ticket = yield Fetch()
-            _, grad = yield Gradient(batch)
+            _, grad = yield Gradient(batch, following)
             if self.n_push == 1:
                 yield Push(grad, ticket)
             else:

@@ -71,6 +71,8 @@ class RemoteWorker:
 
     # -- ops ---------------------------------------------------------------------
     def gradient(self, op):
+        if op.next is not None and hasattr(self.problem, "prefetch"):
+            self.problem.prefetch(op.next)  # a Dataset problem loads it meanwhile
         loss, grad = self.problem.gradient(self.work, op.indices)
         self.counts["examples"] += len(op.indices)
         return loss, grad
