@@ -118,6 +118,12 @@ class DatasetProblem(TorchProblem):
     def _data(self) -> list:
         return [self.dataset, self.val_dataset]
 
+    def shared_data(self):
+        """A Dataset is pickled as it is (see the module's docstring)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     # -- copies --------------------------------------------------------------------
     def __getstate__(self):
         state = super().__getstate__()

@@ -22,6 +22,13 @@ combines the workers' buffers by the strategy's rule (``buffers.py``).
 Everything reported (``loss``, ``evaluate``) runs under ``module.eval()``
 and ``torch.no_grad()`` and touches no buffer.
 
+Data reaches worker processes through shared memory, not one pickled copy
+per worker: ``shared_data()`` (a context the local engine enters while it
+starts its processes) moves X and y (and the validation set) into one
+block of shared memory once, where this process keeps using it too; pickles
+made inside the context carry the block's name, so every process maps the
+same pages. Outside it (Ray, a user's pickle) the data pickles by value.
+
 ``gradient(w, idx)`` aliases ``w``: if ``w`` is not the buffer the module
 currently views, the module is re-pointed at it (no copy). A worker that
 computes on shared memory (Hogwild!, sync on the local engine) therefore
@@ -30,7 +37,9 @@ copy (Downpour) reads its copy.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import weakref
 
 import numpy as np
 import torch
@@ -303,16 +312,37 @@ class TorchProblem(Problem):
         state["module"] = None
         state["_params"] = None
         state["_module_bytes"] = _module_without_buffers(self.module, self._params)
+        sharing = getattr(self, "_share_pickles", False)
+        state["_share_pickles"] = sharing  # a copy made for a worker pickles the same way
+        if sharing:
+            state["X"] = state["y"] = state["val"] = None  # the block carries them
+        else:
+            state["_shm"] = None
         return state
 
     def __setstate__(self, state):
         module_bytes = state.pop("_module_bytes")
         bound = state.pop("_bound_copy")
         self.__dict__.update(state)
+        if getattr(self, "_shm", None) is not None and self.X is None:
+            _from_shared(self, self._shm)
         self.module = module_bytes
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self._bind(bound)
         self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
+
+    # -- data in shared memory ----------------------------------------------------
+    @contextlib.contextmanager
+    def shared_data(self):
+        """Within the context, pickles of this problem refer to its data in
+        shared memory (moved there on first use) instead of carrying it."""
+        if getattr(self, "_shm", None) is None:
+            self._shm = _to_shared(self)
+        self._share_pickles = True
+        try:
+            yield
+        finally:
+            self._share_pickles = False
 
     def _data(self) -> list:
         """What copies share: the read-only data."""
@@ -321,10 +351,11 @@ class TorchProblem(Problem):
     def __deepcopy__(self, memo):
         clone = type(self).__new__(type(self))
         memo[id(self)] = clone
-        for data in self._data():  # data is read-only: share it
+        for data in self._data() + [getattr(self, "_shm", None)]:  # read-only: share it
             if data is not None:
                 memo[id(data)] = data
         clone.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        clone._shm = getattr(self, "_shm", None)
         return clone
 
 
@@ -377,3 +408,31 @@ def count_correct(out, y) -> int:
         return int((out.argmax(-1) == y).sum())
     pred = (out.reshape(y.shape) > 0).to(y.dtype)  # binary: logits (BCEWithLogits)
     return int((pred == y).sum())
+
+
+def _tensors(problem) -> dict:
+    named = {"X": problem.X, "y": problem.y}
+    if problem.val is not None:
+        named["val_X"], named["val_y"] = problem.val
+    return named
+
+
+def _to_shared(problem):
+    """Move ``problem``'s data into one shared-memory block; it is removed
+    when the problem is garbage-collected or the interpreter exits."""
+    from ..engines.local.memory import SharedArrays
+
+    named = {k: t.contiguous().numpy() for k, t in _tensors(problem).items()}
+    block = SharedArrays({k: (a.shape, a.dtype) for k, a in named.items()})
+    for k, a in named.items():
+        block[k][...] = a
+    del named
+    _from_shared(problem, block)
+    weakref.finalize(problem, block.close)
+    return block
+
+
+def _from_shared(problem, block) -> None:
+    t = {k: torch.from_numpy(v) for k, v in block.arrays.items()}
+    problem.X, problem.y = t["X"], t["y"]
+    problem.val = (t["val_X"], t["val_y"]) if "val_X" in t else None

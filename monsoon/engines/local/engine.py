@@ -289,6 +289,11 @@ class LocalEngine:
         inbox = PipeInbox(ctx, workers) if ctx is not None else QueueInbox()
         handles = []
         needs_main = False
+        # Processes: a problem whose data can live in shared memory is
+        # pickled as a reference to it, not one copy per worker.
+        sharing = contextlib.ExitStack()
+        if ctx is not None and hasattr(problem, "shared_data"):
+            sharing.enter_context(problem.shared_data())
         for rank in range(workers):
             job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                             kernel=self.kernel)
@@ -314,6 +319,7 @@ class LocalEngine:
                                      name=f"monsoon-worker-{rank}", daemon=True)
             h.start()
             handles.append(h)
+        sharing.close()
         failed: dict[int, str] = {}
         worker_params: dict[int, np.ndarray] = {}
         worker_states: dict[int, dict] = {}
