@@ -287,7 +287,7 @@ class TorchProblem(Problem):
         named = dict(self.module.named_buffers())
         with torch.no_grad():
             for k, v in state.items():
-                named[k].copy_(torch.as_tensor(np.asarray(v)))
+                named[k].copy_(torch.from_numpy(np.array(v)))  # Ray hands arrays read-only
 
     def model_at(self, w: np.ndarray) -> torch.nn.Module:
         """A standalone copy of the module holding parameters ``w``."""
