@@ -21,8 +21,10 @@ from .config import resolve
 from .engines.lifecycle import StopSignals, signal_name
 from .errors import ConfigError, Interrupted, TrainingDiverged
 from .problems import Problem
+from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
-from .record.recorder import DIVERGED
+from .record.recorder import DIVERGED, OPTIONAL_COLUMNS
+from .record.run_folder import save_model
 
 
 @dataclass
@@ -103,7 +105,12 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     finally:
         recorder.close()
     interrupted = getattr(res, "interrupted", None)
-    # The curve's snapshots are evaluated now, after the run, off its clock.
+    # The curve's snapshots are evaluated now, after the run, off its clock
+    # (with the buffers the monitor's model has); the final row with the
+    # trained buffers, combined per the strategy's policy.
+    recorder.settled_rows()
+    if res.worker_states and hasattr(problem, "load_state"):
+        problem.load_state(combine_buffers(res.worker_states, strat.buffers))
     final = recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
     final_loss = final["loss"]
     if res.stopped is None and not math.isfinite(final_loss):
@@ -117,6 +124,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "workers": run["workers"],
         "seed": run['seed'],
         "final_loss": final_loss,
+        **{k: v for k, v in final.items() if k in OPTIONAL_COLUMNS},
         "wall_time_s": res.wall_time_s,
         "startup_s": res.startup_s,
         "updates": res.updates,
@@ -155,6 +163,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         full_config = {**resolved.config(), "server_rule": rule.describe(), **strat.describe(),
                        **engine.describe(), "problem_info": problem.describe()}
         result.run_dir = write_run_folder(Path(out), full_config, summary, recorder.rows)
+        save_model(result.run_dir, problem, res.params)
     if interrupted:
         where = f"run folder {out}" if out is not None else "no run folder (give --out)"
         hint = (f"; to carry on, run the same command with --resume {out}"

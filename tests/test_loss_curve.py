@@ -29,13 +29,13 @@ def counting(problem):
     ("hogwild", 2, "threads")])
 def test_no_evaluation_happens_while_the_run_goes(monkeypatch, strategy, workers, backend):
     problem = counting(make_problem("linear"))
-    finish = Recorder.finish
+    settle = Recorder.settled_rows  # the first evaluation after the run
 
-    def finish_marking(self, *args):
+    def settle_marking(self, *args):
         problem.run_over = True
-        return finish(self, *args)
+        return settle(self, *args)
 
-    monkeypatch.setattr(Recorder, "finish", finish_marking)
+    monkeypatch.setattr(Recorder, "settled_rows", settle_marking)
     result = monsoon.train(problem, strategy, workers, epochs=1, backend=backend, seed=0,
                            progress=False, evals=20)
     assert problem.during_run == 0

@@ -5,7 +5,7 @@ import pytest
 import monsoon
 from monsoon.problems import make_problem
 
-FULL_BATCH = {"digits": 1797, "exp": 256, "parabola": 50}
+FULL_BATCH = {"digits": 1438, "exp": 256, "parabola": 50}
 
 
 @pytest.mark.parametrize("workers", [2, 3])

@@ -13,6 +13,17 @@ Invariants:
   ``out`` holds zeros, which saves the problem a pass over it).
 - ``loss(w)`` is the mean objective over all training examples, the one
   number runs are compared by.
+
+Optional, where a problem has them (``TorchProblem`` does):
+- ``evaluate(w) -> {"loss", "accuracy", "val_loss", "val_accuracy"}``: every
+  reported figure at ``w`` (the recorder and ``final_loss`` use it); it
+  changes no state.
+- ``state()`` / ``load_state(s)``: trained state beside the parameters
+  (BatchNorm buffers); engines return each worker's, and the strategy's
+  ``buffers`` rule combines them (``buffers.py``).
+- ``prefetch(indices)``: start loading the worker's next batch.
+- ``shared_data()``: a context within which pickles refer to the data in
+  shared memory (the local engine's worker processes).
 """
 from __future__ import annotations
 

@@ -7,7 +7,12 @@ NAME`` work with no other flag.
 - ``exp``: seed 001. y = eˣ on [-1, 1], a 1-16-1 network whose first layer
   starts U(0, 1) as the seed's ``random_uniform_initializer(0, 1)``.
 - ``digits``: scikit-learn's bundled 8x8 digit images (1797 real examples),
-  an MLP 64-64-10 with cross-entropy.
+  an MLP 64-64-10 with cross-entropy; 20% of the images are held out as a
+  validation set (``--val-fraction``).
+
+The torch problems start from weights re-drawn from the run's seed
+(``--init seed``), so results published with earlier versions stay the same;
+a user's own ``TorchProblem`` starts from its module's weights.
 - ``linear`` / ``logistic``: a planted linear model (16384 examples, 20
   features) in plain NumPy: microsecond steps, for simulating big clusters.
 - ``quadratic``: 1M parameters with a two-pass gradient, communication-bound
@@ -21,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..options import Option
 from .linear import synthetic
 from .quadratic import Quadratic
 from .torch_problem import TorchProblem
@@ -53,17 +59,31 @@ class ProblemSpec:
 CatalogEntry = ProblemSpec
 
 
+def _fraction(value) -> str | None:
+    return None if 0.0 <= value < 1.0 else "in [0, 1)"
+
+
+VAL_FRACTION = Option("val_fraction", float, None,
+                      "hold out this fraction of the examples as a validation set "
+                      "(digits: 0.2, others: 0)", check=_fraction)
+INIT = Option("init", str, None, "initial weights: 'seed' (re-drawn from the run's seed, "
+              "the catalog's default) or 'module' (the module's as built)",
+              choices=("module", "seed"))
+TORCH_OPTIONS = (VAL_FRACTION, INIT)
+
+
 def _normal_init(module):
     for p in module.parameters():
         p.normal_(0.0, 1.0)
 
 
-def parabola(dtype="float32") -> TorchProblem:
+def parabola(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
     x = np.linspace(-2, 2, 50)[:, None]
     y = np.square(x)
     net = nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 1))
     return TorchProblem(net, nn.MSELoss(), x, y, dtype=dtype, name="parabola",
-                        init_fn=_normal_init)
+                        init_fn=_normal_init, init=init or "seed",
+                        val_fraction=val_fraction or 0.0)
 
 
 def _exp_init(module):
@@ -74,21 +94,24 @@ def _exp_init(module):
     last.bias.zero_()
 
 
-def exp(dtype="float32") -> TorchProblem:
+def exp(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
     x = np.linspace(-1, 1, 256)[:, None]
     y = np.exp(x)
     net = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
-    return TorchProblem(net, nn.MSELoss(), x, y, dtype=dtype, name="exp", init_fn=_exp_init)
+    return TorchProblem(net, nn.MSELoss(), x, y, dtype=dtype, name="exp", init_fn=_exp_init,
+                        init=init or "seed", val_fraction=val_fraction or 0.0)
 
 
-def digits(dtype="float32") -> TorchProblem:
+def digits(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
     from sklearn.datasets import load_digits
 
     data = load_digits()
     X = data.data / 16.0
     y = torch.as_tensor(data.target, dtype=torch.long)
     net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-    return TorchProblem(net, nn.CrossEntropyLoss(), X, y, dtype=dtype, name="digits")
+    return TorchProblem(net, nn.CrossEntropyLoss(), X, y, dtype=dtype, name="digits",
+                        init=init or "seed",
+                        val_fraction=0.2 if val_fraction is None else val_fraction)
 
 
 def linear(dtype="float64"):
@@ -106,13 +129,13 @@ def quadratic(dtype="float32"):
 CATALOG = {
     "parabola": CatalogEntry(
         "parabola", parabola, "seed 000: y = x^2, 50 points, 1-5-1 tanh net",
-        {"lr": 0.01, "steps": 2000, "batch_size": 50}),
+        {"lr": 0.01, "steps": 2000, "batch_size": 50}, TORCH_OPTIONS),
     "exp": CatalogEntry(
         "exp", exp, "seed 001: y = e^x, 256 points, 1-16-1 tanh net",
-        {"lr": 0.05, "epochs": 200, "batch_size": 16}),
+        {"lr": 0.05, "epochs": 200, "batch_size": 16}, TORCH_OPTIONS),
     "digits": CatalogEntry(
         "digits", digits, "scikit-learn digits (1797 8x8 images), MLP 64-64-10",
-        {"lr": 0.05, "epochs": 10, "batch_size": 32}),
+        {"lr": 0.05, "epochs": 10, "batch_size": 32}, TORCH_OPTIONS),
     "linear": CatalogEntry(
         "linear", linear, "least squares, 16384 x 20 planted model (NumPy)",
         {"lr": 0.05, "epochs": 2, "batch_size": 16}),

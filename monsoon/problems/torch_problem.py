@@ -10,6 +10,25 @@ into the flat buffer: one pass, where zeroing views of the buffer and
 letting autograd add into them takes three. ``accumulate=True`` points the
 ``.grad`` tensors at the buffer and lets autograd add.
 
+Training starts from the module as the user built it (``init="module"``,
+DDP's behaviour: it broadcasts rank 0's ``state_dict`` at construction);
+``init="seed"`` re-draws the weights from the run's seed instead (the
+catalog's problems, so their published results stay the same).
+
+Buffers (BatchNorm's running statistics and counter, or any other) are
+trained state: gradient steps run in training mode and update the worker's
+buffers; ``state()`` / ``load_state()`` carry them back to the caller, which
+combines the workers' buffers by the strategy's rule (``buffers.py``).
+Everything reported (``loss``, ``evaluate``) runs under ``module.eval()``
+and ``torch.no_grad()`` and touches no buffer.
+
+Data reaches worker processes through shared memory, not one pickled copy
+per worker: ``shared_data()`` (a context the local engine enters while it
+starts its processes) moves X and y (and the validation set) into one
+block of shared memory once, where this process keeps using it too; pickles
+made inside the context carry the block's name, so every process maps the
+same pages. Outside it (Ray, a user's pickle) the data pickles by value.
+
 ``gradient(w, idx)`` aliases ``w``: if ``w`` is not the buffer the module
 currently views, the module is re-pointed at it (no copy). A worker that
 computes on shared memory (Hogwild!, sync on the local engine) therefore
@@ -18,7 +37,9 @@ copy (Downpour) reads its copy.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import weakref
 
 import numpy as np
 import torch
@@ -33,42 +54,76 @@ class TorchProblem(Problem):
     must return the mean over the batch (the default of torch's losses)."""
 
     def __init__(self, module: torch.nn.Module, loss_fn, X, y, dtype="float32",
-                 name: str = "torch", eval_batch: int = 65536, init_fn=None):
-        self.name = name
-        self.init_fn = init_fn
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in _TORCH_DTYPES:
-            raise ValueError(f"dtype must be float32 or float64, not {dtype}")
-        tdtype = _TORCH_DTYPES[self.dtype]
+                 name: str = "torch", eval_batch: int = 65536, init_fn=None,
+                 init: str = "module", val=None, val_fraction: float = 0.0,
+                 val_seed: int = 0):
+        tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch)
         X = torch.as_tensor(X)
         y = torch.as_tensor(y)
         if len(X) != len(y):
             raise ValueError(f"X has {len(X)} rows but y has {len(y)}: they must match")
         if len(X) == 0:
             raise ValueError("the training set is empty")
-        for name, data in (("X", X), ("y", y)):
+        for label, data in (("X", X), ("y", y)):
             if data.is_floating_point():
-                check_finite(name, data.detach().cpu().numpy())
+                check_finite(label, data.detach().cpu().numpy())
+        X, y, val = split_validation(X, y, val, val_fraction, val_seed)
         self.X = X.to(tdtype) if X.is_floating_point() else X
         self.y = y.to(tdtype) if y.is_floating_point() else y
-        self.module = module.to(tdtype)
+        self.val = None
+        if val is not None:
+            vX, vy = (torch.as_tensor(v) for v in val)
+            if len(vX) != len(vy):
+                raise ValueError(f"val X has {len(vX)} rows but val y has {len(vy)}: "
+                                 "they must match")
+            self.val = (vX.to(tdtype) if vX.is_floating_point() else vX,
+                        vy.to(tdtype) if vy.is_floating_point() else vy)
+        self.classification = is_classification(loss_fn, self.y)
+        self.n_examples = int(len(self.X))
+        self._setup_module(module)
+
+    def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch):
+        """The settings every torch problem has; returns the torch dtype."""
+        self.name = name
+        self.init_fn = init_fn
+        if init not in ("module", "seed"):
+            raise ValueError(f"init must be 'module' (the module's own weights) or 'seed' "
+                             f"(re-drawn from the run's seed), not {init!r}")
+        self.init = init
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in _TORCH_DTYPES:
+            raise ValueError(f"dtype must be float32 or float64, not {dtype}")
         self.loss_fn = loss_fn
         self.eval_batch = eval_batch
+        return _TORCH_DTYPES[self.dtype]
+
+    def _setup_module(self, module):
+        """Point the module's parameters at one flat buffer."""
+        self.module = module.to(_TORCH_DTYPES[self.dtype])
         params = [p for p in self.module.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the module has no trainable parameters")
         self._shapes = [p.shape for p in params]
         self._sizes = [p.numel() for p in params]
         self.n_params = int(sum(self._sizes))
-        self.n_examples = int(len(self.X))
         self._params = params
         flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy().copy()
         self._initial = flat.copy()
+        self._initial_state = self.state()
         self._bound = None
         self._grad_out = None
         self._grad_bindings = {}
         self._bind(flat)
         self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
+
+    @classmethod
+    def from_dataset(cls, dataset, module, loss_fn, collate_fn=None, **options):
+        """A problem over any map-style ``torch.utils.data.Dataset`` whose
+        items ``collate_fn`` (default: torch's ``default_collate``) batches
+        into ``(inputs, targets)``; see ``dataset_problem.DatasetProblem``."""
+        from .dataset_problem import DatasetProblem
+
+        return DatasetProblem(module, loss_fn, dataset, collate_fn=collate_fn, **options)
 
     # -- flat-buffer plumbing ---------------------------------------------
     def _views(self, array: np.ndarray):
@@ -103,8 +158,12 @@ class TorchProblem(Problem):
 
     # -- the Problem protocol ------------------------------------------------
     def initial_params(self, seed: int) -> np.ndarray:
-        """Parameters re-drawn from ``seed``: by ``init_fn(module)`` when one
-        was given, else by each layer's own ``reset_parameters``."""
+        """The module's own parameters (``init="module"``), or parameters
+        re-drawn from ``seed`` (``init="seed"``): by ``init_fn(module)`` when
+        one was given, else by each layer's own ``reset_parameters``."""
+        self.load_state(self._initial_state)  # a new run starts from the given buffers
+        if self.init == "module":
+            return self._initial.copy()
         fresh = self.model_at(self._initial)
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
@@ -136,12 +195,30 @@ class TorchProblem(Problem):
         else:  # autograd hands over fresh tensors: one copy, no zeroing pass
             for p in params:
                 p.grad = None
-        rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-        loss = self.loss_fn(self.module(self.X.index_select(0, rows)), self.y.index_select(0, rows))
+        if not self.module.training:  # evaluation restores the mode it found
+            self.module.train()
+        xb, yb = self._rows(indices)
+        loss = self.loss_fn(self.module(xb), yb)
         loss.backward()
         if not accumulate:
             self._gather_grads()
         return float(loss.detach()), self._grad_out
+
+    def _rows(self, indices):
+        """The examples ``indices``: inputs and targets, batched."""
+        rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        return self.X.index_select(0, rows), self.y.index_select(0, rows)
+
+    def _train_chunks(self):
+        return self._chunks(self.X, self.y)
+
+    def _val_chunks(self):
+        """(chunks, number of examples) of the validation set, or None."""
+        return None if self.val is None else (self._chunks(*self.val), len(self.val[0]))
+
+    def _chunks(self, X, y):
+        for start in range(0, len(X), self.eval_batch):
+            yield X[start:start + self.eval_batch], y[start:start + self.eval_batch]
 
     def _gather_grads(self) -> None:
         """Copy the fresh ``.grad`` tensors into the flat gradient buffer."""
@@ -156,23 +233,70 @@ class TorchProblem(Problem):
                 view.copy_(g)
 
     def loss(self, w) -> float:
+        """Mean training loss at ``w``, in eval mode under no_grad."""
+        return self._measure(w, self._train_chunks(), self.n_examples)[0]
+
+    def evaluate(self, w) -> dict:
+        """Every reported figure at ``w`` (eval mode, no_grad, no buffer
+        touched): ``loss``, and where they apply ``accuracy``, ``val_loss``
+        and ``val_accuracy``."""
+        loss, acc = self._measure(w, self._train_chunks(), self.n_examples,
+                                  self.classification)
+        out = {"loss": loss}
+        if acc is not None:
+            out["accuracy"] = acc
+        val = self._val_chunks()
+        if val is not None:
+            vloss, vacc = self._measure(w, *val, self.classification)
+            out["val_loss"] = vloss
+            if vacc is not None:
+                out["val_accuracy"] = vacc
+        return out
+
+    def _measure(self, w, chunks, n: int, accuracy: bool = False):
+        """Mean loss (and accuracy) over ``chunks`` of (inputs, targets)."""
         self._check(w)
         saved = self._bound
         self._bind(w)
-        total = 0.0
+        was_training = self.module.training
+        self.module.eval()
+        total, correct = 0.0, 0
+        try:
+            with torch.no_grad():
+                for xb, yb in chunks:
+                    out = self.module(xb)
+                    total += float(self.loss_fn(out, yb)) * len(yb)
+                    if accuracy:
+                        correct += int(count_correct(out, yb))
+        finally:
+            if was_training:
+                self.module.train()
+            if saved is not None:
+                self._bind(saved)
+        return total / n, (correct / n if accuracy else None)
+
+    # -- buffers: trained state beside the parameters ---------------------------
+    def state(self) -> dict | None:
+        """The module's buffers (name -> array copy), or None if it has none."""
+        named = dict(self.module.named_buffers())
+        if not named:
+            return None
+        return {k: v.detach().cpu().numpy().copy() for k, v in named.items()}
+
+    def load_state(self, state: dict | None) -> None:
+        """Copy buffers from ``state`` into the module (in place)."""
+        if not state:
+            return
+        named = dict(self.module.named_buffers())
         with torch.no_grad():
-            for start in range(0, self.n_examples, self.eval_batch):
-                stop = min(start + self.eval_batch, self.n_examples)
-                batch_loss = self.loss_fn(self.module(self.X[start:stop]), self.y[start:stop])
-                total += float(batch_loss) * (stop - start)
-        if saved is not None:
-            self._bind(saved)
-        return total / self.n_examples
+            for k, v in state.items():
+                named[k].copy_(torch.from_numpy(np.array(v)))  # Ray hands arrays read-only
 
     def model_at(self, w: np.ndarray) -> torch.nn.Module:
         """A standalone copy of the module holding parameters ``w``."""
         self._check(w)
         model = copy.deepcopy(self.module)
+        model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         for p, view in zip(params, self._views(np.array(w, copy=True))):
             p.data = view.clone()
@@ -191,23 +315,66 @@ class TorchProblem(Problem):
         state["module"] = None
         state["_params"] = None
         state["_module_bytes"] = _module_without_buffers(self.module, self._params)
+        sharing = getattr(self, "_share_pickles", False)
+        state["_share_pickles"] = sharing  # a copy made for a worker pickles the same way
+        if sharing:
+            state["X"] = state["y"] = state["val"] = None  # the block carries them
+        else:
+            state["_shm"] = None
         return state
 
     def __setstate__(self, state):
         module_bytes = state.pop("_module_bytes")
         bound = state.pop("_bound_copy")
         self.__dict__.update(state)
+        if getattr(self, "_shm", None) is not None and self.X is None:
+            _from_shared(self, self._shm)
         self.module = module_bytes
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self._bind(bound)
         self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
 
+    # -- data in shared memory ----------------------------------------------------
+    @contextlib.contextmanager
+    def shared_data(self):
+        """Within the context, pickles of this problem refer to its data in
+        shared memory (moved there on first use) instead of carrying it."""
+        shm = getattr(self, "_shm", None)
+        if shm is None or shm.path is None:  # never shared, or unlinked by an earlier run
+            self._shm = _to_shared(self)
+            if shm is not None:
+                shm.close()
+        self._share_pickles = True
+        try:
+            yield
+        finally:
+            self._share_pickles = False
+
+    def seed_rng(self, seed: int, rank: int) -> None:
+        """Seed torch's generator for worker ``rank`` of a run seeded with
+        ``seed``: a seeded run draws the same Dropout masks every time."""
+        torch.manual_seed((seed * 1_000_003 + rank) % (1 << 63))
+
+    def unlink_shared(self) -> None:
+        """Every worker has mapped the shared data: remove its file now, so
+        nothing is left in /dev/shm however the run ends (the memory goes
+        with the last mapping; a later run shares the data again)."""
+        shm = getattr(self, "_shm", None)
+        if shm is not None:
+            shm.unlink()
+
+    def _data(self) -> list:
+        """What copies share: the read-only data."""
+        return [self.X, self.y, self.val]
+
     def __deepcopy__(self, memo):
-        clone = TorchProblem.__new__(TorchProblem)
+        clone = type(self).__new__(type(self))
         memo[id(self)] = clone
-        memo[id(self.X)] = self.X  # data is read-only: share it
-        memo[id(self.y)] = self.y
+        for data in self._data() + [getattr(self, "_shm", None)]:  # read-only: share it
+            if data is not None:
+                memo[id(data)] = data
         clone.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        clone._shm = getattr(self, "_shm", None)
         return clone
 
 
@@ -224,3 +391,67 @@ def _module_without_buffers(module, params):
         for p, (data, grad) in zip(params, saved):
             p.data = data
             p.grad = grad
+
+
+def split_validation(X, y, val, fraction: float, seed: int = 0):
+    """``(X, y, val)`` with ``fraction`` of the rows held out (a seeded
+    permutation) as the validation set when no ``val`` was given."""
+    if not fraction:
+        return X, y, val
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), not {fraction}")
+    if val is not None:
+        raise ValueError("give either val=(X, y) or val_fraction, not both")
+    n = len(X)
+    held = int(round(n * fraction))
+    if held < 1 or held >= n:
+        raise ValueError(f"val_fraction {fraction} of {n} examples leaves no training "
+                         "or no validation example")
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(n))
+    train, test = order[held:].sort().values, order[:held].sort().values
+    return X[train], y[train], (X[test], y[test])
+
+
+def is_classification(loss_fn, y) -> bool:
+    """Accuracy applies: cross-entropy / NLL with class indices, or a binary
+    loss with 0/1 targets."""
+    if isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
+        return not y.is_floating_point()
+    if isinstance(loss_fn, (torch.nn.BCEWithLogitsLoss, torch.nn.BCELoss)):
+        return bool(((y == 0) | (y == 1)).all())
+    return False
+
+
+def count_correct(out, y) -> int:
+    if out.ndim > 1 and out.shape[-1] > 1 and not y.is_floating_point():
+        return int((out.argmax(-1) == y).sum())
+    pred = (out.reshape(y.shape) > 0).to(y.dtype)  # binary: logits (BCEWithLogits)
+    return int((pred == y).sum())
+
+
+def _tensors(problem) -> dict:
+    named = {"X": problem.X, "y": problem.y}
+    if problem.val is not None:
+        named["val_X"], named["val_y"] = problem.val
+    return named
+
+
+def _to_shared(problem):
+    """Move ``problem``'s data into one shared-memory block; it is removed
+    when the problem is garbage-collected or the interpreter exits."""
+    from ..engines.local.memory import SharedArrays
+
+    named = {k: t.contiguous().numpy() for k, t in _tensors(problem).items()}
+    block = SharedArrays({k: (a.shape, a.dtype) for k, a in named.items()})
+    for k, a in named.items():
+        block[k][...] = a
+    del named
+    _from_shared(problem, block)
+    weakref.finalize(problem, block.close)
+    return block
+
+
+def _from_shared(problem, block) -> None:
+    t = {k: torch.from_numpy(v) for k, v in block.arrays.items()}
+    problem.X, problem.y = t["X"], t["y"]
+    problem.val = (t["val_X"], t["val_y"]) if "val_X" in t else None

@@ -23,18 +23,29 @@ def _save_png(fig, path: Path) -> None:
 
 def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> None:
     """Two panels: loss against wall time and against epochs, one curve per
-    entry of ``curves`` (strategy name -> metrics rows)."""
+    entry of ``curves`` (strategy name -> metrics rows), and a dashed
+    validation curve beside it where the rows have ``val_loss``. Returns the
+    number of validation curves drawn."""
     fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2))
-    positive = all(r["loss"] > 0 for rows in curves.values() for r in rows
-                   if r["loss"] == r["loss"])
-    for name, rows in curves.items():
+    positive = all(r[k] > 0 for rows in curves.values() for r in rows
+                   for k in ("loss", "val_loss") if r.get(k) is not None and r[k] == r[k])
+    for i, (name, rows) in enumerate(curves.items()):
         if not rows:
             continue
-        by_time.plot([r["time_s"] for r in rows], [r["loss"] for r in rows], label=name)
-        by_epoch.plot([r["epoch"] for r in rows], [r["loss"] for r in rows], label=name)
+        color = f"C{i % 10}"
+        by_time.plot([r["time_s"] for r in rows], [r["loss"] for r in rows], label=name,
+                     color=color)
+        by_epoch.plot([r["epoch"] for r in rows], [r["loss"] for r in rows], label=name,
+                      color=color)
+        val = [r for r in rows if r.get("val_loss") is not None]
+        if val:  # validation curves: dashed, in the training curve's colour
+            by_time.plot([r["time_s"] for r in val], [r["val_loss"] for r in val],
+                         linestyle="--", color=color, label=f"{name} (validation)")
+            by_epoch.plot([r["epoch"] for r in val], [r["val_loss"] for r in val],
+                          linestyle="--", color=color, label=f"{name} (validation)")
     for ax, xlabel in ((by_time, "wall time (s)"), (by_epoch, "epochs (examples / training set)")):
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("training loss (full data)")
+        ax.set_ylabel("loss (full training set; dashed: validation)")
         if positive:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
@@ -42,6 +53,7 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> Non
     if title:
         fig.suptitle(title)
     _save_png(fig, path)
+    return sum(any(r.get("val_loss") is not None for r in rows) for rows in curves.values())
 
 
 def plot_staleness(path: Path, counts: dict, title: str = "") -> None:

@@ -27,6 +27,18 @@ import numpy as np
 
 COLUMNS = ("time_s", "updates", "examples", "epoch", "loss")
 DIVERGED = "diverged: the loss became {loss} after {updates} updates; lower the learning rate (--lr)"
+# written where the problem reports them (``problem.evaluate``): torch
+# problems with a classification loss or a validation set
+OPTIONAL_COLUMNS = ("accuracy", "val_loss", "val_accuracy")
+
+
+def evaluate(problem, w) -> dict:
+    """Every reported figure at ``w``: ``problem.evaluate`` where the problem
+    has one (loss, accuracy, val_loss, val_accuracy; torch problems compute
+    them in eval mode under no_grad), else ``{"loss": problem.loss(w)}``."""
+    if hasattr(problem, "evaluate"):
+        return problem.evaluate(w)
+    return {"loss": float(problem.loss(w))}
 
 
 class Recorder:
@@ -122,17 +134,15 @@ class Recorder:
         return self.rows[-1]
 
     def evaluate(self, params) -> dict:
-        evaluate = getattr(self.problem, "evaluate", None)
-        if evaluate is not None:
-            return dict(evaluate(params))
-        return {"loss": float(self.problem.loss(params))}
+        return evaluate(self.problem, params)
 
     def add_row(self, now: float, updates: int, examples: int, metrics) -> None:
         if not isinstance(metrics, dict):
             metrics = {"loss": float(metrics)}
-        loss = metrics["loss"]
+        loss = float(metrics["loss"])
         row = {"time_s": round(now, 6), "updates": updates, "examples": examples,
-               "epoch": round(examples / self.n_examples, 6), **metrics}
+               "epoch": round(examples / self.n_examples, 6), "loss": loss}
+        row.update({k: float(v) for k, v in metrics.items() if k in OPTIONAL_COLUMNS})
         self.rows.append(row)
         if (self.time_to_target_s is None and self.target_loss is not None
                 and math.isfinite(loss) and loss <= self.target_loss):

@@ -1,5 +1,8 @@
 """The run folder: config.json, metrics.csv, summary.json, loss.png, and
-staleness.png where updates were stale (async, Hogwild!).
+staleness.png where updates were stale (async, Hogwild!); the trained
+model: ``model.pt`` for torch problems (a ``state_dict``, buffers included,
+that ``torch.load(path, weights_only=True)`` reads without unpickling code),
+``params.npy`` (the flat parameters) for the others.
 
 Files are written to a temporary name and renamed, so a folder never holds a
 half-written file.
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .recorder import COLUMNS
+from .recorder import COLUMNS, OPTIONAL_COLUMNS
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -46,17 +49,39 @@ def to_json(obj) -> str:
 
 def metrics_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    present = {k for row in rows for k in row}
+    columns = COLUMNS + tuple(k for k in OPTIONAL_COLUMNS if k in present)
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: repr(row[k]) if isinstance(row[k], float) else row[k] for k in COLUMNS})
+        writer.writerow({k: repr(row[k]) if isinstance(row.get(k), float) else row.get(k, "")
+                         for k in columns})
     return buf.getvalue()
 
 
 def read_metrics(path) -> list[dict]:
     with open(path) as f:
-        return [{k: (float(v) if k in ("time_s", "epoch", "loss") else int(v))
-                 for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: (int(v) if k in ("updates", "examples") else float(v))
+                 for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def save_model(out: Path, problem, params) -> Path:
+    """The trained model in ``out``: ``model.pt`` (a weights-only state_dict)
+    for a problem with a torch model, else ``params.npy``."""
+    out = Path(out)
+    if hasattr(problem, "model_at"):
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(problem.model_at(params).state_dict(), buf)
+        path = out / "model.pt"
+        atomic_write(path, buf.getvalue())
+        return path
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(params))
+    path = out / "params.npy"
+    atomic_write(path, buf.getvalue())
+    return path
 
 
 def write_run_folder(out: Path, config: dict, summary: dict, rows: list[dict]) -> Path:

@@ -56,6 +56,9 @@ class Strategy:
     # Strategies with local steps (local SGD, EASGD): the rule each worker
     # applies to its private copy; the engine's rule then runs on the server.
     local_rule = None
+    # How the workers' buffers (BatchNorm statistics) become the model's:
+    # "rank0" or "average" (``problems/buffers.py``).
+    buffers = "average"
 
     @classmethod
     def from_options(cls, run: RunInfo, rule, **values):

@@ -103,6 +103,17 @@ def batches_in(examples: int, per_epoch: int, batch_size: int) -> int:
     return full * -(-per_epoch // batch_size) + -(-rest // batch_size)
 
 
+def lookahead(batches):
+    """``(batch, next_batch)`` pairs (``next_batch`` None at the end): what a
+    ``Gradient`` op tells a problem that prefetches its data."""
+    batch = next(batches, None)
+    for following in batches:
+        yield batch, following
+        batch = following
+    if batch is not None:
+        yield batch, None
+
+
 def global_batches(n: int, batch_size: int, seed: int, budget: Budget):
     return _run(lambda e: epoch_permutation(n, seed, e), batch_size, budget, budget.steps)
 

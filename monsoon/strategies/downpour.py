@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..options import Option, at_least
 from .base import Strategy, WorkerJob
-from .batches import shard_batches, skip
+from .batches import lookahead, shard_batches, skip
 from .ops import Fetch, Gradient, LocalStep, Push
 
 
@@ -54,12 +54,12 @@ class Downpour(Strategy):
         ticket = None
         batches = skip(shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
                                      job.rank, job.workers), job.start_step)
-        for step, batch in enumerate(batches, start=job.start_step):
+        for step, (batch, following) in enumerate(lookahead(batches), start=job.start_step):
             if step == job.start_step and step % self.n_fetch:
                 ticket = yield Fetch()  # resumed between fetches
             if step % self.n_fetch == 0:
                 ticket = yield Fetch()
-            _, grad = yield Gradient(batch)
+            _, grad = yield Gradient(batch, following)
             if self.n_push == 1:
                 yield Push(grad, ticket)
             else:

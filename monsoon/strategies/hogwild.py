@@ -22,7 +22,7 @@ Invariant: with one worker, Hogwild! IS serial SGD, update for update.
 """
 from ..options import Option, in_range
 from .base import Strategy, WorkerJob
-from .batches import block_permutation, skip, slice_batches, split
+from .batches import block_permutation, lookahead, skip, slice_batches, split
 from .ops import Apply, Gradient, SGDPass
 
 
@@ -49,9 +49,10 @@ class Hogwild(Strategy):
                              job.rank)
                 yield SGDPass(mine, self.beta ** epoch)
             return
-        for batch in skip(slice_batches(job.n_examples, job.batch_size, job.seed, job.budget,
-                                        job.rank, job.workers), job.start_step):
-            _, grad = yield Gradient(batch)
+        for batch, following in lookahead(skip(slice_batches(job.n_examples, job.batch_size,
+                                                             job.seed, job.budget, job.rank,
+                                                             job.workers), job.start_step)):
+            _, grad = yield Gradient(batch, following)
             yield Apply(grad)
 
     def describe(self):

@@ -22,8 +22,11 @@ import numpy as np
 class Gradient:
     """Compute the mean loss and gradient over ``indices`` at the worker's
     working parameters. Returns ``(loss, grad)``; ``grad`` belongs to the
-    engine and is valid until the next ``Gradient``."""
+    engine and is valid until the next ``Gradient``. ``next``: the indices
+    of this worker's next gradient, where the strategy knows them, so a
+    problem that loads its data (a torch Dataset) fetches them meanwhile."""
     indices: np.ndarray
+    next: np.ndarray | None = None
 
 
 @dataclass(slots=True)

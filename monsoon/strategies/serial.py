@@ -14,6 +14,7 @@ from .hogwild import Hogwild
 class Serial(Hogwild):
     name = "serial"
     single_worker = True
+    buffers = "rank0"
 
     def validate(self, workers, batch_size, n_examples):
         if workers != 1:

@@ -28,7 +28,7 @@ a seed makes runs bit-reproducible (the reduction is done in rank order).
 from ..errors import ConfigError
 from ..options import Option, at_least
 from .base import Strategy, WorkerJob
-from .batches import global_batches, part_bounds, skip
+from .batches import global_batches, lookahead, part_bounds, skip
 from .ops import AllReduce, Gradient
 
 
@@ -37,6 +37,7 @@ class Sync(Strategy):
     shared_params = True
     needs_all_workers = True
     synchronous = True
+    buffers = "rank0"   # DDP's broadcast_buffers: every replica holds rank 0's
     options = (Option("backup_workers", int, 0, "extra workers; each step takes the first "
                       "--workers gradients", check=lambda v: None if v >= 0 else "0 or more"),)
 
@@ -52,14 +53,19 @@ class Sync(Strategy):
         # epoch's last batch can be shorter): seed 001's steps take ~80 us,
         # so even split()'s arithmetic, done every step, showed.
         parts = {}
-        for batch in batches:
+        batches = lookahead(batches)
+        for batch, following in batches:
             size = len(batch)
             start, stop = parts.get(size) or parts.setdefault(
                 size, part_bounds(size, job.workers, job.rank))
             if start == stop:
                 behind = yield AllReduce(None, 0)
             else:
-                _, grad = yield Gradient(batch[start:stop])
+                if following is not None:
+                    a, b = parts.get(len(following)) or parts.setdefault(
+                        len(following), part_bounds(len(following), job.workers, job.rank))
+                    following = following[a:b]
+                _, grad = yield Gradient(batch[start:stop], following)
                 behind = yield AllReduce(grad, stop - start)
             if behind:
                 for _ in range(behind):  # steps the others completed without us

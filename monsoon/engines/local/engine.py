@@ -82,6 +82,7 @@ class EngineResult:
     failed_workers: list = field(default_factory=list)
     late_gradients: int = 0
     worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
+    worker_states: dict = field(default_factory=dict)  # each worker's buffers (BatchNorm)
     extra: dict = field(default_factory=dict)          # engine-specific summary fields
     stopped: str | None = None   # why the monitor stopped the run early, if it did
     interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
@@ -157,18 +158,27 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         runtime.run(program)
         store.status[rank] = DONE
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
-        messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own}))
+        messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
+                                     "state": _state(setup.problem)}))
     except Stopped:  # at a step boundary, as the monitor asked
         runtime.on_stop()
         store.status[rank] = ABORTED
-        messages.put(("stopped", rank, {"staleness": dict(runtime.staleness), "params": None}))
+        messages.put(("stopped", rank, {"staleness": dict(runtime.staleness), "params": None,
+                                        "state": _state(setup.problem)}))
     except Aborted:
         store.status[rank] = ABORTED
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
-        messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own}))
+        messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own,
+                                        "state": _state(setup.problem)}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _state(problem):
+    """The worker's buffers (``Problem.state``), if its problem has any."""
+    state = getattr(problem, "state", None)
+    return state() if state is not None else None
 
 
 @contextlib.contextmanager
@@ -213,6 +223,20 @@ MAIN_HINT = ("; the problem refers to code in your script, which every worker pr
              "or use --backend threads")
 
 
+@contextlib.contextmanager
+def _seeded_rng(problem, seed: int, rank: int):
+    """Seed the problem's random draws (Dropout) for worker ``rank``, in the
+    caller's process: the caller's generator state comes back after."""
+    if not hasattr(problem, "seed_rng"):
+        yield
+        return
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        problem.seed_rng(seed, rank)
+        yield
+
+
 def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> None:
     worker_started(parent_pid)  # first: from now on this process dies with the monitor
     import pickle
@@ -223,6 +247,8 @@ def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> No
     setup = pickle.loads(payload)
     setup.store.attach_locks(locks, sync_lock)
     torch.set_num_threads(setup.torch_threads)
+    if hasattr(setup.problem, "seed_rng"):  # this process is the worker's own
+        setup.problem.seed_rng(setup.job.seed, setup.rank)
     _worker_body(setup, outbox)
     outbox.close()
 
@@ -378,7 +404,8 @@ class LocalEngine:
 
         stopped = interrupted = None
         try:
-            runtime.run(strategy.program(job), between_ops)
+            with _seeded_rng(problem, seed, 0):
+                runtime.run(strategy.program(job), between_ops)
         except Stopped:
             interrupted = stop_requested()
             stopped = f"interrupted by {signal_name(interrupted)}"
@@ -416,6 +443,11 @@ class LocalEngine:
         needs_main = False
         exact = ck.exact
         start_timeout = self._start_timeout(workers)
+        # Processes: a problem whose data can live in shared memory is
+        # pickled as a reference to it, not one copy per worker.
+        sharing = contextlib.ExitStack()
+        if ctx is not None and hasattr(problem, "shared_data"):
+            sharing.enter_context(problem.shared_data())
         for rank in range(workers):
             job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                             start_step=resume.start[rank], kernel=self.kernel)
@@ -444,9 +476,11 @@ class LocalEngine:
                                      name=f"monsoon-worker-{rank}", daemon=True)
             h.start()
             handles.append(h)
+        sharing.close()
         failed: dict[int, str] = {}
         worker_params: dict[int, np.ndarray] = dict(
             (r, p) for r, p in resume.private.items() if p is not None)
+        worker_states: dict[int, dict] = {}
         started_at = [None]
         staleness = Counter()
         finished: set[int] = set()
@@ -464,6 +498,8 @@ class LocalEngine:
                         worker_params[rank] = payload["params"]
                     if kind == "stopped":
                         stopped_cleanly.add(rank)
+                    if payload.get("state"):
+                        worker_states[rank] = payload["state"]
 
         def check_dead():
             if ctx is None:
@@ -511,6 +547,8 @@ class LocalEngine:
                 time.sleep(0.005)
             if ctx is not None:
                 store.memory.unlink()  # every worker has mapped it: the kernel frees it last
+                if hasattr(problem, "unlink_shared"):
+                    problem.unlink_shared()  # the problem's data block, likewise
             startup = time.perf_counter() - t_begin
             started_at[0] = startup
             recorder.start(store.params)
@@ -606,7 +644,8 @@ class LocalEngine:
             extra["sync_step"] = "replicated" if store.replicated else "sharded"
         return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
                             failed_list, stopped=stopped, late_gradients=int(late),
-                            worker_params=worker_params, extra=extra, interrupted=interrupted)
+                            worker_params=worker_params, worker_states=worker_states,
+                            extra=extra, interrupted=interrupted)
 
     def _start_advice(self, workers: int, waited: float) -> str:
         cores = os.cpu_count() or 1

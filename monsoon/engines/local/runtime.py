@@ -64,6 +64,7 @@ class WorkerRuntime:
             if work0 is not None and not strategy.shared_params:
                 np.copyto(self.work, work0)  # a resumed private copy
         self._others_at_read = 0
+        self._prefetch = getattr(problem, "prefetch", None)
         # Gradients read parameters others are updating (Hogwild!): staleness
         # is counted from the read.
         self._reads_shared = (strategy.shared_params and workers > 1
@@ -117,6 +118,8 @@ class WorkerRuntime:
             if self._reader is not None and not self.strategy.needs_all_workers:
                 # Hogwild!: this gradient reads the shared parameters now.
                 self.rule.on_read(self.store.params, self.store.state, self._reader)
+        if op.next is not None and self._prefetch is not None:
+            self._prefetch(op.next)  # a Dataset problem loads it while this one computes
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
         self.counters[EXAMPLES] += len(op.indices)
         return loss, grad

@@ -210,7 +210,8 @@ class RayEngine:
             version - start, dropped + sum(r["dropped"] for r in results.values()), staleness,
             [{"worker": r, "error": failed[r], "traceback": failed[r]} for r in sorted(failed)],
             stopped=stopped, late_gradients=sum(r["late"] for r in results.values()),
-            worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None})
+            worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
+            worker_states={r: v["state"] for r, v in results.items() if v.get("state")})
 
     def _progress(self, ray, live) -> int:
         if not live:

@@ -27,6 +27,8 @@ class RemoteWorker:
         # Ray hands arrays over read-only (zero copy from its object store);
         # the worker's own copy has writable buffers. Its data is loaded once.
         self.problem = copy.deepcopy(problem)
+        if hasattr(self.problem, "seed_rng"):  # the actor's process is this worker's own
+            self.problem.seed_rng(job.seed, rank)
         self.strategy = strategy
         self.job = job
         self.shards = shards
@@ -61,7 +63,8 @@ class RemoteWorker:
             pass
         self._settle_pushes()
         return {"staleness": dict(self.staleness), **self.counts,
-                "params": None if self.strategy.shared_params else self.work}
+                "params": None if self.strategy.shared_params else self.work,
+                "state": self.problem.state() if hasattr(self.problem, "state") else None}
 
     def _get(self, refs):
         import ray
@@ -70,6 +73,8 @@ class RemoteWorker:
 
     # -- ops ---------------------------------------------------------------------
     def gradient(self, op):
+        if op.next is not None and hasattr(self.problem, "prefetch"):
+            self.problem.prefetch(op.next)  # a Dataset problem loads it meanwhile
         loss, grad = self.problem.gradient(self.work, op.indices)
         self.counts["examples"] += len(op.indices)
         return loss, grad

@@ -1,0 +1,49 @@
+"""How the workers' buffers become the trained model's (BatchNorm's running
+statistics and counter, or any other ``register_buffer``).
+
+Buffers are not gradients: each worker's forward passes in training mode
+update its own module's buffers. At the end of a run the engine hands back
+each worker's buffers (``Problem.state()``), and the strategy's ``buffers``
+rule makes one set of them:
+
+- ``"rank0"`` (``serial``, ``sync``): worker 0's, as PyTorch DDP does with
+  ``broadcast_buffers=True`` (rank 0's buffers are broadcast before every
+  forward, so every replica holds rank 0's: updated by rank 0's batches at
+  the synchronised parameters). Exact: DDP's rank 0 ends with the same
+  buffers (tests/test_user_model.py).
+- ``"average"`` (``async``, ``hogwild``, ``local-sgd``, ``easgd``): the
+  mean over the workers that finished, for floating-point buffers (each
+  worker's running statistics describe the same data distribution near the
+  same parameters); integer buffers (``num_batches_tracked``) take the
+  largest. This is the parameter rule of local SGD applied to buffers.
+
+The ``sim`` engine computes every virtual worker's gradient on one module,
+so its buffers follow every worker's batches in virtual-time order; the
+serial strategy on the local engine runs on the problem itself. Both leave
+the buffers in the problem, and no combining is needed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+RULES = ("rank0", "average")
+
+
+def combine(states: dict, rule: str) -> dict | None:
+    """One set of buffers from ``{rank: state}`` by ``rule``."""
+    states = {r: s for r, s in states.items() if s}
+    if not states:
+        return None
+    if rule == "rank0":
+        return states[min(states)]
+    if rule != "average":
+        raise ValueError(f"unknown buffer rule {rule!r}; choose one of: {', '.join(RULES)}")
+    ranks = sorted(states)
+    out = {}
+    for name, first in states[ranks[0]].items():
+        values = [np.asarray(states[r][name]) for r in ranks]
+        if np.issubdtype(first.dtype, np.floating):
+            out[name] = np.mean(values, axis=0).astype(first.dtype)
+        else:
+            out[name] = np.max(values, axis=0)
+    return out

@@ -1,0 +1,132 @@
+"""DatasetProblem: a torch model trained on any map-style ``Dataset``.
+
+``TorchProblem.from_dataset(dataset, module, loss_fn, collate_fn=None, ...)``
+trains on ``dataset[i]`` items, batched by ``collate_fn`` (torch's
+``default_collate`` by default) into ``(inputs, targets)``. Items are read
+when a batch needs them, so a lazy Dataset (files, memory maps, a transform
+per item) never has to fit in memory.
+
+Prefetching (seed 004: "a thread that fetches and pre-processes data while
+the model computes"): a strategy tells each ``Gradient`` op which examples
+its worker needs next (``ops.Gradient.next``); the engine hands them to
+``prefetch``, and one background thread per worker loads and collates that
+batch while the current one computes. ``gradient`` takes the prefetched
+batch when its indices match, else loads synchronously, so the result never
+depends on whether prefetching happened.
+
+Worker processes receive the Dataset pickled as it is: a lazy Dataset
+pickles as its file names; one holding tensors should keep them in shared
+memory or a memory map itself.
+
+Invariants: the same as ``TorchProblem`` (eval-mode evaluation under
+no_grad, buffers as trained state, the module's own initial weights by
+default); at most ``_MAX_PENDING`` batches wait in memory per worker.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from .torch_problem import TorchProblem, is_classification
+
+_MAX_PENDING = 2
+
+
+class DatasetProblem(TorchProblem):
+    def __init__(self, module, loss_fn, dataset, collate_fn=None, dtype="float32",
+                 name: str = "dataset", eval_batch: int = 1024, init_fn=None,
+                 init: str = "module", val=None, val_fraction: float = 0.0,
+                 val_seed: int = 0, prefetch: bool = True):
+        from torch.utils.data import Subset, TensorDataset, default_collate
+
+        self._tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch)
+        n = len(dataset)
+        if n == 0:
+            raise ValueError("the training set is empty")
+        if val_fraction:
+            if val is not None:
+                raise ValueError("give either val=(X, y) / a Dataset or val_fraction, not both")
+            if not 0.0 < val_fraction < 1.0:
+                raise ValueError(f"val_fraction must be in (0, 1), not {val_fraction}")
+            order = np.random.default_rng(val_seed).permutation(n)
+            held = int(round(n * val_fraction))
+            if held < 1 or held >= n:
+                raise ValueError(f"val_fraction {val_fraction} of {n} examples leaves no "
+                                 "training or no validation example")
+            val = Subset(dataset, np.sort(order[:held]).tolist())
+            dataset = Subset(dataset, np.sort(order[held:]).tolist())
+        if isinstance(val, (tuple, list)):
+            val = TensorDataset(*(torch.as_tensor(v) for v in val))
+        self.dataset = dataset
+        self.val_dataset = val
+        self.val = None
+        self.collate_fn = collate_fn or default_collate
+        self.prefetching = prefetch
+        self._executor = None
+        self._pending = {}
+        self.n_examples = int(n if not val_fraction else len(dataset))
+        _, y0 = self._load(self.dataset, [0])
+        self.classification = is_classification(loss_fn, y0)
+        self._setup_module(module)
+
+    # -- reading the data ------------------------------------------------------
+    def _load(self, dataset, indices):
+        batch = self.collate_fn([dataset[int(i)] for i in indices])
+        xb, yb = batch[0], batch[1]
+        xb, yb = torch.as_tensor(xb), torch.as_tensor(yb)
+        if xb.is_floating_point():
+            xb = xb.to(self._tdtype)
+        if yb.is_floating_point():
+            yb = yb.to(self._tdtype)
+        return xb, yb
+
+    def prefetch(self, indices) -> None:
+        """Start loading the batch ``indices`` in the background."""
+        if not self.prefetching:
+            return
+        key = np.asarray(indices, dtype=np.int64).tobytes()
+        if key in self._pending:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="monsoon-prefetch")
+        while len(self._pending) >= _MAX_PENDING:  # a hint that was not used
+            self._pending.pop(next(iter(self._pending))).cancel()
+        self._pending[key] = self._executor.submit(self._load, self.dataset,
+                                                   np.array(indices, copy=True))
+
+    def _rows(self, indices):
+        future = self._pending.pop(np.asarray(indices, dtype=np.int64).tobytes(), None)
+        if future is not None and not future.cancelled():
+            return future.result()
+        return self._load(self.dataset, indices)
+
+    def _train_chunks(self):
+        return self._dataset_chunks(self.dataset)
+
+    def _val_chunks(self):
+        if self.val_dataset is None:
+            return None
+        return self._dataset_chunks(self.val_dataset), len(self.val_dataset)
+
+    def _dataset_chunks(self, dataset):
+        n = len(dataset)
+        for start in range(0, n, self.eval_batch):
+            yield self._load(dataset, range(start, min(start + self.eval_batch, n)))
+
+    def _data(self) -> list:
+        return [self.dataset, self.val_dataset]
+
+    def shared_data(self):
+        """A Dataset is pickled as it is (see the module's docstring)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    # -- copies --------------------------------------------------------------------
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_executor"] = None
+        state["_pending"] = {}
+        return state

@@ -1,0 +1,64 @@
+"""TorchProblem.from_dataset: a user's lazy Dataset trains under every
+strategy on the local engine (processes and threads); sync equals serial."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import monsoon
+from monsoon.problems import TorchProblem
+
+from lazy_dataset import NpyFolder, Standardise, write_files
+
+STRATEGIES = [("serial", 1), ("sync", 2), ("async", 2), ("hogwild", 2), ("local-sgd", 2),
+              ("easgd", 2)]
+
+
+def lazy_problem(folder, **options):
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+    return TorchProblem.from_dataset(NpyFolder(folder, Standardise(0.5)), net, nn.MSELoss(),
+                                     dtype="float64", **options)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_files(tmp_path_factory.mktemp("npy"))
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_every_strategy_trains_on_a_lazy_dataset(folder, backend):
+    start = lazy_problem(folder)
+    first = start.loss(start.initial_params(0))
+    for strategy, workers in STRATEGIES:
+        result = monsoon.train(lazy_problem(folder), strategy, workers, lr=0.2, epochs=6,
+                               batch_size=8, seed=0, backend=backend, evals=0)
+        assert result.summary["final_loss"] < 0.8 * first, strategy
+
+
+def test_sync_equals_serial_on_a_lazy_dataset(folder):
+    opts = dict(lr=0.2, epochs=3, batch_size=16, seed=1)
+    serial = monsoon.train(lazy_problem(folder), "serial", **opts)
+    sync = monsoon.train(lazy_problem(folder), "sync", 2, backend="processes", **opts)
+    np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
+
+
+def test_the_next_batch_is_prefetched_and_gives_the_same_result(folder):
+    problem = lazy_problem(folder)
+    w = problem.initial_params(0)
+    a, b = np.arange(8), np.arange(8, 16)
+    problem.prefetch(b)
+    loss_a, _ = problem.gradient(w, a)
+    assert len(problem._pending) == 1          # b is loading (or loaded) meanwhile
+    loss_b, g_b = problem.gradient(w, b)
+    assert not problem._pending
+    plain = lazy_problem(folder, prefetch=False)
+    loss_b2, g_b2 = plain.gradient(w, b)
+    assert loss_b == loss_b2 and np.array_equal(g_b, g_b2)
+
+
+def test_validation_split_of_a_dataset(folder):
+    problem = lazy_problem(folder, val_fraction=0.25)
+    assert problem.n_examples == 72
+    figures = problem.evaluate(problem.initial_params(0))
+    assert set(figures) == {"loss", "val_loss"}

@@ -1,0 +1,61 @@
+"""A user's lazy Dataset under every strategy the ray engine runs (a real
+local Ray instance); sync equals serial on it."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.engines.ray.engine import SUPPORTED
+
+from test_dataset_problem import STRATEGIES, lazy_problem
+from lazy_dataset import write_files
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    # Ray's workers import the Dataset class from tests/ and this checkout's monsoon
+    here = Path(__file__).parent
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}"}})
+    yield
+    ray.shutdown()
+
+
+def test_every_strategy_trains_on_a_lazy_dataset_on_ray(tmp_path):
+    folder = write_files(tmp_path / "npy")
+    start = lazy_problem(folder)
+    first = start.loss(start.initial_params(0))
+    for strategy, workers in [(s, w) for s, w in STRATEGIES if s in SUPPORTED]:
+        result = monsoon.train(lazy_problem(folder), strategy, workers, engine="ray", lr=0.2,
+                               epochs=6, batch_size=8, seed=0, evals=0)
+        assert result.summary["final_loss"] < 0.8 * first, strategy
+    serial = monsoon.train(lazy_problem(folder), "serial", lr=0.2, epochs=3, batch_size=16,
+                           seed=1)
+    sync = monsoon.train(lazy_problem(folder), "sync", 2, engine="ray", lr=0.2, epochs=3,
+                         batch_size=16, seed=1)
+    np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
+
+
+def test_batchnorm_buffers_come_back_from_ray_workers():
+    import torch
+    from torch import nn
+
+    from monsoon.problems import TorchProblem
+    from test_user_model import _bn, _regression
+
+    X, y = _regression()
+
+    def problem():
+        torch.manual_seed(7)
+        return TorchProblem(_bn(), nn.MSELoss(), X, y, dtype="float64")
+
+    opts = dict(lr=0.1, steps=5, batch_size=len(X), seed=0)
+    on_ray = monsoon.train(problem(), "sync", 2, engine="ray", **opts).model.state_dict()
+    local = monsoon.train(problem(), "sync", 2, backend="threads", **opts).model.state_dict()
+    assert int(on_ray["1.num_batches_tracked"]) == 5
+    for name, value in local.items():
+        np.testing.assert_allclose(on_ray[name].numpy(), value.numpy(), rtol=1e-9, atol=1e-12)
