@@ -133,10 +133,10 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     Q = _with_copies(np.zeros(n_features if use_q else 1, dtype=weights.dtype), jobs,
                      width if use_q else 0)
     aw = average_weights if average_weights is not None else np.zeros(1, dtype=weights.dtype)
-    longest = cols if indices is None else int(np.diff(indptr).max(initial=0))
+    longest = 1 if not width else cols if indices is None else int(np.diff(indptr).max())
     last = [(np.zeros(max(width, 1), dtype=weights.dtype),
              np.zeros(max(width, 1), dtype=weights.dtype),
-             np.zeros(max(longest, 1) if width else 1, dtype=np.uint64))  # a row's slots
+             np.zeros(max(longest, 1), dtype=np.uint64))  # where a row's features live
             for _ in range(jobs)]
     shared_b = np.array([intercept], dtype=np.float64)
 
@@ -171,7 +171,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         st[K.S_WSCALE] = 1.0
 
     rng = np.random.default_rng(seed)
-    order = train.copy()
+    order = train  # shuffled in place each epoch: an index array, the data never move
     best_objective, best_score, no_improvement = math.inf, -math.inf, 0
     t_start = time.time()
     pool = ThreadPoolExecutor(jobs - 1) if jobs > 1 else None
