@@ -4,6 +4,7 @@ are damaged or belong to another run (an older good one is then used)."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +197,7 @@ def test_sim_refuses_a_checkpoint_its_replay_does_not_reproduce(tmp_path):
 
 @pytest.mark.parametrize("engine,problem,strategy,budget", [
     ("local", "exp", "serial", {"epochs": 600}),
+    ("local", "exp", "sync", {"epochs": 600, "backend": "threads"}),
     ("sim", "logistic", "async", {"steps": 30000}),
 ])
 def test_sigterm_in_process_writes_the_folder_and_resumes_bit_identical(tmp_path, engine,
@@ -208,8 +210,16 @@ def test_sigterm_in_process_writes_the_folder_and_resumes_bit_identical(tmp_path
     from monsoon.errors import Interrupted
 
     opts = dict(engine=engine, seed=0, evals=10, **budget)
-    workers = 1 if strategy == "serial" else 4
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    workers = {"serial": 1, "sync": 2}.get(strategy, 4)
+    def signal_once_going():  # a checkpoint is written: the run is well under way
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if list((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz")):
+                break
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_going, daemon=True).start()
     with pytest.raises(Interrupted) as info:
         monsoon.train(problem, strategy, workers, out=tmp_path / "a", **opts)
     assert info.value.exit_code == 143 and f"--resume {tmp_path / 'a'}" in str(info.value)

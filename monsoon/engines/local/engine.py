@@ -502,8 +502,11 @@ class LocalEngine:
                     raise self._fail(failed, workers)
                 if len(finished) == workers:
                     break
-                if stop_requested():
-                    raise Aborted()
+                if stop_requested():  # nothing done yet: stop the workers, write the folder
+                    interrupted = stop_requested()
+                    stopped = f"interrupted by {signal_name(interrupted)}"
+                    store.abort()
+                    break
                 if time.monotonic() > deadline:
                     raise WaitTimeout(self._start_advice(workers, start_timeout))
                 time.sleep(0.005)
