@@ -229,6 +229,7 @@ def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> No
 class LocalEngine:
     name = "local"
     virtual_time = False
+    stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
                "a compiled GIL-free loop (sparse), else processes",
