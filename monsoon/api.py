@@ -99,7 +99,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
     t_start = time.perf_counter()
     try:
-        with StopSignals():
+        # engines that stop cleanly on SIGTERM/SIGINT say so (local, sim)
+        with StopSignals(getattr(engine, "stops_on_signal", False)):
             res = engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
                              run['seed'], budget, recorder)
     finally:

@@ -4,6 +4,7 @@ are damaged or belong to another run (an older good one is then used)."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,17 @@ from monsoon.engines import checkpoints
 from monsoon.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def every_checkpoint_due(monkeypatch, request):
+    """Tiny models step in microseconds, so the cost floor (a checkpoint waits
+    19x the last one's write time) would skip most checkpoints these tests
+    count on; it has its own test."""
+    if "cost_floor" not in request.node.name:
+        from monsoon.engines.local import checkpointing
+
+        monkeypatch.setattr(checkpointing, "COST_FACTOR", 0)
 
 
 def cut_after(run_dir: Path, keep: int) -> list[Path]:
@@ -67,6 +79,17 @@ def test_other_strategies_checkpoint_and_carry_on(tmp_path, strategy, every):
     # the budget is not done again: the resumed run does the rest of it
     assert resumed.summary["examples"] == pytest.approx(first.summary["examples"], rel=0.15)
     assert resumed.summary["final_loss"] < 2 * first.summary["final_loss"] + 0.05
+
+
+def test_the_cost_floor_spaces_checkpoints_of_fast_steps(tmp_path, monkeypatch):
+    from monsoon.engines.local import checkpointing
+
+    writes = []
+    save = checkpoints.save
+    monkeypatch.setattr(checkpoints, "save", lambda *a, **k: writes.append(1) or save(*a, **k))
+    monkeypatch.setattr(checkpointing, "COST_FACTOR", 10_000)
+    run = monsoon.train("exp", "serial", epochs=5, out=tmp_path, checkpoint_every=1, evals=0)
+    assert run.summary["updates"] == 80 and 1 <= len(writes) < 10
 
 
 def test_only_the_newest_three_are_kept(tmp_path):
@@ -196,6 +219,7 @@ def test_sim_refuses_a_checkpoint_its_replay_does_not_reproduce(tmp_path):
 
 @pytest.mark.parametrize("engine,problem,strategy,budget", [
     ("local", "exp", "serial", {"epochs": 600}),
+    ("local", "exp", "sync", {"epochs": 600, "backend": "threads"}),
     ("sim", "logistic", "async", {"steps": 30000}),
 ])
 def test_sigterm_in_process_writes_the_folder_and_resumes_bit_identical(tmp_path, engine,
@@ -208,8 +232,16 @@ def test_sigterm_in_process_writes_the_folder_and_resumes_bit_identical(tmp_path
     from monsoon.errors import Interrupted
 
     opts = dict(engine=engine, seed=0, evals=10, **budget)
-    workers = 1 if strategy == "serial" else 4
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    workers = {"serial": 1, "sync": 2}.get(strategy, 4)
+    def signal_once_going():  # a checkpoint is written: the run is well under way
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if list((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz")):
+                break
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_going, daemon=True).start()
     with pytest.raises(Interrupted) as info:
         monsoon.train(problem, strategy, workers, out=tmp_path / "a", **opts)
     assert info.value.exit_code == 143 and f"--resume {tmp_path / 'a'}" in str(info.value)
@@ -218,3 +250,30 @@ def test_sigterm_in_process_writes_the_folder_and_resumes_bit_identical(tmp_path
     resumed = monsoon.train(problem, strategy, workers, resume=str(tmp_path / "a"), **opts)
     whole = monsoon.train(problem, strategy, workers, **opts)
     assert np.array_equal(resumed.params, whole.params)
+
+
+SPARSE = "rcv1-like:rows=4000,features=2000,nnz=20"
+
+
+def test_a_compiled_serial_loop_checkpoints_per_epoch_and_resumes_bit_identical(tmp_path):
+    opts = dict(epochs=6, seed=0, evals=0)
+    whole = monsoon.train(SPARSE, "serial", out=tmp_path / "a", checkpoint_every=1, **opts)
+    files = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    assert files and checkpoints.read(files[0]).meta["plan"] == "epochs"
+    kept = cut_after(tmp_path / "a", 1)
+    assert checkpoints.read(kept[0]).meta["positions"][0] >= 1
+    resumed = monsoon.train(SPARSE, "serial", resume=str(tmp_path / "a"), **opts)
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["examples"] == whole.summary["examples"]
+
+
+def test_compiled_hogwild_threads_checkpoint_per_epoch_and_carry_on(tmp_path):
+    opts = dict(epochs=6, seed=0, evals=20)
+    first = monsoon.train(SPARSE, "hogwild", 2, out=tmp_path / "a", checkpoint_every=1, **opts)
+    assert first.summary["backend"] == "threads"
+    kept = cut_after(tmp_path / "a", 1)
+    positions = checkpoints.read(kept[0]).meta["positions"]
+    assert len(positions) == 2 and max(positions) <= 6
+    resumed = monsoon.train(SPARSE, "hogwild", 2, resume=str(tmp_path / "a"), **opts)
+    assert resumed.summary["examples"] == pytest.approx(first.summary["examples"], rel=0.2)
+    assert resumed.summary["final_loss"] < 1.1 * first.summary["final_loss"] + 0.01

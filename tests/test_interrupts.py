@@ -176,3 +176,19 @@ def test_sigkill_to_an_async_worker_is_named_and_the_run_finishes(tmp_path, stra
     assert len(failed) == 1 and "exit code -9" in failed[0]["error"]
     assert run.summary["status"] == "finished"
     assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.npz"))
+
+
+def test_a_signal_during_start_up_stops_cleanly(tmp_path):
+    import threading
+
+    from monsoon.errors import Interrupted
+
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted) as info:
+        monsoon.train("exp", "sync", 2, epochs=400, out=tmp_path / "run", timeout=20)
+    assert time.monotonic() - t0 < 30
+    assert info.value.exit_code == 143
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["updates"] == 0
+    assert not children(os.getpid())

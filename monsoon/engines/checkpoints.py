@@ -41,7 +41,8 @@ VERSION = 1
 KEEP = 3
 _NAME = re.compile(r"^ckpt-(\d{12})\.npz$")
 # What must match for a checkpoint to belong to this run.
-IDENTITY = ("problem", "n_params", "dtype", "strategy", "rule", "workers", "batch_size", "seed")
+IDENTITY = ("problem", "n_params", "dtype", "strategy", "rule", "workers", "batch_size", "seed",
+            "plan")
 
 
 class CheckpointError(ConfigError):

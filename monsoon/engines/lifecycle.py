@@ -73,11 +73,13 @@ def signal_name(signum: int) -> str:
 
 class StopSignals:
     """SIGTERM/SIGINT handlers for the duration of a run (a no-op outside the
-    main thread, where Python cannot install handlers)."""
+    main thread, where Python cannot install handlers, and for engines that
+    do not watch for them: ``enabled=False`` leaves the defaults)."""
 
     active: "StopSignals | None" = None
 
-    def __init__(self):
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
         self.signum = None
         self._saved = {}
         self._wakeup = None
@@ -101,7 +103,7 @@ class StopSignals:
         self.signum = signum
 
     def __enter__(self):
-        if threading.current_thread() is not threading.main_thread():
+        if not self.enabled or threading.current_thread() is not threading.main_thread():
             return self
         r, w = socket.socketpair()
         r.setblocking(False)

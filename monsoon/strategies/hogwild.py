@@ -43,8 +43,8 @@ class Hogwild(Strategy):
         self.beta = beta
 
     def program(self, job: WorkerJob):
-        if job.kernel:
-            for epoch in range(job.budget.epochs):
+        if job.kernel:  # start_step: epochs already done (a resumed run)
+            for epoch in range(job.start_step, job.budget.epochs):
                 mine = split(block_permutation(job.n_examples, job.seed, epoch), job.workers,
                              job.rank)
                 yield SGDPass(mine, self.beta ** epoch)

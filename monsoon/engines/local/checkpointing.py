@@ -16,16 +16,29 @@ Two kinds of checkpoint, by strategy:
   when they stop. These strategies are not deterministic on real workers,
   so resuming carries the run on rather than replaying it.
 
+Runs of a compiled per-example loop (sparse Hogwild!, serial) count their
+position in epochs (one op is one epoch's pass): they are checkpointed at
+the end of an epoch, at most once per epoch; serial's are exact.
+
 Either way the checkpoint holds the counters (examples, updates, dropped)
 and the recorder's rows up to it, so totals and the loss curve carry on.
+
+Checkpoints cost at most about 5% of a run: after each write, the next waits
+at least 19 times as long as the write took (the interval in updates is a
+floor, not a promise, on models whose updates take microseconds).
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from ...strategies.batches import batches_in, part_bounds
 from .. import checkpoints
 from .store import DROPPED, EXAMPLES, LATE, UPDATES
+
+# After a write taking t seconds, the next waits COST_FACTOR * t: <= 5% of the run.
+COST_FACTOR = 19
 
 
 def exact_checkpoints(strategy) -> bool:
@@ -49,6 +62,11 @@ class RunCheckpoints:
         self.ident = ident
         self.exact = exact
         self.last_path = None
+        self.ready_at = 0.0  # perf_counter time before which no periodic write is due
+
+    def allowed(self) -> bool:
+        """Whether a periodic checkpoint may be written now (the cost floor)."""
+        return time.perf_counter() >= self.ready_at
 
     # -- reading ----------------------------------------------------------
     def shapes(self, rule, w0: np.ndarray, workers: int) -> dict:
@@ -80,9 +98,15 @@ class RunCheckpoints:
         return ckpt.arrays.get(f"worker.{rank}.params")
 
     # -- writing ----------------------------------------------------------
-    def snapshot_positions(self, strategy, counters: np.ndarray, n: int, batch_size: int):
-        """Each worker's batches done, from its examples (snapshot checkpoints)."""
+    def snapshot_positions(self, strategy, counters: np.ndarray, n: int, batch_size: int,
+                           kernel: bool = False):
+        """Each worker's batches done (epochs, for a compiled loop), from its
+        examples (snapshot checkpoints)."""
         workers = counters.shape[0]
+        if kernel:
+            return [int(counters[r, EXAMPLES]) // max(1, b - a)
+                    for r, (a, b) in enumerate(part_bounds(n, workers, r)
+                                               for r in range(workers))]
         if strategy.synchronous:  # every worker walks the global plan
             steps = batches_in(int(counters[:, EXAMPLES].sum()), n, batch_size)
             return [steps] * workers
@@ -106,6 +130,7 @@ class RunCheckpoints:
               reason: str, exact: bool, private: dict | None = None):
         if not self.directory:
             return None
+        t0 = time.perf_counter()
         updates = int(counters[:, UPDATES].sum())
         arrays = {"params": params, "counters": counters}
         for field, arr in zip(state._fields, state):
@@ -120,4 +145,6 @@ class RunCheckpoints:
                 "rows": [dict(r) for r in rows if r["updates"] <= updates]}
         self.last_path = checkpoints.save(self.directory, updates + int(counters[:, DROPPED].sum()),
                                           meta, arrays)
+        end = time.perf_counter()
+        self.ready_at = end + COST_FACTOR * (end - t0)
         return self.last_path

@@ -256,6 +256,7 @@ def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> No
 class LocalEngine:
     name = "local"
     virtual_time = False
+    stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
                "a compiled GIL-free loop (sparse), else processes",
@@ -305,11 +306,11 @@ class LocalEngine:
         inline = strategy.single_worker
         backend = "inline" if inline else self.backend
         self.backend_used = backend
-        # A compiled epoch pass is one op: no step boundary to checkpoint at.
         exact = exact_checkpoints(strategy)
-        ck = RunCheckpoints(None if self.kernel else self.checkpoint_dir, self.checkpoint_every,
-                            self.resume_dir, checkpoints.identity(problem, strategy, rule, workers,
-                                                                  batch_size, seed), exact)
+        ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
+        ident["plan"] = "epochs" if self.kernel else "batches"  # what a position counts
+        ck = RunCheckpoints(self.checkpoint_dir, self.checkpoint_every, self.resume_dir, ident,
+                            exact)
         resumed = ck.load(rule, w0, workers)  # checked before anything starts
         ctx = mp.get_context("spawn") if backend == "processes" else None
         store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
@@ -354,8 +355,13 @@ class LocalEngine:
         clock = [time.perf_counter(), 0]  # start, ops so far
         counters = store.counters[0]
         every = self.checkpoint_every if ck.directory else 0
+        kernel, n = self.kernel, problem.n_examples
+        if kernel and every:  # positions count epochs: at most one checkpoint per epoch
+            every = max(1, -(-every // n))
 
         def steps_done() -> int:
+            if kernel:
+                return int(counters[EXAMPLES]) // n
             return int(counters[UPDATES] + counters[DROPPED])
 
         def next_due(steps: int):
@@ -368,7 +374,7 @@ class LocalEngine:
         def boundary(steps: int) -> None:
             now = time.perf_counter() - clock[0]
             sig = stop_requested()
-            if sig or (plan["next"] is not None and steps >= plan["next"]):
+            if sig or (plan["next"] is not None and steps >= plan["next"] and ck.allowed()):
                 ck.write(params=store.params, state=store.state, counters=store.counters.copy(),
                          positions=[steps], time_s=resume.time_s + now,
                          rows=recorder.settled_rows(), reason="interrupted" if sig else "periodic", exact=True)
@@ -380,6 +386,8 @@ class LocalEngine:
 
         def between_ops():
             clock[1] += 1
+            if kernel:  # every op is an epoch's pass: a boundary
+                boundary(steps_done())
             watch = plan["watch"]
             if watch is not None:
                 steps = steps_done()
@@ -396,7 +404,7 @@ class LocalEngine:
                     # The clock stops while serial evaluates: parallel runs
                     # evaluate in the monitor, off the workers' clock.
                     clock[0] += time.perf_counter() - clock[0] - now
-                if plan["watch"] is None and not self.kernel:
+                if plan["watch"] is None and not kernel:
                     steps = steps_done()
                     if stop_requested() or (plan["next"] is not None
                                             and steps + 8 >= plan["next"]):
@@ -412,9 +420,6 @@ class LocalEngine:
         except Aborted:
             stopped = recorder.stop_reason
         wall = time.perf_counter() - clock[0]
-        if self.kernel and stop_requested() and interrupted is None:
-            interrupted = stop_requested()
-            stopped = f"interrupted by {signal_name(interrupted)}"
         ex, up, dropped, late = store.totals()
         return EngineResult(np.array(store.params, copy=True), 0.0, wall, int(ex), int(up),
                             int(dropped), runtime.staleness, [], stopped=stopped,
@@ -513,11 +518,14 @@ class LocalEngine:
                         failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
 
         n, every = problem.n_examples, self.checkpoint_every if ck.directory else 0
+        if self.kernel and every:  # positions count epochs: at most one checkpoint per epoch
+            every = max(every, n)
 
         def snapshot(reason: str, now: float, private=None):
             counters = store.counters.copy()
             ck.write(params=np.array(store.params), state=store.state, counters=counters,
-                     positions=ck.snapshot_positions(strategy, counters, n, batch_size),
+                     positions=ck.snapshot_positions(strategy, counters, n, batch_size,
+                                                     self.kernel),
                      time_s=resume.time_s + now, rows=recorder.settled_rows(), reason=reason,
                      exact=False, private=private)
 
@@ -540,8 +548,11 @@ class LocalEngine:
                     raise self._fail(failed, workers)
                 if len(finished) == workers:
                     break
-                if stop_requested():
-                    raise Aborted()
+                if stop_requested():  # nothing done yet: stop the workers, write the folder
+                    interrupted = stop_requested()
+                    stopped = f"interrupted by {signal_name(interrupted)}"
+                    store.abort()
+                    break
                 if time.monotonic() > deadline:
                     raise WaitTimeout(self._start_advice(workers, start_timeout))
                 time.sleep(0.005)
@@ -595,11 +606,12 @@ class LocalEngine:
                     # waited for) after ``timeout``; this catches the rest.
                     raise WaitTimeout(f"no worker made progress for {2 * self.timeout:g} s; "
                                       "raise --timeout if steps are genuinely that slow")
-                if store.ckpt is not None and store.control[CKPT_STEP]:
+                if store.ckpt is not None and store.control[CKPT_STEP] and ck.allowed():
                     exact_checkpoint(int(store.control[CKPT_STEP]), store.ckpt["params"],
                                      store.ckpt["state"], "periodic", now)
                     store.control[CKPT_STEP] = 0  # the buffer is free again
-                elif next_snapshot is not None and up >= next_snapshot and interrupted is None:
+                elif (next_snapshot is not None and up >= next_snapshot and interrupted is None
+                      and ck.allowed()):
                     snapshot("periodic", now)
                     next_snapshot = (int(up) // every + 1) * every
                 reason = None

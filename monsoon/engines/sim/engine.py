@@ -97,6 +97,7 @@ class SimEngine:
     name = "sim"
 
     virtual_time = True   # its clock is simulated: evaluating costs no time
+    stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
     options = (SHARDS, CHECKPOINT_EVERY, RESUME) + DELAY_OPTIONS
 
     @classmethod
