@@ -152,16 +152,18 @@ def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, bu
                            "counters": ((2,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
     shared["snap"][:] = w0
     control = shared["control"]
-    conns, channels = _links(ctx, stages, replicas, boundary_bytes(problem, specs),
-                             largest_micro_batch(batch_size, replicas, strategy.micro_batches),
-                             strategy.micro_batches)
     inbox = PipeInbox(ctx, workers)
     threads = torch_threads_per_worker(workers)
     engine.backend_used = "processes"
-    handles = []
+    handles, channels = [], []
     t_begin = time.perf_counter()
-    payloads = stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size, seed, budget)
     try:
+        conns, channels = _links(ctx, stages, replicas, boundary_bytes(problem, specs),
+                                 largest_micro_batch(batch_size, replicas,
+                                                     strategy.micro_batches),
+                                 strategy.micro_batches)
+        payloads = stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size,
+                                  seed, budget)
         for rank, payload in enumerate(payloads):
             payload = pickle.dumps({**payload, "start_timeout": engine.start_timeout},
                                    protocol=pickle.HIGHEST_PROTOCOL)
