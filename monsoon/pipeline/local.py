@@ -28,7 +28,7 @@ from ..engines.local.engine import EngineResult, _main_module_hidden, torch_thre
 from ..engines.local.inbox import Outbox, PipeInbox
 from ..engines.local.memory import SharedArrays
 from ..engines.waiting import Aborted
-from ..errors import WaitTimeout, WorkerError
+from ..errors import ConfigError, WaitTimeout, WorkerError
 from ..strategies.batches import global_batches
 from .runner import finish, stage_payloads
 from .shm import Channel, boundary_bytes, largest_micro_batch
@@ -146,6 +146,9 @@ def _links(ctx, stages: int, replicas: int, boundary: list, rows: int, micro: in
 
 
 def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
+    if engine.backend == "threads":
+        raise ConfigError("the pipeline runs each stage in its own process on the local engine; "
+                          "drop --backend threads")
     specs, stages, replicas = strategy.layout(problem, workers, batch_size)
     ctx = mp.get_context("spawn")
     shared = SharedArrays({"control": ((4,), "int64"), "served": ((stages,), "int64"),
