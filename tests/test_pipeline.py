@@ -162,6 +162,11 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, says):
     assert code == 2 and len(err.splitlines()) == 1 and says in err, err
 
 
+def test_threads_backend_is_refused():
+    with pytest.raises(ConfigError, match="drop --backend threads"):
+        monsoon.train("digits", "pipeline", 2, backend="threads", steps=1)
+
+
 def test_a_model_that_is_no_sequential_is_refused():
     with pytest.raises(ConfigError, match="nn.Sequential"):
         monsoon.train("linear", "pipeline", 2, engine="sim", steps=1)

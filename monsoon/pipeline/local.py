@@ -28,7 +28,7 @@ from ..engines.local.engine import EngineResult, _main_module_hidden, torch_thre
 from ..engines.local.inbox import Outbox, PipeInbox
 from ..engines.local.memory import SharedArrays
 from ..engines.waiting import Aborted
-from ..errors import WaitTimeout, WorkerError
+from ..errors import ConfigError, WaitTimeout, WorkerError
 from ..strategies.batches import global_batches
 from .runner import finish, stage_payloads
 from .shm import Channel, boundary_bytes, largest_micro_batch
@@ -146,22 +146,27 @@ def _links(ctx, stages: int, replicas: int, boundary: list, rows: int, micro: in
 
 
 def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
+    if engine.backend == "threads":
+        raise ConfigError("the pipeline runs each stage in its own process on the local engine; "
+                          "drop --backend threads")
     specs, stages, replicas = strategy.layout(problem, workers, batch_size)
     ctx = mp.get_context("spawn")
     shared = SharedArrays({"control": ((4,), "int64"), "served": ((stages,), "int64"),
                            "counters": ((2,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
     shared["snap"][:] = w0
     control = shared["control"]
-    conns, channels = _links(ctx, stages, replicas, boundary_bytes(problem, specs),
-                             largest_micro_batch(batch_size, replicas, strategy.micro_batches),
-                             strategy.micro_batches)
     inbox = PipeInbox(ctx, workers)
     threads = torch_threads_per_worker(workers)
     engine.backend_used = "processes"
-    handles = []
+    handles, channels = [], []
     t_begin = time.perf_counter()
-    payloads = stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size, seed, budget)
     try:
+        conns, channels = _links(ctx, stages, replicas, boundary_bytes(problem, specs),
+                                 largest_micro_batch(batch_size, replicas,
+                                                     strategy.micro_batches),
+                                 strategy.micro_batches)
+        payloads = stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size,
+                                  seed, budget)
         for rank, payload in enumerate(payloads):
             payload = pickle.dumps({**payload, "start_timeout": engine.start_timeout},
                                    protocol=pickle.HIGHEST_PROTOCOL)

@@ -30,15 +30,26 @@ def stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size, see
 
 
 def bubble(stats: list[dict], stages: int) -> float:
-    """Measured idle fraction: per replica 1 - sum(busy) / (S * wall), averaged."""
+    """Measured idle fraction: per replica 1 - sum(busy) / (S * wall), averaged.
+    Real transports on one machine leave the first step out (it pays torch's
+    lazy start-up, which would count as work) when there is more than one:
+    the wall is then from the last stage's end of step 1 (stage 0, whose
+    backward comes last) to the last end of the run, and busy is every
+    stage's compute in steps 2 on."""
     by_replica: dict[int, list] = {}
     for s in stats:
         by_replica.setdefault(s["replica"], []).append(s)
     fractions = []
     for group in by_replica.values():
-        wall = max(s["wall_s"] for s in group)
+        if all("first_step_end" in s for s in group):
+            wall = (max(s["last_step_end"] for s in group)
+                    - max(s["first_step_end"] for s in group))
+            busy = sum(s["busy_s_steady"] for s in group)
+        else:
+            wall = max(s["wall_s"] for s in group)
+            busy = sum(s["busy_s"] for s in group)
         if wall > 0:
-            fractions.append(max(0.0, 1.0 - sum(s["busy_s"] for s in group) / (stages * wall)))
+            fractions.append(max(0.0, 1.0 - busy / (stages * wall)))
     return sum(fractions) / len(fractions) if fractions else 0.0
 
 

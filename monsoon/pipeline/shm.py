@@ -12,7 +12,10 @@ pickling, no pipe, no sender thread: one copy in, one copy out.
 Slots are sized before the run from a dry forward of one example (each
 stage boundary's activation per example) times the largest micro-batch;
 K = M slots hold a whole batch, so a GPipe sender never waits for space.
-Every wait has the run's timeout and stops when the run is aborted.
+Every wait has the run's timeout and stops when the run is aborted. A
+receiver spins a few turns, then sleeps with back-off (20 us to 1 ms): on
+a shared machine a stage spinning through its bubble would take the core
+its neighbour computes on.
 """
 from __future__ import annotations
 
@@ -24,6 +27,10 @@ import torch
 from ..engines.local.memory import SharedArrays
 from ..engines.waiting import wait_until
 from ..errors import ConfigError
+
+# A stage waits a lot (the bubble): it spins only briefly, then sleeps, so
+# that a waiting stage does not take the core a computing one needs.
+HOT_TURNS = 64
 
 MAX_DIMS = 8
 HEAD = 3  # m, nbytes, ndim, then the shape
@@ -46,7 +53,7 @@ class Channel:
     def send(self, m: int, array: np.ndarray, what: str) -> None:
         ctr, K = self.ctr, self.slots
         wait_until(lambda: ctr[0] - ctr[1] < K, self.timeout, self.aborted,
-                   f"a free slot to send {what}")
+                   f"a free slot to send {what}", spin=False)
         array = np.ascontiguousarray(array)
         slot = int(ctr[0] % K)
         if array.nbytes > self.data.shape[1] or array.ndim > MAX_DIMS:
@@ -62,7 +69,12 @@ class Channel:
 
     def recv(self, m: int, what: str) -> np.ndarray:
         ctr, K = self.ctr, self.slots
-        wait_until(lambda: ctr[0] > ctr[1], self.timeout, self.aborted, what)
+        if not ctr[0] > ctr[1]:
+            for _ in range(HOT_TURNS):
+                if ctr[0] > ctr[1]:
+                    break
+            else:
+                wait_until(lambda: ctr[0] > ctr[1], self.timeout, self.aborted, what, spin=False)
         slot = int(ctr[1] % K)
         head = self.meta[slot]
         if head[0] != m:

@@ -61,7 +61,9 @@ class StageWorker:
         self.steps = self.dropped = 0
         self.peak_in_flight = 0
         self.loss_sum = 0.0
-        self.step_times, self.step_busy = [], []  # per step: wall and compute (real transports)
+        # per step, on real transports: wall, compute, and when it ended
+        # (time.perf_counter: one monotonic clock for every process of a machine)
+        self.step_times, self.step_busy, self.step_ends = [], [], []
 
     def memory(self) -> dict:
         """Bytes of the arrays this worker holds for its stage."""
@@ -160,6 +162,7 @@ class StageWorker:
         self.busy_s += took - waited
         self.step_times.append(took)
         self.step_busy.append(took - waited)
+        self.step_ends.append(start + took)
 
     def gather(self) -> None:
         """The accumulated ``.grad`` of every parameter into the flat ``grad``."""
@@ -183,4 +186,7 @@ class StageWorker:
         if self.step_times:  # medians resist the spikes of a shared machine
             out["step_s_median"] = float(np.median(self.step_times))
             out["busy_s_median"] = float(np.median(self.step_busy))
+        if len(self.step_times) > 1:  # the first step warms torch up (lazy initialisation)
+            out["first_step_end"], out["last_step_end"] = self.step_ends[0], self.step_ends[-1]
+            out["busy_s_steady"] = float(np.sum(self.step_busy[1:]))
         return out
