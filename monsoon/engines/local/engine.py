@@ -377,7 +377,8 @@ class LocalEngine:
             if sig or (plan["next"] is not None and steps >= plan["next"] and ck.allowed()):
                 ck.write(params=store.params, state=store.state, counters=store.counters.copy(),
                          positions=[steps], time_s=resume.time_s + now,
-                         rows=recorder.settled_rows(), reason="interrupted" if sig else "periodic", exact=True)
+                         rows=recorder.settled_rows(),
+                         reason="interrupted" if sig else "periodic", exact=True)
                 plan["next"] = next_due(steps)
             if sig:
                 raise Stopped()
