@@ -35,13 +35,22 @@ class Result:
     problem: Problem
     run_dir: Path | None = None
     worker_params: dict | None = None   # each worker's own copy, where it keeps one
+    state: dict | None = None   # the trained buffers (BatchNorm statistics), torch problems
 
     @property
     def model(self):
         """The trained ``torch.nn.Module`` (torch problems only)."""
         if not hasattr(self.problem, "model_at"):
             raise AttributeError(f"problem {self.problem.name!r} has no torch model")
-        return self.problem.model_at(self.params)
+        model = self.problem.model_at(self.params)
+        if self.state:  # this run's buffers, even if the problem has trained again since
+            import torch
+
+            named = dict(model.named_buffers())
+            with torch.no_grad():
+                for name, value in self.state.items():
+                    named[name].copy_(torch.from_numpy(value))
+        return model
 
 
 def staleness_stats(counts: Counter) -> dict:
@@ -159,7 +168,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     if getattr(rule if strat.local_rule is None else strat.local_rule, "staleness_lr", False):
         summary["staleness_lr"] = True
     result = Result(summary, recorder.rows, res.params, problem,
-                    worker_params=res.worker_params or None)
+                    worker_params=res.worker_params or None,
+                    state=problem.state() if hasattr(problem, "state") else None)
     if out is not None:
         full_config = {**resolved.config(), "server_rule": rule.describe(), **strat.describe(),
                        **engine.describe(), "problem_info": problem.describe()}

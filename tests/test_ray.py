@@ -19,16 +19,17 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    # Ray's worker processes import the fault-injecting problem from tests/
-    tests_dir = str(Path(__file__).parent)
+    # Ray's worker processes import the fault-injecting problem from tests/,
+    # and monsoon from this checkout (not another one installed in the venv)
+    here = Path(__file__).parent
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": tests_dir}})
+             runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}"}})
     yield
     ray.shutdown()
 
 
 def test_sync_equals_serial_on_the_full_batch():
-    opts = dict(steps=15, batch_size=1797, dtype="float64", seed=3, lr=0.05)
+    opts = dict(steps=15, batch_size=1438, dtype="float64", seed=3, lr=0.05)  # digits less 20%
     serial = monsoon.train("digits", "serial", **opts)
     run = monsoon.train("digits", "sync", 2, engine="ray", **opts)
     np.testing.assert_allclose(run.params, serial.params, rtol=1e-6, atol=1e-12)

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .torch_problem import TorchProblem, is_classification
+from .torch_problem import TorchProblem, is_classification, validation_split
 
 _MAX_PENDING = 2
 
@@ -46,17 +46,8 @@ class DatasetProblem(TorchProblem):
         if n == 0:
             raise ValueError("the training set is empty")
         if val_fraction:
-            if val is not None:
-                raise ValueError("give either val=(X, y) / a Dataset or val_fraction, not both")
-            if not 0.0 < val_fraction < 1.0:
-                raise ValueError(f"val_fraction must be in (0, 1), not {val_fraction}")
-            order = np.random.default_rng(val_seed).permutation(n)
-            held = int(round(n * val_fraction))
-            if held < 1 or held >= n:
-                raise ValueError(f"val_fraction {val_fraction} of {n} examples leaves no "
-                                 "training or no validation example")
-            val = Subset(dataset, np.sort(order[:held]).tolist())
-            dataset = Subset(dataset, np.sort(order[held:]).tolist())
+            train, held = validation_split(n, val_fraction, val, val_seed)
+            val, dataset = Subset(dataset, held.tolist()), Subset(dataset, train.tolist())
         if isinstance(val, (tuple, list)):
             val = TensorDataset(*(torch.as_tensor(v) for v in val))
         self.dataset = dataset

@@ -398,18 +398,23 @@ def split_validation(X, y, val, fraction: float, seed: int = 0):
     permutation) as the validation set when no ``val`` was given."""
     if not fraction:
         return X, y, val
+    train, test = (torch.from_numpy(i) for i in validation_split(len(X), fraction, val, seed))
+    return X[train], y[train], (X[test], y[test])
+
+
+def validation_split(n: int, fraction: float, val=None, seed: int = 0):
+    """(training rows, validation rows), both sorted: ``fraction`` of ``n``
+    held out by a permutation drawn from ``seed``."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), not {fraction}")
     if val is not None:
-        raise ValueError("give either val=(X, y) or val_fraction, not both")
-    n = len(X)
+        raise ValueError("give either val (a held-out set) or val_fraction, not both")
     held = int(round(n * fraction))
     if held < 1 or held >= n:
         raise ValueError(f"val_fraction {fraction} of {n} examples leaves no training "
                          "or no validation example")
-    order = torch.from_numpy(np.random.default_rng(seed).permutation(n))
-    train, test = order[held:].sort().values, order[:held].sort().values
-    return X[train], y[train], (X[test], y[test])
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[held:]), np.sort(order[:held])
 
 
 def is_classification(loss_fn, y) -> bool:
