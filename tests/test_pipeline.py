@@ -86,11 +86,12 @@ def test_sim_pipeline_equals_serial(name, S, M, sched):
 
 
 @pytest.mark.slow
+# Every (model, S, M, schedule) is checked bit for bit on the sim above; on
+# the local engine (processes, shared-memory channels: ~10 s each here) each
+# model, stage count, micro-batch count and schedule appears at least once.
 @pytest.mark.parametrize("name,S,M,sched", [
-    ("mlp4", 2, 1, "gpipe"), ("mlp4", 2, 4, "1f1b"), ("mlp4", 2, 8, "gpipe"),
-    ("mlp4", 3, 1, "1f1b"), ("mlp4", 3, 4, "gpipe"), ("mlp4", 3, 8, "1f1b"),
-    ("digits", 2, 1, "1f1b"), ("digits", 2, 4, "gpipe"), ("digits", 2, 8, "1f1b"),
-    ("digits", 3, 1, "gpipe"), ("digits", 3, 4, "1f1b"), ("digits", 3, 8, "gpipe")])
+    ("mlp4", 2, 1, "gpipe"), ("mlp4", 3, 4, "1f1b"), ("mlp4", 2, 8, "1f1b"),
+    ("digits", 3, 1, "1f1b"), ("digits", 2, 4, "gpipe"), ("digits", 3, 8, "gpipe")])
 def test_local_pipeline_equals_serial(name, S, M, sched):
     got = monsoon.train(problem_of(name), "pipeline", S, micro_batches=M, schedule=sched,
                         rule="momentum", **OPTS)
