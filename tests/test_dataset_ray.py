@@ -1,7 +1,5 @@
 """A user's lazy Dataset under every strategy the ray engine runs (a real
 local Ray instance); sync equals serial on it."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -12,17 +10,7 @@ from test_dataset_problem import STRATEGIES, lazy_problem
 from lazy_dataset import write_files
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    # Ray's workers import the Dataset class from tests/ and this checkout's monsoon
-    here = Path(__file__).parent
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}"}})
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 
 def test_every_strategy_trains_on_a_lazy_dataset_on_ray(tmp_path):

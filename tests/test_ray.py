@@ -2,7 +2,6 @@
 checkpoints. Skipped only where Ray is not installed."""
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,18 +13,7 @@ from monsoon.problems import make_problem
 from faulty import FaultyProblem, UnshippableProblem
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    # Ray's worker processes import the fault-injecting problem from tests/,
-    # and monsoon from this checkout (not another one installed in the venv)
-    here = Path(__file__).parent
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}"}})
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 
 def test_sync_equals_serial_on_the_full_batch():
