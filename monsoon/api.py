@@ -118,7 +118,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     # The curve's snapshots are evaluated now, after the run, off its clock
     # (with the buffers the monitor's model has); the final row with the
     # trained buffers, combined per the strategy's policy.
-    recorder.settled_rows()
+    recorder.settled_rows(final_updates=res.updates)
     if res.worker_states and hasattr(problem, "load_state"):
         problem.load_state(combine_buffers(res.worker_states, strat.buffers))
     final = recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)

@@ -31,9 +31,9 @@ def test_no_evaluation_happens_while_the_run_goes(monkeypatch, strategy, workers
     problem = counting(make_problem("linear"))
     settle = Recorder.settled_rows  # the first evaluation after the run
 
-    def settle_marking(self, *args):
+    def settle_marking(self, *args, **kwargs):
         problem.run_over = True
-        return settle(self, *args)
+        return settle(self, *args, **kwargs)
 
     monkeypatch.setattr(Recorder, "settled_rows", settle_marking)
     result = monsoon.train(problem, strategy, workers, epochs=1, backend=backend, seed=0,

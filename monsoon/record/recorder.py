@@ -118,9 +118,13 @@ class Recorder:
             self._stride *= 2
 
     # -- after the run -----------------------------------------------------
-    def settled_rows(self) -> list[dict]:
+    def settled_rows(self, final_updates: int | None = None) -> list[dict]:
         """The rows so far, with every snapshot evaluated: what a checkpoint
-        keeps (checkpoints are rare, so this evaluation is too)."""
+        keeps (checkpoints are rare, so this evaluation is too). A last
+        snapshot taken at ``final_updates`` is dropped: the final row is that point."""
+        if (final_updates is not None and len(self.snapshots) > 1
+                and self.snapshots[-1][1] == final_updates):
+            self.snapshots.pop()
         for t, up, ex, w in self.snapshots:
             self.add_row(t, up, ex, self.evaluate(w))
         self.snapshots = []
@@ -128,7 +132,7 @@ class Recorder:
 
     def finish(self, now: float, updates: int, examples: int, params) -> dict:
         """Evaluate every snapshot and the final parameters; returns the final row."""
-        self.settled_rows()
+        self.settled_rows(final_updates=updates)
         final = self.evaluate(params)
         self.add_row(now, updates, examples, final)
         return self.rows[-1]

@@ -62,7 +62,8 @@ from .checkpointing import RunCheckpoints, exact_checkpoints
 from .inbox import Outbox, PipeInbox, QueueInbox
 from .runtime import WorkerRuntime
 from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, LATE, READY, RUNNING,
-                    SNAP_ASKED, SNAP_SERVED, START, STEP, STOP, UPDATES, ParameterStore)
+                    SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, START, STEP,
+                    STOP, UPDATES, ParameterStore)
 from .synchronous import Stopped, replicates
 
 BACKENDS = ("processes", "threads")
@@ -317,7 +318,8 @@ class LocalEngine:
                                backend=backend, mp_context=ctx,
                                replicated=not inline and replicates(strategy, w0),
                                checkpoint_buffer=(exact and not inline and bool(ck.directory)
-                                                  and self.checkpoint_every > 0))
+                                                  and self.checkpoint_every > 0),
+                               snapshot_ring=recorder.evals > 0 and bool(recorder.total_examples))
         self.shards_used = shards
         resume = _Resume(workers)
         if resumed is not None:
@@ -518,6 +520,22 @@ class LocalEngine:
                         hint = MAIN_HINT if started_at[0] is None and needs_main else ""
                         failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
 
+        def read_ring(t0: float, final_updates: int | None = None):
+            """Record the snapshots worker 0 wrote since the last read (those
+            before ``final_updates``: the final row is recorded anyway); the
+            reason to stop, if one of them diverged."""
+            control, reason = store.control, None
+            written, read = int(control[SNAP_WRITTEN]), int(control[SNAP_READ])
+            for k in range(read, written):
+                i = k % len(store.snap_params)
+                clock, up, ex, dropped = store.snap_meta[i]
+                if final_updates is not None and up >= final_updates:
+                    break
+                reason = reason or recorder.record(resume.time_s + float(clock) - t0, int(up),
+                                                   int(ex), store.snap_params[i], int(dropped))
+            control[SNAP_READ] = written  # the slots are free again
+            return reason
+
         n, every = problem.n_examples, self.checkpoint_every if ck.directory else 0
         if self.kernel and every:  # positions count epochs: at most one checkpoint per epoch
             every = max(every, n)
@@ -564,6 +582,10 @@ class LocalEngine:
             startup = time.perf_counter() - t_begin
             started_at[0] = startup
             recorder.start(store.params)
+            ring = store.replicated and store.snap_params is not None
+            if ring:  # worker 0 snapshots every so many steps on its own (synchronous.py)
+                rows_every = recorder.total_examples / recorder.evals / batch_size
+                store.control[SNAP_EVERY] = max(1, round(rows_every))
             t0 = time.perf_counter()
             store.control[START] = 1
             asked = False  # a snapshot request to a replicated step is pending
@@ -579,9 +601,15 @@ class LocalEngine:
                 # Sleep until the next row is due (a worker's message or
                 # death wakes the monitor sooner): every wake-up preempts a
                 # worker, and its peers then wait for it at the barrier.
-                due_in = recorder.seconds_to_due(resume.time_s + time.perf_counter() - t0,
-                                                 last_examples)
-                young = last_examples <= 0  # no pace known yet
+                # With a snapshot ring, wake in time to read it before it fills.
+                elapsed = time.perf_counter() - t0
+                if ring:
+                    written = int(store.control[SNAP_WRITTEN])
+                    due_in = (len(store.snap_params) / 2 * elapsed / written if written
+                              else 0.05)
+                else:
+                    due_in = recorder.seconds_to_due(resume.time_s + elapsed, last_examples)
+                young = last_examples <= 0 and not ring  # no pace known yet
                 drain(0.002 if young or asked else min(max(due_in, 0.001), self.idle_s))
                 check_dead()
                 sig = stop_requested()
@@ -619,6 +647,8 @@ class LocalEngine:
                 at = resume.time_s + now
                 if interrupted is not None:
                     pass
+                elif ring:
+                    reason = read_ring(t0)
                 elif store.replicated and strategy.synchronous:
                     # worker 0 holds the parameters; ask it for a copy at its
                     # next step's end, and record it once it has answered
@@ -636,6 +666,8 @@ class LocalEngine:
                     store.abort()
             wall = time.perf_counter() - t0
             ex, up, dropped, late = store.totals()
+            if ring and stopped is None:  # what worker 0 wrote after the last wake
+                stopped = read_ring(t0, int(up))
             params = np.array(store.params, copy=True)
             if interrupted is not None:
                 if not exact:

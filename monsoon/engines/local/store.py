@@ -17,7 +17,11 @@ Everything workers share lives in one ``SharedArrays`` block:
 - or, for replicated synchronous steps (small models, see
   ``synchronous.py``), ``rep_slots[step % 2, k]`` and ``rep_examples``,
   ``arrivals[k]`` (steps worker k has contributed to) and ``published``
-  (steps worker 0 has copied to ``params``);
+  (steps worker 0 has copied to ``params``); and ``snap.params[i]`` with
+  ``snap.meta[i]`` (clock, updates, examples, dropped): a ring of loss-curve
+  snapshots worker 0 writes every ``control[SNAP_EVERY]`` steps on its own,
+  so the monitor need not wake to ask for them (``control[SNAP_WRITTEN]``
+  written, ``control[SNAP_READ]`` read by the monitor; a full ring skips one);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, each written by worker k only, so no lock is needed;
 - ``status[k]`` and ``control``: start, abort, stop and life-cycle flags, and the
@@ -48,8 +52,12 @@ STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
 # workers to stop at a step boundary), STOP_AT (the step they stop at, set
 # by the first worker to see STOP), CKPT_STEP (the step the checkpoint
 # buffer holds, 0: empty); SNAP_ASKED (snapshot requests the monitor raised
-# for the loss curve) and SNAP_SERVED (the last one a replicated step served)
-START, ABORT, STOP, STOP_AT, CKPT_STEP, SNAP_ASKED, SNAP_SERVED = range(7)
+# for the loss curve) and SNAP_SERVED (the last one a replicated step served);
+# SNAP_EVERY, SNAP_WRITTEN, SNAP_READ: the replicated step's snapshot ring
+(START, ABORT, STOP, STOP_AT, CKPT_STEP, SNAP_ASKED, SNAP_SERVED, SNAP_EVERY, SNAP_WRITTEN,
+ SNAP_READ) = range(10)
+# the ring holds at most this many snapshots, and at most this many bytes
+SNAP_RING, SNAP_RING_BYTES = 64, 16 << 20
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 
@@ -67,7 +75,7 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
 class ParameterStore:
     def __init__(self, w0: np.ndarray, rule: Rule, workers: int, shards: int,
                  sync_slots: bool, backend: str, mp_context=None, replicated: bool = False,
-                 checkpoint_buffer: bool = False):
+                 checkpoint_buffer: bool = False, snapshot_ring: bool = False):
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
@@ -76,7 +84,7 @@ class ParameterStore:
                   "versions": ((shards,), "int64"),
                   "counters": ((workers, 4), "int64"),
                   "status": ((workers,), "int64"),
-                  "control": ((7,), "int64"),
+                  "control": ((10,), "int64"),
                   "sync": ((5,), "int64"),
                   "contributors": ((workers,), "int64"),
                   "slot_examples": ((workers,), "int64")}
@@ -89,6 +97,10 @@ class ParameterStore:
             layout["rep_examples"] = ((2, workers), "int64")
             layout["arrivals"] = ((workers,), "int64")
             layout["published"] = ((1,), "int64")
+            if snapshot_ring:
+                ring = max(2, min(SNAP_RING, SNAP_RING_BYTES // max(w0.nbytes, 1)))
+                layout["snap.params"] = ((ring, n), dtype)
+                layout["snap.meta"] = ((ring, 4), "float64")
         elif sync_slots:
             layout["slots"] = ((workers, n), dtype)
         if checkpoint_buffer:  # worker 0 copies a step's parameters here (synchronous.py)
@@ -129,6 +141,8 @@ class ParameterStore:
             self.rep_examples = m["rep_examples"]
             self.arrivals = m["arrivals"]
             self.published = m["published"]
+        self.snap_params = m.arrays.get("snap.params")
+        self.snap_meta = m.arrays.get("snap.meta")
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
         self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
         self.ckpt = None
@@ -180,6 +194,7 @@ class ParameterStore:
     def close(self) -> None:
         for name in ("params", "versions", "counters", "status", "control", "sync",
                      "contributors", "slot_examples", "slots", "state", "shard_states",
-                     "rep_slots", "rep_examples", "arrivals", "published", "ckpt"):
+                     "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
+                     "snap_params", "snap_meta"):
             self.__dict__.pop(name, None)
         self.memory.close()
