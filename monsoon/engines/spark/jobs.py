@@ -1,0 +1,65 @@
+"""Spark jobs with a timeout, all under one job group per run.
+
+``sc.runJob`` blocks with no timeout of its own, so every job is run by a
+driver thread (which joins the run's job group: Spark's job groups are
+per thread) and waited for with the run's timeout. ``cancel()`` cancels
+the whole group: the engine calls it when a wait times out, when a run
+fails or stops early, and always before it returns, so no Spark job
+outlives its run.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+from ...errors import WaitTimeout, WorkerError
+
+
+def short_error(exc: BaseException) -> str:
+    """The line of a Spark/Py4J error that says what went wrong."""
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for marker in ("Error:", "Exception:"):
+        found = [ln for ln in lines if marker in ln and not ln.startswith("at ")]
+        if found:
+            return found[-1][:500]
+    return (lines[-1] if lines else type(exc).__name__)[:500]
+
+
+class Jobs:
+    def __init__(self, sc, timeout: float, label: str):
+        self.sc = sc
+        self.timeout = timeout
+        self.group = f"monsoon-{label}-{uuid.uuid4().hex[:8]}"
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="monsoon-spark",
+                                        initializer=self.join_group)
+        self.cancelled = threading.Event()
+
+    def join_group(self) -> None:
+        """Make the calling thread's jobs part of this run's group."""
+        self.sc.setJobGroup(self.group, "monsoon training run", interruptOnCancel=True)
+
+    def run(self, rdd, func, partitions=None, what: str = "a Spark job"):
+        """``sc.runJob(rdd, func, partitions)``, waited for at most ``timeout``."""
+        future = self._pool.submit(self.sc.runJob, rdd, func, partitions)
+        try:
+            return future.result(timeout=self.timeout)
+        except FutureTimeout:
+            self.cancel()
+            raise WaitTimeout(f"waited {self.timeout:g} s for {what}; an executor is stuck or "
+                              "lost (raise --timeout if a step is genuinely that slow)") from None
+        except Exception as exc:  # noqa: BLE001 - Spark gave up after its retries
+            self.cancel()
+            raise WorkerError(f"{what} failed after Spark's retries: {short_error(exc)}") from exc
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        try:
+            self.sc.cancelJobGroup(self.group)
+        except Exception:  # noqa: BLE001 - the context is already stopped
+            pass
+
+    def close(self) -> None:
+        self.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)

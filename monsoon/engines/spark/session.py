@@ -1,0 +1,61 @@
+"""Finding or starting the SparkSession the spark engine runs on.
+
+A session that is already running (``spark-submit``, a notebook, the
+user's own ``SparkSession.builder...getOrCreate()``) is used as it is and
+never stopped. Otherwise one is started on ``master`` (default
+``local[WORKERS]``) and the engine stops it after the run. A session
+started here tells executors to run the driver's Python
+(``PYSPARK_PYTHON``) with the driver's ``sys.path`` (so monsoon and the
+problem's code import there): right for local and local-cluster masters;
+on a real cluster, install monsoon on every node instead (README).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from ...errors import ConfigError
+
+
+def import_pyspark():
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("the spark engine needs pyspark: pip install 'monsoon[spark]'") from exc
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        raise ConfigError("the spark engine needs a Java 17+ runtime and found none: install "
+                          "one (apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+
+
+def active_context():
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context
+
+
+def start_session(master: str, app_name: str = "monsoon"):
+    """A new SparkSession on ``master``, configured for monsoon's executors."""
+    import_pyspark()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    return (SparkSession.builder.master(master).appName(app_name)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.executorEnv.PYTHONPATH", path)
+            .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
+            .getOrCreate())
+
+
+def session_for(master: str | None, workers: int):
+    """(SparkContext, started): the running one, or one started on ``master``."""
+    import_pyspark()
+    sc = active_context()
+    if sc is not None:
+        if master and sc.master != master:
+            raise ConfigError(f"a SparkSession on {sc.master} is already running; drop --master "
+                              f"{master}, or stop that session first")
+        return sc, False
+    return start_session(master or f"local[{workers}]").sparkContext, True
