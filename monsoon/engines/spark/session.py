@@ -6,8 +6,10 @@ never stopped. Otherwise one is started on ``master`` (default
 ``local[WORKERS]``) and the engine stops it after the run. A session
 started here tells executors to run the driver's Python
 (``PYSPARK_PYTHON``) with the driver's ``sys.path`` (so monsoon and the
-problem's code import there): right for local and local-cluster masters;
-on a real cluster, install monsoon on every node instead (README).
+problem's code import there), and to fork Python workers from a daemon
+that has monsoon imported already (``daemon.py``): right for local and
+local-cluster masters; on a real cluster, install monsoon on every node
+instead (README).
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ def start_session(master: str, app_name: str = "monsoon"):
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.executorEnv.PYTHONPATH", path)
             .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
+            .config("spark.python.daemon.module", "monsoon.engines.spark.daemon")
             .getOrCreate())
 
 
