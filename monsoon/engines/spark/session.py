@@ -36,14 +36,18 @@ def active_context():
     return SparkContext._active_spark_context
 
 
-def start_session(master: str, app_name: str = "monsoon"):
-    """A new SparkSession on ``master``, configured for monsoon's executors."""
+def start_session(master: str, app_name: str = "monsoon", conf: dict | None = None):
+    """A new SparkSession on ``master``, configured for monsoon's executors
+    (``conf``: more Spark settings, such as ``{"spark.driver.memory": "4g"}``)."""
     import_pyspark()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-    return (SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return (builder.master(master).appName(app_name)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.executorEnv.PYTHONPATH", path)
