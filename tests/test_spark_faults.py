@@ -55,3 +55,44 @@ def test_async_retried_tasks_push_once(spark):
     assert s["examples"] == 24 * 16
     assert sum(s["staleness_counts"].values()) == 6
     assert s["failed_workers"] == []
+
+
+class Partition1Fails(DenseLinear):
+    def gradient(self, w, indices, out=None, accumulate=False):
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1:
+            raise RuntimeError("partition 1 is lost")
+        return super().gradient(w, indices, out, accumulate)
+
+
+class Partition1Hangs(DenseLinear):
+    def gradient(self, w, indices, out=None, accumulate=False):
+        import time
+
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1:
+            time.sleep(60)
+        return super().gradient(w, indices, out, accumulate)
+
+
+@pytest.mark.parametrize("kind, says", [(Partition1Fails, "partition 1 is lost"),
+                                        (Partition1Hangs, "ran past --timeout")])
+def test_async_names_a_lost_or_stuck_worker_and_carries_on(spark, kind, says):
+    import time
+
+    problem = synthetic("logistic", n=2000, features=10, dtype="float64")
+    problem.__class__ = kind
+    run = monsoon.train(problem, strategy="async", workers=2, engine="spark", lr=0.5, steps=16,
+                        batch_size=16, n_fetch=4, n_push=4, dtype="float64", evals=0,
+                        timeout=6)
+    s = run.summary
+    assert [f["worker"] for f in s["failed_workers"]] == [1]
+    assert says in s["failed_workers"][0]["error"]
+    assert s["updates"] == 2 and s["examples"] == 8 * 16  # worker 0's share, all of it
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 15
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tracker.getActiveJobsIds() == []  # no job outlives its run

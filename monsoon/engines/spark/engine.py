@@ -151,7 +151,7 @@ class SparkEngine:
             startup = time.perf_counter() - t_begin
             out = self._loop(ctx, rule, strategy, w0, batch_size, seed, budget, recorder)
         finally:
-            jobs.close()
+            jobs.close(workers)
             if blocks is not None and not spark_data:
                 blocks.unpersist()
             if started:

@@ -9,7 +9,6 @@ outlives its run.
 """
 from __future__ import annotations
 
-import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
@@ -34,11 +33,16 @@ class Jobs:
         self.group = f"monsoon-{label}-{uuid.uuid4().hex[:8]}"
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="monsoon-spark",
                                         initializer=self.join_group)
-        self.cancelled = threading.Event()
 
-    def join_group(self) -> None:
-        """Make the calling thread's jobs part of this run's group."""
-        self.sc.setJobGroup(self.group, "monsoon training run", interruptOnCancel=True)
+    def join_group(self, worker: int | None = None) -> None:
+        """Make the calling thread's jobs part of this run's group (or of
+        worker ``worker``'s own group within it, which ``cancel(worker)``
+        cancels alone)."""
+        self.sc.setJobGroup(self.group_of(worker), "monsoon training run",
+                            interruptOnCancel=True)
+
+    def group_of(self, worker: int | None) -> str:
+        return self.group if worker is None else f"{self.group}-worker-{worker}"
 
     def run(self, rdd, func, partitions=None, what: str = "a Spark job"):
         """``sc.runJob(rdd, func, partitions)``, waited for at most ``timeout``."""
@@ -53,13 +57,17 @@ class Jobs:
             self.cancel()
             raise WorkerError(f"{what} failed after Spark's retries: {short_error(exc)}") from exc
 
-    def cancel(self) -> None:
-        self.cancelled.set()
-        try:
-            self.sc.cancelJobGroup(self.group)
-        except Exception:  # noqa: BLE001 - the context is already stopped
-            pass
+    def cancel(self, worker: int | None = None, workers: int = 0) -> None:
+        """Cancel worker ``worker``'s jobs, or (None) every job of the run,
+        the ``workers`` workers' own groups included."""
+        groups = [self.group_of(worker)] if worker is not None else \
+            [self.group] + [self.group_of(k) for k in range(workers)]
+        for group in groups:
+            try:
+                self.sc.cancelJobGroup(group)
+            except Exception:  # noqa: BLE001 - the context is already stopped
+                pass
 
-    def close(self) -> None:
-        self.cancel()
+    def close(self, workers: int = 0) -> None:
+        self.cancel(workers=workers)
         self._pool.shutdown(wait=False, cancel_futures=True)

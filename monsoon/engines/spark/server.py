@@ -23,9 +23,10 @@ tasks do not talk to the driver), so a task fetches once, at its start:
 ``n_fetch`` must equal ``n_push``, and both amortise Spark's per-job cost
 (tens of milliseconds) over that many steps. A worker whose job fails
 after Spark's retries is named in ``failed_workers`` and the others carry
-on. The monitor (the calling thread) records the loss curve, and cancels
-every job (the run's job group) when the run stops, fails or makes no
-progress for ``timeout`` seconds.
+on; so is a worker whose job runs past ``timeout`` (its job, in its own job
+group, is cancelled). The monitor (the calling thread) records the loss
+curve, fails the run if no worker returns for twice ``timeout``, and
+cancels every job of the run when it stops, fails or ends.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class DriverServer:
         self.own = {k: np.array(w0, copy=True) for k in range(ctx.workers)}  # EASGD's x_k
         self.local_rules = {k: None for k in range(ctx.workers)}
         self.last_change = time.monotonic()
+        self.running_since: dict[int, float | None] = {k: None for k in range(ctx.workers)}
         self.stop = threading.Event()
         self.elastic = strategy.name == "easgd"
         self.period = strategy.tau if self.elastic else strategy.n_push
@@ -68,7 +70,7 @@ class DriverServer:
     def worker(self, k: int) -> None:
         ctx = self.ctx
         try:
-            ctx.jobs.join_group()
+            ctx.jobs.join_group(k)
             segment = 0
             while not self.stop.is_set():
                 with self.lock:
@@ -84,11 +86,13 @@ class DriverServer:
                     return [run_segment(b, strategy, job, bc.value, ticket, local_rule, own)
                             for b in it]
 
+                self.running_since[k] = time.monotonic()
                 try:
                     (res,) = ctx.sc.runJob(ctx.blocks, task, [k])
                 finally:
+                    self.running_since[k] = None
                     bc.destroy(blocking=False)
-                if self.stop.is_set():
+                if self.stop.is_set() or k in self.failed:
                     return  # the run has ended: a late result is not applied
                 self._apply(k, res)
                 segment += 1
@@ -96,7 +100,7 @@ class DriverServer:
                     self.finished.add(k)
                     return
         except Exception as exc:  # noqa: BLE001 - this worker is out; the others go on
-            if not self.stop.is_set():
+            if not self.stop.is_set() and k not in self.failed:
                 self.failed[k] = short_error(exc)
 
     def _apply(self, k: int, res: dict) -> None:
@@ -130,6 +134,16 @@ class DriverServer:
             self.last_change = time.monotonic()
 
     # -- the monitor: the calling thread ------------------------------------------
+    def _cancel_stuck(self) -> None:
+        """A worker whose job has run past the timeout is out: named in
+        failed_workers, its job cancelled; the others carry on."""
+        now = time.monotonic()
+        for k, since in list(self.running_since.items()):
+            if since is not None and now - since > self.ctx.timeout and k not in self.failed:
+                self.failed[k] = (f"WaitTimeout: its job ran past --timeout "
+                                  f"{self.ctx.timeout:g} s (a stuck or lost executor)")
+                self.ctx.jobs.cancel(k)
+
     def run(self, recorder, poll_s: float = 0.05) -> dict:
         ctx = self.ctx
         recorder.start(self.w)
@@ -148,9 +162,10 @@ class DriverServer:
                     err = WorkerError(f"every worker failed; worker {k}: {self.failed[k]}")
                     err.worker = k
                     raise err
-                if time.monotonic() - self.last_change > ctx.timeout:
-                    raise WaitTimeout(f"no Spark worker returned for {ctx.timeout:g} s; an "
-                                      "executor is stuck or lost (raise --timeout if a push "
+                self._cancel_stuck()
+                if time.monotonic() - self.last_change > 2 * ctx.timeout:
+                    raise WaitTimeout(f"no Spark worker returned for {2 * ctx.timeout:g} s; "
+                                      "executors are stuck or lost (raise --timeout if a push "
                                       "period is genuinely that slow)")
                 now = time.perf_counter() - t0
                 if recorder.due(now, self.examples):
@@ -161,7 +176,7 @@ class DriverServer:
                         break
         finally:
             self.stop.set()
-            ctx.jobs.cancel()
+            ctx.jobs.cancel(workers=ctx.workers)
             for t in threads:
                 t.join(timeout=ctx.timeout)
         wall = time.perf_counter() - t0
