@@ -132,17 +132,16 @@ class SparkEngine:
             sc, started = problem._sc, False
         else:
             sc, started = session_for(self.master, workers)
+        master = sc.master
         jobs = Jobs(sc, self.timeout, strategy.name)
         blocks = None
         try:
             if spark_data:
                 blocks = problem.blocks(sc, workers, seed)
-                sizes = list(problem.counts)
             else:
                 from .blocks import problem_blocks
 
                 blocks = problem_blocks(sc, problem, workers, seed).persist()
-            jobs.join_group()
             counts = dict(jobs.run(blocks, lambda it: [(b.index, b.n) for b in it],
                                    what="loading the data into the executors"))
             sizes = [counts[k] for k in range(workers)]
@@ -163,8 +162,7 @@ class SparkEngine:
             out["dropped"], out["staleness"],
             [{"worker": k, "error": e, "traceback": e} for k, e in sorted(out["failed"].items())],
             stopped=out["stopped"], worker_params=out.get("worker_params", {}),
-            extra={"spark_master": sc.master if not started else self.master or
-                   f"local[{workers}]", "partitions": workers})
+            extra={"spark_master": master, "partitions": workers})
 
     def _loop(self, ctx, rule, strategy, w0, batch_size, seed, budget, recorder):
         if strategy.name in ("serial", "sync"):

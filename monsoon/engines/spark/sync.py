@@ -2,7 +2,8 @@
 
 The driver holds the parameters and the rule state. For each global batch
 of ``global_batches`` (the plan serial and sync use on every engine) it
-broadcasts ``(w, batch ids)`` (no ids for a full batch), each partition
+broadcasts ``(w, batch ids)`` (no ids, and no permutation drawn, for a
+full batch), each partition
 returns the mean gradient of its rows of the batch and how many there
 were, and the driver sums them weighted by examples in partition order
 (``weighted_sum``, as every engine does) and applies the rule once. That
@@ -35,8 +36,13 @@ def run_sync(ctx, rule, w0, batch_size, seed, budget, recorder):
     stopped = None
     recorder.start(w)
     t0 = time.perf_counter()
-    for step, batch in enumerate(global_batches(n, batch_size, seed, budget)):
-        bc = sc.broadcast((w, None if full else batch))
+    if full:  # every step is the whole data set: no permutation to draw
+        plan = (None for _ in range(budget.steps if budget.steps is not None
+                                    else budget.epochs))
+    else:
+        plan = global_batches(n, batch_size, seed, budget)
+    for step, batch in enumerate(plan):
+        bc = sc.broadcast((w, batch))
 
         def task(it, bc=bc):
             w_, batch_ = bc.value
