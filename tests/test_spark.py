@@ -74,7 +74,7 @@ def test_dataframe_trains_where_it_lives(spark, monkeypatch):
                 m.setattr(cls, name, _raise)
         m.setattr(SparkContext, "runJob", measured)
         data = SparkData(df, features="x", label="y", loss="logistic", lam=1e-3)
-        run = monsoon.train(data, strategy="sync", workers=2, engine="spark", lr=1.0, steps=4,
+        run = monsoon.train(data, strategy="sync", workers=2, engine="spark", lr=1.0, steps=3,
                             batch_size=n, dtype="float64", evals=0)
     data_bytes = n * (d + 1) * 8
     assert max(sizes) < 20 * data.n_params * 8 + 4096 < data_bytes / 20
@@ -85,7 +85,7 @@ def test_dataframe_trains_where_it_lives(spark, monkeypatch):
     X = np.array([r.x for r in rows])
     y = np.array([r.y for r in rows])
     ref = monsoon.train(SparseLinear(X, y, "logistic", lam=1e-3, shuffle=False),
-                        strategy="serial", lr=1.0, steps=4, batch_size=n, dtype="float64",
+                        strategy="serial", lr=1.0, steps=3, batch_size=n, dtype="float64",
                         evals=0)
     np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12)
     assert run.summary["final_loss"] == pytest.approx(ref.summary["final_loss"], rel=1e-9)

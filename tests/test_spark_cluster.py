@@ -22,7 +22,7 @@ def test_sync_equals_serial_and_async_is_stale(spark):
     np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
     assert sync.summary["spark_master"].startswith("local-cluster")
 
-    kw = dict(lr=0.1, steps=256, batch_size=64, seed=0, dtype="float64", evals=0)
+    kw = dict(lr=0.5, steps=128, batch_size=64, seed=0, dtype="float64", evals=0)
     serial = monsoon.train("logistic", strategy="serial", **kw)
     run = monsoon.train("logistic", strategy="async", workers=2, engine="spark", n_fetch=32,
                         n_push=32, **kw)

@@ -86,7 +86,7 @@ def test_async_names_a_lost_or_stuck_worker_and_carries_on(spark, kind, says):
     problem.__class__ = kind
     run = monsoon.train(problem, strategy="async", workers=2, engine="spark", lr=0.5, steps=16,
                         batch_size=16, n_fetch=4, n_push=4, dtype="float64", evals=0,
-                        timeout=6)
+                        timeout=4)
     s = run.summary
     assert [f["worker"] for f in s["failed_workers"]] == [1]
     assert says in s["failed_workers"][0]["error"]
