@@ -4,8 +4,9 @@ design, seed 004, done with what Spark provides).
 The driver holds the parameter server: the parameters, the rule state and
 the staleness records. Executors hold the data, one ``Block`` per
 partition (``blocks.py``, ``data.py``), converted and cached once; only
-parameters (broadcast variables) and gradients or updates (task results)
-travel, never the data. Per strategy:
+parameters (broadcast variables, or the task's closure when under 256 KiB:
+``jobs.share``) and gradients or updates (task results) travel, never the
+data. Per strategy:
 
 - ``sync`` / ``serial`` (``sync.py``): one job per step over every
   partition, reduced in partition order: equals serial.

@@ -18,6 +18,7 @@ import numpy as np
 
 from ...rules import UpdateInfo
 from ..reduce import finite, weighted_sum
+from .jobs import share
 from .tasks import run_segment
 
 
@@ -36,7 +37,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     H = strategy.local_steps
     r = 0
     while len(ended) < ctx.workers:
-        bc = sc.broadcast(w)
+        bc = share(sc, w, w.nbytes)
         jobs_k = {k: replace(ctx.job(k), start_step=r * H) for k in range(ctx.workers)}
         rules_k = dict(local_rules)
 

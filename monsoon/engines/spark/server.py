@@ -39,7 +39,7 @@ import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
 from ...rules import UpdateInfo
-from .jobs import short_error
+from .jobs import share, short_error
 from .tasks import run_segment
 
 
@@ -78,7 +78,7 @@ class DriverServer:
                         self.rule.on_read(self.w, self.state, self.readers[k])
                     params, ticket = self.w.copy(), self.version
                 own = self.own[k] if self.elastic else None
-                bc = ctx.sc.broadcast(params)
+                bc = share(ctx.sc, params, params.nbytes)
                 job = replace(ctx.job(k), start_step=segment * self.period)
                 strategy, local_rule = self.strategy, self.local_rules[k]
 

@@ -22,6 +22,7 @@ import numpy as np
 from ...rules import UpdateInfo
 from ...strategies.batches import global_batches
 from ..reduce import finite, weighted_sum
+from .jobs import share
 from .tasks import gradient_sum
 
 
@@ -42,7 +43,7 @@ def run_sync(ctx, rule, w0, batch_size, seed, budget, recorder):
     else:
         plan = global_batches(n, batch_size, seed, budget)
     for step, batch in enumerate(plan):
-        bc = sc.broadcast((w, batch))
+        bc = share(sc, (w, batch), w.nbytes + (0 if batch is None else batch.nbytes))
 
         def task(it, bc=bc):
             w_, batch_ = bc.value
