@@ -1,8 +1,8 @@
 """Finding or starting the SparkSession the spark engine runs on.
 
-A session that is already running (``spark-submit``, a notebook, the
-user's own ``SparkSession.builder...getOrCreate()``) is used as it is and
-never stopped. Otherwise one is started on ``master`` (default
+A session that is already running (a notebook, the user's own
+``SparkSession.builder...getOrCreate()``), or the one ``spark-submit``'s
+settings describe, is used as it is and never stopped. Otherwise one is started on ``master`` (default
 ``local[WORKERS]``) and the engine stops it after the run. A session
 started here tells executors to run the driver's Python
 (``PYSPARK_PYTHON``) with the driver's ``sys.path`` (so monsoon and the
@@ -57,9 +57,15 @@ def start_session(master: str, app_name: str = "monsoon", conf: dict | None = No
 
 
 def session_for(master: str | None, workers: int):
-    """(SparkContext, started): the running one, or one started on ``master``."""
+    """(SparkContext, started): the running one; under ``spark-submit``
+    (whose JVM is already up) the session its settings describe, left
+    running for the script; else one started on ``master``."""
     import_pyspark()
     sc = active_context()
+    if sc is None and not master and os.environ.get("PYSPARK_GATEWAY_PORT"):
+        from pyspark.sql import SparkSession
+
+        sc = SparkSession.builder.getOrCreate().sparkContext  # spark-submit's --master
     if sc is not None:
         if master and sc.master != master:
             raise ConfigError(f"a SparkSession on {sc.master} is already running; drop --master "
