@@ -2,14 +2,14 @@
 
 A session that is already running (a notebook, the user's own
 ``SparkSession.builder...getOrCreate()``), or the one ``spark-submit``'s
-settings describe, is used as it is and never stopped. Otherwise one is started on ``master`` (default
-``local[WORKERS]``) and the engine stops it after the run. A session
-started here tells executors to run the driver's Python
-(``PYSPARK_PYTHON``) with the driver's ``sys.path`` (so monsoon and the
-problem's code import there), and to fork Python workers from a daemon
-that has monsoon imported already (``daemon.py``): right for local and
-local-cluster masters; on a real cluster, install monsoon on every node
-instead (README).
+settings describe, is used as it is and never stopped. Otherwise one is
+started on ``master`` (default ``local[WORKERS]``) and the engine stops it
+after the run. A session started here tells executors to run the driver's
+Python (``PYSPARK_PYTHON``) with the driver's ``sys.path`` (so monsoon and
+the problem's code import there) and, on ``local`` and ``local-cluster``
+masters, to fork Python workers from a daemon that has monsoon imported
+already (``daemon.py``). On a real cluster, install monsoon on every node
+(README).
 """
 from __future__ import annotations
 
@@ -44,16 +44,15 @@ def start_session(master: str, app_name: str = "monsoon", conf: dict | None = No
     from pyspark.sql import SparkSession
 
     path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-    builder = SparkSession.builder
-    for key, value in (conf or {}).items():
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.executorEnv.PYTHONPATH": path,
+                "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"]}
+    if master.startswith("local"):  # this machine's Python: monsoon imports there
+        settings["spark.python.daemon.module"] = "monsoon.engines.spark.daemon"
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
-    return (builder.master(master).appName(app_name)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.executorEnv.PYTHONPATH", path)
-            .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
-            .config("spark.python.daemon.module", "monsoon.engines.spark.daemon")
-            .getOrCreate())
+    return builder.getOrCreate()
 
 
 def session_for(master: str | None, workers: int):
