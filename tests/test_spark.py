@@ -100,3 +100,26 @@ def test_refused_with_advice(strategy, options, says):
     with pytest.raises(ConfigError, match=says):
         monsoon.train("logistic", strategy=strategy, workers=2, engine="spark", steps=2,
                       evals=0, **options)
+
+
+@pytest.mark.parametrize("name", ["digits", "logistic", "rcv1-like:rows=3000,features=500"])
+def test_a_partition_computes_the_full_problems_gradient_on_its_rows(name):
+    """No Spark needed: a Block restricted to its rows gives the full
+    problem's gradient on those rows (global statistics kept), and finds
+    its members of a global batch in the batch's order."""
+    from monsoon.engines.spark.blocks import Block, restrict, shard_ids
+    from monsoon.problems import make_problem
+
+    problem = make_problem(name, "float64")
+    w = problem.initial_params(0) + 0.01
+    ids = shard_ids(problem.n_examples, 2, seed=0)[1]
+    block = Block(1, restrict(problem, ids), ids)
+    assert block.problem is not None and block.problem.n_examples == len(ids)
+    batch = np.random.default_rng(0).permutation(problem.n_examples)[:200]
+    mine = batch[np.isin(batch, ids)]
+    rows = block.local(batch)
+    np.testing.assert_array_equal(ids[rows], mine)
+    loss, grad = block.problem.gradient(w, rows)
+    ref_loss, ref_grad = problem.gradient(w, mine)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-12, atol=1e-15)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
