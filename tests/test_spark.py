@@ -40,6 +40,17 @@ def test_async_reaches_serials_loss_with_staleness(spark):
     assert s["failed_workers"] == []
 
 
+def test_sync_resumed_from_a_checkpoint_ends_as_an_uninterrupted_run(spark, tmp_path):
+    kw = dict(strategy="sync", workers=2, engine="spark", rule="momentum", lr=0.5,
+              batch_size=512, seed=1, dtype="float64", evals=0)
+    monsoon.train("logistic", steps=2, checkpoint_every=2, out=tmp_path / "a", **kw)
+    assert list((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    resumed = monsoon.train("logistic", steps=4, resume=str(tmp_path / "a"), **kw)
+    whole = monsoon.train("logistic", steps=4, **kw)
+    np.testing.assert_array_equal(resumed.params, whole.params)  # momentum state restored
+    assert resumed.summary["updates"] == whole.summary["updates"] == 4
+
+
 def _raise(*args, **kwargs):
     raise AssertionError("the data was brought to the driver")
 

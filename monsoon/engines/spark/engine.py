@@ -26,9 +26,11 @@ run's ``timeout``; every job belongs to the run's job group, cancelled
 before the run returns or fails. A session the engine started is stopped
 after the run; a running one (spark-submit, the user's) is left running.
 
-Not yet: checkpoints and resume (the driver could write the server's state
-as the other engines do), backup workers (Spark's own
-``spark.speculation`` re-launches slow tasks instead).
+Checkpoints (``checkpointing.py``): the driver writes its server state
+every ``checkpoint_every`` updates into the run folder; ``resume`` carries
+a sync or async run on from the newest. Not yet: checkpoints of local-sgd's
+and easgd's workers, backup workers (Spark's own ``spark.speculation``
+re-launches slow tasks instead).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from ...errors import ConfigError
 from ...options import Option
 from ...strategies import Budget, WorkerJob
 from ..local.engine import EngineResult
-from ..options import TIMEOUT
+from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
 from .jobs import Jobs
 
 SUPPORTED = ("serial", "sync", "async", "local-sgd", "easgd")
@@ -92,20 +94,28 @@ class SparkEngine:
     options = (
         Option("master", str, None, "Spark master URL (default: the running SparkSession's, "
                "else local[WORKERS], started and stopped by the run)"),
-        TIMEOUT,
+        TIMEOUT, CHECKPOINT_EVERY, RESUME,
     )
 
     @classmethod
-    def from_options(cls, run, master=None, timeout=TIMEOUT.default):
-        return cls(master=master, timeout=timeout)
+    def from_options(cls, run, master=None, timeout=TIMEOUT.default,
+                     checkpoint_every=CHECKPOINT_EVERY.default, resume=None):
+        return cls(master=master, timeout=timeout,
+                   **checkpoint_paths(run.out, checkpoint_every, resume))
 
-    def __init__(self, master: str | None = None, timeout: float = TIMEOUT.default):
+    def __init__(self, master: str | None = None, timeout: float = TIMEOUT.default,
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+                 resume_dir: str | None = None):
         self.master = master
         self.timeout = timeout
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume_dir = resume_dir
         self.shards_used = 1
 
     def describe(self) -> dict:
-        return {"engine": self.name, "master": self.master, "timeout_s": self.timeout}
+        return {"engine": self.name, "master": self.master, "timeout_s": self.timeout,
+                "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
     def check(self, strategy) -> None:
         if strategy.name in REFUSED:
@@ -121,6 +131,9 @@ class SparkEngine:
             raise ConfigError(f"on the spark engine a worker fetches once per task and pushes "
                               f"at its end: set --n-fetch equal to --n-push (got "
                               f"{strategy.n_fetch} and {strategy.n_push})")
+        if self.resume_dir and strategy.name in ("local-sgd", "easgd"):
+            raise ConfigError(f"the spark engine keeps no checkpoints of {strategy.name}'s "
+                              "workers yet; resume sync or async runs, or use --engine local")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy)
@@ -149,7 +162,11 @@ class SparkEngine:
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
                              seed, budget, strategy.name == "local-sgd", self.timeout)
             startup = time.perf_counter() - t_begin
-            out = self._loop(ctx, rule, strategy, w0, batch_size, seed, budget, recorder)
+            from .checkpointing import DriverCheckpoints
+
+            ckpts = DriverCheckpoints(self, problem, strategy, rule, workers, batch_size, seed,
+                                      recorder)
+            out = self._loop(ctx, rule, strategy, w0, batch_size, seed, budget, recorder, ckpts)
         finally:
             jobs.close(workers)
             if blocks is not None and not spark_data:
@@ -163,17 +180,18 @@ class SparkEngine:
             out["dropped"], out["staleness"],
             [{"worker": k, "error": e, "traceback": e} for k, e in sorted(out["failed"].items())],
             stopped=out["stopped"], worker_params=out.get("worker_params", {}),
-            extra={"spark_master": master, "partitions": workers})
+            extra={"spark_master": master, "partitions": workers,
+                   **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
 
-    def _loop(self, ctx, rule, strategy, w0, batch_size, seed, budget, recorder):
+    def _loop(self, ctx, rule, strategy, w0, batch_size, seed, budget, recorder, ckpts):
         if strategy.name in ("serial", "sync"):
             from .sync import run_sync
 
-            return run_sync(ctx, rule, w0, batch_size, seed, budget, recorder)
+            return run_sync(ctx, rule, w0, batch_size, seed, budget, recorder, ckpts)
         if strategy.name == "local-sgd":
             from .rounds import run_rounds
 
             return run_rounds(ctx, rule, strategy, w0, recorder)
         from .server import DriverServer
 
-        return DriverServer(ctx, rule, strategy, w0).run(recorder)
+        return DriverServer(ctx, rule, strategy, w0, ckpts).run(recorder)

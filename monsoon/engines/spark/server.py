@@ -39,13 +39,15 @@ import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
 from ...rules import UpdateInfo
+from .checkpointing import restore_state, staleness_arrays
 from .jobs import share, short_error
 from .tasks import run_segment
 
 
 class DriverServer:
-    def __init__(self, ctx, rule, strategy, w0):
+    def __init__(self, ctx, rule, strategy, w0, ckpts):
         self.ctx = ctx
+        self.ckpts = ckpts
         self.rule = rule
         self.strategy = strategy
         self.w = np.array(w0, copy=True)
@@ -65,13 +67,27 @@ class DriverServer:
         self.stop = threading.Event()
         self.elastic = strategy.name == "easgd"
         self.period = strategy.tau if self.elastic else strategy.n_push
+        self.segments = [0] * ctx.workers  # push periods applied, per worker
+        self.before = 0.0  # run time before the checkpoint resumed from
+        saved = None if self.elastic else ckpts.load(
+            self.w, rule, {"segments": ((ctx.workers,), "int64")})
+        if saved is not None:
+            self.w[...] = saved.arrays["params"]
+            restore_state(saved, self.state)
+            self.segments = [int(x) for x in saved.arrays["segments"]]
+            self.updates = saved.meta["applied"]
+            self.version = saved.meta["server_version"]
+            self.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
+            self.before = saved.meta["time_s"]
+            self.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
+                                           saved.arrays["staleness.counts"].tolist())))
 
     # -- a worker: a driver thread ------------------------------------------------
     def worker(self, k: int) -> None:
         ctx = self.ctx
         try:
             ctx.jobs.join_group(k)
-            segment = 0
+            segment = self.segments[k]
             while not self.stop.is_set():
                 with self.lock:
                     if self.has_readers:
@@ -95,7 +111,7 @@ class DriverServer:
                 if self.stop.is_set() or k in self.failed:
                     return  # the run has ended: a late result is not applied
                 self._apply(k, res)
-                segment += 1
+                segment = self.segments[k]
                 if res["ended"]:
                     self.finished.add(k)
                     return
@@ -105,6 +121,7 @@ class DriverServer:
 
     def _apply(self, k: int, res: dict) -> None:
         with self.lock:
+            self.segments[k] += 1
             self.local_rules[k] = res["local_rule"]
             self.examples += res["examples"]
             self.dropped += res["dropped"]
@@ -134,6 +151,16 @@ class DriverServer:
             self.last_change = time.monotonic()
 
     # -- the monitor: the calling thread ------------------------------------------
+    def _save(self, now: float) -> None:
+        with self.lock:  # between two applied results: an exact state
+            params, state = self.w.copy(), type(self.state)(*(a.copy() for a in self.state))
+            meta = {"applied": self.updates, "dropped": self.dropped,
+                    "examples": self.examples, "server_version": self.version}
+            arrays = {"segments": np.array(self.segments, dtype=np.int64),
+                      **staleness_arrays(self.staleness)}
+            done = self.updates + self.dropped
+        self.ckpts.save(done, now, params, state, meta, arrays)
+
     def _cancel_stuck(self) -> None:
         """A worker whose job has run past the timeout is out: named in
         failed_workers, its job cancelled; the others carry on."""
@@ -147,7 +174,7 @@ class DriverServer:
     def run(self, recorder, poll_s: float = 0.05) -> dict:
         ctx = self.ctx
         recorder.start(self.w)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() - self.before
         threads = [threading.Thread(target=self.worker, args=(k,), daemon=True,
                                     name=f"monsoon-spark-worker-{k}")
                    for k in range(ctx.workers)]
@@ -174,6 +201,8 @@ class DriverServer:
                     stopped = recorder.record(now, updates, self.examples, params, dropped)
                     if stopped:
                         break
+                if not self.elastic and self.ckpts.due(self.updates + self.dropped):
+                    self._save(now)
         finally:
             self.stop.set()
             ctx.jobs.cancel(workers=ctx.workers)

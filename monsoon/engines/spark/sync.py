@@ -20,29 +20,38 @@ from collections import Counter
 import numpy as np
 
 from ...rules import UpdateInfo
-from ...strategies.batches import global_batches
+from ...strategies.batches import global_batches, skip
 from ..reduce import finite, weighted_sum
+from .checkpointing import restore_state
 from .jobs import share
 from .tasks import gradient_sum
 
 
-def run_sync(ctx, rule, w0, batch_size, seed, budget, recorder):
+def run_sync(ctx, rule, w0, batch_size, seed, budget, recorder, ckpts):
     sc, jobs, blocks, n = ctx.sc, ctx.jobs, ctx.blocks, ctx.n_examples
     w = np.array(w0, copy=True)
     state = rule.init(w.size, w.dtype)
     acc, tmp = np.empty_like(w), np.empty_like(w)
     full = batch_size >= n
-    updates = dropped = examples = 0
+    start = updates = dropped = examples = 0
+    before = 0.0  # run time before the checkpoint resumed from
     staleness = Counter()
+    saved = ckpts.load(w0, rule)
+    if saved is not None:
+        w[...] = saved.arrays["params"]
+        restore_state(saved, state)
+        start, updates, dropped = saved.meta["step"], saved.meta["applied"], saved.meta["dropped"]
+        examples, before = saved.meta["examples"], saved.meta["time_s"]
+        staleness[0] = updates
     stopped = None
     recorder.start(w)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() - before
     if full:  # every step is the whole data set: no permutation to draw
-        plan = (None for _ in range(budget.steps if budget.steps is not None
-                                    else budget.epochs))
+        total = budget.steps if budget.steps is not None else budget.epochs
+        plan = (None for _ in range(start, total))
     else:
-        plan = global_batches(n, batch_size, seed, budget)
-    for step, batch in enumerate(plan):
+        plan = skip(global_batches(n, batch_size, seed, budget), start)
+    for step, batch in enumerate(plan, start=start):
         bc = share(sc, (w, batch), w.nbytes + (0 if batch is None else batch.nbytes))
 
         def task(it, bc=bc):
@@ -68,6 +77,10 @@ def run_sync(ctx, rule, w0, batch_size, seed, budget, recorder):
             stopped = recorder.record(now, updates, examples, w, dropped)
             if stopped:
                 break
+        if ckpts.due(updates + dropped):
+            ckpts.save(updates + dropped, now, w, state,
+                       {"step": step + 1, "examples": examples, "dropped": dropped,
+                        "applied": updates})
     return {"params": w, "wall": time.perf_counter() - t0, "examples": examples,
             "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
             "stopped": stopped}
