@@ -12,12 +12,14 @@ from ..registry import Registry
 from .local import BACKENDS, LocalEngine
 from .ray import RayEngine
 from .sim import DelayModel, SimEngine
+from .spark import SparkEngine
 
-__all__ = ["ENGINES", "BACKENDS", "DelayModel", "LocalEngine", "RayEngine", "SimEngine",
+__all__ = ["ENGINES", "BACKENDS", "DelayModel", "LocalEngine", "RayEngine", "SimEngine", "SparkEngine",
            "engine_names", "make_engine"]
 
 ENGINES = Registry("engine", "monsoon.engines",
-                   {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine})
+                   {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine,
+                    "spark": SparkEngine})
 
 
 def engine_names() -> list[str]:

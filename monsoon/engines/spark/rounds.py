@@ -1,0 +1,80 @@
+"""local-sgd (and DiLoCo) on Spark: one job over every partition per round.
+
+Each round broadcasts the server's parameters theta; partition k runs H
+local steps of its worker program (``LocalSGD.program``) on its own rows,
+with its private inner rule, whose state (momentum) the driver keeps
+between rounds and ships with the round's tasks; the task returns its
+drift theta - theta_k and the examples behind it. The driver takes the
+example-weighted mean drift in partition order and applies the outer rule
+once. Only a finished job's results are used, so a retried task counts once.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+
+from ...rules import UpdateInfo
+from ..reduce import finite, weighted_sum
+from .jobs import share
+from .tasks import run_segment
+
+
+def run_rounds(ctx, rule, strategy, w0, recorder):
+    sc, jobs, blocks = ctx.sc, ctx.jobs, ctx.blocks
+    w = np.array(w0, copy=True)
+    state = rule.init(w.size, w.dtype)
+    acc, tmp = np.empty_like(w), np.empty_like(w)
+    local_rules = {k: None for k in range(ctx.workers)}
+    ended = set()
+    updates = dropped = examples = 0
+    staleness = Counter()
+    stopped = None
+    recorder.start(w)
+    t0 = time.perf_counter()
+    H = strategy.local_steps
+    r = 0
+    while len(ended) < ctx.workers:
+        bc = share(sc, w, w.nbytes)
+        jobs_k = {k: replace(ctx.job(k), start_step=r * H) for k in range(ctx.workers)}
+        rules_k = dict(local_rules)
+
+        def task(it, bc=bc, jobs_k=jobs_k, rules_k=rules_k):
+            out = []
+            for b in it:
+                res = run_segment(b, strategy, jobs_k[b.index], bc.value, 0, rules_k[b.index])
+                out.append((b.index, res))
+            return out
+
+        try:
+            results = sorted(jobs.run(blocks, task, what=f"local-sgd round {r}"),
+                             key=lambda x: x[0])
+        finally:
+            bc.destroy(blocking=False)
+        avg = [(k, res) for k, res in results if res["op"] == "average"]
+        for k, res in results:
+            local_rules[k] = res["local_rule"]
+            examples += res["examples"]
+            dropped += res["dropped"]
+            if res["ended"]:
+                ended.add(k)
+        if avg:
+            weighted_sum({k: res["drift"] for k, res in avg}, [k for k, _ in avg],
+                         [res["examples_behind"] for _, res in avg], acc, tmp)
+            if finite(acc):
+                rule.apply(w, acc, state, UpdateInfo(step=updates))
+                updates += 1
+                staleness[0] += len(avg)
+            else:
+                dropped += 1
+        r += 1
+        now = time.perf_counter() - t0
+        if recorder.due(now, examples):
+            stopped = recorder.record(now, updates, examples, w, dropped)
+            if stopped:
+                break
+    return {"params": w, "wall": time.perf_counter() - t0, "examples": examples,
+            "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
+            "stopped": stopped}

@@ -1,0 +1,220 @@
+"""async (Downpour) and EASGD on Spark: the parameter server on the driver.
+
+DeepDist's design (seed 004), with nothing of our own on the wire: the
+server (the parameters, the rule state, one version counter, each
+worker's read record for delay-aware rules, the staleness counts) lives in
+the driver process. Each worker k is a driver thread that, in a loop:
+
+1. reads the server under its lock: a copy of the parameters and the
+   version (the read ticket); a delay-aware rule's ``on_read`` runs here;
+2. runs one small Spark job on partition k alone (``sc.runJob(...,
+   partitions=[k])``), the parameters in a broadcast variable: the task
+   runs the worker's program for one push period (``n_push`` local steps,
+   Downpour; ``tau`` local steps, EASGD) and returns what it would push;
+3. applies ONLY that finished job's result under the lock: Downpour's rule
+   on the accrued gradient, with staleness = version now - ticket;
+   EASGD's elastic exchange d = alpha (x_k - centre), centre += d,
+   x_k -= d (x_k and the worker's inner rule state stay on the driver).
+
+A task that Spark retries recomputes the same segment from the same
+broadcast, and the driver applies the job's one result: an update lands
+exactly once. Between fetches the worker cannot reach the server (Spark
+tasks do not talk to the driver), so a task fetches once, at its start:
+``n_fetch`` must equal ``n_push``, and both amortise Spark's per-job cost
+(tens of milliseconds) over that many steps. A worker whose job fails
+after Spark's retries is named in ``failed_workers`` and the others carry
+on; so is a worker whose job runs past ``timeout`` (its job, in its own job
+group, is cancelled). The monitor (the calling thread) records the loss
+curve, fails the run if no worker returns for twice ``timeout``, and
+cancels every job of the run when it stops, fails or ends.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+
+from ...errors import WaitTimeout, WorkerError
+from ...rules import UpdateInfo
+from .checkpointing import restore_state, staleness_arrays
+from .jobs import share, short_error
+from .tasks import run_segment
+
+
+class DriverServer:
+    def __init__(self, ctx, rule, strategy, w0, ckpts):
+        self.ctx = ctx
+        self.ckpts = ckpts
+        self.rule = rule
+        self.strategy = strategy
+        self.w = np.array(w0, copy=True)
+        self.state = rule.init(self.w.size, self.w.dtype)
+        self.readers = [rule.init_reader(self.w.size, self.w.dtype) for _ in range(ctx.workers)]
+        self.has_readers = bool(self.readers[0]._fields)
+        self.lock = threading.Lock()
+        self.version = 0
+        self.updates = self.dropped = self.examples = 0
+        self.staleness = Counter()
+        self.failed: dict[int, str] = {}
+        self.finished: set[int] = set()
+        self.own = {k: np.array(w0, copy=True) for k in range(ctx.workers)}  # EASGD's x_k
+        self.local_rules = {k: None for k in range(ctx.workers)}
+        self.last_change = time.monotonic()
+        self.running_since: dict[int, float | None] = {k: None for k in range(ctx.workers)}
+        self.stop = threading.Event()
+        self.elastic = strategy.name == "easgd"
+        self.period = strategy.tau if self.elastic else strategy.n_push
+        self.segments = [0] * ctx.workers  # push periods applied, per worker
+        self.before = 0.0  # run time before the checkpoint resumed from
+        saved = None if self.elastic else ckpts.load(
+            self.w, rule, {"segments": ((ctx.workers,), "int64")})
+        if saved is not None:
+            self.w[...] = saved.arrays["params"]
+            restore_state(saved, self.state)
+            self.segments = [int(x) for x in saved.arrays["segments"]]
+            self.updates = saved.meta["applied"]
+            self.version = saved.meta["server_version"]
+            self.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
+            self.before = saved.meta["time_s"]
+            self.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
+                                           saved.arrays["staleness.counts"].tolist())))
+
+    # -- a worker: a driver thread ------------------------------------------------
+    def worker(self, k: int) -> None:
+        ctx = self.ctx
+        try:
+            ctx.jobs.join_group(k)
+            segment = self.segments[k]
+            while not self.stop.is_set():
+                with self.lock:
+                    if self.has_readers:
+                        self.rule.on_read(self.w, self.state, self.readers[k])
+                    params, ticket = self.w.copy(), self.version
+                own = self.own[k] if self.elastic else None
+                bc = share(ctx.sc, params, params.nbytes)
+                job = replace(ctx.job(k), start_step=segment * self.period)
+                strategy, local_rule = self.strategy, self.local_rules[k]
+
+                def task(it, bc=bc, job=job, ticket=ticket, local_rule=local_rule, own=own):
+                    return [run_segment(b, strategy, job, bc.value, ticket, local_rule, own)
+                            for b in it]
+
+                self.running_since[k] = time.monotonic()
+                try:
+                    (res,) = ctx.sc.runJob(ctx.blocks, task, [k])
+                finally:
+                    self.running_since[k] = None
+                    bc.destroy(blocking=False)
+                if self.stop.is_set() or k in self.failed:
+                    return  # the run has ended: a late result is not applied
+                self._apply(k, res)
+                segment = self.segments[k]
+                if res["ended"]:
+                    self.finished.add(k)
+                    return
+        except Exception as exc:  # noqa: BLE001 - this worker is out; the others go on
+            if not self.stop.is_set() and k not in self.failed:
+                self.failed[k] = short_error(exc)
+
+    def _apply(self, k: int, res: dict) -> None:
+        with self.lock:
+            self.segments[k] += 1
+            self.local_rules[k] = res["local_rule"]
+            self.examples += res["examples"]
+            self.dropped += res["dropped"]
+            if res["op"] == "push":
+                if res["grad"] is None:
+                    self.dropped += 1
+                else:
+                    tau = self.version - int(res["ticket"])
+                    self.rule.apply(self.w, res["grad"], self.state,
+                                    UpdateInfo(step=self.version, staleness=tau, worker=k,
+                                               reader=self.readers[k] if self.has_readers
+                                               else None))
+                    self.staleness[tau] += 1
+                    self.version += 1
+                    self.updates += 1
+            elif res["op"] == "elastic":
+                x = res["work"]
+                d = np.subtract(x, self.w)
+                d *= res["alpha"]
+                self.w += d
+                x -= d
+                self.version += 1
+                self.updates += 1
+                self.staleness[0] += 1
+            if self.elastic and "work" in res:
+                self.own[k] = res["work"]
+            self.last_change = time.monotonic()
+
+    # -- the monitor: the calling thread ------------------------------------------
+    def _save(self, now: float) -> None:
+        with self.lock:  # between two applied results: an exact state
+            params, state = self.w.copy(), type(self.state)(*(a.copy() for a in self.state))
+            meta = {"applied": self.updates, "dropped": self.dropped,
+                    "examples": self.examples, "server_version": self.version}
+            arrays = {"segments": np.array(self.segments, dtype=np.int64),
+                      **staleness_arrays(self.staleness)}
+            done = self.updates + self.dropped
+        self.ckpts.save(done, now, params, state, meta, arrays)
+
+    def _cancel_stuck(self) -> None:
+        """A worker whose job has run past the timeout is out: named in
+        failed_workers, its job cancelled; the others carry on."""
+        now = time.monotonic()
+        for k, since in list(self.running_since.items()):
+            if since is not None and now - since > self.ctx.timeout and k not in self.failed:
+                self.failed[k] = (f"WaitTimeout: its job ran past --timeout "
+                                  f"{self.ctx.timeout:g} s (a stuck or lost executor)")
+                self.ctx.jobs.cancel(k)
+
+    def run(self, recorder, poll_s: float = 0.05) -> dict:
+        ctx = self.ctx
+        recorder.start(self.w)
+        t0 = time.perf_counter() - self.before
+        threads = [threading.Thread(target=self.worker, args=(k,), daemon=True,
+                                    name=f"monsoon-spark-worker-{k}")
+                   for k in range(ctx.workers)]
+        for t in threads:
+            t.start()
+        stopped = None
+        try:
+            while any(t.is_alive() for t in threads):
+                time.sleep(poll_s)
+                if len(self.failed) == ctx.workers:
+                    k = min(self.failed)
+                    err = WorkerError(f"every worker failed; worker {k}: {self.failed[k]}")
+                    err.worker = k
+                    raise err
+                self._cancel_stuck()
+                if time.monotonic() - self.last_change > 2 * ctx.timeout:
+                    raise WaitTimeout(f"no Spark worker returned for {2 * ctx.timeout:g} s; "
+                                      "executors are stuck or lost (raise --timeout if a push "
+                                      "period is genuinely that slow)")
+                now = time.perf_counter() - t0
+                if recorder.due(now, self.examples):
+                    with self.lock:
+                        params, updates, dropped = self.w.copy(), self.updates, self.dropped
+                    stopped = recorder.record(now, updates, self.examples, params, dropped)
+                    if stopped:
+                        break
+                if not self.elastic and self.ckpts.due(self.updates + self.dropped):
+                    self._save(now)
+        finally:
+            self.stop.set()
+            ctx.jobs.cancel(workers=ctx.workers)
+            for t in threads:
+                t.join(timeout=ctx.timeout)
+        wall = time.perf_counter() - t0
+        if len(self.failed) == ctx.workers:
+            k = min(self.failed)
+            err = WorkerError(f"every worker failed; worker {k}: {self.failed[k]}")
+            err.worker = k
+            raise err
+        return {"params": self.w, "wall": wall, "examples": self.examples,
+                "updates": self.updates, "dropped": self.dropped, "staleness": self.staleness,
+                "failed": dict(self.failed), "stopped": stopped,
+                "worker_params": dict(self.own) if self.elastic else {}}

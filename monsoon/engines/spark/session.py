@@ -1,0 +1,73 @@
+"""Finding or starting the SparkSession the spark engine runs on.
+
+A session that is already running (a notebook, the user's own
+``SparkSession.builder...getOrCreate()``), or the one ``spark-submit``'s
+settings describe, is used as it is and never stopped. Otherwise one is
+started on ``master`` (default ``local[WORKERS]``) and the engine stops it
+after the run. A session started here tells executors to run the driver's
+Python (``PYSPARK_PYTHON``) with the driver's ``sys.path`` (so monsoon and
+the problem's code import there) and, on ``local`` and ``local-cluster``
+masters, to fork Python workers from a daemon that has monsoon imported
+already (``daemon.py``). On a real cluster, install monsoon on every node
+(README).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from ...errors import ConfigError
+
+
+def import_pyspark():
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("the spark engine needs pyspark: pip install 'monsoon[spark]'") from exc
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        raise ConfigError("the spark engine needs a Java 17+ runtime and found none: install "
+                          "one (apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+
+
+def active_context():
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context
+
+
+def start_session(master: str, app_name: str = "monsoon", conf: dict | None = None):
+    """A new SparkSession on ``master``, configured for monsoon's executors
+    (``conf``: more Spark settings, such as ``{"spark.driver.memory": "4g"}``)."""
+    import_pyspark()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.executorEnv.PYTHONPATH": path,
+                "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"]}
+    if master.startswith("local"):  # this machine's Python: monsoon imports there
+        settings["spark.python.daemon.module"] = "monsoon.engines.spark.daemon"
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**settings, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def session_for(master: str | None, workers: int):
+    """(SparkContext, started): the running one; under ``spark-submit``
+    (whose JVM is already up) the session its settings describe, left
+    running for the script; else one started on ``master``."""
+    import_pyspark()
+    sc = active_context()
+    if sc is None and not master and os.environ.get("PYSPARK_GATEWAY_PORT"):
+        from pyspark.sql import SparkSession
+
+        sc = SparkSession.builder.getOrCreate().sparkContext  # spark-submit's --master
+    if sc is not None:
+        if master and sc.master != master:
+            raise ConfigError(f"a SparkSession on {sc.master} is already running; drop --master "
+                              f"{master}, or stop that session first")
+        return sc, False
+    return start_session(master or f"local[{workers}]").sparkContext, True

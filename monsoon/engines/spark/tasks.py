@@ -1,0 +1,94 @@
+"""What runs inside a Spark task, on an executor, on one partition's Block.
+
+Nothing here talks to the driver: a task reads the parameters from a
+broadcast variable (or its closure) and returns its result, and only a
+finished task's result ever reaches the driver. A retried attempt
+recomputes the same result from the same inputs, so an update is applied
+once, whatever Spark retried.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...rules.local import LocalRule
+from ...strategies.ops import (Average, Elastic, Fetch, Gradient, LocalApply, LocalStep,
+                               Push)
+from ..reduce import finite
+
+
+def gradient_sum(block, w, batch):
+    """sync: this partition's share of the global batch ``batch`` (global
+    ids; None: every row) at ``w``: ``(index, examples, mean loss, mean
+    gradient)``, the gradient None when the batch has none of its rows."""
+    rows = block.local(batch)
+    if len(rows) == 0:
+        return block.index, 0, 0.0, None
+    loss, grad = block.problem.gradient(w, rows)
+    return block.index, len(rows), float(loss), np.array(grad, copy=True)
+
+
+def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):
+    """Run worker ``block.index``'s program from ``job.start_step`` to its
+    next exchange with the server (Push, Average or Elastic) or its end.
+
+    ``w``: the server's parameters at launch (what a Fetch reads, with
+    ``ticket`` its version); ``work``: the worker's own parameters to start
+    from (EASGD; default ``w``); ``local_rule``: its private inner rule
+    (local SGD, EASGD), state included. Returns a dict: the op that ended
+    the segment (``"push"``, ``"average"``, ``"elastic"`` or None), what it
+    carries, the steps and examples done, the rule back, and ``ended``
+    (the program has nothing left)."""
+    problem = block.problem
+    work = np.array(w if work is None else work, copy=True)
+    anchor = np.asarray(w)
+    if local_rule is None and strategy.local_rule is not None:
+        local_rule = LocalRule(strategy.local_rule, block.index)
+    out = {"op": None, "steps": 0, "examples": 0, "dropped": 0, "local_rule": local_rule,
+           "ended": False, "loss": 0.0}
+    program = strategy.program(job)
+    result = None
+    try:
+        while True:
+            op = program.send(result)
+            result = None
+            kind = type(op)
+            if kind is Gradient:
+                result = problem.gradient(work, block.rows_of(op.indices))
+                out["steps"] += 1
+                out["examples"] += len(op.indices)
+                out["loss"] += float(result[0])
+            elif kind is Fetch:
+                if out["steps"]:  # a second read: the server is on the driver
+                    break
+                result = ticket
+            elif kind is LocalStep:
+                work -= op.lr * op.grad
+            elif kind is LocalApply:
+                if finite(op.grad):
+                    local_rule.apply(work, op.grad)
+                else:
+                    out["dropped"] += 1
+            elif kind is Push:
+                out["op"], out["ticket"] = "push", op.ticket
+                out["grad"] = np.array(op.grad, copy=True) if finite(op.grad) else None
+                break
+            elif kind is Average:
+                out["op"], out["drift"] = "average", anchor - work
+                out["examples_behind"] = op.examples
+                break
+            elif kind is Elastic:
+                out["op"], out["alpha"] = "elastic", op.alpha
+                break
+            else:
+                raise TypeError(f"the spark engine cannot run {kind.__name__} ops")
+        try:  # is anything left after this exchange?
+            program.send(0)
+        except StopIteration:
+            out["ended"] = True
+    except StopIteration:
+        out["ended"] = True
+    finally:
+        program.close()
+    if out["op"] not in ("push", "average"):
+        out["work"] = work  # the worker's own copy goes on (EASGD)
+    return out

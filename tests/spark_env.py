@@ -1,0 +1,22 @@
+"""A real Spark session for one test module, or a skip where Spark truly
+cannot run here (no pyspark, no Java runtime)."""
+import contextlib
+import os
+import shutil
+
+import pytest
+
+
+@contextlib.contextmanager
+def spark_session(master: str):
+    pytest.importorskip("pyspark")
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.skip("no Java runtime (the spark engine needs Java 17+)")
+    from monsoon.engines.spark import start_session
+
+    spark = start_session(master, "monsoon-tests")
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        yield spark
+    finally:
+        spark.stop()

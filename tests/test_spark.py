@@ -1,0 +1,136 @@
+"""The spark engine on a real local Spark (``local[2]``): sync equals serial,
+async trains with staleness, a DataFrame trains where it lives."""
+import pickle
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.errors import ConfigError
+from spark_env import spark_session
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    with spark_session("local[2]") as session:
+        yield session
+
+
+def test_sync_equals_serial_on_full_batches(spark):
+    kw = dict(lr=0.5, steps=3, batch_size=1438, seed=0, dtype="float64", evals=0)
+    serial = monsoon.train("digits", strategy="serial", **kw)
+    sync = monsoon.train("digits", strategy="sync", workers=2, engine="spark", **kw)
+    np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
+    assert sync.summary["updates"] == 3 and sync.summary["engine"] == "spark"
+    assert sync.summary["examples"] == 3 * 1438
+
+
+def test_async_reaches_serials_loss_with_staleness(spark):
+    kw = dict(lr=0.1, epochs=3, batch_size=32, seed=0, dtype="float64", evals=0)
+    serial = monsoon.train("digits", strategy="serial", **kw)
+    run = monsoon.train("digits", strategy="async", workers=2, engine="spark", n_fetch=6,
+                        n_push=6, **kw)
+    s = run.summary
+    assert s["final_loss"] <= 1.1 * serial.summary["final_loss"], (s["final_loss"],
+                                                                   serial.summary["final_loss"])
+    assert s["staleness"]["max"] > 0
+    assert s["examples"] == serial.summary["examples"]
+    assert s["failed_workers"] == []
+
+
+def test_sync_resumed_from_a_checkpoint_ends_as_an_uninterrupted_run(spark, tmp_path):
+    kw = dict(strategy="sync", workers=2, engine="spark", rule="momentum", lr=0.5,
+              batch_size=512, seed=1, dtype="float64", evals=0)
+    monsoon.train("logistic", steps=2, checkpoint_every=2, out=tmp_path / "a", **kw)
+    assert list((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    resumed = monsoon.train("logistic", steps=4, resume=str(tmp_path / "a"), **kw)
+    whole = monsoon.train("logistic", steps=4, **kw)
+    np.testing.assert_array_equal(resumed.params, whole.params)  # momentum state restored
+    assert resumed.summary["updates"] == whole.summary["updates"] == 4
+
+
+def _raise(*args, **kwargs):
+    raise AssertionError("the data was brought to the driver")
+
+
+def test_dataframe_trains_where_it_lives(spark, monkeypatch):
+    """Sync on a DataFrame generated on the executors equals serial on the
+    same rows, and nothing larger than a gradient reaches the driver."""
+    from pyspark import RDD, SparkContext
+    from pyspark.sql import DataFrame, functions as F
+
+    from monsoon.engines.spark import SparkData
+    from monsoon.problems.sparse_linear import SparseLinear
+
+    d, n = 12, 4000
+    df = spark.range(n, numPartitions=2).select(
+        F.array(*[F.randn(seed=j) for j in range(d)]).alias("x"))
+    df = df.withColumn("y", (F.col("x")[0] + 0.5 * F.col("x")[1] > 0).cast("double")).cache()
+
+    sizes = []
+    run_job = SparkContext.runJob
+
+    def measured(self, rdd, func, partitions=None, allowLocal=False):
+        out = run_job(self, rdd, func, partitions, allowLocal)
+        sizes.append(len(pickle.dumps(out)))
+        return out
+
+    with monkeypatch.context() as m:
+        for cls, names in ((DataFrame, ("collect", "toPandas", "toLocalIterator", "take", "head",
+                                        "tail", "toArrow")),
+                           (RDD, ("collect", "toLocalIterator", "take", "first"))):
+            for name in names:
+                m.setattr(cls, name, _raise)
+        m.setattr(SparkContext, "runJob", measured)
+        data = SparkData(df, features="x", label="y", loss="logistic", lam=1e-3)
+        run = monsoon.train(data, strategy="sync", workers=2, engine="spark", lr=1.0, steps=3,
+                            batch_size=n, dtype="float64", evals=0)
+    data_bytes = n * (d + 1) * 8
+    assert max(sizes) < 20 * data.n_params * 8 + 4096 < data_bytes / 20
+    assert data.n_examples == n and data.partitions == 2
+
+    # the reference: serial on the same rows, brought to the driver only now
+    rows = df.select("x", "y").collect()
+    X = np.array([r.x for r in rows])
+    y = np.array([r.y for r in rows])
+    ref = monsoon.train(SparseLinear(X, y, "logistic", lam=1e-3, shuffle=False),
+                        strategy="serial", lr=1.0, steps=3, batch_size=n, dtype="float64",
+                        evals=0)
+    np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12)
+    assert run.summary["final_loss"] == pytest.approx(ref.summary["final_loss"], rel=1e-9)
+    data.unpersist()
+
+
+@pytest.mark.parametrize("strategy, options, says", [
+    ("hogwild", {}, "share no memory"),
+    ("async", {"n_fetch": 2, "n_push": 4}, "--n-fetch equal to --n-push"),
+])
+def test_refused_with_advice(strategy, options, says):
+    with pytest.raises(ConfigError, match=says):
+        monsoon.train("logistic", strategy=strategy, workers=2, engine="spark", steps=2,
+                      evals=0, **options)
+
+
+@pytest.mark.parametrize("name", ["digits", "logistic", "rcv1-like:rows=3000,features=500"])
+def test_a_partition_computes_the_full_problems_gradient_on_its_rows(name):
+    """No Spark needed: a Block restricted to its rows gives the full
+    problem's gradient on those rows (global statistics kept), and finds
+    its members of a global batch in the batch's order."""
+    from monsoon.engines.spark.blocks import Block, restrict, shard_ids
+    from monsoon.problems import make_problem
+
+    problem = make_problem(name, "float64")
+    w = problem.initial_params(0) + 0.01
+    ids = shard_ids(problem.n_examples, 2, seed=0)[1]
+    block = Block(1, restrict(problem, ids), ids)
+    assert block.problem is not None and block.problem.n_examples == len(ids)
+    batch = np.random.default_rng(0).permutation(problem.n_examples)[:200]
+    mine = batch[np.isin(batch, ids)]
+    rows = block.local(batch)
+    np.testing.assert_array_equal(ids[rows], mine)
+    loss, grad = block.problem.gradient(w, rows)
+    ref_loss, ref_grad = problem.gradient(w, mine)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-12, atol=1e-15)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
