@@ -67,6 +67,8 @@ from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, LATE, R
 from .synchronous import Stopped, replicates
 
 BACKENDS = ("processes", "threads")
+# serial runs a step of at most this many parameters x examples on one torch thread
+SMALL_STEP = 1 << 20
 # Parameter-server shards default to one per worker, up to this many.
 DEFAULT_MAX_SHARDS = 8
 
@@ -332,8 +334,14 @@ class LocalEngine:
             recorder.resume(resumed.meta["rows"])
         try:
             if inline:
-                res = self._run_inline(store, problem, rule, strategy, batch_size, seed,
-                                       budget, recorder, ck, resume)
+                # A small model's ops are microseconds long: waking a second
+                # intra-op thread costs more than it saves (seed 001's net:
+                # tanh took 60 us with 2 threads against 2 us with one, and
+                # milliseconds when another process held the other core).
+                small = w0.size * batch_size <= SMALL_STEP
+                with single_torch_thread() if small else contextlib.nullcontext():
+                    res = self._run_inline(store, problem, rule, strategy, batch_size, seed,
+                                           budget, recorder, ck, resume)
             else:
                 with single_torch_thread():
                     res = self._run_workers(store, ctx, problem, rule, strategy, workers,
