@@ -103,11 +103,11 @@ def test_plugin_options_refuse_bad_values_naming_the_flag(plugin, tmp_path, args
 
 
 def test_plugin_components_through_monsoon_train_and_compare(plugin, tmp_path):
-    def run(strategy, **options):
+    def run(strategy, backend="threads", **options):
         return monsoon.train("noisy-line", strategy, 2, dtype="float64", epochs=1, lr=0.05,
-                             **options)
+                             backend=backend, **options)
 
-    sync = run("sync", noise=0.2)
+    sync = run("sync", backend="processes", noise=0.2)  # the plug-in imports in workers too
     unbound = run("clipped-sync", noise=0.2, clip_norm=1e9)
     np.testing.assert_allclose(unbound.params, sync.params, rtol=1e-12)
     clipped = run("clipped-sync", noise=0.2, clip_norm=1e-3)
@@ -119,7 +119,7 @@ def test_plugin_components_through_monsoon_train_and_compare(plugin, tmp_path):
 
     comparison = monsoon.compare("noisy-line", "serial,clipped-sync", workers=2,
                                  out=tmp_path / "cmp", epochs=1, clip_norm=0.5,
-                                 rule="signum", lr=0.01)
+                                 rule="signum", lr=0.01, backend="threads")
     assert set(comparison.results) == {"serial", "clipped-sync"}
     assert comparison.results["clipped-sync"].summary["clip_norm"] == 0.5
     assert "| clipped-sync | 2 |" in (tmp_path / "cmp" / "report.md").read_text()
