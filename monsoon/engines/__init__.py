@@ -12,12 +12,14 @@ from ..registry import Registry
 from .local import BACKENDS, LocalEngine
 from .ray import RayEngine
 from .sim import DelayModel, SimEngine
+from .torchrun import TorchEngine
 
 __all__ = ["ENGINES", "BACKENDS", "DelayModel", "LocalEngine", "RayEngine", "SimEngine",
-           "engine_names", "make_engine"]
+           "TorchEngine", "engine_names", "make_engine"]
 
 ENGINES = Registry("engine", "monsoon.engines",
-                   {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine})
+                   {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine,
+                    "torch": TorchEngine})
 
 
 def engine_names() -> list[str]:
