@@ -9,7 +9,8 @@ uses the GPU of its LOCAL_RANK (one device per local rank, as torchrun's
 reduced, and copied back. The model itself computes where the problem
 computes (TorchProblem: the CPU); the NCCL path is untested here (no GPU).
 
-``init_process_group`` gets ``--timeout`` as its timeout: every collective
+A restarted attempt (torchrun ``--max-restarts``) meets in its own prefix
+of torchrun's store. ``init_process_group`` gets ``--timeout`` as its timeout: every collective
 then fails after that long instead of torch's default (30 minutes for gloo,
 10 for NCCL), so a rank that dies or hangs ends the run within the timeout.
 """
@@ -78,7 +79,14 @@ class Collectives:
         if self.backend == "nccl":
             self.device = torch.device("cuda", env["local_rank"])
             torch.cuda.set_device(self.device)
-        dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=timeout),
+        limit = datetime.timedelta(seconds=timeout)
+        # torchrun's env:// store, with this attempt's own prefix: the agent
+        # keeps its store across restarts, and a restarted gloo group would
+        # otherwise read the dead attempt's addresses (connection refused).
+        store, rank, world = next(dist.rendezvous("env://", timeout=limit))
+        store = dist.PrefixStore(f"monsoon/attempt-{env['restart']}/", store)
+        dist.init_process_group(self.backend, store=store, rank=rank, world_size=world,
+                                timeout=limit,
                                 **({"device_id": self.device} if self.device is not None else {}))
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()

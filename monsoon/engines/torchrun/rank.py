@@ -285,8 +285,11 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     the others one marked ``follower``."""
     import torch
 
+    from ..lifecycle import set_death_signal
+
     t_begin = time.perf_counter()
     env = rank_env()
+    set_death_signal()  # torchrun starts ranks in sessions of their own: die with the agent
     if env["world_size"] != workers:
         raise ConfigError(f"--workers {workers}, but torchrun started {env['world_size']} "
                           f"ranks (WORLD_SIZE); pass --workers {env['world_size']}")
