@@ -11,7 +11,8 @@ all-reduces (``rank.py``); there is no parameter server. Two ways to start:
         --rdzv-endpoint HOST:PORT -m monsoon train --engine torch --workers 2 ...
 
   ``--workers`` must equal torchrun's world size; rank 0 writes the run
-  folder, the other ranks print nothing;
+  folder, the other ranks print nothing (``monsoon.train`` returns them a
+  Result whose summary is ``{"follower": True}``);
 - without torchrun, ``monsoon train --engine torch --workers N`` (or
   ``monsoon.train(..., engine="torch")``) starts torchrun's elastic agent
   itself on this machine (``launch.py``), with ``--max-restarts``.
@@ -45,7 +46,6 @@ ADVICE = {
     "hogwild": "hogwild updates one parameter array in shared memory without locks, and "
                "torchrun's ranks share no memory: use --engine local",
     "serial": "serial runs one worker: use --engine local",
-    "pipeline": "pipeline parallelism runs on --engine local or ray",
 }
 
 
@@ -101,6 +101,9 @@ class TorchEngine:
                               "backup workers; drop --backup-workers, or use --engine ray")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
+            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
+                                   recorder)
         self.check(strategy)
         self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
         if under_torchrun():
