@@ -6,8 +6,9 @@ Every rank holds a replica of the server's parameters and of the server
 rule's state; every collective is one sum all-reduce of a buffer
 ``[payload (n parameters), examples, active, stop]``:
 
-- ``AllReduce`` (sync): payload n_k g_k. Every rank divides by sum_k n_k
-  (the example-weighted mean gradient, the full-batch gradient) and applies
+- ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
+  rescales by B / sum_k n_k where a batch is short, which gives the
+  example-weighted mean gradient (the full-batch gradient), and applies
   the rule to its replica: as after DDP's all-reduce, the replicas stay
   identical because the all-reduce hands every rank the same sum. For torch
   problems the all-reduce runs in buckets during backward (``buckets.py``).
@@ -85,9 +86,12 @@ class RankWorker:
         self.want_stop = False
         self.stopped = None
         self.last_checkpoint = None
+        # sync's contributions are n_k / B g_k (B: the batch size), so a full
+        # batch's sum is already the mean, as DDP's grad / world is
+        self.unit = float(job.batch_size)
         self.every = engine.checkpoint_every if (engine.checkpoint_dir and strategy.name == "sync") else 0
         self.buckets = None
-        if strategy.name == "sync" and hasattr(problem, "_params") and engine.bucket_mb > 0:
+        if strategy.name == "sync" and hasattr(problem, "backward") and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS, comm, int(engine.bucket_mb * 2**20))
         self.handlers = {Gradient: self.gradient, AllReduce: self.all_reduce,
                          Average: self.average, Elastic: self.elastic,
@@ -144,12 +148,8 @@ class RankWorker:
         self.examples += len(op.indices)
         if self.buckets is not None:
             self._flags(len(op.indices))
-            self.buckets.begin(len(op.indices))
-            try:
-                return problem.gradient(self.work, op.indices, out=self.grad, accumulate=True)
-            except BaseException:
-                self.buckets.armed = False
-                raise
+            loss = self.buckets.gradient(self.work, op.indices, len(op.indices) / self.unit)
+            return loss, self.grad
         return problem.gradient(self.work, op.indices)
 
     def all_reduce(self, op):
@@ -165,10 +165,10 @@ class RankWorker:
             if op.grad is None:
                 self.grad.fill(0)
             else:
-                np.multiply(op.grad, op.examples, out=self.grad)
+                np.multiply(op.grad, op.examples / self.unit, out=self.grad)
             self._flags(op.examples)
             self._reduce(f"step {self.step}")
-        self._apply_mean(self.server, self.state)
+        self._apply_mean(self.server, self.state, self.unit)
         return 0
 
     def average(self, op):
@@ -176,14 +176,16 @@ class RankWorker:
         self.grad *= op.examples
         self._flags(op.examples)
         self._reduce(f"round {self.step}")
-        self._apply_mean(self.server, self.state)
+        self._apply_mean(self.server, self.state, 1)
         self.work[:] = self.server
         return 0
 
-    def _apply_mean(self, params, state) -> None:
+    def _apply_mean(self, params, state, unit) -> None:
+        """The buffer holds sum_k (n_k / unit) x_k: divide by sum_k n_k / unit
+        (nothing to do when that is 1: sync's full batches)."""
         total = self.flags[EXAMPLES]
-        if total > 0:
-            self.grad *= 1.0 / total
+        if total > 0 and total != unit:
+            self.grad *= unit / total
         if total > 0 and finite(self.grad):
             self.rule.apply(params, self.grad, state,
                             UpdateInfo(step=self.step, staleness=0, worker=self.rank))
