@@ -15,7 +15,6 @@ killed in ``finally``; ports are free ones.
 import copy
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ import monsoon
 from monsoon.errors import ConfigError
 from monsoon.problems import TorchProblem
 
-from ddp_reference import run_ddp
+from ddp_reference import _free_port, run_ddp
 
 pytestmark = pytest.mark.torchrun
 
@@ -45,12 +44,6 @@ STEPS = 800
 def _rel(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict:

@@ -89,7 +89,8 @@ class RankWorker:
         # sync's contributions are n_k / B g_k (B: the batch size), so a full
         # batch's sum is already the mean, as DDP's grad / world is
         self.unit = float(job.batch_size)
-        self.every = engine.checkpoint_every if (engine.checkpoint_dir and strategy.name == "sync") else 0
+        exact = engine.checkpoint_dir and strategy.name == "sync"  # steps: exact checkpoints
+        self.every = engine.checkpoint_every if exact else 0
         self.buckets = None
         if strategy.name == "sync" and hasattr(problem, "backward") and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS, comm, int(engine.bucket_mb * 2**20))
