@@ -114,6 +114,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                              run['seed'], budget, recorder)
     finally:
         recorder.close()
+    if getattr(res, "follower", False):  # the torch engine's rank 0 records the run
+        return Result({"follower": True}, [], res.params, problem)
     interrupted = getattr(res, "interrupted", None)
     # The curve's snapshots are evaluated now, after the run, off its clock
     # (with the buffers the monitor's model has); the final row with the

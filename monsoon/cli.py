@@ -135,6 +135,8 @@ def _train(args) -> None:
     out = args.out or f"{prefix}{args.problem.replace(':', '_')}-{args.strategy}"
     result = train(args.problem, args.strategy, 1 if single else args.workers, out=out, **options)
     s = result.summary
+    if s.get("follower"):  # a torch engine rank other than 0: rank 0 reports
+        return
     virtual = registries()["engine"].get(s["engine"]).virtual_time
     print(f"{s['problem']} {s['strategy']} x{s['workers']}: final_loss {s['final_loss']:.6g}, "
           f"{s['examples_per_s']:.4g} examples/s, {'simulated' if virtual else 'wall'} "

@@ -13,13 +13,14 @@ from .local import BACKENDS, LocalEngine
 from .ray import RayEngine
 from .sim import DelayModel, SimEngine
 from .spark import SparkEngine
+from .torchrun import TorchEngine
 
-__all__ = ["ENGINES", "BACKENDS", "DelayModel", "LocalEngine", "RayEngine", "SimEngine", "SparkEngine",
-           "engine_names", "make_engine"]
+__all__ = ["ENGINES", "BACKENDS", "DelayModel", "LocalEngine", "RayEngine", "SimEngine",
+           "SparkEngine", "TorchEngine", "engine_names", "make_engine"]
 
 ENGINES = Registry("engine", "monsoon.engines",
                    {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine,
-                    "spark": SparkEngine})
+                    "spark": SparkEngine, "torch": TorchEngine})
 
 
 def engine_names() -> list[str]:

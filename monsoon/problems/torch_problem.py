@@ -192,17 +192,28 @@ class TorchProblem(Problem):
         if accumulate:  # autograd adds into .grad: point it at ``out``
             for p, view in zip(params, self._grad_views):
                 p.grad = view
-        else:  # autograd hands over fresh tensors: one copy, no zeroing pass
-            for p in params:
+        loss = self.backward(w, indices, fresh=not accumulate)
+        if not accumulate:
+            self._gather_grads()
+        return loss, self._grad_out
+
+    def backward(self, w, indices, fresh: bool = True) -> float:
+        """Forward and backward over ``indices`` at ``w``; returns the mean
+        loss. ``fresh``: each parameter's ``.grad`` is autograd's own new
+        tensor, for the caller to take (the torch engine's gradient hooks);
+        otherwise autograd adds into the ``.grad`` already there."""
+        if w is not self._bound:
+            self._check(w)
+            self._bind(w)
+        if fresh:  # autograd hands over fresh tensors: one copy, no zeroing pass
+            for p in self._params:
                 p.grad = None
         if not self.module.training:  # evaluation restores the mode it found
             self.module.train()
         xb, yb = self._rows(indices)
         loss = self.loss_fn(self.module(xb), yb)
         loss.backward()
-        if not accumulate:
-            self._gather_grads()
-        return float(loss.detach()), self._grad_out
+        return float(loss.detach())
 
     def _rows(self, indices):
         """The examples ``indices``: inputs and targets, batched."""

@@ -89,6 +89,7 @@ class EngineResult:
     extra: dict = field(default_factory=dict)          # engine-specific summary fields
     stopped: str | None = None   # why the monitor stopped the run early, if it did
     interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
+    follower: bool = False   # a rank other than 0 of the torch engine: rank 0 records the run
 
 
 @dataclass

@@ -1,0 +1,82 @@
+"""The torch engine's sync x2 against PyTorch DDP x2, both on gloo, on the
+shapes of ``sync_sweep.py`` (MLPs 64 to 2048 wide, batches 32 to 1024, a
+small CNN).
+
+Each shape runs the two side by side, interleaved, ``--repeats`` times:
+
+- ``monsoon.train(problem, "sync", 2, engine="torch")``: torchrun's elastic
+  agent starts 2 ranks (one torch thread each); examples/s of rank 0's
+  training loop after its first 3 steps, from the loss curve's rows (a row
+  per 1/100 of the run, as ``monsoon.train`` records by default): the same
+  3 warm-up steps DDP's figure leaves out;
+- DDP on gloo, 2 spawned processes with one torch thread each
+  (``ddp_peer.py``), after 3 warm-up steps.
+
+Printed per shape: the medians, the ratio engine/DDP (target >= 1.0) and the
+spread of the engine's runs over DDP's median; then the worst shape.
+
+    python bench/torch_engine_vs_ddp.py [--repeats 3] [--scale 0.5] [--shapes a,b]
+"""
+import argparse
+import os
+
+import numpy as np
+import torch
+from torch import nn
+
+import monsoon
+from common import interleave, median, report
+from ddp_peer import ddp_examples_per_s
+from sync_sweep import LR, SHAPES, data
+
+WARMUP = 3  # steps left out of both figures (ddp_peer's warmup)
+
+
+def torch_engine(make_model, batch, steps) -> float:
+    X, y = data()
+    torch.manual_seed(0)
+    problem = monsoon.TorchProblem(make_model(), nn.CrossEntropyLoss(), X, torch.as_tensor(y),
+                                   name="sweep")
+    run = monsoon.train(problem, "sync", 2, engine="torch", dist_backend="gloo", steps=steps,
+                        batch_size=batch, lr=LR, seed=0, progress=False)
+    rows, last = run.history, run.history[-1]
+    warm = next(r for r in rows if r["updates"] >= WARMUP)
+    if warm is last:
+        return run.summary["examples_per_s"]
+    return (last["examples"] - warm["examples"]) / (last["time_s"] - warm["time_s"])
+
+
+def ddp(make_model, batch, steps) -> float:
+    return ddp_examples_per_s(make_model, data, nn.CrossEntropyLoss(), batch, LR, steps)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply sync_sweep's steps")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one torch thread per rank, as DDP's
+    rows, extra, worst = [], {}, (None, np.inf)
+    for name in args.shapes.split(","):
+        make_model, batch, steps = SHAPES[name]
+        steps = max(4, int(steps * args.scale))
+        print(f"{name}: {steps} steps", flush=True)
+        times = interleave({"torch": lambda: torch_engine(make_model, batch, steps),
+                            "ddp": lambda: ddp(make_model, batch, steps)}, args.repeats)
+        m = {k: median(v) for k, v in times.items()}
+        ratio = m["torch"] / m["ddp"]
+        spread = (min(times["torch"]) / m["ddp"], max(times["torch"]) / m["ddp"])
+        rows.append((f"{name} examples/s torch engine / DDP",
+                     f"{m['torch']:.0f} / {m['ddp']:.0f}"))
+        rows.append((f"{name} torch engine / DDP",
+                     f"{ratio:.2f} (engine runs {spread[0]:.2f}-{spread[1]:.2f})"))
+        extra[name] = {**times, "ratio": ratio}
+        worst = min(worst, (name, ratio), key=lambda t: t[1])
+    rows.append(("worst torch engine / DDP", f"{worst[1]:.2f} ({worst[0]})   (target >= 1.0)"))
+    report(f"torch engine sync x2 vs DDP x2 (gloo, {os.cpu_count()} cores), median of "
+           f"{args.repeats}", rows, extra)
+
+
+if __name__ == "__main__":
+    main()

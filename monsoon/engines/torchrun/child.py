@@ -1,0 +1,37 @@
+"""A rank started by ``launch.py``'s elastic agent:
+``python -m monsoon.engines.torchrun.child FOLDER``. It loads the pickled
+run, runs its part (``rank.run_rank``) and, as rank 0, writes the result
+back; a failure is written to ``FOLDER/error-RANK.txt`` and the process
+exits with status 1."""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+
+from .launch import child_failed, write_result
+from .rank import run_rank
+
+
+def main(folder: str) -> int:
+    folder = Path(folder)
+    rank = int(os.environ.get("RANK", -1))
+    try:
+        with open(folder / "job.pkl", "rb") as f:
+            job = pickle.load(f)
+        recorder = job.pop("recorder")
+        engine = job.pop("engine")
+        result = run_rank(engine, recorder=recorder, **job)
+        recorder.close()
+        if rank == 0:
+            write_result(folder, result, recorder)
+    except BaseException as exc:  # noqa: BLE001 - reported through the folder, then raised
+        child_failed(folder, rank, exc)
+        print(f"monsoon: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

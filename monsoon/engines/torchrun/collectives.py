@@ -1,0 +1,131 @@
+"""torch.distributed for the torch engine: the process group and the one
+collective it needs, a sum all-reduce of a NumPy buffer.
+
+Backends: ``gloo`` reduces CPU tensors in place, so a NumPy buffer is
+reduced through ``torch.from_numpy`` with no copy. ``nccl`` (``--dist-backend
+nccl``, or ``auto`` when CUDA is available) reduces GPU tensors: each rank
+uses the GPU of its LOCAL_RANK (one device per local rank, as torchrun's
+``--nproc-per-node`` = GPUs per node expects), the buffer is copied there,
+reduced, and copied back. The model itself computes where the problem
+computes (TorchProblem: the CPU); the NCCL path is untested here (no GPU).
+
+A restarted attempt (torchrun ``--max-restarts``) meets in its own prefix
+of torchrun's store. ``init_process_group`` gets ``--timeout`` as its timeout: every collective
+then fails after that long instead of torch's default (30 minutes for gloo,
+10 for NCCL), so a rank that dies or hangs ends the run within the timeout.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import numpy as np
+
+from ...errors import ConfigError
+
+ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank started by torchrun (or its agent)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def rank_env() -> dict:
+    """torchrun's variables, checked: rank, world_size, local_rank (ints),
+    master_addr, master_port, and the attempt (TORCHELASTIC_RESTART_COUNT)."""
+    missing = [k for k in ENV if k not in os.environ]
+    if missing:
+        raise ConfigError(f"the torch engine's ranks need torchrun's {', '.join(missing)} in "
+                          "the environment; start them with torchrun, or run monsoon train "
+                          "--engine torch --workers N without torchrun to launch them")
+    return {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]),
+            "local_rank": int(os.environ["LOCAL_RANK"]),
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+            "master_addr": os.environ["MASTER_ADDR"], "master_port": os.environ["MASTER_PORT"],
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
+
+
+def pick_backend(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--dist-backend nccl needs CUDA GPUs on every worker; use gloo on CPUs")
+    return requested
+
+
+class _Pending:
+    """An NCCL all-reduce in flight: on ``wait`` the GPU result is copied back."""
+
+    def __init__(self, work, host, device_tensor):
+        self.work, self.host, self.device_tensor = work, host, device_tensor
+
+    def wait(self):
+        self.work.wait()
+        self.host.copy_(self.device_tensor)
+
+
+class Collectives:
+    def __init__(self, backend: str, timeout: float, env: dict):
+        import torch
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.torch = torch
+        self.backend = pick_backend(backend)
+        self.device = None
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", env["local_rank"])
+            torch.cuda.set_device(self.device)
+        limit = datetime.timedelta(seconds=timeout)
+        # torchrun's env:// store, with this attempt's own prefix: the agent
+        # keeps its store across restarts, and a restarted gloo group would
+        # otherwise read the dead attempt's addresses (connection refused).
+        store, rank, world = next(dist.rendezvous("env://", timeout=limit))
+        store = dist.PrefixStore(f"monsoon/attempt-{env['restart']}/", store)
+        dist.init_process_group(self.backend, store=store, rank=rank, world_size=world,
+                                timeout=limit,
+                                **({"device_id": self.device} if self.device is not None else {}))
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+
+    def tensor(self, array: np.ndarray):
+        """A torch view of ``array`` (no copy): what ``all_reduce`` takes."""
+        return self.torch.from_numpy(array)
+
+    def all_reduce(self, t, async_op: bool = False):
+        """Sum ``t`` (a CPU tensor, see ``tensor``) over the ranks, in place."""
+        if self.device is None:
+            return self.dist.all_reduce(t, async_op=async_op)
+        on_device = t.to(self.device)
+        work = self.dist.all_reduce(on_device, async_op=True)
+        pending = _Pending(work, t, on_device)
+        if async_op:
+            return pending
+        pending.wait()
+        return None
+
+    def broadcast_array(self, array: np.ndarray, src: int = 0) -> None:
+        t = self.tensor(array)
+        if self.device is None:
+            self.dist.broadcast(t, src)
+        else:
+            on_device = t.to(self.device)
+            self.dist.broadcast(on_device, src)
+            t.copy_(on_device)
+
+    def broadcast_object(self, obj, src: int = 0):
+        box = [obj]
+        self.dist.broadcast_object_list(box, src)
+        return box[0]
+
+    def gather_object(self, obj, dst: int = 0):
+        out = [None] * self.world if self.rank == dst else None
+        self.dist.gather_object(obj, out, dst)
+        return out
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()

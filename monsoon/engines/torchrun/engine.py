@@ -1,0 +1,117 @@
+"""The torch engine: monsoon's strategies on torch.distributed, under torchrun.
+
+Each worker is one torchrun rank (one process; on GPUs, one per device).
+The ranks run the strategy's program and carry out its ops with
+all-reduces (``rank.py``); there is no parameter server. Two ways to start:
+
+- under torchrun, on any number of nodes (each rank runs the command)::
+
+    torchrun --nproc-per-node 2 -m monsoon train --engine torch --workers 2 ...
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \\
+        --rdzv-endpoint HOST:PORT -m monsoon train --engine torch --workers 2 ...
+
+  ``--workers`` must equal torchrun's world size; rank 0 writes the run
+  folder, the other ranks print nothing (``monsoon.train`` returns them a
+  Result whose summary is ``{"follower": True}``);
+- without torchrun, ``monsoon train --engine torch --workers N`` (or
+  ``monsoon.train(..., engine="torch")``) starts torchrun's elastic agent
+  itself on this machine (``launch.py``), with ``--max-restarts``.
+
+Strategies: sync (all-reduce of the flat gradient, overlapped with backward
+in buckets for torch problems), local-sgd and DiLoCo (all-reduce of the
+drifts), easgd (synchronous elastic averaging). async is refused: Downpour's
+server answers each worker's push the moment it arrives, which collectives
+(every rank at once) cannot do soundly; hogwild needs shared memory.
+
+Faults: every collective has ``--timeout`` (``init_process_group``'s
+timeout), so a rank that dies or hangs fails the others within it, not
+after torch's 30-minute default. Under ``--max-restarts`` the agent
+restarts every rank, and a sync run carries on from the run folder's newest
+checkpoint (``--checkpoint-every``), ending as the uninterrupted run would.
+"""
+from __future__ import annotations
+
+from ...errors import ConfigError
+from ...options import Option
+from .. import checkpoints
+from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
+from .collectives import under_torchrun
+
+SUPPORTED = ("sync", "local-sgd", "easgd")
+ADVICE = {
+    "async": "async (Downpour) needs a parameter server that applies each worker's push the "
+             "moment it arrives; torch.distributed's collectives move every rank at once, and "
+             "its point-to-point calls would make rank 0 a server thread monsoon cannot time "
+             "out soundly: use --engine ray (a cluster) or --engine local",
+    "hogwild": "hogwild updates one parameter array in shared memory without locks, and "
+               "torchrun's ranks share no memory: use --engine local",
+    "serial": "serial runs one worker: use --engine local",
+}
+
+
+class TorchEngine:
+    name = "torch"
+    virtual_time = False
+    backend_used = "torch.distributed"
+    options = (
+        TIMEOUT, CHECKPOINT_EVERY, RESUME,
+        Option("dist_backend", str, "auto", "torch.distributed backend (auto: nccl where CUDA "
+               "is available, else gloo)", choices=("auto", "gloo", "nccl")),
+        Option("bucket_mb", float, 25.0, "sync on torch problems: all-reduce the gradient in "
+               "buckets of this many MB while backward runs (0: one all-reduce after it)",
+               check=lambda v: None if v >= 0 else "0 or more"),
+        Option("max_restarts", int, 0, "without torchrun: restarts of every rank after a "
+               "failure (sync resumes from the newest checkpoint); under torchrun, use its "
+               "own --max-restarts", check=lambda v: None if v >= 0 else "0 or more"),
+    )
+
+    @classmethod
+    def from_options(cls, run, timeout=60.0, checkpoint_every=CHECKPOINT_EVERY.default,
+                     resume=None, dist_backend="auto", bucket_mb=25.0, max_restarts=0):
+        return cls(timeout=timeout, dist_backend=dist_backend, bucket_mb=bucket_mb,
+                   max_restarts=max_restarts,
+                   **checkpoint_paths(run.out, checkpoint_every, resume))
+
+    def __init__(self, timeout: float = 60.0, dist_backend: str = "auto",
+                 bucket_mb: float = 25.0, max_restarts: int = 0,
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+                 resume_dir: str | None = None):
+        self.timeout = timeout
+        self.dist_backend = dist_backend
+        self.bucket_mb = bucket_mb
+        self.max_restarts = max_restarts
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume_dir = resume_dir
+        self.identity = {}
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "timeout_s": self.timeout,
+                "dist_backend": self.dist_backend, "bucket_mb": self.bucket_mb,
+                "max_restarts": self.max_restarts, "checkpoint_every": self.checkpoint_every,
+                "resumed_from": self.resume_dir}
+
+    def check(self, strategy) -> None:
+        if strategy.name not in SUPPORTED:
+            advice = ADVICE.get(strategy.name, "use --engine local")
+            raise ConfigError(f"the torch engine runs {', '.join(SUPPORTED)}, not "
+                              f"{strategy.name}: {advice}")
+        if getattr(strategy, "backup_workers", 0):
+            raise ConfigError("the torch engine's all-reduce takes every rank, so it has no "
+                              "backup workers; drop --backup-workers, or use --engine ray")
+
+    def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
+            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
+                                   recorder)
+        self.check(strategy)
+        self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
+        if under_torchrun():
+            from .rank import run_rank
+
+            return run_rank(self, problem, rule, strategy, w0, workers, batch_size, seed,
+                            budget, recorder)
+        from .launch import launch
+
+        return launch(self, problem, rule, strategy, w0, workers, batch_size, seed, budget,
+                      recorder)

@@ -1,0 +1,108 @@
+"""``monsoon train --engine torch --workers N`` without torchrun: this
+process becomes torchrun's elastic agent (``torch.distributed.launcher.api.
+elastic_launch``, what torchrun itself calls) on this machine.
+
+The run's pieces (problem, rule, strategy, initial parameters, recorder)
+are pickled once into a private folder; the agent starts N ranks, each
+``python -m monsoon.engines.torchrun.child FOLDER`` with torchrun's
+environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, from a
+c10d rendezvous on a free local port, as ``torchrun --standalone`` does).
+Rank 0 pickles its EngineResult and its recorder's state back; a rank that
+fails writes its error there, and the agent's ChildFailedError is turned
+into one ``WorkerError`` naming the rank that died first (by a signal) or
+failed. With ``max_restarts`` the agent restarts every rank after a failure.
+The folder is removed in every case.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from ...errors import WorkerError
+
+RECORDER_SKIP = ("problem", "_bar")
+
+
+def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    folder = Path(tempfile.mkdtemp(prefix="monsoon-torch-"))
+    try:
+        with open(folder / "job.pkl", "wb") as f:
+            pickle.dump({"engine": engine, "problem": problem, "rule": rule,
+                         "strategy": strategy, "w0": w0, "workers": workers,
+                         "batch_size": batch_size, "seed": seed, "budget": budget,
+                         "recorder": recorder}, f, protocol=pickle.HIGHEST_PROTOCOL)
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=workers,
+                              run_id=uuid.uuid4().hex[:12], rdzv_backend="c10d",
+                              rdzv_endpoint="127.0.0.1:0", max_restarts=engine.max_restarts,
+                              monitor_interval=0.05,
+                              rdzv_configs={"join_timeout": max(30, int(engine.timeout))})
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        try:
+            elastic_launch(config, entrypoint=sys.executable)(
+                "-m", "monsoon.engines.torchrun.child", str(folder))
+        except ChildFailedError as exc:
+            raise WorkerError(failure_message(exc, folder, engine)) from None
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+        with open(folder / "result.pkl", "rb") as f:
+            out = pickle.load(f)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    recorder.__dict__.update(out["recorder"])
+    return out["result"]
+
+
+def failure_message(exc, folder: Path, engine) -> str:
+    """One line: the rank that died (a signal other than the agent's own
+    SIGTERM) or failed first, with its error, then the others."""
+    failures = dict(exc.failures)
+    parts = []
+
+    def error_of(rank):
+        path = folder / f"error-{rank}.txt"
+        return path.read_text().strip() if path.exists() else None
+
+    def why(rank, failure):
+        if failure.exitcode < 0:
+            try:
+                name = signal.Signals(-failure.exitcode).name
+            except ValueError:
+                name = f"signal {-failure.exitcode}"
+            return f"rank {rank} died ({name})"
+        err = error_of(rank)
+        return f"rank {rank} failed (exit code {failure.exitcode})" + (f": {err}" if err else "")
+
+    killed = [r for r, f in failures.items() if f.exitcode < 0 and f.exitcode != -signal.SIGTERM]
+    first = sorted(killed) or sorted(failures, key=lambda r: failures[r].timestamp)
+    order = first + [r for r in sorted(failures) if r not in first]
+    for rank in order:
+        parts.append(why(rank, failures[rank]))
+    restarts = (f" after {engine.max_restarts} restart(s)" if engine.max_restarts else
+                " (--max-restarts 0)")
+    return "torch engine: " + "; ".join(parts) + restarts
+
+
+def child_failed(folder: Path, rank: int, exc: BaseException) -> None:
+    """A rank's error, for the agent's process to report."""
+    msg = str(exc).strip().splitlines()
+    (folder / f"error-{rank}.txt").write_text(f"{type(exc).__name__}: "
+                                             f"{msg[0] if msg else ''}")
+
+
+def write_result(folder: Path, result, recorder) -> None:
+    state = {k: v for k, v in recorder.__dict__.items() if k not in RECORDER_SKIP}
+    tmp = folder / "result.pkl.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump({"result": result, "recorder": state}, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, folder / "result.pkl")

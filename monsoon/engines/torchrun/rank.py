@@ -1,0 +1,356 @@
+"""One rank of the torch engine: it runs its strategy program and carries
+out each op with torch.distributed collectives (the same programs the local
+and Ray engines run).
+
+Every rank holds a replica of the server's parameters and of the server
+rule's state; every collective is one sum all-reduce of a buffer
+``[payload (n parameters), examples, active, stop]``:
+
+- ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
+  rescales by B / sum_k n_k where a batch is short, which gives the
+  example-weighted mean gradient (the full-batch gradient), and applies
+  the rule to its replica: as after DDP's all-reduce, the replicas stay
+  identical because the all-reduce hands every rank the same sum. For torch
+  problems the all-reduce runs in buckets during backward (``buckets.py``).
+- ``Average`` (local SGD, DiLoCo): payload n_k (theta - theta_k), the
+  drift; the server's (outer) rule applies the mean drift to the replica,
+  and the working copy is reset to it.
+- ``Elastic`` (EASGD, synchronous form of Zhang, Choromanska, LeCun 2015):
+  payload d_k = alpha (x_k - x~); x_k -= d_k, x~ += sum_k d_k.
+- ``LocalApply``, ``Fetch``: local, no communication.
+
+``active`` makes programs of unequal length safe: a rank whose program has
+ended keeps joining the others' collectives with zeros (weight 0) until a
+collective comes back with no active rank, so the ranks always make the
+same calls. ``stop`` is rank 0's: it is raised when the recorder stops the
+run (divergence), and every rank ends its program after that collective.
+
+Rank 0 records the loss curve from its replica and, for sync, writes an
+exact checkpoint every ``checkpoint_every`` steps (parameters, rule state,
+step; ``engines/checkpoints.py``). A restarted attempt (torchrun
+``--max-restarts``: TORCHELASTIC_RESTART_COUNT > 0) resumes from the run
+folder's newest checkpoint, which rank 0 reads and broadcasts: it skips the
+steps done and ends bit-identical to an uninterrupted run.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+
+from ...errors import ConfigError, WorkerError
+from ...rules import UpdateInfo
+from ...rules.local import LocalRule
+from ...strategies import WorkerJob
+from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
+from .. import checkpoints
+from ..local.engine import EngineResult
+from ..reduce import finite
+from .buckets import Buckets
+from .collectives import Collectives, rank_env
+
+FLAGS = 3
+EXAMPLES, ACTIVE, STOP = 0, 1, 2
+
+
+class _Stop(Exception):
+    """Rank 0 asked every rank to stop (the recorder's verdict)."""
+
+
+class RankWorker:
+    def __init__(self, comm, problem, rule, strategy, w0, job, recorder, engine, start):
+        self.comm = comm
+        self.rank, self.world = comm.rank, comm.world
+        self.problem = problem
+        self.rule = rule
+        self.strategy = strategy
+        self.job = job
+        self.recorder = recorder if comm.rank == 0 else None
+        self.engine = engine
+        n = w0.size
+        self.n = n
+        self.server = np.array(w0, copy=True)
+        self.state = rule.init(n, w0.dtype)
+        self.work = self.server if strategy.shared_params else np.array(w0, copy=True)
+        self.buf = np.zeros(n + FLAGS, dtype=w0.dtype)
+        self.grad, self.flags = self.buf[:n], self.buf[n:]
+        self.whole = comm.tensor(self.buf)
+        self.local_rule = None
+        self.step = start["step"]  # collectives done (sync: steps) since the run began
+        self.updates = start["updates"]
+        self.dropped = start["dropped"]
+        self.examples = 0  # this rank's, this attempt
+        self.examples_before = start["examples"]
+        self.time_before = start["time_s"]
+        self.want_stop = False
+        self.stopped = None
+        self.last_checkpoint = None
+        # sync's contributions are n_k / B g_k (B: the batch size), so a full
+        # batch's sum is already the mean, as DDP's grad / world is
+        self.unit = float(job.batch_size)
+        exact = engine.checkpoint_dir and strategy.name == "sync"  # steps: exact checkpoints
+        self.every = engine.checkpoint_every if exact else 0
+        self.buckets = None
+        if strategy.name == "sync" and hasattr(problem, "backward") and engine.bucket_mb > 0:
+            self.buckets = Buckets(problem, self.buf, FLAGS, comm, int(engine.bucket_mb * 2**20))
+        self.handlers = {Gradient: self.gradient, AllReduce: self.all_reduce,
+                         Average: self.average, Elastic: self.elastic,
+                         LocalApply: self.local_apply, Fetch: self.fetch}
+        self.t0 = time.perf_counter()
+
+    # -- the program -------------------------------------------------------
+    def run(self) -> None:
+        program = self.strategy.program(self.job)
+        result = None
+        try:
+            while True:
+                op = program.send(result)
+                handler = self.handlers.get(type(op))
+                if handler is None:
+                    raise ConfigError(f"the torch engine cannot carry out {type(op).__name__} "
+                                      f"({self.strategy.name}); use --engine local or ray")
+                result = handler(op)
+        except (StopIteration, _Stop):
+            program.close()
+        self._drain()
+
+    def _drain(self) -> None:
+        """Join the others' collectives with nothing until none is active."""
+        while True:
+            self.buf.fill(0)
+            self._reduce("the end of the run")
+            if self.flags[ACTIVE] == 0:
+                return
+
+    def _reduce(self, what: str) -> None:
+        try:
+            self.comm.all_reduce(self.whole)
+        except Exception as exc:  # noqa: BLE001 - gloo/NCCL errors: say what it means
+            self._failed(what, exc)
+
+    def _failed(self, what: str, exc) -> None:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WorkerError(f"rank {self.rank}: the all-reduce of {what} failed after "
+                          f"{time.perf_counter() - self.t0:.1f} s ({msg}); another rank died "
+                          f"or stalled for longer than --timeout {self.engine.timeout:g} s "
+                          "(torchrun's report names it)") from exc
+
+    def _flags(self, examples: int) -> None:
+        self.flags[EXAMPLES] = examples
+        self.flags[ACTIVE] = 1
+        self.flags[STOP] = 1 if self.want_stop else 0
+
+    # -- ops ----------------------------------------------------------------
+    def gradient(self, op):
+        problem = self.problem
+        if op.next is not None and hasattr(problem, "prefetch"):
+            problem.prefetch(op.next)
+        self.examples += len(op.indices)
+        if self.buckets is not None:
+            self._flags(len(op.indices))
+            loss = self.buckets.gradient(self.work, op.indices, len(op.indices) / self.unit)
+            return loss, self.grad
+        return problem.gradient(self.work, op.indices)
+
+    def all_reduce(self, op):
+        if self.buckets is not None:
+            if op.grad is None:
+                self._flags(0)
+                self.buckets.begin(0)
+            try:
+                self.buckets.finish()
+            except Exception as exc:  # noqa: BLE001
+                self._failed(f"step {self.step}", exc)
+        else:
+            if op.grad is None:
+                self.grad.fill(0)
+            else:
+                np.multiply(op.grad, op.examples / self.unit, out=self.grad)
+            self._flags(op.examples)
+            self._reduce(f"step {self.step}")
+        self._apply_mean(self.server, self.state, self.unit)
+        return 0
+
+    def average(self, op):
+        np.subtract(self.server, self.work, out=self.grad)
+        self.grad *= op.examples
+        self._flags(op.examples)
+        self._reduce(f"round {self.step}")
+        self._apply_mean(self.server, self.state, 1)
+        self.work[:] = self.server
+        return 0
+
+    def _apply_mean(self, params, state, unit) -> None:
+        """The buffer holds sum_k (n_k / unit) x_k: divide by sum_k n_k / unit
+        (nothing to do when that is 1: sync's full batches)."""
+        total = self.flags[EXAMPLES]
+        if total > 0 and total != unit:
+            self.grad *= unit / total
+        if total > 0 and finite(self.grad):
+            self.rule.apply(params, self.grad, state,
+                            UpdateInfo(step=self.step, staleness=0, worker=self.rank))
+            self.updates += 1
+        else:
+            self.dropped += 1
+        self._after_collective()
+
+    def elastic(self, op):
+        np.subtract(self.work, self.server, out=self.grad)
+        self.grad *= op.alpha
+        self.work -= self.grad  # x_k -= d_k, before the buffer holds the sum
+        self._flags(0)
+        self._reduce(f"exchange {self.step}")
+        self.server += self.grad  # x~ += sum_k d_k
+        self.updates += int(self.flags[ACTIVE])
+        self._after_collective()
+
+    def local_apply(self, op):
+        if not finite(op.grad):
+            self.dropped += 1
+            return
+        if self.local_rule is None:
+            self.local_rule = LocalRule(self.strategy.local_rule, self.rank)
+        self.local_rule.apply(self.work, op.grad)
+
+    def fetch(self, op):
+        self.work[:] = self.server
+        return np.zeros(1, dtype=np.int64)
+
+    # -- after every collective ---------------------------------------------
+    def _after_collective(self) -> None:
+        self.step += 1
+        stop = self.flags[STOP] > 0
+        if self.every and self.step % self.every == 0 and self.rank == 0:
+            self.save_checkpoint()
+        if self.recorder is not None:
+            now = self.time_before + time.perf_counter() - self.t0
+            examples = self.examples_before + self.examples * self.world
+            if self.recorder.due(now, examples):
+                reason = self.recorder.record(now, self.updates, examples, self.server,
+                                              self.dropped)
+                if reason is not None and not self.want_stop:
+                    self.want_stop, self.stopped = True, reason
+        if stop:
+            raise _Stop()
+
+    def save_checkpoint(self) -> None:
+        arrays = {"params": self.server}
+        arrays.update({"state." + f: a for f, a in zip(self.state._fields, self.state)})
+        now = self.time_before + time.perf_counter() - self.t0
+        meta = {**self.engine.identity, "step": self.step, "updates": self.updates,
+                "dropped": self.dropped,
+                "examples": self.examples_before + self.examples * self.world,
+                "time_s": now, "exact": True, "reason": "periodic",
+                "rows": [dict(r) for r in self.recorder.settled_rows()]}
+        self.last_checkpoint = str(checkpoints.save(self.engine.checkpoint_dir, self.step, meta,
+                                                    arrays))
+
+
+def _resume_point(engine, comm, rule, strategy, w0, env) -> dict:
+    """Rank 0 reads the checkpoint to start from (``--resume``, or the run
+    folder's own after a restart) and broadcasts it."""
+    start = {"step": 0, "updates": 0, "dropped": 0, "examples": 0, "time_s": 0.0,
+             "rows": [], "params": None, "state": None, "from": None}
+    directory = engine.resume_dir
+    if directory is None and env["restart"] > 0 and engine.checkpoint_dir \
+            and checkpoints.checkpoint_files(engine.checkpoint_dir):
+        directory = engine.checkpoint_dir
+    if directory is None:
+        return start
+    if strategy.name != "sync":
+        raise ConfigError(f"the torch engine resumes sync runs only, not {strategy.name}; "
+                          "use --engine local or ray to resume it")
+    found = None
+    if comm.rank == 0:
+        template = rule.init(w0.size, w0.dtype)
+        shapes = {"params": (w0.shape, w0.dtype)}
+        shapes.update({"state." + f: (a.shape, a.dtype)
+                       for f, a in zip(template._fields, template)})
+        try:
+            ckpt = checkpoints.load_latest(directory, engine.identity, shapes)
+            found = {k: ckpt.meta[k] for k in ("step", "updates", "dropped", "examples",
+                                                "time_s", "rows")}
+            found.update(params=ckpt.arrays["params"], from_=str(ckpt.path),
+                         state={f: ckpt.arrays["state." + f] for f in template._fields})
+        except ConfigError as exc:
+            found = {"error": str(exc)}
+    found = comm.broadcast_object(found)
+    if "error" in found:
+        raise ConfigError(found["error"])
+    start.update(found)
+    start["from"] = found["from_"]
+    return start
+
+
+def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+    """This process's part of the run; rank 0 returns the run's EngineResult,
+    the others one marked ``follower``."""
+    import torch
+
+    from ..lifecycle import set_death_signal
+
+    t_begin = time.perf_counter()
+    env = rank_env()
+    set_death_signal()  # torchrun starts ranks in sessions of their own: die with the agent
+    if env["world_size"] != workers:
+        raise ConfigError(f"--workers {workers}, but torchrun started {env['world_size']} "
+                          f"ranks (WORLD_SIZE); pass --workers {env['world_size']}")
+    import os
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))
+    comm = Collectives(engine.dist_backend, engine.timeout, env)
+    worker = None
+    try:
+        start = _resume_point(engine, comm, rule, strategy, w0, env)
+        w = np.array(w0, copy=True)
+        if start["params"] is not None:
+            w[:] = start["params"]
+        comm.broadcast_array(w)  # every rank starts from rank 0's parameters, as DDP does
+        rank = comm.rank
+        if hasattr(problem, "seed_rng"):
+            problem.seed_rng(seed, rank)
+        job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
+                        start_step=start["step"] if strategy.name == "sync" else 0)
+        worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start)
+        if start["state"] is not None:
+            for f, arr in zip(worker.state._fields, worker.state):
+                arr[...] = start["state"][f]
+        if rank == 0:
+            if start["rows"]:
+                recorder.resume(start["rows"])
+            recorder.start(worker.server)
+        startup = time.perf_counter() - t_begin
+        worker.t0 = t0 = time.perf_counter()
+        worker.run()
+        wall = time.perf_counter() - t0
+        if worker.every and rank == 0 and worker.step % worker.every:
+            worker.save_checkpoint()  # the final state, for a later --resume
+        mine = {"examples": worker.examples, "dropped": worker.dropped,
+                "params": None if strategy.shared_params else worker.work,
+                "state": problem.state() if hasattr(problem, "state") else None}
+        gathered = comm.gather_object(mine)
+        if worker.buckets is not None:
+            worker.buckets.remove()
+        comm.dist.barrier()
+    finally:
+        comm.close()
+    if rank != 0:
+        return EngineResult(worker.server, startup, wall, worker.examples, worker.updates,
+                            worker.dropped, Counter(), follower=True)
+    examples = start["examples"] + sum(g["examples"] for g in gathered)
+    extra = {"world_size": comm.world, "dist_backend": comm.backend,
+             "restarts": env["restart"], "bucket_count": worker.buckets.count
+             if worker.buckets is not None else None}
+    if start["from"]:
+        extra["resumed_from"] = start["from"]
+        extra["resumed_at_step"] = start["step"]
+    if worker.last_checkpoint:
+        extra["checkpoint"] = worker.last_checkpoint
+    return EngineResult(
+        worker.server, startup, start["time_s"] + wall, examples, worker.updates,
+        worker.dropped, Counter({0: worker.updates - start["updates"]}),
+        worker_params={r: g["params"] for r, g in enumerate(gathered) if g["params"] is not None},
+        worker_states={r: g["state"] for r, g in enumerate(gathered) if g["state"]},
+        extra=extra, stopped=worker.stopped)

@@ -1,0 +1,219 @@
+"""The torch engine (issue 16) on real torchrun jobs, 2 ranks on gloo.
+
+- sync x2 equals serial (float64, 1e-9) and DDP x2 from the same module;
+  local-sgd with H = 1 equals sync (both launched by ``monsoon.train``, which
+  becomes torchrun's elastic agent);
+- a rank killed mid-run fails the run within ``--timeout``, naming the rank;
+  with ``--max-restarts 1`` and checkpoints the run completes, equal to an
+  uninterrupted one;
+- two torchrun invocations (``--nnodes 2``, c10d rendezvous on 127.0.0.1)
+  train together, as two nodes would.
+
+Every process is started in a session of its own and its whole tree is
+killed in ``finally``; ports are free ones.
+"""
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import monsoon
+from monsoon.errors import ConfigError
+from monsoon.problems import TorchProblem
+
+from ddp_reference import _free_port, run_ddp
+
+pytestmark = pytest.mark.torchrun
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+# A run long enough to be killed mid-way, short enough to finish (~2 ms a step)
+RUN = ["--engine", "torch", "--workers", "2", "--strategy", "sync", "--problem", "exp",
+       "--dtype", "float64", "--quiet", "--timeout", "10"]
+STEPS = 800
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+            "OMP_NUM_THREADS": "1"}
+
+
+def _start(args, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env(),
+                            cwd=ROOT, start_new_session=True)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (torchrun's ranks run in sessions of their own)."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    for pid in reversed(_tree(proc.pid)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
+def _rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
+    for pid in _tree(proc.pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"-m\0monsoon.engines.torchrun.child" in \
+                Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    return None
+
+
+def _wait_for_checkpoint(out: Path, proc, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not list((out / "checkpoints").glob("ckpt-*.npz")):
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within 60 s"
+        time.sleep(0.005)
+
+
+def _final_params(out: Path) -> np.ndarray:
+    with np.load(out / "checkpoints" / f"ckpt-{STEPS:012d}.npz") as f:
+        return f["params"]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """Two torchrun invocations, one rank each, meeting at a c10d rendezvous
+    on 127.0.0.1: the uninterrupted run the restart test compares with."""
+    folder = tmp_path_factory.mktemp("two-nodes")
+    out, port = folder / "run", _free_port()
+    procs = []
+    try:
+        for node in range(2):
+            procs.append(_start([str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1",
+                                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                                 "--rdzv-id", f"monsoon-test-{port}", "-m", "monsoon", "train",
+                                 *RUN, "--steps", str(STEPS), "--checkpoint-every", "50",
+                                 "--out", str(out)], folder / f"node{node}.log"))
+        codes = [p.wait(timeout=100) for p in procs]
+    finally:
+        for p in procs:
+            _kill_tree(p)
+    logs = [(folder / f"node{n}.log").read_text() for n in range(2)]
+    return out, codes, logs
+
+
+def test_two_nodes_train_together(two_nodes):
+    """Each node's torchrun exits 0; one of them holds rank 0 and writes the
+    run folder; together they are one sync x2 run, equal to serial."""
+    out, codes, logs = two_nodes
+    assert codes == [0, 0], "\n".join(logs)
+    assert sum("run folder:" in log for log in logs) == 1  # only rank 0 reports
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["workers"] == 2
+    assert summary["updates"] == STEPS and summary["dist_backend"] == "gloo"
+    serial = monsoon.train("exp", "serial", 1, dtype="float64", steps=STEPS, progress=False,
+                           evals=0)
+    assert _rel(_final_params(out), serial.params) < 1e-9
+
+
+def test_killed_rank_fails_within_timeout_and_restart_resumes(two_nodes, tmp_path):
+    """Rank 1 is SIGKILLed after the first checkpoint. Without restarts the
+    run fails at once (well within --timeout 10), naming rank 1; with
+    --max-restarts 1 every rank restarts, resumes from the newest checkpoint
+    and ends bit-identical to the uninterrupted two-node run."""
+    for restarts in (0, 1):
+        out = tmp_path / f"run{restarts}"
+        steps = STEPS if restarts else 10 ** 6
+        proc = _start([sys.executable, "-m", "monsoon", "train", *RUN, "--steps", str(steps),
+                       "--checkpoint-every", "50", "--max-restarts", str(restarts),
+                       "--out", str(out)], tmp_path / f"log{restarts}")
+        try:
+            _wait_for_checkpoint(out, proc)
+            victim = _rank_pid(proc, 1)
+            assert victim is not None
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            code = proc.wait(timeout=60)
+            elapsed = time.monotonic() - killed
+        finally:
+            _kill_tree(proc)
+        log = (tmp_path / f"log{restarts}").read_text()
+        if restarts == 0:
+            assert code == 1, log
+            assert elapsed < 10, f"the run took {elapsed:.1f} s to fail"
+            assert "rank 1 died (SIGKILL)" in log
+        else:
+            assert code == 0, log
+            import json
+
+            summary = json.loads((out / "summary.json").read_text())
+            assert summary["restarts"] == 1 and summary["resumed_at_step"] >= 50
+            assert summary["updates"] == STEPS
+            np.testing.assert_array_equal(_final_params(out), _final_params(two_nodes[0]))
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
+    """The same module, 10 full-batch steps of SGD on 2 ranks launched by
+    ``monsoon.train``: sync equals serial and DDP (gloo) to 1e-9 in float64;
+    local-sgd with one local step equals sync."""
+    torch.manual_seed(7)
+    module = _mlp().double()
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(64, 8, generator=g, dtype=torch.float64)
+    y = (X[:, :1] * 2 - X[:, 1:2]).sin()
+    reference = run_ddp(copy.deepcopy(module), nn.MSELoss(), X, y, lr=0.1, steps=10, seed=0,
+                        path=tmp_path / "ddp.pt")
+    problem = TorchProblem(module, nn.MSELoss(), X, y, dtype="float64")
+    common = dict(lr=0.1, steps=10, batch_size=64, seed=0, progress=False)
+    sync = monsoon.train(problem, "sync", 2, engine="torch", timeout=30, **common)
+    assert sync.summary["engine"] == "torch" and sync.summary["world_size"] == 2
+    assert sync.summary["bucket_count"] >= 1 and sync.summary["updates"] == 10
+    serial = monsoon.train(problem, "serial", 1, **common)
+    assert _rel(sync.params, serial.params) < 1e-9
+    mine = sync.model.state_dict()
+    for name, value in reference.items():
+        assert _rel(mine[name], value) < 1e-9, name
+    local = monsoon.train(problem, "local-sgd", 2, engine="torch", local_steps=1, timeout=30,
+                          **common)
+    assert _rel(local.params, sync.params) < 1e-9
+    assert len(local.worker_params) == 2
+
+
+def test_refusals_name_the_engine_to_use():
+    for strategy, advice in (("async", "--engine ray"), ("hogwild", "--engine local")):
+        with pytest.raises(ConfigError, match=advice):
+            monsoon.train("exp", strategy, 2, engine="torch", steps=2, progress=False)
