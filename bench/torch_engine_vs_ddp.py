@@ -7,7 +7,7 @@ Each shape runs the two side by side, interleaved, ``--repeats`` times:
 - ``monsoon.train(problem, "sync", 2, engine="torch")``: torchrun's elastic
   agent starts 2 ranks (one torch thread each); examples/s of rank 0's
   training loop after its first 3 steps, from the loss curve's rows (a row
-  per 1/100 of the run, as ``monsoon.train`` records by default): the same
+  per 1/20 of the run): the same
   3 warm-up steps DDP's figure leaves out;
 - DDP on gloo, 2 spawned processes with one torch thread each
   (``ddp_peer.py``), after 3 warm-up steps.
@@ -30,6 +30,9 @@ from ddp_peer import ddp_examples_per_s
 from sync_sweep import LR, SHAPES, data
 
 WARMUP = 3  # steps left out of both figures (ddp_peer's warmup)
+# loss-curve rows: enough to find the end of the warm-up; each costs a full-data
+# evaluation after the run (100 of them took the CNN's runs past a minute)
+EVALS = 20
 
 
 def torch_engine(make_model, batch, steps) -> float:
@@ -38,7 +41,7 @@ def torch_engine(make_model, batch, steps) -> float:
     problem = monsoon.TorchProblem(make_model(), nn.CrossEntropyLoss(), X, torch.as_tensor(y),
                                    name="sweep")
     run = monsoon.train(problem, "sync", 2, engine="torch", dist_backend="gloo", steps=steps,
-                        batch_size=batch, lr=LR, seed=0, progress=False)
+                        batch_size=batch, lr=LR, seed=0, progress=False, evals=EVALS)
     rows, last = run.history, run.history[-1]
     warm = next(r for r in rows if r["updates"] >= WARMUP)
     if warm is last:
