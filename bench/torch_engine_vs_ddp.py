@@ -6,8 +6,8 @@ Each shape runs the two side by side, interleaved, ``--repeats`` times:
 
 - ``monsoon.train(problem, "sync", 2, engine="torch")``: torchrun's elastic
   agent starts 2 ranks (one torch thread each); examples/s of rank 0's
-  training loop after its first 3 steps, from the loss curve's rows (a row
-  per 1/20 of the run): the same
+  training loop after its first 3 steps, from the loss curve's rows (the
+  default 100 per run): the same
   3 warm-up steps DDP's figure leaves out;
 - DDP on gloo, 2 spawned processes with one torch thread each
   (``ddp_peer.py``), after 3 warm-up steps.
@@ -30,9 +30,9 @@ from ddp_peer import ddp_examples_per_s
 from sync_sweep import LR, SHAPES, data
 
 WARMUP = 3  # steps left out of both figures (ddp_peer's warmup)
-# loss-curve rows: enough to find the end of the warm-up; each costs a full-data
-# evaluation after the run (100 of them took the CNN's runs past a minute)
-EVALS = 20
+# loss-curve rows: the CLI's default, as a user runs it (each also costs a
+# full-data evaluation after the run, outside the figure)
+EVALS = 100
 
 
 def torch_engine(make_model, batch, steps) -> float:
