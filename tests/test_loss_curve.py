@@ -91,3 +91,35 @@ def test_non_finite_parameters_stop_the_run_as_diverged():
     with pytest.raises(monsoon.TrainingDiverged, match="lower the learning rate"):
         monsoon.train("linear", "sync", 2, epochs=2, lr=1e6, backend="threads", seed=0,
                       progress=False)
+
+
+def test_snapshots_keep_clear_of_their_own_cost():
+    """On a real clock, a snapshot is not due again before 50x its own cost
+    has passed, however many rows the budget asks for."""
+    problem = make_problem("linear")
+    big = np.zeros(4_000_000)  # a copy and a check of 32 MB: milliseconds
+    rec = Recorder(problem, total_examples=100, evals=100, progress=False)
+    rec.record(0.0, 0, 0, big)
+    assert not rec.due(1e-4, 50)  # 50 rows' worth of examples later, 0.1 ms later
+    assert rec.due(10.0, 50)
+    virtual = Recorder(problem, total_examples=100, evals=100, progress=False, cost_aware=False)
+    virtual.record(0.0, 0, 0, big)
+    assert virtual.due(1e-4, 50)  # a simulated clock owes nothing to the copy's real cost
+
+
+def test_serial_runs_a_small_model_on_one_torch_thread():
+    import torch
+
+    problem = make_problem("exp")
+    seen = []
+    inner = problem.gradient
+
+    def gradient(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return inner(*args, **kwargs)
+
+    problem.gradient = gradient
+    before = torch.get_num_threads()
+    monsoon.train(problem, "serial", steps=5, seed=0, progress=False)
+    assert set(seen) == {1}
+    assert torch.get_num_threads() == before
