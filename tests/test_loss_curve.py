@@ -97,7 +97,7 @@ def test_snapshots_keep_clear_of_their_own_cost():
     """On a real clock, a snapshot is not due again before 50x its own cost
     has passed, however many rows the budget asks for."""
     problem = make_problem("linear")
-    big = np.zeros(4_000_000)  # a copy and a check of 32 MB: milliseconds
+    big = np.zeros(4_000_000)  # 32 MB: a copy and a check take ~30 ms
     rec = Recorder(problem, total_examples=100, evals=100, progress=False)
     rec.record(0.0, 0, 0, big)
     assert not rec.due(1e-4, 50)  # 50 rows' worth of examples later, 0.1 ms later

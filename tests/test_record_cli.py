@@ -51,7 +51,7 @@ def test_history_and_final_loss_use_the_same_objective():
 
 def test_compare_writes_report_plot_and_one_folder_per_strategy(tmp_path):
     comparison = monsoon.compare("exp", "serial,sync,hogwild", workers=2, out=tmp_path,
-                                 epochs=2, target_loss=1.0)
+                                 epochs=2, target_loss=1.0, backend="threads")
     for s in ("serial", "sync", "hogwild"):
         assert (tmp_path / s / "summary.json").exists()
     with open(tmp_path / "comparison.csv") as f:

@@ -94,7 +94,10 @@ def test_batchnorm_dropout_model_is_evaluated_in_eval_mode_under_every_strategy(
     for strategy, workers in [("serial", 1), ("sync", 2), ("async", 2), ("hogwild", 2),
                               ("local-sgd", 2), ("easgd", 2)]:
         problem = TorchProblem(_bn_dropout(), nn.CrossEntropyLoss(), X, y)
-        result = monsoon.train(problem, strategy, workers, lr=0.03, epochs=6, seed=0, evals=0)
+        # processes for two strategies (buffers come back pickled), threads for the rest
+        backend = "processes" if strategy in ("sync", "async") else "threads"
+        result = monsoon.train(problem, strategy, workers, lr=0.03, epochs=6, seed=0, evals=0,
+                               backend=backend)
         model = result.model.eval()
         with torch.no_grad():
             direct = float(nn.CrossEntropyLoss()(model(X), y))

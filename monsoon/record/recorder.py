@@ -15,7 +15,7 @@ bounded: at most ``max_bytes`` in all; when the pool is full every other
 snapshot is dropped and the interval doubles, so a run of any length and any
 model size keeps an evenly spaced curve in bounded memory. Where the clock
 is real (``cost_aware``), snapshots are also at least ``COST_SPACING`` times
-their own cost apart, so a large model's copies take at most ~2% of the run
+their own cost apart (estimated from their size), so a large model's copies take at most ~2% of the run
 however short it is (a 7 MB model's copy and check cost ~3 ms; a 30-step
 benchmark due a row every step would otherwise pay it every step).
 
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import numpy as np
 
 COLUMNS = ("time_s", "updates", "examples", "epoch", "loss")
 COST_SPACING = 50
+COPY_BYTES_PER_S = 2e9  # a snapshot reads the parameters twice (copy, finite check)
 DIVERGED = "diverged: the loss became {loss} after {updates} updates; lower the learning rate (--lr)"
 # written where the problem reports them (``problem.evaluate``): torch
 # problems with a classification loss or a validation set
@@ -101,7 +101,6 @@ class Recorder:
 
     def record(self, now: float, updates: int, examples: int, params, dropped: int = 0):
         """Snapshot ``params`` (copied: the caller may go on writing them)."""
-        t0 = time.perf_counter()
         if self.evals > 0 or not self.snapshots:
             self._keep(now, updates, examples, np.array(params, copy=True))
         evals = max(self.evals, 1)
@@ -114,8 +113,9 @@ class Recorder:
         elif dropped > 100 and dropped > updates:
             self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
                                 f"dropped (only {updates} applied); lower the learning rate (--lr)")
-        if self.cost_aware:
-            self._earliest = now + COST_SPACING * (time.perf_counter() - t0)
+        if self.cost_aware:  # the copy's cost from its size: a clock here would count
+            # the time a monitor thread waits for the GIL as the copy's
+            self._earliest = now + COST_SPACING * 2 * params.nbytes / COPY_BYTES_PER_S
         if self._bar is not None:
             self._bar.n = min(examples, self._bar.total or examples)
             self._bar.refresh()

@@ -5,7 +5,6 @@ import csv
 import io
 from pathlib import Path
 
-from .plots import plot_loss
 from .run_folder import atomic_write
 
 CSV_COLUMNS = ("strategy", "workers", "final_loss", "wall_time_s", "startup_s", "examples",
@@ -115,6 +114,7 @@ def write_comparison(out: Path, problem: str, summaries: list[dict], histories: 
     for r in rows:
         writer.writerow({k: "" if r[k] is None else r[k] for k in CSV_COLUMNS})
     atomic_write(Path(out) / "comparison.csv", buf.getvalue())
+    from .plots import plot_loss  # matplotlib loads only when a plot is drawn
     plot_loss(Path(out) / "comparison.png", histories, title=f"{problem}: loss by strategy")
     atomic_write(Path(out) / "report.md", report_markdown(problem, rows, target))
     return rows
