@@ -188,8 +188,9 @@ def _mlp():
 
 def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
     """The same module, 10 full-batch steps of SGD on 2 ranks launched by
-    ``monsoon.train``: sync equals serial and DDP (gloo) to 1e-9 in float64;
-    local-sgd with one local step equals sync."""
+    ``monsoon.train``: sync equals serial and DDP (gloo) to 1e-9 in float64,
+    reducing through shared memory (the default on one machine) and through
+    gloo's all-reduce in buckets; local-sgd with one local step equals sync."""
     torch.manual_seed(7)
     module = _mlp().double()
     g = torch.Generator().manual_seed(1)
@@ -201,12 +202,16 @@ def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
     common = dict(lr=0.1, steps=10, batch_size=64, seed=0, progress=False)
     sync = monsoon.train(problem, "sync", 2, engine="torch", timeout=30, **common)
     assert sync.summary["engine"] == "torch" and sync.summary["world_size"] == 2
-    assert sync.summary["bucket_count"] >= 1 and sync.summary["updates"] == 10
+    assert sync.summary["reduce_via"] == "shm" and sync.summary["updates"] == 10
+    buckets = monsoon.train(problem, "sync", 2, engine="torch", timeout=30,
+                            reduce_via="backend", **common)
+    assert buckets.summary["reduce_via"] == "gloo" and buckets.summary["bucket_count"] >= 1
     serial = monsoon.train(problem, "serial", 1, **common)
-    assert _rel(sync.params, serial.params) < 1e-9
-    mine = sync.model.state_dict()
-    for name, value in reference.items():
-        assert _rel(mine[name], value) < 1e-9, name
+    for run in (sync, buckets):
+        assert _rel(run.params, serial.params) < 1e-9
+        mine = run.model.state_dict()
+        for name, value in reference.items():
+            assert _rel(mine[name], value) < 1e-9, name
     local = monsoon.train(problem, "local-sgd", 2, engine="torch", local_steps=1, timeout=30,
                           **common)
     assert _rel(local.params, sync.params) < 1e-9

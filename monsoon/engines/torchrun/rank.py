@@ -49,6 +49,7 @@ from ..local.engine import EngineResult
 from ..reduce import finite
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
+from .shm_reduce import ShmAllReduce, uses_shm
 
 FLAGS = 3
 EXAMPLES, ACTIVE, STOP = 0, 1, 2
@@ -59,7 +60,8 @@ class _Stop(Exception):
 
 
 class RankWorker:
-    def __init__(self, comm, problem, rule, strategy, w0, job, recorder, engine, start):
+    def __init__(self, comm, problem, rule, strategy, w0, job, recorder, engine, start,
+                 shm=None):
         self.comm = comm
         self.rank, self.world = comm.rank, comm.world
         self.problem = problem
@@ -92,7 +94,9 @@ class RankWorker:
         exact = engine.checkpoint_dir and strategy.name == "sync"  # steps: exact checkpoints
         self.every = engine.checkpoint_every if exact else 0
         self.buckets = None
-        if strategy.name == "sync" and hasattr(problem, "backward") and engine.bucket_mb > 0:
+        self.shm = shm
+        if shm is None and strategy.name == "sync" and hasattr(problem, "backward") \
+                and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS, comm, int(engine.bucket_mb * 2**20))
         self.handlers = {Gradient: self.gradient, AllReduce: self.all_reduce,
                          Average: self.average, Elastic: self.elastic,
@@ -125,7 +129,10 @@ class RankWorker:
 
     def _reduce(self, what: str) -> None:
         try:
-            self.comm.all_reduce(self.whole)
+            if self.shm is not None:
+                self.shm.all_reduce(self.buf)
+            else:
+                self.comm.all_reduce(self.whole)
         except Exception as exc:  # noqa: BLE001 - gloo/NCCL errors: say what it means
             self._failed(what, exc)
 
@@ -160,6 +167,18 @@ class RankWorker:
                 self.buckets.begin(0)
             try:
                 self.buckets.finish()
+            except Exception as exc:  # noqa: BLE001
+                self._failed(f"step {self.step}", exc)
+        elif self.shm is not None:  # the contribution goes straight into its slot
+            slot = self.shm.contribution()
+            if op.grad is None:
+                slot[:self.n].fill(0)
+            else:
+                np.multiply(op.grad, op.examples / self.unit, out=slot[:self.n])
+            self._flags(op.examples)
+            slot[self.n:] = self.flags
+            try:
+                self.shm.reduce(self.buf)
             except Exception as exc:  # noqa: BLE001
                 self._failed(f"step {self.step}", exc)
         else:
@@ -301,7 +320,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))
     comm = Collectives(engine.dist_backend, engine.timeout, env)
-    worker = None
+    worker = shm = None
     try:
         start = _resume_point(engine, comm, rule, strategy, w0, env)
         w = np.array(w0, copy=True)
@@ -313,7 +332,9 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
             problem.seed_rng(seed, rank)
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                         start_step=start["step"] if strategy.name == "sync" else 0)
-        worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start)
+        if uses_shm(engine.reduce_via, comm.backend, env):
+            shm = ShmAllReduce(comm, w.size + FLAGS, w.dtype, engine.timeout)
+        worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm)
         if start["state"] is not None:
             for f, arr in zip(worker.state._fields, worker.state):
                 arr[...] = start["state"][f]
@@ -335,12 +356,15 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
             worker.buckets.remove()
         comm.dist.barrier()
     finally:
+        if shm is not None:
+            shm.close()
         comm.close()
     if rank != 0:
         return EngineResult(worker.server, startup, wall, worker.examples, worker.updates,
                             worker.dropped, Counter(), follower=True)
     examples = start["examples"] + sum(g["examples"] for g in gathered)
     extra = {"world_size": comm.world, "dist_backend": comm.backend,
+             "reduce_via": "shm" if shm is not None else comm.backend,
              "restarts": env["restart"], "bucket_count": worker.buckets.count
              if worker.buckets is not None else None}
     if start["from"]:
