@@ -67,7 +67,7 @@ class TorchEngine:
                "buckets of this many MB while backward runs (0: one all-reduce after it)",
                check=lambda v: None if v >= 0 else "0 or more"),
         Option("reduce_via", str, "auto", "how the ranks sum their buffers: shm (through shared "
-               "memory; every rank on one machine), backend (--dist-backend's all-reduce), "
+               "memory; every rank on one machine), backend (the process group's all-reduce), "
                "auto (shm where every rank is on this machine and the backend is gloo)",
                choices=REDUCE_VIA),
         Option("max_restarts", int, 0, "without torchrun: restarts of every rank after a "
