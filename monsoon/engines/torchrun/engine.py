@@ -21,8 +21,9 @@ Strategies: sync (all-reduce of the flat gradient), local-sgd and DiLoCo
 (all-reduce of the drifts), easgd (synchronous elastic averaging).
 
 The all-reduce: where every rank runs on one machine and the backend is
-gloo, the ranks sum through shared memory (``shm_reduce.py``; 1.3x gloo's
-examples/s on a 5 MB MLP here, and bit-identical); otherwise (several nodes,
+gloo, the ranks sum through shared memory (``shm_reduce.py``; bit-identical
+to gloo's sum, and 1.07-4.8x DDP's examples/s on the sync sweep's shapes,
+bench/torch_engine_vs_ddp.py); otherwise (several nodes,
 NCCL, or ``--reduce-via backend``) through the backend's all-reduce, for
 torch problems in buckets overlapped with backward (``buckets.py``). async is refused: Downpour's
 server answers each worker's push the moment it arrives, which collectives
