@@ -25,7 +25,9 @@ gloo, the ranks sum through shared memory (``shm_reduce.py``; bit-identical
 to gloo's sum, and 1.07-4.8x DDP's examples/s on the sync sweep's shapes,
 bench/torch_engine_vs_ddp.py); otherwise (several nodes,
 NCCL, or ``--reduce-via backend``) through the backend's all-reduce, for
-torch problems in buckets overlapped with backward (``buckets.py``). async is refused: Downpour's
+torch problems in buckets overlapped with backward (``buckets.py``).
+
+async is refused: Downpour's
 server answers each worker's push the moment it arrives, which collectives
 (every rank at once) cannot do soundly; hogwild needs shared memory.
 
