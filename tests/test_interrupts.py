@@ -192,3 +192,39 @@ def test_a_signal_during_start_up_stops_cleanly(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["updates"] == 0
     assert not children(os.getpid())
+
+
+def _die_holding(store, shard):
+    """A worker's push, cut short: the lock taken and marked, then death."""
+    store.locks[shard].acquire()
+    store.lock_owner[shard] = 2  # rank 1
+    os._exit(1)
+
+
+def test_the_lock_of_a_worker_that_died_holding_it_is_released():
+    """A worker SIGKILLed inside a push would leave its shard's lock taken for
+    good, and every survivor would wait on it until --timeout. The monitor
+    releases it (only the dead rank's, only the locks it held)."""
+    import multiprocessing as mp
+
+    from monsoon.engines.local.store import ParameterStore
+    from monsoon.rules import make_rule
+
+    ctx = mp.get_context("fork")
+    store = ParameterStore(np.zeros(10), make_rule("sgd", 0.1), 2, 2, sync_slots=False,
+                           backend="processes", mp_context=ctx)
+    try:
+        p = ctx.Process(target=_die_holding, args=(store, 1))
+        p.start()
+        p.join(10)
+        assert p.exitcode == 1
+        assert not store.locks[1].acquire(timeout=0.1)  # held by the dead
+        assert store.release_locks_of(0) == []  # rank 0 held none
+        assert store.release_locks_of(1) == [1]
+        assert store.locks[1].acquire(timeout=1)
+        assert store.lock_owner[1] == 0
+        store.locks[1].release()
+        assert store.locks[0].acquire(timeout=1)  # untouched
+        store.locks[0].release()
+    finally:
+        store.close()

@@ -528,6 +528,7 @@ class LocalEngine:
                         finished.add(rank)
                         hint = MAIN_HINT if started_at[0] is None and needs_main else ""
                         failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
+                        store.release_locks_of(rank)  # the survivors must not wait on them
 
         def read_ring(t0: float, final_updates: int | None = None):
             """Record the snapshots worker 0 wrote since the last read (those

@@ -39,6 +39,7 @@ class WorkerRuntime:
                  strategy, timeout: float, live: bool = True, start_step: int = 0,
                  checkpoint_every: int = 0, work0: np.ndarray | None = None):
         self.rank = rank
+        self.owner = rank + 1  # what ``store.lock_owner`` holds while this worker holds a lock
         self.start_step = start_step  # synchronous steps already done (a resumed run)
         self.checkpoint_every = checkpoint_every
         self.workers = workers
@@ -150,11 +151,15 @@ class WorkerRuntime:
         ticket = np.empty(len(store.bounds), dtype=np.int64)
         for s, (a, b) in enumerate(store.bounds):
             with store.locks[s]:
-                ticket[s] = store.versions[s]
-                np.copyto(self.work[a:b], store.params[a:b])
-                if self._reader is not None:
-                    self.rule.on_read(store.params[a:b], store.shard_states[s],
-                                      self._shard_readers[s])
+                store.lock_owner[s] = self.owner
+                try:
+                    ticket[s] = store.versions[s]
+                    np.copyto(self.work[a:b], store.params[a:b])
+                    if self._reader is not None:
+                        self.rule.on_read(store.params[a:b], store.shard_states[s],
+                                          self._shard_readers[s])
+                finally:
+                    store.lock_owner[s] = 0
         return ticket
 
     def push(self, op: Push) -> None:
@@ -168,12 +173,16 @@ class WorkerRuntime:
             s = (i + self.rank) % shards  # start at different shards: less lock contention
             a, b = store.bounds[s]
             with store.locks[s]:
-                version = int(store.versions[s])
-                staleness = version - int(op.ticket[s])
-                self.rule.apply(store.params[a:b], grad[a:b], store.shard_states[s],
-                                UpdateInfo(step=version, staleness=staleness, worker=self.rank,
-                                           reader=self._shard_readers[s]))
-                store.versions[s] = version + 1
+                store.lock_owner[s] = self.owner
+                try:
+                    version = int(store.versions[s])
+                    staleness = version - int(op.ticket[s])
+                    self.rule.apply(store.params[a:b], grad[a:b], store.shard_states[s],
+                                    UpdateInfo(step=version, staleness=staleness,
+                                               worker=self.rank, reader=self._shard_readers[s]))
+                    store.versions[s] = version + 1
+                finally:
+                    store.lock_owner[s] = 0
             self.staleness[staleness] += 1
         self.counters[UPDATES] += 1
 
@@ -214,10 +223,14 @@ class WorkerRuntime:
         for s, (a, b) in enumerate(store.bounds):
             mine = self.work[a:b]
             with store.locks[s]:
-                centre = store.params[a:b]
-                diff = np.subtract(mine, centre)
-                diff *= op.alpha
-                centre += diff
-                store.versions[s] += 1
+                store.lock_owner[s] = self.owner
+                try:
+                    centre = store.params[a:b]
+                    diff = np.subtract(mine, centre)
+                    diff *= op.alpha
+                    centre += diff
+                    store.versions[s] += 1
+                finally:
+                    store.lock_owner[s] = 0
             mine -= diff
         self.counters[UPDATES] += 1

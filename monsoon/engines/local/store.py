@@ -7,7 +7,9 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``reader.*[k]``: what a delay-aware rule remembers of worker k's last read
   (AdaRevision's gradient sum, DC-ASGD's parameters sent to k);
 - ``versions[s]``: updates applied to shard s (a push is a locked in-place
-  update of that shard, not a message);
+  update of that shard, not a message); ``lock_owner[s]``: 1 + the rank
+  holding shard s's lock (0: none), so the monitor can release the lock of
+  a worker that died holding it (``release_locks_of``);
 - ``slots[k]``: worker k's contribution to the current synchronous step and
   ``slot_examples[k]`` the examples behind it; ``sync[STEP]`` counts completed
   steps, ``sync[ARRIVED]``, ``sync[REDUCED]`` and ``sync[APPLIED]`` count
@@ -82,6 +84,7 @@ class ParameterStore:
         reader = rule.init_reader(n, w0.dtype)
         layout = {"params": ((n,), dtype),
                   "versions": ((shards,), "int64"),
+                  "lock_owner": ((shards,), "int64"),
                   "counters": ((workers, 4), "int64"),
                   "status": ((workers,), "int64"),
                   "control": ((10,), "int64"),
@@ -128,6 +131,7 @@ class ParameterStore:
         m = self.memory
         self.params = m["params"]
         self.versions = m["versions"]
+        self.lock_owner = m["lock_owner"]
         self.counters = m["counters"]
         self.status = m["status"]
         self.control = m["control"]
@@ -179,6 +183,22 @@ class ParameterStore:
 
     def attach_locks(self, locks, sync_lock) -> None:
         self.locks, self.sync_lock = locks, sync_lock
+
+    def release_locks_of(self, rank: int) -> list[int]:
+        """Release the shard locks a dead worker ``rank`` held (the monitor,
+        once its process has exited), so the survivors do not wait on them
+        for ever; its half-applied update stays, as any asynchronous
+        update may. The shards released."""
+        released = []
+        for s, owner in enumerate(self.lock_owner):
+            if owner == rank + 1:
+                self.lock_owner[s] = 0
+                try:
+                    self.locks[s].release()
+                except ValueError:  # it died between the release and the mark
+                    continue
+                released.append(s)
+        return released
 
     @property
     def aborted(self) -> bool:
