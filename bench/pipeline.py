@@ -8,16 +8,21 @@ few steps on the local engine with each M. Printed per M:
 - throughput (examples/s, start-up excluded) against ``serial``, one process
   with every core;
 - the sim engine's predicted step time and bubble against the local
-  measurement (target: within 15%). The sim models the SCHEDULE: its
-  ``--compute-s`` is the compute the local run's stages did per step (the
-  sum of their busy times, which on a shared machine is the only compute
-  time measured under the same load), and ``--latency-s``/``--bandwidth``
-  come from a pipe ping-pong between two processes measured beforehand (an
-  upper bound on the shared-memory channels' cost); the
-  waiting, i.e. the bubble and the step time, is the sim's prediction. A
-  second column gives the sim with ``--compute-s`` measured beforehand in
-  this process (one forward + backward of the whole model, one thread),
-  which on a loaded machine says mostly how loaded it was.
+  measurement (target: within 15%). The sim models the SCHEDULE: it is
+  given what a user measures, and predicts the waiting. Its inputs:
+  ``--stage-compute-s``, each stage's compute per step in the local run at
+  this M (its median ``busy_s``: forward, backward and update, without the
+  transport; on a shared machine the only compute time measured under the
+  same load, and the stages differ: the last computes the loss, the first
+  no input gradient); ``--latency-s``/``--bandwidth`` of the local engine's
+  own shared-memory channel (``shm.Channel``), measured beforehand by a
+  ping-pong between two processes whose receiver has been waiting, as a
+  stage waits through the bubble (it then sleeps, and wakes up late).
+  A second column gives the sim with each stage's forward + backward
+  measured beforehand in this process at the micro-batch size B / M (one
+  thread, nothing else running in the pipeline): what a user can measure
+  without running the pipeline; on a loaded machine it says mostly how
+  loaded the machine was.
 
     python bench/pipeline.py [--width 512] [--batch 512] [--steps 12]
 """
@@ -48,55 +53,95 @@ def problem(width: int, n: int) -> TorchProblem:
     return TorchProblem(nn.Sequential(*blocks), nn.MSELoss(), X, y, name="mlp-4x%d" % width)
 
 
-def compute_s(p: TorchProblem, batch: int) -> float:
-    """One forward + backward of the whole model on one batch, one thread."""
+def stage_compute(p: TorchProblem, batch: int, micro: int, repeats: int = 5) -> list[float]:
+    """Each stage's forward + backward + update seconds on one batch cut into
+    ``micro`` micro-batches, run in this process one op after another (the
+    sim's own in-process stages), one thread; medians over ``repeats``."""
+    from collections import deque
+
+    from monsoon.pipeline.runner import stage_payloads
+    from monsoon.pipeline.sim import _Link
+    from monsoon.pipeline.strategy import Pipeline
+    from monsoon.rules import make_rule
+
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        w = p.initial_params(0)
-        idx = np.arange(batch)
-        p.gradient(w, idx)
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            p.gradient(w, idx)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
+        strategy = Pipeline(S, micro)
+        specs, _, _ = strategy.layout(p, S, batch)
+        w0 = p.initial_params(0)
+        ws = [pl["make"]() for pl in stage_payloads(strategy, p, make_rule("sgd", 0.01), specs,
+                                                    1, w0, batch, 0, None)]
+        queues = {(k, 0, s): deque() for k in ("act", "grad") for s in range(S)}
+        links = [_Link(queues, 0, s, {}) for s in range(S)]
+        rows = []
+        for t in range(repeats + 1):  # the first warms torch up
+            took = [0.0] * S
+            for w in ws:
+                w.begin(np.arange(batch))
+            while any(w.next_op() is not None for w in ws):
+                for s, w in enumerate(ws):
+                    while w.next_op() is not None and (w.needs() is None
+                                                       or links[s].has(w.needs())):
+                        t0 = time.perf_counter()
+                        in_link = w.run_op(links[s])
+                        took[s] += time.perf_counter() - t0 - in_link
+            for s, w in enumerate(ws):
+                t0 = time.perf_counter()
+                w.gather()
+                w.apply(t)
+                took[s] += time.perf_counter() - t0
+            rows.append(took)
+        return [float(x) for x in np.median(np.array(rows[1:]), axis=0)]
     finally:
         torch.set_num_threads(saved)
 
 
-def _echo(conn):
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        conn.send(msg)
+def _echo(fwd, back, rounds, compute_s):
+    fwd.attach(30.0, lambda: False)
+    back.attach(30.0, lambda: False)
+    for m in range(rounds):
+        a = fwd.recv(m, "a message")
+        end = time.perf_counter() + compute_s
+        while time.perf_counter() < end:  # a stage computing: the other end waits
+            pass
+        back.send(m, a, "a reply")
 
 
-def pipe_cost(nbytes: int):
-    """(latency s, bandwidth B/s) of a pickled array over a pipe between processes."""
+def channel_cost(nbytes: int, compute_s: float = 0.005, rounds: int = 40):
+    """(latency s, bandwidth B/s) of the local engine's shared-memory channel
+    (``shm.Channel``, two slots, two processes), the receiver having waited
+    ``compute_s`` for the message, as a stage waits through the bubble."""
+    from monsoon.pipeline.shm import Channel
+
     ctx = mp.get_context("spawn")
-    a, b = ctx.Pipe()
-    proc = ctx.Process(target=_echo, args=(b,), daemon=True)
-    proc.start()
 
-    def one_way(size, rounds=50):
-        arr = (0, np.zeros(size // 4, dtype=np.float32))
-        a.send(arr)
-        a.recv()
-        t0 = time.perf_counter()
-        for _ in range(rounds):
-            a.send(arr)
-            a.recv()
-        return (time.perf_counter() - t0) / rounds / 2
+    def one_way(size):
+        fwd, back = Channel(2, size), Channel(2, size)
+        proc = ctx.Process(target=_echo, args=(fwd, back, rounds, compute_s), daemon=True)
+        proc.start()
+        try:
+            fwd.attach(30.0, lambda: False)
+            back.attach(30.0, lambda: False)
+            arr = np.zeros(size // 4, dtype=np.float32)
+            times = []
+            for m in range(rounds):
+                t0 = time.perf_counter()
+                fwd.send(m, arr, "a message")
+                back.recv(m, "a reply")
+                times.append(time.perf_counter() - t0 - compute_s)
+            proc.join(10)
+        finally:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2)
+            fwd.close()
+            back.close()
+        return float(np.median(times[3:])) / 2
 
     small, big = one_way(64), one_way(max(nbytes, 1 << 16))
-    a.send(None)
-    proc.join(5)
-    latency = small
     bandwidth = max(nbytes, 1 << 16) / max(big - small, 1e-9)
-    return latency, bandwidth
+    return small, bandwidth
 
 
 def main():
@@ -105,34 +150,40 @@ def main():
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args()
+    t_start = time.perf_counter()
     p = problem(args.width, args.batch * 4)
     opts = dict(steps=args.steps, batch_size=args.batch, lr=0.01, evals=0, seed=0)
-    c = compute_s(p, args.batch)
-    latency, bandwidth = pipe_cost(args.batch // 16 * args.width * 4)
+    latency, bandwidth = channel_cost(args.batch * args.width * 4)
     print(f"model {p.name}: {p.n_params * 4 / 1e6:.1f} MB, batch {args.batch}, {args.steps} steps; "
-          f"measured: compute {c * 1e3:.1f} ms/batch (1 thread), pipe latency "
-          f"{latency * 1e6:.0f} us, bandwidth {bandwidth / 1e9:.2f} GB/s")
+          f"measured: shared-memory channel latency {latency * 1e6:.0f} us, bandwidth "
+          f"{bandwidth / 1e9:.2f} GB/s (receiver waiting)")
     serial = monsoon.train(p, "serial", **opts).summary["examples_per_s"]
     print(f"serial (one process, all cores): {serial:.0f} examples/s")
-    print(f"{'M':>3} {'bubble':>7} {'GPipe':>6} {'ex/s':>7} {'vs serial':>9} "
-          f"{'step ms':>8} {'sim ms':>7} {'sim err':>8} {'sim bubble':>10} {'sim0 err':>9}")
+    print(f"{'M':>3} {'bubble':>7} {'GPipe':>6} {'ex/s':>7} {'vs serial':>9} {'stage ms':>11} "
+          f"{'step ms':>8} {'sim ms':>7} {'sim err':>8} {'sim bubble':>10} "
+          f"{'pre ms':>11} {'sim0 err':>9}")
     worst = 0.0
     for M in MS:
         local = monsoon.train(p, "pipeline", S, micro_batches=M, **opts).summary
         # medians over the steps: a shared machine's spikes spoil means
         step = local["stages"][0]["step_s_median"]
-        busy = sum(st["busy_s_median"] for st in local["stages"])
+        stage_s = [st["busy_s_median"] for st in local["stages"]]
+        before = stage_compute(p, args.batch, M)
         sim, sim0 = (monsoon.train(p, "pipeline", S, micro_batches=M, engine="sim",
-                                   sim_compute_s=cs, sim_latency_s=latency,
-                                   sim_bandwidth=bandwidth, **opts).summary for cs in (busy, c))
+                                   sim_stage_compute_s=",".join(f"{x:.6g}" for x in times),
+                                   sim_latency_s=latency, sim_bandwidth=bandwidth,
+                                   **opts).summary for times in (stage_s, before))
         err = sim["sim_step_s"] / step - 1
         worst = max(worst, abs(err))
-        bubble = max(0.0, 1 - busy / (S * step))
+        bubble = max(0.0, 1 - sum(stage_s) / (S * step))
+        ms = lambda xs: "/".join(f"{x * 1e3:.1f}" for x in xs)  # noqa: E731
         print(f"{M:>3} {bubble:>7.3f} {gpipe_bubble(S, M):>6.3f} "
               f"{local['examples_per_s']:>7.0f} {local['examples_per_s'] / serial:>8.2f}x "
-              f"{step * 1e3:>8.1f} {sim['sim_step_s'] * 1e3:>7.1f} {err:>+8.1%} "
-              f"{sim['bubble_fraction']:>10.3f} {sim0['sim_step_s'] / step - 1:>+9.1%}")
-    print(f"worst sim error on the step time: {worst:.1%} (target: within 15%)")
+              f"{ms(stage_s):>11} {step * 1e3:>8.1f} {sim['sim_step_s'] * 1e3:>7.1f} {err:>+8.1%} "
+              f"{sim['bubble_fraction']:>10.3f} {ms(before):>11} "
+              f"{sim0['sim_step_s'] / step - 1:>+9.1%}", flush=True)
+    print(f"worst sim error on the step time: {worst:.1%} (target: within 15%); "
+          f"bench took {time.perf_counter() - t_start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from monsoon.errors import ConfigError
 from monsoon.pipeline import staged
 from monsoon.pipeline.schedules import (bubble_fraction, gpipe_bubble, peak_activations,
                                         schedule, timeline)
-from monsoon.pipeline.stages import balanced_cuts
+from monsoon.pipeline.shm import boundary_bytes
+from monsoon.pipeline.stages import balanced_cuts, plan
 from monsoon.problems import TorchProblem
 
 
@@ -128,6 +129,58 @@ def test_user_given_stages_are_the_cuts():
     np.testing.assert_allclose(got.params, want, rtol=1e-9, atol=1e-12)
 
 
+# -- the sim's time model -------------------------------------------------------
+
+SIM = dict(engine="sim", steps=2, batch_size=64, seed=0, lr=0.05, evals=0)
+
+
+def test_sim_step_is_the_critical_path_of_the_given_stage_times():
+    """S = 2, M = 2 (micro-batches of 32), GPipe. Stage times 0.6 s and 1.2 s
+    per batch: F = 1/3, B = 2/3 of a micro-batch's share, so f0 0.1, b0 0.2,
+    f1 0.2, b1 0.4; each message 0.01 s. Stage 1 is the bottleneck, and the
+    path is f0 + c + 2 (f1 + b1) + c + b0 = 1.52 s."""
+    got = monsoon.train(mlp4(), "pipeline", 2, micro_batches=2, sim_stage_compute_s="0.6,1.2",
+                        sim_latency_s=0.01, **SIM).summary
+    assert got["sim_step_s"] == pytest.approx(1.52)
+    busy = [st["busy_s"] / SIM["steps"] for st in got["stages"]]
+    assert busy == pytest.approx([0.6, 1.2])
+    assert got["bubble_fraction"] == pytest.approx(bubble_fraction(1.52, busy))
+
+
+@pytest.mark.parametrize("S,M,sched", [(2, 8, "gpipe"), (3, 4, "1f1b")])
+def test_sim_step_is_the_timeline_of_stage_times_and_message_bytes(S, M, sched):
+    problem = mlp4()
+    per_example = boundary_bytes(problem, plan(problem, S))
+    times, latency, bandwidth = [0.5, 0.9, 0.7][:S], 0.003, 2e5
+    got = monsoon.train(problem, "pipeline", S, micro_batches=M, schedule=sched,
+                        sim_stage_compute_s=",".join(map(str, times)), sim_latency_s=latency,
+                        sim_bandwidth=bandwidth, **SIM).summary
+    k = SIM["batch_size"] // M  # examples per micro-batch
+    forward = [[t * k / SIM["batch_size"] / 3] * M for t in times]
+    backward = [[t * k / SIM["batch_size"] * 2 / 3] * M for t in times]
+    transfer = [[latency + k * per_example[s] / bandwidth] * M if s < S - 1 else [0.0] * M
+                for s in range(S)]
+    span, _ = timeline(sched, forward, backward, transfer)
+    assert got["sim_step_s"] == pytest.approx(span)
+    assert span > max(times)  # the transfers and the fill are on the path
+
+
+def test_without_stage_times_a_stage_gets_compute_s_by_parameter_share():
+    problem = mlp4()
+    shares = [(spec.hi - spec.lo) / problem.n_params for spec in plan(problem, 2)]
+    by_share = monsoon.train(problem, "pipeline", 2, micro_batches=4, sim_compute_s=2.0,
+                             **SIM).summary["sim_step_s"]
+    given = monsoon.train(problem, "pipeline", 2, micro_batches=4,
+                          sim_stage_compute_s=",".join(str(2.0 * x) for x in shares),
+                          **SIM).summary["sim_step_s"]
+    assert by_share == pytest.approx(given)
+
+
+def test_stage_times_are_refused_for_a_strategy_without_stages():
+    with pytest.raises(ConfigError, match="the sync strategy has no stages"):
+        monsoon.train("linear", "sync", 2, engine="sim", steps=1, sim_stage_compute_s="1,2")
+
+
 # -- memory -------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -155,6 +208,8 @@ def test_each_worker_holds_only_its_stage():
     (["--workers", "2", "--cuts", "x"], "--cuts takes layer indices"),
     (["--workers", "4"], "only 3 layers"),
     (["--workers", "2", "--schedule", "zigzag"], "unknown schedule"),
+    (["--workers", "2", "--stage-compute-s", "0.1,0.2,0.3"], "gives 3 stage time(s)"),
+    (["--workers", "2", "--stage-compute-s", "0.1,x"], "--stage-compute-s takes one number"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, says):
     code = main(["train", "--problem", "digits", "--strategy", "pipeline", "--engine", "sim",

@@ -24,7 +24,8 @@ import traceback
 
 import numpy as np
 
-from ..engines.local.engine import EngineResult, _main_module_hidden, torch_threads_per_worker
+from ..engines.local.engine import (EngineResult, _blas_threads, _main_module_hidden,
+                                    torch_threads_per_worker)
 from ..engines.local.inbox import Outbox, PipeInbox
 from ..engines.local.memory import SharedArrays
 from ..engines.waiting import Aborted
@@ -173,7 +174,10 @@ def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, bu
             h = ctx.Process(target=_stage_main, name=f"monsoon-stage-{rank}", daemon=True,
                             args=(payload, conns[rank], shared, inbox.senders[rank], rank,
                                   engine.timeout, threads))
-            with _main_module_hidden(b"__main__" in payload):
+            # BLAS threads as torch's: the rule's update (OpenBLAS axpy) with
+            # a second thread stalls for milliseconds while a neighbour holds
+            # the other core
+            with _main_module_hidden(b"__main__" in payload), _blas_threads(threads):
                 h.start()
             inbox.started(rank, h)
             handles.append(h)

@@ -3,22 +3,36 @@
 Every stage's forward and backward is computed for real, in one process
 (the same ``StageWorker`` as on the local engine, so the parameters are the
 same), in an order that respects the schedule's dependencies. Time is
-modelled per step by ``schedules.timeline``:
+modelled per step by ``schedules.timeline``, the schedule's critical path:
 
-- compute: the sim's ``--compute-s`` is the seconds of the WHOLE model's
-  forward and backward on one batch of ``--batch-size``; stage s's share is
-  its share of the parameters, a micro-batch of n examples costs
-  ``compute_s * share_s * n / batch_size``, one third forward and two
+- compute: stage s costs ``T_s`` seconds per batch: ``--stage-compute-s``
+  (one number per stage, as measured; a local run reports each stage's
+  ``busy_s_median`` in its summary) or, without it, ``--compute-s`` (the
+  WHOLE model's forward, backward and update on one batch of
+  ``--batch-size``) times stage s's share of the parameters. A micro-batch
+  of n examples costs ``T_s * n / batch_size``, one third forward and two
   thirds backward (a backward computes two products per layer, a forward
-  one); stragglers (``--straggler-p``, ``--slow-fraction``,
-  ``--compute-sigma``) scale a worker's ops for the step;
+  one). Per-example cost is NOT constant in the micro-batch size (small
+  matrix products run slower per example), so ``T_s`` must be measured with
+  the micro-batches the run uses; stragglers (``--straggler-p``,
+  ``--slow-fraction``, ``--compute-sigma``) scale a worker's ops for the step;
 - transfer: an activation (or its gradient) of b bytes between neighbouring
-  stages takes ``--latency-s + b / --bandwidth``, with b the real array's size;
+  stages takes ``--latency-s + b / --bandwidth``, with b the real array's
+  size, and delays its receiver only if the receiver is idle by then. On the
+  local engine that is the shared-memory channel's cost as a waiting stage
+  sees it: copy in, wake-up (a waiting stage sleeps), copy out;
 - 2D: the replicas' gradient sum costs a message to replica 0 and back.
 
+Not modelled: the update as a separate op after the last backward (it is in
+``T_s``, spread over the micro-batches), contention between stages for
+cores or memory bandwidth (measure ``T_s`` under the load the run will
+have), and the order of a stage's ops beyond its schedule.
+
 The step's bubble is 1 - sum(busy) / (S * makespan); with equal stages and
-free transfers it is GPipe's (S - 1) / (M + S - 1) exactly (tested), so the
-sim answers "which S and M" for a cluster before it is rented.
+free transfers it is GPipe's (S - 1) / (M + S - 1) exactly (tested), and the
+step is the critical path of the given stage times and message costs
+(tested), so the sim answers "which S and M" for a cluster before it is
+rented.
 """
 from __future__ import annotations
 
@@ -73,7 +87,9 @@ def run_sim(engine, strategy, problem, rule, w0, workers, batch_size, seed, budg
     engine.shards_used = None
     rng = np.random.default_rng([seed, 7919])
     n = w0.size
-    shares = [(spec.hi - spec.lo) / n for spec in specs]
+    given = delays.stage_times(S)
+    stage_s = list(given) if given is not None else \
+        [delays.compute_s * (spec.hi - spec.lo) / n for spec in specs]
     channels = {(k, r, s): deque() for k in ("act", "grad") for r in range(R) for s in range(S)}
     sent: dict = {}
     links = [_Link(channels, r, s, sent) for r in range(R) for s in range(S)]
@@ -96,7 +112,7 @@ def run_sim(engine, strategy, problem, rule, w0, workers, batch_size, seed, budg
                 if w is not group[0]:
                     w.grad[...] = group[0].grad
                 w.apply(t)
-        step_s = _step_time(ws, specs, S, R, shares, batch_size, delays, rng, sent, busy)
+        step_s = _step_time(ws, S, R, stage_s, batch_size, delays, rng, sent, busy)
         now += step_s
         updates += 1
         examples += len(batch)
@@ -136,7 +152,11 @@ def _interleave(ws, links) -> None:
         pending = still
 
 
-def _step_time(ws, specs, S, R, shares, batch_size, delays, rng, sent, busy) -> float:
+def _step_time(ws, S, R, stage_s, batch_size, delays, rng, sent, busy) -> float:
+    """One step's virtual seconds: the schedule's makespan over the replicas
+    (``timeline``), plus the 2D gradient sum. ``stage_s[s]``: stage s's
+    compute on one whole batch; a micro-batch of k examples costs k /
+    batch_size of it."""
     makespans = []
     for r in range(R):
         forward, backward, transfer = [], [], []
@@ -144,7 +164,7 @@ def _step_time(ws, specs, S, R, shares, batch_size, delays, rng, sent, busy) -> 
             w = ws[r * S + s]
             slow = delays.compute_time(rng, r * S + s, len(ws)) / delays.compute_s \
                 if delays.compute_s > 0 else 1.0
-            unit = delays.compute_s * shares[s] * slow / batch_size
+            unit = stage_s[s] * slow / batch_size
             sizes = [len(p) for p in w._parts]
             forward.append([unit * k / 3 for k in sizes])
             backward.append([unit * k * 2 / 3 for k in sizes])

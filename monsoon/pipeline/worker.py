@@ -20,8 +20,9 @@ gradient the full batch's mean gradient, so the update equals serial's up to
 floating-point reduction order (tested to 1e-9 in float64). The worker
 holds only its stage's layers, parameters, gradient and rule state.
 
-``busy_s`` is the time spent computing (forward, backward, update), not
-waiting for a neighbour; the bubble is 1 - sum(busy) / (S * wall).
+``busy_s`` is the time spent computing (forward, backward, update), not in
+the transport (waiting for a neighbour, copying a message in or out: the sim
+models that as the message's time); the bubble is 1 - sum(busy) / (S * wall).
 """
 from __future__ import annotations
 
@@ -103,7 +104,8 @@ class StageWorker:
         return None if self.spec.last else "grad"
 
     def run_op(self, link) -> float:
-        """Run the next op; returns the seconds spent waiting on ``link``."""
+        """Run the next op; returns the seconds spent in ``link`` (waiting,
+        receiving, sending: the transport's time, not compute)."""
         spec, parts = self.spec, self._parts
         kind, m = self._ops[self._pos]
         self._pos += 1
@@ -121,7 +123,9 @@ class StageWorker:
                 out = self.loss_fn(out, target) * (len(parts[m]) / self._total)
                 self.loss_sum += float(out.detach())
             else:
+                t0 = time.perf_counter()
                 link.send_act(m, out.detach().numpy())
+                waited += time.perf_counter() - t0
             self._saved[m] = (x, out)
         else:
             x, out = self._saved.pop(m)
@@ -133,7 +137,9 @@ class StageWorker:
                 waited += time.perf_counter() - t0
                 out.backward(g)
             if not spec.first:
+                t0 = time.perf_counter()
                 link.send_grad(m, x.grad.numpy())
+                waited += time.perf_counter() - t0
         return waited
 
     def apply(self, t: int) -> None:

@@ -10,6 +10,10 @@
 - Server: each shard serves one request at a time, taking ``service_s``;
   requests queue when it is busy, which is how a server becomes the
   bottleneck.
+- Pipeline stages (``stage_compute_s``, the pipeline strategy only): each
+  stage's own compute seconds per batch, as measured (stages are rarely
+  equal: the last computes the loss, the first no input gradient); without
+  it a stage gets ``compute_s`` times its share of the parameters.
 """
 from __future__ import annotations
 
@@ -22,6 +26,24 @@ from ...errors import ConfigError
 from ...options import Option, at_least, in_range
 
 _NOT_NEGATIVE = lambda v: None if v >= 0 else "0 or more"  # noqa: E731
+
+
+def parse_stage_times(text: str) -> tuple[float, ...]:
+    """``"0.02,0.03"`` -> (0.02, 0.03); ConfigError naming the flag otherwise."""
+    try:
+        times = tuple(float(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError:
+        times = ()
+    if not times or not all(t >= 0 and math.isfinite(t) for t in times):
+        raise ConfigError(f"--stage-compute-s takes one number of seconds (0 or more) per "
+                          f"pipeline stage, separated by commas, like 0.021,0.028; got {text!r}")
+    return times
+
+
+def _stage_check(text: str):
+    parse_stage_times(text)  # raises with the flag's format
+    return None
+
 
 # The delay model's options: keyword sim_X, flag --X (sim_bandwidth: --bandwidth).
 OPTIONS = (
@@ -41,15 +63,20 @@ OPTIONS = (
            flag="--bandwidth", label="bandwidth", check=_NOT_NEGATIVE),
     Option("sim_service_s", float, 0.0, "seconds a server shard spends on each request",
            flag="--service-s", label="service time", check=_NOT_NEGATIVE),
+    Option("sim_stage_compute_s", str, None, "pipeline: each stage's forward + backward + "
+           "update seconds on one batch at the run's micro-batch size, like 0.021,0.028 "
+           "(default: --compute-s shared by parameter count)", flag="--stage-compute-s",
+           label="stage compute time", check=_stage_check),
 )
 
 
 def delay_model(sim_compute_s=1e-3, sim_compute_sigma=0.0, sim_straggler_p=0.0,
                 sim_straggler_factor=10.0, sim_slow_fraction=0.0, sim_latency_s=0.0,
-                sim_bandwidth=0.0, sim_service_s=0.0) -> "DelayModel":
+                sim_bandwidth=0.0, sim_service_s=0.0, sim_stage_compute_s=None) -> "DelayModel":
     """The delay model from its options' values."""
     return DelayModel(sim_compute_s, sim_compute_sigma, sim_straggler_p, sim_straggler_factor,
-                      sim_slow_fraction, sim_latency_s, sim_bandwidth, sim_service_s)
+                      sim_slow_fraction, sim_latency_s, sim_bandwidth, sim_service_s,
+                      sim_stage_compute_s)
 
 
 @dataclass(frozen=True)
@@ -62,6 +89,7 @@ class DelayModel:
     latency_s: float = 0.0
     bandwidth_Bps: float = 0.0
     service_s: float = 0.0
+    stage_compute_s: str | None = None  # as given (config.json round-trips it)
 
     def __post_init__(self):
         for name in ("compute_s", "compute_sigma", "latency_s", "bandwidth_Bps", "service_s"):
@@ -71,6 +99,19 @@ class DelayModel:
             raise ConfigError("straggler probability and slow fraction must be in [0, 1]")
         if not self.straggler_factor >= 1:
             raise ConfigError(f"straggler factor must be at least 1, got {self.straggler_factor}")
+        if self.stage_compute_s is not None:
+            parse_stage_times(self.stage_compute_s)
+
+    def stage_times(self, stages: int) -> tuple[float, ...] | None:
+        """Each pipeline stage's compute seconds per batch, or None (not given)."""
+        if self.stage_compute_s is None:
+            return None
+        times = parse_stage_times(self.stage_compute_s)
+        if len(times) != stages:
+            raise ConfigError(f"--stage-compute-s {self.stage_compute_s} gives {len(times)} "
+                              f"stage time(s), but the pipeline has {stages} stages; give "
+                              f"{stages}, separated by commas")
+        return times
 
     def slow_workers(self, workers: int) -> int:
         return int(round(self.slow_fraction * workers))

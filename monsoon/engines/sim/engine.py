@@ -49,6 +49,7 @@ from collections import Counter
 
 import numpy as np
 
+from ...errors import ConfigError
 from ...rules import UpdateInfo, slice_state
 from ...rules.local import LocalRule
 from ...strategies import WorkerJob
@@ -124,6 +125,9 @@ class SimEngine:
         if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
             return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
                                    recorder)
+        if self.delays.stage_compute_s is not None:
+            raise ConfigError(f"--stage-compute-s gives pipeline stages' times; the "
+                              f"{strategy.name} strategy has no stages: use --compute-s")
         t_real = time.perf_counter()
         n = w0.size
         self.problem, self.rule, self.strategy = problem, rule, strategy
