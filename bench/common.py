@@ -23,6 +23,21 @@ def interleave(runs: dict, repeats: int) -> dict[str, list[float]]:
     return results
 
 
+WARMUP = 3  # steps left out of a run's figure, as ddp_peer leaves out of DDP's
+
+
+def examples_per_s_after_warmup(run, warmup: int = WARMUP) -> float:
+    """A monsoon run's examples/s from its loss-curve rows, leaving out the
+    steps before ``warmup`` updates (first-touch page faults, allocator and
+    BLAS start-up), as the peers' figures leave them out; the whole run's
+    figure if no row falls between."""
+    rows, last = run.history, run.history[-1]
+    warm = next(r for r in rows if r["updates"] >= warmup)
+    if warm is last:
+        return run.summary["examples_per_s"]
+    return (last["examples"] - warm["examples"]) / (last["time_s"] - warm["time_s"])
+
+
 def median(values):
     return statistics.median(values)
 

@@ -5,7 +5,8 @@ process using every core, on MLPs from 64 to 2048 wide with batches from 32 to
 Each shape runs the three side by side, interleaved, ``--repeats`` times:
 
 - monsoon ``sync`` with 2 workers, as ``monsoon.train`` runs it by default
-  (loss curve on), examples/s over the run's wall time (start-up excluded);
+  (loss curve on), examples/s from its loss-curve rows after the first 3
+  steps (start-up and warm-up excluded, as the peers exclude them);
 - DDP on gloo, 2 processes with one torch thread each (``ddp_peer.py``);
 - the ceiling: one process, plain SGD, with one torch thread per core or
   with one thread, whichever is faster on the shape.
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 import monsoon
-from common import interleave, median, report
+from common import examples_per_s_after_warmup, interleave, median, report
 from ddp_peer import ddp_examples_per_s, one_process_examples_per_s
 
 N_EXAMPLES, LR = 8192, 0.01
@@ -67,7 +68,7 @@ def monsoon_sync(make_model, batch, steps) -> float:
                                    name="sweep")
     run = monsoon.train(problem, "sync", 2, steps=steps, batch_size=batch, lr=LR, seed=0,
                         progress=False)
-    return run.summary["examples_per_s"]
+    return examples_per_s_after_warmup(run)
 
 
 def ddp(make_model, batch, steps) -> float:

@@ -25,11 +25,10 @@ import torch
 from torch import nn
 
 import monsoon
-from common import interleave, median, report
+from common import examples_per_s_after_warmup, interleave, median, report
 from ddp_peer import ddp_examples_per_s
 from sync_sweep import LR, SHAPES, data
 
-WARMUP = 3  # steps left out of both figures (ddp_peer's warmup)
 # loss-curve rows: the CLI's default, as a user runs it (each also costs a
 # full-data evaluation after the run, outside the figure)
 EVALS = 100
@@ -42,11 +41,7 @@ def torch_engine(make_model, batch, steps) -> float:
                                    name="sweep")
     run = monsoon.train(problem, "sync", 2, engine="torch", dist_backend="gloo", steps=steps,
                         batch_size=batch, lr=LR, seed=0, progress=False, evals=EVALS)
-    rows, last = run.history, run.history[-1]
-    warm = next(r for r in rows if r["updates"] >= WARMUP)
-    if warm is last:
-        return run.summary["examples_per_s"]
-    return (last["examples"] - warm["examples"]) / (last["time_s"] - warm["time_s"])
+    return examples_per_s_after_warmup(run)
 
 
 def ddp(make_model, batch, steps) -> float:
