@@ -36,7 +36,10 @@ def test_no_evaluation_happens_while_the_run_goes(monkeypatch, strategy, workers
         return settle(self, *args, **kwargs)
 
     monkeypatch.setattr(Recorder, "settled_rows", settle_marking)
-    result = monsoon.train(problem, strategy, workers, epochs=1, backend=backend, seed=0,
+    # compiled Hogwild! threads finish an epoch of this problem in ~20 ms, less
+    # than the monitor's first few polls on a loaded machine: give it 5
+    epochs = 5 if strategy == "hogwild" else 1
+    result = monsoon.train(problem, strategy, workers, epochs=epochs, backend=backend, seed=0,
                            progress=False, evals=20)
     assert problem.during_run == 0
     assert problem.after_run == len(result.history) >= 5
