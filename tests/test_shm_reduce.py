@@ -21,11 +21,11 @@ def _rank(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE="2")
     from monsoon.engines.torchrun.collectives import Collectives
-    from monsoon.engines.torchrun.shm_reduce import ShmAllReduce
+    from monsoon.engines.torchrun.shm_reduce import open_shm_reduce
     from monsoon.errors import WorkerError
 
     comm = Collectives("gloo", 20.0, {"restart": 0, "local_rank": rank})
-    shm = ShmAllReduce(comm, 7, np.float64, timeout=20.0)
+    shm = open_shm_reduce(comm, 7, np.float64, timeout=20.0, required=True)
     sums = []
     for call in range(3):  # both parity slots, one of them twice
         a = np.linspace(0.1, 1.0, 7) * (rank + 1) + call / 3
@@ -62,3 +62,35 @@ def test_shared_memory_all_reduce_sums_in_rank_order_and_names_a_dead_rank(tmp_p
     assert r0["seconds"] < 5, r0  # the peer check, not the 20 s timeout
     after = set(shm_dir.glob("monsoon-*")) if shm_dir.is_dir() else set()
     assert after <= before
+
+
+class _OneRank:
+    """torch.distributed's part for a world of one: nothing to exchange."""
+    rank, world = 0, 1
+
+    class dist:
+        @staticmethod
+        def barrier():
+            pass
+
+    @staticmethod
+    def broadcast_object(obj, src=0):
+        return obj
+
+
+def test_no_room_in_dev_shm_falls_back_to_the_backend_or_says_what_to_do(monkeypatch):
+    import pytest
+
+    from monsoon.engines.torchrun import shm_reduce
+    from monsoon.errors import ConfigError
+
+    assert shm_reduce.has_room(1) and not shm_reduce.has_room(1 << 60)
+    shm = shm_reduce.open_shm_reduce(_OneRank(), 5, np.float32, 5.0, required=False)
+    a = np.arange(5, dtype=np.float32)
+    shm.all_reduce(a)
+    assert np.array_equal(a, np.arange(5))
+    shm.close()
+    monkeypatch.setattr(shm_reduce, "has_room", lambda nbytes: False)
+    assert shm_reduce.open_shm_reduce(_OneRank(), 5, np.float32, 5.0, required=False) is None
+    with pytest.raises(ConfigError, match="--shm-size"):
+        shm_reduce.open_shm_reduce(_OneRank(), 5, np.float32, 5.0, required=True)

@@ -17,6 +17,13 @@ rule makes one set of them:
   same parameters); integer buffers (``num_batches_tracked``) take the
   largest. This is the parameter rule of local SGD applied to buffers.
 
+Known weakness (async, hogwild): a worker that finishes its share early
+holds statistics of older parameters, and the mean mixes them in. A CI run
+of hogwild on threads once returned buffers whose eval loss was 9x that of
+statistics recomputed at the final parameters. Better rules to try: the
+last worker to finish, or recomputing the statistics after the run (SWA's
+``update_bn``).
+
 The ``sim`` engine computes every virtual worker's gradient on one module,
 so its buffers follow every worker's batches in virtual-time order; the
 serial strategy on the local engine runs on the problem itself. Both leave

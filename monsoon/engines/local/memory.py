@@ -20,7 +20,7 @@ import numpy as np
 _ALIGN = 64  # one cache line: no two arrays share a line
 
 
-def _shm_dir() -> str | None:
+def shm_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -34,7 +34,7 @@ class SharedArrays:
             self.arrays = {k: np.zeros(shape, dtype=dt) for k, (shape, dt) in self.layout.items()}
             return
         offsets, size = self._offsets()
-        fd, self.path = tempfile.mkstemp(prefix="monsoon-", dir=_shm_dir())
+        fd, self.path = tempfile.mkstemp(prefix="monsoon-", dir=shm_dir())
         try:
             os.ftruncate(fd, max(size, 1))
             self._map = mmap.mmap(fd, max(size, 1))

@@ -49,7 +49,7 @@ from ..local.engine import EngineResult
 from ..reduce import finite
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
-from .shm_reduce import ShmAllReduce, uses_shm
+from .shm_reduce import open_shm_reduce, uses_shm
 
 FLAGS = 3
 EXAMPLES, ACTIVE, STOP = 0, 1, 2
@@ -333,7 +333,8 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                         start_step=start["step"] if strategy.name == "sync" else 0)
         if uses_shm(engine.reduce_via, comm.backend, env):
-            shm = ShmAllReduce(comm, w.size + FLAGS, w.dtype, engine.timeout)
+            shm = open_shm_reduce(comm, w.size + FLAGS, w.dtype, engine.timeout,
+                                  required=engine.reduce_via == "shm")
         worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm)
         if start["state"] is not None:
             for f, arr in zip(worker.state._fields, worker.state):

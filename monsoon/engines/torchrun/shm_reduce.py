@@ -23,7 +23,8 @@ Invariants:
 - every wait is bounded by ``--timeout``, and a rank whose process has
   gone is named within ~50 ms (each rank's pid is in the block);
 - nothing is left in /dev/shm: rank 0 removes the file once every rank
-  has mapped it.
+  has mapped it; where /dev/shm has no room for the slots (a container's
+  is often 64 MB), the ranks use the backend's all-reduce instead.
 
 Counters are written after the slot, and read before it; x86's stores
 become visible in program order (the local engine relies on the same).
@@ -31,12 +32,13 @@ become visible in program order (the local engine relies on the same).
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 
 import numpy as np
 
 from ...errors import ConfigError, WorkerError
-from ..local.memory import SharedArrays
+from ..local.memory import SharedArrays, shm_dir
 from ..waiting import wait_until
 
 PEER_CHECK_S = 0.05
@@ -74,22 +76,46 @@ def _gone(pid: int) -> bool:
         return False
 
 
+def has_room(nbytes: int) -> bool:
+    """Whether the shared-memory file system can hold ``nbytes`` more. A
+    write past a tmpfs's size kills the process with SIGBUS, and a
+    container's /dev/shm is often small (Docker's default is 64 MB)."""
+    st = os.statvfs(shm_dir() or tempfile.gettempdir())
+    return st.f_bavail * st.f_frsize >= nbytes + nbytes // 8 + (1 << 20)
+
+
+def open_shm_reduce(comm, size: int, dtype, timeout: float, required: bool):
+    """The ranks' ``ShmAllReduce`` for buffers of ``size`` elements, or None
+    where the shared-memory file system has no room for it (then the ranks
+    use the backend's all-reduce, or with ``required`` all fail alike)."""
+    world = comm.world
+    block = None
+    if comm.rank == 0:
+        layout = {"slots": ((2, world, size), str(np.dtype(dtype))),
+                  "calls": ((world,), "int64"), "pids": ((world,), "int64")}
+        if has_room(2 * world * size * np.dtype(dtype).itemsize):
+            block = SharedArrays(layout)
+    block = comm.broadcast_object(block)  # the others map it by its path; the same verdict
+    if block is None:
+        if required:
+            raise ConfigError(f"--reduce-via shm: {shm_dir() or tempfile.gettempdir()} has no "
+                              f"room for {2 * world * size * np.dtype(dtype).itemsize / 2**20:.0f}"
+                              " MB of slots; give it more (docker run --shm-size) or use "
+                              "--reduce-via backend")
+        return None
+    try:
+        block["pids"][comm.rank] = os.getpid()
+        comm.dist.barrier()  # every rank has mapped it
+    finally:
+        if comm.rank == 0:
+            block.unlink()
+    return ShmAllReduce(comm.rank, world, block, timeout)
+
+
 class ShmAllReduce:
-    def __init__(self, comm, size: int, dtype, timeout: float):
-        self.rank, self.world = comm.rank, comm.world
+    def __init__(self, rank: int, world: int, block, timeout: float):
+        self.rank, self.world = rank, world
         self.timeout = timeout
-        block = None
-        if self.rank == 0:
-            block = SharedArrays({"slots": ((2, self.world, size), str(np.dtype(dtype))),
-                                  "calls": ((self.world,), "int64"),
-                                  "pids": ((self.world,), "int64")})
-        block = comm.broadcast_object(block)  # the others map it by its path
-        try:
-            block["pids"][self.rank] = os.getpid()
-            comm.dist.barrier()  # every rank has mapped it
-        finally:
-            if self.rank == 0:
-                block.unlink()
         self.block = block
         self.slots, self.calls, self.pids = block["slots"], block["calls"], block["pids"]
         self.k = 0
