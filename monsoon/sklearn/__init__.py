@@ -9,9 +9,13 @@ warm_start, average, early_stopping, validation_fraction, shuffle, verbose,
 random_state, n_jobs) and fit the same model: scikit-learn's per-example SGD
 (``kernel``: the exact update rule, penalty by weight scaling, truncated L1,
 ASGD) run by ``n_jobs`` threads that share the weights without locks (Niu,
-Recht, Re and Wright, "Hogwild!", NIPS 2011), with per-thread copies of the
-intercept and of the hottest features, merged every few dozen examples.
-A parameter value they cannot honour is refused with a message saying so.
+Recht, Re and Wright, "Hogwild!", NIPS 2011), each with its own copy of
+the intercept, merged every chunk of examples. ``n_jobs`` is a ceiling: a
+fit times an epoch on the threads against one on a single thread and runs
+the faster (``plain_sgd.LayoutChooser``; ``layout_`` says which it chose),
+because on power-law data threads that write the same hot weights can be
+slower than one. A parameter value they cannot honour is refused with a
+message saying so.
 
 Invariants: ``n_jobs=1`` runs scikit-learn's update sequence (with
 ``shuffle=False`` the fitted coefficients equal SGDClassifier's to

@@ -28,7 +28,7 @@ from sklearn.linear_model._stochastic_gradient import MAX_INT, _prepare_fit_bina
 from sklearn.utils import check_random_state
 
 from . import kernel as K
-from .plain_sgd import hot_features, plain_sgd
+from .plain_sgd import plain_sgd
 
 LOSS_CODES = {"hinge": (K.HINGE, 1.0), "perceptron": (K.HINGE, 0.0),
               "squared_hinge": (K.SQUARED_HINGE, 1.0), "log_loss": (K.LOG, 0.0),
@@ -57,7 +57,7 @@ def _jobs(est):
 
 def _run(est, X, y, sample_weight, coef, intercept, average_coef, average_intercept, loss,
          alpha, learning_rate, max_iter, validation_mask, validation_score_cb, seed, pos_weight,
-         neg_weight, n_jobs, hot):
+         neg_weight, n_jobs, info=None):
     code, param = _loss_code(est, loss)
     return plain_sgd(
         coef, intercept, average_coef, average_intercept, code, param,
@@ -66,11 +66,11 @@ def _run(est, X, y, sample_weight, coef, intercept, average_coef, average_interc
         validation_score_cb, int(est.n_iter_no_change), max_iter,
         est.tol if est.tol is not None else -np.inf, int(est.fit_intercept), int(est.verbose),
         int(est.shuffle), seed, pos_weight, neg_weight, _learning_rate_code(learning_rate),
-        est.eta0, est.power_t, est.t_, est.average, n_jobs=n_jobs, hot=hot)
+        est.eta0, est.power_t, est.t_, est.average, n_jobs=n_jobs, info=info)
 
 
 def fit_binary(est, i, X, y, alpha, learning_rate, max_iter, pos_weight, neg_weight,
-               sample_weight, validation_mask=None, random_state=None, n_jobs=1, hot=None):
+               sample_weight, validation_mask=None, random_state=None, n_jobs=1, info=None):
     """scikit-learn's ``fit_binary`` (class i against the rest) on ``plain_sgd``."""
     y_i, coef, intercept, average_coef, average_intercept = _prepare_fit_binary(
         est, y, i, input_dtype=X.dtype, label_encode=est.loss == "log_loss")
@@ -83,7 +83,7 @@ def fit_binary(est, i, X, y, alpha, learning_rate, max_iter, pos_weight, neg_wei
     coef, intercept, average_coef, average_intercept, n_iter = _run(
         est, X, y_i, sample_weight, coef, intercept, average_coef, average_intercept, est.loss,
         alpha, learning_rate, max_iter, validation_mask, validation_score_cb, seed, pos_weight,
-        neg_weight, n_jobs, hot)
+        neg_weight, n_jobs, info)
     if est.average:
         est._average_intercept[0 if len(est.classes_) == 2 else i] = average_intercept
     return coef, intercept, n_iter
@@ -94,11 +94,12 @@ class HogwildClassifier(SGDClassifier):
     threads: same parameters, same defaults, same model."""
 
     def _fit_binary(self, X, y, alpha, sample_weight, learning_rate, max_iter):
-        n_jobs = _jobs(self)
+        n_jobs, info = _jobs(self), {}
         coef, intercept, n_iter = fit_binary(
             self, 1, X, y, alpha, learning_rate, max_iter, self._expanded_class_weight[1],
             self._expanded_class_weight[0], sample_weight, random_state=self.random_state,
-            n_jobs=n_jobs, hot=hot_features(X, n_jobs))
+            n_jobs=n_jobs, info=info)
+        self.layout_ = info["layout"]  # how the threads ran (plain_sgd.LayoutChooser)
         self.t_ += n_iter * X.shape[0]
         self.n_iter_ = n_iter
         if self.average > 0:
@@ -174,11 +175,12 @@ class HogwildRegressor(SGDRegressor):
         else:
             coef, intercept, average_coef, average_intercept = self.coef_, self.intercept_, \
                 None, [0]
-        n_jobs = _jobs(self)
+        n_jobs, info = _jobs(self), {}
         coef, intercept, average_coef, average_intercept, self.n_iter_ = _run(
             self, X, y, sample_weight, coef, intercept[0], average_coef, average_intercept[0],
             loss, alpha, learning_rate, max_iter, validation_mask, validation_score_cb, seed,
-            1.0, 1.0, n_jobs, hot_features(X, n_jobs))
+            1.0, 1.0, n_jobs, info)
+        self.layout_ = info["layout"]  # how the threads ran (plain_sgd.LayoutChooser)
         self.t_ += self.n_iter_ * X.shape[0]
         if self.average > 0:
             self._average_intercept = np.atleast_1d(average_intercept)

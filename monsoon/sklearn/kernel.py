@@ -27,24 +27,15 @@ step t(lo) + c: every scalar that scikit-learn advances once per step
 (wscale, the L1 total u, the ASGD scalars a and b) depends only on the step
 count, so before each chunk a thread advances its own copy of them through
 the steps the others took (``advance``): no thread writes a shared scalar.
-The intercept and the hottest coordinates (``hot_idx``: features in at
-least 10% of rows) are per-thread copies too, stored after the weights and
-found through a perfect hash that stays in L1 (``slot``): the intercept's
-change is added to the shared one after every chunk, the hot copies'
-changes every few examples (``cfg`` C_FLUSH; then the copies re-read the
-shared values). On power-law data the few features present in most rows
-would otherwise be written by every core at every example, and their cache
-lines would bounce between the cores. Merging more rarely costs quality: at
-large steps both threads' copies move the same way before the sum (merging
-per 256 examples: log-loss up to 50% worse at alpha=1e-6 in
-bench/hogwild_sweep.py; per 8: within the spread between seeds).
+The intercept is a per-thread copy too, its change added to the shared one
+after every chunk. The weights themselves are shared, without locks.
 
 Memory: an epoch in random order waits on memory, not arithmetic; the
 order is known, so the rows AHEAD_DATA examples ahead (and, for a weight
 vector beyond L2, the weights of the row AHEAD_WEIGHTS ahead) are
 prefetched. Indices are unsigned in the loops (no wraparound code).
 
-Invariant: with one thread (J = 1, no hot copies) this is scikit-learn's
+Invariant: with one thread (J = 1) this is scikit-learn's
 loop update for update, so fits with ``shuffle=False`` agree with
 ``SGDClassifier``/``SGDRegressor`` to rounding (a test holds them equal).
 """
@@ -72,8 +63,8 @@ WSCALE_THRESHOLD = 1e-9
 # cfg slots
 (C_LOSS, C_LOSS_PARAM, C_PENALTY, C_ALPHA, C_L1_RATIO, C_LR, C_ETA, C_ETA0, C_POWER_T, C_T0,
  C_FIT_INTERCEPT, C_INTERCEPT_DECAY, C_AVERAGE, C_WEIGHT_POS, C_WEIGHT_NEG, C_STRIDE,
- C_COMPUTE_LOSS, C_FLUSH) = range(18)
-N_CFG = 18
+ C_COMPUTE_LOSS) = range(17)
+N_CFG = 17
 # per-thread state slots
 (S_T, S_WSCALE, S_INTERCEPT, S_AVG_A, S_AVG_B, S_AVG_INTERCEPT, S_U, S_SQ_NORM, S_L1_NORM,
  S_SUMLOSS, S_OBJECTIVE, S_COUNT, S_INTERCEPT_BASE) = range(13)
@@ -162,24 +153,6 @@ def step_size(lr, eta, eta0, power_t, alpha, t0, t):
     return eta
 
 
-TABLE_BITS = 11  # the hot-feature table: 2048 entries, in L1
-
-
-@numba.njit(inline="always")
-def slot(j, table, base):
-    """Where feature j lives for this thread: its own copy ``base + s`` if j
-    is hot, else the shared ``j``. ``table`` (None: no copies) is a perfect
-    hash of the hot features, [multiplier, keys..., slots...], small enough
-    to stay in L1: a lookup is two cached loads and a select, no branch and
-    no walk through an n_features-long array."""
-    if table is None:
-        return j
-    h = (j * table[0]) >> uint64(64 - TABLE_BITS)
-    key = table[uint64(1) + h]  # both loads unconditional: the choice is a select
-    own = uint64(base) + table[uint64(1 + (1 << TABLE_BITS)) + h]
-    return own if key == j else j
-
-
 @numba.njit(inline="always")
 def column(indices, pos, start):
     if indices is None:  # dense rows
@@ -188,38 +161,21 @@ def column(indices, pos, start):
 
 
 @numba.njit(nogil=True, cache=True)
-def flush(w, hot_idx, base, last):
-    """Add this thread's change to each hot copy since the last merge to the
-    shared coordinate, then re-read the shared value (it has the other
-    threads' changes): ``w[base + s]`` is the copy of ``w[hot_idx[s]]``,
-    ``last[s]`` the copy's value at the last merge."""
-    for s in range(hot_idx.shape[0]):
-        j = hot_idx[s]
-        w[j] += w[base + s] - last[s]
-        w[base + s] = w[j]
-        last[s] = w[j]
-
-
-@numba.njit(nogil=True, cache=True)
 def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-              hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st):
+              shared_b, cfg, st):
     """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
     dense C-ordered ``data`` with ``width`` columns when ``indices`` is
     None), updating ``w`` (and ``aw``, ``q``) in place and this thread's
-    state ``st``; returns how many ran. With ``hot_table`` (None: no
-    copies), hot feature j = ``hot_idx[s]`` is read and written at
-    ``w[base + s]`` (and ``q[base + s]``): this thread's copy."""
+    state ``st``; returns how many ran."""
     code, param = int(cfg[C_LOSS]), cfg[C_LOSS_PARAM]
     penalty, alpha, l1_ratio = int(cfg[C_PENALTY]), cfg[C_ALPHA], cfg[C_L1_RATIO]
     lr, eta, eta0, power_t, t0 = int(cfg[C_LR]), cfg[C_ETA], cfg[C_ETA0], cfg[C_POWER_T], cfg[C_T0]
     fit_intercept, decay = cfg[C_FIT_INTERCEPT] != 0, cfg[C_INTERCEPT_DECAY]
     average, weight_pos, weight_neg = cfg[C_AVERAGE], cfg[C_WEIGHT_POS], cfg[C_WEIGHT_NEG]
     stride, compute_loss = int(cfg[C_STRIDE]), cfg[C_COMPUTE_LOSS] != 0
-    flush_every = max(1, int(cfg[C_FLUSH]))
     n_features = aw.shape[0] if average > 0 else 0
     use_l1 = penalty == L1 or penalty == ELASTICNET
     shared_intercept = stride > 1
-    n_hot = hot_idx.shape[0]
     far_weights = indices is not None and w.shape[0] > FAR_WEIGHTS  # beyond L2: prefetch
 
     t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
@@ -230,10 +186,6 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
     if shared_intercept:
         intercept = shared_b[0]
         intercept_base = intercept
-    if n_hot > 0:
-        flush(w, hot_idx, base, last_w)
-        if use_l1:
-            flush(q, hot_idx, base, last_q)
 
     done = 0
     for k in range(lo, hi):
@@ -263,15 +215,10 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         if far_weights and k + AHEAD_WEIGHTS < hi:
             r = uint64(order[k + AHEAD_WEIGHTS])
             for pos in range(uint64(indptr[r]), uint64(indptr[r + uint64(1)])):
-                prefetch(w, indices[pos])  # (a hot one's shared copy: harmless)
+                prefetch(w, indices[pos])
         dot = 0.0
         for pos in range(start, end):
-            if hot_table is None:
-                dot += w[column(indices, pos, start)] * data[pos]
-            else:  # look each feature up once per example: keep where it lives
-                j = slot(column(indices, pos, start), hot_table, base)
-                where[pos - start] = j
-                dot += w[j] * data[pos]
+            dot += w[column(indices, pos, start)] * data[pos]
         p = dot * wscale + intercept
         eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
         yi = y[i]
@@ -302,15 +249,13 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
                     avg_a, avg_b = 0.0, 1.0
                 for j in range(w.shape[0]):
                     w[j] *= wscale
-                for s in range(n_hot):
-                    last_w[s] *= wscale
                 wscale = 1.0
         if update != 0.0:
             step = update / wscale
             l2acc = 0.0
             l1acc = 0.0
             for pos in range(start, end):
-                j = column(indices, pos, start) if hot_table is None else where[pos - start]
+                j = column(indices, pos, start)
                 v = w[j] + data[pos] * step
                 w[j] = v
                 l2acc += v * v
@@ -333,7 +278,7 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         if use_l1:
             u += l1_ratio * eta * alpha
             for pos in range(start, end):
-                j = column(indices, pos, start) if hot_table is None else where[pos - start]
+                j = column(indices, pos, start)
                 z = w[j]
                 nz = z
                 if wscale * z > 0.0:
@@ -345,10 +290,6 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         t += 1.0
         count += 1.0
         done += 1
-        if n_hot > 0 and done % flush_every == 0:
-            flush(w, hot_idx, base, last_w)
-            if use_l1:
-                flush(q, hot_idx, base, last_q)
     if shared_intercept:
         shared_b[0] += intercept - intercept_base
         intercept = shared_b[0]
@@ -389,7 +330,7 @@ def advance(cfg, st, steps):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-            hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st, counter):
+            shared_b, cfg, st, counter):
     """One thread's share of the examples ``order[lo:hi]``; returns how many
     it ran. Alone (``cfg`` stride 1): all of them, in order. With others:
     it claims chunks of CHUNK positions from the shared ``counter`` (an
@@ -400,7 +341,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     step scikit-learn would give it."""
     if int(cfg[C_STRIDE]) == 1:
         sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-                  hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st)
+                  shared_b, cfg, st)
         return hi - lo
     t_lo = st[S_T]
     done = 0
@@ -412,12 +353,8 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
         advance(cfg, st, int(t_lo + (c - lo) - st[S_T]))
         end = min(c + CHUNK, hi)
         sgd_range(indptr, indices, data, width, y, sample_weight, order, c, end, w, aw, q,
-                  hot_table, hot_idx, base, last_w, last_q, where, shared_b, cfg, st)
+                  shared_b, cfg, st)
         done += end - c
-    if hot_idx.shape[0] > 0:
-        flush(w, hot_idx, base, last_w)
-        if cfg[C_PENALTY] == L1 or cfg[C_PENALTY] == ELASTICNET:
-            flush(q, hot_idx, base, last_q)
     return done
 
 

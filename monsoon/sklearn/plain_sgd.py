@@ -16,11 +16,27 @@ score, on the weights with ``wscale`` folded in) must improve by ``tol`` at
 least once in ``n_iter_no_change`` epochs; 'adaptive' then divides eta by
 5 instead of stopping while eta > 1e-6.
 
-Hot coordinates: with more than one thread, the features present in at
-least ``HOT_SHARE`` of the rows (the ``HOT_MAX`` most frequent at most) get
-per-thread copies, stored after the weights in one array (``W``). When
-the first step's L2 shrink exceeds ``MAX_SHARED_DECAY`` (huge alpha * eta),
-one thread runs: the weights would need folding every few steps.
+When the first step's L2 shrink exceeds ``MAX_SHARED_DECAY`` (huge alpha *
+eta), one thread runs: the weights would need folding every few steps.
+
+Threads only pay where their writes rarely meet. On power-law data the
+head of the distribution (hundreds to thousands of features) is written by
+every thread at nearly every example, and each such write costs the other
+core a cache miss (~100 ns, against a few ns for the arithmetic). Measured
+on a 2-core VM on ``bench/hogwild_sweep.py``'s data, two threads kept
+1.7-1.9 cores busy and ran an epoch at 0.6-1.3x the speed of one. So
+``n_jobs`` is a ceiling, as it is in scikit-learn, and a fit with several
+threads measures which way is faster on its own data (``LayoutChooser``).
+After a warm-up epoch on one thread, it runs half an epoch on one thread
+and the other half on the threads, and every later epoch runs the faster.
+Every ``REPROBE`` epochs it measures again, because the machine's load
+changes. The probe is real work of the fit, so nothing is thrown away.
+
+Per-thread copies of the hottest coordinates (those in 10% of the rows or
+more), merged every 8 examples, were tried before ``LayoutChooser`` and
+removed with its arrival. They ran an epoch at 0.9-1.1x the speed of the
+shared weights. They needed up to 36% more epochs to meet scikit-learn's
+stopping rule, and at large steps the two copies' moves overshot together.
 """
 from __future__ import annotations
 
@@ -33,11 +49,42 @@ import scipy.sparse as sp
 
 from . import kernel as K
 
-HOT_SHARE = 0.1
-HOT_MAX = 64
-HOT_SAMPLE = 4096
-FLUSH_EVERY = 8
 MAX_SHARED_DECAY = 0.1
+REPROBE = 16  # epochs between measurements of the thread layouts
+
+
+class LayoutChooser:
+    """Whether the next epoch runs on one thread (``"one"``), on the threads
+    (``"threads"``), or measures both (``"probe"``: its first half on one
+    thread, the rest on the threads). Epoch 0 runs on one thread and warms
+    the caches (first touches of the weights and the order). Epoch 1 probes,
+    and every ``REPROBE`` epochs after it probes again, because the load on
+    the machine changes. Other epochs run the faster layout of the last
+    probe, per example. One thread wins ties within ``MARGIN``, because it
+    is scikit-learn's exact loop. Where the threads lose, a fit spends half
+    an epoch in ``REPROBE`` on them."""
+
+    MARGIN = 0.03
+
+    def __init__(self, threads: bool):
+        self.threads = threads
+        self.best = "one"
+        self.per_example: dict[str, float] = {}
+        self.epochs = 0
+
+    def next(self) -> str:
+        if not self.threads or self.epochs == 0:
+            return "one"
+        return "probe" if (self.epochs - 1) % REPROBE == 0 else self.best
+
+    def took(self, layout: str, per_example: dict[str, float]) -> None:
+        """``per_example``: seconds per example of each layout the epoch ran."""
+        self.epochs += 1
+        if layout != "probe":
+            return
+        self.per_example = dict(per_example)
+        one, threads = per_example["one"], per_example["threads"]
+        self.best = "one" if one <= threads * (1 + self.MARGIN) else "threads"
 
 
 def _first_decay(learning_rate, alpha, l1_ratio, eta0, power_t, optimal_init, t):
@@ -51,59 +98,17 @@ def _first_decay(learning_rate, alpha, l1_ratio, eta0, power_t, optimal_init, t)
     return (1.0 - l1_ratio) * eta * alpha
 
 
-def hot_features(X, n_jobs: int) -> np.ndarray:
-    """The features to copy per thread: those in at least HOT_SHARE of the
-    rows, the HOT_MAX most frequent at most (none with one thread, or dense
-    data). Counted on the first HOT_SAMPLE rows: a feature that frequent
-    shows in any few thousand rows, and counting all would cost a pass."""
-    if n_jobs <= 1 or not sp.issparse(X) or X.shape[0] == 0:
-        return np.empty(0, dtype=np.int64)
-    rows = min(X.shape[0], HOT_SAMPLE)
-    degree = np.bincount(X.indices[X.indptr[0]:X.indptr[rows]], minlength=X.shape[1])
-    hot = np.flatnonzero(degree >= max(2, HOT_SHARE * rows))
-    if len(hot) > HOT_MAX:
-        hot = hot[np.argsort(degree[hot])[::-1][:HOT_MAX]]
-    return np.sort(hot).astype(np.int64)
-
-
-def hash_table(hot):
-    """A perfect hash of the hot feature ids for ``kernel.slot``:
-    [multiplier, 2^B keys (empty: 2^64 - 1), 2^B slots], h(j) = (j m mod 2^64)
-    >> (64 - B); tries odd multipliers until no two hot ids collide (None if
-    none does)."""
-    size = 1 << K.TABLE_BITS
-    keys = hot.astype(np.uint64)
-    rng = np.random.default_rng(20260)
-    for _ in range(200):
-        mult = np.uint64(rng.integers(1, 2 ** 63)) * np.uint64(2) + np.uint64(1)
-        with np.errstate(over="ignore"):
-            h = (keys * mult) >> np.uint64(64 - K.TABLE_BITS)
-        if len(np.unique(h)) == len(h):
-            table = np.zeros(1 + 2 * size, dtype=np.uint64)
-            table[0] = mult
-            table[1:1 + size] = np.iinfo(np.uint64).max
-            table[1 + h.astype(np.int64)] = keys
-            table[1 + size + h.astype(np.int64)] = np.arange(len(hot), dtype=np.uint64)
-            return table
-    return None
-
-
 def _arrays(X):
     if sp.issparse(X):
         return X.indptr, X.indices, X.data, 0
     return np.zeros(1, dtype=np.int64), None, X.reshape(-1), X.shape[1]  # C-ordered: a view
 
 
-def _with_copies(v, jobs, width):
-    """``v`` followed by ``jobs`` regions of ``width`` per-thread copies."""
-    return v if width == 0 else np.concatenate([v, np.zeros(jobs * width, dtype=v.dtype)])
-
-
 def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code, loss_param,
               penalty_type, alpha, l1_ratio, X, y, sample_weight, intercept_decay,
               validation_mask, early_stopping, validation_score_cb, n_iter_no_change, max_iter,
               tol, fit_intercept, verbose, shuffle, seed, weight_pos, weight_neg, learning_rate,
-              eta0, power_t, t=1.0, average=0, n_jobs=1, hot=None):
+              eta0, power_t, t=1.0, average=0, n_jobs=1, info=None):
     n_samples, n_features = X.shape
     indptr, indices, data, cols = _arrays(X)
     y = np.ascontiguousarray(y, dtype=data.dtype)
@@ -123,44 +128,29 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     if jobs > 1 and _first_decay(learning_rate, alpha, l1_ratio, eta0, power_t, optimal_init,
                                  t) > MAX_SHARED_DECAY:
         jobs = 1  # weights shrink so fast that the threads would fold wscale all the time
-    hot = np.empty(0, dtype=np.int64) if jobs == 1 or hot is None else hot
-    width = 0 if len(hot) == 0 else -(-len(hot) // 8) * 8 + 8  # own cache lines
-    hot_table = hash_table(hot) if width else None
-    if hot_table is None:
-        hot, width = np.empty(0, dtype=np.int64), 0
     use_q = penalty_type in (K.L1, K.ELASTICNET)
-    W = _with_copies(weights, jobs, width)
-    Q = _with_copies(np.zeros(n_features if use_q else 1, dtype=weights.dtype), jobs,
-                     width if use_q else 0)
+    Q = np.zeros(n_features if use_q else 1, dtype=weights.dtype)
     aw = average_weights if average_weights is not None else np.zeros(1, dtype=weights.dtype)
-    longest = 1 if not width else cols if indices is None else int(np.diff(indptr).max())
-    last = [(np.zeros(max(width, 1), dtype=weights.dtype),
-             np.zeros(max(width, 1), dtype=weights.dtype),
-             np.zeros(max(longest, 1), dtype=np.uint64))  # where a row's features live
-            for _ in range(jobs)]
     shared_b = np.array([intercept], dtype=np.float64)
 
     cfg = np.zeros(K.N_CFG)
     cfg[[K.C_LOSS, K.C_LOSS_PARAM, K.C_PENALTY, K.C_ALPHA, K.C_L1_RATIO, K.C_LR, K.C_ETA,
          K.C_ETA0, K.C_POWER_T, K.C_T0, K.C_FIT_INTERCEPT, K.C_INTERCEPT_DECAY, K.C_AVERAGE,
-         K.C_WEIGHT_POS, K.C_WEIGHT_NEG, K.C_STRIDE, K.C_COMPUTE_LOSS, K.C_FLUSH]] = [
+         K.C_WEIGHT_POS, K.C_WEIGHT_NEG, K.C_STRIDE, K.C_COMPUTE_LOSS]] = [
         loss_code, loss_param, penalty_type, alpha, l1_ratio, learning_rate, eta0, eta0,
         power_t, optimal_init, fit_intercept, intercept_decay, average, weight_pos, weight_neg,
-        jobs, bool(verbose or not early_stopping), FLUSH_EVERY]
+        jobs, bool(verbose or not early_stopping)]
     state = np.zeros(K.N_STATE)
     state[[K.S_T, K.S_WSCALE, K.S_INTERCEPT, K.S_AVG_B, K.S_AVG_INTERCEPT]] = \
         [t, 1.0, intercept, 1.0, average_intercept]
     state[K.S_SQ_NORM] = float(weights @ weights)
     state[K.S_L1_NORM] = float(np.abs(weights).sum())
-    hot_idx = hot if width else np.empty(0, dtype=np.int64)
-    wv = W[:n_features]  # the weights (a view of W)
-
+    wv = weights  # trained in place
     counter = np.zeros(8, dtype=np.int64)  # the next position to claim (own cache line)
 
-    def run(st, order, lo, hi, k):
-        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, W, aw, Q,
-                         hot_table, hot_idx, n_features + k * width, *last[k], shared_b, cfg, st,
-                         counter)
+    def run(st, order, lo, hi):
+        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, wv, aw, Q,
+                         shared_b, cfg, st, counter)
 
     def reset_wscale(st):
         if average_weights is not None:
@@ -175,6 +165,22 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     best_objective, best_score, no_improvement = math.inf, -math.inf, 0
     t_start = time.time()
     pool = ThreadPoolExecutor(jobs - 1) if jobs > 1 else None
+    chooser = LayoutChooser(threads=jobs > 1)
+
+    def run_part(layout, lo, hi):
+        """Positions ``order[lo:hi]`` of the epoch, on one thread or on all."""
+        if layout == "one":
+            cfg[K.C_STRIDE] = 1
+            while lo < hi:
+                lo += run(state, order, lo, hi)
+                if lo < hi:
+                    reset_wscale(state)
+        else:
+            cfg[K.C_STRIDE] = jobs
+            shared_b[0] = state[K.S_INTERCEPT]
+            _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, hi, jobs, pool, shared_b,
+                           counter)
+
     epoch = 0
     try:
         for epoch in range(max_iter):
@@ -183,16 +189,16 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                 print("-- Epoch %d" % (epoch + 1))
             if shuffle:
                 K.shuffle(order, int(rng.integers(2 ** 31)))
-            if jobs == 1:
-                lo = 0
-                while lo < train_count:
-                    lo += run(state, order, lo, train_count, 0)
-                    if lo < train_count:
-                        reset_wscale(state)
-            else:
-                _hogwild_epoch(run, reset_wscale, cfg, state, order, train_count, jobs, pool,
-                               shared_b, counter)
-            state[K.S_INTERCEPT] = shared_b[0] if jobs > 1 else state[K.S_INTERCEPT]
+            layout = chooser.next()
+            half = train_count // 2
+            parts = ([("one", 0, half), ("threads", half, train_count)] if layout == "probe"
+                     else [(layout, 0, train_count)])
+            per_example = {}
+            for part, lo, hi in parts:
+                began = time.perf_counter()
+                run_part(part, lo, hi)
+                per_example[part] = (time.perf_counter() - began) / max(hi - lo, 1)
+            chooser.took(layout, per_example)
             shared_b[0] = state[K.S_INTERCEPT]
             if early_stopping:  # the score needs the true weights
                 reset_wscale(state)
@@ -228,16 +234,16 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         if pool is not None:
             pool.shutdown()
     reset_wscale(state)
-    if W is not weights:
-        weights[:] = wv
+    if info is not None:  # what the fit measured and chose (``LayoutChooser``)
+        info.update(layout=chooser.best, seconds_per_example=dict(chooser.per_example))
     return (weights, state[K.S_INTERCEPT], average_weights, state[K.S_AVG_INTERCEPT],
             epoch + 1)
 
 
-def _hogwild_epoch(run, reset_wscale, cfg, state, order, n, jobs, pool, shared_b, counter):
-    """One epoch on ``jobs`` threads claiming chunks of ``order`` from
-    ``counter``; a round ends early only when wscale needs folding."""
-    lo = 0
+def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shared_b, counter):
+    """Positions ``order[lo:n]`` of an epoch on ``jobs`` threads claiming
+    chunks from ``counter``; a round ends early only when wscale needs
+    folding."""
     while lo < n:
         counter[0] = lo
         states = []
@@ -245,8 +251,8 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, n, jobs, pool, shared_b
             st = state.copy()
             st[K.S_SUMLOSS] = st[K.S_OBJECTIVE] = st[K.S_COUNT] = 0.0
             states.append(st)
-        futures = [pool.submit(run, states[k], order, lo, n, k) for k in range(1, jobs)]
-        run(states[0], order, lo, n, 0)
+        futures = [pool.submit(run, states[k], order, lo, n) for k in range(1, jobs)]
+        run(states[0], order, lo, n)
         for f in futures:
             f.result()
         reached = min(int(counter[0]), n)
