@@ -105,6 +105,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
              else budget.steps * run['batch_size'])
     recorder = Recorder(problem, total, run['target_loss'], evals=run['evals'],
                         progress=run['progress'], cost_aware=not virtual,
+                        eval_share=run['eval_share'],
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
     t_start = time.perf_counter()
     try:
@@ -149,6 +150,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "late_gradients": res.late_gradients,
         "failed_workers": [{"worker": f["worker"], "error": f["error"]} for f in res.failed_workers],
         "time_to_target_s": recorder.time_to_target_s,
+        "curve_rows_dropped": recorder.rows_dropped,  # past the curve's evaluation time
         "target_loss": run['target_loss'],
         "lr": run["lr"],
         "batch_size": run['batch_size'],

@@ -43,6 +43,9 @@ RUN_OPTIONS = (
     Option("target_loss", float, None, "report the time to reach this loss"),
     Option("evals", int, 100, "points on the loss curve (0: none)",
            check=lambda v: None if v >= 0 else "0 or more"),
+    Option("eval_share", float, 0.5, "the loss curve is evaluated after the run in at most "
+           "this share of the run's time (and at least 5 s); past it, rows are thinned evenly",
+           check=positive),
     Option("out", str, None, "run folder (the command line's default: runs/PROBLEM-STRATEGY; "
            "monsoon.train writes none unless given)"),
     Option("progress", bool, None, "show a progress bar (default: on a terminal)"),

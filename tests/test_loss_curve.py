@@ -79,6 +79,37 @@ def test_snapshot_pool_is_bounded_and_stays_evenly_spread():
     assert len(rec.rows) == len(kept) + 1 and not rec.snapshots
 
 
+def test_a_slow_evaluation_thins_the_curve_evenly_within_its_share(monkeypatch):
+    """Each evaluation takes 20 ms and the run took 2 s: with a 10% share
+    (0.2 s) the curve keeps about 10 of its 41 snapshots, the first and the
+    last among them and evenly spread, and says how many it dropped; on a
+    simulated clock every snapshot is evaluated."""
+    import time
+
+    from monsoon.record import recorder as rec_module
+
+    monkeypatch.setattr(rec_module, "EVAL_MIN_S", 0.0)
+    problem = make_problem("linear")
+    w = problem.initial_params(0)
+    slow = problem.loss
+    monkeypatch.setattr(problem, "loss", lambda v: (time.sleep(0.02), slow(v))[1])
+    for cost_aware in (True, False):
+        rec = Recorder(problem, total_examples=None, evals=100, progress=False,
+                       cost_aware=cost_aware, eval_share=0.1)
+        rec.snapshots = [(i * 0.05, i, i, w + i) for i in range(41)]  # 0 .. 2 s
+        began = time.perf_counter()
+        rows = rec.settled_rows()
+        kept = [r["updates"] for r in rows]
+        if not cost_aware:
+            assert kept == list(range(41)) and rec.rows_dropped == 0
+            continue
+        assert time.perf_counter() - began < 0.2 + 0.1  # the share, and one evaluation over
+        assert 4 <= len(kept) <= 11 and kept[0] == 0 and kept[-1] == 40
+        assert rec.rows_dropped == 41 - len(kept)
+        gaps = np.diff(kept)
+        assert gaps.max() <= 3 * gaps.min()
+
+
 def test_snapshots_are_copies():
     problem = make_problem("linear")
     w = problem.initial_params(0)
