@@ -26,6 +26,7 @@ import numpy as np
 
 from ..engines.local.engine import (EngineResult, _blas_threads, _main_module_hidden,
                                     torch_threads_per_worker)
+from ..engines.heap import keep_freed_memory
 from ..engines.local.inbox import Outbox, PipeInbox
 from ..engines.local.memory import SharedArrays
 from ..engines.waiting import Aborted
@@ -84,6 +85,7 @@ class Link:
 def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
     import torch
 
+    keep_freed_memory()  # a stage's activations are not mmapped and unmapped every step
     torch.set_num_threads(threads)
     outbox = Outbox(messages)
     link = None

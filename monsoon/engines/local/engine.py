@@ -55,6 +55,7 @@ from ...errors import WaitTimeout, WorkerError
 from ...options import Option
 from ...strategies import WorkerJob
 from .. import checkpoints
+from ..heap import keep_freed_memory
 from ..lifecycle import StopSignals, signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..waiting import Aborted, wait_until
@@ -243,6 +244,7 @@ def _seeded_rng(problem, seed: int, rank: int):
 
 def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> None:
     worker_started(parent_pid)  # first: from now on this process dies with the monitor
+    keep_freed_memory()  # a step's activations are not mmapped and unmapped every step
     import pickle
 
     import torch
