@@ -21,13 +21,14 @@ benchmark due a row every step would otherwise pay it every step).
 
 Evaluating after the run costs the user wall time instead: each snapshot
 is a pass over the training set, so a CNN trained for 9 s on 8,192
-examples with 100 rows waited about 90 s more for its curve. Where the clock is
-real, the evaluation gets at most ``eval_share`` of the run's time (and at
-least ``EVAL_MIN_S``). Snapshots are evaluated coarse to fine (the first,
-the last, then the middle, the quarters, ...: ``refinement_levels``; a
-level the time left cannot finish is thinned evenly), and the rest are
-dropped, so the curve that is kept is evenly spaced. Every row kept is still the full-data objective. The
-final row is always evaluated, and ``final_loss`` with it.
+examples with 100 rows waited about 90 s more for its curve. Where the
+clock is real, the evaluation gets at most ``eval_share`` of the run's time
+(and at least ``EVAL_MIN_S``). Snapshots are evaluated coarse to fine (the
+first, the last, then the middle, the quarters, ...: ``refinement_levels``;
+a level the time left cannot finish is thinned evenly), and the rest are
+dropped, so the curve that is kept is evenly spaced. Every row kept is
+still the full-data objective. The final row is always evaluated, and
+``final_loss`` with it.
 
 Non-finite parameters, or more dropped updates than applied ones, stop the
 run with advice; a non-finite loss found afterwards marks it diverged too.

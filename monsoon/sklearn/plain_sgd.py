@@ -69,7 +69,6 @@ class LayoutChooser:
     def __init__(self, threads: bool):
         self.threads = threads
         self.best = "one"
-        self.per_example: dict[str, float] = {}
         self.epochs = 0
 
     def next(self) -> str:
@@ -82,7 +81,6 @@ class LayoutChooser:
         self.epochs += 1
         if layout != "probe":
             return
-        self.per_example = dict(per_example)
         one, threads = per_example["one"], per_example["threads"]
         self.best = "one" if one <= threads * (1 + self.MARGIN) else "threads"
 
@@ -145,19 +143,18 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         [t, 1.0, intercept, 1.0, average_intercept]
     state[K.S_SQ_NORM] = float(weights @ weights)
     state[K.S_L1_NORM] = float(np.abs(weights).sum())
-    wv = weights  # trained in place
     counter = np.zeros(8, dtype=np.int64)  # the next position to claim (own cache line)
 
     def run(st, order, lo, hi):
-        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, wv, aw, Q,
+        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, weights, aw, Q,
                          shared_b, cfg, st, counter)
 
     def reset_wscale(st):
         if average_weights is not None:
-            np.add(average_weights, st[K.S_AVG_A] * wv, out=average_weights)
+            np.add(average_weights, st[K.S_AVG_A] * weights, out=average_weights)
             np.divide(average_weights, st[K.S_AVG_B], out=average_weights)
             st[K.S_AVG_A], st[K.S_AVG_B] = 0.0, 1.0
-        np.multiply(wv, st[K.S_WSCALE], out=wv)
+        np.multiply(weights, st[K.S_WSCALE], out=weights)
         st[K.S_WSCALE] = 1.0
 
     rng = np.random.default_rng(seed)
@@ -199,25 +196,24 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                 run_part(part, lo, hi)
                 per_example[part] = (time.perf_counter() - began) / max(hi - lo, 1)
             chooser.took(layout, per_example)
-            shared_b[0] = state[K.S_INTERCEPT]
             if early_stopping:  # the score needs the true weights
                 reset_wscale(state)
-            if not math.isfinite(state[K.S_INTERCEPT]) or not np.isfinite(wv).all():
+            if not math.isfinite(state[K.S_INTERCEPT]) or not np.isfinite(weights).all():
                 raise ValueError("Floating-point under-/overflow occurred at epoch #%d. Scaling "
                                  "input data with StandardScaler or MinMaxScaler might help."
                                  % (epoch + 1))
             mean_loss = state[K.S_SUMLOSS] / max(train_count, 1)
             objective = state[K.S_OBJECTIVE] / max(train_count, 1)
             if early_stopping:
-                score = validation_score_cb(wv, state[K.S_INTERCEPT])
+                score = validation_score_cb(weights, state[K.S_INTERCEPT])
                 if verbose > 0:
-                    _report(wv, state, mean_loss, objective, t_start, score)
+                    _report(weights, state, mean_loss, objective, t_start, score)
                 no_improvement = no_improvement + 1 if (tol > -math.inf and
                                                         score < best_score + tol) else 0
                 best_score = max(best_score, score)
             else:
                 if verbose > 0:
-                    _report(wv, state, mean_loss, objective, t_start)
+                    _report(weights, state, mean_loss, objective, t_start)
                 no_improvement = no_improvement + 1 if (tol > -math.inf and
                                                         objective > best_objective - tol) else 0
                 best_objective = min(best_objective, objective)
@@ -234,8 +230,8 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         if pool is not None:
             pool.shutdown()
     reset_wscale(state)
-    if info is not None:  # what the fit measured and chose (``LayoutChooser``)
-        info.update(layout=chooser.best, seconds_per_example=dict(chooser.per_example))
+    if info is not None:  # what the fit chose (``LayoutChooser``)
+        info["layout"] = chooser.best
     return (weights, state[K.S_INTERCEPT], average_weights, state[K.S_AVG_INTERCEPT],
             epoch + 1)
 
@@ -271,9 +267,9 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shar
         lo = reached
 
 
-def _report(wv, state, mean_loss, objective, t_start, score=None):
+def _report(weights, state, mean_loss, objective, t_start, score=None):
     line = ("Norm: %.2f, NNZs: %d, Bias: %.6f, T: %d, Avg. loss: %f, Objective: %f"
-            % (math.sqrt(state[K.S_SQ_NORM]), np.count_nonzero(wv), state[K.S_INTERCEPT],
+            % (math.sqrt(state[K.S_SQ_NORM]), np.count_nonzero(weights), state[K.S_INTERCEPT],
                state[K.S_COUNT], mean_loss, objective))
     print(line + ("" if score is None else ", Validation score: %f" % score))
     print("Total training time: %.2f seconds." % (time.time() - t_start))

@@ -39,7 +39,6 @@ class WorkerRuntime:
                  strategy, timeout: float, live: bool = True, start_step: int = 0,
                  checkpoint_every: int = 0, work0: np.ndarray | None = None):
         self.rank = rank
-        self.owner = rank + 1  # what ``store.lock_owner`` holds while this worker holds a lock
         self.start_step = start_step  # synchronous steps already done (a resumed run)
         self.checkpoint_every = checkpoint_every
         self.workers = workers
@@ -150,16 +149,12 @@ class WorkerRuntime:
         store = self.store
         ticket = np.empty(len(store.bounds), dtype=np.int64)
         for s, (a, b) in enumerate(store.bounds):
-            with store.locks[s]:
-                store.lock_owner[s] = self.owner
-                try:
-                    ticket[s] = store.versions[s]
-                    np.copyto(self.work[a:b], store.params[a:b])
-                    if self._reader is not None:
-                        self.rule.on_read(store.params[a:b], store.shard_states[s],
-                                          self._shard_readers[s])
-                finally:
-                    store.lock_owner[s] = 0
+            with store.holding(s, self.rank):
+                ticket[s] = store.versions[s]
+                np.copyto(self.work[a:b], store.params[a:b])
+                if self._reader is not None:
+                    self.rule.on_read(store.params[a:b], store.shard_states[s],
+                                      self._shard_readers[s])
         return ticket
 
     def push(self, op: Push) -> None:
@@ -172,17 +167,13 @@ class WorkerRuntime:
         for i in range(shards):
             s = (i + self.rank) % shards  # start at different shards: less lock contention
             a, b = store.bounds[s]
-            with store.locks[s]:
-                store.lock_owner[s] = self.owner
-                try:
-                    version = int(store.versions[s])
-                    staleness = version - int(op.ticket[s])
-                    self.rule.apply(store.params[a:b], grad[a:b], store.shard_states[s],
-                                    UpdateInfo(step=version, staleness=staleness,
-                                               worker=self.rank, reader=self._shard_readers[s]))
-                    store.versions[s] = version + 1
-                finally:
-                    store.lock_owner[s] = 0
+            with store.holding(s, self.rank):
+                version = int(store.versions[s])
+                staleness = version - int(op.ticket[s])
+                self.rule.apply(store.params[a:b], grad[a:b], store.shard_states[s],
+                                UpdateInfo(step=version, staleness=staleness, worker=self.rank,
+                                           reader=self._shard_readers[s]))
+                store.versions[s] = version + 1
             self.staleness[staleness] += 1
         self.counters[UPDATES] += 1
 
@@ -222,15 +213,11 @@ class WorkerRuntime:
         store = self.store
         for s, (a, b) in enumerate(store.bounds):
             mine = self.work[a:b]
-            with store.locks[s]:
-                store.lock_owner[s] = self.owner
-                try:
-                    centre = store.params[a:b]
-                    diff = np.subtract(mine, centre)
-                    diff *= op.alpha
-                    centre += diff
-                    store.versions[s] += 1
-                finally:
-                    store.lock_owner[s] = 0
+            with store.holding(s, self.rank):
+                centre = store.params[a:b]
+                diff = np.subtract(mine, centre)
+                diff *= op.alpha
+                centre += diff
+                store.versions[s] += 1
             mine -= diff
         self.counters[UPDATES] += 1

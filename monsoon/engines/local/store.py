@@ -39,6 +39,7 @@ with weaker memory ordering than x86).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -183,6 +184,17 @@ class ParameterStore:
 
     def attach_locks(self, locks, sync_lock) -> None:
         self.locks, self.sync_lock = locks, sync_lock
+
+    @contextlib.contextmanager
+    def holding(self, s: int, rank: int):
+        """Shard ``s``'s lock, marked as worker ``rank``'s while it is held
+        (``lock_owner``), so the monitor can release it if ``rank`` dies."""
+        with self.locks[s]:
+            self.lock_owner[s] = rank + 1
+            try:
+                yield
+            finally:
+                self.lock_owner[s] = 0
 
     def release_locks_of(self, rank: int) -> list[int]:
         """Release the shard locks a dead worker ``rank`` held (the monitor,
