@@ -35,8 +35,17 @@ class Budget:
         return self.steps // workers + (1 if rank < self.steps % workers else 0)
 
 
+def permutation(n: int, rng: np.random.Generator) -> np.ndarray:
+    """``rng.permutation(n)``, the same order, held in 32-bit integers where
+    they suffice: half the memory a worker keeps per epoch (32 MiB instead of
+    64 for 4M examples)."""
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    rng.shuffle(order)
+    return order
+
+
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
+    return permutation(n, np.random.default_rng([seed, epoch]))
 
 
 def block_permutation(n: int, seed: int, epoch: int, block: int = 512) -> np.ndarray:
@@ -126,5 +135,5 @@ def slice_batches(n: int, batch_size: int, seed: int, budget: Budget, rank: int,
 def shard_batches(n: int, batch_size: int, seed: int, budget: Budget, rank: int, workers: int):
     # Sorted, so that one worker's single shard is arange(n) and it visits
     # exactly serial's batches.
-    shard = np.sort(split(np.random.default_rng([seed, 1 << 30]).permutation(n), workers, rank))
+    shard = np.sort(split(permutation(n, np.random.default_rng([seed, 1 << 30])), workers, rank))
     return _run(lambda e: shard[epoch_permutation(len(shard), seed, e)], batch_size, budget, budget.steps_for(rank, workers))
