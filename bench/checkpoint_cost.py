@@ -73,7 +73,9 @@ def main():
         ab = with_s / without_s - 1
         rows.append((f"{strategy} x{workers}: checkpoints written per run",
                      f"{shares[0][1]}"))
-        rows.append((f"{strategy} x{workers}: write share of run time", f"{share:.2%}"))
+        runs = [s for s, _ in shares]
+        rows.append((f"{strategy} x{workers}: write share of run time",
+                     f"{share:.2%} (runs {min(runs):.2%}-{max(runs):.2%})"))
         rows.append((f"{strategy} x{workers}: A/B wall time with/without",
                      f"{with_s:.3g} s / {without_s:.3g} s ({ab:+.2%})"))
         extra[strategy] = {"write_share": share, "ab": ab, "with_s": with_s,

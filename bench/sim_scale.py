@@ -8,38 +8,55 @@ per (real) second and its ratio to serial SGD's steps per second on the same
 model, which is the cost of the simulation over the math itself.
 Target: the whole run under 2 minutes.
 
-    python bench/sim_scale.py [--workers 1000] [--updates 100000]
+    python bench/sim_scale.py [--workers 1000] [--updates 100000] [--repeats 3]
 """
 import argparse
 import time
 
 import monsoon
-from common import report
+from common import interleave, median, report
+
+
+def sim_run(workers: int, updates: int) -> dict:
+    t = time.perf_counter()
+    sim = monsoon.train("linear", "async", workers, engine="sim", steps=updates,
+                        sim_compute_sigma=0.5, sim_latency_s=1e-4, staleness_lr=True, evals=20,
+                        progress=False)
+    return {"run_s": time.perf_counter() - t,
+            "rate": sim.summary["updates"] / sim.summary["real_time_s"],
+            "simulated_s": sim.summary["wall_time_s"],
+            "staleness": sim.summary["staleness"]["mean"]}
+
+
+def serial_rate(updates: int) -> float:
+    serial = monsoon.train("linear", "serial", steps=updates, evals=0, progress=False)
+    return serial.summary["updates"] / serial.summary["wall_time_s"]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=1000)
     ap.add_argument("--updates", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    t = time.perf_counter()
-    sim = monsoon.train("linear", "async", args.workers, engine="sim", steps=args.updates,
-                        sim_compute_sigma=0.5, sim_latency_s=1e-4, staleness_lr=True, evals=20,
-                        progress=False)
-    sim_wall = time.perf_counter() - t
-    serial = monsoon.train("linear", "serial", steps=args.updates, evals=0, progress=False)
-    sim_rate = sim.summary["updates"] / sim.summary["real_time_s"]
-    serial_rate = serial.summary["updates"] / serial.summary["wall_time_s"]
-    report(f"sim engine: {args.workers} workers, {args.updates} updates (linear, async)", [
-        ("whole run, s", f"{sim_wall:.1f}   (target < 120)"),
-        ("simulated updates per second", f"{sim_rate:.0f}"),
-        ("serial SGD steps per second", f"{serial_rate:.0f}"),
-        ("ratio sim/serial", f"{sim_rate / serial_rate:.3f}   (the simulation's overhead: "
-                             f"{serial_rate / sim_rate:.1f}x the math)"),
-        ("simulated time, s", f"{sim.summary['wall_time_s']:.2f}"),
-        ("staleness mean", f"{sim.summary['staleness']['mean']:.0f}"),
-    ], {"run_s": sim_wall, "sim_updates_per_s": sim_rate, "serial_steps_per_s": serial_rate})
-
+    sims = []
+    times = interleave({"sim": lambda: sims.append(sim_run(args.workers, args.updates))
+                        or sims[-1]["run_s"],
+                        "serial": lambda: serial_rate(args.updates)}, args.repeats)
+    run_s, serial = median(times["sim"]), median(times["serial"])
+    rates = [s["rate"] for s in sims]
+    rate = median(rates)
+    report(f"sim engine: {args.workers} workers, {args.updates} updates (linear, async), "
+           f"median of {args.repeats}", [
+        ("whole run, s", f"{run_s:.1f} (runs {min(times['sim']):.1f}-{max(times['sim']):.1f})"
+                         "   (target < 120)"),
+        ("simulated updates per second", f"{rate:.0f} (runs {min(rates):.0f}-{max(rates):.0f})"),
+        ("serial SGD steps per second", f"{serial:.0f}"),
+        ("ratio sim/serial", f"{rate / serial:.3f}   (the simulation's overhead: "
+                             f"{serial / rate:.1f}x the math)"),
+        ("simulated time, s", f"{sims[0]['simulated_s']:.2f}"),
+        ("staleness mean", f"{sims[0]['staleness']:.0f}"),
+    ], {"run_s": times["sim"], "sim_updates_per_s": rates, "serial_steps_per_s": times["serial"]})
 
 if __name__ == "__main__":
     main()
