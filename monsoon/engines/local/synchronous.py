@@ -14,7 +14,7 @@ drops the whole step); all shards updated, after which the last one through
 opens the next step. Each worker reads and writes 1/N of the vector.
 
 ``ReplicatedStep`` (small models, up to ``REPLICATE_MAX_BYTES`` of
-parameters: 64k float32; sync without backups). As DDP does after its all-reduce, every
+parameters: 512k float32; sync without backups). As DDP does after its all-reduce, every
 worker holds a private replica of the parameters and the rule state and
 applies the same mean gradient to it, so one barrier per step is enough:
 a worker writes its slot, raises its own arrival counter, and waits for
@@ -75,10 +75,13 @@ NEEDS_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i68
 
 # Above this many bytes of parameters, a full reduce + apply per worker
 # costs more than the two barriers it saves. Measured with sync x2 on a
-# 2-core VM, float32 MLPs, us per step replicated / sharded: 15.5k
-# parameters 148 / 174, 32k 182 / 227, 64k 251 / 238 and 359 / 440 (noise),
-# 129k 405 / 368, 516k 1759 / 1218.
-REPLICATE_MAX_BYTES = 1 << 18
+# 2-core VM, float32 MLPs, examples/s replicated / sharded, median of 3
+# interleaved runs (commit 60865de, after workers kept their freed memory):
+# 268k parameters (1.0 MiB, batch 128) 66.7k / 45.7k; 669k (2.6 MiB, batch
+# 256) 27.0k / 28.6k; 1.9M (7.1 MiB, batch 512) 10.1k / 12.2k. Earlier, while
+# workers re-faulted their heaps every step, 516k parameters gave 1759 / 1218
+# us per step, and the bound was 256 KiB.
+REPLICATE_MAX_BYTES = 1 << 21
 
 
 def replicates(strategy, params: np.ndarray) -> bool:
