@@ -117,3 +117,18 @@ def test_replicas_that_drift_apart_fail_the_run(monkeypatch, evals):
     monkeypatch.setattr(SGD, "apply", worker_dependent)
     with pytest.raises(WorkerError, match="replica of the parameters differs"):
         monsoon.train("exp", "sync", 2, steps=5, evals=evals, backend="threads", timeout=20)
+
+
+def test_loss_curve_snapshots_take_a_bounded_share_of_worker_0s_time(monkeypatch):
+    """Worker 0 of a replicated run copies its replica for the loss curve
+    only when the last copy took at most SNAP_SHARE of the time since: with
+    a share no copy can meet, one snapshot is taken instead of ~100, and
+    the run still ends with its final row."""
+    opts = dict(steps=400, batch_size=16, seed=0, lr=0.01, backend="threads", progress=False)
+    full = monsoon.train("exp", "sync", 2, **opts)
+    assert full.summary["sync_step"] == "replicated" and len(full.history) >= 50
+    monkeypatch.setattr(synchronous, "SNAP_SHARE", 1e-12)
+    bounded = monsoon.train("exp", "sync", 2, **opts)
+    assert 2 <= len(bounded.history) <= 4
+    assert bounded.history[-1]["updates"] == 400
+    np.testing.assert_array_equal(bounded.params, full.params)
