@@ -226,8 +226,7 @@ def test_layout_chooser_probes_and_keeps_the_faster():
 
 
 def test_switching_layouts_between_epochs_keeps_the_model(monkeypatch):
-    """Every epoch is a probe (a quarter on one thread, a quarter on the
-    threads, the rest on the faster), and
+    """Every epoch is a probe (half on one thread, half on the threads), and
     wscale is folded mid-epoch on both (alpha * eta = 5e-4: every ~41k
     steps, two epochs): the intercept, weights and scalars carry over, and
     the model is as good as scikit-learn's (mean over 6 seeds; one seed's

@@ -55,16 +55,14 @@ REPROBE = 16  # epochs between measurements of the thread layouts
 
 class LayoutChooser:
     """Whether the next epoch runs on one thread (``"one"``), on the threads
-    (``"threads"``), or measures both (``"probe"``: its first quarter on one
-    thread, the second on the threads, and the rest on the faster of the
-    two). Epoch 0 runs on one thread and warms the caches (first touches of
-    the weights and the order). Epoch 1 probes, and every ``REPROBE`` epochs
-    after it probes again, because the load on the machine changes. Other
-    epochs run the faster layout of the last probe, per example. One thread
-    wins ties within ``MARGIN``, because it is scikit-learn's exact loop.
-    Where the threads lose, a fit spends a quarter of an epoch in
-    ``REPROBE`` on them (half an epoch with halves as probes: 0.90x one
-    thread's fit time on a sweep dataset of 6 ms epochs)."""
+    (``"threads"``), or measures both (``"probe"``: its first half on one
+    thread, the rest on the threads). Epoch 0 runs on one thread and warms
+    the caches (first touches of the weights and the order). Epoch 1 probes,
+    and every ``REPROBE`` epochs after it probes again, because the load on
+    the machine changes. Other epochs run the faster layout of the last
+    probe, per example. One thread wins ties within ``MARGIN``, because it
+    is scikit-learn's exact loop. Where the threads lose, a fit spends half
+    an epoch in ``REPROBE`` on them."""
 
     MARGIN = 0.03
 
@@ -189,17 +187,15 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             if shuffle:
                 K.shuffle(order, int(rng.integers(2 ** 31)))
             layout = chooser.next()
-            quarter = train_count // 4
-            parts = ([("one", 0, quarter), ("threads", quarter, 2 * quarter)]
-                     if layout == "probe" else [(layout, 0, train_count)])
+            half = train_count // 2
+            parts = ([("one", 0, half), ("threads", half, train_count)] if layout == "probe"
+                     else [(layout, 0, train_count)])
             per_example = {}
             for part, lo, hi in parts:
                 began = time.perf_counter()
                 run_part(part, lo, hi)
                 per_example[part] = (time.perf_counter() - began) / max(hi - lo, 1)
             chooser.took(layout, per_example)
-            if layout == "probe":  # the rest of the epoch on the faster
-                run_part(chooser.best, 2 * quarter, train_count)
             if early_stopping:  # the score needs the true weights
                 reset_wscale(state)
             if not math.isfinite(state[K.S_INTERCEPT]) or not np.isfinite(weights).all():
