@@ -40,9 +40,13 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     sims = []
-    times = interleave({"sim": lambda: sims.append(sim_run(args.workers, args.updates))
-                        or sims[-1]["run_s"],
-                        "serial": lambda: serial_rate(args.updates)}, args.repeats)
+
+    def timed_sim() -> float:
+        sims.append(sim_run(args.workers, args.updates))
+        return sims[-1]["run_s"]
+
+    times = interleave({"sim": timed_sim, "serial": lambda: serial_rate(args.updates)},
+                       args.repeats)
     run_s, serial = median(times["sim"]), median(times["serial"])
     rates = [s["rate"] for s in sims]
     rate = median(rates)
@@ -57,6 +61,7 @@ def main():
         ("simulated time, s", f"{sims[0]['simulated_s']:.2f}"),
         ("staleness mean", f"{sims[0]['staleness']:.0f}"),
     ], {"run_s": times["sim"], "sim_updates_per_s": rates, "serial_steps_per_s": times["serial"]})
+
 
 if __name__ == "__main__":
     main()
