@@ -126,14 +126,17 @@ class Recorder:
                 and now >= self._earliest)
 
     def seconds_to_due(self, now: float, examples: int) -> float:
-        """How long until the next row is due, at the run's pace so far: an
-        engine's monitor may sleep that long without missing a row."""
+        """How long until the next row is due, at the run's pace so far and
+        after the last snapshot's cost spacing: an engine's monitor may sleep
+        that long without missing a row."""
         if self.evals <= 0:
             return math.inf
         wait = self._next - now
         if self.total_examples and examples > 0 and now > 0:
             wait = min(wait, (self._next_examples - examples) * now / examples)
-        return max(wait, 0.0)
+        # not before the last copy's cost allows either: a row held back by
+        # ``_earliest`` would otherwise have the monitor poll every millisecond
+        return max(wait, self._earliest - now, 0.0)
 
     def record(self, now: float, updates: int, examples: int, params, dropped: int = 0):
         """Snapshot ``params`` (copied: the caller may go on writing them)."""
