@@ -70,6 +70,17 @@ def test_compiled_mean_has_the_bits_of_weighted_mean(dtype, parts):
     assert equal_mean_finite_for(np.float16)(slots, np.full(parts, 8), out, 1.0) == -1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_both_steps_match_the_simulator_bit_for_bit_with_two_workers(sync_step, dtype):
+    """Two workers, equal halves: the sharded step's compiled pass per shard
+    and the replicated step's mean give the simulator's bits."""
+    opts = dict(steps=20, batch_size=64, dtype=dtype, seed=4, lr=0.05, rule="momentum")
+    local = monsoon.train("exp", "sync", 2, **opts)
+    sim = monsoon.train("exp", "sync", 2, engine="sim", **opts)
+    assert local.summary["sync_step"] == sync_step
+    assert np.array_equal(local.params, sim.params)
+
+
 def test_large_models_and_backup_workers_use_the_sharded_step():
     big = monsoon.train("quadratic", "sync", 2, steps=3, evals=0)
     assert big.summary["sync_step"] == "sharded"

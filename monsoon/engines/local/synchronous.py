@@ -11,7 +11,10 @@ order, and applies the rule to those shards of the shared parameters. Three
 barriers: all arrived (the first N arrivals count, later ones are late, for
 backup workers); all shards summed and checked (a non-finite sum anywhere
 drops the whole step); all shards updated, after which the last one through
-opens the next step. Each worker reads and writes 1/N of the vector.
+opens the next step. Each worker reads and writes 1/N of the vector; with
+two workers of equal batches it sums, scales and checks each shard in one
+compiled pass (``kernels.mean_of_two_finite``; on 1.3 MiB, 45 us where
+BLAS copy, axpy, scal and asum took 150-180 us).
 
 ``ReplicatedStep`` (small models, up to ``REPLICATE_MAX_BYTES`` of
 parameters: 512k float32; sync without backups). As DDP does after its all-reduce, every
@@ -298,7 +301,12 @@ class ShardedStep(_Step):
     def __init__(self, runtime):
         super().__init__(runtime)
         self.next_ckpt = -1  # the last worker through a step saves (see contribute)
-        self.acc = None
+        from .kernels import mean_of_two_finite_for  # Numba: at start-up, off the clock
+
+        params = self.store.params
+        self.acc, self.tmp = np.empty_like(params), np.empty_like(params)
+        self.two = mean_of_two_finite_for(params.dtype)
+        self.half = params.dtype.type(0.5)
 
     def contribute(self, examples: int) -> int:
         """The slot is written; run the step's three barriers. Returns how
@@ -320,8 +328,8 @@ class ShardedStep(_Step):
         self._wait_count(ARRIVED, counted, step, "arrive at step", may_stop=True)
         ranks = sorted(int(r) for r in store.contributors[:counted])
         shards = [s for s in range(len(store.bounds)) if s % counted == order]
-        sums = self._reduce(ranks, shards)
-        if not all(finite(acc) for acc in sums):
+        sums, ok = self._reduce(ranks, shards)
+        if not ok:
             sync[BAD_STEP] = step
         with store.sync_lock:
             sync[REDUCED] += 1
@@ -372,16 +380,23 @@ class ShardedStep(_Step):
         self._wait(lambda: counts[column] >= target, f"{target} workers to {what} {step}",
                    may_stop)
 
-    def _reduce(self, ranks: list[int], shards: list[int]) -> list:
-        """The weighted mean of the counted slots, on each of ``shards``."""
+    def _reduce(self, ranks: list[int], shards: list[int]) -> tuple[list, bool]:
+        """The weighted mean of the counted slots on each of ``shards``, and
+        whether all of it is finite. Two equal parts (the usual case): one
+        compiled pass a shard (``kernels.mean_of_two_finite``, the same bits)."""
         store = self.store
-        if self.acc is None:
-            self.acc = np.empty(store.params.size, dtype=store.params.dtype)
-            self.tmp = np.empty_like(self.acc)
         examples = [int(store.slot_examples[k]) for k in ranks]
-        sums = []
+        sums, ok = [], True
+        if self.two is not None and len(ranks) == 2 and examples[0] == examples[1] > 0:
+            first, second = store.slots[ranks[0]], store.slots[ranks[1]]
+            for s in shards:
+                a, b = store.bounds[s]
+                ok &= bool(self.two(first[a:b], second[a:b], self.acc[a:b], self.half))
+                sums.append(self.acc[a:b])
+            return sums, ok
         for s in shards:
             a, b = store.bounds[s]
-            sums.append(weighted_sum(store.slots[:, a:b], ranks, examples, self.acc[a:b],
-                                     self.tmp[a:b]))
-        return sums
+            acc = weighted_sum(store.slots[:, a:b], ranks, examples, self.acc[a:b], self.tmp[a:b])
+            sums.append(acc)
+            ok = ok and finite(acc)
+        return sums, ok
