@@ -24,7 +24,7 @@ import time
 import monsoon
 from monsoon.engines import checkpoints
 from monsoon.engines.options import CHECKPOINT_EVERY
-from common import interleave, median, report
+from common import interleave, median, median_and_range, report
 
 spent = {"s": 0.0, "n": 0}
 _save = checkpoints.save
@@ -69,13 +69,13 @@ def main():
             "without": lambda: run(strategy, workers, args.steps, args.rule, 0, shares)},
             args.repeats)
         with_s, without_s = min(times["with"]), min(times["without"])
-        share = median([s for s, _ in shares])
+        runs = [s for s, _ in shares]
+        share = median(runs)
         ab = with_s / without_s - 1
         rows.append((f"{strategy} x{workers}: checkpoints written per run",
                      f"{shares[0][1]}"))
-        runs = [s for s, _ in shares]
         rows.append((f"{strategy} x{workers}: write share of run time",
-                     f"{share:.2%} (runs {min(runs):.2%}-{max(runs):.2%})"))
+                     median_and_range(runs, ".2%")))
         rows.append((f"{strategy} x{workers}: A/B wall time with/without",
                      f"{with_s:.3g} s / {without_s:.3g} s ({ab:+.2%})"))
         extra[strategy] = {"write_share": share, "ab": ab, "with_s": with_s,

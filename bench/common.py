@@ -42,6 +42,11 @@ def median(values):
     return statistics.median(values)
 
 
+def median_and_range(values, fmt: str) -> str:
+    """``values``' median and their range, each as ``fmt``: "1.15 (runs 1.14-1.17)"."""
+    return f"{median(values):{fmt}} (runs {min(values):{fmt}}-{max(values):{fmt}})"
+
+
 def report(title: str, rows: list[tuple[str, str]], extra: dict | None = None) -> None:
     print(f"\n## {title}")
     print(f"python {platform.python_version()}, {platform.machine()}, "

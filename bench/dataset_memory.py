@@ -20,10 +20,11 @@ range of the differences are printed.
 """
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+from common import median
 
 MIB = 1 << 20
 
@@ -108,7 +109,7 @@ def main():
             print(f"{name:>8}: {args.gib:g} GiB data {big[name] / MIB:8.0f} MiB, 1 MiB data "
                   f"{small[name] / MIB:8.0f} MiB, difference {values[-1]:.2f} GiB", flush=True)
     for name, values in diffs.items():
-        print(f"{name:>8}: median difference {statistics.median(values):.2f} GiB (runs "
+        print(f"{name:>8}: median difference {median(values):.2f} GiB (runs "
               f"{min(values):.2f}-{max(values):.2f}; target < {1.2 * args.gib:.2f} GiB)")
 
 

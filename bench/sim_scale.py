@@ -14,7 +14,7 @@ import argparse
 import time
 
 import monsoon
-from common import interleave, median, report
+from common import interleave, median, median_and_range, report
 
 
 def sim_run(workers: int, updates: int) -> dict:
@@ -47,14 +47,13 @@ def main():
 
     times = interleave({"sim": timed_sim, "serial": lambda: serial_rate(args.updates)},
                        args.repeats)
-    run_s, serial = median(times["sim"]), median(times["serial"])
+    serial = median(times["serial"])
     rates = [s["rate"] for s in sims]
     rate = median(rates)
     report(f"sim engine: {args.workers} workers, {args.updates} updates (linear, async), "
            f"median of {args.repeats}", [
-        ("whole run, s", f"{run_s:.1f} (runs {min(times['sim']):.1f}-{max(times['sim']):.1f})"
-                         "   (target < 120)"),
-        ("simulated updates per second", f"{rate:.0f} (runs {min(rates):.0f}-{max(rates):.0f})"),
+        ("whole run, s", median_and_range(times["sim"], ".1f") + "   (target < 120)"),
+        ("simulated updates per second", median_and_range(rates, ".0f")),
         ("serial SGD steps per second", f"{serial:.0f}"),
         ("ratio sim/serial", f"{rate / serial:.3f}   (the simulation's overhead: "
                              f"{serial / rate:.1f}x the math)"),
