@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--strategies", default="serial,sync,async,hogwild",
                          help="comma-separated (default serial,sync,async,hogwild)")
     compare.add_argument("--out", default=None, help="output folder (default runs/compare-PROBLEM)")
+    compare.add_argument("--repeats", type=int, default=1,
+                         help="run every strategy this many times, in rotation, and report "
+                              "the median speeds and their ranges (default 1)")
     _common(compare, "exp", 2)
     sub.add_parser("options", help="print every option as Markdown tables, by component")
     return parser

@@ -4,6 +4,14 @@ Writes one run folder per strategy (``OUT/STRATEGY/``), ``comparison.csv``,
 ``comparison.png`` (loss against wall time and against epochs, one curve per
 strategy) and ``report.md``. ``serial`` always runs with one worker: it is the
 baseline the speedups are measured against.
+
+``repeats``: every strategy runs that many times, in turns (serial, sync,
+..., serial, sync, ...), so that a slow spell of a shared machine falls on
+all of them alike. The report's speeds are then the medians of those runs
+(with their ranges), and each speedup the median of the runs' ratios to the
+serial run of their turn. The first turn's folders are ``OUT/STRATEGY/`` (its
+curves are the ones plotted); later turns write ``OUT/repeats/STRATEGY-K/``.
+Single runs of a second or two can differ by 20-30% on a busy machine.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ class Comparison:
 
 
 def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), workers: int = 2,
-            out="runs/compare", **options) -> Comparison:
+            out="runs/compare", repeats: int = 1, **options) -> Comparison:
     if isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
     if not strategies:
@@ -36,13 +44,20 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     # an option is refused only when none of the strategies takes it
     refuse_untaken({k: v for k, v in options.items() if STRATEGIES.takers(k)},
                    {"strategy": list(strategies)})
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be a whole number >= 1 (got {repeats!r}); "
+                          "e.g. --repeats 3")
     out = Path(out)
-    results = {}
-    for s in strategies:
-        results[s] = train(problem, strategy=s, workers=1 if classes[s].single_worker else workers,
-                           out=out / s, raise_on_divergence=False, **for_strategy(options, s))
+    results, turns = {}, {s: [] for s in strategies}
+    for turn in range(repeats):
+        for s in strategies:
+            folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
+            result = train(problem, strategy=s, workers=1 if classes[s].single_worker else workers,
+                           out=folder, raise_on_divergence=False, **for_strategy(options, s))
+            results.setdefault(s, result)
+            turns[s].append(result.summary)
     name = next(iter(results.values())).summary["problem"]
-    rows = write_comparison(out, name, [r.summary for r in results.values()],
+    rows = write_comparison(out, name, [turns[s] for s in strategies],
                             {s: r.history for s, r in results.items()},
                             target=options.get("target_loss"))
     return Comparison(results, rows, out)

@@ -1,6 +1,7 @@
 """What a run leaves behind, and the command line a user meets first."""
 import csv
 import json
+import statistics
 import subprocess
 import sys
 
@@ -63,6 +64,67 @@ def test_compare_writes_report_plot_and_one_folder_per_strategy(tmp_path):
     assert "| sync | 2 |" in report and "comparison.png" in report
     assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     assert comparison.results["sync"].summary["strategy"] == "sync"
+
+
+def test_compare_with_repeats_reports_median_speeds_and_their_ranges(tmp_path):
+    comparison = monsoon.compare("exp", "serial,hogwild", workers=2, out=tmp_path, epochs=2,
+                                 repeats=3, backend="threads")
+    folders = {s: [tmp_path / s, tmp_path / "repeats" / f"{s}-2", tmp_path / "repeats" / f"{s}-3"]
+               for s in ("serial", "hogwild")}
+    speeds = {s: [json.loads((f / "summary.json").read_text())["examples_per_s"] for f in fs]
+              for s, fs in folders.items()}
+    with open(tmp_path / "comparison.csv") as f:
+        rows = {r["strategy"]: r for r in csv.DictReader(f)}
+    for s, v in speeds.items():
+        assert rows[s]["repeats"] == "3"
+        assert float(rows[s]["examples_per_s"]) == pytest.approx(statistics.median(v))
+        assert float(rows[s]["examples_per_s_min"]) == pytest.approx(min(v))
+        assert float(rows[s]["examples_per_s_max"]) == pytest.approx(max(v))
+    ratios = [h / s for h, s in zip(speeds["hogwild"], speeds["serial"])]  # turn by turn
+    assert float(rows["hogwild"]["speedup_vs_serial"]) == pytest.approx(statistics.median(ratios))
+    assert float(rows["hogwild"]["speedup_min"]) == pytest.approx(min(ratios))
+    assert float(rows["hogwild"]["speedup_max"]) == pytest.approx(max(ratios))
+    assert float(rows["serial"]["speedup_min"]) == float(rows["serial"]["speedup_max"]) == 1.0
+    # the first turn's folder is the strategy's own; its curves are the ones plotted
+    assert comparison.results["hogwild"].run_dir == tmp_path / "hogwild"
+    report = (tmp_path / "report.md").read_text()
+    assert "medians over 3 turns" in report
+    assert f"({float(rows['hogwild']['speedup_min']):.3g}–" in report
+
+
+def _summary(strategy, examples_per_s):
+    return {"strategy": strategy, "workers": 1 if strategy == "serial" else 2,
+            "final_loss": 0.5, "wall_time_s": 1.0, "startup_s": 0.0, "examples": 1000,
+            "examples_per_s": examples_per_s, "updates": 100,
+            "staleness": {"mean": 0.0, "max": 0}, "dropped_updates": 0, "failed_workers": [],
+            "time_to_target_s": None}  # a local run: no simulated_time_s
+
+
+def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
+    from monsoon.record.report import comparison_rows, explain
+
+    serial = [_summary("serial", 100.0)] * 3
+    rows = comparison_rows([serial, [_summary("sync", v) for v in (90.0, 105.0, 95.0)],
+                            [_summary("async", v) for v in (80.0, 85.0, 90.0)]])
+    text = "\n".join(explain(rows))
+    assert "- sync: as fast as serial within the range of 3 turns" in text
+    assert "- async ran slower than serial" in text
+    single = "\n".join(explain(comparison_rows([serial[:1], [_summary("sync", 95.0)]])))
+    assert "sync ran slower than serial" in single and "--repeats 3" in single
+    # no advice to repeat where one run says enough: a long run, or simulated time
+    long_run = dict(serial[0], wall_time_s=60.0)
+    simulated = dict(serial[0], simulated_time_s=1.0)
+    for base in (long_run, simulated):
+        text = "\n".join(explain(comparison_rows([[base], [_summary("sync", 95.0)]])))
+        assert "sync ran slower than serial" in text and "--repeats" not in text
+
+
+@pytest.mark.parametrize("repeats", [0, -1, 1.5, True])
+def test_compare_refuses_a_bad_number_of_repeats(tmp_path, repeats):
+    with pytest.raises(monsoon.MonsoonError, match="repeats must be a whole number >= 1"):
+        monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path, epochs=1,
+                        repeats=repeats)
+    assert not (tmp_path / "serial").exists()  # refused before any run
 
 
 def test_cli_train_writes_run_folder(tmp_path):

@@ -1,33 +1,59 @@
-"""The comparison of several runs: comparison.csv, comparison.png, report.md."""
+"""The comparison of several runs: comparison.csv, comparison.png, report.md.
+
+Each strategy comes as the summaries of its turns (``compare``'s repeats,
+first turn first). Its speed is the median of its turns' examples/s, and
+its speedup the median of each turn's ratio to serial's run of that turn;
+both with their ranges. Every other column is the first turn's, whose
+curves are plotted."""
 from __future__ import annotations
 
 import csv
 import io
+import statistics
 from pathlib import Path
 
 from .run_folder import atomic_write
 
 CSV_COLUMNS = ("strategy", "workers", "final_loss", "wall_time_s", "startup_s", "examples",
                "examples_per_s", "speedup_vs_serial", "updates", "staleness_mean",
-               "staleness_max", "dropped_updates", "failed_workers", "time_to_target_s")
+               "staleness_max", "dropped_updates", "failed_workers", "time_to_target_s",
+               "repeats", "examples_per_s_min", "examples_per_s_max", "speedup_min",
+               "speedup_max")
 
 
-def comparison_rows(summaries: list[dict]) -> list[dict]:
-    base = next((s for s in summaries if s["strategy"] == "serial"), None)
+SHORT_RUN_S = 10.0  # below this, one run's speed says little on a busy machine
+
+
+def _spread(values: list) -> tuple:
+    """(median, min, max) of the values that are there; Nones if none is."""
+    values = [v for v in values if v]
+    if not values:
+        return None, None, None
+    return statistics.median(values), min(values), max(values)
+
+
+def comparison_rows(runs: list[list[dict]]) -> list[dict]:
+    """One row per strategy from the summaries of its turns (see the module doc)."""
+    base = next((turns for turns in runs if turns[0]["strategy"] == "serial"), None)
     rows = []
-    for s in summaries:
-        speed = None
-        if base and base.get("examples_per_s") and s.get("examples_per_s"):
-            speed = s["examples_per_s"] / base["examples_per_s"]
+    for turns in runs:
+        s = turns[0]
+        speed = _spread([t["examples_per_s"] for t in turns])
+        ratios = [t["examples_per_s"] / b["examples_per_s"]
+                  for t, b in zip(turns, base or []) if t["examples_per_s"] and b["examples_per_s"]]
+        speedup = _spread(ratios)
         rows.append({"strategy": s["strategy"], "workers": s["workers"],
                      "final_loss": s["final_loss"], "wall_time_s": s["wall_time_s"],
                      "startup_s": s["startup_s"], "examples": s["examples"],
-                     "examples_per_s": s["examples_per_s"], "speedup_vs_serial": speed,
+                     "examples_per_s": speed[0], "speedup_vs_serial": speedup[0],
                      "updates": s["updates"], "staleness_mean": s["staleness"]["mean"],
                      "staleness_max": s["staleness"]["max"],
                      "dropped_updates": s["dropped_updates"],
                      "failed_workers": len(s["failed_workers"]),
-                     "time_to_target_s": s["time_to_target_s"]})
+                     "time_to_target_s": s["time_to_target_s"], "repeats": len(turns),
+                     "examples_per_s_min": speed[1], "examples_per_s_max": speed[2],
+                     "speedup_min": speedup[1], "speedup_max": speedup[2],
+                     "simulated": "simulated_time_s" in s})  # the sim engine's clock
     return rows
 
 
@@ -39,15 +65,25 @@ def _fmt(value, digits=4):
     return str(value)
 
 
+def _with_range(row: dict, key: str, low: str, high: str, digits: int) -> str:
+    """``row[key]``, and its range when the row has several turns."""
+    text = _fmt(row[key], digits)
+    if row["repeats"] > 1 and row[low] is not None and row[low] != row[high]:
+        text += f" ({_fmt(row[low], digits)}–{_fmt(row[high], digits)})"
+    return text
+
+
 def report_markdown(problem: str, rows: list[dict], target) -> str:
     lines = [f"# monsoon compare: {problem}", ""]
     lines += ["| strategy | workers | final loss | wall time (s) | examples/s | speedup vs serial "
               "| time to target (s) | staleness (mean / max) | dropped |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        speed = _with_range(r, "examples_per_s", "examples_per_s_min", "examples_per_s_max", 4)
+        speedup = _with_range(r, "speedup_vs_serial", "speedup_min", "speedup_max", 3)
         lines.append(f"| {r['strategy']} | {r['workers']} | {_fmt(r['final_loss'])} "
-                     f"| {_fmt(r['wall_time_s'], 3)} | {_fmt(r['examples_per_s'], 4)} "
-                     f"| {_fmt(r['speedup_vs_serial'], 3)} | {_fmt(r['time_to_target_s'], 3)} "
+                     f"| {_fmt(r['wall_time_s'], 3)} | {speed} | {speedup} "
+                     f"| {_fmt(r['time_to_target_s'], 3)} "
                      f"| {_fmt(r['staleness_mean'], 3)} / {_fmt(r['staleness_max'])} "
                      f"| {r['dropped_updates']} |")
     lines.append("")
@@ -81,8 +117,25 @@ def explain(rows: list[dict]) -> list[str]:
     if base is None or not base["updates"]:
         return out
     step_us = 1e6 * base["wall_time_s"] / base["updates"]
-    slower = [r["strategy"] for r in rows
-              if r["strategy"] != "serial" and (r["speedup_vs_serial"] or 0) < 1.0]
+    turns = base["repeats"]
+    others = [r for r in rows if r["strategy"] != "serial" and r["speedup_vs_serial"]]
+    if turns > 1:  # a range that holds 1.0 is a tie
+        slower = [r["strategy"] for r in others if r["speedup_max"] < 1.0]
+        ties = [r["strategy"] for r in others if r["speedup_min"] <= 1.0 <= r["speedup_max"]]
+        out.append(f"- Speeds are medians over {turns} turns of every strategy, run in "
+                   "rotation (their ranges in brackets); the other columns and the curves "
+                   "are the first turn's.")
+    else:
+        slower = [r["strategy"] for r in others if r["speedup_vs_serial"] < 1.0]
+        ties = []
+        if not base["simulated"] and base["wall_time_s"] < SHORT_RUN_S:
+            out.append("- Speeds come from one short run of each strategy: on a busy machine, "
+                       "runs of a second or two can differ by 20-30% from one to the next. "
+                       "`--repeats 3` runs each three times in rotation and reports medians "
+                       "and ranges.")
+    if ties:
+        out.append(f"- {', '.join(ties)}: as fast as serial within the range of {turns} turns "
+                   "(a tie on this machine).")
     if slower:
         out.append(f"- {', '.join(slower)} ran slower than serial. One serial update costs "
                    f"{step_us:.0f} us here, too little work to share: coordinating workers "
@@ -105,9 +158,11 @@ def explain(rows: list[dict]) -> list[str]:
     return out
 
 
-def write_comparison(out: Path, problem: str, summaries: list[dict], histories: dict,
+def write_comparison(out: Path, problem: str, runs: list[list[dict]], histories: dict,
                      target=None) -> list[dict]:
-    rows = comparison_rows(summaries)
+    """``runs``: per strategy, the summaries of its turns; ``histories``: the
+    first turn's metrics rows, by strategy."""
+    rows = comparison_rows(runs)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
