@@ -1,11 +1,13 @@
 """The quick start's own report, as a user gets it: the README's command
 
-    monsoon compare --problem exp --strategies serial,sync,async,hogwild --workers 2 --out DIR
+    monsoon compare --problem exp --strategies serial,sync,async,hogwild --workers 2 \
+        --repeats 3 --out DIR
 
-run ``--repeats`` times. Each run's report compares the strategies against
-serial, which runs first in the same process tree: its "speedup vs serial"
-column (examples/s over serial's, start-up excluded, loss curve on) is what
-this prints, per run, with the median and range over runs.
+run ``--repeats`` times. Each report runs every strategy 3 times in rotation
+and gives each one's speed over serial's (examples/s, start-up excluded,
+loss curve on) as the median of the 3 turns' ratios: its "speedup vs
+serial" column is what this prints, per report, with the median and range
+over reports. ``--turns 1`` runs the command without ``--repeats``.
 
 Between runs, the machine's floor for sync (``bare_sync.py``): two bare
 processes computing half a batch each and meeting at a lock-free barrier,
@@ -15,7 +17,7 @@ data-parallel step can beat that floor here.
 
 Target (issue 12): the report shows sync at >= 0.9x serial's speed.
 
-    python bench/quick_start.py [--repeats 5]
+    python bench/quick_start.py [--repeats 5] [--turns 3]
 """
 import argparse
 import csv
@@ -36,11 +38,12 @@ def exp_problem():
     return make_problem("exp")
 
 
-def quick_start_speedups() -> dict[str, float]:
+def quick_start_speedups(turns: int) -> dict[str, float]:
     """One run of the README's compare command: each strategy's speed over serial's."""
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "-m", "monsoon", "compare", "--problem", "exp",
-                        "--strategies", ",".join(STRATEGIES), "--workers", "2", "--out", out],
+                        "--strategies", ",".join(STRATEGIES), "--workers", "2",
+                        "--repeats", str(turns), "--out", out],
                        check=True, stdout=subprocess.DEVNULL, timeout=600)
         with open(Path(out) / "comparison.csv", newline="") as f:
             rows = {r["strategy"]: r for r in csv.DictReader(f)}
@@ -55,12 +58,13 @@ def floor_speed() -> float:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="reports")
+    ap.add_argument("--turns", type=int, default=3, help="the command's own --repeats")
     args = ap.parse_args()
     speed = {s: [] for s in STRATEGIES[1:]}
     floor = []
     for rep in range(args.repeats):  # interleaved: a report, then the floor
-        for s, v in quick_start_speedups().items():
+        for s, v in quick_start_speedups(args.turns).items():
             speed[s].append(v)
         floor.append(floor_speed())
         print(f"  rep {rep + 1}/{args.repeats}: " + ", ".join(
@@ -71,7 +75,8 @@ def main():
     rows += [("sync, reports at >= 0.9x", f"{sum(v >= 0.9 for v in speed['sync'])}"
                                           f"/{args.repeats}"),
              ("floor: bare pair's speed over one process", median_and_range(floor, ".2f"))]
-    report("the quick start's report (monsoon compare on exp, 2 workers)", rows,
+    report(f"the quick start's report (monsoon compare on exp, 2 workers, --repeats "
+           f"{args.turns})", rows,
            {**speed, "floor": floor, "sync_median": median(speed["sync"])})
 
 
