@@ -16,6 +16,7 @@ Single runs of a second or two can differ by 20-30% on a busy machine.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 from .api import Result, train
@@ -44,12 +45,12 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     # an option is refused only when none of the strategies takes it
     refuse_untaken({k: v for k, v in options.items() if STRATEGIES.takers(k)},
                    {"strategy": list(strategies)})
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+    if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
         raise ConfigError(f"repeats must be a whole number >= 1 (got {repeats!r}); "
                           "e.g. --repeats 3")
     out = Path(out)
     results, turns = {}, {s: [] for s in strategies}
-    for turn in range(repeats):
+    for turn in range(int(repeats)):
         for s in strategies:
             folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
             result = train(problem, strategy=s, workers=1 if classes[s].single_worker else workers,

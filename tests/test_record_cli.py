@@ -5,6 +5,7 @@ import statistics
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import monsoon
@@ -68,7 +69,7 @@ def test_compare_writes_report_plot_and_one_folder_per_strategy(tmp_path):
 
 def test_compare_with_repeats_reports_median_speeds_and_their_ranges(tmp_path):
     comparison = monsoon.compare("exp", "serial,hogwild", workers=2, out=tmp_path, epochs=2,
-                                 repeats=3, backend="threads")
+                                 repeats=np.int64(3), backend="threads")
     folders = {s: [tmp_path / s, tmp_path / "repeats" / f"{s}-2", tmp_path / "repeats" / f"{s}-3"]
                for s in ("serial", "hogwild")}
     speeds = {s: [json.loads((f / "summary.json").read_text())["examples_per_s"] for f in fs]
