@@ -1,7 +1,5 @@
 """monsoon.sklearn: scikit-learn's own estimator checks, the drop-in promise
 (every SGDClassifier parameter, same scores), and real use."""
-import threading
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -207,25 +205,6 @@ def test_two_threads_reach_one_threads_loss_on_power_law_features(monkeypatch):
         losses[jobs] = log_loss(y, clf.predict_proba(X)[:, 1])
     assert set(ran) == {"threads"}
     assert losses[2] <= losses[1] * 1.01
-
-
-def test_one_thread_epochs_shuffle_the_next_on_an_idle_thread(text_data, monkeypatch):
-    """n_jobs=2 held on one thread shuffles each next epoch's order on the
-    other thread while the epoch runs (from the third epoch); the orders,
-    and so the fit, are n_jobs=1's update for update."""
-    X, _, y, _ = text_data
-    monkeypatch.setattr(LayoutChooser, "next", lambda self: "one")
-    shufflers = []
-    original = plain_sgd._shuffled
-    monkeypatch.setattr(plain_sgd, "_shuffled", lambda *a: (
-        shufflers.append(threading.current_thread()), original(*a)))
-    params = dict(loss="log_loss", max_iter=6, tol=None, random_state=3)
-    two = HogwildClassifier(n_jobs=2, **params).fit(X, y)
-    assert len(shufflers) == 3  # epochs 4-6's, each while the one before ran
-    assert threading.main_thread() not in shufflers
-    one = HogwildClassifier(n_jobs=1, **params).fit(X, y)
-    np.testing.assert_array_equal(two.coef_, one.coef_)
-    np.testing.assert_array_equal(two.intercept_, one.intercept_)
 
 
 def test_layout_chooser_probes_and_keeps_the_faster():

@@ -32,15 +32,6 @@ and the other half on the threads, and every later epoch runs the faster.
 Every ``REPROBE`` epochs it measures again, because the machine's load
 changes. The probe is real work of the fit, so nothing is thrown away.
 
-An epoch that runs on one thread leaves the other threads idle, so from
-the third epoch on, one of them shuffles the next epoch's order meanwhile,
-into a second index array, with the same seeds drawn in the same sequence:
-the orders are those of a sequential fit. A shuffle costs ~13 ns an example
-(200-400 us for 15k rows, 7-10% of an epoch of ``bench/hogwild_sweep.py``'s
-smallest dataset, where the threads lose and ``n_jobs=2`` otherwise ran at
-one thread's speed minus its probe). The shuffling thread moves off the
-epoch's CPU first (``_shuffled``).
-
 Per-thread copies of the hottest coordinates (those in 10% of the rows or
 more), merged every 8 examples, were tried before ``LayoutChooser`` and
 removed with its arrival. They ran an epoch at 0.9-1.1x the speed of the
@@ -49,9 +40,7 @@ stopping rule, and at large steps the two copies' moves overshot together.
 """
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -174,8 +163,6 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     t_start = time.time()
     pool = ThreadPoolExecutor(jobs - 1) if jobs > 1 else None
     chooser = LayoutChooser(threads=jobs > 1)
-    # the next epoch's order, being shuffled on an idle thread: (future, array)
-    ahead, spare = None, (np.empty_like(train) if shuffle and pool is not None else None)
 
     def run_part(layout, lo, hi):
         """Positions ``order[lo:hi]`` of the epoch, on one thread or on all."""
@@ -197,17 +184,9 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             state[K.S_SUMLOSS] = state[K.S_OBJECTIVE] = 0.0
             if verbose > 0:
                 print("-- Epoch %d" % (epoch + 1))
-            if ahead is not None:  # shuffled while the last epoch ran on one thread
-                ahead[0].result()
-                order, spare, ahead = ahead[1], order, None
-            elif shuffle:
+            if shuffle:
                 K.shuffle(order, int(rng.integers(2 ** 31)))
             layout = chooser.next()
-            # from the third epoch: the probe (the second) has started the
-            # pool's thread, which a first task would start on this epoch's time
-            if spare is not None and layout == "one" and 2 <= epoch < max_iter - 1:
-                ahead = (pool.submit(_shuffled, order, spare, int(rng.integers(2 ** 31)),
-                                     _current_cpu()), spare)
             half = train_count // 2
             parts = ([("one", 0, half), ("threads", half, train_count)] if layout == "probe"
                      else [(layout, 0, train_count)])
@@ -255,36 +234,6 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         info["layout"] = chooser.best
     return (weights, state[K.S_INTERCEPT], average_weights, state[K.S_AVG_INTERCEPT],
             epoch + 1)
-
-
-def _shuffled(order, out, seed, away_from: int = -1):
-    """``out`` = ``order`` shuffled as ``K.shuffle(order, seed)`` would, on a
-    pool thread, off CPU ``away_from`` (the one running the epoch): Linux
-    wakes a thread on its waker's CPU, where it ran first while the epoch
-    waited (220 us an epoch on a 15k-row dataset, the shuffle's own time)."""
-    allowed = None
-    if away_from >= 0 and hasattr(os, "sched_setaffinity"):
-        allowed = os.sched_getaffinity(0)
-        if len(allowed) > 1:
-            os.sched_setaffinity(0, (allowed - {away_from}) or allowed)
-    try:
-        np.copyto(out, order)
-        K.shuffle(out, seed)
-    finally:
-        if allowed is not None and len(allowed) > 1:
-            os.sched_setaffinity(0, allowed)
-
-
-def _current_cpu() -> int:
-    """The CPU the calling thread runs on; -1 where the C library cannot say."""
-    return _SCHED_GETCPU() if _SCHED_GETCPU is not None else -1
-
-
-try:  # glibc: a vDSO call, tens of nanoseconds
-    _SCHED_GETCPU = ctypes.CDLL(None).sched_getcpu
-    _SCHED_GETCPU.restype = ctypes.c_int
-except (OSError, AttributeError, TypeError):
-    _SCHED_GETCPU = None
 
 
 def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shared_b, counter):
