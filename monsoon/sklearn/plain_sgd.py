@@ -141,7 +141,9 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     state = np.zeros(K.N_STATE)
     state[[K.S_T, K.S_WSCALE, K.S_INTERCEPT, K.S_AVG_B, K.S_AVG_INTERCEPT]] = \
         [t, 1.0, intercept, 1.0, average_intercept]
-    state[K.S_SQ_NORM] = float(weights @ weights)
+    # not ``weights @ weights``: OpenBLAS splits a long dot over its threads,
+    # which then spin on the other cores for a while and slow the fit's own
+    state[K.S_SQ_NORM] = float(np.einsum("i,i->", weights, weights))
     state[K.S_L1_NORM] = float(np.abs(weights).sum())
     counter = np.zeros(8, dtype=np.int64)  # the next position to claim (own cache line)
 
