@@ -93,6 +93,47 @@ def test_threads_backend(strategy):
         assert run.summary["final_loss"] < 1.5 * serial.summary["final_loss"]
 
 
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+
+@pytest.mark.parametrize("strategy", ["sync", "hogwild"])
+def test_worker_threads_use_one_blas_thread_each(strategy, monkeypatch):
+    """OpenBLAS splits a long axpy over its own threads, which then spin on
+    the cores the worker threads need: during a threads run every BLAS pool
+    has one thread, and afterwards the caller's setting is back."""
+    import scipy.linalg.blas  # noqa: F401 - the rules' BLAS, loaded
+    from threadpoolctl import threadpool_limits
+
+    from monsoon.rules.sgd import SGD
+
+    # conftest's OMP_NUM_THREADS=1 gave OpenBLAS one thread: give it two, as
+    # a user's process on two cores has
+    limits = threadpool_limits(limits=2, user_api="blas")
+    before = _blas_threads()
+    if not before:
+        pytest.skip("no BLAS library that threadpoolctl can see is loaded")
+    assert before == [2] * len(before)
+    seen = []
+    original = SGD.apply
+
+    def apply(self, w, g, state, info):
+        if len(seen) < 2:
+            seen.append(_blas_threads())
+        return original(self, w, g, state, info)
+
+    monkeypatch.setattr(SGD, "apply", apply)
+    try:
+        monsoon.train("exp", strategy, 2, backend="threads", epochs=1, evals=0)
+        after = _blas_threads()
+    finally:
+        limits.restore_original_limits()
+    assert seen and all(threads == [1] * len(before) for threads in seen)
+    assert after == before
+
+
 def test_user_torch_module_trains_and_returns_model():
     import torch
 
