@@ -89,7 +89,8 @@ SETTINGS = {"defaults": dict(loss="log_loss"),
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="a third of the rows, 2 repeats")
+    ap.add_argument("--quick", action="store_true",
+                    help="a third of the rows, 2 repeats (more for short fits)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="", help="run the datasets whose name contains this")
     ap.add_argument("--min-seconds", type=float, default=2.0,
