@@ -14,7 +14,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from monsoon.problems.sparse_linear import rcv1_like
 from monsoon.sklearn import HogwildClassifier, HogwildRegressor
 from monsoon.sklearn import plain_sgd
-from monsoon.sklearn.plain_sgd import REPROBE, LayoutChooser
+from monsoon.sklearn.plain_sgd import REPROBE, LayoutChooser, run_epoch
 
 # the checks scikit-learn itself expects SGDClassifier/SGDRegressor to fail
 _XFAIL = {HogwildClassifier: _get_expected_failed_checks(SGDClassifier()),
@@ -225,6 +225,35 @@ def test_layout_chooser_probes_and_keeps_the_faster():
     assert LayoutChooser(threads=False).next() == "one"
 
 
+def test_a_probe_cuts_the_threads_short_where_they_are_clearly_slower():
+    """``run_epoch`` on a clock that advances by each part's examples at
+    one thread's 100 ns or the threads' ``rate`` times that: every position
+    runs once, in order; threads 3x slower stop after an eighth of the
+    epoch and one thread finishes it; threads 1.2x slower or faster run
+    their whole half; an epoch too short to judge a quarter by runs it."""
+    def epoch(layout, n, rate):
+        ran, now = [], [0.0]
+
+        def run_part(part, lo, hi):
+            ran.append((part, lo, hi))
+            now[0] += (hi - lo) * 1e-7 * (rate if part == "threads" else 1.0)
+        per_example = run_epoch(layout, run_part, n, jobs=2, clock=lambda: now[0])
+        return ran, per_example
+
+    ran, per = epoch("probe", 16000, 3.0)
+    assert ran == [("one", 0, 8000), ("threads", 8000, 10000), ("one", 10000, 16000)]
+    assert per == pytest.approx({"one": 1e-7, "threads": 3e-7})
+    for rate in (1.2, 0.5):
+        ran, per = epoch("probe", 16000, rate)
+        assert ran == [("one", 0, 8000), ("threads", 8000, 10000), ("threads", 10000, 16000)]
+        assert per == pytest.approx({"one": 1e-7, "threads": rate * 1e-7})
+    ran, per = epoch("probe", 1500, 3.0)
+    assert ran == [("one", 0, 750), ("threads", 750, 1500)]
+    assert per == pytest.approx({"one": 1e-7, "threads": 3e-7})
+    ran, per = epoch("threads", 16000, 3.0)
+    assert ran == [("threads", 0, 16000)] and per == pytest.approx({"threads": 3e-7})
+
+
 def test_switching_layouts_between_epochs_keeps_the_model(monkeypatch):
     """Every epoch is a probe (half on one thread, half on the threads), and
     wscale is folded mid-epoch on both (alpha * eta = 5e-4: every ~41k
@@ -272,3 +301,29 @@ def test_regressor_fits_a_linear_model():
                            random_state=0, n_jobs=2).fit(X, y)
     np.testing.assert_allclose(reg.coef_, np.arange(1.0, 11.0), atol=0.05)
     assert reg.score(X, y) > 0.999
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_weights_that_overflow_end_the_fit_as_scikit_learns_do(monkeypatch, jobs):
+    """A step that writes inf into the weights (no intercept, so only the
+    weights can show it) ends the fit with scikit-learn's error, on one
+    thread and on the threads. Weights beyond 1e154, whose squares overflow
+    but which are finite, go on as they do in scikit-learn (the kernel
+    checks the sum of squares a step writes; ``plain_sgd`` then scans the
+    whole vector)."""
+    monkeypatch.setattr(LayoutChooser, "next", lambda self: "threads" if self.threads else "one")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((3000, 20))
+    y = X @ rng.standard_normal(20)
+    params = dict(learning_rate="constant", eta0=1e300, alpha=0.0, penalty=None,
+                  fit_intercept=False, max_iter=5, tol=None)
+    for cls, extra in ((SGDRegressor, {}), (HogwildRegressor, dict(n_jobs=jobs))):
+        with pytest.raises(ValueError, match="under-/overflow occurred at epoch #1"):
+            cls(**params, **extra).fit(X, y)
+    big = np.full(20, 1e160)
+    params = dict(max_iter=3, tol=None, shuffle=False, random_state=0)
+    sk = SGDRegressor(**params).fit(X, y, coef_init=big)
+    ours = HogwildRegressor(n_jobs=jobs, **params).fit(X, y, coef_init=big)
+    assert np.isfinite(ours.coef_).all() and np.abs(ours.coef_).min() > 1e159
+    if jobs == 1:
+        np.testing.assert_allclose(ours.coef_, sk.coef_, rtol=1e-9)

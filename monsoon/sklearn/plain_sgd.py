@@ -28,7 +28,9 @@ on a 2-core VM on ``bench/hogwild_sweep.py``'s data, two threads kept
 ``n_jobs`` is a ceiling, as it is in scikit-learn, and a fit with several
 threads measures which way is faster on its own data (``LayoutChooser``).
 After a warm-up epoch on one thread, it runs half an epoch on one thread
-and the other half on the threads, and every later epoch runs the faster.
+and the other half on the threads (cut to an eighth of the epoch where
+they are clearly slower: ``run_epoch``), and every later epoch runs the
+faster.
 Every ``REPROBE`` epochs it measures again, because the machine's load
 changes. The probe is real work of the fit, so nothing is thrown away.
 
@@ -51,6 +53,7 @@ from . import kernel as K
 
 MAX_SHARED_DECAY = 0.1
 REPROBE = 16  # epochs between measurements of the thread layouts
+CLEARLY_SLOWER = 1.5  # a probe's threads stop early when this much slower an example (run_epoch)
 
 
 class LayoutChooser:
@@ -62,7 +65,7 @@ class LayoutChooser:
     the machine changes. Other epochs run the faster layout of the last
     probe, per example. One thread wins ties within ``MARGIN``, because it
     is scikit-learn's exact loop. Where the threads lose, a fit spends half
-    an epoch in ``REPROBE`` on them."""
+    an epoch in ``REPROBE`` on them, an eighth where they lose clearly."""
 
     MARGIN = 0.03
 
@@ -83,6 +86,40 @@ class LayoutChooser:
             return
         one, threads = per_example["one"], per_example["threads"]
         self.best = "one" if one <= threads * (1 + self.MARGIN) else "threads"
+
+
+def run_epoch(layout: str, run_part, n: int, jobs: int, clock=time.perf_counter) -> dict:
+    """Positions ``[0, n)`` of an epoch in ``layout`` (``LayoutChooser``),
+    by ``run_part(layout, lo, hi)``; returns the seconds per example of each
+    layout it ran.
+
+    A probe runs its first half on one thread and the rest on the threads,
+    except that the threads stop after their first quarter (an eighth of the
+    epoch) when by then they are ``CLEARLY_SLOWER`` than one thread, and one
+    thread finishes the epoch. Where the threads fight over shared cache
+    lines (z1.5-nnz200-f1M-norm of ``bench/hogwild_sweep.py``: 3.3x slower
+    an example on one host, 1.1x on another) a probe then costs an eighth of
+    an epoch at their speed instead of half. The first quarter carries the
+    pool thread's wake-up and its cold caches, hence the wide bar; where the
+    threads win or tie they run the whole half, as before."""
+    def timed(part, lo, hi):
+        began = clock()
+        run_part(part, lo, hi)
+        return clock() - began
+
+    if layout != "probe":
+        return {layout: timed(layout, 0, n) / max(n, 1)}
+    half = n // 2
+    first = half + (n - half) // 4
+    one = timed("one", 0, half) / max(half, 1)
+    spent, ran = 0.0, 0
+    if first - half >= jobs * K.CHUNK:  # a quarter long enough to judge by
+        spent, ran = timed("threads", half, first), first - half
+        if spent / ran > one * CLEARLY_SLOWER:
+            run_part("one", first, n)
+            return {"one": one, "threads": spent / ran}
+    spent += timed("threads", half + ran, n)
+    return {"one": one, "threads": spent / max(n - half, 1)}
 
 
 def _first_decay(learning_rate, alpha, l1_ratio, eta0, power_t, optimal_init, t):
@@ -144,6 +181,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     # not ``weights @ weights``: OpenBLAS splits a long dot over its threads,
     # which then spin on the other cores for a while and slow the fit's own
     state[K.S_SQ_NORM] = float(np.einsum("i,i->", weights, weights))
+    state[K.S_SUSPECT] = not math.isfinite(state[K.S_SQ_NORM])  # the first check scans
     state[K.S_L1_NORM] = float(np.abs(weights).sum())
     counter = np.zeros(8, dtype=np.int64)  # the next position to claim (own cache line)
 
@@ -189,21 +227,15 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             if shuffle:
                 K.shuffle(order, int(rng.integers(2 ** 31)))
             layout = chooser.next()
-            half = train_count // 2
-            parts = ([("one", 0, half), ("threads", half, train_count)] if layout == "probe"
-                     else [(layout, 0, train_count)])
-            per_example = {}
-            for part, lo, hi in parts:
-                began = time.perf_counter()
-                run_part(part, lo, hi)
-                per_example[part] = (time.perf_counter() - began) / max(hi - lo, 1)
-            chooser.took(layout, per_example)
+            chooser.took(layout, run_epoch(layout, run_part, train_count, jobs))
             if early_stopping:  # the score needs the true weights
                 reset_wscale(state)
-            if not math.isfinite(state[K.S_INTERCEPT]) or not np.isfinite(weights).all():
+            if not math.isfinite(state[K.S_INTERCEPT]) or (
+                    state[K.S_SUSPECT] and not np.isfinite(weights).all()):  # kernel's doc
                 raise ValueError("Floating-point under-/overflow occurred at epoch #%d. Scaling "
                                  "input data with StandardScaler or MinMaxScaler might help."
                                  % (epoch + 1))
+            state[K.S_SUSPECT] = 0.0  # scanned and finite, or nothing suspect
             mean_loss = state[K.S_SUMLOSS] / max(train_count, 1)
             objective = state[K.S_OBJECTIVE] / max(train_count, 1)
             if early_stopping:
@@ -247,7 +279,7 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shar
         states = []
         for _ in range(jobs):
             st = state.copy()
-            st[K.S_SUMLOSS] = st[K.S_OBJECTIVE] = st[K.S_COUNT] = 0.0
+            st[K.S_SUMLOSS] = st[K.S_OBJECTIVE] = st[K.S_COUNT] = st[K.S_SUSPECT] = 0.0
             states.append(st)
         futures = [pool.submit(run, states[k], order, lo, n) for k in range(1, jobs)]
         run(states[0], order, lo, n)
@@ -258,7 +290,7 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shar
         for slot in (K.S_WSCALE, K.S_AVG_A, K.S_AVG_B, K.S_U, K.S_AVG_INTERCEPT, K.S_SQ_NORM,
                      K.S_L1_NORM):
             state[slot] = ahead[slot]
-        for slot in (K.S_SUMLOSS, K.S_OBJECTIVE, K.S_COUNT):
+        for slot in (K.S_SUMLOSS, K.S_OBJECTIVE, K.S_COUNT, K.S_SUSPECT):
             state[slot] += sum(st[slot] for st in states)
         target = state[K.S_T] + (reached - lo)
         state[K.S_T] = ahead[K.S_T]
