@@ -327,3 +327,17 @@ def test_weights_that_overflow_end_the_fit_as_scikit_learns_do(monkeypatch, jobs
     assert np.isfinite(ours.coef_).all() and np.abs(ours.coef_).min() > 1e159
     if jobs == 1:
         np.testing.assert_allclose(ours.coef_, sk.coef_, rtol=1e-9)
+
+
+def test_log_loss_and_its_gradient_at_once_are_the_two_apart():
+    """The log-loss and its gradient from one exponential: the gradient is
+    ``loss_gradient``'s to the bit (so every update is scikit-learn's), the
+    loss ``loss_value``'s to rounding (that one subtracts y p from
+    log(1 + e^p): ~1e-15 absolute), on both sides of every branch."""
+    from monsoon.sklearn import kernel as K
+    points = np.concatenate([np.linspace(-45, 45, 3601), [-37.0, 0.0, 18.0, 33.3]])
+    for p in points:
+        for y in (0.0, 1.0):
+            loss, grad = K.loss_and_gradient(K.LOG, 0.0, y, p)
+            assert grad == K.loss_gradient(K.LOG, 0.0, y, p), (p, y)
+            assert loss == pytest.approx(K.loss_value(K.LOG, 0.0, y, p), rel=1e-12, abs=1e-14)

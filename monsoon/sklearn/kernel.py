@@ -156,6 +156,21 @@ def loss_gradient(code, param, y, p):
 
 
 @numba.njit(inline="always")
+def loss_and_gradient(code, param, y, p):
+    """(``loss_value``, ``loss_gradient``) at once. The log-loss's two take
+    an exponential each, exp(p) and exp(-p), one of them per example wasted
+    (~12 ns of 90-220). Here the gradient is ``loss_gradient``'s to the bit
+    (the updates stay scikit-learn's), and the loss reuses its exp(-p):
+    log(1 + e^p) - yp = log1p(1 / e^-p) - yp for p <= 0, log1p(e^-p) + (1 - y)p
+    above, equal up to rounding (it only feeds the epoch's mean loss)."""
+    if code != LOG or p <= -37.0 or p > 18.0:
+        return loss_value(code, param, y, p), loss_gradient(code, param, y, p)
+    e = math.exp(-p)
+    loss = math.log1p(1.0 / e) - y * p if p <= 0.0 else math.log1p(e) + (1.0 - y) * p
+    return loss, ((1.0 - y) - y * e) / (1.0 + e)
+
+
+@numba.njit(inline="always")
 def step_size(lr, eta, eta0, power_t, alpha, t0, t):
     if lr == OPTIMAL:
         return 1.0 / (alpha * (t0 + t - 1.0))
@@ -235,13 +250,14 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
         yi = y[i]
         if compute_loss:
-            cur = loss_value(code, param, yi, p)
+            cur, dloss = loss_and_gradient(code, param, yi, p)
             sumloss += cur
             objective += cur
             if penalty > 0:
                 objective += alpha * ((1.0 - l1_ratio) * 0.5 * sq_norm + l1_ratio * l1_norm)
+        else:
+            dloss = loss_gradient(code, param, yi, p)
         class_weight = weight_pos if yi > 0.0 else weight_neg
-        dloss = loss_gradient(code, param, yi, p)
         if dloss < -MAX_DLOSS:
             dloss = -MAX_DLOSS
         elif dloss > MAX_DLOSS:
