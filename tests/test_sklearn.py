@@ -329,15 +329,36 @@ def test_weights_that_overflow_end_the_fit_as_scikit_learns_do(monkeypatch, jobs
         np.testing.assert_allclose(ours.coef_, sk.coef_, rtol=1e-9)
 
 
-def test_log_loss_and_its_gradient_at_once_are_the_two_apart():
-    """The log-loss and its gradient from one exponential: the gradient is
-    ``loss_gradient``'s to the bit (so every update is scikit-learn's), the
-    loss ``loss_value``'s to rounding (that one subtracts y p from
-    log(1 + e^p): ~1e-15 absolute), on both sides of every branch."""
+def test_an_epochs_log_loss_from_its_margins_is_the_loops():
+    """``log_loss_sum``, numpy's vectorised log-loss over the margins the
+    kernel kept, is the sum of ``loss_value`` over the epoch's examples to
+    rounding, on both sides of every branch of it, across blocks."""
     from monsoon.sklearn import kernel as K
-    points = np.concatenate([np.linspace(-45, 45, 3601), [-37.0, 0.0, 18.0, 33.3]])
-    for p in points:
-        for y in (0.0, 1.0):
-            loss, grad = K.loss_and_gradient(K.LOG, 0.0, y, p)
-            assert grad == K.loss_gradient(K.LOG, 0.0, y, p), (p, y)
-            assert loss == pytest.approx(K.loss_value(K.LOG, 0.0, y, p), rel=1e-12, abs=1e-14)
+    from monsoon.sklearn.plain_sgd import log_loss_sum
+    rng = np.random.default_rng(0)
+    p = np.concatenate([np.linspace(-45, 45, 3601), [-37.0, 0.0, 18.0, 33.3]])
+    y = rng.integers(0, 2, len(p)).astype(float)
+    order = rng.permutation(len(p))
+    margins = p[order]  # margins[k] is the example order[k]'s
+    loop = sum(K.loss_value(K.LOG, 0.0, y[i], p[i]) for i in order)
+    assert log_loss_sum(margins, y, order, block=1000) == pytest.approx(loop, rel=1e-12)
+
+
+def test_the_epoch_shuffle_is_a_seeded_uniform_permutation():
+    """``kernel.shuffle``: a permutation, the same for the same seed and
+    another for another; each element lands in each place with probability
+    1/5 over 10,000 seeds (2,000 expected, standard deviation 40)."""
+    from monsoon.sklearn import kernel as K
+
+    def shuffled(n, seed):
+        a = np.arange(n, dtype=np.int64)
+        K.shuffle(a, seed)
+        return a
+    a = shuffled(100_000, 5)
+    assert np.array_equal(np.sort(a), np.arange(100_000))
+    assert np.array_equal(a, shuffled(100_000, 5))
+    assert not np.array_equal(a, shuffled(100_000, 6))
+    counts = np.zeros((5, 5))
+    for seed in range(10_000):
+        counts[shuffled(5, seed), np.arange(5)] += 1
+    assert np.abs(counts - 2000).max() < 200, counts
