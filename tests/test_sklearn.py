@@ -230,7 +230,9 @@ def test_a_probe_cuts_the_threads_short_where_they_are_clearly_slower():
     one thread's 100 ns or the threads' ``rate`` times that: every position
     runs once, in order; threads 3x slower stop after an eighth of the
     epoch and one thread finishes it; threads 1.2x slower or faster run
-    their whole half; an epoch too short to judge a quarter by runs it."""
+    their whole half, except that 1.2x slower stops them too when their
+    quarter took 2 ms or more; an epoch too short to judge a quarter by
+    runs it."""
     def epoch(layout, n, rate):
         ran, now = [], [0.0]
 
@@ -247,6 +249,10 @@ def test_a_probe_cuts_the_threads_short_where_they_are_clearly_slower():
         ran, per = epoch("probe", 16000, rate)
         assert ran == [("one", 0, 8000), ("threads", 8000, 10000), ("threads", 10000, 16000)]
         assert per == pytest.approx({"one": 1e-7, "threads": rate * 1e-7})
+    ran, per = epoch("probe", 400_000, 1.2)  # a quarter of 6 ms: the narrower bar
+    assert ran == [("one", 0, 200_000), ("threads", 200_000, 250_000), ("one", 250_000, 400_000)]
+    ran, per = epoch("probe", 400_000, 1.05)
+    assert ran[-1] == ("threads", 250_000, 400_000)
     ran, per = epoch("probe", 1500, 3.0)
     assert ran == [("one", 0, 750), ("threads", 750, 1500)]
     assert per == pytest.approx({"one": 1e-7, "threads": 3e-7})

@@ -53,7 +53,9 @@ from . import kernel as K
 
 MAX_SHARED_DECAY = 0.1
 REPROBE = 16  # epochs between measurements of the thread layouts
-CLEARLY_SLOWER = 1.5  # a probe's threads stop early when this much slower an example (run_epoch)
+# a probe's threads stop early when this much slower an example (run_epoch),
+# or SLOWER when their first quarter took LONG_QUARTER seconds or more
+CLEARLY_SLOWER, SLOWER, LONG_QUARTER = 1.5, 1.1, 0.002
 
 
 class LayoutChooser:
@@ -100,8 +102,9 @@ def run_epoch(layout: str, run_part, n: int, jobs: int, clock=time.perf_counter)
     lines (z1.5-nnz200-f1M-norm of ``bench/hogwild_sweep.py``: 3.3x slower
     an example on one host, 1.1x on another) a probe then costs an eighth of
     an epoch at their speed instead of half. The first quarter carries the
-    pool thread's wake-up and its cold caches, hence the wide bar; where the
-    threads win or tie they run the whole half, as before."""
+    pool thread's wake-up (0.05-0.2 ms) and its cold caches, hence the wide
+    bar, narrowed to ``SLOWER`` for a quarter of ``LONG_QUARTER`` or more;
+    where the threads win or tie they run the whole half, as before."""
     def timed(part, lo, hi):
         began = clock()
         run_part(part, lo, hi)
@@ -115,7 +118,8 @@ def run_epoch(layout: str, run_part, n: int, jobs: int, clock=time.perf_counter)
     spent, ran = 0.0, 0
     if first - half >= jobs * K.CHUNK:  # a quarter long enough to judge by
         spent, ran = timed("threads", half, first), first - half
-        if spent / ran > one * CLEARLY_SLOWER:
+        bar = SLOWER if spent >= LONG_QUARTER else CLEARLY_SLOWER
+        if spent / ran > one * bar:
             run_part("one", first, n)
             return {"one": one, "threads": spent / ran}
     spent += timed("threads", half + ran, n)
@@ -287,7 +291,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                     break
     finally:
         if pool is not None:
-            pool.shutdown()
+            pool.shutdown(wait=False)  # idle (every round waited for its threads): it exits
     reset_wscale(state)
     if info is not None:  # what the fit chose (``LayoutChooser``)
         info["layout"] = chooser.best
