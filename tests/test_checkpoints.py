@@ -91,6 +91,21 @@ def test_the_cost_floor_spaces_checkpoints_of_fast_steps(tmp_path, monkeypatch):
     assert run.summary["updates"] == 80 and 1 <= len(writes) < 10
 
 
+def test_the_monitor_wakes_for_each_checkpoint_as_it_falls_due(tmp_path, monkeypatch):
+    """Workers fill the checkpoint buffer, the monitor writes the file, and
+    until it has, later checkpoints are skipped. The monitor sleeps between
+    loss-curve rows (a wake-up preempts a worker), so it also wakes when the
+    next checkpoint is due at the run's pace: 6,400 sync steps with one every
+    500 write most of their 12 (on a fast machine the monitor slept through
+    the run and wrote the step-500 one at its end)."""
+    writes = []
+    save = checkpoints.save
+    monkeypatch.setattr(checkpoints, "save", lambda *a, **k: writes.append(1) or save(*a, **k))
+    run = monsoon.train("exp", "sync", 2, epochs=400, seed=0, evals=20, out=tmp_path,
+                        checkpoint_every=500)
+    assert run.summary["updates"] == 6400 and len(writes) >= 6, len(writes)
+
+
 def test_only_the_newest_three_are_kept(tmp_path):
     monsoon.train("exp", "serial", epochs=5, out=tmp_path, checkpoint_every=10)
     names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*"))

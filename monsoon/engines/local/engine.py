@@ -14,7 +14,8 @@ for the loss curve (the recorder evaluates them after the run), drives the
 progress bar, and watches for failure. Between looks it sleeps on the
 workers' pipes and process sentinels (``inbox.py``), so a message or a death
 wakes it at once; otherwise it sleeps until the next row is due at the
-run's pace so far, and at most ``idle_s``. A worker
+run's pace so far, or the next checkpoint is (workers fill its buffer,
+the monitor writes the file), and at most ``idle_s``. A worker
 that raises or dies is named in ``failed_workers``; if the strategy needs
 all workers (sync) the others are aborted and the run fails with that
 worker's error. If no worker makes progress for twice ``timeout``
@@ -614,6 +615,7 @@ class LocalEngine:
                 rows_every = recorder.total_examples / recorder.evals / batch_size
                 store.control[SNAP_EVERY] = max(1, round(rows_every))
             t0 = time.perf_counter()
+            updates_at_start = int(store.totals()[1])  # a resumed run's count goes on
             store.control[START] = 1
             asked = False  # a snapshot request to a replicated step is pending
             last_progress, last_examples = time.monotonic(), -1
@@ -636,6 +638,11 @@ class LocalEngine:
                               else 0.05)
                 else:
                     due_in = recorder.seconds_to_due(resume.time_s + elapsed, last_examples)
+                if every:  # and for the next checkpoint, at the pace so far
+                    done = int(store.totals()[1])
+                    if done > updates_at_start:
+                        due_in = min(due_in, (every - done % every) * elapsed
+                                     / (done - updates_at_start))
                 young = last_examples <= 0 and not ring  # no pace known yet
                 drain(0.002 if young or asked else min(max(due_in, 0.001), self.idle_s))
                 check_dead()
