@@ -168,7 +168,8 @@ def test_sigkill_to_an_async_worker_is_named_and_the_run_finishes(tmp_path, stra
 
     killer = threading.Thread(target=kill_one, daemon=True)
     killer.start()
-    run = monsoon.train("exp", strategy, 3, epochs=300, seed=0, timeout=20, evals=20,
+    # long enough (~2.5 s of training here) that the kill lands mid-run on a fast machine
+    run = monsoon.train("exp", strategy, 3, epochs=1500, seed=0, timeout=20, evals=20,
                         out=tmp_path / "run", checkpoint_every=300)
     killer.join(5)
     assert result.get("killed")
