@@ -10,7 +10,10 @@ copy, no conversion, no re-sorting) instead of a ``SequentialDataset``.
 Per epoch: the training rows (those not held out for early stopping) in a
 random order (an index array shuffled in place; the data never move); one
 thread runs them in order, several claim chunks of them (``kernel``); then
-the weights are checked finite and the stopping rule is scikit-learn's:
+the log-loss is summed from the margins the kernel kept (``log_loss_sum``;
+other losses are summed in the loop), the weights are checked finite
+(scanned only when a step wrote a non-finite value: ``kernel``), and the
+stopping rule is scikit-learn's:
 the epoch's mean objective (or, with ``early_stopping``, the validation
 score, on the weights with ``wscale`` folded in) must improve by ``tol`` at
 least once in ``n_iter_no_change`` epochs; 'adaptive' then divides eta by
