@@ -210,7 +210,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     state[K.S_SUSPECT] = not math.isfinite(state[K.S_SQ_NORM])  # the first check scans
     state[K.S_L1_NORM] = float(np.abs(weights).sum())
     counter = np.zeros(8, dtype=np.int64)  # the next position to claim (own cache line)
-    later = cfg[K.C_COMPUTE_LOSS] == K.LOSS_LATER
+    later = loss_mode == K.LOSS_LATER
     margins = np.empty(train_count if later else 1)  # the epoch's p, by position (log_loss_sum)
 
     def run(st, order, lo, hi):
