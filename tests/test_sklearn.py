@@ -1,5 +1,7 @@
 """monsoon.sklearn: scikit-learn's own estimator checks, the drop-in promise
 (every SGDClassifier parameter, same scores), and real use."""
+import time
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -225,39 +227,98 @@ def test_layout_chooser_probes_and_keeps_the_faster():
     assert LayoutChooser(threads=False).next() == "one"
 
 
-def test_a_probe_cuts_the_threads_short_where_they_are_clearly_slower():
-    """``run_epoch`` on a clock that advances by each part's examples at
-    one thread's 100 ns or the threads' ``rate`` times that: every position
-    runs once, in order; threads 3x slower stop after an eighth of the
-    epoch and one thread finishes it; threads 1.2x slower or faster run
-    their whole half, except that 1.2x slower stops them too when their
-    quarter took 2 ms or more; an epoch too short to judge a quarter by
-    runs it."""
-    def epoch(layout, n, rate):
+def test_a_probe_runs_half_an_epoch_alone_then_the_threads_until_judged_slower():
+    """``run_epoch`` on a clock that advances by each part's examples at one
+    thread's 100 ns or the threads' ``rate`` times that: a probe runs its
+    first half on one thread, then the threads judged against it; where
+    they stop early one thread runs the rest, and the threads' speed is
+    their time over the examples they ran. Other layouts run whole."""
+    def epoch(layout, n, rate, stop_at=None):
         ran, now = [], [0.0]
 
-        def run_part(part, lo, hi):
-            ran.append((part, lo, hi))
-            now[0] += (hi - lo) * 1e-7 * (rate if part == "threads" else 1.0)
-        per_example = run_epoch(layout, run_part, n, jobs=2, clock=lambda: now[0])
+        def run_part(part, lo, hi, judge):
+            ran.append((part, lo, hi, judge))
+            reached = hi if part == "one" or stop_at is None else stop_at
+            now[0] += (reached - lo) * 1e-7 * (rate if part == "threads" else 1.0)
+            return reached
+        per_example = run_epoch(layout, run_part, n, clock=lambda: now[0])
         return ran, per_example
 
-    ran, per = epoch("probe", 16000, 3.0)
-    assert ran == [("one", 0, 8000), ("threads", 8000, 10000), ("one", 10000, 16000)]
-    assert per == pytest.approx({"one": 1e-7, "threads": 3e-7})
-    for rate in (1.2, 0.5):
-        ran, per = epoch("probe", 16000, rate)
-        assert ran == [("one", 0, 8000), ("threads", 8000, 10000), ("threads", 10000, 16000)]
-        assert per == pytest.approx({"one": 1e-7, "threads": rate * 1e-7})
-    ran, per = epoch("probe", 400_000, 1.2)  # a quarter of 6 ms: the narrower bar
-    assert ran == [("one", 0, 200_000), ("threads", 200_000, 250_000), ("one", 250_000, 400_000)]
-    ran, per = epoch("probe", 400_000, 1.05)
-    assert ran[-1] == ("threads", 250_000, 400_000)
-    ran, per = epoch("probe", 1500, 3.0)
-    assert ran == [("one", 0, 750), ("threads", 750, 1500)]
+    ran, per = epoch("probe", 16000, 0.5)
+    assert ran == [("one", 0, 8000, 0.0), ("threads", 8000, 16000, pytest.approx(1e-7))]
+    assert per == pytest.approx({"one": 1e-7, "threads": 0.5e-7})
+    ran, per = epoch("probe", 16000, 3.0, stop_at=8500)
+    assert ran[1:] == [("threads", 8000, 16000, pytest.approx(1e-7)), ("one", 8500, 16000, 0.0)]
     assert per == pytest.approx({"one": 1e-7, "threads": 3e-7})
     ran, per = epoch("threads", 16000, 3.0)
-    assert ran == [("threads", 0, 16000)] and per == pytest.approx({"threads": 3e-7})
+    assert ran == [("threads", 0, 16000, 0.0)] and per == pytest.approx({"threads": 3e-7})
+
+
+@pytest.mark.parametrize("slower", [True, False])
+def test_judged_threads_stop_where_slower_and_every_example_runs_once(monkeypatch, capsys,
+                                                                      slower):
+    """The kernel's judge on real threads, every epoch a probe: with a bar
+    no run can meet (any time is slower than 0x one thread's) the threads
+    stop after their first chunks and one thread runs the rest of the
+    epoch; with a bar no run can miss they run to its end. Either way each
+    example runs exactly once an epoch (the verbose log's count of examples
+    is epochs x rows) and the model is as good as scikit-learn's."""
+    monkeypatch.setattr(LayoutChooser, "next", lambda self: "probe")
+    bar = 0.0 if slower else 1e9
+    monkeypatch.setattr(plain_sgd, "CLEARLY_SLOWER", bar)
+    monkeypatch.setattr(plain_sgd, "SLOWER", bar)
+    monkeypatch.setattr(plain_sgd, "JUDGE_SLACK", 0.0)
+    parts = []
+    original = plain_sgd.run_epoch
+
+    def spy(layout, run_part, n, clock=time.perf_counter):
+        def logged(part, lo, hi, judge):
+            reached = run_part(part, lo, hi, judge)
+            parts.append((part, lo, hi, reached))
+            return reached
+        return original(layout, logged, n, clock)
+    monkeypatch.setattr(plain_sgd, "run_epoch", spy)
+    X, y = make_classification(40000, 30, random_state=0)
+    params = dict(loss="log_loss", max_iter=4, tol=None, random_state=0)
+    clf = HogwildClassifier(n_jobs=2, verbose=1, **params).fit(X, y)
+    counts = [int(line.split("T: ")[1].split(",")[0]) for line in capsys.readouterr().out.splitlines()
+              if "T: " in line]
+    assert counts == [40000 * e for e in range(1, 5)]
+    threads = [part for part in parts if part[0] == "threads"]
+    assert len(threads) == 4  # every epoch a probe
+    for part, lo, hi, reached in threads:
+        assert (lo, hi) == (20000, 40000)
+        if slower:
+            assert lo < reached <= lo + 4 * plain_sgd.K.JUDGE_CHUNK, reached  # first chunks
+            assert ("one", reached, hi, hi) in parts
+        else:
+            assert reached == hi
+    sk = SGDClassifier(**params).fit(X, y)
+    assert clf.score(X, y) > sk.score(X, y) - 0.02
+
+
+def test_a_second_thread_sums_the_log_loss_of_a_lone_epoch_as_one_thread_does(monkeypatch,
+                                                                             capsys):
+    """n_jobs=2 where one thread runs every epoch: the pool's thread sums
+    each epoch's log-loss while the epoch runs (``chase_log_loss``). The
+    losses it reports are one thread's to rounding, and so are the stopping
+    rule's decisions and the weights (the same updates, in the same order)."""
+    monkeypatch.setattr(LayoutChooser, "next", lambda self: "one")
+    X, y = make_classification(plain_sgd.CHASE_MIN_ROWS + 5000, 30, random_state=0)
+    chases = []
+    original = plain_sgd.K.wait_chased
+    monkeypatch.setattr(plain_sgd.K, "wait_chased",
+                        lambda *a: (chases.append(1), original(*a))[1])
+    fits, logs = {}, {}
+    for jobs in (1, 2):
+        fits[jobs] = HogwildClassifier(loss="log_loss", n_jobs=jobs, verbose=1,
+                                       random_state=0).fit(X, y)
+        logs[jobs] = [float(line.split("Avg. loss: ")[1].split(",")[0])
+                      for line in capsys.readouterr().out.splitlines() if "Avg. loss" in line]
+    assert len(chases) == fits[2].n_iter_ > 1
+    assert logs[2] == pytest.approx(logs[1], rel=1e-9)
+    assert fits[2].n_iter_ == fits[1].n_iter_
+    np.testing.assert_array_equal(fits[2].coef_, fits[1].coef_)
 
 
 def test_switching_layouts_between_epochs_keeps_the_model(monkeypatch):
@@ -336,18 +397,41 @@ def test_weights_that_overflow_end_the_fit_as_scikit_learns_do(monkeypatch, jobs
 
 
 def test_an_epochs_log_loss_from_its_margins_is_the_loops():
-    """``log_loss_sum``, numpy's vectorised log-loss over the margins the
-    kernel kept, is the sum of ``loss_value`` over the epoch's examples to
-    rounding, on both sides of every branch of it, across blocks."""
+    """``log_loss_sum``, numpy's vectorised log-loss over the signed margins
+    the kernel kept (-p where y = 1), and ``chase_log_loss``, the same sum
+    on another thread while the margins are written, are the sum of
+    ``loss_value`` over the epoch's examples to rounding, on both sides of
+    every branch of it, across blocks."""
+    import threading
+
     from monsoon.sklearn import kernel as K
     from monsoon.sklearn.plain_sgd import log_loss_sum
     rng = np.random.default_rng(0)
     p = np.concatenate([np.linspace(-45, 45, 3601), [-37.0, 0.0, 18.0, 33.3]])
     y = rng.integers(0, 2, len(p)).astype(float)
     order = rng.permutation(len(p))
-    margins = p[order]  # margins[k] is the example order[k]'s
+    margins = np.where(y == 1, -p, p)[order]  # margins[k] is the example order[k]'s
     loop = sum(K.loss_value(K.LOG, 0.0, y[i], p[i]) for i in order)
-    assert log_loss_sum(margins, y, order, block=1000) == pytest.approx(loop, rel=1e-12)
+    assert log_loss_sum(margins, block=1000) == pytest.approx(loop, rel=1e-12)
+    # the chase: progress published in steps, the sum only once it reaches the end
+    counter, total = np.zeros(K.N_COUNTER, dtype=np.int64), np.zeros(1)
+    chase = threading.Thread(target=K.chase_log_loss, args=(margins, len(p), counter, total))
+    chase.start()
+    for reached in (700, 1500, 3000, len(p)):
+        assert counter[K.K_CHASED] == 0
+        counter[K.K_PROGRESS] = reached
+    assert K.wait_chased(counter, 10 ** 10)
+    chase.join(10)
+    assert total[0] == pytest.approx(loop, rel=1e-12)
+    # an epoch that failed: the chase gives up when told to, without a sum
+    counter[:], total[0] = 0, -1.0
+    chase = threading.Thread(target=K.chase_log_loss, args=(margins, len(p), counter, total))
+    chase.start()
+    counter[K.K_PROGRESS] = 1000
+    assert not K.wait_chased(counter, 20_000_000)  # 20 ms: it waits for the rest
+    counter[K.K_ABORT] = 1
+    chase.join(10)
+    assert not chase.is_alive() and total[0] == -1.0 and counter[K.K_CHASED] == 0
 
 
 def test_the_epoch_shuffle_is_a_seeded_uniform_permutation():

@@ -52,13 +52,21 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
+from . import intrinsics
 from . import kernel as K
 
 MAX_SHARED_DECAY = 0.1
 REPROBE = 16  # epochs between measurements of the thread layouts
-# a probe's threads stop early when this much slower an example (run_epoch),
-# or SLOWER when their first quarter took LONG_QUARTER seconds or more
-CLEARLY_SLOWER, SLOWER, LONG_QUARTER = 1.5, 1.1, 0.002
+# A probe's threads stop (``kernel.sgd_run``, judged) once they are CLEARLY_SLOWER
+# than one thread an example, give or take JUDGE_SLACK seconds (the clock, an
+# interrupt, the other thread's wake-up), or SLOWER after JUDGE_LONG seconds.
+CLEARLY_SLOWER, SLOWER, JUDGE_SLACK, JUDGE_LONG = 1.5, 1.1, 50e-6, 2e-3
+# The log-loss summed on the pool's thread during a lone-thread epoch saves
+# ~6 ns an example (numpy's sum after it) and costs ~110 us an epoch (the
+# submit, the wake-ups, the last page of margins), measured on a 2-core VM:
+# it pays from ~20k rows an epoch (3.5% of a fit of 200k rows, -1% at 15k).
+CHASE_MIN_ROWS = 20_000
+CHASE_TIMEOUT = 60.0  # seconds the loss sum on the other core may lag the epoch
 
 
 class LayoutChooser:
@@ -93,56 +101,47 @@ class LayoutChooser:
         self.best = "one" if one <= threads * (1 + self.MARGIN) else "threads"
 
 
-def run_epoch(layout: str, run_part, n: int, jobs: int, clock=time.perf_counter) -> dict:
+def run_epoch(layout: str, run_part, n: int, clock=time.perf_counter) -> dict:
     """Positions ``[0, n)`` of an epoch in ``layout`` (``LayoutChooser``),
-    by ``run_part(layout, lo, hi)``; returns the seconds per example of each
-    layout it ran.
+    by ``run_part(layout, lo, hi, judge)``, which returns the position it
+    reached; returns the seconds per example of each layout it ran.
 
-    A probe runs its first half on one thread and the rest on the threads,
-    except that the threads stop after their first quarter (an eighth of the
-    epoch) when by then they are ``CLEARLY_SLOWER`` than one thread, and one
-    thread finishes the epoch. Where the threads fight over shared cache
-    lines (z1.5-nnz200-f1M-norm of ``bench/hogwild_sweep.py``: 3.3x slower
-    an example on one host, 1.1x on another) a probe then costs an eighth of
-    an epoch at their speed instead of half. The first quarter carries the
-    pool thread's wake-up (0.05-0.2 ms) and its cold caches, hence the wide
-    bar, narrowed to ``SLOWER`` for a quarter of ``LONG_QUARTER`` or more;
-    where the threads win or tie they run the whole half, as before."""
-    def timed(part, lo, hi):
+    A probe runs its first half on one thread, then the rest on the threads,
+    judged against that half's speed (``judge``: one thread's seconds an
+    example): where they are slower, they stop within a few hundred
+    microseconds (``kernel.sgd_run``) and one thread finishes the epoch.
+    Where the threads fight over shared cache lines (on one 2-core VM,
+    1.8-5.5x slower an example than one thread on every dataset of
+    ``bench/hogwild_sweep.py``) a probe then costs a fraction of a
+    millisecond, where cutting them at an eighth of the epoch cost 2-5% of
+    a fit. Where they win or tie they run the whole half."""
+    def timed(part, lo, hi, judge=0.0):
         began = clock()
-        run_part(part, lo, hi)
-        return clock() - began
+        reached = run_part(part, lo, hi, judge)
+        return reached, clock() - began
 
     if layout != "probe":
-        return {layout: timed(layout, 0, n) / max(n, 1)}
+        return {layout: timed(layout, 0, n)[1] / max(n, 1)}
     half = n // 2
-    first = half + (n - half) // 4
-    one = timed("one", 0, half) / max(half, 1)
-    spent, ran = 0.0, 0
-    if first - half >= jobs * K.CHUNK:  # a quarter long enough to judge by
-        spent, ran = timed("threads", half, first), first - half
-        bar = SLOWER if spent >= LONG_QUARTER else CLEARLY_SLOWER
-        if spent / ran > one * bar:
-            run_part("one", first, n)
-            return {"one": one, "threads": spent / ran}
-    spent += timed("threads", half + ran, n)
-    return {"one": one, "threads": spent / max(n - half, 1)}
+    one = timed("one", 0, half)[1] / max(half, 1)
+    reached, spent = timed("threads", half, n, one)
+    if reached < n:
+        run_part("one", reached, n, 0.0)
+    return {"one": one, "threads": spent / max(reached - half, 1)}
 
 
-def log_loss_sum(margins, y, order, block=1 << 16) -> float:
-    """Sum over an epoch of the log-loss log(1 + e^p) - y p, from its
-    margins p (``margins[k]`` for the example at ``order[k]``, kept by the
-    kernel): in the loop, its log1p cost 15-20 ns an example (of 60-220);
-    numpy's vectorised exp and log1p take ~3 ns. Blocks of ``block``
-    examples bound the temporaries."""
+def log_loss_sum(margins, block=1 << 16) -> float:
+    """Sum over an epoch of the log-loss softplus(z) = log(1 + e^z), from
+    the signed margins z the kernel kept (``kernel``'s module doc): in the
+    loop, its log1p cost 15-20 ns an example (of 60-220); numpy's vectorised
+    exp and log1p take ~3 ns. Blocks of ``block`` examples bound the
+    temporaries."""
     total = 0.0
-    for lo in range(0, len(order), block):
-        p = margins[lo:lo + block]
-        softplus = np.log1p(np.exp(-np.abs(p)))
-        softplus += np.maximum(p, 0.0)
-        # einsum, not np.dot: OpenBLAS would wake its threads, which then spin
-        # on the other core for ~100 ms (the Hogwild! threads' core)
-        total += float(softplus.sum()) - float(np.einsum("i,i->", y[order[lo:lo + block]], p))
+    for lo in range(0, len(margins), block):
+        z = margins[lo:lo + block]
+        softplus = np.log1p(np.exp(-np.abs(z)))
+        softplus += np.maximum(z, 0.0)
+        total += float(softplus.sum())
     return total
 
 
@@ -209,9 +208,13 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     state[K.S_SQ_NORM] = float(np.einsum("i,i->", weights, weights))
     state[K.S_SUSPECT] = not math.isfinite(state[K.S_SQ_NORM])  # the first check scans
     state[K.S_L1_NORM] = float(np.abs(weights).sum())
-    counter = np.zeros(8, dtype=np.int64)  # the next position to claim (own cache line)
+    counter = np.zeros(K.N_COUNTER, dtype=np.int64)  # claims, judge, progress (kernel's slots)
+    cfg[[K.C_JUDGE_SLACK_NS, K.C_JUDGE_LONG_NS, K.C_JUDGE_CLEARLY, K.C_JUDGE_SLOWER]] = [
+        JUDGE_SLACK * 1e9, JUDGE_LONG * 1e9, CLEARLY_SLOWER, SLOWER]
+    judged = intrinsics.CLOCK_MONOTONIC is not None  # the kernel's clock exists
+    chased = np.zeros(1)  # the epoch's log-loss, summed on the pool's thread
     later = loss_mode == K.LOSS_LATER
-    margins = np.empty(train_count if later else 1)  # the epoch's p, by position (log_loss_sum)
+    margins = np.empty(train_count if later else 1)  # the epoch's signed p, by position
 
     def run(st, order, lo, hi):
         return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, weights, aw, Q,
@@ -232,19 +235,45 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     pool = ThreadPoolExecutor(jobs - 1) if jobs > 1 else None
     chooser = LayoutChooser(threads=jobs > 1)
 
-    def run_part(layout, lo, hi):
-        """Positions ``order[lo:hi]`` of the epoch, on one thread or on all."""
+    def run_part(layout, lo, hi, judge=0.0):
+        """Positions ``order[lo:hi]`` of the epoch, on one thread or on all
+        (judged against one thread's ``judge`` seconds an example, if any);
+        returns the position reached."""
         if layout == "one":
             cfg[K.C_STRIDE] = 1
             while lo < hi:
                 lo += run(state, order, lo, hi)
                 if lo < hi:
                     reset_wscale(state)
-        else:
-            cfg[K.C_STRIDE] = jobs
-            shared_b[0] = state[K.S_INTERCEPT]
-            _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, hi, jobs, pool, shared_b,
-                           counter)
+            return hi
+        cfg[K.C_STRIDE] = jobs
+        cfg[K.C_JUDGE_NS] = judge * 1e9 if judged else 0.0
+        counter[[K.K_STOP, K.K_BEGAN, K.K_DONE]] = 0
+        shared_b[0] = state[K.S_INTERCEPT]
+        try:
+            return _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, hi, jobs, pool,
+                                  shared_b, counter)
+        finally:
+            cfg[K.C_JUDGE_NS] = 0.0
+
+    def run_alone_and_chase(run_epoch_alone):
+        """A lone-thread epoch while the pool's thread sums its log-loss
+        (``kernel.chase_log_loss``): the other core is idle otherwise."""
+        counter[[K.K_PROGRESS, K.K_ABORT, K.K_CHASED]] = 0
+        cfg[K.C_PUBLISH] = 1
+        pool.submit(K.chase_log_loss, margins, train_count, counter, chased)
+        try:
+            per_example = run_epoch_alone()
+        except BaseException:
+            counter[K.K_ABORT] = 1
+            raise
+        finally:
+            cfg[K.C_PUBLISH] = 0
+        if not K.wait_chased(counter, int(CHASE_TIMEOUT * 1e9)):
+            counter[K.K_ABORT] = 1
+            raise RuntimeError("the log-loss sum on the second thread did not finish within "
+                               f"{CHASE_TIMEOUT:.0f} s of the epoch; please report this bug")
+        return per_example, float(chased[0])
 
     epoch = 0
     try:
@@ -255,9 +284,16 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             if shuffle:
                 K.shuffle(order, int(rng.integers(2 ** 31)))
             layout = chooser.next()
-            chooser.took(layout, run_epoch(layout, run_part, train_count, jobs))
+            loss = None
+            if later and jobs > 1 and layout == "one" and train_count >= CHASE_MIN_ROWS:
+                per_example, loss = run_alone_and_chase(
+                    lambda: run_epoch(layout, run_part, train_count))
+            else:
+                per_example = run_epoch(layout, run_part, train_count)
+            chooser.took(layout, per_example)
             if later:
-                loss = log_loss_sum(margins, y, order)
+                if loss is None:
+                    loss = log_loss_sum(margins)
                 state[K.S_SUMLOSS] += loss
                 state[K.S_OBJECTIVE] += loss
             if early_stopping:  # the score needs the true weights
@@ -304,10 +340,11 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
 
 def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shared_b, counter):
     """Positions ``order[lo:n]`` of an epoch on ``jobs`` threads claiming
-    chunks from ``counter``; a round ends early only when wscale needs
-    folding."""
+    chunks from ``counter``; returns the position reached: ``n``, or less
+    where the judge stopped the threads (``kernel.sgd_run``). A round ends
+    early otherwise only when wscale needs folding."""
     while lo < n:
-        counter[0] = lo
+        counter[K.K_NEXT] = lo
         states = []
         for _ in range(jobs):
             st = state.copy()
@@ -317,7 +354,7 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shar
         run(states[0], order, lo, n)
         for f in futures:
             f.result()
-        reached = min(int(counter[0]), n)
+        reached = min(int(counter[K.K_NEXT]), n)
         ahead = max(states, key=lambda st: st[K.S_T])  # the scalars: the furthest clock's
         for slot in (K.S_WSCALE, K.S_AVG_A, K.S_AVG_B, K.S_U, K.S_AVG_INTERCEPT, K.S_SQ_NORM,
                      K.S_L1_NORM):
@@ -328,9 +365,12 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shar
         state[K.S_T] = ahead[K.S_T]
         state[K.S_INTERCEPT] = shared_b[0]
         K.advance(cfg, state, int(target - state[K.S_T]))
+        if counter[K.K_STOP]:
+            return reached  # judged slower: one thread goes on (and folds wscale if due)
         if reached < n:
             reset_wscale(state)
         lo = reached
+    return n
 
 
 def _report(weights, state, mean_loss, objective, t_start, score=None):
