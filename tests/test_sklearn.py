@@ -199,7 +199,8 @@ def test_two_threads_reach_one_threads_loss_on_power_law_features(monkeypatch):
     ran = []
     original = plain_sgd.LayoutChooser.took
     monkeypatch.setattr(LayoutChooser, "took",
-                        lambda self, layout, t: (ran.append(layout), original(self, layout, t)))
+                        lambda self, layout, t, s: (ran.append(layout),
+                                                    original(self, layout, t, s)))
     losses = {}
     for jobs in (1, 2):
         ran.clear()
@@ -210,21 +211,31 @@ def test_two_threads_reach_one_threads_loss_on_power_law_features(monkeypatch):
 
 
 def test_layout_chooser_probes_and_keeps_the_faster():
+    long = plain_sgd.PROBE_AFTER  # an epoch that long: the first probe comes at once
     c = LayoutChooser(threads=True)
     ran = []
     for _ in range(2 * REPROBE + 2):
         layout = c.next()
         ran.append(layout)
-        c.took(layout, {"one": 2e-6, "threads": 1e-6} if layout == "probe" else {layout: 1e-6})
+        c.took(layout, {"one": 2e-6, "threads": 1e-6} if layout == "probe" else {layout: 1e-6},
+               long)
     # warm-up on one thread, a probe, then the faster until the next probe
     assert ran[:3] == ["one", "probe", "threads"] and c.best == "threads"
     assert ran[2:REPROBE + 1] == ["threads"] * (REPROBE - 1)
     assert ran[REPROBE + 1] == "probe"
     c = LayoutChooser(threads=True)
-    c.took(c.next(), {"one": 1e-6})
-    c.took(c.next(), {"one": 1.02e-6, "threads": 1e-6})  # a tie within MARGIN
+    c.took(c.next(), {"one": 1e-6}, long)
+    c.took(c.next(), {"one": 1.02e-6, "threads": 1e-6}, long)  # a tie within MARGIN
     assert c.best == "one" and c.next() == "one"
     assert LayoutChooser(threads=False).next() == "one"
+    # short epochs: one thread until they add up to PROBE_AFTER, then the probe
+    c, ran = LayoutChooser(threads=True), []
+    for _ in range(8):
+        layout = c.next()
+        ran.append(layout)
+        c.took(layout, {"one": 1e-6, "threads": 2e-6} if layout == "probe" else {layout: 1e-6},
+               long / 4.5)
+    assert ran == ["one"] * 5 + ["probe", "one", "one"]
 
 
 def test_a_probe_runs_half_an_epoch_alone_then_the_threads_until_judged_slower():
@@ -333,7 +344,8 @@ def test_switching_layouts_between_epochs_keeps_the_model(monkeypatch):
     seen = []
     original = plain_sgd.LayoutChooser.took
     monkeypatch.setattr(LayoutChooser, "took",
-                        lambda self, layout, t: (seen.append(sorted(t)), original(self, layout, t)))
+                        lambda self, layout, t, s: (seen.append(sorted(t)),
+                                                    original(self, layout, t, s)))
     fits = [HogwildClassifier(random_state=s, n_jobs=2, **params).fit(X, y) for s in range(6)]
     assert seen[0] == ["one", "threads"] and len(seen) == 36
     assert all(np.isfinite(f.coef_).all() for f in fits)

@@ -57,6 +57,7 @@ from . import kernel as K
 
 MAX_SHARED_DECAY = 0.1
 REPROBE = 16  # epochs between measurements of the thread layouts
+PROBE_AFTER = 0.05  # seconds of epochs before the first (LayoutChooser)
 # A probe's threads stop (``kernel.sgd_run``, judged) once they are CLEARLY_SLOWER
 # than one thread an example, give or take JUDGE_SLACK seconds (the clock, an
 # interrupt, the other thread's wake-up), or SLOWER after JUDGE_LONG seconds.
@@ -73,12 +74,17 @@ class LayoutChooser:
     """Whether the next epoch runs on one thread (``"one"``), on the threads
     (``"threads"``), or measures both (``"probe"``: its first half on one
     thread, the rest on the threads). Epoch 0 runs on one thread and warms
-    the caches (first touches of the weights and the order). Epoch 1 probes,
-    and every ``REPROBE`` epochs after it probes again, because the load on
-    the machine changes. Other epochs run the faster layout of the last
-    probe, per example. One thread wins ties within ``MARGIN``, because it
-    is scikit-learn's exact loop. Where the threads lose, a fit spends half
-    an epoch in ``REPROBE`` on them, an eighth where they lose clearly."""
+    the caches (first touches of the weights and the order). The first
+    probe comes once the epochs have taken ``PROBE_AFTER`` seconds (at
+    epoch 1 where one epoch takes that long), and every ``REPROBE`` epochs
+    after it another, because the load on the machine changes. Other
+    epochs run the faster layout of the last probe, per example. One thread
+    wins ties within ``MARGIN``, because it is scikit-learn's exact loop.
+
+    Why wait: a probe where the threads lose costs a few tenths of a
+    millisecond (``run_epoch``), 1-2% of a fit of 15k rows that ends in
+    35 ms; a fit that short gains little from threads anywhere, so it runs
+    as one thread's would."""
 
     MARGIN = 0.03
 
@@ -86,17 +92,24 @@ class LayoutChooser:
         self.threads = threads
         self.best = "one"
         self.epochs = 0
+        self.spent = 0.0  # seconds in epochs so far
+        self.probed = None  # the epoch of the last probe
 
     def next(self) -> str:
         if not self.threads or self.epochs == 0:
             return "one"
-        return "probe" if (self.epochs - 1) % REPROBE == 0 else self.best
+        if self.probed is None:
+            return "probe" if self.spent >= PROBE_AFTER else "one"
+        return "probe" if self.epochs - self.probed >= REPROBE else self.best
 
-    def took(self, layout: str, per_example: dict[str, float]) -> None:
-        """``per_example``: seconds per example of each layout the epoch ran."""
+    def took(self, layout: str, per_example: dict[str, float], seconds: float) -> None:
+        """``per_example``: seconds per example of each layout the epoch ran;
+        ``seconds``: the epoch's."""
         self.epochs += 1
+        self.spent += seconds
         if layout != "probe":
             return
+        self.probed = self.epochs - 1
         one, threads = per_example["one"], per_example["threads"]
         self.best = "one" if one <= threads * (1 + self.MARGIN) else "threads"
 
@@ -284,13 +297,14 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             if shuffle:
                 K.shuffle(order, int(rng.integers(2 ** 31)))
             layout = chooser.next()
+            began = time.perf_counter()
             loss = None
             if later and jobs > 1 and layout == "one" and train_count >= CHASE_MIN_ROWS:
                 per_example, loss = run_alone_and_chase(
                     lambda: run_epoch(layout, run_part, train_count))
             else:
                 per_example = run_epoch(layout, run_part, train_count)
-            chooser.took(layout, per_example)
+            chooser.took(layout, per_example, time.perf_counter() - began)
             if later:
                 if loss is None:
                     loss = log_loss_sum(margins)
