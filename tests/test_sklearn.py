@@ -318,7 +318,6 @@ def test_a_second_thread_sums_the_log_loss_of_a_lone_epoch_as_one_thread_does(mo
     Where the sum may not lag at all, the main thread sums what it did not
     finish (from the first such epoch on, every epoch), with the same result."""
     monkeypatch.setattr(LayoutChooser, "next", lambda self: "one")
-    monkeypatch.setattr(plain_sgd, "PROBE_AFTER", 0.0)  # the chase from the first epoch
     monkeypatch.setattr(plain_sgd, "CHASE_LAG", (10.0, 0.0) if lag == "allowed" else (0.0, 0.0))
     X, y = make_classification(plain_sgd.CHASE_MIN_ROWS + 5000, 30, random_state=0)
     chases = []

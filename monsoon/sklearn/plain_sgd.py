@@ -46,6 +46,7 @@ stopping rule, and at large steps the two copies' moves overshot together.
 from __future__ import annotations
 
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -66,14 +67,23 @@ CLEARLY_SLOWER, SLOWER, JUDGE_SLACK, JUDGE_LONG = 1.5, 1.1, 50e-6, 2e-3
 # ~6 ns an example (numpy's sum after it) and costs ~110 us an epoch (the
 # submit, the wake-ups, the last page of margins), measured on a 2-core VM:
 # it pays from ~20k rows an epoch (3.5% of a fit of 200k rows, -1% at 15k).
-# The sum starts once the epochs have taken PROBE_AFTER seconds (where a
-# probe would come), and it stops for the rest of the fit the first time it
+# The sum runs on its own thread at idle priority (Linux's SCHED_IDLE: it
+# only gets a core nothing else wants), so a busy machine never preempts the
+# epoch for it: another process, or OpenBLAS's threads, which spin for ~0.1 s
+# after a call (at normal priority the sum competed with them and made a
+# 27 ms fit 30% slower). It stops for the rest of the fit the first time it
 # lags the epoch by more than CHASE_LAG (seconds, or that share of the
-# epoch's time, whichever is more): the other core is busy (another
-# process, or OpenBLAS's threads, which spin for a while after a call and
-# made a 27 ms fit 30% slower while the sum competed with them for it).
+# epoch's time, whichever is more), and the epoch's thread sums instead.
 CHASE_MIN_ROWS = 20_000
 CHASE_LAG = (200e-6, 0.05)
+
+
+def _idle_priority() -> None:
+    """This thread runs only on a core nothing else wants (where the OS can)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux: the lag rule still holds
+        pass
 
 
 class LayoutChooser:
@@ -282,7 +292,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         the sum lagged (``CHASE_LAG``): then the caller sums it."""
         counter[[K.K_PROGRESS, K.K_ABORT, K.K_CHASED]] = 0
         cfg[K.C_PUBLISH] = 1
-        pool.submit(K.chase_log_loss, margins, train_count, counter, chased)
+        chaser.submit(K.chase_log_loss, margins, train_count, counter, chased)
         began = time.perf_counter()
         try:
             per_example = run_epoch_alone()
@@ -298,6 +308,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         return per_example, None
 
     chase = later and jobs > 1 and train_count >= CHASE_MIN_ROWS
+    chaser = ThreadPoolExecutor(1, initializer=_idle_priority) if chase else None
     epoch = 0
     try:
         for epoch in range(max_iter):
@@ -309,7 +320,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             layout = chooser.next()
             began = time.perf_counter()
             loss = None
-            if chase and layout == "one" and chooser.spent >= PROBE_AFTER:
+            if chase and layout == "one":
                 per_example, loss = run_alone_and_chase(
                     lambda: run_epoch(layout, run_part, train_count))
                 chase = loss is not None
@@ -354,8 +365,9 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                               % (epoch + 1, time.time() - t_start))
                     break
     finally:
-        if pool is not None:
-            pool.shutdown(wait=False)  # idle (every round waited for its threads): it exits
+        for threads in (pool, chaser):  # idle, or told to stop (an aborted sum): they exit
+            if threads is not None:
+                threads.shutdown(wait=False)
     reset_wscale(state)
     if info is not None:  # what the fit chose (``LayoutChooser``)
         info["layout"] = chooser.best
