@@ -308,37 +308,6 @@ def test_judged_threads_stop_where_slower_and_every_example_runs_once(monkeypatc
     assert clf.score(X, y) > sk.score(X, y) - 0.02
 
 
-@pytest.mark.parametrize("lag", ["allowed", "none"])
-def test_a_second_thread_sums_the_log_loss_of_a_lone_epoch_as_one_thread_does(monkeypatch,
-                                                                             capsys, lag):
-    """n_jobs=2 where one thread runs every epoch: the pool's thread sums
-    each epoch's log-loss while the epoch runs (``chase_log_loss``). The
-    losses it reports are one thread's to rounding, and so are the stopping
-    rule's decisions and the weights (the same updates, in the same order).
-    Where the sum may not lag at all, the main thread sums what it did not
-    finish (from the first such epoch on, every epoch), with the same result."""
-    monkeypatch.setattr(LayoutChooser, "next", lambda self: "one")
-    monkeypatch.setattr(plain_sgd, "CHASE_LAG", (10.0, 0.0) if lag == "allowed" else (0.0, 0.0))
-    X, y = make_classification(plain_sgd.CHASE_MIN_ROWS + 5000, 30, random_state=0)
-    chases = []
-    original = plain_sgd.K.wait_chased
-    monkeypatch.setattr(plain_sgd.K, "wait_chased",
-                        lambda *a: (chases.append(1), original(*a))[1])
-    fits, logs = {}, {}
-    for jobs in (1, 2):
-        fits[jobs] = HogwildClassifier(loss="log_loss", n_jobs=jobs, verbose=1,
-                                       random_state=0).fit(X, y)
-        logs[jobs] = [float(line.split("Avg. loss: ")[1].split(",")[0])
-                      for line in capsys.readouterr().out.splitlines() if "Avg. loss" in line]
-    if lag == "allowed":
-        assert len(chases) == fits[2].n_iter_ > 1
-    else:
-        assert 1 <= len(chases) <= fits[2].n_iter_
-    assert logs[2] == pytest.approx(logs[1], rel=1e-9)
-    assert fits[2].n_iter_ == fits[1].n_iter_
-    np.testing.assert_array_equal(fits[2].coef_, fits[1].coef_)
-
-
 def test_switching_layouts_between_epochs_keeps_the_model(monkeypatch):
     """Every epoch is a probe (half on one thread, half on the threads), and
     wscale is folded mid-epoch on both (alpha * eta = 5e-4: every ~41k
@@ -417,12 +386,9 @@ def test_weights_that_overflow_end_the_fit_as_scikit_learns_do(monkeypatch, jobs
 
 def test_an_epochs_log_loss_from_its_margins_is_the_loops():
     """``log_loss_sum``, numpy's vectorised log-loss over the signed margins
-    the kernel kept (-p where y = 1), and ``chase_log_loss``, the same sum
-    on another thread while the margins are written, are the sum of
-    ``loss_value`` over the epoch's examples to rounding, on both sides of
-    every branch of it, across blocks."""
-    import threading
-
+    the kernel kept (-p where y = 1), is the sum of ``loss_value`` over the
+    epoch's examples to rounding, on both sides of every branch of it,
+    across blocks."""
     from monsoon.sklearn import kernel as K
     from monsoon.sklearn.plain_sgd import log_loss_sum
     rng = np.random.default_rng(0)
@@ -432,25 +398,6 @@ def test_an_epochs_log_loss_from_its_margins_is_the_loops():
     margins = np.where(y == 1, -p, p)[order]  # margins[k] is the example order[k]'s
     loop = sum(K.loss_value(K.LOG, 0.0, y[i], p[i]) for i in order)
     assert log_loss_sum(margins, block=1000) == pytest.approx(loop, rel=1e-12)
-    # the chase: progress published in steps, the sum only once it reaches the end
-    counter, total = np.zeros(K.N_COUNTER, dtype=np.int64), np.zeros(1)
-    chase = threading.Thread(target=K.chase_log_loss, args=(margins, len(p), counter, total))
-    chase.start()
-    for reached in (700, 1500, 3000, len(p)):
-        assert counter[K.K_CHASED] == 0
-        counter[K.K_PROGRESS] = reached
-    assert K.wait_chased(counter, 10 ** 10)
-    chase.join(10)
-    assert total[0] == pytest.approx(loop, rel=1e-12)
-    # an epoch that failed: the chase gives up when told to, without a sum
-    counter[:], total[0] = 0, -1.0
-    chase = threading.Thread(target=K.chase_log_loss, args=(margins, len(p), counter, total))
-    chase.start()
-    counter[K.K_PROGRESS] = 1000
-    assert not K.wait_chased(counter, 20_000_000)  # 20 ms: it waits for the rest
-    counter[K.K_ABORT] = 1
-    chase.join(10)
-    assert not chase.is_alive() and total[0] == -1.0 and counter[K.K_CHASED] == 0
 
 
 def test_the_epoch_shuffle_is_a_seeded_uniform_permutation():

@@ -21,8 +21,7 @@ cost 15-20 ns an example, so the loop keeps each margin in ``margins[k]``
 (``LOSS_LATER``), signed by the label: with y in {0, 1} the loss
 log(1 + e^p) - y p is softplus(z) for z = p (y = 0) or -p (y = 1), so
 the sum needs neither y nor the order. ``plain_sgd.log_loss_sum`` sums it
-after the epoch, vectorised; with a second thread, ``chase_log_loss`` sums
-it on the other core while the epoch runs.
+after the epoch, vectorised.
 
 Finite weights (scikit-learn checks every weight after every epoch, a
 pass over the whole vector: a third of a millisecond on 1M features, 13%
@@ -81,18 +80,16 @@ WSCALE_THRESHOLD = 1e-9
 LOSS_NOW, LOSS_LATER = 1, 2  # cfg[C_COMPUTE_LOSS]: the loss in the loop, or its margins kept
 MAX_FINITE = np.finfo(np.float64).max
 JUDGE_CHUNK = 32  # examples a thread claims at a time while its speed is judged
-PUBLISH_EVERY = 256  # a lone thread publishes its progress every this many examples
-CHASE_LAG = 512  # positions (a 4 KiB page of margins) the loss sum stays behind the writer
 
 # cfg slots
 (C_LOSS, C_LOSS_PARAM, C_PENALTY, C_ALPHA, C_L1_RATIO, C_LR, C_ETA, C_ETA0, C_POWER_T, C_T0,
  C_FIT_INTERCEPT, C_INTERCEPT_DECAY, C_AVERAGE, C_WEIGHT_POS, C_WEIGHT_NEG, C_STRIDE,
- C_COMPUTE_LOSS, C_JUDGE_NS, C_JUDGE_SLACK_NS, C_JUDGE_LONG_NS, C_JUDGE_CLEARLY, C_JUDGE_SLOWER,
- C_PUBLISH) = range(23)
-N_CFG = 23
-# counter slots (int64): claims, the judge's verdict and clock, a lone thread's progress
-K_NEXT, K_STOP, K_BEGAN, K_DONE, K_PROGRESS, K_ABORT, K_CHASED = 0, 1, 2, 3, 8, 9, 10
-N_COUNTER = 16
+ C_COMPUTE_LOSS, C_JUDGE_NS, C_JUDGE_SLACK_NS, C_JUDGE_LONG_NS, C_JUDGE_CLEARLY,
+ C_JUDGE_SLOWER) = range(22)
+N_CFG = 22
+# counter slots (int64): the next position to claim, the judge's verdict, clock and count
+K_NEXT, K_STOP, K_BEGAN, K_DONE = 0, 1, 2, 3
+N_COUNTER = 8
 # per-thread state slots
 (S_T, S_WSCALE, S_INTERCEPT, S_AVG_A, S_AVG_B, S_AVG_INTERCEPT, S_U, S_SQ_NORM, S_L1_NORM,
  S_SUMLOSS, S_OBJECTIVE, S_COUNT, S_SUSPECT) = range(13)
@@ -201,7 +198,6 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
     fit_intercept, decay = cfg[C_FIT_INTERCEPT] != 0, cfg[C_INTERCEPT_DECAY]
     average, weight_pos, weight_neg = cfg[C_AVERAGE], cfg[C_WEIGHT_POS], cfg[C_WEIGHT_NEG]
     stride, compute_loss = int(cfg[C_STRIDE]), int(cfg[C_COMPUTE_LOSS])
-    publish = cfg[C_PUBLISH] != 0  # for ``chase_log_loss``, on the other core
     n_features = aw.shape[0] if average > 0 else 0
     use_l1 = penalty == L1 or penalty == ELASTICNET
     shared_intercept = stride > 1
@@ -324,10 +320,6 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         t += 1.0
         count += 1.0
         done += 1
-        if publish and (k + 1) % PUBLISH_EVERY == 0:
-            store_release(counter, K_PROGRESS, k + 1)
-    if publish:
-        store_release(counter, K_PROGRESS, hi)
     if shared_intercept:
         shared_b[0] += intercept - intercept_base
         intercept = shared_b[0]
@@ -423,48 +415,6 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
             if elapsed >= cfg[C_JUDGE_LONG_NS]:
                 judge, chunk = 0.0, CHUNK
     return done
-
-
-@numba.njit(nogil=True, cache=True)
-def chase_log_loss(margins, n, counter, total):
-    """The epoch's log-loss sum, softplus(z) over the signed margins
-    ``margins[:n]`` (module doc), summed on another core while a lone
-    thread writes them (it reads nothing else the writer writes): it sums the
-    positions below ``counter[K_PROGRESS]`` (which that thread raises every
-    PUBLISH_EVERY examples) and waits, spinning, for more. Writes the sum to
-    ``total[0]``, then raises ``counter[K_CHASED]`` (``wait_chased``); stops
-    without a sum if ``counter[K_ABORT]`` is raised first (the epoch failed)."""
-    acc = 0.0
-    k = 0
-    while k < n:
-        ready = min(load_acquire(counter, K_PROGRESS), n)
-        if ready < n:  # stay CHASE_LAG behind: this core's prefetchers would
-            ready -= CHASE_LAG  # take lines the writer is about to write
-        if ready <= k:
-            if load_acquire(counter, K_ABORT) != 0:
-                return
-            continue
-        for j in range(k, ready):
-            z = margins[j]
-            acc += max(z, 0.0)
-            if abs(z) < 700.0:  # beyond, e^-|z| < 1e-304: libm's subnormal path, 10x slower
-                acc += math.log1p(math.exp(-abs(z)))
-        k = ready
-    total[0] = acc
-    store_release(counter, K_CHASED, 1)
-
-
-@numba.njit(nogil=True, cache=True)
-def wait_chased(counter, timeout_ns):
-    """Spin until ``chase_log_loss`` has raised ``counter[K_CHASED]``, at
-    most ``timeout_ns``; returns whether it did. A spin, not the pool's
-    future: waking a blocked thread took 50-100 us, an epoch of 15k rows
-    2 ms."""
-    began = monotonic_ns()
-    while load_acquire(counter, K_CHASED) == 0:
-        if monotonic_ns() - began > timeout_ns:
-            return False
-    return True
 
 
 @numba.njit(inline="always")

@@ -25,17 +25,29 @@ eta), one thread runs: the weights would need folding every few steps.
 Threads only pay where their writes rarely meet. On power-law data the
 head of the distribution (hundreds to thousands of features) is written by
 every thread at nearly every example, and each such write costs the other
-core a cache miss (~100 ns, against a few ns for the arithmetic). Measured
-on a 2-core VM on ``bench/hogwild_sweep.py``'s data, two threads kept
-1.7-1.9 cores busy and ran an epoch at 0.6-1.3x the speed of one. So
+core a cache miss (~100 ns, against a few ns for the arithmetic); where
+the weights fit in one core's cache, even uniformly spread features move
+half the lines a thread writes from the other core. Measured on
+``bench/hogwild_sweep.py``'s data, two threads ran an epoch at 0.6-1.3x
+the speed of one on one 2-core VM, and at 0.2-0.55x on another (where
+even 20 uniform features a row over 10k-100k features ran at 0.7x). So
 ``n_jobs`` is a ceiling, as it is in scikit-learn, and a fit with several
-threads measures which way is faster on its own data (``LayoutChooser``).
-After a warm-up epoch on one thread, it runs half an epoch on one thread
-and the other half on the threads (cut to an eighth of the epoch where
-they are clearly slower: ``run_epoch``), and every later epoch runs the
-faster.
-Every ``REPROBE`` epochs it measures again, because the machine's load
-changes. The probe is real work of the fit, so nothing is thrown away.
+threads measures which way is faster on its own data (``LayoutChooser``):
+once its epochs have taken ``PROBE_AFTER`` seconds, it runs half an epoch
+on one thread and the rest on the threads, judged as they go (they stop
+within a fraction of a millisecond where slower: ``run_epoch``,
+``kernel.sgd_run``), and every later epoch runs the faster. Every
+``REPROBE`` epochs it measures again, because the machine's load changes.
+The probe is real work of the fit, so nothing is thrown away; a fit too
+short to probe runs exactly as with ``n_jobs=1``.
+
+The other core could sum each epoch's log-loss while one thread runs it
+(the margins published as they are written). That was built and removed:
+it saved 2-4% of a fit of 60k-200k rows on an idle machine, but the
+reading core took shared cache lines the writer then had to take back
+(-5% on 30k rows of 100 features), a busy core (OpenBLAS's threads spin
+for ~0.1 s after a call) preempted the epoch for it, and at idle priority
+it held the GIL while descheduled.
 
 Per-thread copies of the hottest coordinates (those in 10% of the rows or
 more), merged every 8 examples, were tried before ``LayoutChooser`` and
@@ -46,7 +58,6 @@ stopping rule, and at large steps the two copies' moves overshot together.
 from __future__ import annotations
 
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -63,28 +74,6 @@ PROBE_AFTER = 0.05  # seconds of epochs before the first (LayoutChooser)
 # than one thread an example, give or take JUDGE_SLACK seconds (the clock, an
 # interrupt, the other thread's wake-up), or SLOWER after JUDGE_LONG seconds.
 CLEARLY_SLOWER, SLOWER, JUDGE_SLACK, JUDGE_LONG = 1.5, 1.1, 50e-6, 2e-3
-# The log-loss summed on the pool's thread during a lone-thread epoch saves
-# ~6 ns an example (numpy's sum after it) and costs ~110 us an epoch (the
-# submit, the wake-ups, the last page of margins), measured on a 2-core VM:
-# it pays from ~20k rows an epoch (3.5% of a fit of 200k rows, -1% at 15k).
-# The sum runs on its own thread at idle priority (Linux's SCHED_IDLE: it
-# only gets a core nothing else wants), so a busy machine never preempts the
-# epoch for it: another process, or OpenBLAS's threads, which spin for ~0.1 s
-# after a call (at normal priority the sum competed with them and made a
-# 27 ms fit 30% slower). It stops for the rest of the fit the first time it
-# lags the epoch by more than CHASE_LAG (seconds, or that share of the
-# epoch's time, whichever is more), and the epoch's thread sums instead.
-CHASE_MIN_ROWS = 20_000
-CHASE_LAG = (200e-6, 0.05)
-
-
-def _idle_priority() -> None:
-    """This thread runs only on a core nothing else wants (where the OS can)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux: the lag rule still holds
-        pass
-
 
 class LayoutChooser:
     """Whether the next epoch runs on one thread (``"one"``), on the threads
@@ -237,11 +226,10 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     state[K.S_SQ_NORM] = float(np.einsum("i,i->", weights, weights))
     state[K.S_SUSPECT] = not math.isfinite(state[K.S_SQ_NORM])  # the first check scans
     state[K.S_L1_NORM] = float(np.abs(weights).sum())
-    counter = np.zeros(K.N_COUNTER, dtype=np.int64)  # claims, judge, progress (kernel's slots)
+    counter = np.zeros(K.N_COUNTER, dtype=np.int64)  # claims and the judge (kernel's slots)
     cfg[[K.C_JUDGE_SLACK_NS, K.C_JUDGE_LONG_NS, K.C_JUDGE_CLEARLY, K.C_JUDGE_SLOWER]] = [
         JUDGE_SLACK * 1e9, JUDGE_LONG * 1e9, CLEARLY_SLOWER, SLOWER]
     judged = intrinsics.CLOCK_MONOTONIC is not None  # the kernel's clock exists
-    chased = np.zeros(1)  # the epoch's log-loss, summed on the pool's thread
     later = loss_mode == K.LOSS_LATER
     margins = np.empty(train_count if later else 1)  # the epoch's signed p, by position
 
@@ -285,30 +273,6 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         finally:
             cfg[K.C_JUDGE_NS] = 0.0
 
-    def run_alone_and_chase(run_epoch_alone):
-        """A lone-thread epoch while the pool's thread sums its log-loss
-        (``kernel.chase_log_loss``): the other core is idle otherwise.
-        Returns the epoch's seconds per example and its loss, or None where
-        the sum lagged (``CHASE_LAG``): then the caller sums it."""
-        counter[[K.K_PROGRESS, K.K_ABORT, K.K_CHASED]] = 0
-        cfg[K.C_PUBLISH] = 1
-        chaser.submit(K.chase_log_loss, margins, train_count, counter, chased)
-        began = time.perf_counter()
-        try:
-            per_example = run_epoch_alone()
-        except BaseException:
-            counter[K.K_ABORT] = 1
-            raise
-        finally:
-            cfg[K.C_PUBLISH] = 0
-        allowed = max(CHASE_LAG[0], CHASE_LAG[1] * (time.perf_counter() - began))
-        if K.wait_chased(counter, int(allowed * 1e9)):
-            return per_example, float(chased[0])
-        counter[K.K_ABORT] = 1  # it stops at its next look; its sum is not used
-        return per_example, None
-
-    chase = later and jobs > 1 and train_count >= CHASE_MIN_ROWS
-    chaser = ThreadPoolExecutor(1, initializer=_idle_priority) if chase else None
     epoch = 0
     try:
         for epoch in range(max_iter):
@@ -319,17 +283,10 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                 K.shuffle(order, int(rng.integers(2 ** 31)))
             layout = chooser.next()
             began = time.perf_counter()
-            loss = None
-            if chase and layout == "one":
-                per_example, loss = run_alone_and_chase(
-                    lambda: run_epoch(layout, run_part, train_count))
-                chase = loss is not None
-            else:
-                per_example = run_epoch(layout, run_part, train_count)
+            per_example = run_epoch(layout, run_part, train_count)
             chooser.took(layout, per_example, time.perf_counter() - began)
             if later:
-                if loss is None:
-                    loss = log_loss_sum(margins)
+                loss = log_loss_sum(margins)
                 state[K.S_SUMLOSS] += loss
                 state[K.S_OBJECTIVE] += loss
             if early_stopping:  # the score needs the true weights
@@ -365,9 +322,8 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                               % (epoch + 1, time.time() - t_start))
                     break
     finally:
-        for threads in (pool, chaser):  # idle, or told to stop (an aborted sum): they exit
-            if threads is not None:
-                threads.shutdown(wait=False)
+        if pool is not None:
+            pool.shutdown(wait=False)  # idle (every round waited for its threads): it exits
     reset_wscale(state)
     if info is not None:  # what the fit chose (``LayoutChooser``)
         info["layout"] = chooser.best
