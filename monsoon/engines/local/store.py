@@ -16,6 +16,8 @@ Everything workers share lives in one ``SharedArrays`` block:
   arrivals at the step's three barriers (reset when the step completes),
   ``contributors`` lists the ranks that count, in arrival order, and
   ``sync[BAD_STEP]`` marks a step whose summed gradient is not finite;
+  without backup workers, ``marks[b, k]`` instead: the steps worker k is
+  through at barrier b (arrived, summed, applied), raised by k alone;
 - or, for replicated synchronous steps (small models, see
   ``synchronous.py``), ``rep_slots[step % 2, k]`` and ``rep_examples``,
   ``arrivals[k]`` (steps worker k has contributed to) and ``published``
@@ -107,6 +109,7 @@ class ParameterStore:
                 layout["snap.meta"] = ((ring, 4), "float64")
         elif sync_slots:
             layout["slots"] = ((workers, n), dtype)
+            layout["marks"] = ((3, workers), "int64")  # steps each worker is through, per barrier
         if checkpoint_buffer:  # worker 0 copies a step's parameters here (synchronous.py)
             layout["ckpt.params"] = ((n,), dtype)
             for field, arr in zip(template._fields, template):
@@ -140,6 +143,7 @@ class ParameterStore:
         self.contributors = m["contributors"]
         self.slot_examples = m["slot_examples"]
         self.slots = m.arrays.get("slots")
+        self.marks = m.arrays.get("marks")
         self.replicated = "rep_slots" in m.arrays
         if self.replicated:
             self.rep_slots = m["rep_slots"]
@@ -225,7 +229,7 @@ class ParameterStore:
 
     def close(self) -> None:
         for name in ("params", "versions", "counters", "status", "control", "sync",
-                     "contributors", "slot_examples", "slots", "state", "shard_states",
+                     "contributors", "slot_examples", "slots", "marks", "state", "shard_states",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
                      "snap_params", "snap_meta"):
             self.__dict__.pop(name, None)
