@@ -17,15 +17,21 @@ time, then the medians over datasets.
 Targets (defaults): x2 within 1% of sklearn's log-loss and >= 1.5x faster on
 the median dataset, never slower than sklearn, x2 never slower than x1.
 x2 against x1 is also judged repeat by repeat: the median of the paired
-ratios (x1 time / x2 time, same seed, back to back) with a distribution-free
+ratios (x1 time / x2 time, same seed, same round) with a distribution-free
 95% interval; "SLOWER" where the whole interval is below 1. Where both run
 the same code (short fits, threads that lose), the medians alone call
-either one slower about half the time.
+either one slower about half the time. The control shows how often: a
+second HogwildClassifier(n_jobs=1) runs in the same interleave, and x1 over
+x1b (the same code twice) is printed beside x1 over x2, with its interval.
 
 A fit of tens of milliseconds is at the mercy of the machine's slow spells,
 so short fits get more repeats: as many as it takes for each variant's fits
 to add up to ``--min-seconds`` (judged by the first round), and at least
-``--repeats``.
+``--repeats``. What one fit leaves behind slows the next (after scikit-learn's
+fit OpenBLAS's threads may still spin on the other core; after an n_jobs=2
+fit its pool thread is still ending), so the order changes from round to
+round, and over four rounds each variant follows each other once (the
+repeats are rounded up to whole sets of four).
 
     python bench/hogwild_sweep.py [--quick] [--repeats 3] [--min-seconds 2]
 """
@@ -87,6 +93,14 @@ def median_ci(values):
     return statistics.median(v), v[k], v[len(v) - 1 - k]
 
 
+def williams(n):
+    """Orders of ``range(n)`` (n even), one a round: over n rounds each
+    variant runs right after each other variant exactly once (a Williams
+    design, balanced for what one fit leaves behind for the next)."""
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    return [[(v + r) % n for v in first] for r in range(n)]
+
+
 def fit(make, X, y):
     clf = make()
     t = time.perf_counter()
@@ -111,7 +125,8 @@ def main():
                     help="repeat short fits until each variant's add up to this")
     args = ap.parse_args()
     repeats = 2 if args.quick else args.repeats
-    rows_out, summary = [], {s: {"x2": [], "x1": [], "x2/x1": [], "loss": []} for s in SETTINGS}
+    rows_out, summary = [], {s: {"x2": [], "x1": [], "x2/x1": [], "aa": [], "loss": []}
+                           for s in SETTINGS}
     checks, strict = {s: [] for s in SETTINGS}, {s: [] for s in SETTINGS}
     for name, rows, features, nnz, exponent, normalise in DATASETS:
         if args.only not in name:
@@ -122,27 +137,33 @@ def main():
         for setting, params in SETTINGS.items():
             makers = {"x2": lambda seed: HogwildClassifier(n_jobs=2, random_state=seed, **params),
                       "x1": lambda seed: HogwildClassifier(n_jobs=1, random_state=seed, **params),
-                      "sk": lambda seed: SGDClassifier(random_state=seed, **params)}
+                      "sk": lambda seed: SGDClassifier(random_state=seed, **params),
+                      "x1b": lambda seed: HogwildClassifier(n_jobs=1, random_state=seed,
+                                                             **params)}
             runs = {k: [] for k in makers}
             rep, wanted = 0, repeats
+            keys, orders = list(makers), williams(len(makers))
             while rep < wanted:  # interleaved; each repeat its own seed (shuffle order)
-                for key, make in makers.items():
-                    runs[key].append(fit(lambda: make(rep), X, y))
+                for i in orders[rep % len(orders)]:  # and its own order (module doc)
+                    runs[keys[i]].append(fit(lambda: makers[keys[i]](rep), X, y))
                 if rep == 0:  # short fits: more repeats (see the module doc)
                     slowest = max(r[0][0] for r in runs.values())
                     wanted = max(repeats, math.ceil(args.min_seconds / max(slowest, 1e-3)))
+                    wanted = -(-wanted // len(orders)) * len(orders)  # whole sets of orders
                 rep += 1
             t = {k: statistics.median(r[0] for r in v) for k, v in runs.items()}
             ll = {k: statistics.median(r[1] for r in v) for k, v in runs.items()}
             it = {k: statistics.median(r[2] for r in v) for k, v in runs.items()}
             r2, r1 = t["sk"] / t["x2"], t["sk"] / t["x1"]
-            # x2 against x1 repeat by repeat (same seed, run back to back)
+            # x2 against x1 repeat by repeat (same seed, same round)
             pair, pair_lo, pair_hi = median_ci([a[0] / b[0] for a, b in zip(runs["x1"], runs["x2"])])
             slower = pair_hi < 1.0  # slower beyond the spread of the repeats
+            aa, aa_lo, aa_hi = median_ci([a[0] / b[0] for a, b in zip(runs["x1"], runs["x1b"])])
             dl = 100 * (ll["x2"] / ll["sk"] - 1)
             summary[setting]["x2"].append(r2)
             summary[setting]["x1"].append(r1)
             summary[setting]["x2/x1"].append(t["x1"] / t["x2"])
+            summary[setting]["aa"].append(t["x1"] / t["x1b"])
             summary[setting]["loss"].append(dl)
             checks[setting].append(r2 >= 1.0 and not slower and dl <= 1.0)
             strict[setting].append(t["x2"] <= t["x1"])
@@ -152,7 +173,9 @@ def main():
                              f"log-loss {ll['x2']:.4f}/{ll['x1']:.4f}/{ll['sk']:.4f} "
                              f"({dl:+.2f}%)  sk/x2 {r2:.2f}  sk/x1 {r1:.2f}  x1/x2 "
                              f"{t['x1'] / t['x2']:.2f} (paired {pair:.3f}, 95% "
-                             f"{pair_lo:.3f}-{pair_hi:.3f}{': SLOWER' if slower else ''})"))
+                             f"{pair_lo:.3f}-{pair_hi:.3f}{': SLOWER' if slower else ''})  "
+                             f"control x1/x1b {t['x1'] / t['x1b']:.2f} (paired {aa:.3f}, "
+                             f"95% {aa_lo:.3f}-{aa_hi:.3f})"))
             print(rows_out[-1][0], rows_out[-1][1], flush=True)
     for setting in SETTINGS:
         s = summary[setting]
@@ -166,7 +189,9 @@ def main():
                          f"{min(s['x2']):.2f}  datasets meeting every per-dataset target "
                          f"{sum(checks[setting])}/{len(checks[setting])} (x2 never slower "
                          f"than x1 beyond the repeats' spread; by the medians alone "
-                         f"{sum(strict[setting])}/{len(strict[setting])})"))
+                         f"{sum(strict[setting])}/{len(strict[setting])}); the control "
+                         f"x1/x1b {min(s['aa']):.2f}-{max(s['aa']):.2f}, below 1.0 on "
+                         f"{sum(v < 1.0 for v in s['aa'])}/{len(s['aa'])}"))
     report("HogwildClassifier vs SGDClassifier, sparse sweep"
            + (" (--quick)" if args.quick else ""), rows_out)
 

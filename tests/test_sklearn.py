@@ -236,6 +236,19 @@ def test_layout_chooser_probes_and_keeps_the_faster():
         c.took(layout, {"one": 1e-6, "threads": 2e-6} if layout == "probe" else {layout: 1e-6},
                long / 4.5)
     assert ran == ["one"] * 5 + ["probe", "one", "one"]
+    # threads clearly slower at a probe: the next waits twice as long as the
+    # last did; a closer call brings the interval back to REPROBE
+    c, probes = LayoutChooser(threads=True), []
+    for epoch in range(1 + REPROBE * 14 + 1):
+        layout = c.next()
+        if layout == "probe":
+            probes.append(epoch)
+        close = len(probes) == 4
+        threads = 1.2e-6 if close and layout == "probe" else 3e-6
+        c.took(layout, {"one": 1e-6, "threads": threads} if layout == "probe" else {layout: 1e-6},
+               long)
+    assert probes == [1, 1 + 2 * REPROBE, 1 + 6 * REPROBE, 1 + 14 * REPROBE]
+    assert c.interval == REPROBE and c.best == "one"
 
 
 def test_a_probe_runs_half_an_epoch_alone_then_the_threads_until_judged_slower():
@@ -299,13 +312,71 @@ def test_judged_threads_stop_where_slower_and_every_example_runs_once(monkeypatc
     assert len(threads) == 4  # every epoch a probe
     for part, lo, hi, reached in threads:
         assert (lo, hi) == (20000, 40000)
-        if slower:
-            assert lo < reached <= lo + 4 * plain_sgd.K.JUDGE_CHUNK, reached  # first chunks
+        if slower:  # stopped at their first judged chunks, once both were in
+            assert lo < reached < hi, reached
             assert ("one", reached, hi, hi) in parts
         else:
             assert reached == hi
     sk = SGDClassifier(**params).fit(X, y)
     assert clf.score(X, y) > sk.score(X, y) - 0.02
+
+
+def test_the_judge_starts_its_clock_once_every_thread_is_in(monkeypatch, capsys):
+    """A helper the OS has not woken yet (here: never handed its share)
+    leaves the fit's own thread running at full speed; that time must not
+    count against the threads. With a bar no judged run can meet, the lone
+    thread still runs every probe's second half to its end, and each
+    example runs exactly once an epoch."""
+    from monsoon.sklearn.helper_threads import HelperThreads
+
+    monkeypatch.setattr(LayoutChooser, "next", lambda self: "probe")
+    for name in ("CLEARLY_SLOWER", "SLOWER", "JUDGE_SLACK"):
+        monkeypatch.setattr(plain_sgd, name, 0.0)
+    monkeypatch.setattr(HelperThreads, "start", lambda self, calls: None)
+    parts = []
+    original = plain_sgd.run_epoch
+
+    def spy(layout, run_part, n, clock=time.perf_counter):
+        def logged(part, lo, hi, judge):
+            reached = run_part(part, lo, hi, judge)
+            parts.append((part, lo, hi, reached))
+            return reached
+        return original(layout, logged, n, clock)
+    monkeypatch.setattr(plain_sgd, "run_epoch", spy)
+    X, y = make_classification(4000, 10, random_state=0)
+    HogwildClassifier(n_jobs=2, verbose=1, loss="log_loss", max_iter=3, tol=None,
+                      random_state=0).fit(X, y)
+    counts = [int(line.split("T: ")[1].split(",")[0]) for line in capsys.readouterr().out.splitlines()
+              if "T: " in line]
+    assert counts == [4000 * e for e in range(1, 4)]
+    assert [p for p in parts if p[0] == "threads"] == [("threads", 2000, 4000, 4000)] * 3
+
+
+def test_helper_threads_run_their_calls_and_report_errors():
+    """``wait`` returns once every handed call has run, and re-raises a
+    call's error; closed helpers exit."""
+    import threading
+
+    from monsoon.sklearn.helper_threads import HelperThreads
+
+    helpers = HelperThreads(2)
+    ran, lock = [], threading.Lock()
+
+    def call(k):
+        with lock:
+            ran.append((k, threading.get_ident()))
+    helpers.start([lambda: call(1), lambda: call(2)])
+    helpers.wait()
+    assert sorted(k for k, _ in ran) == [1, 2]
+    assert threading.get_ident() not in {ident for _, ident in ran}
+
+    def fail():
+        raise ValueError("in a helper")
+    helpers.start([fail, lambda: call(3)])
+    with pytest.raises(ValueError, match="in a helper"):
+        helpers.wait()
+    assert (3, ran[-1][1]) == ran[-1]  # the other call ran all the same
+    helpers.close()
 
 
 def test_switching_layouts_between_epochs_keeps_the_model(monkeypatch):

@@ -88,7 +88,7 @@ JUDGE_CHUNK = 32  # examples a thread claims at a time while its speed is judged
  C_JUDGE_SLOWER) = range(22)
 N_CFG = 22
 # counter slots (int64): the next position to claim, the judge's verdict, clock and count
-K_NEXT, K_STOP, K_BEGAN, K_DONE = 0, 1, 2, 3
+K_NEXT, K_STOP, K_BEGAN, K_DONE, K_ARRIVED = 0, 1, 2, 3, 4
 N_COUNTER = 8
 # per-thread state slots
 (S_T, S_WSCALE, S_INTERCEPT, S_AVG_A, S_AVG_B, S_AVG_INTERCEPT, S_U, S_SQ_NORM, S_L1_NORM,
@@ -374,9 +374,13 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     Judged (``cfg[C_JUDGE_NS]`` > 0, one thread's nanoseconds an example):
     while the threads' speed is being measured, they claim JUDGE_CHUNK
     positions at a time and count the examples done in ``counter[K_DONE]``;
-    after each chunk a thread compares the time since the first of them
-    began (``counter[K_BEGAN]``) with what one thread would have taken for
-    the examples done. Slower by the factor C_JUDGE_CLEARLY plus
+    after each chunk a thread compares the time since the last of them
+    arrived (``counter[K_BEGAN]``, stored by the thread whose arrival
+    ``counter[K_ARRIVED]`` counts as the last) with what one thread would
+    have taken for the examples done since. Until then the threads that
+    are in run chunks unjudged: a thread the OS is still waking (a VM's
+    idle vCPU took ~0.3 ms) leaves the others working at full speed, and
+    that time says nothing about the threads together. Slower by the factor C_JUDGE_CLEARLY plus
     C_JUDGE_SLACK_NS (the timer, an interrupt), or by C_JUDGE_SLOWER once
     C_JUDGE_LONG_NS have passed: it raises ``counter[K_STOP]``, and every
     thread stops claiming (each finishes the chunk it holds, so the
@@ -390,7 +394,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     chunk = CHUNK
     if judge > 0.0:
         chunk = JUDGE_CHUNK
-        if load_acquire(counter, K_BEGAN) == 0:  # the first thread in starts the clock
+        if fetch_add(counter, K_ARRIVED, 1) + 1 == int(cfg[C_STRIDE]):  # the last one in
             store_release(counter, K_BEGAN, monotonic_ns())
     t_lo = st[S_T]
     done = 0
@@ -405,8 +409,11 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
                   shared_b, cfg, st, margins, counter)
         done += end - c
         if judge > 0.0:
+            began = load_acquire(counter, K_BEGAN)
+            if began == 0:  # not everyone is in yet
+                continue
             finished = fetch_add(counter, K_DONE, end - c) + (end - c)
-            elapsed = monotonic_ns() - load_acquire(counter, K_BEGAN)
+            elapsed = monotonic_ns() - began
             alone = judge * finished  # what one thread would have taken
             if (elapsed > cfg[C_JUDGE_CLEARLY] * alone + cfg[C_JUDGE_SLACK_NS] or
                     (elapsed >= cfg[C_JUDGE_LONG_NS] and elapsed > cfg[C_JUDGE_SLOWER] * alone)):

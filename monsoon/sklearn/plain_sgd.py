@@ -36,10 +36,13 @@ threads measures which way is faster on its own data (``LayoutChooser``):
 once its epochs have taken ``PROBE_AFTER`` seconds, it runs half an epoch
 on one thread and the rest on the threads, judged as they go (they stop
 within a fraction of a millisecond where slower: ``run_epoch``,
-``kernel.sgd_run``), and every later epoch runs the faster. Every
-``REPROBE`` epochs it measures again, because the machine's load changes.
-The probe is real work of the fit, so nothing is thrown away; a fit too
-short to probe runs exactly as with ``n_jobs=1``.
+``kernel.sgd_run``), and every later epoch runs the faster. ``REPROBE``
+epochs later it measures again, because the machine's load changes (and
+twice as late each time the threads clearly lost). The probe is real work
+of the fit, so nothing is thrown away; a fit too short to probe runs
+exactly as with ``n_jobs=1``. The other threads are started when the fit
+begins and not waited for (``helper_threads``): where a core has been idle
+a while, waking it took ~0.3 ms, which the fit's thread spends working.
 
 The other core could sum each epoch's log-loss while one thread runs it
 (the margins published as they are written). That was built and removed:
@@ -57,15 +60,16 @@ stopping rule, and at large steps the two copies' moves overshot together.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.sparse as sp
 
 from . import intrinsics
 from . import kernel as K
+from .helper_threads import HelperThreads
 
 MAX_SHARED_DECAY = 0.1
 REPROBE = 16  # epochs between measurements of the thread layouts
@@ -81,8 +85,11 @@ class LayoutChooser:
     thread, the rest on the threads). Epoch 0 runs on one thread and warms
     the caches (first touches of the weights and the order). The first
     probe comes once the epochs have taken ``PROBE_AFTER`` seconds (at
-    epoch 1 where one epoch takes that long), and every ``REPROBE`` epochs
-    after it another, because the load on the machine changes. Other
+    epoch 1 where one epoch takes that long), and ``REPROBE`` epochs after
+    it another, because the load on the machine changes; after a probe
+    whose threads were CLEARLY_SLOWER, twice as many epochs as the last
+    wait (on a host where shared cache lines are dear that is every probe,
+    and each costs ~0.5 ms of a fit). Other
     epochs run the faster layout of the last probe, per example. One thread
     wins ties within ``MARGIN``, because it is scikit-learn's exact loop.
 
@@ -99,13 +106,14 @@ class LayoutChooser:
         self.epochs = 0
         self.spent = 0.0  # seconds in epochs so far
         self.probed = None  # the epoch of the last probe
+        self.interval = REPROBE  # epochs from it to the next
 
     def next(self) -> str:
         if not self.threads or self.epochs == 0:
             return "one"
         if self.probed is None:
             return "probe" if self.spent >= PROBE_AFTER else "one"
-        return "probe" if self.epochs - self.probed >= REPROBE else self.best
+        return "probe" if self.epochs - self.probed >= self.interval else self.best
 
     def took(self, layout: str, per_example: dict[str, float], seconds: float) -> None:
         """``per_example``: seconds per example of each layout the epoch ran;
@@ -117,6 +125,7 @@ class LayoutChooser:
         self.probed = self.epochs - 1
         one, threads = per_example["one"], per_example["threads"]
         self.best = "one" if one <= threads * (1 + self.MARGIN) else "threads"
+        self.interval = 2 * self.interval if threads > CLEARLY_SLOWER * one else REPROBE
 
 
 def run_epoch(layout: str, run_part, n: int, clock=time.perf_counter) -> dict:
@@ -249,7 +258,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     order = train  # shuffled in place each epoch: an index array, the data never move
     best_objective, best_score, no_improvement = math.inf, -math.inf, 0
     t_start = time.time()
-    pool = ThreadPoolExecutor(jobs - 1) if jobs > 1 else None
+    pool = HelperThreads(jobs - 1) if jobs > 1 else None  # started now, not awaited
     chooser = LayoutChooser(threads=jobs > 1)
 
     def run_part(layout, lo, hi, judge=0.0):
@@ -265,7 +274,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             return hi
         cfg[K.C_STRIDE] = jobs
         cfg[K.C_JUDGE_NS] = judge * 1e9 if judged else 0.0
-        counter[[K.K_STOP, K.K_BEGAN, K.K_DONE]] = 0
+        counter[[K.K_STOP, K.K_BEGAN, K.K_DONE, K.K_ARRIVED]] = 0
         shared_b[0] = state[K.S_INTERCEPT]
         try:
             return _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, hi, jobs, pool,
@@ -323,7 +332,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                     break
     finally:
         if pool is not None:
-            pool.shutdown(wait=False)  # idle (every round waited for its threads): it exits
+            pool.close()  # idle (every round waited for its threads): they exit
     reset_wscale(state)
     if info is not None:  # what the fit chose (``LayoutChooser``)
         info["layout"] = chooser.best
@@ -343,10 +352,11 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shar
             st = state.copy()
             st[K.S_SUMLOSS] = st[K.S_OBJECTIVE] = st[K.S_COUNT] = st[K.S_SUSPECT] = 0.0
             states.append(st)
-        futures = [pool.submit(run, states[k], order, lo, n) for k in range(1, jobs)]
-        run(states[0], order, lo, n)
-        for f in futures:
-            f.result()
+        pool.start([functools.partial(run, states[k], order, lo, n) for k in range(1, jobs)])
+        try:
+            run(states[0], order, lo, n)
+        finally:
+            pool.wait()
         reached = min(int(counter[K.K_NEXT]), n)
         ahead = max(states, key=lambda st: st[K.S_T])  # the scalars: the furthest clock's
         for slot in (K.S_WSCALE, K.S_AVG_A, K.S_AVG_B, K.S_U, K.S_AVG_INTERCEPT, K.S_SQ_NORM,
