@@ -352,6 +352,26 @@ def test_the_judge_starts_its_clock_once_every_thread_is_in(monkeypatch, capsys)
     assert [p for p in parts if p[0] == "threads"] == [("threads", 2000, 4000, 4000)] * 3
 
 
+def test_helper_threads_start_at_the_first_probe_only(monkeypatch):
+    """A fit too short to probe starts no other thread; one that probes
+    starts its helpers once, at the first probe, and ends them."""
+    from monsoon.sklearn import helper_threads
+
+    made, closed = [], []
+    init, close = helper_threads.HelperThreads.__init__, helper_threads.HelperThreads.close
+    monkeypatch.setattr(helper_threads.HelperThreads, "__init__",
+                        lambda self, n: (made.append(n), init(self, n))[1])
+    monkeypatch.setattr(helper_threads.HelperThreads, "close",
+                        lambda self: (closed.append(1), close(self))[1])
+    X, y = make_classification(2000, 10, random_state=0)
+    params = dict(loss="log_loss", max_iter=3, tol=None, random_state=0)
+    HogwildClassifier(n_jobs=2, **params).fit(X, y)  # ~1 ms of epochs: no probe
+    assert made == [] and closed == []
+    monkeypatch.setattr(plain_sgd, "PROBE_AFTER", 0.0)  # a probe at epoch 1, again at 1 + 16
+    HogwildClassifier(n_jobs=2, **dict(params, max_iter=20)).fit(X, y)
+    assert made == [1] and closed == [1]
+
+
 def test_helper_threads_run_their_calls_and_report_errors():
     """``wait`` returns once every handed call has run, and re-raises a
     call's error; closed helpers exit."""

@@ -5,15 +5,18 @@ whose other vCPU has been idle a while, that wait is the vCPU's wake-up:
 53 us after 10 ms idle, 321 us after 50 ms (a 2-vCPU host, 2026-11). A
 thread pool starts its thread at the first task, which for a fit is its
 first probe, after at least 50 ms of epochs on one thread: the fit's own
-thread then waited ~0.4 ms at every fit, a third of what ``n_jobs=2`` cost
-over ``n_jobs=1`` where the threads lose.
+thread then waited ~0.4 ms in every fit that probed, half of what the
+probe cost where the threads lose.
 
 So these threads are started with ``_thread.start_new_thread``, which
-returns at once, when the fit begins. Each waits on its own queue for a
-call; the fit's thread hands one to each and goes on with its own share,
-and the helpers join when they are awake (``kernel.sgd_run`` starts its
-judge's clock once all are in). ``close`` ends them; a helper that is idle
-when the interpreter exits is simply not joined, as a daemon thread is.
+returns at once, as the first probe begins: they wake while its first half
+runs on one thread. Each waits on its own queue for a call; the fit's
+thread hands one to each and goes on with its own share, and a helper
+joins when it is awake (``kernel.sgd_run`` starts its judge's clock once
+all are in). A fit that never probes starts none: with them started at
+the fit's beginning, fits of 16-33 ms that never probed were 1-2% slower.
+``close`` ends them; a helper that is idle when the interpreter exits is
+simply not joined, as a daemon thread is.
 
 Invariant: ``wait`` returns only once every handed call has returned, and
 re-raises the first error any of them raised.

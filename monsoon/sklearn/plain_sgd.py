@@ -40,9 +40,11 @@ within a fraction of a millisecond where slower: ``run_epoch``,
 epochs later it measures again, because the machine's load changes (and
 twice as late each time the threads clearly lost). The probe is real work
 of the fit, so nothing is thrown away; a fit too short to probe runs
-exactly as with ``n_jobs=1``. The other threads are started when the fit
-begins and not waited for (``helper_threads``): where a core has been idle
-a while, waking it took ~0.3 ms, which the fit's thread spends working.
+exactly as with ``n_jobs=1`` (no other thread is started). The first
+probe starts the other threads and does not wait for them
+(``helper_threads``): they wake while its first half runs on one thread.
+Where a core had been idle a while, a thread pool's start waited ~0.3 ms
+for it.
 
 The other core could sum each epoch's log-loss while one thread runs it
 (the margins published as they are written). That was built and removed:
@@ -258,7 +260,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     order = train  # shuffled in place each epoch: an index array, the data never move
     best_objective, best_score, no_improvement = math.inf, -math.inf, 0
     t_start = time.time()
-    pool = HelperThreads(jobs - 1) if jobs > 1 else None  # started now, not awaited
+    pool = None  # the helper threads: started by the first probe (never, in a short fit)
     chooser = LayoutChooser(threads=jobs > 1)
 
     def run_part(layout, lo, hi, judge=0.0):
@@ -291,6 +293,8 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             if shuffle:
                 K.shuffle(order, int(rng.integers(2 ** 31)))
             layout = chooser.next()
+            if layout != "one" and pool is None:  # not awaited: they wake while the
+                pool = HelperThreads(jobs - 1)      # probe's first half runs on this one
             began = time.perf_counter()
             per_example = run_epoch(layout, run_part, train_count)
             chooser.took(layout, per_example, time.perf_counter() - began)
