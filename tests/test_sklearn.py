@@ -321,6 +321,25 @@ def test_judged_threads_stop_where_slower_and_every_example_runs_once(monkeypatc
     assert clf.score(X, y) > sk.score(X, y) - 0.02
 
 
+def test_the_judges_bar_falls_from_clearly_to_somewhat_slower():
+    """``kernel.judged_slower`` on plain numbers (ns): far slower is judged
+    at once, beyond the slack; somewhat slower only after a while; at 1.05x
+    never; from JUDGE_LONG on, anything beyond SLOWER."""
+    K = plain_sgd.K
+    cfg = np.zeros(K.N_CFG)
+    cfg[[K.C_JUDGE_SLACK_NS, K.C_JUDGE_LONG_NS, K.C_JUDGE_CLEARLY, K.C_JUDGE_SLOWER]] = [
+        50e3, 2e6, 1.5, 1.1]
+
+    def slower(elapsed_us, ratio):
+        return bool(K.judged_slower(elapsed_us * 1e3, elapsed_us * 1e3 / ratio, cfg))
+    assert not slower(40, 100.0)          # within the slack, however slow
+    assert slower(60, 10.0) and not slower(120, 2.0) and slower(250, 2.0)
+    assert not slower(200, 1.68) and slower(500, 1.68)   # was ~2 ms under a fixed 1.5x bar
+    assert not slower(1000, 1.25) and slower(1900, 1.25)
+    assert slower(2000, 1.15) and not slower(2000, 1.05)
+    assert not any(slower(t, 1.05) for t in (10, 100, 1000, 1999, 5000))
+
+
 def test_the_judge_starts_its_clock_once_every_thread_is_in(monkeypatch, capsys):
     """A helper the OS has not woken yet (here: never handed its share)
     leaves the fit's own thread running at full speed; that time must not

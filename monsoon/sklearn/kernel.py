@@ -360,6 +360,23 @@ def advance(cfg, st, steps):
 
 
 @numba.njit(nogil=True, cache=True)
+def judged_slower(elapsed, alone, cfg):
+    """Whether threads that took ``elapsed`` ns for what one thread does in
+    ``alone`` ns are slower. The bar falls from C_JUDGE_CLEARLY at the
+    start to C_JUDGE_SLOWER at C_JUDGE_LONG_NS, plus C_JUDGE_SLACK_NS (the
+    timer, an interrupt, a cold cache on the other core) until then: a
+    short run has to be far slower to be judged, a long one only somewhat.
+    Threads 1.7x slower stopped after ~2 ms under a fixed bar of 1.5x
+    (50 us of slack) and 1.1x from 2 ms on; under the falling one, after
+    ~0.4 ms."""
+    long = cfg[C_JUDGE_LONG_NS]
+    if elapsed >= long:
+        return elapsed > cfg[C_JUDGE_SLOWER] * alone
+    bar = cfg[C_JUDGE_SLOWER] + (cfg[C_JUDGE_CLEARLY] - cfg[C_JUDGE_SLOWER]) * (1.0 - elapsed / long)
+    return elapsed > bar * alone + cfg[C_JUDGE_SLACK_NS]
+
+
+@numba.njit(nogil=True, cache=True)
 def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
             shared_b, cfg, st, counter, margins):
     """One thread's share of the examples ``order[lo:hi]``; returns how many
@@ -380,12 +397,11 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     have taken for the examples done since. Until then the threads that
     are in run chunks unjudged: a thread the OS is still waking (a VM's
     idle vCPU took ~0.3 ms) leaves the others working at full speed, and
-    that time says nothing about the threads together. Slower by the factor C_JUDGE_CLEARLY plus
-    C_JUDGE_SLACK_NS (the timer, an interrupt), or by C_JUDGE_SLOWER once
-    C_JUDGE_LONG_NS have passed: it raises ``counter[K_STOP]``, and every
-    thread stops claiming (each finishes the chunk it holds, so the
-    positions below ``counter[K_NEXT]`` are exactly those run). Not slower
-    after C_JUDGE_LONG_NS: the judging ends and the chunks grow to CHUNK."""
+    that time says nothing about the threads together. Judged slower
+    (``judged_slower``): it raises ``counter[K_STOP]``, and every thread
+    stops claiming (each finishes the chunk it holds, so the positions
+    below ``counter[K_NEXT]`` are exactly those run). Not slower after
+    C_JUDGE_LONG_NS: the judging ends and the chunks grow to CHUNK."""
     if int(cfg[C_STRIDE]) == 1:
         sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
                   shared_b, cfg, st, margins, counter)
@@ -414,9 +430,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
                 continue
             finished = fetch_add(counter, K_DONE, end - c) + (end - c)
             elapsed = monotonic_ns() - began
-            alone = judge * finished  # what one thread would have taken
-            if (elapsed > cfg[C_JUDGE_CLEARLY] * alone + cfg[C_JUDGE_SLACK_NS] or
-                    (elapsed >= cfg[C_JUDGE_LONG_NS] and elapsed > cfg[C_JUDGE_SLOWER] * alone)):
+            if judged_slower(elapsed, judge * finished, cfg):
                 store_release(counter, K_STOP, 1)
                 break
             if elapsed >= cfg[C_JUDGE_LONG_NS]:

@@ -76,9 +76,10 @@ from .helper_threads import HelperThreads
 MAX_SHARED_DECAY = 0.1
 REPROBE = 16  # epochs between measurements of the thread layouts
 PROBE_AFTER = 0.05  # seconds of epochs before the first (LayoutChooser)
-# A probe's threads stop (``kernel.sgd_run``, judged) once they are CLEARLY_SLOWER
-# than one thread an example, give or take JUDGE_SLACK seconds (the clock, an
-# interrupt, the other thread's wake-up), or SLOWER after JUDGE_LONG seconds.
+# A probe's threads stop (``kernel.judged_slower``) once they are slower than
+# one thread an example by a bar that falls from CLEARLY_SLOWER at their start
+# to SLOWER at JUDGE_LONG seconds, give or take JUDGE_SLACK seconds (the clock,
+# an interrupt, a cold cache on the other core) until then.
 CLEARLY_SLOWER, SLOWER, JUDGE_SLACK, JUDGE_LONG = 1.5, 1.1, 50e-6, 2e-3
 
 class LayoutChooser:
