@@ -386,8 +386,9 @@ def test_the_judge_starts_its_clock_once_every_thread_is_in(monkeypatch, capsys)
 
 
 def test_helper_threads_start_at_the_first_probe_only(monkeypatch):
-    """A fit too short to probe starts no other thread; one that probes
-    starts its helpers once, at the first probe, and ends them."""
+    """A fit too short to probe, on fewer rows than a shared log-loss needs,
+    starts no other thread; one that probes starts its helpers once, at the
+    first probe, and ends them."""
     from monsoon.sklearn import helper_threads
 
     made, closed = [], []
@@ -403,6 +404,66 @@ def test_helper_threads_start_at_the_first_probe_only(monkeypatch):
     monkeypatch.setattr(plain_sgd, "PROBE_AFTER", 0.0)  # a probe at epoch 1, again at 1 + 16
     HogwildClassifier(n_jobs=2, **dict(params, max_iter=20)).fit(X, y)
     assert made == [1] and closed == [1]
+
+
+@pytest.mark.parametrize("params", [
+    dict(),  # tol=1e-3: stops by the rule, after epochs judged late
+    dict(n_iter_no_change=2, tol=1e-2),
+    dict(n_iter_no_change=1),  # every verdict may stop: none is judged late
+    dict(learning_rate="adaptive", eta0=0.5, tol=1e-2, max_iter=40),  # eta / 5, no stop
+    dict(tol=None, max_iter=8),
+    dict(penalty="elasticnet", average=10),
+])
+def test_the_log_loss_a_helper_sums_gives_one_threads_fit(monkeypatch, params):
+    """On one thread with a helper (no probe), an epoch whose verdict cannot
+    stop the fit is judged an epoch late, its log-loss summed by the helper
+    while the next epoch runs: the fit is ``n_jobs=1``'s to the bit, with
+    the same number of epochs."""
+    import threading
+
+    monkeypatch.setattr(plain_sgd, "PROBE_AFTER", float("inf"))
+    where, original = [], plain_sgd.log_loss_sum
+    monkeypatch.setattr(plain_sgd, "log_loss_sum",
+                        lambda m: (where.append(threading.get_ident()), original(m))[1])
+    X, y = make_classification(plain_sgd.SHARE_LOSS_ROWS, 20, flip_y=0.1, random_state=0)
+    params = dict(loss="log_loss", random_state=0, **params)
+    fits = {}
+    for jobs in (1, 2):
+        where.clear()
+        fits[jobs] = HogwildClassifier(n_jobs=jobs, **params).fit(X, y)
+        helped = sum(ident != threading.get_ident() for ident in where)
+        # each epoch's sum, but for a last one judged late (at max_iter: nothing to judge)
+        assert fits[jobs].n_iter_ - (jobs > 1) <= len(where) <= fits[jobs].n_iter_
+        if jobs == 1 or params.get("n_iter_no_change") == 1:
+            assert helped == 0
+        else:  # all but the epochs whose verdict could stop it (or cut eta)
+            assert helped >= fits[jobs].n_iter_ // 2
+    assert fits[2].n_iter_ == fits[1].n_iter_
+    np.testing.assert_array_equal(fits[2].coef_, fits[1].coef_)
+    np.testing.assert_array_equal(fits[2].intercept_, fits[1].intercept_)
+
+
+def test_a_helpers_error_ends_the_fit(monkeypatch):
+    """An error in the helper's sum reaches ``fit``; the helper is closed."""
+    import threading
+
+    from monsoon.sklearn import helper_threads
+
+    main, closed = threading.get_ident(), []
+    original, close = plain_sgd.log_loss_sum, helper_threads.HelperThreads.close
+
+    def log_loss_sum(margins):
+        if threading.get_ident() != main:
+            raise FloatingPointError("in the helper")
+        return original(margins)
+    monkeypatch.setattr(plain_sgd, "log_loss_sum", log_loss_sum)
+    monkeypatch.setattr(helper_threads.HelperThreads, "close",
+                        lambda self: (closed.append(1), close(self))[1])
+    monkeypatch.setattr(plain_sgd, "PROBE_AFTER", float("inf"))
+    X, y = make_classification(plain_sgd.SHARE_LOSS_ROWS, 20, random_state=0)
+    with pytest.raises(FloatingPointError, match="in the helper"):
+        HogwildClassifier(loss="log_loss", n_jobs=2, random_state=0).fit(X, y)
+    assert closed == [1]
 
 
 def test_helper_threads_run_their_calls_and_report_errors():

@@ -1,4 +1,5 @@
-"""The threads that run their share of an epoch beside the fit's own thread.
+"""The threads that run their share of an epoch beside the fit's own thread
+(a probe's or the threads' part, or the last epoch's log-loss: ``plain_sgd``).
 
 ``threading.Thread.start`` returns only once the new thread runs. On a VM
 whose other vCPU has been idle a while, that wait is the vCPU's wake-up:
@@ -13,8 +14,9 @@ returns at once, as the first probe begins: they wake while its first half
 runs on one thread. Each waits on its own queue for a call; the fit's
 thread hands one to each and goes on with its own share, and a helper
 joins when it is awake (``kernel.sgd_run`` starts its judge's clock once
-all are in). A fit that never probes starts none: with them started at
-the fit's beginning, fits of 16-33 ms that never probed were 1-2% slower.
+all are in). A fit that never probes, nor shares its log-loss, starts
+none: with them started at the fit's beginning for nothing, fits of
+16-33 ms that never probed were 1-2% slower.
 ``close`` ends them; a helper that is idle when the interpreter exits is
 simply not joined, as a daemon thread is.
 
