@@ -573,11 +573,12 @@ def test_an_epochs_log_loss_from_its_margins_is_the_loops():
     """``log_loss_sum``, numpy's vectorised log-loss over the signed margins
     the kernel kept (-p where y = 1), is the sum of ``loss_value`` over the
     epoch's examples to rounding, on both sides of every branch of it,
-    across blocks."""
+    across blocks, and for margins far beyond exp's range (floored)."""
     from monsoon.sklearn import kernel as K
     from monsoon.sklearn.plain_sgd import log_loss_sum
     rng = np.random.default_rng(0)
-    p = np.concatenate([np.linspace(-45, 45, 3601), [-37.0, 0.0, 18.0, 33.3]])
+    p = np.concatenate([np.linspace(-45, 45, 3601), [-37.0, 0.0, 18.0, 33.3],
+                        [-1e5, -800.0, -745.5, -710.0, -101.0, 101.0, 710.0, 800.0, 1e5]])
     y = rng.integers(0, 2, len(p)).astype(float)
     order = rng.permutation(len(p))
     margins = np.where(y == 1, -p, p)[order]  # margins[k] is the example order[k]'s
