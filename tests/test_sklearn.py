@@ -406,6 +406,16 @@ def test_helper_threads_start_at_the_first_probe_only(monkeypatch):
     assert made == [1] and closed == [1]
 
 
+def _helpers_never_late(monkeypatch):
+    """The fit's thread waits for a helper to take the log-loss it offered
+    (it takes it back where the helper has not started, as on a busy core:
+    ``test_a_claimable_runs_once_where_first_claimed``)."""
+    from monsoon.sklearn.helper_threads import Claimable
+    result = Claimable.result
+    monkeypatch.setattr(Claimable, "result",
+                        lambda self: (self._ran.wait(10), result(self))[1])
+
+
 @pytest.mark.parametrize("params", [
     dict(),  # tol=1e-3: stops by the rule, after epochs judged late
     dict(n_iter_no_change=2, tol=1e-2),
@@ -422,6 +432,7 @@ def test_the_log_loss_a_helper_sums_gives_one_threads_fit(monkeypatch, params):
     import threading
 
     monkeypatch.setattr(plain_sgd, "PROBE_AFTER", float("inf"))
+    _helpers_never_late(monkeypatch)
     where, original = [], plain_sgd.log_loss_sum
     monkeypatch.setattr(plain_sgd, "log_loss_sum",
                         lambda m: (where.append(threading.get_ident()), original(m))[1])
@@ -460,6 +471,7 @@ def test_a_helpers_error_ends_the_fit(monkeypatch):
     monkeypatch.setattr(helper_threads.HelperThreads, "close",
                         lambda self: (closed.append(1), close(self))[1])
     monkeypatch.setattr(plain_sgd, "PROBE_AFTER", float("inf"))
+    _helpers_never_late(monkeypatch)
     X, y = make_classification(plain_sgd.SHARE_LOSS_ROWS, 20, random_state=0)
     with pytest.raises(FloatingPointError, match="in the helper"):
         HogwildClassifier(loss="log_loss", n_jobs=2, random_state=0).fit(X, y)
@@ -490,6 +502,46 @@ def test_helper_threads_run_their_calls_and_report_errors():
     with pytest.raises(ValueError, match="in a helper"):
         helpers.wait()
     assert (3, ran[-1][1]) == ran[-1]  # the other call ran all the same
+    helpers.close()
+
+
+def test_a_claimable_runs_once_where_first_claimed():
+    """Offered to a free helper, the call runs there; to a busy one, the
+    caller runs it itself and the helper skips it later; an error reaches
+    ``result``. ``wait`` counts only the calls handed by ``start``."""
+    import threading
+
+    from monsoon.sklearn.helper_threads import Claimable, HelperThreads
+
+    helpers, main = HelperThreads(1), threading.get_ident()
+    runs = []
+
+    def call():
+        runs.append(threading.get_ident())
+        return len(runs)
+    free = Claimable(call)
+    helpers.offer(free)
+    assert free._ran.wait(10)
+    assert free.result() == 1 and runs[-1] != main
+
+    gate = threading.Event()
+    helpers.start([lambda: gate.wait(10)])  # the helper is busy
+    busy = Claimable(call)
+    helpers.offer(busy)
+    assert busy.result() == 2 and runs[-1] == main
+    gate.set()
+    helpers.wait()  # the blocker only
+    probe = Claimable(lambda: None)
+    helpers.offer(probe)  # queued behind ``busy``: the helper has passed it by then
+    assert probe._ran.wait(10) and len(runs) == 2
+
+    def fail():
+        raise KeyError("in the call")
+    failing = Claimable(fail)
+    helpers.offer(failing)
+    assert failing._ran.wait(10)
+    with pytest.raises(KeyError, match="in the call"):
+        failing.result()
     helpers.close()
 
 

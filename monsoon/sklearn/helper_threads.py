@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import _thread
 import queue
+import threading
 
 WAIT_S = 60.0  # a share is a few chunks of examples; this long means a helper is gone
 
@@ -41,20 +42,28 @@ class HelperThreads:
 
     def _serve(self, inbox) -> None:
         while True:
-            call = inbox.get()
-            if call is None:
+            item = inbox.get()
+            if item is None:
                 return
+            call, tracked = item
             try:
                 call()
-                self._done.put(None)
+                outcome = None
             except BaseException as exc:  # noqa: BLE001 - re-raised by ``wait``
-                self._done.put(exc)
+                outcome = exc
+            if tracked:
+                self._done.put(outcome)
 
     def start(self, calls) -> None:
         """Hand ``calls`` (at most one a helper) to the helpers."""
         for inbox, call in zip(self._inboxes, calls):
-            inbox.put(call)
+            inbox.put((call, True))
             self._pending += 1
+
+    def offer(self, claimable: "Claimable") -> None:
+        """Hand ``claimable`` to the first helper, untracked: ``wait`` does
+        not wait for it (its own ``result`` does)."""
+        self._inboxes[0].put((claimable, False))
 
     def wait(self) -> None:
         """Until every handed call has returned."""
@@ -72,3 +81,37 @@ class HelperThreads:
     def close(self) -> None:
         for inbox in self._inboxes:
             inbox.put(None)
+
+
+class Claimable:
+    """A call run once, by a helper or by the thread that wants its result,
+    whichever claims it first (``result``). Where the helper's core is busy
+    (OpenBLAS's threads spin there for ~0.1 s after a large BLAS call), the
+    fit's thread does the work itself instead of waiting for a time slice.
+
+    Invariant: the call runs exactly once; ``result`` returns its value, or
+    re-raises its error, once it has run."""
+
+    def __init__(self, call):
+        self._call = call
+        self._claim = threading.Lock()
+        self._ran = threading.Event()
+        self._value = self._error = None
+
+    def __call__(self) -> None:  # on a helper
+        if self._claim.acquire(blocking=False):
+            try:
+                self._value = self._call()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by ``result``
+                self._error = exc
+            finally:
+                self._ran.set()
+
+    def result(self):
+        if self._claim.acquire(blocking=False):  # no helper got to it: run it here
+            return self._call()
+        if not self._ran.wait(WAIT_S):
+            raise RuntimeError(f"a helper thread gave no answer in {WAIT_S:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._value

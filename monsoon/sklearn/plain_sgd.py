@@ -54,7 +54,7 @@ margins (kept in a second buffer) summed by a helper while the next epoch
 runs. The verdicts, their order and the fit are ``n_jobs=1``'s to the bit.
 On ``bench/hogwild_sweep.py``'s data that made ``n_jobs=2`` 1.5-4% faster
 than ``n_jobs=1`` on a host where the threads lose. Not below
-``SHARE_LOSS_ROWS`` rows (a helper's start costs more than it saves), nor
+``SHARE_LOSS_ROWS`` rows (there a helper costs more than it saves), nor
 with ``verbose`` (the log keeps its order) or ``early_stopping`` (judged on
 a validation score, not the loss). Handing the helper the next epoch's
 shuffle as well was slower: this thread then read an order the other core
@@ -85,7 +85,7 @@ import scipy.sparse as sp
 
 from . import intrinsics
 from . import kernel as K
-from .helper_threads import HelperThreads
+from .helper_threads import Claimable, HelperThreads
 
 MAX_SHARED_DECAY = 0.1
 REPROBE = 16  # epochs between measurements of the thread layouts
@@ -95,10 +95,13 @@ PROBE_AFTER = 0.05  # seconds of epochs before the first (LayoutChooser)
 # to SLOWER at JUDGE_LONG seconds, give or take JUDGE_SLACK seconds (the clock,
 # an interrupt, a cold cache on the other core) until then.
 CLEARLY_SLOWER, SLOWER, JUDGE_SLACK, JUDGE_LONG = 1.5, 1.1, 50e-6, 2e-3
-# Fewer training rows than this: a helper's start and its first wake
-# (0.1-0.3 ms a fit) cost more than the log-loss sums it would take over
-# (~3 ns a row an epoch, less ~10 us a hand-over).
-SHARE_LOSS_ROWS = 15_000
+# Fewer training rows than this: the log-loss sums a helper would take over
+# (~3.5 ns a row an epoch) are worth less than its start and hand-overs
+# (0.1-0.3 ms a fit, ~10 us an epoch), or, where the other core is busy
+# (OpenBLAS's threads spin there ~0.1 s after a large BLAS call), than what
+# the helper then takes from this thread's core: ~90 us an epoch, 3% of a
+# fit of 15k rows; 1-2% gained on 30k-120k rows all the same.
+SHARE_LOSS_ROWS = 30_000
 SOFTPLUS_FLOOR = -100.0  # log_loss_sum
 
 class LayoutChooser:
@@ -204,10 +207,6 @@ def log_loss_sum(margins, block=1 << 16) -> float:
         softplus += np.maximum(z, 0.0)
         total += float(softplus.sum())
     return total
-
-
-def _sum_into(out: list, margins) -> None:
-    out.append(log_loss_sum(margins))
 
 
 def _first_decay(learning_rate, alpha, l1_ratio, eta0, power_t, optimal_init, t):
@@ -377,21 +376,17 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             layout = chooser.next()
             if pool is None and (layout != "one" or pending is not None):  # not awaited:
                 pool = HelperThreads(jobs - 1)  # they wake while this thread runs
-            summed = []
+            summed = None  # the pending epoch's log-loss: a helper's, or this thread's
             if pending is not None:
-                if layout == "one":
-                    pool.start([functools.partial(_sum_into, summed, spare_margins)])
-                else:  # the threads need every core
-                    _sum_into(summed, spare_margins)
+                summed = Claimable(functools.partial(log_loss_sum, spare_margins))
+                if layout == "one":  # the threads need every core: they sum it after
+                    pool.offer(summed)
             began = time.perf_counter()
-            try:
-                per_example = run_epoch(layout, run_part, train_count)
-            finally:
-                if pending is not None and layout == "one":
-                    pool.wait()
+            per_example = run_epoch(layout, run_part, train_count)
             chooser.took(layout, per_example, time.perf_counter() - began)
             if pending is not None:
-                stops_after(pending[0], pending[1] + summed[0], pending[2] + summed[0])
+                loss = summed.result()
+                stops_after(pending[0], pending[1] + loss, pending[2] + loss)
                 pending = None
             if early_stopping:  # the score needs the true weights
                 reset_wscale(state)
