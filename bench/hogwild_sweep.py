@@ -17,7 +17,7 @@ time, then the medians over datasets.
 Targets (defaults): x2 within 1% of sklearn's log-loss and >= 1.5x faster on
 the median dataset, never slower than sklearn, x2 never slower than x1.
 x2 against x1 is also judged repeat by repeat: the median of the paired
-ratios (x1 time / x2 time, same seed, same round) with a distribution-free
+ratios (x1 time / x2 time, same seed, same cycle) with a distribution-free
 95% interval; "SLOWER" where the whole interval is below 1. Where both run
 the same code (short fits, threads that lose), the medians alone call
 either one slower about half the time. The control shows how often: a
@@ -26,12 +26,13 @@ x1b (the same code twice) is printed beside x1 over x2, with its interval.
 
 A fit of tens of milliseconds is at the mercy of the machine's slow spells,
 so short fits get more repeats: as many as it takes for each variant's fits
-to add up to ``--min-seconds`` (judged by the first round), and at least
+to add up to ``--min-seconds`` (judged by the first cycle), and at least
 ``--repeats``. What one fit leaves behind slows the next (after scikit-learn's
 fit OpenBLAS's threads may still spin on the other core; after an n_jobs=2
-fit its pool thread is still ending), so the order changes from round to
-round, and over four rounds each variant follows each other once (the
-repeats are rounded up to whole sets of four).
+fit its helper thread is still ending), so the fits run in cycles of 12 in
+which each variant follows each other exactly once, the cycle's end
+included (``balanced_cycle``; the repeats are rounded up to whole cycles,
+3 runs of each variant a cycle).
 
     python bench/hogwild_sweep.py [--quick] [--repeats 3] [--min-seconds 2]
 """
@@ -93,12 +94,23 @@ def median_ci(values):
     return statistics.median(v), v[k], v[len(v) - 1 - k]
 
 
-def williams(n):
-    """Orders of ``range(n)`` (n even), one a round: over n rounds each
-    variant runs right after each other variant exactly once (a Williams
-    design, balanced for what one fit leaves behind for the next)."""
-    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
-    return [[(v + r) % n for v in first] for r in range(n)]
+def balanced_cycle(n):
+    """A cyclic order of ``range(n)``, n(n-1) long, in which each variant
+    runs right after each other variant exactly once, across the cycle's
+    end too: an Eulerian circuit of the complete directed graph on n
+    vertices (Hierholzer's algorithm). Run back to back, cycles stay
+    balanced for what one fit leaves behind for the next. (A Williams
+    design's rounds, run back to back, are not: the last of one round
+    precedes the first of the next, so x1 ran right after scikit-learn
+    twice as often as x2 did.)"""
+    arcs = {v: [u for u in range(n) if u != v] for v in range(n)}
+    stack, circuit = [0], []
+    while stack:
+        if arcs[stack[-1]]:
+            stack.append(arcs[stack[-1]].pop())
+        else:
+            circuit.append(stack.pop())
+    return circuit[::-1][:-1]  # it ends where it began: the cycle closes there
 
 
 def fit(make, X, y):
@@ -141,21 +153,22 @@ def main():
                       "x1b": lambda seed: HogwildClassifier(n_jobs=1, random_state=seed,
                                                              **params)}
             runs = {k: [] for k in makers}
-            rep, wanted = 0, repeats
-            keys, orders = list(makers), williams(len(makers))
-            while rep < wanted:  # interleaved; each repeat its own seed (shuffle order)
-                for i in orders[rep % len(orders)]:  # and its own order (module doc)
-                    runs[keys[i]].append(fit(lambda: makers[keys[i]](rep), X, y))
-                if rep == 0:  # short fits: more repeats (see the module doc)
-                    slowest = max(r[0][0] for r in runs.values())
+            keys, cycle = list(makers), balanced_cycle(len(makers))
+            per_cycle = len(makers) - 1  # runs of each variant a cycle
+            wanted = None  # runs of each variant: set after the first cycle
+            while wanted is None or len(runs["x2"]) < wanted:
+                for i in cycle:  # the k-th run of each variant has seed k (its shuffle order)
+                    key = keys[i]
+                    runs[key].append(fit(lambda: makers[key](len(runs[key])), X, y))
+                if wanted is None:  # short fits get more repeats (module doc), whole cycles
+                    slowest = max(statistics.median(r[0] for r in v) for v in runs.values())
                     wanted = max(repeats, math.ceil(args.min_seconds / max(slowest, 1e-3)))
-                    wanted = -(-wanted // len(orders)) * len(orders)  # whole sets of orders
-                rep += 1
+                    wanted = -(-wanted // per_cycle) * per_cycle
             t = {k: statistics.median(r[0] for r in v) for k, v in runs.items()}
             ll = {k: statistics.median(r[1] for r in v) for k, v in runs.items()}
             it = {k: statistics.median(r[2] for r in v) for k, v in runs.items()}
             r2, r1 = t["sk"] / t["x2"], t["sk"] / t["x1"]
-            # x2 against x1 repeat by repeat (same seed, same round)
+            # x2 against x1 repeat by repeat (same seed, same cycle)
             pair, pair_lo, pair_hi = median_ci([a[0] / b[0] for a, b in zip(runs["x1"], runs["x2"])])
             slower = pair_hi < 1.0  # slower beyond the spread of the repeats
             aa, aa_lo, aa_hi = median_ci([a[0] / b[0] for a, b in zip(runs["x1"], runs["x1b"])])

@@ -94,6 +94,18 @@ def test_defaults_are_sklearns():
     assert ours.pop("n_jobs") is None and ours == theirs
 
 
+def test_n_jobs_reads_as_scikit_learns():
+    """A positive count is the threads; None and negative counts as joblib
+    reads them, a ``parallel_config`` included."""
+    from joblib import cpu_count, parallel_config
+
+    from monsoon.sklearn.estimators import _jobs
+    assert _jobs(HogwildClassifier(n_jobs=3)) == 3 and _jobs(HogwildClassifier()) == 1
+    assert _jobs(HogwildRegressor(n_jobs=-1)) == cpu_count()
+    with parallel_config(n_jobs=2):
+        assert _jobs(HogwildClassifier()) == 2
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("params", [dict(), dict(loss="log_loss", penalty="elasticnet"),
                                     dict(average=True), dict(learning_rate="adaptive", eta0=0.1),
