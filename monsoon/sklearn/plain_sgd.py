@@ -403,7 +403,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
                 break
     finally:
         if pool is not None:
-            pool.close()  # idle (every round waited for its threads): they exit
+            pool.close()  # they exit once idle (a sum taken back is a no-op there)
     reset_wscale(state)
     if info is not None:  # what the fit chose (``LayoutChooser``)
         info["layout"] = chooser.best
