@@ -142,6 +142,21 @@ def test_snapshots_keep_clear_of_their_own_cost():
     assert virtual.due(1e-4, 50)  # a simulated clock owes nothing to the copy's real cost
 
 
+def test_a_snapshot_that_costs_more_than_its_size_says_waits_longer(monkeypatch):
+    """The spacing follows what the copy cost the recording thread (first
+    touches of fresh memory cost ~10x a copy on some VMs), not only its size."""
+    from monsoon.record import recorder
+
+    problem = make_problem("linear")
+    small = np.zeros(1000)  # by its size, ~1 us
+    clock = iter([5.0, 5.1])  # this thread's CPU clock around the copy: 0.1 s
+    monkeypatch.setattr(recorder.time, "thread_time", lambda: next(clock))
+    rec = Recorder(problem, total_examples=100, evals=100, progress=False)
+    rec.record(0.0, 0, 0, small)
+    assert rec._earliest == pytest.approx(recorder.COST_SPACING * 0.1)
+    assert not rec.due(4.9, 50) and rec.due(5.0, 50)
+
+
 def test_the_monitor_sleeps_through_a_snapshots_cost_spacing():
     """A row held back by the last copy's cost is not due sooner than that:
     the monitor sleeps until then instead of polling every millisecond

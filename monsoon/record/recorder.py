@@ -15,9 +15,14 @@ bounded: at most ``max_bytes`` in all; when the pool is full every other
 snapshot is dropped and the interval doubles, so a run of any length and any
 model size keeps an evenly spaced curve in bounded memory. Where the clock
 is real (``cost_aware``), snapshots are also at least ``COST_SPACING`` times
-their own cost apart (estimated from their size), so a large model's copies take at most ~2% of the run
+their own cost apart (the recording thread's CPU time, and at least what
+their size says), so a large model's copies take at most ~2% of the run
 however short it is (a 7 MB model's copy and check cost ~3 ms; a 30-step
-benchmark due a row every step would otherwise pay it every step).
+benchmark due a row every step would otherwise pay it every step). The
+size alone said too little on a VM where memory a process touches for
+the first time costs ~10 us a page: a snapshot of 23 MB there took 56 ms,
+not the ~3 ms of a copy into touched memory, and the copies of a sync run
+on a 2048-wide MLP took ~5% of a core the workers needed.
 
 Evaluating after the run costs the user wall time instead: each snapshot
 is a pass over the training set, so a CNN trained for 9 s on 8,192
@@ -140,6 +145,7 @@ class Recorder:
 
     def record(self, now: float, updates: int, examples: int, params, dropped: int = 0):
         """Snapshot ``params`` (copied: the caller may go on writing them)."""
+        began = time.thread_time()
         if self.evals > 0 or not self.snapshots:
             self._keep(now, updates, examples, np.array(params, copy=True))
         evals = max(self.evals, 1)
@@ -152,9 +158,11 @@ class Recorder:
         elif dropped > 100 and dropped > updates:
             self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
                                 f"dropped (only {updates} applied); lower the learning rate (--lr)")
-        if self.cost_aware:  # the copy's cost from its size: a clock here would count
-            # the time a monitor thread waits for the GIL as the copy's
-            self._earliest = now + COST_SPACING * 2 * params.nbytes / COPY_BYTES_PER_S
+        if self.cost_aware:  # the copy's cost: this thread's CPU time (a wall clock
+            # would count a monitor thread's waits for the GIL), and never less
+            # than its size says (a coarse thread clock)
+            spent = time.thread_time() - began
+            self._earliest = now + COST_SPACING * max(spent, 2 * params.nbytes / COPY_BYTES_PER_S)
         if self._bar is not None:
             self._bar.n = min(examples, self._bar.total or examples)
             self._bar.refresh()
