@@ -157,6 +157,28 @@ def test_a_snapshot_that_costs_more_than_its_size_says_waits_longer(monkeypatch)
     assert not rec.due(4.9, 50) and rec.due(5.0, 50)
 
 
+def test_thinned_snapshots_lend_their_buffers_to_the_next():
+    """When the pool fills, every other snapshot is dropped and its buffer
+    takes a later copy (memory already touched), with that copy's values;
+    the pool stays bounded, and ``finish`` lets the spares go."""
+    problem = make_problem("linear")
+    w = np.zeros_like(problem.initial_params(0))
+    rec = Recorder(problem, total_examples=10**6, evals=10**6, progress=False,
+                   cost_aware=False, max_bytes=5 * w.nbytes)
+    for k in range(6):  # the 6th overflows the pool: 0, 2, 4 kept; 1, 3, 5 spare
+        rec.record(float(k), k, k, w + k)
+    assert [s[1] for s in rec.snapshots] == [0, 2, 4] and len(rec._spares) == 3
+    spare_ids = {id(b) for b in rec._spares}
+    rec.record(6.0, 6, 6, w + 6)
+    newest = rec.snapshots[-1][3]
+    assert id(newest) in spare_ids and np.all(newest == 6) and len(rec._spares) == 2
+    assert all(np.all(s[3] == s[1]) for s in rec.snapshots)  # no copy overwrote a kept one
+    assert sum(s[3].nbytes for s in rec.snapshots) + sum(b.nbytes for b in rec._spares) \
+        <= 6 * w.nbytes
+    rec.finish(7.0, 7, 7, w + 7)
+    assert rec._spares == []
+
+
 def test_the_monitor_sleeps_through_a_snapshots_cost_spacing():
     """A row held back by the last copy's cost is not due sooner than that:
     the monitor sleeps until then instead of polling every millisecond
