@@ -52,8 +52,8 @@ epoch's verdict can stop the fit only once ``n_iter_no_change - 1`` epochs
 in a row did not improve; any other epoch is judged an epoch late, its
 margins (kept in a second buffer) summed by a helper while the next epoch
 runs. The verdicts, their order and the fit are ``n_jobs=1``'s to the bit.
-On ``bench/hogwild_sweep.py``'s data that made ``n_jobs=2`` 1.5-4% faster
-than ``n_jobs=1`` on a host where the threads lose. Not below
+On ``bench/hogwild_sweep.py``'s data (two runs on a host where the threads
+lose) ``n_jobs=2`` over ``n_jobs=1`` went from 0.98-1.02 to 1.00-1.06. Not below
 ``SHARE_LOSS_ROWS`` rows (there a helper costs more than it saves), nor
 with ``verbose`` (the log keeps its order) or ``early_stopping`` (judged on
 a validation score, not the loss). Handing the helper the next epoch's
