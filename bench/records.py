@@ -1,0 +1,88 @@
+"""Benchmark records: every benchmark writes what it measured as one JSON file.
+
+A record is ``bench/results/<benchmark>/<UTC time>-<commit>.json``::
+
+    {"benchmark": "sync_sweep",            # the script's name, without .py
+     "command": "python bench/sync_sweep.py --repeats 3",
+     "params": {...},                       # the benchmark's arguments
+     "commit": "abc1234", "dirty": false,   # what was measured
+     "date": "2026-11-25T13:40:00Z",
+     "machine": {"cores": 2, "loadavg": [..], "python": "3.11.7", "platform": "..."},
+     "rows": [                              # one per shape / data set / setting
+        {"name": "mlp64-b32",
+         "ours": {"median": 1.2e5, "runs": [...]},     # each figure with its spread
+         "peer": {"median": 9.9e4, "runs": [...]},
+         "ratio": 1.21, "ratio_runs": [...], "unit": "examples/s",
+         "target": ">= 1.1", "met": true, ...}],
+     "summary": {"ratio": 1.07, "target": ">= 1.1 on every shape", "met": false,
+                 "line": "sync x2 vs DDP: worst shape 1.07x (target >= 1.1)"}}
+
+``bench/render.py`` turns the newest record of each benchmark into
+docs/benchmarks.md and the README's summary lines. History lives in the
+records and in git, never in prose.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _git(*args) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine() -> dict:
+    return {"cores": os.cpu_count(), "loadavg": list(os.getloadavg()),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def figure(runs) -> dict:
+    """A figure with its spread: the median and every run."""
+    runs = [float(v) for v in runs]
+    return {"median": statistics.median(runs), "min": min(runs), "max": max(runs),
+            "runs": runs}
+
+
+def write_record(benchmark: str, params: dict, rows: list[dict], summary: dict,
+                 command: str | None = None, directory: Path | None = None) -> Path:
+    """Write one record and return its path. ``summary`` needs ``line`` (one
+    sentence: the headline ratio and its target), ``ratio``, ``target`` and
+    ``met``."""
+    for key in ("line", "ratio", "target", "met"):
+        if key not in summary:
+            raise ValueError(f"a benchmark summary needs {key!r}")
+    now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+    commit = _git("rev-parse", "--short", "HEAD") or "unknown"
+    record = {
+        "benchmark": benchmark,
+        "command": command or "python " + " ".join([f"bench/{Path(sys.argv[0]).name}",
+                                                   *sys.argv[1:]]),
+        "params": params, "commit": commit, "dirty": bool(_git("status", "--porcelain",
+                                                               "--untracked-files=no")),
+        "date": now.isoformat().replace("+00:00", "Z"), "machine": machine(),
+        "rows": rows, "summary": summary,
+    }
+    folder = (directory or RESULTS) / benchmark
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{now.strftime('%Y%m%dT%H%M%SZ')}-{commit}.json"
+    path.write_text(json.dumps(record, indent=1, default=float) + "\n")
+    print(f"record: {path}", file=sys.stderr)
+    return path
+
+
+def newest(benchmark: str, directory: Path | None = None) -> dict | None:
+    folder = (directory or RESULTS) / benchmark
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return json.loads(files[-1].read_text()) if files else None
