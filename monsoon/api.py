@@ -110,14 +110,14 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     t_start = time.perf_counter()
     try:
         # engines that stop cleanly on SIGTERM/SIGINT say so (local, sim)
-        with StopSignals(getattr(engine, "stops_on_signal", False)):
+        with StopSignals(engine.stops_on_signal):
             res = engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
                              run['seed'], budget, recorder)
     finally:
         recorder.close()
-    if getattr(res, "follower", False):  # the torch engine's rank 0 records the run
+    if res.follower:  # the torch engine's rank 0 records the run
         return Result({"follower": True}, [], res.params, problem)
-    interrupted = getattr(res, "interrupted", None)
+    interrupted = res.interrupted
     # The curve's snapshots are evaluated now, after the run, off its clock
     # (with the buffers the monitor's model has); the final row with the
     # trained buffers, combined per the strategy's policy.
@@ -132,7 +132,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "problem": run["problem"],
         "strategy": run["strategy"],
         "engine": run["engine"],
-        "backend": getattr(engine, "backend_used", None),
+        "backend": engine.backend_used,
         "rule": run["rule"],
         "workers": run["workers"],
         "seed": run['seed'],
@@ -155,7 +155,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "lr": run["lr"],
         "batch_size": run['batch_size'],
         "dtype": run["dtype"],
-        "shards": getattr(engine, "shards_used", None),
+        "shards": engine.shards_used,
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,
         "status": "interrupted" if interrupted else "diverged" if res.stopped else "finished",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .engines import ENGINES
+from .engines import ENGINES, Engine
 from .errors import ConfigError
 from .options import Option, at_least, declared, option_values, positive
 from .problems import PROBLEMS, Problem, problem_spec
@@ -125,6 +125,15 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
                       "strategy": strategy, "workers": workers}.items():
         if name in RUN and raw is not None:
             run[name] = RUN[name].value(raw)
+    if instance is not None:  # a built problem trains in its own precision
+        import numpy as np
+
+        own = str(np.dtype(instance.dtype))
+        if given.get("dtype") is not None and run["dtype"] != own:
+            raise ConfigError(f"dtype {run['dtype']} was given, but the problem was built in "
+                              f"{own}, and trains in it; drop dtype, or build the problem in "
+                              f"{run['dtype']}")
+        run["dtype"] = own
     if run["epochs"] is not None and run["steps"] is not None:
         raise ConfigError("give either --epochs or --steps, not both")
     components = {"strategy": STRATEGIES.get(run["strategy"]), "rule": RULES.get(run["rule"]),
@@ -157,8 +166,12 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
 
         instance = make_problem(run["problem"], run["dtype"], **values["problem"])
     info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance)
+    if not (isinstance(components["engine"], type) and issubclass(components["engine"], Engine)):
+        raise ConfigError(f"engine {run['engine']!r} does not follow the engine contract: its "
+                          "class must subclass monsoon.engines.Engine (docs/extending.md)")
     engine = components["engine"].from_options(info, **values["engine"])
     processes = run["workers"] + strat.backup_workers
+    engine.check(strat, processes)  # refused in one line before any work starts
     strat.validate(processes, run["batch_size"], instance.n_examples)
     if run["batch_size"] > instance.n_examples:
         raise ConfigError(f"batch size {run['batch_size']} is larger than the "

@@ -455,7 +455,7 @@ def _tensors(problem) -> dict:
 def _to_shared(problem):
     """Move ``problem``'s data into one shared-memory block; it is removed
     when the problem is garbage-collected or the interpreter exits."""
-    from ..engines.local.memory import SharedArrays
+    from ..engines.shared_memory import SharedArrays
 
     named = {k: t.contiguous().numpy() for k, t in _tensors(problem).items()}
     block = SharedArrays({k: (a.shape, a.dtype) for k, a in named.items()})

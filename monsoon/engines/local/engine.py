@@ -66,32 +66,13 @@ from .runtime import WorkerRuntime
 from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, LATE, READY, RUNNING,
                     SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, START, STEP,
                     STOP, UPDATES, ParameterStore)
-from .synchronous import Stopped, replicates
+from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
+                    replicates, shard_count)
+from .synchronous import Stopped
 
 BACKENDS = ("processes", "threads")
 # serial runs a step of at most this many parameters x examples on one torch thread
 SMALL_STEP = 1 << 20
-# Parameter-server shards default to one per worker, up to this many.
-DEFAULT_MAX_SHARDS = 8
-
-
-@dataclass
-class EngineResult:
-    params: np.ndarray
-    startup_s: float
-    wall_time_s: float
-    examples: int
-    updates: int
-    dropped_updates: int
-    staleness: Counter
-    failed_workers: list = field(default_factory=list)
-    late_gradients: int = 0
-    worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
-    worker_states: dict = field(default_factory=dict)  # each worker's buffers (BatchNorm)
-    extra: dict = field(default_factory=dict)          # engine-specific summary fields
-    stopped: str | None = None   # why the monitor stopped the run early, if it did
-    interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
-    follower: bool = False   # a rank other than 0 of the torch engine: rank 0 records the run
 
 
 @dataclass
@@ -273,10 +254,12 @@ def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> No
     outbox.close()
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     name = "local"
     virtual_time = False
     stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
+    ops = ALL_OPS
+    meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
                "a compiled GIL-free loop (sparse), else processes",
@@ -312,17 +295,17 @@ class LocalEngine:
         """Hogwild!/serial on a problem with a compiled per-example SGD loop,
         plain SGD, an epoch budget: run the loop, not mini-batches."""
         return (hasattr(problem, "sgd_pass") and rule.name == "sgd" and not rule.staleness_lr
-                and budget.epochs is not None and strategy.name in ("serial", "hogwild"))
+                and budget.epochs is not None and strategy.per_example_loop)
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        self.check(strategy, workers)
         if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
             return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
                                    recorder)
         self.kernel = self.uses_kernel(problem, rule, strategy, budget)
         if self.kernel:
             problem.prepare_kernel()
-        shards = self.shards or min(workers, DEFAULT_MAX_SHARDS)
-        shards = max(1, min(shards, w0.size))
+        shards = shard_count(self.shards, workers, w0.size)
         inline = strategy.single_worker
         backend = "inline" if inline else self.backend
         self.backend_used = backend

@@ -80,27 +80,14 @@ from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMP
 # writes before it are visible; weaker CPUs (ARM) need the lock as a fence.
 NEEDS_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
-# Above this many bytes of parameters, a full reduce + apply per worker
-# costs more than the two barriers it saves. Measured with sync x2 on a
-# 2-core VM, float32 MLPs, examples/s replicated / sharded, median of 3
-# interleaved runs (commit 60865de, after workers kept their freed memory):
-# 268k parameters (1.0 MiB, batch 128) 66.7k / 45.7k; 669k (2.6 MiB, batch
-# 256) 27.0k / 28.6k; 1.9M (7.1 MiB, batch 512) 10.1k / 12.2k. Earlier, while
-# workers re-faulted their heaps every step, 516k parameters gave 1759 / 1218
-# us per step, and the bound was 256 KiB.
-REPLICATE_MAX_BYTES = 1 << 21
+# The bound on replicated steps is engines/base.py's REPLICATE_MAX_BYTES: above
+# it a full reduce + apply per worker costs more than the two barriers it saves
+# (see bench/sync_sweep.py).
 
 # The share of worker 0's time that copying loss-curve snapshots may take. A
 # 2.6 MiB MLP at 120 steps and 100 rows (a copy every step) ran at 22.4k
 # examples/s with its curve and 29.3k without.
 SNAP_SHARE = 0.02
-
-
-def replicates(strategy, params: np.ndarray) -> bool:
-    """Whether a run's synchronous steps are replicated (see the module doc)."""
-    return (strategy.synchronous and strategy.shared_params
-            and getattr(strategy, "backup_workers", 0) == 0
-            and params.nbytes <= REPLICATE_MAX_BYTES)
 
 
 def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:

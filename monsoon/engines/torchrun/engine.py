@@ -41,25 +41,22 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from ...options import Option
+from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from .. import checkpoints
+from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
 from .collectives import under_torchrun
 from .shm_reduce import REDUCE_VIA
 
-SUPPORTED = ("sync", "local-sgd", "easgd")
-ADVICE = {
-    "async": "async (Downpour) needs a parameter server that applies each worker's push the "
-             "moment it arrives; torch.distributed's collectives move every rank at once, and "
-             "its point-to-point calls would make rank 0 a server thread monsoon cannot time "
-             "out soundly: use --engine ray (a cluster) or --engine local",
-    "hogwild": "hogwild updates one parameter array in shared memory without locks, and "
-               "torchrun's ranks share no memory: use --engine local",
-    "serial": "serial runs one worker: use --engine local",
-}
 
 
-class TorchEngine:
+class TorchEngine(Engine):
+    """No Push: Downpour's server answers each worker's push the moment it
+    arrives, and torch.distributed's collectives move every rank at once.
+    No Apply: the ranks share no memory. No backup workers: an all-reduce
+    takes every rank."""
     name = "torch"
+    ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
     backend_used = "torch.distributed"
     options = (
@@ -107,20 +104,8 @@ class TorchEngine:
                 "checkpoint_every": self.checkpoint_every,
                 "resumed_from": self.resume_dir}
 
-    def check(self, strategy) -> None:
-        if strategy.name not in SUPPORTED:
-            advice = ADVICE.get(strategy.name, "use --engine local")
-            raise ConfigError(f"the torch engine runs {', '.join(SUPPORTED)}, not "
-                              f"{strategy.name}: {advice}")
-        if getattr(strategy, "backup_workers", 0):
-            raise ConfigError("the torch engine's all-reduce takes every rank, so it has no "
-                              "backup workers; drop --backup-workers, or use --engine ray")
-
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
-        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
-            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
-                                   recorder)
-        self.check(strategy)
+        self.check(strategy, workers)
         self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
         if under_torchrun():
             from .rank import run_rank
