@@ -72,7 +72,9 @@ def _num(x) -> str:
         return "—"
     if isinstance(x, str):
         return x
-    return f"{x:.3g}"
+    if isinstance(x, bool):
+        return str(x)
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
 
 
 def _spread(summary: dict) -> str:
@@ -126,7 +128,7 @@ def _row_table(record: dict) -> list[str]:
             ratio += f" ({_num(min(r['ratio_runs']))}–{_num(max(r['ratio_runs']))})"
         met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
         out.append(f"| {r.get('name', '')} | {fig(r.get('ours'))} | {fig(r.get('peer'))} | "
-                   f"{ratio} | {r.get('target', '')} | {met} |")
+                   f"{ratio} | {r.get('target') or ''} | {met} |")
     return out
 
 
