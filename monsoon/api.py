@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from . import devices as _devices
 from .config import resolve
 from .engines.lifecycle import StopSignals, signal_name
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
@@ -146,16 +147,24 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     if out is not None:
         given["out"] = str(out)
     resolved = resolve(problem, strategy, workers, given)
-    run, problem, rule, strat, budget, engine = (resolved.run, resolved.problem, resolved.rule,
-                                                 resolved.strategy, resolved.budget,
-                                                 resolved.engine)
-    virtual = engine.virtual_time
+    run, problem, budget = resolved.run, resolved.problem, resolved.budget
     if out is not None:
         check_writable(Path(out))
 
     w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
     total = (budget.epochs * problem.n_examples if budget.epochs is not None
              else budget.steps * run['batch_size'])
+    _devices.assign(problem, resolved.devices)  # placed lazily, where each worker computes
+    try:
+        return _train(resolved, problem, w0, total, out, raise_on_divergence)
+    finally:
+        _devices.release(problem)  # back to the CPU: results do not depend on the device
+
+
+def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
+    run, rule, strat, budget, engine = (resolved.run, resolved.rule, resolved.strategy,
+                                        resolved.budget, resolved.engine)
+    virtual = engine.virtual_time
     recorder = Recorder(problem, total, run['target_loss'], evals=run['evals'],
                         progress=run['progress'], cost_aware=not virtual,
                         eval_share=run['eval_share'],
@@ -215,6 +224,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "lr": run["lr"],
         "batch_size": run['batch_size'],
         "dtype": run["dtype"],
+        "devices": _devices.summary_devices(resolved.devices),
         "shards": engine.shards_used,
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,

@@ -260,6 +260,7 @@ class LocalEngine(Engine):
     stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
     ops = ALL_OPS
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
+    device_placement = "index"  # worker k's problem copy computes on cuda:(k mod GPUs)
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
                "a compiled GIL-free loop (sparse), else processes",

@@ -56,6 +56,7 @@ class TorchEngine(Engine):
     No Apply: the ranks share no memory. No backup workers: an all-reduce
     takes every rank."""
     name = "torch"
+    device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)
     ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
     backend_used = "torch.distributed"
