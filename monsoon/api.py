@@ -25,6 +25,7 @@ from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
 from .record.recorder import DIVERGED, OPTIONAL_COLUMNS
+from .record.live import make_live
 from .record.run_folder import save_model
 
 
@@ -169,6 +170,28 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
                         progress=run['progress'], cost_aware=not virtual,
                         eval_share=run['eval_share'],
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
+    live = make_live(run, out, {**resolved.config(), **engine.describe()},
+                     f"{run['problem']}-{run['strategy']}-x{run['workers']}",
+                     bar=recorder.bar_enabled())
+    recorder.live_writer = live
+    try:
+        result = _run(resolved, problem, w0, total, out, raise_on_divergence, recorder)
+    except BaseException as exc:
+        if live is not None:  # the curve so far, and MLflow's run marked
+            folder = getattr(exc, "run_dir", None) or getattr(
+                getattr(exc, "result", None), "run_dir", None)
+            status = "KILLED" if isinstance(exc, (Interrupted, KeyboardInterrupt)) else "FAILED"
+            live.finish(None if getattr(exc, "result", None) is None else recorder.rows,
+                        folder, status)
+        raise
+    if live is not None:
+        live.finish(result.history, result.run_dir, "FINISHED")
+    return result
+
+
+def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Result:
+    run, rule, strat, budget, engine = (resolved.run, resolved.rule, resolved.strategy,
+                                        resolved.budget, resolved.engine)
     t_start = time.perf_counter()
     try:
         # engines that stop cleanly on SIGTERM/SIGINT say so (local, sim)

@@ -62,9 +62,10 @@ def _add(group, option: Option) -> None:
                            default=argparse.SUPPRESS, help=option.help)
     else:
         # choices are checked by the option itself, in one line that names the flag
+        optional = {} if option.const is None else {"nargs": "?", "const": option.const}
         group.add_argument(option.cli, dest=option.name, type=option.type,
                            default=argparse.SUPPRESS, help=_help(option),
-                           metavar=_metavar(option))
+                           metavar=_metavar(option), **optional)
 
 
 def _common(p: argparse.ArgumentParser, problem: str, workers: int) -> None:
@@ -84,7 +85,7 @@ def _common(p: argparse.ArgumentParser, problem: str, workers: int) -> None:
             if option.name in ("engine", "rule"):
                 extra = f": {', '.join(names[option.name].names())}"
             _add(p, Option(option.name, option.type, option.default, option.help + extra,
-                           option.flag))
+                           option.flag, const=option.const))
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for title, options in option_groups():
         group = p.add_argument_group(title)

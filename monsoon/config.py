@@ -53,6 +53,14 @@ RUN_OPTIONS = (
     Option("out", str, None, "run folder (the command line's default: runs/PROBLEM-STRATEGY; "
            "monsoon.train writes none unless given)"),
     Option("progress", bool, None, "show a progress bar (default: on a terminal)"),
+    Option("live_every", float, 1.0, "write live series (each worker's mini-batch loss, "
+           "examples/s, staleness) at most this often, in seconds (0: none); docs/live.md",
+           check=lambda v: None if v >= 0 and v == v and v != float("inf") else "0 or more"),
+    Option("tensorboard", bool, None, "write TensorBoard event files under OUT/tb (default: "
+           "where tensorboardX is installed; pip install 'monsoon[tensorboard]')"),
+    Option("mlflow", str, None, "log the run to MLflow: its config, the live series, the run "
+           "folder; the bare flag uses MLFLOW_TRACKING_URI or MLflow's default "
+           "(pip install 'monsoon[mlflow]')", const="auto", label="MLflow tracking URI"),
 )
 RUN = {o.name: o for o in RUN_OPTIONS}
 

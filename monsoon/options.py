@@ -36,6 +36,7 @@ class Option:
     check: Callable | None = None   # value -> None if fine, else what it must be
     choices: tuple | None = None
     label: str | None = None  # how messages call it (default: the name, in words)
+    const: object = None      # the value of the bare flag, where its argument is optional
 
     @property
     def cli(self) -> str:

@@ -34,6 +34,10 @@ dropped, so the curve that is kept is evenly spaced. Every row kept is
 still the full-data objective. The final row is always evaluated, and
 ``final_loss`` with it.
 
+While the run goes, the engine's monitor also hands ``live`` its
+cumulative per-worker figures whenever ``live_due`` says so (``live.py``:
+TensorBoard, MLflow, the progress bar's loss, examples/s and staleness).
+
 Non-finite parameters, or more dropped updates than applied ones, stop the
 run with advice; a non-finite loss found afterwards marks it diverged too.
 """
@@ -111,6 +115,7 @@ class Recorder:
         self.rows_dropped = 0  # snapshots left unevaluated when that time ran out
         self._earliest = 0.0  # no snapshot before this (cost_aware)
         self._spares: list[np.ndarray] = []  # buffers of thinned snapshots, for reuse
+        self.live_writer = None  # live series (``live.py``), where the run has any
 
     # -- during the run ----------------------------------------------------
     def start(self, params) -> None:
@@ -134,14 +139,48 @@ class Recorder:
         """How long until the next row is due, at the run's pace so far and
         after the last snapshot's cost spacing: an engine's monitor may sleep
         that long without missing a row."""
+        live = (max(self.live_writer.next - now, 0.0) if self.live_writer is not None
+                else math.inf)
         if self.evals <= 0:
-            return math.inf
+            return live
         wait = self._next - now
         if self.total_examples and examples > 0 and now > 0:
             wait = min(wait, (self._next_examples - examples) * now / examples)
         # not before the last copy's cost allows either: a row held back by
         # ``_earliest`` would otherwise have the monitor poll every millisecond
-        return max(wait, self._earliest - now, 0.0)
+        return min(max(wait, self._earliest - now, 0.0), live)
+
+    # -- live series (``live.py``): the engine's monitor, off the workers' path
+    @property
+    def live_workers(self) -> int:
+        """How many workers (the first) get per-worker series."""
+        from .live import PER_WORKER_MAX
+
+        return PER_WORKER_MAX
+
+    def live_due(self, now: float) -> bool:
+        """Whether a row of live series is due (cheap: one comparison)."""
+        return self.live_writer is not None and now >= self.live_writer.next
+
+    def live(self, now: float, examples: int, updates: int, workers: dict | None = None,
+             staleness=None, dropped: int | None = None, bytes_sent: int | None = None):
+        """Hand the live writer the engine's cumulative figures (see
+        ``LiveWriter.write``); the progress bar shows the row."""
+        if self.live_writer is None:
+            return None
+        row = self.live_writer.write(now, int(examples), int(updates), workers, staleness,
+                                     dropped, bytes_sent)
+        if self._bar is not None:
+            last, post = self.live_writer.last, {}
+            if last.get("loss") is not None:
+                post["loss"] = f"{last['loss']:.4g}"
+            if last.get("examples_per_s") is not None:
+                post["ex/s"] = f"{last['examples_per_s']:.3g}"
+            if last.get("staleness_max") is not None:
+                post["stale"] = int(last["staleness_max"])
+            self._bar.n = min(int(examples), self._bar.total or int(examples))
+            self._bar.set_postfix(post, refresh=True)
+        return row
 
     def record(self, now: float, updates: int, examples: int, params, dropped: int = 0):
         """Snapshot ``params`` (copied: the caller may go on writing them)."""
@@ -241,14 +280,20 @@ class Recorder:
                 and math.isfinite(loss) and loss <= self.target_loss):
             self.time_to_target_s = now
 
+    def bar_enabled(self) -> bool:
+        return self._progress if self._progress is not None else sys.stderr.isatty()
+
     def close(self) -> None:
+        """Close the bar; the live series are flushed to disk (``api``
+        writes the post-run curve into them and closes them)."""
+        if self.live_writer is not None:
+            self.live_writer.flush()
         if self._bar is not None:
             self._bar.close()
             self._bar = None
 
     def _open_bar(self) -> None:
-        enabled = self._progress if self._progress is not None else sys.stderr.isatty()
-        if not enabled:
+        if not self.bar_enabled():
             return
         from tqdm.auto import tqdm
 

@@ -322,7 +322,8 @@ class LocalEngine(Engine):
                                replicated=not inline and replicates(strategy, w0),
                                checkpoint_buffer=(exact and not inline and bool(ck.directory)
                                                   and self.checkpoint_every > 0),
-                               snapshot_ring=recorder.evals > 0 and bool(recorder.total_examples))
+                               snapshot_ring=recorder.evals > 0 and bool(recorder.total_examples),
+                               live=recorder.live_writer is not None)
         self.shards_used = shards
         resume = _Resume(workers)
         if resumed is not None:
@@ -417,6 +418,10 @@ class LocalEngine(Engine):
                     # The clock stops while serial evaluates: parallel runs
                     # evaluate in the monitor, off the workers' clock.
                     clock[0] += time.perf_counter() - clock[0] - now
+                elif recorder.live_due(resume.time_s + now):
+                    ex, up, dropped, _ = store.totals()
+                    figures, stale = store.live_figures(1)
+                    recorder.live(resume.time_s + now, ex, up, figures, stale, int(dropped))
                 if plan["watch"] is None and not kernel:
                     steps = steps_done()
                     if stop_requested() or (plan["next"] is not None
@@ -678,6 +683,9 @@ class LocalEngine(Engine):
                         control[SNAP_ASKED] += 1
                 elif recorder.due(at, ex):
                     reason = recorder.record(at, int(up), int(ex), store.params, int(dropped))
+                if recorder.live_due(at):  # the workers' figures, from shared memory
+                    figures, stale = store.live_figures(workers)
+                    recorder.live(at, ex, up, figures, stale, int(dropped))
                 if reason is not None:
                     stopped = reason
                     store.abort()

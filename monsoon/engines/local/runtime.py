@@ -30,7 +30,8 @@ from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradie
                                LocalStep, Push, SGDPass)
 from ..reduce import finite
 from ..waiting import HOT_TURNS, Aborted
-from .store import DROPPED, EXAMPLES, UPDATES, ParameterStore
+from .store import (DROPPED, EXAMPLES, LOSS_N, LOSS_SUM, STALE_MAX, STALE_N, STALE_SUM,
+                    UPDATES, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
 
 
@@ -49,6 +50,8 @@ class WorkerRuntime:
         self.timeout = timeout
         self.live = live  # the monitor reads the shared parameters during the run
         self.counters = store.counters[rank]
+        # with live series: this worker's losses and staleness, for the monitor
+        self._live = store.live[rank] if store.live is not None else None
         self.staleness = Counter()
         self._sync = None
         self._grad_out = None
@@ -122,7 +125,17 @@ class WorkerRuntime:
             self._prefetch(op.next)  # a Dataset problem loads it while this one computes
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
         self.counters[EXAMPLES] += len(op.indices)
+        if self._live is not None:
+            self._live[LOSS_SUM] += loss
+            self._live[LOSS_N] += 1
         return loss, grad
+
+    def _stale(self, staleness: int) -> None:
+        live = self._live
+        live[STALE_SUM] += staleness
+        live[STALE_N] += 1
+        if staleness > live[STALE_MAX]:
+            live[STALE_MAX] = staleness
 
     def apply(self, op: Apply) -> None:
         if not finite(op.grad):
@@ -137,11 +150,16 @@ class WorkerRuntime:
                                    reader=reader))
         self.counters[UPDATES] += 1
         self.staleness[staleness] += 1
+        if self._live is not None:
+            self._stale(staleness)
 
     def sgd_pass(self, op: SGDPass) -> float:
         lr = self.rule.learning_rate(UpdateInfo(step=0)) * op.decay
         loss = self.problem.sgd_pass(self.store.params, op.indices, lr)
         self.counters[EXAMPLES] += len(op.indices)
+        if self._live is not None:
+            self._live[LOSS_SUM] += loss
+            self._live[LOSS_N] += 1
         self.counters[UPDATES] += len(op.indices)
         return loss
 
@@ -175,6 +193,8 @@ class WorkerRuntime:
                                            reader=self._shard_readers[s]))
                 store.versions[s] = version + 1
             self.staleness[staleness] += 1
+            if self._live is not None:
+                self._stale(staleness)
         self.counters[UPDATES] += 1
 
     def local_step(self, op: LocalStep) -> None:

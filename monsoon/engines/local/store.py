@@ -28,6 +28,8 @@ Everything workers share lives in one ``SharedArrays`` block:
   written, ``control[SNAP_READ]`` read by the monitor; a full ring skips one);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, each written by worker k only, so no lock is needed;
+  with live series, ``live[k]``: its mini-batch losses' sum and count and
+  its staleness sum, count and max (the monitor reads and resets the max);
 - ``status[k]`` and ``control``: start, abort, stop and life-cycle flags, and the
   monitor's snapshot requests to a replicated step;
 - ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
@@ -64,6 +66,8 @@ STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
  SNAP_READ) = range(10)
 # the ring holds at most this many snapshots, and at most this many bytes
 SNAP_RING, SNAP_RING_BYTES = 64, 16 << 20
+# live columns (``live[k]``, with live series)
+LOSS_SUM, LOSS_N, STALE_SUM, STALE_N, STALE_MAX = range(5)
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 
@@ -71,7 +75,8 @@ STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 class ParameterStore:
     def __init__(self, w0: np.ndarray, rule: Rule, workers: int, shards: int,
                  sync_slots: bool, backend: str, mp_context=None, replicated: bool = False,
-                 checkpoint_buffer: bool = False, snapshot_ring: bool = False):
+                 checkpoint_buffer: bool = False, snapshot_ring: bool = False,
+                 live: bool = False):
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
@@ -89,6 +94,8 @@ class ParameterStore:
             layout["state." + field] = (arr.shape, str(arr.dtype))
         for field, arr in zip(reader._fields, reader):
             layout["reader." + field] = ((workers,) + arr.shape, str(arr.dtype))
+        if live:
+            layout["live"] = ((workers, 5), "float64")
         if sync_slots and replicated:
             layout["rep_slots"] = ((2, workers, n), dtype)
             layout["rep_examples"] = ((2, workers), "int64")
@@ -141,6 +148,7 @@ class ParameterStore:
             self.rep_examples = m["rep_examples"]
             self.arrivals = m["arrivals"]
             self.published = m["published"]
+        self.live = m.arrays.get("live")
         self.snap_params = m.arrays.get("snap.params")
         self.snap_meta = m.arrays.get("snap.meta")
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
@@ -218,10 +226,21 @@ class ParameterStore:
         """Examples, updates, dropped updates and late gradients, summed over workers."""
         return self.counters.sum(axis=0)
 
+    def live_figures(self, workers: int) -> tuple[dict, tuple]:
+        """Each worker's cumulative figures for ``Recorder.live``, and the
+        staleness (sum, count, max since the last call)."""
+        live, counters = self.live, self.counters
+        figures = {k: {"loss_sum": float(live[k, LOSS_SUM]), "loss_n": int(live[k, LOSS_N]),
+                       "examples": int(counters[k, EXAMPLES]),
+                       "updates": int(counters[k, UPDATES])} for k in range(workers)}
+        biggest = float(live[:, STALE_MAX].max())
+        live[:, STALE_MAX] = 0  # a worker's max written meanwhile is lost: a live figure
+        return figures, (float(live[:, STALE_SUM].sum()), int(live[:, STALE_N].sum()), biggest)
+
     def close(self) -> None:
         for name in ("params", "versions", "counters", "status", "control", "sync",
                      "contributors", "slot_examples", "slots", "marks", "state", "shard_states",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
-                     "snap_params", "snap_meta"):
+                     "snap_params", "snap_meta", "live"):
             self.__dict__.pop(name, None)
         self.memory.close()

@@ -71,7 +71,7 @@ class _Worker:
     __slots__ = ("rank", "program", "work", "grad", "examples", "updates", "dropped", "late",
                  "busy", "staleness", "reader", "shard_readers", "others_at_read", "pending",
                  "ticket", "sync_step", "local_rule", "done",
-                 "snapshot")
+                 "snapshot", "loss_sum", "loss_n")
 
     def __init__(self, rank):
         self.rank = rank
@@ -84,6 +84,7 @@ class _Worker:
         self.local_rule = None
         self.done = False
         self.snapshot = None
+        self.loss_sum, self.loss_n = 0.0, 0  # its mini-batch losses, for the live series
 
 
 def _jsonable_state(state):
@@ -246,11 +247,24 @@ class SimEngine(Engine):
                                          total["dropped"])
                 if reason is not None:
                     return reason
+                self._live(recorder, t)  # virtual seconds may hold the whole run
+            elif recorder.live_due(t):  # against virtual time
+                self._live(recorder, t)
         if events < replay_to:
             raise checkpoints.CheckpointError(
                 f"replaying the simulation ended before checkpoint {self.resumed.path} "
                 "(another run's?); start a new run without --resume")
         return None
+
+    def _live(self, recorder, t: float) -> None:
+        staleness = Counter()
+        for w in self.workers:
+            staleness.update(w.staleness)
+        figures = {w.rank: {"loss_sum": w.loss_sum, "loss_n": w.loss_n, "examples": w.examples,
+                            "updates": w.updates} for w in self.workers[:recorder.live_workers]}
+        total = self.total
+        recorder.live(t, total["examples"], total["updates"], figures, staleness,
+                      total["dropped"])
 
     # -- checkpoints ----------------------------------------------------------
     def _arrays(self) -> dict:
@@ -334,6 +348,8 @@ class SimEngine(Engine):
                 return self._inconsistent_read(w, op)
         loss, grad = self.problem.gradient(w.work, op.indices)
         np.copyto(w.grad, grad)
+        w.loss_sum += loss
+        w.loss_n += 1
         w.examples += len(op.indices)
         self.total["examples"] += len(op.indices)
         dt = self.delays.compute_time(self.rng, w.rank, self.W)
@@ -361,6 +377,8 @@ class SimEngine(Engine):
     def _gradient_on_snapshot(self, w, indices):
         loss, grad = self.problem.gradient(w.snapshot, indices)
         np.copyto(w.grad, grad)
+        w.loss_sum += loss
+        w.loss_n += 1
         w.examples += len(indices)
         self.total["examples"] += len(indices)
         self._resume(w, (loss, w.grad))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ...errors import WorkerError
 
-RECORDER_SKIP = ("problem", "_bar")
+RECORDER_SKIP = ("problem", "_bar", "live_writer")  # the driver keeps its own writer
 
 
 def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):

@@ -1,0 +1,294 @@
+"""Live series: what a run shows while it trains (TensorBoard, MLflow, the bar).
+
+Every worker already computes its mini-batch loss; each engine carries it
+(with its examples, updates, staleness) in what it already moves: shared
+memory counters (local), actor replies (ray), the collective's buffer
+(torch), task results (spark), the event loop's state (sim). The monitor
+(the driver, rank 0) hands those cumulative figures to ``LiveWriter.write``
+at most every ``every`` seconds (``Recorder.live``); the writer turns them
+into one row: per worker, the mean mini-batch loss since the last row (the
+smoothed loss), examples/s and updates; for the run, examples/s, updates,
+dropped updates, staleness (mean and max since the last row) and bytes
+sent where the engine counts them. Nothing here runs on a worker.
+
+Sinks:
+
+- TensorBoard event files under ``OUT/tb/`` (tensorboardX: a small writer
+  with no TensorFlow and no server; ``pip install 'monsoon[tensorboard]'``).
+  One event per row holds all its tags (one record, one checksum). Tags
+  group so TensorBoard overlays the workers: ``loss/worker-K``,
+  ``examples_per_s/worker-K``, ``updates/worker-K``, ``run/...``. The step
+  is the run's examples so far, the event's time the run's start plus its
+  clock (virtual time in the sim: TensorBoard's "relative" axis shows it).
+  After the run, ``objective/loss`` (and accuracy, validation columns where
+  present) is the exact full-data curve of ``metrics.csv``.
+- MLflow (``--mlflow [URI]``): the run's config as parameters, the same
+  series as metrics (batched, at most ``MLFLOW_BATCH`` a call, flushed every
+  ``MLFLOW_FLUSH_S``) and the run folder as artifacts at the end.
+
+Per-worker series stop at ``PER_WORKER_MAX`` workers (the sim runs
+thousands); the run's series cover every worker. A writer is pickled (the
+torch engine's rank 0 runs in a child process) without its open files: it
+opens them again where it next writes.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from pathlib import Path
+
+from ..errors import ConfigError
+
+PER_WORKER_MAX = 64
+MLFLOW_BATCH = 1000   # MLflow's cap on the metrics of one log_batch call
+MLFLOW_PARAMS = 100   # and on its parameters
+MLFLOW_FLUSH_S = 5.0
+OBJECTIVE = ("loss", "accuracy", "val_loss", "val_accuracy")
+
+
+def _tensorboardx(required: bool):
+    try:
+        from tensorboardX import SummaryWriter  # noqa: F401
+        from tensorboardX.proto.summary_pb2 import Summary  # noqa: F401
+        return True
+    except ImportError:
+        if required:
+            raise ConfigError("--tensorboard needs tensorboardX: pip install "
+                              "'monsoon[tensorboard]' (or drop --tensorboard)") from None
+        return False
+
+
+def _stale_window(now, before) -> tuple[float | None, float | None]:
+    """Mean and max staleness of the updates between two cumulative
+    readings: ``Counter`` (staleness -> count) or ``(sum, count, max since
+    the last reading)``."""
+    if now is None:
+        return None, None
+    if isinstance(now, Counter) or isinstance(now, dict):
+        window = Counter(now)
+        window.subtract(before or Counter())
+        window = {k: c for k, c in window.items() if c > 0}
+        n = sum(window.values())
+        if not n:
+            return None, None
+        return sum(int(k) * c for k, c in window.items()) / n, float(max(map(int, window)))
+    total, count, biggest = now
+    prev_total, prev_count = (before[0], before[1]) if before else (0.0, 0)
+    n = count - prev_count
+    if n <= 0:
+        return None, None
+    return (total - prev_total) / n, float(biggest)
+
+
+class MlflowSink:
+    """One MLflow run: parameters at the start, metrics in batches, the run
+    folder as artifacts at the end."""
+
+    def __init__(self, uri: str | None, name: str, params: dict, tags: dict | None = None):
+        try:
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise ConfigError("--mlflow needs MLflow: pip install 'monsoon[mlflow]' "
+                              "(or drop --mlflow)") from None
+        self.uri = uri
+        client = MlflowClient(tracking_uri=uri)
+        found = client.get_experiment_by_name("monsoon")
+        experiment = found.experiment_id if found else client.create_experiment("monsoon")
+        run = client.create_run(experiment, run_name=name, tags=tags or {})
+        self.run_id = run.info.run_id
+        self._client = client
+        self._pending: list = []
+        self._flushed = time.monotonic()
+        from mlflow.entities import Param
+
+        items = [Param(str(k)[:250], str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), MLFLOW_PARAMS):
+            client.log_batch(self.run_id, params=items[i:i + MLFLOW_PARAMS])
+
+    def __getstate__(self):
+        self.flush()
+        return {"uri": self.uri, "run_id": self.run_id, "_pending": [],
+                "_flushed": 0.0, "_client": None}
+
+    def client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def metrics(self, values: dict, step: int, wall: float) -> None:
+        from mlflow.entities import Metric
+
+        ms = int(wall * 1000)
+        self._pending.extend(Metric(k, float(v), ms, int(step)) for k, v in values.items())
+        if (len(self._pending) >= MLFLOW_BATCH
+                or time.monotonic() - self._flushed >= MLFLOW_FLUSH_S):
+            self.flush()
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for i in range(0, len(pending), MLFLOW_BATCH):
+            self.client().log_batch(self.run_id, metrics=pending[i:i + MLFLOW_BATCH])
+        self._flushed = time.monotonic()
+
+    def finish(self, folder: Path | None, status: str) -> None:
+        self.flush()
+        if folder is not None and Path(folder).is_dir():
+            self.client().log_artifacts(self.run_id, str(folder))
+        self.client().set_terminated(self.run_id, status)
+
+
+class LiveWriter:
+    """Rows of live series, written to TensorBoard and MLflow (where asked)
+    and kept as ``last`` for the progress bar."""
+
+    def __init__(self, every: float = 1.0, tb_dir: Path | None = None,
+                 mlflow: MlflowSink | None = None):
+        self.every = every
+        self.tb_dir = Path(tb_dir) if tb_dir is not None else None
+        self.mlflow = mlflow
+        self.next = 0.0
+        self.wall0 = time.time()
+        self.rows = 0
+        self.last: dict = {}
+        self._prev: dict | None = None
+        self._tb = None
+        self._summary = None
+
+    def __getstate__(self):
+        self.flush()
+        state = dict(self.__dict__)
+        state["_tb"] = state["_summary"] = None
+        return state
+
+    # -- during the run -------------------------------------------------------
+    def due(self, now: float) -> bool:
+        return now >= self.next
+
+    def write(self, now: float, examples: int, updates: int, workers: dict | None = None,
+              staleness=None, dropped: int | None = None, bytes_sent: int | None = None) -> dict:
+        """One row from cumulative figures: ``workers`` maps a rank to any of
+        ``loss_sum`` and ``loss_n`` (cumulative: the row has their mean since
+        the last row) or ``loss`` (a recent value), ``examples``, ``updates``;
+        ``staleness`` is a Counter or ``(sum, count, max since last)``."""
+        self.next = now + self.every
+        prev = self._prev or {"now": 0.0, "examples": 0, "workers": {}, "staleness": None}
+        dt = now - prev["now"]
+        values: dict[str, float] = {"run/examples": examples, "run/updates": updates}
+        if dt > 0 and self._prev is not None:
+            values["run/examples_per_s"] = (examples - prev["examples"]) / dt
+        if dropped is not None:
+            values["run/dropped_updates"] = dropped
+        if bytes_sent is not None:
+            values["run/bytes_sent"] = bytes_sent
+        mean, worst = _stale_window(staleness, prev["staleness"])
+        if mean is not None:
+            values["run/staleness_mean"], values["run/staleness_max"] = mean, worst
+        loss_sum = loss_n = 0.0
+        seen = {}
+        for rank, fig in sorted((workers or {}).items())[:PER_WORKER_MAX]:
+            was = prev["workers"].get(rank, {})
+            tag = f"worker-{rank}"
+            if "loss_n" in fig:
+                n = fig["loss_n"] - was.get("loss_n", 0)
+                if n > 0:
+                    s = fig["loss_sum"] - was.get("loss_sum", 0.0)
+                    values[f"loss/{tag}"] = s / n
+                    loss_sum, loss_n = loss_sum + s, loss_n + n
+            elif fig.get("loss") is not None and math.isfinite(fig["loss"]):
+                values[f"loss/{tag}"] = fig["loss"]
+                loss_sum, loss_n = loss_sum + fig["loss"], loss_n + 1
+            if "examples" in fig and dt > 0 and rank in prev["workers"]:
+                values[f"examples_per_s/{tag}"] = (fig["examples"] - was.get("examples", 0)) / dt
+            if "updates" in fig:
+                values[f"updates/{tag}"] = fig["updates"]
+            seen[rank] = dict(fig)
+        if loss_n:
+            values["run/minibatch_loss"] = loss_sum / loss_n
+        self._prev = {"now": now, "examples": examples, "workers": seen,
+                      "staleness": Counter(staleness) if isinstance(staleness, (dict, Counter))
+                      else staleness}
+        values = {k: float(v) for k, v in values.items() if v is not None}
+        self._emit(values, examples, now)
+        self.rows += 1
+        self.last = {"loss": values.get("run/minibatch_loss"),
+                     "examples_per_s": values.get("run/examples_per_s"),
+                     "staleness_max": values.get("run/staleness_max", self.last.get(
+                         "staleness_max"))}
+        return values
+
+    def _emit(self, values: dict, step: int, now: float) -> None:
+        wall = self.wall0 + now
+        if self.tb_dir is not None:
+            self._tensorboard(values, step, wall)
+        if self.mlflow is not None:
+            self.mlflow.metrics(values, step, wall)
+
+    def _tensorboard(self, values: dict, step: int, wall: float) -> None:
+        if self._tb is None:
+            from tensorboardX import SummaryWriter
+            from tensorboardX.proto.summary_pb2 import Summary
+
+            self.tb_dir.mkdir(parents=True, exist_ok=True)
+            self._tb = SummaryWriter(str(self.tb_dir), flush_secs=max(1, int(self.every)))
+            self._summary = Summary
+        Summary = self._summary
+        summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        self._tb._get_file_writer().add_summary(summary, int(step), wall)
+
+    # -- after the run ---------------------------------------------------------
+    def curve(self, rows: list[dict]) -> None:
+        """The exact full-data curve (``metrics.csv``'s rows) under ``objective/``."""
+        for row in rows:
+            values = {f"objective/{k}": float(row[k]) for k in OBJECTIVE
+                      if row.get(k) is not None}
+            values["objective/epoch"] = float(row["epoch"])
+            self._emit(values, int(row["examples"]), float(row["time_s"]))
+
+    def flush(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+        if self.mlflow is not None:
+            self.mlflow.flush()
+
+    def finish(self, rows: list[dict] | None, folder: Path | None, status: str) -> None:
+        """Write the post-run curve, close the files; MLflow gets the run
+        folder and ``status`` (FINISHED, FAILED, KILLED)."""
+        try:
+            if rows:
+                self.curve(rows)
+        finally:
+            self.close()
+            if self.mlflow is not None:
+                mlflow, self.mlflow = self.mlflow, None
+                mlflow.finish(folder, status)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def make_live(run: dict, out, config: dict, label: str, bar: bool = False) -> LiveWriter | None:
+    """The run's live writer, or None when nothing would read it (no run
+    folder, no MLflow, no progress bar, or ``live_every`` 0)."""
+    every = run.get("live_every") or 0.0
+    if every <= 0:
+        if run.get("mlflow") is not None:
+            raise ConfigError("--mlflow logs the live series: give --live-every above 0")
+        return None
+    want_tb = run.get("tensorboard")
+    tb_dir = None
+    if out is not None and want_tb is not False and _tensorboardx(required=bool(want_tb)):
+        tb_dir = Path(out) / "tb"
+    elif want_tb and out is None:
+        raise ConfigError("--tensorboard writes under the run folder: give --out")
+    sink = None
+    if run.get("mlflow") is not None:
+        uri = None if run["mlflow"] in ("", "auto") else run["mlflow"]
+        sink = MlflowSink(uri, label, config, tags={"monsoon.out": str(out or "")})
+    if tb_dir is None and sink is None and not bar:
+        return None
+    return LiveWriter(every, tb_dir, sink)
