@@ -1,0 +1,141 @@
+"""Live series (monsoon/record/live.py): TensorBoard event files under OUT/tb,
+read back with TensorBoard's own EventAccumulator; MLflow through its client."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.record import read_metrics
+
+pytest.importorskip("tensorboardX")
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scalars(folder) -> dict:
+    """Every scalar tag in ``folder``'s event files: tag -> [(step, value)]."""
+    acc = event_accumulator.EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)]
+            for tag in acc.Tags()["scalars"]}
+
+
+def worker_tags(found: dict, workers: int, kind: str = "loss") -> None:
+    for k in range(workers):
+        rows = found.get(f"{kind}/worker-{k}")
+        assert rows, f"no {kind}/worker-{k} rows; tags: {sorted(found)}"
+        assert all(np.isfinite(v) for _, v in rows)
+
+
+def objective_is_the_csv(run_dir: Path) -> None:
+    found = scalars(run_dir / "tb")
+    rows = read_metrics(run_dir / "metrics.csv")
+    curve = found["objective/loss"]
+    assert [s for s, _ in curve] == [r["examples"] for r in rows]
+    # TensorBoard keeps scalars as float32: equal to the csv's, so rounded
+    assert [v for _, v in curve] == [float(np.float32(r["loss"])) for r in rows]
+
+
+@pytest.mark.slow
+def test_rows_for_each_worker_appear_while_a_local_run_goes(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # far more epochs than the test waits for: it stops the run once it has seen the rows
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monsoon", "train", "--problem", "digits", "--strategy", "async",
+         "--workers", "2", "--epochs", "100000", "--live-every", "0.2", "--out", str(out),
+         "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, found = time.monotonic() + 90, {}
+        while time.monotonic() < deadline:
+            if (out / "tb").is_dir():
+                found = scalars(out / "tb")
+                if all(len(found.get(f"loss/worker-{k}", ())) >= 2 for k in range(2)):
+                    break
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.5)
+        assert proc.poll() is None, "the run ended before the test looked"
+        worker_tags(found, 2)
+        worker_tags(found, 2, "examples_per_s")
+        worker_tags(found, 2, "updates")
+        for tag in ("run/examples_per_s", "run/updates", "run/staleness_mean",
+                    "run/staleness_max", "run/dropped_updates", "run/minibatch_loss"):
+            assert found.get(tag), tag
+        assert "objective/loss" not in found  # the exact curve comes after the run
+        steps = [s for s, _ in found["loss/worker-0"]]
+        assert steps == sorted(steps) and steps[-1] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)  # stops cleanly, writing the run folder
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    assert (out / "metrics.csv").exists()
+    objective_is_the_csv(out)  # the interrupted run's curve is written too
+
+
+@pytest.mark.parametrize("strategy,workers,engine", [
+    ("sync", 2, "local"), ("hogwild", 2, "local"), ("serial", 1, "local"), ("async", 3, "sim")])
+def test_the_objective_curve_in_the_event_files_equals_metrics_csv(tmp_path, strategy,
+                                                                   workers, engine):
+    out = tmp_path / strategy
+    monsoon.train("exp", strategy, workers, engine=engine, epochs=40, seed=0, out=out,
+                  progress=False, live_every=0.05, backend="threads" if engine == "local" else None)
+    objective_is_the_csv(out)
+    found = scalars(out / "tb")
+    worker_tags(found, workers)
+    worker_tags(found, workers, "updates")
+
+
+def test_the_sim_writes_against_virtual_time(tmp_path):
+    out = tmp_path / "sim"
+    result = monsoon.train("digits", "async", 4, engine="sim", epochs=1, seed=0, out=out,
+                           progress=False)
+    acc = event_accumulator.EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    worker_tags(scalars(out / "tb"), 4)
+    events = acc.Scalars("run/updates")
+    span = events[-1].wall_time - events[0].wall_time
+    simulated = result.summary["simulated_time_s"]
+    assert len(events) >= 10  # a row with every row of the curve, however short the run
+    assert span <= simulated + 1e-3  # virtual seconds, not the real time it took
+    assert result.summary["real_time_s"] > simulated or span > 0
+
+
+def test_compare_writes_one_tensorboard_run_per_strategy(tmp_path):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    strategies = ["serial", "sync", "async", "hogwild"]
+    monsoon.compare("exp", strategies, workers=2, out=tmp_path, epochs=40, seed=0,
+                    progress=False, backend="threads", live_every=0.02)
+    mux = EventMultiplexer().AddRunsFromDirectory(str(tmp_path))
+    mux.Reload()
+    runs = mux.Runs()
+    assert sorted(runs) == sorted(f"{s}/tb" for s in strategies)
+    for s in strategies:
+        assert "objective/loss" in runs[f"{s}/tb"]["scalars"]
+        assert "loss/worker-0" in runs[f"{s}/tb"]["scalars"], (s, runs[f"{s}/tb"]["scalars"])
+
+
+def test_no_run_folder_no_files_and_live_every_zero_writes_none(tmp_path):
+    result = monsoon.train("exp", "sync", 2, epochs=5, progress=False, backend="threads")
+    assert result.run_dir is None
+    out = tmp_path / "off"
+    monsoon.train("exp", "sync", 2, epochs=5, progress=False, out=out, live_every=0,
+                  backend="threads")
+    assert not (out / "tb").exists()
+
+
+def test_bad_live_options_are_refused_in_one_line():
+    with pytest.raises(monsoon.ConfigError, match="--live-every"):
+        monsoon.train("exp", "sync", 2, epochs=1, live_every=-1)
+    with pytest.raises(monsoon.ConfigError, match="--tensorboard writes under the run folder"):
+        monsoon.train("exp", "sync", 2, epochs=1, tensorboard=True, progress=False)
