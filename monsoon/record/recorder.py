@@ -34,9 +34,7 @@ dropped, so the curve that is kept is evenly spaced. Every row kept is
 still the full-data objective. The final row is always evaluated, and
 ``final_loss`` with it.
 
-While the run goes, the engine's monitor also hands ``live`` its
-cumulative per-worker figures whenever ``live_due`` says so (``live.py``:
-TensorBoard, MLflow, the progress bar's loss, examples/s and staleness).
+The monitor also hands ``live`` its workers' figures when ``live_due`` (``live.py``).
 
 Non-finite parameters, or more dropped updates than applied ones, stop the
 run with advice; a non-finite loss found afterwards marks it diverged too.
