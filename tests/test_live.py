@@ -139,3 +139,46 @@ def test_bad_live_options_are_refused_in_one_line():
         monsoon.train("exp", "sync", 2, epochs=1, live_every=-1)
     with pytest.raises(monsoon.ConfigError, match="--tensorboard writes under the run folder"):
         monsoon.train("exp", "sync", 2, epochs=1, tensorboard=True, progress=False)
+
+
+def after_run(out: Path, workers: int, per_worker=("loss",)) -> dict:
+    found = scalars(out / "tb")
+    for kind in per_worker:
+        worker_tags(found, workers, kind)
+    assert found.get("run/examples_per_s") and found.get("run/updates")
+    objective_is_the_csv(out)
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["sync", "async"])
+def test_ray_writes_each_workers_series(tmp_path, local_ray, strategy):
+    out = tmp_path / strategy
+    monsoon.train("digits", strategy, 2, engine="ray", epochs=3, seed=0, out=out,
+                  progress=False, live_every=0.05)
+    found = after_run(out, 2, ("loss", "examples_per_s", "updates"))
+    if strategy == "async":
+        assert found.get("run/staleness_max")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_writes_each_workers_series(tmp_path):
+    from spark_env import spark_session
+
+    with spark_session("local[2]"):
+        for strategy in ("sync", "async", "local-sgd"):
+            out = tmp_path / strategy
+            monsoon.train("digits", strategy, 2, engine="spark", epochs=2, seed=0, out=out,
+                          progress=False, live_every=0.05)
+            after_run(out, 2, ("loss", "examples_per_s"))
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_torch_writes_each_ranks_loss(tmp_path):
+    out = tmp_path / "torch"
+    monsoon.train("digits", "sync", 2, engine="torch", epochs=3, seed=0, out=out,
+                  progress=False, live_every=0.05, timeout=60)
+    after_run(out, 2)

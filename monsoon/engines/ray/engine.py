@@ -191,8 +191,9 @@ class RayEngine(Engine):
                 err.worker = rank
                 raise err
             now = time.perf_counter() - t0
-            live = [actors[r] for r in running.values()]
-            counts = self._progress(ray, live) + sum(r["examples"] for r in results.values())
+            figures = self._progress(ray, {r: actors[r] for r in running.values()})
+            figures.update(results)  # the finished workers' final figures
+            counts = sum(f["examples"] for f in figures.values())
             if counts != examples:
                 examples, last_change = counts, time.monotonic()
             elif time.monotonic() - last_change > 2 * self.timeout:
@@ -203,6 +204,12 @@ class RayEngine(Engine):
                 if reason is not None:
                     stopped = reason
                     break
+            if recorder.live_due(now):
+                staleness = Counter()
+                for f in figures.values():
+                    staleness.update({int(k): v for k, v in f["staleness"].items()})
+                recorder.live(now, examples, sum(f.get("updates", 0) for f in figures.values()),
+                              figures, staleness, sum(f["dropped"] for f in figures.values()))
         wall = time.perf_counter() - t0
         params, version, dropped = self._params(ray, shards)
         staleness = Counter()
@@ -216,18 +223,19 @@ class RayEngine(Engine):
             worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
             worker_states={r: v["state"] for r, v in results.items() if v.get("state")})
 
-    def _progress(self, ray, live) -> int:
+    def _progress(self, ray, live: dict) -> dict:
+        """The running workers' figures (``RemoteWorker.progress``), by rank."""
         if not live:
-            return 0
-        ready, _ = ray.wait([a.progress.remote() for a in live], num_returns=len(live),
-                            timeout=min(1.0, self.timeout))
-        total = 0
+            return {}
+        refs = {a.progress.remote(): r for r, a in live.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=min(1.0, self.timeout))
+        figures = {}
         for ref in ready:
             try:
-                total += ray.get(ref)["examples"]
+                figures[refs[ref]] = ray.get(ref)
             except Exception:  # noqa: BLE001 - a dead worker: its run() reports why
                 pass
-        return total
+        return figures
 
     def _params(self, ray, shards):
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)

@@ -37,7 +37,9 @@ class RemoteWorker:
         self.anchor = np.array(w0, copy=True)  # the server's parameters at the last sync
         self.timeout = timeout
         self.sync_step = job.start_step
-        self.counts = {"examples": 0, "dropped": 0, "late": 0}
+        # loss_sum, loss_n, updates: this worker's figures for the live series
+        self.counts = {"examples": 0, "dropped": 0, "late": 0, "loss_sum": 0.0, "loss_n": 0,
+                       "updates": 0}
         self.staleness = Counter()
         self.pending = []
         self.local_rule = None
@@ -50,7 +52,7 @@ class RemoteWorker:
         return True
 
     def progress(self) -> dict:
-        return dict(self.counts)
+        return {**self.counts, "staleness": dict(self.staleness)}
 
     def run(self) -> dict:
         program = self.strategy.program(self.job)
@@ -77,6 +79,8 @@ class RemoteWorker:
             self.problem.prefetch(op.next)  # a Dataset problem loads it meanwhile
         loss, grad = self.problem.gradient(self.work, op.indices)
         self.counts["examples"] += len(op.indices)
+        self.counts["loss_sum"] += float(loss)
+        self.counts["loss_n"] += 1
         return loss, grad
 
     def local_step(self, op):
@@ -104,6 +108,7 @@ class RemoteWorker:
             return
         self._settle_pushes()
         # .remote() serializes its arguments at once: no copy needed here
+        self.counts["updates"] += 1
         self.pending = [sh.push.remote(self.rank, op.grad[a:b], int(op.ticket[s]))
                         for s, (sh, (a, b)) in enumerate(zip(self.shards, self.bounds))]
 
@@ -132,6 +137,7 @@ class RemoteWorker:
             self.counts["late"] += 1
         else:
             self.staleness[0] += 1
+            self.counts["updates"] += 1
         self.sync_step += 1 + behind
         return behind
 

@@ -31,6 +31,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     ended = set()
     updates = dropped = examples = 0
     staleness = Counter()
+    live = {}  # each worker's losses and examples, for the live series
     stopped = None
     recorder.start(w)
     t0 = time.perf_counter()
@@ -58,6 +59,10 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             local_rules[k] = res["local_rule"]
             examples += res["examples"]
             dropped += res["dropped"]
+            fig = live.setdefault(k, {"loss_sum": 0.0, "loss_n": 0, "examples": 0})
+            fig["loss_sum"], fig["loss_n"], fig["examples"] = (
+                fig["loss_sum"] + res["loss"], fig["loss_n"] + res["steps"],
+                fig["examples"] + res["examples"])
             if res["ended"]:
                 ended.add(k)
         if avg:
@@ -75,6 +80,8 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             stopped = recorder.record(now, updates, examples, w, dropped)
             if stopped:
                 break
+        if recorder.live_due(now):
+            recorder.live(now, examples, updates, live, staleness, dropped)
     return {"params": w, "wall": time.perf_counter() - t0, "examples": examples,
             "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
             "stopped": stopped}

@@ -59,6 +59,7 @@ class DriverServer:
         self.version = 0
         self.updates = self.dropped = self.examples = 0
         self.staleness = Counter()
+        self.live = {}  # each worker's losses, examples, updates: for the live series
         self.failed: dict[int, str] = {}
         self.finished: set[int] = set()
         self.own = {k: np.array(w0, copy=True) for k in range(ctx.workers)}  # EASGD's x_k
@@ -126,6 +127,12 @@ class DriverServer:
             self.local_rules[k] = res["local_rule"]
             self.examples += res["examples"]
             self.dropped += res["dropped"]
+            fig = self.live.setdefault(k, {"loss_sum": 0.0, "loss_n": 0, "examples": 0,
+                                           "updates": 0})
+            fig["loss_sum"] += res["loss"]
+            fig["loss_n"] += res["steps"]
+            fig["examples"] += res["examples"]
+            fig["updates"] += res["op"] in ("push", "elastic")
             if res["op"] == "push":
                 if res["grad"] is None:
                     self.dropped += 1
@@ -202,6 +209,11 @@ class DriverServer:
                     stopped = recorder.record(now, updates, self.examples, params, dropped)
                     if stopped:
                         break
+                if recorder.live_due(now):
+                    with self.lock:
+                        figures = {k: dict(f) for k, f in self.live.items()}
+                        stale, live = Counter(self.staleness), (self.updates, self.dropped)
+                    recorder.live(now, self.examples, live[0], figures, stale, live[1])
                 if not self.elastic and self.ckpts.due(self.updates + self.dropped):
                     self._save(now)
         finally:

@@ -36,6 +36,7 @@ def run_sync(ctx, rule, w0, batch_size, seed, budget, recorder, ckpts):
     start = updates = dropped = examples = 0
     before = 0.0  # run time before the checkpoint resumed from
     staleness = Counter()
+    live = {}
     saved = ckpts.load(w0, rule)
     if saved is not None:
         w[...] = saved.arrays["params"]
@@ -66,6 +67,10 @@ def run_sync(ctx, rule, w0, batch_size, seed, budget, recorder, ckpts):
         ranks = [p[0] for p in counted]
         weighted_sum({p[0]: p[3] for p in counted}, ranks, [p[1] for p in counted], acc, tmp)
         examples += sum(p[1] for p in counted)
+        for k, ex, loss, _ in counted:  # each worker's figures, for the live series
+            fig = live.setdefault(k, {"loss_sum": 0.0, "loss_n": 0, "examples": 0})
+            fig["loss_sum"], fig["loss_n"], fig["examples"] = (
+                fig["loss_sum"] + loss, fig["loss_n"] + 1, fig["examples"] + ex)
         if finite(acc):
             rule.apply(w, acc, state, UpdateInfo(step=updates))
             updates += 1
@@ -77,6 +82,8 @@ def run_sync(ctx, rule, w0, batch_size, seed, budget, recorder, ckpts):
             stopped = recorder.record(now, updates, examples, w, dropped)
             if stopped:
                 break
+        if recorder.live_due(now):
+            recorder.live(now, examples, updates, live, staleness, dropped)
         if ckpts.due(updates + dropped):
             ckpts.save(updates + dropped, now, w, state,
                        {"step": step + 1, "examples": examples, "dropped": dropped,

@@ -4,7 +4,9 @@ and Ray engines run).
 
 Every rank holds a replica of the server's parameters and of the server
 rule's state; every collective is one sum all-reduce of a buffer
-``[payload (n parameters), examples, active, stop]``:
+``[payload (n parameters), examples, active, stop, loss_0 .. loss_{N-1}]``
+(each rank writes its own last mini-batch loss, zeros the others': rank 0's
+live series get every rank's loss from the sum):
 
 - ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
   rescales by B / sum_k n_k where a batch is short, which gives the
@@ -51,8 +53,8 @@ from .buckets import Buckets
 from .collectives import Collectives, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
 
-FLAGS = 3
-EXAMPLES, ACTIVE, STOP = 0, 1, 2
+FLAGS = 3  # then one loss slot per rank
+EXAMPLES, ACTIVE, STOP, LOSS = 0, 1, 2, 3
 
 
 def exact_steps(strategy) -> bool:
@@ -81,7 +83,8 @@ class RankWorker:
         self.server = np.array(w0, copy=True)
         self.state = rule.init(n, w0.dtype)
         self.work = self.server if strategy.shared_params else np.array(w0, copy=True)
-        self.buf = np.zeros(n + FLAGS, dtype=w0.dtype)
+        self.buf = np.zeros(n + FLAGS + self.world, dtype=w0.dtype)
+        self.last_loss = 0.0
         self.grad, self.flags = self.buf[:n], self.buf[n:]
         self.whole = comm.tensor(self.buf)
         self.local_rule = None
@@ -104,7 +107,8 @@ class RankWorker:
         if shm is None and getattr(strategy, "raw_gradients", False) \
                 and hasattr(problem, "backward") \
                 and engine.bucket_mb > 0:
-            self.buckets = Buckets(problem, self.buf, FLAGS, comm, int(engine.bucket_mb * 2**20))
+            self.buckets = Buckets(problem, self.buf, FLAGS + self.world, comm,
+                                   int(engine.bucket_mb * 2**20))
         self.handlers = {Gradient: self.gradient, AllReduce: self.all_reduce,
                          Average: self.average, Elastic: self.elastic,
                          LocalApply: self.local_apply, Fetch: self.fetch}
@@ -154,6 +158,8 @@ class RankWorker:
         self.flags[EXAMPLES] = examples
         self.flags[ACTIVE] = 1
         self.flags[STOP] = 1 if self.want_stop else 0
+        self.flags[LOSS:] = 0
+        self.flags[LOSS + self.rank] = self.last_loss
 
     # -- ops ----------------------------------------------------------------
     def gradient(self, op):
@@ -164,8 +170,11 @@ class RankWorker:
         if self.buckets is not None:
             self._flags(len(op.indices))
             loss = self.buckets.gradient(self.work, op.indices, len(op.indices) / self.unit)
+            self.last_loss = float(loss)  # travels with the next step's flags
             return loss, self.grad
-        return problem.gradient(self.work, op.indices)
+        loss, grad = problem.gradient(self.work, op.indices)
+        self.last_loss = float(loss)
+        return loss, grad
 
     def all_reduce(self, op):
         if self.buckets is not None:
@@ -257,6 +266,11 @@ class RankWorker:
                                               self.dropped)
                 if reason is not None and not self.want_stop:
                     self.want_stop, self.stopped = True, reason
+            if self.recorder.live_due(now):  # every rank's loss came with the collective
+                losses = self.flags[LOSS:]
+                self.recorder.live(now, examples, self.updates,
+                                   {k: {"loss": float(losses[k])} for k in range(self.world)},
+                                   None, self.dropped)
         if stop:
             raise _Stop()
 
@@ -346,7 +360,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                         start_step=start["step"] if exact_steps(strategy) else 0)
         if uses_shm(engine.reduce_via, comm.backend, env):
-            shm = open_shm_reduce(comm, w.size + FLAGS, w.dtype, engine.timeout,
+            shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
                                   required=engine.reduce_via == "shm")
         worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm)
         if start["state"] is not None:
