@@ -162,17 +162,24 @@ def test_ray_writes_each_workers_series(tmp_path, local_ray, strategy):
         assert found.get("run/staleness_max")
 
 
-@pytest.mark.spark
-@pytest.mark.slow
-def test_spark_writes_each_workers_series(tmp_path):
+@pytest.fixture(scope="module")
+def spark():
     from spark_env import spark_session
 
-    with spark_session("local[2]"):
-        for strategy in ("sync", "async", "local-sgd"):
-            out = tmp_path / strategy
-            monsoon.train("digits", strategy, 2, engine="spark", epochs=2, seed=0, out=out,
-                          progress=False, live_every=0.05)
-            after_run(out, 2, ("loss", "examples_per_s"))
+    with spark_session("local[2]") as session:
+        yield session
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a Spark session's start and a job a step, on a busy machine
+@pytest.mark.parametrize("strategy", ["sync", "async", "local-sgd"])
+def test_spark_writes_each_workers_series(tmp_path, spark, strategy):
+    out = tmp_path / strategy
+    # each step is a Spark job: a few are enough
+    monsoon.train("digits", strategy, 2, engine="spark", steps=12, batch_size=128, seed=0,
+                  out=out, progress=False, live_every=0.01, evals=5)
+    after_run(out, 2, ("loss", "examples_per_s"))
 
 
 @pytest.mark.torchrun
@@ -182,3 +189,32 @@ def test_torch_writes_each_ranks_loss(tmp_path):
     monsoon.train("digits", "sync", 2, engine="torch", epochs=3, seed=0, out=out,
                   progress=False, live_every=0.05, timeout=60)
     after_run(out, 2)
+
+
+def test_mlflow_gets_the_config_the_series_and_the_run_folder(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for the opt-in
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()  # a local file store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # for mlflow.search_runs
+    out = tmp_path / "run"
+    monsoon.train("exp", "async", 2, epochs=40, seed=0, out=out, progress=False,
+                  live_every=0.05, backend="threads", mlflow=uri)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("monsoon")
+    runs = mlflow.search_runs([experiment.experiment_id], output_format="list",
+                              filter_string="params.strategy = 'async'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["workers"] == "2" and run.data.params["engine"] == "local"
+    history = client.get_metric_history(run.info.run_id, "loss/worker-1")
+    assert history and all(np.isfinite(m.value) for m in history)
+    steps = [m.step for m in history]
+    assert steps == sorted(steps) and steps[-1] > 0
+    curve = client.get_metric_history(run.info.run_id, "objective/loss")
+    rows = read_metrics(out / "metrics.csv")
+    assert [(m.step, m.value) for m in curve] == [(r["examples"], r["loss"]) for r in rows]
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"metrics.csv", "summary.json", "config.json", "tb"} <= names

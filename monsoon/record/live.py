@@ -92,10 +92,14 @@ class MlflowSink:
             raise ConfigError("--mlflow needs MLflow: pip install 'monsoon[mlflow]' "
                               "(or drop --mlflow)") from None
         self.uri = uri
-        client = MlflowClient(tracking_uri=uri)
-        found = client.get_experiment_by_name("monsoon")
-        experiment = found.experiment_id if found else client.create_experiment("monsoon")
-        run = client.create_run(experiment, run_name=name, tags=tags or {})
+        try:
+            client = MlflowClient(tracking_uri=uri)
+            found = client.get_experiment_by_name("monsoon")
+            experiment = found.experiment_id if found else client.create_experiment("monsoon")
+            run = client.create_run(experiment, run_name=name, tags=tags or {})
+        except Exception as exc:  # noqa: BLE001 - MLflow's reason, in one line
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"--mlflow {uri or '(MLflow default)'}: {reason}") from None
         self.run_id = run.info.run_id
         self._client = client
         self._pending: list = []
