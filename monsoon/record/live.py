@@ -230,14 +230,20 @@ class LiveWriter:
         if self.mlflow is not None:
             self.mlflow.metrics(values, step, wall)
 
-    def _tensorboard(self, values: dict, step: int, wall: float) -> None:
-        if self._tb is None:
+    def open(self) -> "LiveWriter":
+        """Open the event file now (before the run's clock starts); a
+        writer that crossed to another process opens it where it writes."""
+        if self._tb is None and self.tb_dir is not None:
             from tensorboardX import SummaryWriter
             from tensorboardX.proto.summary_pb2 import Summary
 
             self.tb_dir.mkdir(parents=True, exist_ok=True)
             self._tb = SummaryWriter(str(self.tb_dir), flush_secs=max(1, int(self.every)))
             self._summary = Summary
+        return self
+
+    def _tensorboard(self, values: dict, step: int, wall: float) -> None:
+        self.open()
         Summary = self._summary
         summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
         self._tb._get_file_writer().add_summary(summary, int(step), wall)
@@ -295,4 +301,4 @@ def make_live(run: dict, out, config: dict, label: str, bar: bool = False) -> Li
         sink = MlflowSink(uri, label, config, tags={"monsoon.out": str(out or "")})
     if tb_dir is None and sink is None and not bar:
         return None
-    return LiveWriter(every, tb_dir, sink)
+    return LiveWriter(every, tb_dir, sink).open()
