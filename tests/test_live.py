@@ -218,3 +218,28 @@ def test_mlflow_gets_the_config_the_series_and_the_run_folder(tmp_path, monkeypa
     assert [(m.step, m.value) for m in curve] == [(r["examples"], r["loss"]) for r in rows]
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"metrics.csv", "summary.json", "config.json", "tb"} <= names
+
+
+def test_the_progress_bar_shows_loss_speed_and_worst_staleness():
+    from collections import Counter
+
+    from monsoon.problems import make_problem
+    from monsoon.record import Recorder
+    from monsoon.record.live import LiveWriter
+
+    recorder = Recorder(make_problem("exp"), 1000, progress=True)
+    recorder.live_writer = LiveWriter(every=0.5)  # no sink: the bar alone
+    recorder.start(np.zeros(3, dtype=np.float32))
+    workers = {0: {"loss_sum": 0.0, "loss_n": 0, "examples": 0},
+               1: {"loss_sum": 0.0, "loss_n": 0, "examples": 0}}
+    recorder.live(0.0, 0, 0, workers, Counter())
+    assert not recorder.live_due(0.4) and recorder.live_due(0.5)
+    workers = {0: {"loss_sum": 3.0, "loss_n": 2, "examples": 200},
+               1: {"loss_sum": 1.0, "loss_n": 2, "examples": 100}}
+    row = recorder.live(0.5, 300, 4, workers, Counter({0: 1, 5: 1, 2: 2}))
+    assert row["loss/worker-0"] == 1.5 and row["loss/worker-1"] == 0.5
+    assert row["run/minibatch_loss"] == 1.0 and row["run/examples_per_s"] == 600
+    assert row["run/staleness_max"] == 5 and row["run/staleness_mean"] == 2.25
+    postfix = recorder._bar.postfix
+    recorder.close()
+    assert "loss=1" in postfix and "ex/s=600" in postfix and "stale=5" in postfix
