@@ -12,9 +12,9 @@ from .downpour import Downpour
 from .easgd import EASGD
 from .hogwild import Hogwild
 from .local_sgd import LocalSGD
+from .pipeline import Pipeline
 from .serial import Serial
 from .sync import Sync
-from ..pipeline import Pipeline  # noqa: E402 - model parallelism lives in its own folder
 
 STRATEGIES = Registry("strategy", "monsoon.strategies", {
     "serial": Serial, "sync": Sync, "async": Downpour, "hogwild": Hogwild,

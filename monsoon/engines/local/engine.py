@@ -59,6 +59,7 @@ from .. import checkpoints
 from ..heap import keep_freed_memory
 from ..lifecycle import StopSignals, signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
+from ..processes import blas_threads, main_module_hidden, torch_threads_per_worker
 from ..waiting import Aborted, wait_until
 from .checkpointing import RunCheckpoints, exact_checkpoints
 from .inbox import Outbox, PipeInbox, QueueInbox
@@ -106,10 +107,6 @@ class _Resume:
         if self.start is None:
             self.start = [0] * self.workers
         self.private = {r: p for r, p in self.private.items() if p is not None}
-
-
-def torch_threads_per_worker(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // workers)
 
 
 @contextlib.contextmanager
@@ -179,43 +176,6 @@ def _state(problem):
     """The worker's buffers (``Problem.state``), if its problem has any."""
     state = getattr(problem, "state", None)
     return state() if state is not None else None
-
-
-@contextlib.contextmanager
-def _main_module_hidden(needed: bool):
-    """Spawned children re-run the parent's ``__main__`` script unless it is
-    hidden; a script that calls ``monsoon.train`` without an
-    ``if __name__ == "__main__":`` guard would then start workers from its
-    workers. Workers need ``__main__`` only when the payload refers to
-    something defined there (a user's own module class), so hide it otherwise."""
-    main = sys.modules.get("__main__")
-    if needed or main is None:
-        yield
-        return
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.update(saved)
-
-
-@contextlib.contextmanager
-def _blas_threads(threads: int):
-    """Spawned workers read these when NumPy loads its BLAS: give each the
-    same share of the cores as its torch threads (the parent's are kept)."""
-    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update({k: str(threads) for k in names})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 MAIN_HINT = ("; the problem refers to code in your script, which every worker process "
@@ -299,9 +259,10 @@ class LocalEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
-            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
-                                   recorder)
+        if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
+            from .pipeline import run_pipeline
+            return run_pipeline(self, strategy, problem, rule, w0, workers, batch_size, seed,
+                                budget, recorder)
         self.kernel = self.uses_kernel(problem, rule, strategy, budget)
         if self.kernel:
             problem.prepare_kernel()
@@ -484,7 +445,7 @@ class LocalEngine(Engine):
                                 args=(payload, store.locks, store.sync_lock, inbox.senders[rank],
                                       os.getpid()),
                                 name=f"monsoon-worker-{rank}", daemon=True)
-                with _main_module_hidden(needs_main), _blas_threads(setup.torch_threads):
+                with main_module_hidden(needs_main), blas_threads(setup.torch_threads):
                     h.start()
                 inbox.started(rank, h)
                 handles.append(h)

@@ -94,15 +94,16 @@ class RayEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
-            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
-                                   recorder)
         ray = import_ray()
         started = not ray.is_initialized()
         if started:
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
                      num_cpus=None if self.address else os.cpu_count())
         try:
+            if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
+                from .pipeline import run_pipeline
+                return run_pipeline(self, ray, strategy, problem, rule, w0, workers, batch_size,
+                                    seed, budget, recorder)
             return self._run(ray, problem, rule, strategy, w0, workers, batch_size, seed,
                              budget, recorder)
         finally:

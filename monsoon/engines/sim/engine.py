@@ -124,9 +124,10 @@ class SimEngine(Engine):
     # -- set-up ----------------------------------------------------------------
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
-            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
-                                   recorder)
+        if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
+            from .pipeline import run_pipeline
+            return run_pipeline(self, strategy, problem, rule, w0, workers, batch_size, seed,
+                                budget, recorder)
         if self.delays.stage_compute_s is not None:
             raise ConfigError(f"--stage-compute-s gives pipeline stages' times; the "
                               f"{strategy.name} strategy has no stages: use --compute-s")
