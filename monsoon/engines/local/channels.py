@@ -14,7 +14,7 @@ Slots are sized before the run from a dry forward of one example (each
 stage boundary's activation per example) times the largest micro-batch;
 K = M slots hold a whole batch, so a GPipe sender never waits for space.
 Every wait has the run's timeout and stops when the run is aborted. A
-receiver spins a few turns, then sleeps with back-off (20 us to 1 ms): on
+receiver spins a few turns, then sleeps with back-off (``waiting.py``): on
 a shared machine a stage spinning through its bubble would take the core
 its neighbour computes on.
 """
