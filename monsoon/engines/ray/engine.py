@@ -52,6 +52,7 @@ class RayEngine(Engine):
     name = "ray"
     ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic})
     meets = frozenset({BACKUP_WORKERS, STAGES})
+    device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
     backend_used = "actors"
     options = (
@@ -127,6 +128,9 @@ class RayEngine(Engine):
         if self.checkpoint_dir:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
         counted = workers - strategy.backup_workers
+        from ...devices import ray_gpus_per_worker
+
+        gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
         ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
         shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
                                      max_concurrency=workers + 4).remote(
@@ -134,7 +138,7 @@ class RayEngine(Engine):
                       self.checkpoint_dir, self.checkpoint_every, resume[s])
                   for s, (a, b) in enumerate(bounds)]
         actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=0,
-                                      max_concurrency=2, scheduling_strategy="SPREAD").remote(
+                                      num_gpus=gpus, max_concurrency=2, scheduling_strategy="SPREAD").remote(
                       rank, problem.for_worker(rank, workers), strategy,
                                      WorkerJob(rank, workers, problem.n_examples, batch_size,
                                                seed, budget, start_step=start),
