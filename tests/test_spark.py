@@ -8,7 +8,6 @@ import pytest
 import monsoon
 from monsoon.errors import ConfigError
 from spark_env import spark_session
-from test_options import plugin, plugin_site  # noqa: F401 - the installed plug-in
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

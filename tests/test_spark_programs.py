@@ -9,7 +9,6 @@ import monsoon
 from fake_spark import install
 from monsoon.engines.spark.placement import in_tasks
 from monsoon.strategies import STRATEGIES
-from test_options import plugin, plugin_site  # noqa: F401 - the installed plug-in
 
 
 @pytest.fixture
