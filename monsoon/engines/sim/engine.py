@@ -33,13 +33,11 @@ Checkpoints (with a run folder, every ``checkpoint_every`` updates, and when
 SIGTERM or SIGINT stops the run) hold the parameters, the rule state, the
 workers' private copies, their counters, the delay model's RNG state, the
 virtual time, the number of events taken and the loss curve. In-flight
-messages and the strategies' program positions live in the event queue and
-in generators, which cannot be saved, so ``--resume`` replays the
-simulation from the seed to the checkpoint's event, silently (no loss
-evaluations, no writes), checks that the parameters, state and RNG state
-are the checkpoint's bit for bit, and carries on: a resumed run ends
-bit-identical to an uninterrupted one, for every strategy. A replay that
-does not reproduce the checkpoint (other code, another problem) is refused.
+messages and program positions live in the event queue and in generators,
+which cannot be saved, so ``--resume`` silently replays the simulation from
+the seed to the checkpoint's event, checks the parameters, state and RNG
+state bit for bit, and carries on: a resumed run ends bit-identical to an
+uninterrupted one. A replay that does not reproduce the checkpoint is refused.
 """
 from __future__ import annotations
 
