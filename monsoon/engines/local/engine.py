@@ -130,9 +130,8 @@ def single_torch_thread():
 def single_blas_thread():
     """Worker threads share the process's BLAS: one thread each. OpenBLAS
     splits an axpy or asum of more than 10,000 elements over its own
-    threads, which then spin on the cores the workers need (dense MLP of
-    800k parameters, 2 worker threads: Hogwild! 10.5-13.8k examples/s with
-    OpenBLAS's threads, 29-32k without; sync 7.0-8.1k against 11-17k)."""
+    threads, which then spin on the cores the workers need, slowing
+    Hogwild! and sync on dense models severalfold (bench/hogwild_vs_torch.py)."""
     from threadpoolctl import threadpool_limits  # scikit-learn's dependency
 
     with threadpool_limits(limits=1, user_api="blas"):
