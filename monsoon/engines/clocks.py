@@ -41,11 +41,10 @@ class ClockTable:
         self.live[rank] = False
 
 
-def clock_extra(staleness: Counter, waits: dict, clocks: dict) -> dict:
-    """The result's SSP fields from the workers' reports (by rank)."""
-    if not clocks:
-        return {}
-    ranks = range(max(clocks) + 1)
+def clock_extra(staleness: Counter, waits: dict, clocks: dict, workers: int) -> dict:
+    """The result's SSP fields from the workers' reports (by rank; a worker
+    that died without reporting shows 0)."""
+    ranks = range(workers)
     return {"clock_staleness_counts": {int(k): int(v) for k, v in sorted(staleness.items())},
             "clock_wait_s": [float(waits.get(r, 0.0)) for r in ranks],
             "clocks": [int(clocks.get(r, 0)) for r in ranks]}

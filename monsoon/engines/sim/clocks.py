@@ -92,6 +92,5 @@ class SimClocks:
                 e._at(e.now + e._message(REQUEST_BYTES), e._resume, w, floor)
 
     def extra(self) -> dict:
-        W = len(self.clock)
         return clock_extra(self.staleness, dict(enumerate(self.wait_s.tolist())),
-                           dict(enumerate(self.clock.tolist())) if W else {})
+                           dict(enumerate(self.clock.tolist())), len(self.clock))
