@@ -1,6 +1,9 @@
 """SSP (strategies/ssp.py): the bound holds on every engine that runs it,
 S = 0 is bulk-synchronous in clocks, S = infinity is async, and a dead
 worker does not freeze the run."""
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -73,15 +76,17 @@ def _check_clocks(s, S, workers):
     assert all(c > 0 for c in s["clocks"])
 
 
-LOCAL = [("sim", None), ("local", "threads"), ("local", "processes")]
+# processes start slowly: one bound there (S = 0 runs in the fault test below)
+CASES = [(e, b, S) for e, b in [("sim", None), ("local", "threads")] for S in (0, 1, 3)] + [
+    ("local", "processes", 1)]
 
 
-@pytest.mark.parametrize("engine, backend", LOCAL)
-@pytest.mark.parametrize("S", [0, 1, 3])
+@pytest.mark.parametrize("engine, backend, S", CASES)
 def test_no_gradient_is_more_clocks_stale_than_the_bound(engine, backend, S):
     opts = {"backend": backend} if backend else {}
-    s = _run(engine, S, **opts)
-    _check_clocks(s, S, 4)
+    workers = 3 if backend == "processes" else 4
+    s = _run(engine, S, workers=workers, **opts)
+    _check_clocks(s, S, workers)
     assert s["status"] == "finished" and np.isfinite(s["final_loss"])
     if S == 0:
         assert set(s["clock_staleness_counts"]) == {0}
@@ -125,3 +130,50 @@ def test_a_dead_worker_stops_counting_toward_the_bound_on_local(backend, mode):
     assert s["status"] == "finished"
     assert s["examples"] > 0.6 * 6 * 256   # the two live workers did all their share
     assert set(s["clock_staleness_counts"]) == {0}
+
+
+# -- ray -------------------------------------------------------------------------
+
+@pytest.mark.ray
+@pytest.mark.parametrize("S", [0, 2])
+def test_no_gradient_is_more_clocks_stale_than_the_bound_on_ray(local_ray, S):
+    s = _run("ray", S, workers=3)
+    _check_clocks(s, S, 3)
+    assert s["status"] == "finished" and np.isfinite(s["final_loss"])
+    if S == 0:
+        assert set(s["clock_staleness_counts"]) == {0}
+
+
+@pytest.mark.ray
+def test_a_killed_worker_stops_counting_toward_the_bound_on_ray(local_ray):
+    ray, box = local_ray, {}
+
+    def train():
+        try:
+            box["result"] = monsoon.train("exp", "ssp", 3, engine="ray", epochs=40, seed=0,
+                                          run_name="killssp", staleness_bound=0, timeout=20,
+                                          evals=0, progress=False)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            box["error"] = exc
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 180   # actors start slowly on a busy 2-core machine
+    while time.monotonic() < deadline:
+        try:
+            actor = ray.get_actor("monsoon-killssp-worker-1")
+            ray.get(actor.ready.remote(), timeout=120)
+            break
+        except ValueError:
+            time.sleep(0.2)
+    while time.monotonic() < deadline and ray.get(actor.progress.remote())["examples"] < 512:
+        time.sleep(0.1)
+    ray.kill(actor)
+    thread.join(180)
+    assert not thread.is_alive()
+    assert "error" not in box, box.get("error")
+    s = box["result"].summary
+    assert [f["worker"] for f in s["failed_workers"]] == [1]
+    assert s["status"] == "finished"
+    assert set(s["clock_staleness_counts"]) == {0}
+    assert s["examples"] > 0.6 * 40 * 256   # the two live workers did all their share
