@@ -177,3 +177,20 @@ def test_a_killed_worker_stops_counting_toward_the_bound_on_ray(local_ray):
     assert s["status"] == "finished"
     assert set(s["clock_staleness_counts"]) == {0}
     assert s["examples"] > 0.6 * 40 * 256   # the two live workers did all their share
+
+
+def test_compare_writes_the_staleness_histograms_into_the_report(tmp_path):
+    import csv
+
+    monsoon.compare("exp", "sync,ssp,async", workers=4, out=tmp_path, engine="sim", epochs=2,
+                    staleness_bound=1, evals=4, **STRAGGLING)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Staleness" in report and "![staleness histograms](staleness.png)" in report
+    assert (tmp_path / "staleness.png").read_bytes()[:4] == b"\x89PNG"
+    with open(tmp_path / "comparison.csv") as f:
+        rows = {r["strategy"]: r for r in csv.DictReader(f)}
+    assert rows["ssp"]["staleness_bound"] == "1" and rows["async"]["staleness_bound"] == ""
+    assert int(rows["ssp"]["clock_staleness_max"]) <= 1
+    assert float(rows["ssp"]["clock_wait_s_total"]) > 0
+    ssp_line = next(line for line in report.splitlines() if line.startswith("| ssp | 1 |"))
+    assert ssp_line.count("/") >= 7   # the distributions in updates and in clocks, the waits
