@@ -9,7 +9,10 @@ linear scaling rule), so one sync step moves about as far as one clock of
 every worker; ssp S = 0 is bulk-synchronous in the SSP sense.
 
 Per setting: simulated time to a target loss (--target-factor x sync's
-final loss, read off the loss curve), final loss, staleness in updates
+final loss, read off the loss curve; the
+synchronous reference is BSP, ssp S = 0, the issue's "s = 0 is
+bulk-synchronous": the sync strategy's few large steps are reported beside
+it, but on this budget they do not train as far), final loss, staleness in updates
 and in clocks, and the time the workers waited for the bound. Writes a
 record (bench/records.py) and bench/results/ssp_sweep/ssp_sweep.png.
 
@@ -28,8 +31,8 @@ import monsoon  # noqa: E402
 from records import RESULTS, write_record  # noqa: E402
 
 PROBLEMS = {  # name: (per-worker batch, epochs, learning rates: a usual one, a high one)
-    "digits": (16, 12, (0.05, 0.2)),
-    "logistic": (16, 2, (0.1, 1.0)),
+    "digits": (16, 6, (0.05, 0.2)),
+    "logistic": (16, 1, (0.1, 1.0)),
 }
 
 
@@ -69,10 +72,13 @@ def main(argv=None):
     ap.add_argument("--straggler-p", type=float, default=0.05)
     ap.add_argument("--straggler-factor", type=float, default=10.0)
     ap.add_argument("--target-factor", type=float, default=1.1)
-    ap.add_argument("--evals", type=int, default=60)
+    ap.add_argument("--evals", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # virtual time: the host's threads only slow the gradients
     settings = ["sync"] + [f"S{b}" for b in args.bounds.split(",")] + ["async"]
     rows, curves = [], {}
     for problem in args.problems.split(","):
@@ -80,7 +86,10 @@ def main(argv=None):
         for lr in lrs:
             runs = {s: run_one(problem, s, lr, batch, epochs, args.workers, args)
                     for s in settings}
-            sync = runs["sync"].summary["final_loss"]
+            # the synchronous reference: BSP, ssp with S = 0 (the sync strategy's row is
+            # reported beside it: one step per workers x batch examples)
+            ref = runs["S0"] if "S0" in runs else runs["sync"]
+            sync = ref.summary["final_loss"]
             target = args.target_factor * sync
             for s, run in runs.items():
                 sm = run.summary
@@ -92,8 +101,9 @@ def main(argv=None):
                     "setting": s, "bound": sm.get("staleness_bound"),
                     "final_loss": sm["final_loss"], "target_loss": target,
                     "time_to_target_s": t, "sim_time_s": sm["wall_time_s"],
-                    "speedup_to_target_vs_sync": (time_to(runs["sync"].history, target) / t
-                                                  if t else None),
+                    "speedup_to_target_vs_sync": (time_to(ref.history, target) / t
+                                                  if t and time_to(ref.history, target)
+                                                  else None),
                     "final_loss_vs_sync": sm["final_loss"] / sync if sync else None,
                     "staleness": sm["staleness"], "clock_staleness": clocks or None,
                     "staleness_counts": sm["staleness_counts"],
