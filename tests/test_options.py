@@ -147,13 +147,13 @@ def _main(argv):
 # -- derived documentation ---------------------------------------------------------
 
 def _readme_tables() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "options.md").read_text()
     return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
 
 
 def test_readme_option_tables_are_current():
     assert _readme_tables() == option_tables(), \
-        "README.md's option tables are stale: run python -m monsoon.docs README.md"
+        "docs/options.md's tables are stale: run python -m monsoon.docs docs/options.md"
 
 
 def test_readme_option_tables_match_train_help():

@@ -55,6 +55,7 @@ class RayEngine(Engine):
     ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic,
                      Clock})
     meets = frozenset({BACKUP_WORKERS, STAGES})
+    device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
     backend_used = "actors"
     options = (
@@ -130,6 +131,9 @@ class RayEngine(Engine):
         if self.checkpoint_dir:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
         counted = workers - strategy.backup_workers
+        from ...devices import ray_gpus_per_worker
+
+        gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
         ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
         clock = self._clock_server(ray, strategy, workers)
         shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
@@ -138,7 +142,7 @@ class RayEngine(Engine):
                       self.checkpoint_dir, self.checkpoint_every, resume[s])
                   for s, (a, b) in enumerate(bounds)]
         actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=0,
-                                      max_concurrency=2, scheduling_strategy="SPREAD").remote(
+                                      num_gpus=gpus, max_concurrency=2, scheduling_strategy="SPREAD").remote(
                       rank, problem.for_worker(rank, workers), strategy,
                                      WorkerJob(rank, workers, problem.n_examples, batch_size,
                                                seed, budget, start_step=start),
