@@ -16,7 +16,7 @@ it, but on this budget they do not train as far), final loss, staleness in updat
 and in clocks, and the time the workers waited for the bound. Writes a
 record (bench/records.py) and bench/results/ssp_sweep/ssp_sweep.png.
 
-    python bench/ssp_sweep.py            # about a few minutes on 2 cores
+    python bench/ssp_sweep.py            # a few minutes (sim: virtual time)
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import monsoon  # noqa: E402
 from records import RESULTS, write_record  # noqa: E402
 
 PROBLEMS = {  # name: (per-worker batch, epochs, learning rates: a usual one, a high one)
-    "digits": (16, 6, (0.05, 0.2)),
+    "digits": (16, 6, (0.02, 0.05)),
     "logistic": (16, 1, (0.1, 1.0)),
 }
 
@@ -128,9 +128,9 @@ def main(argv=None):
 
 
 def summarize(rows):
-    """Acceptance: some S > 0 reaches the target >= 1.3x sooner than sync with a
-    final loss within 1% of sync's; where async is >= 5% worse than sync,
-    some S stays within 1% of sync."""
+    """Acceptance: some S > 0 reaches the target >= 1.3x sooner than BSP with a
+    final loss within 1% of BSP's; where async is >= 5% worse than BSP, some S
+    stays within 1% of it (untested, and so not met, if no rate makes it so)."""
     speed_ok, rescue, lines = [], [], []
     for key in sorted({(r["problem"], r["lr"]) for r in rows}):
         group = [r for r in rows if (r["problem"], r["lr"]) == key]
@@ -145,9 +145,14 @@ def summarize(rows):
         lines.append(f"{key[0]} lr {key[1]}: best {best['setting']} "
                      f"{best['speedup_to_target_vs_sync'] or 0:.2f}x sooner than sync "
                      f"(loss {best['final_loss_vs_sync']:.3f}x), async loss "
-                     f"{asy['final_loss_vs_sync']:.3f}x sync")
-    met = any(speed_ok) and (all(rescue) if rescue else False)
-    return {"met": met, "target": "some S>0 >= 1.3x sooner than sync within 1% loss; "
+                     f"{asy['final_loss_vs_sync']:.3f}x BSP")
+    met = any(speed_ok) and bool(rescue) and all(rescue)
+    if not rescue:
+        lines.append("no learning rate here made async >= 5% worse than BSP: the second "
+                     "criterion is untested")
+    ratios = [r["speedup_to_target_vs_sync"] for r in rows if r["bound"]
+              and r["speedup_to_target_vs_sync"] and r["final_loss_vs_sync"] <= 1.01]
+    return {"met": met, "ratio": max(ratios) if ratios else None, "target": "some S>0 >= 1.3x sooner than sync within 1% loss; "
             "where async >= 5% worse, some S within 1%",
             "speed_ok": speed_ok, "rescue_ok": rescue,
             "line": "ssp sweep: " + "; ".join(lines)}
