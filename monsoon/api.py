@@ -235,6 +235,8 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     if res.stopped:
         summary["stopped"] = res.stopped
     summary.update(res.extra)
+    if "clock_staleness_counts" in res.extra:  # SSP: the staleness in clocks, as in updates
+        summary["clock_staleness"] = staleness_stats(Counter(res.extra["clock_staleness_counts"]))
     summary.update({k: v for k, v in strat.describe().items()
                     if k not in ("strategy", "local_rule")})
     if strat.local_rule is not None:

@@ -32,10 +32,12 @@ import numpy as np
 from ...errors import ConfigError, WaitTimeout, WorkerError
 from ...options import Option
 from ...strategies import WorkerJob
-from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
+from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
 from ..base import BACKUP_WORKERS, STAGES, Engine, EngineResult, shard_bounds, shard_count
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
+from ..clocks import clock_extra
+from .clock import ClockServer
 from .shard import Shard, latest_checkpoint
 from .worker import RemoteWorker
 
@@ -50,7 +52,8 @@ def import_ray():
 
 class RayEngine(Engine):
     name = "ray"
-    ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic})
+    ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic,
+                     Clock})
     meets = frozenset({BACKUP_WORKERS, STAGES})
     device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
@@ -133,6 +136,7 @@ class RayEngine(Engine):
 
         gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
         ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
+        clock = self._clock_server(ray, strategy, workers)
         shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
                                      max_concurrency=workers + 4).remote(
                       s, w_start[a:b], rule, workers, counted, self.timeout,
@@ -143,16 +147,37 @@ class RayEngine(Engine):
                       rank, problem.for_worker(rank, workers), strategy,
                                      WorkerJob(rank, workers, problem.n_examples, batch_size,
                                                seed, budget, start_step=start),
-                                     shards, bounds, w_start, self.timeout)
+                                     shards, bounds, w_start, self.timeout, clock)
                   for rank in range(workers)]
         try:
-            return self._drive(ray, actors, shards, strategy, workers, t_begin, start, recorder,
-                               w_start)
+            result = self._drive(ray, actors, shards, strategy, workers, t_begin, start,
+                                 recorder, w_start, clock)
+            if clock is not None:
+                result.extra.update(self._clock_extra(result, workers))
+            return result
         finally:
-            for actor in actors + shards:
+            for actor in actors + shards + ([clock] if clock is not None else []):
                 ray.kill(actor)
 
-    def _drive(self, ray, actors, shards, strategy, workers, t_begin, start, recorder, w_start):
+    # -- SSP's clock (ops.Clock) ------------------------------------------------
+    def _clock_server(self, ray, strategy, workers):
+        if Clock not in strategy.uses:
+            return None
+        return ray.remote(ClockServer).options(
+            name=f"monsoon-{self.run_name}-clock", num_cpus=0,
+            max_concurrency=workers + 4).remote(workers, self.timeout)
+
+    @staticmethod
+    def _clock_extra(result, workers):
+        reports = result.extra.pop("clock_reports", {})
+        staleness = Counter()
+        for r in reports.values():
+            staleness.update({int(k): v for k, v in r["staleness"].items()})
+        return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
+                           {k: r["clocks"] for k, r in reports.items()}, workers)
+
+    def _drive(self, ray, actors, shards, strategy, workers, t_begin, start, recorder, w_start,
+               clock=None):
         from ray.exceptions import GetTimeoutError
 
         for rank, actor in enumerate(actors):
@@ -183,6 +208,8 @@ class RayEngine(Engine):
                     results[rank] = ray.get(ref, timeout=self.timeout)
                 except Exception as exc:  # noqa: BLE001 - a dead or failed worker, by name
                     failed[rank] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+                    if clock is not None:  # it no longer holds the others to the bound
+                        clock.retire.remote(rank)
             if len(failed) == workers or (strategy.needs_all_workers
                                           and len(failed) > strategy.backup_workers):
                 rank = min(failed)
@@ -215,7 +242,9 @@ class RayEngine(Engine):
             [{"worker": r, "error": failed[r], "traceback": failed[r]} for r in sorted(failed)],
             stopped=stopped, late_gradients=sum(r["late"] for r in results.values()),
             worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
-            worker_states={r: v["state"] for r, v in results.items() if v.get("state")})
+            worker_states={r: v["state"] for r, v in results.items() if v.get("state")},
+            extra={"clock_reports": {r: v["clocks"] for r, v in results.items()
+                                     if v.get("clocks")}} if clock is not None else {})
 
     def _progress(self, ray, live) -> int:
         if not live:

@@ -51,8 +51,8 @@ from ...errors import ConfigError
 from ...rules import UpdateInfo, slice_state
 from ...rules.local import LocalRule
 from ...strategies import WorkerJob
-from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push)
+from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
+                               LocalApply, LocalStep, Push)
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
 from ..reduce import finite, weighted_sum
@@ -61,6 +61,7 @@ from ..lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, checkpoint_paths
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
+from .clocks import SimClocks
 
 REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 
@@ -173,6 +174,7 @@ class SimEngine(Engine):
                          Push: self._push, LocalStep: self._local_step,
                          LocalApply: self._local_apply, AllReduce: self._all_reduce,
                          Average: self._average, Elastic: self._elastic}
+        self.ssp = SimClocks(self).install(self.handlers) if Clock in strategy.uses else None
         self.ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
         self.resumed = self._load_checkpoint(w0)
         self.last_checkpoint = None
@@ -203,6 +205,8 @@ class SimEngine(Engine):
                             "shards": float(self.shard_busy.sum() / (self.S * end))
                             if end > 0 else None},
             "delays": self.delays.describe()}
+        if self.ssp is not None:
+            result.extra.update(self.ssp.extra())
         if self.last_checkpoint is not None:
             result.extra["checkpoint"] = str(self.last_checkpoint)
         if self.resumed is not None:
@@ -307,6 +311,8 @@ class SimEngine(Engine):
                 op = w.program.send(value)
             except StopIteration:
                 w.done = True
+                if self.ssp is not None:  # it no longer counts toward the bound
+                    self.ssp.retire(w)
                 return
             immediate, value = handlers[type(op)](w, op)
             if not immediate:
@@ -423,6 +429,8 @@ class SimEngine(Engine):
             self.total["dropped"] += 1
             return True, None
         grad, ticket = op.grad.copy(), op.ticket
+        if self.ssp is not None:
+            self.ssp.pushing(w.rank)
         push = {"left": self.S}
         for s in range(self.S):
             a, b = self.bounds[s]
@@ -445,6 +453,8 @@ class SimEngine(Engine):
         if push["left"] == 0:
             w.updates += 1
             self.total["updates"] += 1
+            if self.ssp is not None:  # this clock's tick may now be published
+                self.ssp.pushed(w.rank)
 
     def _elastic(self, w, op):
         w.pending = self.S
