@@ -32,8 +32,7 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``status[k]`` and ``control``: start, abort, stop and life-cycle flags, and the
   monitor's snapshot requests to a replicated step;
 - ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
-  state of one step boundary, copied there by worker 0 for the
-  monitor to write out.
+  state of one step boundary, for the monitor to write out.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
