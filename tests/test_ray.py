@@ -106,12 +106,15 @@ def test_resume_from_a_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
     with pytest.raises(WorkerError):
         monsoon.train(crashing, "sync", 2, engine="ray", checkpoint_every=5,
                       out=tmp_path / "first", **opts)
-    saved = sorted(p.name for p in (tmp_path / "first" / "checkpoints").glob("*.npz"))
-    assert "shard-0-10.npz" in saved and not any(".tmp" in p for p in saved)
+    saved = sorted(p.name for p in (tmp_path / "first" / "checkpoints").iterdir())
+    assert saved[-1] == "ckpt-000000000010.npz"  # the newest before the crash
+    assert all(name.startswith("ckpt-") for name in saved)  # nothing half written
     resumed = monsoon.train("exp", "sync", 2, engine="ray", resume=str(tmp_path / "first"),
                             out=tmp_path / "second", **opts)
-    assert resumed.summary["updates"] == 10  # steps 10..19
+    assert resumed.summary["resumed_from"].endswith("ckpt-000000000010.npz")
+    assert resumed.summary["updates"] == 20 and resumed.summary["examples"] == 20 * 64
     np.testing.assert_array_equal(resumed.params, whole.params)
+    assert resumed.history[0] == whole.history[0]  # the loss curve carries on
 
 
 def test_a_worker_that_cannot_start_is_named():

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..strategies.batches import batches_in, part_bounds
 
 FORMAT = "monsoon-checkpoint"
 VERSION = 1
@@ -177,6 +178,33 @@ def load_latest(directory, expect: dict, shapes: dict, warn=None) -> Checkpoint:
                                          if len(refusals) > 1 else ""))
 
 
+def shapes(w0, rule, extra: dict | None = None) -> dict:
+    """The arrays a checkpoint of this run holds: ``params``, the rule
+    state's ``state.<field>``, and ``extra``, as {name: (shape, dtype)}."""
+    template = rule.init(w0.size, w0.dtype)
+    out = {"params": (w0.shape, w0.dtype), **(extra or {})}
+    for name, arr in zip(template._fields, template):
+        out["state." + name] = (arr.shape, arr.dtype)
+    return out
+
+
+def examples_after(steps: int, n: int, batch_size: int) -> int:
+    """Examples in the first ``steps`` batches of a global plan (an epoch's
+    last batch may be short)."""
+    per_epoch = -(-n // batch_size)
+    full, rest = divmod(int(steps), per_epoch)
+    return full * n + min(rest * batch_size, n)
+
+
+def positions_from_examples(examples, n: int, batch_size: int) -> list[int]:
+    """Each worker's batches done in its own part's plan, from the examples
+    it has done (worker k walks part k of ``len(examples)``)."""
+    workers = len(examples)
+    return [batches_in(int(ex), b - a, batch_size)
+            for ex, (a, b) in zip(examples, (part_bounds(n, workers, r)
+                                             for r in range(workers)))]
+
+
 def restore_state(ckpt: Checkpoint, state) -> None:
     """Copy a rule state's fields (``state.<field>``) out of ``ckpt``."""
     for name, arr in zip(state._fields, state):
@@ -217,17 +245,10 @@ class Checkpointer:
         return cls(engine.checkpoint_dir, engine.checkpoint_every, engine.resume_dir,
                    identity(problem, strategy, rule, workers, batch_size, seed), recorder)
 
-    def shapes(self, w0, rule, extra: dict | None = None) -> dict:
-        template = rule.init(w0.size, w0.dtype)
-        shapes = {"params": (w0.shape, w0.dtype), **(extra or {})}
-        for name, arr in zip(template._fields, template):
-            shapes["state." + name] = (arr.shape, arr.dtype)
-        return shapes
-
     def load(self, w0, rule, extra_shapes: dict | None = None):
         if not self.resume_dir:
             return None
-        ckpt = load_latest(self.resume_dir, self.ident, self.shapes(w0, rule, extra_shapes))
+        ckpt = load_latest(self.resume_dir, self.ident, shapes(w0, rule, extra_shapes))
         if self.recorder is not None:
             self.recorder.resume(ckpt.meta["rows"])
         return ckpt
