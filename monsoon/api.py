@@ -18,6 +18,7 @@ import numpy as np
 
 from . import __version__
 from .config import resolve
+from .engines.checkpoints import check_resume
 from .engines.lifecycle import StopSignals, signal_name
 from .errors import ConfigError, Interrupted, TrainingDiverged
 from .problems import Problem
@@ -107,6 +108,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
                         progress=run['progress'], cost_aware=not virtual,
                         eval_share=run['eval_share'],
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
+    check_resume(engine, problem, strat, rule, w0, resolved.processes, run['batch_size'],
+                 run['seed'])
     t_start = time.perf_counter()
     try:
         # engines that stop cleanly on SIGTERM/SIGINT say so (local, sim)

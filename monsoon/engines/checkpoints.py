@@ -205,6 +205,17 @@ def positions_from_examples(examples, n: int, batch_size: int) -> list[int]:
                                              for r in range(workers)))]
 
 
+def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: int,
+                 seed: int) -> None:
+    """Refuse, in one line and before the engine starts anything (Ray,
+    Spark, torchrun), a ``--resume`` folder with no good checkpoint of this
+    run. The engine reads it again to resume, and names any it passes over."""
+    directory = getattr(engine, "resume_dir", None)
+    if directory and not hasattr(strategy, "run_on"):
+        load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed),
+                    shapes(w0, rule), warn=lambda line: None)
+
+
 def restore_state(ckpt: Checkpoint, state) -> None:
     """Copy a rule state's fields (``state.<field>``) out of ``ckpt``."""
     for name, arr in zip(state._fields, state):

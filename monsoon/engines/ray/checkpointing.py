@@ -85,26 +85,26 @@ class ShardCheckpoints:
         return {"version": self.start.step, "state": tuple(x[a:b] for x in self.start.state)}
 
     def collect(self, ray, shards, timeout: float, now: float, examples_by_rank: dict) -> None:
-        """Take the shards' copies; write the newest version all have handed in."""
+        """Take the shards' copies; write each version all have handed in, oldest first."""
         if not self.every:
             return
         for s, copies in enumerate(ray.get([sh.taken.remote() for sh in shards],
                                            timeout=timeout)):
             for version, copy in copies.items():
                 self.pending.setdefault(version, {})[s] = copy
-        complete = [v for v, parts in self.pending.items() if len(parts) == len(shards)]
-        if not complete:
-            return
-        version = max(complete)
-        parts = self.pending[version]
-        self.pending = {v: p for v, p in self.pending.items() if v > version}
-        self._write(version, [parts[s] for s in range(len(shards))], now, examples_by_rank,
-                    "periodic")
+        complete = sorted(v for v, parts in self.pending.items() if len(parts) == len(shards))
+        for version in complete:
+            parts = self.pending[version]
+            self._write(version, [parts[s] for s in range(len(shards))], now, examples_by_rank,
+                        "periodic")
+        if complete:  # an older version some shard has not handed in never will be
+            self.pending = {v: p for v, p in self.pending.items() if v > complete[-1]}
 
     def final(self, ray, shards, timeout: float, now: float, examples_by_rank: dict) -> None:
         """Every worker has finished: the final state, unless already written."""
         if not self.every:
             return
+        self.collect(ray, shards, timeout, now, examples_by_rank)
         wholes = ray.get([sh.whole.remote() for sh in shards], timeout=timeout)
         versions = {v for _, _, v, _ in wholes}
         if len(versions) == 1 and versions != {self.written}:
