@@ -272,14 +272,17 @@ class Checkpointer:
         return updates >= self.next_at
 
     def save(self, updates: int, now: float, params, state, meta: dict,
-             arrays: dict | None = None):
+             arrays: dict | None = None, rows=None):
+        """Write one checkpoint named by ``updates``; ``meta`` may say more
+        (its ``updates`` wins). The recorder's settled rows up to it travel
+        with it, or ``rows`` where given."""
         if not self.directory:
             return None
         self.next_at = (updates // self.every + 1) * self.every if self.every else None
-        rows = ([dict(r) for r in self.recorder.settled_rows() if r["updates"] <= updates]
-                if self.recorder is not None else [])
+        doc = {**self.ident, "updates": updates, "time_s": now, **meta}
+        if rows is None:
+            rows = self.recorder.settled_rows() if self.recorder is not None else []
+        doc["rows"] = [dict(r) for r in rows if r["updates"] <= doc["updates"]]
         members = {"params": params, **(arrays or {}), **state_arrays(state)}
-        self.last_path = save(self.directory, updates,
-                              {**self.ident, **meta, "updates": updates, "time_s": now,
-                               "rows": rows}, members)
+        self.last_path = save(self.directory, updates, doc, members)
         return self.last_path
