@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...strategies.ops import Average, Elastic
 from .. import checkpoints
+
+
+def private_copies(strategy) -> bool:
+    """Whether workers keep parameters of their own between exchanges with
+    the shards (local-sgd's and easgd's), which no checkpoint holds."""
+    return Average in strategy.uses or Elastic in strategy.uses
 
 
 @dataclass
@@ -51,7 +58,7 @@ class ShardCheckpoints:
         self.keeper = keeper
         self.rule = rule
         self.exact = strategy.synchronous
-        self.every = keeper.every if strategy.shared_params else 0
+        self.every = 0 if private_copies(strategy) else keeper.every
         self.bounds = bounds
         self.workers = workers
         self.n = n_examples

@@ -38,7 +38,7 @@ from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, Loc
 from ..base import BACKUP_WORKERS, STAGES, Engine, EngineResult, shard_bounds, shard_count
 from ..checkpoints import Checkpointer
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
-from .checkpointing import ShardCheckpoints
+from .checkpointing import ShardCheckpoints, private_copies
 from .shard import Shard
 from .worker import RemoteWorker
 
@@ -97,7 +97,7 @@ class RayEngine(Engine):
 
     def check(self, strategy, workers) -> None:
         super().check(strategy, workers)
-        if self.resume_dir and not strategy.shared_params:
+        if self.resume_dir and private_copies(strategy):
             raise ConfigError(f"the ray engine keeps no checkpoints of {strategy.name}'s "
                               "private worker copies; resume sync or async runs, or use "
                               "--engine local or sim")
