@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import devices as _devices
 from .engines import ENGINES, Engine
 from .errors import ConfigError
 from .options import Option, at_least, declared, option_values, positive
@@ -40,6 +41,9 @@ RUN_OPTIONS = (
            check=at_least(1), label="batch size"),
     Option("seed", int, 0, "fixes the data order and the initial parameters"),
     Option("dtype", str, "float32", "parameter precision", choices=DTYPES),
+    Option("device", str, "cpu", "where torch problems compute: cpu, cuda (worker k on GPU "
+           "k mod GPUs), cuda:N, or auto (cuda where available, else cpu); docs/gpu.md",
+           check=_devices.check_spec),
     Option("target_loss", float, None, "report the time to reach this loss"),
     Option("evals", int, 100, "points on the loss curve (0: none)",
            check=lambda v: None if v >= 0 else "0 or more"),
@@ -105,6 +109,7 @@ class Resolved:
     engine: object
     budget: Budget
     processes: int           # workers the engine starts (backups included)
+    devices: list | None = None   # each worker's device (``devices.plan``)
 
     def config(self) -> dict:
         """Every setting of the run, flat: what config.json records."""
@@ -177,8 +182,10 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         raise ConfigError(f"batch size {run['batch_size']} is larger than the "
                           f"{instance.n_examples} training examples; use --batch-size "
                           f"{instance.n_examples} or less")
+    device = _devices.choose(run["device"], instance, strat, engine, processes)
     return Resolved(run, values, instance, server_rule, strat, engine,
-                    Budget(epochs=run["epochs"], steps=run["steps"]), processes)
+                    Budget(epochs=run["epochs"], steps=run["steps"]), processes,
+                    _devices.plan(device, engine, processes))
 
 
 __all__ = ["RUN_OPTIONS", "Resolved", "resolve", "refuse_untaken", "for_strategy",

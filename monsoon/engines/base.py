@@ -92,6 +92,9 @@ class Engine:
     meets: frozenset = frozenset()
     backend_used: str | None = None   # how workers ran (summary.json's "backend")
     shards_used: int | None = None    # parameter-server shards, where the engine has them
+    # How a worker finds its GPU under --device cuda (monsoon/devices.py): "index"
+    # (worker k: cuda:(k mod GPUs)), "assigned" (the scheduler's), None (CPU only).
+    device_placement: str | None = None
 
     @classmethod
     def from_options(cls, run, **values):

@@ -51,8 +51,9 @@ class Sync(Strategy):
         batches = skip(global_batches(job.n_examples, job.batch_size, job.seed, job.budget),
                        job.start_step)  # resumed from a checkpoint
         # This worker's (start, stop) in a batch of each length (only an
-        # epoch's last batch can be shorter): seed 001's steps take ~80 us,
-        # so even split()'s arithmetic, done every step, showed.
+        # epoch's last batch can be shorter): seed 001's steps are so short
+        # (bench/seed_overhead.py) that even split()'s arithmetic, done every
+        # step, showed.
         parts = {}
         batches = lookahead(batches)
         for batch, following in batches:

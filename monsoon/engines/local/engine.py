@@ -116,7 +116,7 @@ def torch_threads_per_worker(workers: int) -> int:
 def single_torch_thread():
     """The monitor evaluates the loss while workers hold every core; with
     more than one intra-op thread its evaluation would spin waiting for a
-    thread that cannot run (measured: 30x the CPU of a quiet evaluation)."""
+    thread that cannot run."""
     torch = sys.modules.get("torch")
     if torch is None:
         yield
@@ -260,6 +260,7 @@ class LocalEngine(Engine):
     stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
     ops = ALL_OPS
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
+    device_placement = "index"  # worker k's problem copy computes on cuda:(k mod GPUs)
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
                "a compiled GIL-free loop (sparse), else processes",
@@ -335,9 +336,8 @@ class LocalEngine(Engine):
         try:
             if inline:
                 # A small model's ops are microseconds long: waking a second
-                # intra-op thread costs more than it saves (seed 001's net:
-                # tanh took 60 us with 2 threads against 2 us with one, and
-                # milliseconds when another process held the other core).
+                # intra-op thread costs more than it saves, and far more when
+                # another process holds the other core (bench/seed_overhead.py).
                 small = w0.size * batch_size <= SMALL_STEP
                 with single_torch_thread() if small else contextlib.nullcontext():
                     res = self._run_inline(store, problem, rule, strategy, batch_size, seed,

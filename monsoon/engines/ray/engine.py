@@ -55,6 +55,7 @@ class RayEngine(Engine):
     name = "ray"
     ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic})
     meets = frozenset({BACKUP_WORKERS, STAGES})
+    device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
     backend_used = "actors"
     options = (
@@ -131,6 +132,9 @@ class RayEngine(Engine):
     def _run(self, ray, problem, strategy, workers, batch_size, seed, budget, recorder,
              t_begin, rule, bounds, ckpts, start):
         counted = workers - strategy.backup_workers
+        from ...devices import ray_gpus_per_worker
+
+        gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
         ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
         shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
                                      max_concurrency=workers + 4).remote(
@@ -138,7 +142,7 @@ class RayEngine(Engine):
                       ckpts.every, ckpts.shard_resume(s))
                   for s, (a, b) in enumerate(bounds)]
         actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=0,
-                                      max_concurrency=2, scheduling_strategy="SPREAD").remote(
+                                      num_gpus=gpus, max_concurrency=2, scheduling_strategy="SPREAD").remote(
                       rank, problem.for_worker(rank, workers), strategy,
                                      WorkerJob(rank, workers, problem.n_examples, batch_size,
                                                seed, budget, start_step=start.positions[rank]),

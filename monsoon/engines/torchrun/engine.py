@@ -17,19 +17,19 @@ all-reduces (``rank.py``); there is no parameter server. Two ways to start:
   ``monsoon.train(..., engine="torch")``) starts torchrun's elastic agent
   itself on this machine (``launch.py``), with ``--max-restarts``.
 
-Strategies: sync (all-reduce of the flat gradient), local-sgd and DiLoCo
-(all-reduce of the drifts), easgd (synchronous elastic averaging).
+Ops (the contract, ``engines/base.py``): AllReduce (all-reduce of the flat
+gradient: sync), Average (of the drifts: local-sgd, DiLoCo), Elastic
+(synchronous elastic averaging: easgd), Gradient, LocalApply, Fetch.
 
 The all-reduce: where every rank runs on one machine and the backend is
 gloo, the ranks sum through shared memory (``shm_reduce.py``; bit-identical
-to gloo's sum, and 1.07-4.8x DDP's examples/s on the sync sweep's shapes,
-bench/torch_engine_vs_ddp.py); otherwise (several nodes,
+to gloo's sum; see bench/torch_engine_vs_ddp.py); otherwise (several nodes,
 NCCL, or ``--reduce-via backend``) through the backend's all-reduce, for
 torch problems in buckets overlapped with backward (``buckets.py``).
 
-async is refused: Downpour's
-server answers each worker's push the moment it arrives, which collectives
-(every rank at once) cannot do soundly; hogwild needs shared memory.
+No Push (async): Downpour's server answers each worker's push the moment
+it arrives, which collectives (every rank at once) cannot do soundly; no
+Apply by several workers (hogwild): the ranks share no memory.
 
 Faults: every collective has ``--timeout`` (``init_process_group``'s
 timeout), so a rank that dies or hangs fails the others within it, not
@@ -56,6 +56,7 @@ class TorchEngine(Engine):
     No Apply: the ranks share no memory. No backup workers: an all-reduce
     takes every rank."""
     name = "torch"
+    device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)
     ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
     backend_used = "torch.distributed"

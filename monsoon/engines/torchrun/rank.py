@@ -322,6 +322,11 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))
     comm = Collectives(engine.dist_backend, engine.timeout, env)
+    from ...devices import rank_device
+
+    device = rank_device(problem, env["local_rank"], comm.device)
+    if device is not None:  # --device cuda: the model computes on the rank's GPU
+        problem.use_devices([device])
     worker = shm = None
     try:
         start = _resume_point(engine, comm, rule, strategy, w0, env)
