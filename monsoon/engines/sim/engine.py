@@ -29,17 +29,14 @@ gives the same event order and bit-identical parameters; with zero latency,
 zero service time and constant compute, sim sync equals local sync bit for
 bit (the same shard-wise reduction and update).
 
-Checkpoints (with a run folder, every ``checkpoint_every`` updates, and when
-SIGTERM or SIGINT stops the run) hold the parameters, the rule state, the
-workers' private copies, their counters, the delay model's RNG state, the
-virtual time, the number of events taken and the loss curve. In-flight
-messages and the strategies' program positions live in the event queue and
-in generators, which cannot be saved, so ``--resume`` replays the
-simulation from the seed to the checkpoint's event, silently (no loss
-evaluations, no writes), checks that the parameters, state and RNG state
-are the checkpoint's bit for bit, and carries on: a resumed run ends
-bit-identical to an uninterrupted one, for every strategy. A replay that
-does not reproduce the checkpoint (other code, another problem) is refused.
+Checkpoints (``engines/checkpoints.py``; every ``checkpoint_every`` updates,
+and on SIGTERM/SIGINT) hold the parameters, rule state, private copies,
+counters, the delays' RNG state, the virtual time, the events taken and
+the loss curve. In-flight messages and program positions live in the event
+queue and in generators, which cannot be saved: ``--resume`` replays the
+simulation from the seed to the checkpoint's event silently, checks that
+it reproduces the checkpoint bit for bit (else refuses it), and carries
+on: a resumed run ends bit-identical to an uninterrupted one.
 """
 from __future__ import annotations
 
