@@ -15,7 +15,7 @@ few steps on the local engine with each M. Printed per M:
   transport; on a shared machine the only compute time measured under the
   same load, and the stages differ: the last computes the loss, the first
   no input gradient); ``--latency-s``/``--bandwidth`` of the local engine's
-  own shared-memory channel (``shm.Channel``), measured beforehand by a
+  own shared-memory channel (``engines/local/channels.py``), measured by a
   ping-pong between two processes whose receiver has been waiting, as a
   stage waits through the bubble (it then sleeps, and wakes up late).
   A second column gives the sim with each stage's forward + backward
@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 import monsoon
-from monsoon.pipeline.schedules import gpipe_bubble
+from monsoon.strategies.pipeline.schedules import gpipe_bubble
 from monsoon.problems import TorchProblem
 from records import row, write_record
 
@@ -60,9 +60,9 @@ def stage_compute(p: TorchProblem, batch: int, micro: int, repeats: int = 5) -> 
     sim's own in-process stages), one thread; medians over ``repeats``."""
     from collections import deque
 
-    from monsoon.pipeline.runner import stage_payloads
-    from monsoon.pipeline.sim import _Link
-    from monsoon.pipeline.strategy import Pipeline
+    from monsoon.engines.sim.pipeline import _Link
+    from monsoon.strategies.pipeline import Pipeline
+    from monsoon.strategies.pipeline.runner import stage_payloads
     from monsoon.rules import make_rule
 
     saved = torch.get_num_threads()
@@ -111,9 +111,9 @@ def _echo(fwd, back, rounds, compute_s):
 
 def channel_cost(nbytes: int, compute_s: float = 0.005, rounds: int = 40):
     """(latency s, bandwidth B/s) of the local engine's shared-memory channel
-    (``shm.Channel``, two slots, two processes), the receiver having waited
+    (``engines/local/channels.Channel``, two slots, two processes), the receiver having waited
     ``compute_s`` for the message, as a stage waits through the bubble."""
-    from monsoon.pipeline.shm import Channel
+    from monsoon.engines.local.channels import Channel
 
     ctx = mp.get_context("spawn")
 

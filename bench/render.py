@@ -64,6 +64,14 @@ BENCHMARKS = [
      "python bench/delay_tolerance.py --seeds 9", "<= 0.8"),
     ("sim_effects", "sim, 2,000 async workers: AdaRevision's best loss over AdaGrad's",
      "python bench/sim_effects.py", "< 1.0"),
+    ("ssp_sweep", "sim, 32 workers, stragglers: SSP's time to the target loss over S = 0's",
+     "python bench/ssp_sweep.py", ">= 1.3x sooner, final loss within 1%"),
+    ("before_after", "the engine-layer refactor: each benchmark's ratio after / before, interleaved",
+     "python bench/before_after.py --before 2993888 --bench 'sync_sweep --quick' --bench "
+     "'torch_engine_vs_ddp --scale 0.25 --repeats 1' --bench 'spark_overhead --repeats 1' "
+     "--bench 'async_local_vs_ray --repeats 1'", ">= 1.0, or within the spread"),
+    ("gpu", "serial on one GPU vs a plain PyTorch loop, ResNet-18-sized CNN, batch 256",
+     "python bench/gpu.py", ">= 0.95 (needs a CUDA device)"),
 ]
 
 

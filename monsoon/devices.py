@@ -83,10 +83,12 @@ def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None 
     gpus = cuda_count() if gpus is None else gpus
     placement = getattr(engine, "device_placement", None)
     name = getattr(engine, "name", type(engine).__name__)
-    shared = sorted(n for n in strategy.needs(workers) if n == "shared memory")
+    needs = strategy.needs(workers)   # SHARED_MEMORY, STAGES: strategies/base.py
+    shared = sorted(n for n in needs if n == "shared memory")
+    stages = "pipeline stages" in needs   # the engine runs the stages its own way (CPU)
     if spec == "auto":
         usable = (gpus > 0 and _torch_problem(problem) and placement and not shared
-                  and not hasattr(strategy, "run_on"))
+                  and not stages)
         return "cuda" if usable else "cpu"
     if spec == "cpu":
         return "cpu"
@@ -104,8 +106,8 @@ def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None 
     if not placement:
         raise ConfigError(f"the {name} engine runs its workers on the CPU only; --device "
                           f"{spec} runs on engines local, ray and torch")
-    if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
-        raise ConfigError(f"{strategy.name} runs its own workers, on the CPU only; use "
+    if stages:
+        raise ConfigError(f"{strategy.name} runs its stages on the CPU only; use "
                           "--device cpu with it")
     if shared:
         raise ConfigError(f"{strategy.name} has every worker update one parameter array in "

@@ -90,6 +90,8 @@ def test_auto_picks_cuda_only_where_the_run_can_use_it():
     assert devices.choose("auto", problem, sync, local, 2, gpus=0) == "cpu"
     assert devices.choose("auto", problem, sync, local, 2, gpus=2) == "cuda"
     assert devices.choose("auto", problem, hogwild, local, 2, gpus=2) == "cpu"
+    assert devices.choose("auto", problem, STRATEGIES.get("pipeline")(), local, 2,
+                          gpus=2) == "cpu"
     assert devices.choose("auto", problem, sync, _engine("sim"), 2, gpus=2) == "cpu"
     assert devices.choose("cpu", problem, sync, local, 2, gpus=2) == "cpu"
     assert devices.choose("cuda:1", problem, sync, local, 2, gpus=2) == "cuda:1"
@@ -105,6 +107,7 @@ def test_auto_picks_cuda_only_where_the_run_can_use_it():
     ("cuda", "hogwild", "local", 1, "torch", "hogwild has every worker update one parameter "
      "array in CPU memory in place, which GPU workers cannot share"),
     ("cuda", "sync", "sim", 1, "torch", "the sim engine runs its workers on the CPU only"),
+    ("cuda", "pipeline", "local", 1, "torch", "pipeline runs its stages on the CPU only"),
 ])
 def test_a_device_the_run_cannot_use_is_refused_in_one_line(spec, strategy, engine, gpus,
                                                             problem, message):

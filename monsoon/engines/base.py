@@ -19,9 +19,14 @@ need; otherwise ``refusal`` says, in one line, the first op or need it
 lacks and the engines that have it. No engine compares strategy names: a
 third-party strategy is treated like a built-in one.
 
+A strategy that needs ``STAGES`` (``pipeline``) has no program of the
+ops: an engine that meets it runs the stages with its own runner
+(``pipeline.py`` in its package), handed over at the top of ``run``.
+
 Shared pieces live beside the contract, never in one engine's package:
 ``EngineResult``, ``shard_bounds``, ``DEFAULT_MAX_SHARDS``, ``replicates``,
-``shared_memory.SharedArrays``, ``checkpoints``, ``reduce``, ``waiting``.
+``shared_memory.SharedArrays``, ``checkpoints``, ``reduce``, ``waiting``,
+``processes`` (spawning worker processes).
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ OP_MEANING = {
     _ops.Average: "a synchronous average of the workers' drifts",
     _ops.LocalApply: "the inner rule on the worker's own copy",
     _ops.Elastic: "an elastic exchange with the centre parameters",
+    _ops.Clock: "a clock per worker that holds a worker back to a staleness bound",
 }
 ALL_OPS = frozenset(OP_MEANING)
 

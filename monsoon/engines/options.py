@@ -26,3 +26,14 @@ def checkpoint_paths(out: str | None, checkpoint_every: int, resume: str | None)
         raise ConfigError(f"--resume {resume}: no checkpoints folder there")
     return {"checkpoint_dir": os.path.join(out, "checkpoints") if out else None,
             "checkpoint_every": checkpoint_every, "resume_dir": resume_dir}
+
+
+def refuse_checkpoints(engine, what: str) -> None:
+    """Refuse, in one line, checkpoint options for a run that writes none
+    (``what``, e.g. "the pipeline strategy"). A run folder turns checkpoints
+    on by default: only what the user asked for explicitly is refused."""
+    asked = getattr(engine, "checkpoint_every", CHECKPOINT_EVERY.default)
+    if getattr(engine, "resume_dir", None) or (getattr(engine, "checkpoint_dir", None)
+                                               and asked != CHECKPOINT_EVERY.default):
+        raise ConfigError(f"{what} does not write or resume checkpoints yet; drop "
+                          "--checkpoint-every and --resume")

@@ -30,7 +30,7 @@ def wait_until(ready, timeout: float, aborted, what: str, spin: bool = True,
     ``hot_turns`` turns flat out, then yielding the core on each turn. A
     synchronous step's barrier then costs microseconds, where a sleep would
     cost its wake-up latency.
-    After that, or without ``spin``, sleep with back-off up to 1 ms, so a long
+    After that, or without ``spin``, sleep with back-off up to a millisecond, so a long
     wait (a straggler, a slow start) costs no CPU."""
     if ready():
         return

@@ -6,9 +6,7 @@ lands in one flat buffer too. Sharing, sending and averaging a model is then
 one array operation, never a loop over tensors.
 
 A fresh gradient is autograd's own tensors gathered by one ``torch.cat``
-into the flat buffer: one pass, where zeroing views of the buffer and
-letting autograd add into them takes three. ``accumulate=True`` points the
-``.grad`` tensors at the buffer and lets autograd add.
+into the flat buffer (one pass); ``accumulate=True`` lets autograd add.
 
 Training starts from the module as the user built it (``init="module"``,
 DDP's behaviour: it broadcasts rank 0's ``state_dict`` at construction);

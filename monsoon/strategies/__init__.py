@@ -12,13 +12,15 @@ from .downpour import Downpour
 from .easgd import EASGD
 from .hogwild import Hogwild
 from .local_sgd import LocalSGD
+from .pipeline import Pipeline
 from .serial import Serial
+from .ssp import SSP
 from .sync import Sync
-from ..pipeline import Pipeline  # noqa: E402 - model parallelism lives in its own folder
 
 STRATEGIES = Registry("strategy", "monsoon.strategies", {
     "serial": Serial, "sync": Sync, "async": Downpour, "hogwild": Hogwild,
-    "local-sgd": LocalSGD, "easgd": EASGD, "pipeline": Pipeline})
+    "local-sgd": LocalSGD, "easgd": EASGD, "ssp": SSP,
+    "pipeline": Pipeline})
 
 __all__ = ["Strategy", "WorkerJob", "RunInfo", "Budget", "make_strategy", "strategy_names",
            "STRATEGIES"]

@@ -59,7 +59,9 @@ from .. import checkpoints
 from ..heap import keep_freed_memory
 from ..lifecycle import StopSignals, signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
+from ..processes import blas_threads, main_module_hidden, torch_threads_per_worker
 from ..waiting import Aborted, wait_until
+from ..clocks import clock_extra
 from .checkpointing import RunCheckpoints, exact_checkpoints
 from .inbox import Outbox, PipeInbox, QueueInbox
 from .runtime import WorkerRuntime
@@ -108,10 +110,6 @@ class _Resume:
         self.private = {r: p for r, p in self.private.items() if p is not None}
 
 
-def torch_threads_per_worker(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // workers)
-
-
 @contextlib.contextmanager
 def single_torch_thread():
     """The monitor evaluates the loss while workers hold every core; with
@@ -133,9 +131,8 @@ def single_torch_thread():
 def single_blas_thread():
     """Worker threads share the process's BLAS: one thread each. OpenBLAS
     splits an axpy or asum of more than 10,000 elements over its own
-    threads, which then spin on the cores the workers need (dense MLP of
-    800k parameters, 2 worker threads: Hogwild! 10.5-13.8k examples/s with
-    OpenBLAS's threads, 29-32k without; sync 7.0-8.1k against 11-17k)."""
+    threads, which then spin on the cores the workers need, slowing
+    Hogwild! and sync on dense models severalfold (bench/hogwild_vs_torch.py)."""
     from threadpoolctl import threadpool_limits  # scikit-learn's dependency
 
     with threadpool_limits(limits=1, user_api="blas"):
@@ -159,63 +156,34 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         store.status[rank] = DONE
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
         messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
-                                     "state": _state(setup.problem)}))
+                                     "state": _state(setup.problem),
+                                     "clocks": _clocks(runtime)}))
     except Stopped:  # at a step boundary, as the monitor asked
         runtime.on_stop()
         store.status[rank] = ABORTED
         messages.put(("stopped", rank, {"staleness": dict(runtime.staleness), "params": None,
-                                        "state": _state(setup.problem)}))
+                                        "state": _state(setup.problem),
+                                     "clocks": _clocks(runtime)}))
     except Aborted:
         store.status[rank] = ABORTED
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
         messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own,
-                                        "state": _state(setup.problem)}))
+                                        "state": _state(setup.problem),
+                                     "clocks": _clocks(runtime)}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _clocks(runtime):
+    """SSP's clock report (``clocks.py``), if the program has a clock."""
+    return runtime.ssp.report() if runtime.ssp is not None else None
 
 
 def _state(problem):
     """The worker's buffers (``Problem.state``), if its problem has any."""
     state = getattr(problem, "state", None)
     return state() if state is not None else None
-
-
-@contextlib.contextmanager
-def _main_module_hidden(needed: bool):
-    """Spawned children re-run the parent's ``__main__`` script unless it is
-    hidden; a script that calls ``monsoon.train`` without an
-    ``if __name__ == "__main__":`` guard would then start workers from its
-    workers. Workers need ``__main__`` only when the payload refers to
-    something defined there (a user's own module class), so hide it otherwise."""
-    main = sys.modules.get("__main__")
-    if needed or main is None:
-        yield
-        return
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.update(saved)
-
-
-@contextlib.contextmanager
-def _blas_threads(threads: int):
-    """Spawned workers read these when NumPy loads its BLAS: give each the
-    same share of the cores as its torch threads (the parent's are kept)."""
-    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update({k: str(threads) for k in names})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 MAIN_HINT = ("; the problem refers to code in your script, which every worker process "
@@ -252,6 +220,15 @@ def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> No
         setup.problem.seed_rng(setup.job.seed, setup.rank)
     _worker_body(setup, outbox)
     outbox.close()
+
+
+def _ssp_extra(reports: dict, workers: int) -> dict:
+    """The SSP fields of the result, from the workers' clock reports."""
+    staleness = Counter()
+    for r in reports.values():
+        staleness.update({int(k): v for k, v in r["staleness"].items()})
+    return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
+                       {k: r["clocks"] for k, r in reports.items()}, workers)
 
 
 class LocalEngine(Engine):
@@ -300,9 +277,10 @@ class LocalEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
-            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
-                                   recorder)
+        if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
+            from .pipeline import run_pipeline
+            return run_pipeline(self, strategy, problem, rule, w0, workers, batch_size, seed,
+                                budget, recorder)
         self.kernel = self.uses_kernel(problem, rule, strategy, budget)
         if self.kernel:
             problem.prepare_kernel()
@@ -489,7 +467,7 @@ class LocalEngine(Engine):
                                 args=(payload, store.locks, store.sync_lock, inbox.senders[rank],
                                       os.getpid()),
                                 name=f"monsoon-worker-{rank}", daemon=True)
-                with _main_module_hidden(needs_main), _blas_threads(setup.torch_threads):
+                with main_module_hidden(needs_main), blas_threads(setup.torch_threads):
                     h.start()
                 inbox.started(rank, h)
                 handles.append(h)
@@ -504,6 +482,7 @@ class LocalEngine(Engine):
         worker_params: dict[int, np.ndarray] = dict(
             (r, p) for r, p in resume.private.items() if p is not None)
         worker_states: dict[int, dict] = {}
+        ssp_reports: dict[int, dict] = {}
         started_at = [None]
         staleness = Counter()
         finished: set[int] = set()
@@ -523,6 +502,8 @@ class LocalEngine(Engine):
                         stopped_cleanly.add(rank)
                     if payload.get("state"):
                         worker_states[rank] = payload["state"]
+                    if payload.get("clocks"):
+                        ssp_reports[rank] = payload["clocks"]
 
         def check_dead():
             if ctx is None:
@@ -534,6 +515,7 @@ class LocalEngine(Engine):
                         finished.add(rank)
                         hint = MAIN_HINT if started_at[0] is None and needs_main else ""
                         failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
+                        store.status[rank] = FAILED  # no longer counts toward an SSP bound
                         store.release_locks_of(rank)  # the survivors must not wait on them
 
         def read_ring(t0: float, final_updates: int | None = None):
@@ -712,6 +694,8 @@ class LocalEngine(Engine):
         extra = {}
         if strategy.synchronous:
             extra["sync_step"] = "replicated" if store.replicated else "sharded"
+        if ssp_reports:
+            extra.update(_ssp_extra(ssp_reports, workers))
         return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
                             failed_list, stopped=stopped, late_gradients=int(late),
                             worker_params=worker_params, worker_states=worker_states,

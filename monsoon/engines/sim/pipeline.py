@@ -1,4 +1,4 @@
-"""The pipeline on the sim engine: real math, virtual time.
+"""The pipeline strategy on the sim engine: real math, virtual time.
 
 Every stage's forward and backward is computed for real, in one process
 (the same ``StageWorker`` as on the local engine, so the parameters are the
@@ -41,10 +41,11 @@ from collections import deque
 
 import numpy as np
 
-from ..engines.base import EngineResult
-from ..strategies.batches import global_batches
-from .runner import finish, stage_payloads
-from .schedules import timeline
+from ...strategies.batches import global_batches
+from ...strategies.pipeline.runner import finish, stage_payloads
+from ...strategies.pipeline.schedules import timeline
+from ..base import EngineResult
+from ..options import refuse_checkpoints
 
 
 class _Link:
@@ -74,7 +75,10 @@ class _Link:
         return bool(self.channels[(kind, self.r, self.s)])
 
 
-def run_sim(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
+def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget,
+                 recorder):
+    """Run ``strategy`` (one that needs ``STAGES``) on the sim ``engine``."""
+    refuse_checkpoints(engine, "the pipeline strategy")
     specs, S, R = strategy.layout(problem, workers, batch_size)
     payloads = stage_payloads(strategy, problem, rule, specs, R, w0, batch_size, seed, budget)
     ws = []

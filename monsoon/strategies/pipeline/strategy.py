@@ -13,15 +13,16 @@ Invariants (tested): the parameters equal serial full-batch SGD's to 1e-9
 in float64, for any S, M, schedule and replica count; each worker holds
 only its stage's parameters, gradient and rule state.
 
-Engines run the pipeline through ``run_on`` (the worker loop is not a
-program of the shared ops: it exchanges activations, not parameters); each
-engine's runner is a small file here.
+The worker loop is not a program of the shared ops (it exchanges
+activations, not parameters): the strategy needs ``STAGES``, and an engine
+that meets it runs the stages with its own runner (``engines/*/pipeline.py``),
+from ``layout`` and ``runner.stage_payloads``.
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
-from ..options import Option, at_least
-from ..strategies.base import STAGES, Strategy
+from ...errors import ConfigError
+from ...options import Option, at_least
+from ..base import STAGES, Strategy
 from .schedules import SCHEDULES
 
 OPTIONS = (
@@ -86,24 +87,8 @@ class Pipeline(Strategy):
         self.stages_used, self.replicas_used = stages, workers // stages
         return specs, stages, workers // stages
 
-    def run_on(self, engine, problem, rule, w0, workers, batch_size, seed, budget, recorder):
-        """Run on ``engine`` (the engine's own hook calls this)."""
-        from . import runner_for
-
-        from ..engines.options import CHECKPOINT_EVERY
-
-        # A run folder turns checkpoints on by default; pipeline runs write
-        # none yet, and refuse only what the user asked for explicitly.
-        asked = getattr(engine, "checkpoint_every", CHECKPOINT_EVERY.default)
-        if getattr(engine, "resume_dir", None) or (getattr(engine, "checkpoint_dir", None)
-                                                   and asked != CHECKPOINT_EVERY.default):
-            raise ConfigError("the pipeline strategy does not write or resume checkpoints yet; "
-                              "drop --checkpoint-every and --resume")
-        return runner_for(engine)(engine, self, problem, rule, w0, workers, batch_size, seed,
-                                  budget, recorder)
-
     def program(self, job):
-        raise ConfigError("the pipeline strategy runs through its engine runner (run_on), not "
+        raise ConfigError("the pipeline strategy runs through its engine's stage runner, not "
                           "as a worker program")
 
     def describe(self):

@@ -1,4 +1,4 @@
-"""The pipeline on the ray engine: one actor per (replica, stage), object refs between them.
+"""The pipeline strategy on the ray engine: one actor per (replica, stage), object refs between them.
 
 The driver submits each stage's ops in its schedule's order; an op's input
 is the object reference its neighbour's op returned (an activation going
@@ -16,16 +16,16 @@ pipeline needs every stage).
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from ..engines.base import EngineResult
-from ..errors import WaitTimeout, WorkerError
-from ..strategies.batches import global_batches, part_bounds
-from .runner import finish, stage_payloads
-from .schedules import schedule
+from ...errors import WaitTimeout, WorkerError
+from ...strategies.batches import global_batches, part_bounds
+from ...strategies.pipeline.runner import finish, stage_payloads
+from ...strategies.pipeline.schedules import schedule
+from ..base import EngineResult
+from ..options import refuse_checkpoints
 
 
 class _OneOp:
@@ -95,15 +95,12 @@ class StageActor:
         return {**self.worker.stats(wall), "busy_s": self.busy}
 
 
-def run_ray(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
-    from ..engines.ray.engine import import_ray
-
+def run_pipeline(engine, ray, strategy, problem, rule, w0, workers, batch_size, seed, budget,
+                 recorder):
+    """Run ``strategy`` (one that needs ``STAGES``) on the ray ``engine``,
+    whose Ray session (``ray``) is up."""
+    refuse_checkpoints(engine, "the pipeline strategy")
     specs, S, R = strategy.layout(problem, workers, batch_size)
-    ray = import_ray()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=engine.address, include_dashboard=False, log_to_driver=False,
-                 num_cpus=None if engine.address else os.cpu_count())
     actors = []
     try:
         t_begin = time.perf_counter()
@@ -120,8 +117,6 @@ def run_ray(engine, strategy, problem, rule, w0, workers, batch_size, seed, budg
     finally:
         for a in actors:
             ray.kill(a)
-        if started:
-            ray.shutdown()
 
 
 def _get(ray, refs, timeout, actors, what):

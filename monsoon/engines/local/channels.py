@@ -1,8 +1,9 @@
-"""Shared-memory channels: the local engine's activation transport.
+"""Shared-memory channels: the local engine's activation transport between
+pipeline stages (``pipeline.py``).
 
 One channel carries one direction between two neighbouring stages (a
 stage's activations forward, or their gradients back): a ring of K slots in
-one shared-memory block (``engines/local/memory.py``) with one writer and
+one shared-memory block (``engines/shared_memory.py``) with one writer and
 one reader. ``send`` waits for a free slot, copies the array's bytes into it,
 writes its header (micro-batch, dtype, shape) and only then advances the
 write counter; ``recv`` waits for the counter, copies the bytes out (the
@@ -13,7 +14,7 @@ Slots are sized before the run from a dry forward of one example (each
 stage boundary's activation per example) times the largest micro-batch;
 K = M slots hold a whole batch, so a GPipe sender never waits for space.
 Every wait has the run's timeout and stops when the run is aborted. A
-receiver spins a few turns, then sleeps with back-off (20 us to 1 ms): on
+receiver spins a few turns, then sleeps with back-off (``waiting.py``): on
 a shared machine a stage spinning through its bubble would take the core
 its neighbour computes on.
 """
@@ -24,9 +25,10 @@ import math
 import numpy as np
 import torch
 
-from ..engines.shared_memory import SharedArrays
-from ..engines.waiting import wait_until
-from ..errors import ConfigError
+from ...errors import ConfigError
+from ...strategies.pipeline.stages import layers_of
+from ..shared_memory import SharedArrays
+from ..waiting import wait_until
 
 # A stage waits a lot (the bubble): it spins only briefly, then sleeps, so
 # that a waiting stage does not take the core a computing one needs.
@@ -92,8 +94,6 @@ class Channel:
 def boundary_bytes(problem, specs) -> list[int]:
     """Bytes per example of the activation leaving each stage but the last
     (a dry forward of one example, no gradients)."""
-    from .stages import layers_of
-
     layers = layers_of(problem)
     out = []
     with torch.no_grad():

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 class StageList(nn.Sequential):

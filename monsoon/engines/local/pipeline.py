@@ -1,9 +1,10 @@
-"""The pipeline on the local engine: one process per (replica, stage).
+"""The pipeline strategy on the local engine: one process per (replica, stage).
 
-Transport: one shared-memory channel per direction between neighbouring
-stages of a replica (activations forward, their gradients backward;
-``shm.py``), one duplex pipe between replica 0 and replica r of each stage
-(the 2D gradient sum, once a step). A channel has a slot per micro-batch,
+Each process runs the strategy's ``StageWorker`` (``strategies/pipeline/
+worker.py``). Transport: one shared-memory channel per direction between
+neighbouring stages of a replica (activations forward, their gradients
+backward; ``channels.py``), one duplex pipe between replica 0 and replica r
+of each stage (the 2D gradient sum, once a step). A channel has a slot per micro-batch,
 so a stage never blocks on a neighbour that is itself sending (1F1B sends
 both ways at once); every wait has the run's timeout and stops on abort.
 
@@ -24,23 +25,24 @@ import traceback
 
 import numpy as np
 
-from ..engines.local.engine import (EngineResult, _blas_threads, _main_module_hidden,
-                                    torch_threads_per_worker)
-from ..engines.heap import keep_freed_memory
-from ..engines.local.inbox import Outbox, PipeInbox
-from ..engines.shared_memory import SharedArrays
-from ..engines.waiting import Aborted
-from ..errors import ConfigError, WaitTimeout, WorkerError
-from ..strategies.batches import global_batches
-from .runner import finish, stage_payloads
-from .shm import Channel, boundary_bytes, largest_micro_batch
+from ...errors import ConfigError, WaitTimeout, WorkerError
+from ...strategies.batches import global_batches
+from ...strategies.pipeline.runner import finish, stage_payloads
+from ..base import EngineResult
+from ..heap import keep_freed_memory
+from ..options import refuse_checkpoints
+from ..processes import blas_threads, main_module_hidden, torch_threads_per_worker
+from ..shared_memory import SharedArrays
+from ..waiting import Aborted
+from .channels import Channel, boundary_bytes, largest_micro_batch
+from .inbox import Outbox, PipeInbox
 
 ABORT, START, ASKED = 0, 1, 2
 
 
 class Link:
     """A stage's transport: shared-memory channels to its neighbours
-    (``shm.py``), pipes to its replicas."""
+    (``channels.py``), pipes to its replicas."""
 
     def __init__(self, conns: dict, control, timeout: float):
         self.conns, self.control, self.timeout = conns, control, timeout
@@ -148,7 +150,10 @@ def _links(ctx, stages: int, replicas: int, boundary: list, rows: int, micro: in
     return conns, channels
 
 
-def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget, recorder):
+def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget,
+                 recorder):
+    """Run ``strategy`` (one that needs ``STAGES``) on the local ``engine``."""
+    refuse_checkpoints(engine, "the pipeline strategy")
     if engine.backend == "threads":
         raise ConfigError("the pipeline runs each stage in its own process on the local engine; "
                           "drop --backend threads")
@@ -179,7 +184,7 @@ def run_local(engine, strategy, problem, rule, w0, workers, batch_size, seed, bu
             # BLAS threads as torch's: the rule's update (OpenBLAS axpy) with
             # a second thread stalls for milliseconds while a neighbour holds
             # the other core
-            with _main_module_hidden(b"__main__" in payload), _blas_threads(threads):
+            with main_module_hidden(b"__main__" in payload), blas_threads(threads):
                 h.start()
             inbox.started(rank, h)
             handles.append(h)

@@ -26,14 +26,14 @@ models that as the message's time); the bubble is 1 - sum(busy) / (S * wall).
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 import torch
 
-from ..engines.reduce import finite
-from ..rules import UpdateInfo
-from ..strategies.batches import part_bounds
+from ...rules import UpdateInfo
+from ..batches import part_bounds
 from .schedules import peak_activations, schedule
 
 
@@ -146,7 +146,7 @@ class StageWorker:
         """The step's update, on the (replica-summed) gradient in ``grad``."""
         if not self.params.size:  # a stage of parameter-free layers (an activation)
             pass
-        elif finite(self.grad):
+        elif _finite(self.grad):
             self.rule.apply(self.params, self.grad, self.state, UpdateInfo(step=t))
         else:
             self.dropped += 1
@@ -196,3 +196,8 @@ class StageWorker:
             out["first_step_end"], out["last_step_end"] = self.step_ends[0], self.step_ends[-1]
             out["busy_s_steady"] = float(np.sum(self.step_busy[1:]))
         return out
+
+
+def _finite(g: np.ndarray) -> bool:
+    """One pass, no allocation: NaN and Inf propagate through the sum."""
+    return math.isfinite(float(np.add.reduce(g, axis=None)))
