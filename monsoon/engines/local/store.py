@@ -28,9 +28,8 @@ Everything workers share lives in one ``SharedArrays`` block:
   written, ``control[SNAP_READ]`` read by the monitor; a full ring skips one);
 - ``clocks[k]``: the SSP clocks worker k has finished (``clocks.py``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
-  (backup) gradients, each written by worker k only, so no lock is needed;
-  with live series, ``live[k]``: its mini-batch losses' sum and count and
-  its staleness sum, count and max (the monitor reads and resets the max);
+  (backup) gradients, and ``live[k]`` (loss sum and count, staleness sum,
+  count, max; the monitor resets the max), written by worker k only: no lock;
 - ``status[k]`` and ``control``: start, abort, stop and life-cycle flags, and the
   monitor's snapshot requests to a replicated step;
 - ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
@@ -38,8 +37,7 @@ Everything workers share lives in one ``SharedArrays`` block:
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
-lock once, which orders its later reads after the writer's (needed on CPUs
-with weaker memory ordering than x86).
+lock once, which orders its later reads after the writer's (weak memory order).
 """
 from __future__ import annotations
 
