@@ -54,6 +54,8 @@ BENCHMARKS = [
      "python bench/spark_overhead.py --repeats 3", "<= 1.2"),
     ("checkpoint_cost", "checkpoints' share of the run, 1M parameters, default interval",
      "python bench/checkpoint_cost.py --repeats 3", "<= 0.05 of the run"),
+    ("live_overhead", "live series (TensorBoard) on / off, sync ×2, quick start and the sweep's shapes",
+     "python bench/live_overhead.py --repeats 5", ">= 0.98 every shape"),
     ("dataset_memory", "extra memory of a sync ×2 run over 1 GiB of data in memory, per GiB",
      "python bench/dataset_memory.py --repeats 3", "< 1.2"),
     ("pipeline", "pipeline S = 2: the sim's step time vs the local engine's, worst M",
