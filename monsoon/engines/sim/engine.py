@@ -536,7 +536,14 @@ class SimEngine(Engine):
         else:
             self.total["dropped"] += 1
         self.shard_busy += self.delays.service_s
-        done = self.now + self.delays.service_s + self._message(self.nbytes)
+        reply = self.nbytes
+        if self.compression is not None and self.compression.active:
+            # the step's update travels back as the encoded contributions it
+            # combined (an allgather, as DGC's), or dense when that is smaller
+            reply = min(self.nbytes, sum(self.workers[k].sender.last_nbytes for k in ranks))
+            for k in ranks:
+                self.workers[k].sender.received_bytes -= self.nbytes - reply
+        done = self.now + self.delays.service_s + self._message(reply)
         resumed = [self.workers[k] for k in self.arrivals] + self.waiting_late
         step = self.sync_step
         self.sync_step += 1
