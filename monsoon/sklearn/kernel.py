@@ -65,7 +65,8 @@ import numba
 import numpy as np
 from numba import uint64
 
-from .intrinsics import fetch_add, load_acquire, monotonic_ns, prefetch, store_release
+from .intrinsics import (atomic_add_float, fetch_add, fetch_max_f64, load_acquire, monotonic_ns, prefetch,
+                         store_release)
 
 # loss codes; sklearn's classification losses take y in {-1, 1}, log_loss y in {0, 1}
 HINGE, SQUARED_HINGE, LOG, MODIFIED_HUBER, SQUARED, HUBER, EPS_INSENSITIVE, SQ_EPS_INSENSITIVE = \
@@ -187,7 +188,7 @@ def column(indices, pos, start):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-              shared_b, cfg, st, margins, counter):
+              shared_b, cfg, st, margins, counter, alast):
     """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
     dense C-ordered ``data`` with ``width`` columns when ``indices`` is
     None), updating ``w`` (and ``aw``, ``q``) in place and this thread's
@@ -201,6 +202,7 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
     n_features = aw.shape[0] if average > 0 else 0
     use_l1 = penalty == L1 or penalty == ELASTICNET
     shared_intercept = stride > 1
+    lazy = average > 0 and stride > 1  # the threads' average: ``aw`` holds S (module doc)
     far_weights = indices is not None and w.shape[0] > FAR_WEIGHTS  # beyond L2: prefetch
 
     t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
@@ -268,9 +270,9 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
             wscale *= c
             sq_norm *= c * c
             l1_norm *= abs(c)
-            if wscale < WSCALE_THRESHOLD and (stride == 1 or wscale == 0.0):
-                # sklearn's reset_wscale, inline: alone, or when the weights
-                # are zeroed (eta alpha >= 1), which every thread may do
+            if wscale < WSCALE_THRESHOLD and stride == 1:
+                # sklearn's reset_wscale, inline, alone; threads stop claiming
+                # work instead and the caller folds it (``sgd_run``)
                 if average > 0:
                     for j in range(n_features):
                         aw[j] = (aw[j] + avg_a * w[j]) / avg_b
@@ -278,13 +280,19 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
                 for j in range(w.shape[0]):
                     w[j] *= wscale
                 wscale = 1.0
+        averaging = 0 < average <= t
         if update != 0.0:
             step = update / wscale
             l2acc = 0.0
             l1acc = 0.0
             for pos in range(start, end):
                 j = column(indices, pos, start)
-                v = w[j] + data[pos] * step
+                old = w[j]
+                if lazy and averaging:  # S_j += v_j (A - a_j), a_j = A: v_j's share so far
+                    a = fetch_max_f64(alast, j, avg_a)
+                    if avg_a > a:
+                        atomic_add_float(aw, j, old * (avg_a - a))
+                v = old + data[pos] * step
                 w[j] = v
                 l2acc += v * v
                 l1acc += abs(v)
@@ -294,9 +302,9 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
                 suspect = 1.0
             if fit_intercept:
                 intercept += update * decay
-        if 0 < average <= t:
+        if averaging:
             num = t - average + 1.0
-            if update != 0.0:
+            if update != 0.0 and not lazy:
                 g = -avg_a * update / wscale
                 for pos in range(start, end):
                     aw[column(indices, pos, start)] += g * data[pos]
@@ -317,12 +325,14 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
                     nz = min(0.0, z + (u - q[j]) / wscale)
                 w[j] = nz
                 q[j] += wscale * (nz - z)
+                if lazy and averaging:  # scikit-learn's average takes the cut from its start
+                    atomic_add_float(aw, j, alast[j] * (nz - z))
         t += 1.0
         count += 1.0
         done += 1
-    if shared_intercept:
-        shared_b[0] += intercept - intercept_base
-        intercept = shared_b[0]
+    if shared_intercept:  # atomic: another thread's change is never lost
+        intercept = atomic_add_float(shared_b, 0, intercept - intercept_base) + (
+            intercept - intercept_base)
     st[S_T], st[S_WSCALE], st[S_INTERCEPT] = t, wscale, intercept
     st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U] = avg_a, avg_b, avg_intercept, u
     st[S_SQ_NORM], st[S_L1_NORM] = sq_norm, l1_norm
@@ -378,7 +388,7 @@ def judged_slower(elapsed, alone, cfg):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-            shared_b, cfg, st, counter, margins):
+            shared_b, cfg, st, counter, margins, alast):
     """One thread's share of the examples ``order[lo:hi]``; returns how many
     it ran. Alone (``cfg`` stride 1): all of them, in order. With others:
     it claims chunks of CHUNK positions from ``counter[K_NEXT]`` (an atomic
@@ -404,7 +414,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     C_JUDGE_LONG_NS: the judging ends and the chunks grow to CHUNK."""
     if int(cfg[C_STRIDE]) == 1:
         sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-                  shared_b, cfg, st, margins, counter)
+                  shared_b, cfg, st, margins, counter, alast)
         return hi - lo
     judge = cfg[C_JUDGE_NS]
     chunk = CHUNK
@@ -422,7 +432,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
         advance(cfg, st, int(t_lo + (c - lo) - st[S_T]))
         end = min(c + chunk, hi)
         sgd_range(indptr, indices, data, width, y, sample_weight, order, c, end, w, aw, q,
-                  shared_b, cfg, st, margins, counter)
+                  shared_b, cfg, st, margins, counter, alast)
         done += end - c
         if judge > 0.0:
             began = load_acquire(counter, K_BEGAN)

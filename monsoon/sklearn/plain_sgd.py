@@ -280,9 +280,12 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     later = loss_mode == K.LOSS_LATER
     margins = np.empty(train_count if later else 1)  # the epoch's signed p, by position
 
+    # the threads' average, kept as S and time stamps a (``kernel``'s module doc)
+    alast = np.zeros(n_features if average_weights is not None and jobs > 1 else 1)
+
     def run(st, order, lo, hi):
-        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, weights, aw, Q,
-                         shared_b, cfg, st, counter, margins)
+        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, weights,
+                         aw, Q, shared_b, cfg, st, counter, margins, alast)
 
     def reset_wscale(st):
         if average_weights is not None:
@@ -316,7 +319,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         shared_b[0] = state[K.S_INTERCEPT]
         try:
             return _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, hi, jobs, pool,
-                                  shared_b, counter)
+                                  shared_b, counter, weights, average_weights, alast)
         finally:
             cfg[K.C_JUDGE_NS] = 0.0
 
@@ -411,12 +414,21 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             epoch + 1)
 
 
-def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shared_b, counter):
+def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shared_b, counter,
+                   weights, average_weights, alast):
     """Positions ``order[lo:n]`` of an epoch on ``jobs`` threads claiming
     chunks from ``counter``; returns the position reached: ``n``, or less
     where the judge stopped the threads (``kernel.sgd_run``). A round ends
-    early otherwise only when wscale needs folding."""
+    early otherwise only when wscale needs folding.
+
+    The average weights, kept by one thread as scikit-learn's ``aw`` (the
+    average is (aw + a v) / b), are kept by the threads as S = aw + a_j v
+    with time stamps a_j = a: a round starts with that conversion and ends
+    with its inverse, aw = S - a_j v (``kernel``'s module doc)."""
     while lo < n:
+        if average_weights is not None:
+            alast[:] = state[K.S_AVG_A]
+            average_weights += state[K.S_AVG_A] * weights
         counter[K.K_NEXT] = lo
         states = []
         for _ in range(jobs):
@@ -428,6 +440,8 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shar
             run(states[0], order, lo, n)
         finally:
             pool.wait()
+        if average_weights is not None:
+            average_weights -= alast * weights
         reached = min(int(counter[K.K_NEXT]), n)
         ahead = max(states, key=lambda st: st[K.S_T])  # the scalars: the furthest clock's
         for slot in (K.S_WSCALE, K.S_AVG_A, K.S_AVG_B, K.S_U, K.S_AVG_INTERCEPT, K.S_SQ_NORM,
