@@ -210,10 +210,6 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
     sq_norm, l1_norm = st[S_SQ_NORM], st[S_L1_NORM]
     sumloss, objective, count = st[S_SUMLOSS], st[S_OBJECTIVE], st[S_COUNT]
     suspect = st[S_SUSPECT]
-    intercept_base = intercept
-    if shared_intercept:
-        intercept = shared_b[0]
-        intercept_base = intercept
 
     done = 0
     for k in range(lo, hi):
@@ -247,6 +243,8 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         dot = 0.0
         for pos in range(start, end):
             dot += w[column(indices, pos, start)] * data[pos]
+        if shared_intercept:  # the shared intercept, as the weights are: as it is now
+            intercept = shared_b[0]
         p = dot * wscale + intercept
         eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
         yi = y[i]
@@ -301,7 +299,10 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
             if not l2acc <= MAX_FINITE:  # inf or NaN: a weight may be non-finite
                 suspect = 1.0
             if fit_intercept:
-                intercept += update * decay
+                if shared_intercept:  # atomic: another thread's step is never lost
+                    intercept = atomic_add_float(shared_b, 0, update * decay) + update * decay
+                else:
+                    intercept += update * decay
         if averaging:
             num = t - average + 1.0
             if update != 0.0 and not lazy:
@@ -330,9 +331,8 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         t += 1.0
         count += 1.0
         done += 1
-    if shared_intercept:  # atomic: another thread's change is never lost
-        intercept = atomic_add_float(shared_b, 0, intercept - intercept_base) + (
-            intercept - intercept_base)
+    if shared_intercept:
+        intercept = shared_b[0]
     st[S_T], st[S_WSCALE], st[S_INTERCEPT] = t, wscale, intercept
     st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U] = avg_a, avg_b, avg_intercept, u
     st[S_SQ_NORM], st[S_L1_NORM] = sq_norm, l1_norm
