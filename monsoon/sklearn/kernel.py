@@ -1,61 +1,41 @@
-"""The per-example SGD loop of scikit-learn's ``_plain_sgd``, compiled (Numba,
-``nogil=True``) so that several threads can run it at once on one shared
-weight vector (Hogwild!, Niu et al. 2011).
+"""scikit-learn's per-example SGD loop (``_plain_sgd``, formulas and order
+from ``sklearn/linear_model/_sgd_fast.pyx.tp``), compiled with ``nogil`` so
+that ``n_jobs`` threads run it on one weight vector (Hogwild!, Niu, Recht,
+Re and Wright, NIPS 2011). Per example: p = wscale (v . x) + b; eta by the
+schedule; update = -eta clip(dloss(y, p)) class_weight sample_weight; the
+L2 part by scaling (wscale *= 1 - (1 - l1_ratio) eta alpha); v += x update
+/ wscale, b += update * decay; ASGD (Bottou's sparse trick: the average is
+(aw + a v) / b); the L1 part as truncated gradient (Tsuruoka et al. 2009).
+The log-loss is kept as signed margins and summed after the epoch
+(``plain_sgd.log_loss_sum``); a step whose written values' squares sum to
+a non-finite number flags the vector for a scan (``S_SUSPECT``).
 
-One call runs the examples ``order[lo:hi]`` of an epoch. Per example (the
-formulas and their order are scikit-learn's, ``sklearn/linear_model/_sgd_fast.pyx.tp``):
-
-    p     = wscale * (v . x) + b
-    eta   = 1 / (alpha (t0 + t - 1))   'optimal'  (t0 from sklearn's heuristic)
-          = eta0 / t^power_t            'invscaling'
-          = eta                         'constant', 'adaptive'
-    upd   = -eta * clip(dloss(y, p), 1e12) * class_weight(y) * sample_weight
-    wscale *= max(0, 1 - (1 - l1_ratio) eta alpha)          L2 part, by scaling
-    v    += x * upd / wscale;   b += upd * intercept_decay
-    average (ASGD, Bottou's sparse trick), then the L1 part as truncated
-    gradient with cumulative penalty u and per-feature q (Tsuruoka et al. 2009)
-
-The epoch's mean loss (for the stopping rule and ``verbose``) is summed in
-the loop, as scikit-learn does, except the log-loss's: its ``log1p`` would
-cost 15-20 ns an example, so the loop keeps each margin in ``margins[k]``
-(``LOSS_LATER``), signed by the label: with y in {0, 1} the loss
-log(1 + e^p) - y p is softplus(z) for z = p (y = 0) or -p (y = 1), so
-the sum needs neither y nor the order. ``plain_sgd.log_loss_sum`` sums it
-after the epoch, vectorised.
-
-Finite weights (scikit-learn checks every weight after every epoch, a
-pass over the whole vector: a third of a millisecond on 1M features, 13%
-of an epoch of 15k rows): a weight can only become non-finite where a step
-writes it, and the sum of squares of the values a step writes is finite
-when they all are, so each step checks that one sum and raises
-``st[S_SUSPECT]`` when it is not (a NaN or inf was written, or values
-beyond 1e154 whose squares overflow); ``plain_sgd`` then checks the whole
-vector. Folding ``wscale`` (a factor in (0, 1]) and the L1 clipping
-toward zero keep finite weights finite.
-
-The weights are ``w = wscale * v``. Alone, a thread folds ``wscale`` into
-``v`` when it drops below 1e-9, as scikit-learn does. With others, a thread
-stops claiming work instead, and the caller folds it between rounds
-(``plain_sgd``), so no thread rescales the vector while another writes it.
-
-Threads (J > 1): they claim chunks of CHUNK consecutive positions of the
-epoch's order from a shared counter (an atomic add: a thread the OS delays
-leaves its work to the others). The example at position c is scikit-learn's
-step t(lo) + c: every scalar that scikit-learn advances once per step
-(wscale, the L1 total u, the ASGD scalars a and b) depends only on the step
-count, so before each chunk a thread advances its own copy of them through
-the steps the others took (``advance``): no thread writes a shared scalar.
-The intercept is a per-thread copy too, its change added to the shared one
-after every chunk. The weights themselves are shared, without locks.
-
-Memory: an epoch in random order waits on memory, not arithmetic; the
-order is known, so the rows AHEAD_DATA examples ahead (and, for a weight
-vector beyond L2, the weights of the row AHEAD_WEIGHTS ahead) are
-prefetched. Indices are unsigned in the loops (no wraparound code).
-
-Invariant: with one thread (J = 1) this is scikit-learn's
-loop update for update, so fits with ``shuffle=False`` agree with
-``SGDClassifier``/``SGDRegressor`` to rounding (a test holds them equal).
+Threads claim chunks of CHUNK positions of the epoch's order (an atomic
+add); the example at position c runs at scikit-learn's step t(lo) + c.
+What the threads share, and how:
+- RACED, on purpose (Hogwild!): the weights v and L1's per-feature q,
+  read and written without locks; a write may be lost or read stale.
+- NOT RACED, per thread: wscale, the L1 total u, the ASGD scalars a and b,
+  the clock t and the average intercept depend only on the step, so each
+  thread advances its own copy through the others' steps (``advance``).
+  wscale is folded only by the caller, between rounds: a thread stops
+  claiming once its wscale is below WSCALE_THRESHOLD (``sgd_run``).
+- NOT RACED, atomic: the intercept, read at each example and changed by
+  an atomic add (``shared_b``); the claim counter and the judge's slots.
+- NOT RACED, atomic: the average weights. A write of scikit-learn's aw
+  lost to another thread would stay in the average for good (issue #36:
+  log-losses of 3-30 for 0.39), so threads keep S_j = aw_j + a_j v_j and a
+  time stamp a_j per feature: before writing v_j a thread moves a_j
+  forward to its a (an atomic max; only forward, so the stamps follow the
+  leading thread's clock and v is sampled in the order the writes really
+  happen) and adds v_j times the gap to S_j (an atomic add). The caller
+  converts aw to S before a round and back (aw = S - a_j v) after it.
+- NOT SHARED: the margins (each position is one thread's), the loss sums
+  (per thread, added by the caller), the stopping rule (the caller's).
+With one thread (J = 1) this is scikit-learn's loop update for update, so
+fits with ``shuffle=False`` agree with ``SGDClassifier``/``SGDRegressor``
+to rounding. Rows ahead are prefetched (the order is known); indices are
+unsigned in the loops (no wraparound code).
 """
 from __future__ import annotations
 
@@ -375,10 +355,7 @@ def judged_slower(elapsed, alone, cfg):
     ``alone`` ns are slower. The bar falls from C_JUDGE_CLEARLY at the
     start to C_JUDGE_SLOWER at C_JUDGE_LONG_NS, plus C_JUDGE_SLACK_NS (the
     timer, an interrupt, a cold cache on the other core) until then: a
-    short run has to be far slower to be judged, a long one only somewhat.
-    Threads 1.7x slower stopped after ~2 ms under a fixed bar of 1.5x
-    (50 us of slack) and 1.1x from 2 ms on; under the falling one, after
-    ~0.4 ms."""
+    short run has to be far slower to be judged, a long one only somewhat."""
     long = cfg[C_JUDGE_LONG_NS]
     if elapsed >= long:
         return elapsed > cfg[C_JUDGE_SLOWER] * alone
@@ -406,7 +383,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     ``counter[K_ARRIVED]`` counts as the last) with what one thread would
     have taken for the examples done since. Until then the threads that
     are in run chunks unjudged: a thread the OS is still waking (a VM's
-    idle vCPU took ~0.3 ms) leaves the others working at full speed, and
+    idle vCPU) leaves the others working at full speed, and
     that time says nothing about the threads together. Judged slower
     (``judged_slower``): it raises ``counter[K_STOP]``, and every thread
     stops claiming (each finishes the chunk it holds, so the positions
@@ -462,10 +439,9 @@ def _splitmix64(x):
 def shuffle(order, seed):
     """Fisher-Yates in place, seeded: an epoch's order. Each draw is
     SplitMix64 bounded by Lemire's multiply-shift with rejection (2019), so
-    every permutation is equally likely: ~1 ns an element, where numba's
-    ``np.random.randint`` took 12 (6% of a fit of 15k rows, 17% of an
-    epoch of 200k rows of 10 non-zeros). At most 2^32 rows (the draw's
-    32-bit half times the bound must fit in 64 bits)."""
+    every permutation is equally likely, an order of magnitude faster than
+    numba's ``np.random.randint``. At most 2^32 rows (the draw's 32-bit
+    half times the bound must fit in 64 bits)."""
     if order.shape[0] > (1 << 32):
         raise ValueError("shuffle: at most 2^32 rows")
     x = uint64(seed)
