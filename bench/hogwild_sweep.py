@@ -49,6 +49,7 @@ from sklearn.linear_model import SGDClassifier
 from sklearn.metrics import log_loss
 
 from common import report
+from records import figure, write_record
 from monsoon.sklearn import HogwildClassifier
 
 # (name, rows, features, nnz per row, zipf exponent, normalised)
@@ -140,6 +141,7 @@ def main():
     rows_out, summary = [], {s: {"x2": [], "x1": [], "x2/x1": [], "aa": [], "loss": []}
                            for s in SETTINGS}
     checks, strict = {s: [] for s in SETTINGS}, {s: [] for s in SETTINGS}
+    records = []
     for name, rows, features, nnz, exponent, normalise in DATASETS:
         if args.only not in name:
             continue
@@ -190,6 +192,16 @@ def main():
                              f"control x1/x1b {t['x1'] / t['x1b']:.2f} (paired {aa:.3f}, "
                              f"95% {aa_lo:.3f}-{aa_hi:.3f})"))
             print(rows_out[-1][0], rows_out[-1][1], flush=True)
+            records.append({
+                "name": f"{name} [{setting}]", "rows": rows, "repeats": wanted,
+                "ours": figure([r[0] for r in runs["x2"]]),
+                "x1": figure([r[0] for r in runs["x1"]]),
+                "peer": figure([r[0] for r in runs["sk"]]), "unit": "fit seconds",
+                "ratio": r2, "target": "sk/x2 >= 1.0, log-loss within +1% of sklearn's",
+                "met": checks[setting][-1],
+                "log_loss": {k: ll[k] for k in ("x2", "x1", "sk")}, "log_loss_delta_pct": dl,
+                "epochs": {k: it[k] for k in ("x2", "x1", "sk")},
+                "x1_over_x2_paired": [pair, pair_lo, pair_hi]})
     for setting in SETTINGS:
         s = summary[setting]
         if not s["x2"]:
@@ -207,6 +219,17 @@ def main():
                          f"{sum(v < 1.0 for v in s['aa'])}/{len(s['aa'])}"))
     report("HogwildClassifier vs SGDClassifier, sparse sweep"
            + (" (--quick)" if args.quick else ""), rows_out)
+    s = summary["defaults"]
+    if s["x2"]:
+        median, worst = statistics.median(s["x2"]), min(s["x2"])
+        loss = max(s["loss"])
+        met = median >= 1.5 and worst >= 1.0 and loss <= 1.0
+        write_record("hogwild_sweep", vars(args), records, {
+            "line": f"HogwildClassifier(n_jobs=2) vs SGDClassifier at defaults: median "
+                    f"{median:.2f}x, worst {worst:.2f}x, log-loss at most {loss:+.2f}% "
+                    f"(target: median >= 1.5, never below 1.0, within 1%)",
+            "ratio": median, "worst": worst, "log_loss_worst_pct": loss,
+            "target": "median >= 1.5x, never below 1.0x, log-loss within 1%", "met": met})
 
 
 if __name__ == "__main__":
