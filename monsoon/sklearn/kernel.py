@@ -4,7 +4,9 @@ that ``n_jobs`` threads run it on one weight vector (Hogwild!, Niu, Recht,
 Re and Wright, NIPS 2011). Per example: p = wscale (v . x) + b; eta by the
 schedule; update = -eta clip(dloss(y, p)) class_weight sample_weight; the
 L2 part by scaling (wscale *= 1 - (1 - l1_ratio) eta alpha); v += x update
-/ wscale, b += update * decay; ASGD (Bottou's sparse trick: the average is
+/ wscale, b += update * decay ('adagrad', not scikit-learn's: w_j moves by
+eta0 g_j / sqrt(G_j), G_j the sum of g_j^2, g_j = -slope x_j, Duchi, Hazan
+and Singer 2011; the intercept likewise; eta0 scales the L2 part); ASGD (Bottou's sparse trick: the average is
 (aw + a v) / b); the L1 part as truncated gradient (Tsuruoka et al. 2009).
 The log-loss is kept as signed margins and summed after the epoch
 (``plain_sgd.log_loss_sum``); a step whose written values' squares sum to
@@ -13,15 +15,15 @@ a non-finite number flags the vector for a scan (``S_SUSPECT``).
 Threads claim chunks of CHUNK positions of the epoch's order (an atomic
 add); the example at position c runs at scikit-learn's step t(lo) + c.
 What the threads share, and how:
-- RACED, on purpose (Hogwild!): the weights v and L1's per-feature q,
-  read and written without locks; a write may be lost or read stale.
+- RACED, on purpose (Hogwild!): the weights v, L1's per-feature q and
+  adagrad's G_j, read and written without locks (a write may be lost).
 - NOT RACED, per thread: wscale, the L1 total u, the ASGD scalars a and b,
   the clock t and the average intercept depend only on the step, so each
   thread advances its own copy through the others' steps (``advance``).
   wscale is folded only by the caller, between rounds: a thread stops
   claiming once its wscale is below WSCALE_THRESHOLD (``sgd_run``).
-- NOT RACED, atomic: the intercept, read at each example and changed by
-  an atomic add (``shared_b``); the claim counter and the judge's slots.
+- NOT RACED, atomic: the intercept (and adagrad's G of it), read at each
+  example, changed by atomic adds (``shared_b``); the claim counter.
 - NOT RACED, atomic: the average weights. A write of scikit-learn's aw
   lost to another thread would stay in the average for good (issue #36:
   log-losses of 3-30 for 0.39), so threads keep S_j = aw_j + a_j v_j and a
@@ -32,10 +34,9 @@ What the threads share, and how:
   converts aw to S before a round and back (aw = S - a_j v) after it.
 - NOT SHARED: the margins (each position is one thread's), the loss sums
   (per thread, added by the caller), the stopping rule (the caller's).
-With one thread (J = 1) this is scikit-learn's loop update for update, so
-fits with ``shuffle=False`` agree with ``SGDClassifier``/``SGDRegressor``
-to rounding. Rows ahead are prefetched (the order is known); indices are
-unsigned in the loops (no wraparound code).
+One thread (J = 1) runs scikit-learn's loop update for update: fits with
+``shuffle=False`` agree with ``SGDClassifier``/``SGDRegressor`` to
+rounding. Rows ahead are prefetched; loop indices are unsigned.
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ from .intrinsics import (atomic_add_float, fetch_add, fetch_max_f64, load_acquir
 HINGE, SQUARED_HINGE, LOG, MODIFIED_HUBER, SQUARED, HUBER, EPS_INSENSITIVE, SQ_EPS_INSENSITIVE = \
     range(8)
 NO_PENALTY, L1, L2, ELASTICNET = 0, 1, 2, 3
-CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE = 1, 2, 3, 4
+CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE, ADAGRAD = 1, 2, 3, 4, 5
+ADAGRAD_EPS = 1e-12  # added to sqrt(G): a feature's first gradient of 0 takes no step
 MAX_DLOSS = 1e12
 AHEAD_ROW, AHEAD_DATA, AHEAD_WEIGHTS = 16, 8, 3  # prefetch distances, in examples
 CHUNK = 256  # examples a thread claims at a time
@@ -168,7 +170,7 @@ def column(indices, pos, start):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-              shared_b, cfg, st, margins, counter, alast):
+              shared_b, cfg, st, margins, counter, alast, gsq):
     """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
     dense C-ordered ``data`` with ``width`` columns when ``indices`` is
     None), updating ``w`` (and ``aw``, ``q``) in place and this thread's
@@ -182,6 +184,7 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
     n_features = aw.shape[0] if average > 0 else 0
     use_l1 = penalty == L1 or penalty == ELASTICNET
     shared_intercept = stride > 1
+    adagrad = lr == ADAGRAD  # per-feature steps eta0 / sqrt(G_j) (module doc)
     lazy = average > 0 and stride > 1  # the threads' average: ``aw`` holds S (module doc)
     far_weights = indices is not None and w.shape[0] > FAR_WEIGHTS  # beyond L2: prefetch
 
@@ -261,6 +264,7 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         averaging = 0 < average <= t
         if update != 0.0:
             step = update / wscale
+            gscale = -dloss * (class_weight * sample_weight[i])  # adagrad: the loss's slope
             l2acc = 0.0
             l1acc = 0.0
             for pos in range(start, end):
@@ -270,7 +274,16 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
                     a = fetch_max_f64(alast, j, avg_a)
                     if avg_a > a:
                         atomic_add_float(aw, j, old * (avg_a - a))
-                v = old + data[pos] * step
+                if adagrad:
+                    gj = data[pos] * gscale
+                    acc = gsq[j] + gj * gj
+                    gsq[j] = acc
+                    dv = eta0 * gj / ((math.sqrt(acc) + ADAGRAD_EPS) * wscale)
+                    if averaging and not lazy:
+                        aw[j] -= avg_a * dv
+                else:
+                    dv = data[pos] * step
+                v = old + dv
                 w[j] = v
                 l2acc += v * v
                 l1acc += abs(v)
@@ -279,13 +292,21 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
             if not l2acc <= MAX_FINITE:  # inf or NaN: a weight may be non-finite
                 suspect = 1.0
             if fit_intercept:
+                bstep = update
+                if adagrad:
+                    if shared_intercept:
+                        gb = atomic_add_float(shared_b, 1, gscale * gscale) + gscale * gscale
+                    else:
+                        gb = shared_b[1] + gscale * gscale
+                        shared_b[1] = gb
+                    bstep = eta0 * gscale / (math.sqrt(gb) + ADAGRAD_EPS)
                 if shared_intercept:  # atomic: another thread's step is never lost
-                    intercept = atomic_add_float(shared_b, 0, update * decay) + update * decay
+                    intercept = atomic_add_float(shared_b, 0, bstep * decay) + bstep * decay
                 else:
-                    intercept += update * decay
+                    intercept += bstep * decay
         if averaging:
             num = t - average + 1.0
-            if update != 0.0 and not lazy:
+            if update != 0.0 and not lazy and not adagrad:
                 g = -avg_a * update / wscale
                 for pos in range(start, end):
                     aw[column(indices, pos, start)] += g * data[pos]
@@ -365,7 +386,7 @@ def judged_slower(elapsed, alone, cfg):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-            shared_b, cfg, st, counter, margins, alast):
+            shared_b, cfg, st, counter, margins, alast, gsq):
     """One thread's share of the examples ``order[lo:hi]``; returns how many
     it ran. Alone (``cfg`` stride 1): all of them, in order. With others:
     it claims chunks of CHUNK positions from ``counter[K_NEXT]`` (an atomic
@@ -391,7 +412,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     C_JUDGE_LONG_NS: the judging ends and the chunks grow to CHUNK."""
     if int(cfg[C_STRIDE]) == 1:
         sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-                  shared_b, cfg, st, margins, counter, alast)
+                  shared_b, cfg, st, margins, counter, alast, gsq)
         return hi - lo
     judge = cfg[C_JUDGE_NS]
     chunk = CHUNK
@@ -409,7 +430,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
         advance(cfg, st, int(t_lo + (c - lo) - st[S_T]))
         end = min(c + chunk, hi)
         sgd_range(indptr, indices, data, width, y, sample_weight, order, c, end, w, aw, q,
-                  shared_b, cfg, st, margins, counter, alast)
+                  shared_b, cfg, st, margins, counter, alast, gsq)
         done += end - c
         if judge > 0.0:
             began = load_acquire(counter, K_BEGAN)

@@ -180,7 +180,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
               penalty_type, alpha, l1_ratio, X, y, sample_weight, intercept_decay,
               validation_mask, early_stopping, validation_score_cb, n_iter_no_change, max_iter,
               tol, fit_intercept, verbose, shuffle, seed, weight_pos, weight_neg, learning_rate,
-              eta0, power_t, t=1.0, average=0, n_jobs=1, info=None):
+              eta0, power_t, t=1.0, average=0, n_jobs=1, info=None, adagrad=None):
     n_samples, n_features = X.shape
     indptr, indices, data, cols = _arrays(X)
     y = np.ascontiguousarray(y, dtype=data.dtype)
@@ -203,7 +203,14 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     use_q = penalty_type in (K.L1, K.ELASTICNET)
     Q = np.zeros(n_features if use_q else 1, dtype=weights.dtype)
     aw = average_weights if average_weights is not None else np.zeros(1, dtype=weights.dtype)
-    shared_b = np.array([intercept], dtype=np.float64)
+    # the shared intercept, and 'adagrad''s sum of its squared slopes
+    shared_b = np.array([intercept, 0.0], dtype=np.float64)
+    gsq = np.zeros(1)
+    if learning_rate == K.ADAGRAD:  # per-feature sums of squared slopes, kept across calls
+        adagrad = {} if adagrad is None else adagrad
+        if adagrad.get("gsq") is None or len(adagrad["gsq"]) != n_features:
+            adagrad["gsq"], adagrad["gb"] = np.zeros(n_features), 0.0
+        gsq, shared_b[1] = adagrad["gsq"], adagrad["gb"]
 
     keep_loss = verbose or not early_stopping  # scikit-learn's: the stopping rule or the log
     loss_mode = (K.LOSS_LATER if loss_code == K.LOG else K.LOSS_NOW) if keep_loss else 0
@@ -235,7 +242,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
 
     def run(st, order, lo, hi):
         return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, weights,
-                         aw, Q, shared_b, cfg, st, counter, margins, alast)
+                         aw, Q, shared_b, cfg, st, counter, margins, alast, gsq)
 
     def reset_wscale(st):
         if average_weights is not None:
@@ -358,6 +365,8 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         if pool is not None:
             pool.close()  # they exit once idle (a sum taken back is a no-op there)
     reset_wscale(state)
+    if learning_rate == K.ADAGRAD:
+        adagrad["gb"] = float(shared_b[1])
     if info is not None:  # what the fit chose (``LayoutChooser``)
         info["layout"] = chooser.best
     return (weights, state[K.S_INTERCEPT], average_weights, state[K.S_AVG_INTERCEPT],
