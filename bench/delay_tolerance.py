@@ -17,6 +17,7 @@ import statistics
 
 import monsoon
 from common import report
+from records import row, write_record
 
 ROWS = [("async sgd", dict(rule="sgd")),
         ("async sgd + staleness-lr", dict(rule="sgd", staleness_lr=True)),
@@ -52,6 +53,17 @@ def main():
     report(f"digits, async x{args.workers} ({args.backend}), lr {args.lr}, {args.epochs} epochs, "
            f"median of {args.seeds} seeds: final loss", rows,
            {"serial": serial, **results})
+    tolerant = ("async adarevision", "async dcasgd-a")
+    worst = max(results[n] / base for n in tolerant)
+    write_record("delay_tolerance", vars(args), [
+        row(name, ratio=loss / base, target="<= 0.8" if name in tolerant else None,
+            met=loss / base <= 0.8 if name in tolerant else None, final_loss=loss,
+            staleness=staleness[name]) for name, loss in results.items()],
+        {"ratio": worst, "target": "<= 0.8", "met": worst <= 0.8, "serial_loss": serial,
+         "line": f"with {args.workers} async workers at lr {args.lr}, AdaRevision and DC-ASGD-a "
+                 f"end at {results['async adarevision'] / base:.2f}x and "
+                 f"{results['async dcasgd-a'] / base:.2f}x plain async SGD's loss (target <= 0.8, "
+                 f"median of {args.seeds} seeds)"})
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from sklearn.linear_model import SGDClassifier
 from sklearn.metrics import log_loss
 
 from common import report
-from records import figure, write_record
+from records import row, write_record
 from monsoon.sklearn import HogwildClassifier
 
 # (name, rows, features, nnz per row, zipf exponent, normalised)
@@ -192,16 +192,14 @@ def main():
                              f"control x1/x1b {t['x1'] / t['x1b']:.2f} (paired {aa:.3f}, "
                              f"95% {aa_lo:.3f}-{aa_hi:.3f})"))
             print(rows_out[-1][0], rows_out[-1][1], flush=True)
-            records.append({
-                "name": f"{name} [{setting}]", "rows": rows, "repeats": wanted,
-                "ours": figure([r[0] for r in runs["x2"]]),
-                "x1": figure([r[0] for r in runs["x1"]]),
-                "peer": figure([r[0] for r in runs["sk"]]), "unit": "fit seconds",
-                "ratio": r2, "target": "sk/x2 >= 1.0, log-loss within +1% of sklearn's",
-                "met": checks[setting][-1],
-                "log_loss": {k: ll[k] for k in ("x2", "x1", "sk")}, "log_loss_delta_pct": dl,
-                "epochs": {k: it[k] for k in ("x2", "x1", "sk")},
-                "x1_over_x2_paired": [pair, pair_lo, pair_hi]})
+            records.append(row(f"{name} [{setting}]", [r[0] for r in runs["x2"]],
+                               [r[0] for r in runs["sk"]], r2,
+                               ">= 1.0, log-loss within 1%" if setting == "defaults" else None,
+                               (r2 >= 1.0 and dl <= 1.0) if setting == "defaults" else None,
+                               unit="s per fit (peer: SGDClassifier)",
+                               x1_over_x2=t["x1"] / t["x2"], paired=[pair, pair_lo, pair_hi],
+                               control=t["x1"] / t["x1b"], log_loss_gap_pct=dl,
+                               repeats=wanted))
     for setting in SETTINGS:
         s = summary[setting]
         if not s["x2"]:
@@ -221,15 +219,16 @@ def main():
            + (" (--quick)" if args.quick else ""), rows_out)
     s = summary["defaults"]
     if s["x2"]:
-        median, worst = statistics.median(s["x2"]), min(s["x2"])
-        loss = max(s["loss"])
-        met = median >= 1.5 and worst >= 1.0 and loss <= 1.0
+        ratio = statistics.median(s["x2"])
+        met = ratio >= 1.5 and min(s["x2"]) >= 1.0 and all(checks["defaults"])
         write_record("hogwild_sweep", vars(args), records, {
-            "line": f"HogwildClassifier(n_jobs=2) vs SGDClassifier at defaults: median "
-                    f"{median:.2f}x, worst {worst:.2f}x, log-loss at most {loss:+.2f}% "
-                    f"(target: median >= 1.5, never below 1.0, within 1%)",
-            "ratio": median, "worst": worst, "log_loss_worst_pct": loss,
-            "target": "median >= 1.5x, never below 1.0x, log-loss within 1%", "met": met})
+            "ratio": ratio, "ratio_runs": s["x2"],
+            "target": ">= 1.5 on the median dataset, never < 1.0, log-loss within 1%",
+            "met": met, "worst": min(s["x2"]),
+            "line": f"HogwildClassifier(n_jobs=2) fits {ratio:.2f}x faster than SGDClassifier "
+                    f"on the median dataset (worst {min(s['x2']):.2f}x; n_jobs=2 over n_jobs=1 "
+                    f"{statistics.median(s['x2/x1']):.2f}; log-loss "
+                    f"{statistics.median(s['loss']):+.2f}%)"})
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from sklearn.metrics import log_loss
 from common import report
 from hogwild_sweep import make_data
 from monsoon.sklearn import HogwildClassifier
-from records import figure, write_record
+from records import row, write_record
 
 # (name, rows, features, nnz per row, zipf exponent, normalised)
 DATASETS = [
@@ -142,17 +142,16 @@ def main():
                                  f" (VW {vw_s:.2f} s), final train {final:.4f}, held-out "
                                  f"{held:.4f} ({100 * (held / vw_held - 1):+.2f}% of VW's)"
                                  f"{'  MET' if met else ''}"))
-                records.append({
-                    "name": f"{name} [{setting}]", "rows": rows, "unit": "seconds to VW x1.01",
-                    "ours": {"reached": reached, "seconds_total": figure([r[0] for r in runs]),
-                             "held_out": figure([r[3] for r in runs]),
-                             "curve": runs[0][2]},
-                    "peer": {"seconds": figure([r[0] for r in vw_runs]),
-                             "train": figure([r[1] for r in vw_runs]),
-                             "held_out": figure([r[2] for r in vw_runs])},
-                    "ratio": (vw_s / t_reach) if t_reach < float("inf") else 0.0,
-                    "target": "reach VW's train log-loss x1.01 within VW's time, "
-                              "held-out within 1%", "met": met})
+                records.append(row(
+                    f"{name} [{setting}]",
+                    [r if r is not None else float("inf") for r in reached],
+                    [r[0] for r in vw_runs],
+                    (vw_s / t_reach) if t_reach < float("inf") else 0.0,
+                    "reach VW's train log-loss x1.01 within VW's time, held-out within 1%",
+                    met, unit="s to VW's log-loss (peer: VW's 5 passes)", rows=rows,
+                    examples_per_s=args.epochs * rows / total,
+                    held_out=held, vw_held_out=vw_held, vw_train=vw_ll,
+                    curve=runs[0][2]))
             for line in rows_out[-1 - len(SETTINGS):]:
                 print(*line, flush=True)
     best = {s: sum(m for k, m in met_all if k == s) for s in SETTINGS}

@@ -29,6 +29,7 @@ from pathlib import Path
 from bare_sync import bare_alone_us, bare_pair_us
 from common import median, median_and_range, report
 from monsoon.problems import make_problem
+from records import row, write_record
 
 STRATEGIES = ("serial", "sync", "async", "hogwild")
 BATCH, FLOOR_STEPS = 16, 3000  # exp's default batch; as many steps as seed_overhead.py
@@ -78,6 +79,17 @@ def main():
     report(f"the quick start's report (monsoon compare on exp, 2 workers, --repeats "
            f"{args.turns})", rows,
            {**speed, "floor": floor, "sync_median": median(speed["sync"])})
+    ratio = median(speed["sync"])
+    write_record("quick_start", vars(args), [
+        row(f"{s} speed over serial's", ratio=median(v), ratio_runs=v,
+            target=">= 0.9" if s == "sync" else None,
+            met=median(v) >= 0.9 if s == "sync" else None) for s, v in speed.items()]
+        + [row("floor: bare pair's speed over one process", ratio=median(floor),
+               ratio_runs=floor)],
+        {"ratio": ratio, "ratio_runs": speed["sync"], "target": ">= 0.9", "met": ratio >= 0.9,
+         "line": f"the quick start's report gives sync {ratio:.2f}x serial's speed (median of "
+                 f"{args.repeats} reports; {sum(v >= 0.9 for v in speed['sync'])} of them "
+                 f">= 0.9; floor {median(floor):.2f}x)"})
 
 
 if __name__ == "__main__":

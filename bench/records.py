@@ -32,7 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# MONSOON_BENCH_RESULTS redirects the records (the tests write theirs elsewhere).
+RESULTS = Path(os.environ.get("MONSOON_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def _git(*args) -> str:
@@ -86,3 +87,15 @@ def newest(benchmark: str, directory: Path | None = None) -> dict | None:
     folder = (directory or RESULTS) / benchmark
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
     return json.loads(files[-1].read_text()) if files else None
+
+
+def row(name: str, ours=None, peer=None, ratio=None, target: str | None = None,
+        met: bool | None = None, unit: str | None = None, ratio_runs=None, **extra) -> dict:
+    """One row of a record: ``ours`` and ``peer`` are lists of runs (or None),
+    each kept as a figure with its spread."""
+    out = {"name": name, "ours": figure(ours) if ours else None,
+           "peer": figure(peer) if peer else None, "ratio": ratio, "unit": unit,
+           "target": target, "met": met, **extra}
+    if ratio_runs:
+        out["ratio_runs"] = [float(v) for v in ratio_runs]
+    return out

@@ -29,6 +29,7 @@ from bare_sync import bare_alone_us, bare_pair_us
 from common import interleave, median, report
 from ddp_peer import ddp_examples_per_s
 from monsoon.problems import make_problem
+from records import row, write_record
 
 BATCH = 16
 
@@ -85,6 +86,17 @@ def main():
         ("floor ratio", f"{bare2 / bare1:.2f}"),
         ("sync's overhead over serial's, us/step", f"{(sync - bare2) - (serial - bare1):.1f}"),
     ], {**times, "ratio": sync / serial, "ddp_ratio": ddp / serial, "floor": bare2 / bare1})
+    ratio, met = sync / serial, sync / serial <= 1.1
+    pairs = [a / b for a, b in zip(times["sync-2"], times["serial"])]
+    write_record("seed_overhead", vars(args), [
+        row("sync x2 / serial", times["sync-2"], times["serial"], ratio, "<= 1.1", met,
+            unit="us/step", ratio_runs=pairs),
+        row("DDP x2 / serial", times["ddp-2"], times["serial"], ddp / serial, unit="us/step"),
+        row("floor: bare x2 / x1", times["bare-2"], times["bare-1"], bare2 / bare1,
+            unit="us/step")],
+        {"ratio": ratio, "ratio_runs": pairs, "target": "<= 1.1", "met": met,
+         "line": f"sync x2 takes {ratio:.2f}x serial's time per step on exp (target <= 1.1; "
+                 f"DDP x2 {ddp / serial:.1f}x, the machine's floor {bare2 / bare1:.2f}x)"})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from torch import nn
 import monsoon
 from common import examples_per_s_after_warmup, interleave, median, report
 from ddp_peer import ddp_examples_per_s
+from records import row, write_record
 from sync_sweep import LR, SHAPES, data
 
 # loss-curve rows: the CLI's default, as a user runs it (each also costs a
@@ -55,7 +56,7 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one torch thread per rank, as DDP's
-    rows, extra, worst = [], {}, (None, np.inf)
+    rows, extra, worst, records = [], {}, (None, np.inf), []
     for name in args.shapes.split(","):
         make_model, batch, steps = SHAPES[name]
         steps = max(4, int(steps * args.scale))
@@ -70,10 +71,17 @@ def main():
         rows.append((f"{name} torch engine / DDP",
                      f"{ratio:.2f} (engine runs {spread[0]:.2f}-{spread[1]:.2f})"))
         extra[name] = {**times, "ratio": ratio}
+        records.append(row(name, times["torch"], times["ddp"], ratio, ">= 1.0", ratio >= 1.0,
+                           unit="examples/s",
+                           ratio_runs=[v / m["ddp"] for v in times["torch"]]))
         worst = min(worst, (name, ratio), key=lambda t: t[1])
     rows.append(("worst torch engine / DDP", f"{worst[1]:.2f} ({worst[0]})   (target >= 1.0)"))
     report(f"torch engine sync x2 vs DDP x2 (gloo, {os.cpu_count()} cores), median of "
            f"{args.repeats}", rows, extra)
+    write_record("torch_engine_vs_ddp", vars(args), records, {
+        "ratio": worst[1], "target": ">= 1.0 every shape", "met": worst[1] >= 1.0,
+        "line": f"worst shape: the torch engine at {worst[1]:.2f}x DDP's examples/s "
+                f"({worst[0]}; target >= 1.0)"})
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from . import devices as _devices
 from .config import resolve
 from .engines.lifecycle import StopSignals, signal_name
-from .errors import ConfigError, Interrupted, TrainingDiverged
+from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
 from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
@@ -83,6 +84,59 @@ def check_writable(out: Path) -> None:
                           "choose another --out") from None
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _failed(exc: Exception, resolved, recorder, out, elapsed: float) -> MonsoonError:
+    """The error the user sees when an engine fails mid-run: one line naming
+    the worker or node (where the engine said), the reason, the run folder
+    (written, with status "failed") and how to carry on."""
+    run, engine = resolved.run, resolved.engine
+    reason = _first_line(exc)
+    if not isinstance(exc, MonsoonError):
+        reason = f"the {run['engine']} engine failed: {type(exc).__name__}: {reason}"
+    checkpoint = None
+    folder = getattr(engine, "checkpoint_dir", None)
+    if folder:
+        from .engines.checkpoints import checkpoint_files
+
+        found = checkpoint_files(folder)
+        checkpoint = str(found[0]) if found else None
+    if out is None:
+        where = "no run folder (give --out to keep one)"
+    else:
+        try:
+            rows = list(recorder.rows)
+        except Exception:  # noqa: BLE001 - the folder matters more than the curve
+            rows = []
+        summary = {"problem": run["problem"], "strategy": run["strategy"],
+                   "engine": run["engine"], "workers": run["workers"], "seed": run["seed"],
+                   "status": "failed", "error": reason,
+                   "failed_worker": getattr(exc, "worker", None),
+                   "final_loss": None, "updates": rows[-1]["updates"] if rows else 0,
+                   "checkpoint": checkpoint, "total_time_s": elapsed,
+                   "monsoon_version": __version__}
+        try:
+            write_run_folder(Path(out), {**resolved.config(), **engine.describe()}, summary,
+                             rows)
+            where = f"run folder {out}"
+        except Exception as write_error:  # noqa: BLE001
+            where = f"the run folder {out} could not be written ({_first_line(write_error)})"
+    hint = (f"; to carry on from {Path(checkpoint).name}, run the same command with "
+            f"--resume {out}" if checkpoint and out is not None else "")
+    message = f"{reason} ({where}){hint}"
+    if isinstance(exc, MonsoonError):
+        exc.args = (message,)
+        err = exc
+    else:
+        err = RunFailed(message)
+    err.run_dir = Path(out) if out is not None else None
+    return err
+
+
 def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
           raise_on_divergence: bool = True, **options) -> Result:
     """Train ``problem`` (a problem's name or a ``Problem``) with ``strategy``
@@ -93,16 +147,24 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     if out is not None:
         given["out"] = str(out)
     resolved = resolve(problem, strategy, workers, given)
-    run, problem, rule, strat, budget, engine = (resolved.run, resolved.problem, resolved.rule,
-                                                 resolved.strategy, resolved.budget,
-                                                 resolved.engine)
-    virtual = engine.virtual_time
+    run, problem, budget = resolved.run, resolved.problem, resolved.budget
     if out is not None:
         check_writable(Path(out))
 
     w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
     total = (budget.epochs * problem.n_examples if budget.epochs is not None
              else budget.steps * run['batch_size'])
+    _devices.assign(problem, resolved.devices)  # placed lazily, where each worker computes
+    try:
+        return _train(resolved, problem, w0, total, out, raise_on_divergence)
+    finally:
+        _devices.release(problem)  # back to the CPU: results do not depend on the device
+
+
+def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
+    run, rule, strat, budget, engine = (resolved.run, resolved.rule, resolved.strategy,
+                                        resolved.budget, resolved.engine)
+    virtual = engine.virtual_time
     recorder = Recorder(problem, total, run['target_loss'], evals=run['evals'],
                         progress=run['progress'], cost_aware=not virtual,
                         eval_share=run['eval_share'],
@@ -110,14 +172,21 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     t_start = time.perf_counter()
     try:
         # engines that stop cleanly on SIGTERM/SIGINT say so (local, sim)
-        with StopSignals(getattr(engine, "stops_on_signal", False)):
+        with StopSignals(engine.stops_on_signal):
             res = engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
                              run['seed'], budget, recorder)
+    except (ConfigError, Interrupted, TrainingDiverged, KeyboardInterrupt):
+        raise  # refused before any work, or stopped on purpose: said as it is
+    except Exception as exc:  # noqa: BLE001 - any engine failure: one line and a run folder
+        err = _failed(exc, resolved, recorder, out, time.perf_counter() - t_start)
+        if err is exc:
+            raise
+        raise err from exc
     finally:
         recorder.close()
-    if getattr(res, "follower", False):  # the torch engine's rank 0 records the run
+    if res.follower:  # the torch engine's rank 0 records the run
         return Result({"follower": True}, [], res.params, problem)
-    interrupted = getattr(res, "interrupted", None)
+    interrupted = res.interrupted
     # The curve's snapshots are evaluated now, after the run, off its clock
     # (with the buffers the monitor's model has); the final row with the
     # trained buffers, combined per the strategy's policy.
@@ -132,7 +201,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "problem": run["problem"],
         "strategy": run["strategy"],
         "engine": run["engine"],
-        "backend": getattr(engine, "backend_used", None),
+        "backend": engine.backend_used,
         "rule": run["rule"],
         "workers": run["workers"],
         "seed": run['seed'],
@@ -155,7 +224,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
         "lr": run["lr"],
         "batch_size": run['batch_size'],
         "dtype": run["dtype"],
-        "shards": getattr(engine, "shards_used", None),
+        "devices": _devices.summary_devices(resolved.devices),
+        "shards": engine.shards_used,
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,
         "status": "interrupted" if interrupted else "diverged" if res.stopped else "finished",

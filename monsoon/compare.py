@@ -11,7 +11,8 @@ all of them alike. The report's speeds are then the medians of those runs
 (with their ranges), and each speedup the median of the runs' ratios to the
 serial run of their turn. The first turn's folders are ``OUT/STRATEGY/`` (its
 curves are the ones plotted); later turns write ``OUT/repeats/STRATEGY-K/``.
-Single runs of a second or two can differ by 20-30% on a busy machine.
+Short single runs vary from one to the next on a busy machine;
+bench/quick_start.py measures how much for the quick start's report.
 """
 from __future__ import annotations
 

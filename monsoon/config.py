@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .engines import ENGINES
+from . import devices as _devices
+from .engines import ENGINES, Engine
 from .errors import ConfigError
 from .options import Option, at_least, declared, option_values, positive
 from .problems import PROBLEMS, Problem, problem_spec
@@ -40,6 +41,9 @@ RUN_OPTIONS = (
            check=at_least(1), label="batch size"),
     Option("seed", int, 0, "fixes the data order and the initial parameters"),
     Option("dtype", str, "float32", "parameter precision", choices=DTYPES),
+    Option("device", str, "cpu", "where torch problems compute: cpu, cuda (worker k on GPU "
+           "k mod GPUs), cuda:N, or auto (cuda where available, else cpu); docs/gpu.md",
+           check=_devices.check_spec),
     Option("target_loss", float, None, "report the time to reach this loss"),
     Option("evals", int, 100, "points on the loss curve (0: none)",
            check=lambda v: None if v >= 0 else "0 or more"),
@@ -105,6 +109,7 @@ class Resolved:
     engine: object
     budget: Budget
     processes: int           # workers the engine starts (backups included)
+    devices: list | None = None   # each worker's device (``devices.plan``)
 
     def config(self) -> dict:
         """Every setting of the run, flat: what config.json records."""
@@ -125,6 +130,15 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
                       "strategy": strategy, "workers": workers}.items():
         if name in RUN and raw is not None:
             run[name] = RUN[name].value(raw)
+    if instance is not None:  # a built problem trains in its own precision
+        import numpy as np
+
+        own = str(np.dtype(instance.dtype))
+        if given.get("dtype") is not None and run["dtype"] != own:
+            raise ConfigError(f"dtype {run['dtype']} was given, but the problem was built in "
+                              f"{own}, and trains in it; drop dtype, or build the problem in "
+                              f"{run['dtype']}")
+        run["dtype"] = own
     if run["epochs"] is not None and run["steps"] is not None:
         raise ConfigError("give either --epochs or --steps, not both")
     components = {"strategy": STRATEGIES.get(run["strategy"]), "rule": RULES.get(run["rule"]),
@@ -157,15 +171,21 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
 
         instance = make_problem(run["problem"], run["dtype"], **values["problem"])
     info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance)
+    if not (isinstance(components["engine"], type) and issubclass(components["engine"], Engine)):
+        raise ConfigError(f"engine {run['engine']!r} does not follow the engine contract: its "
+                          "class must subclass monsoon.engines.Engine (docs/extending.md)")
     engine = components["engine"].from_options(info, **values["engine"])
     processes = run["workers"] + strat.backup_workers
+    engine.check(strat, processes)  # refused in one line before any work starts
     strat.validate(processes, run["batch_size"], instance.n_examples)
     if run["batch_size"] > instance.n_examples:
         raise ConfigError(f"batch size {run['batch_size']} is larger than the "
                           f"{instance.n_examples} training examples; use --batch-size "
                           f"{instance.n_examples} or less")
+    device = _devices.choose(run["device"], instance, strat, engine, processes)
     return Resolved(run, values, instance, server_rule, strat, engine,
-                    Budget(epochs=run["epochs"], steps=run["steps"]), processes)
+                    Budget(epochs=run["epochs"], steps=run["steps"]), processes,
+                    _devices.plan(device, engine, processes))
 
 
 __all__ = ["RUN_OPTIONS", "Resolved", "resolve", "refuse_untaken", "for_strategy",

@@ -21,6 +21,12 @@ class WaitTimeout(MonsoonError, TimeoutError):
     """A wait (for a peer, a start signal or progress) ran past its timeout."""
 
 
+class RunFailed(MonsoonError, RuntimeError):
+    """An engine failed with an error of its own (a lost node, a library's
+    exception): the run folder holds what was recorded, with status
+    "failed", and the message says how to carry on."""
+
+
 class Interrupted(MonsoonError):
     """SIGTERM or SIGINT stopped the run. The run folder (``run_dir``) holds
     what was recorded so far and a checkpoint to resume from; the command

@@ -4,8 +4,8 @@ Every strategy, rule, engine and problem lists its settings as ``Option``
 objects in a class attribute ``options``. Everything else derives from that
 one declaration: the command line's flags (grouped by component in
 ``--help``), the keyword arguments of ``monsoon.train``, the checks and
-their messages (which name the flag), ``config.json`` and the README's
-option tables (``monsoon/docs.py``).
+their messages (which name the flag), ``config.json`` and the option
+tables of docs/options.md (``monsoon/docs.py``).
 
 Invariants:
 

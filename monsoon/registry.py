@@ -31,6 +31,11 @@ class Registry:
         self._broken: dict[str, str] = {}
 
     @property
+    def builtins(self) -> tuple[str, ...]:
+        """monsoon's own components' names, in their order."""
+        return tuple(self._builtins)
+
+    @property
     def flag(self) -> str:
         return f"--{self.kind}"
 

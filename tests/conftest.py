@@ -3,6 +3,9 @@ import os
 # Keep each test process from oversubscribing the 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -19,3 +22,44 @@ def local_ray():
              runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}"}})
     yield ray
     ray.shutdown()
+
+
+PLUGIN = Path(__file__).resolve().parent / "plugin_example"
+
+
+def _reload():
+    from monsoon.config import registries
+
+    for registry in registries().values():
+        registry.reload()
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory):
+    """The example plug-in, installed with pip into a site folder."""
+    site = tmp_path_factory.mktemp("site")
+    source = tmp_path_factory.mktemp("src") / "plugin"  # the build writes beside its source
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--no-build-isolation", "--no-index", "--target", str(site),
+                           str(source)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert list(site.glob("monsoon_example_plugin-*.dist-info/entry_points.txt"))
+    return site
+
+
+@pytest.fixture
+def plugin(plugin_site):
+    """The installed plug-in on sys.path, for this test only."""
+    site = plugin_site
+    sys.path.insert(0, str(site))
+    import importlib
+
+    importlib.invalidate_caches()
+    _reload()
+    yield site
+    sys.path.remove(str(site))
+    sys.modules.pop("monsoon_example_plugin", None)
+    _reload()
+
+

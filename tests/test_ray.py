@@ -121,7 +121,7 @@ def test_a_worker_that_cannot_start_is_named():
 
 
 def test_hogwild_is_refused_on_ray():
-    with pytest.raises(ConfigError, match="the ray engine runs sync, async"):
+    with pytest.raises(ConfigError, match="the ray engine cannot carry out Apply .*engines that run hogwild: local, sim$"):
         monsoon.train("exp", "hogwild", 2, engine="ray", epochs=1)
 
 

@@ -104,7 +104,7 @@ def test_dataframe_trains_where_it_lives(spark, monkeypatch):
 
 
 @pytest.mark.parametrize("strategy, options, says", [
-    ("hogwild", {}, "share no memory"),
+    ("hogwild", {}, "spark engine has no shared memory .*engines that run hogwild: local, sim"),
     ("async", {"n_fetch": 2, "n_push": 4}, "--n-fetch equal to --n-push"),
 ])
 def test_refused_with_advice(strategy, options, says):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import monsoon
+from monsoon.engines import base as engine_base
 from monsoon.engines.local import synchronous
 from monsoon.errors import WorkerError
 from monsoon.problems import make_problem
@@ -16,7 +17,7 @@ from faulty import FaultyProblem
 @pytest.fixture(params=["replicated", "sharded"])
 def sync_step(request, monkeypatch):
     if request.param == "sharded":  # every model counts as large
-        monkeypatch.setattr(synchronous, "REPLICATE_MAX_BYTES", 0)
+        monkeypatch.setattr(engine_base, "REPLICATE_MAX_BYTES", 0)
     return request.param
 
 

@@ -219,6 +219,7 @@ def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
 
 
 def test_refusals_name_the_engine_to_use():
-    for strategy, advice in (("async", "--engine ray"), ("hogwild", "--engine local")):
+    for strategy, advice in (("async", "cannot carry out Push .*engines that run async: local, sim, ray"),
+                             ("hogwild", "cannot carry out Apply .*engines that run hogwild: local")):
         with pytest.raises(ConfigError, match=advice):
             monsoon.train("exp", strategy, 2, engine="torch", steps=2, progress=False)

@@ -1,4 +1,4 @@
-"""Checkpoints of the local and sim engines: what a run needs to carry on.
+"""Checkpoints, one format and one identity check for every engine.
 
 One checkpoint is one ``.npz`` file, ``ckpt-<updates, 12 digits>.npz``, in
 the run folder's ``checkpoints/``: the arrays (``params``, ``state.<field>``
@@ -175,3 +175,79 @@ def load_latest(directory, expect: dict, shapes: dict, warn=None) -> Checkpoint:
         return ckpt
     raise CheckpointError(refusals[0] + (f" (and {len(refusals) - 1} older ones refused too)"
                                          if len(refusals) > 1 else ""))
+
+
+def restore_state(ckpt: Checkpoint, state) -> None:
+    """Copy a rule state's fields (``state.<field>``) out of ``ckpt``."""
+    for name, arr in zip(state._fields, state):
+        arr[...] = ckpt.arrays["state." + name]
+
+
+def state_arrays(state) -> dict:
+    return {"state." + name: arr for name, arr in zip(state._fields, state)}
+
+
+def staleness_arrays(counts) -> dict:
+    keys = sorted(counts)
+    return {"staleness.values": np.array(keys, dtype=np.int64),
+            "staleness.counts": np.array([counts[k] for k in keys], dtype=np.int64)}
+
+
+class Checkpointer:
+    """One run's checkpoints, as an engine's driver (or rank 0) keeps them:
+    the identity of the run, where to write, how often, where to resume
+    from, and the recorder whose rows travel with each checkpoint.
+
+    ``load`` returns the checkpoint to resume from (None: a fresh run),
+    checked against this run and the shapes given, and hands its loss curve
+    to the recorder; ``due(updates)`` says when the next one is due;
+    ``save`` writes one with the settled rows up to it."""
+
+    def __init__(self, directory, every: int, resume_dir, ident: dict, recorder=None):
+        self.directory = directory
+        self.every = every if directory else 0
+        self.resume_dir = resume_dir
+        self.ident = ident
+        self.recorder = recorder
+        self.last_path = None
+        self.next_at = None
+
+    @classmethod
+    def for_engine(cls, engine, problem, strategy, rule, workers, batch_size, seed, recorder):
+        return cls(engine.checkpoint_dir, engine.checkpoint_every, engine.resume_dir,
+                   identity(problem, strategy, rule, workers, batch_size, seed), recorder)
+
+    def shapes(self, w0, rule, extra: dict | None = None) -> dict:
+        template = rule.init(w0.size, w0.dtype)
+        shapes = {"params": (w0.shape, w0.dtype), **(extra or {})}
+        for name, arr in zip(template._fields, template):
+            shapes["state." + name] = (arr.shape, arr.dtype)
+        return shapes
+
+    def load(self, w0, rule, extra_shapes: dict | None = None):
+        if not self.resume_dir:
+            return None
+        ckpt = load_latest(self.resume_dir, self.ident, self.shapes(w0, rule, extra_shapes))
+        if self.recorder is not None:
+            self.recorder.resume(ckpt.meta["rows"])
+        return ckpt
+
+    def due(self, updates: int) -> bool:
+        if not self.every:
+            return False
+        if self.next_at is None:
+            self.next_at = (updates // self.every + 1) * self.every
+        return updates >= self.next_at
+
+    def save(self, updates: int, now: float, params, state, meta: dict,
+             arrays: dict | None = None):
+        if not self.directory:
+            return None
+        self.next_at = (updates // self.every + 1) * self.every if self.every else None
+        rows = ([dict(r) for r in self.recorder.settled_rows() if r["updates"] <= updates]
+                if self.recorder is not None else [])
+        members = {"params": params, **(arrays or {}), **state_arrays(state)}
+        self.last_path = save(self.directory, updates,
+                              {**self.ident, **meta, "updates": updates, "time_s": now,
+                               "rows": rows}, members)
+        return self.last_path

@@ -9,12 +9,9 @@ thresholds only rise after a large mmapped block is freed. A worker that
 gets its data through shared memory never frees one early, so it pays the
 kernel for every page of every activation, every step.
 
-Measured with sync x2 on a small CNN (bench/sync_sweep.py's cnn-b128) on a
-2-core VM: 140k minor page faults a second in one worker, ~70 ``brk`` calls
-a second, and 16.7-18.2 ms a step. A torchrun rank of the same model, whose
-dataset arrived pickled and was freed, faulted twice in 4 s and stepped in
-11.6 ms. With the thresholds set as below, the local workers stepped in
-13.6-13.9 ms.
+The page faults show on a small CNN's steps (bench/sync_sweep.py's
+cnn-b128): a torchrun rank, whose dataset arrived pickled and was freed,
+faulted rarely and stepped faster than local workers before this module.
 
 ``keep_freed_memory()`` is called once at the start of each worker process
 that monsoon starts (never in the user's own process). It sets the mmap

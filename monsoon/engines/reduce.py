@@ -5,10 +5,9 @@ workers in rank order (so the result does not depend on arrival order).
 When every worker saw as many examples (the usual case), the mean is
 (c_0 + c_1 + ...) * (1 / N), and on float32/float64 it runs as BLAS copy,
 axpy with a = 1 and scal: y + 1 * x rounds once with or without FMA, so the
-bits are those of NumPy's add and multiply, whatever the slicing. Between
-two PyTorch gradients of a small model, three BLAS calls cost ~1.5 us where
-NumPy's ufunc machinery costs ~4.5 us (measured in the step loop, where the
-ufuncs also slow the next gradient: bench/seed_overhead.py)."""
+bits are those of NumPy's add and multiply, whatever the slicing. BLAS is
+used because NumPy's ufunc machinery costs a visible share of a small
+model's step (bench/seed_overhead.py)."""
 from __future__ import annotations
 
 import math
@@ -23,8 +22,8 @@ _AXPY_SCAL = {np.dtype("float32"): (blas.saxpy, blas.sscal),
 
 def finite(g: np.ndarray) -> bool:
     """One pass, no allocation: NaN and Inf propagate through a sum of
-    absolute values (BLAS asum, 3x faster than NumPy's pairwise sum; a
-    finite vector only fails if its 1-norm overflows, i.e. it is garbage)."""
+    absolute values (BLAS asum, faster than NumPy's pairwise sum; a finite
+    vector only fails if its 1-norm overflows, i.e. it is garbage)."""
     asum = _ASUM.get(g.dtype)
     if asum is not None and g.flags.c_contiguous and g.size:
         return math.isfinite(asum(g))

@@ -15,8 +15,7 @@ class Aborted(Exception):
 SPIN_S = 0.05  # spin this long before sleeping
 # Between processes, the first turns of a spin need not yield the core: a
 # peer at a barrier is usually microseconds away, and a yield (a system
-# call) on every turn made seed 001's sync x2 steps 1-4 us slower
-# (bench/seed_overhead.py). Threads always yield: a thread spinning flat out
+# call) on every turn slows the smallest models' steps (bench/seed_overhead.py). Threads always yield: a thread spinning flat out
 # holds the GIL its peer needs.
 HOT_TURNS = 256
 
@@ -28,9 +27,9 @@ def wait_until(ready, timeout: float, aborted, what: str, spin: bool = True,
     ``WaitTimeout`` after ``timeout`` seconds.
 
     With ``spin`` (a core per worker), first spin for up to ``SPIN_S``:
-    ``hot_turns`` turns flat out (256 are ~40 us), then yielding the core on
-    each turn. A synchronous step's barrier then costs microseconds, where a
-    sleep would cost its wake-up latency (50-100 us).
+    ``hot_turns`` turns flat out, then yielding the core on each turn. A
+    synchronous step's barrier then costs microseconds, where a sleep would
+    cost its wake-up latency.
     After that, or without ``spin``, sleep with back-off up to 1 ms, so a long
     wait (a straggler, a slow start) costs no CPU."""
     if ready():

@@ -28,7 +28,7 @@ from ..engines.local.engine import (EngineResult, _blas_threads, _main_module_hi
                                     torch_threads_per_worker)
 from ..engines.heap import keep_freed_memory
 from ..engines.local.inbox import Outbox, PipeInbox
-from ..engines.local.memory import SharedArrays
+from ..engines.shared_memory import SharedArrays
 from ..engines.waiting import Aborted
 from ..errors import ConfigError, WaitTimeout, WorkerError
 from ..strategies.batches import global_batches

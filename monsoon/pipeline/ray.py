@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ..engines.local.engine import EngineResult
+from ..engines.base import EngineResult
 from ..errors import WaitTimeout, WorkerError
 from ..strategies.batches import global_batches, part_bounds
 from .runner import finish, stage_payloads

@@ -24,7 +24,7 @@ import math
 import numpy as np
 import torch
 
-from ..engines.local.memory import SharedArrays
+from ..engines.shared_memory import SharedArrays
 from ..engines.waiting import wait_until
 from ..errors import ConfigError
 

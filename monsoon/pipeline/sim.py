@@ -41,7 +41,7 @@ from collections import deque
 
 import numpy as np
 
-from ..engines.local.engine import EngineResult
+from ..engines.base import EngineResult
 from ..strategies.batches import global_batches
 from .runner import finish, stage_payloads
 from .schedules import timeline

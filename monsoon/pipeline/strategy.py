@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..options import Option, at_least
-from ..strategies.base import Strategy
+from ..strategies.base import STAGES, Strategy
 from .schedules import SCHEDULES
 
 OPTIONS = (
@@ -44,6 +44,10 @@ class Pipeline(Strategy):
     options = OPTIONS
     shared_params = False
     needs_all_workers = True
+    uses = ()   # its stages exchange activations, not the shared ops
+
+    def needs(self, workers):
+        return {STAGES}
 
     def __init__(self, pipeline_stages=None, micro_batches=4, schedule="gpipe", cuts=None,
                  balance="params"):

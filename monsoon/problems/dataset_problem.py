@@ -14,6 +14,11 @@ batch while the current one computes. ``gradient`` takes the prefetched
 batch when its indices match, else loads synchronously, so the result never
 depends on whether prefetching happened.
 
+On a GPU (``place``), batches come through pinned memory: the prefetch
+thread collates the next batch, pins it and copies it to the device on a
+stream of its own while the current batch computes; ``gradient`` waits for
+that copy only (a CUDA event), never for the thread's next one.
+
 Worker processes receive the Dataset pickled as it is: a lazy Dataset
 pickles as its file names; one holding tensors should keep them in shared
 memory or a memory map itself.
@@ -24,6 +29,7 @@ default); at most ``_MAX_PENDING`` batches wait in memory per worker.
 """
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -77,6 +83,7 @@ class DatasetProblem(TorchProblem):
         """Start loading the batch ``indices`` in the background."""
         if not self.prefetching:
             return
+        self._placed()
         key = np.asarray(indices, dtype=np.int64).tobytes()
         if key in self._pending:
             return
@@ -84,14 +91,38 @@ class DatasetProblem(TorchProblem):
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="monsoon-prefetch")
         while len(self._pending) >= _MAX_PENDING:  # a hint that was not used
             self._pending.pop(next(iter(self._pending))).cancel()
-        self._pending[key] = self._executor.submit(self._load, self.dataset,
-                                                   np.array(indices, copy=True))
+        self._pending[key] = self._executor.submit(self._load_placed, self.dataset,
+                                                   np.array(indices, copy=True),
+                                                   getattr(self, "_dev_stream", None))
+
+    def _load_placed(self, dataset, indices, stream=None):
+        """A batch on this problem's device: on a GPU, pinned and copied on
+        ``stream`` (the prefetch thread's); returns (inputs, targets, event)."""
+        xb, yb = self._load(dataset, indices)
+        if self.device == "cpu":
+            return xb, yb, None
+        dev = torch.device(self.device)
+        if dev.type != "cuda":
+            return xb.to(dev), yb.to(dev), None
+        xb, yb = xb.pin_memory(), yb.pin_memory()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        return xb, yb, event
 
     def _rows(self, indices):
         future = self._pending.pop(np.asarray(indices, dtype=np.int64).tobytes(), None)
         if future is not None and not future.cancelled():
-            return future.result()
-        return self._load(self.dataset, indices)
+            xb, yb, event = future.result()
+        else:
+            xb, yb, event = self._load_placed(self.dataset, indices)
+        if event is not None:  # this stream waits for the copy, and owns the batch now
+            current = torch.cuda.current_stream(xb.device)
+            current.wait_event(event)
+            xb.record_stream(current)
+            yb.record_stream(current)
+        return xb, yb
 
     def _train_chunks(self):
         return self._dataset_chunks(self.dataset)
@@ -104,10 +135,30 @@ class DatasetProblem(TorchProblem):
     def _dataset_chunks(self, dataset):
         n = len(dataset)
         for start in range(0, n, self.eval_batch):
-            yield self._load(dataset, range(start, min(start + self.eval_batch, n)))
+            xb, yb = self._load(dataset, range(start, min(start + self.eval_batch, n)))
+            if self.device != "cpu":
+                xb, yb = xb.to(self.device), yb.to(self.device)
+            yield xb, yb
 
     def _data(self) -> list:
         return [self.dataset, self.val_dataset]
+
+    def _place_data(self, dev) -> None:
+        """No data in memory to move: batches move as they are read."""
+        self._drop_pending()
+        if dev.type == "cuda":
+            self._dev_stream = torch.cuda.Stream(dev)
+
+    def _restore_data(self) -> None:
+        self._drop_pending()
+
+    def _drop_pending(self) -> None:
+        for future in self._pending.values():
+            future.cancel()
+        for future in self._pending.values():
+            if not future.cancelled():
+                future.exception()  # wait: no copy runs on while the problem moves
+        self._pending = {}
 
     def shared_data(self):
         """A Dataset is pickled as it is (see the module's docstring)."""

@@ -34,6 +34,12 @@ currently views, the module is re-pointed at it (no copy). A worker that
 computes on shared memory (Hogwild!, sync on the local engine) therefore
 reads the shared parameters directly, and one that computes on a private
 copy (Downpour) reads its copy.
+
+On a GPU (``place(device)``, ``monsoon/devices.py``) the module views one
+flat device buffer instead: ``gradient`` copies ``w`` (host memory, where
+the engine's rule updates it) there, computes, and copies the flat gradient
+back into ``out``; the data is copied to each device once per process.
+Copies and pickles are CPU problems that keep their target device.
 """
 from __future__ import annotations
 
@@ -52,6 +58,10 @@ _TORCH_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.
 class TorchProblem(Problem):
     """Train ``module`` on ``(X, y)`` under ``loss_fn(output, target)``, which
     must return the mean over the batch (the default of torch's losses)."""
+
+    device = "cpu"          # where this instance computes now
+    worker_devices = None   # the run's device map (``devices.assign``)
+    _target = None          # where it moves at its first computation
 
     def __init__(self, module: torch.nn.Module, loss_fn, X, y, dtype="float32",
                  name: str = "torch", eval_batch: int = 65536, init_fn=None,
@@ -127,11 +137,7 @@ class TorchProblem(Problem):
 
     # -- flat-buffer plumbing ---------------------------------------------
     def _views(self, array: np.ndarray):
-        flat = torch.from_numpy(array)
-        offset = 0
-        for shape, size in zip(self._shapes, self._sizes):
-            yield flat[offset:offset + size].view(shape)
-            offset += size
+        return self._tensor_views(torch.from_numpy(array))
 
     def _bind(self, w: np.ndarray) -> None:
         for p, view in zip(self._params, self._views(w)):
@@ -150,6 +156,94 @@ class TorchProblem(Problem):
             bound = (g, list(self._views(g)), torch.from_numpy(g))
             self._grad_bindings[id(g)] = bound
         self._grad_out, self._grad_views, self._grad_flat = bound
+
+    # -- devices (``monsoon/devices.py``) -----------------------------------------
+    def use_devices(self, devices) -> None:
+        """The run's device map: worker k's copy computes on ``devices[k]``,
+        this instance on ``devices[0]``; None: the CPU, as built."""
+        self.worker_devices = list(devices) if devices else None
+        self._target = self.worker_devices[0] if devices else None
+
+    def target_device(self):
+        return self._target
+
+    def for_worker(self, rank: int, workers: int) -> "TorchProblem":
+        clone = self.copy()
+        if self.worker_devices:
+            clone._target = self.worker_devices[rank % len(self.worker_devices)]
+        return clone
+
+    def _placed(self) -> None:
+        """Move to the target device before the first computation there."""
+        target = self._target
+        if target is not None and target != self.device:
+            self.place(target)
+
+    def place(self, device) -> None:
+        """Move the module, its buffers and the data to ``device`` (``cpu``,
+        ``cuda``, ``cuda:N``); parameters and gradients stay host arrays."""
+        device = str(device)
+        if device == self.device:
+            return
+        if self.device != "cpu":
+            self._to_host()
+        if device != "cpu":
+            self._to_device(device)
+
+    def _to_device(self, device: str) -> None:
+        dev = torch.device(device)
+        tdtype = _TORCH_DTYPES[self.dtype]
+        self.module.to(dev)  # the buffers; the parameters are re-pointed next
+        self._dev_flat = torch.empty(self.n_params, dtype=tdtype, device=dev)
+        self._dev_grad = torch.zeros(self.n_params, dtype=tdtype, device=dev)
+        self._dev_grad_views = list(self._tensor_views(self._dev_grad))
+        for p, view in zip(self._params, self._tensor_views(self._dev_flat)):
+            p.data = view
+            p.grad = None
+        self._dev_flat.copy_(_host_tensor(self._bound))
+        self._place_data(dev)
+        self.device = device
+
+    def _to_host(self) -> None:
+        self._restore_data()
+        self.module.to("cpu")
+        for key in [k for k in self.__dict__ if k.startswith("_dev")]:
+            del self.__dict__[key]
+        self.device = "cpu"
+        bound, self._bound = self._bound, None
+        self._bind(bound)  # the parameters view the host array again
+
+    def _place_data(self, dev) -> None:
+        """In-memory data: one copy per device in this process (devices.py)."""
+        from ..devices import to_device_once
+
+        self._host_data = (self.X, self.y, self.val)
+        self.X, self.y = to_device_once(self.X, dev), to_device_once(self.y, dev)
+        if self.val is not None:
+            self.val = tuple(to_device_once(v, dev) for v in self.val)
+
+    def _restore_data(self) -> None:
+        host = self.__dict__.pop("_host_data", None)
+        if host is not None:
+            self.X, self.y, self.val = host
+
+    def _use(self, w: np.ndarray) -> None:
+        """Compute at ``w`` from now on: re-point the module at it (CPU), or
+        copy it to the device (always: the host rule updates it in place)."""
+        if w is not self._bound:
+            self._check(w)
+        if self.device == "cpu":
+            if w is not self._bound:
+                self._bind(w)
+            return
+        self._bound = w
+        self._dev_flat.copy_(_host_tensor(w))
+
+    def _tensor_views(self, flat):
+        offset = 0
+        for shape, size in zip(self._shapes, self._sizes):
+            yield flat[offset:offset + size].view(shape)
+            offset += size
 
     def _check(self, w: np.ndarray) -> None:
         if w.shape != (self.n_params,) or w.dtype != self.dtype:
@@ -183,11 +277,20 @@ class TorchProblem(Problem):
                           if p.requires_grad]).numpy().astype(self.dtype, copy=True)
 
     def gradient(self, w, indices, out=None, accumulate=False):
+        self._placed()
+        if out is not None and out is not self._grad_out:
+            self._bind_grad(out)
+        if self.device != "cpu":  # computed on the device, brought back to ``out``
+            loss = self.backward(w, indices, fresh=True)
+            self._gather_grads(self._dev_grad, self._dev_grad_views)
+            if accumulate:
+                self._grad_flat += self._dev_grad.cpu()
+            else:
+                self._grad_flat.copy_(self._dev_grad)
+            return loss, self._grad_out
         if w is not self._bound:
             self._check(w)
             self._bind(w)
-        if out is not None and out is not self._grad_out:
-            self._bind_grad(out)
         params = self._params
         if accumulate:  # autograd adds into .grad: point it at ``out``
             for p, view in zip(params, self._grad_views):
@@ -202,9 +305,8 @@ class TorchProblem(Problem):
         loss. ``fresh``: each parameter's ``.grad`` is autograd's own new
         tensor, for the caller to take (the torch engine's gradient hooks);
         otherwise autograd adds into the ``.grad`` already there."""
-        if w is not self._bound:
-            self._check(w)
-            self._bind(w)
+        self._placed()
+        self._use(w)
         if fresh:  # autograd hands over fresh tensors: one copy, no zeroing pass
             for p in self._params:
                 p.grad = None
@@ -218,6 +320,8 @@ class TorchProblem(Problem):
     def _rows(self, indices):
         """The examples ``indices``: inputs and targets, batched."""
         rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        if self.device != "cpu":
+            rows = rows.to(self.X.device)
         return self.X.index_select(0, rows), self.y.index_select(0, rows)
 
     def _train_chunks(self):
@@ -231,13 +335,16 @@ class TorchProblem(Problem):
         for start in range(0, len(X), self.eval_batch):
             yield X[start:start + self.eval_batch], y[start:start + self.eval_batch]
 
-    def _gather_grads(self) -> None:
-        """Copy the fresh ``.grad`` tensors into the flat gradient buffer."""
+    def _gather_grads(self, flat=None, views=None) -> None:
+        """Copy the fresh ``.grad`` tensors into the flat gradient buffer
+        (``flat``, with its per-parameter ``views``: the device's)."""
+        if flat is None:
+            flat, views = self._grad_flat, self._grad_views
         grads = [p.grad for p in self._params]
         if all(g is not None for g in grads):
-            torch.cat([g.reshape(-1) for g in grads], out=self._grad_flat)
+            torch.cat([g.reshape(-1) for g in grads], out=flat)
             return
-        for view, g in zip(self._grad_views, grads):  # a parameter the loss did not use
+        for view, g in zip(views, grads):  # a parameter the loss did not use
             if g is None:
                 view.zero_()
             else:
@@ -266,9 +373,10 @@ class TorchProblem(Problem):
 
     def _measure(self, w, chunks, n: int, accuracy: bool = False):
         """Mean loss (and accuracy) over ``chunks`` of (inputs, targets)."""
+        self._placed()
         self._check(w)
         saved = self._bound
-        self._bind(w)
+        self._use(w)
         was_training = self.module.training
         self.module.eval()
         total, correct = 0.0, 0
@@ -282,7 +390,7 @@ class TorchProblem(Problem):
         finally:
             if was_training:
                 self.module.train()
-            if saved is not None:
+            if saved is not None and self.device == "cpu":  # a device re-reads w anyway
                 self._bind(saved)
         return total / n, (correct / n if accuracy else None)
 
@@ -306,7 +414,7 @@ class TorchProblem(Problem):
     def model_at(self, w: np.ndarray) -> torch.nn.Module:
         """A standalone copy of the module holding parameters ``w``."""
         self._check(w)
-        model = copy.deepcopy(self.module)
+        model = copy.deepcopy(self.module).to("cpu")  # results live on the CPU side
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         for p, view in zip(params, self._views(np.array(w, copy=True))):
@@ -316,6 +424,12 @@ class TorchProblem(Problem):
 
     def __getstate__(self):
         state = self.__dict__.copy()
+        # A copy is a CPU problem that keeps its target device (placed lazily).
+        for key in [k for k in state if k.startswith("_dev")]:
+            del state[key]
+        if "_host_data" in state:
+            state["X"], state["y"], state["val"] = state.pop("_host_data")
+        state["device"] = "cpu"
         # The module's parameters may view shared memory; ship plain copies.
         state["_bound_copy"] = np.array(self._bound, copy=True)
         state["_bound"] = None
@@ -375,8 +489,8 @@ class TorchProblem(Problem):
             shm.unlink()
 
     def _data(self) -> list:
-        """What copies share: the read-only data."""
-        return [self.X, self.y, self.val]
+        """What copies share: the read-only data (the host copies)."""
+        return list(getattr(self, "_host_data", None) or (self.X, self.y, self.val))
 
     def __deepcopy__(self, memo):
         clone = type(self).__new__(type(self))
@@ -389,15 +503,20 @@ class TorchProblem(Problem):
         return clone
 
 
+def _host_tensor(w: np.ndarray):
+    """``w`` as a CPU tensor to copy from (Ray hands arrays over read-only)."""
+    return torch.from_numpy(w if w.flags.writeable else np.array(w))
+
+
 def _module_without_buffers(module, params):
-    """A copy of ``module`` whose parameters own their storage (not views of
-    a flat or shared buffer), so it pickles small and safely."""
+    """A CPU copy of ``module`` whose parameters own their storage (not
+    views of a flat, shared or device buffer), so it pickles small and safely."""
     saved = [(p.data, p.grad) for p in params]
     try:
         for p in params:
-            p.data = p.data.clone()
+            p.data = p.data.detach().to("cpu", copy=True)
             p.grad = None
-        return copy.deepcopy(module)
+        return copy.deepcopy(module).to("cpu")
     finally:
         for p, (data, grad) in zip(params, saved):
             p.data = data
@@ -455,7 +574,7 @@ def _tensors(problem) -> dict:
 def _to_shared(problem):
     """Move ``problem``'s data into one shared-memory block; it is removed
     when the problem is garbage-collected or the interpreter exits."""
-    from ..engines.local.memory import SharedArrays
+    from ..engines.shared_memory import SharedArrays
 
     named = {k: t.contiguous().numpy() for k, t in _tensors(problem).items()}
     block = SharedArrays({k: (a.shape, a.dtype) for k, a in named.items()})

@@ -18,16 +18,14 @@ snapshots' buffers take the next copies). Where the clock
 is real (``cost_aware``), snapshots are also at least ``COST_SPACING`` times
 their own cost apart (the recording thread's CPU time, and at least what
 their size says), so a large model's copies take at most ~2% of the run
-however short it is (a 7 MB model's copy and check cost ~3 ms; a 30-step
-benchmark due a row every step would otherwise pay it every step). The
-size alone said too little on a VM where memory a process touches for
-the first time costs ~10 us a page: a snapshot of 23 MB there took 56 ms,
-not the ~3 ms of a copy into touched memory, and the copies of a sync run
-on a 2048-wide MLP took ~5% of a core the workers needed.
+however short it is: a short run due a row every step would otherwise pay
+a copy every step. The cost is measured, not inferred from the size,
+because memory a process touches for the first time can cost many times
+a copy into touched memory (the large shapes of bench/sync_sweep.py).
 
 Evaluating after the run costs the user wall time instead: each snapshot
-is a pass over the training set, so a CNN trained for 9 s on 8,192
-examples with 100 rows waited about 90 s more for its curve. Where the
+is a pass over the training set, so a model whose steps are cheap next to
+a full pass would wait far longer for its curve than it trained. Where the
 clock is real, the evaluation gets at most ``eval_share`` of the run's time
 (and at least ``EVAL_MIN_S``). Snapshots are evaluated coarse to fine (the
 first, the last, then the middle, the quarters, ...: ``refinement_levels``;
@@ -172,8 +170,8 @@ class Recorder:
 
     def _copy(self, params) -> np.ndarray:
         """``params`` copied into a buffer a thinned snapshot left (memory
-        already touched: ~30x cheaper than fresh memory on a VM that faults
-        every new page in), or into a new one."""
+        already touched, cheaper to write than fresh memory where the kernel
+        faults every new page in), or into a new one."""
         params = np.asarray(params)
         for k, spare in enumerate(self._spares):
             if spare.shape == params.shape and spare.dtype == params.dtype:

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from .batches import Budget
 
+# What a strategy may need of an engine beyond its ops (``Strategy.needs``);
+# engines declare the ones they meet (``engines/base.py``).
+SHARED_MEMORY = "shared memory"    # several workers update one parameter array in place
+BACKUP_WORKERS = "backup workers"  # a step takes the first N of N + b contributions
+STAGES = "pipeline stages"         # stage workers passing activations to each other
+
 
 @dataclass(frozen=True)
 class WorkerJob:
@@ -36,6 +42,12 @@ class RunInfo:
 
 class Strategy:
     name = "strategy"
+    # The op classes (``ops.py``) this strategy's program yields: an engine
+    # takes the strategy only if it carries out every one (engines/base.py).
+    uses: tuple = ()
+    # True: given ``job.kernel`` (an engine that runs the problem's compiled
+    # loop), the program yields one ``SGDPass`` per epoch instead of batches.
+    per_example_loop = False
     # The options this strategy takes (``monsoon.options.Option``); their
     # values reach ``from_options`` by name.
     options: tuple = ()
@@ -66,6 +78,11 @@ class Strategy:
         take their options as keyword arguments and apply ``rule`` on the
         server; local SGD and EASGD apply it on each worker instead."""
         return cls(**values), rule
+
+    def needs(self, workers: int) -> set:
+        """What an engine must provide for this configuration beyond the
+        ops (``engines/base.py``: shared memory, backup workers, stages)."""
+        return set()
 
     def program(self, job: WorkerJob):
         raise NotImplementedError

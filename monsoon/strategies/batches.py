@@ -52,8 +52,8 @@ def block_permutation(n: int, seed: int, epoch: int, block: int = 512) -> np.nda
     """Blocks of ``block`` consecutive examples, the blocks in a random order
     drawn from ``(seed, epoch)``. On data stored in a random order (see
     SparseLinear, which shuffles its rows once), this is statistically a
-    shuffle, while memory is read sequentially: 4-5x faster per example than a
-    full permutation on large sparse data."""
+    shuffle, while memory is read sequentially: faster per example than a
+    full permutation on sparse data larger than the caches."""
     starts = np.arange(0, n, block)
     order = np.random.default_rng([seed, epoch]).permutation(len(starts))
     return np.concatenate([np.arange(starts[b], min(starts[b] + block, n)) for b in order])

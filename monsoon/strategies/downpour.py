@@ -30,6 +30,7 @@ from .ops import Fetch, Gradient, LocalStep, Push
 class Downpour(Strategy):
     name = "async"
     shared_params = False
+    uses = (Fetch, Gradient, Push, LocalStep)
     options = (
         Option("n_fetch", int, 1, "steps between fetches of the parameters", check=at_least(1)),
         Option("n_push", int, 1, "steps between pushes of the accrued gradient",

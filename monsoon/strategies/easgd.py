@@ -22,6 +22,7 @@ from .ops import Elastic, Fetch, Gradient, LocalApply
 class EASGD(Strategy):
     name = "easgd"
     shared_params = False
+    uses = (Fetch, Gradient, LocalApply, Elastic)
     options = (
         Option("easgd_alpha", float, None, "elastic force (default 0.9 / workers)",
                check=in_range(0, 1)),

@@ -21,7 +21,7 @@ once, so memory is read sequentially.
 Invariant: with one worker, Hogwild! IS serial SGD, update for update.
 """
 from ..options import Option, in_range
-from .base import Strategy, WorkerJob
+from .base import SHARED_MEMORY, Strategy, WorkerJob
 from .batches import block_permutation, lookahead, skip, slice_batches, split
 from .ops import Apply, Gradient, SGDPass
 
@@ -34,6 +34,11 @@ class Hogwild(Strategy):
     name = "hogwild"
     shared_params = True
     options = (BETA,)
+    uses = (Gradient, Apply)
+    per_example_loop = True  # with job.kernel, one SGDPass per epoch instead
+
+    def needs(self, workers):
+        return {SHARED_MEMORY} if workers > 1 else set()
 
     @classmethod
     def from_options(cls, run, rule, hogwild_beta=0.9):

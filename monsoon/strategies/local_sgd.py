@@ -28,6 +28,7 @@ class LocalSGD(Strategy):
     shared_params = False
     needs_all_workers = True
     synchronous = True
+    uses = (Gradient, LocalApply, Average)
     options = (
         Option("local_steps", int, 8, "steps between averages", check=at_least(1)),
         Option("diloco", bool, False, "outer Nesterov step on the mean drift (DiLoCo)"),

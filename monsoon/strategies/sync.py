@@ -27,7 +27,7 @@ a seed makes runs bit-reproducible (the reduction is done in rank order).
 """
 from ..errors import ConfigError
 from ..options import Option, at_least
-from .base import Strategy, WorkerJob
+from .base import BACKUP_WORKERS, Strategy, WorkerJob
 from .batches import global_batches, lookahead, part_bounds, skip
 from .ops import AllReduce, Gradient
 
@@ -38,6 +38,7 @@ class Sync(Strategy):
     needs_all_workers = True
     synchronous = True
     buffers = "rank0"   # DDP's broadcast_buffers: every replica holds rank 0's
+    uses = (Gradient, AllReduce)
     options = (Option("backup_workers", int, 0, "extra workers; each step takes the first "
                       "--workers gradients", check=lambda v: None if v >= 0 else "0 or more"),)
 
@@ -50,8 +51,9 @@ class Sync(Strategy):
         batches = skip(global_batches(job.n_examples, job.batch_size, job.seed, job.budget),
                        job.start_step)  # resumed from a checkpoint
         # This worker's (start, stop) in a batch of each length (only an
-        # epoch's last batch can be shorter): seed 001's steps take ~80 us,
-        # so even split()'s arithmetic, done every step, showed.
+        # epoch's last batch can be shorter): seed 001's steps are so short
+        # (bench/seed_overhead.py) that even split()'s arithmetic, done every
+        # step, showed.
         parts = {}
         batches = lookahead(batches)
         for batch, following in batches:
@@ -70,6 +72,16 @@ class Sync(Strategy):
             if behind:
                 for _ in range(behind):  # steps the others completed without us
                     next(batches, None)
+
+    def needs(self, workers):
+        return {BACKUP_WORKERS} if self.backup_workers else set()
+
+    @property
+    def raw_gradients(self) -> bool:
+        """Each Gradient's result goes to AllReduce unchanged, so an engine
+        may reduce it while it is computed (DDP-style buckets). A subclass
+        with its own program (one that clips, say) does not promise it."""
+        return type(self).program is Sync.program
 
     def describe(self):
         return {"strategy": self.name, "backup_workers": self.backup_workers}

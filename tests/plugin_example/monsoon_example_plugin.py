@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from monsoon.engines.local import EngineResult
+from monsoon.engines import Engine, EngineResult
 from monsoon.errors import ConfigError
 from monsoon.options import Option, at_least, positive
 from monsoon.rules import UpdateInfo
@@ -26,6 +26,7 @@ from monsoon.problems.linear import synthetic
 from monsoon.rules import Rule
 from monsoon.strategies.batches import global_batches, part_bounds
 from monsoon.strategies import WorkerJob
+from monsoon.strategies.base import SHARED_MEMORY
 from monsoon.strategies.ops import AllReduce, Apply, Gradient
 from monsoon.strategies.sync import Sync
 
@@ -93,10 +94,11 @@ NOISY_LINE = ProblemSpec(
              Option("rows", int, 4096, "training examples", check=at_least(16))))
 
 
-class RoundRobin:
+class RoundRobin(Engine):
     name = "round-robin"
-    virtual_time = False
     backend_used = "one thread"
+    ops = frozenset({Gradient, Apply})
+    meets = frozenset({SHARED_MEMORY})  # every worker's Apply writes the one array
     options = (Option("quantum", int, 1, "ops each worker runs before the next one's turn",
                       check=at_least(1)),)
 
@@ -111,9 +113,7 @@ class RoundRobin:
         return {"engine": self.name, "quantum": self.quantum}
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
-        if not strategy.shared_params or strategy.synchronous:
-            raise ConfigError(f"the round-robin engine runs serial and hogwild, not "
-                              f"{strategy.name!r}; use --engine local for it")
+        self.check(strategy, workers)
         w, state = np.array(w0, copy=True), rule.init(w0.size, w0.dtype)
         programs = {rank: strategy.program(WorkerJob(rank, workers, problem.n_examples,
                                                      batch_size, seed, budget))

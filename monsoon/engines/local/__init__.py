@@ -1,3 +1,3 @@
-from .engine import BACKENDS, EngineResult, LocalEngine
+from .engine import BACKENDS, LocalEngine
 
-__all__ = ["LocalEngine", "EngineResult", "BACKENDS"]
+__all__ = ["LocalEngine", "BACKENDS"]

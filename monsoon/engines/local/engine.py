@@ -66,32 +66,13 @@ from .runtime import WorkerRuntime
 from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, LATE, READY, RUNNING,
                     SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, START, STEP,
                     STOP, UPDATES, ParameterStore)
-from .synchronous import Stopped, replicates
+from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
+                    replicates, shard_count)
+from .synchronous import Stopped
 
 BACKENDS = ("processes", "threads")
 # serial runs a step of at most this many parameters x examples on one torch thread
 SMALL_STEP = 1 << 20
-# Parameter-server shards default to one per worker, up to this many.
-DEFAULT_MAX_SHARDS = 8
-
-
-@dataclass
-class EngineResult:
-    params: np.ndarray
-    startup_s: float
-    wall_time_s: float
-    examples: int
-    updates: int
-    dropped_updates: int
-    staleness: Counter
-    failed_workers: list = field(default_factory=list)
-    late_gradients: int = 0
-    worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
-    worker_states: dict = field(default_factory=dict)  # each worker's buffers (BatchNorm)
-    extra: dict = field(default_factory=dict)          # engine-specific summary fields
-    stopped: str | None = None   # why the monitor stopped the run early, if it did
-    interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
-    follower: bool = False   # a rank other than 0 of the torch engine: rank 0 records the run
 
 
 @dataclass
@@ -135,7 +116,7 @@ def torch_threads_per_worker(workers: int) -> int:
 def single_torch_thread():
     """The monitor evaluates the loss while workers hold every core; with
     more than one intra-op thread its evaluation would spin waiting for a
-    thread that cannot run (measured: 30x the CPU of a quiet evaluation)."""
+    thread that cannot run."""
     torch = sys.modules.get("torch")
     if torch is None:
         yield
@@ -273,10 +254,13 @@ def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> No
     outbox.close()
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     name = "local"
     virtual_time = False
     stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
+    ops = ALL_OPS
+    meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
+    device_placement = "index"  # worker k's problem copy computes on cuda:(k mod GPUs)
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
                "a compiled GIL-free loop (sparse), else processes",
@@ -312,17 +296,17 @@ class LocalEngine:
         """Hogwild!/serial on a problem with a compiled per-example SGD loop,
         plain SGD, an epoch budget: run the loop, not mini-batches."""
         return (hasattr(problem, "sgd_pass") and rule.name == "sgd" and not rule.staleness_lr
-                and budget.epochs is not None and strategy.name in ("serial", "hogwild"))
+                and budget.epochs is not None and strategy.per_example_loop)
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        self.check(strategy, workers)
         if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
             return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
                                    recorder)
         self.kernel = self.uses_kernel(problem, rule, strategy, budget)
         if self.kernel:
             problem.prepare_kernel()
-        shards = self.shards or min(workers, DEFAULT_MAX_SHARDS)
-        shards = max(1, min(shards, w0.size))
+        shards = shard_count(self.shards, workers, w0.size)
         inline = strategy.single_worker
         backend = "inline" if inline else self.backend
         self.backend_used = backend
@@ -352,9 +336,8 @@ class LocalEngine:
         try:
             if inline:
                 # A small model's ops are microseconds long: waking a second
-                # intra-op thread costs more than it saves (seed 001's net:
-                # tanh took 60 us with 2 threads against 2 us with one, and
-                # milliseconds when another process held the other core).
+                # intra-op thread costs more than it saves, and far more when
+                # another process holds the other core (bench/seed_overhead.py).
                 small = w0.size * batch_size <= SMALL_STEP
                 with single_torch_thread() if small else contextlib.nullcontext():
                     res = self._run_inline(store, problem, rule, strategy, batch_size, seed,

@@ -7,10 +7,9 @@ Every worker sends exactly one message when it stops: ``("done" | "aborted"
   ``multiprocessing.connection.wait`` on the pipes and on the processes'
   sentinels of the workers still running, so it wakes at once for a
   message or a death, and otherwise sleeps for as long as it is told (when
-  nothing is to be recorded, a second at a time). On 2 cores, a monitor
-  that woke every 20 ms just to look cost sync x2 about 3% of its speed on
-  seed 001 (each wake-up preempts a worker, and its peer waits at the
-  barrier).
+  nothing is to be recorded, a second at a time). A monitor that wakes
+  just to look preempts a worker on a machine whose cores the workers
+  hold, and its peer waits at the barrier (``bench/seed_overhead.py``).
 - Threads (``QueueInbox``): one queue; a thread cannot die without its
   ``finally`` sending the message.
 

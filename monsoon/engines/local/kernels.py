@@ -14,15 +14,13 @@ fused multiply-add and no reassociation), so the bits are the same; a test
 holds them equal.
 
 With two parts (the usual case) the sum, the scaling and the check are one
-pass over the slots (``mean_of_two_finite``): 42 us instead of 84 us on a
-1 MiB model (three passes), where a step of MLP 784-256-256-10 at batch 128
-is ~1.8 ms. The sharded step runs the same pass on each of its shards, in
-place of BLAS copy, axpy, scal and asum (four passes).
+pass over the slots (``mean_of_two_finite``) instead of three; the sharded
+step runs the same pass on each of its shards, in place of BLAS copy, axpy,
+scal and asum (four passes).
 
-Why compiled: between two gradients of seed 001's 1-16-1 net (~80 us), the
-BLAS/NumPy calls for the mean and the check (copy, axpy, scal, asum) cost
-~3 us more per step than this one call, enough to show in
-``bench/seed_overhead.py``.
+Why compiled: on a model as small as seed 001's 1-16-1 net, the separate
+BLAS/NumPy calls for the mean and the check cost a visible share of a step
+(``bench/seed_overhead.py``).
 """
 from __future__ import annotations
 

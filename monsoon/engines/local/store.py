@@ -47,7 +47,8 @@ import threading
 import numpy as np
 
 from ...rules import Rule, slice_state
-from .memory import SharedArrays
+from ..base import shard_bounds
+from ..shared_memory import SharedArrays
 
 # counters columns
 EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
@@ -65,16 +66,6 @@ STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
 SNAP_RING, SNAP_RING_BYTES = 64, 16 << 20
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
-
-
-def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
-    base, extra = divmod(n, shards)
-    bounds, start = [], 0
-    for s in range(shards):
-        stop = start + base + (1 if s < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
 
 
 class ParameterStore:

@@ -1,66 +1,42 @@
 """The local engine's synchronous step: every counted worker's contribution
-is in its slot, the weighted mean of the slots is applied once.
+is in its slot, and the weighted mean of the slots is applied once.
 
 Two ways to run one step, chosen per run by the model's size
-(``replicates``):
+(``engines.base.replicates``):
 
-``ShardedStep`` (large models; backup workers; local SGD's averaging). The
-reduction is split like a reduce-scatter: the i-th of the N counted
-arrivals sums the shards s with s % N == i over the counted slots, in rank
-order, and applies the rule to those shards of the shared parameters. Three
-barriers: all arrived (the first N arrivals count, later ones are late, for
-backup workers); all shards summed and checked (a non-finite sum anywhere
-drops the whole step); all shards updated, after which the last one through
-opens the next step. Without backup workers everyone counts, so the
-barriers need no lock: each worker raises its own mark (``store.marks``),
-worker r takes the shards s % N == r, and worker 0 closes the step. Each worker reads and writes 1/N of the vector; with
-two workers of equal batches it sums, scales and checks each shard in one
-compiled pass (``kernels.mean_of_two_finite``; on 1.3 MiB, 45 us where
-BLAS copy, axpy, scal and asum took 150-180 us).
+``ShardedStep`` (large models; backup workers; local SGD's averaging), a
+reduce-scatter: the i-th of the N counted arrivals sums the shards
+s % N == i over the counted slots, in rank order, and applies the rule to
+those shards of the shared parameters. Three barriers: all arrived (the
+first N count, later ones are late: backup workers); all shards summed and
+checked (a non-finite sum anywhere drops the whole step); all shards
+updated. Without backup workers the barriers need no lock: each worker
+raises its own mark (``store.marks``) and worker 0 closes the step. Two
+workers of equal batches sum, scale and check a shard in one compiled pass
+(``kernels.mean_of_two_finite``).
 
-``ReplicatedStep`` (small models, up to ``REPLICATE_MAX_BYTES`` of
-parameters: 512k float32; sync without backups). As DDP does after its all-reduce, every
-worker holds a private replica of the parameters and the rule state and
-applies the same mean gradient to it, so one barrier per step is enough:
-a worker writes its slot, raises its own arrival counter, and waits for
-everyone's. The slots are double-buffered by step parity (a worker can only
-be one step ahead of the slowest reader). Summing in rank order makes the
-replicas bit-identical; worker 0 publishes its replica to the shared
-parameters at the end of a step only when the monitor asked for a snapshot
-(``control[SNAP_ASKED]``, answered in ``control[SNAP_SERVED]``), and once
-at the end; then every other worker checks that its replica equals the
-published one. When the run's length is known in steps, worker 0 instead
-copies its replica into the store's snapshot ring every
-``control[SNAP_EVERY]`` steps, with the clock and counters, and the monitor
-reads the ring when it next wakes: the loss curve then costs no wake-ups
-(each one preempts a worker on a machine whose cores the workers hold, and
-its peer waits for it at the barrier). A full ring skips a snapshot: the
-workers never wait for the monitor. So does a snapshot due sooner after
-the last than 1/``SNAP_SHARE`` times that copy's own duration: the copies
-take at most ~2% of the run, however large the model and short the steps.
-Where a step's compute is tens of microseconds (seed 001's 1-16-1 net),
-dropping the two barriers took sync x2 from 1.41x to 1.26x serial's time
-per step (``bench/seed_overhead.py``). Computing the equal-weight mean and
-its finite check in one compiled call (``kernels.py``, same bits as
-``WeightedMean``), building the step's views once, letting gradients land
-in the slot and publishing only when the monitor reads took it to ~1.05x,
-against a floor of ~1.04x for two processes that do nothing but compute.
+``ReplicatedStep`` (small models, up to ``REPLICATE_MAX_BYTES``; sync
+without backups): as after DDP's all-reduce, every worker holds a replica
+of the parameters and rule state and applies the same mean to it, so one
+barrier per step is enough. Slots are double-buffered by step parity (a
+worker is at most one step ahead of the slowest reader). Summing in rank
+order keeps the replicas bit-identical; worker 0 publishes its replica when
+the monitor asks for a snapshot, or copies it into the snapshot ring every
+``control[SNAP_EVERY]`` steps, so the loss curve costs no wake-ups. A full
+ring skips a snapshot (workers never wait for the monitor), and so does one
+due sooner than 1/``SNAP_SHARE`` times its own copy's duration.
 
-A non-finite mean is never applied: the step is counted in ``dropped``.
+Invariants: a non-finite mean is never applied (the step counts in
+``dropped``). Checkpoints and stops happen at step boundaries only, so a
+resumed run ends bit-identical to an uninterrupted one: every
+``checkpoint_every`` steps the parameters and rule state go to the store's
+checkpoint buffer (replicated: by worker 0; sharded: by the last worker
+through the step), and when the monitor raises ``STOP`` the first worker to
+see it at a boundary sets ``STOP_AT``; every worker stops there
+(``Stopped``). A worker waiting for the others to arrive at that step may
+leave the wait: nothing of the step is applied yet.
 
-Checkpoints and stops happen at step boundaries only, so what is saved is
-exactly the state after a whole number of steps (a resumed run then ends
-bit-identical to an uninterrupted one):
-
-- every ``checkpoint_every`` steps the parameters and rule state are copied
-  to the store's checkpoint buffer (replicated: by worker 0, from its
-  replica; sharded: by the last worker through the step, under the lock,
-  before it opens the next step), if the monitor has written out the last;
-- when the monitor raises ``STOP``, the first worker to see it at a step
-  boundary sets ``STOP_AT`` to its step; every worker stops there
-  (``Stopped``). A worker already waiting for the others to arrive at that
-  step leaves the wait, which is safe: nothing of the step is applied yet.
-  Worker 0 of a replicated run then publishes its replica and state.
+Where workers wait: at the step's barriers, each with the run's timeout.
 """
 from __future__ import annotations
 
@@ -80,27 +56,13 @@ from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMP
 # writes before it are visible; weaker CPUs (ARM) need the lock as a fence.
 NEEDS_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
-# Above this many bytes of parameters, a full reduce + apply per worker
-# costs more than the two barriers it saves. Measured with sync x2 on a
-# 2-core VM, float32 MLPs, examples/s replicated / sharded, median of 3
-# interleaved runs (commit 60865de, after workers kept their freed memory):
-# 268k parameters (1.0 MiB, batch 128) 66.7k / 45.7k; 669k (2.6 MiB, batch
-# 256) 27.0k / 28.6k; 1.9M (7.1 MiB, batch 512) 10.1k / 12.2k. Earlier, while
-# workers re-faulted their heaps every step, 516k parameters gave 1759 / 1218
-# us per step, and the bound was 256 KiB.
-REPLICATE_MAX_BYTES = 1 << 21
+# The bound on replicated steps is engines/base.py's REPLICATE_MAX_BYTES: above
+# it a full reduce + apply per worker costs more than the two barriers it saves
+# (see bench/sync_sweep.py).
 
-# The share of worker 0's time that copying loss-curve snapshots may take. A
-# 2.6 MiB MLP at 120 steps and 100 rows (a copy every step) ran at 22.4k
-# examples/s with its curve and 29.3k without.
+# The share of worker 0's time that copying loss-curve snapshots may take: a
+# copy every step slows a multi-MB model's steps visibly (bench/sync_sweep.py).
 SNAP_SHARE = 0.02
-
-
-def replicates(strategy, params: np.ndarray) -> bool:
-    """Whether a run's synchronous steps are replicated (see the module doc)."""
-    return (strategy.synchronous and strategy.shared_params
-            and getattr(strategy, "backup_workers", 0) == 0
-            and params.nbytes <= REPLICATE_MAX_BYTES)
 
 
 def aligned_copy(a: np.ndarray, align: int = 64) -> np.ndarray:

@@ -32,13 +32,12 @@ import numpy as np
 from ...errors import ConfigError, WaitTimeout, WorkerError
 from ...options import Option
 from ...strategies import WorkerJob
-from ..local.engine import DEFAULT_MAX_SHARDS, EngineResult
-from ..local.store import shard_bounds
+from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
+                               LocalStep, Push)
+from ..base import BACKUP_WORKERS, STAGES, Engine, EngineResult, shard_bounds, shard_count
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from .shard import Shard, latest_checkpoint
 from .worker import RemoteWorker
-
-SUPPORTED = ("sync", "async", "local-sgd", "easgd")
 
 
 def import_ray():
@@ -49,8 +48,11 @@ def import_ray():
     return ray
 
 
-class RayEngine:
+class RayEngine(Engine):
     name = "ray"
+    ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic})
+    meets = frozenset({BACKUP_WORKERS, STAGES})
+    device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
     backend_used = "actors"
     options = (
@@ -92,12 +94,10 @@ class RayEngine:
                 "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        self.check(strategy, workers)
         if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
             return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
                                    recorder)
-        if strategy.name not in SUPPORTED:
-            raise ConfigError(f"the ray engine runs {', '.join(SUPPORTED)}, not "
-                              f"{strategy.name!r}; use --engine local for it")
         ray = import_ray()
         started = not ray.is_initialized()
         if started:
@@ -113,7 +113,7 @@ class RayEngine:
     def _run(self, ray, problem, rule, strategy, w0, workers, batch_size, seed, budget,
              recorder):
         t_begin = time.perf_counter()
-        S = max(1, min(self.shards or min(workers, DEFAULT_MAX_SHARDS), w0.size))
+        S = shard_count(self.shards, workers, w0.size)
         self.shards_used = S
         bounds = shard_bounds(w0.size, S)
         start, resume = 0, [None] * S
@@ -128,6 +128,9 @@ class RayEngine:
         if self.checkpoint_dir:
             os.makedirs(self.checkpoint_dir, exist_ok=True)
         counted = workers - strategy.backup_workers
+        from ...devices import ray_gpus_per_worker
+
+        gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
         ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
         shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
                                      max_concurrency=workers + 4).remote(
@@ -135,7 +138,7 @@ class RayEngine:
                       self.checkpoint_dir, self.checkpoint_every, resume[s])
                   for s, (a, b) in enumerate(bounds)]
         actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=0,
-                                      max_concurrency=2, scheduling_strategy="SPREAD").remote(
+                                      num_gpus=gpus, max_concurrency=2, scheduling_strategy="SPREAD").remote(
                       rank, problem.for_worker(rank, workers), strategy,
                                      WorkerJob(rank, workers, problem.n_examples, batch_size,
                                                seed, budget, start_step=start),

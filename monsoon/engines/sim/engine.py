@@ -55,9 +55,8 @@ from ...rules.local import LocalRule
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..local.engine import DEFAULT_MAX_SHARDS, EngineResult
-from ..local.store import shard_bounds
-from ..local.synchronous import replicates
+from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
+                    replicates, shard_bounds, shard_count)
 from ..reduce import finite, weighted_sum
 from .. import checkpoints
 from ..lifecycle import signal_name, stop_requested
@@ -94,8 +93,10 @@ def _jsonable_state(state):
     return json.loads(json.dumps(state, default=int))
 
 
-class SimEngine:
+class SimEngine(Engine):
     name = "sim"
+    ops = ALL_OPS
+    meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
 
     virtual_time = True   # its clock is simulated: evaluating costs no time
     stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
@@ -122,6 +123,7 @@ class SimEngine:
 
     # -- set-up ----------------------------------------------------------------
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+        self.check(strategy, workers)
         if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
             return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
                                    recorder)
@@ -132,7 +134,7 @@ class SimEngine:
         n = w0.size
         self.problem, self.rule, self.strategy = problem, rule, strategy
         self.W = workers
-        self.S = max(1, min(self.shards or min(workers, DEFAULT_MAX_SHARDS), n))
+        self.S = shard_count(self.shards, workers, n)
         self.shards_used = self.S
         self.bounds = shard_bounds(n, self.S)
         self.params = np.array(w0, copy=True)

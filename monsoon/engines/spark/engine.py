@@ -43,17 +43,12 @@ import numpy as np
 from ...errors import ConfigError
 from ...options import Option
 from ...strategies import Budget, WorkerJob
-from ..local.engine import EngineResult
+from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient,
+                               LocalApply, LocalStep, Push)
+from ..base import Engine, EngineResult
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
 from .jobs import Jobs
 
-SUPPORTED = ("serial", "sync", "async", "local-sgd", "easgd")
-REFUSED = {
-    "hogwild": "hogwild updates one parameter vector in shared memory, and Spark executors "
-               "share no memory; use --engine local for hogwild, or --strategy async on spark",
-    "pipeline": "pipeline passes activations between stages, which Spark tasks cannot do; "
-                "use --engine local or --engine ray for pipeline",
-}
 
 
 @dataclass
@@ -87,8 +82,12 @@ class RunContext:
                          budget)
 
 
-class SparkEngine:
+class SparkEngine(Engine):
+    """Executors share no memory (no several-worker Apply: hogwild), and
+    tasks cannot pass activations to each other (no pipeline stages)."""
     name = "spark"
+    ops = frozenset({Gradient, Apply, Fetch, Push, LocalStep, LocalApply, AllReduce, Average,
+                     Elastic})
     virtual_time = False
     backend_used = "spark tasks"
     options = (
@@ -117,26 +116,23 @@ class SparkEngine:
         return {"engine": self.name, "master": self.master, "timeout_s": self.timeout,
                 "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
-    def check(self, strategy) -> None:
-        if strategy.name in REFUSED:
-            raise ConfigError(f"the spark engine does not run {strategy.name}: "
-                              f"{REFUSED[strategy.name]}")
-        if strategy.name not in SUPPORTED:
-            raise ConfigError(f"the spark engine runs {', '.join(SUPPORTED)}, not "
-                              f"{strategy.name!r}; use --engine local for it")
-        if getattr(strategy, "backup_workers", 0):
-            raise ConfigError("the spark engine has no backup workers; set "
-                              "spark.speculation=true to have Spark re-launch slow tasks")
-        if strategy.name == "async" and strategy.n_fetch != strategy.n_push:
+    def check(self, strategy, workers) -> None:
+        super().check(strategy, workers)
+        if getattr(strategy, "n_fetch", 1) != getattr(strategy, "n_push", 1):
             raise ConfigError(f"on the spark engine a worker fetches once per task and pushes "
                               f"at its end: set --n-fetch equal to --n-push (got "
                               f"{strategy.n_fetch} and {strategy.n_push})")
-        if self.resume_dir and strategy.name in ("local-sgd", "easgd"):
+        if self.resume_dir and not strategy.shared_params:
             raise ConfigError(f"the spark engine keeps no checkpoints of {strategy.name}'s "
-                              "workers yet; resume sync or async runs, or use --engine local")
+                              "private worker copies yet; resume sync or async runs, or use "
+                              "--engine local")
+        if AllReduce in strategy.uses and not getattr(strategy, "raw_gradients", False):
+            raise ConfigError(f"the spark engine reduces each step's gradient where the data "
+                              f"lives, so it cannot run {strategy.name}'s own AllReduce program "
+                              "yet; use --engine local, sim, ray or torch")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
-        self.check(strategy)
+        self.check(strategy, workers)
         from .data import SparkData
         from .session import session_for
 
@@ -147,7 +143,7 @@ class SparkEngine:
         else:
             sc, started = session_for(self.master, workers)
         master = sc.master
-        jobs = Jobs(sc, self.timeout, strategy.name)
+        jobs = Jobs(sc, self.timeout, strategy.name)  # names the run's job group
         blocks = None
         try:
             if spark_data:
@@ -160,7 +156,7 @@ class SparkEngine:
                                    what="loading the data into the executors"))
             sizes = [counts[k] for k in range(workers)]
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
-                             seed, budget, strategy.name == "local-sgd", self.timeout)
+                             seed, budget, Average in strategy.uses, self.timeout)
             startup = time.perf_counter() - t_begin
             from .checkpointing import DriverCheckpoints
 
@@ -184,11 +180,11 @@ class SparkEngine:
                    **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
 
     def _loop(self, ctx, rule, strategy, w0, batch_size, seed, budget, recorder, ckpts):
-        if strategy.name in ("serial", "sync"):
+        if AllReduce in strategy.uses or Apply in strategy.uses:
             from .sync import run_sync
 
             return run_sync(ctx, rule, w0, batch_size, seed, budget, recorder, ckpts)
-        if strategy.name == "local-sgd":
+        if Average in strategy.uses:
             from .rounds import run_rounds
 
             return run_rounds(ctx, rule, strategy, w0, recorder)

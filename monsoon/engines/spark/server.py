@@ -41,6 +41,7 @@ from ...errors import WaitTimeout, WorkerError
 from ...rules import UpdateInfo
 from .checkpointing import restore_state, staleness_arrays
 from .jobs import share, short_error
+from ...strategies.ops import Elastic
 from .tasks import run_segment
 
 
@@ -65,7 +66,7 @@ class DriverServer:
         self.last_change = time.monotonic()
         self.running_since: dict[int, float | None] = {k: None for k in range(ctx.workers)}
         self.stop = threading.Event()
-        self.elastic = strategy.name == "easgd"
+        self.elastic = Elastic in strategy.uses
         self.period = strategy.tau if self.elastic else strategy.n_push
         self.segments = [0] * ctx.workers  # push periods applied, per worker
         self.before = 0.0  # run time before the checkpoint resumed from

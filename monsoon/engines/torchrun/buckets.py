@@ -75,7 +75,10 @@ class Buckets:
         def take(param):
             if not self.armed:
                 return
-            self.torch.mul(param.grad, self.weight, out=self.views[i])
+            if param.grad.device == self.views[i].device:
+                self.torch.mul(param.grad, self.weight, out=self.views[i])
+            else:  # a model on a GPU: the contribution comes to the host buffer
+                self.views[i].copy_(param.grad.mul_(self.weight))
             param.grad = None
             self.done[i] = True
             self.left[k] -= 1

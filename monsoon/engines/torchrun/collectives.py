@@ -6,8 +6,9 @@ reduced through ``torch.from_numpy`` with no copy. ``nccl`` (``--dist-backend
 nccl``, or ``auto`` when CUDA is available) reduces GPU tensors: each rank
 uses the GPU of its LOCAL_RANK (one device per local rank, as torchrun's
 ``--nproc-per-node`` = GPUs per node expects), the buffer is copied there,
-reduced, and copied back. The model itself computes where the problem
-computes (TorchProblem: the CPU); the NCCL path is untested here (no GPU).
+reduced, and copied back. The model computes on the rank's GPU under
+``--device cuda`` (``devices.rank_device``), else on the CPU; the NCCL path
+is verified by tests/test_gpu.py where a GPU exists.
 
 A restarted attempt (torchrun ``--max-restarts``) meets in its own prefix
 of torchrun's store. ``init_process_group`` gets ``--timeout`` as its timeout: every collective

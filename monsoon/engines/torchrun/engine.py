@@ -17,19 +17,19 @@ all-reduces (``rank.py``); there is no parameter server. Two ways to start:
   ``monsoon.train(..., engine="torch")``) starts torchrun's elastic agent
   itself on this machine (``launch.py``), with ``--max-restarts``.
 
-Strategies: sync (all-reduce of the flat gradient), local-sgd and DiLoCo
-(all-reduce of the drifts), easgd (synchronous elastic averaging).
+Ops (the contract, ``engines/base.py``): AllReduce (all-reduce of the flat
+gradient: sync), Average (of the drifts: local-sgd, DiLoCo), Elastic
+(synchronous elastic averaging: easgd), Gradient, LocalApply, Fetch.
 
 The all-reduce: where every rank runs on one machine and the backend is
 gloo, the ranks sum through shared memory (``shm_reduce.py``; bit-identical
-to gloo's sum, and 1.07-4.8x DDP's examples/s on the sync sweep's shapes,
-bench/torch_engine_vs_ddp.py); otherwise (several nodes,
+to gloo's sum; see bench/torch_engine_vs_ddp.py); otherwise (several nodes,
 NCCL, or ``--reduce-via backend``) through the backend's all-reduce, for
 torch problems in buckets overlapped with backward (``buckets.py``).
 
-async is refused: Downpour's
-server answers each worker's push the moment it arrives, which collectives
-(every rank at once) cannot do soundly; hogwild needs shared memory.
+No Push (async): Downpour's server answers each worker's push the moment
+it arrives, which collectives (every rank at once) cannot do soundly; no
+Apply by several workers (hogwild): the ranks share no memory.
 
 Faults: every collective has ``--timeout`` (``init_process_group``'s
 timeout), so a rank that dies or hangs fails the others within it, not
@@ -41,25 +41,23 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from ...options import Option
+from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from .. import checkpoints
+from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
 from .collectives import under_torchrun
 from .shm_reduce import REDUCE_VIA
 
-SUPPORTED = ("sync", "local-sgd", "easgd")
-ADVICE = {
-    "async": "async (Downpour) needs a parameter server that applies each worker's push the "
-             "moment it arrives; torch.distributed's collectives move every rank at once, and "
-             "its point-to-point calls would make rank 0 a server thread monsoon cannot time "
-             "out soundly: use --engine ray (a cluster) or --engine local",
-    "hogwild": "hogwild updates one parameter array in shared memory without locks, and "
-               "torchrun's ranks share no memory: use --engine local",
-    "serial": "serial runs one worker: use --engine local",
-}
 
 
-class TorchEngine:
+class TorchEngine(Engine):
+    """No Push: Downpour's server answers each worker's push the moment it
+    arrives, and torch.distributed's collectives move every rank at once.
+    No Apply: the ranks share no memory. No backup workers: an all-reduce
+    takes every rank."""
     name = "torch"
+    device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)
+    ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
     backend_used = "torch.distributed"
     options = (
@@ -107,20 +105,8 @@ class TorchEngine:
                 "checkpoint_every": self.checkpoint_every,
                 "resumed_from": self.resume_dir}
 
-    def check(self, strategy) -> None:
-        if strategy.name not in SUPPORTED:
-            advice = ADVICE.get(strategy.name, "use --engine local")
-            raise ConfigError(f"the torch engine runs {', '.join(SUPPORTED)}, not "
-                              f"{strategy.name}: {advice}")
-        if getattr(strategy, "backup_workers", 0):
-            raise ConfigError("the torch engine's all-reduce takes every rank, so it has no "
-                              "backup workers; drop --backup-workers, or use --engine ray")
-
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
-        if hasattr(strategy, "run_on"):  # a strategy with its own runner (pipeline)
-            return strategy.run_on(self, problem, rule, w0, workers, batch_size, seed, budget,
-                                   recorder)
-        self.check(strategy)
+        self.check(strategy, workers)
         self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
         if under_torchrun():
             from .rank import run_rank

@@ -45,7 +45,7 @@ from ...rules.local import LocalRule
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from .. import checkpoints
-from ..local.engine import EngineResult
+from ..base import EngineResult
 from ..reduce import finite
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
@@ -53,6 +53,12 @@ from .shm_reduce import open_shm_reduce, uses_shm
 
 FLAGS = 3
 EXAMPLES, ACTIVE, STOP = 0, 1, 2
+
+
+def exact_steps(strategy) -> bool:
+    """The ranks share the parameters and meet at every step (sync): a
+    checkpoint after a step is exact, and a resumed run replays nothing."""
+    return strategy.synchronous and strategy.shared_params
 
 
 class _Stop(Exception):
@@ -91,11 +97,12 @@ class RankWorker:
         # sync's contributions are n_k / B g_k (B: the batch size), so a full
         # batch's sum is already the mean, as DDP's grad / world is
         self.unit = float(job.batch_size)
-        exact = engine.checkpoint_dir and strategy.name == "sync"  # steps: exact checkpoints
+        exact = engine.checkpoint_dir and exact_steps(strategy)
         self.every = engine.checkpoint_every if exact else 0
         self.buckets = None
         self.shm = shm
-        if shm is None and strategy.name == "sync" and hasattr(problem, "backward") \
+        if shm is None and getattr(strategy, "raw_gradients", False) \
+                and hasattr(problem, "backward") \
                 and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS, comm, int(engine.bucket_mb * 2**20))
         self.handlers = {Gradient: self.gradient, AllReduce: self.all_reduce,
@@ -277,9 +284,10 @@ def _resume_point(engine, comm, rule, strategy, w0, env) -> dict:
         directory = engine.checkpoint_dir
     if directory is None:
         return start
-    if strategy.name != "sync":
-        raise ConfigError(f"the torch engine resumes sync runs only, not {strategy.name}; "
-                          "use --engine local or ray to resume it")
+    if not exact_steps(strategy):
+        raise ConfigError(f"the torch engine resumes runs whose ranks share the parameters at "
+                          f"every step (sync), not {strategy.name}; use --engine local or ray "
+                          "to resume it")
     found = None
     if comm.rank == 0:
         template = rule.init(w0.size, w0.dtype)
@@ -320,6 +328,11 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))
     comm = Collectives(engine.dist_backend, engine.timeout, env)
+    from ...devices import rank_device
+
+    device = rank_device(problem, env["local_rank"], comm.device)
+    if device is not None:  # --device cuda: the model computes on the rank's GPU
+        problem.use_devices([device])
     worker = shm = None
     try:
         start = _resume_point(engine, comm, rule, strategy, w0, env)
@@ -331,7 +344,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         if hasattr(problem, "seed_rng"):
             problem.seed_rng(seed, rank)
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
-                        start_step=start["step"] if strategy.name == "sync" else 0)
+                        start_step=start["step"] if exact_steps(strategy) else 0)
         if uses_shm(engine.reduce_via, comm.backend, env):
             shm = open_shm_reduce(comm, w.size + FLAGS, w.dtype, engine.timeout,
                                   required=engine.reduce_via == "shm")

@@ -1,9 +1,8 @@
 """A sum all-reduce through shared memory, for ranks on one machine.
 
-gloo reduces between processes of one machine over TCP loopback: on a
-2-core machine a 5 MB buffer takes ~7 ms (copies through the kernel, and a
-sum in gloo's own threads that compete with the ranks' compute for the
-cores). Ranks that share a machine can meet in one block of shared memory
+gloo reduces between processes of one machine over TCP loopback: copies
+through the kernel, and a sum in gloo's own threads that compete with the
+ranks' compute for the cores (bench/torch_engine_vs_ddp.py). Ranks that share a machine can meet in one block of shared memory
 instead, as NCCL's SHM transport and monsoon's local engine do:
 
 - the block holds two rounds of slots (by call parity), one slot per rank,
@@ -21,7 +20,7 @@ Invariants:
   counter >= k + 1, and a rank publishes call k + 1 only after its sum of
   call k;
 - every wait is bounded by ``--timeout``, and a rank whose process has
-  gone is named within ~50 ms (each rank's pid is in the block);
+  gone is named within one check of the wait (each rank's pid is in the block);
 - nothing is left in /dev/shm: rank 0 removes the file once every rank
   has mapped it; where /dev/shm has no room for the slots (a container's
   is often 64 MB), the ranks use the backend's all-reduce instead.
@@ -38,7 +37,7 @@ import time
 import numpy as np
 
 from ...errors import ConfigError, WorkerError
-from ..local.memory import SharedArrays, shm_dir
+from ..shared_memory import SharedArrays, shm_dir
 from ..waiting import wait_until
 
 PEER_CHECK_S = 0.05

@@ -1,0 +1,108 @@
+"""The same benchmarks on two revisions of the package, interleaved.
+
+A refactor must not cost speed. This runs each named benchmark script (from
+this checkout) against the package of revision A, then of revision B, in
+turn, ``--rounds`` times, on the same machine in the same minutes, and
+compares the ratio each run's record reports (monsoon against its peer, so
+machine drift cancels within a run). A and B are checked out as temporary
+git worktrees; the script imports ``monsoon`` from whichever is first on
+PYTHONPATH, and so do the worker processes it starts.
+
+    python bench/before_after.py --before 2993888 --after HEAD \\
+        --bench "sync_sweep --quick" --bench "spark_overhead --repeats 1"
+
+Printed and recorded per benchmark row: the median ratio on A and on B, and
+B / A. Within the run-to-run spread means the ranges of the two overlap.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from records import write_record  # noqa: E402
+
+
+def worktree(rev: str, where: Path) -> Path:
+    path = where / rev.replace("/", "_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev],
+                   check=True, capture_output=True, timeout=120)
+    return path
+
+
+def run_once(bench: str, tree: Path, results: Path, timeout: float) -> dict:
+    name, *args = shlex.split(bench)
+    env = {**__import__("os").environ, "PYTHONPATH": str(tree),
+           "MONSOON_BENCH_RESULTS": str(results)}
+    before = set(results.rglob("*.json"))
+    subprocess.run([sys.executable, str(HERE / f"{name}.py"), *args], env=env, check=True,
+                   timeout=timeout, cwd=str(ROOT))
+    new = sorted(set(results.rglob("*.json")) - before)
+    if not new:
+        raise RuntimeError(f"{name} wrote no record")
+    return json.loads(new[-1].read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before", required=True)
+    ap.add_argument("--after", default="HEAD")
+    ap.add_argument("--bench", action="append", required=True,
+                    help="a bench script's name and its arguments, e.g. 'sync_sweep --quick'")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=1800)
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="monsoon-ab-"))
+    trees = {"before": worktree(args.before, scratch), "after": worktree(args.after, scratch)}
+    ratios: dict[tuple[str, str], dict[str, list[float]]] = {}
+    try:
+        for rnd in range(args.rounds):
+            for bench in args.bench:
+                for side in (("before", "after") if rnd % 2 == 0 else ("after", "before")):
+                    record = run_once(bench, trees[side], scratch / side, args.timeout)
+                    for row in record["rows"]:
+                        if row.get("ratio") is None:
+                            continue
+                        key = (bench, row["name"])
+                        ratios.setdefault(key, {"before": [], "after": []})[side].append(
+                            float(row["ratio"]))
+                    print(f"round {rnd + 1} {side}: {bench}: {record['summary']['line']}",
+                          flush=True)
+    finally:
+        for tree in trees.values():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           capture_output=True, timeout=120)
+    rows, worst = [], None
+    for (bench, name), sides in ratios.items():
+        a, b = sides["before"], sides["after"]
+        if not a or not b:
+            continue
+        change = statistics.median(b) / statistics.median(a)
+        overlap = min(b) <= max(a) and min(a) <= max(b)
+        rows.append({"name": f"{bench.split()[0]}: {name}",
+                     "before": {"median": statistics.median(a), "runs": a},
+                     "after": {"median": statistics.median(b), "runs": b},
+                     "ratio": change, "unit": "after / before (of the benchmark's ratio)",
+                     "target": ">= 1.0, or ranges overlapping", "met": change >= 1 or overlap})
+        print(f"{bench.split()[0]:>22} {name:<32} before {statistics.median(a):.3f} "
+              f"after {statistics.median(b):.3f}  after/before {change:.3f}"
+              f"{'' if change >= 1 or overlap else '  (outside the spread)'}")
+        worst = change if worst is None else min(worst, change)
+    write_record("before_after", vars(args), rows, {
+        "ratio": worst, "target": ">= 1.0, or within the run-to-run spread",
+        "met": all(r["met"] for r in rows),
+        "line": f"{args.after} against {args.before}: worst row {worst:.3f}x of before "
+                f"({sum(r['met'] for r in rows)}/{len(rows)} rows within the spread or better)"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The engine contract: what every engine is, and when it takes a strategy.
+
+An engine carries out the ops of a strategy's worker program
+(``strategies/ops.py``) on real or virtual workers. It declares:
+
+- ``name``, ``options`` (``monsoon.options.Option``), ``from_options(run,
+  **values)``, ``run(...) -> EngineResult`` and ``describe()``;
+- ``virtual_time``: its clock is simulated (the recorder then charges no
+  evaluation cost to the run);
+- ``stops_on_signal``: SIGTERM/SIGINT make it stop its workers, write a
+  final checkpoint and return (``lifecycle.StopSignals``);
+- ``ops``: the op classes it carries out, and ``meets``: the needs (below)
+  it meets.
+
+A strategy declares the ops its program yields (``Strategy.uses``) and the
+needs of one configuration (``Strategy.needs(workers)``). An engine takes a
+strategy when it carries out every op the program uses and meets every
+need; otherwise ``refusal`` says, in one line, the first op or need it
+lacks and the engines that have it. No engine compares strategy names: a
+third-party strategy is treated like a built-in one.
+
+Shared pieces live beside the contract, never in one engine's package:
+``EngineResult``, ``shard_bounds``, ``DEFAULT_MAX_SHARDS``, ``replicates``,
+``shared_memory.SharedArrays``, ``checkpoints``, ``reduce``, ``waiting``.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..strategies import ops as _ops
+from ..strategies.base import BACKUP_WORKERS, SHARED_MEMORY, STAGES
+
+# The needs a strategy may declare (``Strategy.needs``), and engines meet (``Engine.meets``).
+NEEDS = {
+    SHARED_MEMORY: "several workers updating one parameter array in place, with no lock",
+    BACKUP_WORKERS: "steps that take the first N of N + b workers' contributions",
+    STAGES: "stage workers that pass activations and gradients to each other",
+}
+
+# What carrying out each op takes, for the refusal's one line.
+OP_MEANING = {
+    _ops.Gradient: "a gradient on the worker's data",
+    _ops.Apply: "an in-place update of the parameters by the worker itself",
+    _ops.SGDPass: "a compiled per-example loop over the shared parameters",
+    _ops.Fetch: "a read of the server's parameters",
+    _ops.Push: "a server that applies each push the moment it arrives",
+    _ops.LocalStep: "a step on the worker's own copy",
+    _ops.AllReduce: "a synchronous step over every worker's gradient",
+    _ops.Average: "a synchronous average of the workers' drifts",
+    _ops.LocalApply: "the inner rule on the worker's own copy",
+    _ops.Elastic: "an elastic exchange with the centre parameters",
+}
+ALL_OPS = frozenset(OP_MEANING)
+
+# Parameter-server shards default to one per worker, up to this many.
+DEFAULT_MAX_SHARDS = 8
+# Synchronous steps replicate the parameters in every worker up to this size.
+REPLICATE_MAX_BYTES = 1 << 21
+
+
+@dataclass
+class EngineResult:
+    """What an engine returns to ``monsoon.train``."""
+    params: np.ndarray
+    startup_s: float
+    wall_time_s: float
+    examples: int
+    updates: int
+    dropped_updates: int
+    staleness: Counter
+    failed_workers: list = field(default_factory=list)
+    late_gradients: int = 0
+    worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
+    worker_states: dict = field(default_factory=dict)  # each worker's buffers (BatchNorm)
+    extra: dict = field(default_factory=dict)          # engine-specific summary fields
+    stopped: str | None = None   # why the monitor stopped the run early, if it did
+    interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
+    follower: bool = False   # a rank other than 0 of the torch engine: rank 0 records the run
+
+
+class Engine:
+    """Base class of every engine (monsoon's and third parties')."""
+    name = "engine"
+    options: tuple = ()
+    virtual_time = False
+    stops_on_signal = False
+    ops: frozenset = frozenset()
+    meets: frozenset = frozenset()
+    backend_used: str | None = None   # how workers ran (summary.json's "backend")
+    shards_used: int | None = None    # parameter-server shards, where the engine has them
+    # How a worker finds its GPU under --device cuda (monsoon/devices.py): "index"
+    # (worker k: cuda:(k mod GPUs)), "assigned" (the scheduler's), None (CPU only).
+    device_placement: str | None = None
+
+    @classmethod
+    def from_options(cls, run, **values):
+        return cls(**values)
+
+    def describe(self) -> dict:
+        return {"engine": self.name}
+
+    def run(self, problem, rule, strategy, w0, workers: int, batch_size: int, seed: int,
+            budget, recorder) -> EngineResult:
+        raise NotImplementedError
+
+    def check(self, strategy, workers: int) -> None:
+        """Refuse, in one line, a strategy this engine cannot carry out."""
+        reason = refusal(self, strategy, workers)
+        if reason is not None:
+            raise ConfigError(reason)
+
+
+def _lacks(engine, strategy, workers: int):
+    """The first op or need of ``strategy`` that ``engine`` (an instance or
+    a class) lacks, as ``("op", cls)`` or ``("need", name)``; None if none."""
+    ops = getattr(engine, "ops", None)
+    if ops is None:  # an engine that declares nothing checks for itself
+        return None
+    for op in strategy.uses:
+        if op not in ops:
+            return "op", op
+    meets = getattr(engine, "meets", frozenset())
+    for need in sorted(strategy.needs(workers)):
+        if need not in meets:
+            return "need", need
+    return None
+
+
+def engines_for(strategy, workers: int) -> list[str]:
+    """The registered engines that can run ``strategy`` on ``workers`` workers."""
+    from . import ENGINES  # the registry, imported late: it imports every engine
+
+    return [name for name, cls in ENGINES.all().items()
+            if cls is not None and getattr(cls, "ops", None) is not None
+            and _lacks(cls, strategy, workers) is None]
+
+
+def refusal(engine, strategy, workers: int) -> str | None:
+    """Why ``engine`` cannot run ``strategy`` with ``workers`` workers, in one
+    line, or None when it can."""
+    lack = _lacks(engine, strategy, workers)
+    if lack is None:
+        return None
+    kind, item = lack
+    others = ", ".join(n for n in engines_for(strategy, workers) if n != engine.name) or "none"
+    if kind == "op":
+        what = OP_MEANING.get(item) or (item.__doc__ or item.__name__).strip().splitlines()[0]
+        return (f"the {engine.name} engine cannot carry out {item.__name__} ({what}), which "
+                f"{strategy.name} uses; engines that run {strategy.name}: {others}")
+    return (f"the {engine.name} engine has no {item} ({NEEDS.get(item, item)}), which "
+            f"{strategy.name} needs here; engines that run {strategy.name}: {others}")
+
+
+def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
+    """``shards`` contiguous slices of ``n`` parameters whose sizes differ by
+    at most one."""
+    base, extra = divmod(n, shards)
+    bounds, start = [], 0
+    for s in range(shards):
+        stop = start + base + (1 if s < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def shard_count(requested: int | None, workers: int, n_params: int) -> int:
+    """The parameter-server shards a run uses: as asked, else one per
+    worker up to ``DEFAULT_MAX_SHARDS``; never more than the parameters."""
+    return max(1, min(requested or min(workers, DEFAULT_MAX_SHARDS), n_params))
+
+
+def replicates(strategy, params: np.ndarray) -> bool:
+    """Whether a run's synchronous steps are replicated: every worker keeps
+    its own copy of small parameters and applies the same mean itself
+    (``local/synchronous.py``), instead of one shared copy."""
+    return (strategy.synchronous and strategy.shared_params
+            and getattr(strategy, "backup_workers", 0) == 0
+            and params.nbytes <= REPLICATE_MAX_BYTES)

@@ -1,0 +1,210 @@
+"""The engine contract (engines/base.py): an engine takes a strategy by what
+it can carry out, never by the strategy's name, and a third-party strategy
+is treated like a built-in one.
+
+``TABLE`` is every built-in strategy against every built-in engine: "run",
+or the op or need whose lack the engine's one-line refusal names. Adding a
+strategy or an engine adds a row or a column here, nothing else.
+"""
+import os
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.config import resolve
+from monsoon.engines import ENGINES
+from monsoon.errors import ConfigError
+from monsoon.strategies import STRATEGIES
+
+TABLE = """
+strategy   local  sim  ray    spark          torch
+serial     run    run  Apply  run            Apply
+sync       run    run  run    run            run
+async      run    run  run    run            Push
+hogwild    run    run  Apply  shared-memory  Apply
+local-sgd  run    run  run    run            run
+easgd      run    run  run    run            run
+pipeline   run    run  run    stages         stages
+"""
+ROWS = [line.split() for line in TABLE.strip().splitlines()]
+ENGINE_NAMES = ROWS[0][1:]
+CELLS = {(row[0], engine): cell for row in ROWS[1:] for engine, cell in zip(ENGINE_NAMES, row[1:])}
+# What a refusal's line must say, for each op or need in the table.
+SAYS = {"Apply": "cannot carry out Apply", "Push": "cannot carry out Push",
+        "shared-memory": "has no shared memory", "stages": "has no pipeline stages"}
+WORKERS = 2
+PROBLEM = {"pipeline": "digits"}   # pipeline cuts a torch Sequential into stages
+MARKS = {"ray": pytest.mark.ray, "spark": pytest.mark.spark, "torch": pytest.mark.torchrun}
+
+
+def test_the_table_covers_every_built_in_strategy_and_engine():
+    assert [row[0] for row in ROWS[1:]] == list(STRATEGIES.builtins)
+    assert ENGINE_NAMES == list(ENGINES.builtins)
+
+
+@pytest.mark.parametrize("strategy, engine", sorted(CELLS))
+def test_each_pair_is_taken_or_refused_in_one_line(strategy, engine):
+    """Checked when the run is resolved, before any worker (or server) starts."""
+    workers = 1 if STRATEGIES.get(strategy).single_worker else WORKERS
+    given = {"engine": engine, "steps": 2, "evals": 0}
+    cell = CELLS[strategy, engine]
+    if cell == "run":
+        resolved = resolve(PROBLEM.get(strategy, "exp"), strategy, workers, given)
+        assert resolved.engine.name == engine
+        return
+    with pytest.raises(ConfigError) as caught:
+        resolve(PROBLEM.get(strategy, "exp"), strategy, workers, given)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(f"the {engine} engine ")
+    assert SAYS[cell] in line and strategy in line
+    # ... and it names the engines that do run the strategy, from the same table
+    others = [e for e in ENGINE_NAMES if CELLS[strategy, e] == "run"]
+    assert line.endswith(f"engines that run {strategy}: {', '.join(others)}")
+
+
+def _runs(engines):
+    return [pytest.param(s, e, marks=MARKS[e]) if e in MARKS else (s, e)
+            for (s, e), cell in sorted(CELLS.items()) if cell == "run" and e in engines]
+
+
+@pytest.mark.parametrize("strategy, engine", _runs({"local", "sim"}))
+def test_each_pair_that_is_taken_trains(strategy, engine):
+    _train_and_check(strategy, engine)
+
+
+@pytest.fixture(scope="module")
+def servers(request):
+    """Ray and Spark, started once for the cluster engines' runs, stopped after."""
+    started = {}
+    yield started
+    if "spark" in started:
+        started["spark"].__exit__(None, None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, engine", _runs({"ray", "spark", "torch"}))
+def test_each_pair_that_is_taken_trains_on_the_cluster_engines(strategy, engine, servers,
+                                                                request):
+    if engine == "ray":
+        request.getfixturevalue("local_ray")
+    if engine == "spark" and "spark" not in servers:
+        pytest.importorskip("pyspark")
+        from spark_env import spark_session
+
+        servers["spark"] = spark_session("local[2]")
+        servers["spark"].__enter__()
+    _train_and_check(strategy, engine)
+
+
+def _train_and_check(strategy, engine):
+    workers = 1 if STRATEGIES.get(strategy).single_worker else WORKERS
+    extra = {} if engine == "sim" else {"timeout": 60}
+    run = monsoon.train(PROBLEM.get(strategy, "exp"), strategy, workers, engine=engine,
+                        steps=8, evals=0, progress=False, **extra)
+    assert run.summary["status"] == "finished" and run.summary["engine"] == engine
+    assert run.summary["updates"] > 0 and np.isfinite(run.summary["final_loss"])
+
+
+# -- a third-party strategy: the example plug-in's clipped-sync ------------------------
+
+CLIPPED = dict(noise=0.2, clip_norm=1e-3, dtype="float64", steps=40, lr=0.05, seed=1,
+               evals=0, progress=False)
+
+
+@pytest.fixture
+def plugin_everywhere(plugin, monkeypatch):
+    """The plug-in importable in every worker process the engines start."""
+    paths = [str(plugin), os.path.dirname(os.path.dirname(monsoon.__file__))]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]))
+    return plugin
+
+
+@pytest.fixture(scope="module")
+def local_ray_with_plugin(plugin_site):
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # another module's instance, without the plug-in on its path
+        ray.shutdown()
+    root = os.path.dirname(os.path.dirname(monsoon.__file__))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": f"{plugin_site}:{root}"}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def clipped_on_local(plugin_site):
+    import sys
+
+    from conftest import _reload
+
+    sys.path.insert(0, str(plugin_site))
+    _reload()
+    try:
+        unclipped = monsoon.train("noisy-line", "sync", 2, backend="threads",
+                                  **{k: v for k, v in CLIPPED.items() if k != "clip_norm"})
+        clipped = monsoon.train("noisy-line", "clipped-sync", 2, backend="threads", **CLIPPED)
+    finally:
+        sys.path.remove(str(plugin_site))
+        sys.modules.pop("monsoon_example_plugin", None)
+        _reload()
+    # the clip bites: a plain sync run ends elsewhere
+    assert abs(clipped.summary["final_loss"] - unclipped.summary["final_loss"]) > 1e-3
+    return clipped
+
+
+@pytest.mark.parametrize("engine", [
+    "sim",
+    pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+    pytest.param("torch", marks=[pytest.mark.torchrun, pytest.mark.slow]),
+])
+def test_the_plug_in_strategy_trains_on_every_engine_to_the_same_loss(
+        engine, clipped_on_local, plugin_everywhere, request):
+    if engine == "ray":
+        request.getfixturevalue("local_ray_with_plugin")
+    run = monsoon.train("noisy-line", "clipped-sync", 2, engine=engine, **CLIPPED)
+    assert run.summary["engine"] == engine and run.summary["clip_norm"] == CLIPPED["clip_norm"]
+    assert run.summary["final_loss"] == pytest.approx(clipped_on_local.summary["final_loss"],
+                                                      rel=1e-9)
+    np.testing.assert_allclose(run.params, clipped_on_local.params, rtol=1e-9, atol=1e-12)
+
+
+# -- run options with a problem the user built --------------------------------------
+
+def _built(dtype="float32"):
+    from monsoon.problems import make_problem
+
+    return make_problem("exp", dtype)
+
+
+def test_a_built_problem_trains_in_its_own_precision_and_says_so(tmp_path):
+    import json
+
+    run = monsoon.train(_built("float32"), "serial", steps=3, evals=0, out=tmp_path / "r")
+    assert run.params.dtype == np.float32 and run.summary["dtype"] == "float32"
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["dtype"] == "float32"
+    same = monsoon.train(_built("float32"), "serial", steps=3, evals=0, dtype="float32")
+    np.testing.assert_array_equal(same.params, run.params)
+    with pytest.raises(ConfigError, match="dtype float64 was given, but the problem was built "
+                                          "in float32"):
+        monsoon.train(_built("float32"), "serial", steps=3, dtype="float64")
+
+
+@pytest.mark.parametrize("option, value, check", [
+    ("lr", 0.123, lambda r: r.summary["lr"] == 0.123),
+    ("epochs", 2, lambda r: r.summary["epochs"] == pytest.approx(2)),
+    ("steps", 5, lambda r: r.summary["updates"] == 5),
+    ("batch_size", 7, lambda r: r.summary["batch_size"] == 7),
+    ("seed", 3, lambda r: r.summary["seed"] == 3),
+    ("target_loss", 10.0, lambda r: r.summary["target_loss"] == 10.0
+     and r.summary["time_to_target_s"] is not None),
+    ("evals", 4, lambda r: len(r.history) <= 6),
+    ("eval_share", 0.25, lambda r: r.summary["status"] == "finished"),
+    ("progress", False, lambda r: r.summary["status"] == "finished"),
+])
+def test_every_run_option_applies_to_a_built_problem(option, value, check):
+    options = {"steps": 3, "evals": 0} if option not in ("steps", "epochs", "evals") else {}
+    if option == "evals":
+        options["steps"] = 20
+    run = monsoon.train(_built("float64"), "serial", **{**options, option: value})
+    assert check(run), (option, run.summary)

@@ -1,0 +1,115 @@
+"""GPU workers (``--device cuda``), where a CUDA device exists.
+
+Every test is marked ``gpu`` and skipped, with the reason, on a machine
+without CUDA; tests/test_devices.py runs the same code path on the CPU.
+In float64, a GPU run equals its reference to 1e-9:
+
+- sync with 2 workers (towers) on one GPU equals serial on that GPU
+  (a model without batch statistics), and with BatchNorm equals sync on the
+  CPU, parameters and buffers;
+- serial on the GPU equals serial on the CPU, buffers included;
+- the torch engine on NCCL with one rank equals serial on the GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import monsoon
+from monsoon.errors import ConfigError
+from monsoon.problems import TorchProblem
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA device; torch sees none here")]
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _problem(batchnorm: bool) -> TorchProblem:
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(256, 8, generator=g, dtype=torch.float64)
+    y = (X[:, :1] * 2 - X[:, 1:2]).sin()
+    torch.manual_seed(1)
+    layers = [nn.Linear(8, 32)] + ([nn.BatchNorm1d(32)] if batchnorm else []) + \
+        [nn.Tanh(), nn.Linear(32, 1)]
+    return TorchProblem(nn.Sequential(*layers), nn.MSELoss(), X, y, dtype="float64")
+
+
+COMMON = dict(lr=0.1, steps=12, batch_size=64, seed=0, progress=False, evals=3)
+
+
+def _same(run, reference, buffers=True):
+    assert _rel(run.params, reference.params) < 1e-9
+    if buffers:
+        for name, value in reference.state.items():
+            assert _rel(run.state[name], value) < 1e-9, name
+    assert isinstance(run.params, np.ndarray)
+    assert all(t.device.type == "cpu" for t in run.model.state_dict().values())
+
+
+def test_two_towers_on_one_gpu_equal_serial_on_it(tmp_path):
+    serial = monsoon.train(_problem(False), "serial", device="cuda:0", **COMMON)
+    sync = monsoon.train(_problem(False), "sync", 2, device="cuda:0", out=tmp_path / "s",
+                         **COMMON)
+    assert serial.summary["devices"] == sync.summary["devices"] == ["cuda:0"]
+    _same(sync, serial, buffers=False)
+    assert (tmp_path / "s" / "model.pt").exists()
+
+
+def test_buffers_on_the_gpu_equal_the_cpus():
+    for strategy, workers in (("serial", 1), ("sync", 2)):
+        cpu = monsoon.train(_problem(True), strategy, workers, **COMMON)
+        gpu = monsoon.train(_problem(True), strategy, workers, device="cuda", **COMMON)
+        _same(gpu, cpu)
+        assert gpu.summary["final_loss"] == pytest.approx(cpu.summary["final_loss"], rel=1e-9)
+
+
+def test_workers_share_the_gpus_round_robin():
+    gpus = torch.cuda.device_count()
+    run = monsoon.train(_problem(False), "async", 3, device="cuda", backend="threads",
+                        **COMMON)
+    expected = [f"cuda:{k % gpus}" for k in range(3)]
+    assert run.summary["devices"] == (expected[:1] if gpus == 1 else expected)
+
+
+def test_async_workers_on_gpus_train():
+    run = monsoon.train(_problem(True), "async", 2, device="cuda", **COMMON)
+    first = run.history[0]["loss"]
+    assert run.summary["final_loss"] < first
+
+
+def test_dataset_problem_on_the_gpu_equals_the_cpu():
+    from torch.utils.data import TensorDataset
+
+    def build():
+        base = _problem(True)
+        torch.manual_seed(1)
+        module = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 1))
+        return TorchProblem.from_dataset(TensorDataset(base.X, base.y), module, nn.MSELoss(),
+                                         dtype="float64")
+
+    cpu = monsoon.train(build(), "sync", 2, **COMMON)
+    gpu = monsoon.train(build(), "sync", 2, device="cuda", **COMMON)
+    _same(gpu, cpu)
+
+
+def test_hogwild_refuses_a_gpu_in_one_line():
+    with pytest.raises(ConfigError, match="hogwild has every worker update one parameter array "
+                                          "in CPU memory in place"):
+        monsoon.train(_problem(False), "hogwild", 2, device="cuda", **COMMON)
+
+
+@pytest.mark.torchrun
+def test_torch_engine_on_nccl_with_one_rank_equals_serial_on_the_gpu():
+    serial = monsoon.train(_problem(True), "serial", device="cuda:0", **COMMON)
+    rank = monsoon.train(_problem(True), "sync", 1, engine="torch", device="cuda",
+                         dist_backend="nccl", timeout=60, **COMMON)
+    assert rank.summary["dist_backend"] == "nccl"
+    assert rank.summary["devices"] == ["cuda:0"]
+    _same(rank, serial)
