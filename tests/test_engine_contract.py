@@ -74,26 +74,22 @@ def test_each_pair_that_is_taken_trains(strategy, engine):
 
 
 @pytest.fixture(scope="module")
-def servers(request):
-    """Ray and Spark, started once for the cluster engines' runs, stopped after."""
-    started = {}
-    yield started
-    if "spark" in started:
-        started["spark"].__exit__(None, None, None)
+def spark_for_the_table():
+    """One Spark session for the table's spark runs, stopped at the end of
+    them (later tests start their own)."""
+    from spark_env import spark_session
+
+    with spark_session("local[2]") as session:
+        yield session
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy, engine", _runs({"ray", "spark", "torch"}))
-def test_each_pair_that_is_taken_trains_on_the_cluster_engines(strategy, engine, servers,
-                                                                request):
+def test_each_pair_that_is_taken_trains_on_the_cluster_engines(strategy, engine, request):
     if engine == "ray":
         request.getfixturevalue("local_ray")
-    if engine == "spark" and "spark" not in servers:
-        pytest.importorskip("pyspark")
-        from spark_env import spark_session
-
-        servers["spark"] = spark_session("local[2]")
-        servers["spark"].__enter__()
+    if engine == "spark":
+        request.getfixturevalue("spark_for_the_table")
     _train_and_check(strategy, engine)
 
 
@@ -157,12 +153,27 @@ def clipped_on_local(plugin_site):
     "sim",
     pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
     pytest.param("torch", marks=[pytest.mark.torchrun, pytest.mark.slow]),
+    pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow]),
 ])
 def test_the_plug_in_strategy_trains_on_every_engine_to_the_same_loss(
         engine, clipped_on_local, plugin_everywhere, request):
+    import contextlib
+
     if engine == "ray":
         request.getfixturevalue("local_ray_with_plugin")
-    run = monsoon.train("noisy-line", "clipped-sync", 2, engine=engine, **CLIPPED)
+    session = contextlib.nullcontext()
+    if engine == "spark":  # started here, so its executors see the plug-in's path
+        pytest.importorskip("pyspark")
+        from spark_env import spark_session
+
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:  # another test's, whose executors lack the plug-in
+            active.stop()
+        session = spark_session("local[2]")
+    with session:
+        run = monsoon.train("noisy-line", "clipped-sync", 2, engine=engine, **CLIPPED)
     assert run.summary["engine"] == engine and run.summary["clip_norm"] == CLIPPED["clip_norm"]
     assert run.summary["final_loss"] == pytest.approx(clipped_on_local.summary["final_loss"],
                                                       rel=1e-9)

@@ -27,6 +27,22 @@ def test_sync_equals_serial_on_full_batches(spark):
     assert sync.summary["examples"] == 3 * 1438
 
 
+def test_plugin_clipped_sync_gives_the_local_engines_loss(spark, plugin):
+    """A third-party program (Gradient -> clip -> AllReduce) runs on Spark:
+    each worker's gradient is over exactly its part of every batch, though
+    its rows live in both partitions, so the clip (which bites) matches."""
+    def run(engine, clip_norm):
+        return monsoon.train("noisy-line", "clipped-sync", 2, engine=engine, dtype="float64",
+                             steps=6, lr=0.05, batch_size=32, noise=0.2, rows=1024,
+                             clip_norm=clip_norm, evals=0)
+
+    local, spark_run = run("local", 0.05), run("spark", 0.05)
+    assert np.abs(local.params - run("local", 1e9).params).max() > 1e-3  # clipping happened
+    assert spark_run.summary["final_loss"] == pytest.approx(local.summary["final_loss"],
+                                                            rel=1e-9)
+    assert spark_run.summary["updates"] == 6 and spark_run.summary["engine"] == "spark"
+
+
 def test_async_reaches_serials_loss_with_staleness(spark):
     kw = dict(lr=0.1, epochs=3, batch_size=32, seed=0, dtype="float64", evals=0)
     serial = monsoon.train("digits", strategy="serial", **kw)

@@ -17,6 +17,9 @@ SHARED_MEMORY = "shared memory"    # several workers update one parameter array 
 BACKUP_WORKERS = "backup workers"  # a step takes the first N of N + b contributions
 STAGES = "pipeline stages"         # stage workers passing activations to each other
 
+# How a program draws its data (``Strategy.draws``; ``batches.py``).
+GLOBAL, SHARD, SLICE = "global batch", "own shard", "epoch slice"
+
 
 @dataclass(frozen=True)
 class WorkerJob:
@@ -68,6 +71,14 @@ class Strategy:
     # Strategies with local steps (local SGD, EASGD): the rule each worker
     # applies to its private copy; the engine's rule then runs on the server.
     local_rule = None
+    # How each worker's program draws its examples (``batches.py``): GLOBAL,
+    # its part of every global batch (sync, local SGD: every worker
+    # takes every step); SHARD, batches of its own fixed shard
+    # (``shard_batches``, with its share of a step budget); SLICE, its slice
+    # of each epoch's permutation. An engine whose data lives in partitions
+    # (spark) runs a SHARD program where its shard is; a GLOBAL one reads
+    # every worker's part of each batch from every partition.
+    draws = GLOBAL
     # How the workers' buffers (BatchNorm statistics) become the model's:
     # "rank0" or "average" (``problems/buffers.py``).
     buffers = "average"

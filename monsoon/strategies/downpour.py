@@ -22,13 +22,14 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..options import Option, at_least
-from .base import Strategy, WorkerJob
+from .base import SHARD, Strategy, WorkerJob
 from .batches import lookahead, shard_batches, skip
 from .ops import Fetch, Gradient, LocalStep, Push
 
 
 class Downpour(Strategy):
     name = "async"
+    draws = SHARD
     shared_params = False
     uses = (Fetch, Gradient, Push, LocalStep)
     options = (

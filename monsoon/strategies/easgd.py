@@ -14,13 +14,14 @@ Workers wait only on a shard's lock; a failed worker does not stop the rest.
 """
 from ..errors import ConfigError
 from ..options import Option, at_least, in_range
-from .base import Strategy, WorkerJob
+from .base import SHARD, Strategy, WorkerJob
 from .batches import lookahead, shard_batches, skip
 from .ops import Elastic, Fetch, Gradient, LocalApply
 
 
 class EASGD(Strategy):
     name = "easgd"
+    draws = SHARD
     shared_params = False
     uses = (Fetch, Gradient, LocalApply, Elastic)
     options = (

@@ -21,7 +21,7 @@ once, so memory is read sequentially.
 Invariant: with one worker, Hogwild! IS serial SGD, update for update.
 """
 from ..options import Option, in_range
-from .base import SHARED_MEMORY, Strategy, WorkerJob
+from .base import SLICE, SHARED_MEMORY, Strategy, WorkerJob
 from .batches import block_permutation, lookahead, skip, slice_batches, split
 from .ops import Apply, Gradient, SGDPass
 
@@ -32,6 +32,7 @@ BETA = Option("hogwild_beta", float, 0.9, "on problems with a compiled loop (spa
 
 class Hogwild(Strategy):
     name = "hogwild"
+    draws = SLICE
     shared_params = True
     options = (BETA,)
     uses = (Gradient, Apply)

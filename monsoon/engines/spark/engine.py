@@ -6,39 +6,42 @@ the staleness records. Executors hold the data, one ``Block`` per
 partition (``blocks.py``, ``data.py``), converted and cached once; only
 parameters (broadcast variables, or the task's closure when under 256 KiB:
 ``jobs.share``) and gradients or updates (task results) travel, never the
-data. Per strategy:
+data. The engine carries out the ops of the strategy's worker programs;
+where each program runs follows from its declarations (``placement.py``):
 
-- ``sync`` / ``serial`` (``sync.py``): one job per step over every
-  partition, reduced in partition order: equals serial.
-- ``async`` (Downpour) and ``easgd`` (``server.py``): one driver thread per
-  partition runs one small job per push period on that partition alone;
-  the driver applies each finished job's result once.
-- ``local-sgd`` (``rounds.py``): one job per round of H local steps.
-- ``hogwild`` is refused: executors share no memory. ``pipeline`` is
-  refused: Spark tasks cannot pass activations to each other.
+- on the driver (``driver.py``: sync, serial, a plug-in's clipped sync):
+  the generators run there, and each batch of Gradient ops is one job over
+  every partition; a step's AllReduce is reduced on the driver, in rank
+  order: sync equals serial.
+- in tasks, one segment (up to the next exchange) per task: Push / Elastic
+  programs (async, easgd: ``server.py``) run one driver thread per
+  partition, one small job per push period on that partition alone, the
+  driver applying each finished job's result once; Average programs
+  (local-sgd: ``rounds.py``) run one job per round of H local steps.
+- Apply on several workers (hogwild) is refused: executors share no
+  memory; so are pipeline stages: tasks cannot pass activations.
 
 Faults: Spark retries a failed task inside its job (``spark.task.maxFailures``;
 a ``local[N, F]`` master allows F attempts), and the driver applies only
-what a finished job returns, so an update lands exactly once. async and
-easgd name a partition whose job fails for good in ``failed_workers`` and
-carry on; sync fails fast with the task's error. Every wait has the
-run's ``timeout``; every job belongs to the run's job group, cancelled
-before the run returns or fails. A session the engine started is stopped
-after the run; a running one (spark-submit, the user's) is left running.
+what a finished job returns, so an update lands exactly once. Programs with
+no barrier (async, easgd) name a partition whose job fails for good in
+``failed_workers`` and carry on; the others fail fast with the task's
+error. Every wait has the run's ``timeout``; every job belongs to the run's
+job group, cancelled before the run returns or fails. A session the engine
+started is stopped after the run; a running one (spark-submit, the user's)
+is left running.
 
 Checkpoints (``checkpointing.py``): the driver writes its server state
-every ``checkpoint_every`` updates into the run folder; ``resume`` carries
-a sync or async run on from the newest. Not yet: checkpoints of local-sgd's
-and easgd's workers, backup workers (Spark's own ``spark.speculation``
+every ``checkpoint_every`` updates into the run folder (sync, serial and
+async); ``resume`` carries a run on the server's parameters (sync, serial)
+on from the newest. Not yet: resuming runs with private worker copies
+(async, local-sgd, easgd), backup workers (Spark's own ``spark.speculation``
 re-launches slow tasks instead).
 """
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass
-
-import numpy as np
 
 from ...errors import ConfigError
 from ...options import Option
@@ -48,7 +51,7 @@ from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradie
 from ..base import Engine, EngineResult
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
 from .jobs import Jobs
-
+from .placement import check_segments, in_tasks, task_job
 
 
 @dataclass
@@ -63,23 +66,14 @@ class RunContext:
     batch_size: int
     seed: int
     budget: Budget
-    local_batch: bool       # local-sgd: each worker takes its part of the batch
     timeout: float
+    strategy: object
 
     def job(self, k: int) -> WorkerJob:
-        """Worker k's program runs on its own partition as if it were the
-        whole data set (its rows 0..n_k-1), with its share of the budget."""
-        from ...strategies.batches import part_bounds
-
-        if self.local_batch:  # local SGD: B/N per worker per step, every worker every step
-            a, b = part_bounds(self.batch_size, self.workers, k)
-            size, budget = max(1, b - a), self.budget
-        else:
-            size = self.batch_size
-            budget = Budget(epochs=self.budget.epochs,
-                            steps=self.budget.steps_for(k, self.workers))
-        return WorkerJob(0, 1, self.sizes[k], min(size, max(1, self.sizes[k])), self.seed,
-                         budget)
+        """What worker k's program runs on in a task: its own partition, as
+        if it were the whole data set (``placement.task_job``)."""
+        return task_job(self.strategy, k, self.sizes[k], self.workers, self.batch_size,
+                        self.seed, self.budget)
 
 
 class SparkEngine(Engine):
@@ -118,18 +112,12 @@ class SparkEngine(Engine):
 
     def check(self, strategy, workers) -> None:
         super().check(strategy, workers)
-        if getattr(strategy, "n_fetch", 1) != getattr(strategy, "n_push", 1):
-            raise ConfigError(f"on the spark engine a worker fetches once per task and pushes "
-                              f"at its end: set --n-fetch equal to --n-push (got "
-                              f"{strategy.n_fetch} and {strategy.n_push})")
+        if in_tasks(strategy):
+            check_segments(strategy)
         if self.resume_dir and not strategy.shared_params:
             raise ConfigError(f"the spark engine keeps no checkpoints of {strategy.name}'s "
                               "private worker copies yet; resume sync or async runs, or use "
                               "--engine local")
-        if AllReduce in strategy.uses and not getattr(strategy, "raw_gradients", False):
-            raise ConfigError(f"the spark engine reduces each step's gradient where the data "
-                              f"lives, so it cannot run {strategy.name}'s own AllReduce program "
-                              "yet; use --engine local, sim, ray or torch")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
@@ -156,13 +144,13 @@ class SparkEngine(Engine):
                                    what="loading the data into the executors"))
             sizes = [counts[k] for k in range(workers)]
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
-                             seed, budget, Average in strategy.uses, self.timeout)
+                             seed, budget, self.timeout, strategy)
             startup = time.perf_counter() - t_begin
             from .checkpointing import DriverCheckpoints
 
             ckpts = DriverCheckpoints(self, problem, strategy, rule, workers, batch_size, seed,
                                       recorder)
-            out = self._loop(ctx, rule, strategy, w0, batch_size, seed, budget, recorder, ckpts)
+            out = self._loop(ctx, rule, strategy, w0, recorder, ckpts)
         finally:
             jobs.close(workers)
             if blocks is not None and not spark_data:
@@ -179,11 +167,11 @@ class SparkEngine(Engine):
             extra={"spark_master": master, "partitions": workers,
                    **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
 
-    def _loop(self, ctx, rule, strategy, w0, batch_size, seed, budget, recorder, ckpts):
-        if AllReduce in strategy.uses or Apply in strategy.uses:
-            from .sync import run_sync
+    def _loop(self, ctx, rule, strategy, w0, recorder, ckpts):
+        if not in_tasks(strategy):
+            from .driver import DriverPrograms
 
-            return run_sync(ctx, rule, w0, batch_size, seed, budget, recorder, ckpts)
+            return DriverPrograms(ctx, rule, strategy, w0, ckpts).run(recorder)
         if Average in strategy.uses:
             from .rounds import run_rounds
 

@@ -1,7 +1,9 @@
 """local-sgd (and DiLoCo) on Spark: one job over every partition per round.
 
-Each round broadcasts the server's parameters theta; partition k runs H
-local steps of its worker program (``LocalSGD.program``) on its own rows,
+Programs that synchronise by Average and run in tasks (``placement.py``).
+Each round broadcasts the server's parameters theta; partition k runs its
+worker program up to its next Average (H local steps of local SGD, each on
+B/N rows of its own partition: ``placement.task_job``) on its own rows,
 with its private inner rule, whose state (momentum) the driver keeps
 between rounds and ships with the round's tasks; the task returns its
 drift theta - theta_k and the examples behind it. The driver takes the
@@ -34,11 +36,11 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     stopped = None
     recorder.start(w)
     t0 = time.perf_counter()
-    H = strategy.local_steps
+    positions = dict.fromkeys(range(ctx.workers), 0)  # steps done, per worker
     r = 0
     while len(ended) < ctx.workers:
         bc = share(sc, w, w.nbytes)
-        jobs_k = {k: replace(ctx.job(k), start_step=r * H) for k in range(ctx.workers)}
+        jobs_k = {k: replace(ctx.job(k), start_step=positions[k]) for k in range(ctx.workers)}
         rules_k = dict(local_rules)
 
         def task(it, bc=bc, jobs_k=jobs_k, rules_k=rules_k):
@@ -49,13 +51,14 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             return out
 
         try:
-            results = sorted(jobs.run(blocks, task, what=f"local-sgd round {r}"),
+            results = sorted(jobs.run(blocks, task, what=f"round {r} of {strategy.name}"),
                              key=lambda x: x[0])
         finally:
             bc.destroy(blocking=False)
         avg = [(k, res) for k, res in results if res["op"] == "average"]
         for k, res in results:
             local_rules[k] = res["local_rule"]
+            positions[k] += res["steps"]
             examples += res["examples"]
             dropped += res["dropped"]
             if res["ended"]:

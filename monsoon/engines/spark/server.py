@@ -9,8 +9,9 @@ the driver process. Each worker k is a driver thread that, in a loop:
    version (the read ticket); a delay-aware rule's ``on_read`` runs here;
 2. runs one small Spark job on partition k alone (``sc.runJob(...,
    partitions=[k])``), the parameters in a broadcast variable: the task
-   runs the worker's program for one push period (``n_push`` local steps,
-   Downpour; ``tau`` local steps, EASGD) and returns what it would push;
+   runs the worker's program from the steps it has done to its next
+   exchange (``n_push`` local steps, Downpour; ``tau``, EASGD) and returns
+   what it would push;
 3. applies ONLY that finished job's result under the lock: Downpour's rule
    on the accrued gradient, with staleness = version now - ticket;
    EASGD's elastic exchange d = alpha (x_k - centre), centre += d,
@@ -19,9 +20,10 @@ the driver process. Each worker k is a driver thread that, in a loop:
 A task that Spark retries recomputes the same segment from the same
 broadcast, and the driver applies the job's one result: an update lands
 exactly once. Between fetches the worker cannot reach the server (Spark
-tasks do not talk to the driver), so a task fetches once, at its start:
-``n_fetch`` must equal ``n_push``, and both amortise Spark's per-job cost
-(tens of milliseconds) over that many steps. A worker whose job fails
+tasks do not talk to the driver), so a task reads the parameters once, at
+its start (``placement.check_segments`` refuses a program that reads them
+again before its exchange: Downpour's ``n_fetch`` must equal ``n_push``);
+the period amortises Spark's per-job cost over that many steps. A worker whose job fails
 after Spark's retries is named in ``failed_workers`` and the others carry
 on; so is a worker whose job runs past ``timeout`` (its job, in its own job
 group, is cancelled). The monitor (the calling thread) records the loss
@@ -67,15 +69,14 @@ class DriverServer:
         self.running_since: dict[int, float | None] = {k: None for k in range(ctx.workers)}
         self.stop = threading.Event()
         self.elastic = Elastic in strategy.uses
-        self.period = strategy.tau if self.elastic else strategy.n_push
-        self.segments = [0] * ctx.workers  # push periods applied, per worker
+        self.positions = [0] * ctx.workers  # steps of applied segments, per worker
         self.before = 0.0  # run time before the checkpoint resumed from
         saved = None if self.elastic else ckpts.load(
-            self.w, rule, {"segments": ((ctx.workers,), "int64")})
+            self.w, rule, {"positions": ((ctx.workers,), "int64")})
         if saved is not None:
             self.w[...] = saved.arrays["params"]
             restore_state(saved, self.state)
-            self.segments = [int(x) for x in saved.arrays["segments"]]
+            self.positions = [int(x) for x in saved.arrays["positions"]]
             self.updates = saved.meta["applied"]
             self.version = saved.meta["server_version"]
             self.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
@@ -88,7 +89,6 @@ class DriverServer:
         ctx = self.ctx
         try:
             ctx.jobs.join_group(k)
-            segment = self.segments[k]
             while not self.stop.is_set():
                 with self.lock:
                     if self.has_readers:
@@ -96,7 +96,7 @@ class DriverServer:
                     params, ticket = self.w.copy(), self.version
                 own = self.own[k] if self.elastic else None
                 bc = share(ctx.sc, params, params.nbytes)
-                job = replace(ctx.job(k), start_step=segment * self.period)
+                job = replace(ctx.job(k), start_step=self.positions[k])
                 strategy, local_rule = self.strategy, self.local_rules[k]
 
                 def task(it, bc=bc, job=job, ticket=ticket, local_rule=local_rule, own=own):
@@ -112,7 +112,6 @@ class DriverServer:
                 if self.stop.is_set() or k in self.failed:
                     return  # the run has ended: a late result is not applied
                 self._apply(k, res)
-                segment = self.segments[k]
                 if res["ended"]:
                     self.finished.add(k)
                     return
@@ -122,7 +121,7 @@ class DriverServer:
 
     def _apply(self, k: int, res: dict) -> None:
         with self.lock:
-            self.segments[k] += 1
+            self.positions[k] += res["steps"]
             self.local_rules[k] = res["local_rule"]
             self.examples += res["examples"]
             self.dropped += res["dropped"]
@@ -157,7 +156,7 @@ class DriverServer:
             params, state = self.w.copy(), type(self.state)(*(a.copy() for a in self.state))
             meta = {"applied": self.updates, "dropped": self.dropped,
                     "examples": self.examples, "server_version": self.version}
-            arrays = {"segments": np.array(self.segments, dtype=np.int64),
+            arrays = {"positions": np.array(self.positions, dtype=np.int64),
                       **staleness_arrays(self.staleness)}
             done = self.updates + self.dropped
         self.ckpts.save(done, now, params, state, meta, arrays)

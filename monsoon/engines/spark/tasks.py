@@ -17,7 +17,7 @@ from ..reduce import finite
 
 
 def gradient_sum(block, w, batch):
-    """sync: this partition's share of the global batch ``batch`` (global
+    """Gradients reduced where computed: this partition's share of the global batch ``batch`` (global
     ids; None: every row) at ``w``: ``(index, examples, mean loss, mean
     gradient)``, the gradient None when the batch has none of its rows."""
     rows = block.local(batch)
@@ -25,6 +25,20 @@ def gradient_sum(block, w, batch):
         return block.index, 0, 0.0, None
     loss, grad = block.problem.gradient(w, rows)
     return block.index, len(rows), float(loss), np.array(grad, copy=True)
+
+
+def gradient_parts(block, params, requests):
+    """Driver-run programs: for each request ``(worker, p, global ids)``,
+    this partition's part of that worker's gradient at ``params[p]``:
+    ``(worker, index, rows, mean loss, mean gradient)``, none where the
+    partition holds none of its ids."""
+    out = []
+    for k, p, ids in requests:
+        rows = block.local(ids)
+        if len(rows):
+            loss, grad = block.problem.gradient(params[p], rows)
+            out.append((k, block.index, len(rows), float(loss), np.array(grad, copy=True)))
+    return out
 
 
 def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):

@@ -1,0 +1,266 @@
+"""Worker programs on the driver; their gradients, one Spark job at a time.
+
+Programs that ``placement.in_tasks`` leaves on the driver (sync, serial, a
+plug-in's clipped sync) run as generators there, one per worker, on the
+parameters the driver holds. Each round the driver advances every live
+worker until it waits for a gradient or at a collective, carrying out the
+other ops itself (Apply, Fetch, Push, LocalStep, LocalApply, Elastic: the
+server and any private copies live on the driver). Then:
+
+- every waiting worker's Gradient goes into ONE Spark job over all
+  partitions (``tasks.gradient_parts``): partition p returns, per worker k,
+  the mean loss and gradient over the rows of k's indices it holds and how
+  many; the driver weighs them by rows, in partition order, into k's mean
+  over exactly its indices, and sends it into k's program;
+- once every live worker waits at the collective, the step runs: the
+  example-weighted mean of the contributions in rank order
+  (``weighted_sum``), and the rule applied ONCE (AllReduce); or the same of
+  the drifts server - copy (Average), the copies then reset to the server.
+
+A strategy whose gradients reach AllReduce unchanged (``raw_gradients``)
+is reduced where it is computed: each partition returns one sum over the
+union of the step's indices (``tasks.gradient_sum``; no ids shipped when
+the union is the whole data set), and that mean is the step's. Either way
+sync equals serial to floating-point reduction order (float64, 1e-9), and
+a plug-in's program sees each worker's own gradient.
+
+Exactly once: only a finished job's results are applied, and a task Spark
+retries recomputes the same partition result. Where the driver waits: for
+each job, at most the run's ``timeout`` (``jobs.py``); a failed job fails
+the run. Checkpoints (programs on the server's parameters): after a step,
+the parameters, rule state and steps done, which a resumed run's programs
+skip (``WorkerJob.start_step``).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...rules import UpdateInfo
+from ...rules.local import LocalRule
+from ...strategies import WorkerJob
+from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
+                               LocalStep, Push)
+from ..reduce import finite, weighted_sum
+from .checkpointing import restore_state
+from .jobs import share
+from .tasks import gradient_parts, gradient_sum
+
+WAITS = (Gradient, AllReduce, Average)
+
+
+class DriverPrograms:
+    def __init__(self, ctx, rule, strategy, w0, ckpts):
+        self.ctx, self.rule, self.strategy, self.ckpts = ctx, rule, strategy, ckpts
+        self.w = np.array(w0, copy=True)
+        self.state = rule.init(self.w.size, self.w.dtype)
+        self.shared = strategy.shared_params
+        self.raw = self.shared and bool(getattr(strategy, "raw_gradients", False))
+        ranks = range(ctx.workers)
+        self.work = {k: self.w if self.shared else self.w.copy() for k in ranks}
+        self.local_rules = {k: LocalRule(strategy.local_rule, k)
+                            for k in ranks} if strategy.local_rule is not None else {}
+        self.readers = {k: rule.init_reader(self.w.size, self.w.dtype) for k in ranks}
+        self.has_readers = bool(self.readers[0]._fields)
+        self.acc, self.tmp = np.empty_like(self.w), np.empty_like(self.w)
+        self.grads = {k: np.empty_like(self.w) for k in ranks}  # each worker's mean gradient
+        self.programs, self.ops = {}, {}
+        self.steps = self.updates = self.dropped = self.examples = self.version = 0
+        self.staleness = Counter()
+
+    # -- the programs ---------------------------------------------------------------
+    def _send(self, k, reply) -> None:
+        try:
+            self.ops[k] = self.programs[k].send(reply)
+        except StopIteration:
+            del self.ops[k], self.programs[k]
+
+    def _advance(self) -> None:
+        """Carry out every op that needs no Spark job, until each live
+        worker waits for a gradient or at a collective."""
+        for k in sorted(self.ops):
+            while k in self.ops and type(self.ops[k]) not in WAITS:
+                self._send(k, self._carry_out(k, self.ops[k]))
+
+    def _update(self, grad, info) -> bool:
+        if not finite(grad):
+            self.dropped += 1
+            return False
+        self.rule.apply(self.w, grad, self.state, info)
+        self.updates += 1
+        self.version += 1
+        return True
+
+    def _carry_out(self, k, op):
+        kind = type(op)
+        if kind is Apply:
+            if self._update(op.grad, UpdateInfo(step=self.updates, worker=k)):
+                self.staleness[0] += 1
+            self.steps += 1
+        elif kind is Fetch:
+            if self.has_readers:
+                self.rule.on_read(self.w, self.state, self.readers[k])
+            if not self.shared:
+                self.work[k][...] = self.w
+            return self.version
+        elif kind is Push:
+            tau = self.version - int(op.ticket)
+            if self._update(op.grad, UpdateInfo(step=self.version, staleness=tau, worker=k,
+                                                reader=self.readers[k] if self.has_readers
+                                                else None)):
+                self.staleness[tau] += 1
+        elif kind is LocalStep:
+            self.work[k] -= op.lr * op.grad
+        elif kind is LocalApply:
+            if finite(op.grad):
+                self.local_rules[k].apply(self.work[k], op.grad)
+            else:
+                self.dropped += 1
+        elif kind is Elastic:
+            x = self.work[k]
+            d = np.subtract(x, self.w)
+            d *= op.alpha
+            self.w += d
+            x -= d
+            self.version += 1
+            self.updates += 1
+            self.staleness[0] += 1
+        else:
+            raise ConfigError(f"the spark engine cannot carry out {kind.__name__} ops of "
+                              f"{self.strategy.name}'s program")
+        return None
+
+    # -- gradients: one job --------------------------------------------------------
+    def _gradients(self, waiting: dict) -> dict:
+        ctx = self.ctx
+        ranks = sorted(waiting)
+        self.examples += sum(len(waiting[k].indices) for k in ranks)
+        if self.raw:
+            return self._reduced(waiting, ranks)
+        params = [self.w] if self.shared else [self.work[k] for k in ranks]
+        requests = [(k, 0 if self.shared else i, waiting[k].indices) for i, k in enumerate(ranks)]
+        nbytes = sum(p.nbytes for p in params) + sum(r[2].nbytes for r in requests)
+        bc = share(ctx.sc, (params, requests), nbytes)
+
+        def task(it, bc=bc):
+            params_, requests_ = bc.value
+            return [part for b in it for part in gradient_parts(b, params_, requests_)]
+
+        try:
+            parts = ctx.jobs.run(ctx.blocks, task, what=f"the gradients of step {self.steps}")
+        finally:
+            bc.destroy(blocking=False)
+        replies = {}
+        for k in ranks:
+            mine = sorted((p[1], p) for p in parts if p[0] == k)
+            count = sum(p[2] for _, p in mine)
+            out = self.grads[k]
+            if not mine:
+                out.fill(0)
+                replies[k] = (0.0, out)
+                continue
+            weighted_sum({i: p[4] for i, p in mine}, [i for i, _ in mine],
+                         [p[2] for _, p in mine], out, self.tmp)
+            replies[k] = (sum(p[2] * p[3] for _, p in mine) / count, out)
+        return replies
+
+    def _reduced(self, waiting: dict, ranks: list) -> dict:
+        """Every worker's gradient goes to AllReduce unchanged: one sum per
+        partition over the union of the indices, one mean for all."""
+        ctx, n = self.ctx, self.ctx.n_examples
+        union = np.concatenate([waiting[k].indices for k in ranks])
+        if len(union) == n and np.bincount(union, minlength=n).all():
+            union = None  # the whole data set: every partition's every row
+        bc = share(ctx.sc, (self.w, union), self.w.nbytes + (0 if union is None else union.nbytes))
+
+        def task(it, bc=bc):
+            w_, batch_ = bc.value
+            return [gradient_sum(b, w_, batch_) for b in it]
+
+        try:
+            parts = sorted(p for p in ctx.jobs.run(ctx.blocks, task,
+                                                   what=f"sync step {self.steps}") if p[1] > 0)
+        finally:
+            bc.destroy(blocking=False)
+        out = self.grads[0]
+        weighted_sum({p[0]: p[3] for p in parts}, [p[0] for p in parts],
+                     [p[1] for p in parts], out, self.tmp)
+        loss = sum(p[1] * p[2] for p in parts) / max(1, sum(p[1] for p in parts))
+        return {k: (loss, out) for k in ranks}
+
+    # -- collectives ---------------------------------------------------------------
+    def _collective(self) -> None:
+        ops, ranks = self.ops, sorted(self.ops)
+        kinds = {type(op) for op in ops.values()}
+        if len(kinds) > 1:
+            raise ConfigError(f"{self.strategy.name}'s workers wait at different collectives "
+                              f"({', '.join(sorted(c.__name__ for c in kinds))}) at once")
+        counted = [k for k in ranks if ops[k].examples > 0
+                   and (type(ops[k]) is Average or ops[k].grad is not None)]
+        if kinds == {Average}:
+            parts = {k: self.w - self.work[k] for k in counted}
+        else:
+            parts = {k: ops[k].grad for k in counted}
+        if counted:
+            if self.raw and all(parts[k] is self.grads[0] for k in counted):
+                acc = self.grads[0]  # already the step's mean (``_reduced``)
+            else:
+                acc = weighted_sum(parts, counted, [ops[k].examples for k in counted],
+                                   self.acc, self.tmp)
+            if self._update(acc, UpdateInfo(step=self.updates)):
+                self.staleness[0] += len(counted) if kinds == {Average} else 1
+        self.steps += 1
+        for k in ranks:
+            if not self.shared:
+                self.work[k][...] = self.w
+            self._send(k, None if kinds == {Average} else 0)
+
+    # -- the run ---------------------------------------------------------------------
+    def run(self, recorder) -> dict:
+        ctx, ckpts = self.ctx, self.ckpts
+        before = 0.0
+        saved = ckpts.load(self.w, self.rule) if self.shared else None
+        if saved is not None:
+            self.w[...] = saved.arrays["params"]
+            restore_state(saved, self.state)
+            self.steps, self.updates = saved.meta["step"], saved.meta["applied"]
+            self.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
+            before = saved.meta["time_s"]
+            self.staleness[0] = self.updates
+        for k in range(ctx.workers):
+            self.programs[k] = self.strategy.program(WorkerJob(
+                k, ctx.workers, ctx.n_examples, ctx.batch_size, ctx.seed, ctx.budget,
+                start_step=self.steps))
+            self._send(k, None)
+        stopped = None
+        recorder.start(self.w)
+        t0 = time.perf_counter() - before
+        try:
+            while self.ops:
+                self._advance()
+                waiting = {k: op for k, op in self.ops.items() if type(op) is Gradient}
+                if waiting:
+                    for k, reply in self._gradients(waiting).items():
+                        self._send(k, reply)
+                elif self.ops:
+                    self._collective()
+                now = time.perf_counter() - t0
+                if recorder.due(now, self.examples):
+                    stopped = recorder.record(now, self.updates, self.examples, self.w,
+                                              self.dropped)
+                    if stopped:
+                        break
+                if self.shared and ckpts.due(self.updates + self.dropped):
+                    ckpts.save(self.updates + self.dropped, now, self.w, self.state,
+                               {"step": self.steps, "examples": self.examples,
+                                "dropped": self.dropped, "applied": self.updates})
+        finally:
+            for program in self.programs.values():
+                program.close()
+        return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
+                "updates": self.updates, "dropped": self.dropped, "staleness": self.staleness,
+                "failed": {}, "stopped": stopped,
+                "worker_params": {} if self.shared else dict(self.work)}

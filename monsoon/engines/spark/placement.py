@@ -1,0 +1,84 @@
+"""Where a worker's program runs on Spark: on the driver, or inside tasks.
+
+Spark tasks do not talk to the driver, so a task can run a worker's program
+only between two exchanges with the server, on data that one partition
+holds, starting from parameters shipped with it. From the strategy's
+declarations (never its name):
+
+- ``in_tasks``: a program on private copies (``shared_params`` False) with
+  no AllReduce or Apply runs in tasks, one segment (up to its next Push,
+  Average or Elastic) per task, when its workers draw from their own shards
+  (``draws == SHARD``: worker k's shard is partition k, so its batches are
+  exactly those it draws on the local engine), or when it synchronises by
+  Average over global batches (local SGD): worker k then draws its part of
+  each batch, B/N examples, from its own partition, with the whole step
+  budget (one job per round keeps the data where it lives). Every other
+  program runs on the driver (``driver.py``): exact, one job per batch of
+  gradients.
+- ``task_job``: the WorkerJob a task runs: the program as a single worker
+  over the partition's rows 0..n_k-1 (``Block.rows_of`` maps them back).
+- ``check_segments``: a task reads the parameters once, at its start. A dry
+  run of the program (stub gradients) refuses one that reads them again
+  before its exchange, or that goes on after a Push without reading them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...strategies.base import SHARD, Budget, WorkerJob
+from ...strategies.batches import part_bounds
+from ...strategies.ops import AllReduce, Apply, Average, Elastic, Fetch, Gradient, Push
+
+EXCHANGES = (Push, Average, Elastic)
+
+
+def in_tasks(strategy) -> bool:
+    if strategy.shared_params or AllReduce in strategy.uses or Apply in strategy.uses:
+        return False
+    return strategy.draws == SHARD or Average in strategy.uses
+
+
+def task_job(strategy, k: int, rows: int, workers: int, batch_size: int, seed: int,
+             budget: Budget) -> WorkerJob:
+    if strategy.draws == SHARD:
+        size, budget = batch_size, Budget(budget.epochs, budget.steps_for(k, workers))
+    else:  # its part of each global batch, from its own partition, every step
+        a, b = part_bounds(batch_size, workers, k)
+        size = max(1, b - a)
+    return WorkerJob(0, 1, rows, min(size, max(1, rows)), seed, budget)
+
+
+def check_segments(strategy, segments: int = 3, max_ops: int = 10_000) -> None:
+    """Refuse a program whose segments would not start with its one read."""
+    job = WorkerJob(0, 1, 64, 1, 0, Budget(steps=10_000))
+    program = strategy.program(job)
+    seen_gradient, after_push, reply, ops = False, False, None, 0
+    try:
+        while segments and ops < max_ops:
+            op = program.send(reply)
+            ops += 1
+            reply = None
+            if after_push and not isinstance(op, Fetch):
+                problem = "goes on after a push without reading the parameters"
+                break
+            after_push = False
+            if isinstance(op, Fetch):
+                if seen_gradient:
+                    problem = "reads the parameters again before its next exchange"
+                    break
+                reply = 0
+            elif isinstance(op, Gradient):
+                seen_gradient, reply = True, (0.0, np.zeros(1))
+            elif isinstance(op, EXCHANGES):
+                seen_gradient, after_push, reply = False, isinstance(op, Push), 0
+                segments -= 1
+        else:
+            return
+    except StopIteration:
+        return
+    finally:
+        program.close()
+    raise ConfigError(f"{strategy.name}'s worker {problem}, but on the spark engine a task "
+                      "reads them once, at its start, and runs to the next exchange: fetch "
+                      "once per exchange (async: set --n-fetch equal to --n-push)")

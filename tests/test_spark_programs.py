@@ -1,0 +1,80 @@
+"""The spark engine carries out the strategy's program (issue 30), on a real
+local Spark: every strategy goes through the ops it declares, and which way
+it runs (on the driver, or in tasks) follows from declarations."""
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.engines.spark.placement import in_tasks
+from monsoon.strategies import STRATEGIES
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    from spark_env import spark_session
+
+    with spark_session("local[2]") as session:
+        yield session
+
+
+@pytest.fixture
+def jobs(spark, monkeypatch):
+    """Counts the Spark jobs a run starts (each still runs on Spark)."""
+    from pyspark import SparkContext
+
+    count = {"jobs": 0}
+    real = SparkContext.runJob
+
+    def run_job(self, *args, **kwargs):
+        count["jobs"] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SparkContext, "runJob", run_job)
+    return count
+
+
+@pytest.mark.spark
+def test_sync_reduces_where_computed_and_equals_serial(spark):
+    kw = dict(lr=0.5, epochs=1, batch_size=64, seed=0, dtype="float64", evals=0)
+    serial = monsoon.train("digits", strategy="serial", **kw)
+    sync = monsoon.train("digits", strategy="sync", workers=3, engine="spark", **kw)
+    np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
+    one = monsoon.train("digits", strategy="serial", engine="spark", **kw)
+    np.testing.assert_array_equal(one.params, serial.params)
+
+
+@pytest.mark.spark
+def test_local_sgd_takes_one_job_per_round(jobs):
+    kw = dict(lr=0.5, steps=16, batch_size=64, seed=0, dtype="float64", evals=0)
+    run = monsoon.train("digits", strategy="local-sgd", workers=2, engine="spark",
+                        local_steps=4, **kw)
+    assert run.summary["updates"] == 4
+    assert jobs["jobs"] == 1 + 4  # the data's load, then one job per round
+    assert run.summary["examples"] == 16 * 64
+
+
+@pytest.mark.parametrize("name, where", [("serial", "driver"), ("sync", "driver"),
+                                          ("async", "tasks"), ("easgd", "tasks"),
+                                          ("local-sgd", "tasks")])
+def test_where_a_program_runs_follows_its_declarations(name, where):
+    assert in_tasks(STRATEGIES.get(name)()) == (where == "tasks")
+
+
+@pytest.mark.parametrize("options", [dict(n_fetch=2, n_push=4), dict(n_fetch=4, n_push=2)])
+def test_a_program_that_reads_twice_per_task_is_refused(options):
+    with pytest.raises(monsoon.ConfigError, match="--n-fetch equal to --n-push"):
+        monsoon.train("logistic", strategy="async", workers=2, engine="spark", steps=2,
+                      evals=0, **options)
+
+
+def test_no_strategy_name_is_compared_in_the_engines():
+    import pathlib
+    import re
+
+    root = pathlib.Path(monsoon.__file__).parent / "engines"
+    names = "|".join(re.escape(n) for n in STRATEGIES.names())
+    compared = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']|["']({names})["']\s*(==|!=)""")
+    hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if compared.search(line)]
+    assert hits == []
