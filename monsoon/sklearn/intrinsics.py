@@ -22,7 +22,7 @@ they cache with the functions that use them).
   raises after writing data and another reads before reading that data
   (on x86 plain moves; on weaker CPUs, the fences they need).
 - ``monotonic_ns()``: ``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds, the
-  clock of Python's ``time.monotonic_ns`` (~20 ns a call, through the vDSO);
+  clock of Python's ``time.monotonic_ns`` (a vDSO call, no system call);
   how a thread times its own work without returning to Python.
 """
 from __future__ import annotations
