@@ -127,6 +127,10 @@ class SparkData(Problem):
     def _prepare(self, n_features):
         rdd = self._rdd()
         self._sc = rdd.context
+        from ..options import TIMEOUT
+        from .preflight import check_executors
+
+        check_executors(self._sc, TIMEOUT.default)
         features, label, kind, lam, dtype = (self.features, self.label, self.kind, self.lam,
                                              self.dtype)
 

@@ -76,6 +76,12 @@ class RunContext:
                         self.seed, self.budget)
 
 
+def _is_torch(problem) -> bool:
+    from ...problems.torch_problem import TorchProblem
+
+    return isinstance(problem, TorchProblem)
+
+
 class SparkEngine(Engine):
     """Executors share no memory (no several-worker Apply: hogwild), and
     tasks cannot pass activations to each other (no pipeline stages)."""
@@ -131,6 +137,9 @@ class SparkEngine(Engine):
         else:
             sc, started = session_for(self.master, workers)
         master = sc.master
+        from .preflight import check_executors
+
+        check_executors(sc, self.timeout, torch=_is_torch(problem))
         jobs = Jobs(sc, self.timeout, strategy.name)  # names the run's job group
         blocks = None
         try:

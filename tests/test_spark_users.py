@@ -1,0 +1,78 @@
+"""What a Spark user meets first: executors that cannot run monsoon are
+refused in one line before any training job (``preflight.py``)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import monsoon
+from monsoon.engines.spark.preflight import FIX, mismatch, python_version
+from monsoon.errors import ConfigError
+from spark_env import spark_session
+
+DRIVER = {"monsoon": "0.1.0", "numpy": "2.1.0", "scipy": "1.14.0"}
+
+
+def _report(**changes):
+    return {"python": "/opt/py/bin/python", "version": python_version(), **DRIVER, **changes}
+
+
+@pytest.mark.parametrize("report, says", [
+    (_report(), None),
+    (_report(numpy=None, error="ModuleNotFoundError: No module named 'numpy'"),
+     r"executors' Python \(/opt/py/bin/python\) cannot import numpy \(ModuleNotFoundError"),
+    (_report(numpy="1.26.4"), "has numpy 1.26.4 where the driver has 2.1.0"),
+    (_report(version="3.9"), r"is Python 3.9, the driver's is \d\.\d+"),
+])
+def test_executor_reports_are_judged_against_the_driver(report, says):
+    found = mismatch([_report(), report], DRIVER, "python3")
+    if says is None:
+        assert found is None
+    else:
+        assert found is not None and "\n" not in found
+        import re
+        assert re.search(says, found), found
+
+
+def _python_without_monsoon(tmp: Path) -> tuple[str, str]:
+    """A venv of the driver's Python with nothing installed, and a folder
+    holding only pyspark and py4j for its PYTHONPATH."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp / "venv")],
+                   check=True, timeout=120)
+    python = tmp / "venv" / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import numpy"], capture_output=True,
+                          timeout=60).returncode != 0
+    import py4j
+    import pyspark
+
+    path = tmp / "path"
+    path.mkdir()
+    for module in (pyspark, py4j):
+        (path / module.__name__).symlink_to(Path(module.__file__).parent)
+    return str(python), str(path)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_executors_without_monsoon_are_refused_in_one_line(tmp_path, monkeypatch):
+    python, path = _python_without_monsoon(tmp_path)
+    monkeypatch.setenv("PYSPARK_PYTHON", python)
+    import monsoon.engines.spark as spark_engine
+
+    real = spark_engine.start_session
+
+    def start(master, app_name="monsoon", conf=None):
+        return real(master, app_name, {"spark.executorEnv.PYTHONPATH": path,
+                                       "spark.pyspark.python": python, **(conf or {})})
+
+    monkeypatch.setattr(spark_engine, "start_session", start)
+    with spark_session("local[2]") as spark:
+        spark.sparkContext.setLogLevel("OFF")
+        with pytest.raises(ConfigError) as info:
+            monsoon.train("logistic", strategy="sync", workers=2, engine="spark", steps=2,
+                          evals=0)
+    message = str(info.value)
+    assert "\n" not in message and python in message, message
+    assert FIX in message and "Py4J" not in message and "at org." not in message, message
