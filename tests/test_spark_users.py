@@ -76,3 +76,66 @@ def test_executors_without_monsoon_are_refused_in_one_line(tmp_path, monkeypatch
     message = str(info.value)
     assert "\n" not in message and python in message, message
     assert FIX in message and "Py4J" not in message and "at org." not in message, message
+
+
+# -- the command line names the data: spark:PATH, spark-table:NAME ----------
+
+@pytest.fixture(scope="module")
+def spark():
+    with spark_session("local[2]") as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def clicks(tmp_path_factory):
+    """A small click-like libsvm file: ±1 labels, one-based sparse rows."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("data") / "clicks.libsvm"
+    lines = []
+    for _ in range(600):
+        cols = np.unique(rng.zipf(1.5, size=6) % 300) + 1
+        label = 1 if (cols % 7 == 0).any() or rng.random() < 0.2 else -1
+        lines.append(f"{label} " + " ".join(f"{c}:1" for c in cols))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+FULL = dict(strategy="sync", workers=2, lr=0.5, steps=3, batch_size=600, dtype="float64",
+            evals=0)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_paths_and_tables_train_as_the_same_file_does_locally(spark, clicks, tmp_path):
+    """spark:FILE.libsvm, spark:PARQUET and spark-table:NAME (one partition
+    each, repartitioned to the workers) give the full-batch parameters of
+    the local engine on libsvm:FILE."""
+    import numpy as np
+
+    ref = monsoon.train(f"libsvm:{clicks}", engine="local", **FULL)
+    parquet = str(tmp_path / "clicks.parquet")
+    spark.read.format("libsvm").load(str(clicks)).coalesce(1).write.parquet(parquet)
+    spark.read.parquet(parquet).createOrReplaceTempView("clicks")
+    for name in (f"spark:{clicks}", f"spark:{parquet}", "spark-table:clicks"):
+        run = monsoon.train(name, engine="spark", **FULL)
+        np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12,
+                                   err_msg=name)
+        assert run.summary["updates"] == 3 and run.summary["engine"] == "spark"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("name, says", [
+    ("spark:/nonexistent/clicks.parquet", r"Spark cannot read /nonexistent/clicks.parquet as "
+                                          r"parquet \(.*\); give a Parquet folder"),
+    ("spark-table:no_such_table", r"no Spark table 'no_such_table' \(.*\); tables here:"),
+])
+def test_unreadable_spark_data_is_refused_in_one_line(spark, name, says):
+    import re
+
+    with pytest.raises(ConfigError) as info:
+        monsoon.train(name, engine="spark", **FULL)
+    message = str(info.value)
+    assert "\n" not in message and re.search(says, message), message
