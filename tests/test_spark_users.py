@@ -139,3 +139,49 @@ def test_unreadable_spark_data_is_refused_in_one_line(spark, name, says):
         monsoon.train(name, engine="spark", **FULL)
     message = str(info.value)
     assert "\n" not in message and re.search(says, message), message
+
+
+# -- job overhead: measured, reported, and the work per job it asks for ------
+
+@pytest.mark.parametrize("overhead, step, bound, expected", [
+    (0.1, 0.001, 0.1, 1024),   # 0.1 s jobs, 1 ms steps: 900 steps -> 1024
+    (0.1, 0.01, 0.1, 128),     # 90 steps -> 128
+    (0.05, 0.05, 0.5, 1),      # a step as long as a job: one step suffices at 50%
+    (0.0, 0.01, 0.1, 1),       # no overhead
+    (1.0, 0.0, 0.1, 4096),     # free steps: the cap
+])
+def test_steps_per_job_keeps_the_overhead_share_under_the_bound(overhead, step, bound,
+                                                                expected):
+    from monsoon.engines.spark.sizing import steps_per_job
+
+    n = steps_per_job(overhead, step, bound)
+    assert n == expected
+    if overhead and step:
+        assert overhead / (overhead + n * step) <= bound + 1e-12
+        assert n == 1 or overhead / (overhead + n / 2 * step) > bound  # the fewest (power of 2)
+    assert n & (n - 1) == 0
+
+
+def test_job_timing_share():
+    from monsoon.engines.spark.sizing import JobTiming
+
+    timing = JobTiming()
+    assert timing.share is None
+    timing.add(1.0, 0.75)
+    timing.add(1.0, 0.25)
+    assert timing.share == pytest.approx(0.5)
+    assert timing.summary() == {"spark_jobs": 2, "spark_job_share": 0.5}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, options, field", [
+    ("async", {"n_fetch": 8, "n_push": 8}, "n_push"),
+    ("local-sgd", {"local_steps": 8}, "local_steps"),
+])
+def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, field):
+    run = monsoon.train("logistic", strategy=strategy, workers=2, engine="spark", steps=64,
+                        batch_size=32, lr=0.1, dtype="float64", evals=0, **options)
+    s = run.summary
+    assert s[field] == 8
+    assert s["spark_jobs"] >= 64 // 8 // 2 and 0.0 < s["spark_job_share"] < 1.0, s

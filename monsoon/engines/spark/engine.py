@@ -76,6 +76,12 @@ class RunContext:
                         self.seed, self.budget)
 
 
+def steps_per_exchange(strategy) -> dict:
+    """The work per job the strategy was given (n_push, local_steps, tau)."""
+    return {name: getattr(strategy, name) for name in ("n_push", "local_steps", "tau")
+            if isinstance(getattr(strategy, name, None), int)}
+
+
 def _is_torch(problem) -> bool:
     from ...problems.torch_problem import TorchProblem
 
@@ -174,6 +180,8 @@ class SparkEngine(Engine):
             [{"worker": k, "error": e, "traceback": e} for k, e in sorted(out["failed"].items())],
             stopped=out["stopped"], worker_params=out.get("worker_params", {}),
             extra={"spark_master": master, "partitions": workers,
+                   **(out["timing"].summary() if "timing" in out else {}),
+                   **steps_per_exchange(strategy),
                    **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
 
     def _loop(self, ctx, rule, strategy, w0, recorder, ckpts):
