@@ -19,6 +19,7 @@ import numpy as np
 from . import __version__
 from . import devices as _devices
 from .config import resolve
+from .engines.checkpoints import check_resume
 from .engines.lifecycle import StopSignals, signal_name
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
 from .problems import Problem
@@ -169,6 +170,8 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
                         progress=run['progress'], cost_aware=not virtual,
                         eval_share=run['eval_share'],
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
+    check_resume(engine, problem, strat, rule, w0, resolved.processes, run['batch_size'],
+                 run['seed'])
     t_start = time.perf_counter()
     try:
         # engines that stop cleanly on SIGTERM/SIGINT say so (local, sim)
@@ -235,6 +238,8 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     if res.stopped:
         summary["stopped"] = res.stopped
     summary.update(res.extra)
+    if "clock_staleness_counts" in res.extra:  # SSP: the staleness in clocks, as in updates
+        summary["clock_staleness"] = staleness_stats(Counter(res.extra["clock_staleness_counts"]))
     summary.update({k: v for k, v in strat.describe().items()
                     if k not in ("strategy", "local_rule")})
     if strat.local_rule is not None:

@@ -115,6 +115,11 @@ def cheap(monkeypatch, workdir):
         return make(name, dtype, **options)
 
     monkeypatch.setattr(monsoon.problems, "make_problem", cached)
+    # The docs' GPU commands are resolved as on a machine with two GPUs
+    # (resolving starts no worker, so nothing touches CUDA).
+    from monsoon import devices
+
+    monkeypatch.setattr(devices, "cuda_count", lambda: 2)
     monkeypatch.chdir(workdir)
     return workdir
 

@@ -106,12 +106,44 @@ def test_resume_from_a_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
     with pytest.raises(WorkerError):
         monsoon.train(crashing, "sync", 2, engine="ray", checkpoint_every=5,
                       out=tmp_path / "first", **opts)
-    saved = sorted(p.name for p in (tmp_path / "first" / "checkpoints").glob("*.npz"))
-    assert "shard-0-10.npz" in saved and not any(".tmp" in p for p in saved)
+    saved = sorted(p.name for p in (tmp_path / "first" / "checkpoints").iterdir())
+    assert saved[-1] == "ckpt-000000000010.npz"  # the newest before the crash
+    assert all(name.startswith("ckpt-") for name in saved)  # nothing half written
     resumed = monsoon.train("exp", "sync", 2, engine="ray", resume=str(tmp_path / "first"),
                             out=tmp_path / "second", **opts)
-    assert resumed.summary["updates"] == 10  # steps 10..19
+    assert resumed.summary["resumed_from"].endswith("ckpt-000000000010.npz")
+    assert resumed.summary["updates"] == 20 and resumed.summary["examples"] == 20 * 64
     np.testing.assert_array_equal(resumed.params, whole.params)
+    assert resumed.history[0] == whole.history[0]  # the loss curve carries on
+
+
+def test_async_resumes_from_its_workers_positions(tmp_path):
+    from monsoon.engines import checkpoints
+
+    opts = dict(epochs=8, seed=0, timeout=30, evals=10)
+    first = monsoon.train("exp", "async", 2, engine="ray", out=tmp_path / "a",
+                          checkpoint_every=20, **opts)
+    files = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    assert len(files) >= 2
+    for f in files[1:]:
+        f.unlink()
+    meta = checkpoints.read(files[0]).meta
+    assert meta["exact"] is False and len(meta["positions"]) == 2
+    assert meta["step"] % 20 == 0 and 0 < meta["step"] < first.summary["updates"]
+    resumed = monsoon.train("exp", "async", 2, engine="ray", resume=str(tmp_path / "a"),
+                            **opts)
+    assert resumed.summary["resumed_from"] == str(files[0])
+    # the budget is not done again: the resumed run does the rest of it
+    assert resumed.summary["examples"] == pytest.approx(first.summary["examples"], rel=0.15)
+    assert resumed.summary["updates"] > meta["step"]
+    assert resumed.summary["final_loss"] < 2 * first.summary["final_loss"] + 0.05
+
+
+def test_resuming_private_copies_is_refused_before_ray_starts(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ConfigError, match="the ray engine keeps no checkpoints of local-sgd's "
+                                          "private worker copies"):
+        monsoon.train("exp", "local-sgd", 2, engine="ray", epochs=1, resume=str(tmp_path))
 
 
 def test_a_worker_that_cannot_start_is_named():

@@ -58,6 +58,7 @@ OP_MEANING = {
     _ops.Average: "a synchronous average of the workers' drifts",
     _ops.LocalApply: "the inner rule on the worker's own copy",
     _ops.Elastic: "an elastic exchange with the centre parameters",
+    _ops.Clock: "a clock per worker that holds a worker back to a staleness bound",
 }
 ALL_OPS = frozenset(OP_MEANING)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..strategies.batches import batches_in, part_bounds
 
 FORMAT = "monsoon-checkpoint"
 VERSION = 1
@@ -177,6 +178,44 @@ def load_latest(directory, expect: dict, shapes: dict, warn=None) -> Checkpoint:
                                          if len(refusals) > 1 else ""))
 
 
+def shapes(w0, rule, extra: dict | None = None) -> dict:
+    """The arrays a checkpoint of this run holds: ``params``, the rule
+    state's ``state.<field>``, and ``extra``, as {name: (shape, dtype)}."""
+    template = rule.init(w0.size, w0.dtype)
+    out = {"params": (w0.shape, w0.dtype), **(extra or {})}
+    for name, arr in zip(template._fields, template):
+        out["state." + name] = (arr.shape, arr.dtype)
+    return out
+
+
+def examples_after(steps: int, n: int, batch_size: int) -> int:
+    """Examples in the first ``steps`` batches of a global plan (an epoch's
+    last batch may be short)."""
+    per_epoch = -(-n // batch_size)
+    full, rest = divmod(int(steps), per_epoch)
+    return full * n + min(rest * batch_size, n)
+
+
+def positions_from_examples(examples, n: int, batch_size: int) -> list[int]:
+    """Each worker's batches done in its own part's plan, from the examples
+    it has done (worker k walks part k of ``len(examples)``)."""
+    workers = len(examples)
+    return [batches_in(int(ex), b - a, batch_size)
+            for ex, (a, b) in zip(examples, (part_bounds(n, workers, r)
+                                             for r in range(workers)))]
+
+
+def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: int,
+                 seed: int) -> None:
+    """Refuse, in one line and before the engine starts anything (Ray,
+    Spark, torchrun), a ``--resume`` folder with no good checkpoint of this
+    run. The engine reads it again to resume, and names any it passes over."""
+    directory = getattr(engine, "resume_dir", None)
+    if directory and not hasattr(strategy, "run_on"):
+        load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed),
+                    shapes(w0, rule), warn=lambda line: None)
+
+
 def restore_state(ckpt: Checkpoint, state) -> None:
     """Copy a rule state's fields (``state.<field>``) out of ``ckpt``."""
     for name, arr in zip(state._fields, state):
@@ -217,17 +256,10 @@ class Checkpointer:
         return cls(engine.checkpoint_dir, engine.checkpoint_every, engine.resume_dir,
                    identity(problem, strategy, rule, workers, batch_size, seed), recorder)
 
-    def shapes(self, w0, rule, extra: dict | None = None) -> dict:
-        template = rule.init(w0.size, w0.dtype)
-        shapes = {"params": (w0.shape, w0.dtype), **(extra or {})}
-        for name, arr in zip(template._fields, template):
-            shapes["state." + name] = (arr.shape, arr.dtype)
-        return shapes
-
     def load(self, w0, rule, extra_shapes: dict | None = None):
         if not self.resume_dir:
             return None
-        ckpt = load_latest(self.resume_dir, self.ident, self.shapes(w0, rule, extra_shapes))
+        ckpt = load_latest(self.resume_dir, self.ident, shapes(w0, rule, extra_shapes))
         if self.recorder is not None:
             self.recorder.resume(ckpt.meta["rows"])
         return ckpt
@@ -240,14 +272,17 @@ class Checkpointer:
         return updates >= self.next_at
 
     def save(self, updates: int, now: float, params, state, meta: dict,
-             arrays: dict | None = None):
+             arrays: dict | None = None, rows=None):
+        """Write one checkpoint named by ``updates``; ``meta`` may say more
+        (its ``updates`` wins). The recorder's settled rows up to it travel
+        with it, or ``rows`` where given."""
         if not self.directory:
             return None
         self.next_at = (updates // self.every + 1) * self.every if self.every else None
-        rows = ([dict(r) for r in self.recorder.settled_rows() if r["updates"] <= updates]
-                if self.recorder is not None else [])
+        doc = {**self.ident, "updates": updates, "time_s": now, **meta}
+        if rows is None:
+            rows = self.recorder.settled_rows() if self.recorder is not None else []
+        doc["rows"] = [dict(r) for r in rows if r["updates"] <= doc["updates"]]
         members = {"params": params, **(arrays or {}), **state_arrays(state)}
-        self.last_path = save(self.directory, updates,
-                              {**self.ident, **meta, "updates": updates, "time_s": now,
-                               "rows": rows}, members)
+        self.last_path = save(self.directory, updates, doc, members)
         return self.last_path

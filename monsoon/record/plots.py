@@ -73,3 +73,43 @@ def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
     ax.legend()
     ax.set_title(title)
     _save_png(fig, path)
+
+
+def plot_staleness_by_strategy(path: Path, rows: list[dict], title: str = "") -> None:
+    """Side by side, one curve per strategy: the share of updates by their
+    staleness in updates (left) and, for strategies with a clock (ssp), the
+    share of gradients by their staleness in clocks, with the bound (right)."""
+    fig, (by_updates, by_clocks) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, r in enumerate(rows):
+        color = f"C{i % 10}"
+        label = r["strategy"] + (f" (S={r['staleness_bound']})"
+                                 if r.get("staleness_bound") is not None else "")
+        for ax, counts in ((by_updates, r["staleness_counts"]),
+                           (by_clocks, r["clock_staleness_counts"])):
+            if not counts:
+                continue
+            taus = sorted(int(t) for t in counts)
+            values = {int(t): int(v) for t, v in counts.items()}
+            total = sum(values.values())
+            ax.plot(taus, [values[t] / total for t in taus], drawstyle="steps-mid",
+                    marker="o", markersize=3, color=color, label=label)
+        if r["clock_staleness_counts"] and r.get("staleness_bound") is not None:
+            by_clocks.axvline(r["staleness_bound"], color=color, linestyle=":", alpha=0.7)
+    by_updates.set_xlabel("staleness in updates (applied between read and push)")
+    by_updates.set_ylabel("share of updates")
+    by_clocks.set_xlabel("staleness in clocks (dotted: the bound)")
+    by_clocks.set_ylabel("share of gradients")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (by_updates, by_clocks):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.lines:
+            ax.set_yscale("log")
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "no strategy with a clock", ha="center", va="center",
+                    transform=ax.transAxes)
+        ax.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    _save_png(fig, path)

@@ -18,7 +18,9 @@ CSV_COLUMNS = ("strategy", "workers", "final_loss", "wall_time_s", "startup_s", 
                "examples_per_s", "speedup_vs_serial", "updates", "staleness_mean",
                "staleness_max", "dropped_updates", "failed_workers", "time_to_target_s",
                "repeats", "examples_per_s_min", "examples_per_s_max", "speedup_min",
-               "speedup_max")
+               "speedup_max", "staleness_p50", "staleness_p99", "staleness_bound",
+               "clock_staleness_mean", "clock_staleness_p50", "clock_staleness_p99",
+               "clock_staleness_max", "clock_wait_s_total", "clock_wait_s_max")
 
 
 SHORT_RUN_S = 10.0  # below this, one run's speed says little on a busy machine
@@ -53,8 +55,51 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                      "time_to_target_s": s["time_to_target_s"], "repeats": len(turns),
                      "examples_per_s_min": speed[1], "examples_per_s_max": speed[2],
                      "speedup_min": speedup[1], "speedup_max": speedup[2],
-                     "simulated": "simulated_time_s" in s})  # the sim engine's clock
+                     "simulated": "simulated_time_s" in s,  # the sim engine's clock
+                     **_staleness_columns(s)})
     return rows
+
+
+def _staleness_columns(s: dict) -> dict:
+    """The staleness distribution in updates and, for SSP, in clocks, with the
+    bound and the time the workers waited for it."""
+    stale, clocks = s.get("staleness") or {}, s.get("clock_staleness") or {}
+    waits = s.get("clock_wait_s") or []
+    return {"staleness_p50": stale.get("p50"), "staleness_p99": stale.get("p99"),
+            "staleness_bound": s.get("staleness_bound"),
+            **{f"clock_staleness_{k}": clocks.get(k) for k in ("mean", "p50", "p99", "max")},
+            "clock_wait_s_total": sum(waits) if waits else None,
+            "clock_wait_s_max": max(waits) if waits else None,
+            "staleness_counts": s.get("staleness_counts") or {},
+            "clock_staleness_counts": s.get("clock_staleness_counts") or {}}
+
+
+def has_staleness(rows: list[dict]) -> bool:
+    """Whether any run had stale updates or a clock (then the report shows histograms)."""
+    return any(any(int(t) > 0 for t in r["staleness_counts"]) or r["clock_staleness_counts"]
+               for r in rows)
+
+
+def staleness_markdown(rows: list[dict]) -> list[str]:
+    """The report's staleness section: the distributions and the histogram figure."""
+    lines = ["## Staleness", "",
+             "| strategy | bound (clocks) | in updates: mean / p50 / p99 / max "
+             "| in clocks: mean / p50 / p99 / max | waited for the bound (s): all / slowest |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        upd = " / ".join(_fmt(r[k], 3) for k in ("staleness_mean", "staleness_p50",
+                                                 "staleness_p99", "staleness_max"))
+        clk = " / ".join(_fmt(r[f"clock_staleness_{k}"], 3)
+                         for k in ("mean", "p50", "p99", "max"))
+        wait = (f"{_fmt(r['clock_wait_s_total'], 3)} / {_fmt(r['clock_wait_s_max'], 3)}"
+                if r["clock_wait_s_total"] is not None else "—")
+        lines.append(f"| {r['strategy']} | {_fmt(r['staleness_bound'])} | {upd} | {clk} "
+                     f"| {wait} |")
+    lines += ["", "Staleness in updates: updates applied to a shard between a worker's read "
+              "and its push. In clocks (ssp): a gradient's clock minus the clocks every live "
+              "worker had finished when its parameters were read; the bound caps it.", "",
+              "![staleness histograms](staleness.png)", ""]
+    return lines
 
 
 def _fmt(value, digits=4):
@@ -171,5 +216,12 @@ def write_comparison(out: Path, problem: str, runs: list[list[dict]], histories:
     atomic_write(Path(out) / "comparison.csv", buf.getvalue())
     from .plots import plot_loss  # matplotlib loads only when a plot is drawn
     plot_loss(Path(out) / "comparison.png", histories, title=f"{problem}: loss by strategy")
-    atomic_write(Path(out) / "report.md", report_markdown(problem, rows, target))
+    text = report_markdown(problem, rows, target)
+    if has_staleness(rows):
+        from .plots import plot_staleness_by_strategy
+
+        plot_staleness_by_strategy(Path(out) / "staleness.png", rows,
+                                   title=f"{problem}: staleness by strategy")
+        text += "\n" + "\n".join(staleness_markdown(rows))
+    atomic_write(Path(out) / "report.md", text)
     return rows

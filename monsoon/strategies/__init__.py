@@ -14,11 +14,13 @@ from .hogwild import Hogwild
 from .local_sgd import LocalSGD
 from .pipeline import Pipeline
 from .serial import Serial
+from .ssp import SSP
 from .sync import Sync
 
 STRATEGIES = Registry("strategy", "monsoon.strategies", {
     "serial": Serial, "sync": Sync, "async": Downpour, "hogwild": Hogwild,
-    "local-sgd": LocalSGD, "easgd": EASGD, "pipeline": Pipeline})
+    "local-sgd": LocalSGD, "easgd": EASGD, "ssp": SSP,
+    "pipeline": Pipeline})
 
 __all__ = ["Strategy", "WorkerJob", "RunInfo", "Budget", "make_strategy", "strategy_names",
            "STRATEGIES"]

@@ -51,6 +51,20 @@ class Push:
 
 
 @dataclass(slots=True)
+class Clock:
+    """Stale Synchronous Parallel's clock tick (``strategies/ssp.py``): this
+    worker has finished a clock (its pushes of that clock are applied before
+    the tick is published). Returns once every live worker has finished
+    clock c - ``bound`` - 1, c being the clock this worker starts next, with
+    the number of clocks every live worker has finished (a lower bound on
+    what the following ``Fetch`` holds). Workers that ended or died do not
+    count. The wait has the run's timeout and is recorded per worker; so is
+    every gradient's staleness in clocks: its clock minus the clocks every
+    live worker had finished at the read its parameters came from."""
+    bound: int
+
+
+@dataclass(slots=True)
 class LocalStep:
     """``w_local -= lr * grad`` on the working parameters (Downpour's step
     between fetches)."""

@@ -35,6 +35,7 @@ import numpy as np
 
 from ...strategies.batches import batches_in, part_bounds
 from .. import checkpoints
+from ..checkpoints import examples_after
 from .store import DROPPED, EXAMPLES, LATE, UPDATES
 
 # After a write taking t seconds, the next waits COST_FACTOR * t: <= 5% of the run.
@@ -46,22 +47,13 @@ def exact_checkpoints(strategy) -> bool:
     return strategy.single_worker or (strategy.synchronous and strategy.shared_params)
 
 
-def examples_after(steps: int, n: int, batch_size: int) -> int:
-    """Examples in the first ``steps`` batches of a global plan (an epoch's
-    last batch may be short)."""
-    per_epoch = -(-n // batch_size)
-    full, rest = divmod(int(steps), per_epoch)
-    return full * n + min(rest * batch_size, n)
+class RunCheckpoints(checkpoints.Checkpointer):
+    """The shared keeper, with the local engine's cost floor, counters,
+    positions and private copies (the monitor hands it the curve's rows)."""
 
-
-class RunCheckpoints:
     def __init__(self, directory, every: int, resume_dir, ident: dict, exact: bool):
-        self.directory = directory
-        self.every = every
-        self.resume_dir = resume_dir
-        self.ident = ident
+        super().__init__(directory, every, resume_dir, ident)
         self.exact = exact
-        self.last_path = None
         self.ready_at = 0.0  # perf_counter time before which no periodic write is due
 
     def allowed(self) -> bool:
@@ -69,24 +61,13 @@ class RunCheckpoints:
         return time.perf_counter() >= self.ready_at
 
     # -- reading ----------------------------------------------------------
-    def shapes(self, rule, w0: np.ndarray, workers: int) -> dict:
-        template = rule.init(w0.size, w0.dtype)
-        shapes = {"params": (w0.shape, w0.dtype), "counters": ((workers, 4), "int64")}
-        for field, arr in zip(template._fields, template):
-            shapes["state." + field] = (arr.shape, arr.dtype)
-        return shapes
-
     def load(self, rule, w0: np.ndarray, workers: int):
-        if not self.resume_dir:
-            return None
-        return checkpoints.load_latest(self.resume_dir, self.ident,
-                                       self.shapes(rule, w0, workers))
+        return super().load(w0, rule, {"counters": ((workers, 4), "int64")})
 
     @staticmethod
     def restore(ckpt, store) -> None:
         store.params[:] = ckpt.arrays["params"]
-        for field, arr in zip(store.state._fields, store.state):
-            arr[...] = ckpt.arrays["state." + field]
+        checkpoints.restore_state(ckpt, store.state)
         store.counters[:] = ckpt.arrays["counters"]
 
     @staticmethod
@@ -110,11 +91,7 @@ class RunCheckpoints:
         if strategy.synchronous:  # every worker walks the global plan
             steps = batches_in(int(counters[:, EXAMPLES].sum()), n, batch_size)
             return [steps] * workers
-        out = []
-        for rank in range(workers):
-            a, b = part_bounds(n, workers, rank)
-            out.append(batches_in(int(counters[rank, EXAMPLES]), b - a, batch_size))
-        return out
+        return checkpoints.positions_from_examples(counters[:, EXAMPLES], n, batch_size)
 
     def exact_counters(self, step: int, workers: int, dropped: int, late: int, n: int,
                        batch_size: int) -> np.ndarray:
@@ -132,19 +109,14 @@ class RunCheckpoints:
             return None
         t0 = time.perf_counter()
         updates = int(counters[:, UPDATES].sum())
-        arrays = {"params": params, "counters": counters}
-        for field, arr in zip(state._fields, state):
-            arrays["state." + field] = arr
+        dropped = int(counters[:, DROPPED].sum())
+        arrays = {"counters": counters}
         for rank, copy in (private or {}).items():
             arrays[f"worker.{rank}.params"] = copy
-        meta = {**self.ident, "updates": updates,
-                "examples": int(counters[:, EXAMPLES].sum()),
-                "dropped": int(counters[:, DROPPED].sum()),
-                "positions": [int(p) for p in positions], "exact": bool(exact),
-                "time_s": float(time_s), "reason": reason,
-                "rows": [dict(r) for r in rows if r["updates"] <= updates]}
-        self.last_path = checkpoints.save(self.directory, updates + int(counters[:, DROPPED].sum()),
-                                          meta, arrays)
+        meta = {"updates": updates, "examples": int(counters[:, EXAMPLES].sum()),
+                "dropped": dropped, "positions": [int(p) for p in positions],
+                "exact": bool(exact), "reason": reason}
+        self.save(updates + dropped, float(time_s), params, state, meta, arrays, rows)
         end = time.perf_counter()
         self.ready_at = end + COST_FACTOR * (end - t0)
         return self.last_path

@@ -61,6 +61,7 @@ from ..lifecycle import StopSignals, signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..processes import blas_threads, main_module_hidden, torch_threads_per_worker
 from ..waiting import Aborted, wait_until
+from ..clocks import clock_extra
 from .checkpointing import RunCheckpoints, exact_checkpoints
 from .inbox import Outbox, PipeInbox, QueueInbox
 from .runtime import WorkerRuntime
@@ -155,20 +156,28 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         store.status[rank] = DONE
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
         messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
-                                     "state": _state(setup.problem)}))
+                                     "state": _state(setup.problem),
+                                     "clocks": _clocks(runtime)}))
     except Stopped:  # at a step boundary, as the monitor asked
         runtime.on_stop()
         store.status[rank] = ABORTED
         messages.put(("stopped", rank, {"staleness": dict(runtime.staleness), "params": None,
-                                        "state": _state(setup.problem)}))
+                                        "state": _state(setup.problem),
+                                     "clocks": _clocks(runtime)}))
     except Aborted:
         store.status[rank] = ABORTED
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
         messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own,
-                                        "state": _state(setup.problem)}))
+                                        "state": _state(setup.problem),
+                                     "clocks": _clocks(runtime)}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _clocks(runtime):
+    """SSP's clock report (``clocks.py``), if the program has a clock."""
+    return runtime.ssp.report() if runtime.ssp is not None else None
 
 
 def _state(problem):
@@ -211,6 +220,15 @@ def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> No
         setup.problem.seed_rng(setup.job.seed, setup.rank)
     _worker_body(setup, outbox)
     outbox.close()
+
+
+def _ssp_extra(reports: dict, workers: int) -> dict:
+    """The SSP fields of the result, from the workers' clock reports."""
+    staleness = Counter()
+    for r in reports.values():
+        staleness.update({int(k): v for k, v in r["staleness"].items()})
+    return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
+                       {k: r["clocks"] for k, r in reports.items()}, workers)
 
 
 class LocalEngine(Engine):
@@ -459,6 +477,7 @@ class LocalEngine(Engine):
         worker_params: dict[int, np.ndarray] = dict(
             (r, p) for r, p in resume.private.items() if p is not None)
         worker_states: dict[int, dict] = {}
+        ssp_reports: dict[int, dict] = {}
         started_at = [None]
         staleness = Counter()
         finished: set[int] = set()
@@ -478,6 +497,8 @@ class LocalEngine(Engine):
                         stopped_cleanly.add(rank)
                     if payload.get("state"):
                         worker_states[rank] = payload["state"]
+                    if payload.get("clocks"):
+                        ssp_reports[rank] = payload["clocks"]
 
         def check_dead():
             if ctx is None:
@@ -489,6 +510,7 @@ class LocalEngine(Engine):
                         finished.add(rank)
                         hint = MAIN_HINT if started_at[0] is None and needs_main else ""
                         failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
+                        store.status[rank] = FAILED  # no longer counts toward an SSP bound
                         store.release_locks_of(rank)  # the survivors must not wait on them
 
         def read_ring(t0: float, final_updates: int | None = None):
@@ -664,6 +686,8 @@ class LocalEngine(Engine):
         extra = {}
         if strategy.synchronous:
             extra["sync_step"] = "replicated" if store.replicated else "sharded"
+        if ssp_reports:
+            extra.update(_ssp_extra(ssp_reports, workers))
         return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
                             failed_list, stopped=stopped, late_gradients=int(late),
                             worker_params=worker_params, worker_states=worker_states,

@@ -12,6 +12,7 @@ that ``serial`` uses. Op by op:
   (``synchronous.py``): sharded (each worker sums and applies 1/N of the
   vector, three barriers) or, for small models, replicated (every worker
   applies the mean to its own replica, one barrier).
+- ``Clock``: SSP's clock tick, and its bound (``clocks.py``).
 - ``LocalApply`` / ``Elastic``: the inner rule on the private working copy;
   EASGD's exchange with the centre, per shard under its lock.
 
@@ -26,10 +27,11 @@ import numpy as np
 
 from ...rules import UpdateInfo
 from ...rules.local import LocalRule
-from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push, SGDPass)
+from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
+                               LocalApply, LocalStep, Push, SGDPass)
 from ..reduce import finite
 from ..waiting import HOT_TURNS, Aborted
+from .clocks import LocalClocks
 from .store import DROPPED, EXAMPLES, UPDATES, ParameterStore
 from .synchronous import ReplicatedStep, ShardedStep
 
@@ -80,6 +82,7 @@ class WorkerRuntime:
                           Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce,
                           Average: self.average, LocalApply: self.local_apply,
                           Elastic: self.elastic, SGDPass: self.sgd_pass}
+        self.ssp = LocalClocks(self).install(self._handlers) if Clock in strategy.uses else None
 
     # -- driving a program -------------------------------------------------
     def run(self, program, between_ops=None) -> None:

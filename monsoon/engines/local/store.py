@@ -26,13 +26,13 @@ Everything workers share lives in one ``SharedArrays`` block:
   snapshots worker 0 writes every ``control[SNAP_EVERY]`` steps on its own,
   so the monitor need not wake to ask for them (``control[SNAP_WRITTEN]``
   written, ``control[SNAP_READ]`` read by the monitor; a full ring skips one);
+- ``clocks[k]``: the SSP clocks worker k has finished (``clocks.py``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, each written by worker k only, so no lock is needed;
 - ``status[k]`` and ``control``: start, abort, stop and life-cycle flags, and the
   monitor's snapshot requests to a replicated step;
 - ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
-  state of one step boundary, copied there by worker 0 for the
-  monitor to write out.
+  state of one step boundary, for the monitor to write out.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
@@ -81,6 +81,7 @@ class ParameterStore:
                   "lock_owner": ((shards,), "int64"),
                   "counters": ((workers, 4), "int64"),
                   "status": ((workers,), "int64"),
+                  "clocks": ((workers,), "int64"),
                   "control": ((10,), "int64"),
                   "sync": ((5,), "int64"),
                   "contributors": ((workers,), "int64"),
@@ -129,6 +130,7 @@ class ParameterStore:
         self.lock_owner = m["lock_owner"]
         self.counters = m["counters"]
         self.status = m["status"]
+        self.clocks = m["clocks"]
         self.control = m["control"]
         self.sync = m["sync"]
         self.contributors = m["contributors"]
@@ -219,7 +221,7 @@ class ParameterStore:
         return self.counters.sum(axis=0)
 
     def close(self) -> None:
-        for name in ("params", "versions", "counters", "status", "control", "sync",
+        for name in ("params", "versions", "counters", "status", "clocks", "control", "sync",
                      "contributors", "slot_examples", "slots", "marks", "state", "shard_states",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
                      "snap_params", "snap_meta"):

@@ -16,10 +16,11 @@ fails fast with the worker's error. Every remote wait has a timeout.
     ray start --address HEAD_IP:6379             # on every other node
     monsoon train --engine ray --address auto ...   # on any node
 
-Checkpoints: with ``checkpoint_every=K`` each shard writes its slice, rule
-state and version atomically every K updates to ``checkpoint_dir``;
-``resume_dir`` restarts from the newest version every shard has (a sync run
-skips the steps already done, and ends as an uninterrupted run would).
+Checkpoints (``checkpointing.py``): with a run folder, the driver writes one
+every ``checkpoint_every`` updates from the shards' copies, through the
+shared ``engines/checkpoints.py``; ``resume_dir`` carries a sync run on
+exactly (it ends as an uninterrupted run would) and an async run from its
+workers' positions, and refuses another run's checkpoint in one line.
 """
 from __future__ import annotations
 
@@ -32,11 +33,15 @@ import numpy as np
 from ...errors import ConfigError, WaitTimeout, WorkerError
 from ...options import Option
 from ...strategies import WorkerJob
-from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
+from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
 from ..base import BACKUP_WORKERS, STAGES, Engine, EngineResult, shard_bounds, shard_count
+from ..checkpoints import Checkpointer
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
-from .shard import Shard, latest_checkpoint
+from ..clocks import clock_extra
+from .checkpointing import ShardCheckpoints, private_copies
+from .clock import ClockServer
+from .shard import Shard
 from .worker import RemoteWorker
 
 
@@ -50,7 +55,8 @@ def import_ray():
 
 class RayEngine(Engine):
     name = "ray"
-    ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic})
+    ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic,
+                     Clock})
     meets = frozenset({BACKUP_WORKERS, STAGES})
     device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
@@ -93,8 +99,24 @@ class RayEngine(Engine):
                 "timeout_s": self.timeout,
                 "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
+    def check(self, strategy, workers) -> None:
+        super().check(strategy, workers)
+        if self.resume_dir and private_copies(strategy):
+            raise ConfigError(f"the ray engine keeps no checkpoints of {strategy.name}'s "
+                              "private worker copies; resume sync or async runs, or use "
+                              "--engine local or sim")
+
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
+        t_begin = time.perf_counter()
+        S = shard_count(self.shards, workers, w0.size)
+        self.shards_used = S
+        bounds = shard_bounds(w0.size, S)
+        ckpts = ShardCheckpoints(
+            Checkpointer.for_engine(self, problem, strategy, rule, workers, batch_size, seed,
+                                    recorder),
+            rule, strategy, bounds, workers, problem.n_examples, batch_size)
+        start = ckpts.load(w0)  # checked (and refused in one line) before Ray starts
         ray = import_ray()
         started = not ray.is_initialized()
         if started:
@@ -105,54 +127,65 @@ class RayEngine(Engine):
                 from .pipeline import run_pipeline
                 return run_pipeline(self, ray, strategy, problem, rule, w0, workers, batch_size,
                                     seed, budget, recorder)
-            return self._run(ray, problem, rule, strategy, w0, workers, batch_size, seed,
-                             budget, recorder)
+            return self._run(ray, problem, strategy, workers, batch_size, seed, budget,
+                             recorder, t_begin, rule, bounds, ckpts, start)
         finally:
             if started:
                 ray.shutdown()
 
-    def _run(self, ray, problem, rule, strategy, w0, workers, batch_size, seed, budget,
-             recorder):
-        t_begin = time.perf_counter()
-        S = shard_count(self.shards, workers, w0.size)
-        self.shards_used = S
-        bounds = shard_bounds(w0.size, S)
-        start, resume = 0, [None] * S
-        w_start = np.array(w0, copy=True)
-        if self.resume_dir:
-            found = latest_checkpoint(self.resume_dir, S)
-            if found is None:
-                raise ConfigError(f"no complete checkpoint for {S} shards in {self.resume_dir}")
-            start, resume = found
-            for (a, b), data in zip(bounds, resume):
-                w_start[a:b] = data["params"]
-        if self.checkpoint_dir:
-            os.makedirs(self.checkpoint_dir, exist_ok=True)
+    def _run(self, ray, problem, strategy, workers, batch_size, seed, budget, recorder,
+             t_begin, rule, bounds, ckpts, start):
         counted = workers - strategy.backup_workers
         from ...devices import ray_gpus_per_worker
 
         gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
         ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
+        clock = self._clock_server(ray, strategy, workers)
         shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
                                      max_concurrency=workers + 4).remote(
-                      s, w_start[a:b], rule, workers, counted, self.timeout,
-                      self.checkpoint_dir, self.checkpoint_every, resume[s])
+                      s, start.params[a:b], rule, workers, counted, self.timeout,
+                      ckpts.every, ckpts.shard_resume(s))
                   for s, (a, b) in enumerate(bounds)]
         actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=0,
                                       num_gpus=gpus, max_concurrency=2, scheduling_strategy="SPREAD").remote(
                       rank, problem.for_worker(rank, workers), strategy,
                                      WorkerJob(rank, workers, problem.n_examples, batch_size,
-                                               seed, budget, start_step=start),
-                                     shards, bounds, w_start, self.timeout)
+                                               seed, budget, start_step=start.positions[rank]),
+                                     shards, bounds, start.params, self.timeout, clock)
                   for rank in range(workers)]
         try:
-            return self._drive(ray, actors, shards, strategy, workers, t_begin, start, recorder,
-                               w_start)
+            result = self._drive(ray, actors, shards, strategy, workers, t_begin, start,
+                                 recorder, ckpts, clock)
+            if clock is not None:
+                result.extra.update(self._clock_extra(result, workers))
         finally:
-            for actor in actors + shards:
+            for actor in actors + shards + ([clock] if clock is not None else []):
                 ray.kill(actor)
+        if ckpts.keeper.last_path:
+            result.extra["checkpoint"] = str(ckpts.keeper.last_path)
+        if start.path:
+            result.extra["resumed_from"] = start.path
+        return result
 
-    def _drive(self, ray, actors, shards, strategy, workers, t_begin, start, recorder, w_start):
+    # -- SSP's clock (ops.Clock) ------------------------------------------------
+    def _clock_server(self, ray, strategy, workers):
+        if Clock not in strategy.uses:
+            return None
+        return ray.remote(ClockServer).options(
+            name=f"monsoon-{self.run_name}-clock", num_cpus=0,
+            max_concurrency=workers + 4).remote(workers, self.timeout)
+
+    @staticmethod
+    def _clock_extra(result, workers):
+        reports = result.extra.pop("clock_reports", {})
+        staleness = Counter()
+        for r in reports.values():
+            staleness.update({int(k): v for k, v in r["staleness"].items()})
+        return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
+                           {k: r["clocks"] for k, r in reports.items()}, workers)
+
+    def _drive(self, ray, actors, shards, strategy, workers, t_begin, start, recorder, ckpts,
+               clock=None):
         from ray.exceptions import GetTimeoutError
 
         for rank, actor in enumerate(actors):
@@ -169,8 +202,8 @@ class RayEngine(Engine):
                 err.worker = rank
                 raise err from exc
         startup = time.perf_counter() - t_begin
-        recorder.start(w_start)
-        t0 = time.perf_counter()
+        recorder.start(start.params)
+        t0 = time.perf_counter() - start.time_s
         running = {a.run.remote(): rank for rank, a in enumerate(actors)}
         results, failed = {}, {}
         examples, last_change = 0, time.monotonic()
@@ -183,6 +216,12 @@ class RayEngine(Engine):
                     results[rank] = ray.get(ref, timeout=self.timeout)
                 except Exception as exc:  # noqa: BLE001 - a dead or failed worker, by name
                     failed[rank] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+                    if clock is not None:  # it no longer holds the others to the bound
+                        clock.retire.remote(rank)
+            live = {r: actors[r] for r in running.values()}
+            by_rank = {**self._progress(ray, live),
+                       **{r: v["examples"] for r, v in results.items()}}
+            ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, by_rank)
             if len(failed) == workers or (strategy.needs_all_workers
                                           and len(failed) > strategy.backup_workers):
                 rank = min(failed)
@@ -192,43 +231,49 @@ class RayEngine(Engine):
                 err.worker = rank
                 raise err
             now = time.perf_counter() - t0
-            live = [actors[r] for r in running.values()]
-            counts = self._progress(ray, live) + sum(r["examples"] for r in results.values())
+            counts = start.examples + sum(by_rank.values())
             if counts != examples:
                 examples, last_change = counts, time.monotonic()
             elif time.monotonic() - last_change > 2 * self.timeout:
                 raise WaitTimeout(f"no Ray worker made progress for {2 * self.timeout:g} s")
             if recorder.due(now, examples):
                 params, version, dropped = self._params(ray, shards)
-                reason = recorder.record(now, version - start, examples, params, dropped)
+                reason = recorder.record(now, version, examples, params, start.dropped + dropped)
                 if reason is not None:
                     stopped = reason
                     break
         wall = time.perf_counter() - t0
+        if not running and not failed and stopped is None:
+            ckpts.final(ray, shards, self.timeout, wall,
+                        {r: v["examples"] for r, v in results.items()})
         params, version, dropped = self._params(ray, shards)
         staleness = Counter()
         for r in results.values():
             staleness.update({int(k): v for k, v in r["staleness"].items()})
         return EngineResult(
-            params, startup, wall, sum(r["examples"] for r in results.values()),
-            version - start, dropped + sum(r["dropped"] for r in results.values()), staleness,
+            params, startup, wall, start.examples + sum(r["examples"] for r in results.values()),
+            version, start.dropped + dropped + sum(r["dropped"] for r in results.values()),
+            staleness,
             [{"worker": r, "error": failed[r], "traceback": failed[r]} for r in sorted(failed)],
             stopped=stopped, late_gradients=sum(r["late"] for r in results.values()),
             worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
-            worker_states={r: v["state"] for r, v in results.items() if v.get("state")})
+            worker_states={r: v["state"] for r, v in results.items() if v.get("state")},
+            extra={"clock_reports": {r: v["clocks"] for r, v in results.items()
+                                     if v.get("clocks")}} if clock is not None else {})
 
-    def _progress(self, ray, live) -> int:
+    def _progress(self, ray, live: dict) -> dict:
+        """Examples done so far by each live worker that answers: {rank: examples}."""
         if not live:
-            return 0
-        ready, _ = ray.wait([a.progress.remote() for a in live], num_returns=len(live),
-                            timeout=min(1.0, self.timeout))
-        total = 0
+            return {}
+        refs = {a.progress.remote(): r for r, a in live.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=min(1.0, self.timeout))
+        out = {}
         for ref in ready:
             try:
-                total += ray.get(ref)["examples"]
+                out[refs[ref]] = ray.get(ref)["examples"]
             except Exception:  # noqa: BLE001 - a dead worker: its run() reports why
                 pass
-        return total
+        return out
 
     def _params(self, ray, shards):
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)

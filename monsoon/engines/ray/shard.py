@@ -13,12 +13,15 @@ updated in place as NumPy arrays, and serves:
   new slice; a late caller is told how many steps it missed;
 - ``elastic(worker, alpha, x)``: EASGD's exchange with the centre.
 
-Every ``checkpoint_every`` updates the slice, its rule state and its version
-are written atomically (temporary file, then rename) to ``checkpoint_dir``.
+Checkpoints: every ``every`` versions (updates of this shard) the shard
+takes a copy of its slice, rule state and dropped count, inside its lock,
+so a sync copy is the state after exactly that many steps. ``taken()``
+hands the copies to the driver, which writes one checkpoint (the whole
+parameters) once every shard has handed in the same version
+(``engine.py``). At most ``TAKEN`` copies wait; older ones are dropped.
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
@@ -26,11 +29,12 @@ import numpy as np
 from ...rules import UpdateInfo
 from ..reduce import weighted_sum
 
+TAKEN = 4  # copies a shard keeps until the driver collects them
+
 
 class Shard:
     def __init__(self, index: int, params: np.ndarray, rule, workers: int, counted: int,
-                 timeout: float, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-                 resume: dict | None = None):
+                 timeout: float, every: int = 0, resume: dict | None = None):
         self.index = index
         self.params = np.array(params, copy=True)
         self.rule = rule
@@ -41,16 +45,15 @@ class Shard:
         self.version = 0
         self.counted = counted
         self.timeout = timeout
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_every = checkpoint_every
+        self.every = every
+        self.taken_copies: dict[int, tuple] = {}
         self.lock = threading.Condition()
         self.step = 0
         self.arrivals: dict[int, tuple[np.ndarray, int]] = {}
         self.dropped = 0
-        if resume is not None:
-            self.params[:] = resume["params"]
-            for field, arr in zip(self.state._fields, self.state):
-                arr[:] = resume["state." + field]
+        if resume is not None:  # {"version": V, "state": the rule state's slice}
+            for arr, saved in zip(self.state, resume["state"]):
+                arr[...] = saved
             self.version = self.step = int(resume["version"])
 
     # -- asynchronous ----------------------------------------------------------
@@ -118,40 +121,24 @@ class Shard:
     # -- bookkeeping -----------------------------------------------------------
     def _updated(self):
         self.version += 1
-        if self.checkpoint_every and self.version % self.checkpoint_every == 0:
-            self.save()
+        if self.every and self.version % self.every == 0:
+            self.taken_copies[self.version] = (self.params.copy(),
+                                               tuple(a.copy() for a in self.state), self.dropped)
+            for old in sorted(self.taken_copies)[:-TAKEN]:
+                del self.taken_copies[old]
 
-    def save(self) -> None:
-        if not self.checkpoint_dir:
-            return
-        arrays = {"params": self.params, "version": np.array(self.version)}
-        arrays.update({"state." + f: a for f, a in zip(self.state._fields, self.state)})
-        final = os.path.join(self.checkpoint_dir, f"shard-{self.index}-{self.version}.npz")
-        tmp = final + ".tmp.npz"
-        np.savez(tmp, **arrays)
-        os.replace(tmp, final)
+    def taken(self) -> dict:
+        """The copies taken since the last call: {version: (params, state, dropped)}."""
+        with self.lock:
+            out, self.taken_copies = self.taken_copies, {}
+            return out
 
     def snapshot(self):
         with self.lock:
             return self.params.copy(), self.version, self.dropped
 
-
-def latest_checkpoint(directory: str, shards: int) -> tuple[int, list[dict]] | None:
-    """The newest version for which every shard has a checkpoint."""
-    import glob
-    import re
-
-    versions = None
-    for s in range(shards):
-        found = {int(re.search(rf"shard-{s}-(\d+)\.npz$", p).group(1))
-                 for p in glob.glob(os.path.join(directory, f"shard-{s}-*.npz"))
-                 if re.search(rf"shard-{s}-(\d+)\.npz$", p)}
-        versions = found if versions is None else versions & found
-    if not versions:
-        return None
-    v = max(versions)
-    data = []
-    for s in range(shards):
-        with np.load(os.path.join(directory, f"shard-{s}-{v}.npz")) as f:
-            data.append({k: f[k] for k in f.files})
-    return v, data
+    def whole(self):
+        """The slice, its rule state, version and dropped count, at one instant."""
+        with self.lock:
+            return (self.params.copy(), tuple(a.copy() for a in self.state), self.version,
+                    self.dropped)

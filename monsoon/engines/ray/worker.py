@@ -14,13 +14,13 @@ from collections import Counter
 import numpy as np
 
 from ...rules.local import LocalRule
-from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
+from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
 from ..reduce import finite
 
 
 class RemoteWorker:
-    def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout):
+    def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout, clock=None):
         import copy
 
         self.rank = rank
@@ -45,6 +45,11 @@ class RemoteWorker:
                          LocalStep: self.local_step, LocalApply: self.local_apply,
                          AllReduce: self.all_reduce, Average: self.average,
                          Elastic: self.elastic}
+        self.ssp = None
+        if clock is not None:  # SSP: ticks and floors from the clock server
+            self.ssp = WorkerClock(self, clock)
+            self.handlers.update({Clock: self.ssp.tick, Fetch: self.ssp.fetch,
+                                  Gradient: self.ssp.gradient})
 
     def ready(self) -> bool:
         return True
@@ -62,7 +67,10 @@ class RemoteWorker:
         except StopIteration:
             pass
         self._settle_pushes()
+        if self.ssp is not None:
+            self.ssp.retire()
         return {"staleness": dict(self.staleness), **self.counts,
+                "clocks": self.ssp.report() if self.ssp is not None else None,
                 "params": None if self.strategy.shared_params else self.work,
                 "state": self.problem.state() if hasattr(self.problem, "state") else None}
 
@@ -140,3 +148,42 @@ class RemoteWorker:
                            for sh, (a, b) in zip(self.shards, self.bounds)])
         for (a, b), d in zip(self.bounds, moves):
             self.work[a:b] -= d
+
+
+class WorkerClock:
+    """SSP's ops on a Ray worker: a tick settles the clock's pushes first."""
+
+    def __init__(self, worker: RemoteWorker, server):
+        import time
+
+        self.worker, self.server, self._time = worker, server, time.monotonic
+        self.clock = 0
+        self.read_floor = 0
+        self.wait_s = 0.0
+        self.staleness = Counter()
+
+    def fetch(self, op):
+        self.read_floor = self.worker._get(self.server.floor.remote())  # before the read
+        return self.worker.fetch(op)
+
+    def gradient(self, op):
+        self.staleness[self.clock - self.read_floor] += 1
+        return self.worker.gradient(op)
+
+    def tick(self, op):
+        self.worker._settle_pushes()  # this clock's updates are in before its tick
+        self.clock += 1
+        start = self._time()
+        import ray
+
+        # the server raises after the run's timeout; this wait only backs it up
+        floor = ray.get(self.server.tick.remote(self.worker.rank, op.bound),
+                        timeout=2 * self.worker.timeout + 5)
+        self.wait_s += self._time() - start
+        return floor
+
+    def retire(self):
+        self.worker._get(self.server.retire.remote(self.worker.rank))
+
+    def report(self) -> dict:
+        return {"staleness": dict(self.staleness), "wait_s": self.wait_s, "clocks": self.clock}

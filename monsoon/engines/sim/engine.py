@@ -29,15 +29,14 @@ gives the same event order and bit-identical parameters; with zero latency,
 zero service time and constant compute, sim sync equals local sync bit for
 bit (the same shard-wise reduction and update).
 
-Checkpoints (with a run folder, every ``checkpoint_every`` updates, and when
-SIGTERM or SIGINT stops the run) hold the parameters, the rule state, the
-workers' private copies, their counters, the delay model's RNG state, the
-virtual time, the number of events taken and the loss curve. In-flight
-messages and program positions live in the event queue and in generators,
-which cannot be saved, so ``--resume`` silently replays the simulation from
-the seed to the checkpoint's event, checks the parameters, state and RNG
-state bit for bit, and carries on: a resumed run ends bit-identical to an
-uninterrupted one. A replay that does not reproduce the checkpoint is refused.
+Checkpoints (``engines/checkpoints.py``; every ``checkpoint_every`` updates,
+and on SIGTERM/SIGINT) hold the parameters, rule state, private copies,
+counters, the delays' RNG state, the virtual time, the events taken and
+the loss curve. In-flight messages and program positions live in the event
+queue and in generators, which cannot be saved: ``--resume`` replays the
+simulation from the seed to the checkpoint's event silently, checks that
+it reproduces the checkpoint bit for bit (else refuses it), and carries
+on: a resumed run ends bit-identical to an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -51,8 +50,8 @@ from ...errors import ConfigError
 from ...rules import UpdateInfo, slice_state
 from ...rules.local import LocalRule
 from ...strategies import WorkerJob
-from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push)
+from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
+                               LocalApply, LocalStep, Push)
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
 from ..reduce import finite, weighted_sum
@@ -61,6 +60,7 @@ from ..lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, checkpoint_paths
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
+from .clocks import SimClocks
 
 REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 
@@ -173,12 +173,12 @@ class SimEngine(Engine):
                          Push: self._push, LocalStep: self._local_step,
                          LocalApply: self._local_apply, AllReduce: self._all_reduce,
                          Average: self._average, Elastic: self._elastic}
-        self.ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
-        self.resumed = self._load_checkpoint(w0)
-        self.last_checkpoint = None
+        self.ssp = SimClocks(self).install(self.handlers) if Clock in strategy.uses else None
+        self.keeper = checkpoints.Checkpointer.for_engine(self, problem, strategy, rule, workers,
+                                                          batch_size, seed, recorder)
+        # checked, and its loss curve handed to the recorder
+        self.resumed = self.keeper.load(w0, rule, {"counters": ((workers, 4), "int64")})
         self.interrupted = None
-        if self.resumed is not None:
-            recorder.resume(self.resumed.meta["rows"])
         recorder.start(self.params)
         stopped = self._loop(recorder)
         blocked = [w.rank for w in self.workers if not w.done]
@@ -203,8 +203,10 @@ class SimEngine(Engine):
                             "shards": float(self.shard_busy.sum() / (self.S * end))
                             if end > 0 else None},
             "delays": self.delays.describe()}
-        if self.last_checkpoint is not None:
-            result.extra["checkpoint"] = str(self.last_checkpoint)
+        if self.ssp is not None:
+            result.extra.update(self.ssp.extra())
+        if self.keeper.last_path is not None:
+            result.extra["checkpoint"] = str(self.keeper.last_path)
         if self.resumed is not None:
             result.extra["resumed_from"] = str(self.resumed.path)
         return result
@@ -218,8 +220,7 @@ class SimEngine(Engine):
         heap, total = self.heap, self.total
         events = 0
         replay_to = int(self.resumed.meta["events"]) if self.resumed is not None else 0
-        every = self.checkpoint_every if self.checkpoint_dir else 0
-        next_ckpt = None
+        keeper = self.keeper
         while heap:
             t, _, fn, args = heapq.heappop(heap)
             self.now = t
@@ -229,16 +230,11 @@ class SimEngine(Engine):
                 if events == replay_to:
                     self._check_replay()
                 continue
-            if every:
-                steps = total["updates"] + total["dropped"]
-                if next_ckpt is None:
-                    next_ckpt = (steps // every + 1) * every
-                if steps >= next_ckpt:
-                    self._save(events, recorder, "periodic")
-                    next_ckpt = (steps // every + 1) * every
+            if keeper.every and keeper.due(total["updates"] + total["dropped"]):
+                self._save(events, "periodic")
             if events & 255 == 0 and stop_requested():
                 self.interrupted = stop_requested()
-                self._save(events, recorder, "interrupted")
+                self._save(events, "interrupted")
                 return f"interrupted by {signal_name(self.interrupted)}"
             if recorder.due(t, total["examples"]):
                 reason = recorder.record(t, total["updates"], total["examples"], self.params,
@@ -253,46 +249,31 @@ class SimEngine(Engine):
 
     # -- checkpoints ----------------------------------------------------------
     def _arrays(self) -> dict:
-        arrays = {"params": self.params,
-                  "counters": np.array([[w.examples, w.updates, w.dropped, w.late]
+        """What a checkpoint holds besides the parameters and the rule state."""
+        arrays = {"counters": np.array([[w.examples, w.updates, w.dropped, w.late]
                                         for w in self.workers], dtype=np.int64)}
-        for field, arr in zip(self.state._fields, self.state):
-            arrays["state." + field] = arr
         if not self.strategy.shared_params:
             for w in self.workers:
                 arrays[f"worker.{w.rank}.params"] = w.work
         return arrays
 
-    def _save(self, events: int, recorder, reason: str) -> None:
-        if not self.checkpoint_dir:
-            return
+    def _save(self, events: int, reason: str) -> None:
         total = self.total
-        meta = {**self.ident, "updates": total["updates"], "examples": total["examples"],
+        meta = {"updates": total["updates"], "examples": total["examples"],
                 "dropped": total["dropped"], "late": total["late"], "events": events,
-                "time_s": self.now, "exact": True, "reason": reason,
+                "exact": True, "reason": reason,
                 "positions": [w.examples for w in self.workers],
-                "rng": _jsonable_state(self.rng.bit_generator.state),
-                "rows": [dict(r) for r in recorder.settled_rows()
-                         if r["updates"] <= total["updates"]]}
-        self.last_checkpoint = checkpoints.save(self.checkpoint_dir,
-                                                total["updates"] + total["dropped"], meta,
-                                                self._arrays())
-
-    def _load_checkpoint(self, w0):
-        if not self.resume_dir:
-            return None
-        template = self.rule.init(w0.size, w0.dtype)
-        shapes = {"params": (w0.shape, w0.dtype), "counters": ((self.W, 4), "int64")}
-        for field, arr in zip(template._fields, template):
-            shapes["state." + field] = (arr.shape, arr.dtype)
-        return checkpoints.load_latest(self.resume_dir, self.ident, shapes)
+                "rng": _jsonable_state(self.rng.bit_generator.state)}
+        self.keeper.save(total["updates"] + total["dropped"], self.now, self.params, self.state,
+                         meta, self._arrays())
 
     def _check_replay(self) -> None:
         """The replay reached the checkpoint's event: it must be the checkpoint."""
         saved = self.resumed
+        mine = {"params": self.params, **checkpoints.state_arrays(self.state), **self._arrays()}
         same = (_jsonable_state(self.rng.bit_generator.state) == saved.meta["rng"]
                 and all(np.array_equal(v, saved.arrays[k], equal_nan=True)
-                        for k, v in self._arrays().items()))
+                        for k, v in mine.items()))
         if not same:
             raise checkpoints.CheckpointError(
                 f"replaying the simulation to checkpoint {saved.path} did not reproduce its "
@@ -307,6 +288,8 @@ class SimEngine(Engine):
                 op = w.program.send(value)
             except StopIteration:
                 w.done = True
+                if self.ssp is not None:  # it no longer counts toward the bound
+                    self.ssp.retire(w)
                 return
             immediate, value = handlers[type(op)](w, op)
             if not immediate:
@@ -423,6 +406,8 @@ class SimEngine(Engine):
             self.total["dropped"] += 1
             return True, None
         grad, ticket = op.grad.copy(), op.ticket
+        if self.ssp is not None:
+            self.ssp.pushing(w.rank)
         push = {"left": self.S}
         for s in range(self.S):
             a, b = self.bounds[s]
@@ -445,6 +430,8 @@ class SimEngine(Engine):
         if push["left"] == 0:
             w.updates += 1
             self.total["updates"] += 1
+            if self.ssp is not None:  # this clock's tick may now be published
+                self.ssp.pushed(w.rank)
 
     def _elastic(self, w, op):
         w.pending = self.S

@@ -93,12 +93,13 @@ class RankWorker:
         self.time_before = start["time_s"]
         self.want_stop = False
         self.stopped = None
-        self.last_checkpoint = None
         # sync's contributions are n_k / B g_k (B: the batch size), so a full
         # batch's sum is already the mean, as DDP's grad / world is
         self.unit = float(job.batch_size)
         exact = engine.checkpoint_dir and exact_steps(strategy)
         self.every = engine.checkpoint_every if exact else 0
+        self.keeper = checkpoints.Checkpointer(engine.checkpoint_dir, self.every, None,
+                                               engine.identity, self.recorder)
         self.buckets = None
         self.shm = shm
         if shm is None and getattr(strategy, "raw_gradients", False) \
@@ -261,16 +262,11 @@ class RankWorker:
             raise _Stop()
 
     def save_checkpoint(self) -> None:
-        arrays = {"params": self.server}
-        arrays.update({"state." + f: a for f, a in zip(self.state._fields, self.state)})
         now = self.time_before + time.perf_counter() - self.t0
-        meta = {**self.engine.identity, "step": self.step, "updates": self.updates,
-                "dropped": self.dropped,
-                "examples": self.examples_before + self.examples * self.world,
-                "time_s": now, "exact": True, "reason": "periodic",
-                "rows": [dict(r) for r in self.recorder.settled_rows()]}
-        self.last_checkpoint = str(checkpoints.save(self.engine.checkpoint_dir, self.step, meta,
-                                                    arrays))
+        self.keeper.save(self.step, now, self.server, self.state,
+                         {"step": self.step, "updates": self.updates, "dropped": self.dropped,
+                          "examples": self.examples_before + self.examples * self.world,
+                          "exact": True, "reason": "periodic"})
 
 
 def _resume_point(engine, comm, rule, strategy, w0, env) -> dict:
@@ -290,16 +286,14 @@ def _resume_point(engine, comm, rule, strategy, w0, env) -> dict:
                           "to resume it")
     found = None
     if comm.rank == 0:
-        template = rule.init(w0.size, w0.dtype)
-        shapes = {"params": (w0.shape, w0.dtype)}
-        shapes.update({"state." + f: (a.shape, a.dtype)
-                       for f, a in zip(template._fields, template)})
         try:
-            ckpt = checkpoints.load_latest(directory, engine.identity, shapes)
+            ckpt = checkpoints.load_latest(directory, engine.identity,
+                                           checkpoints.shapes(w0, rule))
             found = {k: ckpt.meta[k] for k in ("step", "updates", "dropped", "examples",
                                                 "time_s", "rows")}
             found.update(params=ckpt.arrays["params"], from_=str(ckpt.path),
-                         state={f: ckpt.arrays["state." + f] for f in template._fields})
+                         state={k: v for k, v in ckpt.arrays.items()
+                                if k.startswith("state.")})
         except ConfigError as exc:
             found = {"error": str(exc)}
     found = comm.broadcast_object(found)
@@ -350,8 +344,8 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
                                   required=engine.reduce_via == "shm")
         worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm)
         if start["state"] is not None:
-            for f, arr in zip(worker.state._fields, worker.state):
-                arr[...] = start["state"][f]
+            checkpoints.restore_state(checkpoints.Checkpoint(start["from"], {}, start["state"]),
+                                      worker.state)
         if rank == 0:
             if start["rows"]:
                 recorder.resume(start["rows"])
@@ -384,8 +378,8 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     if start["from"]:
         extra["resumed_from"] = start["from"]
         extra["resumed_at_step"] = start["step"]
-    if worker.last_checkpoint:
-        extra["checkpoint"] = worker.last_checkpoint
+    if worker.keeper.last_path:
+        extra["checkpoint"] = str(worker.keeper.last_path)
     return EngineResult(
         worker.server, startup, start["time_s"] + wall, examples, worker.updates,
         worker.dropped, Counter({0: worker.updates - start["updates"]}),

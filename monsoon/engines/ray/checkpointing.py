@@ -1,0 +1,141 @@
+"""Checkpoints of the ray engine: the driver writes them with the shared
+``engines/checkpoints.py`` ``Checkpointer`` (one ``ckpt-*.npz`` per
+checkpoint in the run folder, the run's identity, atomic write with fsync,
+retention, fallback to an older good file, one-line refusals).
+
+Each shard takes a copy of its slice, rule state and dropped count every
+``every`` versions, inside its lock (``shard.py``). The driver collects the
+copies as it watches the run and, once every shard has handed in version V,
+writes one checkpoint: the whole parameters and rule state, the counters,
+each worker's position in its data plan, and the loss curve so far.
+
+- sync: a shard's version V is its state after exactly V steps, so the
+  checkpoint is exact: every worker resumes at step V and the run ends
+  bit-identical to an uninterrupted one (the data order is a function of
+  the seed and the step; see ``strategies/batches.py``).
+- async: each shard's copy is taken after V pushes to it, and each worker's
+  position comes from the examples it had done when the driver wrote (a
+  racy read, as the local engine's snapshot checkpoints): a resumed run
+  carries on from there rather than replaying the run.
+- strategies with private worker copies (local-sgd, easgd) write none and
+  refuse ``--resume``.
+
+When every worker has finished, a last checkpoint holds the final state.
+Totals (updates, examples, dropped, time) and the loss curve carry on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...strategies.ops import Average, Elastic
+from .. import checkpoints
+
+
+def private_copies(strategy) -> bool:
+    """Whether workers keep parameters of their own between exchanges with
+    the shards (local-sgd's and easgd's), which no checkpoint holds."""
+    return Average in strategy.uses or Elastic in strategy.uses
+
+
+@dataclass
+class Start:
+    """Where a run starts: at the beginning, or at a checkpoint."""
+    params: np.ndarray
+    state: tuple | None = None   # the whole rule state
+    step: int = 0                # versions (sync: steps) done
+    positions: list = field(default_factory=list)   # each worker's batches done
+    examples: int = 0
+    dropped: int = 0
+    time_s: float = 0.0
+    path: str | None = None
+
+
+class ShardCheckpoints:
+    def __init__(self, keeper: checkpoints.Checkpointer, rule, strategy, bounds,
+                 workers: int, n_examples: int, batch_size: int):
+        self.keeper = keeper
+        self.rule = rule
+        self.exact = strategy.synchronous
+        self.every = 0 if private_copies(strategy) else keeper.every
+        self.bounds = bounds
+        self.workers = workers
+        self.n = n_examples
+        self.batch_size = batch_size
+        self.pending: dict[int, dict[int, tuple]] = {}
+        self.written = None   # the version of the last checkpoint written
+        self.start = None
+
+    def load(self, w0: np.ndarray) -> Start:
+        """The checkpoint to start from (checked; its curve handed to the
+        recorder), or the beginning."""
+        saved = self.keeper.load(w0, self.rule)
+        if saved is None:
+            self.start = Start(np.array(w0, copy=True), positions=[0] * self.workers)
+            return self.start
+        state = self.rule.init(w0.size, w0.dtype)
+        checkpoints.restore_state(saved, state)
+        meta = saved.meta
+        self.start = Start(np.array(saved.arrays["params"], copy=True), tuple(state),
+                           int(meta["step"]), [int(p) for p in meta["positions"]],
+                           int(meta["examples"]), int(meta["dropped"]), float(meta["time_s"]),
+                           str(saved.path))
+        self.written = self.start.step
+        return self.start
+
+    def shard_resume(self, s: int):
+        """What shard ``s`` starts from (None: a fresh run)."""
+        if self.start is None or self.start.state is None:
+            return None
+        a, b = self.bounds[s]
+        return {"version": self.start.step, "state": tuple(x[a:b] for x in self.start.state)}
+
+    def collect(self, ray, shards, timeout: float, now: float, examples_by_rank: dict) -> None:
+        """Take the shards' copies; write each version all have handed in, oldest first."""
+        if not self.every:
+            return
+        for s, copies in enumerate(ray.get([sh.taken.remote() for sh in shards],
+                                           timeout=timeout)):
+            for version, copy in copies.items():
+                self.pending.setdefault(version, {})[s] = copy
+        complete = sorted(v for v, parts in self.pending.items() if len(parts) == len(shards))
+        for version in complete:
+            parts = self.pending[version]
+            self._write(version, [parts[s] for s in range(len(shards))], now, examples_by_rank,
+                        "periodic")
+        if complete:  # an older version some shard has not handed in never will be
+            self.pending = {v: p for v, p in self.pending.items() if v > complete[-1]}
+
+    def final(self, ray, shards, timeout: float, now: float, examples_by_rank: dict) -> None:
+        """Every worker has finished: the final state, unless already written."""
+        if not self.every:
+            return
+        self.collect(ray, shards, timeout, now, examples_by_rank)
+        wholes = ray.get([sh.whole.remote() for sh in shards], timeout=timeout)
+        versions = {v for _, _, v, _ in wholes}
+        if len(versions) == 1 and versions != {self.written}:
+            self._write(versions.pop(), [(p, st, d) for p, st, _, d in wholes], now,
+                        examples_by_rank, "final")
+
+    def _write(self, version: int, parts, now: float, examples_by_rank: dict,
+               reason: str) -> None:
+        params = np.concatenate([p for p, _, _ in parts])
+        state = self.rule.init(params.size, params.dtype)
+        for (a, b), (_, piece, _) in zip(self.bounds, parts):
+            for whole, arr in zip(state, piece):
+                whole[a:b] = arr
+        if self.exact:  # every worker walks the global plan, one batch a step
+            positions = [version] * self.workers
+            examples = checkpoints.examples_after(version, self.n, self.batch_size)
+        else:
+            done = [int(examples_by_rank.get(r, 0)) for r in range(self.workers)]
+            positions = [p0 + p for p0, p in zip(  # batches before this attempt, and in it
+                self.start.positions, checkpoints.positions_from_examples(
+                    done, self.n, self.batch_size))]
+            examples = self.start.examples + sum(done)
+        meta = {"step": version, "examples": examples, "positions": positions,
+                "dropped": self.start.dropped + sum(d for _, _, d in parts),
+                "exact": self.exact, "reason": reason}
+        self.keeper.save(version, self.start.time_s + now, params, state, meta)
+        self.written = version

@@ -1,0 +1,196 @@
+"""SSP (strategies/ssp.py): the bound holds on every engine that runs it,
+S = 0 is bulk-synchronous in clocks, S = infinity is async, and a dead
+worker does not freeze the run."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.problems import make_problem
+from monsoon.strategies import STRATEGIES
+from monsoon.strategies.downpour import Downpour
+from monsoon.strategies.ops import Clock, Fetch, Gradient, LocalStep, Push
+from monsoon.strategies.ssp import SSP
+
+from faulty import FaultyProblem
+
+STRAGGLING = dict(sim_compute_sigma=0.5, sim_straggler_p=0.1, sim_straggler_factor=8.0)
+
+
+def _ops(strategy, workers=3, steps=20):
+    """The op kinds worker 1's program yields, driven with dummy replies."""
+    from monsoon.strategies import Budget, WorkerJob
+
+    job = WorkerJob(1, workers, 300, 8, 0, Budget(steps=steps))
+    program, reply, kinds = strategy.program(job), None, []
+    grad = np.ones(3)
+    try:
+        while True:
+            op = program.send(reply)
+            kinds.append(type(op).__name__)
+            reply = {Fetch: np.zeros(1, dtype=np.int64), Gradient: (0.0, grad),
+                     Clock: 0}.get(type(op))
+    except StopIteration:
+        return kinds
+
+
+@pytest.mark.parametrize("n_fetch, n_push", [(1, 1), (3, 2), (2, 4)])
+def test_a_bound_never_reached_yields_asyncs_ops_plus_ticks(n_fetch, n_push):
+    ssp = [k for k in _ops(SSP(10 ** 9, n_fetch, n_push, local_lr=0.1)) if k != "Clock"]
+    assert ssp == _ops(Downpour(n_fetch, n_push, local_lr=0.1))
+    kinds = _ops(SSP(10 ** 9, n_fetch, n_push))
+    assert kinds.count("Clock") == kinds.count("Gradient") // n_push > 0
+
+
+def test_a_tight_bound_refetches_when_the_copy_held_is_too_old():
+    # n_fetch 4, bound 0: every clock must start from a fresh read (the
+    # dummy driver's floor stays 0, so every clock after the first refetches)
+    kinds = _ops(SSP(0, n_fetch=4, n_push=1), steps=60)
+    assert kinds.count("Fetch") == kinds.count("Clock") == kinds.count("Gradient") == 20
+    kinds = _ops(SSP(10 ** 9, n_fetch=4, n_push=1), steps=60)
+    assert kinds.count("Fetch") == 5
+
+
+def test_the_bound_is_checked_and_described():
+    with pytest.raises(Exception, match="staleness bound"):
+        SSP(-1)
+    assert STRATEGIES.get("ssp") is SSP
+    assert SSP(2).describe()["staleness_bound"] == 2
+
+
+def _run(engine, S, workers=4, **opts):
+    extra = STRAGGLING if engine == "sim" else {"timeout": 30}
+    return monsoon.train("exp", "ssp", workers, engine=engine, epochs=3, seed=1,
+                         staleness_bound=S, evals=0, progress=False, **{**extra, **opts}).summary
+
+
+def _check_clocks(s, S, workers):
+    counts = {int(k): v for k, v in s["clock_staleness_counts"].items()}
+    assert max(counts) <= S and min(counts) >= 0
+    assert sum(counts.values()) == s["updates"]  # one push per gradient (n_push = 1)
+    assert s["clock_staleness"]["max"] == max(counts)
+    assert s["staleness_bound"] == S
+    assert len(s["clock_wait_s"]) == workers and all(w >= 0 for w in s["clock_wait_s"])
+    assert all(c > 0 for c in s["clocks"])
+
+
+# processes start slowly: one bound there (S = 0 runs in the fault test below)
+CASES = [(e, b, S) for e, b in [("sim", None), ("local", "threads")] for S in (0, 1, 3)] + [
+    ("local", "processes", 1)]
+
+
+@pytest.mark.parametrize("engine, backend, S", CASES)
+def test_no_gradient_is_more_clocks_stale_than_the_bound(engine, backend, S):
+    opts = {"backend": backend} if backend else {}
+    workers = 3 if backend == "processes" else 4
+    s = _run(engine, S, workers=workers, **opts)
+    _check_clocks(s, S, workers)
+    assert s["status"] == "finished" and np.isfinite(s["final_loss"])
+    if S == 0:
+        assert set(s["clock_staleness_counts"]) == {0}
+
+
+def test_the_sim_reaches_the_bound_and_waits_only_when_it_binds():
+    # with stragglers a loose bound is used up to the hilt; a tight one waits more
+    tight, loose = _run("sim", 0, workers=8), _run("sim", 4, workers=8)
+    assert loose["clock_staleness"]["max"] == 4
+    assert sum(tight["clock_wait_s"]) > sum(loose["clock_wait_s"]) > 0
+    assert tight["wall_time_s"] > loose["wall_time_s"]
+    free = _run("sim", 10 ** 6, workers=8)
+    assert sum(free["clock_wait_s"]) == 0 and free["clock_staleness"]["max"] > 4
+
+
+@pytest.mark.parametrize("rule", ["sgd", "adarevision", "dcasgd"])
+@pytest.mark.parametrize("n_fetch, n_push", [(1, 1), (2, 3)])
+def test_a_bound_beyond_the_run_is_async_bit_for_bit_on_the_sim(rule, n_fetch, n_push):
+    opts = dict(engine="sim", epochs=3, seed=4, rule=rule, n_fetch=n_fetch, n_push=n_push,
+                evals=0, progress=False, **STRAGGLING)
+    ssp = monsoon.train("exp", "ssp", 6, staleness_bound=10 ** 6, **opts)
+    ref = monsoon.train("exp", "async", 6, **opts)
+    assert np.array_equal(ssp.params, ref.params)
+    assert ssp.summary["wall_time_s"] == ref.summary["wall_time_s"]
+    assert ssp.summary["staleness_counts"] == ref.summary["staleness_counts"]
+
+
+def test_staleness_lr_composes_with_the_bound():
+    s = _run("sim", 1, staleness_lr=True)
+    assert s["staleness_lr"] is True and s["clock_staleness"]["max"] <= 1
+
+
+@pytest.mark.parametrize("backend, mode", [("processes", "exit"), ("threads", "raise")])
+def test_a_dead_worker_stops_counting_toward_the_bound_on_local(backend, mode):
+    # bound 0: a barrier every clock; worker 1 dies early and the others go on
+    problem = FaultyProblem(make_problem("exp"), mode, rank=1, after=3)
+    run = monsoon.train(problem, "ssp", 3, backend=backend, epochs=6, seed=0, timeout=20,
+                        staleness_bound=0, evals=0, progress=False)
+    s = run.summary
+    assert [f["worker"] for f in s["failed_workers"]] == [1]
+    assert s["status"] == "finished"
+    assert s["examples"] > 0.6 * 6 * 256   # the two live workers did all their share
+    assert set(s["clock_staleness_counts"]) == {0}
+
+
+# -- ray -------------------------------------------------------------------------
+
+@pytest.mark.ray
+@pytest.mark.parametrize("S", [0, 2])
+def test_no_gradient_is_more_clocks_stale_than_the_bound_on_ray(local_ray, S):
+    s = _run("ray", S, workers=3)
+    _check_clocks(s, S, 3)
+    assert s["status"] == "finished" and np.isfinite(s["final_loss"])
+    if S == 0:
+        assert set(s["clock_staleness_counts"]) == {0}
+
+
+@pytest.mark.ray
+def test_a_killed_worker_stops_counting_toward_the_bound_on_ray(local_ray):
+    ray, box = local_ray, {}
+
+    def train():
+        try:
+            box["result"] = monsoon.train("exp", "ssp", 3, engine="ray", epochs=40, seed=0,
+                                          run_name="killssp", staleness_bound=0, timeout=20,
+                                          evals=0, progress=False)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            box["error"] = exc
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 180   # actors start slowly on a busy 2-core machine
+    while time.monotonic() < deadline:
+        try:
+            actor = ray.get_actor("monsoon-killssp-worker-1")
+            ray.get(actor.ready.remote(), timeout=120)
+            break
+        except ValueError:
+            time.sleep(0.2)
+    while time.monotonic() < deadline and ray.get(actor.progress.remote())["examples"] < 512:
+        time.sleep(0.1)
+    ray.kill(actor)
+    thread.join(180)
+    assert not thread.is_alive()
+    assert "error" not in box, box.get("error")
+    s = box["result"].summary
+    assert [f["worker"] for f in s["failed_workers"]] == [1]
+    assert s["status"] == "finished"
+    assert set(s["clock_staleness_counts"]) == {0}
+    assert s["examples"] > 0.6 * 40 * 256   # the two live workers did all their share
+
+
+def test_compare_writes_the_staleness_histograms_into_the_report(tmp_path):
+    import csv
+
+    monsoon.compare("exp", "sync,ssp,async", workers=4, out=tmp_path, engine="sim", epochs=2,
+                    staleness_bound=1, evals=4, **STRAGGLING)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Staleness" in report and "![staleness histograms](staleness.png)" in report
+    assert (tmp_path / "staleness.png").read_bytes()[:4] == b"\x89PNG"
+    with open(tmp_path / "comparison.csv") as f:
+        rows = {r["strategy"]: r for r in csv.DictReader(f)}
+    assert rows["ssp"]["staleness_bound"] == "1" and rows["async"]["staleness_bound"] == ""
+    assert int(rows["ssp"]["clock_staleness_max"]) <= 1
+    assert float(rows["ssp"]["clock_wait_s_total"]) > 0
+    ssp_line = next(line for line in report.splitlines() if line.startswith("| ssp | 1 |"))
+    assert ssp_line.count("/") >= 7   # the distributions in updates and in clocks, the waits
