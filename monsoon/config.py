@@ -175,6 +175,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         raise ConfigError(f"engine {run['engine']!r} does not follow the engine contract: its "
                           "class must subclass monsoon.engines.Engine (docs/extending.md)")
     engine = components["engine"].from_options(info, **values["engine"])
+    engine.given = frozenset(given)
     processes = run["workers"] + strat.backup_workers
     engine.check(strat, processes)  # refused in one line before any work starts
     strat.validate(processes, run["batch_size"], instance.n_examples)

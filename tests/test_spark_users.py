@@ -183,5 +183,23 @@ def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, 
     run = monsoon.train("logistic", strategy=strategy, workers=2, engine="spark", steps=64,
                         batch_size=32, lr=0.1, dtype="float64", evals=0, **options)
     s = run.summary
-    assert s[field] == 8
+    assert s[field] == 8 and "n_push_chosen" not in s  # set by the user: kept
     assert s["spark_jobs"] >= 64 // 8 // 2 and 0.0 < s["spark_job_share"] < 1.0, s
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_async_at_its_defaults_sizes_its_push_period_from_measured_jobs(spark):
+    """Neither --n-push nor --n-fetch given: the engine times a job and a
+    step, and picks the push period that keeps the overhead at most 10% of
+    a job, at most 1/8 of a worker's steps."""
+    from monsoon.engines.spark.sizing import steps_per_job
+
+    run = monsoon.train("logistic", strategy="async", workers=2, engine="spark", steps=512,
+                        batch_size=16, lr=0.1, dtype="float64", evals=0)
+    s = run.summary
+    n = s["n_push_chosen"]
+    assert s["n_push"] == n and 1 <= n <= 256 // 8
+    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=256 // 8)
+    assert s["job_overhead_s"] > 0 and s["step_s"] > 0
+    assert s["examples"] == 512 * 16 and s["updates"] == -(-256 // n) * 2

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import math
 import threading
+import time
+
+import numpy as np
 
 
 class JobTiming:
@@ -53,3 +56,33 @@ def steps_per_job(job_overhead_s: float, step_s: float, bound: float = 0.1,
         return most
     need = job_overhead_s * (1 - bound) / (bound * step_s)
     return int(min(most, 2 ** max(0, math.ceil(math.log2(max(need, 1.0))))))
+
+
+def measure_jobs(ctx, w, steps: int = 8) -> tuple[float, float]:
+    """(job overhead s, step s) on partition 0: a job timing ``steps``
+    gradient steps of a batch in its task, run twice (the first warms the
+    worker up); the overhead is the job's wall time less its task's."""
+    from .jobs import share
+
+    size = min(ctx.batch_size, ctx.sizes[0])
+    w = np.asarray(w)
+    bc = share(ctx.sc, w, w.nbytes)
+
+    def task(it, bc=bc):
+        out = []
+        for block in it:
+            rows = np.arange(size)
+            began = time.perf_counter()
+            for _ in range(steps):
+                block.problem.gradient(bc.value, rows)
+            out.append(time.perf_counter() - began)
+        return out
+
+    try:
+        for _ in range(2):
+            began = time.perf_counter()
+            (task_s,) = ctx.jobs.run(ctx.blocks, task, [0], what="timing a job's overhead")
+            job_s = time.perf_counter() - began
+    finally:
+        bc.destroy()
+    return max(0.0, job_s - task_s), task_s / steps
