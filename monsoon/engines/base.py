@@ -103,6 +103,8 @@ class Engine:
     # How a worker finds its GPU under --device cuda (monsoon/devices.py): "index"
     # (worker k: cuda:(k mod GPUs)), "assigned" (the scheduler's), None (CPU only).
     device_placement: str | None = None
+    compresses = False   # carries out --compress (engines/messages.py)
+    compression = None   # the run's messages.Compression, set before ``run``
 
     @classmethod
     def from_options(cls, run, **values):
