@@ -181,6 +181,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         raise ConfigError(f"engine {run['engine']!r} does not follow the engine contract: its "
                           "class must subclass monsoon.engines.Engine (docs/extending.md)")
     engine = components["engine"].from_options(info, **values["engine"])
+    engine.given = frozenset(given)
     processes = run["workers"] + strat.backup_workers
     engine.compression = _messages.Compression.from_run(run["compress"],
                                                         run["no_error_feedback"], instance)

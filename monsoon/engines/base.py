@@ -94,6 +94,8 @@ class Engine:
     options: tuple = ()
     virtual_time = False
     stops_on_signal = False
+    given: frozenset = frozenset()  # the options the user set (resolve fills it in): an
+    #                                 engine may pick its own value for the others
     ops: frozenset = frozenset()
     meets: frozenset = frozenset()
     backend_used: str | None = None   # how workers ran (summary.json's "backend")
