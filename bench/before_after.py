@@ -45,7 +45,7 @@ def run_once(bench: str, tree: Path, results: Path, timeout: float) -> dict:
            "MONSOON_BENCH_RESULTS": str(results)}
     before = set(results.rglob("*.json"))
     subprocess.run([sys.executable, str(HERE / f"{name}.py"), *args], env=env, check=True,
-                   timeout=timeout, cwd=str(ROOT))
+                   timeout=timeout, cwd=str(tree))  # python -m puts the cwd first on sys.path
     new = sorted(set(results.rglob("*.json")) - before)
     if not new:
         raise RuntimeError(f"{name} wrote no record")

@@ -66,6 +66,12 @@ BENCHMARKS = [
      "python bench/delay_tolerance.py --seeds 9", "<= 0.8"),
     ("sim_effects", "sim, 2,000 async workers: AdaRevision's best loss over AdaGrad's",
      "python bench/sim_effects.py", "< 1.0"),
+    ("hogwild_vs_vw", "`HogwildClassifier` (adagrad) vs Vowpal Wabbit from a file with its cache, "
+     "3 power-law datasets: time to VW's training log-loss x1.01",
+     "python bench/hogwild_vs_vw.py", "<= VW's time, held-out log-loss within 1%"),
+    ("compression", "sim, 32 workers, 100 Mbit/s, MLP of 1M parameters: compressed sync's time to "
+     "the target loss over uncompressed sync's", "python bench/compression.py --steps 60",
+     ">= 3x sooner"),
     ("ssp_sweep", "sim, 32 workers, stragglers: SSP's time to the target loss over S = 0's",
      "python bench/ssp_sweep.py", ">= 1.3x sooner, final loss within 1%"),
     ("before_after", "the engine-layer refactor: each benchmark's ratio after / before, interleaved",

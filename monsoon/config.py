@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from . import devices as _devices
 from .engines import ENGINES, Engine
+from .engines import messages as _messages
 from .errors import ConfigError
 from .options import Option, at_least, declared, option_values, positive
 from .problems import PROBLEMS, Problem, problem_spec
@@ -45,6 +46,11 @@ RUN_OPTIONS = (
            "k mod GPUs), cuda:N, or auto (cuda where available, else cpu); docs/gpu.md",
            check=_devices.check_spec),
     Option("target_loss", float, None, "report the time to reach this loss"),
+    Option("compress", str, "none", "compress what each worker sends: none, topk:FRACTION, "
+           "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK (docs/compression.md)",
+           check=_messages.check_spec),
+    Option("no_error_feedback", bool, False, "send compressed messages without carrying "
+           "the residual to the next one"),
     Option("evals", int, 100, "points on the loss curve (0: none)",
            check=lambda v: None if v >= 0 else "0 or more"),
     Option("eval_share", float, 0.5, "the loss curve is evaluated after the run in at most "
@@ -183,7 +189,12 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         raise ConfigError(f"engine {run['engine']!r} does not follow the engine contract: its "
                           "class must subclass monsoon.engines.Engine (docs/extending.md)")
     engine = components["engine"].from_options(info, **values["engine"])
+    engine.given = frozenset(given)
     processes = run["workers"] + strat.backup_workers
+    engine.compression = _messages.Compression.from_run(run["compress"],
+                                                        run["no_error_feedback"], instance)
+    if engine.compression.active:
+        _messages.check_engine(engine, strat)
     engine.check(strat, processes)  # refused in one line before any work starts
     strat.validate(processes, run["batch_size"], instance.n_examples)
     if run["batch_size"] > instance.n_examples:

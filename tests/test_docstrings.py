@@ -12,7 +12,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OTHERS = ("sklearn",)
+OTHERS = ()
 TIMING = re.compile(r"\d\s?(µs|us|ms|ns)\b|\d+(\.\d+)?\s?(k|M)?\s?examples/s|\d\s?s/step")
 
 

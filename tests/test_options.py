@@ -102,7 +102,7 @@ def test_problem_option_is_refused_for_another_problem(plugin):
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"strategy": "sync", "n_push": 4},
-     "--n-push applies to --strategy async only; --strategy sync does not take it"),
+     "--n-push applies to --strategy async, ssp only; --strategy sync does not take it"),
     ({"strategy": "serial", "momentum": 0.5},
      "--momentum applies to --rule momentum, nesterov only; --rule sgd does not take it"),
     ({"strategy": "sync", "address": "auto"},
@@ -129,7 +129,7 @@ def test_compare_refuses_only_what_no_strategy_takes(tmp_path):
     result = monsoon.compare("exp", "serial,async", workers=2, out=tmp_path, epochs=1,
                              n_push=2)
     assert result.results["async"].summary["n_push"] == 2
-    with pytest.raises(monsoon.ConfigError, match="--n-push applies to --strategy async only; "
+    with pytest.raises(monsoon.ConfigError, match="--n-push applies to --strategy async, ssp only; "
                                                   "--strategy serial, sync does not take it"):
         monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path / "b", epochs=1, n_push=2)
 

@@ -23,6 +23,9 @@ def jobs(spark, monkeypatch):
     """Counts the Spark jobs a run starts (each still runs on Spark)."""
     from pyspark import SparkContext
 
+    from monsoon.engines.spark.preflight import check_executors
+
+    check_executors(spark.sparkContext, 60, torch=True)  # once per session: not counted
     count = {"jobs": 0}
     real = SparkContext.runJob
 

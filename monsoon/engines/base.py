@@ -94,6 +94,8 @@ class Engine:
     options: tuple = ()
     virtual_time = False
     stops_on_signal = False
+    given: frozenset = frozenset()  # the options the user set (resolve fills it in): an
+    #                                 engine may pick its own value for the others
     ops: frozenset = frozenset()
     meets: frozenset = frozenset()
     backend_used: str | None = None   # how workers ran (summary.json's "backend")
@@ -101,6 +103,8 @@ class Engine:
     # How a worker finds its GPU under --device cuda (monsoon/devices.py): "index"
     # (worker k: cuda:(k mod GPUs)), "assigned" (the scheduler's), None (CPU only).
     device_placement: str | None = None
+    compresses = False   # carries out --compress (engines/messages.py)
+    compression = None   # the run's messages.Compression, set before ``run``
 
     @classmethod
     def from_options(cls, run, **values):

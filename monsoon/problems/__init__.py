@@ -76,11 +76,74 @@ def _ratings(path: str, dtype: str = "float32"):
                                name=f"ratings:{path}")
 
 
+LIBSVM_SUFFIXES = (".libsvm", ".svm", ".txt")
+
+
+def _spark_session():
+    """The running SparkSession, else one started on local[CPUS] (left
+    running: the run uses it, and it ends with the process)."""
+    import os
+
+    from ..engines.spark.session import active_context, session_for
+
+    if active_context() is None:
+        session_for(None, os.cpu_count() or 1)
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate()
+
+
+def _spark_data(source, name: str, dtype: str, fmt: str | None = None):
+    from ..engines.spark.data import SparkData
+
+    return SparkData(source, features="features", label="label", loss="logistic",
+                     dtype="float64" if dtype == "float64" else "float32", fmt=fmt, name=name,
+                     repartition=True)
+
+
+def _spark_path(path: str, dtype: str = "float32"):
+    """Parquet, or libsvm by extension, read by Spark on its executors."""
+    spark = _spark_session()
+    fmt = "libsvm" if path.rstrip("/").lower().endswith(LIBSVM_SUFFIXES) else "parquet"
+    try:
+        df = (spark.read.format("libsvm").load(path) if fmt == "libsvm"
+              else spark.read.parquet(path))
+    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
+        from ..engines.spark.jobs import short_error
+
+        raise ConfigError(f"Spark cannot read {path} as {fmt} ({short_error(exc)}); give a "
+                          f"Parquet folder or a libsvm file ending in "
+                          f"{', '.join(LIBSVM_SUFFIXES)}") from None
+    return _spark_data(df, f"spark:{path}", dtype)
+
+
+def _spark_table(table: str, dtype: str = "float32"):
+    spark = _spark_session()
+    try:
+        df = spark.table(table)
+    except Exception as exc:  # noqa: BLE001
+        from ..engines.spark.jobs import short_error
+
+        raise ConfigError(f"no Spark table {table!r} ({short_error(exc)}); tables here: "
+                          f"{', '.join(t.name for t in spark.catalog.listTables()) or 'none'}"
+                          ) from None
+    return _spark_data(df, f"spark-table:{table}", dtype)
+
+
+SPARK_DEFAULTS = {"lr": 0.5, "batch_size": 1024, "steps": 200}
+
 PROBLEMS = Registry("problem", "monsoon.problems", {
     **dict(sorted(CATALOG.items())),
     "libsvm": ProblemSpec("libsvm", _libsvm, "your svmlight / libsvm file: logistic regression "
                           "for 0/1 or ±1 labels, else least squares", SPARSE_DEFAULTS,
                           argument="PATH", argument_required=True),
+    "spark": ProblemSpec("spark", _spark_path, "logistic regression on data Spark reads "
+                         "where it lives: Parquet (columns features, label), or libsvm "
+                         f"({', '.join(LIBSVM_SUFFIXES)}); train with --engine spark",
+                         SPARK_DEFAULTS, argument="PATH", argument_required=True),
+    "spark-table": ProblemSpec("spark-table", _spark_table, "logistic regression on a Spark "
+                               "table (columns features, label); train with --engine spark",
+                               SPARK_DEFAULTS, argument="NAME", argument_required=True),
     "rcv1-like": ProblemSpec("rcv1-like", _rcv1_like, "synthetic sparse text classification "
                              "shaped like RCV1", SPARSE_DEFAULTS,
                              argument="rows=N,features=N,nnz=N,exponent=X,seed=N"),

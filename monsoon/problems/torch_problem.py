@@ -134,6 +134,16 @@ class TorchProblem(Problem):
         return DatasetProblem(module, loss_fn, dataset, collate_fn=collate_fn, **options)
 
     # -- flat-buffer plumbing ---------------------------------------------
+    def matrix_slices(self) -> list[tuple[int, int, int]]:
+        """(offset, rows, cols) of each parameter with 2 or more dimensions in
+        the flat vector (PowerSGD compresses these; vectors travel whole)."""
+        out, offset = [], 0
+        for shape, size in zip(self._shapes, self._sizes):
+            if len(shape) >= 2:
+                out.append((offset, int(shape[0]), size // int(shape[0])))
+            offset += size
+        return out
+
     def _views(self, array: np.ndarray):
         return self._tensor_views(torch.from_numpy(array))
 

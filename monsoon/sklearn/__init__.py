@@ -9,8 +9,9 @@ warm_start, average, early_stopping, validation_fraction, shuffle, verbose,
 random_state, n_jobs) and fit the same model: scikit-learn's per-example SGD
 (``kernel``: the exact update rule, penalty by weight scaling, truncated L1,
 ASGD) run by ``n_jobs`` threads that share the weights without locks (Niu,
-Recht, Re and Wright, "Hogwild!", NIPS 2011), each with its own copy of
-the intercept, merged every chunk of examples. ``n_jobs`` is a ceiling: a
+Recht, Re and Wright, "Hogwild!", NIPS 2011), sharing
+the intercept and the average weights without races (``kernel``'s module
+doc says which state is raced and which is not). ``n_jobs`` is a ceiling: a
 fit times an epoch on the threads against one on a single thread and runs
 the faster (``plain_sgd.LayoutChooser``; ``layout_`` says which it chose),
 because on power-law data threads that write the same hot weights can be

@@ -1,24 +1,17 @@
 """The threads that run their share of an epoch beside the fit's own thread
 (a probe's or the threads' part, or the last epoch's log-loss: ``plain_sgd``).
 
-``threading.Thread.start`` returns only once the new thread runs. On a VM
-whose other vCPU has been idle a while, that wait is the vCPU's wake-up:
-53 us after 10 ms idle, 321 us after 50 ms (a 2-vCPU host, 2026-11). A
-thread pool starts its thread at the first task, which for a fit is its
-first probe, after at least 50 ms of epochs on one thread: the fit's own
-thread then waited ~0.4 ms in every fit that probed, half of what the
-probe cost where the threads lose.
-
-So these threads are started with ``_thread.start_new_thread``, which
-returns at once, as the first probe begins: they wake while its first half
-runs on one thread. Each waits on its own queue for a call; the fit's
-thread hands one to each and goes on with its own share, and a helper
-joins when it is awake (``kernel.sgd_run`` starts its judge's clock once
-all are in). A fit that never probes, nor shares its log-loss, starts
-none: with them started at the fit's beginning for nothing, fits of
-16-33 ms that never probed were 1-2% slower.
-``close`` ends them; a helper that is idle when the interpreter exits is
-simply not joined, as a daemon thread is.
+``threading.Thread.start`` returns only once the new thread runs; on a VM
+whose other vCPU has been idle, that wait is the vCPU's wake-up, paid by
+the fit's own thread. So these threads are started with
+``_thread.start_new_thread``, which returns at once, as the first probe
+begins: they wake while its first half runs on one thread. Each waits on
+its own queue for a call; the fit's thread hands one to each and goes on
+with its own share, and a helper joins when it is awake
+(``kernel.sgd_run`` starts its judge's clock once all are in). A fit that
+never probes, nor shares its log-loss, starts none. ``close`` ends them; a
+helper that is idle when the interpreter exits is simply not joined, as a
+daemon thread is.
 
 Invariant: ``wait`` returns only once every handed call has returned, and
 re-raises the first error any of them raised.
@@ -86,8 +79,8 @@ class HelperThreads:
 class Claimable:
     """A call run once, by a helper or by the thread that wants its result,
     whichever claims it first (``result``). Where the helper's core is busy
-    (OpenBLAS's threads spin there for ~0.1 s after a large BLAS call), the
-    fit's thread does the work itself instead of waiting for a time slice.
+    (OpenBLAS's threads spin there after a large BLAS call), the fit's
+    thread does the work itself instead of waiting for a time slice.
 
     Invariant: the call runs exactly once; ``result`` returns its value, or
     re-raises its error, once it has run."""

@@ -10,11 +10,19 @@ they cache with the functions that use them).
   ahead (``kernel``), as scikit-learn's loop does not.
 - ``fetch_add(a, i, v)``: atomic add on an int64 array (sequentially
   consistent), returning the old value: how threads claim work.
+- ``atomic_add_float(a, i, v)``: atomic add on a float32/float64 array (LLVM's
+  ``atomicrmw fadd``, a compare-and-swap loop on x86): how threads add
+  their change of the intercept (and of the average's sums) to the shared
+  one without losing another's.
+- ``fetch_max_f64(a, i, v)``: atomic ``a[i] = max(a[i], v)`` on a float64
+  array of non-negative values (a signed integer max on their bits, which
+  order as the values do), returning the old value: how threads move each
+  average weight's time stamp forward only.
 - ``load_acquire(a, i)`` / ``store_release(a, i, v)``: a counter one thread
   raises after writing data and another reads before reading that data
   (on x86 plain moves; on weaker CPUs, the fences they need).
 - ``monotonic_ns()``: ``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds, the
-  clock of Python's ``time.monotonic_ns`` (~20 ns a call, through the vDSO);
+  clock of Python's ``time.monotonic_ns`` (a vDSO call, no system call);
   how a thread times its own work without returning to Python.
 """
 from __future__ import annotations
@@ -63,6 +71,40 @@ def fetch_add(typingctx, arr, idx, val):
         v = context.cast(builder, args[2], signature.args[2], types.int64)
         return builder.atomic_rmw("add", _array_slot(context, builder, signature, args), v,
                                   "seq_cst")
+
+    return sig, codegen
+
+
+@intrinsic
+def atomic_add_float(typingctx, arr, idx, val):
+    """``a[i] += v`` as one atomic step (float32 or float64 array); returns
+    the old value."""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.float32, types.float64)):
+        return None
+    sig = arr.dtype(arr, idx, val)
+
+    def codegen(context, builder, signature, args):
+        v = context.cast(builder, args[2], signature.args[2], signature.args[0].dtype)
+        return builder.atomic_rmw("fadd", _array_slot(context, builder, signature, args), v,
+                                  "seq_cst")
+
+    return sig, codegen
+
+
+@intrinsic
+def fetch_max_f64(typingctx, arr, idx, val):
+    """``old = a[i]; a[i] = max(old, v)`` as one atomic step (float64 array,
+    values >= 0); returns old."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float64):
+        return None
+    sig = types.float64(arr, idx, val)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        v = context.cast(builder, args[2], signature.args[2], types.float64)
+        ptr = builder.bitcast(_array_slot(context, builder, signature, args), i64.as_pointer())
+        old = builder.atomic_rmw("max", ptr, builder.bitcast(v, i64), "seq_cst")
+        return builder.bitcast(old, ir.DoubleType())
 
     return sig, codegen
 

@@ -1,61 +1,42 @@
-"""The per-example SGD loop of scikit-learn's ``_plain_sgd``, compiled (Numba,
-``nogil=True``) so that several threads can run it at once on one shared
-weight vector (Hogwild!, Niu et al. 2011).
+"""scikit-learn's per-example SGD loop (``_plain_sgd``, formulas and order
+from ``sklearn/linear_model/_sgd_fast.pyx.tp``), compiled with ``nogil`` so
+that ``n_jobs`` threads run it on one weight vector (Hogwild!, Niu, Recht,
+Re and Wright, NIPS 2011). Per example: p = wscale (v . x) + b; eta by the
+schedule; update = -eta clip(dloss(y, p)) class_weight sample_weight; the
+L2 part by scaling (wscale *= 1 - (1 - l1_ratio) eta alpha); v += x update
+/ wscale, b += update * decay ('adagrad', not scikit-learn's: w_j moves by
+eta0 g_j / sqrt(G_j), G_j the sum of g_j^2, g_j = -slope x_j, Duchi, Hazan
+and Singer 2011; the intercept likewise; eta0 scales the L2 part); ASGD (Bottou's sparse trick: the average is
+(aw + a v) / b); the L1 part as truncated gradient (Tsuruoka et al. 2009).
+The log-loss is kept as signed margins and summed after the epoch
+(``plain_sgd.log_loss_sum``); a step whose written values' squares sum to
+a non-finite number flags the vector for a scan (``S_SUSPECT``).
 
-One call runs the examples ``order[lo:hi]`` of an epoch. Per example (the
-formulas and their order are scikit-learn's, ``sklearn/linear_model/_sgd_fast.pyx.tp``):
-
-    p     = wscale * (v . x) + b
-    eta   = 1 / (alpha (t0 + t - 1))   'optimal'  (t0 from sklearn's heuristic)
-          = eta0 / t^power_t            'invscaling'
-          = eta                         'constant', 'adaptive'
-    upd   = -eta * clip(dloss(y, p), 1e12) * class_weight(y) * sample_weight
-    wscale *= max(0, 1 - (1 - l1_ratio) eta alpha)          L2 part, by scaling
-    v    += x * upd / wscale;   b += upd * intercept_decay
-    average (ASGD, Bottou's sparse trick), then the L1 part as truncated
-    gradient with cumulative penalty u and per-feature q (Tsuruoka et al. 2009)
-
-The epoch's mean loss (for the stopping rule and ``verbose``) is summed in
-the loop, as scikit-learn does, except the log-loss's: its ``log1p`` would
-cost 15-20 ns an example, so the loop keeps each margin in ``margins[k]``
-(``LOSS_LATER``), signed by the label: with y in {0, 1} the loss
-log(1 + e^p) - y p is softplus(z) for z = p (y = 0) or -p (y = 1), so
-the sum needs neither y nor the order. ``plain_sgd.log_loss_sum`` sums it
-after the epoch, vectorised.
-
-Finite weights (scikit-learn checks every weight after every epoch, a
-pass over the whole vector: a third of a millisecond on 1M features, 13%
-of an epoch of 15k rows): a weight can only become non-finite where a step
-writes it, and the sum of squares of the values a step writes is finite
-when they all are, so each step checks that one sum and raises
-``st[S_SUSPECT]`` when it is not (a NaN or inf was written, or values
-beyond 1e154 whose squares overflow); ``plain_sgd`` then checks the whole
-vector. Folding ``wscale`` (a factor in (0, 1]) and the L1 clipping
-toward zero keep finite weights finite.
-
-The weights are ``w = wscale * v``. Alone, a thread folds ``wscale`` into
-``v`` when it drops below 1e-9, as scikit-learn does. With others, a thread
-stops claiming work instead, and the caller folds it between rounds
-(``plain_sgd``), so no thread rescales the vector while another writes it.
-
-Threads (J > 1): they claim chunks of CHUNK consecutive positions of the
-epoch's order from a shared counter (an atomic add: a thread the OS delays
-leaves its work to the others). The example at position c is scikit-learn's
-step t(lo) + c: every scalar that scikit-learn advances once per step
-(wscale, the L1 total u, the ASGD scalars a and b) depends only on the step
-count, so before each chunk a thread advances its own copy of them through
-the steps the others took (``advance``): no thread writes a shared scalar.
-The intercept is a per-thread copy too, its change added to the shared one
-after every chunk. The weights themselves are shared, without locks.
-
-Memory: an epoch in random order waits on memory, not arithmetic; the
-order is known, so the rows AHEAD_DATA examples ahead (and, for a weight
-vector beyond L2, the weights of the row AHEAD_WEIGHTS ahead) are
-prefetched. Indices are unsigned in the loops (no wraparound code).
-
-Invariant: with one thread (J = 1) this is scikit-learn's
-loop update for update, so fits with ``shuffle=False`` agree with
-``SGDClassifier``/``SGDRegressor`` to rounding (a test holds them equal).
+Threads claim chunks of CHUNK positions of the epoch's order (an atomic
+add); the example at position c runs at scikit-learn's step t(lo) + c.
+What the threads share, and how:
+- RACED, on purpose (Hogwild!): the weights v, L1's per-feature q and
+  adagrad's G_j, read and written without locks (a write may be lost).
+- NOT RACED, per thread: wscale, the L1 total u, the ASGD scalars a and b,
+  the clock t and the average intercept depend only on the step, so each
+  thread advances its own copy through the others' steps (``advance``).
+  wscale is folded only by the caller, between rounds: a thread stops
+  claiming once its wscale is below WSCALE_THRESHOLD (``sgd_run``).
+- NOT RACED, atomic: the intercept (and adagrad's G of it), read at each
+  example, changed by atomic adds (``shared_b``); the claim counter.
+- NOT RACED, atomic: the average weights. A write of scikit-learn's aw
+  lost to another thread would stay in the average for good (issue #36:
+  log-losses of 3-30 for 0.39), so threads keep S_j = aw_j + a_j v_j and a
+  time stamp a_j per feature: before writing v_j a thread moves a_j
+  forward to its a (an atomic max; only forward, so the stamps follow the
+  leading thread's clock and v is sampled in the order the writes really
+  happen) and adds v_j times the gap to S_j (an atomic add). The caller
+  converts aw to S before a round and back (aw = S - a_j v) after it.
+- NOT SHARED: the margins (each position is one thread's), the loss sums
+  (per thread, added by the caller), the stopping rule (the caller's).
+One thread (J = 1) runs scikit-learn's loop update for update: fits with
+``shuffle=False`` agree with ``SGDClassifier``/``SGDRegressor`` to
+rounding. Rows ahead are prefetched; loop indices are unsigned.
 """
 from __future__ import annotations
 
@@ -65,13 +46,15 @@ import numba
 import numpy as np
 from numba import uint64
 
-from .intrinsics import fetch_add, load_acquire, monotonic_ns, prefetch, store_release
+from .intrinsics import (atomic_add_float, fetch_add, fetch_max_f64, load_acquire, monotonic_ns, prefetch,
+                         store_release)
 
 # loss codes; sklearn's classification losses take y in {-1, 1}, log_loss y in {0, 1}
 HINGE, SQUARED_HINGE, LOG, MODIFIED_HUBER, SQUARED, HUBER, EPS_INSENSITIVE, SQ_EPS_INSENSITIVE = \
     range(8)
 NO_PENALTY, L1, L2, ELASTICNET = 0, 1, 2, 3
-CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE = 1, 2, 3, 4
+CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE, ADAGRAD = 1, 2, 3, 4, 5
+ADAGRAD_EPS = 1e-12  # added to sqrt(G): a feature's first gradient of 0 takes no step
 MAX_DLOSS = 1e12
 AHEAD_ROW, AHEAD_DATA, AHEAD_WEIGHTS = 16, 8, 3  # prefetch distances, in examples
 CHUNK = 256  # examples a thread claims at a time
@@ -187,7 +170,7 @@ def column(indices, pos, start):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-              shared_b, cfg, st, margins, counter):
+              shared_b, cfg, st, margins, counter, alast, gsq):
     """Examples ``order[lo:hi]`` (rows of CSR ``indptr/indices/data``, or of a
     dense C-ordered ``data`` with ``width`` columns when ``indices`` is
     None), updating ``w`` (and ``aw``, ``q``) in place and this thread's
@@ -201,6 +184,8 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
     n_features = aw.shape[0] if average > 0 else 0
     use_l1 = penalty == L1 or penalty == ELASTICNET
     shared_intercept = stride > 1
+    adagrad = lr == ADAGRAD  # per-feature steps eta0 / sqrt(G_j) (module doc)
+    lazy = average > 0 and stride > 1  # the threads' average: ``aw`` holds S (module doc)
     far_weights = indices is not None and w.shape[0] > FAR_WEIGHTS  # beyond L2: prefetch
 
     t, wscale, intercept = st[S_T], st[S_WSCALE], st[S_INTERCEPT]
@@ -208,10 +193,6 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
     sq_norm, l1_norm = st[S_SQ_NORM], st[S_L1_NORM]
     sumloss, objective, count = st[S_SUMLOSS], st[S_OBJECTIVE], st[S_COUNT]
     suspect = st[S_SUSPECT]
-    intercept_base = intercept
-    if shared_intercept:
-        intercept = shared_b[0]
-        intercept_base = intercept
 
     done = 0
     for k in range(lo, hi):
@@ -245,6 +226,8 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
         dot = 0.0
         for pos in range(start, end):
             dot += w[column(indices, pos, start)] * data[pos]
+        if shared_intercept:  # the shared intercept, as the weights are: as it is now
+            intercept = shared_b[0]
         p = dot * wscale + intercept
         eta = step_size(lr, eta, eta0, power_t, alpha, t0, t)
         yi = y[i]
@@ -268,9 +251,9 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
             wscale *= c
             sq_norm *= c * c
             l1_norm *= abs(c)
-            if wscale < WSCALE_THRESHOLD and (stride == 1 or wscale == 0.0):
-                # sklearn's reset_wscale, inline: alone, or when the weights
-                # are zeroed (eta alpha >= 1), which every thread may do
+            if wscale < WSCALE_THRESHOLD and stride == 1:
+                # sklearn's reset_wscale, inline, alone; threads stop claiming
+                # work instead and the caller folds it (``sgd_run``)
                 if average > 0:
                     for j in range(n_features):
                         aw[j] = (aw[j] + avg_a * w[j]) / avg_b
@@ -278,13 +261,29 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
                 for j in range(w.shape[0]):
                     w[j] *= wscale
                 wscale = 1.0
+        averaging = 0 < average <= t
         if update != 0.0:
             step = update / wscale
+            gscale = -dloss * (class_weight * sample_weight[i])  # adagrad: the loss's slope
             l2acc = 0.0
             l1acc = 0.0
             for pos in range(start, end):
                 j = column(indices, pos, start)
-                v = w[j] + data[pos] * step
+                old = w[j]
+                if lazy and averaging:  # S_j += v_j (A - a_j), a_j = A: v_j's share so far
+                    a = fetch_max_f64(alast, j, avg_a)
+                    if avg_a > a:
+                        atomic_add_float(aw, j, old * (avg_a - a))
+                if adagrad:
+                    gj = data[pos] * gscale
+                    acc = gsq[j] + gj * gj
+                    gsq[j] = acc
+                    dv = eta0 * gj / ((math.sqrt(acc) + ADAGRAD_EPS) * wscale)
+                    if averaging and not lazy:
+                        aw[j] -= avg_a * dv
+                else:
+                    dv = data[pos] * step
+                v = old + dv
                 w[j] = v
                 l2acc += v * v
                 l1acc += abs(v)
@@ -293,10 +292,21 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
             if not l2acc <= MAX_FINITE:  # inf or NaN: a weight may be non-finite
                 suspect = 1.0
             if fit_intercept:
-                intercept += update * decay
-        if 0 < average <= t:
+                bstep = update
+                if adagrad:
+                    if shared_intercept:
+                        gb = atomic_add_float(shared_b, 1, gscale * gscale) + gscale * gscale
+                    else:
+                        gb = shared_b[1] + gscale * gscale
+                        shared_b[1] = gb
+                    bstep = eta0 * gscale / (math.sqrt(gb) + ADAGRAD_EPS)
+                if shared_intercept:  # atomic: another thread's step is never lost
+                    intercept = atomic_add_float(shared_b, 0, bstep * decay) + bstep * decay
+                else:
+                    intercept += bstep * decay
+        if averaging:
             num = t - average + 1.0
-            if update != 0.0:
+            if update != 0.0 and not lazy and not adagrad:
                 g = -avg_a * update / wscale
                 for pos in range(start, end):
                     aw[column(indices, pos, start)] += g * data[pos]
@@ -317,11 +327,12 @@ def sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, 
                     nz = min(0.0, z + (u - q[j]) / wscale)
                 w[j] = nz
                 q[j] += wscale * (nz - z)
+                if lazy and averaging:  # scikit-learn's average takes the cut from its start
+                    atomic_add_float(aw, j, alast[j] * (nz - z))
         t += 1.0
         count += 1.0
         done += 1
     if shared_intercept:
-        shared_b[0] += intercept - intercept_base
         intercept = shared_b[0]
     st[S_T], st[S_WSCALE], st[S_INTERCEPT] = t, wscale, intercept
     st[S_AVG_A], st[S_AVG_B], st[S_AVG_INTERCEPT], st[S_U] = avg_a, avg_b, avg_intercept, u
@@ -365,10 +376,7 @@ def judged_slower(elapsed, alone, cfg):
     ``alone`` ns are slower. The bar falls from C_JUDGE_CLEARLY at the
     start to C_JUDGE_SLOWER at C_JUDGE_LONG_NS, plus C_JUDGE_SLACK_NS (the
     timer, an interrupt, a cold cache on the other core) until then: a
-    short run has to be far slower to be judged, a long one only somewhat.
-    Threads 1.7x slower stopped after ~2 ms under a fixed bar of 1.5x
-    (50 us of slack) and 1.1x from 2 ms on; under the falling one, after
-    ~0.4 ms."""
+    short run has to be far slower to be judged, a long one only somewhat."""
     long = cfg[C_JUDGE_LONG_NS]
     if elapsed >= long:
         return elapsed > cfg[C_JUDGE_SLOWER] * alone
@@ -378,7 +386,7 @@ def judged_slower(elapsed, alone, cfg):
 
 @numba.njit(nogil=True, cache=True)
 def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-            shared_b, cfg, st, counter, margins):
+            shared_b, cfg, st, counter, margins, alast, gsq):
     """One thread's share of the examples ``order[lo:hi]``; returns how many
     it ran. Alone (``cfg`` stride 1): all of them, in order. With others:
     it claims chunks of CHUNK positions from ``counter[K_NEXT]`` (an atomic
@@ -396,7 +404,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     ``counter[K_ARRIVED]`` counts as the last) with what one thread would
     have taken for the examples done since. Until then the threads that
     are in run chunks unjudged: a thread the OS is still waking (a VM's
-    idle vCPU took ~0.3 ms) leaves the others working at full speed, and
+    idle vCPU) leaves the others working at full speed, and
     that time says nothing about the threads together. Judged slower
     (``judged_slower``): it raises ``counter[K_STOP]``, and every thread
     stops claiming (each finishes the chunk it holds, so the positions
@@ -404,7 +412,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     C_JUDGE_LONG_NS: the judging ends and the chunks grow to CHUNK."""
     if int(cfg[C_STRIDE]) == 1:
         sgd_range(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw, q,
-                  shared_b, cfg, st, margins, counter)
+                  shared_b, cfg, st, margins, counter, alast, gsq)
         return hi - lo
     judge = cfg[C_JUDGE_NS]
     chunk = CHUNK
@@ -422,7 +430,7 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
         advance(cfg, st, int(t_lo + (c - lo) - st[S_T]))
         end = min(c + chunk, hi)
         sgd_range(indptr, indices, data, width, y, sample_weight, order, c, end, w, aw, q,
-                  shared_b, cfg, st, margins, counter)
+                  shared_b, cfg, st, margins, counter, alast, gsq)
         done += end - c
         if judge > 0.0:
             began = load_acquire(counter, K_BEGAN)
@@ -452,10 +460,9 @@ def _splitmix64(x):
 def shuffle(order, seed):
     """Fisher-Yates in place, seeded: an epoch's order. Each draw is
     SplitMix64 bounded by Lemire's multiply-shift with rejection (2019), so
-    every permutation is equally likely: ~1 ns an element, where numba's
-    ``np.random.randint`` took 12 (6% of a fit of 15k rows, 17% of an
-    epoch of 200k rows of 10 non-zeros). At most 2^32 rows (the draw's
-    32-bit half times the bound must fit in 64 bits)."""
+    every permutation is equally likely, an order of magnitude faster than
+    numba's ``np.random.randint``. At most 2^32 rows (the draw's 32-bit
+    half times the bound must fit in 64 bits)."""
     if order.shape[0] > (1 << 32):
         raise ValueError("shuffle: at most 2^32 rows")
     x = uint64(seed)

@@ -7,72 +7,34 @@ number of epochs), except that the data come as arrays (CSR
 ``indptr/indices/data`` or a dense C-ordered array, used as they are: no
 copy, no conversion, no re-sorting) instead of a ``SequentialDataset``.
 
-Per epoch: the training rows (those not held out for early stopping) in a
-random order (an index array shuffled in place; the data never move); one
-thread runs them in order, several claim chunks of them (``kernel``); then
-the log-loss is summed from the margins the kernel kept (``log_loss_sum``;
-other losses are summed in the loop), the weights are checked finite
-(scanned only when a step wrote a non-finite value: ``kernel``), and the
-stopping rule is scikit-learn's:
-the epoch's mean objective (or, with ``early_stopping``, the validation
-score, on the weights with ``wscale`` folded in) must improve by ``tol`` at
-least once in ``n_iter_no_change`` epochs; 'adaptive' then divides eta by
-5 instead of stopping while eta > 1e-6.
+Per epoch: the training rows in a random order (an index array shuffled in
+place); one thread runs them in order, or several claim chunks of them
+(``kernel``); then the log-loss is summed from the margins the kernel kept,
+the weights are checked finite, and scikit-learn's stopping rule is
+applied: the mean objective (or, with ``early_stopping``, the validation
+score, on the weights with ``wscale`` folded in, where scikit-learn scores
+the unscaled ones) must improve by ``tol`` once in ``n_iter_no_change``
+epochs; 'adaptive' divides eta by 5 instead of stopping while eta > 1e-6.
+Where the first step's L2 shrink exceeds ``MAX_SHARED_DECAY``, one thread
+runs (the weights would need folding every few steps).
 
-When the first step's L2 shrink exceeds ``MAX_SHARED_DECAY`` (huge alpha *
-eta), one thread runs: the weights would need folding every few steps.
+Threads pay only where their writes rarely meet: on power-law data every
+thread writes the head of the distribution at nearly every example, and
+each such write moves a cache line between cores. So ``n_jobs`` is a
+ceiling, and a fit measures which way is faster on its own data
+(``LayoutChooser``): once its epochs have taken ``PROBE_AFTER`` seconds it
+runs half an epoch on one thread and the rest on the threads, judged as
+they go (``run_epoch``, ``kernel.sgd_run``), runs later epochs the faster
+way and measures again ``REPROBE`` epochs later. A fit too short to probe
+runs exactly as with ``n_jobs=1``. See bench/hogwild_sweep.py.
 
-Threads only pay where their writes rarely meet. On power-law data the
-head of the distribution (hundreds to thousands of features) is written by
-every thread at nearly every example, and each such write costs the other
-core a cache miss (~100 ns, against a few ns for the arithmetic); where
-the weights fit in one core's cache, even uniformly spread features move
-half the lines a thread writes from the other core. Measured on
-``bench/hogwild_sweep.py``'s data, two threads ran an epoch at 0.6-1.3x
-the speed of one on one 2-core VM, and at 0.2-0.55x on another (where
-even 20 uniform features a row over 10k-100k features ran at 0.7x). So
-``n_jobs`` is a ceiling, as it is in scikit-learn, and a fit with several
-threads measures which way is faster on its own data (``LayoutChooser``):
-once its epochs have taken ``PROBE_AFTER`` seconds, it runs half an epoch
-on one thread and the rest on the threads, judged as they go (they stop
-within a fraction of a millisecond where slower: ``run_epoch``,
-``kernel.sgd_run``), and every later epoch runs the faster. ``REPROBE``
-epochs later it measures again, because the machine's load changes (and
-twice as late each time the threads clearly lost). The probe is real work
-of the fit, so nothing is thrown away; a fit too short to probe runs
-exactly as with ``n_jobs=1`` (no other thread is started). The first
-probe starts the other threads and does not wait for them
-(``helper_threads``): they wake while its first half runs on one thread.
-Where a core had been idle a while, a thread pool's start waited ~0.3 ms
-for it.
-
-Where the epochs run on one thread, the other core still has a share: the
-log-loss of the epoch before (``log_loss_sum``, 2-5% of a fit's time). An
-epoch's verdict can stop the fit only once ``n_iter_no_change - 1`` epochs
-in a row did not improve; any other epoch is judged an epoch late, its
-margins (kept in a second buffer) summed by a helper while the next epoch
-runs. The verdicts, their order and the fit are ``n_jobs=1``'s to the bit.
-On ``bench/hogwild_sweep.py``'s data (two runs on a host where the threads
-lose) ``n_jobs=2`` over ``n_jobs=1`` went from 0.98-1.02 to 1.00-1.06. Not below
-``SHARE_LOSS_ROWS`` rows (there a helper costs more than it saves), nor
-with ``verbose`` (the log keeps its order) or ``early_stopping`` (judged on
-a validation score, not the loss). Handing the helper the next epoch's
-shuffle as well was slower: this thread then read an order the other core
-had written, 2-8% of a fit.
-
-The other core could sum each epoch's log-loss while one thread runs it
-(the margins published as they are written). That was built and removed:
-it saved 2-4% of a fit of 60k-200k rows on an idle machine, but the
-reading core took shared cache lines the writer then had to take back
-(-5% on 30k rows of 100 features), a busy core (OpenBLAS's threads spin
-for ~0.1 s after a call) preempted the epoch for it, and at idle priority
-it held the GIL while descheduled.
-
-Per-thread copies of the hottest coordinates (those in 10% of the rows or
-more), merged every 8 examples, were tried before ``LayoutChooser`` and
-removed with its arrival. They ran an epoch at 0.9-1.1x the speed of the
-shared weights. They needed up to 36% more epochs to meet scikit-learn's
-stopping rule, and at large steps the two copies' moves overshot together.
+Where the epochs run on one thread, a helper sums the log-loss of the
+epoch before (``log_loss_sum``) while the next runs: an epoch whose
+verdict cannot stop the fit (fewer than ``n_iter_no_change - 1`` epochs
+in a row without improvement) is judged an epoch late, from a second
+margin buffer. The verdicts, their order and the fit are ``n_jobs=1``'s
+to the bit. Not below ``SHARE_LOSS_ROWS`` rows, nor with ``verbose`` or
+``early_stopping``.
 """
 from __future__ import annotations
 
@@ -96,11 +58,9 @@ PROBE_AFTER = 0.05  # seconds of epochs before the first (LayoutChooser)
 # an interrupt, a cold cache on the other core) until then.
 CLEARLY_SLOWER, SLOWER, JUDGE_SLACK, JUDGE_LONG = 1.5, 1.1, 50e-6, 2e-3
 # Fewer training rows than this: the log-loss sums a helper would take over
-# (~3.5 ns a row an epoch) are worth less than its start and hand-overs
-# (0.1-0.3 ms a fit, ~10 us an epoch), or, where the other core is busy
-# (OpenBLAS's threads spin there ~0.1 s after a large BLAS call), than what
-# the helper then takes from this thread's core: ~90 us an epoch, 3% of a
-# fit of 15k rows; 1-2% gained on 30k-120k rows all the same.
+# are worth less than its start and hand-overs, or, where the other core is
+# busy (OpenBLAS's threads spin there after a large BLAS call), than what the
+# helper takes from this thread's core (bench/hogwild_sweep.py).
 SHARE_LOSS_ROWS = 30_000
 SOFTPLUS_FLOOR = -100.0  # log_loss_sum
 
@@ -113,15 +73,11 @@ class LayoutChooser:
     epoch 1 where one epoch takes that long), and ``REPROBE`` epochs after
     it another, because the load on the machine changes; after a probe
     whose threads were CLEARLY_SLOWER, twice as many epochs as the last
-    wait (on a host where shared cache lines are dear that is every probe,
-    and each costs ~0.5 ms of a fit). Other
+    wait (on a host where shared cache lines are dear, every probe). Other
     epochs run the faster layout of the last probe, per example. One thread
     wins ties within ``MARGIN``, because it is scikit-learn's exact loop.
-
-    Why wait: a probe where the threads lose costs a few tenths of a
-    millisecond (``run_epoch``), 1-2% of a fit of 15k rows that ends in
-    35 ms; a fit that short gains little from threads anywhere, so it runs
-    as one thread's would."""
+    Why wait: a probe where the threads lose costs a share of a short fit,
+    which gains little from threads anywhere."""
 
     MARGIN = 0.03
 
@@ -162,11 +118,7 @@ def run_epoch(layout: str, run_part, n: int, clock=time.perf_counter) -> dict:
     judged against that half's speed (``judge``: one thread's seconds an
     example): where they are slower, they stop within a few hundred
     microseconds (``kernel.sgd_run``) and one thread finishes the epoch.
-    Where the threads fight over shared cache lines (on one 2-core VM,
-    1.8-5.5x slower an example than one thread on every dataset of
-    ``bench/hogwild_sweep.py``) a probe then costs a fraction of a
-    millisecond, where cutting them at an eighth of the epoch cost 2-5% of
-    a fit. Where they win or tie they run the whole half."""
+    Where they win or tie they run the whole half."""
     def timed(part, lo, hi, judge=0.0):
         began = clock()
         reached = run_part(part, lo, hi, judge)
@@ -184,16 +136,14 @@ def run_epoch(layout: str, run_part, n: int, clock=time.perf_counter) -> dict:
 
 def log_loss_sum(margins, block=1 << 16) -> float:
     """Sum over an epoch of the log-loss softplus(z) = log(1 + e^z), from
-    the signed margins z the kernel kept (``kernel``'s module doc): in the
-    loop, its log1p cost 15-20 ns an example (of 60-220); numpy's vectorised
-    exp and log1p take ~3 ns. Blocks of ``block`` examples bound the
-    temporaries.
+    the signed margins z the kernel kept (``kernel``'s module doc), with
+    numpy's vectorised exp and log1p, cheaper than a log1p in the loop.
+    Blocks of ``block`` examples bound the temporaries.
 
     softplus(z) = max(z, 0) + log1p(e^-|z|), with -|z| floored at
-    ``SOFTPLUS_FLOOR``: numpy's exp leaves its fast path far below it (a
-    vector with 1% of margins beyond 700 in size took 25 ns a row, as the
-    weak regularisation of ``alpha=1e-6`` gives), and a term it changes is
-    below e^-100 = 4e-44."""
+    ``SOFTPLUS_FLOOR``: numpy's exp leaves its fast path far below it (huge
+    margins, as the weak regularisation of ``alpha=1e-6`` gives), and a
+    term it changes is below e^-100 = 4e-44."""
     total = 0.0
     tail = np.empty(min(block, len(margins)))
     for lo in range(0, len(margins), block):
@@ -230,7 +180,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
               penalty_type, alpha, l1_ratio, X, y, sample_weight, intercept_decay,
               validation_mask, early_stopping, validation_score_cb, n_iter_no_change, max_iter,
               tol, fit_intercept, verbose, shuffle, seed, weight_pos, weight_neg, learning_rate,
-              eta0, power_t, t=1.0, average=0, n_jobs=1, info=None):
+              eta0, power_t, t=1.0, average=0, n_jobs=1, info=None, adagrad=None):
     n_samples, n_features = X.shape
     indptr, indices, data, cols = _arrays(X)
     y = np.ascontiguousarray(y, dtype=data.dtype)
@@ -253,7 +203,14 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     use_q = penalty_type in (K.L1, K.ELASTICNET)
     Q = np.zeros(n_features if use_q else 1, dtype=weights.dtype)
     aw = average_weights if average_weights is not None else np.zeros(1, dtype=weights.dtype)
-    shared_b = np.array([intercept], dtype=np.float64)
+    # the shared intercept, and 'adagrad''s sum of its squared slopes
+    shared_b = np.array([intercept, 0.0], dtype=np.float64)
+    gsq = np.zeros(1)
+    if learning_rate == K.ADAGRAD:  # per-feature sums of squared slopes, kept across calls
+        adagrad = {} if adagrad is None else adagrad
+        if adagrad.get("gsq") is None or len(adagrad["gsq"]) != n_features:
+            adagrad["gsq"], adagrad["gb"] = np.zeros(n_features), 0.0
+        gsq, shared_b[1] = adagrad["gsq"], adagrad["gb"]
 
     keep_loss = verbose or not early_stopping  # scikit-learn's: the stopping rule or the log
     loss_mode = (K.LOSS_LATER if loss_code == K.LOG else K.LOSS_NOW) if keep_loss else 0
@@ -272,7 +229,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     state[K.S_SQ_NORM] = float(np.einsum("i,i->", weights, weights))
     state[K.S_SUSPECT] = not math.isfinite(state[K.S_SQ_NORM])  # the first check scans
     if l1_ratio > 0 or state[K.S_SUSPECT]:  # else it counts l1_ratio * |w|_1 = 0 exactly
-        state[K.S_L1_NORM] = float(np.abs(weights).sum())  # (0.8 ms on 1M features)
+        state[K.S_L1_NORM] = float(np.abs(weights).sum())
     counter = np.zeros(K.N_COUNTER, dtype=np.int64)  # claims and the judge (kernel's slots)
     cfg[[K.C_JUDGE_SLACK_NS, K.C_JUDGE_LONG_NS, K.C_JUDGE_CLEARLY, K.C_JUDGE_SLOWER]] = [
         JUDGE_SLACK * 1e9, JUDGE_LONG * 1e9, CLEARLY_SLOWER, SLOWER]
@@ -280,9 +237,12 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     later = loss_mode == K.LOSS_LATER
     margins = np.empty(train_count if later else 1)  # the epoch's signed p, by position
 
+    # the threads' average, kept as S and time stamps a (``kernel``'s module doc)
+    alast = np.zeros(n_features if average_weights is not None and jobs > 1 else 1)
+
     def run(st, order, lo, hi):
-        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, weights, aw, Q,
-                         shared_b, cfg, st, counter, margins)
+        return K.sgd_run(indptr, indices, data, cols, y, sample_weight, order, lo, hi, weights,
+                         aw, Q, shared_b, cfg, st, counter, margins, alast, gsq)
 
     def reset_wscale(st):
         if average_weights is not None:
@@ -316,7 +276,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         shared_b[0] = state[K.S_INTERCEPT]
         try:
             return _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, hi, jobs, pool,
-                                  shared_b, counter)
+                                  shared_b, counter, weights, average_weights, alast)
         finally:
             cfg[K.C_JUDGE_NS] = 0.0
 
@@ -405,18 +365,29 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         if pool is not None:
             pool.close()  # they exit once idle (a sum taken back is a no-op there)
     reset_wscale(state)
+    if learning_rate == K.ADAGRAD:
+        adagrad["gb"] = float(shared_b[1])
     if info is not None:  # what the fit chose (``LayoutChooser``)
         info["layout"] = chooser.best
     return (weights, state[K.S_INTERCEPT], average_weights, state[K.S_AVG_INTERCEPT],
             epoch + 1)
 
 
-def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shared_b, counter):
+def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shared_b, counter,
+                   weights, average_weights, alast):
     """Positions ``order[lo:n]`` of an epoch on ``jobs`` threads claiming
     chunks from ``counter``; returns the position reached: ``n``, or less
     where the judge stopped the threads (``kernel.sgd_run``). A round ends
-    early otherwise only when wscale needs folding."""
+    early otherwise only when wscale needs folding.
+
+    The average weights, kept by one thread as scikit-learn's ``aw`` (the
+    average is (aw + a v) / b), are kept by the threads as S = aw + a_j v
+    with time stamps a_j = a: a round starts with that conversion and ends
+    with its inverse, aw = S - a_j v (``kernel``'s module doc)."""
     while lo < n:
+        if average_weights is not None:
+            alast[:] = state[K.S_AVG_A]
+            average_weights += state[K.S_AVG_A] * weights
         counter[K.K_NEXT] = lo
         states = []
         for _ in range(jobs):
@@ -428,6 +399,8 @@ def _hogwild_epoch(run, reset_wscale, cfg, state, order, lo, n, jobs, pool, shar
             run(states[0], order, lo, n)
         finally:
             pool.wait()
+        if average_weights is not None:
+            average_weights -= alast * weights
         reached = min(int(counter[K.K_NEXT]), n)
         ahead = max(states, key=lambda st: st[K.S_T])  # the scalars: the furthest clock's
         for slot in (K.S_WSCALE, K.S_AVG_A, K.S_AVG_B, K.S_U, K.S_AVG_INTERCEPT, K.S_SQ_NORM,

@@ -64,6 +64,7 @@ from ..waiting import Aborted, wait_until
 from ..clocks import clock_extra
 from .checkpointing import RunCheckpoints, exact_checkpoints
 from .inbox import Outbox, PipeInbox, QueueInbox
+from ..messages import Compression, Sender, compressing, summarize
 from .runtime import WorkerRuntime
 from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, LATE, READY, RUNNING,
                     SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, START, STEP,
@@ -93,6 +94,7 @@ class WorkerSetup:
     live: bool  # the monitor snapshots the parameters during the run
     checkpoint_every: int = 0      # synchronous steps between checkpoints
     work0: np.ndarray | None = None  # a resumed private copy
+    compression: object = None     # messages.Compression (--compress)
 
 
 @dataclass
@@ -147,7 +149,8 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
                                 setup.strategy, setup.timeout, setup.live,
                                 start_step=setup.job.start_step,
                                 checkpoint_every=setup.checkpoint_every, work0=setup.work0)
-        program = setup.strategy.program(setup.job)
+        sender = runtime.sender = Sender(setup.compression or Compression(), rank)
+        program = compressing(setup.strategy.program(setup.job), sender, store.params.nbytes)
         store.status[rank] = READY
         wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
                    lambda: store.control[1], "the start signal")
@@ -157,19 +160,22 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
         messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
                                      "state": _state(setup.problem),
-                                     "clocks": _clocks(runtime)}))
+                                     "clocks": _clocks(runtime),
+                                     "traffic": sender.stats()}))
     except Stopped:  # at a step boundary, as the monitor asked
         runtime.on_stop()
         store.status[rank] = ABORTED
         messages.put(("stopped", rank, {"staleness": dict(runtime.staleness), "params": None,
                                         "state": _state(setup.problem),
-                                     "clocks": _clocks(runtime)}))
+                                     "clocks": _clocks(runtime),
+                                        "traffic": sender.stats()}))
     except Aborted:
         store.status[rank] = ABORTED
         own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
         messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own,
                                         "state": _state(setup.problem),
-                                     "clocks": _clocks(runtime)}))
+                                     "clocks": _clocks(runtime),
+                                        "traffic": sender.stats()}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -237,6 +243,7 @@ class LocalEngine(Engine):
     stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
     ops = ALL_OPS
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
+    compresses = True  # in shared memory: the math and the counts change, not the transport
     device_placement = "index"  # worker k's problem copy computes on cuda:(k mod GPUs)
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
@@ -342,6 +349,7 @@ class LocalEngine(Engine):
         job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget,
                         start_step=resume.start[0], kernel=self.kernel)
         runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
+        sender = runtime.sender = Sender(self.compression or Compression(), 0)
         recorder.start(store.params)
         clock = [time.perf_counter(), 0]  # start, ops so far
         counters = store.counters[0]
@@ -409,7 +417,8 @@ class LocalEngine(Engine):
         stopped = interrupted = None
         try:
             with _seeded_rng(problem, seed, 0):
-                runtime.run(strategy.program(job), between_ops)
+                runtime.run(compressing(strategy.program(job), sender, store.params.nbytes),
+                            between_ops)
         except Stopped:
             interrupted = stop_requested()
             stopped = f"interrupted by {signal_name(interrupted)}"
@@ -419,7 +428,9 @@ class LocalEngine(Engine):
         ex, up, dropped, late = store.totals()
         return EngineResult(np.array(store.params, copy=True), 0.0, wall, int(ex), int(up),
                             int(dropped), runtime.staleness, [], stopped=stopped,
-                            late_gradients=int(late), interrupted=interrupted)
+                            late_gradients=int(late), interrupted=interrupted,
+                            extra=summarize([sender.stats()], self.compression or Compression(),
+                                            int(up)))
 
     # -- parallel: processes or threads --------------------------------------
     def _start_timeout(self, workers: int) -> float:
@@ -457,7 +468,8 @@ class LocalEngine(Engine):
                                 strategy, job, self.timeout, start_timeout,
                                 torch_threads_per_worker(workers), live=recorder.evals > 0,
                                 checkpoint_every=self.checkpoint_every if store.ckpt else 0,
-                                work0=resume.private.get(rank))
+                                work0=resume.private.get(rank),
+                                compression=self.compression)
             if ctx is not None:
                 # Plain pickle, not multiprocessing's: torch's reducers would
                 # try to pass tensors as file descriptors.
@@ -485,6 +497,7 @@ class LocalEngine(Engine):
         ssp_reports: dict[int, dict] = {}
         started_at = [None]
         staleness = Counter()
+        traffic: dict[int, dict] = {}
         finished: set[int] = set()
         stopped_cleanly: set[int] = set()
         wake = StopSignals.active.waitable() if StopSignals.active is not None else None
@@ -502,6 +515,8 @@ class LocalEngine(Engine):
                         stopped_cleanly.add(rank)
                     if payload.get("state"):
                         worker_states[rank] = payload["state"]
+                    if payload.get("traffic"):
+                        traffic[rank] = payload["traffic"]
                     if payload.get("clocks"):
                         ssp_reports[rank] = payload["clocks"]
 
@@ -691,7 +706,8 @@ class LocalEngine(Engine):
         inbox.close()
         failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
                        for r in sorted(failed)]
-        extra = {}
+        extra = summarize([traffic[r] for r in sorted(traffic)],
+                          self.compression or Compression(), int(up))
         if strategy.synchronous:
             extra["sync_step"] = "replicated" if store.replicated else "sharded"
         if ssp_reports:

@@ -81,6 +81,7 @@ class WorkerRuntime:
         self._spin = workers <= (os.cpu_count() or 1)
         self._hot_turns = HOT_TURNS if self._spin and store.processes else 0
         self._local_rule = None
+        self.sender = None  # messages.Sender: compresses Average's drift
         self._handlers = {Gradient: self.gradient, Apply: self.apply, Fetch: self.fetch,
                           Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce,
                           Average: self.average, LocalApply: self.local_apply,
@@ -216,7 +217,12 @@ class WorkerRuntime:
         return self._after_step(self._sync.contribute(examples))
 
     def average(self, op: Average) -> int:
-        np.subtract(self.store.params, self.work, out=self.store.slots[self.rank])
+        slot = self.store.slots[self.rank]
+        np.subtract(self.store.params, self.work, out=slot)
+        if self.sender is not None:
+            sent = self.sender.send(slot)
+            if sent is not slot:
+                np.copyto(slot, sent)
         return self._after_step(self._sync.contribute(op.examples))
 
     def _after_step(self, behind: int) -> int:

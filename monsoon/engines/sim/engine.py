@@ -60,6 +60,7 @@ from ..lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, checkpoint_paths
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
+from ..messages import Compression, Sender, compressing, summarize
 from .clocks import SimClocks
 
 REQUEST_BYTES = 64  # a fetch request, an acknowledgement
@@ -68,7 +69,7 @@ REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 class _Worker:
     __slots__ = ("rank", "program", "work", "grad", "examples", "updates", "dropped", "late",
                  "busy", "staleness", "reader", "shard_readers", "others_at_read", "pending",
-                 "ticket", "sync_step", "local_rule", "done",
+                 "ticket", "sync_step", "local_rule", "done", "sender",
                  "snapshot", "loss_sum", "loss_n")
 
     def __init__(self, rank):
@@ -95,6 +96,7 @@ def _jsonable_state(state):
 class SimEngine(Engine):
     name = "sim"
     ops = ALL_OPS
+    compresses = True  # the encoded size is charged to the bandwidth model
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
 
     virtual_time = True   # its clock is simulated: evaluating costs no time
@@ -161,8 +163,10 @@ class SimEngine(Engine):
         self.workers = []
         for rank in range(workers):
             w = _Worker(rank)
-            w.program = strategy.program(WorkerJob(rank, workers, problem.n_examples, batch_size,
-                                                   seed, budget))
+            w.sender = Sender(self.compression or Compression(), rank)
+            w.program = compressing(strategy.program(WorkerJob(
+                rank, workers, problem.n_examples, batch_size, seed, budget)), w.sender,
+                self.nbytes)
             w.work = self.params if strategy.shared_params else np.array(w0, copy=True)
             w.grad = np.empty(n, dtype=w0.dtype)
             w.reader = rule.init_reader(n, w0.dtype) if has_readers else None
@@ -203,7 +207,9 @@ class SimEngine(Engine):
             "utilization": {"workers": busy / (workers * end) if end > 0 else None,
                             "shards": float(self.shard_busy.sum() / (self.S * end))
                             if end > 0 else None},
-            "delays": self.delays.describe()}
+            "delays": self.delays.describe(),
+            **summarize([w.sender.stats() for w in self.workers],
+                        self.compression or Compression(), self.total["updates"])}
         if self.ssp is not None:
             result.extra.update(self.ssp.extra())
         if self.keeper.last_path is not None:
@@ -259,7 +265,7 @@ class SimEngine(Engine):
                             "updates": w.updates} for w in self.workers[:recorder.live_workers]}
         total = self.total
         recorder.live(t, total["examples"], total["updates"], figures, staleness,
-                      total["dropped"])
+                      total["dropped"], sum(w.sender.sent_bytes for w in self.workers))
 
     # -- checkpoints ----------------------------------------------------------
     def _arrays(self) -> dict:
@@ -429,9 +435,10 @@ class SimEngine(Engine):
         push = {"left": self.S}
         for s in range(self.S):
             a, b = self.bounds[s]
-            arrive = self.now + self._message((b - a) * grad.itemsize)
+            arrive = self.now + self._message(w.sender.last_nbytes * (b - a) // grad.size)
             self._at(arrive, self._shard_arrive, s, self._serve_push, w, grad, ticket, push)
-        send = self.nbytes / self.delays.bandwidth_Bps if self.delays.bandwidth_Bps else 0.0
+        sent = w.sender.last_nbytes  # the encoded size (--compress)
+        send = sent / self.delays.bandwidth_Bps if self.delays.bandwidth_Bps else 0.0
         self._at(self.now + send, self._resume, w, None)
         return False, None
 
@@ -481,14 +488,18 @@ class SimEngine(Engine):
         else:
             np.copyto(self.slots[w.rank], op.grad)
             examples = op.examples
-        return self._contribute(w, examples)
+        return self._contribute(w, examples, 0 if op.grad is None else w.sender.last_nbytes)
 
     def _average(self, w, op):
-        np.subtract(self.params, w.work, out=self.slots[w.rank])
-        return self._contribute(w, op.examples)
+        slot = self.slots[w.rank]
+        np.subtract(self.params, w.work, out=slot)
+        sent = w.sender.send(slot)
+        if sent is not slot:
+            np.copyto(slot, sent)
+        return self._contribute(w, op.examples, w.sender.last_nbytes)
 
-    def _contribute(self, w, examples):
-        self._at(self.now + self._message(self.nbytes), self._sync_arrive, w, w.sync_step,
+    def _contribute(self, w, examples, nbytes):
+        self._at(self.now + self._message(nbytes), self._sync_arrive, w, w.sync_step,
                  examples)
         return False, None
 
@@ -530,7 +541,14 @@ class SimEngine(Engine):
         else:
             self.total["dropped"] += 1
         self.shard_busy += self.delays.service_s
-        done = self.now + self.delays.service_s + self._message(self.nbytes)
+        reply = self.nbytes
+        if self.compression is not None and self.compression.active:
+            # the step's update travels back as the encoded contributions it
+            # combined (an allgather, as DGC's), or dense when that is smaller
+            reply = min(self.nbytes, sum(self.workers[k].sender.last_nbytes for k in ranks))
+            for k in ranks:
+                self.workers[k].sender.received_bytes -= self.nbytes - reply
+        done = self.now + self.delays.service_s + self._message(reply)
         resumed = [self.workers[k] for k in self.arrivals] + self.waiting_late
         step = self.sync_step
         self.sync_step += 1

@@ -89,12 +89,13 @@ class SparkData(Problem):
     def __init__(self, source, features="features", label: str = "label",
                  loss: str = "logistic", lam: float = 1e-4, dtype: str = "float64",
                  n_features: int | None = None, fmt: str | None = None,
-                 name: str = "spark-data"):
+                 name: str = "spark-data", repartition: bool = False):
         if loss not in LOSSES:
             raise ConfigError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")
         self.source, self.features, self.label = source, features, label
         self.kind, self.lam, self.dtype = loss, float(lam), np.dtype(dtype)
-        self.fmt, self.name = fmt, name
+        self.fmt, self.name, self.repartition = fmt, name, repartition
+        self._n_features = n_features
         self._blocks = None
         self._sc = None
         self._prepare(n_features)
@@ -124,9 +125,15 @@ class SparkData(Problem):
         raise ConfigError("SparkData needs a Spark DataFrame, an RDD or a path Spark reads, "
                           f"not {type(source).__name__}")
 
-    def _prepare(self, n_features):
+    def _prepare(self, n_features, partitions: int | None = None):
         rdd = self._rdd()
+        if partitions is not None:
+            rdd = rdd.repartition(partitions)
         self._sc = rdd.context
+        from ..options import TIMEOUT
+        from .preflight import check_executors
+
+        check_executors(self._sc, TIMEOUT.default)
         features, label, kind, lam, dtype = (self.features, self.label, self.kind, self.lam,
                                              self.dtype)
 
@@ -175,7 +182,13 @@ class SparkData(Problem):
         bc.unpersist()
 
     def blocks(self, sc, workers: int, seed: int):
-        """The persisted blocks, one per partition (the engine's workers)."""
+        """The persisted blocks, one per partition (the engine's workers).
+        Data named on the command line (``spark:PATH``, ``spark-table:NAME``)
+        is repartitioned to ``workers``; a DataFrame or RDD given in Python
+        must already have that many partitions."""
+        if workers != self.partitions and self.repartition:
+            self.unpersist()
+            self._prepare(self._n_features, partitions=workers)
         if workers != self.partitions:
             raise ConfigError(f"the Spark data has {self.partitions} partitions and each "
                               f"worker trains on one: use --workers {self.partitions}, or "

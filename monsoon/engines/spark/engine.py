@@ -76,6 +76,21 @@ class RunContext:
                         self.seed, self.budget)
 
 
+JOB_SHARE = 0.1  # the job overhead's share of a job that sizing aims under
+
+
+def steps_per_exchange(strategy) -> dict:
+    """The work per job the strategy was given (n_push, local_steps, tau)."""
+    return {name: getattr(strategy, name) for name in ("n_push", "local_steps", "tau")
+            if isinstance(getattr(strategy, name, None), int)}
+
+
+def _is_torch(problem) -> bool:
+    from ...problems.torch_problem import TorchProblem
+
+    return isinstance(problem, TorchProblem)
+
+
 class SparkEngine(Engine):
     """Executors share no memory (no several-worker Apply: hogwild), and
     tasks cannot pass activations to each other (no pipeline stages)."""
@@ -131,6 +146,9 @@ class SparkEngine(Engine):
         else:
             sc, started = session_for(self.master, workers)
         master = sc.master
+        from .preflight import check_executors
+
+        check_executors(sc, self.timeout, torch=_is_torch(problem))
         jobs = Jobs(sc, self.timeout, strategy.name)  # names the run's job group
         blocks = None
         try:
@@ -145,6 +163,7 @@ class SparkEngine(Engine):
             sizes = [counts[k] for k in range(workers)]
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
                              seed, budget, self.timeout, strategy)
+            sizing = self._size_jobs(ctx, strategy, rule, w0)
             startup = time.perf_counter() - t_begin
             from .checkpointing import DriverCheckpoints
 
@@ -165,7 +184,28 @@ class SparkEngine(Engine):
             [{"worker": k, "error": e, "traceback": e} for k, e in sorted(out["failed"].items())],
             stopped=out["stopped"], worker_params=out.get("worker_params", {}),
             extra={"spark_master": master, "partitions": workers,
+                   **(out["timing"].summary() if "timing" in out else {}),
+                   **steps_per_exchange(strategy), **sizing,
                    **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
+
+    def _size_jobs(self, ctx, strategy, rule, w0) -> dict:
+        """Async with neither --n-push nor --n-fetch set: as many steps per
+        push (and fetch) as keep the job overhead at most JOB_SHARE of a job,
+        from one no-op job and one timed job of steps (``sizing.py``)."""
+        if (not in_tasks(strategy) or not isinstance(getattr(strategy, "n_push", None), int)
+                or not hasattr(strategy, "n_fetch") or {"n_push", "n_fetch"} & self.given):
+            return {}
+        from .sizing import measure_jobs, steps_per_job
+
+        job_s, step_s = measure_jobs(ctx, w0)
+        budget = ctx.budget.steps_for(0, ctx.workers)
+        per_worker = budget if budget is not None else \
+            (ctx.budget.epochs or 1) * max(1, ctx.sizes[0] // ctx.batch_size)
+        n = steps_per_job(job_s, step_s, JOB_SHARE, most=max(1, per_worker // 8))
+        strategy.n_push = strategy.n_fetch = n
+        if hasattr(strategy, "local_lr"):  # as --n-fetch N does: local steps between fetches
+            strategy.local_lr = getattr(rule, "lr", 0.0) if n > 1 else 0.0
+        return {"n_push_chosen": n, "job_overhead_s": job_s, "step_s": step_s}
 
     def _loop(self, ctx, rule, strategy, w0, recorder, ckpts):
         if not in_tasks(strategy):

@@ -21,6 +21,7 @@ import numpy as np
 from ...rules import UpdateInfo
 from ..reduce import finite, weighted_sum
 from .jobs import share
+from .sizing import JobTiming
 from .tasks import run_segment
 
 
@@ -39,6 +40,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     t0 = time.perf_counter()
     positions = dict.fromkeys(range(ctx.workers), 0)  # steps done, per worker
     r = 0
+    timing = JobTiming()
     while len(ended) < ctx.workers:
         bc = share(sc, w, w.nbytes)
         jobs_k = {k: replace(ctx.job(k), start_step=positions[k]) for k in range(ctx.workers)}
@@ -51,11 +53,13 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                 out.append((b.index, res))
             return out
 
+        began = time.perf_counter()
         try:
             results = sorted(jobs.run(blocks, task, what=f"round {r} of {strategy.name}"),
                              key=lambda x: x[0])
         finally:
             bc.destroy(blocking=False)
+        timing.add(time.perf_counter() - began, max(res["task_s"] for _, res in results))
         avg = [(k, res) for k, res in results if res["op"] == "average"]
         for k, res in results:
             local_rules[k] = res["local_rule"]
@@ -87,4 +91,4 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             recorder.live(now, examples, updates, live, staleness, dropped)
     return {"params": w, "wall": time.perf_counter() - t0, "examples": examples,
             "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
-            "stopped": stopped}
+            "stopped": stopped, "timing": timing}

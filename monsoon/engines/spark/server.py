@@ -44,6 +44,7 @@ from ...rules import UpdateInfo
 from .checkpointing import restore_state, staleness_arrays
 from .jobs import share, short_error
 from ...strategies.ops import Elastic
+from .sizing import JobTiming
 from .tasks import run_segment
 
 
@@ -72,6 +73,7 @@ class DriverServer:
         self.elastic = Elastic in strategy.uses
         self.positions = [0] * ctx.workers  # steps of applied segments, per worker
         self.before = 0.0  # run time before the checkpoint resumed from
+        self.timing = JobTiming()
         saved = None if self.elastic else ckpts.load(
             self.w, rule, {"positions": ((ctx.workers,), "int64")})
         if saved is not None:
@@ -104,12 +106,13 @@ class DriverServer:
                     return [run_segment(b, strategy, job, bc.value, ticket, local_rule, own)
                             for b in it]
 
-                self.running_since[k] = time.monotonic()
+                self.running_since[k] = began = time.monotonic()
                 try:
                     (res,) = ctx.sc.runJob(ctx.blocks, task, [k])
                 finally:
                     self.running_since[k] = None
                     bc.destroy(blocking=False)
+                self.timing.add(time.monotonic() - began, res["task_s"])
                 if self.stop.is_set() or k in self.failed:
                     return  # the run has ended: a late result is not applied
                 self._apply(k, res)
@@ -229,4 +232,5 @@ class DriverServer:
         return {"params": self.w, "wall": wall, "examples": self.examples,
                 "updates": self.updates, "dropped": self.dropped, "staleness": self.staleness,
                 "failed": dict(self.failed), "stopped": stopped,
-                "worker_params": dict(self.own) if self.elastic else {}}
+                "worker_params": dict(self.own) if self.elastic else {},
+                "timing": self.timing}

@@ -8,6 +8,8 @@ once, whatever Spark retried.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ...rules.local import LocalRule
@@ -52,6 +54,7 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):
     the segment (``"push"``, ``"average"``, ``"elastic"`` or None), what it
     carries, the steps and examples done, the rule back, and ``ended``
     (the program has nothing left)."""
+    started = time.perf_counter()
     problem = block.problem
     work = np.array(w if work is None else work, copy=True)
     anchor = np.asarray(w)
@@ -105,4 +108,5 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):
         program.close()
     if out["op"] not in ("push", "average"):
         out["work"] = work  # the worker's own copy goes on (EASGD)
+    out["task_s"] = time.perf_counter() - started  # the job's wall less this: scheduling
     return out

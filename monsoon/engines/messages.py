@@ -1,0 +1,368 @@
+"""What a worker sends, how it is compressed, and the bytes it costs.
+
+A message is a flat vector (a gradient, an accrued update, a drift). A
+compressor encodes it once, at the sender, into an ``Encoded`` (the arrays
+a transport would move, and their ``nbytes``) and decodes it back; the
+decoded vector is what the server or the collective sees.
+
+- ``topk:F``  top-k sparsification, k = ceil(F d) largest |v_i| (Lin et al.
+  2018, DGC; its momentum correction and clipping are not applied); values
+  plus indices bit-packed at ceil(log2 d) bits.
+- ``randk:F`` k = ceil(F d) coordinates drawn uniformly without replacement,
+  sent unscaled (Stich, Cordonnier, Jaggi 2018); the indices cost one seed.
+- ``qsgd:S``  Q_s(v)_i = ||v||_2 sign(v_i) xi_i, xi_i = l/s or (l+1)/s with
+  P[(l+1)/s] = s|v_i|/||v||_2 - l (Alistarh et al. 2017, eq. 1, unbiased);
+  counted at fixed width: ceil(log2(s+1)) + 1 bits a coordinate, one norm.
+- ``sign``    scaled sign, (||v||_1 / d) sign(v) (signSGD, Bernstein et al.
+  2018, with the scale of Karimireddy et al. 2019); one bit a coordinate
+  (sign(0) = +1), one scale.
+- ``powersgd:R`` per matrix slice M (n x m): P = M Q; P = orth(P);
+  Q = M^T P; M ~ P Q^T (Vogels et al. 2019, Algorithm 1, one power
+  iteration, Q warm-started from the previous message). Vectors (biases)
+  travel uncompressed. Each worker compresses its own message: the mean of
+  N decoded messages may have rank up to N R (the paper all-reduces P and Q).
+
+Error feedback (Seide et al. 2014; Karimireddy et al. 2019): the sender
+adds the residual e to the message, sends C(v + e) and keeps
+e' = v + e - D(C(v + e)). Invariant (tested): sent + e' == v + e.
+
+``Traffic`` counts a worker's bytes sent and received; ``compressing``
+wraps a worker program so Push and AllReduce carry the decoded message.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..strategies.ops import AllReduce, Average, Elastic, Fetch, Push
+
+SEED_BYTES = 8
+
+
+@dataclass
+class Encoded:
+    """A message as a transport would move it: ``arrays`` and their size."""
+    kind: str
+    size: int            # the decoded vector's length
+    arrays: dict = field(default_factory=dict)
+    nbytes: int = 0
+
+
+def index_bytes(k: int, d: int) -> int:
+    """``k`` indices into ``d`` coordinates, bit-packed at ceil(log2 d) bits."""
+    return math.ceil(k * max(1, math.ceil(math.log2(d))) / 8)
+
+
+class Compressor:
+    name = "none"
+
+    def encode(self, v: np.ndarray) -> Encoded:
+        return Encoded("none", v.size, {"values": v}, v.nbytes)
+
+    def decode(self, enc: Encoded, dtype) -> np.ndarray:
+        return np.asarray(enc.arrays["values"], dtype=dtype)
+
+
+class TopK(Compressor):
+    name = "topk"
+
+    def __init__(self, fraction: float):
+        self.fraction = fraction
+
+    def encode(self, v):
+        k = max(1, math.ceil(self.fraction * v.size))
+        idx = np.argpartition(np.abs(v), v.size - k)[v.size - k:].astype(np.int32)
+        vals = v[idx]
+        return Encoded("sparse", v.size, {"indices": idx, "values": vals},
+                       k * v.itemsize + index_bytes(k, v.size))
+
+    def decode(self, enc, dtype):
+        out = np.zeros(enc.size, dtype=dtype)
+        out[enc.arrays["indices"]] = enc.arrays["values"]
+        return out
+
+
+class RandK(TopK):
+    name = "randk"
+
+    def __init__(self, fraction: float, seed: int = 0):
+        self.fraction = fraction
+        self.rng = np.random.default_rng(seed)
+
+    def encode(self, v):
+        k = max(1, math.ceil(self.fraction * v.size))
+        seed = int(self.rng.integers(2**63))
+        idx = np.sort(np.random.default_rng(seed).choice(v.size, k, replace=False))
+        # the receiver regenerates the indices from the seed
+        return Encoded("sparse", v.size, {"seed": seed, "indices": idx, "values": v[idx]},
+                       k * v.itemsize + SEED_BYTES)
+
+
+class QSGD(Compressor):
+    name = "qsgd"
+
+    def __init__(self, levels: int, seed: int = 0):
+        self.levels = levels
+        self.rng = np.random.default_rng(seed)
+
+    def encode(self, v):
+        s = self.levels
+        norm = float(np.linalg.norm(v.astype(np.float64)))
+        u = self.rng.random(v.size)
+        if norm == 0.0:
+            level = np.zeros(v.size, dtype=np.int32)
+        else:
+            r = np.abs(v.astype(np.float64)) / norm * s
+            low = np.floor(r)
+            level = (low + (u < r - low)).astype(np.int32)
+        bits = math.ceil(math.log2(s + 1)) + 1
+        return Encoded("qsgd", v.size, {"norm": norm, "signs": np.signbit(v), "levels": level},
+                       v.itemsize + math.ceil(v.size * bits / 8))
+
+    def decode(self, enc, dtype):
+        a = enc.arrays
+        mag = a["norm"] * a["levels"] / self.levels
+        return np.where(a["signs"], -mag, mag).astype(dtype)
+
+
+class Sign(Compressor):
+    name = "sign"
+
+    def encode(self, v):
+        scale = float(np.abs(v.astype(np.float64)).sum() / v.size)
+        return Encoded("sign", v.size, {"scale": scale, "negative": np.signbit(v)},
+                       v.itemsize + math.ceil(v.size / 8))
+
+    def decode(self, enc, dtype):
+        s = enc.arrays["scale"]
+        return np.where(enc.arrays["negative"], -s, s).astype(dtype)
+
+
+def orthogonalize(p: np.ndarray) -> np.ndarray:
+    """Gram-Schmidt on the columns of ``p`` (PowerSGD's orth), as QR's Q."""
+    q, r = np.linalg.qr(p)
+    return q * np.where(np.diag(r) < 0, -1.0, 1.0)  # a unique sign: diag(R) >= 0
+
+
+class PowerSGD(Compressor):
+    name = "powersgd"
+
+    def __init__(self, rank: int, matrices, seed: int = 0):
+        self.rank = rank
+        self.matrices = list(matrices)  # (offset, rows, cols)
+        rng = np.random.default_rng(seed)
+        self.q = [rng.standard_normal((cols, min(rank, rows, cols)))
+                  for _, rows, cols in self.matrices]
+
+    def encode(self, v):
+        covered = np.zeros(v.size, dtype=bool)
+        factors, nbytes = [], 0
+        for i, (a, rows, cols) in enumerate(self.matrices):
+            m = v[a:a + rows * cols].reshape(rows, cols).astype(np.float64)
+            p = orthogonalize(m @ self.q[i])
+            q = m.T @ p
+            self.q[i] = q  # warm start
+            factors.append((p, q))
+            covered[a:a + rows * cols] = True
+            nbytes += (rows + cols) * p.shape[1] * v.itemsize
+        rest = v[~covered]
+        return Encoded("lowrank", v.size, {"factors": factors, "rest": rest},
+                       nbytes + rest.nbytes)
+
+    def decode(self, enc, dtype):
+        out = np.empty(enc.size, dtype=dtype)
+        covered = np.zeros(enc.size, dtype=bool)
+        for (a, rows, cols), (p, q) in zip(self.matrices, enc.arrays["factors"]):
+            out[a:a + rows * cols] = (p @ q.T).reshape(-1)
+            covered[a:a + rows * cols] = True
+        out[~covered] = enc.arrays["rest"]
+        return out
+
+
+NAMES = ("none", "topk", "randk", "qsgd", "sign", "powersgd")
+
+
+def parse(spec: str | None) -> tuple[str, float | int | None]:
+    """``NAME[:ARG]`` -> (name, arg), refused in one line when malformed."""
+    spec = (spec or "none").strip()
+    name, _, arg = spec.partition(":")
+    if name not in NAMES:
+        raise ConfigError(f"--compress {spec!r}: unknown compressor {name!r}; use one of "
+                          "none, topk:FRACTION, randk:FRACTION, qsgd:LEVELS, sign, powersgd:RANK")
+    if name in ("none", "sign"):
+        if arg:
+            raise ConfigError(f"--compress {name} takes no argument; use --compress {name}")
+        return name, None
+    try:
+        value = float(arg) if name in ("topk", "randk") else int(arg)
+    except ValueError:
+        value = None
+    if name in ("topk", "randk") and (value is None or not 0 < value <= 1):
+        raise ConfigError(f"--compress {spec!r}: {name} needs a fraction in (0, 1], "
+                          f"e.g. --compress {name}:0.01")
+    if name in ("qsgd", "powersgd") and (value is None or value < 1):
+        raise ConfigError(f"--compress {spec!r}: {name} needs a whole number of at least 1, "
+                          f"e.g. --compress {name}:{4 if name == 'qsgd' else 2}")
+    return name, value
+
+
+def check_spec(spec) -> str | None:
+    """The run option's check: None when fine, else what it must be."""
+    try:
+        parse(spec)
+    except ConfigError as exc:
+        return str(exc).split(": ", 1)[-1]
+    return None
+
+
+def matrix_slices(problem) -> list[tuple[int, int, int]]:
+    """(offset, rows, cols) of each matrix-shaped parameter in the flat
+    vector: the problem's ``matrix_slices()`` if it has one, else none."""
+    fn = getattr(problem, "matrix_slices", None)
+    return list(fn()) if fn is not None else []
+
+
+@dataclass(frozen=True)
+class Compression:
+    """A run's ``--compress`` and error feedback (pickled to workers)."""
+    name: str = "none"
+    arg: float | int | None = None
+    error_feedback: bool = True
+    matrices: tuple = ()
+
+    @classmethod
+    def from_run(cls, spec, no_error_feedback: bool, problem) -> "Compression":
+        name, arg = parse(spec)
+        matrices = tuple(matrix_slices(problem)) if name == "powersgd" else ()
+        if name == "powersgd" and not matrices:
+            raise ConfigError("--compress powersgd needs matrix-shaped parameters, and this "
+                              "problem declares none (a torch problem does); use topk:F instead")
+        return cls(name, arg, not no_error_feedback, matrices)
+
+    @property
+    def active(self) -> bool:
+        return self.name != "none"
+
+    def compressor(self, rank: int) -> Compressor:
+        seed = 1_000_003 * (rank + 1)
+        if self.name == "topk":
+            return TopK(self.arg)
+        if self.name == "randk":
+            return RandK(self.arg, seed)
+        if self.name == "qsgd":
+            return QSGD(self.arg, seed)
+        if self.name == "sign":
+            return Sign()
+        if self.name == "powersgd":
+            return PowerSGD(self.arg, self.matrices, seed)
+        return Compressor()
+
+    def describe(self) -> str:
+        return self.name if self.arg is None else f"{self.name}:{self.arg:g}"
+
+
+class Sender:
+    """One worker's outgoing side: compressor, error-feedback residual and
+    byte counts (``raw_bytes``: what the messages would have cost dense)."""
+
+    def __init__(self, compression: Compression, rank: int = 0):
+        self.compression = compression
+        self.compressor = compression.compressor(rank)
+        self.residual = None
+        self.sent_bytes = self.raw_bytes = self.received_bytes = self.messages = 0
+        self.last_nbytes = 0
+
+    def send(self, v: np.ndarray) -> np.ndarray:
+        """Encode ``v`` (plus the residual), count it, and return the decoded
+        vector the receiver sees (``v`` itself when nothing compresses)."""
+        self.messages += 1
+        self.raw_bytes += v.nbytes
+        if not self.compression.active:
+            self.sent_bytes += v.nbytes
+            self.last_nbytes = v.nbytes
+            return v
+        full = v if self.residual is None else v + self.residual
+        enc = self.compressor.encode(full)
+        out = self.compressor.decode(enc, v.dtype)
+        if self.compression.error_feedback:
+            self.residual = full - out
+        self.sent_bytes += enc.nbytes
+        self.last_nbytes = enc.nbytes
+        return out
+
+    def dense(self, nbytes: int, received: int = 0) -> None:
+        """Count an uncompressed message (an elastic difference, a read)."""
+        self.sent_bytes += nbytes
+        self.raw_bytes += nbytes
+        self.received_bytes += received
+        if nbytes:
+            self.messages += 1
+        self.last_nbytes = nbytes
+
+    def stats(self) -> dict:
+        norm = 0.0 if self.residual is None else float(np.linalg.norm(self.residual))
+        return {"sent": self.sent_bytes, "raw": self.raw_bytes,
+                "received": self.received_bytes, "messages": self.messages,
+                "residual_norm": norm}
+
+
+def compressing(program, sender: Sender, nbytes: int):
+    """``program`` with each Push's and AllReduce's vector replaced by the
+    decoded message, and every worker's bytes counted. ``nbytes``: the
+    parameter vector's size (what a Fetch or a synchronous step returns).
+    Average's drift is formed by the engine, which sends it through
+    ``sender.send`` itself."""
+    result = None
+    try:
+        while True:
+            try:
+                op = program.send(result)
+            except StopIteration:
+                return
+            kind = type(op)
+            if kind is Push:
+                op = Push(sender.send(op.grad), op.ticket)
+            elif kind is AllReduce:
+                if op.grad is not None:
+                    op = AllReduce(sender.send(op.grad), op.examples)
+                sender.received_bytes += nbytes
+            elif kind is Average:
+                sender.received_bytes += nbytes
+            elif kind is Fetch:
+                sender.dense(0, nbytes)
+            elif kind is Elastic:
+                sender.dense(nbytes, nbytes)
+            result = yield op
+    finally:
+        program.close()
+
+
+def summarize(stats: list[dict], compression: Compression, updates: int) -> dict:
+    """summary.json's fields from each worker's ``Sender.stats()``."""
+    sent = sum(s["sent"] for s in stats)
+    raw = sum(s["raw"] for s in stats)
+    received = sum(s["received"] for s in stats)
+    return {
+        "compress": compression.describe(),
+        "error_feedback": compression.error_feedback and compression.active,
+        "bytes_sent": int(sent), "bytes_received": int(received),
+        "bytes_sent_uncompressed": int(raw),
+        "compression_ratio": raw / sent if sent else None,
+        "bytes_sent_per_update": sent / updates if updates else None,
+        "bytes_sent_per_worker": [int(s["sent"]) for s in stats],
+        "bytes_received_per_worker": [int(s["received"]) for s in stats],
+        "residual_norm": float(math.sqrt(sum(s["residual_norm"] ** 2 for s in stats))),
+    }
+
+
+def check_engine(engine, strategy) -> None:
+    """Refuse, in one line, a compressed run this engine or strategy lacks."""
+    if not getattr(engine, "compresses", False):
+        raise ConfigError(f"the {engine.name} engine does not compress messages yet; use "
+                          "--engine local or --engine sim with --compress, or drop --compress")
+    if Elastic in strategy.uses:
+        raise ConfigError(f"--compress does not compress {strategy.name}'s elastic "
+                          "difference yet; drop --compress or use sync, async or local-sgd")

@@ -1,0 +1,168 @@
+"""Gradient compression (engines/messages.py): each compressor against a
+plain NumPy reference, error feedback's invariant, and compressed runs on
+the local and sim engines recording fewer bytes."""
+import math
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.engines import messages as M
+from monsoon.errors import ConfigError
+
+
+def _v(n=1000, seed=0):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def test_topk_keeps_the_k_largest_magnitudes():
+    v = _v()
+    enc = M.TopK(0.01).encode(v)
+    out = M.TopK(0.01).decode(enc, v.dtype)
+    ref = np.zeros_like(v)
+    keep = np.argsort(-np.abs(v))[:10]
+    ref[keep] = v[keep]
+    np.testing.assert_array_equal(out, ref)
+    assert enc.nbytes == 10 * 4 + math.ceil(10 * 10 / 8)  # values + 10-bit indices
+
+
+def test_randk_sends_k_uniform_coordinates_unscaled():
+    v = _v()
+    c = M.RandK(0.1, seed=3)
+    enc = c.encode(v)
+    idx = np.sort(np.random.default_rng(enc.arrays["seed"]).choice(v.size, 100, replace=False))
+    ref = np.zeros_like(v)
+    ref[idx] = v[idx]
+    np.testing.assert_array_equal(c.decode(enc, v.dtype), ref)
+    assert enc.nbytes == 100 * 4 + 8
+    assert not np.array_equal(c.encode(v).arrays["indices"], idx)  # fresh each message
+
+
+def test_qsgd_matches_the_papers_stochastic_rounding_and_is_unbiased():
+    v = _v(200)
+    s = 4
+    c = M.QSGD(s, seed=5)
+    u = np.random.default_rng(5).random(v.size)  # the same draws as the compressor's
+    norm = np.linalg.norm(v.astype(np.float64))
+    r = np.abs(v) / norm * s
+    level = np.floor(r) + (u < r - np.floor(r))
+    ref = norm * np.sign(v) * level / s
+    enc = c.encode(v)
+    np.testing.assert_allclose(c.decode(enc, np.float64), ref, rtol=1e-6)
+    assert enc.nbytes == 4 + math.ceil(200 * 4 / 8)  # 3 bits a level + 1 sign bit
+    mean = np.mean([c.decode(c.encode(v), np.float64) for _ in range(4000)], axis=0)
+    assert np.abs(mean - v).max() < 0.1 * np.abs(v).max()  # E[Q(v)] = v
+
+
+def test_sign_is_l1_scaled_sign():
+    v = _v()
+    v[3] = 0.0
+    c = M.Sign()
+    enc = c.encode(v)
+    ref = np.abs(v).sum() / v.size * np.where(v < 0, -1.0, 1.0)
+    np.testing.assert_allclose(c.decode(enc, np.float32), ref, rtol=1e-6)
+    assert enc.nbytes == 4 + 1000 // 8
+
+
+def test_powersgd_is_one_warm_started_power_iteration_per_matrix():
+    rng = np.random.default_rng(0)
+    m1, bias, m2 = rng.standard_normal((6, 5)), rng.standard_normal(5), rng.standard_normal((4, 3))
+    v = np.concatenate([m1.ravel(), bias, m2.ravel()])
+    mats = [(0, 6, 5), (35, 4, 3)]
+    c = M.PowerSGD(2, mats, seed=1)
+    q0 = np.random.default_rng(1)
+    qs = [q0.standard_normal((5, 2)), q0.standard_normal((3, 2))]
+
+    def reference(m, q):
+        p, _ = np.linalg.qr(m @ q)  # Vogels et al., Algorithm 1
+        q = m.T @ p
+        return p @ q.T, q
+
+    for _ in range(2):  # the second message starts from the first's Q
+        out = c.decode(c.encode(v), np.float64)
+        r1, qs[0] = reference(m1, qs[0])
+        r2, qs[1] = reference(m2, qs[1])
+        np.testing.assert_allclose(out[:30], r1.ravel(), atol=1e-10)
+        np.testing.assert_array_equal(out[30:35], bias)  # vectors travel whole
+        np.testing.assert_allclose(out[35:], r2.ravel(), atol=1e-10)
+    assert c.encode(v).nbytes == (6 + 5) * 2 * 8 + 5 * 8 + (4 + 3) * 2 * 8
+
+
+@pytest.mark.parametrize("spec", ["topk:0.05", "randk:0.05", "qsgd:2", "sign", "powersgd:1"])
+def test_error_feedback_sent_plus_residual_is_gradient_plus_old_residual(spec):
+    name, arg = M.parse(spec)
+    comp = M.Compression(name, arg, True, ((0, 20, 25),) if name == "powersgd" else ())
+    sender = M.Sender(comp, rank=0)
+    for seed in range(3):
+        g = _v(500, seed).astype(np.float64)
+        old = np.zeros_like(g) if sender.residual is None else sender.residual.copy()
+        sent = sender.send(g)
+        np.testing.assert_allclose(sent + sender.residual, g + old, rtol=0, atol=1e-12)
+    assert np.linalg.norm(sender.residual) > 0
+    assert sender.stats()["sent"] < sender.stats()["raw"]
+
+
+def test_without_error_feedback_no_residual_is_kept():
+    sender = M.Sender(M.Compression("topk", 0.1, False), 0)
+    g = _v()
+    sender.send(g)
+    assert sender.residual is None
+    ref = np.zeros_like(g)
+    keep = np.argsort(-np.abs(g))[:100]
+    ref[keep] = g[keep]
+    np.testing.assert_array_equal(sender.send(g), ref)  # nothing carried over
+
+
+@pytest.mark.parametrize("spec, words", [("topk", "fraction"), ("topk:2", "fraction"),
+                                         ("qsgd:0", "whole number"), ("zip", "unknown"),
+                                         ("sign:3", "no argument")])
+def test_bad_specs_are_refused_in_one_line(spec, words):
+    with pytest.raises(ConfigError, match=words):
+        M.parse(spec)
+
+
+def test_powersgd_needs_matrices_and_easgd_is_refused():
+    with pytest.raises(ConfigError, match="matrix-shaped"):
+        monsoon.train("linear", "sync", 2, compress="powersgd:2", steps=4, evals=0)
+    with pytest.raises(ConfigError, match="elastic"):
+        monsoon.train("linear", "easgd", 2, compress="topk:0.1", steps=4, evals=0)
+
+
+@pytest.mark.parametrize("engine", ["local", "sim"])
+@pytest.mark.parametrize("strategy", ["sync", "async", "local-sgd"])
+def test_a_compressed_run_records_fewer_bytes(engine, strategy):
+    extra = {"backend": "threads"} if engine == "local" else {}
+    runs = {c: monsoon.train("linear", strategy, 2, engine=engine, compress=c, steps=40,
+                             evals=0, seed=1, **extra).summary
+            for c in ("none", "topk:0.1")}
+    plain, comp = runs["none"], runs["topk:0.1"]
+    assert plain["compression_ratio"] == 1.0 and plain["residual_norm"] == 0.0
+    assert plain["bytes_sent"] == plain["bytes_sent_uncompressed"] > 0
+    assert comp["bytes_sent_uncompressed"] == plain["bytes_sent_uncompressed"]
+    assert comp["compression_ratio"] > 3
+    assert comp["bytes_sent"] * 3 < plain["bytes_sent"]
+    assert sum(comp["bytes_sent_per_worker"]) == comp["bytes_sent"]
+    assert comp["bytes_received"] > 0 and comp["residual_norm"] > 0
+    assert comp["compress"] == "topk:0.1" and comp["error_feedback"] is True
+    assert comp["final_loss"] != plain["final_loss"]  # the math changed
+
+
+def test_sim_charges_the_encoded_size_to_the_bandwidth():
+    runs = {c: monsoon.train("linear", "sync", 4, engine="sim", compress=c, steps=40, evals=0,
+                             sim_bandwidth=1e3).summary
+            for c in ("none", "topk:0.01")}
+    plain, comp = runs["none"], runs["topk:0.01"]
+    # each step, the 4 workers send side by side (21 float32s: 84 bytes dense, 4 + 1 with one
+    # 5-bit index), and the update comes back as their 4 encoded messages
+    steps = plain["updates"]
+    assert comp["bytes_sent"] == steps * 4 * 5 and plain["bytes_sent"] == steps * 4 * 84
+    assert comp["bytes_received"] == steps * 4 * 20
+    saved = steps * ((84 - 5) + (84 - 20)) / 1e3
+    assert plain["wall_time_s"] - comp["wall_time_s"] == pytest.approx(saved, rel=1e-9)
+
+
+def test_sync_topk_with_error_feedback_tracks_uncompressed_sync():
+    runs = {c: monsoon.train("linear", "sync", 2, compress=c, epochs=5, evals=0, seed=0,
+                             backend="threads").summary
+            for c in ("none", "topk:0.1")}
+    assert runs["topk:0.1"]["final_loss"] <= runs["none"]["final_loss"] * 1.02

@@ -1,0 +1,205 @@
+"""What a Spark user meets first: executors that cannot run monsoon are
+refused in one line before any training job (``preflight.py``)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import monsoon
+from monsoon.engines.spark.preflight import FIX, mismatch, python_version
+from monsoon.errors import ConfigError
+from spark_env import spark_session
+
+DRIVER = {"monsoon": "0.1.0", "numpy": "2.1.0", "scipy": "1.14.0"}
+
+
+def _report(**changes):
+    return {"python": "/opt/py/bin/python", "version": python_version(), **DRIVER, **changes}
+
+
+@pytest.mark.parametrize("report, says", [
+    (_report(), None),
+    (_report(numpy=None, error="ModuleNotFoundError: No module named 'numpy'"),
+     r"executors' Python \(/opt/py/bin/python\) cannot import numpy \(ModuleNotFoundError"),
+    (_report(numpy="1.26.4"), "has numpy 1.26.4 where the driver has 2.1.0"),
+    (_report(version="3.9"), r"is Python 3.9, the driver's is \d\.\d+"),
+])
+def test_executor_reports_are_judged_against_the_driver(report, says):
+    found = mismatch([_report(), report], DRIVER, "python3")
+    if says is None:
+        assert found is None
+    else:
+        assert found is not None and "\n" not in found
+        import re
+        assert re.search(says, found), found
+
+
+def _python_without_monsoon(tmp: Path) -> tuple[str, str]:
+    """A venv of the driver's Python with nothing installed, and a folder
+    holding only pyspark and py4j for its PYTHONPATH."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp / "venv")],
+                   check=True, timeout=120)
+    python = tmp / "venv" / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import numpy"], capture_output=True,
+                          timeout=60).returncode != 0
+    import py4j
+    import pyspark
+
+    path = tmp / "path"
+    path.mkdir()
+    for module in (pyspark, py4j):
+        (path / module.__name__).symlink_to(Path(module.__file__).parent)
+    return str(python), str(path)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_executors_without_monsoon_are_refused_in_one_line(tmp_path, monkeypatch):
+    python, path = _python_without_monsoon(tmp_path)
+    monkeypatch.setenv("PYSPARK_PYTHON", python)
+    import monsoon.engines.spark as spark_engine
+
+    real = spark_engine.start_session
+
+    def start(master, app_name="monsoon", conf=None):
+        return real(master, app_name, {"spark.executorEnv.PYTHONPATH": path,
+                                       "spark.pyspark.python": python, **(conf or {})})
+
+    monkeypatch.setattr(spark_engine, "start_session", start)
+    with spark_session("local[2]") as spark:
+        spark.sparkContext.setLogLevel("OFF")
+        with pytest.raises(ConfigError) as info:
+            monsoon.train("logistic", strategy="sync", workers=2, engine="spark", steps=2,
+                          evals=0)
+    message = str(info.value)
+    assert "\n" not in message and python in message, message
+    assert FIX in message and "Py4J" not in message and "at org." not in message, message
+
+
+# -- the command line names the data: spark:PATH, spark-table:NAME ----------
+
+@pytest.fixture(scope="module")
+def spark():
+    with spark_session("local[2]") as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def clicks(tmp_path_factory):
+    """A small click-like libsvm file: ±1 labels, one-based sparse rows."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("data") / "clicks.libsvm"
+    lines = []
+    for _ in range(600):
+        cols = np.unique(rng.zipf(1.5, size=6) % 300) + 1
+        label = 1 if (cols % 7 == 0).any() or rng.random() < 0.2 else -1
+        lines.append(f"{label} " + " ".join(f"{c}:1" for c in cols))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+FULL = dict(strategy="sync", workers=2, lr=0.5, steps=3, batch_size=600, dtype="float64",
+            evals=0)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_paths_and_tables_train_as_the_same_file_does_locally(spark, clicks, tmp_path):
+    """spark:FILE.libsvm, spark:PARQUET and spark-table:NAME (one partition
+    each, repartitioned to the workers) give the full-batch parameters of
+    the local engine on libsvm:FILE."""
+    import numpy as np
+
+    ref = monsoon.train(f"libsvm:{clicks}", engine="local", **FULL)
+    parquet = str(tmp_path / "clicks.parquet")
+    spark.read.format("libsvm").load(str(clicks)).coalesce(1).write.parquet(parquet)
+    spark.read.parquet(parquet).createOrReplaceTempView("clicks")
+    for name in (f"spark:{clicks}", f"spark:{parquet}", "spark-table:clicks"):
+        run = monsoon.train(name, engine="spark", **FULL)
+        np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12,
+                                   err_msg=name)
+        assert run.summary["updates"] == 3 and run.summary["engine"] == "spark"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("name, says", [
+    ("spark:/nonexistent/clicks.parquet", r"Spark cannot read /nonexistent/clicks.parquet as "
+                                          r"parquet \(.*\); give a Parquet folder"),
+    ("spark-table:no_such_table", r"no Spark table 'no_such_table' \(.*\); tables here:"),
+])
+def test_unreadable_spark_data_is_refused_in_one_line(spark, name, says):
+    import re
+
+    with pytest.raises(ConfigError) as info:
+        monsoon.train(name, engine="spark", **FULL)
+    message = str(info.value)
+    assert "\n" not in message and re.search(says, message), message
+
+
+# -- job overhead: measured, reported, and the work per job it asks for ------
+
+@pytest.mark.parametrize("overhead, step, bound, expected", [
+    (0.1, 0.001, 0.1, 1024),   # 0.1 s jobs, 1 ms steps: 900 steps -> 1024
+    (0.1, 0.01, 0.1, 128),     # 90 steps -> 128
+    (0.05, 0.05, 0.5, 1),      # a step as long as a job: one step suffices at 50%
+    (0.0, 0.01, 0.1, 1),       # no overhead
+    (1.0, 0.0, 0.1, 4096),     # free steps: the cap
+])
+def test_steps_per_job_keeps_the_overhead_share_under_the_bound(overhead, step, bound,
+                                                                expected):
+    from monsoon.engines.spark.sizing import steps_per_job
+
+    n = steps_per_job(overhead, step, bound)
+    assert n == expected
+    if overhead and step:
+        assert overhead / (overhead + n * step) <= bound + 1e-12
+        assert n == 1 or overhead / (overhead + n / 2 * step) > bound  # the fewest (power of 2)
+    assert n & (n - 1) == 0
+
+
+def test_job_timing_share():
+    from monsoon.engines.spark.sizing import JobTiming
+
+    timing = JobTiming()
+    assert timing.share is None
+    timing.add(1.0, 0.75)
+    timing.add(1.0, 0.25)
+    assert timing.share == pytest.approx(0.5)
+    assert timing.summary() == {"spark_jobs": 2, "spark_job_share": 0.5}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, options, field", [
+    ("async", {"n_fetch": 8, "n_push": 8}, "n_push"),
+    ("local-sgd", {"local_steps": 8}, "local_steps"),
+])
+def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, field):
+    run = monsoon.train("logistic", strategy=strategy, workers=2, engine="spark", steps=64,
+                        batch_size=32, lr=0.1, dtype="float64", evals=0, **options)
+    s = run.summary
+    assert s[field] == 8 and "n_push_chosen" not in s  # set by the user: kept
+    assert s["spark_jobs"] >= 64 // 8 // 2 and 0.0 < s["spark_job_share"] < 1.0, s
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_async_at_its_defaults_sizes_its_push_period_from_measured_jobs(spark):
+    """Neither --n-push nor --n-fetch given: the engine times a job and a
+    step, and picks the push period that keeps the overhead at most 10% of
+    a job, at most 1/8 of a worker's steps."""
+    from monsoon.engines.spark.sizing import steps_per_job
+
+    run = monsoon.train("logistic", strategy="async", workers=2, engine="spark", steps=512,
+                        batch_size=16, lr=0.1, dtype="float64", evals=0)
+    s = run.summary
+    n = s["n_push_chosen"]
+    assert s["n_push"] == n and 1 <= n <= 256 // 8
+    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=256 // 8)
+    assert s["job_overhead_s"] > 0 and s["step_s"] > 0
+    assert s["examples"] == 512 * 16 and s["updates"] == -(-256 // n) * 2
