@@ -210,8 +210,10 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
     """Refuse, in one line and before the engine starts anything (Ray,
     Spark, torchrun), a ``--resume`` folder with no good checkpoint of this
     run. The engine reads it again to resume, and names any it passes over."""
+    from ..strategies.base import STAGES
+
     directory = getattr(engine, "resume_dir", None)
-    if directory and not hasattr(strategy, "run_on"):
+    if directory and STAGES not in strategy.needs(workers):  # pipeline refuses checkpoints
         load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed),
                     shapes(w0, rule), warn=lambda line: None)
 
