@@ -80,6 +80,10 @@ def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None 
     spec = spec or "cpu"
     if check_spec(spec):
         raise ConfigError(f"unknown device {spec!r}; choose one of: {CHOICES} (--device)")
+    if spec == "cpu":
+        return "cpu"
+    if spec == "auto" and not _torch_problem(problem):
+        return "cpu"  # without counting GPUs, which would import torch for a NumPy run
     gpus = cuda_count() if gpus is None else gpus
     placement = getattr(engine, "device_placement", None)
     name = getattr(engine, "name", type(engine).__name__)
@@ -90,8 +94,6 @@ def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None 
         usable = (gpus > 0 and _torch_problem(problem) and placement and not shared
                   and not stages)
         return "cuda" if usable else "cpu"
-    if spec == "cpu":
-        return "cpu"
     if gpus == 0:
         raise ConfigError(f"--device {spec} needs a CUDA GPU, and torch sees none on this "
                           "machine (torch.cuda.is_available() is False); use --device cpu "

@@ -14,10 +14,20 @@ from ..options import option_values
 from ..registry import Registry
 from .base import Problem
 from .catalog import CATALOG, ProblemSpec
-from .torch_problem import TorchProblem
 
 __all__ = ["Problem", "TorchProblem", "ProblemSpec", "CATALOG", "PROBLEMS", "make_problem",
            "problem_defaults", "problem_names", "problem_spec"]
+
+
+
+def __getattr__(name):
+    # torch is imported on first use: a run on a NumPy problem never loads it
+    if name == "TorchProblem":
+        from .torch_problem import TorchProblem
+
+        return TorchProblem
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 SPARSE_DEFAULTS = {"lr": 0.25, "epochs": 5, "batch_size": 64}
 MF_DEFAULTS = {"lr": 0.05, "epochs": 10, "batch_size": 64}

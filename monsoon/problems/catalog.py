@@ -21,15 +21,16 @@ a user's own ``TorchProblem`` starts from its module's weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
 
 from ..options import Option
 from .linear import synthetic
 from .quadratic import Quadratic
-from .torch_problem import TorchProblem
+
+if TYPE_CHECKING:  # torch is imported by the torch problems' builders, on first use
+    from .torch_problem import TorchProblem
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ def _normal_init(module):
 
 
 def parabola(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
+    from torch import nn
+
+    from .torch_problem import TorchProblem
+
     x = np.linspace(-2, 2, 50)[:, None]
     y = np.square(x)
     net = nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 1))
@@ -95,6 +100,10 @@ def _exp_init(module):
 
 
 def exp(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
+    from torch import nn
+
+    from .torch_problem import TorchProblem
+
     x = np.linspace(-1, 1, 256)[:, None]
     y = np.exp(x)
     net = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
@@ -103,7 +112,11 @@ def exp(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
 
 
 def digits(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
+    import torch
     from sklearn.datasets import load_digits
+    from torch import nn
+
+    from .torch_problem import TorchProblem
 
     data = load_digits()
     X = data.data / 16.0

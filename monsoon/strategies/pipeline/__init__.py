@@ -12,7 +12,15 @@ nothing here knows an engine.
 """
 from __future__ import annotations
 
-from .stages import StageList, staged
 from .strategy import Pipeline
 
 __all__ = ["Pipeline", "StageList", "staged"]
+
+
+def __getattr__(name):
+    # torch is imported on first use: a run on a NumPy problem never loads it
+    if name in ("StageList", "staged"):
+        from . import stages
+
+        return getattr(stages, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
