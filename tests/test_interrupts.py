@@ -26,19 +26,27 @@ ARGS = ["--problem", "exp", "--epochs", "400", "--seed", "0", "--quiet", "--eval
 
 
 def children(pid: int) -> list[int]:
-    out = []
+    """The worker processes under ``pid``: its descendants named
+    ``monsoon-w<rank>`` (the fork server between them is not one)."""
+    parent, names = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"spawn_main" in cmdline:
-            out.append(int(entry.name))
-    return out
+        parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        names[int(entry.name)] = stat[stat.index("(") + 1:stat.rindex(")")]
+
+    def under(p):
+        while p in parent and p > 1:
+            p = parent[p]
+            if p == pid:
+                return True
+        return False
+
+    return [p for p, name in names.items() if name.startswith("monsoon-w") and under(p)]
 
 
 def alive(pid: int) -> bool:

@@ -5,8 +5,10 @@ Workers (``worker_started``, first thing in every worker process):
 
 - ``PR_SET_PDEATHSIG`` (Linux, through ``prctl`` in libc): the kernel sends
   the worker SIGKILL the moment its parent dies, however it dies (SIGKILL,
-  the OOM killer). The parent may die before the call: the worker then sees
-  a changed parent pid and exits at once.
+  the OOM killer). The parent is the monitor, or the fork server the
+  monitor started, which exits as soon as the monitor's process ends. The
+  parent may die before the call: the worker then sees a changed parent
+  pid and exits at once.
 - elsewhere, and as a second guard, ``parent_alive()`` is checked in every
   wait of a worker (``waiting.wait_until``), so a worker stuck at a barrier
   notices within one check (about a millisecond when it sleeps).
@@ -33,6 +35,7 @@ import threading
 from ..errors import Interrupted
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _parent_pid = None
@@ -50,15 +53,42 @@ def set_death_signal(sig: int = signal.SIGKILL) -> bool:
         return False
 
 
-def worker_started(parent_pid: int) -> None:
+def name_process(name: str) -> None:
+    """Show ``name`` (at most 15 bytes) for this process in ps, top and
+    ``/proc/PID/comm`` (Linux; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def worker_started(monitor_pid: int, name: str | None = None) -> None:
     """Called first in a worker process: die with the parent, leave Ctrl-C
-    to the monitor."""
+    to the monitor. The parent is the monitor (spawn) or the fork server
+    it started (``processes.start_context``), which exits when the
+    monitor's process ends: either way the worker dies with the monitor."""
     global _parent_pid
-    _parent_pid = parent_pid
+    _parent_pid = os.getppid()
     set_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if os.getppid() != parent_pid:  # the parent died before the request
+    if name:
+        name_process(name)
+    if _parent_pid != monitor_pid and not _alive(monitor_pid):
+        os._exit(1)  # the monitor died before the request
+    if os.getppid() != _parent_pid:  # the parent died before the request
         os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def parent_alive() -> bool:

@@ -5,13 +5,44 @@ spawns them shares (the local engine's workers, its pipeline's stages).
   (oversubscription is a known 30x slowdown);
 - ``blas_threads``: the same share for the BLAS a spawned child loads;
 - ``main_module_hidden``: a spawned child does not re-run the parent's
-  ``__main__`` script unless its payload needs it.
+  ``__main__`` script unless its payload needs it;
+- ``start_context``: workers are forked from a fork server that has
+  imported monsoon (and torch, where the parent uses it) once, instead of
+  each importing them anew.
 """
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import sys
+
+# What the fork server imports before it forks any worker; with torch
+# where the parent has it (the pipeline's stages run torch modules).
+PRELOAD = ("monsoon.engines.local.engine",)
+PRELOAD_TORCH = ("torch", "monsoon.engines.local.pipeline")
+
+
+def start_context():
+    """The multiprocessing context worker processes start from.
+
+    A fork server (Python 3.14's default start method on Linux): one
+    process, started at the first run of this Python process, imports
+    monsoon, and torch when the parent has imported it (a torch problem),
+    then forks each worker in milliseconds. Spawned from scratch, each
+    worker would import them itself, about two seconds for torch. The
+    fork server imports only: no thread pool or CUDA context exists in it
+    when it forks. A worker's parent is the fork server, which exits when
+    this process ends (its pipe from here closes), so the worker still dies
+    with its monitor (``lifecycle.worker_started``). Where there is no
+    fork server (not on Linux or macOS), workers are spawned."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # Read when the server starts, which happens once: later calls change nothing.
+    torch = PRELOAD_TORCH if "torch" in sys.modules else ()
+    ctx.set_forkserver_preload(list(torch + PRELOAD))
+    return ctx
 
 
 def torch_threads_per_worker(workers: int) -> int:
@@ -41,7 +72,8 @@ def main_module_hidden(needed: bool):
 @contextlib.contextmanager
 def blas_threads(threads: int):
     """Spawned workers read these when NumPy loads its BLAS: give each the
-    same share of the cores as its torch threads (the parent's are kept)."""
+    same share of the cores as its torch threads (the parent's are kept).
+    A forked worker's BLAS is loaded already: ``limit_threads`` sets it."""
     names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     saved = {k: os.environ.get(k) for k in names}
     os.environ.update({k: str(threads) for k in names})
@@ -53,3 +85,13 @@ def blas_threads(threads: int):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def limit_threads(threads: int) -> None:
+    """In a worker process: ``threads`` threads for its BLAS and for torch
+    (when the worker's problem loaded it), whatever the process inherited."""
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency
+
+    threadpool_limits(limits=threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)

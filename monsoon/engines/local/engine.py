@@ -39,7 +39,6 @@ Nothing is lost, nothing is left behind:
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import contextlib
 import os
 import pickle
@@ -59,14 +58,15 @@ from .. import checkpoints
 from ..heap import keep_freed_memory
 from ..lifecycle import StopSignals, signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
-from ..processes import blas_threads, main_module_hidden, torch_threads_per_worker
+from ..processes import (blas_threads, limit_threads, main_module_hidden, start_context,
+                         torch_threads_per_worker)
 from ..waiting import Aborted, wait_until
 from ..clocks import clock_extra
 from .checkpointing import RunCheckpoints, exact_checkpoints
 from .inbox import Outbox, PipeInbox, QueueInbox
 from ..messages import Compression, Sender, compressing, summarize
 from .runtime import WorkerRuntime
-from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, LATE, READY, RUNNING,
+from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING,
                     SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, START, STEP,
                     STOP, UPDATES, ParameterStore)
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
@@ -211,17 +211,33 @@ def _seeded_rng(problem, seed: int, rank: int):
         yield
 
 
-def _process_main(payload: bytes, locks, sync_lock, conn, parent_pid: int) -> None:
-    worker_started(parent_pid)  # first: from now on this process dies with the monitor
+def _send_payloads(payloads) -> None:
+    """Each started worker's setup, through its own pipe. Sent once every
+    process has started: a setup larger than a pipe's buffer, passed to
+    ``Process.start``, would hold the next start until this child had
+    imported monsoon, so the workers would start one after another."""
+    for writer, payload in payloads:
+        try:
+            writer.send_bytes(payload)
+        except OSError:  # it died before reading: the monitor names it
+            pass
+        finally:
+            writer.close()
+
+
+def _process_main(reader, locks, sync_lock, conn, parent_pid: int, rank: int) -> None:
+    # first: from now on this process dies with the monitor
+    worker_started(parent_pid, f"monsoon-w{rank}")
     keep_freed_memory()  # a step's activations are not mmapped and unmapped every step
     import pickle
 
-    import torch
-
     outbox = Outbox(conn)
-    setup = pickle.loads(payload)
+    try:
+        setup = pickle.loads(reader.recv_bytes())
+    finally:
+        reader.close()
     setup.store.attach_locks(locks, sync_lock)
-    torch.set_num_threads(setup.torch_threads)
+    limit_threads(setup.torch_threads)
     if hasattr(setup.problem, "seed_rng"):  # this process is the worker's own
         setup.problem.seed_rng(setup.job.seed, setup.rank)
     _worker_body(setup, outbox)
@@ -301,7 +317,7 @@ class LocalEngine(Engine):
         ck = RunCheckpoints(self.checkpoint_dir, self.checkpoint_every, self.resume_dir, ident,
                             exact)
         resumed = ck.load(rule, w0, workers)  # checked before anything starts
-        ctx = mp.get_context("spawn") if backend == "processes" else None
+        ctx = start_context() if backend == "processes" else None
         store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
                                backend=backend, mp_context=ctx,
                                replicated=not inline and replicates(strategy, w0),
@@ -451,7 +467,7 @@ class LocalEngine(Engine):
 
         t_begin = time.perf_counter()
         inbox = PipeInbox(ctx, workers) if ctx is not None else QueueInbox()
-        handles = []
+        handles, payloads = [], []
         needs_main = False
         exact = ck.exact
         start_timeout = self._start_timeout(workers)
@@ -475,12 +491,15 @@ class LocalEngine(Engine):
                 # try to pass tensors as file descriptors.
                 payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
                 needs_main = b"__main__" in payload
+                reader, writer = ctx.Pipe(duplex=False)
                 h = ctx.Process(target=_process_main,
-                                args=(payload, store.locks, store.sync_lock, inbox.senders[rank],
-                                      os.getpid()),
+                                args=(reader, store.locks, store.sync_lock, inbox.senders[rank],
+                                      os.getpid(), rank),
                                 name=f"monsoon-worker-{rank}", daemon=True)
                 with main_module_hidden(needs_main), blas_threads(setup.torch_threads):
                     h.start()
+                reader.close()  # the child's end
+                payloads.append((writer, payload))
                 inbox.started(rank, h)
                 handles.append(h)
                 continue
@@ -489,6 +508,7 @@ class LocalEngine(Engine):
                                      name=f"monsoon-worker-{rank}", daemon=True)
             h.start()
             handles.append(h)
+        _send_payloads(payloads)
         sharing.close()
         failed: dict[int, str] = {}
         worker_params: dict[int, np.ndarray] = dict(

@@ -18,7 +18,6 @@ only its own slice); the snapshot is recorded once every stage has served.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import pickle
 import time
 import traceback
@@ -31,7 +30,9 @@ from ...strategies.pipeline.runner import finish, stage_payloads
 from ..base import EngineResult
 from ..heap import keep_freed_memory
 from ..options import refuse_checkpoints
-from ..processes import blas_threads, main_module_hidden, torch_threads_per_worker
+from ..lifecycle import name_process
+from ..processes import (blas_threads, limit_threads, main_module_hidden, start_context,
+                         torch_threads_per_worker)
 from ..shared_memory import SharedArrays
 from ..waiting import Aborted
 from .channels import Channel, boundary_bytes, largest_micro_batch
@@ -85,10 +86,11 @@ class Link:
 
 
 def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
-    import torch
-
+    name_process(f"monsoon-stage{rank}")
     keep_freed_memory()  # a stage's activations are not mmapped and unmapped every step
-    torch.set_num_threads(threads)
+    import torch  # noqa: F401  (for limit_threads: a stage runs a torch module)
+
+    limit_threads(threads)
     outbox = Outbox(messages)
     link = None
     try:
@@ -158,7 +160,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
         raise ConfigError("the pipeline runs each stage in its own process on the local engine; "
                           "drop --backend threads")
     specs, stages, replicas = strategy.layout(problem, workers, batch_size)
-    ctx = mp.get_context("spawn")
+    ctx = start_context()
     shared = SharedArrays({"control": ((4,), "int64"), "served": ((stages,), "int64"),
                            "counters": ((2,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
     shared["snap"][:] = w0
