@@ -13,7 +13,6 @@ import pytest
 import monsoon
 from monsoon.record import read_metrics
 
-pytest.importorskip("tensorboardX")
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ sent where the engine counts them. Nothing here runs on a worker.
 
 Sinks:
 
-- TensorBoard event files under ``OUT/tb/`` (tensorboardX: a small writer
-  with no TensorFlow and no server; ``pip install 'monsoon[tensorboard]'``).
+- TensorBoard event files under ``OUT/tb/`` (``events.py``: the file format,
+  written with no dependency; ``pip install tensorboard`` to view them).
   One event per row holds all its tags (one record, one checksum). Tags
   group so TensorBoard overlays the workers: ``loss/worker-K``,
   ``examples_per_s/worker-K``, ``updates/worker-K``, ``run/...``. The step
@@ -39,24 +39,13 @@ from collections import Counter
 from pathlib import Path
 
 from ..errors import ConfigError
+from .events import EventFile
 
 PER_WORKER_MAX = 64
 MLFLOW_BATCH = 1000   # MLflow's cap on the metrics of one log_batch call
 MLFLOW_PARAMS = 100   # and on its parameters
 MLFLOW_FLUSH_S = 5.0
 OBJECTIVE = ("loss", "accuracy", "val_loss", "val_accuracy")
-
-
-def _tensorboardx(required: bool):
-    try:
-        from tensorboardX import SummaryWriter  # noqa: F401
-        from tensorboardX.proto.summary_pb2 import Summary  # noqa: F401
-        return True
-    except ImportError:
-        if required:
-            raise ConfigError("--tensorboard needs tensorboardX: pip install "
-                              "'monsoon[tensorboard]' (or drop --tensorboard)") from None
-        return False
 
 
 def _stale_window(now, before) -> tuple[float | None, float | None]:
@@ -159,12 +148,11 @@ class LiveWriter:
         self.last: dict = {}
         self._prev: dict | None = None
         self._tb = None
-        self._summary = None
 
     def __getstate__(self):
         self.flush()
         state = dict(self.__dict__)
-        state["_tb"] = state["_summary"] = None
+        state["_tb"] = None
         return state
 
     # -- during the run -------------------------------------------------------
@@ -234,19 +222,12 @@ class LiveWriter:
         """Open the event file now (before the run's clock starts); a
         writer that crossed to another process opens it where it writes."""
         if self._tb is None and self.tb_dir is not None:
-            from tensorboardX import SummaryWriter
-            from tensorboardX.proto.summary_pb2 import Summary
-
-            self.tb_dir.mkdir(parents=True, exist_ok=True)
-            self._tb = SummaryWriter(str(self.tb_dir), flush_secs=max(1, int(self.every)))
-            self._summary = Summary
+            self._tb = EventFile(self.tb_dir)
         return self
 
     def _tensorboard(self, values: dict, step: int, wall: float) -> None:
         self.open()
-        Summary = self._summary
-        summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
-        self._tb._get_file_writer().add_summary(summary, int(step), wall)
+        self._tb.scalars(values, int(step), wall)
 
     # -- after the run ---------------------------------------------------------
     def curve(self, rows: list[dict]) -> None:
@@ -291,7 +272,7 @@ def make_live(run: dict, out, config: dict, label: str, bar: bool = False) -> Li
         return None
     want_tb = run.get("tensorboard")
     tb_dir = None
-    if out is not None and want_tb is not False and _tensorboardx(required=bool(want_tb)):
+    if out is not None and want_tb is not False:
         tb_dir = Path(out) / "tb"
     elif want_tb and out is None:
         raise ConfigError("--tensorboard writes under the run folder: give --out")
