@@ -61,7 +61,7 @@ def option_tables() -> str:
                         f"{_meaning(option)} |")
         if rows:
             lines += ["", f"**{kind.capitalize()} options** (`--{kind}`)", "",
-                      f"| flag | taken by | default | meaning |", "|---|---|---|---|", *rows]
+                      "| flag | taken by | default | meaning |", "|---|---|---|---|", *rows]
     return "\n".join(lines)
 
 

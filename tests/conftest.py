@@ -11,17 +11,36 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A real local Ray instance with 2 CPUs for one test module. Its worker
-    processes import helpers from tests/ and monsoon from this checkout (not
-    another one installed in the environment)."""
+@pytest.fixture(scope="session")
+def _ray_for_the_session():
+    """Shuts down, at the end of the session, the Ray instance ``local_ray`` started."""
     ray = pytest.importorskip("ray")
-    here = Path(__file__).parent
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{here}:{here.parent}"}})
     yield ray
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_ray(_ray_for_the_session):
+    """A real local Ray instance with 2 CPUs. Its worker processes import
+    helpers from tests/ and monsoon from this checkout (not another one
+    installed in the environment). Started once and kept for the modules
+    after (a start and a shutdown cost seconds); a module that needs another
+    instance (a cluster, other paths) shuts it down, and the next module
+    that asks for this one starts it again."""
+    ray = _ray_for_the_session
+    here = Path(__file__).parent
+    paths = f"{here}:{here.parent}"
+    if ray.is_initialized() and _ray_paths.get("current") != paths:
+        ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": paths}})
+        _ray_paths["current"] = paths
+    yield ray
+
+
+_ray_paths = {}  # the PYTHONPATH the running instance of local_ray was started with
 
 
 PLUGIN = Path(__file__).resolve().parent / "plugin_example"

@@ -8,7 +8,6 @@ found through their entry points.
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,6 @@ import pytest
 import monsoon
 from monsoon.cli import build_parser, main
 from monsoon.config import registries
-from conftest import _reload
 from monsoon.docs import BEGIN, END, option_tables
 
 ROOT = Path(__file__).resolve().parents[1]

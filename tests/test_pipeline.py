@@ -244,22 +244,17 @@ def test_a_model_that_is_no_sequential_is_refused():
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ray_pipeline_equals_serial():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        for S, W, M, sched in [(2, 2, 4, "1f1b"), (2, 4, 3, "gpipe")]:
-            got = monsoon.train(mlp4(), "pipeline", W, pipeline_stages=S, engine="ray",
-                                micro_batches=M, schedule=sched, rule="momentum",
-                                **{**OPTS, "evals": 3})
-            want = monsoon.train(mlp4(), "serial", rule="momentum", **OPTS).params
-            np.testing.assert_allclose(got.params, want, rtol=1e-9, atol=1e-12)
-            s = got.summary
-            assert s["updates"] == OPTS["steps"] and s["pipeline_replicas"] == W // S
-            assert all(st["busy_s"] > 0 for st in s["stages"])
-            assert len(got.history) >= 2
-    finally:
-        ray.shutdown()
+def test_ray_pipeline_equals_serial(local_ray):
+    for S, W, M, sched in [(2, 2, 4, "1f1b"), (2, 4, 3, "gpipe")]:
+        got = monsoon.train(mlp4(), "pipeline", W, pipeline_stages=S, engine="ray",
+                            micro_batches=M, schedule=sched, rule="momentum",
+                            **{**OPTS, "evals": 3})
+        want = monsoon.train(mlp4(), "serial", rule="momentum", **OPTS).params
+        np.testing.assert_allclose(got.params, want, rtol=1e-9, atol=1e-12)
+        s = got.summary
+        assert s["updates"] == OPTS["steps"] and s["pipeline_replicas"] == W // S
+        assert all(st["busy_s"] > 0 for st in s["stages"])
+        assert len(got.history) >= 2
 
 
 # -- faults -------------------------------------------------------------------------

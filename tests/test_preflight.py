@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-import monsoon
 from monsoon.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss
 
-from monsoon.sklearn import HogwildClassifier, HogwildRegressor, plain_sgd
+from monsoon.sklearn import HogwildClassifier, HogwildRegressor
 from monsoon.sklearn.plain_sgd import LayoutChooser
 from sklearn_data import power_law
 

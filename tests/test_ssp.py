@@ -11,7 +11,7 @@ import monsoon
 from monsoon.problems import make_problem
 from monsoon.strategies import STRATEGIES
 from monsoon.strategies.downpour import Downpour
-from monsoon.strategies.ops import Clock, Fetch, Gradient, LocalStep, Push
+from monsoon.strategies.ops import Clock, Fetch, Gradient
 from monsoon.strategies.ssp import SSP
 
 from faulty import FaultyProblem

@@ -26,7 +26,7 @@ Invariants (each has a test): with N workers the parameters equal
 a seed makes runs bit-reproducible (the reduction is done in rank order).
 """
 from ..errors import ConfigError
-from ..options import Option, at_least
+from ..options import Option
 from .base import BACKUP_WORKERS, Strategy, WorkerJob
 from .batches import global_batches, lookahead, part_bounds, skip
 from .ops import AllReduce, Gradient

@@ -39,7 +39,6 @@ checkpoint (``--checkpoint-every``), ending as the uninterrupted run would.
 """
 from __future__ import annotations
 
-from ...errors import ConfigError
 from ...options import Option
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from .. import checkpoints
