@@ -74,6 +74,8 @@ def main(argv=None):
     ap.add_argument("--target-factor", type=float, default=1.1)
     ap.add_argument("--evals", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lrs", default=None,
+                    help="learning rates for every problem given (default: each one's pair)")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
     import torch
@@ -83,6 +85,8 @@ def main(argv=None):
     rows, curves = [], {}
     for problem in args.problems.split(","):
         batch, epochs, lrs = PROBLEMS[problem]
+        if args.lrs:
+            lrs = tuple(float(v) for v in args.lrs.split(","))
         for lr in lrs:
             runs = {s: run_one(problem, s, lr, batch, epochs, args.workers, args)
                     for s in settings}
