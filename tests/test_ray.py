@@ -62,7 +62,7 @@ def _kill_worker_when_running(name: str, after_s: float = 1.0):
 
 def test_async_carries_on_when_a_worker_actor_is_killed():
     thread, box = _train_in_background(problem="exp", strategy="async", workers=3,
-                                       engine="ray", epochs=150, run_name="killasync",
+                                       engine="ray", epochs=80, run_name="killasync",
                                        timeout=30)
     _kill_worker_when_running("monsoon-killasync-worker-1")
     thread.join(120)
@@ -70,7 +70,7 @@ def test_async_carries_on_when_a_worker_actor_is_killed():
     summary = box["result"].summary
     assert [f["worker"] for f in summary["failed_workers"]] == [1]
     assert "Actor" in summary["failed_workers"][0]["error"]
-    assert summary["examples"] < 150 * 256  # worker 1's share was lost, not redone
+    assert summary["examples"] < 80 * 256  # worker 1's share was lost, not redone
     assert np.isfinite(summary["final_loss"])
 
 
@@ -89,14 +89,14 @@ def test_sync_fails_fast_when_a_worker_actor_is_killed():
 
 def test_sync_with_a_backup_carries_on_when_a_worker_actor_is_killed():
     thread, box = _train_in_background(problem="exp", strategy="sync", workers=2,
-                                       backup_workers=1, engine="ray", steps=1500,
+                                       backup_workers=1, engine="ray", steps=800,
                                        batch_size=48, run_name="killbackup", timeout=20)
     _kill_worker_when_running("monsoon-killbackup-worker-0")
     thread.join(120)
     assert "error" not in box, box.get("error")
     summary = box["result"].summary
     assert [f["worker"] for f in summary["failed_workers"]] == [0]
-    assert summary["updates"] == 1500
+    assert summary["updates"] == 800
 
 
 def test_resume_from_a_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
