@@ -10,6 +10,21 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+# Tests that share a server run in one pytest-xdist worker (``--dist
+# loadgroup``): the Ray tests reuse one Ray instance (``local_ray``) and a
+# cluster started by ``ray start`` would be found by another worker's
+# ``ray.init()``; the Spark tests share one JVM; torchrun jobs are heavy.
+SERVER_GROUPS = ("ray", "spark", "torchrun")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for group in SERVER_GROUPS:
+            if item.get_closest_marker(group) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
 
 @pytest.fixture(scope="session")
 def _ray_for_the_session():

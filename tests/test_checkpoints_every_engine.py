@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # engine: (problem, workers, monsoon.train options of the whole run, checkpoint_every)
 RUNS = {
-    "local": ("exp", 2, dict(epochs=6, evals=10, backend="threads"), 16),
+    "local": ("exp", 2, dict(epochs=60, evals=10, backend="threads"), 100),
     "sim": ("exp", 2, dict(steps=60, evals=10, sim_compute_sigma=0.5), 20),
     "ray": ("exp", 2, dict(steps=40, batch_size=64, evals=10, timeout=60), 10),
     "spark": ("logistic", 2, dict(steps=6, batch_size=512, rule="momentum", lr=0.5, evals=0),
