@@ -25,7 +25,7 @@ async      run    run  run    run            Push
 hogwild    run    run  Apply  shared-memory  Apply
 local-sgd  run    run  run    run            run
 easgd      run    run  run    run            run
-ssp        run    run  run    Clock          Push
+ssp        run    run  run    run            Push
 pipeline   run    run  run    stages         stages
 """
 ROWS = [line.split() for line in TABLE.strip().splitlines()]
@@ -33,7 +33,6 @@ ENGINE_NAMES = ROWS[0][1:]
 CELLS = {(row[0], engine): cell for row in ROWS[1:] for engine, cell in zip(ENGINE_NAMES, row[1:])}
 # What a refusal's line must say, for each op or need in the table.
 SAYS = {"Apply": "cannot carry out Apply", "Push": "cannot carry out Push",
-        "Clock": "cannot carry out Clock",
         "shared-memory": "has no shared memory", "stages": "has no pipeline stages"}
 WORKERS = 2
 PROBLEM = {"pipeline": "digits"}   # pipeline cuts a torch Sequential into stages

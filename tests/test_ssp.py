@@ -9,6 +9,7 @@ import pytest
 
 import monsoon
 from monsoon.problems import make_problem
+from monsoon.problems.linear import DenseLinear, synthetic
 from monsoon.strategies import STRATEGIES
 from monsoon.strategies.downpour import Downpour
 from monsoon.strategies.ops import Clock, Fetch, Gradient
@@ -177,6 +178,58 @@ def test_a_killed_worker_stops_counting_toward_the_bound_on_ray(local_ray):
     assert s["status"] == "finished"
     assert set(s["clock_staleness_counts"]) == {0}
     assert s["examples"] > 0.6 * 40 * 256   # the two live workers did all their share
+
+
+# -- spark: the driver gates the next job of a partition that is ahead ------------
+
+@pytest.fixture(scope="module")
+def spark():
+    from spark_env import spark_session
+
+    with spark_session("local[2]") as session:
+        yield session
+
+
+class _Partition1Fails(DenseLinear):
+    def gradient(self, w, indices, out=None, accumulate=False):
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1:
+            raise RuntimeError("partition 1 is lost")
+        return super().gradient(w, indices, out, accumulate)
+
+
+def _spark_run(S, problem=None, steps=60):
+    problem = problem or synthetic("logistic", n=1200, features=10, dtype="float64")
+    return monsoon.train(problem, "ssp", 3, engine="spark", steps=steps, batch_size=16,
+                         n_fetch=2, n_push=2, staleness_bound=S, lr=0.5, seed=0,
+                         dtype="float64", evals=0, progress=False, timeout=30).summary
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("S", [0, 1])
+def test_no_gradient_is_more_clocks_stale_than_the_bound_on_spark(spark, S):
+    s = _spark_run(S)
+    counts = {int(k): v for k, v in s["clock_staleness_counts"].items()}
+    assert max(counts) <= S and min(counts) >= 0
+    assert sum(counts.values()) == 60   # every gradient, a clock of 2 steps each
+    assert s["clocks"] == [10, 10, 10] and s["updates"] == 30
+    assert s["staleness_bound"] == S and len(s["clock_wait_s"]) == 3
+    assert s["status"] == "finished" and np.isfinite(s["final_loss"])
+    if S == 0:
+        assert set(counts) == {0}
+
+
+@pytest.mark.spark
+def test_a_lost_partition_stops_counting_toward_the_bound_on_spark(spark):
+    problem = synthetic("logistic", n=1200, features=10, dtype="float64")
+    problem.__class__ = _Partition1Fails
+    s = _spark_run(0, problem)
+    assert [f["worker"] for f in s["failed_workers"]] == [1]
+    assert "partition 1 is lost" in s["failed_workers"][0]["error"]
+    assert s["status"] == "finished"
+    assert s["clocks"][0] == s["clocks"][2] == 10 and s["updates"] == 20  # the others' share
+    assert set(s["clock_staleness_counts"]) == {0}
 
 
 def test_compare_writes_the_staleness_histograms_into_the_report(tmp_path):

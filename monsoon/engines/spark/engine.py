@@ -14,9 +14,10 @@ where each program runs follows from its declarations (``placement.py``):
   every partition; a step's AllReduce is reduced on the driver, in rank
   order: sync equals serial.
 - in tasks, one segment (up to the next exchange) per task: Push / Elastic
-  programs (async, easgd: ``server.py``) run one driver thread per
+  programs (async, ssp, easgd: ``server.py``) run one driver thread per
   partition, one small job per push period on that partition alone, the
-  driver applying each finished job's result once; Average programs
+  driver applying each finished job's result once (and, for SSP's
+  ``Clock``, holding back the next job of a partition that is ahead); Average programs
   (local-sgd: ``rounds.py``) run one job per round of H local steps.
 - Apply on several workers (hogwild) is refused: executors share no
   memory; so are pipeline stages: tasks cannot pass activations.
@@ -24,7 +25,7 @@ where each program runs follows from its declarations (``placement.py``):
 Faults: Spark retries a failed task inside its job (``spark.task.maxFailures``;
 a ``local[N, F]`` master allows F attempts), and the driver applies only
 what a finished job returns, so an update lands exactly once. Programs with
-no barrier (async, easgd) name a partition whose job fails for good in
+no barrier (async, ssp, easgd) name a partition whose job fails for good in
 ``failed_workers`` and carry on; the others fail fast with the task's
 error. Every wait has the run's ``timeout``; every job belongs to the run's
 job group, cancelled before the run returns or fails. A session the engine
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from ...errors import ConfigError
 from ...options import Option
 from ...strategies import Budget, WorkerJob
-from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient,
+from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push)
 from ..base import Engine, EngineResult
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
@@ -96,7 +97,7 @@ class SparkEngine(Engine):
     tasks cannot pass activations to each other (no pipeline stages)."""
     name = "spark"
     ops = frozenset({Gradient, Apply, Fetch, Push, LocalStep, LocalApply, AllReduce, Average,
-                     Elastic})
+                     Elastic, Clock})
     virtual_time = False
     backend_used = "spark tasks"
     options = (
@@ -185,7 +186,7 @@ class SparkEngine(Engine):
             stopped=out["stopped"], worker_params=out.get("worker_params", {}),
             extra={"spark_master": master, "partitions": workers,
                    **(out["timing"].summary() if "timing" in out else {}),
-                   **steps_per_exchange(strategy), **sizing,
+                   **steps_per_exchange(strategy), **sizing, **out.get("extra", {}),
                    **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
 
     def _size_jobs(self, ctx, strategy, rule, w0) -> dict:

@@ -1,4 +1,4 @@
-"""async (Downpour) and EASGD on Spark: the parameter server on the driver.
+"""async (Downpour), SSP and EASGD on Spark: the parameter server on the driver.
 
 DeepDist's design (seed 004), with nothing of our own on the wire: the
 server (the parameters, the rule state, one version counter, each
@@ -23,12 +23,21 @@ exactly once. Between fetches the worker cannot reach the server (Spark
 tasks do not talk to the driver), so a task reads the parameters once, at
 its start (``placement.check_segments`` refuses a program that reads them
 again before its exchange: Downpour's ``n_fetch`` must equal ``n_push``);
-the period amortises Spark's per-job cost over that many steps. A worker whose job fails
-after Spark's retries is named in ``failed_workers`` and the others carry
-on; so is a worker whose job runs past ``timeout`` (its job, in its own job
-group, is cancelled). The monitor (the calling thread) records the loss
-curve, fails the run if no worker returns for twice ``timeout``, and
-cancels every job of the run when it stops, fails or ends.
+the period amortises Spark's per-job cost over that many steps.
+
+SSP (``Clock``): a segment is one clock (a push period). After applying
+worker k's push the driver ticks k's clock in the clock table
+(``engines/clocks.py``); before k's next job it waits, under the run's
+timeout, until every live worker has finished clock c - S - 1 (c: k's
+clocks), then reads the clock floor with the parameters: a segment's
+gradients are c - floor <= S clocks stale. A worker that ends, fails or
+times out is retired from the table and holds no one back.
+
+A worker whose job fails after Spark's retries is named in
+``failed_workers`` and the others carry on; so is a worker whose job runs
+past ``timeout`` (its job, in its own job group, is cancelled). The monitor
+(the calling thread) records the loss curve, fails the run if no worker
+returns for twice ``timeout``, and cancels every job when the run ends.
 """
 from __future__ import annotations
 
@@ -41,9 +50,10 @@ import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
 from ...rules import UpdateInfo
+from ...strategies.ops import Clock, Elastic
+from ..clocks import ClockTable, clock_extra
 from .checkpointing import restore_state, staleness_arrays
 from .jobs import share, short_error
-from ...strategies.ops import Elastic
 from .sizing import JobTiming
 from .tasks import run_segment
 
@@ -59,6 +69,7 @@ class DriverServer:
         self.readers = [rule.init_reader(self.w.size, self.w.dtype) for _ in range(ctx.workers)]
         self.has_readers = bool(self.readers[0]._fields)
         self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)  # SSP's waits, on the same lock
         self.version = 0
         self.updates = self.dropped = self.examples = 0
         self.staleness = Counter()
@@ -74,6 +85,10 @@ class DriverServer:
         self.positions = [0] * ctx.workers  # steps of applied segments, per worker
         self.before = 0.0  # run time before the checkpoint resumed from
         self.timing = JobTiming()
+        self.clocks = ClockTable(ctx.workers) if Clock in strategy.uses else None
+        self.bounds = [0] * ctx.workers  # each worker's bound, from its last Clock op
+        self.clock_staleness = Counter()
+        self.wait_s = [0.0] * ctx.workers
         saved = None if self.elastic else ckpts.load(
             self.w, rule, {"positions": ((ctx.workers,), "int64")})
         if saved is not None:
@@ -93,7 +108,10 @@ class DriverServer:
         try:
             ctx.jobs.join_group(k)
             while not self.stop.is_set():
+                if self.clocks is not None:
+                    self._wait_for_bound(k)
                 with self.lock:
+                    floor = self.clocks.floor() if self.clocks is not None else 0
                     if self.has_readers:
                         self.rule.on_read(self.w, self.state, self.readers[k])
                     params, ticket = self.w.copy(), self.version
@@ -115,16 +133,42 @@ class DriverServer:
                 self.timing.add(time.monotonic() - began, res["task_s"])
                 if self.stop.is_set() or k in self.failed:
                     return  # the run has ended: a late result is not applied
-                self._apply(k, res)
+                self._apply(k, res, floor)
                 if res["ended"]:
                     self.finished.add(k)
                     return
         except Exception as exc:  # noqa: BLE001 - this worker is out; the others go on
             if not self.stop.is_set() and k not in self.failed:
                 self.failed[k] = short_error(exc)
+        finally:
+            self._retire(k)
 
-    def _apply(self, k: int, res: dict) -> None:
-        with self.lock:
+    # -- SSP's clock --------------------------------------------------------------
+    def _wait_for_bound(self, k: int) -> None:
+        """Wait until worker k may start its next clock (at most the run's timeout)."""
+        with self.cond:
+            clock, bound = int(self.clocks.finished[k]), self.bounds[k]
+            began = time.monotonic()
+            ok = self.cond.wait_for(lambda: self.stop.is_set() or k in self.failed
+                                    or self.clocks.allows(clock, bound), self.ctx.timeout)
+            self.wait_s[k] += time.monotonic() - began
+            if not ok:
+                slow = [r for r in range(self.ctx.workers) if self.clocks.live[r]
+                        and self.clocks.finished[r] < clock - bound]
+                raise WaitTimeout(f"worker {k} waited {self.ctx.timeout:g} s for workers "
+                                  f"{slow[:8]} to finish clock {clock - bound - 1} "
+                                  f"(staleness bound {bound}); raise --timeout if "
+                                  "clocks are genuinely that slow")
+
+    def _retire(self, k: int) -> None:
+        """Worker k (ended, failed or out of time) no longer holds the others back."""
+        if self.clocks is not None:
+            with self.cond:
+                self.clocks.retire(k)
+                self.cond.notify_all()
+
+    def _apply(self, k: int, res: dict, floor: int = 0) -> None:
+        with self.cond:
             self.positions[k] += res["steps"]
             self.local_rules[k] = res["local_rule"]
             self.examples += res["examples"]
@@ -158,6 +202,12 @@ class DriverServer:
                 self.staleness[0] += 1
             if self.elastic and "work" in res:
                 self.own[k] = res["work"]
+            if self.clocks is not None and res.get("clock") is not None:
+                # the segment's gradients were read at ``floor``, in clock ``finished[k]``
+                self.clock_staleness[int(self.clocks.finished[k]) - floor] += res["steps"]
+                self.bounds[k] = res["clock"]
+                self.clocks.tick(k)  # after its push is applied
+                self.cond.notify_all()
             self.last_change = time.monotonic()
 
     # -- the monitor: the calling thread ------------------------------------------
@@ -180,6 +230,7 @@ class DriverServer:
                 self.failed[k] = (f"WaitTimeout: its job ran past --timeout "
                                   f"{self.ctx.timeout:g} s (a stuck or lost executor)")
                 self.ctx.jobs.cancel(k)
+                self._retire(k)
 
     def run(self, recorder, poll_s: float = 0.05) -> dict:
         ctx = self.ctx
@@ -220,6 +271,8 @@ class DriverServer:
                     self._save(now)
         finally:
             self.stop.set()
+            with self.cond:
+                self.cond.notify_all()  # SSP's waiters see the stop
             ctx.jobs.cancel(workers=ctx.workers)
             for t in threads:
                 t.join(timeout=ctx.timeout)
@@ -233,4 +286,10 @@ class DriverServer:
                 "updates": self.updates, "dropped": self.dropped, "staleness": self.staleness,
                 "failed": dict(self.failed), "stopped": stopped,
                 "worker_params": dict(self.own) if self.elastic else {},
-                "timing": self.timing}
+                "timing": self.timing, "extra": self._clock_extra()}
+
+    def _clock_extra(self) -> dict:
+        if self.clocks is None:
+            return {}
+        return clock_extra(self.clock_staleness, dict(enumerate(self.wait_s)),
+                           dict(enumerate(self.clocks.finished.tolist())), self.ctx.workers)

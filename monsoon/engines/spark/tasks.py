@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from ...rules.local import LocalRule
-from ...strategies.ops import (Average, Elastic, Fetch, Gradient, LocalApply, LocalStep,
-                               Push)
+from ...strategies.ops import (Average, Clock, Elastic, Fetch, Gradient, LocalApply,
+                               LocalStep, Push)
 from ..reduce import finite
 
 
@@ -52,8 +52,9 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):
     from (EASGD; default ``w``); ``local_rule``: its private inner rule
     (local SGD, EASGD), state included. Returns a dict: the op that ended
     the segment (``"push"``, ``"average"``, ``"elastic"`` or None), what it
-    carries, the steps and examples done, the rule back, and ``ended``
-    (the program has nothing left)."""
+    carries, the steps and examples done, the rule back, ``ended`` (the
+    program has nothing left) and ``clock``: the staleness bound of an SSP
+    tick that follows the push (the driver carries the tick out)."""
     started = time.perf_counter()
     problem = block.problem
     work = np.array(w if work is None else work, copy=True)
@@ -99,7 +100,9 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):
             else:
                 raise TypeError(f"the spark engine cannot run {kind.__name__} ops")
         try:  # is anything left after this exchange?
-            program.send(0)
+            after = program.send(0)
+            if type(after) is Clock:  # SSP's tick: the driver carries it out
+                out["clock"] = after.bound
         except StopIteration:
             out["ended"] = True
     except StopIteration:
