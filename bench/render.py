@@ -46,6 +46,9 @@ BENCHMARKS = [
      "python bench/hogwild_vs_sklearn.py --repeats 3", ">= 2.0 (2 threads), >= 1.0 (1 thread), log-loss within 1%"),
     ("hogwild_sweep", "`HogwildClassifier` vs `SGDClassifier`, 6 sparse datasets, defaults",
      "python bench/hogwild_sweep.py", ">= 1.5 on the median dataset, never < 1.0, log-loss within 1%"),
+    ("hogwild_average", "`HogwildClassifier(average=True)` on 2 threads vs 1 thread, fit after fit, "
+     "3 power-law datasets (issue 36's case first)",
+     "python bench/hogwild_average.py", "every fit's log-loss within 1% of n_jobs=1's"),
     ("async_local_vs_ray", "async, local engine vs a Ray actor parameter server, 1M parameters",
      "python bench/async_local_vs_ray.py --repeats 3", ">= 10"),
     ("ray_overhead", "ray engine overhead over the same loop written with Ray actors",
