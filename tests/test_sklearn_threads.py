@@ -2,6 +2,7 @@
 issue #36 (its regression test) and the shared state the threads must never
 race on, under stress."""
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -88,6 +89,46 @@ def test_the_average_under_stress_is_one_threads(threads_always, average):
     for _ in range(3):
         many = HogwildClassifier(n_jobs=STRESS_JOBS, **params).fit(X, y).coef_
         np.testing.assert_allclose(many, one, rtol=0, atol=1e-6 * np.abs(one).max())
+
+
+DISJOINT_N = 4096
+LOSSES = ["hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron",
+          "squared_error", "huber", "epsilon_insensitive"]
+REGRESSION = {"squared_error", "huber", "epsilon_insensitive"}
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_every_setting_on_disjoint_rows_is_one_threads_model(threads_always, loss):
+    """The state the threads must not race on, for every loss, penalty
+    (L1's per-thread total u included), schedule and average: no two rows
+    share a feature and there is no intercept, so the weights cannot race,
+    and STRESS_JOBS threads over 12 short epochs must give one thread's
+    model (to 1e-6 of the largest weight: rounding from the fold rounds)."""
+    from monsoon.sklearn import HogwildRegressor
+
+    rng = np.random.default_rng(0)
+    n = DISJOINT_N
+    X = sp.csr_matrix((rng.random(n) + 0.5, np.arange(n), np.arange(n + 1)), shape=(n, n))
+    regression = loss in REGRESSION
+    y = rng.standard_normal(n) if regression else rng.integers(0, 2, n)
+    cls = HogwildRegressor if regression else HogwildClassifier
+    schedules = ["constant", "invscaling", "adaptive", "adagrad"] + \
+        ([] if regression else ["optimal"])
+    checked = 0
+    for penalty in ("l2", "l1", "elasticnet", None):
+        for rate in schedules:
+            for average in (False, True, 7):
+                params = dict(loss=loss, penalty=penalty, learning_rate=rate, eta0=0.1,
+                              alpha=1e-3, average=average, max_iter=12, tol=None,
+                              random_state=0, fit_intercept=False)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # max_iter reached
+                    one = cls(n_jobs=1, **params).fit(X, y).coef_
+                    many = cls(n_jobs=STRESS_JOBS, **params).fit(X, y).coef_
+                scale = max(float(np.abs(one).max()), 1e-300)
+                assert np.abs(many - one).max() <= 1e-6 * scale, (penalty, rate, average)
+                checked += 1
+    assert checked == 4 * len(schedules) * 3
 
 
 def test_the_stopping_rule_and_shared_log_loss_under_stress(monkeypatch):
