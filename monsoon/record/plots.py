@@ -49,7 +49,8 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> Non
         if positive:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # a failed run's folder may have no curve
+            ax.legend()
     if title:
         fig.suptitle(title)
     _save_png(fig, path)

@@ -1,8 +1,9 @@
 """The Ray engine: the same strategies on a real cluster.
 
-Parameter-server shards are threaded Ray actors holding their slice and
-its rule state (``shard.py``); workers are Ray actors that load their data
-once and run the strategy program, turning ops into calls on the shards
+Parameter-server shards are threaded Ray actors, on the driver's node
+(``on_driver_node``), holding their slice and its rule state
+(``shard.py``); workers are Ray actors that load their data once and run
+the strategy program, turning ops into calls on the shards
 (``worker.py``). The driver (this process) watches them: it evaluates the
 loss on the shards' parameters, counts progress, and names a worker actor
 that dies in ``failed_workers``. async, local-sgd's and easgd's others carry
@@ -24,6 +25,7 @@ workers' positions, and refuses another run's checkpoint in one line.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter
@@ -51,6 +53,29 @@ def import_ray():
     except ImportError as exc:
         raise ConfigError("the ray engine needs Ray: pip install 'monsoon[ray]'") from exc
     return ray
+
+
+def on_driver_node(ray):
+    """Where the server's actors (shards, SSP's clock) live: on the driver's
+    own node, never only on a node the run can lose. A worker node that is
+    lost (a crash, a network partition) then takes only its workers, which
+    async, ssp and easgd name in ``failed_workers`` and run on without; the
+    driver's node lost is the run lost anyway. (The other choice, restoring
+    a lost shard from the newest checkpoint, loses the updates since it.)"""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(),
+                                          soft=False)
+
+
+def cpus_per_worker(workers: int, cluster_cpus: float) -> float:
+    """``num_cpus`` of each worker actor: one CPU each where the cluster has
+    enough, else an equal share (to 1/100 CPU). A worker computes all the
+    time, so it reserves its core, and Ray then places workers where cores
+    are free: one a node on nodes of one CPU, rather than all on one node."""
+    import math
+
+    return min(1.0, math.floor(100 * cluster_cpus / max(1, workers)) / 100)
 
 
 class RayEngine(Engine):
@@ -121,6 +146,7 @@ class RayEngine(Engine):
         started = not ray.is_initialized()
         if started:
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING,  # no INFO lines among monsoon's
                      num_cpus=None if self.address else os.cpu_count())
         try:
             if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
@@ -142,11 +168,13 @@ class RayEngine(Engine):
         ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
         clock = self._clock_server(ray, strategy, workers)
         shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
-                                     max_concurrency=workers + 4).remote(
+                                     max_concurrency=workers + 4,
+                                     scheduling_strategy=on_driver_node(ray)).remote(
                       s, start.params[a:b], rule, workers, counted, self.timeout,
                       ckpts.every, ckpts.shard_resume(s))
                   for s, (a, b) in enumerate(bounds)]
-        actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=0,
+        cpus = cpus_per_worker(workers, ray.cluster_resources().get("CPU", 0))
+        actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=cpus,
                                       num_gpus=gpus, max_concurrency=2, scheduling_strategy="SPREAD").remote(
                       rank, problem.for_worker(rank, workers), strategy,
                                      WorkerJob(rank, workers, problem.n_examples, batch_size,
@@ -173,6 +201,7 @@ class RayEngine(Engine):
             return None
         return ray.remote(ClockServer).options(
             name=f"monsoon-{self.run_name}-clock", num_cpus=0,
+            scheduling_strategy=on_driver_node(ray),
             max_concurrency=workers + 4).remote(workers, self.timeout)
 
     @staticmethod
