@@ -46,6 +46,9 @@ BENCHMARKS = [
      "python bench/hogwild_vs_sklearn.py --repeats 3", ">= 2.0 (2 threads), >= 1.0 (1 thread), log-loss within 1%"),
     ("hogwild_sweep", "`HogwildClassifier` vs `SGDClassifier`, 6 sparse datasets, defaults",
      "python bench/hogwild_sweep.py", ">= 1.5 on the median dataset, never < 1.0, log-loss within 1%"),
+    ("spark_vs_mllib", "spark engine at its defaults (sync, async) vs MLlib `LogisticRegression`, "
+     "click-like libsvm files, `local[2]`: MLlib's time over ours to its log-loss x1.01",
+     "python bench/spark_vs_mllib.py", ">= 1.0 (best of sync and async), every dataset"),
     ("hogwild_average", "`HogwildClassifier(average=True)` on 2 threads vs 1 thread, fit after fit, "
      "3 power-law datasets (issue 36's case first)",
      "python bench/hogwild_average.py", "every fit's log-loss within 1% of n_jobs=1's"),
