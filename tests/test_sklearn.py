@@ -106,16 +106,20 @@ def test_n_jobs_reads_as_scikit_learns():
         assert _jobs(HogwildClassifier()) == 2
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("params", [dict(), dict(loss="log_loss", penalty="elasticnet"),
                                     dict(average=True), dict(learning_rate="adaptive", eta0=0.1),
-                                    dict(penalty="l1", class_weight="balanced")])
-def test_one_thread_is_sklearns_update_sequence(params, sparse):
-    """shuffle=False fixes the order: then the fit is scikit-learn's to rounding."""
+                                    dict(penalty="l1", class_weight="balanced"),
+                                    dict(early_stopping=True, validation_fraction=0.2)])
+def test_one_thread_is_sklearns_update_sequence(params, sparse, shuffle):
+    """One thread visits the rows in scikit-learn's order (its shuffle, from
+    the same seed) and makes its updates: the fit is scikit-learn's to
+    rounding, shuffled or not."""
     X, y = make_classification(800, 15, weights=[0.7], random_state=1)
     X = sp.csr_matrix(X) if sparse else X
-    ours = HogwildClassifier(shuffle=False, random_state=0, **params).fit(X, y)
-    theirs = SGDClassifier(shuffle=False, random_state=0, **params).fit(X, y)
+    ours = HogwildClassifier(shuffle=shuffle, random_state=0, **params).fit(X, y)
+    theirs = SGDClassifier(shuffle=shuffle, random_state=0, **params).fit(X, y)
     assert ours.n_iter_ == theirs.n_iter_
     np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=1e-9, atol=1e-9)
@@ -127,8 +131,8 @@ def test_regressor_one_thread_is_sklearns(loss):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((600, 8))
     y = X @ np.arange(1.0, 9.0) + 0.1 * rng.standard_normal(600)
-    ours = HogwildRegressor(loss=loss, shuffle=False).fit(X, y)
-    theirs = SGDRegressor(loss=loss, shuffle=False).fit(X, y)
+    ours = HogwildRegressor(loss=loss, random_state=3).fit(X, y)
+    theirs = SGDRegressor(loss=loss, random_state=3).fit(X, y)
     np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-9, atol=1e-9)
 
 
@@ -650,21 +654,30 @@ def test_an_epochs_log_loss_from_its_margins_is_the_loops():
     assert log_loss_sum(margins, block=1000) == pytest.approx(loop, rel=1e-12)
 
 
-def test_the_epoch_shuffle_is_a_seeded_uniform_permutation():
-    """``kernel.shuffle``: a permutation, the same for the same seed and
-    another for another; each element lands in each place with probability
-    1/5 over 10,000 seeds (2,000 expected, standard deviation 40)."""
+def _sklearn_shuffle(n, seed):
+    """scikit-learn's ``SequentialDataset.shuffle`` and ``our_rand_r``,
+    transcribed to plain Python: the reference for ``kernel.shuffle``."""
+    ind = list(range(n))
+    for i in range(n - 1):
+        if seed == 0:
+            seed = 1
+        seed ^= (seed << 13) & 0xFFFFFFFF
+        seed ^= seed >> 17
+        seed ^= (seed << 5) & 0xFFFFFFFF
+        j = i + (seed % (2 ** 31)) % (n - i)
+        ind[i], ind[j] = ind[j], ind[i]
+    return ind
+
+
+@pytest.mark.parametrize("n, seed", [(10, 0), (1000, 1), (1000, 2 ** 31 - 2), (5, 123456)])
+def test_the_epoch_shuffle_is_sklearns(n, seed):
+    """``kernel.shuffle`` permutes as scikit-learn does, from the same seed,
+    and again on the order it left (as scikit-learn's next epoch does)."""
     from monsoon.sklearn import kernel as K
 
-    def shuffled(n, seed):
-        a = np.arange(n, dtype=np.int64)
-        K.shuffle(a, seed)
-        return a
-    a = shuffled(100_000, 5)
-    assert np.array_equal(np.sort(a), np.arange(100_000))
-    assert np.array_equal(a, shuffled(100_000, 5))
-    assert not np.array_equal(a, shuffled(100_000, 6))
-    counts = np.zeros((5, 5))
-    for seed in range(10_000):
-        counts[shuffled(5, seed), np.arange(5)] += 1
-    assert np.abs(counts - 2000).max() < 200, counts
+    a = np.arange(n, dtype=np.int64)
+    K.shuffle(a, seed)
+    assert a.tolist() == _sklearn_shuffle(n, seed)
+    K.shuffle(a, seed)
+    once = _sklearn_shuffle(n, seed)
+    assert a.tolist() == [once[k] for k in once]

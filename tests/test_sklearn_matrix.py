@@ -44,8 +44,9 @@ What each case checks:
   rows keep the 1% bar;
 - multi-class: ``n_jobs=2`` shares the one-vs-rest problems out, each fit
   on one thread, so the model is ``n_jobs=1``'s TO THE BIT;
-- ``n_jobs=1`` with ``shuffle=False`` is scikit-learn's own estimator's
-  update sequence: equal TO ROUNDING (rtol 1e-7; not to the bit: the
+- ``n_jobs=1``, shuffled from the same seed as scikit-learn (its shuffle:
+  ``kernel.shuffle``), is scikit-learn's own estimator's update
+  sequence: equal TO ROUNDING (rtol 1e-7; not to the bit: the
   compiled loop's sums round differently: ``monsoon.sklearn.kernel``).
   Not for 'adagrad' (monsoon's own rate), nor with ``early_stopping``:
   scikit-learn scores the validation set on
@@ -280,9 +281,9 @@ def _check(case, data, monkeypatch, regression):
         assert losses[2] <= bar, (losses, bar)
     if case["early_stopping"] or case["learning_rate"] == "adagrad":
         return  # scored on other weights than scikit-learn's; not scikit-learn's (module doc)
-    # n_jobs=1 in scikit-learn's order: its update sequence, to rounding
-    ours = _fit(cls, case, X, y, regression, n_jobs=1, shuffle=False)
-    theirs = _fit(peer, case, X, y, regression, shuffle=False)
+    # n_jobs=1, shuffled from the same seed: scikit-learn's update sequence, to rounding
+    ours = fits[1]
+    theirs = _fit(peer, case, X, y, regression)
     np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=1e-7, atol=1e-9)
 

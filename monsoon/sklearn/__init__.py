@@ -18,9 +18,9 @@ because on power-law data threads that write the same hot weights can be
 slower than one. A parameter value they cannot honour is refused with a
 message saying so.
 
-Invariants: ``n_jobs=1`` runs scikit-learn's update sequence (with
-``shuffle=False`` the fitted coefficients equal SGDClassifier's to
-rounding); the data are read in place (CSR float64/float32 or C-ordered
+Invariants: ``n_jobs=1`` runs scikit-learn's update sequence in its
+order (its shuffle, from the same seed: the fitted coefficients equal
+SGDClassifier's to rounding); the data are read in place (CSR float64/float32 or C-ordered
 dense), never copied, converted or re-sorted by the fit.
 """
 from .estimators import HogwildClassifier, HogwildRegressor

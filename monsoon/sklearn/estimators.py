@@ -8,7 +8,7 @@ early-stopping split and score, one-vs-rest, the fitted attributes are
 scikit-learn's own. Only the inner loop differs: scikit-learn's
 ``_plain_sgd`` runs on one core; here ``plain_sgd`` runs the same loop
 compiled, on ``n_jobs`` threads sharing the weights without locks (one
-thread: scikit-learn's updates exactly, in another shuffle order).
+thread: scikit-learn's updates exactly, in scikit-learn's order).
 
 Beyond two classes, the one-vs-rest problems are shared out over the
 ``n_jobs`` threads (as scikit-learn does), each fit by one thread;
@@ -84,6 +84,7 @@ def fit_binary(est, i, X, y, alpha, learning_rate, max_iter, pos_weight, neg_wei
     y_i, coef, intercept, average_coef, average_intercept = _prepare_fit_binary(
         est, y, i, input_dtype=X.dtype, label_encode=est.loss == "log_loss")
     random_state = check_random_state(random_state)
+    random_state.randint(1, np.iinfo(np.int32).max)  # make_dataset's draw: scikit-learn's seed next
     if validation_mask is None:
         validation_mask = est._make_validation_split(y_i, sample_mask=sample_weight > 0)
     validation_score_cb = est._make_validation_score_cb(

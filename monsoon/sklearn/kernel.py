@@ -44,7 +44,7 @@ import math
 
 import numba
 import numpy as np
-from numba import uint64
+from numba import int64, uint64
 
 from .intrinsics import (atomic_add_float, fetch_add, fetch_max_f64, load_acquire, monotonic_ns, prefetch,
                          store_release)
@@ -446,35 +446,22 @@ def sgd_run(indptr, indices, data, width, y, sample_weight, order, lo, hi, w, aw
     return done
 
 
-@numba.njit(inline="always")
-def _splitmix64(x):
-    """SplitMix64 (Steele, Lea & Flood 2014): the next state and its output."""
-    x = x + uint64(0x9E3779B97F4A7C15)
-    z = x
-    z = (z ^ (z >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> uint64(27))) * uint64(0x94D049BB133111EB)
-    return x, z ^ (z >> uint64(31))
-
-
 @numba.njit(nogil=True, cache=True)
 def shuffle(order, seed):
-    """Fisher-Yates in place, seeded: an epoch's order. Each draw is
-    SplitMix64 bounded by Lemire's multiply-shift with rejection (2019), so
-    every permutation is equally likely, an order of magnitude faster than
-    numba's ``np.random.randint``. At most 2^32 rows (the draw's 32-bit
-    half times the bound must fit in 64 bits)."""
-    if order.shape[0] > (1 << 32):
-        raise ValueError("shuffle: at most 2^32 rows")
-    x = uint64(seed)
-    low = uint64(0xFFFFFFFF)
-    for k in range(order.shape[0] - 1, 0, -1):
-        bound = uint64(k + 1)
-        x, z = _splitmix64(x)
-        product = (z >> uint64(32)) * bound
-        if (product & low) < bound:  # maybe in the biased sliver: reject it exactly
-            floor = (uint64(1) << uint64(32)) % bound
-            while (product & low) < floor:
-                x, z = _splitmix64(x)
-                product = (z >> uint64(32)) * bound
-        m = product >> uint64(32)
-        order[k], order[m] = order[m], order[k]
+    """scikit-learn's epoch shuffle (``SequentialDataset.shuffle``), in
+    place: Fisher-Yates front to back, position i swapped with
+    i + r % (n - i), r from a 32-bit XorShift (Marsaglia 2003: shifts 13,
+    17, 5; its state 0 replaced by 1) taken modulo 2^31. scikit-learn calls
+    it every epoch with the same seed on the order the last epoch left, and
+    so does ``plain_sgd``: a shuffled fit on one thread then visits the rows
+    in scikit-learn's order, update for update."""
+    x = uint64(seed) & uint64(0xFFFFFFFF)
+    n = order.shape[0]
+    for i in range(n - 1):
+        if x == 0:
+            x = uint64(1)
+        x ^= (x << uint64(13)) & uint64(0xFFFFFFFF)
+        x ^= x >> uint64(17)
+        x ^= (x << uint64(5)) & uint64(0xFFFFFFFF)
+        j = i + int64((x & uint64(0x7FFFFFFF)) % uint64(n - i))
+        order[i], order[j] = order[j], order[i]

@@ -7,9 +7,9 @@ number of epochs), except that the data come as arrays (CSR
 ``indptr/indices/data`` or a dense C-ordered array, used as they are: no
 copy, no conversion, no re-sorting) instead of a ``SequentialDataset``.
 
-Per epoch: the training rows in a random order (an index array shuffled in
-place); one thread runs them in order, or several claim chunks of them
-(``kernel``); then the log-loss is summed from the margins the kernel kept,
+Per epoch: the training rows in scikit-learn's order (its shuffle of an
+index array in place, ``kernel.shuffle``); one thread runs them in order,
+or several claim chunks of them (``kernel``); then the log-loss is summed from the margins the kernel kept,
 the weights are checked finite, and scikit-learn's stopping rule is
 applied: the mean objective (or, with ``early_stopping``, the validation
 score, on the weights with ``wscale`` folded in, where scikit-learn scores
@@ -252,8 +252,11 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
         np.multiply(weights, st[K.S_WSCALE], out=weights)
         st[K.S_WSCALE] = 1.0
 
-    rng = np.random.default_rng(seed)
-    order = train  # shuffled in place each epoch: an index array, the data never move
+    # scikit-learn's order: every row's index shuffled in place each epoch
+    # (kernel.shuffle, the same seed every epoch), its training rows in that order
+    index = np.arange(len(validation_mask), dtype=np.int64)
+    held_out = np.asarray(validation_mask, dtype=bool)
+    order = index if train_count == len(index) else train
     best_objective, best_score, no_improvement = math.inf, -math.inf, 0
     t_start = time.time()
     pool = None  # helper threads: started by the first probe or shared log-loss, if any
@@ -332,7 +335,8 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             if verbose > 0:
                 print("-- Epoch %d" % (epoch + 1))
             if shuffle:
-                K.shuffle(order, int(rng.integers(2 ** 31)))
+                K.shuffle(index, seed)
+                order = index if order is index else index[~held_out[index]]
             layout = chooser.next()
             if pool is None and (layout != "one" or pending is not None):  # not awaited:
                 pool = HelperThreads(jobs - 1)  # they wake while this thread runs
