@@ -25,7 +25,8 @@ import pytest
 
 import netns
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+# three runs on a two-node cluster and a node rejoining: minutes on a busy machine
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 6391
@@ -117,10 +118,23 @@ def _training(out, proc, timeout=120) -> None:
     raise AssertionError(f"the run did not start training (exit code {proc.poll()})")
 
 
-def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", extra=()):
+def _checkpointed(out, proc, timeout=120) -> None:
+    """Wait until the run has written a checkpoint (a --resume has one to take)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list((out / "checkpoints").glob("ckpt-*.npz")) if (out / "checkpoints").is_dir() \
+                else []:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run wrote no checkpoint (exit code {proc.poll()})")
+
+
+def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", extra=(),
+           after_checkpoint=False):
     """``monsoon train`` on the cluster from the head's namespace; the
-    second node's link goes down ``cut_after_s`` after the run trains (and
-    back up once the run has ended); None: no cut."""
+    second node's link goes down ``cut_after_s`` after the run trains (after
+    its first checkpoint, with ``after_checkpoint``), and back up once the
+    run has ended; None: no cut."""
     argv = [sys.executable, "-m", "monsoon", "train", "--engine", "ray", "--address",
             f"{net.addr['head']}:{PORT}", "--problem", problem, "--strategy", strategy,
             "--workers", "2", "--epochs", str(epochs), "--seed", "0", "--timeout", "15",
@@ -131,7 +145,7 @@ def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", ext
     if cut_after_s is None:
         _, err = proc.communicate(timeout=180)
         return proc.returncode, err
-    _training(out, proc)
+    (_checkpointed if after_checkpoint else _training)(out, proc)
     time.sleep(cut_after_s)
     net.cut("b")
     try:
@@ -170,7 +184,7 @@ def test_sync_fails_in_one_line_and_resumes_bit_identical(cluster, tmp_path):
     assert rc == 0, err
     out = tmp_path / "cut"
     began = time.monotonic()
-    rc, err = _train(net, env, out, "sync", 200, cut_after_s=1)
+    rc, err = _train(net, env, out, "sync", 200, cut_after_s=0.5, after_checkpoint=True)
     assert rc != 0 and time.monotonic() - began < 1 + 15 + 30  # within --timeout (15 s)
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
