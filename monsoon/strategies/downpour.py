@@ -17,6 +17,8 @@ Where workers wait: only on a shard's lock for the length of one update.
 A worker that fails does not stop the others. The paper ran n_fetch =
 n_push = 1 (the defaults) and AdaGrad on the server (``--rule adagrad``).
 Invariant: with one worker and n_fetch = n_push = 1, this is serial SGD.
+A subclass adds ops after each push, and reads before a step, through
+three hooks (``_exchange_state``, ``_fetched``, ``_pushed``): SSP's clock.
 """
 import numpy as np
 
@@ -54,16 +56,20 @@ class Downpour(Strategy):
         accrued = None
         pending = 0
         ticket = None
+        refetch = False  # the copy held must be read again before the next step (SSP)
+        ex = self._exchange_state()
         batches = skip(shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
                                      job.rank, job.workers), job.start_step)
         for step, (batch, following) in enumerate(lookahead(batches), start=job.start_step):
-            if step == job.start_step and step % self.n_fetch:
-                ticket = yield Fetch()  # resumed between fetches
-            if step % self.n_fetch == 0:
+            if ticket is None or refetch or step % self.n_fetch == 0:  # (resumed: at once)
                 ticket = yield Fetch()
+                refetch = False
+                self._fetched(ex)
             _, grad = yield Gradient(batch, following)
+            pushed = False
             if self.n_push == 1:
                 yield Push(grad, ticket)
+                pushed = True
             else:
                 if accrued is None:
                     accrued = np.zeros_like(grad)
@@ -73,10 +79,27 @@ class Downpour(Strategy):
                     yield Push(accrued, ticket)
                     accrued.fill(0)
                     pending = 0
-            if self.local_lr > 0 and (step + 1) % self.n_fetch != 0:
+                    pushed = True
+            if pushed:
+                refetch = yield from self._pushed(ex)
+            if self.local_lr > 0 and (step + 1) % self.n_fetch != 0 and not refetch:
                 yield LocalStep(grad, self.local_lr)
         if pending:
             yield Push(accrued, ticket)
+
+    # -- hooks for a subclass that exchanges more than pushes (SSP's clock) -----------
+    def _exchange_state(self):
+        """Per-program state the hooks share (None: Downpour keeps none)."""
+        return None
+
+    def _fetched(self, ex) -> None:
+        """Called after each read of the server."""
+
+    def _pushed(self, ex):
+        """Ops after each push (a generator); returns whether the copy held
+        must be read again before the next step. Downpour: none, no."""
+        return False
+        yield  # never reached: it makes this a generator
 
     def describe(self):
         return {"strategy": self.name, "n_fetch": self.n_fetch, "n_push": self.n_push,

@@ -25,12 +25,8 @@ wait for the bound has the run's timeout. The server, shards, n_fetch,
 n_push and every rule (adarevision, dcasgd, --staleness-lr) are async's.
 Where a bound pays: docs/ssp.md, from bench/ssp_sweep.py.
 """
-import numpy as np
-
 from ..errors import ConfigError
 from ..options import Option, at_least
-from .base import WorkerJob
-from .batches import lookahead, shard_batches, skip
 from .downpour import Downpour
 from .ops import Clock, Fetch, Gradient, LocalStep, Push
 
@@ -56,42 +52,21 @@ class SSP(Downpour):
                               f"{staleness_bound!r}); e.g. --staleness-bound 2")
         self.bound = int(staleness_bound)
 
-    def program(self, job: WorkerJob):
-        accrued, pending, ticket = None, 0, None
-        clock = 0      # clocks this worker has finished
-        floor = 0      # clocks every live worker had finished, as the last tick returned
-        held = 0       # that floor when the copy held was read (a lower bound)
-        refetch = False
-        batches = skip(shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
-                                     job.rank, job.workers), job.start_step)
-        for step, (batch, following) in enumerate(lookahead(batches), start=job.start_step):
-            if ticket is None or refetch or step % self.n_fetch == 0:
-                ticket = yield Fetch()
-                held, refetch = floor, False
-            _, grad = yield Gradient(batch, following)
-            pushed = False
-            if self.n_push == 1:
-                yield Push(grad, ticket)
-                pushed = True
-            else:
-                if accrued is None:
-                    accrued = np.zeros_like(grad)
-                accrued += grad
-                pending += 1
-                if pending == self.n_push:
-                    yield Push(accrued, ticket)
-                    accrued.fill(0)
-                    pending = 0
-                    pushed = True
-            if pushed:
-                floor = yield Clock(self.bound)
-                clock += 1
-                # the next clock's reads must hold every clock <= clock - bound - 1
-                refetch = clock - held > self.bound
-            if self.local_lr > 0 and (step + 1) % self.n_fetch != 0 and not refetch:
-                yield LocalStep(grad, self.local_lr)
-        if pending:
-            yield Push(accrued, ticket)
+    # The worker loop is Downpour's (``downpour.Downpour.program``); SSP adds
+    # the tick after each push, and the reads the bound asks for.
+    def _exchange_state(self):
+        # clocks this worker has finished; clocks every live worker had
+        # finished as the last tick returned; that floor at the last read
+        return {"clock": 0, "floor": 0, "held": 0}
+
+    def _fetched(self, ex) -> None:
+        ex["held"] = ex["floor"]
+
+    def _pushed(self, ex):
+        ex["floor"] = yield Clock(self.bound)
+        ex["clock"] += 1
+        # the next clock's reads must hold every clock <= clock - bound - 1
+        return ex["clock"] - ex["held"] > self.bound
 
     def describe(self):
         return {**super().describe(), "strategy": self.name, "staleness_bound": self.bound}
