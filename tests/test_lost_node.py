@@ -107,26 +107,15 @@ def _wait_for_nodes(net, env, count, timeout=90):
     raise TimeoutError(f"{count} Ray nodes did not join in {timeout} s")
 
 
-def _training(out, proc, timeout=120) -> None:
-    """Wait until the run trains: its live series have rows (live_every 0.2 s)."""
+def _written(out, proc, pattern, min_bytes, what, timeout=120) -> None:
+    """Wait until the running ``proc`` has written a file ``out/pattern`` of
+    at least ``min_bytes``: live rows (it trains), or a checkpoint."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        files = list((out / "tb").glob("events.out.tfevents.*")) if (out / "tb").is_dir() else []
-        if files and files[0].stat().st_size > 1000:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the run did not start training (exit code {proc.poll()})")
-
-
-def _checkpointed(out, proc, timeout=120) -> None:
-    """Wait until the run has written a checkpoint (a --resume has one to take)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if list((out / "checkpoints").glob("ckpt-*.npz")) if (out / "checkpoints").is_dir() \
-                else []:
+        if any(f.stat().st_size >= min_bytes for f in out.glob(pattern)):
             return
         time.sleep(0.05)
-    raise AssertionError(f"the run wrote no checkpoint (exit code {proc.poll()})")
+    raise AssertionError(f"the run never {what} (exit code {proc.poll()})")
 
 
 def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", extra=(),
@@ -145,7 +134,10 @@ def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", ext
     if cut_after_s is None:
         _, err = proc.communicate(timeout=180)
         return proc.returncode, err
-    (_checkpointed if after_checkpoint else _training)(out, proc)
+    if after_checkpoint:  # a --resume then has a checkpoint to take
+        _written(out, proc, "checkpoints/ckpt-*.npz", 1, "wrote a checkpoint")
+    else:  # its live series have rows (every 0.2 s)
+        _written(out, proc, "tb/events.out.tfevents.*", 1000, "started training")
     time.sleep(cut_after_s)
     net.cut("b")
     try:
