@@ -6,8 +6,9 @@ loopback up, and joins node 0 (the head) to every other node by a veth
 pair on the subnet 10.231.0.0/24: node k has address 10.231.0.(k + 1).
 ``cut(name)`` takes the node's end of its link down (a network partition:
 its processes live on and cannot reach the others), ``restore(name)``
-brings it back, ``netem(name, "delay 50ms loss 5%")`` adds latency or loss
-(``tc netem``). ``run(name, argv)`` starts a process inside a namespace;
+brings it back. (Latency and loss, ``tc netem``, are not offered: this
+machine's kernel has no netem qdisc.) ``run(name, argv)`` starts a process
+inside a namespace;
 ``kill(nodes)`` ends every process in those namespaces (by the ids ``ip
 netns pids`` gives, never by name); ``close()`` kills all and removes them.
 
@@ -83,10 +84,6 @@ class Net:
 
     def restore(self, node: str) -> None:
         _ip("ip", "link", "set", self.link[node][0], "up", ns=self.ns[node])
-
-    def netem(self, node: str, spec: str) -> None:
-        _ip("tc", "qdisc", "replace", "dev", self.link[node][0], "root", "netem",
-            *spec.split(), ns=self.ns[node])
 
     # -- processes ----------------------------------------------------------------
     def run(self, node: str, argv: list[str], **kw) -> subprocess.Popen:

@@ -181,3 +181,15 @@ def test_saved_model_loads_weights_only_and_reproduces_the_result(tmp_path):
         assert torch.equal(fresh.eval()(X), result.model.eval()(X))
     other = monsoon.train("linear", "serial", steps=5, out=tmp_path / "np")
     assert np.array_equal(np.load(tmp_path / "np" / "params.npy"), other.params)
+
+
+def test_a_run_with_no_curve_plots_without_a_warning(tmp_path):
+    """A run that failed before its first row still gets its loss.png, and
+    matplotlib is not asked for a legend of nothing (a warning on stderr
+    beside the run's one-line error)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot_loss(tmp_path / "empty.png", {"sync": []}) == 0
+    assert (tmp_path / "empty.png").read_bytes()[:4] == b"\x89PNG"

@@ -26,6 +26,7 @@ workers' positions, and refuses another run's checkpoint in one line.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -73,8 +74,6 @@ def cpus_per_worker(workers: int, cluster_cpus: float) -> float:
     enough, else an equal share (to 1/100 CPU). A worker computes all the
     time, so it reserves its core, and Ray then places workers where cores
     are free: one a node on nodes of one CPU, rather than all on one node."""
-    import math
-
     return min(1.0, math.floor(100 * cluster_cpus / max(1, workers)) / 100)
 
 
