@@ -7,6 +7,9 @@ goes down, a network partition, not a clean kill.
   (``engines/ray/engine.on_driver_node``): the partition takes only the
   worker on the lost node, which is named in ``failed_workers``, and the
   run finishes on the other, within 5% of an uninterrupted run's loss;
+- sync with ``--elastic`` carries on with the worker left when the link
+  goes down, takes node b's worker back once b has rejoined, and ends
+  where serial SGD does (each step is still the full-batch gradient);
 - sync, which needs every worker, fails within ``--timeout`` in one line
   with the run folder written (``"status": "failed"``) and the ``--resume``
   command, never a traceback; once node b is back, the same command with
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import monsoon
 import netns
 
 # three runs on a two-node cluster and a node rejoining: minutes on a busy machine
@@ -119,11 +123,12 @@ def _written(out, proc, pattern, min_bytes, what, timeout=120) -> None:
 
 
 def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", extra=(),
-           after_checkpoint=False):
+           after_checkpoint=False, while_cut=None):
     """``monsoon train`` on the cluster from the head's namespace; the
     second node's link goes down ``cut_after_s`` after the run trains (after
     its first checkpoint, with ``after_checkpoint``), and back up once the
-    run has ended; None: no cut."""
+    run has ended, or, given ``while_cut``, once that has been called
+    (with the running process); None: no cut."""
     argv = [sys.executable, "-m", "monsoon", "train", "--engine", "ray", "--address",
             f"{net.addr['head']}:{PORT}", "--problem", problem, "--strategy", strategy,
             "--workers", "2", "--epochs", str(epochs), "--seed", "0", "--timeout", "15",
@@ -141,6 +146,9 @@ def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", ext
     time.sleep(cut_after_s)
     net.cut("b")
     try:
+        if while_cut is not None:
+            while_cut(proc)
+            net.restore("b")
         _, err = proc.communicate(timeout=180)
     finally:
         net.restore("b")
@@ -167,6 +175,35 @@ def test_async_loses_the_worker_on_a_partitioned_node_and_finishes(cluster, tmp_
     assert s["examples"] < whole["examples"]  # the lost worker's share was not done
     assert abs(s["final_loss"] / whole["final_loss"] - 1) <= 0.05, (s["final_loss"],
                                                                     whole["final_loss"])
+
+
+def test_elastic_sync_carries_on_and_takes_the_returning_node_back(cluster, tmp_path):
+    net, env, rejoin = cluster
+    out = tmp_path / "cut"
+
+    def node_b_returns(proc):
+        time.sleep(4)  # Ray declares node b dead after ~2 s of failed health checks
+        assert proc.poll() is None, "the run ended before node b came back"
+        net.restore("b")
+        rejoin()
+
+    rc, err = _train(net, env, out, "sync", 1500, cut_after_s=1, extra=("--elastic",),
+                     while_cut=node_b_returns)
+    assert rc == 0, err
+    assert "Traceback" not in err
+    s = _summary(out)
+    assert s["status"] == "finished" and s["elastic"] is True
+    events = s["membership"]
+    assert [e["event"] for e in events] == ["left", "joined"], events
+    lost = events[0]["worker"]
+    assert events[1]["worker"] == lost and events[0]["members"] == [1 - lost]
+    assert events[1]["members"] == [0, 1] and 0 < events[0]["step"] <= events[1]["step"]
+    assert "node" in events[0]["reason"]  # Ray's word: the worker's node was lost
+    assert [f["worker"] for f in s["failed_workers"]] == [lost]
+    serial = monsoon.train("exp", "serial", epochs=1500, seed=0).summary  # the same steps
+    assert s["updates"] == serial["updates"]
+    assert abs(s["final_loss"] / serial["final_loss"] - 1) <= 0.01, (s["final_loss"],
+                                                                     serial["final_loss"])
 
 
 def test_sync_fails_in_one_line_and_resumes_bit_identical(cluster, tmp_path):

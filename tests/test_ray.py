@@ -171,3 +171,32 @@ def test_cli_trains_on_the_ray_engine(tmp_path):
     assert summary["engine"] == "ray" and summary["workers"] == 2
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["run_name"]  # actors were named after the run
+
+
+def test_elastic_sync_regroups_without_a_lost_worker_and_takes_it_back():
+    """sync --elastic: worker 1's process exits after 50 gradients, every
+    time it is started; each time the other carries the step on with the
+    whole batch, and the driver starts worker 1 again, which rejoins at a
+    step boundary. Every step is the full-batch gradient, so the run ends
+    where an uninterrupted one does."""
+    opts = dict(steps=3000, batch_size=64, dtype="float64", seed=5, lr=0.05)
+    whole = monsoon.train("exp", "serial", **opts)  # sync's steps, on one worker
+    dying = FaultyProblem(make_problem("exp", "float64"), "exit", rank=1, after=50)
+    run = monsoon.train(dying, "sync", 2, engine="ray", elastic=True, timeout=30, **opts)
+    s = run.summary
+    events = s["membership"]
+    assert [e["event"] for e in events][:2] == ["left", "joined"], events
+    assert all(e["worker"] == 1 for e in events)
+    left, joined = events[0], events[1]
+    assert left["members"] == [0] and joined["members"] == [0, 1]
+    assert 50 <= left["step"] <= joined["step"] < 3000
+    assert [f["worker"] for f in s["failed_workers"]] == [1]
+    assert s["updates"] == 3000 and s["status"] == "finished"
+    np.testing.assert_allclose(run.params, whole.params, rtol=1e-9, atol=1e-12)
+
+
+def test_elastic_is_refused_where_the_engine_cannot_regroup():
+    with pytest.raises(ConfigError, match="elastic membership.*engines that run sync: ray"):
+        monsoon.train("exp", "sync", 2, engine="local", elastic=True, steps=4)
+    with pytest.raises(ConfigError, match="choose one"):
+        monsoon.train("exp", "sync", 2, engine="ray", elastic=True, backup_workers=1, steps=4)

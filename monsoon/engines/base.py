@@ -37,13 +37,15 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..strategies import ops as _ops
-from ..strategies.base import BACKUP_WORKERS, SHARED_MEMORY, STAGES
+from ..strategies.base import BACKUP_WORKERS, ELASTIC, SHARED_MEMORY, STAGES
 
 # The needs a strategy may declare (``Strategy.needs``), and engines meet (``Engine.meets``).
 NEEDS = {
     SHARED_MEMORY: "several workers updating one parameter array in place, with no lock",
     BACKUP_WORKERS: "steps that take the first N of N + b workers' contributions",
     STAGES: "stage workers that pass activations and gradients to each other",
+    ELASTIC: "synchronous steps that carry on with the workers left when one is lost, and "
+             "take a returning one back",
 }
 
 # What carrying out each op takes, for the refusal's one line.

@@ -16,6 +16,7 @@ from .batches import Budget
 SHARED_MEMORY = "shared memory"    # several workers update one parameter array in place
 BACKUP_WORKERS = "backup workers"  # a step takes the first N of N + b contributions
 STAGES = "pipeline stages"         # stage workers passing activations to each other
+ELASTIC = "elastic membership"     # a synchronous step regroups when a worker is lost or joins
 
 # How a program draws its data (``Strategy.draws``; ``batches.py``).
 GLOBAL, SHARD, SLICE = "global batch", "own shard", "epoch slice"
@@ -31,6 +32,7 @@ class WorkerJob:
     seed: int
     budget: Budget
     start_step: int = 0   # steps already done (a resumed run skips their batches)
+    members: tuple | None = None  # elastic sync: the ranks sharing each batch (None: all)
     kernel: bool = False  # the problem has a compiled per-example SGD loop the engine can run
 
 

@@ -81,9 +81,20 @@ class AllReduce:
     parameters hold the result. A contribution that comes after the first N
     is late: dropped and counted. Returns how many steps the others completed
     without this worker (0 unless it was late), which the worker skips.
-    ``grad=None`` (an empty shard) contributes nothing."""
+    ``grad=None`` (an empty shard) contributes nothing. In an elastic run it
+    may return a ``Regroup`` instead: the step's workers changed."""
     grad: np.ndarray | None
     examples: int
+
+
+@dataclass(frozen=True, slots=True)
+class Regroup:
+    """What ``AllReduce`` returns in an elastic run (``sync --elastic``)
+    when the workers sharing the step changed (one was lost, or one came
+    back) before the step was applied: the step is not applied yet, and
+    this worker computes its part of the SAME batch split among
+    ``members`` (ranks, in order) and contributes again."""
+    members: tuple
 
 
 @dataclass(slots=True)

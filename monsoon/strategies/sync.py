@@ -21,15 +21,24 @@ dropped and counted in ``late_gradients``. A late worker skips to the
 current step. A step no longer waits for the slowest worker, and up to b
 failed workers are covered.
 
+Elastic sync (``--elastic``; Horovod Elastic's model, Sergeev & Del Balso
+2018): when a worker is lost, the step carries on with the workers left,
+which split the SAME global batch among themselves, so each step is still
+the full-batch mean gradient; a worker that comes back takes part from a
+step boundary on, with the parameters of that step. The engine tells a
+worker of a change by returning ``Regroup(members)`` from ``AllReduce``;
+the worker then computes its part of the batch among ``members`` and
+contributes again (the step is applied once, on the regrouped parts).
+
 Invariants (each has a test): with N workers the parameters equal
 ``serial``'s (1e-9 relative, float64); with 1 worker they are bit-identical;
 a seed makes runs bit-reproducible (the reduction is done in rank order).
 """
 from ..errors import ConfigError
 from ..options import Option
-from .base import BACKUP_WORKERS, Strategy, WorkerJob
+from .base import BACKUP_WORKERS, ELASTIC, Strategy, WorkerJob
 from .batches import global_batches, lookahead, part_bounds, skip
-from .ops import AllReduce, Gradient
+from .ops import AllReduce, Gradient, Regroup
 
 
 class Sync(Strategy):
@@ -40,12 +49,20 @@ class Sync(Strategy):
     buffers = "rank0"   # DDP's broadcast_buffers: every replica holds rank 0's
     uses = (Gradient, AllReduce)
     options = (Option("backup_workers", int, 0, "extra workers; each step takes the first "
-                      "--workers gradients", check=lambda v: None if v >= 0 else "0 or more"),)
+                      "--workers gradients", check=lambda v: None if v >= 0 else "0 or more"),
+               Option("elastic", bool, False, "carry on with the workers left when one is "
+                      "lost (the same batch split among them), and take one back when its "
+                      "node returns (ray engine)"))
 
-    def __init__(self, backup_workers: int = 0):
+    def __init__(self, backup_workers: int = 0, elastic: bool = False):
         if backup_workers < 0:
             raise ConfigError(f"backup workers must be 0 or more, got {backup_workers}")
+        if elastic and backup_workers:
+            raise ConfigError("--elastic and --backup-workers both cover a lost worker; "
+                              "choose one")
         self.backup_workers = backup_workers
+        self.elastic = elastic
+        self.needs_all_workers = not elastic
 
     def program(self, job: WorkerJob):
         batches = skip(global_batches(job.n_examples, job.batch_size, job.seed, job.budget),
@@ -55,26 +72,36 @@ class Sync(Strategy):
         # (bench/seed_overhead.py) that even split()'s arithmetic, done every
         # step, showed.
         parts = {}
+        count, index = job.workers, job.rank
+        if job.members is not None:  # elastic: a worker that joined a running step
+            count, index = len(job.members), job.members.index(job.rank)
         batches = lookahead(batches)
         for batch, following in batches:
             size = len(batch)
-            start, stop = parts.get(size) or parts.setdefault(
-                size, part_bounds(size, job.workers, job.rank))
-            if start == stop:
-                behind = yield AllReduce(None, 0)
-            else:
-                if following is not None:
-                    a, b = parts.get(len(following)) or parts.setdefault(
-                        len(following), part_bounds(len(following), job.workers, job.rank))
-                    following = following[a:b]
-                _, grad = yield Gradient(batch[start:stop], following)
-                behind = yield AllReduce(grad, stop - start)
+            while True:
+                start, stop = parts.get(size) or parts.setdefault(
+                    size, part_bounds(size, count, index))
+                if start == stop:
+                    behind = yield AllReduce(None, 0)
+                else:
+                    if following is not None:
+                        a, b = parts.get(len(following)) or parts.setdefault(
+                            len(following), part_bounds(len(following), count, index))
+                        following = following[a:b]
+                    _, grad = yield Gradient(batch[start:stop], following)
+                    behind = yield AllReduce(grad, stop - start)
+                if type(behind) is not Regroup:
+                    break
+                if job.rank not in behind.members:
+                    return  # no longer one of the step's workers
+                count, index, parts = len(behind.members), behind.members.index(job.rank), {}
             if behind:
                 for _ in range(behind):  # steps the others completed without us
                     next(batches, None)
 
     def needs(self, workers):
-        return {BACKUP_WORKERS} if self.backup_workers else set()
+        return ({BACKUP_WORKERS} if self.backup_workers else set()) | (
+            {ELASTIC} if self.elastic else set())
 
     @property
     def raw_gradients(self) -> bool:
@@ -84,7 +111,8 @@ class Sync(Strategy):
         return type(self).program is Sync.program
 
     def describe(self):
-        return {"strategy": self.name, "backup_workers": self.backup_workers}
+        return {"strategy": self.name, "backup_workers": self.backup_workers,
+                "elastic": self.elastic}
 
     def validate(self, workers, batch_size, n_examples):
         if self.backup_workers >= workers:

@@ -38,12 +38,14 @@ from ...options import Option
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..base import BACKUP_WORKERS, STAGES, Engine, EngineResult, shard_bounds, shard_count
+from ..base import (BACKUP_WORKERS, ELASTIC, STAGES, Engine, EngineResult, shard_bounds,
+                    shard_count)
 from ..checkpoints import Checkpointer
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..clocks import clock_extra
 from .checkpointing import ShardCheckpoints, private_copies
 from .clock import ClockServer
+from .membership import Membership
 from .shard import Shard
 from .worker import RemoteWorker
 
@@ -81,7 +83,7 @@ class RayEngine(Engine):
     name = "ray"
     ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic,
                      Clock})
-    meets = frozenset({BACKUP_WORKERS, STAGES})
+    meets = frozenset({BACKUP_WORKERS, STAGES, ELASTIC})
     device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
     backend_used = "actors"
@@ -166,27 +168,39 @@ class RayEngine(Engine):
         gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
         ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
         clock = self._clock_server(ray, strategy, workers)
+        elastic = getattr(strategy, "elastic", False)
         shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
                                      max_concurrency=workers + 4,
                                      scheduling_strategy=on_driver_node(ray)).remote(
                       s, start.params[a:b], rule, workers, counted, self.timeout,
-                      ckpts.every, ckpts.shard_resume(s))
+                      ckpts.every, ckpts.shard_resume(s), elastic)
                   for s, (a, b) in enumerate(bounds)]
         cpus = cpus_per_worker(workers, ray.cluster_resources().get("CPU", 0))
-        actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=cpus,
-                                      num_gpus=gpus, max_concurrency=2, scheduling_strategy="SPREAD").remote(
-                      rank, problem.for_worker(rank, workers), strategy,
-                                     WorkerJob(rank, workers, problem.n_examples, batch_size,
-                                               seed, budget, start_step=start.positions[rank]),
-                                     shards, bounds, start.params, self.timeout, clock)
-                  for rank in range(workers)]
+
+        def spawn(rank, incarnation=0):
+            name = f"monsoon-{self.run_name}-worker-{rank}" + (
+                f"-{incarnation}" if incarnation else "")
+            return WorkerActor.options(
+                name=name, num_cpus=cpus, num_gpus=gpus, max_concurrency=2,
+                scheduling_strategy="SPREAD").remote(
+                    rank, problem.for_worker(rank, workers), strategy,
+                    WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
+                              start_step=start.positions[rank]),
+                    shards, bounds, start.params, self.timeout, clock)
+
+        actors = [spawn(rank) for rank in range(workers)]
+        retired = []  # elastic: actors replaced, and restarts that did not start
+        membership = (Membership(ray, shards, workers, self.timeout, self.start_timeout, spawn,
+                                 cpus, gpus) if elastic else None)
         try:
             result = self._drive(ray, actors, shards, strategy, workers, t_begin, start,
-                                 recorder, ckpts, clock)
+                                 recorder, ckpts, clock, membership, retired)
             if clock is not None:
                 result.extra.update(self._clock_extra(result, workers))
         finally:
-            for actor in actors + shards + ([clock] if clock is not None else []):
+            if membership is not None:
+                membership.close(retired)
+            for actor in actors + retired + shards + ([clock] if clock is not None else []):
                 ray.kill(actor)
         if ckpts.keeper.last_path:
             result.extra["checkpoint"] = str(ckpts.keeper.last_path)
@@ -213,7 +227,7 @@ class RayEngine(Engine):
                            {k: r["clocks"] for k, r in reports.items()}, workers)
 
     def _drive(self, ray, actors, shards, strategy, workers, t_begin, start, recorder, ckpts,
-               clock=None):
+               clock=None, membership=None, retired=()):
         from ray.exceptions import GetTimeoutError
 
         for rank, actor in enumerate(actors):
@@ -234,6 +248,7 @@ class RayEngine(Engine):
         t0 = time.perf_counter() - start.time_s
         running = {a.run.remote(): rank for rank, a in enumerate(actors)}
         results, failed = {}, {}
+        seen, gone = {}, 0  # each rank's last figures; the examples of actors that died
         examples, last_change = 0, time.monotonic()
         stopped = None
         while running:
@@ -244,10 +259,16 @@ class RayEngine(Engine):
                     results[rank] = ray.get(ref, timeout=self.timeout)
                 except Exception as exc:  # noqa: BLE001 - a dead or failed worker, by name
                     failed[rank] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+                    gone += seen.pop(rank, {}).get("examples", 0)
                     if clock is not None:  # it no longer holds the others to the bound
                         clock.retire.remote(rank)
+                    if membership is not None:  # elastic sync: the others regroup
+                        membership.lose(rank, failed[rank])
+            if membership is not None:
+                membership.rejoin(running, actors, retired)
             live = {r: actors[r] for r in running.values()}
             figures = {**self._progress(ray, live), **results}  # finished: their final figures
+            seen.update(figures)
             by_rank = {r: f["examples"] for r, f in figures.items()}
             ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, by_rank)
             if len(failed) == workers or (strategy.needs_all_workers
@@ -259,7 +280,7 @@ class RayEngine(Engine):
                 err.worker = rank
                 raise err
             now = time.perf_counter() - t0
-            counts = start.examples + sum(by_rank.values())
+            counts = start.examples + gone + sum(by_rank.values())
             if counts != examples:
                 examples, last_change = counts, time.monotonic()
             elif time.monotonic() - last_change > 2 * self.timeout:
@@ -284,16 +305,20 @@ class RayEngine(Engine):
         staleness = Counter()
         for r in results.values():
             staleness.update({int(k): v for k, v in r["staleness"].items()})
+        extra = {"clock_reports": {r: v["clocks"] for r, v in results.items()
+                                   if v.get("clocks")}} if clock is not None else {}
+        if membership is not None:
+            extra["membership"] = membership.events
         return EngineResult(
-            params, startup, wall, start.examples + sum(r["examples"] for r in results.values()),
+            params, startup, wall,
+            start.examples + gone + sum(r["examples"] for r in results.values()),
             version, start.dropped + dropped + sum(r["dropped"] for r in results.values()),
             staleness,
             [{"worker": r, "error": failed[r], "traceback": failed[r]} for r in sorted(failed)],
             stopped=stopped, late_gradients=sum(r["late"] for r in results.values()),
             worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
             worker_states={r: v["state"] for r, v in results.items() if v.get("state")},
-            extra={"clock_reports": {r: v["clocks"] for r, v in results.items()
-                                     if v.get("clocks")}} if clock is not None else {})
+            extra=extra)
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:

@@ -11,6 +11,13 @@ updated in place as NumPy arrays, and serves:
   (``weighted_sum``, rank order, as every engine does) and applies the rule.
   Every caller blocks (with a timeout) until the step is applied and gets the
   new slice; a late caller is told how many steps it missed;
+- ``regroup(gen, members)``: elastic sync (``sync --elastic``): the step's
+  workers changed. The contributions of the step under way are dropped
+  (they were parts of the batch split the old way), its waiting callers
+  and any caller of an older generation are answered ``("regroup", gen,
+  members)``, and the step completes once every member has contributed
+  again. Every shard gets the same generations from the driver, in order;
+  a contribution carries the generation its part was cut for;
 - ``elastic(worker, alpha, x)``: EASGD's exchange with the centre.
 
 Checkpoints: every ``every`` versions (updates of this shard) the shard
@@ -34,7 +41,8 @@ TAKEN = 4  # copies a shard keeps until the driver collects them
 
 class Shard:
     def __init__(self, index: int, params: np.ndarray, rule, workers: int, counted: int,
-                 timeout: float, every: int = 0, resume: dict | None = None):
+                 timeout: float, every: int = 0, resume: dict | None = None,
+                 elastic: bool = False):
         self.index = index
         self.params = np.array(params, copy=True)
         self.rule = rule
@@ -51,6 +59,10 @@ class Shard:
         self.step = 0
         self.arrivals: dict[int, tuple[np.ndarray, int]] = {}
         self.dropped = 0
+        self.gen = 0  # elastic: the membership generation (``regroup``)
+        self.members = tuple(range(workers))
+        self.elastic = elastic
+        self.before = None  # elastic: the slice before the last step, for a joining worker
         if resume is not None:  # {"version": V, "state": the rule state's slice}
             for arr, saved in zip(self.state, resume["state"]):
                 arr[...] = saved
@@ -81,9 +93,14 @@ class Shard:
             return diff
 
     # -- synchronous -----------------------------------------------------------
-    def contribute(self, step: int, worker: int, grad, examples: int):
-        """Returns (new slice, steps missed, counted?)."""
+    def contribute(self, step: int, worker: int, grad, examples: int, gen: int = 0):
+        """Returns (new slice, steps missed, counted?), or ("regroup", gen,
+        members) when the step's workers changed (elastic)."""
         with self.lock:
+            if gen > self.gen:  # the driver's regroup is on its way here
+                self.lock.wait_for(lambda: self.gen >= gen, self.timeout)
+            if step >= self.step and gen != self.gen:
+                return "regroup", self.gen, self.members
             if step < self.step or len(self.arrivals) >= self.counted:
                 late_for = step
                 ok = self.lock.wait_for(lambda: self.step > late_for, self.timeout)
@@ -96,7 +113,10 @@ class Shard:
             if len(self.arrivals) == self.counted:
                 self._complete()
             else:
-                ok = self.lock.wait_for(lambda: self.step > step, self.timeout)
+                ok = self.lock.wait_for(lambda: self.step > step or self.gen != gen,
+                                        self.timeout)
+                if self.step <= step and self.gen != gen:
+                    return "regroup", self.gen, self.members
                 if not ok:
                     raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for "
                                        f"{self.counted} workers at step {step} (got "
@@ -109,6 +129,8 @@ class Shard:
         grads = {k: self.arrivals[k][0] for k in ranks}
         acc = np.empty_like(self.params)
         weighted_sum(grads, ranks, examples, acc, np.empty_like(acc))
+        if self.elastic:
+            self.before = self.params.copy()
         if np.isfinite(acc).all():
             self.rule.apply(self.params, acc, self.state, UpdateInfo(step=self.step))
         else:
@@ -117,6 +139,21 @@ class Shard:
         self.step += 1
         self._updated()
         self.lock.notify_all()
+
+    def regroup(self, gen: int, members: tuple) -> int:
+        """Elastic sync: from now on the step's workers are ``members``;
+        returns this shard's step."""
+        with self.lock:
+            self.gen, self.members, self.counted = gen, tuple(members), len(members)
+            self.arrivals = {}
+            self.lock.notify_all()
+            return self.step
+
+    def joining(self):
+        """(slice, step, slice before that step): what a worker that joins
+        needs to take part from the earliest step any shard is on."""
+        with self.lock:
+            return self.params.copy(), self.step, self.before
 
     # -- bookkeeping -----------------------------------------------------------
     def _updated(self):

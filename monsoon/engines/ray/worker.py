@@ -6,16 +6,23 @@ Workers always compute on a private copy of the parameters (there is no
 shared memory across machines); ``AllReduce`` and ``Average`` return with the
 new parameters, ``Fetch`` refreshes them, and a ``Push`` runs in the
 background, one at a time (Downpour's "push may run in the background").
+
+Elastic sync: a shard may answer a contribution with a regroup (the step's
+workers changed, ``shard.py``). The worker keeps its parameters at the
+step's start until every shard has applied the step, hands ``Regroup`` to
+its program, and sends the recomputed part only to the shards that asked
+for it. A worker that comes back starts with ``join``.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
 
 from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push)
+                               LocalStep, Push, Regroup)
 from ..reduce import finite
 
 
@@ -37,6 +44,9 @@ class RemoteWorker:
         self.anchor = np.array(w0, copy=True)  # the server's parameters at the last sync
         self.timeout = timeout
         self.sync_step = job.start_step
+        self.gen = 0        # elastic: the membership generation this worker cuts its parts for
+        # elastic: the replies of shards that applied the step while others regroup it
+        self.applied = {}
         # loss_sum, loss_n, updates: this worker's figures for the live series
         self.counts = {"examples": 0, "dropped": 0, "late": 0, "loss_sum": 0.0, "loss_n": 0,
                        "updates": 0}
@@ -58,6 +68,19 @@ class RemoteWorker:
 
     def progress(self) -> dict:
         return {**self.counts, "staleness": dict(self.staleness)}
+
+    def join(self, gen: int, members: tuple) -> dict:
+        """Elastic sync: take part, as one of ``members``, from the earliest
+        step any shard is on, with the parameters at that step (a shard one
+        step ahead hands its slice from before that step), and run."""
+        replies = self._get([sh.joining.remote() for sh in self.shards])
+        step = min(r[1] for r in replies)
+        for (a, b), (values, at, before) in zip(self.bounds, replies):
+            self.work[a:b] = values if at == step else before
+        self.anchor[:] = self.work
+        self.sync_step, self.gen = step, gen
+        self.job = dataclasses.replace(self.job, start_step=step, members=tuple(members))
+        return self.run()
 
     def run(self) -> dict:
         program = self.strategy.program(self.job)
@@ -132,11 +155,23 @@ class RemoteWorker:
         return self._synchronous(self.anchor - self.work, op.examples)
 
     def _synchronous(self, contribution, examples):
-        refs = [sh.contribute.remote(self.sync_step, self.rank,
-                                     None if contribution is None else contribution[a:b],
-                                     examples)
-                for sh, (a, b) in zip(self.shards, self.bounds)]
-        replies = self._get(refs)
+        targets = [s for s in range(len(self.shards)) if s not in self.applied]
+        refs = [self.shards[s].contribute.remote(
+                    self.sync_step, self.rank,
+                    None if contribution is None else contribution[slice(*self.bounds[s])],
+                    examples, self.gen)
+                for s in targets]
+        regroup = None
+        for s, reply in zip(targets, self._get(refs)):
+            if isinstance(reply[0], str):  # ("regroup", gen, members)
+                if regroup is None or reply[1] > regroup[1]:
+                    regroup = reply
+            else:
+                self.applied[s] = reply
+        if regroup is not None:  # the step is not applied everywhere yet: recompute the part
+            self.gen = regroup[1]
+            return Regroup(tuple(regroup[2]))
+        replies, self.applied = [self.applied[s] for s in range(len(self.shards))], {}
         for (a, b), (values, _, _) in zip(self.bounds, replies):
             self.work[a:b] = values
         self.anchor[:] = self.work
