@@ -164,8 +164,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
 
 
 def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
-    run, rule, strat, budget, engine = (resolved.run, resolved.rule, resolved.strategy,
-                                        resolved.budget, resolved.engine)
+    run, rule, strat, engine = resolved.run, resolved.rule, resolved.strategy, resolved.engine
     virtual = engine.virtual_time
     recorder = Recorder(problem, total, run['target_loss'], evals=run['evals'],
                         progress=run['progress'], cost_aware=not virtual,
