@@ -109,6 +109,8 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float) -> MonsoonE
         checkpoint = str(found[0]) if found else None
     if out is None:
         where = "no run folder (give --out to keep one)"
+    elif not getattr(engine, "writes_run_folder", True):
+        where = f"rank 0 writes the run folder {out}"
     else:
         try:
             rows = list(recorder.rows)

@@ -39,6 +39,8 @@ checkpoint (``--checkpoint-every``), ending as the uninterrupted run would.
 """
 from __future__ import annotations
 
+import os
+
 from ...options import Option
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from .. import checkpoints
@@ -96,6 +98,13 @@ class TorchEngine(Engine):
         self.checkpoint_every = checkpoint_every
         self.resume_dir = resume_dir
         self.identity = {}
+
+    @property
+    def writes_run_folder(self) -> bool:
+        """Under torchrun only rank 0 writes the run folder, a failed run's
+        too (on a shared file system the others would overwrite it); the
+        others print their one line."""
+        return not under_torchrun() or os.environ.get("RANK", "0") == "0"
 
     def describe(self) -> dict:
         return {"engine": self.name, "timeout_s": self.timeout,

@@ -150,10 +150,15 @@ class RankWorker:
 
     def _failed(self, what: str, exc) -> None:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise WorkerError(f"rank {self.rank}: the all-reduce of {what} failed after "
-                          f"{time.perf_counter() - self.t0:.1f} s ({msg}); another rank died "
-                          f"or stalled for longer than --timeout {self.engine.timeout:g} s "
-                          "(torchrun's report names it)") from exc
+        others = [r for r in range(self.world) if r != self.rank]
+        who = (f"rank {others[0]}" if len(others) == 1 else
+               "another rank (torchrun's report names one that died)")
+        err = WorkerError(f"rank {self.rank}: the all-reduce of {what} failed after "
+                          f"{time.perf_counter() - self.t0:.1f} s ({msg}); {who} died, "
+                          f"stalled or was cut off for longer than --timeout "
+                          f"{self.engine.timeout:g} s")
+        err.worker = others[0] if len(others) == 1 else None
+        raise err from exc
 
     def _flags(self, examples: int) -> None:
         self.flags[EXAMPLES] = examples
