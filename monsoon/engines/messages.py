@@ -461,10 +461,15 @@ class Sender:
     def pack(self, v: np.ndarray) -> np.ndarray:
         """As ``send``, but return the wire form (``v`` itself when nothing
         compresses): exactly ``last_nbytes`` bytes."""
+        return self.exchange(v)[0]
+
+    def exchange(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(wire form, decoded vector)``: for a sender that applies what it
+        sent itself (EASGD's x_i -= D)."""
         if not self.compression.active:
-            return self._plain(v)
-        enc, _ = self._encode(v)
-        return self.compressor.pack(enc, v.dtype)
+            return self._plain(v), v
+        enc, out = self._encode(v)
+        return self.compressor.pack(enc, v.dtype), out
 
     def dense(self, nbytes: int, received: int = 0) -> None:
         """Count an uncompressed message (an elastic exchange, a read)."""
@@ -501,6 +506,9 @@ def compressing(program, sender: Sender, nbytes: int, packed: bool = False):
                 return
             kind = type(op)
             if kind is Push:
+                if packed and not finite(op.grad):
+                    result = yield op  # the engine drops it, as it drops any non-finite push
+                    continue
                 op = Push(out(op.grad), op.ticket)
             elif kind is AllReduce:
                 if op.grad is not None:

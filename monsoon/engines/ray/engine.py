@@ -10,6 +10,11 @@ that dies in ``failed_workers``. async, local-sgd's and easgd's others carry
 on; sync carries on while its backup workers cover the loss, and otherwise
 fails fast with the worker's error. Every remote wait has a timeout.
 
+Compression (``--compress``): a worker puts its packed message
+(``messages.Sender.pack``) in Ray's object store once and each shard
+decodes its slice of it; every worker's bytes sent and received are in the
+summary (``messages.summarize``).
+
 ``address=None`` starts a local Ray instance (and stops it after the run);
 ``"auto"`` or ``"HOST:PORT"`` joins a running cluster::
 
@@ -42,6 +47,7 @@ from ..base import BACKUP_WORKERS, STAGES, Engine, EngineResult, shard_bounds, s
 from ..checkpoints import Checkpointer
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..clocks import clock_extra
+from ..messages import Compression, summarize
 from .checkpointing import ShardCheckpoints, private_copies
 from .clock import ClockServer
 from .shard import Shard
@@ -79,6 +85,7 @@ def cpus_per_worker(workers: int, cluster_cpus: float) -> float:
 
 class RayEngine(Engine):
     name = "ray"
+    compresses = True  # a worker's packed message goes to the shards (worker.py)
     ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic,
                      Clock})
     meets = frozenset({BACKUP_WORKERS, STAGES})
@@ -170,7 +177,8 @@ class RayEngine(Engine):
                                      max_concurrency=workers + 4,
                                      scheduling_strategy=on_driver_node(ray)).remote(
                       s, start.params[a:b], rule, workers, counted, self.timeout,
-                      ckpts.every, ckpts.shard_resume(s))
+                      ckpts.every, ckpts.shard_resume(s), self.compression,
+                      (a, b, start.params.size))
                   for s, (a, b) in enumerate(bounds)]
         cpus = cpus_per_worker(workers, ray.cluster_resources().get("CPU", 0))
         actors = [WorkerActor.options(name=f"monsoon-{self.run_name}-worker-{rank}", num_cpus=cpus,
@@ -178,7 +186,8 @@ class RayEngine(Engine):
                       rank, problem.for_worker(rank, workers), strategy,
                                      WorkerJob(rank, workers, problem.n_examples, batch_size,
                                                seed, budget, start_step=start.positions[rank]),
-                                     shards, bounds, start.params, self.timeout, clock)
+                                     shards, bounds, start.params, self.timeout, clock,
+                                     self.compression)
                   for rank in range(workers)]
         try:
             result = self._drive(ray, actors, shards, strategy, workers, t_begin, start,
@@ -292,8 +301,10 @@ class RayEngine(Engine):
             stopped=stopped, late_gradients=sum(r["late"] for r in results.values()),
             worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
             worker_states={r: v["state"] for r, v in results.items() if v.get("state")},
-            extra={"clock_reports": {r: v["clocks"] for r, v in results.items()
-                                     if v.get("clocks")}} if clock is not None else {})
+            extra={**summarize([results[r]["traffic"] for r in sorted(results)],
+                               self.compression or Compression(), version),
+                   **({"clock_reports": {r: v["clocks"] for r, v in results.items()
+                                         if v.get("clocks")}} if clock is not None else {})})
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:

@@ -11,7 +11,13 @@ updated in place as NumPy arrays, and serves:
   (``weighted_sum``, rank order, as every engine does) and applies the rule.
   Every caller blocks (with a timeout) until the step is applied and gets the
   new slice; a late caller is told how many steps it missed;
-- ``elastic(worker, alpha, x)``: EASGD's exchange with the centre.
+- ``elastic(worker, alpha, x)``: EASGD's exchange with the centre;
+  ``difference(d)``: its compressed form, the centre += the decoded D.
+
+Compressed runs (``--compress``): a push, a contribution or an elastic
+difference arrives as the worker's packed message (``messages.Sender.pack``,
+put once in Ray's object store and read by every shard); the shard decodes
+it (``messages.receive``) and takes its slice.
 
 Checkpoints: every ``every`` versions (updates of this shard) the shard
 takes a copy of its slice, rule state and dropped count, inside its lock,
@@ -27,6 +33,7 @@ import threading
 import numpy as np
 
 from ...rules import UpdateInfo
+from ..messages import receive
 from ..reduce import weighted_sum
 
 TAKEN = 4  # copies a shard keeps until the driver collects them
@@ -34,8 +41,11 @@ TAKEN = 4  # copies a shard keeps until the driver collects them
 
 class Shard:
     def __init__(self, index: int, params: np.ndarray, rule, workers: int, counted: int,
-                 timeout: float, every: int = 0, resume: dict | None = None):
+                 timeout: float, every: int = 0, resume: dict | None = None,
+                 compression=None, span: tuple = (0, None, None)):
         self.index = index
+        self.compression = compression  # messages.Compression, or None: dense slices
+        self.start, self.end, self.size = span  # this slice of the whole vector
         self.params = np.array(params, copy=True)
         self.rule = rule
         self.state = rule.init(self.params.size, self.params.dtype)
@@ -63,7 +73,15 @@ class Shard:
                 self.rule.on_read(self.params, self.state, self.readers[worker])
             return self.params.copy(), self.version
 
+    def _take(self, message):
+        """This shard's slice of a message (already a slice when uncompressed)."""
+        if self.compression is None or not self.compression.active:
+            return message
+        return receive(self.compression, message, self.size, self.params.dtype)[
+            self.start:self.end]
+
     def push(self, worker: int, grad: np.ndarray, read_version: int) -> int:
+        grad = self._take(grad)
         with self.lock:
             staleness = self.version - read_version
             self.rule.apply(self.params, grad, self.state,
@@ -80,9 +98,17 @@ class Shard:
             self._updated()
             return diff
 
+    def difference(self, message) -> None:
+        d = self._take(message)
+        with self.lock:
+            self.params += d
+            self._updated()
+
     # -- synchronous -----------------------------------------------------------
     def contribute(self, step: int, worker: int, grad, examples: int):
         """Returns (new slice, steps missed, counted?)."""
+        if grad is not None:
+            grad = self._take(grad)
         with self.lock:
             if step < self.step or len(self.arrivals) >= self.counted:
                 late_for = step
