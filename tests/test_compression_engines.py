@@ -40,3 +40,15 @@ def test_ray_sends_the_packed_message(strategy):
         twin = _local_twin("sync", "topk:0.1", steps=40)
         np.testing.assert_allclose(runs["topk:0.1"].params, twin.params, rtol=1e-6, atol=1e-7)
         assert runs["topk:0.1"].summary["bytes_sent"] == twin.summary["bytes_sent"]
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("strategy", ["sync", "local-sgd", "easgd"])
+def test_torch_all_gathers_the_packed_messages(strategy):
+    runs = _both("torch", strategy, steps=30, timeout=60, progress=False)
+    comp = runs["topk:0.1"].summary
+    assert comp["reduce_via"] == "gloo"  # compressed: the backend's all-gather, not shm
+    if strategy == "sync":
+        twin = _local_twin("sync", "topk:0.1", steps=30)
+        np.testing.assert_allclose(runs["topk:0.1"].params, twin.params, rtol=1e-5, atol=1e-6)
+        assert comp["bytes_sent"] == twin.summary["bytes_sent"]

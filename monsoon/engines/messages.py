@@ -375,6 +375,12 @@ class Compression:
             return PowerSGD(self.arg, self.matrices, seed)
         return Compressor()
 
+    def wire_nbytes(self, size: int, dtype) -> int:
+        """The packed size of any message of ``size`` coordinates: the same for
+        every message of a run (an all-gather needs equal lengths)."""
+        c = self.compressor(0)
+        return c.encode(np.zeros(size, dtype=dtype)).nbytes
+
     def describe(self) -> str:
         return self.name if self.arg is None else f"{self.name}:{self.arg:g}"
 

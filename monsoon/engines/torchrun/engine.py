@@ -27,6 +27,11 @@ to gloo's sum; see bench/torch_engine_vs_ddp.py); otherwise (several nodes,
 NCCL, or ``--reduce-via backend``) through the backend's all-reduce, for
 torch problems in buckets overlapped with backward (``buckets.py``).
 
+Compressed runs (``--compress``): every collective is an all-gather of each
+rank's packed message, which every rank decodes and sums (``rank.py``):
+top-k's indices differ from rank to rank, so a sum all-reduce cannot add
+the messages; ``--reduce-via shm`` is refused with it.
+
 No Push (async): Downpour's server answers each worker's push the moment
 it arrives, which collectives (every rank at once) cannot do soundly; no
 Apply by several workers (hogwild): the ranks share no memory.
@@ -55,6 +60,7 @@ class TorchEngine(Engine):
     No Apply: the ranks share no memory. No backup workers: an all-reduce
     takes every rank."""
     name = "torch"
+    compresses = True  # an all-gather of every rank's packed message (rank.py)
     device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)
     ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
@@ -103,6 +109,12 @@ class TorchEngine(Engine):
                 "max_restarts": self.max_restarts, "reduce_via": self.reduce_via,
                 "checkpoint_every": self.checkpoint_every,
                 "resumed_from": self.resume_dir}
+
+    def compression_refused(self, strategy) -> str | None:
+        if self.reduce_via == "shm":
+            return ("--compress sends each rank's packed message through the backend's "
+                    "all-gather, not the shared-memory reduce; drop --reduce-via shm")
+        return None
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
