@@ -32,6 +32,7 @@ def _local_twin(strategy, spec, **kw):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.usefixtures("local_ray")
 @pytest.mark.parametrize("strategy", ["sync", "async", "local-sgd", "easgd"])
 def test_ray_sends_the_packed_message(strategy):
@@ -43,6 +44,7 @@ def test_ray_sends_the_packed_message(strategy):
 
 
 @pytest.mark.torchrun
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["sync", "local-sgd", "easgd"])
 def test_torch_all_gathers_the_packed_messages(strategy):
     runs = _both("torch", strategy, steps=30, timeout=60, progress=False)
@@ -52,3 +54,27 @@ def test_torch_all_gathers_the_packed_messages(strategy):
         twin = _local_twin("sync", "topk:0.1", steps=30)
         np.testing.assert_allclose(runs["topk:0.1"].params, twin.params, rtol=1e-5, atol=1e-6)
         assert comp["bytes_sent"] == twin.summary["bytes_sent"]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from spark_env import spark_session
+
+    with spark_session("local[2]") as session:
+        yield session
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, kw", [("async", {"n_push": 4, "n_fetch": 4}),
+                                          ("local-sgd", {}), ("easgd", {})])
+def test_spark_tasks_return_the_packed_message(spark, strategy, kw):
+    _both("spark", strategy, steps=40, **kw)
+
+
+@pytest.mark.spark
+def test_spark_refuses_to_compress_sync_whose_workers_run_on_the_driver(spark):
+    from monsoon.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="on the driver"):
+        monsoon.train("linear", "sync", 2, engine="spark", compress="topk:0.1", steps=2)
