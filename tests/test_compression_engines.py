@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import monsoon
+from spark_env import spark  # noqa: F401 - the module's Spark session (a fixture)
 
 
 def _both(engine, strategy, spec="topk:0.1", workers=2, **kw):
@@ -33,6 +34,7 @@ def _local_twin(strategy, spec, **kw):
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a cluster's start and several runs, on a busy machine
 @pytest.mark.usefixtures("local_ray")
 @pytest.mark.parametrize("strategy", ["sync", "async", "local-sgd", "easgd"])
 def test_ray_sends_the_packed_message(strategy):
@@ -45,6 +47,7 @@ def test_ray_sends_the_packed_message(strategy):
 
 @pytest.mark.torchrun
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a cluster's start and several runs, on a busy machine
 @pytest.mark.parametrize("strategy", ["sync", "local-sgd", "easgd"])
 def test_torch_all_gathers_the_packed_messages(strategy):
     runs = _both("torch", strategy, steps=30, timeout=60, progress=False)
@@ -56,16 +59,9 @@ def test_torch_all_gathers_the_packed_messages(strategy):
         assert comp["bytes_sent"] == twin.summary["bytes_sent"]
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from spark_env import spark_session
-
-    with spark_session("local[2]") as session:
-        yield session
-
-
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a cluster's start and several runs, on a busy machine
 @pytest.mark.parametrize("strategy, kw", [("async", {"n_push": 4, "n_fetch": 4}),
                                           ("local-sgd", {}), ("easgd", {})])
 def test_spark_tasks_return_the_packed_message(spark, strategy, kw):

@@ -26,8 +26,22 @@ Error feedback (Seide et al. 2014; Karimireddy et al. 2019): the sender
 adds the residual e to the message, sends C(v + e) and keeps
 e' = v + e - D(C(v + e)). Invariant (tested): sent + e' == v + e.
 
-``Traffic`` counts a worker's bytes sent and received; ``compressing``
-wraps a worker program so Push and AllReduce carry the decoded message.
+Wire form: ``Compressor.pack`` writes an ``Encoded`` as exactly ``nbytes``
+bytes (uint8; indices and codes bit-packed), and ``unpack`` reads it back
+knowing only the run's ``Compression``, the length and the dtype. Invariant
+(tested): ``receive(pack(m))`` equals the sender's own decode of m, so
+error feedback's residual is exact on the receiving side too.
+
+``Sender`` is one worker's outgoing side (compressor, residual, the bytes it
+sent and received): ``send`` returns the decoded message, for engines that
+share memory (local, sim); ``pack`` the wire form, for engines that move
+bytes (ray, spark, torch), whose receiver calls ``receive``. ``compressing``
+wraps a worker program so Push and AllReduce carry one or the other; the
+engine sends a drift (Average) or EASGD's elastic difference itself. A
+compressed elastic exchange reads the centre x~ and sends
+D = C(alpha (x_i - x~) + e); the centre adds D and the worker subtracts it
+(Zhang, Choromanska, LeCun 2015, asynchronous EASGD, with the decoded
+difference on both sides).
 """
 from __future__ import annotations
 
