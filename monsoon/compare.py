@@ -11,6 +11,11 @@ all of them alike. The report's speeds are then the medians of those runs
 (with their ranges), and each speedup the median of the runs' ratios to the
 serial run of their turn. The first turn's folders are ``OUT/STRATEGY/`` (its
 curves are the ones plotted); later turns write ``OUT/repeats/STRATEGY-K/``.
+``compress``: one ``--compress`` spec for every strategy, or one per
+strategy, ``STRATEGY=SPEC,...`` (e.g. ``sync=topk:0.01,local-sgd=powersgd:2``;
+a strategy not named runs uncompressed). comparison.csv and report.md then
+carry each run's bytes sent and compression ratio.
+
 Short single runs vary from one to the next on a busy machine;
 bench/quick_start.py measures how much for the quick start's report.
 """
@@ -49,13 +54,15 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
         raise ConfigError(f"repeats must be a whole number >= 1 (got {repeats!r}); "
                           "e.g. --repeats 3")
+    compress = compress_by_strategy(options.pop("compress", None), strategies)
     out = Path(out)
     results, turns = {}, {s: [] for s in strategies}
     for turn in range(int(repeats)):
         for s in strategies:
             folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
             result = train(problem, strategy=s, workers=1 if classes[s].single_worker else workers,
-                           out=folder, raise_on_divergence=False, **for_strategy(options, s))
+                           out=folder, raise_on_divergence=False, **for_strategy(options, s),
+                           **({"compress": compress[s]} if compress[s] else {}))
             results.setdefault(s, result)
             turns[s].append(result.summary)
     name = next(iter(results.values())).summary["problem"]
@@ -63,3 +70,18 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
                             {s: r.history for s, r in results.items()},
                             target=options.get("target_loss"))
     return Comparison(results, rows, out)
+
+
+def compress_by_strategy(spec, strategies) -> dict:
+    """``--compress`` for each strategy: one spec for all, or ``S=SPEC,...``."""
+    if not spec or "=" not in spec:
+        return {s: spec for s in strategies}
+    out = dict.fromkeys(strategies)
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, _, one = part.partition("=")
+        if name not in out:
+            raise ConfigError(f"--compress {part!r} names {name!r}, which is not in "
+                              f"--strategies ({', '.join(strategies)})")
+        out[name] = one
+    return out
+

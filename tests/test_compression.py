@@ -244,3 +244,20 @@ def test_digits_powersgd_rank_2_keeps_the_validation_loss_with_a_tenth_of_the_by
     plain, comp = runs["none"], runs["powersgd:2"]
     assert comp["val_loss"] <= plain["val_loss"] * 1.01
     assert plain["bytes_sent"] >= 10 * comp["bytes_sent"]
+
+
+def test_compare_sets_a_compressor_per_strategy_and_reports_the_bytes(tmp_path):
+    from monsoon.compare import compare
+
+    c = compare("linear", ["sync", "local-sgd", "async"], 2, out=tmp_path, steps=20,
+                compress="sync=topk:0.1,local-sgd=sign", progress=False)
+    rows = {r["strategy"]: r for r in c.rows}
+    assert rows["sync"]["compress"] == "topk:0.1" and rows["local-sgd"]["compress"] == "sign"
+    assert rows["async"]["compress"] == "none" and rows["async"]["compression_ratio"] == 1.0
+    assert rows["sync"]["compression_ratio"] > 3 and rows["local-sgd"]["compression_ratio"] > 3
+    csv = (tmp_path / "comparison.csv").read_text().splitlines()
+    assert csv[0].endswith("compress,bytes_sent,compression_ratio,residual_norm")
+    report = (tmp_path / "report.md").read_text()
+    assert "sync (topk:0.1)" in report and "sync computes the same gradient" not in report
+    with pytest.raises(ConfigError, match="not in --strategies"):
+        compare("linear", ["sync"], 2, out=tmp_path, steps=2, compress="async=sign")
