@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .api import Result, train
 from .config import for_strategy, refuse_untaken
+from .engines.messages import by_strategy
 from .errors import ConfigError
 from .record.report import write_comparison
 from .strategies import STRATEGIES
@@ -54,15 +55,17 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
         raise ConfigError(f"repeats must be a whole number >= 1 (got {repeats!r}); "
                           "e.g. --repeats 3")
-    compress = compress_by_strategy(options.pop("compress", None), strategies)
+    named = set(by_strategy(options.get("compress")) or ()) - set(strategies)
+    if named:
+        raise ConfigError(f"--compress names {', '.join(sorted(named))}, not in --strategies "
+                          f"({', '.join(strategies)}); give STRATEGY=SPEC for those listed")
     out = Path(out)
     results, turns = {}, {s: [] for s in strategies}
     for turn in range(int(repeats)):
         for s in strategies:
             folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
             result = train(problem, strategy=s, workers=1 if classes[s].single_worker else workers,
-                           out=folder, raise_on_divergence=False, **for_strategy(options, s),
-                           **({"compress": compress[s]} if compress[s] else {}))
+                           out=folder, raise_on_divergence=False, **for_strategy(options, s))
             results.setdefault(s, result)
             turns[s].append(result.summary)
     name = next(iter(results.values())).summary["problem"]
@@ -70,18 +73,4 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
                             {s: r.history for s, r in results.items()},
                             target=options.get("target_loss"))
     return Comparison(results, rows, out)
-
-
-def compress_by_strategy(spec, strategies) -> dict:
-    """``--compress`` for each strategy: one spec for all, or ``S=SPEC,...``."""
-    if not spec or "=" not in spec:
-        return {s: spec for s in strategies}
-    out = dict.fromkeys(strategies)
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        name, _, one = part.partition("=")
-        if name not in out:
-            raise ConfigError(f"--compress {part!r} names {name!r}, which is not in "
-                              f"--strategies ({', '.join(strategies)})")
-        out[name] = one
-    return out
 

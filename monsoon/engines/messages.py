@@ -338,6 +338,18 @@ def parse(spec: str | None) -> tuple[str, float | int | None]:
     return name, value
 
 
+def by_strategy(spec) -> dict | None:
+    """``monsoon compare``'s ``--compress STRATEGY=SPEC,...`` as {strategy: spec};
+    None for one spec that every strategy takes."""
+    if not isinstance(spec, str) or "=" not in spec:
+        return None
+    out = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, _, one = part.partition("=")
+        out[name.strip()] = one.strip()
+    return out
+
+
 def check_spec(spec) -> str | None:
     """The run option's check: None when fine, else what it must be."""
     try:
