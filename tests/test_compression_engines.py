@@ -53,6 +53,7 @@ def test_torch_all_gathers_the_packed_messages(strategy):
     runs = _both("torch", strategy, steps=30, timeout=60, progress=False)
     comp = runs["topk:0.1"].summary
     assert comp["reduce_via"] == "gloo"  # compressed: the backend's all-gather, not shm
+    assert comp["bytes_received"] == comp["bytes_sent"]  # 2 ranks: each gets the other's
     if strategy == "sync":
         twin = _local_twin("sync", "topk:0.1", steps=30)
         np.testing.assert_allclose(runs["topk:0.1"].params, twin.params, rtol=1e-5, atol=1e-6)

@@ -519,13 +519,15 @@ class Sender:
                 "residual_norm": norm}
 
 
-def compressing(program, sender: Sender, nbytes: int, packed: bool = False):
+def compressing(program, sender: Sender, nbytes: int, packed: bool = False,
+                fetch_bytes: int | None = None):
     """``program`` with each Push's and AllReduce's vector replaced by the
     message the receiver gets: decoded (``packed=False``: engines that share
     memory) or its wire form (``packed=True``: the engine moves it and the
     receiver calls ``receive``); every worker's bytes counted. ``nbytes``:
     the parameter vector's size (what a Fetch or a synchronous step
-    returns). Average's drift and EASGD's elastic difference are formed by
+    returns; ``fetch_bytes``: what a Fetch costs where it differs, 0 where
+    the worker holds a replica of the server). Average's drift and EASGD's elastic difference are formed by
     the engine, which sends them through ``sender`` itself (a compressed
     elastic exchange first reads the centre: ``nbytes`` received)."""
     out = sender.pack if packed else sender.send
@@ -549,7 +551,7 @@ def compressing(program, sender: Sender, nbytes: int, packed: bool = False):
             elif kind is Average:
                 sender.received_bytes += nbytes
             elif kind is Fetch:
-                sender.dense(0, nbytes)
+                sender.dense(0, nbytes if fetch_bytes is None else fetch_bytes)
             elif kind is Elastic:
                 if sender.compression.active:
                     sender.received_bytes += nbytes

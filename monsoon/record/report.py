@@ -153,6 +153,7 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
     sent = [r for r in rows if r.get("bytes_sent")]
     if any(r.get("compress") not in (None, "none") for r in sent):
         lines.append("- Bytes the workers sent (docs/compression.md): " + "; ".join(
+            f"{r['strategy']} {r['bytes_sent']:,} uncompressed" if r["compress"] == "none" else
             f"{r['strategy']} ({r['compress']}) {r['bytes_sent']:,}, "
             f"{_fmt(r['compression_ratio'], 3)}x fewer than dense" for r in sent) + ".")
     lines += explain(rows)

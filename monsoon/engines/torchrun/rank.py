@@ -138,7 +138,7 @@ class RankWorker:
     # -- the program -------------------------------------------------------
     def run(self) -> None:
         program = compressing(self.strategy.program(self.job), self.sender, self.server.nbytes,
-                              packed=True)
+                              packed=True, fetch_bytes=0)  # a Fetch reads the rank's replica
         result = None
         try:
             while True:
