@@ -26,22 +26,14 @@ Error feedback (Seide et al. 2014; Karimireddy et al. 2019): the sender
 adds the residual e to the message, sends C(v + e) and keeps
 e' = v + e - D(C(v + e)). Invariant (tested): sent + e' == v + e.
 
-Wire form: ``Compressor.pack`` writes an ``Encoded`` as exactly ``nbytes``
-bytes (uint8; indices and codes bit-packed), and ``unpack`` reads it back
-knowing only the run's ``Compression``, the length and the dtype. Invariant
-(tested): ``receive(pack(m))`` equals the sender's own decode of m, so
-error feedback's residual is exact on the receiving side too.
-
-``Sender`` is one worker's outgoing side (compressor, residual, the bytes it
-sent and received): ``send`` returns the decoded message, for engines that
-share memory (local, sim); ``pack`` the wire form, for engines that move
-bytes (ray, spark, torch), whose receiver calls ``receive``. ``compressing``
-wraps a worker program so Push and AllReduce carry one or the other; the
-engine sends a drift (Average) or EASGD's elastic difference itself. A
-compressed elastic exchange reads the centre x~ and sends
-D = C(alpha (x_i - x~) + e); the centre adds D and the worker subtracts it
-(Zhang, Choromanska, LeCun 2015, asynchronous EASGD, with the decoded
-difference on both sides).
+Wire form: ``pack`` writes an ``Encoded`` as exactly ``nbytes`` bytes
+(uint8, bit-packed); invariant (tested): ``receive`` of it equals the
+sender's own decode. ``Sender`` (compressor, residual, bytes sent and
+received): ``send`` returns the decoded message (local, sim share memory),
+``pack`` the wire form (ray, spark, torch move it). ``compressing`` wraps a
+worker program so Push and AllReduce carry one or the other. EASGD: read x~,
+send D = C(alpha (x_i - x~) + e); x~ += D, x_i -= D (Zhang et al. 2015's
+asynchronous exchange, the decoded difference on both sides).
 """
 from __future__ import annotations
 

@@ -18,13 +18,9 @@ where each program runs follows from its declarations (``placement.py``):
   partition, one small job per push period on that partition alone, the
   driver applying each finished job's result once (and, for SSP's
   ``Clock``, holding back the next job of a partition that is ahead); Average programs
-  (local-sgd: ``rounds.py``) run one job per round of H local steps.
-- ``--compress`` (programs in tasks): a task returns its push, drift or
-  elastic difference packed, decoded on the driver (``messages.py``); the
-  worker's compressor state travels with its tasks. Refused for programs
-  on the driver (sync): they have no worker message.
-- Apply on several workers (hogwild) is refused: executors share no
-  memory; so are pipeline stages: tasks cannot pass activations.
+  (local-sgd: ``rounds.py``) run one job per round of H local steps. Refused: sync with
+  ``--compress`` (tasks.py packs the others' messages), Apply on several workers
+  (hogwild: executors share no memory), pipeline stages (tasks cannot pass activations).
 
 Faults: Spark retries a failed task inside its job (``spark.task.maxFailures``;
 a ``local[N, F]`` master allows F attempts), and the driver applies only

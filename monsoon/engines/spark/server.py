@@ -14,14 +14,8 @@ the driver process. Each worker k is a driver thread that, in a loop:
    what it would push;
 3. applies ONLY that finished job's result under the lock: Downpour's rule
    on the accrued gradient, with staleness = version now - ticket;
-   EASGD's elastic exchange d = alpha (x_k - centre), centre += d,
-   x_k -= d (x_k and the worker's inner rule state stay on the driver).
-   Compressed (``--compress``): the task sends D = C(alpha (x_k - x~) + e),
-   x~ as it read it at launch, and applies x_k -= D; the driver x~ += D.
-
-A push or an elastic difference comes back packed (``tasks.run_segment``,
-``messages.Sender.pack``) and is decoded here (``messages.receive``); each
-worker's Sender (residual, byte counts) stays on the driver between jobs.
+   EASGD's elastic exchange d = alpha (x_k - centre), centre += d, x_k -= d (x_k and its
+   rule state stay on the driver; ``--compress``: the task sends D = C(d + e), x_k -= D).
 
 A task that Spark retries recomputes the same segment from the same
 broadcast, and the driver applies the job's one result: an update lands

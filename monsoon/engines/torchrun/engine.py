@@ -27,10 +27,7 @@ to gloo's sum; see bench/torch_engine_vs_ddp.py); otherwise (several nodes,
 NCCL, or ``--reduce-via backend``) through the backend's all-reduce, for
 torch problems in buckets overlapped with backward (``buckets.py``).
 
-Compressed runs (``--compress``): every collective is an all-gather of each
-rank's packed message, which every rank decodes and sums (``rank.py``):
-top-k's indices differ from rank to rank, so a sum all-reduce cannot add
-the messages; ``--reduce-via shm`` is refused with it.
+``--compress``: an all-gather of packed messages instead (``rank.py``).
 
 No Push (async): Downpour's server answers each worker's push the moment
 it arrives, which collectives (every rank at once) cannot do soundly; no

@@ -21,19 +21,8 @@ live series get every rank's loss from the sum):
   payload d_k = alpha (x_k - x~); x_k -= d_k, x~ += sum_k d_k.
 - ``LocalApply``, ``Fetch``: local, no communication.
 
-Compressed runs (``--compress``): a sum all-reduce cannot add top-k
-messages (their indices differ), QSGD's or sign's packed codes, or two
-ranks' PowerSGD factors, so every collective becomes one all-gather of
-``[packed message (messages.Sender.pack: Encoded.nbytes bytes), flags]``
-from every rank. Each rank decodes the N messages (``messages.receive``)
-and sums them, weighted as above, in rank order, and sums the flags: the
-replicas stay identical because every rank decodes the same bytes. The
-message is g_k (sync), the drift (local SGD) or D_k = C(alpha (x_k - x~)
-+ e_k) (EASGD: x_k -= D_k, x~ += sum_k D_k), each with its rank's
-error-feedback residual. PowerSGD all-gathers each rank's P and Q (so the
-mean may have rank up to N R), not the paper's all-reduce of P then Q.
-Compressed runs do not use the buckets or the shared-memory reduce. A
-rank counts its own message as sent and the others' as received.
+``--compress``: every collective is one all-gather of each rank's packed
+message and flags instead (``RankWorker._gather``).
 
 ``active`` makes programs of unequal length safe: a rank whose program has
 ended keeps joining the others' collectives with zeros (weight 0) until a
@@ -168,7 +157,17 @@ class RankWorker:
         """A compressed collective: all-gather each rank's packed message
         (``wire``; None: nothing, weight 0) and flags; then the payload is
         sum_k (flags_k[weight] / unit) D_k, in rank order, and the flags
-        are summed, as the all-reduce would have left them."""
+        are summed, as the all-reduce would have left them.
+
+        A sum all-reduce cannot add top-k messages (their indices differ),
+        packed codes or two ranks' PowerSGD factors. Every rank decodes the
+        same bytes (``messages.receive``), so the replicas stay identical.
+        The message is g_k (sync), the drift (local SGD) or D_k = C(alpha
+        (x_k - x~) + e_k) (EASGD: x_k -= D_k, x~ += sum_k D_k), each with
+        its rank's residual. PowerSGD all-gathers each rank's P and Q (the
+        mean may have rank up to N R), not the paper's all-reduce of P,
+        then Q. No buckets, no shared-memory reduce. A rank counts its own
+        message as sent and the others' as received."""
         mine = self.gathered
         mine[:self.wire] = 0 if wire is None else wire
         mine[self.wire:] = self.flags.view(np.uint8)
