@@ -17,6 +17,10 @@ and number of steps:
   ``matrix_approximation_rank=2``, error feedback, warm start,
   ``start_powerSGD_iter=2``, the earliest it allows: its first step is a
   plain all-reduce), ``ddp_peer.py``; examples/s after 3 warm-up steps.
+  The whole gradient is one DDP bucket: with several buckets on gloo the
+  hook aborted here (torch 2.13: "Received data size doesn't match
+  expected size"; likely its callbacks' all-reduces racing the next
+  bucket's, not investigated further).
 
 Targets: final loss (on all the data) within 1% of the peer's, and
 examples/s at least 1.0x the peer's (medians of ``--repeats``

@@ -38,7 +38,7 @@ def _worker(rank, world, port, make_model, make_data, loss_fn, batch, lr, steps,
     torch.manual_seed(0)
     # PowerSGD: one bucket for the whole gradient. With several buckets on gloo,
     # torch 2.x's hook aborted ("Received data size doesn't match expected
-    # size"): its callbacks' all-reduces of Q race the next bucket's.
+    # size"), likely its callbacks' all-reduces of Q racing the next bucket's.
     model = torch.nn.parallel.DistributedDataParallel(
         make_model(), **({"bucket_cap_mb": 1024} if powersgd_rank else {}))
     if powersgd_rank:
