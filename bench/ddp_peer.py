@@ -5,6 +5,9 @@
 split evenly among ``world`` processes (one torch thread each), after a few
 warm-up steps, and returns examples per second. ``make_model`` and
 ``make_data`` must be module-level functions (spawned processes import them).
+``ddp_run`` is the same with its final loss on all of ``make_data()`` too,
+and optionally PyTorch's own PowerSGD communication hook
+(``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``).
 ``one_process_examples_per_s`` is the other peer: one process, plain SGD.
 """
 from __future__ import annotations
@@ -25,14 +28,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, make_model, make_data, loss_fn, batch, lr, steps, warmup, out):
+def _worker(rank, world, port, make_model, make_data, loss_fn, batch, lr, steps, warmup, out,
+            powersgd_rank=0):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     X, y = make_data()
     X, y = torch.as_tensor(X), torch.as_tensor(y)
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    # PowerSGD: one bucket for the whole gradient. With several buckets on gloo,
+    # torch 2.x's hook aborted ("Received data size doesn't match expected
+    # size"), likely its callbacks' all-reduces of Q racing the next bucket's.
+    model = torch.nn.parallel.DistributedDataParallel(
+        make_model(), **({"bucket_cap_mb": 1024} if powersgd_rank else {}))
+    if powersgd_rank:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        # from the second step (the earliest the hook allows with error feedback)
+        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=powersgd_rank,
+                                            start_powerSGD_iter=2, use_error_feedback=True,
+                                            warm_start=True, random_seed=0)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     rng = np.random.default_rng(0)
     per = batch // world
@@ -52,17 +68,22 @@ def _worker(rank, world, port, make_model, make_data, loss_fn, batch, lr, steps,
         step()
     dist.barrier()
     if rank == 0:
-        out.put(steps * batch / (time.perf_counter() - t0))
+        speed = steps * batch / (time.perf_counter() - t0)
+        with torch.no_grad():
+            final = float(loss_fn(model.module(X), y))
+        out.put({"examples_per_s": speed, "final_loss": final})
     dist.barrier()
     dist.destroy_process_group()
 
 
-def ddp_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, steps: int,
-                       world: int = 2, warmup: int = 3) -> float:
+def ddp_run(make_model, make_data, loss_fn, batch: int, lr: float, steps: int,
+            world: int = 2, warmup: int = 3, powersgd_rank: int = 0) -> dict:
+    """``{"examples_per_s", "final_loss"}`` of DDP (with PyTorch's PowerSGD
+    hook at ``powersgd_rank`` when given), rank 0's."""
     out = tmp.get_context("spawn").SimpleQueue()
     try:
         tmp.start_processes(_worker, args=(world, _free_port(), make_model, make_data, loss_fn,
-                                           batch, lr, steps, warmup, out),
+                                           batch, lr, steps, warmup, out, powersgd_rank),
                             nprocs=world, join=True, start_method="spawn")
     except tmp.ProcessExitedException:
         # gloo sometimes aborts while tearing down ("terminate called without
@@ -70,6 +91,12 @@ def ddp_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, st
         if out.empty():
             raise
     return out.get()
+
+
+def ddp_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, steps: int,
+                       world: int = 2, warmup: int = 3) -> float:
+    return ddp_run(make_model, make_data, loss_fn, batch, lr, steps, world,
+                   warmup)["examples_per_s"]
 
 
 def one_process_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, steps: int,

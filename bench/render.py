@@ -78,6 +78,10 @@ BENCHMARKS = [
     ("compression", "sim, 32 workers, 100 Mbit/s, MLP of 1M parameters: compressed sync's time to "
      "the target loss over uncompressed sync's", "python bench/compression.py --steps 60",
      ">= 3x sooner"),
+    ("compression_vs_ddp_powersgd", "torch engine `powersgd:2` ×2 vs DDP with PyTorch's "
+     "PowerSGD hook (rank 2) ×2, gloo, MLP 784-512-512-10: examples/s, final loss",
+     "python bench/compression_vs_ddp_powersgd.py --repeats 3 --steps 300",
+     ">= 1.0x examples/s, final loss within 1%"),
     ("ssp_sweep", "sim, 32 workers, stragglers: SSP's time to the target loss over S = 0's",
      "python bench/ssp_sweep.py", ">= 1.3x sooner, final loss within 1%"),
     ("before_after", "the engine-layer refactor: each benchmark's ratio after / before, interleaved",

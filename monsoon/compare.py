@@ -11,6 +11,11 @@ all of them alike. The report's speeds are then the medians of those runs
 (with their ranges), and each speedup the median of the runs' ratios to the
 serial run of their turn. The first turn's folders are ``OUT/STRATEGY/`` (its
 curves are the ones plotted); later turns write ``OUT/repeats/STRATEGY-K/``.
+``compress``: one ``--compress`` spec for every strategy, or one per
+strategy, ``STRATEGY=SPEC,...`` (e.g. ``sync=topk:0.01,local-sgd=powersgd:2``;
+a strategy not named runs uncompressed). comparison.csv and report.md then
+carry each run's bytes sent and compression ratio.
+
 Short single runs vary from one to the next on a busy machine;
 bench/quick_start.py measures how much for the quick start's report.
 """
@@ -22,6 +27,7 @@ from pathlib import Path
 
 from .api import Result, train
 from .config import for_strategy, refuse_untaken
+from .engines.messages import by_strategy
 from .errors import ConfigError
 from .record.report import write_comparison
 from .strategies import STRATEGIES
@@ -49,6 +55,10 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
         raise ConfigError(f"repeats must be a whole number >= 1 (got {repeats!r}); "
                           "e.g. --repeats 3")
+    named = set(by_strategy(options.get("compress")) or ()) - set(strategies)
+    if named:
+        raise ConfigError(f"--compress names {', '.join(sorted(named))}, not in --strategies "
+                          f"({', '.join(strategies)}); give STRATEGY=SPEC for those listed")
     out = Path(out)
     results, turns = {}, {s: [] for s in strategies}
     for turn in range(int(repeats)):
@@ -63,3 +73,4 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
                             {s: r.history for s, r in results.items()},
                             target=options.get("target_loss"))
     return Comparison(results, rows, out)
+

@@ -108,9 +108,14 @@ def refuse_untaken(given, chosen: dict[str, list[str]]) -> None:
 
 def for_strategy(options: dict, strategy: str) -> dict:
     """The options that concern ``strategy``: those of other strategies are
-    left out (``compare`` passes one set of options to several)."""
-    return {k: v for k, v in options.items()
-            if not STRATEGIES.takers(k) or strategy in STRATEGIES.takers(k)}
+    left out (``compare`` passes one set of options to several), and a
+    per-strategy ``--compress S=SPEC,...`` becomes this strategy's spec."""
+    out = {k: v for k, v in options.items()
+           if not STRATEGIES.takers(k) or strategy in STRATEGIES.takers(k)}
+    specs = _messages.by_strategy(out.get("compress"))
+    if specs is not None:  # --compress STRATEGY=SPEC,...: this strategy's, else none
+        out["compress"] = specs.get(strategy, "none")
+    return out
 
 
 @dataclass

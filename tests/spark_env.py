@@ -20,3 +20,10 @@ def spark_session(master: str):
         yield spark
     finally:
         spark.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """A local[2] session for the module's tests (import this fixture)."""
+    with spark_session("local[2]") as session:
+        yield session

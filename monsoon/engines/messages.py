@@ -26,11 +26,19 @@ Error feedback (Seide et al. 2014; Karimireddy et al. 2019): the sender
 adds the residual e to the message, sends C(v + e) and keeps
 e' = v + e - D(C(v + e)). Invariant (tested): sent + e' == v + e.
 
-``Traffic`` counts a worker's bytes sent and received; ``compressing``
-wraps a worker program so Push and AllReduce carry the decoded message.
+Wire form: ``pack`` writes an ``Encoded`` as exactly ``nbytes`` bytes
+(uint8, bit-packed); invariant (tested): ``receive`` of it equals the
+sender's own decode. ``Sender`` (compressor, residual, bytes sent and
+received): ``send`` returns the decoded message (local, sim share memory),
+``pack`` the wire form (ray, spark, torch move it). ``compressing`` wraps a
+worker program so Push and AllReduce carry one or the other. EASGD: read x~,
+send D = C(alpha (x_i - x~) + e); x~ += D, x_i -= D (Zhang et al. 2015's
+asynchronous exchange, the decoded difference on both sides).
 """
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -38,6 +46,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..strategies.ops import AllReduce, Average, Elastic, Fetch, Push
+from .reduce import finite
 
 SEED_BYTES = 8
 
@@ -56,7 +65,42 @@ def index_bytes(k: int, d: int) -> int:
     return math.ceil(k * max(1, math.ceil(math.log2(d))) / 8)
 
 
+def pack_uints(x: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned integers below 2**bits, ``bits`` bits each, little-endian."""
+    shifts = np.arange(bits, dtype=np.uint64)
+    b = ((x.astype(np.uint64)[:, None] >> shifts) & np.uint64(1)).astype(np.uint8)
+    return np.packbits(b.reshape(-1), bitorder="little")
+
+
+def unpack_uints(buf: np.ndarray, count: int, bits: int) -> np.ndarray:
+    b = np.unpackbits(buf, count=count * bits, bitorder="little").reshape(count, bits)
+    return (b.astype(np.uint64) << np.arange(bits, dtype=np.uint64)).sum(axis=1)
+
+
+def _bytes(*arrays) -> np.ndarray:
+    return np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays])
+
+
+class _Reader:
+    """Reads arrays back, in order, from a packed message."""
+
+    def __init__(self, buf: np.ndarray):
+        self.buf, self.at = buf, 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        out = self.buf[self.at:self.at + nbytes]
+        self.at += nbytes
+        return out
+
+    def array(self, count: int, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        return self.take(count * dtype.itemsize).view(dtype)
+
+
 class Compressor:
+    """``encode``/``decode`` a message; ``pack``/``unpack``: its wire form,
+    exactly ``Encoded.nbytes`` bytes (uint8), read back knowing only the
+    run's ``Compression``, the length ``size`` and the ``dtype``."""
     name = "none"
 
     def encode(self, v: np.ndarray) -> Encoded:
@@ -65,6 +109,12 @@ class Compressor:
     def decode(self, enc: Encoded, dtype) -> np.ndarray:
         return np.asarray(enc.arrays["values"], dtype=dtype)
 
+    def pack(self, enc: Encoded, dtype) -> np.ndarray:
+        return _bytes(np.asarray(enc.arrays["values"], dtype=dtype))
+
+    def unpack(self, buf: np.ndarray, size: int, dtype) -> Encoded:
+        return Encoded("none", size, {"values": _Reader(buf).array(size, dtype)}, buf.nbytes)
+
 
 class TopK(Compressor):
     name = "topk"
@@ -72,8 +122,11 @@ class TopK(Compressor):
     def __init__(self, fraction: float):
         self.fraction = fraction
 
+    def k(self, size: int) -> int:
+        return max(1, math.ceil(self.fraction * size))
+
     def encode(self, v):
-        k = max(1, math.ceil(self.fraction * v.size))
+        k = self.k(v.size)
         idx = np.argpartition(np.abs(v), v.size - k)[v.size - k:].astype(np.int32)
         vals = v[idx]
         return Encoded("sparse", v.size, {"indices": idx, "values": vals},
@@ -84,6 +137,18 @@ class TopK(Compressor):
         out[enc.arrays["indices"]] = enc.arrays["values"]
         return out
 
+    def pack(self, enc, dtype):
+        bits = max(1, math.ceil(math.log2(enc.size)))
+        return _bytes(np.asarray(enc.arrays["values"], dtype=dtype),
+                      pack_uints(enc.arrays["indices"], bits))
+
+    def unpack(self, buf, size, dtype):
+        k, r = self.k(size), _Reader(buf)
+        values = r.array(k, dtype)
+        bits = max(1, math.ceil(math.log2(size)))
+        idx = unpack_uints(r.take(index_bytes(k, size)), k, bits).astype(np.int32)
+        return Encoded("sparse", size, {"indices": idx, "values": values}, buf.nbytes)
+
 
 class RandK(TopK):
     name = "randk"
@@ -93,12 +158,25 @@ class RandK(TopK):
         self.rng = np.random.default_rng(seed)
 
     def encode(self, v):
-        k = max(1, math.ceil(self.fraction * v.size))
         seed = int(self.rng.integers(2**63))
-        idx = np.sort(np.random.default_rng(seed).choice(v.size, k, replace=False))
+        idx = self.indices(seed, v.size)
         # the receiver regenerates the indices from the seed
         return Encoded("sparse", v.size, {"seed": seed, "indices": idx, "values": v[idx]},
-                       k * v.itemsize + SEED_BYTES)
+                       self.k(v.size) * v.itemsize + SEED_BYTES)
+
+    def indices(self, seed: int, size: int) -> np.ndarray:
+        return np.sort(np.random.default_rng(seed).choice(size, self.k(size), replace=False))
+
+    def pack(self, enc, dtype):
+        return _bytes(np.asarray(enc.arrays["values"], dtype=dtype),
+                      np.array([enc.arrays["seed"]], dtype=np.uint64))
+
+    def unpack(self, buf, size, dtype):
+        r = _Reader(buf)
+        values = r.array(self.k(size), dtype)
+        seed = int(r.array(1, np.uint64)[0])
+        return Encoded("sparse", size, {"seed": seed, "indices": self.indices(seed, size),
+                                        "values": values}, buf.nbytes)
 
 
 class QSGD(Compressor):
@@ -118,27 +196,56 @@ class QSGD(Compressor):
             r = np.abs(v.astype(np.float64)) / norm * s
             low = np.floor(r)
             level = (low + (u < r - low)).astype(np.int32)
-        bits = math.ceil(math.log2(s + 1)) + 1
+        norm = float(v.dtype.type(norm))  # as it travels: one value of v's dtype
         return Encoded("qsgd", v.size, {"norm": norm, "signs": np.signbit(v), "levels": level},
-                       v.itemsize + math.ceil(v.size * bits / 8))
+                       v.itemsize + math.ceil(v.size * self.bits / 8))
+
+    @property
+    def bits(self) -> int:
+        return math.ceil(math.log2(self.levels + 1)) + 1  # the level, then the sign
 
     def decode(self, enc, dtype):
         a = enc.arrays
         mag = a["norm"] * a["levels"] / self.levels
         return np.where(a["signs"], -mag, mag).astype(dtype)
 
+    def pack(self, enc, dtype):
+        a = enc.arrays
+        code = a["levels"].astype(np.uint64) | (a["signs"].astype(np.uint64) << (self.bits - 1))
+        return _bytes(np.array([a["norm"]], dtype=dtype), pack_uints(code, self.bits))
+
+    def unpack(self, buf, size, dtype):
+        r = _Reader(buf)
+        norm = float(r.array(1, dtype)[0])
+        code = unpack_uints(r.take(math.ceil(size * self.bits / 8)), size, self.bits)
+        sign = np.uint64(1) << np.uint64(self.bits - 1)
+        return Encoded("qsgd", size, {"norm": norm, "signs": (code & sign) != 0,
+                                      "levels": (code & (sign - np.uint64(1))).astype(np.int32)},
+                       buf.nbytes)
+
 
 class Sign(Compressor):
     name = "sign"
 
     def encode(self, v):
-        scale = float(np.abs(v.astype(np.float64)).sum() / v.size)
+        scale = float(v.dtype.type(np.abs(v.astype(np.float64)).sum() / v.size))
         return Encoded("sign", v.size, {"scale": scale, "negative": np.signbit(v)},
                        v.itemsize + math.ceil(v.size / 8))
 
     def decode(self, enc, dtype):
         s = enc.arrays["scale"]
         return np.where(enc.arrays["negative"], -s, s).astype(dtype)
+
+    def pack(self, enc, dtype):
+        return _bytes(np.array([enc.arrays["scale"]], dtype=dtype),
+                      np.packbits(enc.arrays["negative"], bitorder="little"))
+
+    def unpack(self, buf, size, dtype):
+        r = _Reader(buf)
+        scale = float(r.array(1, dtype)[0])
+        negative = np.unpackbits(r.take(math.ceil(size / 8)), count=size,
+                                 bitorder="little").astype(bool)
+        return Encoded("sign", size, {"scale": scale, "negative": negative}, buf.nbytes)
 
 
 def orthogonalize(p: np.ndarray) -> np.ndarray:
@@ -165,7 +272,7 @@ class PowerSGD(Compressor):
             p = orthogonalize(m @ self.q[i])
             q = m.T @ p
             self.q[i] = q  # warm start
-            factors.append((p, q))
+            factors.append((p.astype(v.dtype), q.astype(v.dtype)))  # as they travel
             covered[a:a + rows * cols] = True
             nbytes += (rows + cols) * p.shape[1] * v.itemsize
         rest = v[~covered]
@@ -180,6 +287,20 @@ class PowerSGD(Compressor):
             covered[a:a + rows * cols] = True
         out[~covered] = enc.arrays["rest"]
         return out
+
+    def pack(self, enc, dtype):
+        return _bytes(*(np.asarray(f, dtype=dtype) for pq in enc.arrays["factors"] for f in pq),
+                      np.asarray(enc.arrays["rest"], dtype=dtype))
+
+    def unpack(self, buf, size, dtype):
+        r, factors, covered = _Reader(buf), [], 0
+        for (_, rows, cols), q in zip(self.matrices, self.q):
+            rank = q.shape[1]
+            factors.append((r.array(rows * rank, dtype).reshape(rows, rank),
+                            r.array(cols * rank, dtype).reshape(cols, rank)))
+            covered += rows * cols
+        return Encoded("lowrank", size, {"factors": factors, "rest": r.array(size - covered,
+                                                                              dtype)}, buf.nbytes)
 
 
 NAMES = ("none", "topk", "randk", "qsgd", "sign", "powersgd")
@@ -207,6 +328,18 @@ def parse(spec: str | None) -> tuple[str, float | int | None]:
         raise ConfigError(f"--compress {spec!r}: {name} needs a whole number of at least 1, "
                           f"e.g. --compress {name}:{4 if name == 'qsgd' else 2}")
     return name, value
+
+
+def by_strategy(spec) -> dict | None:
+    """``monsoon compare``'s ``--compress STRATEGY=SPEC,...`` as {strategy: spec};
+    None for one spec that every strategy takes."""
+    if not isinstance(spec, str) or "=" not in spec:
+        return None
+    out = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, _, one = part.partition("=")
+        out[name.strip()] = one.strip()
+    return out
 
 
 def check_spec(spec) -> str | None:
@@ -260,13 +393,57 @@ class Compression:
             return PowerSGD(self.arg, self.matrices, seed)
         return Compressor()
 
+    def wire_nbytes(self, size: int, dtype) -> int:
+        """The packed size of any message of ``size`` coordinates: the same for
+        every message of a run (an all-gather needs equal lengths)."""
+        c = self.compressor(0)
+        return c.encode(np.zeros(size, dtype=dtype)).nbytes
+
     def describe(self) -> str:
         return self.name if self.arg is None else f"{self.name}:{self.arg:g}"
 
 
+def _poisoned(compressor: Compressor, v: np.ndarray) -> Encoded:
+    """A message that decodes to NaN (``v`` was not finite): the receiver
+    drops it, as it drops a non-finite dense message. The compressor's own
+    state (random stream, PowerSGD's Q) is left as it was."""
+    enc = copy.deepcopy(compressor).encode(np.zeros_like(v))
+    a = enc.arrays
+    for key in ("values", "rest"):
+        if key in a:
+            a[key] = np.full_like(a[key], np.nan)
+    for key in ("norm", "scale"):
+        if key in a:
+            a[key] = math.nan
+    if "factors" in a:
+        a["factors"] = [(np.full_like(p, np.nan), q) for p, q in a["factors"]]
+    return enc
+
+
+@functools.lru_cache(maxsize=16)
+def _decoder(compression: "Compression") -> Compressor:
+    return compression.compressor(0)  # decode and unpack use no per-worker state
+
+
+def receive(compression: "Compression", message: np.ndarray, size: int, dtype) -> np.ndarray:
+    """The receiving side: the dense vector a message decodes to. ``message``
+    is ``Sender.pack``'s wire form, or the dense vector itself when the run
+    does not compress."""
+    if compression is None or not compression.active:
+        return message
+    c = _decoder(compression)
+    return c.decode(c.unpack(np.asarray(message, dtype=np.uint8), size, dtype), dtype)
+
+
 class Sender:
     """One worker's outgoing side: compressor, error-feedback residual and
-    byte counts (``raw_bytes``: what the messages would have cost dense)."""
+    byte counts (``raw_bytes``: what the messages would have cost dense).
+
+    ``send`` returns the decoded message (engines that share memory: local,
+    sim); ``pack`` returns its wire form, ``Encoded.nbytes`` bytes of uint8,
+    which the receiver turns back with ``receive`` (ray, spark, torch). A
+    non-finite message is sent as one that decodes to NaN (the receiver
+    drops it) and leaves the residual as it was."""
 
     def __init__(self, compression: Compression, rank: int = 0):
         self.compression = compression
@@ -275,26 +452,51 @@ class Sender:
         self.sent_bytes = self.raw_bytes = self.received_bytes = self.messages = 0
         self.last_nbytes = 0
 
+    def _encode(self, v: np.ndarray) -> tuple[Encoded, np.ndarray]:
+        self.messages += 1
+        self.raw_bytes += v.nbytes
+        if not finite(v):
+            enc = _poisoned(self.compressor, v)
+            out = self.compressor.decode(enc, v.dtype)
+        else:
+            full = v if self.residual is None else v + self.residual
+            enc = self.compressor.encode(full)
+            out = self.compressor.decode(enc, v.dtype)
+            if self.compression.error_feedback:
+                self.residual = full - out
+        self.sent_bytes += enc.nbytes
+        self.last_nbytes = enc.nbytes
+        return enc, out
+
+    def _plain(self, v: np.ndarray) -> np.ndarray:
+        self.messages += 1
+        self.raw_bytes += v.nbytes
+        self.sent_bytes += v.nbytes
+        self.last_nbytes = v.nbytes
+        return v
+
     def send(self, v: np.ndarray) -> np.ndarray:
         """Encode ``v`` (plus the residual), count it, and return the decoded
         vector the receiver sees (``v`` itself when nothing compresses)."""
-        self.messages += 1
-        self.raw_bytes += v.nbytes
         if not self.compression.active:
-            self.sent_bytes += v.nbytes
-            self.last_nbytes = v.nbytes
-            return v
-        full = v if self.residual is None else v + self.residual
-        enc = self.compressor.encode(full)
-        out = self.compressor.decode(enc, v.dtype)
-        if self.compression.error_feedback:
-            self.residual = full - out
-        self.sent_bytes += enc.nbytes
-        self.last_nbytes = enc.nbytes
-        return out
+            return self._plain(v)
+        return self._encode(v)[1]
+
+    def pack(self, v: np.ndarray) -> np.ndarray:
+        """As ``send``, but return the wire form (``v`` itself when nothing
+        compresses): exactly ``last_nbytes`` bytes."""
+        return self.exchange(v)[0]
+
+    def exchange(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(wire form, decoded vector)``: for a sender that applies what it
+        sent itself (EASGD's x_i -= D)."""
+        if not self.compression.active:
+            return self._plain(v), v
+        enc, out = self._encode(v)
+        return self.compressor.pack(enc, v.dtype), out
 
     def dense(self, nbytes: int, received: int = 0) -> None:
-        """Count an uncompressed message (an elastic difference, a read)."""
+        """Count an uncompressed message (an elastic exchange, a read)."""
         self.sent_bytes += nbytes
         self.raw_bytes += nbytes
         self.received_bytes += received
@@ -309,12 +511,18 @@ class Sender:
                 "residual_norm": norm}
 
 
-def compressing(program, sender: Sender, nbytes: int):
+def compressing(program, sender: Sender, nbytes: int, packed: bool = False,
+                fetch_bytes: int | None = None):
     """``program`` with each Push's and AllReduce's vector replaced by the
-    decoded message, and every worker's bytes counted. ``nbytes``: the
-    parameter vector's size (what a Fetch or a synchronous step returns).
-    Average's drift is formed by the engine, which sends it through
-    ``sender.send`` itself."""
+    message the receiver gets: decoded (``packed=False``: engines that share
+    memory) or its wire form (``packed=True``: the engine moves it and the
+    receiver calls ``receive``); every worker's bytes counted. ``nbytes``:
+    the parameter vector's size (what a Fetch or a synchronous step
+    returns; ``fetch_bytes``: what a Fetch costs where it differs, 0 where
+    the worker holds a replica of the server). Average's drift and EASGD's elastic difference are formed by
+    the engine, which sends them through ``sender`` itself (a compressed
+    elastic exchange first reads the centre: ``nbytes`` received)."""
+    out = sender.pack if packed else sender.send
     result = None
     try:
         while True:
@@ -324,17 +532,23 @@ def compressing(program, sender: Sender, nbytes: int):
                 return
             kind = type(op)
             if kind is Push:
-                op = Push(sender.send(op.grad), op.ticket)
+                if packed and not finite(op.grad):
+                    result = yield op  # the engine drops it, as it drops any non-finite push
+                    continue
+                op = Push(out(op.grad), op.ticket)
             elif kind is AllReduce:
                 if op.grad is not None:
-                    op = AllReduce(sender.send(op.grad), op.examples)
+                    op = AllReduce(out(op.grad), op.examples)
                 sender.received_bytes += nbytes
             elif kind is Average:
                 sender.received_bytes += nbytes
             elif kind is Fetch:
-                sender.dense(0, nbytes)
+                sender.dense(0, nbytes if fetch_bytes is None else fetch_bytes)
             elif kind is Elastic:
-                sender.dense(nbytes, nbytes)
+                if sender.compression.active:
+                    sender.received_bytes += nbytes
+                else:
+                    sender.dense(nbytes, nbytes)
             result = yield op
     finally:
         program.close()
@@ -359,10 +573,13 @@ def summarize(stats: list[dict], compression: Compression, updates: int) -> dict
 
 
 def check_engine(engine, strategy) -> None:
-    """Refuse, in one line, a compressed run this engine or strategy lacks."""
+    """Refuse, in one line, a compressed run this engine or strategy lacks:
+    an engine without ``compresses``, or whose ``compression_refused(strategy)``
+    names a reason."""
     if not getattr(engine, "compresses", False):
-        raise ConfigError(f"the {engine.name} engine does not compress messages yet; use "
-                          "--engine local or --engine sim with --compress, or drop --compress")
-    if Elastic in strategy.uses:
-        raise ConfigError(f"--compress does not compress {strategy.name}'s elastic "
-                          "difference yet; drop --compress or use sync, async or local-sgd")
+        raise ConfigError(f"the {engine.name} engine does not compress messages; drop "
+                          "--compress, or use --engine local, sim, ray, spark or torch")
+    refused = getattr(engine, "compression_refused", None)
+    reason = refused(strategy) if refused is not None else None
+    if reason:
+        raise ConfigError(reason)

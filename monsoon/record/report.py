@@ -20,7 +20,8 @@ CSV_COLUMNS = ("strategy", "workers", "final_loss", "wall_time_s", "startup_s", 
                "repeats", "examples_per_s_min", "examples_per_s_max", "speedup_min",
                "speedup_max", "staleness_p50", "staleness_p99", "staleness_bound",
                "clock_staleness_mean", "clock_staleness_p50", "clock_staleness_p99",
-               "clock_staleness_max", "clock_wait_s_total", "clock_wait_s_max")
+               "clock_staleness_max", "clock_wait_s_total", "clock_wait_s_max",
+               "compress", "bytes_sent", "compression_ratio", "residual_norm")
 
 
 SHORT_RUN_S = 10.0  # below this, one run's speed says little on a busy machine
@@ -56,7 +57,9 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                      "examples_per_s_min": speed[1], "examples_per_s_max": speed[2],
                      "speedup_min": speedup[1], "speedup_max": speedup[2],
                      "simulated": "simulated_time_s" in s,  # the sim engine's clock
-                     **_staleness_columns(s)})
+                     **_staleness_columns(s),
+                     **{k: s.get(k) for k in ("compress", "bytes_sent", "compression_ratio",
+                                              "residual_norm")}})
     return rows
 
 
@@ -147,6 +150,12 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
                              f"in {_fmt(first['time_to_target_s'], 3)} s.")
             else:
                 lines.append(f"- No strategy reached the target loss {target}.")
+    sent = [r for r in rows if r.get("bytes_sent")]
+    if any(r.get("compress") not in (None, "none") for r in sent):
+        lines.append("- Bytes the workers sent (docs/compression.md): " + "; ".join(
+            f"{r['strategy']} {r['bytes_sent']:,} uncompressed" if r["compress"] == "none" else
+            f"{r['strategy']} ({r['compress']}) {r['bytes_sent']:,}, "
+            f"{_fmt(r['compression_ratio'], 3)}x fewer than dense" for r in sent) + ".")
     lines += explain(rows)
     lines += ["", "Every strategy processed the same budget of examples; the final loss is the "
               "full-training-set objective, computed the same way for all. Staleness counts the "
@@ -196,7 +205,8 @@ def explain(rows: list[dict]) -> list[str]:
                        f"{r['staleness_mean']:.2g} updates old on average (max "
                        f"{r['staleness_max']}); at this learning rate that {verdict} "
                        f"(final loss {_fmt(loss_ratio, 3)}x serial's).")
-        if r["strategy"] == "sync" and base["final_loss"] is not None:
+        if r["strategy"] == "sync" and base["final_loss"] is not None \
+                and r.get("compress") in (None, "none"):  # compressed, its gradients differ
             out.append("- sync computes the same gradient per step as serial (each batch "
                        "split among its workers), so its curve against epochs overlays "
                        "serial's: it differs from serial only in speed.")

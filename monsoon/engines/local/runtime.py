@@ -14,7 +14,9 @@ that ``serial`` uses. Op by op:
   applies the mean to its own replica, one barrier).
 - ``Clock``: SSP's clock tick, and its bound (``clocks.py``).
 - ``LocalApply`` / ``Elastic``: the inner rule on the private working copy;
-  EASGD's exchange with the centre, per shard under its lock.
+  EASGD's exchange with the centre, per shard under its lock (compressed,
+  ``--compress``: the worker reads the centre, sends D = C(alpha (x_i - x~)
+  + e), and both apply D: x~ += D shard by shard, x_i -= D).
 
 A non-finite gradient is never applied: it is counted in ``dropped``.
 """
@@ -240,6 +242,17 @@ class WorkerRuntime:
 
     def elastic(self, op: Elastic) -> None:
         store = self.store
+        if self.sender is not None and self.sender.compression.active:
+            # Zhang et al.'s asynchronous exchange with the difference compressed:
+            # read x~, send D = C(alpha (x_i - x~) + e); x~ += D, x_i -= D
+            sent = self.sender.send(op.alpha * (self.work - store.params))
+            for s, (a, b) in enumerate(store.bounds):
+                with store.holding(s, self.rank):
+                    store.params[a:b] += sent[a:b]
+                    store.versions[s] += 1
+            self.work -= sent
+            self.counters[UPDATES] += 1
+            return
         for s, (a, b) in enumerate(store.bounds):
             mine = self.work[a:b]
             with store.holding(s, self.rank):

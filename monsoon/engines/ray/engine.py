@@ -10,6 +10,11 @@ that dies in ``failed_workers``. async, local-sgd's and easgd's others carry
 on; sync carries on while its backup workers cover the loss, and otherwise
 fails fast with the worker's error. Every remote wait has a timeout.
 
+Compression (``--compress``): a worker puts its packed message
+(``messages.Sender.pack``) in Ray's object store once and each shard
+decodes its slice of it; every worker's bytes sent and received are in the
+summary (``messages.summarize``).
+
 ``address=None`` starts a local Ray instance (and stops it after the run);
 ``"auto"`` or ``"HOST:PORT"`` joins a running cluster::
 
@@ -43,6 +48,7 @@ from ..base import (BACKUP_WORKERS, ELASTIC, STAGES, Engine, EngineResult, shard
 from ..checkpoints import Checkpointer
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..clocks import clock_extra
+from ..messages import Compression, summarize
 from .checkpointing import ShardCheckpoints, private_copies
 from .clock import ClockServer
 from .membership import Membership
@@ -81,6 +87,7 @@ def cpus_per_worker(workers: int, cluster_cpus: float) -> float:
 
 class RayEngine(Engine):
     name = "ray"
+    compresses = True  # a worker's packed message goes to the shards (worker.py)
     ops = frozenset({Gradient, Fetch, Push, LocalStep, LocalApply, AllReduce, Average, Elastic,
                      Clock})
     meets = frozenset({BACKUP_WORKERS, STAGES, ELASTIC})
@@ -127,6 +134,10 @@ class RayEngine(Engine):
 
     def check(self, strategy, workers) -> None:
         super().check(strategy, workers)
+        if getattr(strategy, "elastic", False) and self.compression is not None \
+                and self.compression.active:
+            raise ConfigError("--elastic does not combine with --compress yet (a regrouped "
+                              "step would compress twice into one residual); drop one of them")
         if self.resume_dir and private_copies(strategy):
             raise ConfigError(f"the ray engine keeps no checkpoints of {strategy.name}'s "
                               "private worker copies; resume sync or async runs, or use "
@@ -173,7 +184,8 @@ class RayEngine(Engine):
                                      max_concurrency=workers + 4,
                                      scheduling_strategy=on_driver_node(ray)).remote(
                       s, start.params[a:b], rule, workers, counted, self.timeout,
-                      ckpts.every, ckpts.shard_resume(s), elastic)
+                      ckpts.every, ckpts.shard_resume(s), self.compression,
+                      (a, b, start.params.size), elastic)
                   for s, (a, b) in enumerate(bounds)]
         cpus = cpus_per_worker(workers, ray.cluster_resources().get("CPU", 0))
 
@@ -186,7 +198,7 @@ class RayEngine(Engine):
                     rank, problem.for_worker(rank, workers), strategy,
                     WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                               start_step=start.positions[rank]),
-                    shards, bounds, start.params, self.timeout, clock)
+                    shards, bounds, start.params, self.timeout, clock, self.compression)
 
         actors = [spawn(rank) for rank in range(workers)]
         retired = []  # elastic: actors replaced, and restarts that did not start
@@ -318,7 +330,8 @@ class RayEngine(Engine):
             stopped=stopped, late_gradients=sum(r["late"] for r in results.values()),
             worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
             worker_states={r: v["state"] for r, v in results.items() if v.get("state")},
-            extra=extra)
+            extra={**extra, **summarize([results[r]["traffic"] for r in sorted(results)],
+                                        self.compression or Compression(), version)})
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:

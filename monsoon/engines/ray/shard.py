@@ -11,14 +11,16 @@ updated in place as NumPy arrays, and serves:
   (``weighted_sum``, rank order, as every engine does) and applies the rule.
   Every caller blocks (with a timeout) until the step is applied and gets the
   new slice; a late caller is told how many steps it missed;
-- ``regroup(gen, members)``: elastic sync (``sync --elastic``): the step's
-  workers changed. The contributions of the step under way are dropped
-  (they were parts of the batch split the old way), its waiting callers
-  and any caller of an older generation are answered ``("regroup", gen,
-  members)``, and the step completes once every member has contributed
-  again. Every shard gets the same generations from the driver, in order;
-  a contribution carries the generation its part was cut for;
-- ``elastic(worker, alpha, x)``: EASGD's exchange with the centre.
+- ``regroup(gen, members)``: elastic sync: the step's workers changed; the
+  step's contributions so far are dropped, and its callers and any caller
+  of an older generation are answered ``("regroup", gen, members)``;
+- ``elastic(worker, alpha, x)``: EASGD's exchange with the centre;
+  ``difference(d)``: its compressed form, the centre += the decoded D.
+
+Compressed runs (``--compress``): a push, a contribution or an elastic
+difference arrives as the worker's packed message (``messages.Sender.pack``,
+put once in Ray's object store and read by every shard); the shard decodes
+it (``messages.receive``) and takes its slice.
 
 Checkpoints: every ``every`` versions (updates of this shard) the shard
 takes a copy of its slice, rule state and dropped count, inside its lock,
@@ -34,6 +36,7 @@ import threading
 import numpy as np
 
 from ...rules import UpdateInfo
+from ..messages import receive
 from ..reduce import weighted_sum
 
 TAKEN = 4  # copies a shard keeps until the driver collects them
@@ -42,8 +45,10 @@ TAKEN = 4  # copies a shard keeps until the driver collects them
 class Shard:
     def __init__(self, index: int, params: np.ndarray, rule, workers: int, counted: int,
                  timeout: float, every: int = 0, resume: dict | None = None,
-                 elastic: bool = False):
+                 compression=None, span: tuple = (0, None, None), elastic: bool = False):
         self.index = index
+        self.compression = compression  # messages.Compression, or None: dense slices
+        self.start, self.end, self.size = span  # this slice of the whole vector
         self.params = np.array(params, copy=True)
         self.rule = rule
         self.state = rule.init(self.params.size, self.params.dtype)
@@ -75,7 +80,15 @@ class Shard:
                 self.rule.on_read(self.params, self.state, self.readers[worker])
             return self.params.copy(), self.version
 
+    def _take(self, message):
+        """This shard's slice of a message (already a slice when uncompressed)."""
+        if self.compression is None or not self.compression.active:
+            return message
+        return receive(self.compression, message, self.size, self.params.dtype)[
+            self.start:self.end]
+
     def push(self, worker: int, grad: np.ndarray, read_version: int) -> int:
+        grad = self._take(grad)
         with self.lock:
             staleness = self.version - read_version
             self.rule.apply(self.params, grad, self.state,
@@ -92,10 +105,18 @@ class Shard:
             self._updated()
             return diff
 
+    def difference(self, message) -> None:
+        d = self._take(message)
+        with self.lock:
+            self.params += d
+            self._updated()
+
     # -- synchronous -----------------------------------------------------------
     def contribute(self, step: int, worker: int, grad, examples: int, gen: int = 0):
         """Returns (new slice, steps missed, counted?), or ("regroup", gen,
         members) when the step's workers changed (elastic)."""
+        if grad is not None:
+            grad = self._take(grad)
         with self.lock:
             if gen > self.gen:  # the driver's regroup is on its way here
                 self.lock.wait_for(lambda: self.gen >= gen, self.timeout)

@@ -7,7 +7,15 @@ shared memory across machines); ``AllReduce`` and ``Average`` return with the
 new parameters, ``Fetch`` refreshes them, and a ``Push`` runs in the
 background, one at a time (Downpour's "push may run in the background").
 
-Elastic sync: a shard may answer a contribution with a regroup (the step's
+Compressed runs (``--compress``): what the worker sends (a push, a
+contribution, a drift, EASGD's elastic difference) is its packed message
+(``messages.Sender.pack``, ``Encoded.nbytes`` bytes), put once in Ray's
+object store; every shard reads it and decodes its own slice. A
+compressed elastic exchange reads the centre first, then sends
+D = C(alpha (x_i - x~) + e) and applies x_i -= D. The worker counts what it
+sends and receives (``Sender.stats``, in its result).
+
+Elastic sync (not with --compress): a shard may answer a contribution with a regroup (the step's
 workers changed, ``shard.py``). The worker keeps its parameters at the
 step's start until every shard has applied the step, hands ``Regroup`` to
 its program, and sends the recomputed part only to the shards that asked
@@ -23,11 +31,13 @@ import numpy as np
 from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push, Regroup)
+from ..messages import Compression, Sender, compressing
 from ..reduce import finite
 
 
 class RemoteWorker:
-    def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout, clock=None):
+    def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout, clock=None,
+                 compression=None):
         import copy
 
         self.rank = rank
@@ -43,6 +53,8 @@ class RemoteWorker:
         self.work = np.array(w0, copy=True)
         self.anchor = np.array(w0, copy=True)  # the server's parameters at the last sync
         self.timeout = timeout
+        self.sender = Sender(compression or Compression(), rank)
+        self.compressed = self.sender.compression.active
         self.sync_step = job.start_step
         self.gen = 0        # elastic: the membership generation this worker cuts its parts for
         # elastic: the replies of shards that applied the step while others regroup it
@@ -83,7 +95,8 @@ class RemoteWorker:
         return self.run()
 
     def run(self) -> dict:
-        program = self.strategy.program(self.job)
+        program = compressing(self.strategy.program(self.job), self.sender, self.work.nbytes,
+                              packed=True)
         result = None
         try:
             while True:
@@ -97,12 +110,22 @@ class RemoteWorker:
         return {"staleness": dict(self.staleness), **self.counts,
                 "clocks": self.ssp.report() if self.ssp is not None else None,
                 "params": None if self.strategy.shared_params else self.work,
+                "traffic": self.sender.stats(),
                 "state": self.problem.state() if hasattr(self.problem, "state") else None}
 
     def _get(self, refs):
         import ray
 
         return ray.get(refs, timeout=self.timeout)
+
+    def _per_shard(self, message) -> list:
+        """What each shard is sent: its slice of a dense vector, or (compressed)
+        one object-store copy of the packed message, which every shard reads."""
+        if not self.compressed:
+            return [message[a:b] for a, b in self.bounds]
+        import ray
+
+        return [ray.put(message)] * len(self.shards)
 
     # -- ops ---------------------------------------------------------------------
     def gradient(self, op):
@@ -140,8 +163,8 @@ class RemoteWorker:
         self._settle_pushes()
         # .remote() serializes its arguments at once: no copy needed here
         self.counts["updates"] += 1
-        self.pending = [sh.push.remote(self.rank, op.grad[a:b], int(op.ticket[s]))
-                        for s, (sh, (a, b)) in enumerate(zip(self.shards, self.bounds))]
+        self.pending = [sh.push.remote(self.rank, part, int(op.ticket[s]))
+                        for s, (sh, part) in enumerate(zip(self.shards, self._per_shard(op.grad)))]
 
     def _settle_pushes(self):
         if self.pending:
@@ -152,14 +175,14 @@ class RemoteWorker:
         return self._synchronous(op.grad, op.examples)
 
     def average(self, op):
-        return self._synchronous(self.anchor - self.work, op.examples)
+        return self._synchronous(self.sender.pack(self.anchor - self.work), op.examples)
 
     def _synchronous(self, contribution, examples):
         targets = [s for s in range(len(self.shards)) if s not in self.applied]
-        refs = [self.shards[s].contribute.remote(
-                    self.sync_step, self.rank,
-                    None if contribution is None else contribution[slice(*self.bounds[s])],
-                    examples, self.gen)
+        parts = [None] * len(self.shards) if contribution is None \
+            else self._per_shard(contribution)
+        refs = [self.shards[s].contribute.remote(self.sync_step, self.rank, parts[s], examples,
+                                                 self.gen)
                 for s in targets]
         regroup = None
         for s, reply in zip(targets, self._get(refs)):
@@ -185,6 +208,16 @@ class RemoteWorker:
         return behind
 
     def elastic(self, op):
+        if self.compressed:
+            centre = np.empty_like(self.work)
+            for (a, b), (values, _) in zip(self.bounds, self._get(
+                    [sh.read.remote(self.rank) for sh in self.shards])):
+                centre[a:b] = values
+            wire, sent = self.sender.exchange(op.alpha * (self.work - centre))
+            self._get([sh.difference.remote(part)
+                       for sh, part in zip(self.shards, self._per_shard(wire))])
+            self.work -= sent
+            return
         moves = self._get([sh.elastic.remote(self.rank, op.alpha, self.work[a:b])
                            for sh, (a, b) in zip(self.shards, self.bounds)])
         for (a, b), d in zip(self.bounds, moves):

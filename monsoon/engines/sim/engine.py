@@ -17,7 +17,8 @@ How each op spends virtual time:
 - ``Fetch`` / ``Push`` / ``Elastic``: a message to every shard; each shard
   queues requests and serves them in arrival order (the read or the update
   happens when it is served); a fetch resumes when all replies are back, a
-  push as soon as it is sent.
+  push as soon as it is sent. A compressed ``Elastic`` (``--compress``) is a
+  read of the centre, then the compressed difference sent like a push.
 - ``AllReduce`` / ``Average``: the contribution travels to the server; the
   first N arrivals of a step count (the rest are late: dropped, counted),
   the N-th triggers the update, and every worker of the step resumes when
@@ -461,11 +462,51 @@ class SimEngine(Engine):
     def _elastic(self, w, op):
         w.pending = self.S
         w.ticket = None
+        if w.sender.compression.active:  # read the centre, then send the compressed difference
+            centre = np.empty_like(w.work)
+            arrive = self.now + self._message(REQUEST_BYTES)
+            for s in range(self.S):
+                self._at(arrive, self._shard_arrive, s, self._serve_centre, w, centre, op.alpha)
+            return False, None
         for s in range(self.S):
             a, b = self.bounds[s]
             arrive = self.now + self._message((b - a) * self.params.itemsize)
             self._at(arrive, self._shard_arrive, s, self._serve_elastic, w, op.alpha)
         return False, None
+
+    def _serve_centre(self, s, w, centre, alpha):
+        a, b = self.bounds[s]
+        np.copyto(centre[a:b], self.params[a:b])
+        reply = (self.now + self.delays.service_s
+                 + self._message((b - a) * self.params.itemsize))
+        self._at(reply, self._centre_read, w, centre, alpha)
+
+    def _centre_read(self, w, centre, alpha):
+        """The whole centre has arrived: D = C(alpha (x_i - x~) + e) goes to
+        every shard (x~ += D there) and x_i -= D (Zhang et al.'s asynchronous
+        exchange, the difference compressed)."""
+        w.pending -= 1
+        if w.pending:
+            return
+        sent = w.sender.send(alpha * (w.work - centre))
+        w.work -= sent
+        left = {"shards": self.S}
+        for s in range(self.S):
+            a, b = self.bounds[s]
+            arrive = self.now + self._message(w.sender.last_nbytes * (b - a) // sent.size)
+            self._at(arrive, self._shard_arrive, s, self._serve_difference, w, sent, left)
+        send = w.sender.last_nbytes / self.delays.bandwidth_Bps \
+            if self.delays.bandwidth_Bps else 0.0
+        self._at(self.now + send, self._resume, w, None)
+
+    def _serve_difference(self, s, w, sent, left):
+        a, b = self.bounds[s]
+        self.params[a:b] += sent[a:b]
+        self.versions[s] += 1
+        left["shards"] -= 1
+        if left["shards"] == 0:
+            w.updates += 1
+            self.total["updates"] += 1
 
     def _serve_elastic(self, s, w, alpha):
         a, b = self.bounds[s]

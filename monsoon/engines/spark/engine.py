@@ -18,9 +18,9 @@ where each program runs follows from its declarations (``placement.py``):
   partition, one small job per push period on that partition alone, the
   driver applying each finished job's result once (and, for SSP's
   ``Clock``, holding back the next job of a partition that is ahead); Average programs
-  (local-sgd: ``rounds.py``) run one job per round of H local steps.
-- Apply on several workers (hogwild) is refused: executors share no
-  memory; so are pipeline stages: tasks cannot pass activations.
+  (local-sgd: ``rounds.py``) run one job per round of H local steps. Refused: sync with
+  ``--compress`` (tasks.py packs the others' messages), Apply on several workers
+  (hogwild: executors share no memory), pipeline stages (tasks cannot pass activations).
 
 Faults: Spark retries a failed task inside its job (``spark.task.maxFailures``;
 a ``local[N, F]`` master allows F attempts), and the driver applies only
@@ -69,6 +69,7 @@ class RunContext:
     budget: Budget
     timeout: float
     strategy: object
+    compression: object = None  # messages.Compression (--compress)
 
     def job(self, k: int) -> WorkerJob:
         """What worker k's program runs on in a task: its own partition, as
@@ -100,6 +101,7 @@ class SparkEngine(Engine):
                      Elastic, Clock})
     virtual_time = False
     backend_used = "spark tasks"
+    compresses = True  # tasks return packed messages (tasks.py); not sync: see below
     options = (
         Option("master", str, None, "Spark master URL (default: the running SparkSession's, "
                "else local[WORKERS], started and stopped by the run)"),
@@ -125,6 +127,14 @@ class SparkEngine(Engine):
     def describe(self) -> dict:
         return {"engine": self.name, "master": self.master, "timeout_s": self.timeout,
                 "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
+
+    def compression_refused(self, strategy) -> str | None:
+        if not in_tasks(strategy):
+            return (f"the spark engine runs {strategy.name}'s workers on the driver, each "
+                    "gradient summed there from every partition's part, so no worker "
+                    "message exists to compress; use async, ssp, local-sgd or easgd on spark, "
+                    "or --engine ray or torch for compressed sync")
+        return None
 
     def check(self, strategy, workers) -> None:
         super().check(strategy, workers)
@@ -163,7 +173,7 @@ class SparkEngine(Engine):
                                    what="loading the data into the executors"))
             sizes = [counts[k] for k in range(workers)]
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
-                             seed, budget, self.timeout, strategy)
+                             seed, budget, self.timeout, strategy, self.compression)
             sizing = self._size_jobs(ctx, strategy, rule, w0)
             startup = time.perf_counter() - t_begin
             from .checkpointing import DriverCheckpoints

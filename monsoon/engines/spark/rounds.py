@@ -6,7 +6,9 @@ worker program up to its next Average (H local steps of local SGD, each on
 B/N rows of its own partition: ``placement.task_job``) on its own rows,
 with its private inner rule, whose state (momentum) the driver keeps
 between rounds and ships with the round's tasks; the task returns its
-drift theta - theta_k and the examples behind it. The driver takes the
+drift theta - theta_k (packed, ``messages.Sender.pack``: compressed with
+``--compress``, the worker's Sender travelling with its task as the rule
+state does) and the examples behind it. The driver decodes each drift, takes the
 example-weighted mean drift in partition order and applies the outer rule
 once. Only a finished job's results are used, so a retried task counts once.
 """
@@ -19,6 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...rules import UpdateInfo
+from ..messages import Compression, Sender, receive, summarize
 from ..reduce import finite, weighted_sum
 from .jobs import share
 from .sizing import JobTiming
@@ -31,6 +34,8 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     state = rule.init(w.size, w.dtype)
     acc, tmp = np.empty_like(w), np.empty_like(w)
     local_rules = {k: None for k in range(ctx.workers)}
+    compression = ctx.compression or Compression()
+    senders = {k: Sender(compression, k) for k in range(ctx.workers)}
     ended = set()
     updates = dropped = examples = 0
     staleness = Counter()
@@ -44,12 +49,13 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     while len(ended) < ctx.workers:
         bc = share(sc, w, w.nbytes)
         jobs_k = {k: replace(ctx.job(k), start_step=positions[k]) for k in range(ctx.workers)}
-        rules_k = dict(local_rules)
+        rules_k, senders_k = dict(local_rules), dict(senders)
 
-        def task(it, bc=bc, jobs_k=jobs_k, rules_k=rules_k):
+        def task(it, bc=bc, jobs_k=jobs_k, rules_k=rules_k, senders_k=senders_k):
             out = []
             for b in it:
-                res = run_segment(b, strategy, jobs_k[b.index], bc.value, 0, rules_k[b.index])
+                res = run_segment(b, strategy, jobs_k[b.index], bc.value, 0, rules_k[b.index],
+                                  sender=senders_k[b.index])
                 out.append((b.index, res))
             return out
 
@@ -63,6 +69,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
         avg = [(k, res) for k, res in results if res["op"] == "average"]
         for k, res in results:
             local_rules[k] = res["local_rule"]
+            senders[k] = res["sender"]
             positions[k] += res["steps"]
             examples += res["examples"]
             dropped += res["dropped"]
@@ -73,7 +80,8 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             if res["ended"]:
                 ended.add(k)
         if avg:
-            weighted_sum({k: res["drift"] for k, res in avg}, [k for k, _ in avg],
+            weighted_sum({k: receive(compression, res["drift"], w.size, w.dtype)
+                          for k, res in avg}, [k for k, _ in avg],
                          [res["examples_behind"] for _, res in avg], acc, tmp)
             if finite(acc):
                 rule.apply(w, acc, state, UpdateInfo(step=updates))
@@ -91,4 +99,6 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             recorder.live(now, examples, updates, live, staleness, dropped)
     return {"params": w, "wall": time.perf_counter() - t0, "examples": examples,
             "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
-            "stopped": stopped, "timing": timing}
+            "stopped": stopped, "timing": timing,
+            "extra": summarize([senders[k].stats() for k in range(ctx.workers)], compression,
+                               updates)}

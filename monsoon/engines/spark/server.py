@@ -14,8 +14,8 @@ the driver process. Each worker k is a driver thread that, in a loop:
    what it would push;
 3. applies ONLY that finished job's result under the lock: Downpour's rule
    on the accrued gradient, with staleness = version now - ticket;
-   EASGD's elastic exchange d = alpha (x_k - centre), centre += d,
-   x_k -= d (x_k and the worker's inner rule state stay on the driver).
+   EASGD's elastic exchange d = alpha (x_k - centre), centre += d, x_k -= d (x_k and its
+   rule state stay on the driver; ``--compress``: the task sends D = C(d + e), x_k -= D).
 
 A task that Spark retries recomputes the same segment from the same
 broadcast, and the driver applies the job's one result: an update lands
@@ -52,6 +52,7 @@ from ...errors import WaitTimeout, WorkerError
 from ...rules import UpdateInfo
 from ...strategies.ops import Clock, Elastic
 from ..clocks import ClockTable, clock_extra
+from ..messages import Compression, Sender, receive, summarize
 from .checkpointing import restore_state, staleness_arrays
 from .jobs import share, short_error
 from .sizing import JobTiming
@@ -78,6 +79,8 @@ class DriverServer:
         self.finished: set[int] = set()
         self.own = {k: np.array(w0, copy=True) for k in range(ctx.workers)}  # EASGD's x_k
         self.local_rules = {k: None for k in range(ctx.workers)}
+        self.compression = ctx.compression or Compression()
+        self.senders = {k: Sender(self.compression, k) for k in range(ctx.workers)}
         self.last_change = time.monotonic()
         self.running_since: dict[int, float | None] = {k: None for k in range(ctx.workers)}
         self.stop = threading.Event()
@@ -119,10 +122,12 @@ class DriverServer:
                 bc = share(ctx.sc, params, params.nbytes)
                 job = replace(ctx.job(k), start_step=self.positions[k])
                 strategy, local_rule = self.strategy, self.local_rules[k]
+                sender = self.senders[k]
 
-                def task(it, bc=bc, job=job, ticket=ticket, local_rule=local_rule, own=own):
-                    return [run_segment(b, strategy, job, bc.value, ticket, local_rule, own)
-                            for b in it]
+                def task(it, bc=bc, job=job, ticket=ticket, local_rule=local_rule, own=own,
+                         sender=sender):
+                    return [run_segment(b, strategy, job, bc.value, ticket, local_rule, own,
+                                        sender) for b in it]
 
                 self.running_since[k] = began = time.monotonic()
                 try:
@@ -171,6 +176,7 @@ class DriverServer:
         with self.cond:
             self.positions[k] += res["steps"]
             self.local_rules[k] = res["local_rule"]
+            self.senders[k] = res["sender"]
             self.examples += res["examples"]
             self.dropped += res["dropped"]
             fig = self.live.setdefault(k, {"loss_sum": 0.0, "loss_n": 0, "examples": 0,
@@ -184,13 +190,20 @@ class DriverServer:
                     self.dropped += 1
                 else:
                     tau = self.version - int(res["ticket"])
-                    self.rule.apply(self.w, res["grad"], self.state,
+                    grad = receive(self.compression, res["grad"], self.w.size, self.w.dtype)
+                    self.rule.apply(self.w, grad, self.state,
                                     UpdateInfo(step=self.version, staleness=tau, worker=k,
                                                reader=self.readers[k] if self.has_readers
                                                else None))
                     self.staleness[tau] += 1
                     self.version += 1
                     self.updates += 1
+            elif res["op"] == "elastic" and "difference" in res:
+                self.w += receive(self.compression, res["difference"], self.w.size,
+                                  self.w.dtype)
+                self.version += 1
+                self.updates += 1
+                self.staleness[0] += 1
             elif res["op"] == "elastic":
                 x = res["work"]
                 d = np.subtract(x, self.w)
@@ -286,7 +299,10 @@ class DriverServer:
                 "updates": self.updates, "dropped": self.dropped, "staleness": self.staleness,
                 "failed": dict(self.failed), "stopped": stopped,
                 "worker_params": dict(self.own) if self.elastic else {},
-                "timing": self.timing, "extra": self._clock_extra()}
+                "timing": self.timing,
+                "extra": {**self._clock_extra(),
+                          **summarize([self.senders[k].stats() for k in range(ctx.workers)],
+                                      self.compression, self.updates)}}
 
     def _clock_extra(self) -> dict:
         if self.clocks is None:

@@ -5,6 +5,12 @@ broadcast variable (or its closure) and returns its result, and only a
 finished task's result ever reaches the driver. A retried attempt
 recomputes the same result from the same inputs, so an update is applied
 once, whatever Spark retried.
+
+A worker's ``messages.Sender`` (its compressor and error-feedback residual)
+goes out with the task and comes back with its result, as its inner rule's
+state does: a task keeps nothing between jobs. What it sends (a push, a
+drift, EASGD's elastic difference) comes back packed (``Sender.pack``:
+``Encoded.nbytes`` bytes when ``--compress`` is on, else the dense vector).
 """
 from __future__ import annotations
 
@@ -43,14 +49,16 @@ def gradient_parts(block, params, requests):
     return out
 
 
-def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):
+def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sender=None):
     """Run worker ``block.index``'s program from ``job.start_step`` to its
     next exchange with the server (Push, Average or Elastic) or its end.
 
     ``w``: the server's parameters at launch (what a Fetch reads, with
     ``ticket`` its version); ``work``: the worker's own parameters to start
     from (EASGD; default ``w``); ``local_rule``: its private inner rule
-    (local SGD, EASGD), state included. Returns a dict: the op that ended
+    (local SGD, EASGD), state included; ``sender``: its ``messages.Sender``,
+    which packs what the segment sends and counts it (returned in
+    ``"sender"``). Returns a dict: the op that ended
     the segment (``"push"``, ``"average"``, ``"elastic"`` or None), what it
     carries, the steps and examples done, the rule back, ``ended`` (the
     program has nothing left) and ``clock``: the staleness bound of an SSP
@@ -62,7 +70,10 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):
     if local_rule is None and strategy.local_rule is not None:
         local_rule = LocalRule(strategy.local_rule, block.index)
     out = {"op": None, "steps": 0, "examples": 0, "dropped": 0, "local_rule": local_rule,
-           "ended": False, "loss": 0.0}
+           "ended": False, "loss": 0.0, "sender": sender}
+    if sender is not None:
+        sender.received_bytes += anchor.nbytes  # the server's parameters, read at launch
+    send = sender.pack if sender is not None else (lambda v: v)
     program = strategy.program(job)
     result = None
     try:
@@ -88,14 +99,20 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None):
                     out["dropped"] += 1
             elif kind is Push:
                 out["op"], out["ticket"] = "push", op.ticket
-                out["grad"] = np.array(op.grad, copy=True) if finite(op.grad) else None
+                out["grad"] = np.array(send(op.grad), copy=True) if finite(op.grad) else None
                 break
             elif kind is Average:
-                out["op"], out["drift"] = "average", anchor - work
+                out["op"], out["drift"] = "average", send(anchor - work)
                 out["examples_behind"] = op.examples
                 break
             elif kind is Elastic:
                 out["op"], out["alpha"] = "elastic", op.alpha
+                if sender is not None and sender.compression.active:
+                    # read x~ at launch, send D = C(alpha (x_k - x~) + e), x_k -= D
+                    out["difference"], sent = sender.exchange(op.alpha * (work - anchor))
+                    work -= sent
+                elif sender is not None:
+                    sender.dense(work.nbytes)  # x_k itself: the driver forms the difference
                 break
             else:
                 raise TypeError(f"the spark engine cannot run {kind.__name__} ops")

@@ -1,5 +1,6 @@
-"""torch.distributed for the torch engine: the process group and the one
-collective it needs, a sum all-reduce of a NumPy buffer.
+"""torch.distributed for the torch engine: the process group and the
+collectives it needs, a sum all-reduce of a NumPy buffer and (compressed
+runs) an all-gather of every rank's packed message.
 
 Backends: ``gloo`` reduces CPU tensors in place, so a NumPy buffer is
 reduced through ``torch.from_numpy`` with no copy. ``nccl`` (``--dist-backend
@@ -107,6 +108,16 @@ class Collectives:
             return pending
         pending.wait()
         return None
+
+    def all_gather(self, array: np.ndarray) -> np.ndarray:
+        """Every rank's ``array`` (the same length on each), as rows in rank
+        order: what a compressed collective moves (``rank.py``)."""
+        t = self.tensor(array)
+        if self.device is not None:
+            t = t.to(self.device)
+        rows = [self.torch.empty_like(t) for _ in range(self.world)]
+        self.dist.all_gather(rows, t)
+        return np.stack([r.cpu().numpy() for r in rows])
 
     def broadcast_array(self, array: np.ndarray, src: int = 0) -> None:
         t = self.tensor(array)

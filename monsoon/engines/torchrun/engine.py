@@ -27,6 +27,8 @@ to gloo's sum; see bench/torch_engine_vs_ddp.py); otherwise (several nodes,
 NCCL, or ``--reduce-via backend``) through the backend's all-reduce, for
 torch problems in buckets overlapped with backward (``buckets.py``).
 
+``--compress``: an all-gather of packed messages instead (``rank.py``).
+
 No Push (async): Downpour's server answers each worker's push the moment
 it arrives, which collectives (every rank at once) cannot do soundly; no
 Apply by several workers (hogwild): the ranks share no memory.
@@ -57,6 +59,7 @@ class TorchEngine(Engine):
     No Apply: the ranks share no memory. No backup workers: an all-reduce
     takes every rank."""
     name = "torch"
+    compresses = True  # an all-gather of every rank's packed message (rank.py)
     device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)
     ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
@@ -112,6 +115,12 @@ class TorchEngine(Engine):
                 "max_restarts": self.max_restarts, "reduce_via": self.reduce_via,
                 "checkpoint_every": self.checkpoint_every,
                 "resumed_from": self.resume_dir}
+
+    def compression_refused(self, strategy) -> str | None:
+        if self.reduce_via == "shm":
+            return ("--compress sends each rank's packed message through the backend's "
+                    "all-gather, not the shared-memory reduce; drop --reduce-via shm")
+        return None
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

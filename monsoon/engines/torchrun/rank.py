@@ -21,6 +21,9 @@ live series get every rank's loss from the sum):
   payload d_k = alpha (x_k - x~); x_k -= d_k, x~ += sum_k d_k.
 - ``LocalApply``, ``Fetch``: local, no communication.
 
+``--compress``: every collective is one all-gather of each rank's packed
+message and flags instead (``RankWorker._gather``).
+
 ``active`` makes programs of unequal length safe: a rank whose program has
 ended keeps joining the others' collectives with zeros (weight 0) until a
 collective comes back with no active rank, so the ranks always make the
@@ -48,6 +51,7 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from .. import checkpoints
 from ..base import EngineResult
+from ..messages import Compression, Sender, compressing, receive, summarize
 from ..reduce import finite
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
@@ -103,9 +107,14 @@ class RankWorker:
         self.every = engine.checkpoint_every if exact else 0
         self.keeper = checkpoints.Checkpointer(engine.checkpoint_dir, self.every, None,
                                                engine.identity, self.recorder)
+        self.sender = Sender(engine.compression or Compression(), self.rank)
+        self.compressed = self.sender.compression.active
+        if self.compressed:
+            self.wire = self.sender.compression.wire_nbytes(n, w0.dtype)
+            self.gathered = np.zeros(self.wire + self.flags.nbytes, dtype=np.uint8)
         self.buckets = None
         self.shm = shm
-        if shm is None and getattr(strategy, "raw_gradients", False) \
+        if shm is None and not self.compressed and getattr(strategy, "raw_gradients", False) \
                 and hasattr(problem, "backward") \
                 and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS + self.world, comm,
@@ -117,7 +126,8 @@ class RankWorker:
 
     # -- the program -------------------------------------------------------
     def run(self) -> None:
-        program = self.strategy.program(self.job)
+        program = compressing(self.strategy.program(self.job), self.sender, self.server.nbytes,
+                              packed=True, fetch_bytes=0)  # a Fetch reads the rank's replica
         result = None
         try:
             while True:
@@ -135,9 +145,48 @@ class RankWorker:
         """Join the others' collectives with nothing until none is active."""
         while True:
             self.buf.fill(0)
-            self._reduce("the end of the run")
+            if self.compressed:
+                self._gather(None, "the end of the run", ACTIVE, drain=True)
+            else:
+                self._reduce("the end of the run")
             if self.flags[ACTIVE] == 0:
                 return
+
+    def _gather(self, wire, what: str, weight: int, unit: float = 1.0,
+                drain: bool = False) -> None:
+        """A compressed collective: all-gather each rank's packed message
+        (``wire``; None: nothing, weight 0) and flags; then the payload is
+        sum_k (flags_k[weight] / unit) D_k, in rank order, and the flags
+        are summed, as the all-reduce would have left them.
+
+        A sum all-reduce cannot add top-k messages (their indices differ),
+        packed codes or two ranks' PowerSGD factors. Every rank decodes the
+        same bytes (``messages.receive``), so the replicas stay identical.
+        The message is g_k (sync), the drift (local SGD) or D_k = C(alpha
+        (x_k - x~) + e_k) (EASGD: x_k -= D_k, x~ += sum_k D_k), each with
+        its rank's residual. PowerSGD all-gathers each rank's P and Q (the
+        mean may have rank up to N R), not the paper's all-reduce of P,
+        then Q. No buckets, no shared-memory reduce. A rank counts its own
+        message as sent and the others' as received."""
+        mine = self.gathered
+        mine[:self.wire] = 0 if wire is None else wire
+        mine[self.wire:] = self.flags.view(np.uint8)
+        try:
+            rows = self.comm.all_gather(mine)
+        except Exception as exc:  # noqa: BLE001 - gloo/NCCL errors: say what it means
+            self._failed(what, exc)
+        dtype = self.server.dtype
+        self.grad.fill(0)
+        flags = np.zeros_like(self.flags)
+        for row in rows:
+            theirs = row[self.wire:].view(dtype)
+            flags += theirs
+            if theirs[weight]:
+                self.grad += (theirs[weight] / unit) * receive(
+                    self.sender.compression, row[:self.wire], self.n, dtype)
+        self.flags[:] = flags
+        if not drain:  # the others' messages came in (the wrapper counted n values)
+            self.sender.received_bytes += (self.world - 1) * self.wire - self.server.nbytes
 
     def _reduce(self, what: str) -> None:
         try:
@@ -183,7 +232,10 @@ class RankWorker:
         return loss, grad
 
     def all_reduce(self, op):
-        if self.buckets is not None:
+        if self.compressed:
+            self._flags(op.examples if op.grad is not None else 0)
+            self._gather(op.grad, f"step {self.step}", EXAMPLES, self.unit)
+        elif self.buckets is not None:
             if op.grad is None:
                 self._flags(0)
                 self.buckets.begin(0)
@@ -214,6 +266,14 @@ class RankWorker:
         return 0
 
     def average(self, op):
+        if self.compressed:
+            self._flags(op.examples)
+            self._gather(self.sender.pack(self.server - self.work), f"round {self.step}",
+                         EXAMPLES)
+            self._apply_mean(self.server, self.state, 1)
+            self.work[:] = self.server
+            return 0
+        self.sender.dense(self.server.nbytes)  # the drift, as it goes into the all-reduce
         np.subtract(self.server, self.work, out=self.grad)
         self.grad *= op.examples
         self._flags(op.examples)
@@ -237,11 +297,16 @@ class RankWorker:
         self._after_collective()
 
     def elastic(self, op):
-        np.subtract(self.work, self.server, out=self.grad)
-        self.grad *= op.alpha
-        self.work -= self.grad  # x_k -= d_k, before the buffer holds the sum
         self._flags(0)
-        self._reduce(f"exchange {self.step}")
+        if self.compressed:
+            wire, sent = self.sender.exchange(op.alpha * (self.work - self.server))
+            self.work -= sent  # x_k -= D_k
+            self._gather(wire, f"exchange {self.step}", ACTIVE)
+        else:
+            np.subtract(self.work, self.server, out=self.grad)
+            self.grad *= op.alpha
+            self.work -= self.grad  # x_k -= d_k, before the buffer holds the sum
+            self._reduce(f"exchange {self.step}")
         self.server += self.grad  # x~ += sum_k d_k
         self.updates += int(self.flags[ACTIVE])
         self._after_collective()
@@ -358,7 +423,8 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
             problem.seed_rng(seed, rank)
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                         start_step=start["step"] if exact_steps(strategy) else 0)
-        if uses_shm(engine.reduce_via, comm.backend, env):
+        compressed = engine.compression is not None and engine.compression.active
+        if not compressed and uses_shm(engine.reduce_via, comm.backend, env):
             shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
                                   required=engine.reduce_via == "shm")
         worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm)
@@ -377,7 +443,8 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
             worker.save_checkpoint()  # the final state, for a later --resume
         mine = {"examples": worker.examples, "dropped": worker.dropped,
                 "params": None if strategy.shared_params else worker.work,
-                "state": problem.state() if hasattr(problem, "state") else None}
+                "state": problem.state() if hasattr(problem, "state") else None,
+                "traffic": worker.sender.stats()}
         gathered = comm.gather_object(mine)
         if worker.buckets is not None:
             worker.buckets.remove()
@@ -393,7 +460,9 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     extra = {"world_size": comm.world, "dist_backend": comm.backend,
              "reduce_via": "shm" if shm is not None else comm.backend,
              "restarts": env["restart"], "bucket_count": worker.buckets.count
-             if worker.buckets is not None else None}
+             if worker.buckets is not None else None,
+             **summarize([g["traffic"] for g in gathered], engine.compression or Compression(),
+                         worker.updates)}
     if start["from"]:
         extra["resumed_from"] = start["from"]
         extra["resumed_at_step"] = start["step"]
