@@ -21,6 +21,7 @@ from . import devices as _devices
 from .config import resolve
 from .engines.checkpoints import check_resume
 from .engines.lifecycle import StopSignals, signal_name
+from .engines.messages import add_bytes_column
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
 from .problems import Problem
 from .problems.buffers import combine as combine_buffers
@@ -270,6 +271,8 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         summary["outer_rule"] = rule.describe()
     if getattr(rule if strat.local_rule is None else strat.local_rule, "staleness_lr", False):
         summary["staleness_lr"] = True
+    if summary.get("bytes_sent_per_update"):  # metrics.csv's bytes_sent column
+        add_bytes_column(recorder.rows, summary["bytes_sent_per_update"])
     result = Result(summary, recorder.rows, res.params, problem,
                     worker_params=res.worker_params or None,
                     state=problem.state() if hasattr(problem, "state") else None)

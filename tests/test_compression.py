@@ -261,3 +261,18 @@ def test_compare_sets_a_compressor_per_strategy_and_reports_the_bytes(tmp_path):
     assert "sync (topk:0.1)" in report and "sync computes the same gradient" not in report
     with pytest.raises(ConfigError, match="not in --strategies"):
         compare("linear", ["sync"], 2, out=tmp_path, steps=2, compress="async=sign")
+
+
+def test_metrics_csv_carries_the_bytes_sent_at_each_row(tmp_path):
+    from monsoon.record.run_folder import read_metrics
+
+    run = monsoon.train("linear", "sync", 2, compress="topk:0.1", epochs=2, seed=0,
+                        backend="threads", out=tmp_path / "run")
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    sent = [r["bytes_sent"] for r in rows]
+    assert sent[0] == 0 and sent == sorted(sent)
+    assert sent[-1] == run.summary["bytes_sent"] and rows[-1]["updates"] == run.summary["updates"]
+    plain = monsoon.train("linear", "sync", 2, epochs=2, seed=0, backend="threads",
+                          out=tmp_path / "plain")
+    assert read_metrics(tmp_path / "plain" / "metrics.csv")[-1]["bytes_sent"] > sent[-1] * 3
+    assert plain.summary["compression_ratio"] == 1.0

@@ -572,6 +572,16 @@ def summarize(stats: list[dict], compression: Compression, updates: int) -> dict
     }
 
 
+def add_bytes_column(rows: list[dict], per_update: float) -> None:
+    """metrics.csv's ``bytes_sent`` at each row: the row's updates times the
+    run's bytes sent per update. Every message of a compressor has one size
+    (k values and indices, a fixed-width code, the same factors), so this is
+    the count at that row, not an estimate, save for dropped non-finite
+    messages."""
+    for row in rows:
+        row["bytes_sent"] = int(round(row["updates"] * per_update))
+
+
 def check_engine(engine, strategy) -> None:
     """Refuse, in one line, a compressed run this engine or strategy lacks:
     an engine without ``compresses``, or whose ``compression_refused(strategy)``

@@ -54,7 +54,7 @@ COPY_BYTES_PER_S = 2e9  # a snapshot reads the parameters twice (copy, finite ch
 DIVERGED = "diverged: the loss became {loss} after {updates} updates; lower the learning rate (--lr)"
 # written where the problem reports them (``problem.evaluate``): torch
 # problems with a classification loss or a validation set
-OPTIONAL_COLUMNS = ("accuracy", "val_loss", "val_accuracy")
+OPTIONAL_COLUMNS = ("accuracy", "val_loss", "val_accuracy", "bytes_sent")
 
 
 def evaluate(problem, w) -> dict:

@@ -61,7 +61,7 @@ def metrics_csv(rows: list[dict]) -> str:
 
 def read_metrics(path) -> list[dict]:
     with open(path) as f:
-        return [{k: (int(v) if k in ("updates", "examples") else float(v))
+        return [{k: (int(v) if k in ("updates", "examples", "bytes_sent") else float(v))
                  for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
 
 
