@@ -137,11 +137,11 @@ class SparkEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        from .data import SparkData
+        from .data import SparkSource
         from .session import session_for
 
         t_begin = time.perf_counter()
-        spark_data = isinstance(problem, SparkData)
+        spark_data = isinstance(problem, SparkSource)
         if spark_data:
             sc, started = problem._sc, False
         else:
