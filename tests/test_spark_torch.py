@@ -130,3 +130,124 @@ def test_async_converges_without_collecting(frame):
     assert s["examples"] == ref.summary["examples"] and s["failed_workers"] == []
     assert s["updates"] == sum(s["staleness_counts"].values()) > 0
     assert s["staleness"]["max"] > 0
+
+
+def test_array_vector_and_numeric_columns_give_the_same_run(frame):
+    """The same rows as an array column, a Vector column and D numeric
+    columns: the same tensors on the executors, so the same parameters
+    (to the last few bits)."""
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    cols = [f"x{j}" for j in range(D)]
+    df = frame.select("x", array_to_vector("x").alias("v"), "c",
+                      *[F.col("x")[j].alias(c) for j, c in enumerate(cols)])
+    runs = {}
+    for name, features in (("array", "x"), ("vector", "v"), ("numeric", cols)):
+        data = TorchProblem.from_spark(df, net(), nn.CrossEntropyLoss(), features=features,
+                                       label="c", dtype="float64")
+        assert data.n_features == D, name
+        runs[name] = monsoon.train(data, strategy="sync", workers=2, engine="spark",
+                                   **{**KW, "steps": 2}).params
+        data.unpersist()
+    for name in ("vector", "numeric"):  # the same numbers (BLAS may round in another order)
+        np.testing.assert_allclose(runs[name], runs["array"], rtol=1e-12, atol=1e-15)
+
+
+class FailsFirstAttempt(nn.CrossEntropyLoss):
+    """A loss that fails in partition 0's first attempt of every task."""
+
+    def forward(self, out, target):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+            raise RuntimeError("killed on its first attempt")
+        return super().forward(out, target)
+
+
+@pytest.mark.parametrize("strategy, options, updates", [
+    ("sync", {}, 6),
+    ("local-sgd", {"local_steps": 3}, 2),
+    ("async", {"n_fetch": 3, "n_push": 3}, 2),
+    ("ssp", {"n_fetch": 3, "n_push": 3}, 2),
+    ("easgd", {"easgd_tau": 3}, 2),
+])
+def test_every_strategy_trains_and_a_retried_task_counts_once(frame, strategy, options,
+                                                              updates):
+    """Partition 0's first attempt of every task fails (Spark retries it):
+    each strategy still applies exactly the uninterrupted run's updates and
+    examples, its loss goes down, and where the result does not hang on
+    which worker's push arrives first (sync, local-sgd) the parameters are
+    the uninterrupted run's."""
+    def run(loss):
+        data = TorchProblem.from_spark(frame, net(), loss, features="x", label="c",
+                                       dtype="float64")
+        try:
+            return monsoon.train(data, strategy=strategy, workers=2, engine="spark",
+                                 **{**KW, "evals": 2}, **options)
+        finally:
+            data.unpersist()
+
+    clean, retried = run(nn.CrossEntropyLoss()), run(FailsFirstAttempt())
+    if strategy in ("sync", "local-sgd"):
+        np.testing.assert_array_equal(retried.params, clean.params)
+    for r in (clean, retried):
+        s = r.summary
+        assert s["updates"] == updates and s["failed_workers"] == []
+        assert s["examples"] == KW["steps"] * KW["batch_size"]
+        assert sum(s["staleness_counts"].values()) == updates * (2 if strategy == "local-sgd"
+                                                                 else 1)
+        assert s["final_loss"] < r.history[0]["loss"]
+
+
+@pytest.fixture(scope="module")
+def odd(spark):
+    """Columns that cannot be features or labels, and rows that break them."""
+    from pyspark.sql import functions as F
+
+    rows = [([1.0, 2.0], "a", 0, 0.5, None), ([3.0, 4.0, 5.0], "b", 1, 1.0, 1.0)]
+    return spark.createDataFrame(rows, "x array<double>, s string, c int, f double, "
+                                       "n double").coalesce(1).withColumn("two", F.array(
+                                           F.col("f"), F.col("f")))
+
+
+@pytest.mark.parametrize("features, label, says", [
+    ("nope", "c", r"the DataFrame has no column\(s\) nope; its columns: x, s, c, f, n, two"),
+    ("s", "c", r"the features column 's' holds string; give a column of arrays of numbers, "
+               r"a Vector column, or numeric columns"),
+    (["f", "s"], "c", r"feature column\(s\) 's' \(string\) are not numeric"),
+    ("two", "s", r"the label column 's' holds string; it must be numeric"),
+    ("x", "c", r"partition 0: the features column 'x' holds rows of 2 and 3 numbers: every "
+               r"row needs the same number of features"),
+    ("two", "n", r"partition 0: column 'n' holds a null: drop or fill those rows first"),
+    ("two", "f", r"partition 0: the label column 'f' holds 0.5; a class-index loss needs "
+                 r"class numbers 0, 1, 2"),
+])
+def test_bad_columns_are_refused_in_one_line(odd, features, label, says):
+    import re
+
+    with pytest.raises(ConfigError) as info:
+        TorchProblem.from_spark(odd, nn.Linear(2, 2), nn.CrossEntropyLoss(),
+                                features=features, label=label)
+    message = str(info.value)
+    assert "\n" not in message and re.search(says, message), message
+
+
+def test_rows_of_different_lengths_in_different_partitions_are_refused(spark):
+    rows = spark.sparkContext.parallelize([([1.0, 2.0], 0), ([1.0, 2.0, 3.0], 1)], 2)
+    df = spark.createDataFrame(rows, "x array<double>, c int")
+    with pytest.raises(ConfigError, match=r"the features hold rows of 2 numbers in partition "
+                                          r"\d and 3 in partition \d: every row needs"):
+        TorchProblem.from_spark(df, nn.Linear(2, 2), nn.CrossEntropyLoss(), features="x",
+                                label="c")
+
+
+def test_a_dataframe_model_refuses_other_engines(frame):
+    data = TorchProblem.from_spark(frame, net(), nn.CrossEntropyLoss(), features="x",
+                                   label="c")
+    try:
+        with pytest.raises(ConfigError, match="lives in Spark: train it with engine='spark'"):
+            monsoon.train(data, strategy="sync", workers=2, engine="local", steps=2, evals=0)
+    finally:
+        data.unpersist()

@@ -86,6 +86,8 @@ def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
         xs.append(x.toArray() if hasattr(x, "toArray") else x)
         ys.append(row[-1])
     features, label = names
+    if not ys:  # an empty partition
+        return np.zeros((0, 0), dtype=dtype), np.zeros(0)
     if any(x is None for x in xs) or any(v is None for v in ys):
         where = label if any(v is None for v in ys) else features
         return f"column {where!r} holds a null: drop or fill those rows first (df.na.drop())"
