@@ -3,9 +3,6 @@
 same rows, async converges, nothing is collected to the driver, every kind
 of feature column gives the same run, every strategy the engine runs trains,
 a retried task's update lands once, and bad columns are refused in one line."""
-import contextlib
-import pickle
-
 import numpy as np
 import pytest
 import torch
@@ -14,7 +11,7 @@ from torch import nn
 import monsoon
 from monsoon.errors import ConfigError
 from monsoon.problems.torch_problem import TorchProblem
-from spark_env import spark_session
+from spark_env import nothing_collected, spark_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -49,35 +46,6 @@ def rows_in_partition_order(df, label):
     """The reference data, brought to the driver only for the comparison."""
     rows = df.select("x", label).collect()
     return np.array([r.x for r in rows]), np.array([r[label] for r in rows])
-
-
-def _raise(*args, **kwargs):
-    raise AssertionError("the data was brought to the driver")
-
-
-@contextlib.contextmanager
-def nothing_collected():
-    """Within: DataFrame and RDD collection raise, and each Spark job's
-    result size is recorded (the list yielded)."""
-    from pyspark import RDD, SparkContext
-    from pyspark.sql import DataFrame
-
-    sizes = []
-    run_job = SparkContext.runJob
-
-    def measured(self, rdd, func, partitions=None, allowLocal=False):
-        out = run_job(self, rdd, func, partitions, allowLocal)
-        sizes.append(len(pickle.dumps(out)))
-        return out
-
-    with pytest.MonkeyPatch.context() as m:
-        for cls, names in ((DataFrame, ("collect", "toPandas", "toLocalIterator", "take",
-                                        "head", "tail", "toArrow")),
-                           (RDD, ("collect", "toLocalIterator", "take", "first"))):
-            for name in names:
-                m.setattr(cls, name, _raise)
-        m.setattr(SparkContext, "runJob", measured)
-        yield sizes
 
 
 KW = dict(lr=0.3, steps=6, batch_size=128, seed=0, dtype="float64", evals=0)
