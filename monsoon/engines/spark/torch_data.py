@@ -4,41 +4,35 @@
                                       features="features", label="label")
     monsoon.train(problem, strategy="sync", workers=problem.partitions, engine="spark")
 
-Features are a column of arrays of numbers, a ``pyspark.ml`` Vector column
-(turned into arrays in the JVM by ``vector_to_array``), one numeric column,
-or a list of numeric columns; the label is a numeric column. A class-index
-loss (``CrossEntropyLoss``, ``NLLLoss``, their functional forms) gets the
-labels as int64 class numbers, shape ``(n,)``; every other loss gets them
-as floats of the problem's dtype, shape ``(n, 1)`` (the shape of
-``nn.Linear(d, 1)``'s output, as ``MSELoss`` and ``BCEWithLogitsLoss`` want).
+Features: a column of arrays of numbers, a ``pyspark.ml`` Vector column
+(made arrays in the JVM by ``vector_to_array``), one numeric column, or a
+list of numeric columns. Label: a numeric column, given to a class-index
+loss (``CrossEntropyLoss``, ``NLLLoss``, their functional forms) as int64
+``(n,)``, to any other loss as floats ``(n, 1)`` (``nn.Linear(d, 1)``'s shape).
 
 Algorithm. Each partition's rows become tensors once, on its executor: one
 job turns them into a ``TorchProblem`` on that partition's rows alone, with
 its own replica of the module (shipped once, in that job's closure), and
 the partitions' problems are persisted as their ``Block``s with global
-example ids (``data.SparkSource``). From then on a task computes with its
-partition's problem exactly as with a catalog torch problem's block:
-``gradient(w, rows)`` re-points the replica at ``w``, the flat parameter
-vector the task received (``TorchProblem``'s own layout), so only
-parameters and gradients travel, as for every problem on Spark, and every
-strategy the engine runs works unchanged, with its exactly-once guarantee
-(the driver applies only what a finished job returns). The driver holds the
-module (for the initial parameters, ``model_at`` and ``model.pt``) and never
-the data: the loss and accuracy the recorder reports are a Spark job in
-which each partition returns its figures and row count, weighed on the
-driver.
+example ids (``data.SparkSource``). A task then computes with its block's
+problem as with a catalog torch problem's: ``gradient(w, rows)`` re-points
+the replica at ``w``, the flat parameter vector the task received
+(``TorchProblem``'s layout), so only parameters and gradients travel, every
+strategy the engine runs works unchanged, and its exactly-once guarantee
+holds (the driver applies only what a finished job returns). The driver
+holds the module (initial parameters, ``model_at``, ``model.pt``), never the
+data: the reported loss and accuracy are a Spark job, each partition
+returning its figures and row count.
 
 Invariants: global example id = the partition's offset + the row's place in
-it, so a serial run on the DataFrame's rows in partition order visits the
-same examples; nothing larger than parameters, gradients and per-partition
-figures reaches the driver.
+it (a serial run on the rows in partition order visits the same examples);
+nothing larger than parameters, gradients and per-partition figures reaches
+the driver.
 
-Refused, in one line (ConfigError): before any job, a missing column,
-features that are not numbers (arrays of numbers, a Vector, numeric
-columns), a label that is not numeric; after the conversion job, which
-reports them instead of failing its task, a null, rows of different lengths
-(within or across partitions), NaN or Inf, and a class label that is not a
-whole number >= 0.
+Refused in one line (ConfigError): before any job, a missing column, features
+or a label that are not numbers; after the conversion job (which reports,
+not fails), a null, rows of different lengths (within or across partitions),
+NaN or Inf, a class label that is not a whole number >= 0.
 
 Not yet: buffers (BatchNorm statistics) are not trained on Spark (a task
 starts from the module's own), and Dropout is not seeded per worker.
