@@ -219,3 +219,18 @@ def test_a_dataframe_model_refuses_other_engines(frame):
             monsoon.train(data, strategy="sync", workers=2, engine="local", steps=2, evals=0)
     finally:
         data.unpersist()
+
+
+def test_repartition_cuts_the_data_into_the_runs_workers(frame):
+    """``repartition=True``: the 2-partition frame trains serial (one
+    worker, one partition) on every row, with the curve's loss job too."""
+    data = TorchProblem.from_spark(frame, net(), nn.CrossEntropyLoss(), features="x",
+                                   label="c", dtype="float64", repartition=True)
+    try:
+        run = monsoon.train(data, strategy="serial", engine="spark", lr=0.3, epochs=1,
+                            batch_size=200, evals=2)
+    finally:
+        data.unpersist()
+    assert data.partitions == 1 and data.n_examples == N
+    assert run.summary["examples"] == N and run.summary["updates"] == N // 200
+    assert run.summary["final_loss"] < run.history[0]["loss"]

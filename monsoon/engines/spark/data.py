@@ -139,7 +139,8 @@ class SparkSource:
         convert = self._convert()
         raw = rdd.mapPartitionsWithIndex(lambda k, rows: [(k, *convert(rows))]).persist()
         try:
-            stats = sorted(self._sc.runJob(raw, lambda it: [(k, s) for k, _, s in it]),
+            stats = sorted(self._job(raw, lambda it: [(k, s) for k, _, s in it],
+                                     "converting the Spark data on the executors"),
                            key=lambda s: s[0])
             build = self._builder([s for _, s in stats])
         except BaseException:
@@ -157,7 +158,8 @@ class SparkSource:
 
         self._blocks = raw.mapPartitionsWithIndex(blocks).persist()
         try:
-            self._sc.runJob(self._blocks, lambda it: [sum(1 for _ in it)])  # materialise
+            self._job(self._blocks, lambda it: [sum(1 for _ in it)],
+                      "caching the converted partitions")
         finally:
             raw.unpersist()
             self._built()
@@ -184,13 +186,26 @@ class SparkSource:
         if self._blocks is not None:
             self._blocks.unpersist()
 
+    def _job(self, rdd, func, what: str):
+        """``sc.runJob(rdd, func)``, waited for at most the default
+        ``--timeout`` (``jobs.Jobs``: a failure after Spark's retries, or a
+        wait that runs out, is one line naming ``what``)."""
+        from ..options import TIMEOUT
+        from .jobs import Jobs
+
+        jobs = Jobs(self._sc, TIMEOUT.default, "data")
+        try:
+            return jobs.run(rdd, func, what=what)
+        finally:
+            jobs.close()
+
     def _sums(self, w, per_block):
         """``per_block(block, w)`` for every partition's block, a Spark job
         with ``w`` broadcast: the list of what each returned."""
         bc = self._sc.broadcast(np.asarray(w, dtype=self.dtype))
         try:
-            return self._sc.runJob(self._blocks, lambda it: [per_block(b, bc.value)
-                                                             for b in it])
+            return self._job(self._blocks, lambda it: [per_block(b, bc.value) for b in it],
+                             "evaluating the loss on the executors")
         finally:
             bc.unpersist()
 
