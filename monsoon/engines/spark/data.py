@@ -18,7 +18,9 @@ persisted; one small job returns each partition's row count and feature
 degrees (for the global L2 split), and the blocks are then rebuilt with
 their global ids and persisted. The full-data loss the recorder reports
 is a Spark job too: each partition returns its loss sum. Call
-``unpersist()`` to free the cached blocks.
+``unpersist()`` to free the cached blocks. ``SparkSource`` holds what
+SparkData shares with ``torch_data.SparkTorchData`` (any torch model): the
+source read, the conversion once per partition, the blocks and their ids.
 """
 from __future__ import annotations
 
