@@ -32,7 +32,7 @@ def examples_per_s_after_warmup(run, warmup: int = WARMUP) -> float:
     BLAS start-up), as the peers' figures leave them out; the whole run's
     figure if no row falls between."""
     rows, last = run.history, run.history[-1]
-    warm = next(r for r in rows if r["updates"] >= warmup)
+    warm = next((r for r in rows if r["updates"] >= warmup), last)
     if warm is last:
         return run.summary["examples_per_s"]
     return (last["examples"] - warm["examples"]) / (last["time_s"] - warm["time_s"])

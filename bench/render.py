@@ -49,6 +49,10 @@ BENCHMARKS = [
     ("spark_vs_mllib", "spark engine at its defaults (sync, async) vs MLlib `LogisticRegression`, "
      "click-like libsvm files, `local[2]`: MLlib's time over ours to its log-loss x1.01",
      "python bench/spark_vs_mllib.py", ">= 1.0 (best of sync and async), every dataset"),
+    ("spark_vs_torchdistributor", "a torch MLP on a Spark DataFrame, `local[2]`: spark engine "
+     "sync vs `TorchDistributor` running DDP on the same model, data and batches "
+     "(examples/s end to end)",
+     "python bench/spark_vs_torchdistributor.py", ">= 1.0, loss curve within 1%"),
     ("hogwild_average", "`HogwildClassifier(average=True)` on 2 threads vs 1 thread, fit after fit, "
      "3 power-law datasets (issue 36's case first)",
      "python bench/hogwild_average.py", "every fit's log-loss within 1% of n_jobs=1's"),

@@ -1,7 +1,9 @@
 """A real Spark session for one test module, or a skip where Spark truly
-cannot run here (no pyspark, no Java runtime)."""
+cannot run here (no pyspark, no Java runtime); and a context in which
+nothing can be collected to the driver."""
 import contextlib
 import os
+import pickle
 import shutil
 
 import pytest
@@ -27,3 +29,32 @@ def spark():
     """A local[2] session for the module's tests (import this fixture)."""
     with spark_session("local[2]") as session:
         yield session
+
+
+def _raise(*args, **kwargs):
+    raise AssertionError("the data was brought to the driver")
+
+
+@contextlib.contextmanager
+def nothing_collected():
+    """Within: DataFrame and RDD collection raise, and each Spark job's
+    result size is recorded (the list yielded)."""
+    from pyspark import RDD, SparkContext
+    from pyspark.sql import DataFrame
+
+    sizes = []
+    run_job = SparkContext.runJob
+
+    def measured(self, rdd, func, partitions=None, allowLocal=False):
+        out = run_job(self, rdd, func, partitions, allowLocal)
+        sizes.append(len(pickle.dumps(out)))
+        return out
+
+    with pytest.MonkeyPatch.context() as m:
+        for cls, names in ((DataFrame, ("collect", "toPandas", "toLocalIterator", "take",
+                                        "head", "tail", "toArrow")),
+                           (RDD, ("collect", "toLocalIterator", "take", "first"))):
+            for name in names:
+                m.setattr(cls, name, _raise)
+        m.setattr(SparkContext, "runJob", measured)
+        yield sizes

@@ -1,13 +1,11 @@
 """The spark engine on a real local Spark (``local[2]``): sync equals serial,
 async trains with staleness, a DataFrame trains where it lives."""
-import pickle
-
 import numpy as np
 import pytest
 
 import monsoon
 from monsoon.errors import ConfigError
-from spark_env import spark_session
+from spark_env import nothing_collected, spark_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -67,15 +65,10 @@ def test_sync_resumed_from_a_checkpoint_ends_as_an_uninterrupted_run(spark, tmp_
     assert resumed.summary["updates"] == whole.summary["updates"] == 4
 
 
-def _raise(*args, **kwargs):
-    raise AssertionError("the data was brought to the driver")
-
-
-def test_dataframe_trains_where_it_lives(spark, monkeypatch):
+def test_dataframe_trains_where_it_lives(spark):
     """Sync on a DataFrame generated on the executors equals serial on the
     same rows, and nothing larger than a gradient reaches the driver."""
-    from pyspark import RDD, SparkContext
-    from pyspark.sql import DataFrame, functions as F
+    from pyspark.sql import functions as F
 
     from monsoon.engines.spark import SparkData
     from monsoon.problems.sparse_linear import SparseLinear
@@ -85,21 +78,7 @@ def test_dataframe_trains_where_it_lives(spark, monkeypatch):
         F.array(*[F.randn(seed=j) for j in range(d)]).alias("x"))
     df = df.withColumn("y", (F.col("x")[0] + 0.5 * F.col("x")[1] > 0).cast("double")).cache()
 
-    sizes = []
-    run_job = SparkContext.runJob
-
-    def measured(self, rdd, func, partitions=None, allowLocal=False):
-        out = run_job(self, rdd, func, partitions, allowLocal)
-        sizes.append(len(pickle.dumps(out)))
-        return out
-
-    with monkeypatch.context() as m:
-        for cls, names in ((DataFrame, ("collect", "toPandas", "toLocalIterator", "take", "head",
-                                        "tail", "toArrow")),
-                           (RDD, ("collect", "toLocalIterator", "take", "first"))):
-            for name in names:
-                m.setattr(cls, name, _raise)
-        m.setattr(SparkContext, "runJob", measured)
+    with nothing_collected() as sizes:
         data = SparkData(df, features="x", label="y", loss="logistic", lam=1e-3)
         run = monsoon.train(data, strategy="sync", workers=2, engine="spark", lr=1.0, steps=3,
                             batch_size=n, dtype="float64", evals=0)

@@ -125,6 +125,17 @@ class TorchProblem(Problem):
         self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
 
     @classmethod
+    def from_spark(cls, source, module, loss_fn, features="features", label="label",
+                   **options):
+        """A problem on data held in Spark (a DataFrame, an RDD, a path Spark
+        reads) that trains with ``engine="spark"``, each partition's rows
+        tensors on its executor; see ``engines/spark/torch_data.py``."""
+        from ..engines.spark.torch_data import SparkTorchData
+
+        return SparkTorchData(source, module, loss_fn, features=features, label=label,
+                              **options)
+
+    @classmethod
     def from_dataset(cls, dataset, module, loss_fn, collate_fn=None, **options):
         """A problem over any map-style ``torch.utils.data.Dataset`` whose
         items ``collate_fn`` (default: torch's ``default_collate``) batches

@@ -18,7 +18,9 @@ persisted; one small job returns each partition's row count and feature
 degrees (for the global L2 split), and the blocks are then rebuilt with
 their global ids and persisted. The full-data loss the recorder reports
 is a Spark job too: each partition returns its loss sum. Call
-``unpersist()`` to free the cached blocks.
+``unpersist()`` to free the cached blocks. ``SparkSource`` holds what
+SparkData shares with ``torch_data.SparkTorchData`` (any torch model): the
+source read, the conversion once per partition, the blocks and their ids.
 """
 from __future__ import annotations
 
@@ -81,26 +83,24 @@ def _is_block(x) -> bool:
     return sp.issparse(x) or (isinstance(x, np.ndarray) and x.ndim == 2)
 
 
-class SparkData(Problem):
-    """A linear model on data held in Spark (see the module doc)."""
+class SparkSource:
+    """What every problem on data held in Spark shares: the source read as
+    an RDD of rows (never collected), each partition converted once on its
+    executor, and one persisted ``Block`` per partition with global ids.
 
-    defaults = {"lr": 0.5, "batch_size": 1024, "steps": 200}
+    A subclass gives ``_convert()``: a function run on the executors, one
+    partition's rows -> ``(payload, stats)``, where ``stats`` is a small
+    dict with ``rows`` (and anything the driver needs to see); and
+    ``_builder(stats)``: run on the driver with every partition's stats,
+    in order (it checks them, raising ConfigError, and sets the problem's
+    sizes), returning the executor function ``payload -> the partition's
+    problem``. ``torch_data.SparkTorchData`` is the other subclass."""
 
-    def __init__(self, source, features="features", label: str = "label",
-                 loss: str = "logistic", lam: float = 1e-4, dtype: str = "float64",
-                 n_features: int | None = None, fmt: str | None = None,
-                 name: str = "spark-data", repartition: bool = False):
-        if loss not in LOSSES:
-            raise ConfigError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")
-        self.source, self.features, self.label = source, features, label
-        self.kind, self.lam, self.dtype = loss, float(lam), np.dtype(dtype)
-        self.fmt, self.name, self.repartition = fmt, name, repartition
-        self._n_features = n_features
-        self._blocks = None
-        self._sc = None
-        self._prepare(n_features)
+    repartition = False
+    _blocks = None
+    _sc = None
+    _needs_torch = False
 
-    # -- building the blocks, on the executors --------------------------------
     def _rdd(self):
         """The source as an RDD of rows (never collected)."""
         source = self.source
@@ -119,13 +119,17 @@ class SparkData(Problem):
                 raise ConfigError(f"the DataFrame has no column(s) {', '.join(missing)}; its "
                                   f"columns: {', '.join(source.columns)} (set features= "
                                   "and label=)")
-            return source.select(*cols, self.label).rdd
+            return self._select(source, cols).rdd
         if hasattr(source, "mapPartitionsWithIndex"):
             return source
-        raise ConfigError("SparkData needs a Spark DataFrame, an RDD or a path Spark reads, "
-                          f"not {type(source).__name__}")
+        raise ConfigError(f"{type(self).__name__} needs a Spark DataFrame, an RDD or a path "
+                          f"Spark reads, not {type(source).__name__}")
 
-    def _prepare(self, n_features, partitions: int | None = None):
+    def _select(self, df, cols):
+        """The DataFrame's feature and label columns, in that order."""
+        return df.select(*cols, self.label)
+
+    def _load(self, partitions: int | None = None) -> None:
         rdd = self._rdd()
         if partitions is not None:
             rdd = rdd.repartition(partitions)
@@ -133,53 +137,37 @@ class SparkData(Problem):
         from ..options import TIMEOUT
         from .preflight import check_executors
 
-        check_executors(self._sc, TIMEOUT.default)
-        features, label, kind, lam, dtype = (self.features, self.label, self.kind, self.lam,
-                                             self.dtype)
-
-        def convert(k, rows):
-            X, y = _rows_to_arrays(rows, features, label, n_features)
-            if kind in ("logistic", "hinge"):
-                y = (y > 0).astype(float)
-            yield k, X.astype(dtype), y.astype(dtype)
-
-        raw = rdd.mapPartitionsWithIndex(convert).persist()
-        stats = self._sc.runJob(raw, lambda it: [(k, X.shape[0], X.shape[1],
-                                                  np.bincount(X.indices, minlength=X.shape[1]))
-                                                 for k, X, _ in it])
-        stats.sort(key=lambda s: s[0])
-        width = max([s[2] for s in stats] + [n_features or 0])
-        if width == 0 or sum(s[1] for s in stats) == 0:
+        check_executors(self._sc, TIMEOUT.default, torch=self._needs_torch)
+        convert = self._convert()
+        raw = rdd.mapPartitionsWithIndex(lambda k, rows: [(k, *convert(rows))]).persist()
+        try:
+            stats = sorted(self._job(raw, lambda it: [(k, s) for k, _, s in it],
+                                     "converting the Spark data on the executors"),
+                           key=lambda s: s[0])
+            build = self._builder([s for _, s in stats])
+        except BaseException:
             raw.unpersist()
-            raise ConfigError("the Spark data set is empty (no rows, or no features)")
-        degree = np.zeros(width)
-        for s in stats:
-            degree[:len(s[3])] += s[3]
-        counts = [s[1] for s in stats]
+            raise
+        counts = [s["rows"] for _, s in stats]
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
         self.n_examples = int(offsets[-1])
-        self.n_features = width
-        self.n_params = width + 1
         self.partitions = len(counts)
         self.counts = counts
-        self.inv_degree = inv_degree.astype(dtype)
-        bc = self._sc.broadcast(self.inv_degree)
 
-        def build(k, parts):
-            from ...problems.sparse_linear import SparseLinear
+        def blocks(k, parts):
+            for _, payload, s in parts:
+                yield Block(k, build(payload), offsets[k] + np.arange(s["rows"], dtype=np.int64))
 
-            for _, X, y in parts:
-                X.resize((X.shape[0], width))
-                part = SparseLinear(X, y, kind, lam=lam, dtype=dtype, name="spark-partition",
-                                    shuffle=False)
-                part.inv_degree = bc.value
-                yield Block(k, part, offsets[k] + np.arange(X.shape[0], dtype=np.int64))
+        self._blocks = raw.mapPartitionsWithIndex(blocks).persist()
+        try:
+            self._job(self._blocks, lambda it: [sum(1 for _ in it)],
+                      "caching the converted partitions")
+        finally:
+            raw.unpersist()
+            self._built()
 
-        self._blocks = raw.mapPartitionsWithIndex(build).persist()
-        self._sc.runJob(self._blocks, lambda it: [sum(1 for _ in it)])  # materialise
-        raw.unpersist()
-        bc.unpersist()
+    def _built(self) -> None:
+        """After the blocks are built (a subclass frees what built them)."""
 
     def blocks(self, sc, workers: int, seed: int):
         """The persisted blocks, one per partition (the engine's workers).
@@ -188,7 +176,7 @@ class SparkData(Problem):
         must already have that many partitions."""
         if workers != self.partitions and self.repartition:
             self.unpersist()
-            self._prepare(self._n_features, partitions=workers)
+            self._load(partitions=workers)
         if workers != self.partitions:
             raise ConfigError(f"the Spark data has {self.partitions} partitions and each "
                               f"worker trains on one: use --workers {self.partitions}, or "
@@ -196,8 +184,98 @@ class SparkData(Problem):
         return self._blocks
 
     def unpersist(self) -> None:
+        """Free the blocks cached on the executors."""
         if self._blocks is not None:
             self._blocks.unpersist()
+
+    def _job(self, rdd, func, what: str):
+        """``sc.runJob(rdd, func)``, waited for at most the default
+        ``--timeout`` (``jobs.Jobs``: a failure after Spark's retries, or a
+        wait that runs out, is one line naming ``what``)."""
+        from ..options import TIMEOUT
+        from .jobs import Jobs
+
+        jobs = Jobs(self._sc, TIMEOUT.default, "data")
+        try:
+            return jobs.run(rdd, func, what=what)
+        finally:
+            jobs.close()
+
+    def _sums(self, w, per_block):
+        """``per_block(block, w)`` for every partition's block, a Spark job
+        with ``w`` broadcast: the list of what each returned."""
+        bc = self._sc.broadcast(np.asarray(w, dtype=self.dtype))
+        try:
+            return self._job(self._blocks, lambda it: [per_block(b, bc.value) for b in it],
+                             "evaluating the loss on the executors")
+        finally:
+            bc.unpersist()
+
+
+class SparkData(SparkSource, Problem):
+    """A linear model on data held in Spark (see the module doc)."""
+
+    defaults = {"lr": 0.5, "batch_size": 1024, "steps": 200}
+
+    def __init__(self, source, features="features", label: str = "label",
+                 loss: str = "logistic", lam: float = 1e-4, dtype: str = "float64",
+                 n_features: int | None = None, fmt: str | None = None,
+                 name: str = "spark-data", repartition: bool = False):
+        if loss not in LOSSES:
+            raise ConfigError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")
+        self.source, self.features, self.label = source, features, label
+        self.kind, self.lam, self.dtype = loss, float(lam), np.dtype(dtype)
+        self.fmt, self.name, self.repartition = fmt, name, repartition
+        self._n_features = n_features
+        self._load()
+
+    # -- building the blocks, on the executors --------------------------------
+    def _convert(self):
+        features, label, kind, dtype = self.features, self.label, self.kind, self.dtype
+        n_features = self._n_features
+
+        def convert(rows):
+            X, y = _rows_to_arrays(rows, features, label, n_features)
+            if kind in ("logistic", "hinge"):
+                y = (y > 0).astype(float)
+            X, y = X.astype(dtype), y.astype(dtype)
+            stats = {"rows": X.shape[0], "width": X.shape[1],
+                     "degree": np.bincount(X.indices, minlength=X.shape[1])}
+            return (X, y), stats
+
+        return convert
+
+    def _builder(self, stats):
+        width = max([s["width"] for s in stats] + [self._n_features or 0])
+        if width == 0 or sum(s["rows"] for s in stats) == 0:
+            raise ConfigError("the Spark data set is empty (no rows, or no features)")
+        degree = np.zeros(width)
+        for s in stats:
+            degree[:len(s["degree"])] += s["degree"]
+        inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+        self.n_features = width
+        self.n_params = width + 1
+        self.inv_degree = inv_degree.astype(self.dtype)
+        self._bc = bc = self._sc.broadcast(self.inv_degree)
+        kind, lam, dtype = self.kind, self.lam, self.dtype
+
+        def build(payload):
+            from ...problems.sparse_linear import SparseLinear
+
+            X, y = payload
+            X.resize((X.shape[0], width))
+            part = SparseLinear(X, y, kind, lam=lam, dtype=dtype, name="spark-partition",
+                                shuffle=False)
+            part.inv_degree = bc.value
+            return part
+
+        return build
+
+    def _built(self) -> None:
+        bc = getattr(self, "_bc", None)
+        if bc is not None:
+            bc.unpersist()
+            self._bc = None
 
     # -- the Problem protocol, on the driver ----------------------------------
     def initial_params(self, seed: int) -> np.ndarray:
@@ -209,13 +287,8 @@ class SparkData(Problem):
     def loss(self, w) -> float:
         """Full-data objective: each partition returns its loss sum."""
         w = np.asarray(w, dtype=self.dtype)
-        bc = self._sc.broadcast(w)
-        try:
-            sums = self._sc.runJob(self._blocks, lambda it: [
-                b.problem._dloss(b.problem.X @ bc.value[:-1] + bc.value[-1], b.problem.y)[1]
-                for b in it])
-        finally:
-            bc.unpersist()
+        sums = self._sums(w, lambda b, v: b.problem._dloss(b.problem.X @ v[:-1] + v[-1],
+                                                           b.problem.y)[1])
         seen = self.inv_degree > 0
         reg = 0.5 * self.lam * float(w[:-1][seen] @ w[:-1][seen])
         return (float(sum(sums)) + reg) / self.n_examples

@@ -4,7 +4,7 @@ design, seed 004, done with what Spark provides).
 The driver holds the parameter server: the parameters, the rule state and
 the staleness records. Executors hold the data, one ``Block`` per
 partition (``blocks.py``, ``data.py``), converted and cached once; only
-parameters (broadcast variables, or the task's closure when under 256 KiB:
+parameters (broadcast variables, or the task's closure when under 960 KiB:
 ``jobs.share``) and gradients or updates (task results) travel, never the
 data. The engine carries out the ops of the strategy's worker programs;
 where each program runs follows from its declarations (``placement.py``):
@@ -147,11 +147,11 @@ class SparkEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        from .data import SparkData
+        from .data import SparkSource
         from .session import session_for
 
         t_begin = time.perf_counter()
-        spark_data = isinstance(problem, SparkData)
+        spark_data = isinstance(problem, SparkSource)
         if spark_data:
             sc, started = problem._sc, False
         else:

@@ -1,0 +1,220 @@
+"""Any torch model on data held in Spark: ``SparkTorchData``.
+
+    problem = TorchProblem.from_spark(df, module, nn.CrossEntropyLoss(),
+                                      features="features", label="label")
+    monsoon.train(problem, strategy="sync", workers=problem.partitions, engine="spark")
+
+Features: a column of arrays of numbers, a ``pyspark.ml`` Vector column
+(made arrays in the JVM by ``vector_to_array``), one numeric column, or a
+list of numeric columns. Label: a numeric column, given to a class-index
+loss (``CrossEntropyLoss``, ``NLLLoss``, their functional forms) as int64
+``(n,)``, to any other loss as floats ``(n, 1)`` (``nn.Linear(d, 1)``'s shape).
+
+Algorithm. Each partition's rows become tensors once, on its executor: one
+job turns them into a ``TorchProblem`` on that partition's rows alone, with
+its own replica of the module (shipped once, in that job's closure), and
+the partitions' problems are persisted as their ``Block``s with global
+example ids (``data.SparkSource``). A task then computes with its block's
+problem as with a catalog torch problem's: ``gradient(w, rows)`` re-points
+the replica at ``w``, the flat parameter vector the task received
+(``TorchProblem``'s layout), so only parameters and gradients travel, every
+strategy the engine runs works unchanged, and its exactly-once guarantee
+holds (the driver applies only what a finished job returns). The driver
+holds the module (initial parameters, ``model_at``, ``model.pt``), never the
+data: the reported loss and accuracy are a Spark job, each partition
+returning its figures and row count.
+
+Invariants: global example id = the partition's offset + the row's place in
+it (a serial run on the rows in partition order visits the same examples);
+nothing larger than parameters, gradients and per-partition figures reaches
+the driver.
+
+Refused in one line (ConfigError): before any job, a missing column, features
+or a label that are not numbers; after the conversion job (which reports,
+not fails), a null, rows of different lengths (within or across partitions),
+NaN or Inf, a class label that is not a whole number >= 0.
+
+Not yet: buffers (BatchNorm statistics) are not trained on Spark (a task
+starts from the module's own), and Dropout is not seeded per worker.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from ...errors import ConfigError
+from ...problems.torch_problem import TorchProblem
+from .data import SparkSource
+
+
+def class_index_loss(loss_fn) -> bool:
+    """Does ``loss_fn`` take class numbers (int64) as its target?"""
+    import torch.nn.functional as F
+
+    return (isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
+            or loss_fn in (F.cross_entropy, F.nll_loss))
+
+
+def column_kind(field) -> str:
+    """"numeric", "array" (of numbers), "vector", or the column's type."""
+    from pyspark.sql.types import ArrayType, BooleanType, NumericType
+
+    dt = field.dataType
+    if isinstance(dt, (NumericType, BooleanType)):
+        return "numeric"
+    if isinstance(dt, ArrayType) and isinstance(dt.elementType, (NumericType, BooleanType)):
+        return "array"
+    if type(dt).__name__ == "VectorUDT":
+        return "vector"
+    return dt.simpleString()
+
+
+def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
+    """One partition's rows (features..., label) -> ``(X, y)``, or a
+    string saying what is wrong with them (on the executor)."""
+    xs, ys = [], []
+    for row in rows:
+        x = row[:-1] if many else row[0]
+        xs.append(x.toArray() if hasattr(x, "toArray") else x)
+        ys.append(row[-1])
+    features, label = names
+    if not ys:  # an empty partition
+        return np.zeros((0, 0), dtype=dtype), np.zeros(0)
+    if any(x is None for x in xs) or any(v is None for v in ys):
+        where = label if any(v is None for v in ys) else features
+        return f"column {where!r} holds a null: drop or fill those rows first (df.na.drop())"
+    if not many:
+        lengths = sorted({len(x) for x in xs})
+        if len(lengths) > 1:
+            return (f"the features column {features!r} holds rows of {lengths[0]} and "
+                    f"{lengths[-1]} numbers: every row needs the same number of features")
+    try:
+        X = np.asarray(xs, dtype=dtype).reshape(len(xs), -1)
+    except (TypeError, ValueError):
+        return (f"the features {features!r} hold a null or a non-number inside a row: drop "
+                "or fill those rows first")
+    y = np.asarray(ys, dtype=np.float64)
+    if classes:
+        bad = ~(y == np.round(y)) | (y < 0)
+        if bad.any():
+            return (f"the label column {label!r} holds {y[bad][0]:g}; a class-index loss "
+                    "needs class numbers 0, 1, 2, ...")
+        return X, y.astype(np.int64)
+    return X, y.astype(dtype).reshape(-1, 1)
+
+
+def evaluate_block(block, w):
+    """(rows, every reported figure) of one partition at ``w``."""
+    return (block.n, block.problem.evaluate(w)) if block.n else (0, {})
+
+
+class SparkTorchData(SparkSource, TorchProblem):
+    """``module`` under ``loss_fn`` on data held in Spark (see the module doc)."""
+
+    _needs_torch = True
+
+    def __init__(self, source, module: torch.nn.Module, loss_fn, features="features",
+                 label: str = "label", dtype: str = "float32", name: str = "spark-torch",
+                 init: str = "module", init_fn=None, eval_batch: int = 65536,
+                 fmt: str | None = None, repartition: bool = False):
+        tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch)
+        self.source, self.features, self.label = source, features, label
+        self.fmt, self.repartition = fmt, repartition
+        self.X = self.y = self.val = None  # the data stays in Spark
+        self._replica = copy.deepcopy(module).to(tdtype)  # what the executors get
+        self._setup_module(module)
+        self._load()
+
+    # -- building the blocks, on the executors --------------------------------
+    def _select(self, df, cols):
+        from pyspark.sql import functions as F
+
+        fields = {f.name: f for f in df.schema.fields}
+        kind = {c: column_kind(fields[c]) for c in cols + [self.label]}
+        if kind[self.label] != "numeric":
+            raise ConfigError(f"the label column {self.label!r} holds {kind[self.label]}; it "
+                              "must be numeric (class numbers, or a float target)")
+        if not isinstance(self.features, str):
+            bad = [f"{c!r} ({kind[c]})" for c in cols if kind[c] != "numeric"]
+            if bad:
+                raise ConfigError(f"feature column(s) {', '.join(bad)} are not numeric; a "
+                                  "list of features names numeric columns")
+            return df.select(*cols, self.label)
+        c = self.features
+        if kind[c] == "vector":
+            from pyspark.ml.functions import vector_to_array
+
+            column = vector_to_array(F.col(c))
+        elif kind[c] in ("array", "numeric"):
+            column = F.col(c)
+        else:
+            raise ConfigError(f"the features column {c!r} holds {kind[c]}; give a column of "
+                              "arrays of numbers, a Vector column, or numeric columns "
+                              "(features=[...])")
+        return df.select(column.alias(c), self.label)
+
+    def _convert(self):
+        many = not isinstance(self.features, str)
+        names = (", ".join(self.features) if many else self.features, self.label)
+        classes, dtype = class_index_loss(self.loss_fn), self.dtype
+        module, loss_fn, eval_batch = self._replica, self.loss_fn, self.eval_batch
+
+        def convert(rows):
+            arrays = partition_arrays(rows, many, names, classes, dtype)
+            if isinstance(arrays, str):
+                return None, {"rows": 0, "error": arrays}
+            X, y = arrays
+            if not len(X):
+                return None, {"rows": 0, "error": None}
+            try:
+                part = TorchProblem(module, loss_fn, torch.from_numpy(X), torch.from_numpy(y),
+                                    dtype=dtype, name="spark-partition",
+                                    eval_batch=eval_batch)
+            except (ConfigError, ValueError) as exc:  # NaN or Inf; a module that does not fit
+                return None, {"rows": 0, "error": str(exc)}
+            return part, {"rows": len(X), "width": X.shape[1], "error": None,
+                          "classification": part.classification}
+
+        return convert
+
+    def _builder(self, stats):
+        for k, s in enumerate(stats):
+            if s["error"]:
+                raise ConfigError(f"partition {k}: {s['error']}")
+        widths = {k: s["width"] for k, s in enumerate(stats) if s["rows"]}
+        if not widths:
+            raise ConfigError("the Spark data set is empty (no rows)")
+        if len(set(widths.values())) > 1:
+            by_width = sorted(widths.items(), key=lambda kv: kv[1])
+            (a, wa), (b, wb) = by_width[0], by_width[-1]
+            raise ConfigError(f"the features hold rows of {wa} numbers in partition {a} and "
+                              f"{wb} in partition {b}: every row needs the same number of "
+                              "features")
+        self.n_features = next(iter(widths.values()))
+        self.classification = all(s["classification"] for s in stats if s["rows"])
+        return lambda part: part
+
+    # -- the Problem protocol, on the driver ----------------------------------
+    def gradient(self, w, indices, out=None, accumulate=False):
+        raise ConfigError(f"{self.name} lives in Spark: train it with engine='spark'")
+
+    def shared_data(self):
+        raise ConfigError(f"{self.name} lives in Spark: train it with engine='spark'")
+
+    def evaluate(self, w) -> dict:
+        """Every reported figure at ``w``: each partition's, weighed by its rows."""
+        w = np.asarray(w, dtype=self.dtype)
+        self._check(w)
+        parts = [p for p in self._sums(w, evaluate_block) if p[0]]
+        keys = set.intersection(*(set(f) for _, f in parts))
+        n = sum(rows for rows, _ in parts)
+        return {key: sum(rows * f[key] for rows, f in parts) / n for key in sorted(keys)}
+
+    def loss(self, w) -> float:
+        return self.evaluate(w)["loss"]
+
+    def describe(self) -> dict:
+        return {**super().describe(), "partitions": self.partitions,
+                "features": self.n_features}

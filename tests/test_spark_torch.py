@@ -1,0 +1,236 @@
+"""Any torch model on a Spark DataFrame (issue 35, part 2), on a real
+``local[2,4]`` Spark (up to 4 attempts per task): sync equals serial on the
+same rows, async converges, nothing is collected to the driver, every kind
+of feature column gives the same run, every strategy the engine runs trains,
+a retried task's update lands once, and bad columns are refused in one line."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import monsoon
+from monsoon.errors import ConfigError
+from monsoon.problems.torch_problem import TorchProblem
+from spark_env import nothing_collected, spark_session
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+N, D, CLASSES = 800, 5, 3
+
+
+@pytest.fixture(scope="module")
+def spark():
+    with spark_session("local[2,4]") as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def frame(spark):
+    """N rows generated on the executors, 2 partitions: an array column x,
+    a class label c (int), a float target t."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(N, numPartitions=2).select(
+        F.array(*[F.randn(seed=j) for j in range(D)]).alias("x"))
+    score = F.col("x")[0] + 0.5 * F.col("x")[1] - 0.7 * F.col("x")[2]
+    df = df.withColumn("c", F.when(score > 0.5, 2).when(score > -0.5, 1).otherwise(0))
+    return df.withColumn("t", score + 0.1 * F.col("x")[3]).cache()
+
+
+def net(out: int = CLASSES) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(D, 8), nn.Tanh(), nn.Linear(8, out))
+
+
+def rows_in_partition_order(df, label):
+    """The reference data, brought to the driver only for the comparison."""
+    rows = df.select("x", label).collect()
+    return np.array([r.x for r in rows]), np.array([r[label] for r in rows])
+
+
+KW = dict(lr=0.3, steps=6, batch_size=128, seed=0, dtype="float64", evals=0)
+
+
+@pytest.mark.parametrize("label, loss", [("c", nn.CrossEntropyLoss()), ("t", nn.MSELoss())])
+def test_sync_equals_serial_and_nothing_reaches_the_driver(frame, label, loss):
+    """Class numbers (int64) and a float target (n, 1): sync on the
+    DataFrame, with collection patched to raise and no job returning more
+    than a few gradients, equals serial on its rows in partition order
+    (float64, 1e-9)."""
+    out = CLASSES if label == "c" else 1
+    with nothing_collected() as sizes:
+        data = TorchProblem.from_spark(frame, net(out), loss, features="x", label=label,
+                                       dtype="float64")
+        run = monsoon.train(data, strategy="sync", workers=2, engine="spark", **KW)
+    data.unpersist()
+    assert data.n_examples == N and data.partitions == 2 and data.n_features == D
+    assert max(sizes) < 10 * data.n_params * 8 + 4096 < N * (D + 1) * 8
+    assert run.summary["updates"] == 6 and run.summary["engine"] == "spark"
+
+    X, y = rows_in_partition_order(frame, label)
+    y = torch.as_tensor(y) if label == "c" else torch.as_tensor(y).reshape(-1, 1)
+    ref = monsoon.train(TorchProblem(net(out), loss, X, y, dtype="float64"),
+                        strategy="serial", **KW)
+    np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12)
+    assert run.summary["final_loss"] == pytest.approx(ref.summary["final_loss"], rel=1e-9)
+    assert run.summary["final_loss"] < 0.8 * ref.history[0]["loss"]  # it trained
+    if label == "c":
+        assert run.summary["accuracy"] == pytest.approx(ref.summary["accuracy"], rel=1e-12)
+
+
+def test_async_converges_without_collecting(frame):
+    """Async (Downpour, the server on the driver) on the DataFrame reaches
+    within 10% of serial's loss on the same rows, every push applied."""
+    kw = dict(lr=0.3, epochs=4, batch_size=32, seed=0, dtype="float64", evals=0)
+    with nothing_collected():
+        data = TorchProblem.from_spark(frame, net(), nn.CrossEntropyLoss(), features="x",
+                                       label="c", dtype="float64")
+        run = monsoon.train(data, strategy="async", workers=2, engine="spark", n_fetch=5,
+                            n_push=5, **kw)
+    data.unpersist()
+    X, y = rows_in_partition_order(frame, "c")
+    ref = monsoon.train(TorchProblem(net(), nn.CrossEntropyLoss(), X, torch.as_tensor(y),
+                                     dtype="float64"), strategy="serial", **kw)
+    s = run.summary
+    assert s["final_loss"] <= 1.1 * ref.summary["final_loss"], (s["final_loss"],
+                                                                ref.summary["final_loss"])
+    assert s["final_loss"] < 0.5 * ref.history[0]["loss"]
+    assert s["examples"] == ref.summary["examples"] and s["failed_workers"] == []
+    assert s["updates"] == sum(s["staleness_counts"].values()) > 0
+    assert s["staleness"]["max"] > 0
+
+
+def test_array_vector_and_numeric_columns_give_the_same_run(frame):
+    """The same rows as an array column, a Vector column and D numeric
+    columns: the same tensors on the executors, so the same parameters
+    (to the last few bits)."""
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    cols = [f"x{j}" for j in range(D)]
+    df = frame.select("x", array_to_vector("x").alias("v"), "c",
+                      *[F.col("x")[j].alias(c) for j, c in enumerate(cols)])
+    runs = {}
+    for name, features in (("array", "x"), ("vector", "v"), ("numeric", cols)):
+        data = TorchProblem.from_spark(df, net(), nn.CrossEntropyLoss(), features=features,
+                                       label="c", dtype="float64")
+        assert data.n_features == D, name
+        runs[name] = monsoon.train(data, strategy="sync", workers=2, engine="spark",
+                                   **{**KW, "steps": 2}).params
+        data.unpersist()
+    for name in ("vector", "numeric"):  # the same numbers (BLAS may round in another order)
+        np.testing.assert_allclose(runs[name], runs["array"], rtol=1e-12, atol=1e-15)
+
+
+class FailsFirstAttempt(nn.CrossEntropyLoss):
+    """A loss that fails in partition 0's first attempt of every task."""
+
+    def forward(self, out, target):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+            raise RuntimeError("killed on its first attempt")
+        return super().forward(out, target)
+
+
+@pytest.mark.parametrize("strategy, options, updates", [
+    ("sync", {}, 6),
+    ("local-sgd", {"local_steps": 3}, 2),
+    ("async", {"n_fetch": 3, "n_push": 3}, 2),
+    ("ssp", {"n_fetch": 3, "n_push": 3}, 2),
+    ("easgd", {"easgd_tau": 3}, 2),
+])
+def test_every_strategy_trains_and_a_retried_task_counts_once(frame, strategy, options,
+                                                              updates):
+    """Partition 0's first attempt of every task fails (Spark retries it):
+    each strategy still applies exactly the uninterrupted run's updates and
+    examples, its loss goes down, and where the result does not hang on
+    which worker's push arrives first (sync, local-sgd) the parameters are
+    the uninterrupted run's."""
+    def run(loss):
+        data = TorchProblem.from_spark(frame, net(), loss, features="x", label="c",
+                                       dtype="float64")
+        try:
+            return monsoon.train(data, strategy=strategy, workers=2, engine="spark",
+                                 **{**KW, "evals": 2}, **options)
+        finally:
+            data.unpersist()
+
+    clean, retried = run(nn.CrossEntropyLoss()), run(FailsFirstAttempt())
+    if strategy in ("sync", "local-sgd"):
+        np.testing.assert_array_equal(retried.params, clean.params)
+    for r in (clean, retried):
+        s = r.summary
+        assert s["updates"] == updates and s["failed_workers"] == []
+        assert s["examples"] == KW["steps"] * KW["batch_size"]
+        assert sum(s["staleness_counts"].values()) == updates * (2 if strategy == "local-sgd"
+                                                                 else 1)
+        assert s["final_loss"] < r.history[0]["loss"]
+
+
+@pytest.fixture(scope="module")
+def odd(spark):
+    """Columns that cannot be features or labels, and rows that break them."""
+    from pyspark.sql import functions as F
+
+    rows = [([1.0, 2.0], "a", 0, 0.5, None), ([3.0, 4.0, 5.0], "b", 1, 1.0, 1.0)]
+    return spark.createDataFrame(rows, "x array<double>, s string, c int, f double, "
+                                       "n double").coalesce(1).withColumn("two", F.array(
+                                           F.col("f"), F.col("f")))
+
+
+@pytest.mark.parametrize("features, label, says", [
+    ("nope", "c", r"the DataFrame has no column\(s\) nope; its columns: x, s, c, f, n, two"),
+    ("s", "c", r"the features column 's' holds string; give a column of arrays of numbers, "
+               r"a Vector column, or numeric columns"),
+    (["f", "s"], "c", r"feature column\(s\) 's' \(string\) are not numeric"),
+    ("two", "s", r"the label column 's' holds string; it must be numeric"),
+    ("x", "c", r"partition 0: the features column 'x' holds rows of 2 and 3 numbers: every "
+               r"row needs the same number of features"),
+    ("two", "n", r"partition 0: column 'n' holds a null: drop or fill those rows first"),
+    ("two", "f", r"partition 0: the label column 'f' holds 0.5; a class-index loss needs "
+                 r"class numbers 0, 1, 2"),
+])
+def test_bad_columns_are_refused_in_one_line(odd, features, label, says):
+    import re
+
+    with pytest.raises(ConfigError) as info:
+        TorchProblem.from_spark(odd, nn.Linear(2, 2), nn.CrossEntropyLoss(),
+                                features=features, label=label)
+    message = str(info.value)
+    assert "\n" not in message and re.search(says, message), message
+
+
+def test_rows_of_different_lengths_in_different_partitions_are_refused(spark):
+    rows = spark.sparkContext.parallelize([([1.0, 2.0], 0), ([1.0, 2.0, 3.0], 1)], 2)
+    df = spark.createDataFrame(rows, "x array<double>, c int")
+    with pytest.raises(ConfigError, match=r"the features hold rows of 2 numbers in partition "
+                                          r"\d and 3 in partition \d: every row needs"):
+        TorchProblem.from_spark(df, nn.Linear(2, 2), nn.CrossEntropyLoss(), features="x",
+                                label="c")
+
+
+def test_a_dataframe_model_refuses_other_engines(frame):
+    data = TorchProblem.from_spark(frame, net(), nn.CrossEntropyLoss(), features="x",
+                                   label="c")
+    try:
+        with pytest.raises(ConfigError, match="lives in Spark: train it with engine='spark'"):
+            monsoon.train(data, strategy="sync", workers=2, engine="local", steps=2, evals=0)
+    finally:
+        data.unpersist()
+
+
+def test_repartition_cuts_the_data_into_the_runs_workers(frame):
+    """``repartition=True``: the 2-partition frame trains serial (one
+    worker, one partition) on every row, with the curve's loss job too."""
+    data = TorchProblem.from_spark(frame, net(), nn.CrossEntropyLoss(), features="x",
+                                   label="c", dtype="float64", repartition=True)
+    try:
+        run = monsoon.train(data, strategy="serial", engine="spark", lr=0.3, epochs=1,
+                            batch_size=200, evals=2)
+    finally:
+        data.unpersist()
+    assert data.partitions == 1 and data.n_examples == N
+    assert run.summary["examples"] == N and run.summary["updates"] == N // 200
+    assert run.summary["final_loss"] < run.history[0]["loss"]
