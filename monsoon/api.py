@@ -111,7 +111,7 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float) -> MonsoonE
     if out is None:
         where = "no run folder (give --out to keep one)"
     elif not getattr(engine, "writes_run_folder", True):
-        where = f"rank 0 writes the run folder {out}"
+        where = f"rank 0, if it is alive, writes the run folder {out}"
     else:
         try:
             rows = list(recorder.rows)

@@ -94,7 +94,7 @@ def test_a_cut_rank_fails_the_run_within_timeout_in_one_line(net, tmp_path):
     deadline = time.monotonic() + 60  # rank 1's line (its agent, cut off, lingers: killed)
     while not _monsoon_lines(tmp_path / "b.log") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert "rank 0 writes the run folder" in _monsoon_lines(tmp_path / "b.log")[0]
+    assert "rank 0, if it is alive, writes the run folder" in _monsoon_lines(tmp_path / "b.log")[0]
 
 
 def test_max_restarts_carries_the_run_on_once_the_link_is_back(net, tmp_path):

@@ -122,6 +122,24 @@ def test_array_vector_and_numeric_columns_give_the_same_run(frame):
         np.testing.assert_allclose(runs[name], runs["array"], rtol=1e-12, atol=1e-15)
 
 
+def test_one_numeric_column_is_one_feature(frame):
+    """features="x0" (a numeric column, not a list) is a model of one input,
+    the same run as features=["x0"]."""
+    from pyspark.sql import functions as F
+
+    df = frame.select(F.col("x")[0].alias("x0"), "c")
+    runs = {}
+    for features in ("x0", ["x0"]):
+        torch.manual_seed(0)
+        data = TorchProblem.from_spark(df, nn.Linear(1, CLASSES), nn.CrossEntropyLoss(),
+                                       features=features, label="c", dtype="float64")
+        assert data.n_features == 1
+        runs[str(features)] = monsoon.train(data, strategy="sync", workers=2, engine="spark",
+                                            **{**KW, "steps": 2}).params
+        data.unpersist()
+    np.testing.assert_array_equal(runs["x0"], runs["['x0']"])
+
+
 class FailsFirstAttempt(nn.CrossEntropyLoss):
     """A loss that fails in partition 0's first attempt of every task."""
 

@@ -574,10 +574,11 @@ def summarize(stats: list[dict], compression: Compression, updates: int) -> dict
 
 def add_bytes_column(rows: list[dict], per_update: float) -> None:
     """metrics.csv's ``bytes_sent`` at each row: the row's updates times the
-    run's bytes sent per update. Every message of a compressor has one size
-    (k values and indices, a fixed-width code, the same factors), so this is
-    the count at that row, not an estimate, save for dropped non-finite
-    messages."""
+    run's mean bytes sent per update. Every message of a compressor has one
+    size (k values and indices, a fixed-width code, the same factors), so
+    where each update sends the same messages this is the count at that
+    row; where they differ (an epoch's short last batch, backup workers'
+    late sends, dropped non-finite messages) it is the run's mean rate."""
     for row in rows:
         row["bytes_sent"] = int(round(row["updates"] * per_update))
 

@@ -84,11 +84,12 @@ class Sync(Strategy):
                 if start == stop:
                     behind = yield AllReduce(None, 0)
                 else:
-                    if following is not None:
-                        a, b = parts.get(len(following)) or parts.setdefault(
-                            len(following), part_bounds(len(following), count, index))
-                        following = following[a:b]
-                    _, grad = yield Gradient(batch[start:stop], following)
+                    hint = following
+                    if hint is not None:
+                        a, b = parts.get(len(hint)) or parts.setdefault(
+                            len(hint), part_bounds(len(hint), count, index))
+                        hint = hint[a:b]
+                    _, grad = yield Gradient(batch[start:stop], hint)
                     behind = yield AllReduce(grad, stop - start)
                 if type(behind) is not Regroup:
                     break

@@ -275,7 +275,7 @@ class RayEngine(Engine):
                     if clock is not None:  # it no longer holds the others to the bound
                         clock.retire.remote(rank)
                     if membership is not None:  # elastic sync: the others regroup
-                        membership.lose(rank, failed[rank])
+                        membership.lose(rank, failed[rank], actors[rank])
             if membership is not None:
                 membership.rejoin(running, actors, retired)
             live = {r: actors[r] for r in running.values()}
@@ -283,8 +283,8 @@ class RayEngine(Engine):
             seen.update(figures)
             by_rank = {r: f["examples"] for r, f in figures.items()}
             ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, by_rank)
-            if len(failed) == workers or (strategy.needs_all_workers
-                                          and len(failed) > strategy.backup_workers):
+            if membership is None and (len(failed) == workers or (
+                    strategy.needs_all_workers and len(failed) > strategy.backup_workers)):
                 rank = min(failed)
                 why = ("every worker failed" if len(failed) == workers
                        else "this strategy needs every worker")
@@ -310,7 +310,9 @@ class RayEngine(Engine):
                 recorder.live(now, examples, sum(f.get("updates", 0) for f in figures.values()),
                               figures, staleness, sum(f["dropped"] for f in figures.values()))
         wall = time.perf_counter() - t0
-        if not running and not failed and stopped is None:
+        # an elastic run that lost workers still ran every step (Membership.lose
+        # fails the run when no member is left)
+        if not running and stopped is None and (not failed or membership is not None):
             ckpts.final(ray, shards, self.timeout, wall,
                         {r: v["examples"] for r, v in results.items()})
         params, version, dropped = self._params(ray, shards)

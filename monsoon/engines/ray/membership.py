@@ -38,8 +38,12 @@ class Membership:
         self.joining: dict = {}       # rank -> (actor, its ready() ref, started at)
         self.next_try = 0.0
 
-    def lose(self, rank: int, reason: str) -> None:
-        """A member's actor is gone: the others carry the step on."""
+    def lose(self, rank: int, reason: str, actor=None) -> None:
+        """A member's actor is gone: the others carry the step on. An actor
+        whose run raised may still live (holding its CPU): it is killed, so
+        its rank can start again where it was."""
+        if actor is not None:
+            self.ray.kill(actor)
         if rank not in self.members:
             return
         self.members.remove(rank)
@@ -70,6 +74,7 @@ class Membership:
             try:
                 ray.get(ref, timeout=0)
             except Exception:  # noqa: BLE001 - not started (yet): tried again later
+                ray.kill(actor)  # not left pending: it would take the room a new try needs
                 retired.append(actor)
                 self.lost.append(rank)
                 continue

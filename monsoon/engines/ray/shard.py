@@ -119,7 +119,9 @@ class Shard:
             grad = self._take(grad)
         with self.lock:
             if gen > self.gen:  # the driver's regroup is on its way here
-                self.lock.wait_for(lambda: self.gen >= gen, self.timeout)
+                if not self.lock.wait_for(lambda: self.gen >= gen, self.timeout):
+                    raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for "
+                                       f"membership generation {gen}")
             if step >= self.step and gen != self.gen:
                 return "regroup", self.gen, self.members
             if step < self.step or len(self.arrivals) >= self.counted:

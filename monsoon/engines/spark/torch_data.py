@@ -85,7 +85,7 @@ def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
     if any(x is None for x in xs) or any(v is None for v in ys):
         where = label if any(v is None for v in ys) else features
         return f"column {where!r} holds a null: drop or fill those rows first (df.na.drop())"
-    if not many:
+    if not many and not np.isscalar(xs[0]):  # one numeric column: one feature a row
         lengths = sorted({len(x) for x in xs})
         if len(lengths) > 1:
             return (f"the features column {features!r} holds rows of {lengths[0]} and "
