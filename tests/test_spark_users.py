@@ -127,6 +127,29 @@ def test_spark_paths_and_tables_train_as_the_same_file_does_locally(spark, click
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_the_datas_own_jobs_wait_the_runs_timeout(spark, clicks, monkeypatch):
+    """Once the run starts, the data's own Spark jobs (the loss on the
+    executors) wait as long as the run's --timeout says, not its default.
+    (Reading and converting the source happen when the problem is made,
+    before the run, and wait the default.)"""
+    from monsoon.engines.spark import jobs
+
+    waits = []
+    real = jobs.Jobs.__init__
+
+    def init(self, sc, timeout, label):
+        waits.append((label, timeout))
+        real(self, sc, timeout, label)
+
+    monkeypatch.setattr(jobs.Jobs, "__init__", init)
+    monsoon.train(f"spark:{clicks}", engine="spark", timeout=7.5, **FULL)
+    run = [label for label, _ in waits].index("sync")  # the run's own job group
+    data_waits = [t for label, t in waits[run:] if label == "data"]
+    assert data_waits and set(data_waits) == {7.5}, waits
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.parametrize("name, says", [
     ("spark:/nonexistent/clicks.parquet", r"Spark cannot read /nonexistent/clicks.parquet as "
                                           r"parquet \(.*\); give a Parquet folder"),

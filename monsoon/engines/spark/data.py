@@ -99,6 +99,7 @@ class SparkSource:
     repartition = False
     _blocks = None
     _sc = None
+    timeout = None  # the run's --timeout, set by the engine (None, before it: the default)
     _needs_torch = False
 
     def _rdd(self):
@@ -189,13 +190,13 @@ class SparkSource:
             self._blocks.unpersist()
 
     def _job(self, rdd, func, what: str):
-        """``sc.runJob(rdd, func)``, waited for at most the default
-        ``--timeout`` (``jobs.Jobs``: a failure after Spark's retries, or a
-        wait that runs out, is one line naming ``what``)."""
+        """``sc.runJob(rdd, func)``, waited for at most the run's ``--timeout``
+        (its default before a run; ``jobs.Jobs``: a failure after Spark's
+        retries, or a wait that runs out, is one line naming ``what``)."""
         from ..options import TIMEOUT
         from .jobs import Jobs
 
-        jobs = Jobs(self._sc, TIMEOUT.default, "data")
+        jobs = Jobs(self._sc, self.timeout or TIMEOUT.default, "data")
         try:
             return jobs.run(rdd, func, what=what)
         finally:

@@ -154,6 +154,7 @@ class SparkEngine(Engine):
         spark_data = isinstance(problem, SparkSource)
         if spark_data:
             sc, started = problem._sc, False
+            problem.timeout = self.timeout  # its loss jobs on the executors wait as long
         else:
             sc, started = session_for(self.master, workers)
         master = sc.master
