@@ -83,7 +83,10 @@ def test_sync_fails_fast_when_a_worker_actor_is_killed():
     thread.join(60)
     assert not thread.is_alive()
     assert isinstance(box.get("error"), WorkerError), box
-    assert "worker 2 failed" in str(box["error"])
+    # killed after it answered ready: named either as failed, or (when the
+    # driver's own start-up check reaches it only after the kill) as dead
+    # before it could start; both name worker 2
+    assert box["error"].worker == 2 and "worker 2" in str(box["error"])
     assert time.monotonic() - t0 < 30
 
 
