@@ -101,10 +101,15 @@ class SparkSource:
     _sc = None
     timeout = None  # the run's --timeout, set by the engine (None, before it: the default)
     _needs_torch = False
+    _takes_chunks = False  # its conversion stacks (X, y) chunks: the Arrow path (arrow.py)
+    _via_arrow = False
 
-    def _rdd(self):
-        """The source as an RDD of rows (never collected)."""
+    def _rdd(self, partitions: int | None = None):
+        """The source as an RDD of rows, or of ``(X, y)`` chunks through
+        Arrow where the subclass takes them (``arrow.py``); never collected.
+        ``partitions``: that many (a DataFrame is repartitioned in the JVM)."""
         source = self.source
+        self._via_arrow = False
         if isinstance(source, str):
             from pyspark.sql import SparkSession
 
@@ -120,9 +125,17 @@ class SparkSource:
                 raise ConfigError(f"the DataFrame has no column(s) {', '.join(missing)}; its "
                                   f"columns: {', '.join(source.columns)} (set features= "
                                   "and label=)")
-            return self._select(source, cols).rdd
+            if partitions is not None:
+                source = source.repartition(partitions)
+            selected = self._select(source, cols)
+            from . import arrow
+
+            if self._takes_chunks and arrow.usable(selected):
+                self._via_arrow = True
+                return arrow.chunks(selected, len(cols))
+            return selected.rdd
         if hasattr(source, "mapPartitionsWithIndex"):
-            return source
+            return source if partitions is None else source.repartition(partitions)
         raise ConfigError(f"{type(self).__name__} needs a Spark DataFrame, an RDD or a path "
                           f"Spark reads, not {type(source).__name__}")
 
@@ -131,14 +144,13 @@ class SparkSource:
         return df.select(*cols, self.label)
 
     def _load(self, partitions: int | None = None) -> None:
-        rdd = self._rdd()
-        if partitions is not None:
-            rdd = rdd.repartition(partitions)
+        rdd = self._rdd(partitions)
         self._sc = rdd.context
         from ..options import TIMEOUT
         from .preflight import check_executors
 
-        check_executors(self._sc, TIMEOUT.default, torch=self._needs_torch)
+        check_executors(self._sc, TIMEOUT.default, torch=self._needs_torch,
+                        arrow=self._via_arrow)
         convert = self._convert()
         raw = rdd.mapPartitionsWithIndex(lambda k, rows: [(k, *convert(rows))]).persist()
         try:
@@ -216,6 +228,7 @@ class SparkSource:
 class SparkData(SparkSource, Problem):
     """A linear model on data held in Spark (see the module doc)."""
 
+    _takes_chunks = True
     defaults = {"lr": 0.5, "batch_size": 1024, "steps": 200}
 
     def __init__(self, source, features="features", label: str = "label",

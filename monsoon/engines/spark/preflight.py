@@ -81,11 +81,12 @@ def python_version() -> str:
     return "%d.%d" % sys.version_info[:2]
 
 
-def check_executors(sc, timeout: float, torch: bool = False) -> None:
-    """Refuse, in one line, executors that cannot run this run's tasks."""
-    names = ["monsoon", "numpy", "scipy"] + (["torch"] if torch else [])
-    key = (sc.applicationId, tuple(names))
-    if key in _PASSED:
+def check_executors(sc, timeout: float, torch: bool = False, arrow: bool = False) -> None:
+    """Refuse, in one line, executors that cannot run this run's tasks
+    (``arrow``: the data comes through pyarrow, ``arrow.py``)."""
+    names = ["monsoon", "numpy", "scipy"] + (["torch"] if torch else []) + \
+        (["pyarrow"] if arrow else [])
+    if any(app == sc.applicationId and set(names) <= passed for app, passed in _PASSED):
         return
     from .jobs import Jobs
 
@@ -102,4 +103,4 @@ def check_executors(sc, timeout: float, torch: bool = False) -> None:
     problem = mismatch(found, driver_versions(names), executor_python(sc))
     if problem:
         raise ConfigError(f"{problem}: {FIX}")
-    _PASSED.add(key)
+    _PASSED.add((sc.applicationId, frozenset(names)))
