@@ -160,15 +160,16 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         run["dtype"] = own
     if run["epochs"] is not None and run["steps"] is not None:
         raise ConfigError("give either --epochs or --steps, not both")
+    spec = problem_spec(run["problem"])[0] if instance is None else None
+    defaults = spec.defaults if spec is not None else \
+        dict(getattr(instance, "defaults", {}) or {})
+    if given.get("rule") is None and "rule" in defaults:  # the problem's rule (spark:PATH)
+        run["rule"] = defaults["rule"]
     components = {"strategy": STRATEGIES.get(run["strategy"]), "rule": RULES.get(run["rule"]),
                   "engine": ENGINES.get(run["engine"])}
     chosen = {kind: [run[kind]] for kind in components}
-    if instance is None:
-        spec, _ = problem_spec(run["problem"])
+    if spec is not None:
         components["problem"], chosen["problem"] = spec, [spec.name]
-        defaults = spec.defaults
-    else:
-        defaults = dict(getattr(instance, "defaults", {}) or {})
     refuse_untaken(given, chosen)
     values = {kind: option_values(c, given) for kind, c in components.items()}
 

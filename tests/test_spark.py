@@ -80,8 +80,8 @@ def test_dataframe_trains_where_it_lives(spark):
 
     with nothing_collected() as sizes:
         data = SparkData(df, features="x", label="y", loss="logistic", lam=1e-3)
-        run = monsoon.train(data, strategy="sync", workers=2, engine="spark", lr=1.0, steps=3,
-                            batch_size=n, dtype="float64", evals=0)
+        run = monsoon.train(data, strategy="sync", workers=2, engine="spark", rule="adagrad",
+                            lr=1.0, steps=3, batch_size=n, dtype="float64", evals=0)
     data_bytes = n * (d + 1) * 8
     assert max(sizes) < 20 * data.n_params * 8 + 4096 < data_bytes / 20
     assert data.n_examples == n and data.partitions == 2
@@ -91,8 +91,8 @@ def test_dataframe_trains_where_it_lives(spark):
     X = np.array([r.x for r in rows])
     y = np.array([r.y for r in rows])
     ref = monsoon.train(SparseLinear(X, y, "logistic", lam=1e-3, shuffle=False),
-                        strategy="serial", lr=1.0, steps=3, batch_size=n, dtype="float64",
-                        evals=0)
+                        strategy="serial", rule="adagrad", lr=1.0, steps=3, batch_size=n,
+                        dtype="float64", evals=0)
     np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12)
     assert run.summary["final_loss"] == pytest.approx(ref.summary["final_loss"], rel=1e-9)
     data.unpersist()

@@ -102,8 +102,8 @@ def clicks(tmp_path_factory):
     return path
 
 
-FULL = dict(strategy="sync", workers=2, lr=0.5, steps=3, batch_size=600, dtype="float64",
-            evals=0)
+FULL = dict(strategy="sync", workers=2, rule="adagrad", lr=0.5, steps=3, batch_size=600,
+            dtype="float64", evals=0)
 
 
 @pytest.mark.spark
@@ -123,6 +123,27 @@ def test_spark_paths_and_tables_train_as_the_same_file_does_locally(spark, click
         np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12,
                                    err_msg=name)
         assert run.summary["updates"] == 3 and run.summary["engine"] == "spark"
+
+
+def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
+    """The spark problems' defaults carry their rule (AdaGrad, for sparse
+    features); a --rule the user gives wins."""
+    from monsoon.config import resolve
+    from monsoon.problems import SPARK_DEFAULTS, problem_defaults
+
+    assert problem_defaults("spark:x.libsvm")["rule"] == SPARK_DEFAULTS["rule"] == "adagrad"
+    given = resolve("exp", "serial", 1, {"rule": "momentum"})
+    assert given.run["rule"] == "momentum"
+    plain = resolve("exp", "serial", 1, {})
+    assert plain.run["rule"] == "sgd"  # a problem without a rule default: the run's
+    from monsoon.problems import make_problem
+
+    problem = make_problem("logistic")
+    problem.defaults = dict(SPARK_DEFAULTS)  # as SparkData carries them
+    own = resolve(problem, "serial", 1, {})
+    assert own.run["rule"] == "adagrad" and type(own.rule).__name__ == "Adagrad"
+    assert own.run["lr"] == SPARK_DEFAULTS["lr"]
+    assert resolve(problem, "serial", 1, {"rule": "sgd"}).run["rule"] == "sgd"
 
 
 @pytest.mark.spark

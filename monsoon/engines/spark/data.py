@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ConfigError
+from ...problems import SPARK_DEFAULTS
 from ...problems.base import Problem
 from .blocks import Block
 
@@ -229,7 +230,7 @@ class SparkData(SparkSource, Problem):
     """A linear model on data held in Spark (see the module doc)."""
 
     _takes_chunks = True
-    defaults = {"lr": 0.5, "batch_size": 1024, "steps": 200}
+    defaults = dict(SPARK_DEFAULTS)
 
     def __init__(self, source, features="features", label: str = "label",
                  loss: str = "logistic", lam: float = 1e-4, dtype: str = "float64",
