@@ -17,9 +17,9 @@ prefix of it that no earlier attempt used, or a restarted gloo group reads
 a dead attempt's addresses (connection refused). The agents' restart
 counts (TORCHELASTIC_RESTART_COUNT) cannot name it: an agent restarts its
 ranks uncounted when another node joins the rendezvous (a membership
-change), so after a lost link the two nodes' counts differ. Rank 0 names
-the attempt instead, and every other rank learns the name through a nonce
-of its own, which no earlier attempt can have answered.
+change), so after a lost link the two nodes' counts can differ. Rank 0
+names the attempt instead, and every other rank learns the name through a
+nonce of its own, which no earlier attempt can have answered.
 
 ``init_process_group`` gets ``--timeout`` as its timeout: every collective
 then fails after that long instead of torch's default (30 minutes for gloo,
