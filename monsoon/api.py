@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,10 +77,12 @@ def staleness_stats(counts: Counter) -> dict:
 
 
 def check_writable(out: Path) -> None:
-    """The run folder can be created and written, before any worker starts."""
+    """The run folder can be created and written, before any worker starts.
+    The probe's name is this check's own: every torchrun rank checks the
+    folder, and on one machine or a shared file system it is the same one."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".monsoon-write-test"
+        probe = out / f".monsoon-write-test-{uuid.uuid4().hex}"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:

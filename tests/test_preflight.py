@@ -94,3 +94,20 @@ def test_many_worker_processes_get_advice_and_time_to_start(capsys):
     advice = engine._start_advice(64, 960)
     assert "fewer --workers" in advice and "--backend threads" in advice
     assert LocalEngine(backend="threads")._start_timeout(64 * cores) == 120.0
+
+
+def test_ranks_that_share_a_run_folder_check_it_at_once(tmp_path):
+    """Every torchrun rank checks --out before it starts (on one machine or a
+    shared file system, the same folder): one rank's probe is not another's
+    to remove (a shared probe name failed node b's rank in the lost-node test)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from monsoon.api import check_writable
+
+    def check_many(_):
+        for _ in range(300):
+            check_writable(tmp_path / "run")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(check_many, range(4)))
+    assert list((tmp_path / "run").iterdir()) == []

@@ -24,7 +24,7 @@ def _rank(rank, port, out):
     from monsoon.engines.torchrun.shm_reduce import open_shm_reduce
     from monsoon.errors import WorkerError
 
-    comm = Collectives("gloo", 20.0, {"restart": 0, "local_rank": rank})
+    comm = Collectives("gloo", 20.0, {"local_rank": rank})
     shm = open_shm_reduce(comm, 7, np.float64, timeout=20.0, required=True)
     sums = []
     for call in range(3):  # both parity slots, one of them twice

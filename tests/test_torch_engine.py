@@ -7,7 +7,10 @@
   with ``--max-restarts 1`` and checkpoints the run completes, equal to an
   uninterrupted one;
 - two torchrun invocations (``--nnodes 2``, c10d rendezvous on 127.0.0.1)
-  train together, as two nodes would.
+  train together, as two nodes would; with ``--max-restarts 1`` they carry
+  on from the newest checkpoint when their agents' restart counts differ
+  (one restarted its rank for a failure, the other for the membership
+  change).
 
 Every process is started in a session of its own and its whole tree is
 killed in ``finally``; ports are free ones.
@@ -83,16 +86,26 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
-def _rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
+def _rank_pid(proc: subprocess.Popen, rank: int,
+              command: bytes = b"-m\0monsoon.engines.torchrun.child") -> int | None:
     for pid in _tree(proc.pid):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in env and command in \
+                    Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and b"-m\0monsoon.engines.torchrun.child" in \
-                Path(f"/proc/{pid}/cmdline").read_bytes():
-            return pid
     return None
+
+
+def _signal_pending(pid: int, signum: int) -> bool:
+    """Whether ``signum`` was sent to process ``pid`` and not yet delivered
+    (it is stopped)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
 
 
 def _wait_for_checkpoint(out: Path, proc, timeout: float = 60.0) -> None:
@@ -108,20 +121,26 @@ def _final_params(out: Path) -> np.ndarray:
         return f["params"]
 
 
+def _node(port: int, out: Path, log: Path, restarts: int = 0) -> subprocess.Popen:
+    """One of two torchrun invocations (one rank each) meeting at a c10d
+    rendezvous on 127.0.0.1:``port``."""
+    return _start([str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                   "--rdzv-id", f"monsoon-test-{port}", "--max-restarts", str(restarts),
+                   "-m", "monsoon", "train", *RUN, "--steps", str(STEPS),
+                   "--checkpoint-every", "50", "--out", str(out)], log)
+
+
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """Two torchrun invocations, one rank each, meeting at a c10d rendezvous
-    on 127.0.0.1: the uninterrupted run the restart test compares with."""
+    on 127.0.0.1: the uninterrupted run the restart tests compare with."""
     folder = tmp_path_factory.mktemp("two-nodes")
     out, port = folder / "run", _free_port()
     procs = []
     try:
         for node in range(2):
-            procs.append(_start([str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1",
-                                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                                 "--rdzv-id", f"monsoon-test-{port}", "-m", "monsoon", "train",
-                                 *RUN, "--steps", str(STEPS), "--checkpoint-every", "50",
-                                 "--out", str(out)], folder / f"node{node}.log"))
+            procs.append(_node(port, out, folder / f"node{node}.log"))
         codes = [p.wait(timeout=100) for p in procs]
     finally:
         for p in procs:
@@ -180,6 +199,42 @@ def test_killed_rank_fails_within_timeout_and_restart_resumes(two_nodes, tmp_pat
             assert summary["restarts"] == 1 and summary["resumed_at_step"] >= 50
             assert summary["updates"] == STEPS
             np.testing.assert_array_equal(_final_params(out), _final_params(two_nodes[0]))
+
+
+def test_two_nodes_carry_on_when_their_agents_restart_counts_differ(two_nodes, tmp_path):
+    """torchrun's agents count only their own ranks' failures: an agent whose
+    rank is alive when another node joins the next rendezvous round restarts
+    it uncounted (a membership change). Rank 1 is stopped (SIGSTOP) after the
+    first checkpoint: rank 0 fails within --timeout and its agent restarts it
+    (TORCHELASTIC_RESTART_COUNT 1), rank 1's agent stops its rank for the
+    membership change (its count stays 0; the rank is let go on once the
+    agent's SIGTERM is pending). The restarted ranks still meet, in rank 0's
+    attempt, resume from the newest checkpoint and end bit-identical to the
+    uninterrupted two-node run."""
+    out, port = tmp_path / "run", _free_port()
+    procs = [_node(port, out, tmp_path / f"node{n}.log", restarts=1) for n in range(2)]
+    logs = lambda: "\n".join(f"--- node {n} ---\n" + (tmp_path / f"node{n}.log").read_text()
+                             for n in range(2))  # noqa: E731
+    try:
+        _wait_for_checkpoint(out, procs[0])
+        victim = next(filter(None, (_rank_pid(p, 1, b"-m\0monsoon\0train") for p in procs)))
+        os.kill(victim, signal.SIGSTOP)
+        deadline = time.monotonic() + 60  # rank 0's --timeout, then its agent's new round
+        while not _signal_pending(victim, signal.SIGTERM):
+            assert time.monotonic() < deadline, "rank 1's agent did not stop it\n" + logs()
+            time.sleep(0.05)
+        os.kill(victim, signal.SIGCONT)
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            _kill_tree(p)
+    assert codes == [0, 0], logs()
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["resumed_at_step"] >= 50, summary
+    assert summary["updates"] == STEPS
+    np.testing.assert_array_equal(_final_params(out), _final_params(two_nodes[0]))
 
 
 def _mlp():

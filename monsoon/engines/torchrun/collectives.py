@@ -11,8 +11,17 @@ reduced, and copied back. The model computes on the rank's GPU under
 ``--device cuda`` (``devices.rank_device``), else on the CPU; the NCCL path
 is verified by tests/test_gpu.py where a GPU exists.
 
-A restarted attempt (torchrun ``--max-restarts``) meets in its own prefix
-of torchrun's store. ``init_process_group`` gets ``--timeout`` as its timeout: every collective
+Attempts (``join_attempt``): torchrun's agents keep one store for the
+whole run, and under ``--max-restarts`` every attempt's ranks must meet in a
+prefix of it that no earlier attempt used, or a restarted gloo group reads
+a dead attempt's addresses (connection refused). The agents' restart
+counts (TORCHELASTIC_RESTART_COUNT) cannot name it: an agent restarts its
+ranks uncounted when another node joins the rendezvous (a membership
+change), so after a lost link the two nodes' counts can differ. Rank 0
+names the attempt instead, and every other rank learns the name through a
+nonce of its own, which no earlier attempt can have answered.
+
+``init_process_group`` gets ``--timeout`` as its timeout: every collective
 then fails after that long instead of torch's default (30 minutes for gloo,
 10 for NCCL), so a rank that dies or hangs ends the run within the timeout.
 """
@@ -20,10 +29,12 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
+import uuid
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...errors import ConfigError, WaitTimeout
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -35,7 +46,7 @@ def under_torchrun() -> bool:
 
 def rank_env() -> dict:
     """torchrun's variables, checked: rank, world_size, local_rank (ints),
-    master_addr, master_port, and the attempt (TORCHELASTIC_RESTART_COUNT)."""
+    master_addr, master_port."""
     missing = [k for k in ENV if k not in os.environ]
     if missing:
         raise ConfigError(f"the torch engine's ranks need torchrun's {', '.join(missing)} in "
@@ -44,8 +55,52 @@ def rank_env() -> dict:
     return {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]),
             "local_rank": int(os.environ["LOCAL_RANK"]),
             "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-            "master_addr": os.environ["MASTER_ADDR"], "master_port": os.environ["MASTER_PORT"],
-            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
+            "master_addr": os.environ["MASTER_ADDR"], "master_port": os.environ["MASTER_PORT"]}
+
+
+def join_attempt(store, rank: int, world: int, timeout: float) -> tuple[int, str]:
+    """This attempt's number (0 for the run's first; rank 0's count of the
+    attempts that reached this point in the store) and its name, the same
+    on every rank of the attempt.
+
+    Rank 0 counts the attempt and names it. Every other rank queues a fresh
+    nonce and waits for the name under that nonce; rank 0 answers every
+    nonce in the queue (those an earlier attempt's ranks left are answered
+    too, and read by no one) until every other rank has said it has the
+    name. No rank can read an earlier attempt's name: torchrun starts an
+    attempt's ranks only once every node's earlier ranks have been stopped,
+    and only this attempt's rank 0 can answer a nonce made in it."""
+    if world == 1:
+        return store.add("attempts", 1) - 1, uuid.uuid4().hex
+    if rank != 0:
+        nonce = uuid.uuid4().hex
+        store.queue_push("hello", nonce)
+        try:
+            store.wait([f"welcome/{nonce}"], datetime.timedelta(seconds=timeout))
+        except Exception:  # noqa: BLE001 - torch's DistStoreError: say what it means
+            raise _late(f"rank {rank}: rank 0 did not start", timeout, 0) from None
+        name = store.get(f"welcome/{nonce}").decode()
+        store.add(f"joined/{name}", 1)
+        return int(name.split("-")[0]), name
+    attempt = store.add("attempts", 1) - 1
+    name = f"{attempt}-{uuid.uuid4().hex}"
+    deadline = time.monotonic() + timeout
+    while store.add(f"joined/{name}", 0) < world - 1:
+        while store.queue_len("hello") > 0:
+            store.set(f"welcome/{store.queue_pop('hello', False).decode()}", name)
+        if time.monotonic() > deadline:
+            joined = store.add(f"joined/{name}", 0)
+            raise _late(f"rank 0: {world - 1 - joined} of the other {world - 1} ranks did not "
+                        "start", timeout, 1 if world == 2 else None)
+        time.sleep(0.01)
+    return attempt, name
+
+
+def _late(what: str, timeout: float, worker) -> WaitTimeout:
+    err = WaitTimeout(f"{what} within --timeout {timeout:g} s (torchrun starts an attempt's "
+                      "ranks together: a late one is slow or stuck in its start-up)")
+    err.worker = worker
+    return err
 
 
 def pick_backend(requested: str) -> str:
@@ -82,11 +137,11 @@ class Collectives:
             self.device = torch.device("cuda", env["local_rank"])
             torch.cuda.set_device(self.device)
         limit = datetime.timedelta(seconds=timeout)
-        # torchrun's env:// store, with this attempt's own prefix: the agent
-        # keeps its store across restarts, and a restarted gloo group would
-        # otherwise read the dead attempt's addresses (connection refused).
+        # torchrun's env:// store, with this attempt's own prefix (join_attempt)
         store, rank, world = next(dist.rendezvous("env://", timeout=limit))
-        store = dist.PrefixStore(f"monsoon/attempt-{env['restart']}/", store)
+        self.attempt, name = join_attempt(dist.PrefixStore("monsoon/", store), rank, world,
+                                          timeout)
+        store = dist.PrefixStore(f"monsoon/attempt-{name}/", store)
         dist.init_process_group(self.backend, store=store, rank=rank, world_size=world,
                                 timeout=limit,
                                 **({"device_id": self.device} if self.device is not None else {}))

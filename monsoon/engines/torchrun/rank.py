@@ -33,9 +33,10 @@ run (divergence), and every rank ends its program after that collective.
 Rank 0 records the loss curve from its replica and, for sync, writes an
 exact checkpoint every ``checkpoint_every`` steps (parameters, rule state,
 step; ``engines/checkpoints.py``). A restarted attempt (torchrun
-``--max-restarts``: TORCHELASTIC_RESTART_COUNT > 0) resumes from the run
-folder's newest checkpoint, which rank 0 reads and broadcasts: it skips the
-steps done and ends bit-identical to an uninterrupted run.
+``--max-restarts``: one whose number, ``Collectives.attempt``, is above 0)
+resumes from the run folder's newest checkpoint, which rank 0 reads and
+broadcasts: it skips the steps done and ends bit-identical to an
+uninterrupted run.
 """
 from __future__ import annotations
 
@@ -353,13 +354,13 @@ class RankWorker:
                           "exact": True, "reason": "periodic"})
 
 
-def _resume_point(engine, comm, rule, strategy, w0, env) -> dict:
+def _resume_point(engine, comm, rule, strategy, w0) -> dict:
     """Rank 0 reads the checkpoint to start from (``--resume``, or the run
     folder's own after a restart) and broadcasts it."""
     start = {"step": 0, "updates": 0, "dropped": 0, "examples": 0, "time_s": 0.0,
              "rows": [], "params": None, "state": None, "from": None}
     directory = engine.resume_dir
-    if directory is None and env["restart"] > 0 and engine.checkpoint_dir \
+    if directory is None and comm.attempt > 0 and engine.checkpoint_dir \
             and checkpoints.checkpoint_files(engine.checkpoint_dir):
         directory = engine.checkpoint_dir
     if directory is None:
@@ -413,7 +414,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         problem.use_devices([device])
     worker = shm = None
     try:
-        start = _resume_point(engine, comm, rule, strategy, w0, env)
+        start = _resume_point(engine, comm, rule, strategy, w0)
         w = np.array(w0, copy=True)
         if start["params"] is not None:
             w[:] = start["params"]
@@ -459,7 +460,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     examples = start["examples"] + sum(g["examples"] for g in gathered)
     extra = {"world_size": comm.world, "dist_backend": comm.backend,
              "reduce_via": "shm" if shm is not None else comm.backend,
-             "restarts": env["restart"], "bucket_count": worker.buckets.count
+             "restarts": comm.attempt, "bucket_count": worker.buckets.count
              if worker.buckets is not None else None,
              **summarize([g["traffic"] for g in gathered], engine.compression or Compression(),
                          worker.updates)}
