@@ -58,3 +58,21 @@ def nothing_collected():
                 m.setattr(cls, name, _raise)
         m.setattr(SparkContext, "runJob", measured)
         yield sizes
+
+
+def first_attempt(marks: str) -> bool:
+    """In a Spark task: is this partition 0's first attempt at its stage?
+    A file in ``marks`` records each stage's failure, so the retry passes.
+    A barrier stage (sync's) counts as one, whatever its stage id: the
+    engine starts the job again whole, as a new stage."""
+    from pyspark import BarrierTaskContext, TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None or ctx.partitionId() != 0:
+        return False
+    stage = "barrier" if isinstance(ctx, BarrierTaskContext) else ctx.stageId()
+    mark = os.path.join(marks, f"stage-{stage}")
+    if os.path.exists(mark):
+        return False
+    open(mark, "w").close()
+    return True

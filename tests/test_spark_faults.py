@@ -1,24 +1,26 @@
 """Spark retries a failed task; the spark engine still applies every update
 exactly once (``local[2,4]``: up to 4 attempts per task). Every task of
 partition 0 fails on its first attempt."""
+import tempfile
+
 import numpy as np
 import pytest
 
 import monsoon
 from monsoon.problems.linear import DenseLinear, synthetic
-from spark_env import spark_session
+from spark_env import first_attempt, spark_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 class FailsFirstAttempt(DenseLinear):
-    """A gradient that fails in partition 0's first attempt of every task."""
+    """A gradient that fails in partition 0's first attempt of every stage
+    (``spark_env.first_attempt``)."""
+
+    marks = None  # a folder, set per problem (it travels with it to the executors)
 
     def gradient(self, w, indices, out=None, accumulate=False):
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+        if self.marks and first_attempt(self.marks):
             raise RuntimeError("killed on its first attempt")
         return super().gradient(w, indices, out, accumulate)
 
@@ -27,6 +29,7 @@ def problems():
     plain = synthetic("logistic", n=2000, features=10, dtype="float64")
     flaky = synthetic("logistic", n=2000, features=10, dtype="float64")
     flaky.__class__ = FailsFirstAttempt
+    flaky.marks = tempfile.mkdtemp(prefix="monsoon-fails-")
     return plain, flaky
 
 

@@ -11,7 +11,7 @@ from torch import nn
 import monsoon
 from monsoon.errors import ConfigError
 from monsoon.problems.torch_problem import TorchProblem
-from spark_env import nothing_collected, spark_session
+from spark_env import first_attempt, nothing_collected, spark_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -141,13 +141,15 @@ def test_one_numeric_column_is_one_feature(frame):
 
 
 class FailsFirstAttempt(nn.CrossEntropyLoss):
-    """A loss that fails in partition 0's first attempt of every task."""
+    """A loss that fails in partition 0's first attempt of every stage
+    (``spark_env.first_attempt``)."""
+
+    def __init__(self, marks: str):
+        super().__init__()
+        self.marks = marks
 
     def forward(self, out, target):
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+        if first_attempt(self.marks):
             raise RuntimeError("killed on its first attempt")
         return super().forward(out, target)
 
@@ -160,7 +162,7 @@ class FailsFirstAttempt(nn.CrossEntropyLoss):
     ("easgd", {"easgd_tau": 3}, 2),
 ])
 def test_every_strategy_trains_and_a_retried_task_counts_once(frame, strategy, options,
-                                                              updates):
+                                                              updates, tmp_path):
     """Partition 0's first attempt of every task fails (Spark retries it):
     each strategy still applies exactly the uninterrupted run's updates and
     examples, its loss goes down, and where the result does not hang on
@@ -175,7 +177,7 @@ def test_every_strategy_trains_and_a_retried_task_counts_once(frame, strategy, o
         finally:
             data.unpersist()
 
-    clean, retried = run(nn.CrossEntropyLoss()), run(FailsFirstAttempt())
+    clean, retried = run(nn.CrossEntropyLoss()), run(FailsFirstAttempt(str(tmp_path)))
     if strategy in ("sync", "local-sgd"):
         np.testing.assert_array_equal(retried.params, clean.params)
     for r in (clean, retried):

@@ -2,8 +2,8 @@
 path of ``SparkData``'s conversion.
 
 Read as an RDD, a DataFrame reaches a Python task one ``Row`` at a time,
-each Vector deserialized on its own (about 15 us a row, most of the
-conversion's time). ``df.mapInArrow`` hands the task column batches
+each Vector deserialized on its own: most of the conversion's time.
+``df.mapInArrow`` hands the task column batches
 instead (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows each), a
 ``pyspark.ml`` Vector column arriving as its SQL struct (``type`` 0:
 sparse, ``size``, ``indices``, ``values``; 1: dense, ``values`` only).

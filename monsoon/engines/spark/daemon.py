@@ -5,7 +5,9 @@ importing them again (3 s or more each). Sessions the engine starts use it
 ``monsoon.engines.spark.daemon`` where monsoon is installed on every node.
 Only imports happen before the fork: no torch thread pool exists yet."""
 import monsoon  # noqa: F401
+import monsoon.engines.spark.barrier  # noqa: F401
 import monsoon.engines.spark.tasks  # noqa: F401
+import torch.distributed  # noqa: F401  (sync's barrier stage)
 
 from pyspark.daemon import manager
 

@@ -9,10 +9,11 @@ parameters (broadcast variables, or the task's closure when under 960 KiB:
 data. The engine carries out the ops of the strategy's worker programs;
 where each program runs follows from its declarations (``placement.py``):
 
-- on the driver (``driver.py``: sync, serial, a plug-in's clipped sync):
-  the generators run there, and each batch of Gradient ops is one job over
-  every partition; a step's AllReduce is reduced on the driver, in rank
-  order: sync equals serial.
+- in one barrier stage (``barrier.py``: sync, where every partition gets a
+  slot at once): the ranks all-reduce each step among themselves (gloo).
+- on the driver (``driver.py``: serial, a plug-in's clipped sync, sync with
+  no barrier slot): each batch of Gradient ops is one job over every
+  partition, reduced on the driver in rank order. Either way sync = serial.
 - in tasks, one segment (up to the next exchange) per task: Push / Elastic
   programs (async, ssp, easgd: ``server.py``) run one driver thread per
   partition, one small job per push period on that partition alone, the
@@ -32,12 +33,10 @@ job group, cancelled before the run returns or fails. A session the engine
 started is stopped after the run; a running one (spark-submit, the user's)
 is left running.
 
-Checkpoints (``checkpointing.py``): the driver writes its server state
-every ``checkpoint_every`` updates into the run folder (sync, serial and
-async); ``resume`` carries a run on the server's parameters (sync, serial)
-on from the newest. Not yet: resuming runs with private worker copies
-(async, local-sgd, easgd), backup workers (Spark's own ``spark.speculation``
-re-launches slow tasks instead).
+Checkpoints (``checkpointing.py``): the driver writes the server state
+every ``checkpoint_every`` updates (sync, serial, async); ``resume`` carries
+sync and serial on from the newest. Not yet: resuming private worker copies
+(async, local-sgd, easgd), backup workers (``spark.speculation`` instead).
 """
 from __future__ import annotations
 
@@ -221,6 +220,10 @@ class SparkEngine(Engine):
 
     def _loop(self, ctx, rule, strategy, w0, recorder, ckpts):
         if not in_tasks(strategy):
+            from .barrier import fits, run_barrier
+
+            if fits(strategy, ctx.sc, ctx.workers):
+                return run_barrier(ctx, rule, strategy, w0, recorder, ckpts)
             from .driver import DriverPrograms
 
             return DriverPrograms(ctx, rule, strategy, w0, ckpts).run(recorder)

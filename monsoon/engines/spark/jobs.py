@@ -85,6 +85,11 @@ class Jobs:
             self.cancel()
             raise WorkerError(f"{what} failed after Spark's retries: {short_error(exc)}") from exc
 
+    def submit(self, rdd, func, partitions=None):
+        """``sc.runJob`` in the run's job thread, not waited for: a Future
+        (the caller waits, with its own timeouts, and cancels)."""
+        return self._pool.submit(self.sc.runJob, rdd, func, partitions)
+
     def cancel(self, worker: int | None = None, workers: int = 0) -> None:
         """Cancel worker ``worker``'s jobs, or (None) every job of the run,
         the ``workers`` workers' own groups included."""

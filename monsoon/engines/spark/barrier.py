@@ -1,0 +1,337 @@
+"""sync in one barrier stage: the partitions reduce among themselves.
+
+Run on the driver (``driver.py``), each sync step is one Spark job, and a
+job's scheduling (0.1-0.3 s on a busy 2-core machine) dwarfs a small
+model's step: DDP under ``TorchDistributor`` steps in milliseconds. Here the
+whole run is ONE barrier job (``RDD.barrier()``): Spark starts a task per
+partition at once, task k is rank k, and the ranks build a
+``torch.distributed`` gloo group (rank 0 hosts its TCPStore; its address
+reaches the others through ``BarrierTaskContext.allGather``).
+
+Algorithm: every rank runs ``DriverPrograms`` (every worker's sync program,
+as the driver would), on its own partition's Block. A step's gradient is
+``_reduced`` in place: each rank sums the loss and gradient over its rows of
+the step's global batch and their count, one all-reduce adds the ranks'
+buffers, and every rank applies the rule once to the same mean. The ranks
+hold the same parameters throughout, and the run equals the driver-run
+sync, hence serial SGD, to floating-point reduction order (float64, 1e-9).
+
+The driver's part: rank 0 reports over a socket to the driver (the only
+message a task sends before it ends): each step, once ``ASK_EVERY_S`` has
+passed since it last asked, it asks whether the recorder wants a row (then sends the parameters, which the
+recorder snapshots and evaluates after the run, as always) or a live row,
+and whether to stop (divergence). A stop rides in the next all-reduce, so
+every rank leaves after the same step. The driver waits at most
+``--timeout`` for each message; every collective has the same timeout,
+so a rank that dies or stalls fails the stage within it.
+
+Faults: Spark restarts a failed barrier stage whole (every task); rank 0 of
+the new attempt connects again, the failed attempt's snapshots are dropped,
+and only the finished stage's result is used: nothing is applied twice.
+
+Used for sync (AllReduce of raw gradients on shared parameters) on two or
+more workers when the executors hold a slot for every partition at once
+(``defaultParallelism``), without dynamic allocation; else the driver runs
+sync. Checkpoints: every rank knows when one is due; rank 0 sends it to
+the driver, which writes it as the driver-run sync does (so ``--resume``
+carries either on), and a resumed run's checkpoint is shipped to every rank.
+"""
+from __future__ import annotations
+
+import pickle
+import re
+import socket
+import struct
+import time
+
+import numpy as np
+
+from ...errors import WaitTimeout, WorkerError
+from ...strategies.ops import AllReduce
+from ..checkpoints import Checkpointer
+from .jobs import short_error
+
+ASK_EVERY_S = 0.01
+_LEN = struct.Struct("!Q")
+
+
+def fits(strategy, sc, workers: int) -> bool:
+    """Can this run's sync go into one barrier stage?"""
+    import torch.distributed as dist
+
+    return (workers >= 2 and strategy.shared_params
+            and bool(getattr(strategy, "raw_gradients", False))
+            and AllReduce in strategy.uses and dist.is_available()
+            and int(sc.defaultParallelism) >= workers
+            and sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true")
+
+
+# -- messages: a length, then a pickle -------------------------------------------
+def send(sock, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def receive(sock):
+    (size,) = _LEN.unpack(_exactly(sock, _LEN.size))
+    return pickle.loads(_exactly(sock, size))
+
+
+def _exactly(sock, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the other side closed the connection")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+# -- in the tasks ----------------------------------------------------------------
+class RankRecorder:
+    """What ``DriverPrograms.run`` sees as its recorder, in a rank: rank 0
+    asks the driver's recorder over the socket; every rank stops once the
+    all-reduce has carried a stop (``stop_seen``)."""
+
+    def __init__(self, sock):
+        self.sock = sock  # None: a rank other than 0
+        self.stop_seen = None  # the reason, once every rank knows it
+        self.stop_wanted = None  # the driver's reason, sent in the next all-reduce
+        self._asked = -1.0
+        self._live = False
+
+    def start(self, w) -> None:
+        if self.sock is not None:
+            send(self.sock, ("start", np.asarray(w)))
+            self.stop_wanted = receive(self.sock) or self.stop_wanted
+
+    def due(self, now: float, examples: int) -> bool:
+        if self.stop_seen:
+            return True
+        if self.sock is None or now - self._asked < ASK_EVERY_S:
+            return False
+        self._asked = now
+        send(self.sock, ("ask", now, examples))
+        row, self._live = receive(self.sock)
+        return row
+
+    def record(self, now, updates, examples, w, dropped=0):
+        if self.stop_seen:
+            return self.stop_seen
+        if self.sock is not None:
+            send(self.sock, ("record", now, updates, examples, np.asarray(w), dropped))
+            self.stop_wanted = receive(self.sock) or self.stop_wanted
+        return None
+
+    def live_due(self, now: float) -> bool:
+        return self._live
+
+    def live(self, now, examples, updates, workers=None, staleness=None, dropped=None):
+        self._live = False
+        if self.sock is not None:
+            send(self.sock, ("live", now, examples, updates, workers, dict(staleness or {}),
+                             dropped))
+
+
+class RankCheckpoints(Checkpointer):
+    """What ``DriverPrograms.run`` sees as its checkpoints, in a rank: the
+    checkpoint the driver loaded (``--resume``), due every ``every``
+    updates on every rank alike; rank 0 hands each to the driver, which
+    writes it (``Checkpointer.save``, with the recorder's rows)."""
+
+    def __init__(self, every: int, saved, sock):
+        super().__init__(None, 0, None, {})
+        self.every, self.saved, self.sock = every, saved, sock
+
+    def load(self, w0, rule, extra_shapes=None):
+        return self.saved
+
+    def save(self, updates, now, params, state, meta, arrays=None, rows=None):
+        self.next_at = (updates // self.every + 1) * self.every
+        if self.sock is not None:
+            send(self.sock, ("checkpoint", updates, now, np.asarray(params), state, meta))
+            receive(self.sock)  # written
+
+
+def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
+    from .driver import DriverPrograms
+    from .tasks import gradient_sum
+
+    class RankPrograms(DriverPrograms):
+        def _reduced(self, waiting, ranks):
+            n = self.ctx.n_examples
+            union = np.concatenate([waiting[k].indices for k in ranks])
+            if len(union) == n and np.bincount(union, minlength=n).all():
+                union = None
+            _, count, loss, grad = gradient_sum(block, self.w, union)
+            buf = self.buffer
+            if count:
+                np.multiply(grad, count, out=buf[:-3])
+            else:
+                buf[:-3] = 0
+            buf[-3:] = (loss * count, count, 1.0 if recorder.stop_wanted else 0.0)
+            all_reduce(buf)
+            if buf[-1] > 0 and not recorder.stop_seen:
+                recorder.stop_seen = recorder.stop_wanted or "stopped by the driver"
+            out = self.grads[0]
+            np.divide(buf[:-3], max(buf[-2], 1.0), out=out)
+            return {k: (float(buf[-3] / max(buf[-2], 1.0)), out) for k in ranks}
+
+    programs = RankPrograms(ctx, rule, strategy, w0, ckpts)
+    programs.buffer = np.zeros(len(w0) + 3, dtype=np.asarray(w0).dtype)
+    return programs
+
+
+def rank_task(ctx, rule, strategy, w0, driver, timeout, every, saved):
+    """The barrier task: partition k's rank of the sync run (a Spark
+    ``mapPartitions`` function)."""
+    def run(blocks):
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+        from pyspark import BarrierTaskContext
+
+        task = BarrierTaskContext.get()
+        rank, world = task.partitionId(), ctx.workers
+        (block,) = list(blocks)
+        limit = datetime.timedelta(seconds=timeout)
+        host = task.getTaskInfos()[0].address.rsplit(":", 1)[0]
+        store = dist.TCPStore(host, 0, world, True, limit, wait_for_workers=False) \
+            if rank == 0 else None
+        port = int(task.allGather(str(store.port if store is not None else 0))[0])
+        if store is None:
+            store = dist.TCPStore(host, port, world, False, limit)
+        # a new store each stage attempt (rank 0's, on a new port): nothing stale in it
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=limit)
+
+        def all_reduce(buf):  # a sum over the ranks, in place (no copy: a view)
+            dist.all_reduce(torch.from_numpy(buf))
+
+        sock = None
+        try:
+            if rank == 0:
+                sock = socket.create_connection(driver, timeout=timeout)
+                sock.settimeout(timeout)
+            recorder = RankRecorder(sock)
+            ckpts = RankCheckpoints(every, saved, sock)
+            out = _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder,
+                                 ckpts).run(recorder)
+            if sock is not None:
+                send(sock, ("done",))
+            return [out] if rank == 0 else []
+        finally:
+            dist.destroy_process_group()
+            if sock is not None:
+                sock.close()
+
+    return run
+
+
+# -- on the driver ---------------------------------------------------------------
+def driver_host(sc) -> str:
+    return sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+
+
+def task_attempts(sc) -> int:
+    """How many times Spark would run a failed task: ``local[N, F]``'s F,
+    1 on ``local[N]``, else ``spark.task.maxFailures`` (4)."""
+    m = re.fullmatch(r"local\[(\*|\d+)\s*,\s*(\d+)\]", sc.master)
+    if m:
+        return int(m.group(2))
+    if sc.master.startswith("local"):
+        return 1
+    return int(sc.getConf().get("spark.task.maxFailures", "4"))
+
+
+def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
+    """The sync run as one barrier job; the driver's recorder follows it,
+    and the driver writes its checkpoints (``ckpts``). Spark does not
+    retry a failed barrier result stage: the job is started again, from
+    the run's start, as many times as Spark would run a failed task."""
+    saved = ckpts.load(w0, rule)  # --resume: the recorder takes its rows now
+    light = type(ctx)(None, None, None, ctx.workers, ctx.n_examples, ctx.sizes, ctx.batch_size,
+                      ctx.seed, ctx.budget, ctx.timeout, ctx.strategy, None)
+    server = socket.create_server(("", 0))
+    server.settimeout(0.2)
+    address = (driver_host(ctx.sc), server.getsockname()[1])
+    stage = ctx.blocks.barrier().mapPartitions(
+        rank_task(light, rule, strategy, w0, address, ctx.timeout, ckpts.every, saved))
+    began = time.perf_counter()
+    attempts = task_attempts(ctx.sc)
+    try:
+        for attempt in range(1, attempts + 1):
+            recorder.snapshots.clear()  # a failed attempt's: the run starts again
+            future = ctx.jobs.submit(stage, lambda it: list(it))
+            _follow(future, server, ctx.timeout, recorder, ckpts)  # its errors are the run's
+            try:
+                (out,) = future.result()
+                break
+            except Exception as exc:  # noqa: BLE001 - the stage failed
+                if attempt == attempts:
+                    raise WorkerError(f"the sync stage failed {attempts} time(s) (Spark's "
+                                      f"task attempts): {short_error(exc)}") from exc
+    finally:
+        ctx.jobs.cancel()
+        server.close()
+    out["extra"] = {"spark_sync": "one barrier stage", "barrier_attempts": attempt,
+                    "barrier_stage_s": round(time.perf_counter() - began, 4)}
+    return out
+
+
+def _follow(future, server, timeout, recorder, ckpts) -> None:
+    """Answer rank 0 until the stage ends; at most ``timeout`` between its
+    messages (and ``timeout`` + 30 s for the stage to start)."""
+    conn, last, allowance = None, time.monotonic(), timeout + 30.0
+    try:
+        while not future.done():
+            if conn is None:
+                try:
+                    conn, _ = server.accept()
+                    conn.settimeout(0.2)
+                    last = time.monotonic()
+                except socket.timeout:
+                    if time.monotonic() - last > allowance:
+                        raise WaitTimeout(f"waited {allowance:g} s for the sync stage's "
+                                          "ranks to start; the executors lack a slot per "
+                                          "partition, or one is stuck") from None
+                continue
+            try:
+                message = receive(conn)
+            except socket.timeout:
+                if time.monotonic() - last > timeout:
+                    raise WaitTimeout(f"waited {timeout:g} s for a sync step in the barrier "
+                                      "stage; an executor is stuck or lost (raise --timeout "
+                                      "if a step is genuinely that slow)") from None
+                continue
+            except ConnectionError:  # rank 0 ended or failed: the future says which
+                conn.close()
+                conn = None
+                continue
+            last = time.monotonic()
+            _answer(conn, message, recorder, ckpts)
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _answer(conn, message, recorder, ckpts) -> None:
+    kind = message[0]
+    if kind == "checkpoint":
+        _, updates, now, w, state, meta = message
+        send(conn, str(ckpts.save(updates, now, w, state, meta)))
+    elif kind == "start":
+        recorder.start(message[1])
+        send(conn, recorder.stop_reason)
+    elif kind == "ask":
+        _, now, examples = message
+        send(conn, (recorder.due(now, examples), recorder.live_due(now)))
+    elif kind == "record":
+        _, now, updates, examples, w, dropped = message
+        send(conn, recorder.record(now, updates, examples, w, dropped))
+    elif kind == "live":
+        _, now, examples, updates, workers, staleness, dropped = message
+        from collections import Counter
+
+        recorder.live(now, examples, updates, workers, Counter(staleness), dropped)

@@ -1,0 +1,108 @@
+"""sync on Spark in one barrier stage (``engines/spark/barrier.py``): the
+ranks all-reduce among themselves, the run is one job, it equals serial,
+the driver writes its checkpoints, and a stalled rank fails it within
+``--timeout``."""
+import time
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.errors import MonsoonError
+from monsoon.problems.linear import DenseLinear, synthetic
+from spark_env import spark_session
+
+pytestmark = [pytest.mark.spark]
+
+KW = dict(lr=0.5, epochs=1, batch_size=64, seed=0, dtype="float64")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    with spark_session("local[2]") as session:
+        yield session
+
+
+@pytest.fixture
+def jobs(monkeypatch):
+    from pyspark import SparkContext
+
+    count = {"jobs": 0}
+    real = SparkContext.runJob
+
+    def run_job(self, *args, **kwargs):
+        count["jobs"] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SparkContext, "runJob", run_job)
+    return count
+
+
+def test_sync_is_one_barrier_job_and_equals_serial(spark, jobs):
+    serial = monsoon.train("digits", strategy="serial", evals=0, **KW)
+    monsoon.train("digits", strategy="sync", workers=2, engine="spark", steps=1, evals=0,
+                  **{**KW, "epochs": None})  # the session's one-off executor check
+    jobs["jobs"] = 0
+    sync = monsoon.train("digits", strategy="sync", workers=2, engine="spark", evals=5, **KW)
+    np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
+    s = sync.summary
+    assert s["spark_sync"] == "one barrier stage" and s["barrier_attempts"] == 1
+    steps = serial.summary["updates"]
+    assert s["updates"] == steps > 20
+    assert jobs["jobs"] == 2  # the data's load, then the training: one job
+
+    # the recorder followed the stage: rows at 0, in between, and the end
+    assert len(sync.history) >= 3 and sync.history[-1]["updates"] == steps
+    assert sync.history[-1]["loss"] == pytest.approx(serial.summary["final_loss"], rel=1e-9)
+
+
+def test_more_workers_than_slots_run_sync_on_the_driver(spark):
+    serial = monsoon.train("digits", strategy="serial", evals=0, **KW)
+    sync = monsoon.train("digits", strategy="sync", workers=3, engine="spark", evals=0, **KW)
+    assert "spark_sync" not in sync.summary  # a barrier stage needs a slot per partition
+    np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
+
+
+def test_the_driver_writes_the_stages_checkpoints_and_resume_is_exact(spark, tmp_path):
+    kw = dict(strategy="sync", workers=2, engine="spark", evals=0, **KW)
+    whole = monsoon.train("digits", **kw)
+    first = monsoon.train("digits", checkpoint_every=10, out=tmp_path / "a", **kw)
+    assert first.summary["spark_sync"] == "one barrier stage"
+    files = sorted(p.name for p in (tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    assert files[:2] == ["ckpt-000000000010.npz", "ckpt-000000000020.npz"], files
+    np.testing.assert_array_equal(first.params, whole.params)
+    # resume from step 20 of a run cut there: the stage starts from it on every rank
+    for name in files[2:]:
+        (tmp_path / "a" / "checkpoints" / name).unlink()
+    resumed = monsoon.train("digits", resume=str(tmp_path / "a"), out=tmp_path / "b", **kw)
+    assert resumed.summary["spark_sync"] == "one barrier stage"
+    np.testing.assert_array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+
+
+class StallsOnce(DenseLinear):
+    """Partition 1 stalls in its 5th gradient (a hung executor)."""
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.partitionId() == 1:
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls == 5:
+                time.sleep(60)
+        return super().gradient(w, indices, out, accumulate)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_stalled_rank_fails_the_run_within_timeout(spark):
+    problem = synthetic("logistic", n=2000, features=10, dtype="float64")
+    problem.__class__ = StallsOnce
+    began = time.monotonic()
+    with pytest.raises(MonsoonError) as err:
+        monsoon.train(problem, strategy="sync", workers=2, engine="spark", lr=0.5, steps=50,
+                      batch_size=64, evals=0, timeout=8)
+    assert time.monotonic() - began < 8 + 40
+    assert "\n" not in str(err.value).strip()
+    assert "waited 8 s" in str(err.value) or "sync stage failed" in str(err.value)
