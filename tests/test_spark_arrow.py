@@ -108,3 +108,39 @@ def test_sparkdata_through_arrow_equals_the_row_path(tmp_path, monkeypatch):
         assert fast.loss(w) == pytest.approx(slow.loss(w), rel=1e-12)
         fast.unpersist()
         slow.unpersist()
+
+
+@pytest.mark.spark
+def test_a_torch_models_dataframe_through_arrow_equals_the_row_path(monkeypatch):
+    """A Vector column, an array column and numeric columns: the Arrow path
+    is taken and gives the row path's problem (loss and accuracy)."""
+    torch = pytest.importorskip("torch")
+    from pyspark.ml.linalg import Vectors
+
+    from spark_env import spark_session
+
+    from monsoon.engines.spark import arrow
+    from monsoon.problems.torch_problem import TorchProblem
+
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((400, 3))
+    c = (X[:, 0] + X[:, 1] > 0).astype(float)
+    rows = [(Vectors.dense(x), x.tolist(), *x.tolist(), float(y)) for x, y in zip(X, c)]
+    with spark_session("local[2]") as spark:
+        df = spark.createDataFrame(rows, ["v", "a", "f0", "f1", "f2", "c"]).repartition(2)
+        for features in ("v", "a", ["f0", "f1", "f2"]):
+            made = {}
+            for way in ("arrow", "rows"):
+                if way == "rows":
+                    monkeypatch.setattr(arrow, "usable", lambda df: False)
+                torch.manual_seed(0)
+                made[way] = TorchProblem.from_spark(
+                    df, torch.nn.Linear(3, 2), torch.nn.CrossEntropyLoss(), features=features,
+                    label="c", dtype="float64")
+                monkeypatch.undo()
+            assert made["arrow"]._via_arrow and not made["rows"]._via_arrow
+            w = made["arrow"].initial_params(0)
+            assert made["arrow"].evaluate(w) == pytest.approx(made["rows"].evaluate(w), rel=1e-12)
+            assert made["arrow"].n_examples == made["rows"].n_examples == 400
+            for problem in made.values():
+                problem.unpersist()

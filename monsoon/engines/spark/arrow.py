@@ -14,8 +14,10 @@ it does for an RDD of array blocks.
 The chunk equals what the row path builds from the same rows: a sparse
 Vector keeps its indices and values, and a dense Vector, an array or
 numeric columns keep their non-zeros, the width being the widest row.
-Used where the driver has pyarrow and the DataFrame ``mapInArrow``; the
-preflight then checks the executors' pyarrow too (``preflight.py``).
+A torch model's data (``torch_data.py``) comes as ``DenseChunk``s: a
+dense array a batch, or what is wrong with its rows. Used where the driver
+has pyarrow and the DataFrame ``mapInArrow``; the preflight then checks
+the executors' pyarrow too (``preflight.py``).
 """
 from __future__ import annotations
 
@@ -35,18 +37,55 @@ def usable(df) -> bool:
     return True
 
 
-def chunks(df, n_feature_columns: int):
+def chunks(df, n_feature_columns: int, dense_names: tuple | None = None):
     """An RDD of ``(CSR X, y)`` chunks of ``df`` (its feature column(s),
-    then its label), partition by partition as ``df``'s."""
-    def run(batches, many=n_feature_columns > 1):
+    then its label), partition by partition as ``df``'s; with
+    ``dense_names`` (the features' and the label's names, for messages),
+    of ``DenseChunk``s instead."""
+    def run(batches, many=n_feature_columns > 1, names=dense_names):
         import pyarrow as pa
 
         for batch in batches:
             if batch.num_rows:
-                blob = pickle.dumps(batch_arrays(batch, many), protocol=pickle.HIGHEST_PROTOCOL)
+                chunk = batch_arrays(batch, many) if names is None else \
+                    dense_chunk(batch, many, names)
+                blob = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
                 yield pa.RecordBatch.from_arrays([pa.array([blob], pa.binary())], ["chunk"])
 
     return df.mapInArrow(run, "chunk binary").rdd.map(lambda row: pickle.loads(row[0]))
+
+
+class DenseChunk:
+    """Rows of a batch as a dense ``X`` (rows x features, float64) and
+    ``y``; or ``error``, what is wrong with them (a torch model's data:
+    ``torch_data.partition_arrays`` stacks the chunks, or reports it)."""
+
+    def __init__(self, X=None, y=None, error: str | None = None):
+        self.X, self.y, self.error = X, y, error
+
+
+def dense_chunk(batch, many: bool, names: tuple) -> DenseChunk:
+    features, label = names
+    columns = batch.columns
+    if columns[-1].null_count or any(c.null_count for c in columns[:-1]):
+        where = label if columns[-1].null_count else features
+        return DenseChunk(error=f"column {where!r} holds a null: drop or fill those rows "
+                                "first (df.na.drop())")
+    y = np.asarray(columns[-1].to_numpy(zero_copy_only=False), dtype=float)
+    if many or not _is_list(columns[0].type):
+        X = np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), dtype=float)
+                             for c in columns[:-1]])
+        return DenseChunk(X, y)
+    lists = columns[0]
+    if lists.flatten().null_count:
+        return DenseChunk(error=f"the features {features!r} hold a null or a non-number "
+                                "inside a row: drop or fill those rows first")
+    values, lengths = _flat(lists)
+    if len(lengths) and lengths.min() != lengths.max():
+        return DenseChunk(error=f"the features column {features!r} holds rows of "
+                                f"{lengths.min()} and {lengths.max()} numbers: every row "
+                                "needs the same number of features")
+    return DenseChunk(np.array(values, dtype=float).reshape(len(y), -1), y)
 
 
 def batch_arrays(batch, many: bool):

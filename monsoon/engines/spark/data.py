@@ -102,7 +102,7 @@ class SparkSource:
     _sc = None
     timeout = None  # the run's --timeout, set by the engine (None, before it: the default)
     _needs_torch = False
-    _takes_chunks = False  # its conversion stacks (X, y) chunks: the Arrow path (arrow.py)
+    _takes_chunks = False  # its conversion stacks chunks: the Arrow path (arrow.py)
     _via_arrow = False
 
     def _rdd(self, partitions: int | None = None):
@@ -133,12 +133,17 @@ class SparkSource:
 
             if self._takes_chunks and arrow.usable(selected):
                 self._via_arrow = True
-                return arrow.chunks(selected, len(cols))
+                return arrow.chunks(selected, len(cols), self._dense_names())
             return selected.rdd
         if hasattr(source, "mapPartitionsWithIndex"):
             return source if partitions is None else source.repartition(partitions)
         raise ConfigError(f"{type(self).__name__} needs a Spark DataFrame, an RDD or a path "
                           f"Spark reads, not {type(source).__name__}")
+
+    def _dense_names(self):
+        """Chunks through Arrow: None for CSR ones; (features, label) names
+        for ``arrow.DenseChunk``s."""
+        return None
 
     def _select(self, df, cols):
         """The DataFrame's feature and label columns, in that order."""

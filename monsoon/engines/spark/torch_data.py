@@ -74,12 +74,27 @@ def column_kind(field) -> str:
 def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
     """One partition's rows (features..., label) -> ``(X, y)``, or a
     string saying what is wrong with them (on the executor)."""
-    xs, ys = [], []
+    from .arrow import DenseChunk
+
+    xs, ys, chunks = [], [], []
     for row in rows:
+        if isinstance(row, DenseChunk):  # a batch through Arrow (arrow.py)
+            if row.error:
+                return row.error
+            chunks.append(row)
+            continue
         x = row[:-1] if many else row[0]
         xs.append(x.toArray() if hasattr(x, "toArray") else x)
         ys.append(row[-1])
     features, label = names
+    if chunks:
+        widths = sorted({c.X.shape[1] for c in chunks})
+        if len(widths) > 1:
+            return (f"the features column {features!r} holds rows of {widths[0]} and "
+                    f"{widths[-1]} numbers: every row needs the same number of features")
+        X = np.concatenate([c.X for c in chunks]).astype(dtype, copy=False)
+        y = np.concatenate([c.y for c in chunks])
+        return _labels(X, y, label, classes, dtype)
     if not ys:  # an empty partition
         return np.zeros((0, 0), dtype=dtype), np.zeros(0)
     if any(x is None for x in xs) or any(v is None for v in ys):
@@ -95,7 +110,11 @@ def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
     except (TypeError, ValueError):
         return (f"the features {features!r} hold a null or a non-number inside a row: drop "
                 "or fill those rows first")
-    y = np.asarray(ys, dtype=np.float64)
+    return _labels(X, np.asarray(ys, dtype=np.float64), label, classes, dtype)
+
+
+def _labels(X, y, label, classes, dtype):
+    """``(X, y)`` with y as the loss takes it, or what is wrong with it."""
     if classes:
         bad = ~(y == np.round(y)) | (y < 0)
         if bad.any():
@@ -114,6 +133,11 @@ class SparkTorchData(SparkSource, TorchProblem):
     """``module`` under ``loss_fn`` on data held in Spark (see the module doc)."""
 
     _needs_torch = True
+    _takes_chunks = True  # arrow.DenseChunk batches
+
+    def _dense_names(self):
+        many = not isinstance(self.features, str)
+        return (", ".join(self.features) if many else self.features, self.label)
 
     def __init__(self, source, module: torch.nn.Module, loss_fn, features="features",
                  label: str = "label", dtype: str = "float32", name: str = "spark-torch",
@@ -156,8 +180,7 @@ class SparkTorchData(SparkSource, TorchProblem):
         return df.select(column.alias(c), self.label)
 
     def _convert(self):
-        many = not isinstance(self.features, str)
-        names = (", ".join(self.features) if many else self.features, self.label)
+        many, names = not isinstance(self.features, str), self._dense_names()
         classes, dtype = class_index_loss(self.loss_fn), self.dtype
         module, loss_fn, eval_batch = self._replica, self.loss_fn, self.eval_batch
 
