@@ -5,8 +5,9 @@ job's scheduling (0.1-0.3 s on a busy 2-core machine) dwarfs a small
 model's step: DDP under ``TorchDistributor`` steps in milliseconds. Here the
 whole run is ONE barrier job (``RDD.barrier()``): Spark starts a task per
 partition at once, task k is rank k, and the ranks build a
-``torch.distributed`` gloo group (rank 0 hosts its TCPStore; its address
-reaches the others through ``BarrierTaskContext.allGather``).
+``torch.distributed`` gloo group through a TCPStore the driver hosts, as
+torchrun's agent does (``BarrierTaskContext.allGather`` would do, but its
+JVM side polls once a second).
 
 Algorithm: every rank runs ``DriverPrograms`` (every worker's sync program,
 as the driver would), on its own partition's Block. A step's gradient is
@@ -183,9 +184,10 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
     return programs
 
 
-def rank_task(ctx, rule, strategy, w0, driver, timeout, every, saved):
+def rank_task(ctx, rule, strategy, w0, driver, store_port, timeout, every, saved):
     """The barrier task: partition k's rank of the sync run (a Spark
-    ``mapPartitions`` function)."""
+    ``mapPartitions`` function). ``driver``: the driver's (host, port) for
+    rank 0's reports; ``store_port``: the attempt's TCPStore there."""
     def run(blocks):
         import datetime
 
@@ -197,13 +199,7 @@ def rank_task(ctx, rule, strategy, w0, driver, timeout, every, saved):
         rank, world = task.partitionId(), ctx.workers
         (block,) = list(blocks)
         limit = datetime.timedelta(seconds=timeout)
-        host = task.getTaskInfos()[0].address.rsplit(":", 1)[0]
-        store = dist.TCPStore(host, 0, world, True, limit, wait_for_workers=False) \
-            if rank == 0 else None
-        port = int(task.allGather(str(store.port if store is not None else 0))[0])
-        if store is None:
-            store = dist.TCPStore(host, port, world, False, limit)
-        # a new store each stage attempt (rank 0's, on a new port): nothing stale in it
+        store = dist.TCPStore(driver[0], store_port, None, False, limit)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=limit)
 
         def all_reduce(buf):  # a sum over the ranks, in place (no copy: a view)
@@ -256,13 +252,15 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
     server = socket.create_server(("", 0))
     server.settimeout(0.2)
     address = (driver_host(ctx.sc), server.getsockname()[1])
-    stage = ctx.blocks.barrier().mapPartitions(
-        rank_task(light, rule, strategy, w0, address, ctx.timeout, ckpts.every, saved))
     began = time.perf_counter()
     attempts = task_attempts(ctx.sc)
+    store = None
     try:
         for attempt in range(1, attempts + 1):
             recorder.snapshots.clear()  # a failed attempt's: the run starts again
+            store = _store(ctx.timeout)  # each attempt its own: nothing stale in it
+            stage = ctx.blocks.barrier().mapPartitions(rank_task(
+                light, rule, strategy, w0, address, store.port, ctx.timeout, ckpts.every, saved))
             future = ctx.jobs.submit(stage, lambda it: list(it))
             _follow(future, server, ctx.timeout, recorder, ckpts)  # its errors are the run's
             try:
@@ -275,9 +273,21 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
     finally:
         ctx.jobs.cancel()
         server.close()
+        del store
     out["extra"] = {"spark_sync": "one barrier stage", "barrier_attempts": attempt,
                     "barrier_stage_s": round(time.perf_counter() - began, 4)}
     return out
+
+
+def _store(timeout: float):
+    """A TCPStore the driver hosts, on a free port, for one attempt's ranks
+    to build their gloo group (as torchrun's agent hosts one)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("0.0.0.0", 0, None, True, datetime.timedelta(seconds=timeout),
+                         wait_for_workers=False)
 
 
 def _follow(future, server, timeout, recorder, ckpts) -> None:

@@ -169,9 +169,12 @@ class SparkEngine(Engine):
                 from .blocks import problem_blocks
 
                 blocks = problem_blocks(sc, problem, workers, seed).persist()
-            counts = dict(jobs.run(blocks, lambda it: [(b.index, b.n) for b in it],
-                                   what="loading the data into the executors"))
-            sizes = [counts[k] for k in range(workers)]
+            if spark_data:  # its conversion counted each partition's rows
+                sizes = list(problem.counts)
+            else:
+                counts = dict(jobs.run(blocks, lambda it: [(b.index, b.n) for b in it],
+                                       what="loading the data into the executors"))
+                sizes = [counts[k] for k in range(workers)]
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
                              seed, budget, self.timeout, strategy, self.compression)
             sizing = self._size_jobs(ctx, strategy, rule, w0)
