@@ -261,8 +261,9 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
             store = _store(ctx.timeout)  # each attempt its own: nothing stale in it
             stage = ctx.blocks.barrier().mapPartitions(rank_task(
                 light, rule, strategy, w0, address, store.port, ctx.timeout, ckpts.every, saved))
+            submitted = time.perf_counter()
             future = ctx.jobs.submit(stage, lambda it: list(it))
-            _follow(future, server, ctx.timeout, recorder, ckpts)  # its errors are the run's
+            started = _follow(future, server, ctx.timeout, recorder, ckpts)  # errors: the run's
             try:
                 (out,) = future.result()
                 break
@@ -274,6 +275,8 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
         ctx.jobs.cancel()
         server.close()
         del store
+    # the stage's launch (tasks, gloo group) is start-up: the run's clock starts after it
+    out["launch_s"] = (started or submitted) - submitted
     out["extra"] = {"spark_sync": "one barrier stage", "barrier_attempts": attempt,
                     "barrier_stage_s": round(time.perf_counter() - began, 4)}
     return out
@@ -290,10 +293,11 @@ def _store(timeout: float):
                          wait_for_workers=False)
 
 
-def _follow(future, server, timeout, recorder, ckpts) -> None:
+def _follow(future, server, timeout, recorder, ckpts) -> float | None:
     """Answer rank 0 until the stage ends; at most ``timeout`` between its
-    messages (and ``timeout`` + 30 s for the stage to start)."""
-    conn, last, allowance = None, time.monotonic(), timeout + 30.0
+    messages (and ``timeout`` + 30 s for the stage to start). Returns when
+    (``perf_counter``) rank 0 started its steps, if it did."""
+    conn, last, allowance, started = None, time.monotonic(), timeout + 30.0, None
     try:
         while not future.done():
             if conn is None:
@@ -320,10 +324,13 @@ def _follow(future, server, timeout, recorder, ckpts) -> None:
                 conn = None
                 continue
             last = time.monotonic()
+            if message[0] == "start":
+                started = time.perf_counter()
             _answer(conn, message, recorder, ckpts)
     finally:
         if conn is not None:
             conn.close()
+    return started
 
 
 def _answer(conn, message, recorder, ckpts) -> None:

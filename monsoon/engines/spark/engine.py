@@ -193,7 +193,7 @@ class SparkEngine(Engine):
 
                 SparkSession.builder.getOrCreate().stop()
         return EngineResult(
-            out["params"], startup, out["wall"], out["examples"], out["updates"],
+            out["params"], startup + out.get("launch_s", 0.0), out["wall"], out["examples"], out["updates"],
             out["dropped"], out["staleness"],
             [{"worker": k, "error": e, "traceback": e} for k, e in sorted(out["failed"].items())],
             stopped=out["stopped"], worker_params=out.get("worker_params", {}),
