@@ -76,3 +76,23 @@ def first_attempt(marks: str) -> bool:
         return False
     open(mark, "w").close()
     return True
+
+
+def count_jobs(spark, monkeypatch) -> dict:
+    """A count of the Spark jobs started from now on (``["jobs"]``; each
+    still runs on Spark). The session's one-off executor check is done
+    first, not counted."""
+    from pyspark import SparkContext
+
+    from monsoon.engines.spark.preflight import check_executors
+
+    check_executors(spark.sparkContext, 60, torch=True)
+    count = {"jobs": 0}
+    real = SparkContext.runJob
+
+    def run_job(self, *args, **kwargs):
+        count["jobs"] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SparkContext, "runJob", run_job)
+    return count

@@ -10,7 +10,7 @@ import pytest
 import monsoon
 from monsoon.errors import MonsoonError
 from monsoon.problems.linear import DenseLinear, synthetic
-from spark_env import spark_session
+from spark_env import count_jobs, spark_session
 
 pytestmark = [pytest.mark.spark]
 
@@ -24,25 +24,12 @@ def spark():
 
 
 @pytest.fixture
-def jobs(monkeypatch):
-    from pyspark import SparkContext
-
-    count = {"jobs": 0}
-    real = SparkContext.runJob
-
-    def run_job(self, *args, **kwargs):
-        count["jobs"] += 1
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(SparkContext, "runJob", run_job)
-    return count
+def jobs(spark, monkeypatch):
+    return count_jobs(spark, monkeypatch)
 
 
 def test_sync_is_one_barrier_job_and_equals_serial(spark, jobs):
     serial = monsoon.train("digits", strategy="serial", evals=0, **KW)
-    monsoon.train("digits", strategy="sync", workers=2, engine="spark", steps=1, evals=0,
-                  **{**KW, "epochs": None})  # the session's one-off executor check
-    jobs["jobs"] = 0
     sync = monsoon.train("digits", strategy="sync", workers=2, engine="spark", evals=5, **KW)
     np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
     s = sync.summary

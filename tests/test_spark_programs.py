@@ -7,6 +7,7 @@ import pytest
 import monsoon
 from monsoon.engines.spark.placement import in_tasks
 from monsoon.strategies import STRATEGIES
+from spark_env import count_jobs
 
 
 @pytest.fixture(scope="module")
@@ -20,21 +21,7 @@ def spark():
 
 @pytest.fixture
 def jobs(spark, monkeypatch):
-    """Counts the Spark jobs a run starts (each still runs on Spark)."""
-    from pyspark import SparkContext
-
-    from monsoon.engines.spark.preflight import check_executors
-
-    check_executors(spark.sparkContext, 60, torch=True)  # once per session: not counted
-    count = {"jobs": 0}
-    real = SparkContext.runJob
-
-    def run_job(self, *args, **kwargs):
-        count["jobs"] += 1
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(SparkContext, "runJob", run_job)
-    return count
+    return count_jobs(spark, monkeypatch)
 
 
 @pytest.mark.spark
