@@ -17,18 +17,18 @@ buffers, and every rank applies the rule once to the same mean. The ranks
 hold the same parameters throughout, and the run equals the driver-run
 sync, hence serial SGD, to floating-point reduction order (float64, 1e-9).
 
-The driver's part: rank 0 reports over a socket to the driver (the only
-message a task sends before it ends): each step, once ``ASK_EVERY_S`` has
-passed since it last asked, it asks whether the recorder wants a row (then sends the parameters, which the
-recorder snapshots and evaluates after the run, as always) or a live row,
-and whether to stop (divergence). A stop rides in the next all-reduce, so
-every rank leaves after the same step. The driver waits at most
-``--timeout`` for each message; every collective has the same timeout,
-so a rank that dies or stalls fails the stage within it.
+The driver's part: rank 0 reports to the driver over a socket. At most
+every ``ASK_EVERY_S`` it asks whether the recorder wants a row (it then
+sends the parameters, which the recorder snapshots and evaluates after the
+run, as always) or a live row, and whether to stop (divergence); a stop
+rides in the next all-reduce, so every rank leaves after the same step.
+The driver waits at most ``--timeout`` for each message; every collective
+has the same timeout, so a rank that dies or stalls fails the stage.
 
-Faults: Spark restarts a failed barrier stage whole (every task); rank 0 of
-the new attempt connects again, the failed attempt's snapshots are dropped,
-and only the finished stage's result is used: nothing is applied twice.
+Faults: Spark does not retry a failed barrier result stage; the engine
+starts the job again, with a new store, as often as Spark would retry a
+task (``task_attempts``). The failed attempt's snapshots are dropped and
+only a finished stage's result is used: nothing is applied twice.
 
 Used for sync (AllReduce of raw gradients on shared parameters) on two or
 more workers when the executors hold a slot for every partition at once
