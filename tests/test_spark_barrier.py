@@ -93,3 +93,38 @@ def test_a_stalled_rank_fails_the_run_within_timeout(spark):
     assert time.monotonic() - began < 8 + 40
     assert "\n" not in str(err.value).strip()
     assert "waited 8 s" in str(err.value) or "sync stage failed" in str(err.value)
+
+
+def test_a_message_split_by_a_slow_link_arrives_whole():
+    """The driver's idle wait is a short socket timeout; a message whose
+    bytes stall mid-way past it is still read whole (not split, which
+    would leave the stream out of step)."""
+    import socket
+    import threading
+
+    from monsoon.engines.spark.barrier import receive, send
+
+    a, b = socket.socketpair()
+    b.settimeout(0.05)
+    with pytest.raises(socket.timeout):
+        receive(b)  # nothing sent: the idle wait's timeout
+    w = np.arange(100_000, dtype=np.float64)
+
+    class Recording:  # what send writes, kept
+        def sendall(self, data):
+            self.data = data
+
+    out = Recording()
+    send(out, ("record", 1.5, 3, 64, w, 0))
+
+    def slowly():
+        a.sendall(out.data[:1000])
+        time.sleep(0.3)  # six of the reader's timeouts
+        a.sendall(out.data[1000:])
+
+    threading.Thread(target=slowly).start()
+    kind, now, updates, examples, got, dropped = receive(b, patience=10)
+    assert (kind, now, updates, examples, dropped) == ("record", 1.5, 3, 64, 0)
+    np.testing.assert_array_equal(got, w)
+    a.close()
+    b.close()

@@ -44,6 +44,7 @@ import re
 import socket
 import struct
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -73,15 +74,23 @@ def send(sock, obj) -> None:
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-def receive(sock):
-    (size,) = _LEN.unpack(_exactly(sock, _LEN.size))
-    return pickle.loads(_exactly(sock, size))
+def receive(sock, patience: float = 60.0):
+    """The next message. A socket timeout before its first byte is raised
+    (the caller's idle wait); once a message has begun, its rest is waited
+    for up to ``patience`` seconds, so a slow transfer never splits it."""
+    (size,) = _LEN.unpack(_exactly(sock, _LEN.size, patience, started=False))
+    return pickle.loads(_exactly(sock, size, patience, started=True))
 
 
-def _exactly(sock, n: int) -> bytes:
-    parts, left = [], n
+def _exactly(sock, n: int, patience: float, started: bool) -> bytes:
+    parts, left, deadline = [], n, time.monotonic() + patience
     while left:
-        chunk = sock.recv(min(left, 1 << 20))
+        try:
+            chunk = sock.recv(min(left, 1 << 20))
+        except socket.timeout:
+            if not (started or parts) or time.monotonic() > deadline:
+                raise
+            continue
         if not chunk:
             raise ConnectionError("the other side closed the connection")
         parts.append(chunk)
@@ -247,8 +256,7 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
     retry a failed barrier result stage: the job is started again, from
     the run's start, as many times as Spark would run a failed task."""
     saved = ckpts.load(w0, rule)  # --resume: the recorder takes its rows now
-    light = type(ctx)(None, None, None, ctx.workers, ctx.n_examples, ctx.sizes, ctx.batch_size,
-                      ctx.seed, ctx.budget, ctx.timeout, ctx.strategy, None)
+    light = replace(ctx, sc=None, jobs=None, blocks=None)  # what a task needs of it
     server = socket.create_server(("", 0))
     server.settimeout(0.2)
     address = (driver_host(ctx.sc), server.getsockname()[1])
@@ -312,7 +320,7 @@ def _follow(future, server, timeout, recorder, ckpts) -> float | None:
                                           "partition, or one is stuck") from None
                 continue
             try:
-                message = receive(conn)
+                message = receive(conn, timeout)
             except socket.timeout:
                 if time.monotonic() - last > timeout:
                     raise WaitTimeout(f"waited {timeout:g} s for a sync step in the barrier "
