@@ -34,6 +34,9 @@ def test_sync_is_one_barrier_job_and_equals_serial(spark, jobs):
     np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
     s = sync.summary
     assert s["spark_sync"] == "one barrier stage" and s["barrier_attempts"] == 1
+    # the stage's launch (tasks, gloo group) is start-up, outside the run's clock
+    assert s["startup_s"] >= s["barrier_launch_s"] > 0
+    assert s["barrier_launch_s"] + s["wall_time_s"] <= s["barrier_stage_s"]
     steps = serial.summary["updates"]
     assert s["updates"] == steps > 20
     assert jobs["jobs"] == 2  # the data's load, then the training: one job

@@ -282,11 +282,12 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
     finally:
         ctx.jobs.cancel()
         server.close()
-        del store
+        store = None  # the last attempt's, kept alive until here
     # the stage's launch (tasks, gloo group) is start-up: the run's clock starts after it
     out["launch_s"] = (started or submitted) - submitted
     out["extra"] = {"spark_sync": "one barrier stage", "barrier_attempts": attempt,
-                    "barrier_stage_s": round(time.perf_counter() - began, 4)}
+                    "barrier_stage_s": round(time.perf_counter() - began, 4),
+                    "barrier_launch_s": round(out["launch_s"], 4)}
     return out
 
 

@@ -90,7 +90,9 @@ class SparkSource:
     executor, and one persisted ``Block`` per partition with global ids.
 
     A subclass gives ``_convert()``: a function run on the executors, one
-    partition's rows -> ``(payload, stats)``, where ``stats`` is a small
+    partition's rows (a DataFrame's come as Arrow chunks where pyarrow is
+    here: CSR ``(X, y)``, or ``arrow.DenseChunk``s where ``_dense_names``
+    names the columns) -> ``(payload, stats)``, where ``stats`` is a small
     dict with ``rows`` (and anything the driver needs to see); and
     ``_builder(stats)``: run on the driver with every partition's stats,
     in order (it checks them, raising ConfigError, and sets the problem's
@@ -102,12 +104,11 @@ class SparkSource:
     _sc = None
     timeout = None  # the run's --timeout, set by the engine (None, before it: the default)
     _needs_torch = False
-    _takes_chunks = False  # its conversion stacks chunks: the Arrow path (arrow.py)
     _via_arrow = False
 
     def _rdd(self, partitions: int | None = None):
-        """The source as an RDD of rows, or of ``(X, y)`` chunks through
-        Arrow where the subclass takes them (``arrow.py``); never collected.
+        """The source as an RDD of rows, or, a DataFrame where pyarrow is
+        here, of chunks through Arrow (``arrow.py``); never collected.
         ``partitions``: that many (a DataFrame is repartitioned in the JVM)."""
         source = self.source
         self._via_arrow = False
@@ -131,7 +132,7 @@ class SparkSource:
             selected = self._select(source, cols)
             from . import arrow
 
-            if self._takes_chunks and arrow.usable(selected):
+            if arrow.usable(selected):
                 self._via_arrow = True
                 return arrow.chunks(selected, len(cols), self._dense_names())
             return selected.rdd
@@ -234,7 +235,6 @@ class SparkSource:
 class SparkData(SparkSource, Problem):
     """A linear model on data held in Spark (see the module doc)."""
 
-    _takes_chunks = True
     defaults = dict(SPARK_DEFAULTS)
 
     def __init__(self, source, features="features", label: str = "label",

@@ -133,7 +133,6 @@ class SparkTorchData(SparkSource, TorchProblem):
     """``module`` under ``loss_fn`` on data held in Spark (see the module doc)."""
 
     _needs_torch = True
-    _takes_chunks = True  # arrow.DenseChunk batches
 
     def _dense_names(self):
         many = not isinstance(self.features, str)
