@@ -51,7 +51,8 @@ def test_no_evaluation_happens_while_the_run_goes(monkeypatch, strategy, workers
 
 
 def test_replicated_sync_serves_snapshots_on_request():
-    result = monsoon.train("exp", "sync", 2, steps=2000, seed=0, progress=False, evals=50)
+    # long enough that the snapshots' cost spacing (50x a copy) leaves 20 rows under load
+    result = monsoon.train("exp", "sync", 2, steps=8000, seed=0, progress=False, evals=50)
     assert result.summary["sync_step"] == "replicated"
     rows = result.history
     assert len(rows) >= 20
