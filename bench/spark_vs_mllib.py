@@ -41,6 +41,7 @@ from monsoon.engines.spark import start_session  # noqa: E402
 DATASETS = [
     ("clicks-200k-f16k", 200_000, 16_384, 20, 1.1),
     ("clicks-100k-f100k", 100_000, 100_000, 40, 1.3),
+    ("clicks-150k-f32k", 150_000, 32_768, 30, 1.2),
 ]
 STRATEGIES = ("sync", "async")
 

@@ -138,6 +138,18 @@ class Resolved:
         return out
 
 
+def _check_full_batch(run: dict, engine) -> None:
+    """A full-batch rule (lbfgs) needs each step's loss, on the whole vector:
+    the strategies an engine hands it to (``Engine.gives_loss``)."""
+    rule, strategy = run["rule"], run["strategy"]
+    takes = getattr(engine, "gives_loss", frozenset())
+    if strategy not in takes:
+        where = {"spark": "sync or serial", "local": "serial"}
+        options = "; ".join(f"--engine {e} --strategy {s}" for e, s in where.items())
+        raise ConfigError(f"rule {rule} takes one full-batch step at a time with its loss; "
+                          f"{run['engine']} does not give it to {strategy}: use {options}")
+
+
 def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     """Check the options, fill in defaults and build the run's components.
     ``problem`` is a name or a ``Problem``. Raises ConfigError."""
@@ -163,6 +175,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     spec = problem_spec(run["problem"])[0] if instance is None else None
     defaults = spec.defaults if spec is not None else \
         dict(getattr(instance, "defaults", {}) or {})
+    defaults = {**defaults, **defaults.get("by_strategy", {}).get(run["strategy"], {})}
     if given.get("rule") is None and "rule" in defaults:  # the problem's rule (spark:PATH)
         run["rule"] = defaults["rule"]
     components = {"strategy": STRATEGIES.get(run["strategy"]), "rule": RULES.get(run["rule"]),
@@ -173,9 +186,14 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     refuse_untaken(given, chosen)
     values = {kind: option_values(c, given) for kind, c in components.items()}
 
+    full_batch = getattr(components["rule"], "full_batch", False)
+    if full_batch:  # the rule's own defaults (lbfgs: 100 full-batch steps) before the problem's
+        defaults = {k: v for k, v in defaults.items() if k not in ("steps", "batch_size")}
+        defaults.update(getattr(components["rule"], "defaults", {}))
+        _check_full_batch(run, components["engine"])
     if run["lr"] is None:
         run["lr"] = defaults.get("lr", FALLBACK["lr"])
-    if run["batch_size"] is None:
+    if run["batch_size"] is None and not full_batch:
         run["batch_size"] = defaults.get("batch_size", FALLBACK["batch_size"])
     if run["epochs"] is None and run["steps"] is None:
         if "steps" in defaults:
@@ -190,6 +208,13 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         from .problems import make_problem
 
         instance = make_problem(run["problem"], run["dtype"], **values["problem"])
+    if full_batch:  # every step sees every example
+        if run["batch_size"] not in (None, instance.n_examples):
+            raise ConfigError(f"rule {run['rule']} takes the full batch each step; drop "
+                              f"--batch-size (or give {instance.n_examples}, every example)")
+        run["batch_size"] = instance.n_examples
+        if hasattr(instance, "inverse_variance"):  # MLlib's standardization, as H_0
+            server_rule.precondition(instance.inverse_variance())
     info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance)
     if not (isinstance(components["engine"], type) and issubclass(components["engine"], Engine)):
         raise ConfigError(f"engine {run['engine']!r} does not follow the engine contract: its "
@@ -202,6 +227,8 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     if engine.compression.active:
         _messages.check_engine(engine, strat)
     engine.check(strat, processes)  # refused in one line before any work starts
+    if run["batch_size"] > instance.n_examples and given.get("batch_size") is None:
+        run["batch_size"] = instance.n_examples  # a default batch larger than a small data set
     strat.validate(processes, run["batch_size"], instance.n_examples)
     if run["batch_size"] > instance.n_examples:
         raise ConfigError(f"batch size {run['batch_size']} is larger than the "

@@ -70,6 +70,26 @@ def test_the_driver_writes_the_stages_checkpoints_and_resume_is_exact(spark, tmp
     assert resumed.summary["updates"] == whole.summary["updates"]
 
 
+def test_lbfgs_in_the_stage_equals_serial_and_resumes_exactly(spark, tmp_path):
+    """The full-batch rule in the barrier stage: every rank applies it to
+    the same all-reduced gradient and loss, so the run is serial's; its
+    memory (the correction pairs) travels in the checkpoint."""
+    kw = dict(rule="lbfgs", epochs=30, seed=0, dtype="float64", evals=0)
+    serial = monsoon.train("digits", strategy="serial", **kw)
+    sync = dict(strategy="sync", workers=2, engine="spark", **kw)
+    whole = monsoon.train("digits", **sync)
+    assert whole.summary["spark_sync"] == "one barrier stage"
+    assert whole.summary["updates"] == 30
+    # L-BFGS's line search and pairs amplify the reduction order's rounding
+    np.testing.assert_allclose(whole.params, serial.params, rtol=1e-6, atol=1e-9)
+    first = monsoon.train("digits", checkpoint_every=10, out=tmp_path / "a", **sync)
+    np.testing.assert_array_equal(first.params, whole.params)
+    for name in sorted(p.name for p in (tmp_path / "a" / "checkpoints").glob("ckpt-*"))[2:]:
+        (tmp_path / "a" / "checkpoints" / name).unlink()
+    resumed = monsoon.train("digits", resume=str(tmp_path / "a"), out=tmp_path / "b", **sync)
+    np.testing.assert_array_equal(resumed.params, whole.params)
+
+
 class StallsOnce(DenseLinear):
     """Partition 1 stalls in its 5th gradient (a hung executor)."""
 

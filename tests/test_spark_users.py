@@ -125,6 +125,29 @@ def test_spark_paths_and_tables_train_as_the_same_file_does_locally(spark, click
         assert run.summary["updates"] == 3 and run.summary["engine"] == "spark"
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+def test_sync_on_a_spark_path_defaults_to_standardized_lbfgs(spark, clicks):
+    """sync on spark:PATH at its defaults takes MLlib's road: full-batch
+    L-BFGS steps with each feature's variance (over every partition) as
+    H_0; it is the local engine's serial L-BFGS on the same file."""
+    import numpy as np
+
+    run = monsoon.train(f"spark:{clicks}", "sync", 2, engine="spark", dtype="float64",
+                        evals=0, epochs=25)
+    s = run.summary
+    assert s["rule"] == "lbfgs" and s["batch_size"] == 600 and s["updates"] == 25
+    local = monsoon.train(f"libsvm:{clicks}", "serial", 1, rule="lbfgs", dtype="float64",
+                          evals=0, epochs=25)
+    np.testing.assert_allclose(run.params, local.params, rtol=1e-6, atol=1e-9)
+    from monsoon.config import resolve
+
+    sync = resolve(f"spark:{clicks}", "sync", 2, {"engine": "spark"})
+    assert len(sync.rule.metric) == sync.problem.n_params and sync.rule.metric[-1] == 1.0
+    # async keeps AdaGrad mini-batches
+    assert resolve(f"spark:{clicks}", "async", 2, {"engine": "spark"}).run["rule"] == "adagrad"
+
+
 def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     """The spark problems' defaults carry their rule (AdaGrad, for sparse
     features); a --rule the user gives wins."""

@@ -140,10 +140,13 @@ def _spark_table(table: str, dtype: str = "float32"):
     return _spark_data(df, f"spark-table:{table}", dtype)
 
 
-# AdaGrad, for sparse features: it ends below SGD's loss on both click data sets
-# of bench/spark_vs_mllib.py, sync and async; 5 epochs take sync to MLlib's loss
-# x1.01 on the first (docs/engines/spark.md)
-SPARK_DEFAULTS = {"rule": "adagrad", "lr": 1.0, "batch_size": 1024, "epochs": 5}
+# Spark's linear models: sync takes full-batch L-BFGS steps on standardized
+# features, as MLlib's LogisticRegression does (one all-reduce a step in the
+# barrier stage); the other strategies take AdaGrad mini-batch steps, for
+# sparse features (bench/spark_vs_mllib.py; docs/engines/spark.md). A
+# problem's "by_strategy" defaults replace its others for that strategy.
+SPARK_DEFAULTS = {"rule": "adagrad", "lr": 1.0, "batch_size": 1024, "epochs": 5,
+                  "by_strategy": {"sync": {"rule": "lbfgs"}}}
 
 PROBLEMS = Registry("problem", "monsoon.problems", {
     **dict(sorted(CATALOG.items())),

@@ -31,6 +31,18 @@ from .base import SharedDataProblem, check_finite
 LOSSES = ("logistic", "hinge", "squared")
 
 
+def inverse_variance(total, total_sq, n: int) -> np.ndarray:
+    """Per parameter (weights then bias): 1 / the unbiased variance of each
+    feature over ``n`` rows, from its column sum and sum of squares; 0 for a
+    feature that does not vary, 1 for the bias. What MLlib's
+    ``standardization`` divides by, given to lbfgs as its H_0 scale."""
+    total, total_sq = np.asarray(total, dtype=float), np.asarray(total_sq, dtype=float)
+    var = np.maximum(total_sq - total * total / n, 0.0) / max(n - 1, 1)
+    tiny = var <= 1e-12 * max(float(var.max(initial=0.0)), 1e-300)
+    out = np.divide(1.0, var, out=np.zeros_like(var), where=~tiny)
+    return np.append(out, 1.0)
+
+
 class SparseLinear(SharedDataProblem):
     def __init__(self, X, y, loss: str = "logistic", lam: float = 1e-4, dtype="float64",
                  name: str = "sparse-linear", shuffle: bool = True, start=None):
@@ -123,6 +135,12 @@ class SparseLinear(SharedDataProblem):
         _, total = self._dloss(self.X @ w[:-1] + w[-1], self.y)
         seen = self.inv_degree > 0  # the split L2 covers the features that occur
         return total / self.n_examples + 0.5 * self.lam * float(w[:-1][seen] @ w[:-1][seen]) / self.n_examples
+
+    def inverse_variance(self) -> np.ndarray:
+        """1 / each feature's variance (then 1 for the bias): lbfgs's H_0."""
+        X = self.X
+        return inverse_variance(np.asarray(X.sum(axis=0)).ravel(),
+                                np.asarray(X.multiply(X).sum(axis=0)).ravel(), X.shape[0])
 
     def predict_margin(self, w) -> np.ndarray:
         return self.X @ w[:-1] + w[-1]

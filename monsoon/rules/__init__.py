@@ -12,13 +12,14 @@ from .adam import Adam
 from .adarevision import AdaRevision
 from .base import SCHEDULES, Rule, Schedule, UpdateInfo, slice_state
 from .dcasgd import DCASGD, DCASGDAdaptive
+from .lbfgs import Lbfgs
 from .momentum import Momentum
 from .nesterov import Nesterov
 from .sgd import SGD
 
 RULES = Registry("rule", "monsoon.rules", dict(sorted({
     "sgd": SGD, "momentum": Momentum, "nesterov": Nesterov, "adagrad": Adagrad,
-    "adam": Adam, "adarevision": AdaRevision, "dcasgd": DCASGD,
+    "adam": Adam, "lbfgs": Lbfgs, "adarevision": AdaRevision, "dcasgd": DCASGD,
     "dcasgd-a": DCASGDAdaptive}.items())))
 DELAY_TOLERANT = ("adarevision", "dcasgd", "dcasgd-a")
 

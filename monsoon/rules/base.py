@@ -42,6 +42,7 @@ class UpdateInfo:
     staleness: int = 0     # updates applied between the read and this update
     worker: int = 0
     reader: tuple | None = None  # the server's memory of this worker's read
+    loss: float | None = None    # the step's mean loss, where the engine gives it (lbfgs)
 
 
 class EmptyState(NamedTuple):

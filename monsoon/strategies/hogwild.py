@@ -58,8 +58,8 @@ class Hogwild(Strategy):
         for batch, following in lookahead(skip(slice_batches(job.n_examples, job.batch_size,
                                                              job.seed, job.budget, job.rank,
                                                              job.workers), job.start_step)):
-            _, grad = yield Gradient(batch, following)
-            yield Apply(grad)
+            loss, grad = yield Gradient(batch, following)
+            yield Apply(grad, loss)
 
     def describe(self):
         return {"strategy": self.name, "beta": self.beta}

@@ -32,8 +32,10 @@ class Gradient:
 @dataclass(slots=True)
 class Apply:
     """Apply the rule to the shared parameters in place, with no lock
-    (Hogwild!; serial). A non-finite ``grad`` is dropped and counted."""
+    (Hogwild!; serial). A non-finite ``grad`` is dropped and counted.
+    ``loss``: the batch's mean loss, for a rule that uses it (lbfgs)."""
     grad: np.ndarray
+    loss: float | None = None
 
 
 @dataclass(slots=True)

@@ -259,6 +259,7 @@ class LocalEngine(Engine):
     stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
     ops = ALL_OPS
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
+    gives_loss = frozenset({"serial"})
     compresses = True  # in shared memory: the math and the counts change, not the transport
     device_placement = "index"  # worker k's problem copy computes on cuda:(k mod GPUs)
     options = (

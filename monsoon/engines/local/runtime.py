@@ -153,7 +153,7 @@ class WorkerRuntime:
         reader = self._reader if self.workers > 1 else None
         self.rule.apply(self.store.params, op.grad, self.store.state,
                         UpdateInfo(step=mine + others, staleness=staleness, worker=self.rank,
-                                   reader=reader))
+                                   reader=reader, loss=op.loss))
         self.counters[UPDATES] += 1
         self.staleness[staleness] += 1
         if self._live is not None:

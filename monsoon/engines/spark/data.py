@@ -29,6 +29,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...problems import SPARK_DEFAULTS
 from ...problems.base import Problem
+from ...problems.sparse_linear import inverse_variance
 from .blocks import Block
 
 LOSSES = ("logistic", "hinge", "squared")
@@ -260,7 +261,9 @@ class SparkData(SparkSource, Problem):
                 y = (y > 0).astype(float)
             X, y = X.astype(dtype), y.astype(dtype)
             stats = {"rows": X.shape[0], "width": X.shape[1],
-                     "degree": np.bincount(X.indices, minlength=X.shape[1])}
+                     "degree": np.bincount(X.indices, minlength=X.shape[1]),
+                     "sum": np.bincount(X.indices, X.data, minlength=X.shape[1]),
+                     "sum_sq": np.bincount(X.indices, X.data * X.data, minlength=X.shape[1])}
             return (X, y), stats
 
         return convert
@@ -269,9 +272,13 @@ class SparkData(SparkSource, Problem):
         width = max([s["width"] for s in stats] + [self._n_features or 0])
         if width == 0 or sum(s["rows"] for s in stats) == 0:
             raise ConfigError("the Spark data set is empty (no rows, or no features)")
-        degree = np.zeros(width)
+        degree, total, total_sq = np.zeros(width), np.zeros(width), np.zeros(width)
         for s in stats:
             degree[:len(s["degree"])] += s["degree"]
+            total[:len(s["sum"])] += s["sum"]
+            total_sq[:len(s["sum_sq"])] += s["sum_sq"]
+        self._inverse_variance = inverse_variance(total, total_sq,
+                                                  sum(s["rows"] for s in stats))
         inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
         self.n_features = width
         self.n_params = width + 1
@@ -312,6 +319,11 @@ class SparkData(SparkSource, Problem):
         seen = self.inv_degree > 0
         reg = 0.5 * self.lam * float(w[:-1][seen] @ w[:-1][seen])
         return (float(sum(sums)) + reg) / self.n_examples
+
+    def inverse_variance(self) -> np.ndarray:
+        """1 / each feature's variance over every partition (then 1 for the
+        bias), from the conversion's column sums: lbfgs's H_0."""
+        return self._inverse_variance
 
     def describe(self) -> dict:
         return {**super().describe(), "loss": self.kind, "lam": self.lam,

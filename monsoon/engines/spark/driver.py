@@ -69,6 +69,7 @@ class DriverPrograms:
         self.grads = {k: np.empty_like(self.w) for k in ranks}  # each worker's mean gradient
         self.programs, self.ops = {}, {}
         self.steps = self.updates = self.dropped = self.examples = self.version = 0
+        self.step_loss = None   # the last gradients' mean loss
         self.staleness = Counter()
 
     # -- the programs ---------------------------------------------------------------
@@ -97,7 +98,7 @@ class DriverPrograms:
     def _carry_out(self, k, op):
         kind = type(op)
         if kind is Apply:
-            if self._update(op.grad, UpdateInfo(step=self.updates, worker=k)):
+            if self._update(op.grad, UpdateInfo(step=self.updates, worker=k, loss=op.loss)):
                 self.staleness[0] += 1
             self.steps += 1
         elif kind is Fetch:
@@ -139,7 +140,9 @@ class DriverPrograms:
         ranks = sorted(waiting)
         self.examples += sum(len(waiting[k].indices) for k in ranks)
         if self.raw:
-            return self._reduced(waiting, ranks)
+            replies = self._reduced(waiting, ranks)
+            self.step_loss = next(iter(replies.values()))[0] if replies else None
+            return replies
         params = [self.w] if self.shared else [self.work[k] for k in ranks]
         requests = [(k, 0 if self.shared else i, waiting[k].indices) for i, k in enumerate(ranks)]
         nbytes = sum(p.nbytes for p in params) + sum(r[2].nbytes for r in requests)
@@ -165,6 +168,9 @@ class DriverPrograms:
             weighted_sum({i: p[4] for i, p in mine}, [i for i, _ in mine],
                          [p[2] for _, p in mine], out, self.tmp)
             replies[k] = (sum(p[2] * p[3] for _, p in mine) / count, out)
+        counts = {k: len(waiting[k].indices) for k in ranks}
+        self.step_loss = sum(replies[k][0] * counts[k] for k in ranks) / max(1, sum(
+            counts.values()))  # the step's mean loss (a rule may use it: lbfgs)
         return replies
 
     def _reduced(self, waiting: dict, ranks: list) -> dict:
@@ -210,7 +216,7 @@ class DriverPrograms:
             else:
                 acc = weighted_sum(parts, counted, [ops[k].examples for k in counted],
                                    self.acc, self.tmp)
-            if self._update(acc, UpdateInfo(step=self.updates)):
+            if self._update(acc, UpdateInfo(step=self.updates, loss=self.step_loss)):
                 self.staleness[0] += len(counted) if kinds == {Average} else 1
         self.steps += 1
         for k in ranks:

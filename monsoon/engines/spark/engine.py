@@ -96,6 +96,7 @@ class SparkEngine(Engine):
     """Executors share no memory (no several-worker Apply: hogwild), and
     tasks cannot pass activations to each other (no pipeline stages)."""
     name = "spark"
+    gives_loss = frozenset({"sync", "serial"})
     ops = frozenset({Gradient, Apply, Fetch, Push, LocalStep, LocalApply, AllReduce, Average,
                      Elastic, Clock})
     virtual_time = False

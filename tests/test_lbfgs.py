@@ -1,0 +1,152 @@
+"""The full-batch L-BFGS rule (``rules/lbfgs.py``) and what runs it.
+
+The rule is checked against SciPy's L-BFGS-B on the same logistic
+objective (it must reach the same optimum), its line search against a
+step that overshoots, its state across a pickle (a checkpoint), and the
+configuration against what cannot give it a full-batch loss.
+"""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import scipy.optimize as so
+import scipy.sparse as sp
+
+import monsoon
+from monsoon.errors import ConfigError
+from monsoon.problems.sparse_linear import SparseLinear, inverse_variance
+from monsoon.rules import UpdateInfo, make_rule
+
+
+def logistic(seed=0, rows=400, features=60):
+    """Sparse rows with features of very different scales (what makes
+    the metric matter), labels from a planted model."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(rows, features, density=0.1, random_state=seed, format="csr")
+    X = X @ sp.diags(np.exp(rng.uniform(-3, 2, features)))
+    y = (rng.random(rows) < 1 / (1 + np.exp(-(X @ rng.standard_normal(features))))).astype(float)
+    return SparseLinear(sp.csr_matrix(X), y, lam=1e-2, shuffle=False)
+
+
+def run_rule(problem, rule, steps, w=None):
+    w = problem.initial_params(0) if w is None else w
+    state = rule.init(w.size, w.dtype)
+    every = np.arange(problem.n_examples)
+    losses = []
+    for t in range(steps):
+        loss, g = problem.gradient(w, every)
+        losses.append(loss)
+        rule.apply(w, g.copy(), state, UpdateInfo(step=t, loss=loss))
+    return w, state, losses
+
+
+def scipy_optimum(problem):
+    every = np.arange(problem.n_examples)
+
+    def f(w):
+        loss, g = problem.gradient(w, every)
+        return loss, g.copy()
+
+    return so.minimize(f, problem.initial_params(0), jac=True, method="L-BFGS-B",
+                       options={"maxiter": 1000, "gtol": 1e-12, "ftol": 1e-15}).fun
+
+
+@pytest.mark.parametrize("preconditioned", [False, True])
+def test_reaches_scipys_optimum(preconditioned):
+    problem = logistic()
+    rule = make_rule("lbfgs", 1.0)
+    if preconditioned:
+        rule.precondition(problem.inverse_variance())
+    _, _, losses = run_rule(problem, rule, 300)
+    best = scipy_optimum(problem)
+    assert min(losses) <= best * (1 + 1e-6)
+    # the loss of an accepted point never rises: each trial is judged by Armijo
+    accepted = np.minimum.accumulate(losses)
+    assert losses[-1] == pytest.approx(accepted[-1], rel=1e-6)
+
+
+def test_metric_speeds_up_badly_scaled_features():
+    problem = logistic(seed=1)
+    plain, scaled = make_rule("lbfgs", 1.0), make_rule("lbfgs", 1.0)
+    scaled.precondition(problem.inverse_variance())
+    target = scipy_optimum(problem) * 1.01
+    first = [next(t for t, v in enumerate(run_rule(problem, r, 200)[2]) if v <= target)
+             for r in (plain, scaled)]
+    assert first[1] < first[0]
+
+
+def test_overshooting_step_backs_off_and_keeps_the_loss_down():
+    problem = logistic()
+    rule = make_rule("lbfgs", 1e4)   # the first trial step is far too long
+    w = problem.initial_params(0)
+    state = rule.init(w.size, w.dtype)
+    every = np.arange(problem.n_examples)
+    loss0, g = problem.gradient(w, every)
+    rule.apply(w, g.copy(), state, UpdateInfo(loss=loss0))
+    trial, _ = problem.gradient(w, every)
+    assert trial > loss0   # overshot
+    halvings = 0
+    while True:
+        loss, g = problem.gradient(w, every)
+        before = state.scalars[1]
+        rule.apply(w, g.copy(), state, UpdateInfo(loss=loss))
+        if state.scalars[1] >= before and state.scalars[4] == 0:
+            break   # accepted: a new direction, a fresh trial step
+        halvings += 1
+    assert halvings >= 5 and loss < loss0
+
+
+def test_state_survives_a_pickle_exactly():
+    problem = logistic()
+    rule = make_rule("lbfgs", 1.0)
+    w, state, _ = run_rule(problem, rule, 15)
+    copy_w, copy_state = w.copy(), pickle.loads(pickle.dumps(state))
+    again = pickle.loads(pickle.dumps(rule))
+    every = np.arange(problem.n_examples)
+    for _ in range(10):
+        for r, ww, st in ((rule, w, state), (again, copy_w, copy_state)):
+            loss, g = problem.gradient(ww, every)
+            r.apply(ww, g.copy(), st, UpdateInfo(loss=loss))
+    np.testing.assert_array_equal(w, copy_w)
+
+
+def test_without_a_loss_it_says_where_to_run():
+    rule = make_rule("lbfgs", 1.0)
+    state = rule.init(3, np.float64)
+    with pytest.raises(ConfigError, match="full-batch loss"):
+        rule.apply(np.zeros(3), np.ones(3), state, UpdateInfo())
+
+
+def test_inverse_variance_is_mllibs_standardization():
+    X = sp.csr_matrix(np.array([[1.0, 0, 2], [3, 0, 2], [0, 0, 2], [4, 0, 2]]))
+    got = inverse_variance(np.asarray(X.sum(0)).ravel(),
+                           np.asarray(X.multiply(X).sum(0)).ravel(), 4)
+    dense = X.toarray()
+    assert got[0] == pytest.approx(1 / dense[:, 0].var(ddof=1))
+    assert got[1] == 0 and got[2] == 0   # a feature that never varies stays put
+    assert got[3] == 1.0                 # the bias
+
+
+def test_serial_run_on_the_local_engine_meets_the_optimum(tmp_path):
+    problem = logistic(seed=2)
+    run = monsoon.train(problem, "serial", 1, rule="lbfgs", epochs=200, progress=False)
+    assert run.summary["batch_size"] == problem.n_examples
+    assert run.summary["updates"] == 200
+    assert run.summary["final_loss"] <= scipy_optimum(problem) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("strategy,workers,extra,match", [
+    ("sync", 2, {}, "local does not give it to sync"),
+    ("async", 2, {}, "does not give it to async"),
+    ("serial", 1, {"batch_size": 10}, "takes the full batch"),
+])
+def test_refused_where_no_full_batch_loss(strategy, workers, extra, match):
+    with pytest.raises(ConfigError, match=match):
+        monsoon.train(logistic(), strategy, workers, rule="lbfgs", progress=False, **extra)
+
+
+def test_default_budget_is_a_hundred_full_batch_steps():
+    run = monsoon.train(logistic(), "serial", 1, rule="lbfgs", progress=False)
+    assert run.summary["updates"] == 100
