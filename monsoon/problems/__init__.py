@@ -51,6 +51,12 @@ def _options(arg: str, kind: str, allowed: set[str]) -> dict:
     return options
 
 
+# A user's own data named on the command line (libsvm:PATH, spark:PATH,
+# spark-table:NAME) trains the plain objective, no L2 term: what MLlib's
+# LogisticRegression (regParam 0) and Vowpal Wabbit fit by default.
+FILE_LAM = 0.0
+
+
 def _libsvm(path: str, dtype: str = "float32"):
     from .files import load_svmlight
     from .sparse_linear import SparseLinear
@@ -58,8 +64,9 @@ def _libsvm(path: str, dtype: str = "float32"):
     X, y, _ = load_svmlight(path, dtype=dtype)
     name = f"libsvm:{path}"
     if set(np.unique(y)) <= {-1.0, 1.0} or set(np.unique(y)) <= {0.0, 1.0}:
-        return SparseLinear(X, (y > 0).astype(dtype), "logistic", dtype=dtype, name=name)
-    return SparseLinear(X, y, "squared", dtype=dtype, name=name)
+        return SparseLinear(X, (y > 0).astype(dtype), "logistic", lam=FILE_LAM, dtype=dtype,
+                            name=name)
+    return SparseLinear(X, y, "squared", lam=FILE_LAM, dtype=dtype, name=name)
 
 
 def _rcv1_like(arg: str = "", dtype: str = "float32"):
@@ -107,8 +114,8 @@ def _spark_data(source, name: str, dtype: str, fmt: str | None = None):
     from ..engines.spark.data import SparkData
 
     return SparkData(source, features="features", label="label", loss="logistic",
-                     dtype="float64" if dtype == "float64" else "float32", fmt=fmt, name=name,
-                     repartition=True)
+                     lam=FILE_LAM, dtype="float64" if dtype == "float64" else "float32",
+                     fmt=fmt, name=name, repartition=True)
 
 
 def _spark_path(path: str, dtype: str = "float32"):

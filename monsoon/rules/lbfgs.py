@@ -2,7 +2,7 @@
 rule, what MLlib's ``LogisticRegression`` and scikit-learn's ``lbfgs``
 solver run. Each step sees the full-data mean gradient g and loss f at w.
 
-Direction (the two-loop recursion over the last ``memory`` pairs
+Direction (the two-loop recursion over the last ``lbfgs_memory`` pairs
 s_i = w_{i+1} - w_i, y_i = g_{i+1} - g_i, kept only when s_i . y_i > 0):
 
     d = -H g,   H_0 = gamma * diag(m),   gamma = (s . y) / (y . diag(m) y)
@@ -48,13 +48,13 @@ class Lbfgs(Rule):
     full_batch = True    # applied once per step to the whole vector, with the step's loss
     defaults = {"lr": 1.0, "epochs": 100}   # 100 full-batch steps: MLlib's maxIter
     options = Rule.options + (
-        Option("memory", int, 10, "lbfgs: correction pairs kept", check=at_least(1)),)
+        Option("lbfgs_memory", int, 10, "correction pairs kept", check=at_least(1)),)
 
-    def __init__(self, schedule: Schedule, memory: int = 10, **options):
+    def __init__(self, schedule: Schedule, lbfgs_memory: int = 10, **options):
         super().__init__(schedule, **options)
-        if memory < 1:
-            raise ConfigError(f"lbfgs memory must be 1 or more, got {memory}")
-        self.memory = int(memory)
+        if lbfgs_memory < 1:
+            raise ConfigError(f"--lbfgs-memory must be 1 or more, got {lbfgs_memory}")
+        self.memory = int(lbfgs_memory)
         self.metric = None   # per-coordinate H_0 scale (``precondition``)
 
     def precondition(self, metric) -> None:
