@@ -110,7 +110,7 @@ def main():
     datasets, repeats = (DATASETS[:1], 1) if args.quick else (DATASETS, args.repeats)
     spark = start_session("local[2]", "monsoon-bench")
     spark.sparkContext.setLogLevel("ERROR")
-    rows, met_all, lines = [], True, []
+    rows, met_all, lines, bests = [], True, [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name, *shape in datasets:
             path = Path(tmp) / f"{name}.libsvm"
@@ -144,12 +144,12 @@ def main():
                       f"{statistics.median(r['wall_s'] for r in runs):.3g} s", flush=True)
                 best = ratio if best is None else max(best, ratio)
             met_all &= best >= 1.0
+            bests.append(best)
             lines.append(f"{name}: best {best:.2f}x")
     spark.stop()
     worst = min(r["ratio"] for r in rows)
-    best_all = max(r["ratio"] for r in rows)
     write_record("spark_vs_mllib", vars(args), rows, {
-        "ratio": best_all, "worst": worst,
+        "ratio": min(bests), "worst": worst,  # ratio: the hardest data set's best strategy
         "target": "best of sync and async reaches MLlib's log-loss x1.01 within MLlib's "
                   "time, every dataset", "met": met_all,
         "line": "spark engine at its defaults vs MLlib LogisticRegression (MLlib's time / "
