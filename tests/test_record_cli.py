@@ -141,7 +141,7 @@ def test_cli_train_writes_run_folder(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--problem", "nope"], "unknown problem 'nope'; choose one of: digits, exp, linear, logistic, parabola"),
     (["--strategy", "nope"], "choose one of: serial, sync, async, hogwild, local-sgd, easgd"),
-    (["--rule", "nope"], "choose one of: adagrad, adam, adarevision, dcasgd, dcasgd-a, momentum"),
+    (["--rule", "nope"], "choose one of: adagrad, adam, adarevision, dcasgd, dcasgd-a, lbfgs, momentum"),
     (["--strategy", "sync", "--workers", "0"], "workers must be a whole number of at least 1"),
     (["--lr", "0"], "learning rate must be positive"),
     (["--lr", "-0.5"], "learning rate must be positive"),

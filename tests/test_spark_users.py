@@ -148,6 +148,40 @@ def test_sync_on_a_spark_path_defaults_to_standardized_lbfgs(spark, clicks):
     assert resolve(f"spark:{clicks}", "async", 2, {"engine": "spark"}).run["rule"] == "adagrad"
 
 
+@pytest.mark.spark
+def test_the_loss_curve_takes_a_job_per_level_not_per_point(spark, clicks, monkeypatch):
+    """SparkData evaluates many points in one job, each the same full-data
+    objective as ``loss``; the recorder evaluates the curve a level at a
+    time, so a run's curve costs a few jobs, not one per row."""
+    import numpy as np
+
+    from monsoon.engines.spark import SparkData, data as spark_data
+    from monsoon.record.recorder import refinement_levels
+    from spark_env import count_jobs
+
+    data = SparkData(str(clicks), dtype="float64", lam=1e-2)
+    rng = np.random.default_rng(0)
+    ws = [rng.normal(size=data.n_params) for _ in range(5)]
+    single = [data.loss(w) for w in ws]
+    monkeypatch.setattr(spark_data, "EVAL_BYTES", 2 * data.n_params * 8)  # 2 points a job
+    jobs = count_jobs(spark, monkeypatch)
+    many = [m["loss"] for m in data.evaluate_many(ws)]
+    np.testing.assert_allclose(many, single, rtol=1e-12)
+    assert jobs["jobs"] == 3
+    monkeypatch.setattr(spark_data, "EVAL_BYTES", 32 << 20)
+    evaluations, real = [], SparkData._sums
+
+    def sums(self, w, per_block):
+        evaluations.append(np.ndim(w))
+        return real(self, w, per_block)
+
+    monkeypatch.setattr(SparkData, "_sums", sums)
+    run = monsoon.train(f"spark:{clicks}", "sync", 2, engine="spark", dtype="float64")
+    rows = len(run.history)
+    # one job per level of the curve's snapshots, one for the final point
+    assert rows >= 10 and len(evaluations) <= len(refinement_levels(rows - 1)) + 1 < rows
+
+
 def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     """The spark problems' defaults carry their rule (AdaGrad, for sparse
     features); a --rule the user gives wins."""

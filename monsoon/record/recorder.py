@@ -32,7 +32,8 @@ first, the last, then the middle, the quarters, ...: ``refinement_levels``;
 a level the time left cannot finish is thinned evenly), and the rest are
 dropped, so the curve that is kept is evenly spaced. Every row kept is
 still the full-data objective. The final row is always evaluated, and
-``final_loss`` with it.
+``final_loss`` with it. A level is evaluated at once where the problem can
+(``evaluate_many``: data in Spark, one job for the level).
 
 The monitor also hands ``live`` its workers' figures when ``live_due`` (``live.py``).
 
@@ -64,6 +65,15 @@ def evaluate(problem, w) -> dict:
     if hasattr(problem, "evaluate"):
         return problem.evaluate(w)
     return {"loss": float(problem.loss(w))}
+
+
+def evaluate_all(problem, ws: list) -> list[dict]:
+    """``evaluate`` at each of ``ws``: in one pass over the data where the
+    problem offers ``evaluate_many`` (data in Spark: one job, not one per
+    point), else one point at a time."""
+    if hasattr(problem, "evaluate_many"):
+        return list(problem.evaluate_many(ws))
+    return [evaluate(problem, w) for w in ws]
 
 
 def refinement_levels(n: int) -> list[list[int]]:
@@ -247,8 +257,8 @@ class Recorder:
                     break
                 if can < len(level):  # what time is left, spread over the level
                     level = [level[j * len(level) // can] for j in range(can)]
-            for i in level:
-                done[i] = self.evaluate(snaps[i][3])
+            for i, metrics in zip(level, self.evaluate_all([snaps[i][3] for i in level])):
+                done[i] = metrics
         self.rows_dropped += len(snaps) - len(done)
         for i in sorted(done):
             t, up, ex, _ = snaps[i]
@@ -265,6 +275,9 @@ class Recorder:
 
     def evaluate(self, params) -> dict:
         return evaluate(self.problem, params)
+
+    def evaluate_all(self, ws: list) -> list[dict]:
+        return evaluate_all(self.problem, ws)
 
     def add_row(self, now: float, updates: int, examples: int, metrics) -> None:
         if not isinstance(metrics, dict):

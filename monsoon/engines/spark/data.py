@@ -233,6 +233,16 @@ class SparkSource:
             bc.unpersist()
 
 
+EVAL_BYTES = 32 << 20  # the loss curve's points broadcast at once
+
+
+def _loss_sums(block, W):
+    """A partition's loss sum at each row of ``W`` (points x parameters)."""
+    part = block.problem
+    Z = part.X @ W[:, :-1].T + W[:, -1]
+    return np.array([part._dloss(Z[:, k], part.y)[1] for k in range(len(W))])
+
+
 class SparkData(SparkSource, Problem):
     """A linear model on data held in Spark (see the module doc)."""
 
@@ -319,6 +329,20 @@ class SparkData(SparkSource, Problem):
         seen = self.inv_degree > 0
         reg = 0.5 * self.lam * float(w[:-1][seen] @ w[:-1][seen])
         return (float(sum(sums)) + reg) / self.n_examples
+
+    def evaluate_many(self, ws) -> list[dict]:
+        """The full-data objective at each of ``ws`` (the loss curve's
+        points), a Spark job per group of points that fits ``EVAL_BYTES``:
+        each partition computes every point's margins in one product."""
+        out = []
+        per = max(1, EVAL_BYTES // max(1, self.n_params * self.dtype.itemsize))
+        for a in range(0, len(ws), per):
+            W = np.stack([np.asarray(w, dtype=self.dtype) for w in ws[a:a + per]])
+            sums = np.sum(self._sums(W, _loss_sums), axis=0)
+            seen = self.inv_degree > 0
+            reg = 0.5 * self.lam * np.einsum("ij,ij->i", W[:, :-1][:, seen], W[:, :-1][:, seen])
+            out += [{"loss": float(v)} for v in (sums + reg) / self.n_examples]
+        return out
 
     def inverse_variance(self) -> np.ndarray:
         """1 / each feature's variance over every partition (then 1 for the
