@@ -31,9 +31,8 @@ clock is real, the evaluation gets at most ``eval_share`` of the run's time
 first, the last, then the middle, the quarters, ...: ``refinement_levels``;
 a level the time left cannot finish is thinned evenly), and the rest are
 dropped, so the curve that is kept is evenly spaced. Every row kept is
-still the full-data objective. The final row is always evaluated, and
-``final_loss`` with it. A level is evaluated at once where the problem can
-(``evaluate_many``: data in Spark, one job for the level).
+still the full-data objective; the final row (``final_loss``) always is
+evaluated. A level is one call where the problem has ``evaluate_many``.
 
 The monitor also hands ``live`` its workers' figures when ``live_due`` (``live.py``).
 
