@@ -150,3 +150,22 @@ def test_refused_where_no_full_batch_loss(strategy, workers, extra, match):
 def test_default_budget_is_a_hundred_full_batch_steps():
     run = monsoon.train(logistic(), "serial", 1, rule="lbfgs", progress=False)
     assert run.summary["updates"] == 100
+
+
+class NanBeyond(SparseLinear):
+    """A gradient that is NaN where the weights are large (an overflow)."""
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        loss, g = super().gradient(w, indices, out, accumulate)
+        if np.abs(w).max() > 50:
+            g[...] = np.nan
+        return loss, g
+
+
+def test_a_trial_point_with_a_non_finite_gradient_is_backed_off_from():
+    base = logistic(seed=3)
+    problem = NanBeyond(base.X, base.y, lam=1e-2, shuffle=False)
+    run = monsoon.train(problem, "serial", 1, rule="lbfgs", lr=1e4, epochs=200,
+                        progress=False)
+    assert run.summary["dropped_updates"] >= 1   # the first trial step overflowed
+    assert run.summary["final_loss"] <= scipy_optimum(base) * (1 + 1e-6)

@@ -107,6 +107,10 @@ class Rule:
     def on_read(self, w: np.ndarray, state: NamedTuple, reader: NamedTuple) -> None:
         """Called when a worker reads ``w``; fills that worker's ``reader``."""
 
+    def on_dropped(self, w: np.ndarray, state: NamedTuple) -> None:
+        """Called when the engine drops a step's non-finite gradient instead
+        of applying it; a rule that moved to a trial point (lbfgs) backs off."""
+
     def learning_rate(self, info: UpdateInfo) -> float:
         lr = self.schedule(info.step)
         if self.staleness_lr and info.staleness >= 1:

@@ -9,13 +9,15 @@ s_i = w_{i+1} - w_i, y_i = g_{i+1} - g_i, kept only when s_i . y_i > 0):
 
 where ``m`` is a per-coordinate metric the problem may give (``metric``:
 1 / the variance of each feature, MLlib's ``standardization``; ones where
-it gives none). The first step is ``-lr * diag(m) g / |g|_m``.
+it gives none). The first step is ``-lr * diag(m) g / |g|_m``; the
+quasi-Newton steps after it try t = 1 first.
 
 Step length by backtracking (Armijo, c1 = 1e-4), spread over steps: the
-rule moves to w + t d (t = ``lr``, 1 by default) and the NEXT step's loss
-decides. If f(w + t d) > f(w) + c1 t g . d (or is not finite) the rule
-moves back to w + (t / 2) d, and so on; else it accepts, stores the pair
-and takes a new direction. One gradient and loss per step, as sync gives.
+rule moves to w + t d and the NEXT step's loss decides. If f(w + t d) >
+f(w) + c1 t g . d, or is not finite, or the engine dropped that step's
+gradient as non-finite (``on_dropped``), the rule moves back to
+w + (t / 2) d, and so on; else it accepts, stores the pair and takes a new
+direction. One gradient and loss per step, as sync gives.
 
 Invariants: it needs the step's loss (``UpdateInfo.loss``) and the whole
 vector, so it runs where an engine applies the rule once per step to the
@@ -90,6 +92,11 @@ class Lbfgs(Rule):
             self._remember(w, g, state)
         self._new_direction(w, g, loss, state, info)
 
+    def on_dropped(self, w, state):
+        """The trial point's gradient was not finite: back off as from a rise."""
+        if state.scalars[5]:
+            self._back_off(w, state)
+
     # -- the steps -------------------------------------------------------------
     def _back_off(self, w, state):
         sc = state.scalars
@@ -124,7 +131,7 @@ class Lbfgs(Rule):
         state.base[...] = w
         state.base_grad[...] = g
         state.direction[...] = d
-        t = self.learning_rate(info)
+        t = self.learning_rate(info) if kept == 0 else 1.0  # quasi-Newton: the unit step
         sc[:2] = (loss, t)
         sc[4], sc[5] = 0, 1
         w += t * d

@@ -146,6 +146,7 @@ class WorkerRuntime:
     def apply(self, op: Apply) -> None:
         if not finite(op.grad):
             self.counters[DROPPED] += 1
+            self.rule.on_dropped(self.store.params, self.store.state)
             return
         others = self._updates_by_others() if self.workers > 1 else 0
         staleness = others - self._others_at_read

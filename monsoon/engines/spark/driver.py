@@ -89,6 +89,7 @@ class DriverPrograms:
     def _update(self, grad, info) -> bool:
         if not finite(grad):
             self.dropped += 1
+            self.rule.on_dropped(self.w, self.state)
             return False
         self.rule.apply(self.w, grad, self.state, info)
         self.updates += 1
