@@ -175,7 +175,11 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     spec = problem_spec(run["problem"])[0] if instance is None else None
     defaults = spec.defaults if spec is not None else \
         dict(getattr(instance, "defaults", {}) or {})
-    defaults = {**defaults, **defaults.get("by_strategy", {}).get(run["strategy"], {})}
+    override = defaults.get("by_strategy", {}).get(run["strategy"], {})
+    if ("rule" in override and given.get("batch_size") is not None
+            and getattr(RULES.get(override["rule"]), "full_batch", False)):
+        override = {}  # mini-batches asked for: not a full-batch rule by default
+    defaults = {**defaults, **override}
     if given.get("rule") is None and "rule" in defaults:  # the problem's rule (spark:PATH)
         run["rule"] = defaults["rule"]
     components = {"strategy": STRATEGIES.get(run["strategy"]), "rule": RULES.get(run["rule"]),

@@ -201,6 +201,12 @@ def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     assert own.run["rule"] == "adagrad" and type(own.rule).__name__ == "Adagrad"
     assert own.run["lr"] == SPARK_DEFAULTS["lr"]
     assert resolve(problem, "serial", 1, {"rule": "sgd"}).run["rule"] == "sgd"
+    # sync's own default: full-batch L-BFGS, unless mini-batches are asked for
+    sync = resolve(problem, "sync", 2, {"engine": "spark"})
+    assert sync.run["rule"] == "lbfgs" and sync.run["batch_size"] == problem.n_examples
+    assert sync.run["epochs"] == 100
+    mini = resolve(problem, "sync", 2, {"engine": "spark", "batch_size": 64})
+    assert mini.run["rule"] == "adagrad" and mini.run["batch_size"] == 64
 
 
 @pytest.mark.spark
