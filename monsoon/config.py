@@ -176,9 +176,10 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     defaults = spec.defaults if spec is not None else \
         dict(getattr(instance, "defaults", {}) or {})
     override = defaults.get("by_strategy", {}).get(run["strategy"], {})
-    if ("rule" in override and given.get("batch_size") is not None
-            and getattr(RULES.get(override["rule"]), "full_batch", False)):
-        override = {}  # mini-batches asked for: not a full-batch rule by default
+    if ("rule" in override and getattr(RULES.get(override["rule"]), "full_batch", False)
+            and (given.get("batch_size") is not None or run["strategy"] not in getattr(
+                ENGINES.get(run["engine"]), "gives_loss", ()))):
+        override = {}  # mini-batches asked for, or an engine without the step's loss
     defaults = {**defaults, **override}
     if given.get("rule") is None and "rule" in defaults:  # the problem's rule (spark:PATH)
         run["rule"] = defaults["rule"]

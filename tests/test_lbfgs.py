@@ -169,3 +169,40 @@ def test_a_trial_point_with_a_non_finite_gradient_is_backed_off_from():
                         progress=False)
     assert run.summary["dropped_updates"] >= 1   # the first trial step overflowed
     assert run.summary["final_loss"] <= scipy_optimum(base) * (1 + 1e-6)
+
+
+def test_a_run_ends_on_an_accepted_point_not_an_unjudged_trial():
+    """With a first step far too long, each of the first steps is a trial
+    that overshoots; the run's result is the last accepted point."""
+    problem = logistic()
+    start = problem.loss(problem.initial_params(0))
+    for steps in (1, 2, 3):
+        run = monsoon.train(problem, "serial", 1, rule="lbfgs", lr=1e3, steps=steps,
+                            progress=False)
+        assert run.summary["final_loss"] <= start
+
+
+def test_inverse_variance_holds_in_float32():
+    """A feature with mean 1000 and std 1: float32 sums of squares would
+    cancel to nothing and freeze its weight."""
+    rng = np.random.default_rng(0)
+    col = (1000 + rng.standard_normal(100_000)).astype(np.float32)
+    X = sp.csr_matrix(col.reshape(-1, 1))
+    problem = SparseLinear(X, (rng.random(100_000) < 0.5).astype(np.float32), lam=0.0,
+                           dtype="float32", shuffle=False)
+    assert problem.inverse_variance()[0] == pytest.approx(1 / col.astype(float).var(ddof=1),
+                                                          rel=1e-3)
+
+
+def test_serial_resume_mid_run_is_exact(tmp_path):
+    problem = logistic(seed=4)
+    kw = dict(rule="lbfgs", epochs=30, progress=False, evals=0)
+    whole = monsoon.train(problem, "serial", 1, **kw)
+    monsoon.train(problem, "serial", 1, checkpoint_every=10, out=tmp_path / "a", **kw)
+    saved = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*"))
+    assert saved and saved[0].name == "ckpt-000000000010.npz"
+    for path in saved[1:]:   # cut after step 10: the pairs half filled
+        path.unlink()
+    resumed = monsoon.train(problem, "serial", 1, resume=str(tmp_path / "a"),
+                            out=tmp_path / "b", **kw)
+    np.testing.assert_array_equal(resumed.params, whole.params)

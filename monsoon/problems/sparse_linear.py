@@ -138,9 +138,10 @@ class SparseLinear(SharedDataProblem):
 
     def inverse_variance(self) -> np.ndarray:
         """1 / each feature's variance (then 1 for the bias): lbfgs's H_0."""
-        X = self.X
-        return inverse_variance(np.asarray(X.sum(axis=0)).ravel(),
-                                np.asarray(X.multiply(X).sum(axis=0)).ravel(), X.shape[0])
+        X, data = self.X, self.X.data.astype(np.float64)  # float32 sums would cancel
+        n = self.n_features
+        return inverse_variance(np.bincount(X.indices, data, minlength=n),
+                                np.bincount(X.indices, data * data, minlength=n), X.shape[0])
 
     def predict_margin(self, w) -> np.ndarray:
         return self.X @ w[:-1] + w[-1]

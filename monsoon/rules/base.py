@@ -107,6 +107,10 @@ class Rule:
     def on_read(self, w: np.ndarray, state: NamedTuple, reader: NamedTuple) -> None:
         """Called when a worker reads ``w``; fills that worker's ``reader``."""
 
+    def finish(self, w: np.ndarray, state: NamedTuple) -> None:
+        """Called once when a run has spent its budget; a rule that left a
+        trial point no step has judged (lbfgs) returns to its last accepted one."""
+
     def on_dropped(self, w: np.ndarray, state: NamedTuple) -> None:
         """Called when the engine drops a step's non-finite gradient instead
         of applying it; a rule that moved to a trial point (lbfgs) backs off."""

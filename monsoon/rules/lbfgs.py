@@ -17,7 +17,9 @@ rule moves to w + t d and the NEXT step's loss decides. If f(w + t d) >
 f(w) + c1 t g . d, or is not finite, or the engine dropped that step's
 gradient as non-finite (``on_dropped``), the rule moves back to
 w + (t / 2) d, and so on; else it accepts, stores the pair and takes a new
-direction. One gradient and loss per step, as sync gives.
+direction. One gradient and loss per step, as sync gives. When the run
+ends (``finish``) the last trial point, never judged, gives way to the last
+accepted one, so a run's result is always an accepted point.
 
 Invariants: it needs the step's loss (``UpdateInfo.loss``) and the whole
 vector, so it runs where an engine applies the rule once per step to the
@@ -91,6 +93,13 @@ class Lbfgs(Rule):
                 return
             self._remember(w, g, state)
         self._new_direction(w, g, loss, state, info)
+
+    def finish(self, w, state):
+        """The last trial point was never judged: end on the accepted one."""
+        sc = state.scalars
+        if sc[5]:
+            w[...] = state.base
+            sc[4] = sc[5] = 0
 
     def on_dropped(self, w, state):
         """The trial point's gradient was not finite: back off as from a rise."""

@@ -108,6 +108,8 @@ class WorkerRuntime:
         except StopIteration:
             if self._sync is not None:
                 self._sync.finish()
+            elif self.workers == 1 and self.strategy.shared_params:  # serial's end
+                self.rule.finish(store.params, store.state)
             return
         finally:
             program.close()

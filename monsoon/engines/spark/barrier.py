@@ -189,7 +189,8 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
             return {k: (float(buf[-3] / max(buf[-2], 1.0)), out) for k in ranks}
 
     programs = RankPrograms(ctx, rule, strategy, w0, ckpts)
-    programs.buffer = np.zeros(len(w0) + 3, dtype=np.asarray(w0).dtype)
+    # float64: the loss sum and count decide lbfgs's line search; float32 would round them
+    programs.buffer = np.zeros(len(w0) + 3, dtype=np.float64)
     return programs
 
 

@@ -275,6 +275,8 @@ class DriverPrograms:
         finally:
             for program in self.programs.values():
                 program.close()
+        if self.shared and stopped is None:
+            self.rule.finish(self.w, self.state)
         return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
                 "updates": self.updates, "dropped": self.dropped, "staleness": self.staleness,
                 "failed": {}, "stopped": stopped,
