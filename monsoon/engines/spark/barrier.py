@@ -189,8 +189,10 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
             return {k: (float(buf[-3] / max(buf[-2], 1.0)), out) for k in ranks}
 
     programs = RankPrograms(ctx, rule, strategy, w0, ckpts)
-    # float64: the loss sum and count decide lbfgs's line search; float32 would round them
-    programs.buffer = np.zeros(len(w0) + 3, dtype=np.float64)
+    # a full-batch rule's line search decides on the loss sum: float64 for it, else
+    # the parameters' dtype (half the bytes to all-reduce in float32)
+    dtype = np.float64 if getattr(rule, "full_batch", False) else np.asarray(w0).dtype
+    programs.buffer = np.zeros(len(w0) + 3, dtype=dtype)
     return programs
 
 
