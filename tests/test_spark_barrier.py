@@ -37,6 +37,10 @@ def test_sync_is_one_barrier_job_and_equals_serial(spark, jobs):
     # the stage's launch (tasks, gloo group) is start-up, outside the run's clock
     assert s["startup_s"] >= s["barrier_launch_s"] > 0
     assert s["barrier_launch_s"] + s["wall_time_s"] <= s["barrier_stage_s"]
+    # the share of the one job that was not training: launch, gloo group, teardown
+    assert s["spark_jobs"] == 1
+    assert s["spark_job_share"] == pytest.approx(
+        1 - s["wall_time_s"] / s["barrier_stage_s"], abs=0.02)
     steps = serial.summary["updates"]
     assert s["updates"] == steps > 20
     assert jobs["jobs"] == 2  # the data's load, then the training: one job

@@ -288,9 +288,13 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
         store = None  # the last attempt's, kept alive until here
     # the stage's launch (tasks, gloo group) is start-up: the run's clock starts after it
     out["launch_s"] = (started or submitted) - submitted
+    stage_s = time.perf_counter() - began
+    # one job: what of it was not the ranks' training (launch, gloo group, teardown)
+    share = max(0.0, stage_s - out["wall"]) / stage_s if stage_s > 0 else None
     out["extra"] = {"spark_sync": "one barrier stage", "barrier_attempts": attempt,
-                    "barrier_stage_s": round(time.perf_counter() - began, 4),
-                    "barrier_launch_s": round(out["launch_s"], 4)}
+                    "barrier_stage_s": round(stage_s, 4),
+                    "barrier_launch_s": round(out["launch_s"], 4),
+                    "spark_jobs": 1, "spark_job_share": None if share is None else round(share, 4)}
     return out
 
 
