@@ -120,6 +120,21 @@ def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
         assert "sync ran slower than serial" in text and "--repeats" not in text
 
 
+def test_the_report_names_each_strategys_rule_where_they_differ():
+    """Spark's linear data: sync's default is lbfgs, async's AdaGrad; the
+    report and comparison.csv say which rule each row ran."""
+    from monsoon.record.report import comparison_rows, report_markdown
+
+    mixed = comparison_rows([[dict(_summary("sync", 90.0), rule="lbfgs")],
+                             [dict(_summary("async", 80.0), rule="adagrad")]])
+    assert [r["rule"] for r in mixed] == ["lbfgs", "adagrad"]
+    text = report_markdown("spark:clicks.libsvm", mixed, None)
+    assert "| sync (lbfgs) |" in text and "| async (adagrad) |" in text
+    same = comparison_rows([[dict(_summary("sync", 90.0), rule="sgd")],
+                            [dict(_summary("async", 80.0), rule="sgd")]])
+    assert "| sync |" in report_markdown("exp", same, None)
+
+
 @pytest.mark.parametrize("repeats", [0, -1, 1.5, True])
 def test_compare_refuses_a_bad_number_of_repeats(tmp_path, repeats):
     with pytest.raises(monsoon.MonsoonError, match="repeats must be a whole number >= 1"):

@@ -21,7 +21,7 @@ CSV_COLUMNS = ("strategy", "workers", "final_loss", "wall_time_s", "startup_s", 
                "speedup_max", "staleness_p50", "staleness_p99", "staleness_bound",
                "clock_staleness_mean", "clock_staleness_p50", "clock_staleness_p99",
                "clock_staleness_max", "clock_wait_s_total", "clock_wait_s_max",
-               "compress", "bytes_sent", "compression_ratio", "residual_norm")
+               "compress", "bytes_sent", "compression_ratio", "residual_norm", "rule")
 
 
 SHORT_RUN_S = 10.0  # below this, one run's speed says little on a busy machine
@@ -45,7 +45,7 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
         ratios = [t["examples_per_s"] / b["examples_per_s"]
                   for t, b in zip(turns, base or []) if t["examples_per_s"] and b["examples_per_s"]]
         speedup = _spread(ratios)
-        rows.append({"strategy": s["strategy"], "workers": s["workers"],
+        rows.append({"strategy": s["strategy"], "workers": s["workers"], "rule": s.get("rule"),
                      "final_loss": s["final_loss"], "wall_time_s": s["wall_time_s"],
                      "startup_s": s["startup_s"], "examples": s["examples"],
                      "examples_per_s": speed[0], "speedup_vs_serial": speedup[0],
@@ -126,10 +126,12 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
     lines += ["| strategy | workers | final loss | wall time (s) | examples/s | speedup vs serial "
               "| time to target (s) | staleness (mean / max) | dropped |",
               "|---|---|---|---|---|---|---|---|---|"]
+    mixed = len({r.get("rule") for r in rows}) > 1  # per-strategy defaults (spark: lbfgs)
     for r in rows:
         speed = _with_range(r, "examples_per_s", "examples_per_s_min", "examples_per_s_max", 4)
         speedup = _with_range(r, "speedup_vs_serial", "speedup_min", "speedup_max", 3)
-        lines.append(f"| {r['strategy']} | {r['workers']} | {_fmt(r['final_loss'])} "
+        name = f"{r['strategy']} ({r.get('rule')})" if mixed else r["strategy"]
+        lines.append(f"| {name} | {r['workers']} | {_fmt(r['final_loss'])} "
                      f"| {_fmt(r['wall_time_s'], 3)} | {speed} | {speedup} "
                      f"| {_fmt(r['time_to_target_s'], 3)} "
                      f"| {_fmt(r['staleness_mean'], 3)} / {_fmt(r['staleness_max'])} "
