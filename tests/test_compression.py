@@ -256,7 +256,7 @@ def test_compare_sets_a_compressor_per_strategy_and_reports_the_bytes(tmp_path):
     assert rows["async"]["compress"] == "none" and rows["async"]["compression_ratio"] == 1.0
     assert rows["sync"]["compression_ratio"] > 3 and rows["local-sgd"]["compression_ratio"] > 3
     csv = (tmp_path / "comparison.csv").read_text().splitlines()
-    assert csv[0].endswith("compress,bytes_sent,compression_ratio,residual_norm")
+    assert "compress,bytes_sent,compression_ratio,residual_norm" in csv[0]
     report = (tmp_path / "report.md").read_text()
     assert "sync (topk:0.1)" in report and "sync computes the same gradient" not in report
     with pytest.raises(ConfigError, match="not in --strategies"):

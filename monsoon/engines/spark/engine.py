@@ -160,7 +160,9 @@ class SparkEngine(Engine):
         master = sc.master
         from .preflight import check_executors
 
-        check_executors(sc, self.timeout, torch=_is_torch(problem))
+        # start-up, not a step: starting the executors' Python (and torch) may take
+        # longer than a short --timeout allows a step
+        check_executors(sc, max(self.timeout, TIMEOUT.default), torch=_is_torch(problem))
         jobs = Jobs(sc, self.timeout, strategy.name)  # names the run's job group
         blocks = None
         try:
