@@ -112,6 +112,36 @@ def test_a_slow_evaluation_thins_the_curve_evenly_within_its_share(monkeypatch):
         assert gaps.max() <= 3 * gaps.min()
 
 
+def test_a_problem_that_evaluates_many_points_at_once_is_budgeted_per_call(monkeypatch):
+    """Data in Spark: a level of snapshots is one job of about the same cost
+    whatever its size. With 50 ms a call and a 0.36 s share, the curve keeps
+    whole levels (6 or 7 calls: 33 rows or more), where a per-point estimate
+    thins the later levels (about 26 rows), within the share."""
+    import time
+
+    from monsoon.record import recorder as rec_module
+
+    monkeypatch.setattr(rec_module, "EVAL_MIN_S", 0.0)
+    problem = make_problem("linear")
+    w = problem.initial_params(0)
+    calls = []
+
+    def evaluate_many(ws):
+        calls.append(len(ws))
+        time.sleep(0.05)
+        return [{"loss": problem.loss(v)} for v in ws]
+
+    problem.evaluate_many = evaluate_many
+    rec = Recorder(problem, total_examples=None, evals=100, progress=False,
+                   cost_aware=True, eval_share=0.12)
+    rec.snapshots = [(i * 0.075, i, i, w + i) for i in range(41)]  # 0 .. 3 s
+    began = time.perf_counter()
+    kept = [r["updates"] for r in rec.settled_rows()]
+    assert time.perf_counter() - began < 0.36 + 0.06   # the share, and one call over
+    assert calls[0] == 2 and sum(calls) == len(kept) >= 33
+    assert kept[0] == 0 and kept[-1] == 40 and rec.rows_dropped == 41 - len(kept)
+
+
 def test_snapshots_are_copies():
     problem = make_problem("linear")
     w = problem.initial_params(0)

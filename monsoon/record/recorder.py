@@ -247,17 +247,23 @@ class Recorder:
             return self.rows
         budget = (max(EVAL_MIN_S, self.eval_share * snaps[-1][0]) if self.cost_aware
                   else math.inf)  # virtual time says nothing about evaluation's cost
-        began, done = time.perf_counter(), {}
+        began, done, calls = time.perf_counter(), {}, 0
+        batched = hasattr(self.problem, "evaluate_many")  # a level costs about one call
         for level in refinement_levels(len(snaps)):
             if len(done) >= 2 and budget < math.inf:  # the ends are always evaluated
                 spent = time.perf_counter() - began
-                can = int((budget - spent) / max(spent / len(done), 1e-9))
-                if can <= 0:
-                    break
-                if can < len(level):  # what time is left, spread over the level
-                    level = [level[j * len(level) // can] for j in range(can)]
+                if batched:
+                    if budget - spent < spent / calls:
+                        break
+                else:
+                    can = int((budget - spent) / max(spent / len(done), 1e-9))
+                    if can <= 0:
+                        break
+                    if can < len(level):  # what time is left, spread over the level
+                        level = [level[j * len(level) // can] for j in range(can)]
             for i, metrics in zip(level, self.evaluate_all([snaps[i][3] for i in level])):
                 done[i] = metrics
+            calls += 1
         self.rows_dropped += len(snaps) - len(done)
         for i in sorted(done):
             t, up, ex, _ = snaps[i]
