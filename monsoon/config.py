@@ -144,8 +144,9 @@ def _check_full_batch(run: dict, engine) -> None:
     rule, strategy = run["rule"], run["strategy"]
     takes = getattr(engine, "gives_loss", frozenset())
     if strategy not in takes:
-        where = {"spark": "sync or serial", "local": "serial"}
-        options = "; ".join(f"--engine {e} --strategy {s}" for e, s in where.items())
+        options = "; ".join(f"--engine {name} --strategy {' or '.join(sorted(cls.gives_loss))}"
+                            for name, cls in ENGINES.all().items()
+                            if getattr(cls, "gives_loss", None))
         raise ConfigError(f"rule {rule} takes one full-batch step at a time with its loss; "
                           f"{run['engine']} does not give it to {strategy}: use {options}")
 
