@@ -31,6 +31,14 @@ from .base import SharedDataProblem, check_finite
 LOSSES = ("logistic", "hinge", "squared")
 
 
+def column_moments(X) -> tuple[np.ndarray, np.ndarray]:
+    """Each column's sum and sum of squares of a CSR matrix, in float64 (float32
+    sums of squares would cancel in the variance)."""
+    data = X.data.astype(np.float64)
+    return (np.bincount(X.indices, data, minlength=X.shape[1]),
+            np.bincount(X.indices, data * data, minlength=X.shape[1]))
+
+
 def inverse_variance(total, total_sq, n: int) -> np.ndarray:
     """Per parameter (weights then bias): 1 / the unbiased variance of each
     feature over ``n`` rows, from its column sum and sum of squares; 0 for a
@@ -138,10 +146,7 @@ class SparseLinear(SharedDataProblem):
 
     def inverse_variance(self) -> np.ndarray:
         """1 / each feature's variance (then 1 for the bias): lbfgs's H_0."""
-        X, data = self.X, self.X.data.astype(np.float64)  # float32 sums would cancel
-        n = self.n_features
-        return inverse_variance(np.bincount(X.indices, data, minlength=n),
-                                np.bincount(X.indices, data * data, minlength=n), X.shape[0])
+        return inverse_variance(*column_moments(self.X), self.n_examples)
 
     def predict_margin(self, w) -> np.ndarray:
         return self.X @ w[:-1] + w[-1]

@@ -29,7 +29,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...problems import SPARK_DEFAULTS
 from ...problems.base import Problem
-from ...problems.sparse_linear import inverse_variance
+from ...problems.sparse_linear import column_moments, inverse_variance
 from .blocks import Block
 
 LOSSES = ("logistic", "hinge", "squared")
@@ -272,10 +272,10 @@ class SparkData(SparkSource, Problem):
             if kind in ("logistic", "hinge"):
                 y = (y > 0).astype(float)
             X, y = X.astype(dtype), y.astype(dtype)
+            total, total_sq = column_moments(X)
             stats = {"rows": X.shape[0], "width": X.shape[1],
                      "degree": np.bincount(X.indices, minlength=X.shape[1]),
-                     "sum": np.bincount(X.indices, X.data, minlength=X.shape[1]),
-                     "sum_sq": np.bincount(X.indices, X.data * X.data, minlength=X.shape[1])}
+                     "sum": total, "sum_sq": total_sq}
             return (X, y), stats
 
         return convert
