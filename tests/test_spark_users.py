@@ -150,8 +150,8 @@ def test_sync_on_a_spark_path_defaults_to_standardized_lbfgs(spark, clicks):
 
 @pytest.mark.spark
 def test_the_loss_curve_takes_a_job_per_level_not_per_point(spark, clicks, monkeypatch):
-    """SparkData evaluates many points in one job, each the same full-data
-    objective as ``loss``; the recorder evaluates the curve a level at a
+    """SparkData evaluates many points in one job, each the full-data
+    objective (the local problem's on the same file); the recorder evaluates the curve a level at a
     time, so a run's curve costs a few jobs, not one per row."""
     import numpy as np
 
@@ -159,10 +159,17 @@ def test_the_loss_curve_takes_a_job_per_level_not_per_point(spark, clicks, monke
     from monsoon.record.recorder import refinement_levels
     from spark_env import count_jobs
 
+    from monsoon.problems.files import load_svmlight
+    from monsoon.problems.sparse_linear import SparseLinear
+
     data = SparkData(str(clicks), dtype="float64", lam=1e-2)
+    X, y, _ = load_svmlight(str(clicks), dtype="float64")
+    X.resize((X.shape[0], data.n_features))
+    local = SparseLinear(X, (y > 0).astype(float), lam=1e-2)  # the same objective, here
     rng = np.random.default_rng(0)
     ws = [rng.normal(size=data.n_params) for _ in range(5)]
-    single = [data.loss(w) for w in ws]
+    single = [local.loss(w) for w in ws]
+    assert data.loss(ws[0]) == pytest.approx(single[0], rel=1e-12)
     monkeypatch.setattr(spark_data, "EVAL_BYTES", 2 * data.n_params * 8)  # 2 points a job
     jobs = count_jobs(spark, monkeypatch)
     many = [m["loss"] for m in data.evaluate_many(ws)]

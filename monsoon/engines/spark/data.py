@@ -325,23 +325,17 @@ class SparkData(SparkSource, Problem):
 
     def loss(self, w) -> float:
         """Full-data objective: each partition returns its loss sum."""
-        w = np.asarray(w, dtype=self.dtype)
-        sums = self._sums(w, lambda b, v: b.problem._dloss(b.problem.X @ v[:-1] + v[-1],
-                                                           b.problem.y)[1])
-        seen = self.inv_degree > 0
-        reg = 0.5 * self.lam * float(w[:-1][seen] @ w[:-1][seen])
-        return (float(sum(sums)) + reg) / self.n_examples
+        return self.evaluate_many([w])[0]["loss"]
 
     def evaluate_many(self, ws) -> list[dict]:
         """The full-data objective at each of ``ws`` (the loss curve's
         points), a Spark job per group of points that fits ``EVAL_BYTES``:
         each partition computes every point's margins in one product."""
-        out = []
+        out, seen = [], self.inv_degree > 0  # the split L2 covers the features that occur
         per = max(1, EVAL_BYTES // max(1, self.n_params * self.dtype.itemsize))
         for a in range(0, len(ws), per):
             W = np.stack([np.asarray(w, dtype=self.dtype) for w in ws[a:a + per]])
             sums = np.sum(self._sums(W, _loss_sums), axis=0)
-            seen = self.inv_degree > 0
             reg = 0.5 * self.lam * np.einsum("ij,ij->i", W[:, :-1][:, seen], W[:, :-1][:, seen])
             out += [{"loss": float(v)} for v in (sums + reg) / self.n_examples]
         return out
