@@ -123,7 +123,8 @@ class Lbfgs(Rule):
         sc = state.scalars
         s = w - state.base
         y = g - state.base_grad
-        if float(s @ y) > 1e-12 * float(np.abs(y) @ np.abs(s)) and float(s @ y) > 0:
+        sy = float(s @ y)
+        if sy > 0 and sy > 1e-12 * float(np.abs(y) @ np.abs(s)):  # curvature, not noise
             head = int(sc[3])
             state.s[head] = s
             state.y[head] = y
