@@ -50,6 +50,24 @@ def test_sync_is_one_barrier_job_and_equals_serial(spark, jobs):
     assert sync.history[-1]["loss"] == pytest.approx(serial.summary["final_loss"], rel=1e-9)
 
 
+def test_the_executors_preflight_waits_at_least_the_default_timeout(spark, monkeypatch):
+    """Starting the executors' Python is start-up, not a step: a run with a
+    short --timeout still gives the preflight the default wait."""
+    from monsoon.engines.options import TIMEOUT
+    from monsoon.engines.spark import preflight
+
+    waits, real = [], preflight.check_executors
+
+    def check(sc, timeout, **kw):
+        waits.append(timeout)
+        return real(sc, timeout, **kw)
+
+    monkeypatch.setattr(preflight, "check_executors", check)
+    monsoon.train("digits", strategy="sync", workers=2, engine="spark", evals=0, timeout=4,
+                  **KW)
+    assert waits == [TIMEOUT.default]
+
+
 def test_more_workers_than_slots_run_sync_on_the_driver(spark):
     serial = monsoon.train("digits", strategy="serial", evals=0, **KW)
     sync = monsoon.train("digits", strategy="sync", workers=3, engine="spark", evals=0, **KW)

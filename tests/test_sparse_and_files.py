@@ -236,3 +236,16 @@ def test_cli_hogwild_on_default_rcv1_like_and_async_on_sparse(tmp_path):
     run = monsoon.train("rcv1-like:rows=5000,features=1000", "async", 2, epochs=2, seed=0,
                         backend="threads")
     assert run.summary["staleness"]["max"] >= 0 and run.summary["updates"] > 0
+
+
+def test_a_libsvm_file_trains_the_plain_log_loss(tmp_path):
+    """libsvm:PATH has no L2 term (as MLlib at regParam 0 and VW fit): its
+    objective at any w is the mean log-loss, computed here by hand."""
+    path = tmp_path / "d.libsvm"
+    path.write_text("1 1:0.5 3:2\n-1 2:1\n1 1:1 2:-1 3:0.25\n-1 3:1\n")
+    problem = make_problem(f"libsvm:{path}", dtype="float64")
+    X, y, _ = load_svmlight(str(path), dtype="float64")
+    w = np.array([3.0, -2.0, 1.5, 0.5])  # large weights: an L2 term would show
+    z = X @ w[:-1] + w[-1]
+    by_hand = np.mean(np.logaddexp(0, z) - (y > 0) * z)
+    assert problem.loss(w) == pytest.approx(by_hand, rel=1e-12)
