@@ -162,7 +162,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
     total = (budget.epochs * problem.n_examples if budget.epochs is not None
              else budget.steps * run['batch_size'])
-    _devices.assign(problem, resolved.devices)  # placed lazily, where each worker computes
+    # placed lazily, where each worker computes
+    _devices.assign(problem, resolved.devices, run["precision"])
     try:
         return _train(resolved, problem, w0, total, out, raise_on_divergence)
     finally:
@@ -256,6 +257,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         "batch_size": run['batch_size'],
         "dtype": run["dtype"],
         "devices": _devices.summary_devices(resolved.devices),
+        "precision": run["precision"],
         "shards": engine.shards_used,
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,

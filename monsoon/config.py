@@ -45,6 +45,9 @@ RUN_OPTIONS = (
     Option("device", str, "cpu", "where torch problems compute: cpu, cuda (worker k on GPU "
            "k mod GPUs), cuda:N, or auto (cuda where available, else cpu); docs/gpu.md",
            check=_devices.check_spec),
+    Option("precision", str, "32", "torch problems: 32 (the module's own dtype), or bf16 "
+           "(autocast in bfloat16, float32 master weights); docs/gpu.md",
+           choices=("32", "bf16")),
     Option("target_loss", float, None, "report the time to reach this loss"),
     Option("compress", str, "none", "compress what each worker sends: none, topk:FRACTION, "
            "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK (docs/compression.md)",
@@ -221,7 +224,8 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         run["batch_size"] = instance.n_examples
         if hasattr(instance, "inverse_variance"):  # MLlib's standardization, as H_0
             server_rule.precondition(instance.inverse_variance())
-    info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance)
+    info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance,
+                   device=run["device"])
     if not (isinstance(components["engine"], type) and issubclass(components["engine"], Engine)):
         raise ConfigError(f"engine {run['engine']!r} does not follow the engine contract: its "
                           "class must subclass monsoon.engines.Engine (docs/extending.md)")
@@ -240,7 +244,9 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         raise ConfigError(f"batch size {run['batch_size']} is larger than the "
                           f"{instance.n_examples} training examples; use --batch-size "
                           f"{instance.n_examples} or less")
-    device = _devices.choose(run["device"], instance, strat, engine, processes)
+    device = _devices.choose(run["device"], instance, strat, engine, processes, rule=server_rule)
+    if run["precision"] != "32":
+        _devices.check_precision(run["precision"], instance)
     return Resolved(run, values, instance, server_rule, strat, engine,
                     Budget(epochs=run["epochs"], steps=run["steps"]), processes,
                     _devices.plan(device, engine, processes))

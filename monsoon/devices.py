@@ -5,8 +5,10 @@ has), ``cuda:N`` (that one GPU) or ``auto`` (``cuda`` where torch sees a
 GPU and the run can use one, else ``cpu``). It is checked before any
 worker starts, and refused in one line where it cannot hold: no CUDA
 device here, a GPU index past the last one, a problem computed by NumPy,
-an engine whose workers cannot hold a GPU, a strategy that needs one
-parameter array in CPU memory updated in place by every worker (Hogwild!).
+an engine whose workers cannot hold a GPU, a rule written for NumPy only
+(lbfgs), a strategy whose workers update one parameter array in place
+(Hogwild!) on an engine whose workers do not share one process (Hogwild!
+threads on a GPU update one device tensor in place: seed 002).
 
 The device map (``device_map``): in one process, worker k computes on
 ``cuda:(k mod G)`` with ``cuda`` and G GPUs, so towers share a GPU when
@@ -18,10 +20,14 @@ the actor). An engine that declares nothing runs its workers on the CPU.
 
 Placement is lazy (``TorchProblem.place``): a worker's copy of the problem
 carries its device and moves its module, buffers and data there at its
-first computation, in the worker's own process or thread. Parameters,
-gradients, results and checkpoints stay NumPy arrays in host memory (the
-engines' contract): a worker uploads the parameters before each gradient
-and brings the flat gradient back. ``monsoon.train`` moves the problem back
+first computation, in the worker's own process or thread. Where the
+workers share this process (the local engine's inline runner and threads),
+the parameters, gradients and rule state live on the device too
+(``Problem.array_device``, ``monsoon/arrays.py``); a host copy is made for
+snapshots, checkpoints and the result. Elsewhere (worker processes, Ray,
+a parameter server in host memory) they stay NumPy arrays in host memory,
+and a worker uploads the parameters before each gradient and brings the
+flat gradient back. ``monsoon.train`` moves the problem back
 to the CPU when the run ends, so ``result.params``, ``model.pt`` and
 ``summary.json`` do not depend on the device; ``summary["devices"]``
 records where the workers ran (one entry when they all shared one device).
@@ -73,7 +79,8 @@ def _torch_problem(problem) -> bool:
     return hasattr(problem, "place")
 
 
-def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None = None) -> str:
+def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None = None,
+           rule=None) -> str:
     """The device the run uses (``cpu``, ``cuda`` or ``cuda:N``) for the
     ``--device`` given, checked against this machine and the run's
     components; raises ConfigError in one line."""
@@ -88,11 +95,15 @@ def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None 
     placement = getattr(engine, "device_placement", None)
     name = getattr(engine, "name", type(engine).__name__)
     needs = strategy.needs(workers)   # SHARED_MEMORY, STAGES: strategies/base.py
-    shared = sorted(n for n in needs if n == "shared memory")
+    # an engine instance whose workers share this process (an engine class: not known)
+    one_process = not isinstance(engine, type) and getattr(engine, "shares_device_arrays",
+                                                           lambda: False)()
+    shared = "shared memory" in needs and not one_process
     stages = "pipeline stages" in needs   # the engine runs the stages its own way (CPU)
+    host_rule = rule is not None and not getattr(rule, "device_arrays", True)
     if spec == "auto":
         usable = (gpus > 0 and _torch_problem(problem) and placement and not shared
-                  and not stages)
+                  and not stages and not host_rule)
         return "cuda" if usable else "cpu"
     if gpus == 0:
         raise ConfigError(f"--device {spec} needs a CUDA GPU, and torch sees none on this "
@@ -113,9 +124,27 @@ def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None 
                           "--device cpu with it")
     if shared:
         raise ConfigError(f"{strategy.name} has every worker update one parameter array in "
-                          f"CPU memory in place, which GPU workers cannot share; use --device "
-                          f"cpu, or sync or async on GPU workers")
+                          f"place, which GPU workers share only as threads of one process; "
+                          f"use --backend threads (the default on a GPU), or --device cpu")
+    if host_rule:
+        raise ConfigError(f"rule {rule.name} runs on NumPy arrays in host memory; use "
+                          f"--device cpu with it, or another rule on the GPU")
     return spec
+
+
+def check_precision(precision: str, problem) -> None:
+    """``--precision bf16`` applies to a float32 torch problem; raises
+    ConfigError in one line otherwise."""
+    if not _torch_problem(problem):
+        raise ConfigError(f"--precision {precision} applies to torch problems; problem "
+                          f"{getattr(problem, 'name', problem)!r} is computed by NumPy: drop "
+                          "--precision")
+    try:
+        problem.use_precision(precision)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    finally:
+        problem.use_precision("32")  # set for the run by ``assign``
 
 
 def plan(device: str, engine, workers: int, gpus: int | None = None) -> list[str]:
@@ -133,18 +162,21 @@ def summary_devices(devices: list[str]) -> list[str]:
     return devices[:1] if len(set(devices)) == 1 else list(devices)
 
 
-def assign(problem, devices: list[str]) -> None:
+def assign(problem, devices: list[str], precision: str = "32") -> None:
     """Give a torch problem the run's device map: worker k's copy
     (``for_worker``) computes on ``devices[k]``, the problem itself (serial,
-    the monitor's evaluation) on worker 0's."""
+    the monitor's evaluation) on worker 0's; and the run's precision."""
     if _torch_problem(problem):
         problem.use_devices(devices)
+        problem.use_precision(precision)
 
 
 def release(problem) -> None:
-    """Back to the CPU after a run: the module, its buffers and the data."""
+    """Back to the CPU after a run: the module, its buffers and the data,
+    in the module's own precision."""
     if _torch_problem(problem):
         problem.use_devices(None)
+        problem.use_precision("32")
         problem.place("cpu")
 
 

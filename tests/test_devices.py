@@ -96,6 +96,13 @@ def test_auto_picks_cuda_only_where_the_run_can_use_it():
     assert devices.choose("cpu", problem, sync, local, 2, gpus=2) == "cpu"
     assert devices.choose("cuda:1", problem, sync, local, 2, gpus=2) == "cuda:1"
     assert devices.plan("cuda", local, 5, gpus=2) == ["cuda:0", "cuda:1"] * 2 + ["cuda:0"]
+    # Hogwild! threads share one device tensor (seed 002); processes cannot
+    from monsoon.engines import ENGINES
+    threads = ENGINES.get("local")(backend="threads")
+    processes = ENGINES.get("local")(backend="processes")
+    assert devices.choose("auto", problem, hogwild, threads, 2, gpus=1) == "cuda"
+    assert devices.choose("cuda", problem, hogwild, threads, 2, gpus=1) == "cuda"
+    assert devices.choose("auto", problem, hogwild, processes, 2, gpus=1) == "cpu"
     assert devices.plan("cuda", _engine("ray"), 2, gpus=2) == ["cuda", "cuda"]
 
 
@@ -105,7 +112,7 @@ def test_auto_picks_cuda_only_where_the_run_can_use_it():
     ("cuda", "sync", "local", 1, "numpy", "applies to torch problems; problem 'linear' is "
      "computed by NumPy"),
     ("cuda", "hogwild", "local", 1, "torch", "hogwild has every worker update one parameter "
-     "array in CPU memory in place, which GPU workers cannot share"),
+     "array in place, which GPU workers share only as threads of one process"),
     ("cuda", "sync", "sim", 1, "torch", "the sim engine runs its workers on the CPU only"),
     ("cuda", "pipeline", "local", 1, "torch", "pipeline runs its stages on the CPU only"),
 ])

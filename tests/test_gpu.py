@@ -8,7 +8,15 @@ In float64, a GPU run equals its reference to 1e-9:
   (a model without batch statistics), and with BatchNorm equals sync on the
   CPU, parameters and buffers;
 - serial on the GPU equals serial on the CPU, buffers included;
-- the torch engine on NCCL with one rank equals serial on the GPU.
+- the torch engine on NCCL with one rank equals serial on the GPU;
+- hogwild and async threads on one GPU (one shared device tensor, updated
+  in place: seed 002's first program) with one worker equal serial, and
+  with two train;
+- a float64 module trains in float64; bf16 autocast keeps float32 weights
+  and lands near the float32 run.
+
+The parameters of in-process runs live on the GPU for the whole run
+(checked: the store's tensor is the one the module computes on).
 """
 from __future__ import annotations
 
@@ -99,10 +107,54 @@ def test_dataset_problem_on_the_gpu_equals_the_cpu():
     _same(gpu, cpu)
 
 
-def test_hogwild_refuses_a_gpu_in_one_line():
-    with pytest.raises(ConfigError, match="hogwild has every worker update one parameter array "
-                                          "in CPU memory in place"):
-        monsoon.train(_problem(False), "hogwild", 2, device="cuda", **COMMON)
+def test_hogwild_on_processes_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="GPU workers share only as threads of one process"):
+        monsoon.train(_problem(False), "hogwild", 2, device="cuda", backend="processes",
+                      **COMMON)
+
+
+@pytest.mark.parametrize("strategy", ["hogwild", "async"])
+def test_threads_on_one_gpu_share_one_device_tensor(strategy):
+    serial = monsoon.train(_problem(False), "serial", device="cuda:0", **COMMON)
+    one = monsoon.train(_problem(False), strategy, 1, device="cuda:0", **COMMON)
+    assert one.summary["backend"] == "threads"  # the default on a GPU
+    _same(one, serial, buffers=False)
+    two = monsoon.train(_problem(False), strategy, 2, device="cuda:0", **COMMON)
+    assert two.summary["final_loss"] < two.history[0]["loss"]
+
+
+class Seen(TorchProblem):
+    devices: list = []
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        Seen.devices.append(str(w.device) if isinstance(w, torch.Tensor) else "host")
+        return super().gradient(w, indices, out, accumulate)
+
+
+def test_parameters_stay_on_the_gpu_for_the_whole_run():
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(256, 8, generator=g, dtype=torch.float64)
+    Seen.devices = []
+    problem = Seen(nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1)).double(),
+                   nn.MSELoss(), X, X[:, :1].sin())
+    monsoon.train(problem, "sync", 2, device="cuda:0", **COMMON)
+    assert set(Seen.devices) == {"cuda:0"}
+
+
+def test_a_float64_module_trains_in_float64_and_bf16_keeps_float32_weights():
+    run = monsoon.train(_problem(False), "serial", device="cuda:0", dtype="float64", **COMMON)
+    assert run.params.dtype == np.float64
+    torch.manual_seed(1)
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(256, 8, generator=g)
+    make = lambda: TorchProblem(nn.Sequential(nn.Linear(8, 64), nn.Tanh(),  # noqa: E731
+                                              nn.Linear(64, 1)), nn.MSELoss(), X, X[:, :1].sin())
+    torch.manual_seed(1)
+    fp32 = monsoon.train(make(), "serial", device="cuda:0", **COMMON)
+    torch.manual_seed(1)
+    bf16 = monsoon.train(make(), "serial", device="cuda:0", precision="bf16", **COMMON)
+    assert bf16.params.dtype == np.float32 and bf16.summary["precision"] == "bf16"
+    assert bf16.summary["final_loss"] == pytest.approx(fp32.summary["final_loss"], rel=0.05)
 
 
 @pytest.mark.torchrun

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arrays import to_host
 from ..errors import ConfigError
 from ..strategies.batches import batches_in, part_bounds
 
@@ -83,7 +84,7 @@ def save(directory, updates: int, meta: dict, arrays: dict, keep: int = KEEP) ->
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt-{int(updates):012d}.npz"
     doc = {"format": FORMAT, "version": VERSION, **meta}
-    members = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    members = {k: np.ascontiguousarray(to_host(v)) for k, v in arrays.items()}
     members["meta"] = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
     fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=directory)
     try:

@@ -15,6 +15,8 @@ import math
 import numpy as np
 from scipy.linalg import blas
 
+from .. import arrays
+
 _ASUM = {np.dtype("float32"): blas.sasum, np.dtype("float64"): blas.dasum}
 _AXPY_SCAL = {np.dtype("float32"): (blas.saxpy, blas.sscal),
               np.dtype("float64"): (blas.daxpy, blas.dscal)}
@@ -23,7 +25,10 @@ _AXPY_SCAL = {np.dtype("float32"): (blas.saxpy, blas.sscal),
 def finite(g: np.ndarray) -> bool:
     """One pass, no allocation: NaN and Inf propagate through a sum of
     absolute values (BLAS asum, faster than NumPy's pairwise sum; a finite
-    vector only fails if its 1-norm overflows, i.e. it is garbage)."""
+    vector only fails if its 1-norm overflows, i.e. it is garbage). A
+    tensor (on its device): one sum, one number read back."""
+    if arrays.is_tensor(g):
+        return arrays.finite(g)
     asum = _ASUM.get(g.dtype)
     if asum is not None and g.flags.c_contiguous and g.size:
         return math.isfinite(asum(g))
@@ -40,7 +45,7 @@ class WeightedMean:
         self.out = out
         self.tmp = tmp
         self.scale = 1.0 / len(parts)
-        blas_ops = _AXPY_SCAL.get(out.dtype)
+        blas_ops = None if arrays.is_tensor(out) else _AXPY_SCAL.get(out.dtype)
         # BLAS writes ``out`` in place only if it is contiguous, and reads
         # the parts without a copy only if they are contiguous, of its type.
         if blas_ops is not None and out.flags.c_contiguous and all(
@@ -53,7 +58,7 @@ class WeightedMean:
         parts, out = self.parts, self.out
         first = examples[0]
         if first and examples.count(first) == len(examples):  # equal weights
-            np.copyto(out, parts[0])
+            arrays.copyto(out, parts[0])
             if len(parts) == 1:
                 return out
             if self.axpy is not None:
@@ -67,9 +72,10 @@ class WeightedMean:
             return out
         total = sum(examples)
         weights = [e / total if total else 0.0 for e in examples]
-        np.multiply(parts[0], weights[0], out=out)
+        xp = arrays.namespace(out)
+        xp.multiply(parts[0], weights[0], out=out)
         for part, wk in zip(parts[1:], weights[1:]):
-            np.multiply(part, wk, out=self.tmp)
+            xp.multiply(part, wk, out=self.tmp)
             out += self.tmp
         return out
 

@@ -77,6 +77,12 @@ class Problem(ABC):
     def loss(self, w: np.ndarray) -> float:
         """Full-training-set objective at ``w`` (mean over examples)."""
 
+    def array_device(self):
+        """Where an engine whose workers share this process keeps the
+        parameters, gradients and rule state: None for NumPy arrays in host
+        memory (``monsoon/arrays.py``; a torch problem on a GPU says its device)."""
+        return None
+
     def for_worker(self, rank: int, workers: int) -> "Problem":
         """The instance a worker uses. Workers must not share mutable buffers
         (a model, a gradient buffer), so threads get a copy; processes receive

@@ -41,13 +41,13 @@ _MAX_PENDING = 2
 
 
 class DatasetProblem(TorchProblem):
-    def __init__(self, module, loss_fn, dataset, collate_fn=None, dtype="float32",
+    def __init__(self, module, loss_fn, dataset, collate_fn=None, dtype=None,
                  name: str = "dataset", eval_batch: int = 1024, init_fn=None,
                  init: str = "module", val=None, val_fraction: float = 0.0,
                  val_seed: int = 0, prefetch: bool = True):
         from torch.utils.data import Subset, TensorDataset, default_collate
 
-        self._tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch)
+        self._tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch, module)
         n = len(dataset)
         if n == 0:
             raise ValueError("the training set is empty")

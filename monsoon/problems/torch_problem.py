@@ -33,11 +33,25 @@ computes on shared memory (Hogwild!, sync on the local engine) therefore
 reads the shared parameters directly, and one that computes on a private
 copy (Downpour) reads its copy.
 
-On a GPU (``place(device)``, ``monsoon/devices.py``) the module views one
-flat device buffer instead: ``gradient`` copies ``w`` (host memory, where
-the engine's rule updates it) there, computes, and copies the flat gradient
-back into ``out``; the data is copied to each device once per process.
-Copies and pickles are CPU problems that keep their target device.
+On a GPU (``place(device)``, ``monsoon/devices.py``) the module, its
+buffers and the data move there, and the parameters live there too: an
+engine that keeps them where the problem computes (``array_device()``, the
+local engine's in-process workers, the torch engine's ranks) hands
+``gradient`` a flat device tensor, which the module views exactly as it
+views a host array on the CPU (no copy), and the gradient lands in a
+device tensor. Parameters given as a host array (a parameter server in
+host memory, a snapshot the recorder evaluates) or on another GPU (towers
+on several GPUs) are copied into one flat buffer on this device, and the
+gradient back into ``out``. The data is copied to each device once per
+process. The module, its buffers and the data always move together
+(``place``), so every computation finds them on one device. Copies and
+pickles are CPU problems that keep their target device.
+
+Precision: the module trains in its own dtype (a ``.double()`` module in
+float64) unless ``dtype`` asks for another. ``precision="bf16"``
+(``--precision bf16``) runs the forward pass and the loss under
+``torch.autocast`` in bfloat16 with float32 master weights: parameters,
+gradients and the rule stay float32, as Lightning's ``bf16-mixed``.
 """
 from __future__ import annotations
 
@@ -50,7 +64,10 @@ import torch
 
 from .base import Problem, check_finite
 
+from .. import arrays
+
 _TORCH_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float64}
+PRECISIONS = ("32", "bf16")
 
 
 class TorchProblem(Problem):
@@ -60,12 +77,16 @@ class TorchProblem(Problem):
     device = "cpu"          # where this instance computes now
     worker_devices = None   # the run's device map (``devices.assign``)
     _target = None          # where it moves at its first computation
+    precision = "32"        # or "bf16": autocast with float32 master weights
+    # The parameters are torch tensors even on the CPU (``array_device``):
+    # the tests run the device path this way on machines without a GPU.
+    resident = False
 
-    def __init__(self, module: torch.nn.Module, loss_fn, X, y, dtype="float32",
+    def __init__(self, module: torch.nn.Module, loss_fn, X, y, dtype=None,
                  name: str = "torch", eval_batch: int = 65536, init_fn=None,
                  init: str = "module", val=None, val_fraction: float = 0.0,
                  val_seed: int = 0):
-        tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch)
+        tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch, module)
         X = torch.as_tensor(X)
         y = torch.as_tensor(y)
         if len(X) != len(y):
@@ -90,14 +111,18 @@ class TorchProblem(Problem):
         self.n_examples = int(len(self.X))
         self._setup_module(module)
 
-    def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch):
-        """The settings every torch problem has; returns the torch dtype."""
+    def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch, module=None):
+        """The settings every torch problem has; returns the torch dtype:
+        ``dtype``, or with None the module's own (its first floating
+        parameter's; float32 for a module of other dtypes)."""
         self.name = name
         self.init_fn = init_fn
         if init not in ("module", "seed"):
             raise ValueError(f"init must be 'module' (the module's own weights) or 'seed' "
                              f"(re-drawn from the run's seed), not {init!r}")
         self.init = init
+        if dtype is None:
+            dtype = _module_dtype(module)
         self.dtype = np.dtype(dtype)
         if self.dtype not in _TORCH_DTYPES:
             raise ValueError(f"dtype must be float32 or float64, not {dtype}")
@@ -122,7 +147,8 @@ class TorchProblem(Problem):
         self._grad_out = None
         self._grad_bindings = {}
         self._bind(flat)
-        self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
+        self._grad_host = np.zeros(self.n_params, dtype=self.dtype)  # the default ``out``
+        self._bind_grad(self._grad_host)
 
     @classmethod
     def from_spark(cls, source, module, loss_fn, features="features", label="label",
@@ -155,15 +181,17 @@ class TorchProblem(Problem):
             offset += size
         return out
 
-    def _views(self, array: np.ndarray):
-        return self._tensor_views(torch.from_numpy(array))
+    def _views(self, array):
+        return self._tensor_views(_as_tensor(array))
 
-    def _bind(self, w: np.ndarray) -> None:
+    def _bind(self, w) -> None:
+        """Point the module's parameters at ``w`` (host array or tensor on
+        this problem's device): no copy."""
         for p, view in zip(self._params, self._views(w)):
             p.data = view
         self._bound = w
 
-    def _bind_grad(self, g: np.ndarray) -> None:
+    def _bind_grad(self, g) -> None:
         """Make ``g`` the gradient buffer. The last few bindings are kept, so
         a caller alternating between two buffers (the replicated sync step's
         double-buffered slots) binds each once."""
@@ -172,7 +200,7 @@ class TorchProblem(Problem):
             self._check(g)
             if len(self._grad_bindings) >= 4:
                 self._grad_bindings.clear()
-            bound = (g, list(self._views(g)), torch.from_numpy(g))
+            bound = (g, list(self._views(g)), _as_tensor(g))
             self._grad_bindings[id(g)] = bound
         self._grad_out, self._grad_views, self._grad_flat = bound
 
@@ -185,6 +213,16 @@ class TorchProblem(Problem):
 
     def target_device(self):
         return self._target
+
+    def array_device(self):
+        """Where an engine keeps this problem's parameters, gradients and
+        rule state when its workers share this process: the torch device
+        it computes on (a GPU; the CPU with ``resident``), or None for
+        NumPy arrays in host memory."""
+        if self._target is None:
+            return None
+        device = _resolved(self._target)
+        return None if device.type == "cpu" and not self.resident else device
 
     def for_worker(self, rank: int, workers: int) -> "TorchProblem":
         clone = self.copy()
@@ -200,7 +238,8 @@ class TorchProblem(Problem):
 
     def place(self, device) -> None:
         """Move the module, its buffers and the data to ``device`` (``cpu``,
-        ``cuda``, ``cuda:N``); parameters and gradients stay host arrays."""
+        ``cuda``, ``cuda:N``), together. The parameters follow what
+        ``gradient`` is given (see the module's docstring)."""
         device = str(device)
         if device == self.device:
             return
@@ -210,27 +249,35 @@ class TorchProblem(Problem):
             self._to_device(device)
 
     def _to_device(self, device: str) -> None:
-        dev = torch.device(device)
+        dev = _resolved(device)
         tdtype = _TORCH_DTYPES[self.dtype]
-        self.module.to(dev)  # the buffers; the parameters are re-pointed next
+        host = arrays.to_host(self._bound)
+        self.module.to(dev)  # the buffers (and the parameters, re-pointed next)
+        self._params = [p for p in self.module.parameters() if p.requires_grad]
+        self._dev = dev
         self._dev_flat = torch.empty(self.n_params, dtype=tdtype, device=dev)
         self._dev_grad = torch.zeros(self.n_params, dtype=tdtype, device=dev)
         self._dev_grad_views = list(self._tensor_views(self._dev_grad))
-        for p, view in zip(self._params, self._tensor_views(self._dev_flat)):
-            p.data = view
+        for p in self._params:
             p.grad = None
-        self._dev_flat.copy_(_host_tensor(self._bound))
+        self._dev_flat.copy_(_as_tensor(host))
+        self._bind(self._dev_flat)
+        self._grad_bindings = {}
+        self._grad_out = None
         self._place_data(dev)
         self.device = device
 
     def _to_host(self) -> None:
+        host = np.array(arrays.to_host(self._bound), copy=True)
         self._restore_data()
         self.module.to("cpu")
+        self._params = [p for p in self.module.parameters() if p.requires_grad]
         for key in [k for k in self.__dict__ if k.startswith("_dev")]:
             del self.__dict__[key]
         self.device = "cpu"
-        bound, self._bound = self._bound, None
-        self._bind(bound)  # the parameters view the host array again
+        self._grad_bindings = {}
+        self._bind_grad(self._grad_host)
+        self._bind(host)  # the parameters view a host array again
 
     def _place_data(self, dev) -> None:
         """In-memory data: one copy per device in this process (devices.py)."""
@@ -246,17 +293,26 @@ class TorchProblem(Problem):
         if host is not None:
             self.X, self.y, self.val = host
 
-    def _use(self, w: np.ndarray) -> None:
-        """Compute at ``w`` from now on: re-point the module at it (CPU), or
-        copy it to the device (always: the host rule updates it in place)."""
+    def _here(self, a) -> bool:
+        """``a`` is an array this instance computes on without a copy: a host
+        array on the CPU, a tensor on this device."""
+        if self.device == "cpu":
+            return not arrays.is_tensor(a) or a.device.type == "cpu"
+        return arrays.is_tensor(a) and a.device == self._dev
+
+    def _use(self, w) -> None:
+        """Compute at ``w`` from now on: re-point the module at it where it
+        is here, else copy it into this device's flat buffer (always: the
+        engine updates it in place elsewhere)."""
         if w is not self._bound:
             self._check(w)
-        if self.device == "cpu":
+        if self._here(w):
             if w is not self._bound:
                 self._bind(w)
             return
-        self._bound = w
-        self._dev_flat.copy_(_host_tensor(w))
+        if self._bound is not self._dev_flat:
+            self._bind(self._dev_flat)
+        self._dev_flat.copy_(_as_tensor(w), non_blocking=arrays.is_tensor(w))
 
     def _tensor_views(self, flat):
         offset = 0
@@ -264,10 +320,34 @@ class TorchProblem(Problem):
             yield flat[offset:offset + size].view(shape)
             offset += size
 
-    def _check(self, w: np.ndarray) -> None:
-        if w.shape != (self.n_params,) or w.dtype != self.dtype:
-            raise ValueError(f"parameters have shape {w.shape} and dtype {w.dtype}; "
+    def _check(self, w) -> None:
+        if arrays.is_tensor(w):
+            shape, dtype = tuple(w.shape), w.dtype
+            ok = shape == (self.n_params,) and dtype == _TORCH_DTYPES[self.dtype]
+        else:
+            shape, dtype = w.shape, w.dtype
+            ok = shape == (self.n_params,) and dtype == self.dtype
+        if not ok:
+            raise ValueError(f"parameters have shape {shape} and dtype {dtype}; "
                              f"this problem needs shape ({self.n_params},) and {self.dtype}")
+
+    def use_precision(self, precision: str) -> None:
+        """``"32"`` (the module's dtype throughout) or ``"bf16"`` (autocast)."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not "
+                             f"{precision!r}")
+        if precision == "bf16" and self.dtype != np.dtype("float32"):
+            raise ValueError(f"precision bf16 keeps float32 master weights; this problem's "
+                             f"parameters are {self.dtype}: build it in float32, or drop "
+                             "--precision")
+        self.precision = precision
+
+    def _autocast(self):
+        """The forward pass's precision context: bf16 autocast, or none."""
+        if self.precision != "bf16":
+            return contextlib.nullcontext()
+        kind = "cpu" if self.device == "cpu" else self._dev.type
+        return torch.autocast(device_type=kind, dtype=torch.bfloat16)
 
     # -- the Problem protocol ------------------------------------------------
     def initial_params(self, seed: int) -> np.ndarray:
@@ -296,20 +376,23 @@ class TorchProblem(Problem):
                           if p.requires_grad]).numpy().astype(self.dtype, copy=True)
 
     def gradient(self, w, indices, out=None, accumulate=False):
+        """The mean loss over ``indices`` at ``w``, and its gradient in
+        ``out``: by default, a buffer of ``w``'s kind (a device tensor for
+        parameters on this device, a host array otherwise)."""
         self._placed()
-        if out is not None and out is not self._grad_out:
-            self._bind_grad(out)
-        if self.device != "cpu":  # computed on the device, brought back to ``out``
+        if out is None:
+            out = self._grad_like(w)
+        if not self._here(out):  # computed here, copied to ``out`` (host memory, another GPU)
             loss = self.backward(w, indices, fresh=True)
             self._gather_grads(self._dev_grad, self._dev_grad_views)
+            out_t = _as_tensor(out)
             if accumulate:
-                self._grad_flat += self._dev_grad.cpu()
+                out_t += self._dev_grad.to(out_t.device)
             else:
-                self._grad_flat.copy_(self._dev_grad)
-            return loss, self._grad_out
-        if w is not self._bound:
-            self._check(w)
-            self._bind(w)
+                out_t.copy_(self._dev_grad)
+            return loss, out
+        if out is not self._grad_out:
+            self._bind_grad(out)
         params = self._params
         if accumulate:  # autograd adds into .grad: point it at ``out``
             for p, view in zip(params, self._grad_views):
@@ -318,6 +401,17 @@ class TorchProblem(Problem):
         if not accumulate:
             self._gather_grads()
         return loss, self._grad_out
+
+    def _grad_like(self, w):
+        """The default gradient buffer for parameters ``w``: a tensor here
+        for a tensor here, else the host array."""
+        if not (arrays.is_tensor(w) and self._here(w)):
+            return self._grad_host
+        if self.device != "cpu":
+            return self._dev_grad
+        if getattr(self, "_grad_host_t", None) is None:  # the host array, as a tensor
+            self._grad_host_t = torch.from_numpy(self._grad_host)
+        return self._grad_host_t
 
     def backward(self, w, indices, fresh: bool = True) -> float:
         """Forward and backward over ``indices`` at ``w``; returns the mean
@@ -332,7 +426,8 @@ class TorchProblem(Problem):
         if not self.module.training:  # evaluation restores the mode it found
             self.module.train()
         xb, yb = self._rows(indices)
-        loss = self.loss_fn(self.module(xb), yb)
+        with self._autocast():
+            loss = self.loss_fn(self.module(xb), yb)
         loss.backward()
         return float(loss.detach())
 
@@ -371,12 +466,14 @@ class TorchProblem(Problem):
 
     def loss(self, w) -> float:
         """Mean training loss at ``w``, in eval mode under no_grad."""
+        self._placed()  # first: the chunks are taken from the data where it is now
         return self._measure(w, self._train_chunks(), self.n_examples)[0]
 
     def evaluate(self, w) -> dict:
         """Every reported figure at ``w`` (eval mode, no_grad, no buffer
         touched): ``loss``, and where they apply ``accuracy``, ``val_loss``
         and ``val_accuracy``."""
+        self._placed()  # first: the chunks are taken from the data where it is now
         loss, acc = self._measure(w, self._train_chunks(), self.n_examples,
                                   self.classification)
         out = {"loss": loss}
@@ -391,27 +488,32 @@ class TorchProblem(Problem):
         return out
 
     def _measure(self, w, chunks, n: int, accuracy: bool = False):
-        """Mean loss (and accuracy) over ``chunks`` of (inputs, targets)."""
+        """Mean loss (and accuracy) over ``chunks`` of (inputs, targets),
+        summed where the model computes and read back once."""
         self._placed()
         self._check(w)
         saved = self._bound
         self._use(w)
         was_training = self.module.training
         self.module.eval()
-        total, correct = 0.0, 0
+        total = correct = None
         try:
             with torch.no_grad():
                 for xb, yb in chunks:
-                    out = self.module(xb)
-                    total += float(self.loss_fn(out, yb)) * len(yb)
+                    with self._autocast():
+                        out = self.module(xb)
+                        part = self.loss_fn(out, yb).double() * len(yb)
+                    total = part if total is None else total + part
                     if accuracy:
-                        correct += int(count_correct(out, yb))
+                        hits = count_correct(out, yb)
+                        correct = hits if correct is None else correct + hits
         finally:
             if was_training:
                 self.module.train()
-            if saved is not None and self.device == "cpu":  # a device re-reads w anyway
+            if saved is not None and self._here(saved) and saved is not self._bound:
                 self._bind(saved)
-        return total / n, (correct / n if accuracy else None)
+        mean = float(total) / n if total is not None else float("nan")
+        return mean, (int(correct) / n if accuracy else None)
 
     # -- buffers: trained state beside the parameters ---------------------------
     def state(self) -> dict | None:
@@ -436,7 +538,7 @@ class TorchProblem(Problem):
         model = copy.deepcopy(self.module).to("cpu")  # results live on the CPU side
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        for p, view in zip(params, self._views(np.array(w, copy=True))):
+        for p, view in zip(params, self._views(np.array(arrays.to_host(w), copy=True))):
             p.data = view.clone()
             p.grad = None
         return model
@@ -449,9 +551,10 @@ class TorchProblem(Problem):
         if "_host_data" in state:
             state["X"], state["y"], state["val"] = state.pop("_host_data")
         state["device"] = "cpu"
-        # The module's parameters may view shared memory; ship plain copies.
-        state["_bound_copy"] = np.array(self._bound, copy=True)
+        # The module's parameters may view shared memory or a device; ship plain copies.
+        state["_bound_copy"] = np.array(arrays.to_host(self._bound), copy=True)
         state["_bound"] = None
+        state["_grad_host"] = state["_grad_host_t"] = None
         state["_grad_out"] = None
         state["_grad_views"] = None
         state["_grad_flat"] = None
@@ -476,7 +579,8 @@ class TorchProblem(Problem):
         self.module = module_bytes
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self._bind(bound)
-        self._bind_grad(np.zeros(self.n_params, dtype=self.dtype))
+        self._grad_host = np.zeros(self.n_params, dtype=self.dtype)
+        self._bind_grad(self._grad_host)
 
     # -- data in shared memory ----------------------------------------------------
     @contextlib.contextmanager
@@ -522,9 +626,32 @@ class TorchProblem(Problem):
         return clone
 
 
-def _host_tensor(w: np.ndarray):
-    """``w`` as a CPU tensor to copy from (Ray hands arrays over read-only)."""
-    return torch.from_numpy(w if w.flags.writeable else np.array(w))
+def _as_tensor(a):
+    """``a`` as a tensor: itself, or a host array's CPU view (a copy of a
+    read-only one: Ray hands arrays over read-only)."""
+    if isinstance(a, torch.Tensor):
+        return a
+    return torch.from_numpy(a if a.flags.writeable else np.array(a))
+
+
+def _resolved(device) -> torch.device:
+    """``device`` as a torch device with its index (``cuda`` is the current GPU)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type == "cpu":  # CPU tensors carry no index
+        dev = torch.device("cpu")
+    return dev
+
+
+def _module_dtype(module) -> str:
+    """The dtype a module trains in by default: its first floating
+    parameter's, where that is float32 or float64; else float32."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            name = str(p.dtype).replace("torch.", "")
+            return name if name in ("float32", "float64") else "float32"
+    return "float32"
 
 
 def _module_without_buffers(module, params):
@@ -576,17 +703,21 @@ def is_classification(loss_fn, y) -> bool:
     return False
 
 
-def count_correct(out, y) -> int:
+def count_correct(out, y):
+    """The correct predictions in a batch, as a tensor where ``out`` is
+    (read back by the caller, once)."""
     if out.ndim > 1 and out.shape[-1] > 1 and not y.is_floating_point():
-        return int((out.argmax(-1) == y).sum())
+        return (out.argmax(-1) == y).sum()
     pred = (out.reshape(y.shape) > 0).to(y.dtype)  # binary: logits (BCEWithLogits)
-    return int((pred == y).sum())
+    return (pred == y).sum()
 
 
 def _tensors(problem) -> dict:
-    named = {"X": problem.X, "y": problem.y}
-    if problem.val is not None:
-        named["val_X"], named["val_y"] = problem.val
+    """The data in host memory (a placed problem's host copies)."""
+    X, y, val = problem._data()
+    named = {"X": X, "y": y}
+    if val is not None:
+        named["val_X"], named["val_y"] = val
     return named
 
 
@@ -606,6 +737,11 @@ def _to_shared(problem):
 
 
 def _from_shared(problem, block) -> None:
+    """The problem's host data is ``block``'s (a placed problem keeps its
+    device copies, and the block becomes what it moves back to)."""
     t = {k: torch.from_numpy(v) for k, v in block.arrays.items()}
-    problem.X, problem.y = t["X"], t["y"]
-    problem.val = (t["val_X"], t["val_y"]) if "val_X" in t else None
+    host = (t["X"], t["y"], (t["val_X"], t["val_y"]) if "val_X" in t else None)
+    if "_host_data" in problem.__dict__:
+        problem._host_data = host
+    else:
+        problem.X, problem.y, problem.val = host

@@ -47,6 +47,8 @@ import time
 
 import numpy as np
 
+from .. import arrays
+
 COLUMNS = ("time_s", "updates", "examples", "epoch", "loss")
 COST_SPACING = 50
 EVAL_MIN_S = 5.0  # the curve's evaluation may always take this long
@@ -199,7 +201,9 @@ class Recorder:
         if self.total_examples:
             step = self._stride * self.total_examples / evals
             self._next_examples = (int(examples / step) + 1) * step
-        if not math.isfinite(float(np.sum(params, dtype=np.float64))):
+        finite = (arrays.finite(params) if arrays.is_tensor(params)
+                  else math.isfinite(float(np.sum(params, dtype=np.float64))))
+        if not finite:
             self.stop_reason = DIVERGED.format(loss="nan", updates=updates)
         elif dropped > 100 and dropped > updates:
             self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
@@ -208,7 +212,7 @@ class Recorder:
             # would count a monitor thread's waits for the GIL), and never less
             # than its size says (a coarse thread clock)
             spent = time.thread_time() - began
-            self._earliest = now + COST_SPACING * max(spent, 2 * params.nbytes / COPY_BYTES_PER_S)
+            self._earliest = now + COST_SPACING * max(spent, 2 * arrays.nbytes(params) / COPY_BYTES_PER_S)
         if self._bar is not None:
             self._bar.n = min(examples, self._bar.total or examples)
             self._bar.refresh()
@@ -218,6 +222,8 @@ class Recorder:
         """``params`` copied into a buffer a thinned snapshot left (memory
         already touched, cheaper to write than fresh memory where the kernel
         faults every new page in), or into a new one."""
+        if arrays.is_tensor(params):  # a device's parameters: one copy to the host
+            return np.array(arrays.to_host(params), copy=True)
         params = np.asarray(params)
         for k, spare in enumerate(self._spares):
             if spare.shape == params.shape and spare.dtype == params.dtype:

@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import arrays
+
 from .base import Rule, Schedule
 
 
@@ -32,13 +34,14 @@ class Adagrad(Rule):
         return AdagradState(s)
 
     def apply(self, w, g, state, info):
+        xp = arrays.namespace(w)
         s = state.sum_sq
         tmp = self.scratch(g)
-        np.multiply(g, g, out=tmp)
+        xp.multiply(g, g, out=tmp)
         s += tmp
-        np.sqrt(s, out=tmp)
+        xp.sqrt(s, out=tmp)
         tmp += self.eps
-        np.divide(g, tmp, out=tmp)
+        xp.divide(g, tmp, out=tmp)
         tmp *= self.learning_rate(info)
         w -= tmp
 

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import arrays
+
 from .base import Rule, Schedule
 
 
@@ -29,22 +31,23 @@ class Adam(Rule):
         return AdamState(zeros(n, dtype=dtype), zeros(n, dtype=dtype))
 
     def apply(self, w, g, state, info):
+        xp = arrays.namespace(w)
         b1, b2 = self.beta1, self.beta2
         m, v = state.mean, state.mean_sq
         t = info.step + 1
         m *= b1
         tmp = self.scratch(g)
-        np.multiply(g, 1 - b1, out=tmp)
+        xp.multiply(g, 1 - b1, out=tmp)
         m += tmp
         v *= b2
-        np.multiply(g, g, out=tmp)
+        xp.multiply(g, g, out=tmp)
         tmp *= 1 - b2
         v += tmp
-        np.sqrt(v, out=tmp)
+        xp.sqrt(v, out=tmp)
         tmp /= math.sqrt(1 - b2 ** t)
         tmp += self.eps
         step = self.scratch2(g)
-        np.divide(m, tmp, out=step)
+        xp.divide(m, tmp, out=step)
         step *= self.learning_rate(info) / (1 - b1 ** t)
         w -= step
 

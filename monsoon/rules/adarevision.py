@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import arrays
+
 from .base import Rule, Schedule
 
 
@@ -52,28 +54,29 @@ class AdaRevision(Rule):
         return AdaRevisionReader(zeros(n, dtype=dtype))
 
     def on_read(self, w, state, reader):
-        np.copyto(reader.grad_sum_at_read, state.grad_sum)
+        arrays.copyto(reader.grad_sum_at_read, state.grad_sum)
 
     def apply(self, w, g, state, info):
+        xp = arrays.namespace(w)
         alpha = self.learning_rate(info)
         gbar, z, z_max = state
         back = self.scratch(g)
         if info.reader is None:
-            back.fill(0)
+            back[...] = 0
         else:
-            np.subtract(gbar, info.reader.grad_sum_at_read, out=back)
+            xp.subtract(gbar, info.reader.grad_sum_at_read, out=back)
         eta_old = self.scratch2(g)
-        np.sqrt(z_max, out=eta_old)
-        np.divide(alpha, eta_old, out=eta_old)
+        xp.sqrt(z_max, out=eta_old)
+        xp.divide(alpha, eta_old, out=eta_old)
         # z += g^2 + 2 g g_bck  ==  z += g * (g + 2 g_bck)
-        tmp = np.multiply(back, 2.0)
+        tmp = xp.multiply(back, 2.0)
         tmp += g
         tmp *= g
         z += tmp
-        np.maximum(z_max, z, out=z_max)
+        xp.maximum(z_max, z, out=z_max)
         eta = tmp
-        np.sqrt(z_max, out=eta)
-        np.divide(alpha, eta, out=eta)
+        xp.sqrt(z_max, out=eta)
+        xp.divide(alpha, eta, out=eta)
         # x += -eta g + (eta_old - eta) g_bck
         eta_old -= eta
         eta_old *= back

@@ -21,6 +21,13 @@ it in ``on_read(w, state, reader)``, which the engine calls at every read
 ``staleness_lr`` (Zhang et al., IJCAI 2016) divides the learning rate by the
 staleness tau when tau >= 1, for any rule.
 
+Arrays are NumPy arrays in host memory or torch tensors on the problem's
+device (``monsoon/arrays.py``): a rule's ``apply`` calls
+``arrays.namespace(w)`` (``numpy`` or ``torch``, whose ``multiply``,
+``divide``, ``sqrt``... take the same ``out=``), so each rule is written
+once for both. A rule that needs NumPy (lbfgs) declares ``device_arrays =
+False`` and is refused on a device before the run.
+
 A rule never knows which engine or strategy called it; a sharded server
 calls ``apply`` on slices ``w[a:b]``, ``g[a:b]``, ``slice_state(state, a, b)``,
 which is exact because every rule here is per coordinate.
@@ -33,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import arrays
 from ..options import Option, at_least, in_range
 
 
@@ -74,6 +82,7 @@ SCHEDULES = ("constant", "step")
 
 class Rule:
     name = "rule"
+    device_arrays = True  # apply runs on torch tensors too (see the module doc)
     # Options every rule takes; a rule with its own adds them to these.
     options = (
         Option("lr_schedule", str, "constant", "constant, or step: lr * gamma^floor(t / step size)",
@@ -127,15 +136,13 @@ class Rule:
     def scratch(self, like: np.ndarray) -> np.ndarray:
         """A per-rule work buffer shaped like ``like``, so the hot path does not
         allocate. Each worker owns its rule object (pickled or copied)."""
-        if self._scratch is None or self._scratch.size < like.size or self._scratch.dtype != like.dtype:
-            self._scratch = np.empty(like.size, dtype=like.dtype)
-        return self._scratch[:like.size].reshape(like.shape)
+        self._scratch = _fitting(self._scratch, like)
+        return self._scratch[:arrays.size(like)].reshape(like.shape)
 
     def scratch2(self, like: np.ndarray) -> np.ndarray:
         """A second work buffer, for rules that need two temporaries."""
-        if self._scratch2 is None or self._scratch2.size < like.size or self._scratch2.dtype != like.dtype:
-            self._scratch2 = np.empty(like.size, dtype=like.dtype)
-        return self._scratch2[:like.size].reshape(like.shape)
+        self._scratch2 = _fitting(self._scratch2, like)
+        return self._scratch2[:arrays.size(like)].reshape(like.shape)
 
     def describe(self) -> dict:
         s = self.schedule
@@ -150,3 +157,17 @@ class Rule:
         state["_scratch"] = None
         state["_scratch2"] = None
         return state
+
+
+def _fitting(buf, like):
+    """``buf`` if it can hold ``like`` (same kind, device and dtype, at least
+    as long), else a new flat buffer that can."""
+    n = arrays.size(like)
+    if arrays.is_tensor(like):
+        if (buf is None or not arrays.is_tensor(buf) or buf.numel() < n
+                or buf.dtype != like.dtype or buf.device != like.device):
+            buf = like.new_empty(n)
+        return buf
+    if buf is None or arrays.is_tensor(buf) or buf.size < n or buf.dtype != like.dtype:
+        buf = np.empty(n, dtype=like.dtype)
+    return buf

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import arrays
+
 from ..options import Option
 from .base import EmptyState, Rule, Schedule
 
@@ -49,7 +51,7 @@ class DCASGD(Rule):
         return DCReader(zeros(n, dtype=dtype))
 
     def on_read(self, w, state, reader):
-        np.copyto(reader.params_at_read, w)
+        arrays.copyto(reader.params_at_read, w)
 
     def compensation(self, g, state) -> np.ndarray | float:
         """lambda, a scalar or per coordinate."""
@@ -59,9 +61,9 @@ class DCASGD(Rule):
         lam = self.compensation(g, state)
         step = self.scratch(g)
         if info.reader is None:
-            np.copyto(step, g)  # read just now: w - w_bak = 0
+            arrays.copyto(step, g)  # read just now: w - w_bak = 0
         else:
-            np.subtract(w, info.reader.params_at_read, out=step)
+            arrays.namespace(w).subtract(w, info.reader.params_at_read, out=step)
             step *= g
             step *= g
             step *= lam
@@ -85,15 +87,16 @@ class DCASGDAdaptive(DCASGD):
         return DCAdaptiveState(zeros(n, dtype=dtype))
 
     def compensation(self, g, state):
+        xp = arrays.namespace(g)
         M = state.mean_sq
         lam = self.scratch2(g)
-        np.multiply(g, g, out=lam)
+        xp.multiply(g, g, out=lam)
         lam *= 1 - self.momentum
         M *= self.momentum
         M += lam
-        np.add(M, self.eps, out=lam)
-        np.sqrt(lam, out=lam)
-        np.divide(self.lam, lam, out=lam)
+        xp.add(M, self.eps, out=lam)
+        xp.sqrt(lam, out=lam)
+        xp.divide(self.lam, lam, out=lam)
         return lam
 
     def describe(self):

@@ -49,6 +49,7 @@ class LbfgsState(NamedTuple):
 
 class Lbfgs(Rule):
     name = "lbfgs"
+    device_arrays = False  # its pairs and line search are NumPy (full-batch, host data)
     full_batch = True    # applied once per step to the whole vector, with the step's loss
     defaults = {"lr": 1.0, "epochs": 100}   # 100 full-batch steps: MLlib's maxIter
     options = Rule.options + (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+from .. import arrays
 from .base import UpdateInfo
 
 
@@ -17,6 +18,6 @@ class LocalRule:
 
     def apply(self, w, g) -> None:
         if self.state is None:
-            self.state = self.rule.init(w.size, w.dtype)
+            self.state = self.rule.init(arrays.size(w), w.dtype, zeros=arrays.zeros_for(w))
         self.rule.apply(w, g, self.state, UpdateInfo(step=self.steps, worker=self.worker))
         self.steps += 1

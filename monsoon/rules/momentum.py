@@ -5,6 +5,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import arrays
+
 from ..options import Option
 from .base import Rule, Schedule
 
@@ -32,7 +34,7 @@ class Momentum(Rule):
         v *= self.momentum
         v += g
         step = self.scratch(g)
-        np.multiply(v, self.learning_rate(info), out=step)
+        arrays.namespace(w).multiply(v, self.learning_rate(info), out=step)
         w -= step
 
     def describe(self):

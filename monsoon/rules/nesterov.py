@@ -5,7 +5,7 @@ nesterov=True)``, dampening 0; Sutskever et al. 2013):
 
 DiLoCo's outer step is this rule with lr 0.7 and mu 0.9. Same state as
 heavy-ball momentum (one velocity), a different step."""
-import numpy as np
+from .. import arrays
 
 from .momentum import Momentum
 
@@ -18,7 +18,7 @@ class Nesterov(Momentum):
         v *= self.momentum
         v += g
         step = self.scratch(g)
-        np.multiply(v, self.momentum, out=step)
+        arrays.namespace(w).multiply(v, self.momentum, out=step)
         step += g
         step *= self.learning_rate(info)
         w -= step

@@ -2,10 +2,12 @@
 step-decay schedule lr_t = lr * gamma^floor(t / step_size).
 
 The update is BLAS's axpy, in place: one pass over memory instead of two
-(scale, then subtract), which matters when a step is memory-bound."""
+(scale, then subtract), which matters when a step is memory-bound; on a
+tensor, torch's in-place ``add_`` with ``alpha``, one kernel."""
 import numpy as np
 from scipy.linalg import blas
 
+from .. import arrays
 from .base import Rule
 
 _AXPY = {np.dtype("float32"): blas.saxpy, np.dtype("float64"): blas.daxpy}
@@ -16,6 +18,9 @@ class SGD(Rule):
 
     def apply(self, w, g, state, info):
         lr = self.learning_rate(info)
+        if arrays.is_tensor(w):
+            w.add_(g, alpha=-lr)
+            return
         axpy = _AXPY.get(w.dtype)
         if axpy is not None and g.dtype == w.dtype and w.flags.c_contiguous and g.flags.c_contiguous:
             out = axpy(g, w, a=-lr)

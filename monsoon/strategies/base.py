@@ -43,6 +43,7 @@ class RunInfo:
     lr: float
     out: str | None = None
     problem: object = None
+    device: str = "cpu"   # the --device asked for (cpu, cuda, cuda:N, auto)
 
 
 class Strategy:

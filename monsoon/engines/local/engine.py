@@ -65,6 +65,7 @@ from ..clocks import clock_extra
 from .checkpointing import RunCheckpoints, exact_checkpoints
 from .inbox import Outbox, PipeInbox, QueueInbox
 from ..messages import Compression, Sender, compressing, summarize
+from ... import arrays
 from .runtime import WorkerRuntime
 from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING,
                     SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, START, STEP,
@@ -150,14 +151,15 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
                                 start_step=setup.job.start_step,
                                 checkpoint_every=setup.checkpoint_every, work0=setup.work0)
         sender = runtime.sender = Sender(setup.compression or Compression(), rank)
-        program = compressing(setup.strategy.program(setup.job), sender, store.params.nbytes)
+        program = compressing(setup.strategy.program(setup.job), sender,
+                             arrays.nbytes(store.params))
         store.status[rank] = READY
         wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
                    lambda: store.control[1], "the start signal")
         store.status[rank] = RUNNING
         runtime.run(program)
         store.status[rank] = DONE
-        own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
+        own = None if setup.strategy.shared_params else np.array(arrays.to_host(runtime.work), copy=True)
         messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
                                      "state": _state(setup.problem),
                                      "clocks": _clocks(runtime),
@@ -171,7 +173,7 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
                                         "traffic": sender.stats()}))
     except Aborted:
         store.status[rank] = ABORTED
-        own = None if setup.strategy.shared_params else np.array(runtime.work, copy=True)
+        own = None if setup.strategy.shared_params else np.array(arrays.to_host(runtime.work), copy=True)
         messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own,
                                         "state": _state(setup.problem),
                                      "clocks": _clocks(runtime),
@@ -264,15 +266,18 @@ class LocalEngine(Engine):
     device_placement = "index"  # worker k's problem copy computes on cuda:(k mod GPUs)
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
-               "a compiled GIL-free loop (sparse), else processes",
+               "a compiled GIL-free loop (sparse) and on GPUs (the towers share the device's "
+               "arrays), else processes",
                choices=("auto",) + BACKENDS),
         TIMEOUT, SHARDS, CHECKPOINT_EVERY, RESUME)
 
     @classmethod
     def from_options(cls, run, backend="auto", timeout=60.0, shards=None,
                      checkpoint_every=CHECKPOINT_EVERY.default, resume=None):
-        if backend == "auto":  # compiled loops release the GIL: threads share the data
-            backend = "threads" if hasattr(run.problem, "sgd_pass") else "processes"
+        if backend == "auto":  # compiled loops release the GIL: threads share the data;
+            # GPU towers in one process share the parameters on the device (seed 002)
+            gpu = str(getattr(run, "device", "cpu")).startswith("cuda")
+            backend = "threads" if hasattr(run.problem, "sgd_pass") or gpu else "processes"
         return cls(backend=backend, timeout=timeout, shards=shards,
                    **checkpoint_paths(run.out, checkpoint_every, resume))
 
@@ -299,6 +304,23 @@ class LocalEngine(Engine):
         return (hasattr(problem, "sgd_pass") and rule.name == "sgd" and not rule.staleness_lr
                 and budget.epochs is not None and strategy.per_example_loop)
 
+    def shares_device_arrays(self) -> bool:
+        """Workers are threads of this process: on a GPU they share one device
+        tensor of parameters (towers, Hogwild! threads)."""
+        return self.backend == "threads"
+
+    def _array_device(self, problem, rule, backend: str):
+        """The device the store's arrays live on (``store.to_device``), or
+        None for host memory: a problem that computes on a device, workers
+        that share this process, a rule written for either kind of array,
+        and nothing that reads them as NumPy on the way (a compiled SGD
+        pass, a compressor)."""
+        device = problem.array_device()
+        if (device is None or backend == "processes" or not rule.device_arrays or self.kernel
+                or (self.compression is not None and self.compression.active)):
+            return None
+        return device
+
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
         if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
@@ -319,9 +341,11 @@ class LocalEngine(Engine):
                             exact)
         resumed = ck.load(rule, w0, workers)  # checked before anything starts
         ctx = start_context() if backend == "processes" else None
+        device = self._array_device(problem, rule, backend)
         store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
                                backend=backend, mp_context=ctx,
-                               replicated=not inline and replicates(strategy, w0),
+                               replicated=not inline and device is None and replicates(strategy,
+                                                                                      w0),
                                checkpoint_buffer=(exact and not inline and bool(ck.directory)
                                                   and self.checkpoint_every > 0),
                                snapshot_ring=recorder.evals > 0 and bool(recorder.total_examples),
@@ -336,6 +360,8 @@ class LocalEngine(Engine):
             if strategy.synchronous:
                 store.sync[STEP] = resume.start[0]
             recorder.resume(resumed.meta["rows"])
+        if device is not None:  # the arrays live where the problem computes
+            store.to_device(device)
         try:
             if inline:
                 # A small model's ops are microseconds long: waking a second
@@ -434,7 +460,7 @@ class LocalEngine(Engine):
         stopped = interrupted = None
         try:
             with _seeded_rng(problem, seed, 0):
-                runtime.run(compressing(strategy.program(job), sender, store.params.nbytes),
+                runtime.run(compressing(strategy.program(job), sender, arrays.nbytes(store.params)),
                             between_ops)
         except Stopped:
             interrupted = stop_requested()
@@ -443,7 +469,7 @@ class LocalEngine(Engine):
             stopped = recorder.stop_reason
         wall = time.perf_counter() - clock[0]
         ex, up, dropped, late = store.totals()
-        return EngineResult(np.array(store.params, copy=True), 0.0, wall, int(ex), int(up),
+        return EngineResult(np.array(arrays.to_host(store.params), copy=True), 0.0, wall, int(ex), int(up),
                             int(dropped), runtime.staleness, [], stopped=stopped,
                             late_gradients=int(late), interrupted=interrupted,
                             extra=summarize([sender.stats()], self.compression or Compression(),
@@ -576,7 +602,8 @@ class LocalEngine(Engine):
 
         def snapshot(reason: str, now: float, private=None):
             counters = store.counters.copy()
-            ck.write(params=np.array(store.params), state=store.state, counters=counters,
+            ck.write(params=np.array(arrays.to_host(store.params)), state=store.state,
+                     counters=counters,
                      positions=ck.snapshot_positions(strategy, counters, n, batch_size,
                                                      self.kernel),
                      time_s=resume.time_s + now, rows=recorder.settled_rows(), reason=reason,
@@ -711,7 +738,7 @@ class LocalEngine(Engine):
             ex, up, dropped, late = store.totals()
             if ring and stopped is None:  # what worker 0 wrote after the last wake
                 stopped = read_ring(t0, int(up))
-            params = np.array(store.params, copy=True)
+            params = np.array(arrays.to_host(store.params), copy=True)
             if interrupted is not None:
                 if not exact:
                     snapshot("interrupted", wall, private=worker_params or None)

@@ -19,6 +19,9 @@ that ``serial`` uses. Op by op:
   + e), and both apply D: x~ += D shard by shard, x_i -= D).
 
 A non-finite gradient is never applied: it is counted in ``dropped``.
+
+The arrays are the store's kind (``monsoon/arrays.py``): NumPy in shared
+memory, or tensors on the device the workers' problem computes on.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from collections import Counter
 
 import numpy as np
 
+from ... import arrays
 from ...rules import UpdateInfo
 from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
@@ -67,9 +71,9 @@ class WorkerRuntime:
             if strategy.synchronous:
                 self._sync = ShardedStep(self)
                 self._grad_out = store.slots[rank]  # gradients land straight in the slot
-            self.work = store.params if strategy.shared_params else np.array(store.params)
+            self.work = store.params if strategy.shared_params else arrays.copy(store.params)
             if work0 is not None and not strategy.shared_params:
-                np.copyto(self.work, work0)  # a resumed private copy
+                arrays.copyto(self.work, work0)  # a resumed private copy
         self._others_at_read = 0
         self._prefetch = getattr(problem, "prefetch", None)
         # Gradients read parameters others are updating (Hogwild!): staleness
@@ -178,7 +182,7 @@ class WorkerRuntime:
         for s, (a, b) in enumerate(store.bounds):
             with store.holding(s, self.rank):
                 ticket[s] = store.versions[s]
-                np.copyto(self.work[a:b], store.params[a:b])
+                arrays.copyto(self.work[a:b], store.params[a:b])
                 if self._reader is not None:
                     self.rule.on_read(store.params[a:b], store.shard_states[s],
                                       self._shard_readers[s])
@@ -216,23 +220,23 @@ class WorkerRuntime:
             return self._sync.contribute(grad, examples)
         slot = self.store.slots[self.rank]
         if grad is None:
-            slot.fill(0)  # 0 * a stale NaN would still be NaN
+            slot[...] = 0  # 0 * a stale NaN would still be NaN
         elif grad is not slot:
-            np.copyto(slot, grad)
+            arrays.copyto(slot, grad)
         return self._after_step(self._sync.contribute(examples))
 
     def average(self, op: Average) -> int:
         slot = self.store.slots[self.rank]
-        np.subtract(self.store.params, self.work, out=slot)
+        arrays.namespace(slot).subtract(self.store.params, self.work, out=slot)
         if self.sender is not None:
             sent = self.sender.send(slot)
             if sent is not slot:
-                np.copyto(slot, sent)
+                arrays.copyto(slot, sent)
         return self._after_step(self._sync.contribute(op.examples))
 
     def _after_step(self, behind: int) -> int:
         if not self.strategy.shared_params:  # a private model restarts from the average
-            np.copyto(self.work, self.store.params)
+            arrays.copyto(self.work, self.store.params)
         return behind
 
     def local_apply(self, op: LocalApply) -> None:
@@ -260,7 +264,7 @@ class WorkerRuntime:
             mine = self.work[a:b]
             with store.holding(s, self.rank):
                 centre = store.params[a:b]
-                diff = np.subtract(mine, centre)
+                diff = arrays.namespace(mine).subtract(mine, centre)
                 diff *= op.alpha
                 centre += diff
                 store.versions[s] += 1

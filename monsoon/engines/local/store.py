@@ -35,6 +35,13 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
   state of one step boundary, for the monitor to write out.
 
+On a device (``to_device``: a torch problem whose workers are threads in
+this process, on a GPU): the parameters, the rule state, the readers'
+memory, the synchronous slots and the checkpoint buffer become torch
+tensors there, the module's parameters views of them; the counters,
+clocks and flags stay in host memory. Workers on one device launch their
+kernels on its one stream, in the order the locks and counters give them.
+
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
 lock once, which orders its later reads after the writer's (weak memory order).
@@ -46,6 +53,7 @@ import threading
 
 import numpy as np
 
+from ... import arrays
 from ...rules import Rule, slice_state
 from ..base import shard_bounds
 from ..shared_memory import SharedArrays
@@ -160,14 +168,41 @@ class ParameterStore:
                                                     for f in self.state_type._fields))}
         readers = [m["reader." + f] for f in self.reader_type._fields]
         self.has_readers = bool(readers)
+        self.device = None  # host memory (``to_device``)
+        self._readers = None
+
+    def to_device(self, device) -> None:
+        """Keep the parameters, rule state, readers, slots and checkpoint
+        buffer as tensors on ``device`` from now on (threads and the inline
+        runner only: a process cannot share them). Called once, after a
+        resumed run's arrays are restored."""
+        import torch
+
+        if self.processes:
+            raise ValueError("worker processes share host memory, not a device's")
+
+        def moved(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        self.device = torch.device(device)
+        self.params = moved(self.params)
+        self.state = self.state_type(*(moved(a) for a in self.state))
+        self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
+        self._readers = {f: moved(self.memory["reader." + f]) for f in self.reader_type._fields}
+        if self.slots is not None:
+            self.slots = moved(self.slots)
+        if self.ckpt is not None:
+            self.ckpt = {"params": moved(self.ckpt["params"]),
+                         "state": self.state_type(*(moved(a) for a in self.ckpt["state"]))}
 
     def reader(self, worker: int, shard: int | None = None):
         """What the server remembers of ``worker``'s last read (all of it, or
         one shard's slice); None for rules that remember nothing."""
         if not self.has_readers:
             return None
-        whole = self.reader_type(*(self.memory["reader." + f][worker]
-                                   for f in self.reader_type._fields))
+        readers = self._readers or {f: self.memory["reader." + f]
+                                    for f in self.reader_type._fields}
+        whole = self.reader_type(*(readers[f][worker] for f in self.reader_type._fields))
         if shard is None:
             return whole
         a, b = self.bounds[shard]
@@ -238,7 +273,7 @@ class ParameterStore:
         return figures, (float(live[:, STALE_SUM].sum()), int(live[:, STALE_N].sum()), biggest)
 
     def close(self) -> None:
-        for name in ("params", "versions", "counters", "status", "clocks", "control", "sync",
+        for name in ("_readers", "params", "versions", "counters", "status", "clocks", "control", "sync",
                      "contributors", "slot_examples", "slots", "marks", "state", "shard_states",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
                      "snap_params", "snap_meta", "live"):

@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 
+from ... import arrays
 from ...rules import UpdateInfo
 from ..reduce import WeightedMean, finite, weighted_sum
 from ..waiting import Aborted, wait_until
@@ -268,9 +269,10 @@ class ShardedStep(_Step):
         from .kernels import mean_of_two_finite_for  # Numba: at start-up, off the clock
 
         params = self.store.params
-        self.acc, self.tmp = np.empty_like(params), np.empty_like(params)
-        self.two = mean_of_two_finite_for(params.dtype)
-        self.half = params.dtype.type(0.5)
+        self.acc, self.tmp = arrays.empty_like(params), arrays.empty_like(params)
+        # on a device: the weighted mean in torch (``reduce.WeightedMean``)
+        self.two = None if arrays.is_tensor(params) else mean_of_two_finite_for(params.dtype)
+        self.half = None if self.two is None else params.dtype.type(0.5)
 
     def contribute(self, examples: int) -> int:
         """The slot is written; run the step's three barriers. Returns how
@@ -374,9 +376,9 @@ class ShardedStep(_Step):
     def _save_checkpoint(self, step: int, ordered: bool = True) -> None:
         """``ordered``: called under the sync lock (else the write is published)."""
         store = self.store
-        np.copyto(store.ckpt["params"], store.params)
+        arrays.copyto(store.ckpt["params"], store.params)
         for dst, src in zip(store.ckpt["state"], store.state):
-            np.copyto(dst, src)
+            arrays.copyto(dst, src)
         if ordered:
             self.control[CKPT_STEP] = step
         else:

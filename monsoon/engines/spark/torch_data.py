@@ -139,10 +139,10 @@ class SparkTorchData(SparkSource, TorchProblem):
         return (", ".join(self.features) if many else self.features, self.label)
 
     def __init__(self, source, module: torch.nn.Module, loss_fn, features="features",
-                 label: str = "label", dtype: str = "float32", name: str = "spark-torch",
+                 label: str = "label", dtype: str | None = None, name: str = "spark-torch",
                  init: str = "module", init_fn=None, eval_batch: int = 65536,
                  fmt: str | None = None, repartition: bool = False):
-        tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch)
+        tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch, module)
         self.source, self.features, self.label = source, features, label
         self.fmt, self.repartition = fmt, repartition
         self.X = self.y = self.val = None  # the data stays in Spark
