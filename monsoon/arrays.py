@@ -27,6 +27,8 @@ import numpy as np
 
 def is_tensor(a) -> bool:
     """``a`` is a torch tensor (without importing torch for NumPy runs)."""
+    if type(a) is np.ndarray:  # the hot path of NumPy runs: one check
+        return False
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(a, torch.Tensor)
 

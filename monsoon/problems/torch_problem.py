@@ -1,57 +1,36 @@
 """TorchProblem: any ``torch.nn.Module`` as a flat parameter vector.
 
-The module's parameters are re-pointed to be views into ONE flat buffer (as
-DDP's gradient buckets and Horovod's fusion buffer are), and the gradient
-lands in one flat buffer too. Sharing, sending and averaging a model is then
-one array operation, never a loop over tensors.
-
-A fresh gradient is autograd's own tensors gathered by one ``torch.cat``
-into the flat buffer (one pass); ``accumulate=True`` lets autograd add.
+The module's parameters are views into ONE flat buffer (as DDP's buckets
+and FSDP's flat parameters), and the gradient lands in one flat buffer
+too (autograd's tensors gathered by one ``torch.cat``; ``accumulate=True``
+lets autograd add): sharing, sending and averaging a model is one array
+operation. ``gradient(w, idx)`` aliases ``w``: the module is re-pointed at
+it, no copy, so a worker on shared memory (Hogwild!, sync) reads the
+shared parameters and one on a private copy (Downpour) reads its copy.
 
 Training starts from the module as the user built it (``init="module"``,
-DDP's behaviour: it broadcasts rank 0's ``state_dict`` at construction);
-``init="seed"`` re-draws the weights from the run's seed instead (the
-catalog's problems, so their published results stay the same).
+as DDP); ``init="seed"`` re-draws the weights from the run's seed (the
+catalog's problems). The module trains in its own dtype unless ``dtype``
+asks for another; ``precision="bf16"`` runs forward and loss under
+``torch.autocast`` in bfloat16 with float32 master weights (Lightning's
+``bf16-mixed``). Buffers (BatchNorm's statistics) are trained state:
+``state()`` / ``load_state()`` carry them to the caller, which combines the
+workers' by the strategy's rule (``buffers.py``). Everything reported
+(``loss``, ``evaluate``) runs in eval mode under no_grad.
 
-Buffers (BatchNorm's running statistics and counter, or any other) are
-trained state: gradient steps run in training mode and update the worker's
-buffers; ``state()`` / ``load_state()`` carry them back to the caller, which
-combines the workers' buffers by the strategy's rule (``buffers.py``).
-Everything reported (``loss``, ``evaluate``) runs under ``module.eval()``
-and ``torch.no_grad()`` and touches no buffer.
+Data reaches worker processes through shared memory (``shared_data()``:
+one block, mapped by every process), not a pickled copy per worker.
 
-Data reaches worker processes through shared memory, not one pickled copy
-per worker: ``shared_data()`` (a context the local engine enters while it
-starts its processes) moves X and y (and the validation set) into one
-block of shared memory once, where this process keeps using it too; pickles
-made inside the context carry the block's name, so every process maps the
-same pages. Outside it (Ray, a user's pickle) the data pickles by value.
-
-``gradient(w, idx)`` aliases ``w``: if ``w`` is not the buffer the module
-currently views, the module is re-pointed at it (no copy). A worker that
-computes on shared memory (Hogwild!, sync on the local engine) therefore
-reads the shared parameters directly, and one that computes on a private
-copy (Downpour) reads its copy.
-
-On a GPU (``place(device)``, ``monsoon/devices.py``) the module, its
-buffers and the data move there, and the parameters live there too: an
-engine that keeps them where the problem computes (``array_device()``, the
-local engine's in-process workers, the torch engine's ranks) hands
-``gradient`` a flat device tensor, which the module views exactly as it
-views a host array on the CPU (no copy), and the gradient lands in a
-device tensor. Parameters given as a host array (a parameter server in
-host memory, a snapshot the recorder evaluates) or on another GPU (towers
-on several GPUs) are copied into one flat buffer on this device, and the
-gradient back into ``out``. The data is copied to each device once per
-process. The module, its buffers and the data always move together
-(``place``), so every computation finds them on one device. Copies and
-pickles are CPU problems that keep their target device.
-
-Precision: the module trains in its own dtype (a ``.double()`` module in
-float64) unless ``dtype`` asks for another. ``precision="bf16"``
-(``--precision bf16``) runs the forward pass and the loss under
-``torch.autocast`` in bfloat16 with float32 master weights: parameters,
-gradients and the rule stay float32, as Lightning's ``bf16-mixed``.
+On a device (``place``, ``monsoon/devices.py``) the module, its buffers
+and the data move together, so every computation finds them on one device.
+An engine that keeps the parameters there (``array_device()``: the local
+engine's in-process workers, the torch engine's ranks) hands ``gradient``
+a flat device tensor, which the module views as it views a host array on
+the CPU, and the gradient lands on the device. Parameters given in host
+memory (a parameter server, a snapshot) or on another GPU are copied into
+this device's flat buffer, and the gradient back into ``out``. The data is
+copied to each device once per process. Copies and pickles are CPU
+problems that keep their target device.
 """
 from __future__ import annotations
 

@@ -162,6 +162,11 @@ class Rule:
 def _fitting(buf, like):
     """``buf`` if it can hold ``like`` (same kind, device and dtype, at least
     as long), else a new flat buffer that can."""
+    if type(like) is np.ndarray:  # NumPy: as cheap as before tensors were possible
+        if (type(buf) is not np.ndarray or buf.size < like.size
+                or buf.dtype != like.dtype):
+            buf = np.empty(like.size, dtype=like.dtype)
+        return buf
     n = arrays.size(like)
     if arrays.is_tensor(like):
         if (buf is None or not arrays.is_tensor(buf) or buf.numel() < n

@@ -3,7 +3,8 @@ counter per shard.
 
 Everything workers share lives in one ``SharedArrays`` block:
 
-- ``params``: the flat parameter vector, and the rule state arrays beside it;
+- ``params``: the flat parameter vector, and the rule state arrays beside it
+  (on a GPU, ``to_device``: tensors there, with readers, slots and ``ckpt``);
 - ``reader.*[k]``: what a delay-aware rule remembers of worker k's last read
   (AdaRevision's gradient sum, DC-ASGD's parameters sent to k);
 - ``versions[s]``: updates applied to shard s (a push is a locked in-place
@@ -30,17 +31,9 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, and ``live[k]`` (loss sum and count, staleness sum,
   count, max; the monitor resets the max), written by worker k only: no lock;
-- ``status[k]`` and ``control``: start, abort, stop and life-cycle flags, and the
-  monitor's snapshot requests to a replicated step;
+- ``status[k]``, ``control``: life-cycle flags, the monitor's snapshot requests;
 - ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
   state of one step boundary, for the monitor to write out.
-
-On a device (``to_device``: a torch problem whose workers are threads in
-this process, on a GPU): the parameters, the rule state, the readers'
-memory, the synchronous slots and the checkpoint buffer become torch
-tensors there, the module's parameters views of them; the counters,
-clocks and flags stay in host memory. Workers on one device launch their
-kernels on its one stream, in the order the locks and counters give them.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
