@@ -237,3 +237,16 @@ def test_bf16_is_refused_where_it_cannot_hold(problem, message):
     with pytest.raises(ConfigError) as err:
         monsoon.train(built, "serial", precision="bf16", **COMMON)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_noted_finiteness_holds_until_the_tensor_is_written():
+    """On a GPU the problem reads the gradient's finiteness back with the
+    loss (one read-back a step); the engine's check then trusts that note
+    only while the tensor is unchanged."""
+    g = torch.ones(4, dtype=torch.float64)
+    arrays.note_finite(g, False)
+    assert arrays.finite(g) is False
+    torch.cat([torch.ones(2), torch.full((2,), 3.0)], out=g)  # how a gradient is gathered
+    assert arrays.finite(g) is True
+    g[2] = float("nan")
+    assert arrays.finite(g) is False

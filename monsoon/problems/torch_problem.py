@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import weakref
 
 import numpy as np
@@ -376,9 +377,16 @@ class TorchProblem(Problem):
         if accumulate:  # autograd adds into .grad: point it at ``out``
             for p, view in zip(params, self._grad_views):
                 p.grad = view
-        loss = self.backward(w, indices, fresh=not accumulate)
+        loss = self._backward(w, indices, fresh=not accumulate)
         if not accumulate:
             self._gather_grads()
+        if self.device == "cpu":
+            return float(loss), self._grad_out
+        # on a device: the loss and the gradient's finiteness in one read-back
+        flat = self._grad_flat
+        loss, total = torch.stack([loss.to(torch.float64),
+                                   flat.sum(dtype=torch.float64)]).tolist()
+        arrays.note_finite(flat, math.isfinite(total))
         return loss, self._grad_out
 
     def _grad_like(self, w):
@@ -397,6 +405,10 @@ class TorchProblem(Problem):
         loss. ``fresh``: each parameter's ``.grad`` is autograd's own new
         tensor, for the caller to take (the torch engine's gradient hooks);
         otherwise autograd adds into the ``.grad`` already there."""
+        return float(self._backward(w, indices, fresh))
+
+    def _backward(self, w, indices, fresh: bool):
+        """``backward``'s work; the loss stays a tensor where it was computed."""
         self._placed()
         self._use(w)
         if fresh:  # autograd hands over fresh tensors: one copy, no zeroing pass
@@ -408,7 +420,7 @@ class TorchProblem(Problem):
         with self._autocast():
             loss = self.loss_fn(self.module(xb), yb)
         loss.backward()
-        return float(loss.detach())
+        return loss.detach()
 
     def _rows(self, indices):
         """The examples ``indices``: inputs and targets, batched."""
