@@ -1,6 +1,6 @@
 """Signals and deaths on the local engine (processes backend): SIGTERM and
-SIGINT stop a run cleanly and it resumes bit for bit; a killed monitor takes
-its workers and its shared memory with it; a killed worker is named.
+SIGINT stop a run cleanly and it resumes bit for bit; a killed worker is
+named. (A killed monitor: ``test_kill_monitor.py``.)
 
 Real processes and real signals: each test runs ``monsoon train`` as a child
 in its own session, finds its workers in /proc, and signals them."""
@@ -125,18 +125,6 @@ def test_a_signal_stops_the_run_cleanly_and_it_resumes_bit_for_bit(tmp_path, how
     whole = final_params(tmp_path / "whole")
     assert resumed.summary["updates"] == whole.summary["updates"] == 400 * 16
     assert np.array_equal(resumed.params, whole.params)
-
-
-def test_sigkill_to_the_monitor_takes_the_workers_and_the_memory(tmp_path):
-    run = tmp_path / "run"
-    proc = start(run, extra=["--checkpoint-every", "500"])
-    workers = wait_running(proc, run, 2)
-    segments = mapped_segments(proc.pid)
-    assert segments, "the monitor maps its shared memory"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
-    assert wait_gone(workers) < 5.0
-    assert not any(os.path.exists(s.replace(" (deleted)", "")) for s in segments)
 
 
 def test_sigkill_to_a_sync_worker_fails_fast_and_names_it(tmp_path):

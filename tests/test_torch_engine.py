@@ -87,7 +87,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def _rank_pid(proc: subprocess.Popen, rank: int,
-              command: bytes = b"-m\0monsoon.engines.torchrun.child") -> int | None:
+              command: bytes = b"monsoon.engines.torchrun.child") -> int | None:
     for pid in _tree(proc.pid):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

@@ -1,19 +1,31 @@
-"""Life and death of a run's processes: no worker outlives its monitor, and
+"""Life and death of a run's processes: none outlives its monitor, and
 SIGTERM or SIGINT stop a run cleanly instead of killing it.
 
-Workers (``worker_started``, first thing in every worker process):
+Workers and pipeline stages (``worker_started``, first thing in each):
 
-- ``PR_SET_PDEATHSIG`` (Linux, through ``prctl`` in libc): the kernel sends
-  the worker SIGKILL the moment its parent dies, however it dies (SIGKILL,
-  the OOM killer). The parent is the monitor, or the fork server the
-  monitor started, which exits as soon as the monitor's process ends. The
-  parent may die before the call: the worker then sees a changed parent
-  pid and exits at once.
-- elsewhere, and as a second guard, ``parent_alive()`` is checked in every
-  wait of a worker (``waiting.wait_until``), so a worker stuck at a barrier
-  notices within one check (about a millisecond when it sleeps).
+- ``PR_SET_PDEATHSIG`` (Linux ``prctl``): the kernel sends SIGKILL the
+  moment the parent dies, however it dies; a parent that died before the
+  request shows as a changed parent pid, and the worker exits at once.
+- A forked worker's parent is the fork server (``processes.start_context``),
+  which multiprocessing keeps alive while any of its children holds the
+  pipe that tells it its clients are gone: after ``kill -9`` of the monitor
+  the workers and the fork server kept each other alive. So each worker
+  also watches a pipe only the monitor holds (``watch_monitor``: the data
+  pipe it was started through): a thread blocked on it reads end-of-file
+  when the monitor's process ends, already if it ended first, and the
+  worker sends itself SIGKILL. No polling, no timeout.
+- The fork server dies with the monitor too (``tie_fork_server``):
+  ``PR_SET_PDEATHSIG`` where the main thread started it (the signal follows
+  the starting thread), and a thread blocked on a pidfd of the monitor.
+  The resource tracker, which unlinks what a killed monitor left in
+  /dev/shm, exits once every process holding its pipe has.
+- ``parent_alive()`` is checked in every wait of a worker
+  (``waiting.wait_until``), a further guard where there is no ``prctl``.
 - SIGINT is ignored: Ctrl-C reaches the whole process group, and it is the
   monitor's to handle (it stops the workers itself, at a step boundary).
+
+Torch engine ranks, children of the monitor as torchrun's agent, set
+``PR_SET_PDEATHSIG`` before importing monsoon (``torchrun/launch.py``).
 
 The monitor (``StopSignals``, around a run, main thread only): the first
 SIGTERM or SIGINT sets ``requested`` (and wakes the monitor through a
@@ -26,7 +38,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import os
+import select
 import signal
 import socket
 import sys
@@ -64,20 +78,91 @@ def name_process(name: str) -> None:
         pass
 
 
-def worker_started(monitor_pid: int, name: str | None = None) -> None:
-    """Called first in a worker process: die with the parent, leave Ctrl-C
-    to the monitor. The parent is the monitor (spawn) or the fork server
-    it started (``processes.start_context``), which exits when the
-    monitor's process ends: either way the worker dies with the monitor."""
+def worker_started(monitor_pid: int | None = None, name: str | None = None) -> None:
+    """Called first in a worker process: die with the monitor, whoever the
+    parent is; leave Ctrl-C to the monitor. ``monitor_pid`` defaults to the
+    process that created this one's ``Process`` object."""
     global _parent_pid
     _parent_pid = os.getppid()
     set_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if name:
         name_process(name)
-    if _parent_pid != monitor_pid and not _alive(monitor_pid):
+    parent = multiprocessing.parent_process()
+    if monitor_pid is None and parent is not None:
+        monitor_pid = parent.pid
+    if monitor_pid is not None and _parent_pid != monitor_pid and not _alive(monitor_pid):
         os._exit(1)  # the monitor died before the request
     if os.getppid() != _parent_pid:  # the parent died before the request
+        os._exit(1)
+    if parent is not None and parent.sentinel is not None:
+        watch_monitor(parent.sentinel)
+
+
+def watch_monitor(fd: int) -> None:
+    """Send this process SIGKILL once ``fd``, the read end of a pipe whose
+    write end only the monitor holds, reads end-of-file: the monitor's
+    process has ended, however it ended (the pipe carries no data after
+    start-up)."""
+    _die_when_ready(os.dup(fd), pipe=True)  # its own copy: closing ``fd`` cannot wake it
+
+
+def _die_when_ready(fd: int, pipe: bool) -> None:
+    """A daemon thread blocks on ``fd`` (no polling, no timeout) and sends
+    this process SIGKILL when it is ready: a pipe at end-of-file, or a
+    pidfd whose process has ended."""
+    def watch():
+        try:
+            while True:
+                select.select([fd], [], [])
+                if not pipe or not os.read(fd, 4096):
+                    break
+        except OSError:
+            return  # not something this thread can wait on: PR_SET_PDEATHSIG still holds
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="monsoon-monitor-watch", daemon=True).start()
+
+
+FORK_SERVER_ENV = "MONSOON_FORK_SERVER_OF"
+
+
+def fork_server_env(main_thread: bool) -> str:
+    """What the monitor puts in ``FORK_SERVER_ENV`` while it starts its fork
+    server: its pid, and whether the starting thread is the main thread."""
+    return f"{os.getpid()},{int(main_thread)}"
+
+
+def tie_fork_server() -> None:
+    """In the fork server (``engines.fork_server``, imported before it
+    forks anything): die with the monitor that started it, when the
+    monitor asked for it through ``FORK_SERVER_ENV``. ``PR_SET_PDEATHSIG``
+    where the monitor's main thread started it (the signal follows the
+    starting thread, and the main thread lives as long as the process),
+    and a thread waiting on a pidfd of the monitor (Linux 5.3) either way."""
+    value = os.environ.pop(FORK_SERVER_ENV, None)
+    if value is None:
+        return
+    monitor, main_thread = (int(v) for v in value.split(","))
+    if monitor == os.getpid():  # the monitor itself: not a fork server
+        return
+    if main_thread:
+        set_death_signal()
+    try:
+        pidfd = os.pidfd_open(monitor)
+    except (AttributeError, OSError):  # not Linux, or the monitor is gone already
+        pidfd = None
+    if os.getppid() != monitor:
+        os._exit(1)  # the monitor died before the requests
+    if pidfd is not None:
+        _die_when_ready(pidfd, pipe=False)
+
+
+def die_with(parent_pid: int) -> None:
+    """``PR_SET_PDEATHSIG`` towards ``parent_pid``, which must be this
+    process's parent; exits at once if it died before the request."""
+    set_death_signal()
+    if os.getppid() != parent_pid:
         os._exit(1)
 
 

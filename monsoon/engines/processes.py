@@ -16,10 +16,11 @@ import contextlib
 import multiprocessing as mp
 import os
 import sys
+import threading
 
 # What the fork server imports before it forks any worker; with torch
 # where the parent has it (the pipeline's stages run torch modules).
-PRELOAD = ("monsoon.engines.local.engine",)
+PRELOAD = ("monsoon.engines.fork_server", "monsoon.engines.local.engine")
 PRELOAD_TORCH = ("torch", "monsoon.engines.local.pipeline")
 
 
@@ -32,16 +33,30 @@ def start_context():
     then forks each worker in milliseconds. Spawned from scratch, each
     worker would import them itself, about two seconds for torch. The
     fork server imports only: no thread pool or CUDA context exists in it
-    when it forks. A worker's parent is the fork server, which exits when
-    this process ends (its pipe from here closes), so the worker still dies
-    with its monitor (``lifecycle.worker_started``). Where there is no
-    fork server (not on Linux or macOS), workers are spawned."""
+    when it forks. It is started here, by this thread, and told this
+    process's pid, so that it dies with this process
+    (``lifecycle.tie_fork_server``); a worker's parent is the fork server,
+    and each worker also watches a pipe from this process
+    (``lifecycle.worker_started``). Where there is no fork server (not on
+    Linux or macOS), workers are spawned."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
+    from multiprocessing import forkserver
+
+    from .lifecycle import FORK_SERVER_ENV, fork_server_env
+
     ctx = mp.get_context("forkserver")
     # Read when the server starts, which happens once: later calls change nothing.
     torch = PRELOAD_TORCH if "torch" in sys.modules else ()
-    ctx.set_forkserver_preload(list(torch + PRELOAD))
+    ctx.set_forkserver_preload(list(PRELOAD[:1] + torch + PRELOAD[1:]))
+    # PR_SET_PDEATHSIG follows the thread that started a process: the fork
+    # server relies on it only if the main thread starts it
+    os.environ[FORK_SERVER_ENV] = fork_server_env(
+        threading.current_thread() is threading.main_thread())
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(FORK_SERVER_ENV, None)
     return ctx
 
 

@@ -3,8 +3,14 @@
 The block is a file on a RAM-backed file system (``/dev/shm`` where there is
 one) mapped by every process; it pickles as its path and layout, so a
 spawned worker maps the same memory. This avoids
-``multiprocessing.shared_memory``'s resource tracker, which on Python < 3.13
+``multiprocessing.shared_memory``, whose resource tracker on Python < 3.13
 unlinks or warns about blocks that children attach to.
+
+A block in /dev/shm is registered with the creating process's resource
+tracker (``multiprocessing.resource_tracker``) until the creator unlinks
+it, which it does as soon as every worker has mapped it: a creator killed
+before then (``kill -9`` during start-up) leaves the file to the tracker,
+which removes it once every process holding the tracker's pipe has ended.
 
 With ``in_process=True`` the arrays are ordinary private arrays, for
 threads and the inline (serial) runner.
@@ -24,6 +30,18 @@ def shm_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+def _track(path: str, register: bool) -> None:
+    """(Un)register a file in /dev/shm with this process's resource tracker,
+    as the POSIX shared-memory object it is (the tracker shm_unlinks it)."""
+    if os.path.dirname(path) != "/dev/shm":
+        return  # a temporary file elsewhere is not a POSIX shared-memory object
+    from multiprocessing import resource_tracker
+
+    name = "/" + os.path.basename(path)
+    (resource_tracker.register if register else resource_tracker.unregister)(name,
+                                                                             "shared_memory")
+
+
 class SharedArrays:
     def __init__(self, layout: dict[str, tuple[tuple[int, ...], str]], in_process: bool = False):
         self.layout = {k: (tuple(shape), str(np.dtype(dt))) for k, (shape, dt) in layout.items()}
@@ -35,6 +53,7 @@ class SharedArrays:
             return
         offsets, size = self._offsets()
         fd, self.path = tempfile.mkstemp(prefix="monsoon-", dir=shm_dir())
+        _track(self.path, True)
         try:
             os.ftruncate(fd, max(size, 1))
             self._map = mmap.mmap(fd, max(size, 1))
@@ -80,6 +99,7 @@ class SharedArrays:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            _track(self.path, False)
             self.path = None
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from ...strategies.pipeline.runner import finish, stage_payloads
 from ..base import EngineResult
 from ..heap import keep_freed_memory
 from ..options import refuse_checkpoints
-from ..lifecycle import name_process
+from ..lifecycle import worker_started
 from ..processes import (blas_threads, limit_threads, main_module_hidden, start_context,
                          torch_threads_per_worker)
 from ..shared_memory import SharedArrays
@@ -86,7 +86,7 @@ class Link:
 
 
 def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
-    name_process(f"monsoon-stage{rank}")
+    worker_started(name=f"monsoon-stage{rank}")  # first: dies with the monitor
     keep_freed_memory()  # a stage's activations are not mmapped and unmapped every step
     import torch  # noqa: F401  (for limit_threads: a stage runs a torch module)
 

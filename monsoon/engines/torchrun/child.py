@@ -1,5 +1,8 @@
-"""A rank started by ``launch.py``'s elastic agent:
-``python -m monsoon.engines.torchrun.child FOLDER``. It loads the pickled
+"""A rank started by ``launch.py``'s elastic agent (``launch.RANK_BOOT``:
+``main(FOLDER, AGENT_PID)``). It dies with the agent, the monitor's
+process and its parent (``lifecycle.die_with``: the boot set it before
+importing monsoon, this sets it again for a rank started otherwise, and
+either exits at once if the agent is already gone), then loads the pickled
 run, runs its part (``rank.run_rank``) and, as rank 0, writes the result
 back; a failure is written to ``FOLDER/error-RANK.txt`` and the process
 exits with status 1."""
@@ -10,11 +13,13 @@ import pickle
 import sys
 from pathlib import Path
 
+from ..lifecycle import die_with
 from .launch import child_failed, write_result
 from .rank import run_rank
 
 
-def main(folder: str) -> int:
+def main(folder: str, agent_pid: int) -> int:
+    die_with(agent_pid)
     folder = Path(folder)
     rank = int(os.environ.get("RANK", -1))
     try:
@@ -34,4 +39,4 @@ def main(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], int(sys.argv[2])))

@@ -4,7 +4,8 @@ elastic_launch``, what torchrun itself calls) on this machine.
 
 The run's pieces (problem, rule, strategy, initial parameters, recorder)
 are pickled once into a private folder; the agent starts N ranks, each
-``python -m monsoon.engines.torchrun.child FOLDER`` with torchrun's
+``child.main(FOLDER, PID)`` through ``RANK_BOOT`` (PID: this process,
+which each rank dies with) with torchrun's
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, from a
 c10d rendezvous on a free local port, as ``torchrun --standalone`` does).
 Rank 0 pickles its EngineResult and its recorder's state back; a rank that
@@ -28,6 +29,18 @@ from ...errors import WorkerError
 
 RECORDER_SKIP = ("problem", "_bar", "live_writer")  # the driver keeps its own writer
 
+# A rank's command (``python -c RANK_BOOT FOLDER PID``). Its first act,
+# before it imports monsoon (a second or more): die with this process,
+# its parent (prctl PR_SET_PDEATHSIG=1 with SIGKILL=9, as
+# ``lifecycle.set_death_signal`` does), or exit if it has died already.
+RANK_BOOT = ("import ctypes, os, sys\n"
+             "if sys.platform.startswith('linux'):\n"
+             "    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
+             "if os.getppid() != int(sys.argv[2]):\n"
+             "    os._exit(1)\n"
+             "from monsoon.engines.torchrun.child import main\n"
+             "sys.exit(main(sys.argv[1], int(sys.argv[2])))\n")
+
 
 def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -49,7 +62,7 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
         try:
             elastic_launch(config, entrypoint=sys.executable)(
-                "-m", "monsoon.engines.torchrun.child", str(folder))
+                "-c", RANK_BOOT, str(folder), str(os.getpid()))
         except ChildFailedError as exc:
             raise WorkerError(failure_message(exc, folder, engine)) from None
         finally:
