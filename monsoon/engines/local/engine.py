@@ -142,6 +142,30 @@ def single_blas_thread():
         yield
 
 
+@contextlib.contextmanager
+def own_stream(store, strategy):
+    """A Hogwild! thread on a GPU launches its kernels on a stream of its
+    own, so that concurrent steps can fill what one stream leaves idle
+    (seed 002; its lock-free updates race by design, as on the CPU). The
+    others share the device's stream, so that the order their locks and
+    barriers give is the order their kernels run (a Downpour push is then
+    whole before the next fetch). The stream is drained before the worker
+    reports, so the monitor reads finished work."""
+    device = getattr(store, "device", None)
+    lock_free = strategy.shared_params and not strategy.synchronous
+    if device is None or device.type != "cuda" or not lock_free:
+        yield
+        return
+    torch = sys.modules["torch"]
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # the store's initial copy
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        stream.synchronize()
+
+
 def _worker_body(setup: WorkerSetup, messages) -> None:
     store = setup.store
     rank = setup.rank
@@ -157,7 +181,8 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
                    lambda: store.control[1], "the start signal")
         store.status[rank] = RUNNING
-        runtime.run(program)
+        with own_stream(store, setup.strategy):
+            runtime.run(program)
         store.status[rank] = DONE
         own = None if setup.strategy.shared_params else np.array(arrays.to_host(runtime.work), copy=True)
         messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
