@@ -424,10 +424,31 @@ class TorchProblem(Problem):
 
     def _rows(self, indices):
         """The examples ``indices``: inputs and targets, batched."""
-        rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-        if self.device != "cpu":
-            rows = rows.to(self.X.device)
+        rows = np.asarray(indices, dtype=np.int64)
+        rows = torch.from_numpy(rows) if self.device == "cpu" else self._upload(rows)
         return self.X.index_select(0, rows), self.y.index_select(0, rows)
+
+    def _upload(self, rows: np.ndarray):
+        """Row indices on the data's device. To a GPU through a pinned host
+        buffer, asynchronously: a copy from pageable memory would first wait
+        for every kernel queued (the last step's update), which the next
+        step's launches can overlap instead. The buffer is rewritten once
+        its last copy is done (an event)."""
+        dev = self.X.device
+        if dev.type != "cuda":
+            return torch.from_numpy(rows).to(dev)
+        buf, done = getattr(self, "_dev_rows", (None, None))
+        if buf is None or buf.numel() < rows.size:
+            buf, done = torch.empty(max(rows.size, 1024), dtype=torch.int64,
+                                    pin_memory=True), None
+        if done is not None:
+            done.synchronize()
+        buf[:rows.size].numpy()[...] = rows
+        out = buf[:rows.size].to(dev, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._dev_rows = (buf, done)
+        return out
 
     def _train_chunks(self):
         return self._chunks(self.X, self.y)
