@@ -8,7 +8,8 @@ In float64, a GPU run equals its reference to 1e-9:
   (a model without batch statistics), and with BatchNorm equals sync on the
   CPU, parameters and buffers;
 - serial on the GPU equals serial on the CPU, buffers included;
-- the torch engine on NCCL with one rank equals serial on the GPU;
+- the torch engine on NCCL with one rank (its arrays on the GPU, in buckets
+  and without) equals serial on the GPU;
 - hogwild and async threads on one GPU (one shared device tensor, updated
   in place: seed 002's first program) with one worker equal serial, and
   with two train;
@@ -158,10 +159,15 @@ def test_a_float64_module_trains_in_float64_and_bf16_keeps_float32_weights():
 
 
 @pytest.mark.torchrun
-def test_torch_engine_on_nccl_with_one_rank_equals_serial_on_the_gpu():
+@pytest.mark.parametrize("bucket_mb", [25.0, 0.0])
+def test_torch_engine_on_nccl_with_one_rank_equals_serial_on_the_gpu(bucket_mb):
+    """The rank's parameters, rule state and buffer live on the GPU: the
+    gradient reaches the buffer in buckets during backward, or in one
+    multiply after it (``bucket_mb=0``)."""
     serial = monsoon.train(_problem(True), "serial", device="cuda:0", **COMMON)
     rank = monsoon.train(_problem(True), "sync", 1, engine="torch", device="cuda",
-                         dist_backend="nccl", timeout=60, **COMMON)
+                         dist_backend="nccl", timeout=60, bucket_mb=bucket_mb, **COMMON)
     assert rank.summary["dist_backend"] == "nccl"
+    assert rank.summary["bucket_count"] == (1 if bucket_mb else None)
     assert rank.summary["devices"] == ["cuda:0"]
     _same(rank, serial)

@@ -15,6 +15,11 @@ buckets not started yet start, and every one is waited for: the buffer
 holds sum_k (n_k / B) g_k, and its flags (``FLAGS`` slots after the
 gradient, sent with the first bucket) sum_k n_k and the other flags.
 
+The buffer is a NumPy array in host memory, or a tensor on the rank's
+device (``rank.py``: the ranks' arrays on a GPU): then each hook's scaled
+write lands in the parameter's device view and the all-reduces run on the
+device, with no copy to the host.
+
 Invariant: buckets start in one fixed order on every rank (a bucket starts
 only after the one before it), so the ranks' collectives always match,
 whatever order the hooks fire in. An empty contribution (``grad=None``)

@@ -1,5 +1,5 @@
 """torch.distributed for the torch engine: the process group and the
-collectives it needs, a sum all-reduce of a NumPy buffer and (compressed
+collectives it needs, a sum all-reduce of a flat buffer and (compressed
 runs) an all-gather of every rank's packed message.
 
 Backends: ``gloo`` reduces CPU tensors in place, so a NumPy buffer is
@@ -8,8 +8,10 @@ nccl``, or ``auto`` when CUDA is available) reduces GPU tensors: each rank
 uses the GPU of its LOCAL_RANK (one device per local rank, as torchrun's
 ``--nproc-per-node`` = GPUs per node expects), the buffer is copied there,
 reduced, and copied back. The model computes on the rank's GPU under
-``--device cuda`` (``devices.rank_device``), else on the CPU; the NCCL path
-is verified by tests/test_gpu.py where a GPU exists.
+``--device cuda`` (``devices.rank_device``), else on the CPU. A buffer
+already on the group's GPU (the ranks' arrays on the device, ``rank.py``)
+is reduced where it is, with no copy either way. The NCCL path is verified
+by tests/test_gpu.py where a GPU exists.
 
 Attempts (``join_attempt``): torchrun's agents keep one store for the
 whole run, and under ``--max-restarts`` every attempt's ranks must meet in a
@@ -148,13 +150,17 @@ class Collectives:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
 
-    def tensor(self, array: np.ndarray):
-        """A torch view of ``array`` (no copy): what ``all_reduce`` takes."""
+    def tensor(self, array):
+        """A torch view of ``array`` (no copy; a tensor is itself): what
+        ``all_reduce`` takes."""
+        if isinstance(array, self.torch.Tensor):
+            return array
         return self.torch.from_numpy(array)
 
     def all_reduce(self, t, async_op: bool = False):
-        """Sum ``t`` (a CPU tensor, see ``tensor``) over the ranks, in place."""
-        if self.device is None:
+        """Sum ``t`` (a CPU tensor, see ``tensor``, or one on this group's
+        GPU) over the ranks, in place."""
+        if self.device is None or t.device == self.device:
             return self.dist.all_reduce(t, async_op=async_op)
         on_device = t.to(self.device)
         work = self.dist.all_reduce(on_device, async_op=True)

@@ -1,6 +1,5 @@
-"""One rank of the torch engine: it runs its strategy program and carries
-out each op with torch.distributed collectives (the same programs the local
-and Ray engines run).
+"""One rank of the torch engine: it runs its strategy program (the one the
+local and Ray engines run) and carries out each op with torch.distributed.
 
 Every rank holds a replica of the server's parameters and of the server
 rule's state; every collective is one sum all-reduce of a buffer
@@ -24,27 +23,31 @@ live series get every rank's loss from the sum):
 ``--compress``: every collective is one all-gather of each rank's packed
 message and flags instead (``RankWorker._gather``).
 
+The arrays are tensors on the problem's device where the process group
+reduces tensors there (a GPU on NCCL; a ``resident`` problem's CPU on gloo,
+the tests' stand-in) and nothing reads the buffer on the host (compressor,
+shared-memory reduce): ``RankWorker.to_device``. Else NumPy arrays.
+
 ``active`` makes programs of unequal length safe: a rank whose program has
-ended keeps joining the others' collectives with zeros (weight 0) until a
-collective comes back with no active rank, so the ranks always make the
-same calls. ``stop`` is rank 0's: it is raised when the recorder stops the
-run (divergence), and every rank ends its program after that collective.
+ended joins the others' collectives with zeros (weight 0) until none is
+active. ``stop`` is rank 0's (the recorder stopped the run): every rank
+ends its program after that collective.
 
 Rank 0 records the loss curve from its replica and, for sync, writes an
-exact checkpoint every ``checkpoint_every`` steps (parameters, rule state,
-step; ``engines/checkpoints.py``). A restarted attempt (torchrun
-``--max-restarts``: one whose number, ``Collectives.attempt``, is above 0)
-resumes from the run folder's newest checkpoint, which rank 0 reads and
-broadcasts: it skips the steps done and ends bit-identical to an
-uninterrupted run.
+exact checkpoint every ``checkpoint_every`` steps; a restarted attempt
+(``Collectives.attempt`` above 0, torchrun ``--max-restarts``) resumes from
+the run folder's newest one, which rank 0 reads and broadcasts, and ends
+bit-identical to an uninterrupted run.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
 import numpy as np
 
+from ... import arrays
 from ...errors import ConfigError, WorkerError
 from ...rules import UpdateInfo
 from ...rules.local import LocalRule
@@ -68,6 +71,24 @@ def exact_steps(strategy) -> bool:
     return strategy.synchronous and strategy.shared_params
 
 
+def _zero(a) -> None:
+    if arrays.is_tensor(a):
+        a.zero_()
+    else:
+        a.fill(0)
+
+
+def reduced_device(problem, rule, comm):
+    """The device a rank keeps its arrays on (see the module docstring), or
+    None for host memory: where the problem computes, if the process group
+    reduces tensors there and the rule runs on tensors."""
+    device = problem.array_device()
+    if device is None or not rule.device_arrays:
+        return None
+    reducible = device.type == "cpu" if comm.device is None else device == comm.device
+    return device if reducible else None
+
+
 class _Stop(Exception):
     """Rank 0 asked every rank to stop (the recorder's verdict)."""
 
@@ -87,11 +108,16 @@ class RankWorker:
         self.n = n
         self.server = np.array(w0, copy=True)
         self.state = rule.init(n, w0.dtype)
+        if start["state"] is not None:
+            checkpoints.restore_state(checkpoints.Checkpoint(start["from"], {}, start["state"]),
+                                      self.state)
         self.work = self.server if strategy.shared_params else np.array(w0, copy=True)
         self.buf = np.zeros(n + FLAGS + self.world, dtype=w0.dtype)
         self.last_loss = 0.0
         self.grad, self.flags = self.buf[:n], self.buf[n:]
         self.whole = comm.tensor(self.buf)
+        self.xp = np  # the arrays' functions (``arrays.namespace``)
+        self.dflags = None  # the flags in a device buffer (``to_device``)
         self.local_rule = None
         self.step = start["step"]  # collectives done (sync: steps) since the run began
         self.updates = start["updates"]
@@ -115,6 +141,10 @@ class RankWorker:
             self.gathered = np.zeros(self.wire + self.flags.nbytes, dtype=np.uint8)
         self.buckets = None
         self.shm = shm
+        if shm is None and not self.compressed:
+            device = reduced_device(problem, rule, comm)
+            if device is not None:
+                self.to_device(device)
         if shm is None and not self.compressed and getattr(strategy, "raw_gradients", False) \
                 and hasattr(problem, "backward") \
                 and engine.bucket_mb > 0:
@@ -125,9 +155,49 @@ class RankWorker:
                          LocalApply: self.local_apply, Fetch: self.fetch}
         self.t0 = time.perf_counter()
 
+    def to_device(self, device) -> None:
+        """Keep the replica, the working copy, the rule state (restored
+        already) and the buffer as tensors on ``device``: the module computes
+        on the replica itself, the gradient is scaled into the buffer (by the
+        bucket hooks, or one multiply), the all-reduce and the rule run on
+        the device. The flags are written and read in ``readback``, a host
+        copy of the buffer's tail (pinned on a GPU): one small copy in, and
+        one out after each collective, with the payload's sum (its
+        finiteness check) in one slot past the reduced part; that copy is
+        the step's one wait for the device. Snapshots, checkpoints and the
+        result are host copies."""
+        import torch
+
+        width = FLAGS + self.world
+        self.server = torch.from_numpy(self.server).to(device)
+        self.work = self.server if self.strategy.shared_params else self.server.clone()
+        self.state = type(self.state)(*(torch.from_numpy(a).to(device) for a in self.state))
+        self.buf = torch.zeros(self.n + width + 1, dtype=self.server.dtype, device=device)
+        self.grad, self.dflags = self.buf[:self.n], self.buf[self.n:self.n + width]
+        self.whole = self.buf[:self.n + width]  # the last slot: the payload's sum
+        self.readback = torch.zeros(width + 1, dtype=self.server.dtype,
+                                    pin_memory=device.type == "cuda")
+        self.tail = self.readback.numpy()
+        self.flags = self.tail[:width]
+        self.xp = torch
+
+    def _landed(self) -> None:
+        """Device arrays, after a collective: the summed flags and the
+        payload's sum come to the host in one copy (the step's one wait)."""
+        self.xp.sum(self.grad, dim=0, keepdim=True, out=self.buf[-1:])
+        self.readback.copy_(self.buf[self.n:])
+
+    def _finite(self, scale: float) -> bool:
+        """The payload, scaled by ``scale``, is finite (device arrays: from
+        the sum ``_landed`` read)."""
+        if self.dflags is None:
+            return finite(self.grad)
+        return math.isfinite(float(self.tail[-1]) * scale)
+
     # -- the program -------------------------------------------------------
     def run(self) -> None:
-        program = compressing(self.strategy.program(self.job), self.sender, self.server.nbytes,
+        program = compressing(self.strategy.program(self.job), self.sender,
+                              arrays.nbytes(self.server),
                               packed=True, fetch_bytes=0)  # a Fetch reads the rank's replica
         result = None
         try:
@@ -145,7 +215,7 @@ class RankWorker:
     def _drain(self) -> None:
         """Join the others' collectives with nothing until none is active."""
         while True:
-            self.buf.fill(0)
+            _zero(self.buf)
             if self.compressed:
                 self._gather(None, "the end of the run", ACTIVE, drain=True)
             else:
@@ -195,6 +265,8 @@ class RankWorker:
                 self.shm.all_reduce(self.buf)
             else:
                 self.comm.all_reduce(self.whole)
+                if self.dflags is not None:
+                    self._landed()
         except Exception as exc:  # noqa: BLE001 - gloo/NCCL errors: say what it means
             self._failed(what, exc)
 
@@ -216,6 +288,8 @@ class RankWorker:
         self.flags[STOP] = 1 if self.want_stop else 0
         self.flags[LOSS:] = 0
         self.flags[LOSS + self.rank] = self.last_loss
+        if self.dflags is not None:  # ordered before the collective on the device's stream
+            self.dflags.copy_(self.readback[:-1], non_blocking=True)
 
     # -- ops ----------------------------------------------------------------
     def gradient(self, op):
@@ -242,6 +316,8 @@ class RankWorker:
                 self.buckets.begin(0)
             try:
                 self.buckets.finish()
+                if self.dflags is not None:
+                    self._landed()
             except Exception as exc:  # noqa: BLE001
                 self._failed(f"step {self.step}", exc)
         elif self.shm is not None:  # the contribution goes straight into its slot
@@ -258,9 +334,9 @@ class RankWorker:
                 self._failed(f"step {self.step}", exc)
         else:
             if op.grad is None:
-                self.grad.fill(0)
+                _zero(self.grad)
             else:
-                np.multiply(op.grad, op.examples / self.unit, out=self.grad)
+                self.xp.multiply(op.grad, op.examples / self.unit, out=self.grad)
             self._flags(op.examples)
             self._reduce(f"step {self.step}")
         self._apply_mean(self.server, self.state, self.unit)
@@ -274,8 +350,8 @@ class RankWorker:
             self._apply_mean(self.server, self.state, 1)
             self.work[:] = self.server
             return 0
-        self.sender.dense(self.server.nbytes)  # the drift, as it goes into the all-reduce
-        np.subtract(self.server, self.work, out=self.grad)
+        self.sender.dense(arrays.nbytes(self.server))  # the drift, into the all-reduce
+        self.xp.subtract(self.server, self.work, out=self.grad)
         self.grad *= op.examples
         self._flags(op.examples)
         self._reduce(f"round {self.step}")
@@ -289,7 +365,7 @@ class RankWorker:
         total = self.flags[EXAMPLES]
         if total > 0 and total != unit:
             self.grad *= unit / total
-        if total > 0 and finite(self.grad):
+        if total > 0 and self._finite(unit / total):
             self.rule.apply(params, self.grad, state,
                             UpdateInfo(step=self.step, staleness=0, worker=self.rank))
             self.updates += 1
@@ -304,7 +380,7 @@ class RankWorker:
             self.work -= sent  # x_k -= D_k
             self._gather(wire, f"exchange {self.step}", ACTIVE)
         else:
-            np.subtract(self.work, self.server, out=self.grad)
+            self.xp.subtract(self.work, self.server, out=self.grad)
             self.grad *= op.alpha
             self.work -= self.grad  # x_k -= d_k, before the buffer holds the sum
             self._reduce(f"exchange {self.step}")
@@ -429,9 +505,6 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
             shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
                                   required=engine.reduce_via == "shm")
         worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm)
-        if start["state"] is not None:
-            checkpoints.restore_state(checkpoints.Checkpoint(start["from"], {}, start["state"]),
-                                      worker.state)
         if rank == 0:
             if start["rows"]:
                 recorder.resume(start["rows"])
@@ -443,7 +516,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         if worker.every and rank == 0 and worker.step % worker.every:
             worker.save_checkpoint()  # the final state, for a later --resume
         mine = {"examples": worker.examples, "dropped": worker.dropped,
-                "params": None if strategy.shared_params else worker.work,
+                "params": None if strategy.shared_params else arrays.to_host(worker.work),
                 "state": problem.state() if hasattr(problem, "state") else None,
                 "traffic": worker.sender.stats()}
         gathered = comm.gather_object(mine)
@@ -455,8 +528,8 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
             shm.close()
         comm.close()
     if rank != 0:
-        return EngineResult(worker.server, startup, wall, worker.examples, worker.updates,
-                            worker.dropped, Counter(), follower=True)
+        return EngineResult(arrays.to_host(worker.server), startup, wall, worker.examples,
+                            worker.updates, worker.dropped, Counter(), follower=True)
     examples = start["examples"] + sum(g["examples"] for g in gathered)
     extra = {"world_size": comm.world, "dist_backend": comm.backend,
              "reduce_via": "shm" if shm is not None else comm.backend,
@@ -470,7 +543,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     if worker.keeper.last_path:
         extra["checkpoint"] = str(worker.keeper.last_path)
     return EngineResult(
-        worker.server, startup, start["time_s"] + wall, examples, worker.updates,
+        arrays.to_host(worker.server), startup, start["time_s"] + wall, examples, worker.updates,
         worker.dropped, Counter({0: worker.updates - start["updates"]}),
         worker_params={r: g["params"] for r, g in enumerate(gathered) if g["params"] is not None},
         worker_states={r: g["state"] for r, g in enumerate(gathered) if g["state"]},
