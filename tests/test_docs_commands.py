@@ -161,9 +161,10 @@ def needs(argv: list[str]) -> str:
 
 
 ORDER = ["", "mlflow server", "gpu", "ray", "spark", "torchrun"]
-MARKS = {"ray": [pytest.mark.ray],
-         "spark": [pytest.mark.spark], "torchrun": [pytest.mark.torchrun, pytest.mark.slow],
-         "gpu": [pytest.mark.gpu]}
+BUSY = pytest.mark.timeout(300)  # a server's start and a run, on a busy machine
+MARKS = {"ray": [pytest.mark.ray, BUSY], "spark": [pytest.mark.spark, BUSY],
+         "torchrun": [pytest.mark.torchrun, pytest.mark.slow, BUSY],
+         "gpu": [pytest.mark.gpu], "mlflow server": [BUSY]}
 
 
 def distinct_commands():
