@@ -1,40 +1,60 @@
 """The docs stay true: every ``monsoon ...`` command in README.md and docs/
-resolves, and the README's Python blocks run.
+runs as written, and the README's Python blocks run.
 
-A command is parsed by the real command-line parser and resolved by
-``monsoon.config.resolve`` (the problem built, every option checked, the
-engine asked whether it takes the strategy), without training. A renamed or
-removed flag, or an option the chosen components refuse, fails here. A
-command shown with the error it gets (``$ monsoon ...`` then a line
-``monsoon: error: ...``) must get exactly that error.
+Each distinct command runs through ``monsoon.cli.main`` (what the
+``monsoon`` script runs) in a temporary folder holding small files for the
+commands that name one (``libsvm:...``, ``ratings:...``), with its flags as
+written and only its budget cut: ``--steps``/``--epochs`` replaced by
+``--steps 16``. It must exit 0 and leave the run folder (or comparison
+report) it prints; a run whose workers send messages has counted the bytes
+they sent (docs/live.md and docs/compression.md say every engine does). A command
+shown with the error it gets (``$ monsoon ...`` then a line ``monsoon:
+error: ...``) must end in exactly that error. A command that ``--resume``s a
+folder runs after the same command without ``--resume`` has left
+checkpoints there.
 
-Runs in a temporary folder holding small files for the commands that name
-one (``libsvm:...``, ``ratings:...``) and a checkpoints folder for those
-that ``--resume`` one.
+Commands that need a server run under its marker, on the suite's own:
+``--engine ray`` on the session's local Ray instance (the engine runs on
+the instance its process is connected to, so ``--address auto`` does too;
+tests/test_ray_cluster.py joins a cluster by address); ``--engine spark``
+in a local Spark session; ``--engine torch`` under torchrun; ``--mlflow
+http://mlflow:5000`` against an MLflow server started here, the name
+``mlflow`` resolving to it; ``--device cuda`` on a machine with a GPU
+(skipped elsewhere). The bare ``--mlflow`` logs to
+MLflow's default store in the temporary folder, and the run is read back.
+
+PNG rendering (matplotlib's ``savefig``, most of a short run's time) is left
+out: the figures are built, not drawn; tests/test_record_cli.py checks the
+PNGs.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
+import json
+import os
 import re
 import shlex
+import socket
+import subprocess
+import sys
 import textwrap
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 import monsoon
 import monsoon.problems
-from monsoon.cli import _given, build_parser
-from monsoon.config import for_strategy, refuse_untaken, registries, resolve
-from monsoon.errors import ConfigError
+from monsoon.cli import main
+from spark_env import spark  # noqa: F401 - the Spark session, for the spark commands
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 COMMAND = re.compile(r"(?:^|[\s/])monsoon\s+(train|compare|simulate|options)\b(.*)$")
 FENCE = re.compile(r"^\s*(```|~~~)")
+STEPS = 16  # each command's budget
 
 
 def _code(text: str):
@@ -94,87 +114,289 @@ def test_quick_start_command_is_found():
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A folder with small data files for the commands that name one."""
-    folder = tmp_path_factory.mktemp("docs")
-    rows = [f"{1 if i % 2 else -1} {1 + i % 7}:0.5 {9 + i % 5}:1.0" for i in range(200)]
-    (folder / "rcv1_train.binary").write_text("\n".join(rows) + "\n")
-    (folder / "ml-latest-small").mkdir()
-    ratings = [f"{1 + i % 20},{1 + (i * 7) % 30},{1 + i % 5}.0,0" for i in range(400)]
-    (folder / "ml-latest-small" / "ratings.csv").write_text(
-        "userId,movieId,rating,timestamp\n" + "\n".join(ratings) + "\n")
-    return folder
+def make_cached():
+    """Each named problem built once for the module (rcv1-like takes seconds)."""
+    return functools.lru_cache(maxsize=None)(monsoon.problems.make_problem)
 
 
 @pytest.fixture
-def cheap(monkeypatch, workdir):
-    """Build each named problem once (rcv1-like takes seconds), in workdir."""
-    make = functools.lru_cache(maxsize=None)(monsoon.problems.make_problem)
+def folder(monkeypatch, tmp_path, make_cached):
+    """The command's working folder, with small data files for the commands
+    that name one; problems built once; PNGs built but not rendered."""
+    rows = [f"{1 if i % 2 else -1} {1 + i % 7}:0.5 {9 + i % 5}:1.0" for i in range(200)]
+    (tmp_path / "rcv1_train.binary").write_text("\n".join(rows) + "\n")
+    (tmp_path / "ml-latest-small").mkdir()
+    ratings = [f"{1 + i % 20},{1 + (i * 7) % 30},{1 + i % 5}.0,0" for i in range(400)]
+    (tmp_path / "ml-latest-small" / "ratings.csv").write_text(
+        "userId,movieId,rating,timestamp\n" + "\n".join(ratings) + "\n")
 
     def cached(name, dtype="float32", **options):
-        return make(name, dtype, **options)
+        return make_cached(name, dtype, **options)
 
     monkeypatch.setattr(monsoon.problems, "make_problem", cached)
-    # The docs' GPU commands are resolved as on a machine with two GPUs
-    # (resolving starts no worker, so nothing touches CUDA).
-    from monsoon import devices
+    from monsoon.record import plots
 
-    monkeypatch.setattr(devices, "cuda_count", lambda: 2)
-    monkeypatch.chdir(workdir)
-    return workdir
+    def built_not_drawn(fig, path):
+        plots.plt.close(fig)
+        path.write_bytes(b"")
+
+    monkeypatch.setattr(plots, "_save_png", built_not_drawn)
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
-def resolve_command(argv: list[str], where: Path) -> None:
-    """What ``monsoon`` does with ``argv`` up to the first worker, or raise."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            args = build_parser().parse_args(argv)
-        except SystemExit as exc:
-            raise ConfigError(err.getvalue().strip().splitlines()[-1]) from exc
-    if args.command == "options":
+def needs(argv: list[str]) -> str:
+    """The server a command needs ("" for none)."""
+    value = dict(zip(argv, argv[1:]))
+    engine = value.get("--engine")
+    if engine in ("ray", "spark", "torch"):
+        return {"ray": "ray", "spark": "spark", "torch": "torchrun"}[engine]
+    if value.get("--device", "").startswith("cuda"):
+        return "gpu"
+    if value.get("--mlflow", "").startswith("http"):
+        return "mlflow server"
+    return ""
+
+
+ORDER = ["", "mlflow server", "gpu", "ray", "spark", "torchrun"]
+BUSY = pytest.mark.timeout(300)  # a server's start and a run, on a busy machine
+MARKS = {"ray": [pytest.mark.ray, BUSY], "spark": [pytest.mark.spark, BUSY],
+         "torchrun": [pytest.mark.torchrun, pytest.mark.slow, BUSY],
+         "gpu": [pytest.mark.gpu], "mlflow server": [BUSY]}
+
+
+def distinct_commands():
+    """Each distinct command once (with every place it is shown), those of
+    one server together."""
+    places: dict[tuple, list[str]] = {}
+    for where, argv, expected in commands():
+        places.setdefault((tuple(argv), expected), []).append(where)
+    found = sorted(places.items(), key=lambda item: ORDER.index(needs(list(item[0][0]))))
+    return [pytest.param(list(argv), expected, needs(list(argv)),
+                         marks=MARKS.get(needs(list(argv)), []), id=" ".join(where))
+            for (argv, expected), where in found]
+
+
+def with_budget(argv: list[str], steps: int = STEPS) -> list[str]:
+    """``argv`` with its ``--steps``/``--epochs`` replaced by ``--steps steps``."""
+    if argv[0] == "options":
+        return list(argv)
+    budget = ("--steps", "--epochs")
+    kept = [w for i, w in enumerate(argv)
+            if w not in budget and (i == 0 or argv[i - 1] not in budget)]
+    return kept + ["--steps", str(steps)]
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``monsoon ARGV``: its exit status, stdout and stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # the parser's refusals
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def left_checkpoints(argv: list[str], capsys) -> None:
+    """Run ``argv`` without its ``--resume DIR``, writing checkpoints to DIR."""
+    at = argv.index("--resume")
+    first = argv[:at] + argv[at + 2:]
+    if "--checkpoint-every" in first:
+        at = first.index("--checkpoint-every")
+        first = first[:at] + first[at + 2:]
+    code, _, err = run(with_budget(first, STEPS // 2) + ["--checkpoint-every", "4"], capsys)
+    assert code == 0, err
+
+
+def summaries(argv: list[str], out: str) -> list[tuple[str, dict]]:
+    """(run folder, summary) of each run the command printed (a comparison:
+    each strategy's)."""
+    if argv[0] == "compare":
+        report = re.search(r"^report: (\S+)", out, re.M)
+        assert report, out[-500:]
+        found = sorted(Path(report.group(1)).parent.glob("*/summary.json"))
+        strategies = value(argv, "--strategies") or "serial,sync,async,hogwild"
+        assert len(found) == len([s for s in strategies.split(",") if s])
+    else:
+        folder = re.search(r"^run folder: (.+)$", out, re.M)
+        assert folder, out[-500:]
+        found = [Path(folder.group(1)) / "summary.json"]
+    return [(str(path.parent), json.loads(path.read_text())) for path in found]
+
+
+def value(argv: list[str], flag: str) -> str | None:
+    """The word after ``flag`` ("" where the flag ends the command or is
+    followed by another flag; None where it is absent)."""
+    if flag not in argv:
+        return None
+    after = argv[argv.index(flag) + 1:]
+    return after[0] if after and not after[0].startswith("--") else ""
+
+
+# Strategies whose workers send messages (hogwild's share memory; serial has one worker)
+SENDS = {"sync", "async", "ssp", "local-sgd", "easgd"}
+
+
+def counted(summary: dict) -> None:
+    """Every engine counts the bytes its workers send (docs/live.md,
+    docs/compression.md); spark's sync workers run on the driver and send
+    none (docs/compression.md)."""
+    if summary["strategy"] not in SENDS or summary["workers"] < 2:
         return
-    options = _given(args)
-    resume = options.get("resume")
-    if resume:
-        (where / resume / "checkpoints").mkdir(parents=True, exist_ok=True)
-    if args.command == "compare":
-        if options.pop("repeats") < 1:
-            raise ConfigError("repeats must be a whole number >= 1")
-        strategies = [s for s in args.strategies.split(",") if s]
-        refuse_untaken({k: v for k, v in options.items()
-                        if registries()["strategy"].takers(k)}, {"strategy": strategies})
-        runs = [(s, for_strategy(options, s)) for s in strategies]
+    if (summary["engine"], summary["strategy"]) == ("spark", "sync"):
+        assert not summary.get("bytes_sent"), summary
     else:
-        if args.command == "simulate":
-            options["engine"] = "sim"
-        runs = [(args.strategy, options)]
-    for strategy, given in runs:
-        single = registries()["strategy"].get(strategy).single_worker
-        given = {**given, "out": args.out or "runs/docs"}
-        # resolve also asks the engine whether it takes the strategy (Engine.check)
-        resolve(args.problem, strategy, 1 if single else args.workers, given)
+        assert summary["bytes_sent"] > 0, summary
 
 
-@pytest.mark.parametrize("where,argv,expected", commands(), ids=lambda v: v if
-                         isinstance(v, str) and ":" in v else None)
-def test_command_in_the_docs_resolves(where, argv, expected, cheap):
-    if expected is None:
-        resolve_command(argv, cheap)
-    else:
-        with pytest.raises(ConfigError) as info:
-            resolve_command(argv, cheap)
-        assert f"monsoon: error: {info.value}" == expected
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on this machine, taking requests
+    addressed to ``mlflow:5000`` as the docs' server does. Its store is a
+    folder (it starts sooner than a SQLite store, which migrates its tables)."""
+    pytest.importorskip("mlflow")
+    where = tmp_path_factory.mktemp("mlflow-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(where / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--backend-store-uri", str(where / "mlruns"),
+         "--allowed-hosts", "mlflow:5000,127.0.0.1:*,localhost:*"],
+        cwd=where, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2).close()
+                break
+            except OSError:
+                assert proc.poll() is None, (where / "server.log").read_text()[-2000:]
+                assert time.monotonic() < deadline, "the MLflow server did not answer in 120 s"
+                time.sleep(0.5)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.close()
 
 
-def test_a_renamed_flag_would_fail(cheap):
-    with pytest.raises(ConfigError, match="unrecognized arguments: --n-pushes"):
-        resolve_command(["train", "--problem", "digits", "--strategy", "async", "--n-pushes",
-                         "4"], cheap)
-    with pytest.raises(ConfigError, match="spark engine has no shared memory"):
-        resolve_command(["train", "--engine", "spark", "--strategy", "hogwild"], cheap)
-    with pytest.raises(ConfigError, match="--local-steps applies to --strategy local-sgd"):
-        resolve_command(["compare", "--strategies", "serial,sync", "--local-steps", "4"], cheap)
+def serve(kind: str, request, monkeypatch) -> None:
+    """Start (or join) the server the command needs."""
+    if kind == "ray":
+        request.getfixturevalue("local_ray")
+    elif kind == "spark":
+        request.getfixturevalue("spark")
+    elif kind == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device")
+    elif kind == "mlflow server":
+        port, real = request.getfixturevalue("mlflow_server"), socket.getaddrinfo
+
+        def resolve(host, at, *args, **kwargs):  # the docs' server name, here
+            if host == "mlflow" and str(at) == "5000":
+                return real("127.0.0.1", port, *args, **kwargs)
+            return real(host, at, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", resolve)
+
+
+def logged_to_mlflow(argv: list[str], folder: str, summary: dict) -> None:
+    """The run is in the MLflow store the flag names (bare: MLflow's
+    default), tagged with its run folder."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=value(argv, "--mlflow") or None)
+    experiment = client.get_experiment_by_name("monsoon")
+    runs = client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`monsoon.out` = '{folder}'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["strategy"] == summary["strategy"]
+
+
+@pytest.mark.parametrize("argv,expected,server", distinct_commands())
+def test_command_in_the_docs_runs(argv, expected, server, folder, request, monkeypatch,
+                                  capsys):
+    """The command, as written with a small budget, runs to its end (or to
+    the error the page shows)."""
+    serve(server, request, monkeypatch)
+    if expected is not None:
+        code, _, err = run(with_budget(argv), capsys)
+        assert code == 2 and err.strip().splitlines()[-1] == expected
+        return
+    if "--resume" in argv:
+        left_checkpoints(argv, capsys)
+    code, out, err = run(with_budget(argv), capsys)
+    assert code == 0, f"monsoon {shlex.join(argv)}: exit {code}: {err.strip()[-1500:]}"
+    if argv[0] == "options":
+        assert "`--workers`" in out or "--workers" in out
+        return
+    for run_folder, summary in summaries(argv, out):
+        assert summary["updates"] > 0
+        counted(summary)
+        if "--mlflow" in argv:
+            logged_to_mlflow(argv, run_folder, summary)
+
+
+def test_a_renamed_flag_would_fail(folder, capsys):
+    for argv, error in [
+            (["train", "--problem", "digits", "--strategy", "async", "--n-pushes", "4"],
+             "unrecognized arguments: --n-pushes"),
+            (["train", "--engine", "spark", "--strategy", "hogwild"],
+             "spark engine has no shared memory"),
+            (["compare", "--strategies", "serial,sync", "--local-steps", "4"],
+             "--local-steps applies to --strategy local-sgd")]:
+        code, _, err = run(argv, capsys)
+        assert code == 2 and error in err.strip().splitlines()[-1]
+
+
+# -- facts the docs state about the code -------------------------------------------
+
+def _table(page: Path, header: str) -> list[list[str]]:
+    """The rows (cells, backticks dropped) of the table whose header row starts ``header``."""
+    lines = page.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_strategy_table_names_the_engines_that_take_each():
+    from monsoon.config import registries
+    from monsoon.engines.base import engines_for
+    from monsoon.strategies import make_strategy
+
+    rows = _table(ROOT / "docs" / "strategies.md", "| strategy | paper | engines |")
+    assert [r[0] for r in rows] == registries()["strategy"].names()
+    for name, _, engines in rows:
+        strategy = make_strategy(name)
+        taken = engines_for(strategy, 1 if strategy.single_worker else 2)
+        assert engines.split(", ") == taken, name
+
+
+def test_the_per_engine_tables_name_every_engine():
+    from monsoon.config import registries
+
+    names = sorted(registries()["engine"].names())
+    for page, header in [("live.md", "| engine | how the figures"),
+                         ("compression.md", "| engine | what travels"),
+                         ("faults.md", "| engine | a worker dies")]:
+        rows = _table(ROOT / "docs" / page, header)
+        assert sorted(r[0] for r in rows) == names, page
 
 
 # -- the README's Python -------------------------------------------------------------

@@ -82,13 +82,20 @@ class MlflowSink:
                               "(or drop --mlflow)") from None
         self.uri = uri
         try:
-            client = MlflowClient(tracking_uri=uri)
+            # the bare flag: MLFLOW_TRACKING_URI or MLflow's default, resolved
+            # here (MLflow 3's default, ./mlflow.db, is relative to this process's
+            # folder): a copy of the sink in another process logs to the same store
+            from mlflow import get_tracking_uri
+
+            self.uri = uri or get_tracking_uri()
+            client = MlflowClient(tracking_uri=self.uri)
             found = client.get_experiment_by_name("monsoon")
             experiment = found.experiment_id if found else client.create_experiment("monsoon")
             run = client.create_run(experiment, run_name=name, tags=tags or {})
         except Exception as exc:  # noqa: BLE001 - MLflow's reason, in one line
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ConfigError(f"--mlflow {uri or '(MLflow default)'}: {reason}") from None
+            where = uri or f"(MLflow default: {self.uri})"
+            raise ConfigError(f"--mlflow {where}: {reason}") from None
         self.run_id = run.info.run_id
         self._client = client
         self._pending: list = []
