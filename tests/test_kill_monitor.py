@@ -136,14 +136,18 @@ def test_sigkill_to_the_monitor_takes_every_process_and_its_memory(tmp_path, cas
         left = {p: found[p][:80] for p in found if alive(p)}
         assert not left, f"alive {time.monotonic() - t0:.1f} s after the kill: {left}"
         assert not [s for s in segments if os.path.exists(s)], segments
-    finally:  # whatever a failure left behind (the pids are checked to be the same)
-        for p, cmd in {**found, **tree(proc.pid)}.items():
-            try:
-                if alive(p) and Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") \
-                        == cmd:
-                    os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+    finally:  # whatever a failure left behind (the pids are checked to be the same);
+        # the resource trackers last, so that they still remove the run's files
+        left = {**found, **tree(proc.pid)}
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for trackers in (False, True):
+            for p, cmd in left.items():
+                try:
+                    if (b"resource_tracker" in cmd) == trackers and alive(p) and \
+                            Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") == cmd:
+                        os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.5 if any(alive(p) for p in left) else 0)
