@@ -136,14 +136,26 @@ def test_sigkill_to_the_monitor_takes_every_process_and_its_memory(tmp_path, cas
         left = {p: found[p][:80] for p in found if alive(p)}
         assert not left, f"alive {time.monotonic() - t0:.1f} s after the kill: {left}"
         assert not [s for s in segments if os.path.exists(s)], segments
-    finally:  # whatever a failure left behind (the pids are checked to be the same)
-        for p, cmd in {**found, **tree(proc.pid)}.items():
-            try:
-                if alive(p) and Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") \
-                        == cmd:
-                    os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+        if case == "torch":  # the killed agent's job folder goes at the next launch
+            from monsoon.engines.torchrun.launch import remove_stale_folders
+
+            folders = {Path(arg) for cmd in found.values() for arg in cmd.decode().split()
+                       if "/monsoon-torch-" in arg}
+            assert folders and all(f.exists() for f in folders), found
+            remove_stale_folders()
+            assert not any(f.exists() for f in folders)
+    finally:  # whatever a failure left behind (the pids are checked to be the same);
+        # the resource trackers last, so that they still remove the run's files
+        left = {**found, **tree(proc.pid)}
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for trackers in (False, True):
+            for p, cmd in left.items():
+                try:
+                    if (b"resource_tracker" in cmd) == trackers and alive(p) and \
+                            Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") == cmd:
+                        os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.5 if any(alive(p) for p in left) else 0)

@@ -147,6 +147,10 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
                 "same problem and settings, or start a new run without --resume")
     for name, (shape, dtype) in shapes.items():
         arr = ckpt.arrays.get(name)
+        if arr is None and name.startswith("sender."):
+            raise CheckpointError(f"checkpoint {ckpt.path} holds no compressor state (it was "
+                                  "written without --compress, or by an older monsoon); "
+                                  "resume with the options it was written with")
         if arr is None:
             raise CheckpointError(f"checkpoint {ckpt.path} has no {name!r}; it was written by "
                                   "another strategy or rule")
@@ -210,10 +214,23 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
                  seed: int) -> None:
     """Refuse, in one line and before the engine starts anything (Ray,
     Spark, torchrun), a ``--resume`` folder with no good checkpoint of this
-    run. The engine reads it again to resume, and names any it passes over."""
+    run, or of a compressed run whose compressor state (error-feedback
+    residuals, random streams, PowerSGD's Q) this engine's checkpoints of
+    this strategy do not hold (``engine.keeps_compressor_state``). The
+    engine reads it again to resume, and names any it passes over."""
     from ..strategies.base import STAGES
 
     directory = getattr(engine, "resume_dir", None)
+    compression = getattr(engine, "compression", None)
+    keeps = getattr(engine, "keeps_compressor_state", None)
+    if directory and compression is not None and compression.stateful and \
+            not (keeps is not None and keeps(strategy)):
+        raise CheckpointError(
+            f"--resume: the {engine.name} engine's checkpoints of {strategy.name} do not hold "
+            f"the workers' compressor state (--compress {compression.describe()}: "
+            "error-feedback residuals, random streams), so the resumed run would not carry on "
+            "as this one; resume it with --engine local or sim and --strategy sync or serial, "
+            "or start a new run")
     if directory and STAGES not in strategy.needs(workers):  # pipeline refuses checkpoints
         load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed),
                     shapes(w0, rule), warn=lambda line: None)

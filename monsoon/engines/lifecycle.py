@@ -91,7 +91,7 @@ def worker_started(monitor_pid: int | None = None, name: str | None = None) -> N
     parent = multiprocessing.parent_process()
     if monitor_pid is None and parent is not None:
         monitor_pid = parent.pid
-    if monitor_pid is not None and _parent_pid != monitor_pid and not _alive(monitor_pid):
+    if monitor_pid is not None and _parent_pid != monitor_pid and not alive(monitor_pid):
         os._exit(1)  # the monitor died before the request
     if os.getppid() != _parent_pid:  # the parent died before the request
         os._exit(1)
@@ -166,7 +166,8 @@ def die_with(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

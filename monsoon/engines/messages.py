@@ -25,6 +25,8 @@ decoded vector is what the server or the collective sees.
 Error feedback (Seide et al. 2014; Karimireddy et al. 2019): the sender
 adds the residual e to the message, sends C(v + e) and keeps
 e' = v + e - D(C(v + e)). Invariant (tested): sent + e' == v + e.
+``Sender.state``/``restore``: the residual and the compressor's state
+(random stream, PowerSGD's Q), which a checkpoint holds (``stateful``).
 
 Wire form: ``pack`` writes an ``Encoded`` as exactly ``nbytes`` bytes
 (uint8, bit-packed); invariant (tested): ``receive`` of it equals the
@@ -97,11 +99,38 @@ class _Reader:
         return self.take(count * dtype.itemsize).view(dtype)
 
 
+def rng_state(rng) -> np.ndarray:
+    """A PCG64 generator's whole state as 6 uint64: state and increment
+    (128 bits each, high word first), the cached 32-bit half and its flag."""
+    st = rng.bit_generator.state
+    words = []
+    for big in (st["state"]["state"], st["state"]["inc"]):
+        words += [big >> 64, big & ((1 << 64) - 1)]
+    return np.array(words + [st["has_uint32"], st["uinteger"]], dtype=np.uint64)
+
+
+def set_rng_state(rng, words: np.ndarray) -> None:
+    w = [int(x) for x in words]
+    rng.bit_generator.state = {"bit_generator": "PCG64",
+                               "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
+                               "has_uint32": w[4], "uinteger": w[5]}
+
+
 class Compressor:
     """``encode``/``decode`` a message; ``pack``/``unpack``: its wire form,
     exactly ``Encoded.nbytes`` bytes (uint8), read back knowing only the
     run's ``Compression``, the length ``size`` and the ``dtype``."""
     name = "none"
+
+    def state(self) -> dict:
+        """What the compressor carries from one message to the next, as named
+        arrays of a fixed shape (a checkpoint's): its random stream, if any."""
+        rng = getattr(self, "rng", None)
+        return {} if rng is None else {"rng": rng_state(rng)}
+
+    def set_state(self, arrays: dict) -> None:
+        if "rng" in arrays:
+            set_rng_state(self.rng, arrays["rng"])
 
     def encode(self, v: np.ndarray) -> Encoded:
         return Encoded("none", v.size, {"values": v}, v.nbytes)
@@ -264,6 +293,16 @@ class PowerSGD(Compressor):
         self.q = [rng.standard_normal((cols, min(rank, rows, cols)))
                   for _, rows, cols in self.matrices]
 
+    def state(self) -> dict:
+        """The warm-start Q of every matrix, flat."""
+        return {"q": np.concatenate([q.reshape(-1) for q in self.q])}
+
+    def set_state(self, arrays: dict) -> None:
+        flat, at = arrays["q"], 0
+        for i, q in enumerate(self.q):
+            self.q[i] = np.array(flat[at:at + q.size], dtype=q.dtype).reshape(q.shape)
+            at += q.size
+
     def encode(self, v):
         covered = np.zeros(v.size, dtype=bool)
         factors, nbytes = [], 0
@@ -378,6 +417,21 @@ class Compression:
     @property
     def active(self) -> bool:
         return self.name != "none"
+
+    @property
+    def stateful(self) -> bool:
+        """Whether a worker's sender carries state from one message to the
+        next (an error-feedback residual, a random stream, PowerSGD's Q),
+        which a checkpoint must hold for a resumed run to equal an
+        uninterrupted one."""
+        return self.active and (self.error_feedback or bool(self.compressor(0).state()))
+
+    def sender_layout(self, size: int, dtype) -> dict:
+        """One sender's checkpointed arrays, {name: (shape, dtype)}."""
+        out = {"residual": ((size,), str(np.dtype(dtype))), "has": ((1,), "int64")}
+        for name, arr in self.compressor(0).state().items():
+            out[name] = (arr.shape, str(arr.dtype))
+        return out
 
     def compressor(self, rank: int) -> Compressor:
         seed = 1_000_003 * (rank + 1)
@@ -503,6 +557,18 @@ class Sender:
         if nbytes:
             self.messages += 1
         self.last_nbytes = nbytes
+
+    def state(self, size: int, dtype) -> dict:
+        """What ``restore`` needs to carry on as this sender would have, as
+        ``Compression.sender_layout``'s arrays: the residual (``has``: 1 once
+        there is one) and the compressor's state."""
+        has = self.residual is not None
+        return {"residual": self.residual if has else np.zeros(size, dtype=dtype),
+                "has": np.array([int(has)], dtype=np.int64), **self.compressor.state()}
+
+    def restore(self, arrays: dict) -> None:
+        self.residual = np.array(arrays["residual"], copy=True) if int(arrays["has"][0]) else None
+        self.compressor.set_state(arrays)
 
     def stats(self) -> dict:
         norm = 0.0 if self.residual is None else float(np.linalg.norm(self.residual))

@@ -22,6 +22,8 @@ the end of an epoch, at most once per epoch; serial's are exact.
 
 Either way the checkpoint holds the counters (examples, updates, dropped)
 and the recorder's rows up to it, so totals and the loss curve carry on.
+An exact checkpoint of a compressed run also holds each worker's sender
+state (``sender.<name>``, see ``save_sender`` below).
 
 Checkpoints cost at most about 5% of a run: after each write, the next waits
 at least 19 times as long as the write took (the interval in updates is a
@@ -61,8 +63,12 @@ class RunCheckpoints(checkpoints.Checkpointer):
         return time.perf_counter() >= self.ready_at
 
     # -- reading ----------------------------------------------------------
-    def load(self, rule, w0: np.ndarray, workers: int):
-        return super().load(w0, rule, {"counters": ((workers, 4), "int64")})
+    def load(self, rule, w0: np.ndarray, workers: int, sender: dict | None = None):
+        """``sender``: one worker's sender layout, where checkpoints hold them."""
+        extra = {"counters": ((workers, 4), "int64")}
+        for name, (shape, dtype) in (sender or {}).items():
+            extra["sender." + name] = ((workers,) + tuple(shape), dtype)
+        return super().load(w0, rule, extra)
 
     @staticmethod
     def restore(ckpt, store) -> None:
@@ -104,13 +110,15 @@ class RunCheckpoints(checkpoints.Checkpointer):
         return counters
 
     def write(self, *, params, state, counters: np.ndarray, positions, time_s: float, rows,
-              reason: str, exact: bool, private: dict | None = None):
+              reason: str, exact: bool, private: dict | None = None,
+              extra: dict | None = None):
+        """``extra``: more arrays (the senders' ``sender.<name>``)."""
         if not self.directory:
             return None
         t0 = time.perf_counter()
         updates = int(counters[:, UPDATES].sum())
         dropped = int(counters[:, DROPPED].sum())
-        arrays = {"counters": counters}
+        arrays = {"counters": counters, **(extra or {})}
         for rank, copy in (private or {}).items():
             arrays[f"worker.{rank}.params"] = copy
         meta = {"updates": updates, "examples": int(counters[:, EXAMPLES].sum()),
@@ -120,3 +128,65 @@ class RunCheckpoints(checkpoints.Checkpointer):
         end = time.perf_counter()
         self.ready_at = end + COST_FACTOR * (end - t0)
         return self.last_path
+
+
+# -- compressed runs: each worker's sender (error-feedback residual, the
+# compressor's random stream or PowerSGD's Q) -------------------------------
+#
+# Every worker writes its sender's state into the store at each checkpoint
+# step s (s % every == 0), before it arrives at the step's barrier, so that
+# it is there once worker 0 (or the last through a sharded step) hands the
+# step's parameters to the monitor. The slots are double-buffered by
+# checkpoint (s // every % 2) and tagged with s (-1 while written): the
+# monitor takes them only if every tag reads s before and after its copy,
+# and else drops that checkpoint (a worker has already moved two
+# checkpoints on) and frees the buffer for the next one.
+
+TAG = "ckpt.sender.tag"
+
+
+def sender_slots(compression, n: int, dtype, workers: int) -> dict:
+    """The store's extra layout for the senders' checkpoint slots."""
+    layout = {TAG: ((2, workers), "int64")}
+    for name, (shape, dt) in compression.sender_layout(n, dtype).items():
+        layout["ckpt.sender." + name] = ((2, workers) + tuple(shape), dt)
+    return layout
+
+
+def save_sender(store, sender, rank: int, step: int, every: int) -> None:
+    """In a worker, at checkpoint step ``step``: its sender's state into its slot."""
+    arrays = store.memory.arrays
+    if TAG not in arrays:
+        return
+    half = step // every % 2
+    tags = arrays[TAG]
+    tags[half, rank] = -1
+    for name, value in sender.state(store.params.size, store.params.dtype).items():
+        arrays["ckpt.sender." + name][half, rank] = value
+    tags[half, rank] = step
+
+
+def read_senders(store, step: int, every: int) -> dict | None:
+    """In the monitor: every sender's state at checkpoint step ``step``, as a
+    checkpoint's ``sender.<name>`` arrays (workers first); {} where the run
+    keeps none; None where the slots do not hold that step (a stop between
+    checkpoint steps, or workers two checkpoints on)."""
+    arrays = store.memory.arrays
+    if TAG not in arrays:
+        return {}
+    if not every or step % every:
+        return None
+    half = step // every % 2
+    tags = arrays[TAG][half]
+    if not (tags == step).all():
+        return None
+    out = {k.replace("ckpt.", "", 1): np.array(v[half], copy=True) for k, v in arrays.items()
+           if k.startswith("ckpt.sender.") and k != TAG}
+    return out if (tags == step).all() else None
+
+
+def sender_state(ckpt, rank: int) -> dict | None:
+    """Worker ``rank``'s sender state in a checkpoint (None: it holds none)."""
+    prefix = "sender."
+    found = {k[len(prefix):]: v[rank] for k, v in ckpt.arrays.items() if k.startswith(prefix)}
+    return found or None

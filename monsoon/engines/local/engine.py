@@ -62,7 +62,8 @@ from ..processes import (blas_threads, limit_threads, main_module_hidden, start_
                          torch_threads_per_worker)
 from ..waiting import Aborted, wait_until
 from ..clocks import clock_extra
-from .checkpointing import RunCheckpoints, exact_checkpoints
+from .checkpointing import (RunCheckpoints, exact_checkpoints, read_senders, sender_slots,
+                            sender_state)
 from .inbox import Outbox, PipeInbox, QueueInbox
 from ..messages import Compression, Sender, compressing, summarize
 from ... import arrays
@@ -96,6 +97,7 @@ class WorkerSetup:
     checkpoint_every: int = 0      # synchronous steps between checkpoints
     work0: np.ndarray | None = None  # a resumed private copy
     compression: object = None     # messages.Compression (--compress)
+    sender_state: dict | None = None  # a resumed worker's compressor state
 
 
 @dataclass
@@ -106,6 +108,7 @@ class _Resume:
     time_s: float = 0.0      # run time before the checkpoint
     private: dict = field(default_factory=dict)  # rank -> private copy
     path: str | None = None
+    senders: dict = field(default_factory=dict)  # rank -> compressor state (--compress)
 
     def __post_init__(self):
         if self.start is None:
@@ -175,8 +178,10 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
                                 start_step=setup.job.start_step,
                                 checkpoint_every=setup.checkpoint_every, work0=setup.work0)
         sender = runtime.sender = Sender(setup.compression or Compression(), rank)
+        if setup.sender_state is not None:
+            sender.restore(setup.sender_state)
         program = compressing(setup.strategy.program(setup.job), sender,
-                             arrays.nbytes(store.params))
+                              arrays.nbytes(store.params))
         store.status[rank] = READY
         wait_until(lambda: store.control[START], setup.start_timeout + setup.timeout,
                    lambda: store.control[1], "the start signal")
@@ -296,6 +301,12 @@ class LocalEngine(Engine):
                choices=("auto",) + BACKENDS),
         TIMEOUT, SHARDS, CHECKPOINT_EVERY, RESUME)
 
+    @staticmethod
+    def keeps_compressor_state(strategy) -> bool:
+        """Whether checkpoints hold each worker's compressor state: those
+        taken at step boundaries (``checkpointing.save_sender``)."""
+        return exact_checkpoints(strategy)
+
     @classmethod
     def from_options(cls, run, backend="auto", timeout=60.0, shards=None,
                      checkpoint_every=CHECKPOINT_EVERY.default, resume=None):
@@ -364,17 +375,22 @@ class LocalEngine(Engine):
         ident["plan"] = "epochs" if self.kernel else "batches"  # what a position counts
         ck = RunCheckpoints(self.checkpoint_dir, self.checkpoint_every, self.resume_dir, ident,
                             exact)
-        resumed = ck.load(rule, w0, workers)  # checked before anything starts
+        compression = self.compression or Compression()
+        senders = exact and compression.stateful  # checkpoints hold each worker's sender
+        resumed = ck.load(rule, w0, workers,  # checked before anything starts
+                          compression.sender_layout(w0.size, w0.dtype) if senders else None)
+        buffer = exact and not inline and bool(ck.directory) and self.checkpoint_every > 0
         ctx = start_context() if backend == "processes" else None
         device = self._array_device(problem, rule, backend)
         store = ParameterStore(w0, rule, workers, shards, sync_slots=strategy.synchronous,
                                backend=backend, mp_context=ctx,
-                               replicated=not inline and device is None and replicates(strategy,
-                                                                                      w0),
-                               checkpoint_buffer=(exact and not inline and bool(ck.directory)
-                                                  and self.checkpoint_every > 0),
+                               replicated=(not inline and device is None
+                                           and replicates(strategy, w0)),
+                               checkpoint_buffer=buffer,
                                snapshot_ring=recorder.evals > 0 and bool(recorder.total_examples),
-                               live=recorder.live_writer is not None)
+                               live=recorder.live_writer is not None,
+                               extra_layout=(sender_slots(compression, w0.size, w0.dtype, workers)
+                                             if buffer and senders else None))
         self.shards_used = shards
         resume = _Resume(workers)
         if resumed is not None:
@@ -382,6 +398,8 @@ class LocalEngine(Engine):
             resume = _Resume(workers, ck.positions(resumed, workers), resumed.meta["time_s"],
                              {r: ck.private_copy(resumed, r) for r in range(workers)},
                              str(resumed.path))
+            if senders:
+                resume.senders = {r: sender_state(resumed, r) for r in range(workers)}
             if strategy.synchronous:
                 store.sync[STEP] = resume.start[0]
             recorder.resume(resumed.meta["rows"])
@@ -418,6 +436,15 @@ class LocalEngine(Engine):
                         start_step=resume.start[0], kernel=self.kernel)
         runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
         sender = runtime.sender = Sender(self.compression or Compression(), 0)
+        if resume.senders.get(0) is not None:
+            sender.restore(resume.senders[0])
+
+        def senders():  # the sender's state, where the run compresses (as a worker's)
+            if not sender.compression.stateful:
+                return None
+            n, dtype = store.params.size, store.params.dtype
+            return {"sender." + k: v[None] for k, v in sender.state(n, dtype).items()}
+
         recorder.start(store.params)
         clock = [time.perf_counter(), 0]  # start, ops so far
         counters = store.counters[0]
@@ -445,7 +472,8 @@ class LocalEngine(Engine):
                 ck.write(params=store.params, state=store.state, counters=store.counters.copy(),
                          positions=[steps], time_s=resume.time_s + now,
                          rows=recorder.settled_rows(),
-                         reason="interrupted" if sig else "periodic", exact=True)
+                         reason="interrupted" if sig else "periodic", exact=True,
+                         extra=senders())
                 plan["next"] = next_due(steps)
             if sig:
                 raise Stopped()
@@ -537,7 +565,8 @@ class LocalEngine(Engine):
                                 torch_threads_per_worker(workers), live=recorder.evals > 0,
                                 checkpoint_every=self.checkpoint_every if store.ckpt else 0,
                                 work0=resume.private.get(rank),
-                                compression=self.compression)
+                                compression=self.compression,
+                                sender_state=resume.senders.get(rank))
             if ctx is not None:
                 # Plain pickle, not multiprocessing's: torch's reducers would
                 # try to pass tensors as file descriptors.
@@ -635,12 +664,17 @@ class LocalEngine(Engine):
                      exact=False, private=private)
 
         def exact_checkpoint(step: int, params, state, reason: str, now: float):
+            """Written only where the workers' compressor state at ``step`` is at
+            hand (``checkpointing.read_senders``); else the newest one stands."""
+            senders = read_senders(store, step, self.checkpoint_every)
+            if senders is None:
+                return
             _, _, dropped, late = store.totals()
             ck.write(params=params, state=state,
                      counters=ck.exact_counters(step, workers, int(dropped), int(late), n,
                                                 batch_size),
                      positions=[step] * workers, time_s=resume.time_s + now,
-                     rows=recorder.settled_rows(), reason=reason, exact=True)
+                     rows=recorder.settled_rows(), reason=reason, exact=True, extra=senders)
 
         stopped = interrupted = None
         try:

@@ -75,7 +75,7 @@ class ParameterStore:
     def __init__(self, w0: np.ndarray, rule: Rule, workers: int, shards: int,
                  sync_slots: bool, backend: str, mp_context=None, replicated: bool = False,
                  checkpoint_buffer: bool = False, snapshot_ring: bool = False,
-                 live: bool = False):
+                 live: bool = False, extra_layout: dict | None = None):
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
@@ -112,6 +112,7 @@ class ParameterStore:
             layout["ckpt.params"] = ((n,), dtype)
             for field, arr in zip(template._fields, template):
                 layout["ckpt.state." + field] = (arr.shape, str(arr.dtype))
+        layout.update(extra_layout or {})  # e.g. the senders' checkpoint slots (checkpointing.py)
         self.memory = SharedArrays(layout, in_process=(backend != "processes"))
         self.memory["params"][:] = w0
         for field, arr in zip(template._fields, template):

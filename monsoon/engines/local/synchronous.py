@@ -49,6 +49,7 @@ from ... import arrays
 from ...rules import UpdateInfo
 from ..reduce import WeightedMean, finite, weighted_sum
 from ..waiting import Aborted, wait_until
+from .checkpointing import save_sender
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,
                     REDUCED, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, STEP,
                     STOP, STOP_AT, UPDATES)
@@ -124,6 +125,11 @@ class _Step:
     def on_stop(self) -> None:
         """Called when the worker stops at a step boundary."""
 
+    def _save_sender(self, step: int) -> None:
+        """Checkpoint step ``step``: this worker's compressor state goes to
+        the store before it arrives (``checkpointing.save_sender``)."""
+        save_sender(self.store, self.rt.sender, self.rank, step, self.every)
+
     def _boundary(self) -> None:
         """A checkpoint is due, or a stop was asked for (see the module doc)."""
         control = self.control
@@ -179,6 +185,8 @@ class ReplicatedStep(_Step):
         counts = self.examples[parity]
         counts[self.rank] = examples
         target = step + 1
+        if self.every and target % self.every == 0:
+            self._save_sender(target)
         arrivals = self.arrivals
         self._publish(arrivals, self.rank, target)
         for k in self.others:
@@ -283,6 +291,8 @@ class ShardedStep(_Step):
         rt = self.rt
         counted = self.workers - rt.strategy.backup_workers
         store.slot_examples[self.rank] = examples
+        if self.every and (step + 1) % self.every == 0:
+            self._save_sender(step + 1)
         if counted == self.workers:
             return self._contribute_all(step)
         with store.sync_lock:

@@ -98,6 +98,12 @@ class SimEngine(Engine):
     name = "sim"
     ops = ALL_OPS
     compresses = True  # the encoded size is charged to the bandwidth model
+
+    @staticmethod
+    def keeps_compressor_state(strategy) -> bool:
+        """A resumed simulation replays from the seed to its checkpoint,
+        compressors and residuals included."""
+        return True
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
 
     virtual_time = True   # its clock is simulated: evaluating costs no time

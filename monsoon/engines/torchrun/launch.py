@@ -12,7 +12,8 @@ Rank 0 pickles its EngineResult and its recorder's state back; a rank that
 fails writes its error there, and the agent's ChildFailedError is turned
 into one ``WorkerError`` naming the rank that died first (by a signal) or
 failed. With ``max_restarts`` the agent restarts every rank after a failure.
-The folder is removed in every case.
+The folder is removed in every case; one whose agent was killed with
+``kill -9`` is removed by the next launch (``remove_stale_folders``).
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    folder = Path(tempfile.mkdtemp(prefix="monsoon-torch-"))
+    remove_stale_folders()
+    folder = Path(tempfile.mkdtemp(prefix=f"monsoon-torch-{os.getpid()}-"))
     try:
         with open(folder / "job.pkl", "wb") as f:
             pickle.dump({"engine": engine, "problem": problem, "rule": rule,
@@ -74,6 +76,17 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
         shutil.rmtree(folder, ignore_errors=True)
     recorder.__dict__.update(out["recorder"])
     return out["result"]
+
+
+def remove_stale_folders() -> None:
+    """Remove the job folders of agents that no longer run: an agent killed
+    with ``kill -9`` could not remove its own (its pid is in the name)."""
+    from ..lifecycle import alive
+
+    for path in Path(tempfile.gettempdir()).glob("monsoon-torch-*-*"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def failure_message(exc, folder: Path, engine) -> str:

@@ -465,6 +465,13 @@ def _resume_point(engine, comm, rule, strategy, w0) -> dict:
     return start
 
 
+def agent_restarts() -> int:
+    """This rank's agent's restart count (TORCHELASTIC_RESTART_COUNT)."""
+    import os
+
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
 def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
     """This process's part of the run; rank 0 returns the run's EngineResult,
     the others one marked ``follower``."""
@@ -533,7 +540,10 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     examples = start["examples"] + sum(g["examples"] for g in gathered)
     extra = {"world_size": comm.world, "dist_backend": comm.backend,
              "reduce_via": "shm" if shm is not None else comm.backend,
-             "restarts": comm.attempt, "bucket_count": worker.buckets.count
+             # every attempt after the first, and the agent's count of them
+             # (what --max-restarts bounds; a membership change is not counted)
+             "restarts": comm.attempt, "agent_restarts": agent_restarts(),
+             "bucket_count": worker.buckets.count
              if worker.buckets is not None else None,
              **summarize([g["traffic"] for g in gathered], engine.compression or Compression(),
                          worker.updates)}
