@@ -218,10 +218,10 @@ class WorkerRuntime:
         examples = op.examples if grad is not None else 0
         if self.store.replicated:
             return self._sync.contribute(grad, examples)
-        slot = self.store.slots[self.rank]
+        slot = self._grad_out  # this worker's slot (``store.slots[rank]``), one view
         if grad is None:
             slot[...] = 0  # 0 * a stale NaN would still be NaN
-        elif grad is not slot:
+        elif grad is not slot:  # not computed in place (a compressed message)
             arrays.copyto(slot, grad)
         return self._after_step(self._sync.contribute(examples))
 
