@@ -230,7 +230,7 @@ class SparkEngine(Engine):
         n = steps_per_job(job_s, step_s, JOB_SHARE, most=most)
         strategy.n_push = strategy.n_fetch = n
         if hasattr(strategy, "local_lr"):  # as --n-fetch N does: local steps between fetches
-            strategy.local_lr = getattr(rule, "lr", 0.0) if n > 1 else 0.0
+            strategy.local_lr = rule.schedule.lr if n > 1 else 0.0
         return {"n_push_chosen": n, "n_push_most": most, "job_overhead_s": job_s,
                 "step_s": step_s}
 
