@@ -45,7 +45,8 @@ RUN_OPTIONS = (
     Option("device", str, "cpu", "where torch problems compute: cpu, cuda (worker k on GPU "
            "k mod GPUs), cuda:N, or auto (cuda where available, else cpu); docs/gpu.md",
            check=_devices.check_spec),
-    Option("target_loss", float, None, "report the time to reach this loss"),
+    Option("target_loss", float, None, "report the time to reach this loss (the spark engine "
+           "stops there)"),
     Option("compress", str, "none", "compress what each worker sends: none, topk:FRACTION, "
            "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK (docs/compression.md)",
            check=_messages.check_spec),
