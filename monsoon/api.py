@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 import uuid
 from collections import Counter
@@ -27,7 +28,7 @@ from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingD
 from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
-from .record.recorder import DIVERGED, OPTIONAL_COLUMNS
+from .record.recorder import DIVERGED, OPTIONAL_COLUMNS, reached_target, worse_than_start
 from .record.live import make_live
 from .record.run_folder import save_model
 
@@ -198,6 +199,12 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     return result
 
 
+def _constant_loss(problem) -> float | None:
+    """The best constant predictor's loss, where the problem knows it."""
+    constant = getattr(problem, "constant_loss", None)
+    return None if constant is None else constant()
+
+
 def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Result:
     run, rule, strat, budget, engine = (resolved.run, resolved.rule, resolved.strategy,
                                         resolved.budget, resolved.engine)
@@ -227,6 +234,9 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         problem.load_state(combine_buffers(res.worker_states, strat.buffers))
     final = recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
     final_loss = final["loss"]
+    at_target = res.stopped if reached_target(res.stopped) else None
+    if at_target:  # stopped where it was asked to: not a divergence
+        res.stopped = None
     if res.stopped is None and not math.isfinite(final_loss):
         res.stopped = DIVERGED.format(loss=final_loss, updates=res.updates)
     summary = {
@@ -261,12 +271,20 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         "shards": engine.shards_used,
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,
-        "status": "interrupted" if interrupted else "diverged" if res.stopped else "finished",
+        "status": "interrupted" if interrupted else "diverged" if res.stopped else
+                  "reached target" if at_target else "finished",
         "total_time_s": time.perf_counter() - t_start,
         "monsoon_version": __version__,
     }
+    if at_target:
+        summary["stopped_at_target"] = at_target
     if res.stopped:
         summary["stopped"] = res.stopped
+    elif not interrupted:
+        warning = worse_than_start(recorder.rows, final_loss, _constant_loss(problem))
+        if warning:
+            summary["warning"] = warning
+            print(f"monsoon: warning: {warning}", file=sys.stderr, flush=True)
     summary.update(res.extra)
     if "clock_staleness_counts" in res.extra:  # SSP: the staleness in clocks, as in updates
         summary["clock_staleness"] = staleness_stats(Counter(res.extra["clock_staleness_counts"]))

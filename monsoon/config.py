@@ -48,7 +48,8 @@ RUN_OPTIONS = (
     Option("precision", str, "32", "torch problems: 32 (the module's own dtype), or bf16 "
            "(autocast in bfloat16, float32 master weights); docs/gpu.md",
            choices=("32", "bf16")),
-    Option("target_loss", float, None, "report the time to reach this loss"),
+    Option("target_loss", float, None, "report the time to reach this loss (the spark engine "
+           "stops there)"),
     Option("compress", str, "none", "compress what each worker sends: none, topk:FRACTION, "
            "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK (docs/compression.md)",
            check=_messages.check_spec),

@@ -242,3 +242,50 @@ def test_serial_runs_a_small_model_on_one_torch_thread():
     monsoon.train(problem, "serial", steps=5, seed=0, progress=False)
     assert set(seen) == {1}
     assert torch.get_num_threads() == before
+
+
+def test_a_run_that_ends_above_its_start_says_so(tmp_path, capsys):
+    """Too high a rate on least squares: the loss ends above where it began.
+    The run is not marked diverged (its loss is finite) but warned of, with
+    the divergence advice, in summary.json, on stderr and in report.md."""
+    import json
+
+    from monsoon.record.report import comparison_rows, report_markdown
+
+    kw = dict(strategy="sync", workers=2, engine="local", steps=4, batch_size=64,
+              dtype="float64", progress=False)
+    run = monsoon.train("linear", lr=3.0, out=tmp_path / "run", **kw)
+    warning = run.summary["warning"]
+    assert run.summary["final_loss"] > run.history[0]["loss"]
+    assert "above its starting loss" in warning and "lower the learning rate (--lr)" in warning
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["warning"] == warning
+    assert warning in capsys.readouterr().err
+    assert warning in report_markdown("linear", comparison_rows([[run.summary]]), None)
+    calm = monsoon.train("linear", lr=0.1, **kw)
+    assert calm.summary["final_loss"] < calm.history[0]["loss"] and "warning" not in calm.summary
+
+
+def test_the_constant_predictors_loss_is_the_bias_alone_at_its_best():
+    """``constant_loss`` (the bar a run must beat) is the loss of weights 0
+    and the best bias, for each loss a sparse linear problem takes."""
+    import scipy.sparse as sp
+
+    from monsoon.problems.sparse_linear import SparseLinear
+    from monsoon.record.recorder import worse_than_start
+
+    rng = np.random.default_rng(0)
+    X = sp.random(500, 30, density=0.1, random_state=1, format="csr")
+    y = (rng.random(500) < 0.3).astype(float)
+    for kind, bias in (("logistic", np.log(y.mean() / (1 - y.mean()))), ("hinge", -1.0),
+                       ("squared", y.mean())):
+        problem = SparseLinear(X, y, kind)
+        w = np.zeros(problem.n_params)
+        w[-1] = bias
+        assert problem.constant_loss() == pytest.approx(problem.loss(w), rel=1e-12), kind
+        for nudge in (-0.1, 0.1):  # and no other bias does better
+            w[-1] = bias + nudge
+            assert problem.loss(w) >= problem.constant_loss() - 1e-12, kind
+    rows = [{"updates": 0, "loss": 0.69}]
+    assert "a constant predictor's" in worse_than_start(rows, 0.65, 0.61)
+    assert worse_than_start(rows, 0.60, 0.61) is None
+    assert worse_than_start(rows, float("nan"), 0.61) is None  # marked diverged instead

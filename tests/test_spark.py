@@ -54,6 +54,22 @@ def test_async_reaches_serials_loss_with_staleness(spark):
     assert s["failed_workers"] == []
 
 
+@pytest.mark.parametrize("rule, lr", [("adagrad", 0.5), ("sgd", 0.5)])
+def test_one_async_worker_pushing_every_4_steps_is_serial(spark, rule, lr):
+    """A push of 4 steps carries the delta of the task's own 4 rule steps
+    (its AdaGrad sums kept between jobs): with one worker, the run is the
+    local engine's one-worker async, which pushes every gradient to the
+    server's rule (serial), to rounding. Pushing the accrued sum of 4
+    gradients for one server step, or 4 gradients at the same read
+    parameters, would not be."""
+    kw = dict(rule=rule, lr=lr, steps=16, batch_size=32, seed=0, dtype="float64", evals=0)
+    local = monsoon.train("logistic", strategy="async", workers=1, **kw)
+    run = monsoon.train("logistic", strategy="async", workers=1, engine="spark", n_push=4,
+                        n_fetch=4, **kw)
+    assert run.summary["updates"] == 4 and local.summary["updates"] == 16
+    np.testing.assert_allclose(run.params, local.params, rtol=1e-9, atol=1e-12)
+
+
 def test_sync_resumed_from_a_checkpoint_ends_as_an_uninterrupted_run(spark, tmp_path):
     kw = dict(strategy="sync", workers=2, engine="spark", rule="momentum", lr=0.5,
               batch_size=512, seed=1, dtype="float64", evals=0)

@@ -306,14 +306,56 @@ def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, 
 def test_async_at_its_defaults_sizes_its_push_period_from_measured_jobs(spark):
     """Neither --n-push nor --n-fetch given: the engine times a job and a
     step, and picks the push period that keeps the overhead at most 10% of
-    a job, at most 1/8 of a worker's steps."""
+    a job, at most 1/8 of a worker's steps and 1/4 of its steps per epoch
+    (convergence: its copy is merged several times an epoch)."""
     from monsoon.engines.spark.sizing import steps_per_job
 
     run = monsoon.train("logistic", strategy="async", workers=2, engine="spark", steps=512,
                         batch_size=16, lr=0.1, dtype="float64", evals=0)
     s = run.summary
-    n = s["n_push_chosen"]
-    assert s["n_push"] == n and 1 <= n <= 256 // 8
-    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=256 // 8)
+    n, per_epoch = s["n_push_chosen"], s["n_examples"] // 2 // 16
+    assert s["n_push_most"] == min(256 // 8, per_epoch // 4)
+    assert s["n_push"] == n and 1 <= n <= s["n_push_most"]
+    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=s["n_push_most"])
     assert s["job_overhead_s"] > 0 and s["step_s"] > 0
     assert s["examples"] == 512 * 16 and s["updates"] == -(-256 // n) * 2
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_spark_run_that_ends_above_its_start_says_so(spark, clicks, capsys):
+    """The same check as the local engine's (``api``), on Spark data: a
+    rate far too high ends above the starting loss and is warned of; the
+    constant predictor's loss comes from the conversion's label sums."""
+    from monsoon.problems import make_problem
+    from monsoon.problems.sparse_linear import SparseLinear
+
+    run = monsoon.train(f"spark:{clicks}", engine="spark", progress=False,
+                        **{**FULL, "rule": "sgd", "lr": 300.0})
+    warning = run.summary["warning"]
+    assert run.summary["final_loss"] > run.history[0]["loss"]
+    assert "above its starting loss" in warning and "lower the learning rate" in warning
+    assert warning in capsys.readouterr().err
+    local = make_problem(f"libsvm:{clicks}", dtype="float64")
+    assert isinstance(local, SparseLinear)
+    assert run.problem.constant_loss() == pytest.approx(local.constant_loss(), rel=1e-9)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_spark_run_given_a_target_loss_stops_there(spark, clicks):
+    """Sync's full-batch steps (barrier stage) stop on the all-reduced step
+    loss, async's on the loss the recorder evaluates between its jobs: both
+    end at the target, well before their budget, and are not diverged."""
+    whole = monsoon.train(f"libsvm:{clicks}", "serial", 1, rule="lbfgs", dtype="float64",
+                          epochs=25, progress=False)  # = sync on spark (a test above)
+    start, end = whole.history[0]["loss"], whole.summary["final_loss"]
+    target = end + 0.2 * (start - end)
+    for strategy, epochs in (("sync", 25), ("async", 40)):
+        run = monsoon.train(f"spark:{clicks}", strategy, 2, engine="spark", dtype="float64",
+                            epochs=epochs, target_loss=target, progress=False)
+        s = run.summary
+        assert s["status"] == "reached target" and "stopped" not in s, (strategy, s)
+        assert "reached the target loss" in s["stopped_at_target"]
+        assert s["final_loss"] <= target and s["time_to_target_s"] is not None, strategy
+        assert s["epochs"] < epochs, (strategy, s["epochs"])

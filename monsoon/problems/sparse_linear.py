@@ -144,12 +144,30 @@ class SparseLinear(SharedDataProblem):
         seen = self.inv_degree > 0  # the split L2 covers the features that occur
         return total / self.n_examples + 0.5 * self.lam * float(w[:-1][seen] @ w[:-1][seen]) / self.n_examples
 
+    def constant_loss(self) -> float:
+        """The loss of the best constant prediction (``constant_loss``)."""
+        return constant_loss(self.kind, len(self.y), float(self.y.sum()),
+                             float(self.y @ self.y))
+
     def inverse_variance(self) -> np.ndarray:
         """1 / each feature's variance (then 1 for the bias): lbfgs's H_0."""
         return inverse_variance(*column_moments(self.X), self.n_examples)
 
     def predict_margin(self, w) -> np.ndarray:
         return self.X @ w[:-1] + w[-1]
+
+
+def constant_loss(kind: str, n: int, y_sum: float, y_sq_sum: float) -> float:
+    """The mean loss of the best constant prediction (weights 0, the bias
+    alone) for labels with ``n`` rows, sum ``y_sum`` and sum of squares
+    ``y_sq_sum``: logistic, the labels' entropy H(p) (the bias logit(p));
+    hinge, 2 min(p, 1 - p) (the bias +-1); squared, half their variance."""
+    mean = y_sum / max(n, 1)
+    if kind == "squared":
+        return 0.5 * max(y_sq_sum / max(n, 1) - mean * mean, 0.0)
+    if kind == "hinge":
+        return 2.0 * min(mean, 1.0 - mean)
+    return float(-sum(q * np.log(q) for q in (mean, 1.0 - mean) if q > 0))
 
 
 def rcv1_like(rows: int = 200_000, features: int = 47_236, nnz: int = 50,

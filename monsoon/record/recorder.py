@@ -12,32 +12,27 @@ parallel runs are timed the same way.
 A row is due every 1/``evals`` of the example budget (and at least every
 ``min_interval_s``, or 1/``evals`` of the elapsed time). Snapshots are
 bounded: at most ``max_bytes`` in all; when the pool is full every other
-snapshot is dropped and the interval doubles, so a run of any length and any
-model size keeps an evenly spaced curve in bounded memory (the dropped
-snapshots' buffers take the next copies). Where the clock
-is real (``cost_aware``), snapshots are also at least ``COST_SPACING`` times
-their own cost apart (the recording thread's CPU time, and at least what
-their size says), so a large model's copies take at most ~2% of the run
-however short it is: a short run due a row every step would otherwise pay
-a copy every step. The cost is measured, not inferred from the size,
-because memory a process touches for the first time can cost many times
-a copy into touched memory (the large shapes of bench/sync_sweep.py).
+snapshot is dropped and the interval doubles (their buffers take the next
+copies). Where the clock is real (``cost_aware``), snapshots are also at
+least ``COST_SPACING`` times their own measured cost apart (the recording
+thread's CPU time, and at least what their size says: memory touched for
+the first time can cost many times a copy), so a large model's copies take
+at most ~2% of the run however short it is.
 
-Evaluating after the run costs the user wall time instead: each snapshot
-is a pass over the training set, so a model whose steps are cheap next to
-a full pass would wait far longer for its curve than it trained. Where the
-clock is real, the evaluation gets at most ``eval_share`` of the run's time
-(and at least ``EVAL_MIN_S``). Snapshots are evaluated coarse to fine (the
-first, the last, then the middle, the quarters, ...: ``refinement_levels``;
-a level the time left cannot finish is thinned evenly), and the rest are
-dropped, so the curve that is kept is evenly spaced. Every row kept is
-still the full-data objective; the final row (``final_loss``) always is
-evaluated. A level is one call where the problem has ``evaluate_many``.
-
-The monitor also hands ``live`` its workers' figures when ``live_due`` (``live.py``).
+Evaluating after the run costs the user wall time instead. Where the clock
+is real, it gets at most ``eval_share`` of the run's time (and at least
+``EVAL_MIN_S``). Snapshots are evaluated coarse to fine (the ends, the
+middle, the quarters, ...: ``refinement_levels``; a level the time left
+cannot finish is thinned evenly), the rest dropped, so the curve kept is
+evenly spaced; the final row (``final_loss``) always is evaluated. A level
+is one call where the problem has ``evaluate_many``. The monitor also hands
+``live`` its workers' figures when ``live_due`` (``live.py``).
 
 Non-finite parameters, or more dropped updates than applied ones, stop the
-run with advice; a non-finite loss found afterwards marks it diverged too.
+run with advice; a non-finite loss found afterwards marks it diverged too,
+and one that ends above its start or a constant's is warned of
+(``worse_than_start``). ``target_loss`` stops a run where an engine asks
+(``check_target``, ``target_met``; ``reached_target`` tells it from a divergence).
 """
 from __future__ import annotations
 
@@ -54,6 +49,37 @@ COST_SPACING = 50
 EVAL_MIN_S = 5.0  # the curve's evaluation may always take this long
 COPY_BYTES_PER_S = 2e9  # a snapshot reads the parameters twice (copy, finite check)
 DIVERGED = "diverged: the loss became {loss} after {updates} updates; lower the learning rate (--lr)"
+TARGET_REACHED = "reached the target loss {target:g} (loss {loss:.6g} after {updates} updates)"
+TARGET_SPACING = 10
+
+
+def reached_target(reason) -> bool:
+    """Whether a run's stop reason is its target, not a divergence."""
+    return isinstance(reason, str) and reason.startswith("reached the target loss")
+
+
+NOT_CONVERGED = ("did not converge: the loss ended at {final:.6g}, above {what} ({ref:.6g}); "
+                 "lower the learning rate (--lr){more}")
+
+
+def worse_than_start(rows: list[dict], final: float, constant: float | None) -> str | None:
+    """The warning for a run whose final loss is above its first row's (the
+    loss at its starting parameters) or above the best constant predictor's
+    (``problem.constant_loss()``, where the problem has one), with the
+    divergence advice; None when neither, or when the loss is not finite
+    (that run is marked diverged instead). The API puts it in the summary
+    and on stderr, on every engine."""
+    if not math.isfinite(final):
+        return None
+    start = rows[0]["loss"] if rows and rows[0].get("updates") == 0 else None
+    if start is not None and math.isfinite(start) and final > start:
+        return NOT_CONVERGED.format(final=final, what="its starting loss", ref=start, more="")
+    if constant is not None and math.isfinite(constant) and final > constant:
+        return NOT_CONVERGED.format(final=final, what="a constant predictor's", ref=constant,
+                                    more=", or train longer")
+    return None
+
+
 # written where the problem reports them (``problem.evaluate``): torch
 # problems with a classification loss or a validation set
 OPTIONAL_COLUMNS = ("accuracy", "val_loss", "val_accuracy", "bytes_sent")
@@ -125,6 +151,10 @@ class Recorder:
         self._earliest = 0.0  # no snapshot before this (cost_aware)
         self._spares: list[np.ndarray] = []  # buffers of thinned snapshots, for reuse
         self.live_writer = None  # live series (``live.py``), where the run has any
+        self.check_target = False  # evaluate while the run goes, to stop at target_loss
+        self.target_reason = None
+        self._target_next = 0.0
+        self._evaluated: dict[tuple, dict] = {}  # (time, updates, examples) -> metrics
 
     # -- during the run ----------------------------------------------------
     def start(self, params) -> None:
@@ -208,6 +238,9 @@ class Recorder:
         elif dropped > 100 and dropped > updates:
             self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
                                 f"dropped (only {updates} applied); lower the learning rate (--lr)")
+        if (self.check_target and self.target_loss is not None and self.stop_reason is None
+                and self.target_reason is None and now >= self._target_next):
+            self._check_target(now, updates, examples, params)
         if self.cost_aware:  # the copy's cost: this thread's CPU time (a wall clock
             # would count a monitor thread's waits for the GIL), and never less
             # than its size says (a coarse thread clock)
@@ -216,7 +249,29 @@ class Recorder:
         if self._bar is not None:
             self._bar.n = min(examples, self._bar.total or examples)
             self._bar.refresh()
-        return self.stop_reason
+        return self.stop_reason or self.target_reason
+
+    def _check_target(self, now, updates, examples, params) -> None:
+        """``check_target`` (the spark engine, whose runs a user waits for end
+        to end): the snapshot's loss, evaluated now, at most every
+        ``TARGET_SPACING`` times this evaluation's own time after the last
+        (so it takes at most ~10% of the run); it is a row of the curve,
+        not evaluated again after the run."""
+        began = time.perf_counter()
+        metrics = self.evaluate(params)
+        self._evaluated[(now, updates, examples)] = metrics
+        self._target_next = now + TARGET_SPACING * (time.perf_counter() - began)
+        self.target_met(float(metrics["loss"]), updates)
+
+    def target_met(self, loss: float, updates: int) -> bool:
+        """Note the full-data loss at the current parameters (an engine that
+        knows it for free: a full-batch step's); True, and ``TARGET_REACHED``
+        the reason to stop that ``record`` returns, once it is at the target."""
+        if (self.target_loss is not None and math.isfinite(loss)
+                and loss <= self.target_loss and self.target_reason is None):
+            self.target_reason = TARGET_REACHED.format(target=self.target_loss, loss=loss,
+                                                       updates=updates)
+        return self.target_reason is not None
 
     def _copy(self, params) -> np.ndarray:
         """``params`` copied into a buffer a thinned snapshot left (memory
@@ -253,16 +308,22 @@ class Recorder:
             return self.rows
         budget = (max(EVAL_MIN_S, self.eval_share * snaps[-1][0]) if self.cost_aware
                   else math.inf)  # virtual time says nothing about evaluation's cost
-        began, done, calls = time.perf_counter(), {}, 0
+        began, done, calls, points = time.perf_counter(), {}, 0, 0
+        for i, snap in enumerate(snaps):  # evaluated while the run went (check_target)
+            if snap[:3] in self._evaluated:
+                done[i] = self._evaluated[snap[:3]]
         batched = hasattr(self.problem, "evaluate_many")  # a level costs about one call
         for level in refinement_levels(len(snaps)):
-            if len(done) >= 2 and budget < math.inf:  # the ends are always evaluated
+            level = [i for i in level if i not in done]
+            if not level:
+                continue
+            if {0, len(snaps) - 1} <= done.keys() and budget < math.inf:  # the ends always are
                 spent = time.perf_counter() - began
                 if batched:
-                    if budget - spent < spent / calls:
+                    if calls and budget - spent < spent / calls:
                         break
                 else:
-                    can = int((budget - spent) / max(spent / len(done), 1e-9))
+                    can = int((budget - spent) / max(spent / max(points, 1), 1e-9))
                     if can <= 0:
                         break
                     if can < len(level):  # what time is left, spread over the level
@@ -270,6 +331,7 @@ class Recorder:
             for i, metrics in zip(level, self.evaluate_all([snaps[i][3] for i in level])):
                 done[i] = metrics
             calls += 1
+            points += len(level)
         self.rows_dropped += len(snaps) - len(done)
         for i in sorted(done):
             t, up, ex, _ = snaps[i]

@@ -59,7 +59,7 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                      "simulated": "simulated_time_s" in s,  # the sim engine's clock
                      **_staleness_columns(s),
                      **{k: s.get(k) for k in ("compress", "bytes_sent", "compression_ratio",
-                                              "residual_norm")}})
+                                              "residual_norm", "warning", "stopped")}})
     return rows
 
 
@@ -152,6 +152,9 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
                              f"in {_fmt(first['time_to_target_s'], 3)} s.")
             else:
                 lines.append(f"- No strategy reached the target loss {target}.")
+    for r in rows:  # a run that diverged or ended worse than it began says so
+        if r.get("stopped") or r.get("warning"):
+            lines.append(f"- **{r['strategy']}: {r.get('stopped') or r['warning']}**")
     sent = [r for r in rows if r.get("bytes_sent")]
     if any(r.get("compress") not in (None, "none") for r in sent):
         lines.append("- Bytes the workers sent (docs/compression.md): " + "; ".join(

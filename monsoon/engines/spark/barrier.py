@@ -104,8 +104,10 @@ class RankRecorder:
     asks the driver's recorder over the socket; every rank stops once the
     all-reduce has carried a stop (``stop_seen``)."""
 
-    def __init__(self, sock):
+    def __init__(self, sock, target_loss=None):
         self.sock = sock  # None: a rank other than 0
+        self.target_loss = target_loss
+        self.target_reason = None
         self.stop_seen = None  # the reason, once every rank knows it
         self.stop_wanted = None  # the driver's reason, sent in the next all-reduce
         self._asked = -1.0
@@ -133,6 +135,16 @@ class RankRecorder:
             send(self.sock, ("record", now, updates, examples, np.asarray(w), dropped))
             self.stop_wanted = receive(self.sock) or self.stop_wanted
         return None
+
+    def target_met(self, loss: float, updates: int) -> bool:
+        """The all-reduced full-batch loss is every rank's alike: every rank
+        stops at the same step once it is at the target."""
+        if self.target_loss is not None and loss <= self.target_loss and not self.stop_seen:
+            from ...record.recorder import TARGET_REACHED
+
+            self.target_reason = self.stop_seen = TARGET_REACHED.format(
+                target=self.target_loss, loss=loss, updates=updates)
+        return self.target_reason is not None
 
     def live_due(self, now: float) -> bool:
         return self._live
@@ -186,7 +198,9 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
                 recorder.stop_seen = recorder.stop_wanted or "stopped by the driver"
             out = self.grads[0]
             np.divide(buf[:-3], max(buf[-2], 1.0), out=out)
-            return {k: (float(buf[-3] / max(buf[-2], 1.0)), out) for k in ranks}
+            loss = float(buf[-3] / max(buf[-2], 1.0))
+            self.full_loss = loss if union is None else None
+            return {k: (loss, out) for k in ranks}
 
     programs = RankPrograms(ctx, rule, strategy, w0, ckpts)
     # a full-batch rule's line search decides on the loss sum: float64 for it, else
@@ -222,7 +236,7 @@ def rank_task(ctx, rule, strategy, w0, driver, store_port, timeout, every, saved
             if rank == 0:
                 sock = socket.create_connection(driver, timeout=timeout)
                 sock.settimeout(timeout)
-            recorder = RankRecorder(sock)
+            recorder = RankRecorder(sock, ctx.target_loss)
             ckpts = RankCheckpoints(every, saved, sock)
             out = _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder,
                                  ckpts).run(recorder)

@@ -275,7 +275,8 @@ class SparkData(SparkSource, Problem):
             total, total_sq = column_moments(X)
             stats = {"rows": X.shape[0], "width": X.shape[1],
                      "degree": np.bincount(X.indices, minlength=X.shape[1]),
-                     "sum": total, "sum_sq": total_sq}
+                     "sum": total, "sum_sq": total_sq,
+                     "y_sum": float(y.sum()), "y_sq_sum": float(y @ y)}
             return (X, y), stats
 
         return convert
@@ -291,6 +292,8 @@ class SparkData(SparkSource, Problem):
             total_sq[:len(s["sum_sq"])] += s["sum_sq"]
         self._inverse_variance = inverse_variance(total, total_sq,
                                                   sum(s["rows"] for s in stats))
+        self._labels = (sum(s["rows"] for s in stats), sum(s["y_sum"] for s in stats),
+                        sum(s["y_sq_sum"] for s in stats))
         inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
         self.n_features = width
         self.n_params = width + 1
@@ -339,6 +342,12 @@ class SparkData(SparkSource, Problem):
             reg = 0.5 * self.lam * np.einsum("ij,ij->i", W[:, :-1][:, seen], W[:, :-1][:, seen])
             out += [{"loss": float(v)} for v in (sums + reg) / self.n_examples]
         return out
+
+    def constant_loss(self) -> float:
+        """The best constant prediction's loss, from the conversion's label sums."""
+        from ...problems.sparse_linear import constant_loss
+
+        return constant_loss(self.kind, *self._labels)
 
     def inverse_variance(self) -> np.ndarray:
         """1 / each feature's variance over every partition (then 1 for the

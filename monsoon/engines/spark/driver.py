@@ -27,7 +27,9 @@ a plug-in's program sees each worker's own gradient.
 Exactly once: only a finished job's results are applied, and a task Spark
 retries recomputes the same partition result. Where the driver waits: for
 each job, at most the run's ``timeout`` (``jobs.py``); a failed job fails
-the run. Checkpoints (programs on the server's parameters): after a step,
+the run. ``target_loss``: a full-batch step's loss is the full-data
+objective at w, so the run stops (``recorder.target_met``) before the step
+that would follow a loss at the target. Checkpoints (programs on the server's parameters): after a step,
 the parameters, rule state and steps done, which a resumed run's programs
 skip (``WorkerJob.start_step``).
 """
@@ -70,6 +72,7 @@ class DriverPrograms:
         self.programs, self.ops = {}, {}
         self.steps = self.updates = self.dropped = self.examples = self.version = 0
         self.step_loss = None   # the last gradients' mean loss
+        self.full_loss = None   # the full-data loss at w, when the last step was full-batch
         self.staleness = Counter()
 
     # -- the programs ---------------------------------------------------------------
@@ -181,6 +184,7 @@ class DriverPrograms:
         union = np.concatenate([waiting[k].indices for k in ranks])
         if len(union) == n and np.bincount(union, minlength=n).all():
             union = None  # the whole data set: every partition's every row
+        self.full_loss = None
         bc = share(ctx.sc, (self.w, union), self.w.nbytes + (0 if union is None else union.nbytes))
 
         def task(it, bc=bc):
@@ -196,6 +200,8 @@ class DriverPrograms:
         weighted_sum({p[0]: p[3] for p in parts}, [p[0] for p in parts],
                      [p[1] for p in parts], out, self.tmp)
         loss = sum(p[1] * p[2] for p in parts) / max(1, sum(p[1] for p in parts))
+        if union is None:
+            self.full_loss = loss
         return {k: (loss, out) for k in ranks}
 
     # -- collectives ---------------------------------------------------------------
@@ -257,6 +263,10 @@ class DriverPrograms:
                         fig["loss_n"] += 1
                         fig["examples"] += len(waiting[k].indices)
                         self._send(k, reply)
+                    if self.full_loss is not None and recorder.target_met(self.full_loss,
+                                                                          self.updates):
+                        stopped = recorder.target_reason  # the loss at w: no step more
+                        break
                 elif self.ops:
                     self._collective()
                 now = time.perf_counter() - t0

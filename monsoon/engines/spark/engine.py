@@ -69,6 +69,7 @@ class RunContext:
     timeout: float
     strategy: object
     compression: object = None  # messages.Compression (--compress)
+    target_loss: float | None = None  # the run stops once its loss is at it
 
     def job(self, k: int) -> WorkerJob:
         """What worker k's program runs on in a task: its own partition, as
@@ -78,6 +79,10 @@ class RunContext:
 
 
 JOB_SHARE = 0.1  # the job overhead's share of a job that sizing aims under
+# Convergence bounds n_push: a worker's copy runs at most a quarter of its
+# shard's pass (and an eighth of its run) away from the server before its
+# delta lands, so the others' progress reaches it several times an epoch.
+PUSHES_PER_EPOCH, PUSHES_PER_RUN = 4, 8
 
 
 def steps_per_exchange(strategy) -> dict:
@@ -179,7 +184,8 @@ class SparkEngine(Engine):
                                        what="loading the data into the executors"))
                 sizes = [counts[k] for k in range(workers)]
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
-                             seed, budget, self.timeout, strategy, self.compression)
+                             seed, budget, self.timeout, strategy, self.compression,
+                             recorder.target_loss)
             sizing = self._size_jobs(ctx, strategy, rule, w0)
             startup = time.perf_counter() - t_begin
             from .checkpointing import DriverCheckpoints
@@ -208,31 +214,39 @@ class SparkEngine(Engine):
     def _size_jobs(self, ctx, strategy, rule, w0) -> dict:
         """Async with neither --n-push nor --n-fetch set: as many steps per
         push (and fetch) as keep the job overhead at most JOB_SHARE of a job,
-        from one no-op job and one timed job of steps (``sizing.py``)."""
+        from a timed job of steps (``sizing.py``), but at least
+        PUSHES_PER_EPOCH pushes per worker per epoch and PUSHES_PER_RUN in
+        its run (convergence: how far a copy drifts before it is merged)."""
         if (not in_tasks(strategy) or not isinstance(getattr(strategy, "n_push", None), int)
                 or not hasattr(strategy, "n_fetch") or {"n_push", "n_fetch"} & self.given):
             return {}
         from .sizing import measure_jobs, steps_per_job
 
         job_s, step_s = measure_jobs(ctx, w0)
+        per_epoch = max(1, min(ctx.sizes) // ctx.batch_size)
         budget = ctx.budget.steps_for(0, ctx.workers)
-        per_worker = budget if budget is not None else \
-            (ctx.budget.epochs or 1) * max(1, ctx.sizes[0] // ctx.batch_size)
-        n = steps_per_job(job_s, step_s, JOB_SHARE, most=max(1, per_worker // 8))
+        per_worker = budget if budget is not None else (ctx.budget.epochs or 1) * per_epoch
+        most = max(1, min(per_epoch // PUSHES_PER_EPOCH, per_worker // PUSHES_PER_RUN))
+        n = steps_per_job(job_s, step_s, JOB_SHARE, most=most)
         strategy.n_push = strategy.n_fetch = n
         if hasattr(strategy, "local_lr"):  # as --n-fetch N does: local steps between fetches
-            strategy.local_lr = getattr(rule, "lr", 0.0) if n > 1 else 0.0
-        return {"n_push_chosen": n, "job_overhead_s": job_s, "step_s": step_s}
+            strategy.local_lr = rule.schedule.lr if n > 1 else 0.0
+        return {"n_push_chosen": n, "n_push_most": most, "job_overhead_s": job_s,
+                "step_s": step_s}
 
     def _loop(self, ctx, rule, strategy, w0, recorder, ckpts):
         if not in_tasks(strategy):
             from .barrier import fits, run_barrier
 
-            if fits(strategy, ctx.sc, ctx.workers):
+            if fits(strategy, ctx.sc, ctx.workers):  # its slots are all taken: the
+                # target is checked on full-batch step losses alone (``barrier.py``)
                 return run_barrier(ctx, rule, strategy, w0, recorder, ckpts)
             from .driver import DriverPrograms
 
+            recorder.check_target = True
+
             return DriverPrograms(ctx, rule, strategy, w0, ckpts).run(recorder)
+        recorder.check_target = True  # between jobs, a loss job can run
         if Average in strategy.uses:
             from .rounds import run_rounds
 

@@ -1,43 +1,39 @@
 """async (Downpour), SSP and EASGD on Spark: the parameter server on the driver.
 
-DeepDist's design (seed 004), with nothing of our own on the wire: the
-server (the parameters, the rule state, one version counter, each
-worker's read record for delay-aware rules, the staleness counts) lives in
-the driver process. Each worker k is a driver thread that, in a loop:
+DeepDist's design (seed 004): the server (parameters, rule state, version,
+read records, staleness counts) lives in the driver process. Each worker k
+is a driver thread that, in a loop:
 
 1. reads the server under its lock: a copy of the parameters and the
    version (the read ticket); a delay-aware rule's ``on_read`` runs here;
-2. runs one small Spark job on partition k alone (``sc.runJob(...,
-   partitions=[k])``), the parameters in a broadcast variable: the task
-   runs the worker's program from the steps it has done to its next
-   exchange (``n_push`` local steps, Downpour; ``tau``, EASGD) and returns
-   what it would push;
-3. applies ONLY that finished job's result under the lock: Downpour's rule
-   on the accrued gradient, with staleness = version now - ticket;
-   EASGD's elastic exchange d = alpha (x_k - centre), centre += d, x_k -= d (x_k and its
-   rule state stay on the driver; ``--compress``: the task sends D = C(d + e), x_k -= D).
+2. runs one Spark job on partition k alone (``sc.runJob(..., [k])``): the
+   task runs the worker's program from the steps it has done to its next
+   exchange (``n_push`` steps, Downpour; ``tau``, EASGD) and returns it;
+3. applies ONLY that finished job's result under the lock: a push (its
+   staleness = version now - ticket), or EASGD's elastic exchange
+   d = alpha (x_k - centre), centre += d, x_k -= d (x_k and its rule state
+   stay on the driver; ``--compress``: the task sends D = C(d + e)).
 
-A task that Spark retries recomputes the same segment from the same
-broadcast, and the driver applies the job's one result: an update lands
-exactly once. Between fetches the worker cannot reach the server (Spark
-tasks do not talk to the driver), so a task reads the parameters once, at
-its start (``placement.check_segments`` refuses a program that reads them
-again before its exchange: Downpour's ``n_fetch`` must equal ``n_push``);
-the period amortises Spark's per-job cost over that many steps.
+A push of n > 1 steps carries the delta of the task's own rule steps, and
+the driver adds it (DeepDist's gradient/descent pair: ``pushes_deltas``);
+a push of one step, or for a delay-aware rule, carries the gradient, to
+which the server applies its rule (Downpour as the paper ran it).
 
-SSP (``Clock``): a segment is one clock (a push period). After applying
-worker k's push the driver ticks k's clock in the clock table
-(``engines/clocks.py``); before k's next job it waits, under the run's
-timeout, until every live worker has finished clock c - S - 1 (c: k's
-clocks), then reads the clock floor with the parameters: a segment's
-gradients are c - floor <= S clocks stale. A worker that ends, fails or
-times out is retired from the table and holds no one back.
+A retried task recomputes the same segment from the same broadcast, and the
+driver applies the job's one result: an update lands exactly once. A task
+reads the parameters once, at its start (``placement.check_segments``
+refuses a program that reads them again before its exchange).
 
-A worker whose job fails after Spark's retries is named in
-``failed_workers`` and the others carry on; so is a worker whose job runs
-past ``timeout`` (its job, in its own job group, is cancelled). The monitor
-(the calling thread) records the loss curve, fails the run if no worker
-returns for twice ``timeout``, and cancels every job when the run ends.
+SSP (``Clock``): a segment is one clock. After applying k's push the driver
+ticks k's clock (``engines/clocks.py``); before k's next job it waits, under
+the run's timeout, until every live worker has finished clock c - S - 1,
+then reads the clock floor with the parameters: a segment's gradients are
+at most S clocks stale. A worker that ends, fails or times out is retired.
+
+A worker whose job fails after Spark's retries, or runs past ``timeout``
+(its job group cancelled), is named in ``failed_workers``; the others carry
+on. The monitor (the calling thread) records the loss curve, fails the run
+if no worker returns for twice ``timeout``, and cancels every job at the end.
 """
 from __future__ import annotations
 
@@ -50,6 +46,7 @@ import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
 from ...rules import UpdateInfo
+from ...rules.local import LocalRule
 from ...strategies.ops import Clock, Elastic
 from ..clocks import ClockTable, clock_extra
 from ..messages import Compression, Sender, receive, summarize
@@ -57,6 +54,35 @@ from .checkpointing import restore_state, staleness_arrays
 from .jobs import share, short_error
 from .sizing import JobTiming
 from .tasks import run_segment
+
+
+def pushes_deltas(rule, strategy) -> bool:
+    """Whether a pushing program's pushes are deltas (DeepDist, Neumann 2014:
+    each partition's task trains a copy of the model on its rows, and the
+    driver's descent adds the difference the task returns):
+
+        task k:  x = w (read at launch);  for each of its n batches:
+                     g = gradient(x, batch);  x <- rule_k(x, g)
+                 push delta = w - x
+        driver:  w <- w - delta
+
+    rule_k is the run's rule (``--rule``, ``--lr``) with worker k's own
+    state (AdaGrad's sums of squares, momentum), kept on the driver between
+    jobs and shipped with each (``LocalRule``), as local SGD's inner rule
+    is: every gradient takes one rule step, as on the local engine. (The
+    accrued sum of n gradients, one server step, would make n gradients one
+    step: AdaGrad's first step on a coordinate is lr in size whatever the
+    gradient.) With plain SGD the two are the same update.
+
+    Deltas when the push period is more than one step and the rule needs
+    nothing of the server at a push (no read record: dcasgd, adarevision;
+    no ``--staleness-lr``); else gradients, with the server's rule."""
+    from ...strategies.ops import Push
+
+    if Push not in strategy.uses or getattr(strategy, "n_push", 1) <= 1:
+        return False
+    reader = rule.init_reader(1, np.float64)
+    return not reader._fields and not getattr(rule, "staleness_lr", False)
 
 
 class DriverServer:
@@ -78,7 +104,9 @@ class DriverServer:
         self.failed: dict[int, str] = {}
         self.finished: set[int] = set()
         self.own = {k: np.array(w0, copy=True) for k in range(ctx.workers)}  # EASGD's x_k
-        self.local_rules = {k: None for k in range(ctx.workers)}
+        self.deltas = pushes_deltas(rule, strategy)
+        self.local_rules = {k: LocalRule(rule, k) if self.deltas else None
+                            for k in range(ctx.workers)}
         self.compression = ctx.compression or Compression()
         self.senders = {k: Sender(self.compression, k) for k in range(ctx.workers)}
         self.last_change = time.monotonic()
@@ -125,9 +153,9 @@ class DriverServer:
                 sender = self.senders[k]
 
                 def task(it, bc=bc, job=job, ticket=ticket, local_rule=local_rule, own=own,
-                         sender=sender):
+                         sender=sender, deltas=self.deltas):
                     return [run_segment(b, strategy, job, bc.value, ticket, local_rule, own,
-                                        sender) for b in it]
+                                        sender, deltas) for b in it]
 
                 self.running_since[k] = began = time.monotonic()
                 try:
@@ -191,10 +219,13 @@ class DriverServer:
                 else:
                     tau = self.version - int(res["ticket"])
                     grad = receive(self.compression, res["grad"], self.w.size, self.w.dtype)
-                    self.rule.apply(self.w, grad, self.state,
-                                    UpdateInfo(step=self.version, staleness=tau, worker=k,
-                                               reader=self.readers[k] if self.has_readers
-                                               else None))
+                    if self.deltas:  # the worker's own rule steps, added as they are
+                        self.w -= grad
+                    else:
+                        self.rule.apply(self.w, grad, self.state,
+                                        UpdateInfo(step=self.version, staleness=tau, worker=k,
+                                                   reader=self.readers[k] if self.has_readers
+                                                   else None))
                     self.staleness[tau] += 1
                     self.version += 1
                     self.updates += 1

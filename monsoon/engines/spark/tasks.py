@@ -49,7 +49,8 @@ def gradient_parts(block, params, requests):
     return out
 
 
-def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sender=None):
+def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sender=None,
+                deltas=False):
     """Run worker ``block.index``'s program from ``job.start_step`` to its
     next exchange with the server (Push, Average or Elastic) or its end.
 
@@ -58,7 +59,10 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
     from (EASGD; default ``w``); ``local_rule``: its private inner rule
     (local SGD, EASGD), state included; ``sender``: its ``messages.Sender``,
     which packs what the segment sends and counts it (returned in
-    ``"sender"``). Returns a dict: the op that ended
+    ``"sender"``); ``deltas``: a pushing program's gradients each take a
+    step of ``local_rule`` (the run's rule, this worker's own state) on
+    ``work`` at once, its LocalSteps are not taken, and its Push sends the
+    delta ``w - work`` instead of the accrued gradient. Returns a dict: the op that ended
     the segment (``"push"``, ``"average"``, ``"elastic"`` or None), what it
     carries, the steps and examples done, the rule back, ``ended`` (the
     program has nothing left) and ``clock``: the staleness bound of an SSP
@@ -83,6 +87,11 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
             kind = type(op)
             if kind is Gradient:
                 result = problem.gradient(work, block.rows_of(op.indices))
+                if deltas:
+                    if finite(result[1]):
+                        local_rule.apply(work, result[1])
+                    else:
+                        out["dropped"] += 1
                 out["steps"] += 1
                 out["examples"] += len(op.indices)
                 out["loss"] += float(result[0])
@@ -91,7 +100,8 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
                     break
                 result = ticket
             elif kind is LocalStep:
-                work -= op.lr * op.grad
+                if not deltas:  # with deltas the rule's own step was taken
+                    work -= op.lr * op.grad
             elif kind is LocalApply:
                 if finite(op.grad):
                     local_rule.apply(work, op.grad)
@@ -99,7 +109,8 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
                     out["dropped"] += 1
             elif kind is Push:
                 out["op"], out["ticket"] = "push", op.ticket
-                out["grad"] = np.array(send(op.grad), copy=True) if finite(op.grad) else None
+                sent = anchor - work if deltas else op.grad
+                out["grad"] = np.array(send(sent), copy=True) if finite(sent) else None
                 break
             elif kind is Average:
                 out["op"], out["drift"] = "average", send(anchor - work)
