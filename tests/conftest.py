@@ -26,6 +26,23 @@ def pytest_collection_modifyitems(config, items):
                 break
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """In a pytest-xdist worker under ``--dist loadgroup``: fail the run if a
+    server's test did not get its group (xdist suffixes the test's id with
+    ``@group``). Without it, two Ray clusters on the same addresses would
+    run at once and the run would fail or crawl, not say why."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None and not item.nodeid.endswith("@" + mark.args[0]):
+            why = (f"pytest-xdist did not group {item.nodeid} ({mark.args[0]}): this pytest "
+                   "and pytest-xdist do not work together; install with -c constraints.txt")
+            os.write(2, f"\n{why}\n".encode())  # a worker's exception reaches no one
+            raise pytest.UsageError(why)
+
+
 @pytest.fixture(scope="session")
 def _ray_for_the_session():
     """Shuts down, at the end of the session, the Ray instance ``local_ray`` started."""
