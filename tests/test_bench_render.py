@@ -23,7 +23,7 @@ def test_committed_page_and_readme_are_current():
 
 
 def test_every_benchmark_script_is_listed_and_writes_a_record():
-    helpers = {"common", "records", "render", "ddp_peer", "ray_peer", "bare_sync"}
+    helpers = {"common", "records", "render", "run_all", "ddp_peer", "ray_peer", "bare_sync"}
     scripts = {p.stem for p in (ROOT / "bench").glob("*.py")} - helpers
     listed = [name for name, *_ in render.BENCHMARKS]
     assert sorted(listed) == sorted(scripts)
@@ -195,3 +195,92 @@ def test_a_record_names_the_machine_its_loads_and_the_peers(sandbox, monkeypatch
         cwd=ROOT / "bench", env={**os.environ, "MONSOON_BENCH_LOAD_BEFORE": "0.25,0.5,0.75"},
         capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["[0.25,", "0.5,", "0.75]", "False"], out.stderr
+
+
+import ast  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+
+import run_all  # noqa: E402
+
+
+def _options(script: Path) -> dict[str, bool]:
+    """A bench script's argparse options: name -> whether it takes a value."""
+    options = {}
+    for node in ast.walk(ast.parse(script.read_text())):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+                and node.args and isinstance(node.args[0], ast.Constant)):
+            action = next((k.value.value for k in node.keywords if k.arg == "action"), None)
+            options[node.args[0].value] = action not in ("store_true", "store_false")
+    return options
+
+
+def _check_arguments(name: str, args: list[str]) -> None:
+    script = ROOT / "bench" / f"{name}.py"
+    assert script.exists(), name
+    options, i = _options(script), 0
+    while i < len(args):
+        assert args[i] in options, f"{name}: no option {args[i]}"
+        if options[args[i]]:
+            assert i + 1 < len(args) and not args[i + 1].startswith("--"), (name, args[i])
+            if name == "before_after" and args[i] == "--bench":  # a benchmark and its args
+                inner, *rest = shlex.split(args[i + 1])
+                _check_arguments(inner, rest)
+            i += 1
+        i += 1
+
+
+def test_run_all_plans_every_benchmark_with_arguments_its_script_takes():
+    names = [name for name, *_ in render.BENCHMARKS]
+    assert sorted(run_all.PLAN) == sorted(names)
+    for name, (full, _, quick, _) in run_all.PLAN.items():
+        _check_arguments(name, full)
+        _check_arguments(name, quick)
+
+
+@pytest.mark.parametrize("quick, budget", [(False, 60), (True, 20)])
+def test_run_all_dry_run_lists_every_benchmark_within_the_budget(capsys, quick, budget):
+    assert run_all.main(["--dry-run"] + (["--quick"] if quick else [])) == 0
+    out = capsys.readouterr().out.splitlines()
+    for name, *_ in render.BENCHMARKS:
+        line = next(line for line in out if line.split()[0] == name)
+        if name in render.NEEDS and not run_all.cuda_here(probe_torch=False):
+            assert f"skipped: needs {render.NEEDS[name]}" in line
+        else:
+            cmd = shlex.split(line[line.index("python bench/"):])
+            assert cmd[:2] == ["python", f"bench/{name}.py"]
+            assert cmd[2:] == run_all.PLAN[name][2 if quick else 0]
+    total = float(re.search(r"estimated total: ([\d.]+) min", out[-1]).group(1))
+    assert 0 < total < budget
+
+
+def test_run_all_waits_for_a_load_below_the_threshold_held_long_enough():
+    clock = [0.0]
+    loads = iter([3.0, 1.4, 1.6, 1.4, 1.3, 1.2, 1.1, 1.0])
+
+    def sleep(s):
+        clock[0] += s
+
+    quiet, load = run_all.wait_for_quiet(4, timeout=60, load=lambda: next(loads),
+                                         clock=lambda: clock[0], sleep=sleep, poll=2)
+    assert quiet and clock[0] == 10  # the 1.6 at t=4 restarts the hold from t=6
+    quiet, load = run_all.wait_for_quiet(30, timeout=20, load=lambda: 2.5,
+                                         clock=lambda: clock[0], sleep=sleep, poll=2)
+    assert not quiet and load == 2.5
+
+
+def test_run_all_reports_a_failure_and_kills_only_the_timed_out_group(tmp_path):
+    assert run_all.run_one("no_such_bench", ["sh", "-c", "exit 3"],
+                           30) == "failed (exit status 3)"
+    assert run_all.run_one("no_such_bench", ["true"], 30) == "exited 0 but wrote no record"
+    pid_file = tmp_path / "pid"
+    hang = f"sleep 60 & echo $! > {shlex.quote(str(pid_file))}; wait"
+    why = run_all.run_one("no_such_bench", ["sh", "-c", hang], 1)
+    assert why.startswith("timed out")
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    for _ in range(50):  # the benchmark's own child is killed too (gone, or a zombie)
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        __import__("time").sleep(0.1)
+    else:
+        raise AssertionError("the timed-out benchmark's child still runs")
