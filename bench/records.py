@@ -11,6 +11,7 @@ A record is ``bench/results/<benchmark>/<UTC time>-<commit>.json``::
                  "load_before": [..], "load_after": [..], "loadavg": [..],
                  "python": "3.11.7", "platform": "..."},
      "peers": {"torch": "2.13.0", "scikit-learn": "1.6.1", ...},  # installed versions
+     "elapsed_s": 312.4,                    # from this module's import to the record
      "rows": [                              # one per shape / data set / setting
         {"name": "mlp64-b32",
          "ours": {"median": 1.2e5, "runs": [...]},     # each figure with its spread
@@ -40,6 +41,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # MONSOON_BENCH_RESULTS redirects the records (the tests write theirs elsewhere).
@@ -48,6 +50,7 @@ RESULTS = Path(os.environ.get("MONSOON_BENCH_RESULTS") or Path(__file__).resolve
 # The load when the benchmark started. The variable is removed here, so that a
 # benchmark that starts other benchmarks (before_after.py) does not hand run_all's
 # figure on to them: each of those takes its own at import.
+_STARTED = time.monotonic()  # for the record's elapsed_s: the script's run, near enough
 _given = os.environ.pop("MONSOON_BENCH_LOAD_BEFORE", None)
 try:
     LOAD_BEFORE = [float(x) for x in _given.split(",")] if _given else list(os.getloadavg())
@@ -133,6 +136,7 @@ def write_record(benchmark: str, params: dict, rows: list[dict], summary: dict,
         "params": params, "commit": commit, "dirty": bool(_git("status", "--porcelain",
                                                                "--untracked-files=no")),
         "date": now.isoformat().replace("+00:00", "Z"), "machine": machine(), "peers": peers(),
+        "elapsed_s": round(time.monotonic() - _STARTED, 1),
         "rows": rows, "summary": summary,
     }
     folder = (directory or RESULTS) / benchmark

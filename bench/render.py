@@ -322,6 +322,8 @@ def page(records: dict) -> str:
                     f"{record['date']}, {_where(m)}, Python "
                     f"{m.get('python', '?')}, {m.get('platform', '?')}"
                     + "".join(f", {k} {v}" for k, v in (record.get("peers") or {}).items())
+                    + (f". It ran {record['elapsed_s'] / 60:.1f} min" if record.get("elapsed_s")
+                       else "")
                     + ". Parameters: "
                     + ", ".join(f"{k}={v}" for k, v in (record.get("params") or {}).items())
                     + "."]

@@ -188,6 +188,7 @@ def test_a_record_names_the_machine_its_loads_and_the_peers(sandbox, monkeypatch
     assert m["cores"] and m["cpu"] and "gpu" in m
     assert len(m["load_before"]) == 3 and len(m["load_after"]) == 3
     assert record["peers"]["numpy"] == __import__("numpy").__version__
+    assert record["elapsed_s"] >= 0
     # run_all.py hands the load at launch over; the script's own children take theirs
     out = subprocess.run(
         [sys.executable, "-c", "import os, records; print(records.LOAD_BEFORE, "
