@@ -294,7 +294,9 @@ def page(records: dict) -> str:
            "This page shows the newest record of each benchmark; older ones stay in",
            "`bench/results/` and in git. To update a row, run its command (under",
            "`flock /tmp/monsoon-bench.lock` on a shared machine), then",
-           "`python bench/render.py`.", "",
+           "`python bench/render.py`; `python bench/run_all.py` runs every benchmark",
+           "(`--only NAME` some, `--quick` smaller), each on a quiet machine, and renders.",
+           "The README lists the headline rows only.", "",
            "| benchmark | ratio (runs) | target | result | measured | command |",
            "|---|---|---|---|---|---|"]
     for name, what, command, target in BENCHMARKS:

@@ -12,7 +12,8 @@ not for figures to publish. Neither tunes anything: every benchmark measures
 monsoon at its defaults, as a user gets it. Then ``bench/render.py`` renders
 README.md and docs/benchmarks.md from the newest records.
 
-Before each benchmark it waits for a quiet machine: the 1-minute load average
+Before each benchmark it takes the benchmarks' lock (LOCK, as ``flock`` does on
+a shared machine) and waits for a quiet machine: the 1-minute load average
 below QUIET for ``--hold`` seconds in a row (30; 10 with ``--quick``), at most
 ``--wait-minutes`` (10). A wait that times out skips the benchmark, and a load above REFUSE
 when it would start refuses it (one line each); ``--allow-load`` runs it
@@ -30,6 +31,7 @@ estimated total, and runs nothing.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import math
 import os
 import shlex
@@ -47,6 +49,9 @@ from render import BENCHMARKS, NEEDS  # noqa: E402
 
 QUIET, REFUSE = 1.5, 2.0  # 1-minute load averages: wait below QUIET, refuse above REFUSE
 WAIT_S = 600.0            # the longest wait for a quiet machine before one benchmark
+# what benchmarks on a shared machine run under (docs/benchmarks.md): held from
+# the wait before each benchmark to its end
+LOCK = Path("/tmp/monsoon-bench.lock")
 TIMEOUT_FACTOR = 3.0      # a benchmark's time limit, over its estimate
 MIN_TIMEOUT_MIN = 3.0
 # The wait before a benchmark, nothing else running, is the decay of the
@@ -91,7 +96,7 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
     "pipeline": ([], 0.6, ["--steps", "6"], 0.4),
     "sim_scale": (["--repeats", "2"], 1.0, ["--repeats", "1", "--updates", "20000"], 0.2),
     "delay_tolerance": (["--seeds", "3"], 0.7, ["--seeds", "1"], 0.3),
-    "sim_effects": ([], 2.0, ["--steps-a", "10000"], 0.5),
+    "sim_effects": ([], 2.5, ["--steps-a", "10000"], 0.5),
     "hogwild_vs_vw": (["--repeats", "2"], 1.8, ["--quick"], 0.5),
     "compression": (["--steps", "60"], 1.0, ["--steps", "30", "--compress", "topk:0.01"], 0.4),
     "compression_vs_ddp_powersgd": (["--repeats", "2", "--steps", "200"], 1.0,
@@ -252,28 +257,59 @@ def main(argv=None) -> int:
     return run(rows, args, hold)
 
 
+def take_lock(timeout_s: float, path: Path = LOCK):
+    """The benchmark lock (an open file holding ``flock``), or None if another
+    process keeps it ``timeout_s`` seconds."""
+    f = open(path, "a")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                return None
+            time.sleep(2)
+
+
+def _not_quiet(args, hold: float) -> str:
+    """'' once the machine is quiet enough to record on, else why not."""
+    quiet, load = wait_for_quiet(hold, 60 * args.wait_minutes)
+    if args.allow_load:
+        return ""
+    if not quiet:
+        return (f"the load stayed at {load:.1f} (not below {QUIET} for {hold:g} s within "
+                f"{args.wait_minutes:g} min); --allow-load runs it anyway")
+    if os.getloadavg()[0] > REFUSE:
+        return (f"refused to record at load {os.getloadavg()[0]:.1f} (> {REFUSE}); "
+                f"--allow-load runs it anyway")
+    return ""
+
+
 def run(rows: list, args, hold: float) -> int:
     start, outcomes, failed = time.monotonic(), [], False
     for name, cmd, est, skip in rows:
-        elapsed = (time.monotonic() - start) / 60
+        elapsed, lock = (time.monotonic() - start) / 60, None
         if not skip and elapsed + est > args.max_minutes:
             skip = f"would end past --max-minutes {args.max_minutes:g} ({elapsed:.0f} min gone)"
         if not skip:
-            quiet, load = wait_for_quiet(hold, 60 * args.wait_minutes)
-            if not quiet and not args.allow_load:
-                skip = (f"the load stayed at {load:.1f} (not below {QUIET} for {hold:g} s "
-                        f"within {args.wait_minutes:g} min); --allow-load runs it anyway")
-            elif os.getloadavg()[0] > REFUSE and not args.allow_load:
-                skip = (f"refused to record at load {os.getloadavg()[0]:.1f} (> {REFUSE}); "
-                        f"--allow-load runs it anyway")
+            lock = take_lock(60 * args.wait_minutes)
+            skip = "" if lock else f"another process held {LOCK} for {args.wait_minutes:g} min"
+        skip = skip or _not_quiet(args, hold)
         if skip:
+            if lock:
+                lock.close()
             print(f"run_all: {name}: skipped: {skip}", flush=True)
             outcomes.append((name, f"skipped: {skip}", est, None))
             continue
         print(f"run_all: {name}: {_shown(cmd)} (load {os.getloadavg()[0]:.1f}, "
               f"estimate {est:.1f} min)", flush=True)
         t0 = time.monotonic()
-        why = run_one(name, cmd, 60 * max(MIN_TIMEOUT_MIN, TIMEOUT_FACTOR * est))
+        try:
+            why = run_one(name, cmd, 60 * max(MIN_TIMEOUT_MIN, TIMEOUT_FACTOR * est))
+        finally:
+            lock.close()
         took = (time.monotonic() - t0) / 60
         failed |= bool(why)
         print(f"run_all: {name}: {why or 'recorded'} ({took:.1f} min, estimate {est:.1f})",

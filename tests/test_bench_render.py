@@ -285,3 +285,16 @@ def test_run_all_reports_a_failure_and_kills_only_the_timed_out_group(tmp_path):
         __import__("time").sleep(0.1)
     else:
         raise AssertionError("the timed-out benchmark's child still runs")
+
+
+def test_run_all_waits_for_the_benchmark_lock(tmp_path):
+    lock = tmp_path / "lock"
+    held = run_all.take_lock(1, lock)
+    assert held is not None
+    try:
+        assert run_all.take_lock(0, lock) is None  # held by another open file
+    finally:
+        held.close()
+    again = run_all.take_lock(0, lock)
+    assert again is not None
+    again.close()
