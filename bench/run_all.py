@@ -12,12 +12,12 @@ not for figures to publish. Neither tunes anything: every benchmark measures
 monsoon at its defaults, as a user gets it. Then ``bench/render.py`` renders
 README.md and docs/benchmarks.md from the newest records.
 
-Before each benchmark it takes the benchmarks' lock (LOCK, as ``flock`` does on
-a shared machine) and waits for a quiet machine: the 1-minute load average
+Before each benchmark it takes the benchmarks' lock (LOCK, as ``flock`` does
+on a shared machine) and waits for a quiet machine: the 1-minute load average
 below QUIET for ``--hold`` seconds in a row (30; 10 with ``--quick``), at most
-``--wait-minutes`` (10). A wait that times out skips the benchmark, and a load above REFUSE
-when it would start refuses it (one line each); ``--allow-load`` runs it
-anyway. The load at its launch is handed to the record
+``--wait-minutes`` (10). A wait that times out skips the benchmark, and a load
+above REFUSE when it would start refuses it (one line each); ``--allow-load``
+runs it anyway. The load at its launch is handed to the record
 (``MONSOON_BENCH_LOAD_BEFORE``, read by bench/records.py).
 
 A benchmark that exits non-zero, writes no record, or runs past its time limit
@@ -45,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from records import RESULTS  # noqa: E402
 from render import BENCHMARKS, NEEDS  # noqa: E402
 
 QUIET, REFUSE = 1.5, 2.0  # 1-minute load averages: wait below QUIET, refuse above REFUSE
@@ -164,7 +165,6 @@ def wait_for_quiet(hold: float, timeout: float = WAIT_S, below: float = QUIET,
 
 
 def _newest_record(name: str) -> str | None:
-    from records import RESULTS
     folder = RESULTS / name
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
     return files[-1].name if files else None
@@ -192,17 +192,17 @@ def run_one(name: str, cmd: list[str], limit_s: float) -> str:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the benchmark's process group (the one it was started in), then SIGKILL."""
-    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+    """SIGTERM to the benchmark's process group (the one it was started in), 15 s
+    for the benchmark to end, then SIGKILL to what is left of the group."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
-            proc.wait(timeout=grace)
-            return
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            continue
+            pass
 
 
 def plan(names: list[str], quick: bool, hold: float, cuda: bool) -> tuple[list, float, float]:
