@@ -6,14 +6,27 @@ Each benchmark below is rendered from its newest record in
 ``bench/results/<benchmark>/`` (written by ``bench/records.py``): the
 ratio, its spread, the target, whether it was met, the commit and machine
 that measured it, and the command that reproduces it. A benchmark without a
-record says "not yet recorded", with its command and target. Nothing here
-holds a figure: re-run a benchmark, then this, and its row changes.
+record says "not yet recorded", with its command and target (one that needs
+hardware this machine may lack, the GPU's, says what it needs instead). Nothing
+here holds a figure: re-run a benchmark, then this, and its row changes.
+
+The README lists the HEADLINE benchmarks only; docs/benchmarks.md lists all.
+
+A verdict is "met" only when the ratio is on the right side of its target.
+Where the target parses as one comparison (">= 1.5", "<= 0.05 of the run",
+"< 120 s", ">= 1.0, or within the spread"...) and a record says met with its
+ratio on the wrong side (it counted overlapping ranges as met), the verdict is
+"tie" with the spread of its runs. Where the target does not parse (several
+conditions), the rows that have a ratio and a parseable target are judged the
+same way, and one such row on the wrong side makes the benchmark a tie.
 
 ``--check`` writes nothing and exits 1 if either file is out of date.
 """
 from __future__ import annotations
 
 import argparse
+import operator
+import re
 import sys
 from pathlib import Path
 
@@ -98,6 +111,87 @@ BENCHMARKS = [
 ]
 
 
+# The README's list: the benchmarks a user picks a strategy or an engine by, at
+# most 8. The quick start's report (what a newcomer sees first); sync against
+# one process and DDP across shapes (whether to use sync at all); the torch
+# engine against DDP (which engine for torch); Hogwild against scikit-learn on
+# sparse data at the defaults (HogwildClassifier or SGDClassifier); the spark
+# engine against MLlib (for Spark users); the local engine's async against a
+# Ray parameter server and the ray engine's overhead (local or ray); the
+# delay-tolerant rules (which rule for async). The rest are in docs/benchmarks.md.
+HEADLINE = ("quick_start", "sync_sweep", "torch_engine_vs_ddp", "hogwild_sweep",
+            "spark_vs_mllib", "async_local_vs_ray", "ray_overhead", "delay_tolerance")
+
+# benchmarks that need hardware a machine may lack: what they need
+NEEDS = {"gpu": "a CUDA device"}
+
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+# one comparison, then at most a unit or a scope that does not change it; "or
+# within the spread" / "or ranges overlapping" is dropped: an overlap is a tie
+_TARGET = re.compile(r"\s*(>=|<=|<|>)\s*(-?\d+(?:\.\d+)?)\s*(x|%)?"
+                     r"(?:\s+(?:s|datasets|off|of the run|(?:on )?every (?:shape|dataset)))?"
+                     r"(?:,?\s*or (?:within the (?:run-to-run )?spread|ranges overlapping))?\s*")
+
+
+def parse_target(target) -> tuple[str, float] | None:
+    """``(operator, value)`` of a target that is one comparison; None otherwise."""
+    m = _TARGET.fullmatch(target) if isinstance(target, str) else None
+    if m is None:
+        return None
+    value = float(m.group(2)) / (100 if m.group(3) == "%" else 1)
+    return m.group(1), value
+
+
+def right_side(ratio, target) -> bool | None:
+    """Whether ``ratio`` meets ``target``; None if either can't be judged."""
+    parsed = parse_target(target)
+    if parsed is None or not isinstance(ratio, (int, float)) or isinstance(ratio, bool):
+        return None
+    return _OPS[parsed[0]](ratio, parsed[1])
+
+
+def _runs(d: dict) -> list | None:
+    """The ratio's runs: ``ratio_runs``, or (bench/before_after.py's rows) each
+    run after over the median before."""
+    if d.get("ratio_runs"):
+        return d["ratio_runs"]
+    before, after = d.get("before"), d.get("after")
+    if isinstance(before, dict) and isinstance(after, dict) and before.get("median") \
+            and after.get("runs"):
+        return [v / before["median"] for v in after["runs"]]
+    return None
+
+
+def _spread_of(d: dict) -> str:
+    runs = _runs(d)
+    return f"spread {_num(min(runs))}–{_num(max(runs))}" if runs else ""
+
+
+def verdict(summary: dict, rows: list | None = None) -> tuple[str, str]:
+    """``(word, detail)``: ("met", ""), ("tie", "spread a–b[ on row]") or
+    ("not met", the summary's ``why`` or "") for a record (see the module)."""
+    if not summary.get("met"):
+        return "not met", summary.get("why") or ""
+    side = right_side(summary.get("ratio"), summary.get("target"))
+    if side is False:  # the summary's spread, else that of its worst row's
+        worst = [r for r in rows or [] if r.get("ratio") == summary.get("ratio")]
+        return "tie", _spread_of(summary) or (_spread_of(worst[0]) if worst else "")
+    if side is None:
+        for r in rows or []:
+            if r.get("met") and right_side(r.get("ratio"), r.get("target")) is False:
+                return "tie", " ".join(x for x in (_spread_of(r), "on", r.get("name")) if x)
+    return "met", ""
+
+
+def row_verdict(r: dict) -> str:
+    """A row's met column: yes, tie or **no** (empty if the row has no verdict)."""
+    if r.get("met") is None:
+        return ""
+    if not r["met"]:
+        return "**no**"
+    return "tie" if right_side(r.get("ratio"), r.get("target")) is False else "yes"
+
+
 def _num(x) -> str:
     if x is None:
         return "—"
@@ -118,12 +212,17 @@ def _spread(summary: dict) -> str:
 def _met(record: dict | None) -> str:
     if record is None:
         return "not yet recorded"
-    return "**met**" if record["summary"]["met"] else "**not met**"
+    word, detail = verdict(record["summary"], record.get("rows"))
+    if not detail:
+        return f"**{word}**"
+    return f"**{word}** ({detail})" if word == "tie" else f"**{word}**: {detail}"
 
 
 def readme_lines(records: dict) -> str:
     lines = []
     for name, what, command, target in BENCHMARKS:
+        if name not in HEADLINE:
+            continue
         record = records.get(name)
         if record is None:
             lines.append(f"- {what}: not yet recorded (target {target}; `{command}`)")
@@ -135,10 +234,31 @@ def readme_lines(records: dict) -> str:
 
 
 def _machine(record: dict) -> str:
+    """cores, load (before → after where the record has both), and the GPU."""
     m = record.get("machine", {})
-    load = m.get("loadavg")
-    load = f", load {load[0]:.1f}" if load else ""
-    return f"{m.get('cores', '?')} cores{load}"
+    before, after = m.get("load_before"), m.get("load_after") or m.get("loadavg")
+    if before and after:
+        load = f", load {before[0]:.1f} → {after[0]:.1f}"
+    else:
+        load = f", load {after[0]:.1f}" if after else ""
+    device = m.get("gpu") or (record.get("params") or {}).get("device")
+    return f"{m.get('cores', '?')} cores{load}" + (f", {device}" if device else "")
+
+
+def _loads(loads) -> str:
+    return ", ".join(f"{x:.1f}" for x in loads or [])
+
+
+def _where(m: dict) -> str:
+    """The machine of a record's detail line: CPU, cores, GPU, loads."""
+    cpu = f"{m['cpu']}, " if m.get("cpu") else ""
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    if m.get("load_before"):
+        load = (f"load average {_loads(m['load_before'])} before, "
+                f"{_loads(m.get('load_after') or m.get('loadavg'))} after")
+    else:
+        load = f"load average {_loads(m.get('loadavg'))}"
+    return f"{cpu}{m.get('cores', '?')} cores{gpu}, {load}"
 
 
 def _row_table(record: dict) -> list[str]:
@@ -157,7 +277,7 @@ def _row_table(record: dict) -> list[str]:
         ratio = _num(r.get("ratio"))
         if r.get("ratio_runs"):
             ratio += f" ({_num(min(r['ratio_runs']))}–{_num(max(r['ratio_runs']))})"
-        met = "" if r.get("met") is None else ("yes" if r["met"] else "**no**")
+        met = row_verdict(r)
         out.append(f"| {r.get('name', '')} | {fig(r.get('ours'))} | {fig(r.get('peer'))} | "
                    f"{ratio} | {r.get('target') or ''} | {met} |")
     return out
@@ -174,13 +294,17 @@ def page(records: dict) -> str:
            "This page shows the newest record of each benchmark; older ones stay in",
            "`bench/results/` and in git. To update a row, run its command (under",
            "`flock /tmp/monsoon-bench.lock` on a shared machine), then",
-           "`python bench/render.py`.", "",
+           "`python bench/render.py`; `python bench/run_all.py` runs every benchmark",
+           "(`--only NAME` some, `--quick` smaller), each on a quiet machine, and renders.",
+           "The README lists the headline rows only.", "",
            "| benchmark | ratio (runs) | target | result | measured | command |",
            "|---|---|---|---|---|---|"]
     for name, what, command, target in BENCHMARKS:
         record = records.get(name)
         if record is None:
-            out.append(f"| {what} | — | {target} | not yet recorded | — | `{command}` |")
+            status = (f"needs {NEEDS[name]}; not yet run on one" if name in NEEDS
+                      else "not yet recorded")
+            out.append(f"| {what} | — | {target} | {status} | — | `{command}` |")
             continue
         s = record["summary"]
         dirty = "+" if record.get("dirty") else ""
@@ -197,9 +321,12 @@ def page(records: dict) -> str:
         out += _row_table(record)
         m = record.get("machine", {})
         out += ["", f"Commit {record['commit']}{' (uncommitted changes)' if record.get('dirty') else ''}, "
-                    f"{record['date']}, {m.get('cores', '?')} cores, load average "
-                    f"{', '.join(f'{x:.1f}' for x in m.get('loadavg', []))}, Python "
-                    f"{m.get('python', '?')}, {m.get('platform', '?')}. Parameters: "
+                    f"{record['date']}, {_where(m)}, Python "
+                    f"{m.get('python', '?')}, {m.get('platform', '?')}"
+                    + "".join(f", {k} {v}" for k, v in (record.get("peers") or {}).items())
+                    + (f". It ran {record['elapsed_s'] / 60:.1f} min" if record.get("elapsed_s")
+                       else "")
+                    + ". Parameters: "
                     + ", ".join(f"{k}={v}" for k, v in (record.get("params") or {}).items())
                     + "."]
     return "\n".join(out) + "\n"
