@@ -80,7 +80,7 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
                              "mlp64-b32,cnn-b128"], 0.5),
     "hogwild_vs_torch": (["--repeats", "3"], 0.6, ["--repeats", "1"], 0.3),
     "hogwild_vs_sklearn": (["--repeats", "2"], 0.8, ["--repeats", "1", "--rows", "50000"], 0.3),
-    "hogwild_sweep": (["--repeats", "3", "--min-seconds", "1.5"], 2.6,
+    "hogwild_sweep": (["--repeats", "2", "--min-seconds", "1.5"], 1.8,
                       ["--quick", "--only", "f100k"], 0.6),
     "spark_vs_mllib": (["--repeats", "2"], 3.0, ["--quick"], 1.0),
     "spark_vs_torchdistributor": (["--repeats", "2"], 1.2, ["--repeats", "1", "--rows", "16384"],
@@ -91,23 +91,25 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
     "spark_overhead": (["--repeats", "2", "--steps", "4"], 1.5,
                        ["--repeats", "1", "--rows", "200000", "--features", "20000"], 0.6),
     "checkpoint_cost": (["--repeats", "2"], 0.8, ["--repeats", "1", "--steps", "1000"], 0.3),
-    "live_overhead": (["--repeats", "3", "--shapes", "quick-start,mlp64-b32,cnn-b128"], 1.0,
+    "live_overhead": (["--repeats", "2", "--shapes", "quick-start,mlp64-b32,cnn-b128"], 0.7,
                       ["--repeats", "1", "--shapes", "quick-start,cnn-b128"], 0.3),
     "dataset_memory": (["--repeats", "2"], 1.0, ["--repeats", "1", "--gib", "0.25"], 0.3),
     "pipeline": ([], 0.6, ["--steps", "6"], 0.4),
     "sim_scale": (["--repeats", "2"], 1.0, ["--repeats", "1", "--updates", "20000"], 0.2),
     "delay_tolerance": (["--seeds", "3"], 0.7, ["--seeds", "1"], 0.3),
-    "sim_effects": ([], 2.5, ["--steps-a", "10000"], 0.5),
-    "hogwild_vs_vw": (["--repeats", "2"], 1.8, ["--quick"], 0.5),
-    "compression": (["--steps", "60"], 1.0, ["--steps", "30", "--compress", "topk:0.01"], 0.4),
+    "sim_effects": (["--steps-a", "30000"], 1.3, ["--steps-a", "10000"], 0.5),
+    "hogwild_vs_vw": (["--repeats", "1"], 1.0, ["--quick"], 0.5),
+    "compression": (["--steps", "40"], 0.7, ["--steps", "30", "--compress", "topk:0.01"], 0.4),
     "compression_vs_ddp_powersgd": (["--repeats", "2", "--steps", "200"], 1.0,
                                     ["--repeats", "1", "--steps", "100"], 0.5),
     "ssp_sweep": ([], 2.5, ["--problems", "digits", "--bounds", "0,4"], 0.6),
-    # the engine-layer refactor (2993888) against this checkout, on the row it
-    # once called met at 0.663: sync_sweep's cnn-b128
-    "before_after": (["--before", "2993888", "--rounds", "2",
-                      "--bench", "sync_sweep --quick --shapes cnn-b128"], 0.8,
-                     ["--before", "2993888", "--rounds", "1",
+    # this round's device-array change (#45) against the main before it
+    # (940f801), on the CPU benchmarks it must not slow: the sync sweep and the
+    # quick start
+    "before_after": (["--before", "940f801", "--rounds", "2",
+                      "--bench", "sync_sweep --quick --shapes mlp64-b32,mlp1024-b512,cnn-b128",
+                      "--bench", "quick_start --repeats 1 --turns 1"], 5.0,
+                     ["--before", "940f801", "--rounds", "1",
                       "--bench", "sync_sweep --quick --shapes cnn-b128"], 0.5),
     "gpu": ([], 5.0, ["--quick"], 2.5),
 }
