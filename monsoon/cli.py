@@ -52,10 +52,6 @@ def _help(option: Option) -> str:
     return option.help + choices + default
 
 
-def _metavar(option: Option) -> str:
-    return option.cli.lstrip("-").upper().replace("-", "_")
-
-
 def _add(group, option: Option) -> None:
     if option.type is bool:
         group.add_argument(option.cli, dest=option.name, action="store_true",
@@ -65,7 +61,7 @@ def _add(group, option: Option) -> None:
         optional = {} if option.const is None else {"nargs": "?", "const": option.const}
         group.add_argument(option.cli, dest=option.name, type=option.type,
                            default=argparse.SUPPRESS, help=_help(option),
-                           metavar=_metavar(option), **optional)
+                           metavar=option.metavar, **optional)
 
 
 def _common(p: argparse.ArgumentParser, problem: str, workers: int) -> None:

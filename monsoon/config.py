@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import devices as _devices
+from .compressors import COMPRESSORS
 from .engines import ENGINES, Engine
 from .engines import messages as _messages
 from .errors import ConfigError
@@ -77,7 +78,8 @@ RUN = {o.name: o for o in RUN_OPTIONS}
 
 def registries() -> dict:
     """The component registries, by kind, in the order their options are listed."""
-    return {"strategy": STRATEGIES, "rule": RULES, "engine": ENGINES, "problem": PROBLEMS}
+    return {"strategy": STRATEGIES, "rule": RULES, "engine": ENGINES, "problem": PROBLEMS,
+            "compressor": COMPRESSORS}
 
 
 def component_options() -> dict[str, Option]:

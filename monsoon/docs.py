@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .cli import _metavar
 from .config import RUN_OPTIONS, registries
 from .options import Option, declared
 
@@ -24,7 +23,7 @@ def _cell(text: str) -> str:
 
 
 def _flag(option: Option) -> str:
-    return f"`{option.cli}`" if option.type is bool else f"`{option.cli} {_metavar(option)}`"
+    return f"`{option.cli}`" if option.type is bool else f"`{option.cli} {option.metavar}`"
 
 
 def _meaning(option: Option) -> str:

@@ -43,6 +43,11 @@ class Option:
         return self.flag or "--" + self.name.replace("_", "-")
 
     @property
+    def metavar(self) -> str:
+        """The argument's name in help and docs: --batch-size -> BATCH_SIZE."""
+        return self.cli.lstrip("-").upper().replace("-", "_")
+
+    @property
     def words(self) -> str:
         return self.label or self.name.replace("_", " ")
 

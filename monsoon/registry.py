@@ -1,17 +1,19 @@
 """One registry per kind of component, open to other packages.
 
-monsoon's own strategies, rules, engines and problems are registered by
-name in their folders. Another package adds its own through a Python entry
-point, the convention pytest and others use, in its ``pyproject.toml``::
+monsoon's own strategies, rules, engines, problems and compressors are
+registered by name in their folders. Another package adds its own through
+a Python entry point, the convention pytest and others use, in its
+``pyproject.toml``::
 
     [project.entry-points."monsoon.strategies"]
     ssp = "my_package.ssp:StaleSynchronous"
 
 The groups are ``monsoon.strategies``, ``monsoon.rules``,
-``monsoon.engines`` and ``monsoon.problems``. Entry points are read the
-first time a registry is asked for its names, and again after
-``reload()``. A built-in name cannot be replaced; a plug-in that fails to
-import is reported when it is asked for, by name and entry point.
+``monsoon.engines``, ``monsoon.problems`` and ``monsoon.compressors``.
+Entry points are read the first time a registry is asked for its names,
+and again after ``reload()``. A built-in name cannot be replaced; a
+plug-in that fails to import is reported when it is asked for, by name
+and entry point.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from .options import Option, declared
 
 class Registry:
     def __init__(self, kind: str, group: str, builtins: dict):
-        self.kind = kind            # "strategy", "rule", "engine", "problem"
+        self.kind = kind            # "strategy", "rule", "engine", "problem", "compressor"
         self.group = group
         self._builtins = dict(builtins)
         self._plugins: dict | None = None

@@ -151,6 +151,27 @@ def clipped_on_local(plugin_site):
     return clipped
 
 
+def _with_plugin(engine, request):
+    """The engine's cluster, where it has one, with the plug-in on its
+    workers' path: a context to run in."""
+    import contextlib
+
+    if engine == "ray":
+        request.getfixturevalue("local_ray_with_plugin")
+    if engine != "spark":
+        return contextlib.nullcontext()
+    # started here, so its executors see the plug-in's path
+    pytest.importorskip("pyspark")
+    from spark_env import spark_session
+
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # another test's, whose executors lack the plug-in
+        active.stop()
+    return spark_session("local[2]")
+
+
 @pytest.mark.parametrize("engine", [
     "sim",
     pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
@@ -159,27 +180,39 @@ def clipped_on_local(plugin_site):
 ])
 def test_the_plug_in_strategy_trains_on_every_engine_to_the_same_loss(
         engine, clipped_on_local, plugin_everywhere, request):
-    import contextlib
-
-    if engine == "ray":
-        request.getfixturevalue("local_ray_with_plugin")
-    session = contextlib.nullcontext()
-    if engine == "spark":  # started here, so its executors see the plug-in's path
-        pytest.importorskip("pyspark")
-        from spark_env import spark_session
-
-        from pyspark.sql import SparkSession
-
-        active = SparkSession.getActiveSession()
-        if active is not None:  # another test's, whose executors lack the plug-in
-            active.stop()
-        session = spark_session("local[2]")
-    with session:
+    with _with_plugin(engine, request):
         run = monsoon.train("noisy-line", "clipped-sync", 2, engine=engine, **CLIPPED)
     assert run.summary["engine"] == engine and run.summary["clip_norm"] == CLIPPED["clip_norm"]
     assert run.summary["final_loss"] == pytest.approx(clipped_on_local.summary["final_loss"],
                                                       rel=1e-9)
     np.testing.assert_allclose(run.params, clipped_on_local.params, rtol=1e-9, atol=1e-12)
+
+
+# -- a third-party compressor: the example plug-in's fp16 ---------------------------
+
+HALF = dict(dtype="float64", steps=24, lr=0.05, seed=1, evals=0, progress=False)
+
+
+@pytest.mark.parametrize("engine", [
+    "local", "sim",
+    pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+    pytest.param("torch", marks=[pytest.mark.torchrun, pytest.mark.slow]),
+    pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow]),
+])
+def test_the_plug_in_compressor_runs_on_every_engine_that_compresses(
+        engine, plugin_everywhere, request):
+    """Every message goes through the plug-in's encoding (2 bytes a float64
+    coordinate: a ratio of exactly 4), and the run trains."""
+    extra = {"sim": {}, "local": {"backend": "threads"}}.get(engine, {"timeout": 60})
+    with _with_plugin(engine, request):
+        run = monsoon.train("linear", "local-sgd", 2, engine=engine, compress="fp16", **extra,
+                            **HALF)
+    summary = run.summary
+    assert summary["engine"] == engine and summary["compress"] == "fp16"
+    assert summary["compression_ratio"] == 4.0 and summary["bytes_sent"] > 0
+    assert summary["updates"] > 0 and summary["final_loss"] < run.history[0]["loss"] / 2
+    with pytest.raises(ConfigError, match="fp16 takes no argument"):
+        monsoon.train("linear", "local-sgd", 2, compress="fp16:2", **HALF)
 
 
 # -- run options with a problem the user built --------------------------------------

@@ -14,9 +14,10 @@ from ..options import option_values
 from ..registry import Registry
 from .base import Problem
 from .catalog import CATALOG, ProblemSpec
+from .spark_data import SPARK_DEFAULTS, SparkData, SparkHeld
 
-__all__ = ["Problem", "TorchProblem", "ProblemSpec", "CATALOG", "PROBLEMS", "make_problem",
-           "problem_defaults", "problem_names", "problem_spec"]
+__all__ = ["Problem", "TorchProblem", "ProblemSpec", "CATALOG", "PROBLEMS", "SPARK_DEFAULTS",
+           "make_problem", "problem_defaults", "problem_names", "problem_spec"]
 
 
 
@@ -96,64 +97,20 @@ def _ratings(path: str, dtype: str = "float32"):
 LIBSVM_SUFFIXES = (".libsvm", ".svm", ".txt")
 
 
-def _spark_session():
-    """The running SparkSession, else one started on local[CPUS] (left
-    running: the run uses it, and it ends with the process)."""
-    import os
-
-    from ..engines.spark.session import active_context, session_for
-
-    if active_context() is None:
-        session_for(None, os.cpu_count() or 1)
-    from pyspark.sql import SparkSession
-
-    return SparkSession.builder.getOrCreate()
-
-
-def _spark_data(source, name: str, dtype: str, fmt: str | None = None):
-    from ..engines.spark.data import SparkData
-
+def _spark_data(source, name: str, dtype: str):
     return SparkData(source, features="features", label="label", loss="logistic",
                      lam=FILE_LAM, dtype="float64" if dtype == "float64" else "float32",
-                     fmt=fmt, name=name, repartition=True)
+                     name=name, repartition=True)
 
 
 def _spark_path(path: str, dtype: str = "float32"):
     """Parquet, or libsvm by extension, read by Spark on its executors."""
-    spark = _spark_session()
-    fmt = "libsvm" if path.rstrip("/").lower().endswith(LIBSVM_SUFFIXES) else "parquet"
-    try:
-        df = (spark.read.format("libsvm").load(path) if fmt == "libsvm"
-              else spark.read.parquet(path))
-    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
-        from ..engines.spark.jobs import short_error
-
-        raise ConfigError(f"Spark cannot read {path} as {fmt} ({short_error(exc)}); give a "
-                          f"Parquet folder or a libsvm file ending in "
-                          f"{', '.join(LIBSVM_SUFFIXES)}") from None
-    return _spark_data(df, f"spark:{path}", dtype)
+    return _spark_data(SparkHeld.transport.read(path, LIBSVM_SUFFIXES), f"spark:{path}", dtype)
 
 
 def _spark_table(table: str, dtype: str = "float32"):
-    spark = _spark_session()
-    try:
-        df = spark.table(table)
-    except Exception as exc:  # noqa: BLE001
-        from ..engines.spark.jobs import short_error
+    return _spark_data(SparkHeld.transport.table(table), f"spark-table:{table}", dtype)
 
-        raise ConfigError(f"no Spark table {table!r} ({short_error(exc)}); tables here: "
-                          f"{', '.join(t.name for t in spark.catalog.listTables()) or 'none'}"
-                          ) from None
-    return _spark_data(df, f"spark-table:{table}", dtype)
-
-
-# Spark's linear models: sync takes full-batch L-BFGS steps on standardized
-# features, as MLlib's LogisticRegression does (one all-reduce a step in the
-# barrier stage); the other strategies take AdaGrad mini-batch steps, for
-# sparse features (bench/spark_vs_mllib.py; docs/engines/spark.md). A
-# problem's "by_strategy" defaults replace its others for that strategy.
-SPARK_DEFAULTS = {"rule": "adagrad", "lr": 1.0, "batch_size": 1024, "epochs": 5,
-                  "by_strategy": {"sync": {"rule": "lbfgs"}}}
 
 PROBLEMS = Registry("problem", "monsoon.problems", {
     **dict(sorted(CATALOG.items())),

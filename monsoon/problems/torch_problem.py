@@ -135,8 +135,8 @@ class TorchProblem(Problem):
                    **options):
         """A problem on data held in Spark (a DataFrame, an RDD, a path Spark
         reads) that trains with ``engine="spark"``, each partition's rows
-        tensors on its executor; see ``engines/spark/torch_data.py``."""
-        from ..engines.spark.torch_data import SparkTorchData
+        tensors on its executor; see ``spark_torch_data.py``."""
+        from .spark_torch_data import SparkTorchData
 
         return SparkTorchData(source, module, loss_fn, features=features, label=label,
                               **options)
@@ -736,7 +736,7 @@ def _tensors(problem) -> dict:
 def _to_shared(problem):
     """Move ``problem``'s data into one shared-memory block; it is removed
     when the problem is garbage-collected or the interpreter exits."""
-    from ..engines.shared_memory import SharedArrays
+    from ..shared_memory import SharedArrays
 
     named = {k: t.contiguous().numpy() for k, t in _tensors(problem).items()}
     block = SharedArrays({k: (a.shape, a.dtype) for k, a in named.items()})

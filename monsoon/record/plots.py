@@ -9,11 +9,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .atomic import atomic_write  # noqa: E402
+
 
 def _save_png(fig, path: Path) -> None:
     """Render, then write atomically (a temp file renamed into place)."""
-    from .run_folder import atomic_write
-
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

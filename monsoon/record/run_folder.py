@@ -12,23 +12,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_write
 from .recorder import COLUMNS, OPTIONAL_COLUMNS
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    mode = "wb" if isinstance(data, bytes) else "w"
-    with open(tmp, mode) as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _jsonable(value):

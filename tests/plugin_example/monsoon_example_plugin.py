@@ -1,5 +1,5 @@
-"""A third-party package that adds a strategy, a rule and a problem to
-monsoon through entry points (see pyproject.toml beside this file).
+"""A third-party package that adds a strategy, a rule, an engine, a problem
+and a compressor to monsoon through entry points (see pyproject.toml beside this file).
 
 - ``clipped-sync``: synchronous SGD in which each worker clips its slice's
   gradient to an L2 norm of at most ``--clip-norm`` before the average.
@@ -10,6 +10,9 @@ monsoon through entry points (see pyproject.toml beside this file).
 - ``round-robin``: an engine that runs every worker's program in one
   thread, ``--quantum`` ops of each worker in turn (strategies whose workers
   only compute and apply: serial, hogwild).
+- ``fp16``: a compressor (``--compress fp16``) that sends each coordinate
+  as an IEEE half-precision float, 2 bytes; error feedback keeps the
+  rounding error.
 """
 import time
 from collections import Counter
@@ -17,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from monsoon.compressors import Compressor, Encoded
+from monsoon.compressors.base import Reader
 from monsoon.engines import Engine, EngineResult
 from monsoon.errors import ConfigError
 from monsoon.options import Option, at_least, positive
@@ -144,3 +149,20 @@ class RoundRobin(Engine):
                         raise ConfigError(f"the round-robin engine cannot run {type(op).__name__}")
         return EngineResult(w, 0.0, time.perf_counter() - t0, examples, updates, dropped,
                             Counter())
+
+
+class HalfPrecision(Compressor):
+    name = "fp16"
+
+    def encode(self, v):
+        half = v.astype(np.float16)
+        return Encoded("fp16", v.size, {"values": half}, half.nbytes)
+
+    def decode(self, enc, dtype):
+        return enc.arrays["values"].astype(dtype)
+
+    def pack(self, enc, dtype):
+        return enc.arrays["values"].view(np.uint8)
+
+    def unpack(self, buf, size, dtype):
+        return Encoded("fp16", size, {"values": Reader(buf).array(size, np.float16)}, buf.nbytes)

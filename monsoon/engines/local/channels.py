@@ -27,7 +27,7 @@ import torch
 
 from ...errors import ConfigError
 from ...strategies.pipeline.stages import layers_of
-from ..shared_memory import SharedArrays
+from ...shared_memory import SharedArrays
 from ..waiting import wait_until
 
 # A stage waits a lot (the bubble): it spins only briefly, then sleeps, so

@@ -33,7 +33,7 @@ from ..options import refuse_checkpoints
 from ..lifecycle import worker_started
 from ..processes import (blas_threads, limit_threads, main_module_hidden, start_context,
                          torch_threads_per_worker)
-from ..shared_memory import SharedArrays
+from ...shared_memory import SharedArrays
 from ..waiting import Aborted
 from .channels import Channel, boundary_bytes, largest_micro_batch
 from .inbox import Outbox, PipeInbox

@@ -49,7 +49,7 @@ import numpy as np
 from ... import arrays
 from ...rules import Rule, slice_state
 from ..base import shard_bounds
-from ..shared_memory import SharedArrays
+from ...shared_memory import SharedArrays
 
 # counters columns
 EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3

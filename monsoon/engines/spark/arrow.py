@@ -8,22 +8,24 @@ instead (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows each), a
 ``pyspark.ml`` Vector column arriving as its SQL struct (``type`` 0:
 sparse, ``size``, ``indices``, ``values``; 1: dense, ``values`` only).
 Each batch becomes one ``(CSR X, y)`` chunk with NumPy alone, pickled into
-one binary cell; ``data._rows_to_arrays`` stacks a partition's chunks, as
-it does for an RDD of array blocks.
+one binary cell; ``problems/spark_data._rows_to_arrays`` stacks a
+partition's chunks, as it does for an RDD of array blocks.
 
 The chunk equals what the row path builds from the same rows: a sparse
 Vector keeps its indices and values, and a dense Vector, an array or
 numeric columns keep their non-zeros, the width being the widest row.
-A torch model's data (``torch_data.py``) comes as ``DenseChunk``s: a
-dense array a batch, or what is wrong with its rows. Used where the driver
-has pyarrow and the DataFrame ``mapInArrow``; the preflight then checks
-the executors' pyarrow too (``preflight.py``).
+A torch model's data (``problems/spark_torch_data.py``) comes as
+``DenseChunk``s: a dense array a batch, or what is wrong with its rows.
+Used where the driver has pyarrow and the DataFrame ``mapInArrow``; the
+preflight then checks the executors' pyarrow too (``preflight.py``).
 """
 from __future__ import annotations
 
 import pickle
 
 import numpy as np
+
+from ...problems.spark_data import DenseChunk
 
 
 def usable(df) -> bool:
@@ -53,15 +55,6 @@ def chunks(df, n_feature_columns: int, dense_names: tuple | None = None):
                 yield pa.RecordBatch.from_arrays([pa.array([blob], pa.binary())], ["chunk"])
 
     return df.mapInArrow(run, "chunk binary").rdd.map(lambda row: pickle.loads(row[0]))
-
-
-class DenseChunk:
-    """Rows of a batch as a dense ``X`` (rows x features, float64) and
-    ``y``; or ``error``, what is wrong with them (a torch model's data:
-    ``torch_data.partition_arrays`` stacks the chunks, or reports it)."""
-
-    def __init__(self, X=None, y=None, error: str | None = None):
-        self.X, self.y, self.error = X, y, error
 
 
 def dense_chunk(batch, many: bool, names: tuple) -> DenseChunk:

@@ -1,359 +1,197 @@
-"""Training data that lives in Spark: ``SparkData``.
+"""The spark engine's transport for data held in Spark: ``SparkSource``.
 
-    from monsoon.engines.spark import SparkData
-    data = SparkData(df, features="features", label="label", loss="logistic")
-    monsoon.train(data, strategy="async", workers=4, engine="spark", n_fetch=8, n_push=8)
+The problems (``SparkData``, ``SparkTorchData``) live in
+``problems/spark_data.py`` and ``problems/spark_torch_data.py``; they say
+what one partition's rows become and what the model computes. This module
+does the Spark work for them, installed as ``SparkHeld.transport`` on
+import (so ``problems/`` never imports ``engines/``):
 
-``source`` is a DataFrame (a vector or array column, or a list of numeric
-columns, and a label column), an RDD of ``(features, label)`` rows or of
-``(X, y)`` array blocks (a dense 2-D array or a SciPy sparse matrix and
-its labels), or a path Spark reads (Parquet; libsvm by ``fmt="libsvm"`` or
-a .libsvm/.svm extension). The model is a linear one on sparse rows
-(``SparseLinear``: logistic, hinge or squared loss with its degree-split
-L2 term, weights then bias).
+- reading the source (a path, a DataFrame, through Arrow where pyarrow is
+  here (``arrow.py``), or an RDD) as an RDD of rows, never collected;
+- one job converting each partition on its executor (the problem's
+  ``_convert``) and returning its stats, the driver checking them (the
+  problem's ``_builder``), then the ``Block``s rebuilt with their global
+  ids (the partition's offset + the row's place in it) and persisted;
+- the evaluation jobs: ``per_block(block, w)`` on every block with ``w``
+  broadcast, at most ``EVAL_BYTES`` of points a job.
 
-Nothing of the data reaches the driver. Each partition is converted once,
-on its executor, into a ``Block`` (a CSR matrix and its labels) that is
-persisted; one small job returns each partition's row count and feature
-degrees (for the global L2 split), and the blocks are then rebuilt with
-their global ids and persisted. The full-data loss the recorder reports
-is a Spark job too: each partition returns its loss sum. Call
-``unpersist()`` to free the cached blocks. ``SparkSource`` holds what
-SparkData shares with ``torch_data.SparkTorchData`` (any torch model): the
-source read, the conversion once per partition, the blocks and their ids.
+Every job waits at most the run's ``--timeout`` (its default before a run).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ...errors import ConfigError
-from ...problems import SPARK_DEFAULTS
-from ...problems.base import Problem
-from ...problems.sparse_linear import column_moments, inverse_variance
+# SparkData and _rows_to_arrays: re-exported for their old import paths
+from ...problems.spark_data import SparkData, SparkHeld, _rows_to_arrays  # noqa: F401
 from .blocks import Block
 
-LOSSES = ("logistic", "hinge", "squared")
-
-
-def _rows_to_arrays(rows, features, label, n_features):
-    """One partition's rows -> (CSR X, y), on the executor."""
-    import scipy.sparse as sp
-
-    data, indices, indptr, ys, width = [], [], [0], [], n_features or 0
-    chunks = []
-    for row in rows:
-        if isinstance(row, tuple) and len(row) == 2 and _is_block(row[0]):
-            chunks.append((sp.csr_matrix(row[0]), np.asarray(row[1], dtype=float).reshape(-1)))
-            continue
-        if hasattr(row, "asDict") and not isinstance(features, str):
-            x, y = [row[c] for c in features], row[label]
-        elif hasattr(row, "asDict"):
-            x, y = row[features], row[label]
-        else:
-            x, y = row
-        if hasattr(x, "indices") and hasattr(x, "size"):  # a SparseVector
-            idx, val = np.asarray(x.indices, dtype=np.int64), np.asarray(x.values, dtype=float)
-            width = max(width, int(x.size))
-        else:
-            val = np.asarray(x.toArray() if hasattr(x, "toArray") else x, dtype=float).ravel()
-            width = max(width, len(val))
-            idx = np.flatnonzero(val)
-            val = val[idx]
-        data.append(val)
-        indices.append(idx)
-        indptr.append(indptr[-1] + len(idx))
-        ys.append(float(y))
-    X = sp.csr_matrix((np.concatenate(data) if data else np.zeros(0),
-                       np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64),
-                       np.asarray(indptr)), shape=(len(ys), width))
-    y = np.asarray(ys, dtype=float)
-    for cx, cy in chunks:
-        width = max(width, cx.shape[1])
-    if chunks:
-        X.resize((X.shape[0], width))
-        parts = [X] + [c.tocsr().copy() for c, _ in chunks]
-        for p in parts:
-            p.resize((p.shape[0], width))
-        X = sp.vstack(parts, format="csr")
-        y = np.concatenate([y] + [cy for _, cy in chunks])
-    return X, y
-
-
-def _is_block(x) -> bool:
-    import scipy.sparse as sp
-
-    return sp.issparse(x) or (isinstance(x, np.ndarray) and x.ndim == 2)
+EVAL_BYTES = 32 << 20  # the loss curve's points broadcast at once
 
 
 class SparkSource:
-    """What every problem on data held in Spark shares: the source read as
-    an RDD of rows (never collected), each partition converted once on its
-    executor, and one persisted ``Block`` per partition with global ids.
+    """The Spark work of a ``SparkHeld`` problem (see the module doc); it
+    keeps no state of its own: what it makes is set on the problem."""
 
-    A subclass gives ``_convert()``: a function run on the executors, one
-    partition's rows (a DataFrame's come as Arrow chunks where pyarrow is
-    here: CSR ``(X, y)``, or ``arrow.DenseChunk``s where ``_dense_names``
-    names the columns) -> ``(payload, stats)``, where ``stats`` is a small
-    dict with ``rows`` (and anything the driver needs to see); and
-    ``_builder(stats)``: run on the driver with every partition's stats,
-    in order (it checks them, raising ConfigError, and sets the problem's
-    sizes), returning the executor function ``payload -> the partition's
-    problem``. ``torch_data.SparkTorchData`` is the other subclass."""
-
-    repartition = False
-    _blocks = None
-    _sc = None
-    timeout = None  # the run's --timeout, set by the engine (None, before it: the default)
-    _needs_torch = False
-    _via_arrow = False
-
-    def _rdd(self, partitions: int | None = None):
+    def rdd(self, problem, partitions: int | None = None):
         """The source as an RDD of rows, or, a DataFrame where pyarrow is
         here, of chunks through Arrow (``arrow.py``); never collected.
         ``partitions``: that many (a DataFrame is repartitioned in the JVM)."""
-        source = self.source
-        self._via_arrow = False
+        source = problem.source
+        problem._via_arrow = False
         if isinstance(source, str):
             from pyspark.sql import SparkSession
 
             spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-            fmt = self.fmt or ("libsvm" if source.rstrip("/").endswith((".libsvm", ".svm"))
-                               else "parquet")
+            fmt = problem.fmt or ("libsvm" if source.rstrip("/").endswith((".libsvm", ".svm"))
+                                  else "parquet")
             source = (spark.read.format("libsvm").load(source) if fmt == "libsvm"
                       else spark.read.parquet(source))
         if hasattr(source, "rdd") and hasattr(source, "columns"):  # a DataFrame
-            cols = [self.features] if isinstance(self.features, str) else list(self.features)
-            missing = [c for c in cols + [self.label] if c not in source.columns]
+            features, label = problem.features, problem.label
+            cols = [features] if isinstance(features, str) else list(features)
+            missing = [c for c in cols + [label] if c not in source.columns]
             if missing:
                 raise ConfigError(f"the DataFrame has no column(s) {', '.join(missing)}; its "
                                   f"columns: {', '.join(source.columns)} (set features= "
                                   "and label=)")
             if partitions is not None:
                 source = source.repartition(partitions)
-            selected = self._select(source, cols)
+            selected = problem._select(source, cols)
             from . import arrow
 
             if arrow.usable(selected):
-                self._via_arrow = True
-                return arrow.chunks(selected, len(cols), self._dense_names())
+                problem._via_arrow = True
+                return arrow.chunks(selected, len(cols), problem._dense_names())
             return selected.rdd
         if hasattr(source, "mapPartitionsWithIndex"):
             return source if partitions is None else source.repartition(partitions)
-        raise ConfigError(f"{type(self).__name__} needs a Spark DataFrame, an RDD or a path "
+        raise ConfigError(f"{type(problem).__name__} needs a Spark DataFrame, an RDD or a path "
                           f"Spark reads, not {type(source).__name__}")
 
-    def _dense_names(self):
-        """Chunks through Arrow: None for CSR ones; (features, label) names
-        for ``arrow.DenseChunk``s."""
-        return None
-
-    def _select(self, df, cols):
-        """The DataFrame's feature and label columns, in that order."""
-        return df.select(*cols, self.label)
-
-    def _load(self, partitions: int | None = None) -> None:
-        rdd = self._rdd(partitions)
-        self._sc = rdd.context
+    def load(self, problem, partitions: int | None = None) -> None:
+        """Convert the source once per partition and persist its blocks."""
+        rdd = self.rdd(problem, partitions)
+        problem._sc = rdd.context
         from ..options import TIMEOUT
         from .preflight import check_executors
 
-        check_executors(self._sc, TIMEOUT.default, torch=self._needs_torch,
-                        arrow=self._via_arrow)
-        convert = self._convert()
+        check_executors(problem._sc, TIMEOUT.default, torch=problem._needs_torch,
+                        arrow=problem._via_arrow)
+        convert = problem._convert()
         raw = rdd.mapPartitionsWithIndex(lambda k, rows: [(k, *convert(rows))]).persist()
         try:
-            stats = sorted(self._job(raw, lambda it: [(k, s) for k, _, s in it],
-                                     "converting the Spark data on the executors"),
+            stats = sorted(self.job(problem, raw, lambda it: [(k, s) for k, _, s in it],
+                                    "converting the Spark data on the executors"),
                            key=lambda s: s[0])
-            build = self._builder([s for _, s in stats])
+            build = problem._builder([s for _, s in stats])
         except BaseException:
             raw.unpersist()
             raise
         counts = [s["rows"] for _, s in stats]
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.n_examples = int(offsets[-1])
-        self.partitions = len(counts)
-        self.counts = counts
+        problem.n_examples = int(offsets[-1])
+        problem.partitions = len(counts)
+        problem.counts = counts
 
         def blocks(k, parts):
             for _, payload, s in parts:
                 yield Block(k, build(payload), offsets[k] + np.arange(s["rows"], dtype=np.int64))
 
-        self._blocks = raw.mapPartitionsWithIndex(blocks).persist()
+        problem._blocks = raw.mapPartitionsWithIndex(blocks).persist()
         try:
-            self._job(self._blocks, lambda it: [sum(1 for _ in it)],
-                      "caching the converted partitions")
+            self.job(problem, problem._blocks, lambda it: [sum(1 for _ in it)],
+                     "caching the converted partitions")
         finally:
             raw.unpersist()
-            self._built()
+            problem._built()
 
-    def _built(self) -> None:
-        """After the blocks are built (a subclass frees what built them)."""
-
-    def blocks(self, sc, workers: int, seed: int):
-        """The persisted blocks, one per partition (the engine's workers).
-        Data named on the command line (``spark:PATH``, ``spark-table:NAME``)
-        is repartitioned to ``workers``; a DataFrame or RDD given in Python
-        must already have that many partitions."""
-        if workers != self.partitions and self.repartition:
-            self.unpersist()
-            self._load(partitions=workers)
-        if workers != self.partitions:
-            raise ConfigError(f"the Spark data has {self.partitions} partitions and each "
-                              f"worker trains on one: use --workers {self.partitions}, or "
+    def blocks(self, problem, workers: int):
+        """The problem's persisted blocks, repartitioned to ``workers`` where
+        the problem allows it (see ``SparkHeld.blocks``)."""
+        if workers != problem.partitions and problem.repartition:
+            self.unpersist(problem)
+            self.load(problem, partitions=workers)
+        if workers != problem.partitions:
+            raise ConfigError(f"the Spark data has {problem.partitions} partitions and each "
+                              f"worker trains on one: use --workers {problem.partitions}, or "
                               f"repartition({workers}) the data first")
-        return self._blocks
+        return problem._blocks
 
-    def unpersist(self) -> None:
-        """Free the blocks cached on the executors."""
-        if self._blocks is not None:
-            self._blocks.unpersist()
+    def unpersist(self, problem) -> None:
+        if problem._blocks is not None:
+            problem._blocks.unpersist()
 
-    def _job(self, rdd, func, what: str):
+    def job(self, problem, rdd, func, what: str):
         """``sc.runJob(rdd, func)``, waited for at most the run's ``--timeout``
         (its default before a run; ``jobs.Jobs``: a failure after Spark's
         retries, or a wait that runs out, is one line naming ``what``)."""
         from ..options import TIMEOUT
         from .jobs import Jobs
 
-        jobs = Jobs(self._sc, self.timeout or TIMEOUT.default, "data")
+        jobs = Jobs(problem._sc, problem.timeout or TIMEOUT.default, "data")
         try:
             return jobs.run(rdd, func, what=what)
         finally:
             jobs.close()
 
-    def _sums(self, w, per_block):
-        """``per_block(block, w)`` for every partition's block, a Spark job
-        with ``w`` broadcast: the list of what each returned."""
-        bc = self._sc.broadcast(np.asarray(w, dtype=self.dtype))
+    def sums(self, problem, w, per_block):
+        """``per_block(block, w)`` for every block, ``w`` broadcast: the list
+        of what each returned."""
+        bc = problem._sc.broadcast(np.asarray(w, dtype=problem.dtype))
         try:
-            return self._job(self._blocks, lambda it: [per_block(b, bc.value) for b in it],
-                             "evaluating the loss on the executors")
+            return self.job(problem, problem._blocks,
+                            lambda it: [per_block(b, bc.value) for b in it],
+                            "evaluating the loss on the executors")
         finally:
             bc.unpersist()
 
+    def read(self, path: str, suffixes: tuple):
+        """The DataFrame of a Parquet folder, or a libsvm file (by one of
+        ``suffixes``), read by the running session (else one started on
+        local[CPUS], left running: the run uses it, and it ends with the
+        process)."""
+        spark = _session()
+        fmt = "libsvm" if path.rstrip("/").lower().endswith(suffixes) else "parquet"
+        try:
+            return (spark.read.format("libsvm").load(path) if fmt == "libsvm"
+                    else spark.read.parquet(path))
+        except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
+            from .jobs import short_error
 
-EVAL_BYTES = 32 << 20  # the loss curve's points broadcast at once
+            raise ConfigError(f"Spark cannot read {path} as {fmt} ({short_error(exc)}); give a "
+                              f"Parquet folder or a libsvm file ending in "
+                              f"{', '.join(suffixes)}") from None
+
+    def table(self, name: str):
+        """The DataFrame of the Spark table ``name`` (the session as ``read``'s)."""
+        spark = _session()
+        try:
+            return spark.table(name)
+        except Exception as exc:  # noqa: BLE001
+            from .jobs import short_error
+
+            raise ConfigError(f"no Spark table {name!r} ({short_error(exc)}); tables here: "
+                              f"{', '.join(t.name for t in spark.catalog.listTables()) or 'none'}"
+                              ) from None
+
+    @staticmethod
+    def points_per_job(point_bytes: int) -> int:
+        """How many points of ``point_bytes`` one evaluation job broadcasts."""
+        return max(1, EVAL_BYTES // max(1, point_bytes))
 
 
-def _loss_sums(block, W):
-    """A partition's loss sum at each row of ``W`` (points x parameters)."""
-    part, out = block.problem, []
-    for a in range(0, len(W), 8):  # 8 points' margins at a time: rows x 8 floats
-        Z = part.X @ W[a:a + 8, :-1].T + W[a:a + 8, -1]
-        out += [part._dloss(Z[:, k], part.y)[1] for k in range(Z.shape[1])]
-    return np.array(out)
+def _session():
+    """The running SparkSession, else one started on local[CPUS]."""
+    import os
+
+    from .session import active_context, session_for
+
+    if active_context() is None:
+        session_for(None, os.cpu_count() or 1)
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate()
 
 
-class SparkData(SparkSource, Problem):
-    """A linear model on data held in Spark (see the module doc)."""
-
-    defaults = dict(SPARK_DEFAULTS)
-
-    def __init__(self, source, features="features", label: str = "label",
-                 loss: str = "logistic", lam: float = 1e-4, dtype: str = "float64",
-                 n_features: int | None = None, fmt: str | None = None,
-                 name: str = "spark-data", repartition: bool = False):
-        if loss not in LOSSES:
-            raise ConfigError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")
-        self.source, self.features, self.label = source, features, label
-        self.kind, self.lam, self.dtype = loss, float(lam), np.dtype(dtype)
-        self.fmt, self.name, self.repartition = fmt, name, repartition
-        self._n_features = n_features
-        self._load()
-
-    # -- building the blocks, on the executors --------------------------------
-    def _convert(self):
-        features, label, kind, dtype = self.features, self.label, self.kind, self.dtype
-        n_features = self._n_features
-
-        def convert(rows):
-            X, y = _rows_to_arrays(rows, features, label, n_features)
-            if kind in ("logistic", "hinge"):
-                y = (y > 0).astype(float)
-            X, y = X.astype(dtype), y.astype(dtype)
-            total, total_sq = column_moments(X)
-            stats = {"rows": X.shape[0], "width": X.shape[1],
-                     "degree": np.bincount(X.indices, minlength=X.shape[1]),
-                     "sum": total, "sum_sq": total_sq,
-                     "y_sum": float(y.sum()), "y_sq_sum": float(y @ y)}
-            return (X, y), stats
-
-        return convert
-
-    def _builder(self, stats):
-        width = max([s["width"] for s in stats] + [self._n_features or 0])
-        if width == 0 or sum(s["rows"] for s in stats) == 0:
-            raise ConfigError("the Spark data set is empty (no rows, or no features)")
-        degree, total, total_sq = np.zeros(width), np.zeros(width), np.zeros(width)
-        for s in stats:
-            degree[:len(s["degree"])] += s["degree"]
-            total[:len(s["sum"])] += s["sum"]
-            total_sq[:len(s["sum_sq"])] += s["sum_sq"]
-        self._inverse_variance = inverse_variance(total, total_sq,
-                                                  sum(s["rows"] for s in stats))
-        self._labels = (sum(s["rows"] for s in stats), sum(s["y_sum"] for s in stats),
-                        sum(s["y_sq_sum"] for s in stats))
-        inv_degree = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
-        self.n_features = width
-        self.n_params = width + 1
-        self.inv_degree = inv_degree.astype(self.dtype)
-        self._bc = bc = self._sc.broadcast(self.inv_degree)
-        kind, lam, dtype = self.kind, self.lam, self.dtype
-
-        def build(payload):
-            from ...problems.sparse_linear import SparseLinear
-
-            X, y = payload
-            X.resize((X.shape[0], width))
-            part = SparseLinear(X, y, kind, lam=lam, dtype=dtype, name="spark-partition",
-                                shuffle=False)
-            part.inv_degree = bc.value
-            return part
-
-        return build
-
-    def _built(self) -> None:
-        bc = getattr(self, "_bc", None)
-        if bc is not None:
-            bc.unpersist()
-            self._bc = None
-
-    # -- the Problem protocol, on the driver ----------------------------------
-    def initial_params(self, seed: int) -> np.ndarray:
-        return np.zeros(self.n_params, dtype=self.dtype)
-
-    def gradient(self, w, indices, out=None, accumulate=False):
-        raise ConfigError("SparkData lives in Spark: train it with engine='spark'")
-
-    def loss(self, w) -> float:
-        """Full-data objective: each partition returns its loss sum."""
-        return self.evaluate_many([w])[0]["loss"]
-
-    def evaluate_many(self, ws) -> list[dict]:
-        """The full-data objective at each of ``ws`` (the loss curve's
-        points), a Spark job per group of points that fits ``EVAL_BYTES``:
-        each partition computes every point's margins in one product."""
-        out, seen = [], self.inv_degree > 0  # the split L2 covers the features that occur
-        per = max(1, EVAL_BYTES // max(1, self.n_params * self.dtype.itemsize))
-        for a in range(0, len(ws), per):
-            W = np.stack([np.asarray(w, dtype=self.dtype) for w in ws[a:a + per]])
-            sums = np.sum(self._sums(W, _loss_sums), axis=0)
-            reg = 0.5 * self.lam * np.einsum("ij,ij->i", W[:, :-1][:, seen], W[:, :-1][:, seen])
-            out += [{"loss": float(v)} for v in (sums + reg) / self.n_examples]
-        return out
-
-    def constant_loss(self) -> float:
-        """The best constant prediction's loss, from the conversion's label sums."""
-        from ...problems.sparse_linear import constant_loss
-
-        return constant_loss(self.kind, *self._labels)
-
-    def inverse_variance(self) -> np.ndarray:
-        """1 / each feature's variance over every partition (then 1 for the
-        bias), from the conversion's column sums: lbfgs's H_0."""
-        return self._inverse_variance
-
-    def describe(self) -> dict:
-        return {**super().describe(), "loss": self.kind, "lam": self.lam,
-                "partitions": self.partitions}
+SparkHeld.transport = SparkSource()

@@ -152,11 +152,11 @@ class SparkEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        from .data import SparkSource
+        from ...problems.spark_data import SparkHeld
         from .session import session_for
 
         t_begin = time.perf_counter()
-        spark_data = isinstance(problem, SparkSource)
+        spark_data = isinstance(problem, SparkHeld)
         if spark_data:
             sc, started = problem._sc, False
             problem.timeout = self.timeout  # its loss jobs on the executors wait as long

@@ -14,7 +14,8 @@ Algorithm. Each partition's rows become tensors once, on its executor: one
 job turns them into a ``TorchProblem`` on that partition's rows alone, with
 its own replica of the module (shipped once, in that job's closure), and
 the partitions' problems are persisted as their ``Block``s with global
-example ids (``data.SparkSource``). A task then computes with its block's
+example ids (``spark_data.SparkHeld``; the Spark work is the spark engine's
+transport, ``engines/spark/data.py``). A task then computes with its block's
 problem as with a catalog torch problem's: ``gradient(w, rows)`` re-points
 the replica at ``w``, the flat parameter vector the task received
 (``TorchProblem``'s layout), so only parameters and gradients travel, every
@@ -44,9 +45,9 @@ import copy
 import numpy as np
 import torch
 
-from ...errors import ConfigError
-from ...problems.torch_problem import TorchProblem
-from .data import SparkSource
+from ..errors import ConfigError
+from .spark_data import DenseChunk, SparkHeld
+from .torch_problem import TorchProblem
 
 
 def class_index_loss(loss_fn) -> bool:
@@ -74,11 +75,9 @@ def column_kind(field) -> str:
 def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
     """One partition's rows (features..., label) -> ``(X, y)``, or a
     string saying what is wrong with them (on the executor)."""
-    from .arrow import DenseChunk
-
     xs, ys, chunks = [], [], []
     for row in rows:
-        if isinstance(row, DenseChunk):  # a batch through Arrow (arrow.py)
+        if isinstance(row, DenseChunk):  # a batch through Arrow (engines/spark/arrow.py)
             if row.error:
                 return row.error
             chunks.append(row)
@@ -129,7 +128,7 @@ def evaluate_block(block, w):
     return (block.n, block.problem.evaluate(w)) if block.n else (0, {})
 
 
-class SparkTorchData(SparkSource, TorchProblem):
+class SparkTorchData(SparkHeld, TorchProblem):
     """``module`` under ``loss_fn`` on data held in Spark (see the module doc)."""
 
     _needs_torch = True
