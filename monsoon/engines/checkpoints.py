@@ -217,10 +217,21 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
     run, or of a compressed run whose compressor state (error-feedback
     residuals, random streams, PowerSGD's Q) this engine's checkpoints of
     this strategy do not hold (``engine.keeps_compressor_state``). The
-    engine reads it again to resume, and names any it passes over."""
+    engine reads it again to resume, and names any it passes over.
+
+    Also refused: a model with buffers (BatchNorm's running statistics,
+    ``Problem.state()``) on an engine whose checkpoints do not hold them
+    (all but the sim, which replays its run: ``engine.keeps_buffers``); the
+    resumed model would restart them and end unlike the uninterrupted one."""
     from ..strategies.base import STAGES
 
     directory = getattr(engine, "resume_dir", None)
+    if directory and not getattr(engine, "keeps_buffers", False) and \
+            getattr(problem, "state", lambda: None)():
+        raise CheckpointError(
+            f"--resume: the {engine.name} engine's checkpoints do not hold the model's buffers "
+            "(BatchNorm's running statistics), so the resumed model would not end as this "
+            "one; resume it with --engine sim, or start a new run")
     compression = getattr(engine, "compression", None)
     keeps = getattr(engine, "keeps_compressor_state", None)
     if directory and compression is not None and compression.stateful and \

@@ -100,13 +100,16 @@ class RunCheckpoints(checkpoints.Checkpointer):
         return checkpoints.positions_from_examples(counters[:, EXAMPLES], n, batch_size)
 
     def exact_counters(self, step: int, workers: int, dropped: int, late: int, n: int,
-                       batch_size: int) -> np.ndarray:
-        """The counters after exactly ``step`` steps, totals on row 0."""
+                       batch_size: int, backups: int = 0) -> np.ndarray:
+        """The counters after exactly ``step`` steps, totals on row 0.
+        ``dropped`` and ``late`` are the totals when the monitor writes it,
+        workers may be steps on by then: at most one drop a step, and at most
+        ``backups`` late gradients a step, are counted up to ``step``."""
         counters = np.zeros((workers, 4), dtype=np.int64)
         counters[0, EXAMPLES] = examples_after(step, n, batch_size)
         counters[0, DROPPED] = min(dropped, step)
         counters[0, UPDATES] = step - counters[0, DROPPED]
-        counters[0, LATE] = late
+        counters[0, LATE] = min(late, step * backups)
         return counters
 
     def write(self, *, params, state, counters: np.ndarray, positions, time_s: float, rows,

@@ -672,7 +672,7 @@ class LocalEngine(Engine):
             _, _, dropped, late = store.totals()
             ck.write(params=params, state=state,
                      counters=ck.exact_counters(step, workers, int(dropped), int(late), n,
-                                                batch_size),
+                                                batch_size, getattr(strategy, "backup_workers", 0)),
                      positions=[step] * workers, time_s=resume.time_s + now,
                      rows=recorder.settled_rows(), reason=reason, exact=True, extra=senders)
 

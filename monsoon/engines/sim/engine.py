@@ -104,6 +104,7 @@ class SimEngine(Engine):
         """A resumed simulation replays from the seed to its checkpoint,
         compressors and residuals included."""
         return True
+    keeps_buffers = True  # the replay recomputes them too (BatchNorm's statistics)
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
 
     virtual_time = True   # its clock is simulated: evaluating costs no time
