@@ -6,7 +6,7 @@
   checkpoint (``engines/local/checkpointing.py``, ``messages.Sender.state``).
 - The matrix: each engine that writes checkpoints whose deterministic runs
   are resumed here (local: serial and sync, replicated and sharded, in
-  processes and threads; sim: sync, async, ssp), with the options that
+  processes and threads; sim: sync, async, ssp, local-sgd), with the options that
   carry state (a compressor's residual, random stream; Adam's, AdaGrad's
   and AdaRevision's state; L-BFGS's correction pairs; backup workers;
   DiLoCo's outer momentum), cut after its first checkpoint (as if killed
@@ -17,8 +17,9 @@
   workers) meet their budget when resumed, and do no batch twice.
 - A state whose checkpoints cannot hold it is refused at ``--resume`` in
   one line, before anything starts: a compressor state (local async, the
-  torch engine), a model's buffers (BatchNorm's statistics) on every
-  engine but the sim, which replays its run and keeps them.
+  torch engine), a model's buffers (BatchNorm's statistics) where other
+  workers hold them; the sim (it replays its run) and the local engine's
+  serial runs keep them.
 - ``--elastic`` (Ray only) holds no state a checkpoint needs: every step is
   the full batch whatever the membership, and a resumed run starts every
   worker again; ``test_ray.py`` resumes sync runs on Ray."""
@@ -210,22 +211,35 @@ def test_a_dataset_resumes_at_its_position(tmp_path, strategy, workers, options)
     assert np.array_equal(resumed.params, whole.params)
 
 
-def test_batchnorm_buffers_are_kept_by_the_sim_and_refused_by_the_others(tmp_path):
-    """The sim replays its run, BatchNorm's running statistics included; the
-    local engine's checkpoints hold no buffers, so --resume refuses them."""
-    opts = dict(lr=0.2, steps=12, batch_size=16, seed=0, evals=0, progress=False)
+@pytest.mark.parametrize("engine,strategy,workers", [("sim", "sync", 2),
+                                                    ("local", "serial", 1)])
+def test_batchnorm_buffers_survive_the_resume(tmp_path, engine, strategy, workers):
+    """BatchNorm's running statistics are trained state: the sim replays its
+    run, and a serial run's checkpoints hold them (``buffer.<name>``)."""
+    opts = dict(engine=engine, lr=0.2, steps=12, batch_size=16, seed=0, evals=0,
+                progress=False)
     whole_problem, resumed_problem = _torch_problem(batchnorm=True), _torch_problem(batchnorm=True)
-    monsoon.train(whole_problem, "sync", 2, engine="sim", out=tmp_path / "a", checkpoint_every=4,
-                  **opts)
+    whole = monsoon.train(whole_problem, strategy, workers, out=tmp_path / "a",
+                          checkpoint_every=4, **opts)
     cut_after(tmp_path / "a", 1)
-    monsoon.train(resumed_problem, "sync", 2, engine="sim", resume=str(tmp_path / "a"), **opts)
-    whole, resumed = whole_problem.state(), resumed_problem.state()
-    assert whole["1.num_batches_tracked"] > 0
-    for name in whole:
-        assert np.array_equal(resumed[name], whole[name]), name
-    for strategy, workers in (("serial", 1), ("async", 2)):
-        with pytest.raises(ConfigError) as err:
-            monsoon.train(_torch_problem(batchnorm=True), strategy, workers,
-                          resume=str(tmp_path / "a"), **opts)
-        line = str(err.value)
-        assert "\n" not in line and "do not hold the model's buffers" in line, line
+    resumed = monsoon.train(resumed_problem, strategy, workers, resume=str(tmp_path / "a"),
+                            **opts)
+    assert np.array_equal(resumed.params, whole.params)
+    before, after = whole_problem.state(), resumed_problem.state()
+    assert before["1.num_batches_tracked"] == 12 * workers  # the sim: every worker's batches
+    for name in before:
+        assert np.array_equal(after[name], before[name]), name
+    assert resumed.summary["final_loss"] == whole.summary["final_loss"]  # eval mode: the buffers
+
+
+@pytest.mark.parametrize("strategy", ["sync", "async"])
+def test_buffers_the_checkpoints_do_not_hold_are_refused_at_resume(tmp_path, strategy):
+    """Other local strategies' workers hold their own buffers, which no
+    checkpoint has: --resume refuses the model in one line."""
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ConfigError) as err:
+        monsoon.train(_torch_problem(batchnorm=True), strategy, 2, steps=12, batch_size=16,
+                      resume=str(tmp_path), progress=False)
+    line = str(err.value)
+    assert "\n" not in line and f"checkpoints of {strategy} do not hold the model's buffers" \
+        in line, line

@@ -147,6 +147,9 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
                 "same problem and settings, or start a new run without --resume")
     for name, (shape, dtype) in shapes.items():
         arr = ckpt.arrays.get(name)
+        if arr is None and name.startswith("buffer."):
+            raise CheckpointError(f"checkpoint {ckpt.path} holds no model buffers (it was "
+                                  "written by an older monsoon); start a new run")
         if arr is None and name.startswith("sender."):
             raise CheckpointError(f"checkpoint {ckpt.path} holds no compressor state (it was "
                                   "written without --compress, or by an older monsoon); "
@@ -221,17 +224,19 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
 
     Also refused: a model with buffers (BatchNorm's running statistics,
     ``Problem.state()``) on an engine whose checkpoints do not hold them
-    (all but the sim, which replays its run: ``engine.keeps_buffers``); the
-    resumed model would restart them and end unlike the uninterrupted one."""
+    (``engine.keeps_buffers(strategy)``: the sim, which replays its run, and
+    the local engine's serial); the resumed model would restart them and
+    end unlike the uninterrupted one."""
     from ..strategies.base import STAGES
 
     directory = getattr(engine, "resume_dir", None)
-    if directory and not getattr(engine, "keeps_buffers", False) and \
-            getattr(problem, "state", lambda: None)():
+    keeps_buffers = getattr(engine, "keeps_buffers", lambda strategy: False)
+    if directory and not keeps_buffers(strategy) and getattr(problem, "state", lambda: None)():
         raise CheckpointError(
-            f"--resume: the {engine.name} engine's checkpoints do not hold the model's buffers "
-            "(BatchNorm's running statistics), so the resumed model would not end as this "
-            "one; resume it with --engine sim, or start a new run")
+            f"--resume: the {engine.name} engine's checkpoints of {strategy.name} do not hold "
+            "the model's buffers (BatchNorm's running statistics), so the resumed model would "
+            "not end as this one; resume it with --engine sim, or --strategy serial, or start "
+            "a new run")
     compression = getattr(engine, "compression", None)
     keeps = getattr(engine, "keeps_compressor_state", None)
     if directory and compression is not None and compression.stateful and \
