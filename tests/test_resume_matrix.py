@@ -148,27 +148,33 @@ def test_a_resumed_run_meets_its_budget_and_does_no_batch_twice(tmp_path, strate
     N gradients (backup workers) are not deterministic, so the resumed run
     is not bit-identical: it does exactly the rest of the budget. Async and
     hogwild checkpoints are snapshots: each worker resumes after the batches
-    whose examples it had counted, so none is done twice; an update still in
-    flight when the snapshot is read (at most one a worker) may be missing
-    from it, and is not done again. Backup workers' checkpoints are exact
-    (taken at a step boundary)."""
-    opts = dict(epochs=6, seed=0, evals=0, timeout=20, progress=False, **options)
-    first = monsoon.train("exp", strategy, 2, out=tmp_path / "a", checkpoint_every=30, **opts)
+    whose examples it had counted, so none is done twice (the parameters
+    are copied before the counters: every update in the copy is counted);
+    an update still in flight as the counters are read may be missing from
+    the copy, and is not done again.
+    Backup workers' checkpoints are exact (taken at a step boundary).
+
+    The checkpoint is one of a 3-epoch run (its data plan is the first
+    half of the 6-epoch run's), so it is before the budget's end whenever
+    the monitor wrote it: the monitor of a run this short may only wake
+    near its end."""
+    opts = dict(seed=0, evals=0, timeout=20, progress=False, **options)
+    first = monsoon.train("exp", strategy, 2, epochs=3, out=tmp_path / "a", checkpoint_every=16,
+                          **opts)
     kept = cut_after(tmp_path / "a", 1)
     meta = checkpoints.read(kept[0]).meta
-    assert 0 < meta["examples"] < first.summary["examples"]
-    resumed = monsoon.train("exp", strategy, 2, resume=str(tmp_path / "a"), **opts)
+    assert meta["exact"] == (strategy == "sync")
+    resumed = monsoon.train("exp", strategy, 2, epochs=6, resume=str(tmp_path / "a"), **opts)
     assert resumed.summary["resumed_from"] == str(kept[0])
     budget = 6 * 256  # exp: 256 examples, 16 batches of 16 an epoch
-    assert first.summary["updates"] == budget // 16
-    if meta["exact"]:  # backup workers: every step once; the late ones at most b a step
+    if meta["exact"]:  # the late gradients: at most the backups' one a step
         assert resumed.summary["updates"] == budget // 16
         assert resumed.summary["late_gradients"] <= budget // 16
         assert resumed.summary["examples"] <= budget
-    else:
-        assert first.summary["examples"] == resumed.summary["examples"] == budget
+    else:  # an update in flight as the counters were read (one a worker) may be missing
+        assert resumed.summary["examples"] == budget
         assert budget // 16 - 2 <= resumed.summary["updates"] <= budget // 16
-    assert resumed.summary["final_loss"] < 2 * first.summary["final_loss"] + 0.05
+    assert resumed.summary["final_loss"] < 1.5 * first.summary["final_loss"] + 0.01
 
 
 def _torch_problem(folder=None, batchnorm=False):

@@ -664,9 +664,13 @@ class LocalEngine(Engine):
             every = max(every, n)
 
         def snapshot(reason: str, now: float, private=None):
+            # parameters first: a worker counts a batch's examples before its
+            # update, so every update in the copy is counted and never redone
+            # (a compiled pass counts its epoch after it: one in progress is
+            # partly in the copy, and done again)
+            params = np.array(arrays.to_host(store.params))
             counters = store.counters.copy()
-            ck.write(params=np.array(arrays.to_host(store.params)), state=store.state,
-                     counters=counters,
+            ck.write(params=params, state=store.state, counters=counters,
                      positions=ck.snapshot_positions(strategy, counters, n, batch_size,
                                                      self.kernel),
                      time_s=resume.time_s + now, rows=recorder.settled_rows(), reason=reason,
