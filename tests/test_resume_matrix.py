@@ -6,14 +6,23 @@
   checkpoint (``engines/local/checkpointing.py``, ``messages.Sender.state``).
 - The matrix: each engine that writes checkpoints whose deterministic runs
   are resumed here (local: serial and sync, replicated and sharded, in
-  processes and threads; sim: sync, async, ssp), with the options that
-  carry state (a compressor's residual, random stream; Adam's and AdaGrad's
-  moments), cut after its first checkpoint (as if killed then) and
-  resumed, ends bit-identical with the same totals.
+  processes and threads; sim: sync, async, ssp, local-sgd), with the options that
+  carry state (a compressor's residual, random stream; Adam's, AdaGrad's
+  and AdaRevision's state; L-BFGS's correction pairs; backup workers;
+  DiLoCo's outer momentum), cut after its first checkpoint (as if killed
+  then) and resumed, ends bit-identical with the same totals; so does a
+  lazy Dataset's run (its position is the step).
   (Ray, Spark and torch: ``test_checkpoints_every_engine.py``.)
-- A compressed run whose checkpoints cannot hold the compressor state
-  (local async, the torch engine) is refused at ``--resume`` in one line,
-  before anything starts."""
+- Runs that are not deterministic (async, hogwild; backup workers on real
+  workers) meet their budget when resumed, and do no batch twice.
+- A state whose checkpoints cannot hold it is refused at ``--resume`` in
+  one line, before anything starts: a compressor state (local async, the
+  torch engine), a model's buffers (BatchNorm's statistics) where other
+  workers hold them; the sim (it replays its run) and the local engine's
+  serial runs keep them.
+- ``--elastic`` (Ray only) holds no state a checkpoint needs: every step is
+  the full batch whatever the membership, and a resumed run starts every
+  worker again; ``test_ray.py`` resumes sync runs on Ray."""
 import os
 import signal
 import subprocess
@@ -25,6 +34,7 @@ import numpy as np
 import pytest
 
 import monsoon
+from monsoon.engines import checkpoints
 from monsoon.errors import ConfigError
 
 from test_checkpoints import cut_after, every_checkpoint_due  # noqa: F401 (a fixture)
@@ -75,6 +85,16 @@ MATRIX = {
     "sim-sync-topk": ("sim", "sync", 2, dict(compress="topk:0.1"), 20),
     "sim-async-randk": ("sim", "async", 2, dict(compress="randk:0.2"), 20),
     "sim-ssp-topk-adam": ("sim", "ssp", 2, dict(compress="topk:0.1", rule="adam"), 20),
+    # L-BFGS's correction pairs and line search: 16 full-batch steps
+    "local-serial-lbfgs": ("local", "serial", 1, dict(rule="lbfgs", epochs=16), 5),
+    "local-sync-adarevision-threads": ("local", "sync", 2, dict(rule="adarevision",
+                                                                backend="threads"), 20),
+    # AdaRevision's per-worker read of the gradient sum (async on the sim)
+    "sim-async-adarevision": ("sim", "async", 2, dict(rule="adarevision"), 20),
+    "sim-sync-backup-workers": ("sim", "sync", 2, dict(backup_workers=1), 20),
+    # DiLoCo's outer Nesterov momentum: 20 averaging rounds of 4 local steps
+    "sim-local-sgd-diloco": ("sim", "local-sgd", 2, dict(diloco=True, local_steps=4,
+                                                         steps=80), 5),
 }
 
 
@@ -85,7 +105,8 @@ def test_a_resumed_run_carries_every_state_on(tmp_path, case, monkeypatch):
         from monsoon.engines.local import engine as local
 
         monkeypatch.setattr(local, "replicates", lambda strategy, params: False)
-    budget = dict(epochs=3) if engine == "local" else dict(steps=60)
+    budget = {} if {"epochs", "steps"} & set(options) else \
+        dict(epochs=3) if engine == "local" else dict(steps=60)
     opts = dict(engine=engine, seed=0, evals=0, progress=False, **budget, **options)
     whole = monsoon.train("exp", strategy, workers, out=tmp_path / "a", checkpoint_every=every,
                           **opts)
@@ -117,3 +138,114 @@ def test_a_checkpoint_without_the_compressor_state_is_refused_in_one_line(tmp_pa
         monsoon.train("exp", "sync", 2, compress="topk:0.1", resume=str(tmp_path / "a"), **opts)
     line = str(err.value)
     assert "\n" not in line and "holds no compressor state" in line
+
+
+@pytest.mark.parametrize("strategy,options", [
+    ("async", dict(backend="threads")), ("hogwild", dict(backend="processes")),
+    ("sync", dict(backup_workers=1, backend="threads"))], ids=["async", "hogwild", "backup"])
+def test_a_resumed_run_meets_its_budget_and_does_no_batch_twice(tmp_path, strategy, options):
+    """Runs whose workers race (async, hogwild) or whose steps take the first
+    N gradients (backup workers) are not deterministic, so the resumed run
+    is not bit-identical: it does exactly the rest of the budget. Async and
+    hogwild checkpoints are snapshots: each worker resumes after the batches
+    whose examples it had counted, so none is done twice (the parameters
+    are copied before the counters: every update in the copy is counted);
+    an update still in flight as the counters are read may be missing from
+    the copy, and is not done again.
+    Backup workers' checkpoints are exact (taken at a step boundary).
+
+    The checkpoint is one of a 3-epoch run (its data plan is the first
+    half of the 6-epoch run's), so it is before the budget's end whenever
+    the monitor wrote it: the monitor of a run this short may only wake
+    near its end."""
+    opts = dict(seed=0, evals=0, timeout=20, progress=False, **options)
+    first = monsoon.train("exp", strategy, 2, epochs=3, out=tmp_path / "a", checkpoint_every=16,
+                          **opts)
+    kept = cut_after(tmp_path / "a", 1)
+    meta = checkpoints.read(kept[0]).meta
+    assert meta["exact"] == (strategy == "sync")
+    resumed = monsoon.train("exp", strategy, 2, epochs=6, resume=str(tmp_path / "a"), **opts)
+    assert resumed.summary["resumed_from"] == str(kept[0])
+    budget = 6 * 256  # exp: 256 examples, 16 batches of 16 an epoch
+    if meta["exact"]:  # the late gradients: at most the backups' one a step
+        assert resumed.summary["updates"] == budget // 16
+        assert resumed.summary["late_gradients"] <= budget // 16
+        assert resumed.summary["examples"] <= budget
+    else:  # an update in flight as the counters were read (one a worker) may be missing
+        assert resumed.summary["examples"] == budget
+        assert budget // 16 - 2 <= resumed.summary["updates"] <= budget // 16
+    assert resumed.summary["final_loss"] < 1.5 * first.summary["final_loss"] + 0.01
+
+
+def _torch_problem(folder=None, batchnorm=False):
+    """A small TorchProblem: a lazy Dataset of .npy files (``folder``), or
+    in memory; with a BatchNorm layer, whose buffers are trained state."""
+    import torch
+    from torch import nn
+
+    from monsoon.problems import TorchProblem
+
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Linear(6, 8), *([nn.BatchNorm1d(8)] if batchnorm else []), nn.Tanh(),
+                        nn.Linear(8, 1))
+    if folder is not None:
+        from lazy_dataset import NpyFolder, Standardise
+
+        return TorchProblem.from_dataset(NpyFolder(folder, Standardise(0.5)), net, nn.MSELoss(),
+                                         dtype="float64")
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(64, 6, generator=g, dtype=torch.float64)
+    return TorchProblem(net.double(), nn.MSELoss(), X, X[:, :1].sin(), dtype="float64")
+
+
+@pytest.mark.parametrize("strategy,workers,options", [
+    ("serial", 1, {}), ("sync", 2, dict(backend="threads"))])
+def test_a_dataset_resumes_at_its_position(tmp_path, strategy, workers, options):
+    """A lazy Dataset's position is the step: the resumed run reads (and
+    prefetches) the batches after it and ends bit-identical."""
+    from lazy_dataset import write_files
+
+    folder = write_files(tmp_path / "npy", n=32)
+    opts = dict(lr=0.2, epochs=3, batch_size=8, seed=0, evals=0, progress=False, **options)
+    whole = monsoon.train(_torch_problem(folder), strategy, workers, out=tmp_path / "a",
+                          checkpoint_every=5, **opts)
+    kept = cut_after(tmp_path / "a", 1)
+    assert checkpoints.read(kept[0]).meta["positions"][0] == 5
+    resumed = monsoon.train(_torch_problem(folder), strategy, workers, resume=str(tmp_path / "a"),
+                            **opts)
+    assert resumed.summary["examples"] == whole.summary["examples"] == 3 * 32
+    assert np.array_equal(resumed.params, whole.params)
+
+
+@pytest.mark.parametrize("engine,strategy,workers", [("sim", "sync", 2),
+                                                    ("local", "serial", 1)])
+def test_batchnorm_buffers_survive_the_resume(tmp_path, engine, strategy, workers):
+    """BatchNorm's running statistics are trained state: the sim replays its
+    run, and a serial run's checkpoints hold them (``buffer.<name>``)."""
+    opts = dict(engine=engine, lr=0.2, steps=12, batch_size=16, seed=0, evals=0,
+                progress=False)
+    whole_problem, resumed_problem = _torch_problem(batchnorm=True), _torch_problem(batchnorm=True)
+    whole = monsoon.train(whole_problem, strategy, workers, out=tmp_path / "a",
+                          checkpoint_every=4, **opts)
+    cut_after(tmp_path / "a", 1)
+    resumed = monsoon.train(resumed_problem, strategy, workers, resume=str(tmp_path / "a"),
+                            **opts)
+    assert np.array_equal(resumed.params, whole.params)
+    before, after = whole_problem.state(), resumed_problem.state()
+    assert before["1.num_batches_tracked"] == 12 * workers  # the sim: every worker's batches
+    for name in before:
+        assert np.array_equal(after[name], before[name]), name
+    assert resumed.summary["final_loss"] == whole.summary["final_loss"]  # eval mode: the buffers
+
+
+@pytest.mark.parametrize("strategy", ["sync", "async"])
+def test_buffers_the_checkpoints_do_not_hold_are_refused_at_resume(tmp_path, strategy):
+    """Other local strategies' workers hold their own buffers, which no
+    checkpoint has: --resume refuses the model in one line."""
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ConfigError) as err:
+        monsoon.train(_torch_problem(batchnorm=True), strategy, 2, steps=12, batch_size=16,
+                      resume=str(tmp_path), progress=False)
+    line = str(err.value)
+    assert "\n" not in line and f"checkpoints of {strategy} do not hold the model's buffers" \
+        in line, line

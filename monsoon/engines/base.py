@@ -9,6 +9,9 @@ An engine carries out the ops of a strategy's worker program
   evaluation cost to the run);
 - ``stops_on_signal``: SIGTERM/SIGINT make it stop its workers, write a
   final checkpoint and return (``lifecycle.StopSignals``);
+- ``keeps_buffers(strategy)``: its checkpoints of that strategy hold the
+  model's buffers (BatchNorm's statistics); where not, ``--resume`` of a
+  model with buffers is refused (``checkpoints.check_resume``);
 - ``ops``: the op classes it carries out, and ``meets``: the needs (below)
   it meets.
 
@@ -92,6 +95,11 @@ class EngineResult:
 
 class Engine:
     """Base class of every engine (monsoon's and third parties')."""
+
+    @staticmethod
+    def keeps_buffers(strategy) -> bool:
+        return False
+
     name = "engine"
     options: tuple = ()
     virtual_time = False

@@ -147,6 +147,9 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
                 "same problem and settings, or start a new run without --resume")
     for name, (shape, dtype) in shapes.items():
         arr = ckpt.arrays.get(name)
+        if arr is None and name.startswith("buffer."):
+            raise CheckpointError(f"checkpoint {ckpt.path} holds no model buffers (it was "
+                                  "written by an older monsoon); start a new run")
         if arr is None and name.startswith("sender."):
             raise CheckpointError(f"checkpoint {ckpt.path} holds no compressor state (it was "
                                   "written without --compress, or by an older monsoon); "
@@ -217,10 +220,23 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
     run, or of a compressed run whose compressor state (error-feedback
     residuals, random streams, PowerSGD's Q) this engine's checkpoints of
     this strategy do not hold (``engine.keeps_compressor_state``). The
-    engine reads it again to resume, and names any it passes over."""
+    engine reads it again to resume, and names any it passes over.
+
+    Also refused: a model with buffers (BatchNorm's running statistics,
+    ``Problem.state()``) on an engine whose checkpoints do not hold them
+    (``engine.keeps_buffers(strategy)``: the sim, which replays its run, and
+    the local engine's serial); the resumed model would restart them and
+    end unlike the uninterrupted one."""
     from ..strategies.base import STAGES
 
     directory = getattr(engine, "resume_dir", None)
+    keeps_buffers = getattr(engine, "keeps_buffers", lambda strategy: False)
+    if directory and not keeps_buffers(strategy) and getattr(problem, "state", lambda: None)():
+        raise CheckpointError(
+            f"--resume: the {engine.name} engine's checkpoints of {strategy.name} do not hold "
+            "the model's buffers (BatchNorm's running statistics), so the resumed model would "
+            "not end as this one; resume it with --engine sim, or --strategy serial, or start "
+            "a new run")
     compression = getattr(engine, "compression", None)
     keeps = getattr(engine, "keeps_compressor_state", None)
     if directory and compression is not None and compression.stateful and \

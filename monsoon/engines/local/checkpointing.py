@@ -23,7 +23,10 @@ the end of an epoch, at most once per epoch; serial's are exact.
 Either way the checkpoint holds the counters (examples, updates, dropped)
 and the recorder's rows up to it, so totals and the loss curve carry on.
 An exact checkpoint of a compressed run also holds each worker's sender
-state (``sender.<name>``, see ``save_sender`` below).
+state (``sender.<name>``, see ``save_sender`` below); a serial run's, the
+model's buffers (``buffer.<name>``: BatchNorm's statistics), since it runs
+on the problem itself (other workers' buffers are not at hand, and
+``--resume`` refuses them: ``checkpoints.check_resume``).
 
 Checkpoints cost at most about 5% of a run: after each write, the next waits
 at least 19 times as long as the write took (the interval in updates is a
@@ -63,11 +66,15 @@ class RunCheckpoints(checkpoints.Checkpointer):
         return time.perf_counter() >= self.ready_at
 
     # -- reading ----------------------------------------------------------
-    def load(self, rule, w0: np.ndarray, workers: int, sender: dict | None = None):
-        """``sender``: one worker's sender layout, where checkpoints hold them."""
+    def load(self, rule, w0: np.ndarray, workers: int, sender: dict | None = None,
+             buffers: dict | None = None):
+        """``sender``: one worker's sender layout, where checkpoints hold them;
+        ``buffers``: the model's (``buffer_arrays``), where they hold them."""
         extra = {"counters": ((workers, 4), "int64")}
         for name, (shape, dtype) in (sender or {}).items():
             extra["sender." + name] = ((workers,) + tuple(shape), dtype)
+        for name, arr in (buffers or {}).items():
+            extra[name] = (arr.shape, arr.dtype)
         return super().load(w0, rule, extra)
 
     @staticmethod
@@ -100,13 +107,16 @@ class RunCheckpoints(checkpoints.Checkpointer):
         return checkpoints.positions_from_examples(counters[:, EXAMPLES], n, batch_size)
 
     def exact_counters(self, step: int, workers: int, dropped: int, late: int, n: int,
-                       batch_size: int) -> np.ndarray:
-        """The counters after exactly ``step`` steps, totals on row 0."""
+                       batch_size: int, backups: int = 0) -> np.ndarray:
+        """The counters after exactly ``step`` steps, totals on row 0.
+        ``dropped`` and ``late`` are the totals when the monitor writes it,
+        workers may be steps on by then: at most one drop a step, and at most
+        ``backups`` late gradients a step, are counted up to ``step``."""
         counters = np.zeros((workers, 4), dtype=np.int64)
         counters[0, EXAMPLES] = examples_after(step, n, batch_size)
         counters[0, DROPPED] = min(dropped, step)
         counters[0, UPDATES] = step - counters[0, DROPPED]
-        counters[0, LATE] = late
+        counters[0, LATE] = min(late, step * backups)
         return counters
 
     def write(self, *, params, state, counters: np.ndarray, positions, time_s: float, rows,
@@ -128,6 +138,21 @@ class RunCheckpoints(checkpoints.Checkpointer):
         end = time.perf_counter()
         self.ready_at = end + COST_FACTOR * (end - t0)
         return self.last_path
+
+
+def buffer_arrays(problem) -> dict:
+    """The model's buffers as a checkpoint's ``buffer.<name>`` arrays ({}: none);
+    at least 1-d, as a checkpoint stores them (a counter is a 0-d tensor)."""
+    state = problem.state() if hasattr(problem, "state") else None
+    return {"buffer." + k: np.atleast_1d(v) for k, v in (state or {}).items()}
+
+
+def restore_buffers(ckpt, problem) -> None:
+    prefix = "buffer."
+    saved = {k[len(prefix):]: v for k, v in ckpt.arrays.items() if k.startswith(prefix)}
+    if saved:
+        shapes = {k: np.shape(v) for k, v in problem.state().items()}
+        problem.load_state({k: v.reshape(shapes[k]) for k, v in saved.items()})
 
 
 # -- compressed runs: each worker's sender (error-feedback residual, the

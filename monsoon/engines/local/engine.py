@@ -62,8 +62,8 @@ from ..processes import (blas_threads, limit_threads, main_module_hidden, start_
                          torch_threads_per_worker)
 from ..waiting import Aborted, wait_until
 from ..clocks import clock_extra
-from .checkpointing import (RunCheckpoints, exact_checkpoints, read_senders, sender_slots,
-                            sender_state)
+from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints, read_senders,
+                            restore_buffers, sender_slots, sender_state)
 from .inbox import Outbox, PipeInbox, QueueInbox
 from ..messages import Compression, Sender, compressing, summarize
 from ... import arrays
@@ -307,6 +307,12 @@ class LocalEngine(Engine):
         taken at step boundaries (``checkpointing.save_sender``)."""
         return exact_checkpoints(strategy)
 
+    @staticmethod
+    def keeps_buffers(strategy) -> bool:
+        """Serial runs on the problem itself: its checkpoints hold the
+        model's buffers (``buffer.<name>``); other workers' are not at hand."""
+        return strategy.single_worker
+
     @classmethod
     def from_options(cls, run, backend="auto", timeout=60.0, shards=None,
                      checkpoint_every=CHECKPOINT_EVERY.default, resume=None):
@@ -378,7 +384,8 @@ class LocalEngine(Engine):
         compression = self.compression or Compression()
         senders = exact and compression.stateful  # checkpoints hold each worker's sender
         resumed = ck.load(rule, w0, workers,  # checked before anything starts
-                          compression.sender_layout(w0.size, w0.dtype) if senders else None)
+                          compression.sender_layout(w0.size, w0.dtype) if senders else None,
+                          buffer_arrays(problem) if inline else None)
         buffer = exact and not inline and bool(ck.directory) and self.checkpoint_every > 0
         ctx = start_context() if backend == "processes" else None
         device = self._array_device(problem, rule, backend)
@@ -400,6 +407,7 @@ class LocalEngine(Engine):
                              str(resumed.path))
             if senders:
                 resume.senders = {r: sender_state(resumed, r) for r in range(workers)}
+            restore_buffers(resumed, problem)  # serial's (the only ones held)
             if strategy.synchronous:
                 store.sync[STEP] = resume.start[0]
             recorder.resume(resumed.meta["rows"])
@@ -439,11 +447,12 @@ class LocalEngine(Engine):
         if resume.senders.get(0) is not None:
             sender.restore(resume.senders[0])
 
-        def senders():  # the sender's state, where the run compresses (as a worker's)
-            if not sender.compression.stateful:
-                return None
-            n, dtype = store.params.size, store.params.dtype
-            return {"sender." + k: v[None] for k, v in sender.state(n, dtype).items()}
+        def senders():  # the sender's state, where the run compresses (as a worker's),
+            out = buffer_arrays(problem)  # and the model's buffers
+            if sender.compression.stateful:
+                n, dtype = store.params.size, store.params.dtype
+                out.update({"sender." + k: v[None] for k, v in sender.state(n, dtype).items()})
+            return out
 
         recorder.start(store.params)
         clock = [time.perf_counter(), 0]  # start, ops so far
@@ -655,9 +664,13 @@ class LocalEngine(Engine):
             every = max(every, n)
 
         def snapshot(reason: str, now: float, private=None):
+            # parameters first: a worker counts a batch's examples before its
+            # update, so every update in the copy is counted and never redone
+            # (a compiled pass counts its epoch after it: one in progress is
+            # partly in the copy, and done again)
+            params = np.array(arrays.to_host(store.params))
             counters = store.counters.copy()
-            ck.write(params=np.array(arrays.to_host(store.params)), state=store.state,
-                     counters=counters,
+            ck.write(params=params, state=store.state, counters=counters,
                      positions=ck.snapshot_positions(strategy, counters, n, batch_size,
                                                      self.kernel),
                      time_s=resume.time_s + now, rows=recorder.settled_rows(), reason=reason,
@@ -672,7 +685,7 @@ class LocalEngine(Engine):
             _, _, dropped, late = store.totals()
             ck.write(params=params, state=state,
                      counters=ck.exact_counters(step, workers, int(dropped), int(late), n,
-                                                batch_size),
+                                                batch_size, getattr(strategy, "backup_workers", 0)),
                      positions=[step] * workers, time_s=resume.time_s + now,
                      rows=recorder.settled_rows(), reason=reason, exact=True, extra=senders)
 

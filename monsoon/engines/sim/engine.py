@@ -104,6 +104,12 @@ class SimEngine(Engine):
         """A resumed simulation replays from the seed to its checkpoint,
         compressors and residuals included."""
         return True
+
+    @staticmethod
+    def keeps_buffers(strategy) -> bool:
+        """The replay recomputes them too (BatchNorm's statistics)."""
+        return True
+
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
 
     virtual_time = True   # its clock is simulated: evaluating costs no time
