@@ -105,6 +105,12 @@ def peers() -> dict:
     return found
 
 
+# What makes a record "dirty": uncommitted changes to tracked files other than
+# what benchmarks themselves write (records and figures, the rendered pages).
+CODE_CHANGES = ("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                ":(top,exclude)bench/results", ":(top,exclude)docs", ":(top,exclude)README.md")
+
+
 def machine() -> dict:
     after = list(os.getloadavg())
     return {"cores": os.cpu_count(), "cpu": cpu_model(), "gpu": gpu(),
@@ -133,8 +139,7 @@ def write_record(benchmark: str, params: dict, rows: list[dict], summary: dict,
         "benchmark": benchmark,
         "command": command or "python " + " ".join([f"bench/{Path(sys.argv[0]).name}",
                                                    *sys.argv[1:]]),
-        "params": params, "commit": commit, "dirty": bool(_git("status", "--porcelain",
-                                                               "--untracked-files=no")),
+        "params": params, "commit": commit, "dirty": bool(_git(*CODE_CHANGES)),
         "date": now.isoformat().replace("+00:00", "Z"), "machine": machine(), "peers": peers(),
         "elapsed_s": round(time.monotonic() - _STARTED, 1),
         "rows": rows, "summary": summary,
