@@ -13,13 +13,17 @@ import pytest  # noqa: E402
 # Tests that share a server run in one pytest-xdist worker (``--dist
 # loadgroup``): the Ray tests reuse one Ray instance (``local_ray``) and a
 # cluster started by ``ray start`` would be found by another worker's
-# ``ray.init()``; the Spark tests share one JVM; torchrun jobs are heavy.
+# ``ray.init()``; the Spark tests share one JVM; torchrun jobs are heavy. A
+# module that marks its own ``xdist_group`` keeps it (the lost-node tests,
+# whose clusters live apart in network namespaces).
 SERVER_GROUPS = ("ray", "spark", "torchrun")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue  # a module that chose its own group
         for group in SERVER_GROUPS:
             if item.get_closest_marker(group) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))

@@ -16,7 +16,10 @@ import pytest
 
 import netns
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
+# Its own xdist group: its Spark cluster lives in network namespaces, apart
+# from the session's local Spark, so it runs beside the other Spark tests.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.xdist_group("spark-netns")]
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 7177
