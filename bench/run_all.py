@@ -62,20 +62,20 @@ MIN_TIMEOUT_MIN = 3.0
 BUSY, LOAD0 = 2.2, 1.45
 
 # name -> (full arguments, their estimated minutes, --quick arguments, their minutes).
-# The estimates come from each script's sizes (repeats x runs x steps) and the
-# figures in its records (examples/s, seconds per run); none was timed end to
-# end, so run_all prints each benchmark's minutes beside its estimate, and a
-# record keeps its ``elapsed_s``: correct them from there. Repeats stay at 3
-# for the headline benchmarks (render.HEADLINE) and where a run is short, 2
-# where the hour is tight.
+# The estimates of the first five are their records' ``elapsed_s`` (scaled to
+# the repeats given here); the rest come from each script's sizes (repeats x
+# runs x steps) and the figures in its records, and ran about 2x short where
+# checked, so run_all prints each benchmark's minutes beside its estimate:
+# correct them from the records' ``elapsed_s``. Repeats are 2 or 3 where the
+# hour allows.
 PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
     "quick_start": (["--repeats", "3"], 2.5, ["--repeats", "1", "--turns", "1"], 0.5),
-    "seed_overhead": (["--repeats", "3", "--steps", "2000"], 1.1,
+    "seed_overhead": (["--repeats", "2", "--steps", "2000"], 1.4,
                       ["--repeats", "1", "--steps", "1000"], 0.3),
-    "sync_vs_ddp": (["--repeats", "2"], 0.8, ["--repeats", "1"], 0.4),
-    "sync_sweep": (["--repeats", "3"], 5.0,
+    "sync_vs_ddp": (["--repeats", "2"], 0.7, ["--repeats", "1"], 0.4),
+    "sync_sweep": (["--repeats", "2"], 7.5,
                    ["--quick", "--shapes", "mlp64-b32,mlp1024-b512,cnn-b128"], 0.6),
-    "torch_engine_vs_ddp": (["--repeats", "3", "--scale", "0.25"], 2.0,
+    "torch_engine_vs_ddp": (["--repeats", "2", "--scale", "0.25"], 3.6,
                             ["--repeats", "1", "--scale", "0.25", "--shapes",
                              "mlp64-b32,cnn-b128"], 0.5),
     "hogwild_vs_torch": (["--repeats", "3"], 0.6, ["--repeats", "1"], 0.3),
@@ -85,7 +85,7 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
     "spark_vs_mllib": (["--repeats", "2"], 3.0, ["--quick"], 1.0),
     "spark_vs_torchdistributor": (["--repeats", "2"], 1.2, ["--repeats", "1", "--rows", "16384"],
                                   0.5),
-    "hogwild_average": (["--fits", "10"], 0.7, ["--quick"], 0.4),
+    "hogwild_average": (["--fits", "6"], 0.5, ["--quick"], 0.4),
     "async_local_vs_ray": (["--repeats", "3"], 1.2, ["--repeats", "1"], 0.5),
     "ray_overhead": (["--repeats", "3"], 1.2, ["--repeats", "1"], 0.6),
     "spark_overhead": (["--repeats", "2", "--steps", "4"], 1.5,
@@ -95,20 +95,20 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
                       ["--repeats", "1", "--shapes", "quick-start,cnn-b128"], 0.3),
     "dataset_memory": (["--repeats", "2"], 1.0, ["--repeats", "1", "--gib", "0.25"], 0.3),
     "pipeline": ([], 0.6, ["--steps", "6"], 0.4),
-    "sim_scale": (["--repeats", "2"], 1.0, ["--repeats", "1", "--updates", "20000"], 0.2),
+    "sim_scale": (["--repeats", "1"], 0.5, ["--repeats", "1", "--updates", "20000"], 0.2),
     "delay_tolerance": (["--seeds", "3"], 0.7, ["--seeds", "1"], 0.3),
     "sim_effects": (["--steps-a", "30000"], 1.3, ["--steps-a", "10000"], 0.5),
     "hogwild_vs_vw": (["--repeats", "1"], 1.0, ["--quick"], 0.5),
     "compression": (["--steps", "40"], 0.7, ["--steps", "30", "--compress", "topk:0.01"], 0.4),
-    "compression_vs_ddp_powersgd": (["--repeats", "2", "--steps", "200"], 1.0,
+    "compression_vs_ddp_powersgd": (["--repeats", "2", "--steps", "150"], 0.8,
                                     ["--repeats", "1", "--steps", "100"], 0.5),
-    "ssp_sweep": ([], 2.5, ["--problems", "digits", "--bounds", "0,4"], 0.6),
+    "ssp_sweep": (["--bounds", "0,1,4,16"], 1.8, ["--problems", "digits", "--bounds", "0,4"], 0.6),
     # this round's device-array change (#45) against the main before it
     # (940f801), on the CPU benchmarks it must not slow: the sync sweep and the
     # quick start
-    "before_after": (["--before", "940f801", "--rounds", "2",
+    "before_after": (["--before", "940f801", "--rounds", "1",
                       "--bench", "sync_sweep --quick --shapes mlp64-b32,mlp1024-b512,cnn-b128",
-                      "--bench", "quick_start --repeats 1 --turns 1"], 5.0,
+                      "--bench", "quick_start --repeats 1 --turns 1"], 3.0,
                      ["--before", "940f801", "--rounds", "1",
                       "--bench", "sync_sweep --quick --shapes cnn-b128"], 0.5),
     "gpu": ([], 5.0, ["--quick"], 2.5),
