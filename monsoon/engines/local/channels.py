@@ -3,7 +3,7 @@ pipeline stages (``pipeline.py``).
 
 One channel carries one direction between two neighbouring stages (a
 stage's activations forward, or their gradients back): a ring of K slots in
-one shared-memory block (``engines/shared_memory.py``) with one writer and
+one shared-memory block (``monsoon/shared_memory.py``) with one writer and
 one reader. ``send`` waits for a free slot, copies the array's bytes into it,
 writes its header (micro-batch, dtype, shape) and only then advances the
 write counter; ``recv`` waits for the counter, copies the bytes out (the
