@@ -79,6 +79,27 @@ def local_ray(_ray_for_the_session):
 _ray_paths = {}  # the PYTHONPATH the running instance of local_ray was started with
 
 
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test(request):
+    """After a test on ``local_ray``: kill the actors of any monsoon run still
+    alive on it. A test that failed mid-run (a timeout, a failed assert
+    while a run trains in a thread) would otherwise leave its workers
+    holding the instance's 2 CPUs, and every Ray test after it would fail
+    waiting for its own workers to start."""
+    yield
+    if "local_ray" not in request.fixturenames:
+        return
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["name"].startswith("monsoon-"):
+            try:
+                ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]))
+            except ValueError:  # it ended meanwhile
+                pass
+
+
 PLUGIN = Path(__file__).resolve().parent / "plugin_example"
 
 

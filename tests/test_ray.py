@@ -47,11 +47,11 @@ def _train_in_background(**kwargs):
 
 
 def _kill_worker_when_running(name: str, after_s: float = 1.0):
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # a worker process starts in seconds, minutes when busy
     while time.monotonic() < deadline:
         try:
             actor = ray.get_actor(name)
-            ray.get(actor.ready.remote(), timeout=30)
+            ray.get(actor.ready.remote(), timeout=120)
             time.sleep(after_s)
             ray.kill(actor)
             return
