@@ -96,8 +96,14 @@ def final_params(out_dir, **options):
                          out=out_dir, **options)
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The uninterrupted run, made once for both signals."""
+    return final_params(tmp_path_factory.mktemp("whole"))
+
+
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
-def test_a_signal_stops_the_run_cleanly_and_it_resumes_bit_for_bit(tmp_path, how):
+def test_a_signal_stops_the_run_cleanly_and_it_resumes_bit_for_bit(tmp_path, how, whole):
     run = tmp_path / "run"
     proc = start(run, extra=["--checkpoint-every", "500"])
     workers = wait_running(proc, run, 2)
@@ -122,7 +128,6 @@ def test_a_signal_stops_the_run_cleanly_and_it_resumes_bit_for_bit(tmp_path, how
 
     resumed = final_params(tmp_path / "resumed", resume=str(run))
     assert resumed.summary["resumed_from"] == str(saved[-1])
-    whole = final_params(tmp_path / "whole")
     assert resumed.summary["updates"] == whole.summary["updates"] == 400 * 16
     assert np.array_equal(resumed.params, whole.params)
 
