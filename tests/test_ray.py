@@ -1,5 +1,12 @@
 """The ray engine on a real local Ray instance (2 CPUs): sync, async, faults,
-checkpoints. Skipped only where Ray is not installed."""
+checkpoints. Skipped only where Ray is not installed.
+
+Every actor is a process that imports Ray and monsoon (seconds on a busy
+machine, more with torch): the claims here are the engine's, so the runs
+use the NumPy problem "logistic" (its workers import no torch) and, where
+the claim is not about the parameter server's split, one shard. The tests
+whose claim needs several shards (sync's exactness, elastic regrouping of
+every shard) keep one a worker."""
 import threading
 import time
 
@@ -17,19 +24,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 
 def test_sync_equals_serial_on_the_full_batch():
-    opts = dict(steps=15, batch_size=1438, dtype="float64", seed=3, lr=0.05)  # digits less 20%
-    serial = monsoon.train("digits", "serial", **opts)
-    run = monsoon.train("digits", "sync", 2, engine="ray", **opts)
+    opts = dict(steps=15, batch_size=16384, dtype="float64", seed=3, lr=0.5)  # every example
+    serial = monsoon.train("logistic", "serial", **opts)
+    run = monsoon.train("logistic", "sync", 2, engine="ray", **opts)  # two shards
     np.testing.assert_allclose(run.params, serial.params, rtol=1e-6, atol=1e-12)
     assert run.summary["engine"] == "ray" and run.summary["updates"] == 15
-
-
-def test_async_reaches_serial_loss_on_digits():
-    serial = monsoon.train("digits", "serial", seed=0).summary
-    run = monsoon.train("digits", "async", 3, engine="ray", seed=0).summary
-    assert run["examples"] == serial["examples"]
-    assert run["final_loss"] <= 1.10 * serial["final_loss"]
-    assert run["staleness"]["max"] >= 1
 
 
 def _train_in_background(**kwargs):
@@ -46,23 +45,28 @@ def _train_in_background(**kwargs):
     return thread, box
 
 
-def _kill_worker_when_running(name: str, after_s: float = 1.0):
+def _kill_worker_when_running(name: str, examples: int = 320):
+    """Kill the named worker actor once it has trained on ``examples``
+    (so mid-run, however slowly the machine starts its actors)."""
     deadline = time.monotonic() + 120  # a worker process starts in seconds, minutes when busy
     while time.monotonic() < deadline:
         try:
             actor = ray.get_actor(name)
             ray.get(actor.ready.remote(), timeout=120)
-            time.sleep(after_s)
-            ray.kill(actor)
-            return
+            break
         except ValueError:
             time.sleep(0.2)
-    raise AssertionError(f"actor {name} never appeared")
+    else:
+        raise AssertionError(f"actor {name} never appeared")
+    while time.monotonic() < deadline and \
+            ray.get(actor.progress.remote(), timeout=30)["examples"] < examples:
+        time.sleep(0.05)
+    ray.kill(actor)
 
 
 def test_async_carries_on_when_a_worker_actor_is_killed():
-    thread, box = _train_in_background(problem="exp", strategy="async", workers=3,
-                                       engine="ray", epochs=80, run_name="killasync",
+    thread, box = _train_in_background(problem="logistic", strategy="async", workers=2,
+                                       engine="ray", shards=1, steps=1200, run_name="killasync",
                                        timeout=30)
     _kill_worker_when_running("monsoon-killasync-worker-1")
     thread.join(120)
@@ -70,29 +74,26 @@ def test_async_carries_on_when_a_worker_actor_is_killed():
     summary = box["result"].summary
     assert [f["worker"] for f in summary["failed_workers"]] == [1]
     assert "Actor" in summary["failed_workers"][0]["error"]
-    assert summary["examples"] < 80 * 256  # worker 1's share was lost, not redone
+    assert summary["examples"] < 1200 * 16  # worker 1's share was lost, not redone
     assert np.isfinite(summary["final_loss"])
 
 
 def test_sync_fails_fast_when_a_worker_actor_is_killed():
-    thread, box = _train_in_background(problem="exp", strategy="sync", workers=3,
-                                       engine="ray", epochs=1000, run_name="killsync",
-                                       timeout=20)
-    _kill_worker_when_running("monsoon-killsync-worker-2")
+    thread, box = _train_in_background(problem="logistic", strategy="sync", workers=2,
+                                       engine="ray", shards=1, steps=10 ** 6,
+                                       run_name="killsync", timeout=20)
+    _kill_worker_when_running("monsoon-killsync-worker-1")
     t0 = time.monotonic()
     thread.join(60)
     assert not thread.is_alive()
     assert isinstance(box.get("error"), WorkerError), box
-    # killed after it answered ready: named either as failed, or (when the
-    # driver's own start-up check reaches it only after the kill) as dead
-    # before it could start; both name worker 2
-    assert box["error"].worker == 2 and "worker 2" in str(box["error"])
+    assert box["error"].worker == 1 and "worker 1" in str(box["error"])
     assert time.monotonic() - t0 < 30
 
 
 def test_sync_with_a_backup_carries_on_when_a_worker_actor_is_killed():
-    thread, box = _train_in_background(problem="exp", strategy="sync", workers=2,
-                                       backup_workers=1, engine="ray", steps=800,
+    thread, box = _train_in_background(problem="logistic", strategy="sync", workers=2,
+                                       backup_workers=1, engine="ray", shards=1, steps=800,
                                        batch_size=48, run_name="killbackup", timeout=20)
     _kill_worker_when_running("monsoon-killbackup-worker-0")
     thread.join(120)
@@ -103,16 +104,17 @@ def test_sync_with_a_backup_carries_on_when_a_worker_actor_is_killed():
 
 
 def test_resume_from_a_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
-    opts = dict(steps=20, batch_size=64, dtype="float64", seed=5, lr=0.05)
-    whole = monsoon.train("exp", "sync", 2, engine="ray", **opts)
-    crashing = FaultyProblem(make_problem("exp", "float64"), "raise", rank=0, after=12)
+    # one shard: checkpoints_every_engine resumes a run of two shards bit-identical
+    opts = dict(steps=20, batch_size=64, dtype="float64", seed=5, lr=0.05, shards=1)
+    whole = monsoon.train("logistic", "sync", 2, engine="ray", **opts)
+    crashing = FaultyProblem(make_problem("logistic", "float64"), "raise", rank=0, after=12)
     with pytest.raises(WorkerError):
         monsoon.train(crashing, "sync", 2, engine="ray", checkpoint_every=5,
                       out=tmp_path / "first", **opts)
     saved = sorted(p.name for p in (tmp_path / "first" / "checkpoints").iterdir())
     assert saved[-1] == "ckpt-000000000010.npz"  # the newest before the crash
     assert all(name.startswith("ckpt-") for name in saved)  # nothing half written
-    resumed = monsoon.train("exp", "sync", 2, engine="ray", resume=str(tmp_path / "first"),
+    resumed = monsoon.train("logistic", "sync", 2, engine="ray", resume=str(tmp_path / "first"),
                             out=tmp_path / "second", **opts)
     assert resumed.summary["resumed_from"].endswith("ckpt-000000000010.npz")
     assert resumed.summary["updates"] == 20 and resumed.summary["examples"] == 20 * 64
@@ -123,10 +125,10 @@ def test_resume_from_a_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
 def test_async_resumes_from_its_workers_positions(tmp_path):
     from monsoon.engines import checkpoints
 
-    opts = dict(epochs=8, seed=0, timeout=30, evals=10)
+    opts = dict(epochs=1, batch_size=128, shards=1, seed=0, timeout=30, evals=10)
     # 128 updates: checkpoints at 32, 64, 96 (and 128), the newest three kept; the
     # oldest kept is early enough that the workers' positions leave work to do
-    first = monsoon.train("exp", "async", 2, engine="ray", out=tmp_path / "a",
+    first = monsoon.train("logistic", "async", 2, engine="ray", out=tmp_path / "a",
                           checkpoint_every=32, **opts)
     files = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
     assert len(files) >= 2
@@ -135,7 +137,7 @@ def test_async_resumes_from_its_workers_positions(tmp_path):
     meta = checkpoints.read(files[0]).meta
     assert meta["exact"] is False and len(meta["positions"]) == 2
     assert meta["step"] % 32 == 0 and 0 < meta["step"] < first.summary["updates"]
-    resumed = monsoon.train("exp", "async", 2, engine="ray", resume=str(tmp_path / "a"),
+    resumed = monsoon.train("logistic", "async", 2, engine="ray", resume=str(tmp_path / "a"),
                             **opts)
     assert resumed.summary["resumed_from"] == str(files[0])
     # the budget is not done again: the resumed run does the rest of it
@@ -152,9 +154,9 @@ def test_resuming_private_copies_is_refused_before_ray_starts(tmp_path):
 
 
 def test_a_worker_that_cannot_start_is_named():
-    problem = UnshippableProblem(make_problem("exp"))
+    problem = UnshippableProblem(make_problem("logistic"))
     with pytest.raises(WorkerError, match="Ray worker 0 could not start.*cannot load"):
-        monsoon.train(problem, "async", 2, engine="ray", epochs=1, timeout=30)
+        monsoon.train(problem, "async", 2, engine="ray", shards=1, steps=4, timeout=30)
 
 
 def test_hogwild_is_refused_on_ray():
@@ -165,8 +167,9 @@ def test_hogwild_is_refused_on_ray():
 def test_cli_trains_on_the_ray_engine(tmp_path):
     from monsoon.cli import main
 
-    code = main(["train", "--engine", "ray", "--problem", "digits", "--strategy", "async",
-                 "--workers", "2", "--epochs", "2", "--out", str(tmp_path / "run"), "--quiet"])
+    code = main(["train", "--engine", "ray", "--problem", "logistic", "--strategy", "async",
+                 "--workers", "2", "--shards", "1", "--steps", "64", "--out",
+                 str(tmp_path / "run"), "--quiet"])
     assert code == 0
     import json
 
@@ -183,8 +186,8 @@ def test_elastic_sync_regroups_without_a_lost_worker_and_takes_it_back():
     step boundary. Every step is the full-batch gradient, so the run ends
     where an uninterrupted one does."""
     opts = dict(steps=3000, batch_size=64, dtype="float64", seed=5, lr=0.05)
-    whole = monsoon.train("exp", "serial", **opts)  # sync's steps, on one worker
-    dying = FaultyProblem(make_problem("exp", "float64"), "exit", rank=1, after=50)
+    whole = monsoon.train("logistic", "serial", **opts)  # sync's steps, on one worker
+    dying = FaultyProblem(make_problem("logistic", "float64"), "exit", rank=1, after=50)
     run = monsoon.train(dying, "sync", 2, engine="ray", elastic=True, timeout=30, **opts)
     s = run.summary
     events = s["membership"]
