@@ -78,13 +78,30 @@ def test_each_pair_that_is_taken_trains(strategy, engine):
 
 
 @pytest.fixture(scope="module")
-def spark_for_the_table():
-    """One Spark session for the table's spark runs, stopped at the end of
-    them (later tests start their own)."""
+def spark_with_plugin(plugin_site):
+    """One Spark session for every spark run of this module (the table's
+    and the plug-in's), started with the plug-in's site on the driver's
+    path, which its executors take as theirs: the plug-in's tests can run
+    on it, and the module starts one session (a start, with the executors'
+    Python importing torch, costs seconds), not three."""
+    pytest.importorskip("pyspark")
+    import sys
+
+    from pyspark.sql import SparkSession
+
     from spark_env import spark_session
 
-    with spark_session("local[2]") as session:
-        yield session
+    active = SparkSession.getActiveSession()
+    if active is not None:  # another module's, whose executors lack the plug-in
+        active.stop()
+    session = spark_session("local[2]")
+    sys.path.insert(0, str(plugin_site))
+    try:
+        spark = session.__enter__()
+    finally:
+        sys.path.remove(str(plugin_site))
+    yield spark
+    session.__exit__(None, None, None)
 
 
 @pytest.mark.slow
@@ -93,7 +110,7 @@ def test_each_pair_that_is_taken_trains_on_the_cluster_engines(strategy, engine,
     if engine == "ray":
         request.getfixturevalue("local_ray")
     if engine == "spark":
-        request.getfixturevalue("spark_for_the_table")
+        request.getfixturevalue("spark_with_plugin")
     # a NumPy problem: the cluster's worker processes need not import torch
     _train_and_check(strategy, engine, problem="logistic")
 
@@ -161,18 +178,9 @@ def _with_plugin(engine, request):
 
     if engine == "ray":
         request.getfixturevalue("local_ray_with_plugin")
-    if engine != "spark":
-        return contextlib.nullcontext()
-    # started here, so its executors see the plug-in's path
-    pytest.importorskip("pyspark")
-    from spark_env import spark_session
-
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:  # another test's, whose executors lack the plug-in
-        active.stop()
-    return spark_session("local[2]")
+    if engine == "spark":
+        request.getfixturevalue("spark_with_plugin")
+    return contextlib.nullcontext()
 
 
 @pytest.mark.parametrize("engine", [

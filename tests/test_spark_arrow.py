@@ -81,12 +81,19 @@ def test_a_null_feature_is_named():
         batch_arrays(batch, many=False)
 
 
-@pytest.mark.spark
-def test_sparkdata_through_arrow_equals_the_row_path(tmp_path, monkeypatch):
-    """A libsvm file (sparse Vectors) read by Spark: the Arrow path is taken
-    and builds the problem the row path builds (rows, degrees, loss)."""
+@pytest.fixture(scope="module")
+def spark():
+    """One local[2] session for both Spark tests (a start costs seconds)."""
     from spark_env import spark_session
 
+    with spark_session("local[2]") as session:
+        yield session
+
+
+@pytest.mark.spark
+def test_sparkdata_through_arrow_equals_the_row_path(spark, tmp_path, monkeypatch):
+    """A libsvm file (sparse Vectors) read by Spark: the Arrow path is taken
+    and builds the problem the row path builds (rows, degrees, loss)."""
     from monsoon.engines.spark import SparkData, arrow
 
     rng = np.random.default_rng(3)
@@ -96,28 +103,25 @@ def test_sparkdata_through_arrow_equals_the_row_path(tmp_path, monkeypatch):
             cols = np.unique(rng.integers(1, 400, size=rng.integers(1, 12)))
             f.write(f"{rng.integers(0, 2)} " +
                     " ".join(f"{c}:{rng.standard_normal():.5g}" for c in cols) + "\n")
-    with spark_session("local[2]"):
-        fast = SparkData(str(path), fmt="libsvm", dtype="float64")
-        assert fast._via_arrow
-        monkeypatch.setattr(arrow, "usable", lambda df: False)
-        slow = SparkData(str(path), fmt="libsvm", dtype="float64")
-        assert not slow._via_arrow
-        w = rng.standard_normal(fast.n_params)
-        assert (fast.n_examples, fast.n_params) == (slow.n_examples, slow.n_params) == (3000, 400)
-        np.testing.assert_array_equal(fast.inv_degree, slow.inv_degree)
-        assert fast.loss(w) == pytest.approx(slow.loss(w), rel=1e-12)
-        fast.unpersist()
-        slow.unpersist()
+    fast = SparkData(str(path), fmt="libsvm", dtype="float64")
+    assert fast._via_arrow
+    monkeypatch.setattr(arrow, "usable", lambda df: False)
+    slow = SparkData(str(path), fmt="libsvm", dtype="float64")
+    assert not slow._via_arrow
+    w = rng.standard_normal(fast.n_params)
+    assert (fast.n_examples, fast.n_params) == (slow.n_examples, slow.n_params) == (3000, 400)
+    np.testing.assert_array_equal(fast.inv_degree, slow.inv_degree)
+    assert fast.loss(w) == pytest.approx(slow.loss(w), rel=1e-12)
+    fast.unpersist()
+    slow.unpersist()
 
 
 @pytest.mark.spark
-def test_a_torch_models_dataframe_through_arrow_equals_the_row_path(monkeypatch):
+def test_a_torch_models_dataframe_through_arrow_equals_the_row_path(spark, monkeypatch):
     """A Vector column, an array column and numeric columns: the Arrow path
     is taken and gives the row path's problem (loss and accuracy)."""
     torch = pytest.importorskip("torch")
     from pyspark.ml.linalg import Vectors
-
-    from spark_env import spark_session
 
     from monsoon.engines.spark import arrow
     from monsoon.problems.torch_problem import TorchProblem
@@ -126,21 +130,20 @@ def test_a_torch_models_dataframe_through_arrow_equals_the_row_path(monkeypatch)
     X = rng.standard_normal((400, 3))
     c = (X[:, 0] + X[:, 1] > 0).astype(float)
     rows = [(Vectors.dense(x), x.tolist(), *x.tolist(), float(y)) for x, y in zip(X, c)]
-    with spark_session("local[2]") as spark:
-        df = spark.createDataFrame(rows, ["v", "a", "f0", "f1", "f2", "c"]).repartition(2)
-        for features in ("v", "a", ["f0", "f1", "f2"]):
-            made = {}
-            for way in ("arrow", "rows"):
-                if way == "rows":
-                    monkeypatch.setattr(arrow, "usable", lambda df: False)
-                torch.manual_seed(0)
-                made[way] = TorchProblem.from_spark(
-                    df, torch.nn.Linear(3, 2), torch.nn.CrossEntropyLoss(), features=features,
-                    label="c", dtype="float64")
-                monkeypatch.undo()
-            assert made["arrow"]._via_arrow and not made["rows"]._via_arrow
-            w = made["arrow"].initial_params(0)
-            assert made["arrow"].evaluate(w) == pytest.approx(made["rows"].evaluate(w), rel=1e-12)
-            assert made["arrow"].n_examples == made["rows"].n_examples == 400
-            for problem in made.values():
-                problem.unpersist()
+    df = spark.createDataFrame(rows, ["v", "a", "f0", "f1", "f2", "c"]).repartition(2)
+    for features in ("v", "a", ["f0", "f1", "f2"]):
+        made = {}
+        for way in ("arrow", "rows"):
+            if way == "rows":
+                monkeypatch.setattr(arrow, "usable", lambda df: False)
+            torch.manual_seed(0)
+            made[way] = TorchProblem.from_spark(
+                df, torch.nn.Linear(3, 2), torch.nn.CrossEntropyLoss(), features=features,
+                label="c", dtype="float64")
+            monkeypatch.undo()
+        assert made["arrow"]._via_arrow and not made["rows"]._via_arrow
+        w = made["arrow"].initial_params(0)
+        assert made["arrow"].evaluate(w) == pytest.approx(made["rows"].evaluate(w), rel=1e-12)
+        assert made["arrow"].n_examples == made["rows"].n_examples == 400
+        for problem in made.values():
+            problem.unpersist()

@@ -80,9 +80,15 @@ def ranks_import_this_module(monkeypatch):
         [str(ROOT), str(here), os.environ.get("PYTHONPATH", "")]))
 
 
+@pytest.fixture(scope="module")
+def serial():
+    """The NumPy path's run both cases compare with (made once)."""
+    return monsoon.train(_problem(), "serial", lr=0.01, **COMMON)
+
+
 @pytest.mark.parametrize("ranks,bucket_mb", [(1, 0.01), (2, 0)])
-def test_device_arrays_equal_the_numpy_path(ranks, bucket_mb, tmp_path, ranks_import_this_module):
-    serial = monsoon.train(_problem(), "serial", lr=0.01, **COMMON)
+def test_device_arrays_equal_the_numpy_path(ranks, bucket_mb, serial, tmp_path,
+                                            ranks_import_this_module):
     run = monsoon.train(_problem(tmp_path), "sync", ranks, engine="torch", lr=0.01,
                         reduce_via="backend", bucket_mb=bucket_mb, **COMMON)
     _seen(tmp_path, ranks)
