@@ -45,7 +45,8 @@ RAY = Path(sys.executable).with_name("ray")
 
 @pytest.fixture(scope="module")
 def head():
-    """(net, env): the namespaces, and a Ray head in "head"."""
+    """(net, env, live): the namespaces, a Ray head in "head", and whether
+    node b is joined and has not been cut since (``live["b"]``)."""
     if WHY:
         pytest.skip(WHY)
     pytest.importorskip("ray")
@@ -65,8 +66,8 @@ def head():
                          f"--node-ip-address={addr}", "--num-cpus=1",
                          "--include-dashboard=false"], env=env["head"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_port("head", net, addr, PORT)
-        yield net, env
+        _wait_for_nodes(net, env["head"], "READY")
+        yield net, env, {"b": False}
     finally:
         net.close()
         for path in tmp.values():
@@ -75,8 +76,9 @@ def head():
 
 def _join_b(net, env) -> None:
     """A fresh node in "b" joined to the head (a node Ray declared dead
-    does not come back: its raylet is replaced)."""
-    net.kill(["b"])
+    does not come back: its raylet is replaced; the old one is dead to the
+    head, so it is not given time to stop cleanly)."""
+    net.kill(["b"], grace_s=1)
     net.run("b", [str(RAY), "start", "--block", f"--address={net.addr['head']}:{PORT}",
                   f"--node-ip-address={net.addr['b']}", "--num-cpus=1"], env=env["b"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -86,34 +88,54 @@ def _join_b(net, env) -> None:
 @pytest.fixture
 def cluster(head):
     """(net, the driver's env, rejoin): two live nodes; ``rejoin()`` brings
-    node b back after a cut, as its operator would."""
-    net, env = head
-    _join_b(net, env)
-    return net, env["head"], lambda: _join_b(net, env)
+    node b back after a cut, as its operator would. Node b is joined again
+    only where the test before cut it and did not bring it back."""
+    net, env, live = head
+    if not live["b"]:
+        _join_b(net, env)
+    live["b"] = False  # every test cuts it; its rejoin() says it is back
+
+    def rejoin():
+        _join_b(net, env)
+        live["b"] = True
+
+    return net, env["head"], rejoin
 
 
-def _wait_for_port(node, net, host, port, timeout=60):
-    deadline = time.monotonic() + timeout
-    probe = f"import socket; socket.create_connection(('{host}', {port}), 1).close()"
-    while time.monotonic() < deadline:
-        if net.run(node, [sys.executable, "-c", probe], stderr=subprocess.DEVNULL).wait(10) == 0:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"the Ray head did not listen on {host}:{port} in {timeout} s")
+# One process polls the head's node table (no driver joins, no job starts):
+# it exits 0 once exactly ``want`` nodes are alive ("READY": once the head
+# answers), or 1 after its timeout.
+PROBE = """
+import socket, sys, time
+from ray._raylet import GcsClient
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
+address, want, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+host, port = address.split(":")
+deadline = time.monotonic() + timeout
+client = None
+while time.monotonic() < deadline:
+    try:
+        socket.create_connection((host, int(port)), 1).close()  # GcsClient() blocks 40 s if not
+        if want == "READY":
+            sys.exit(0)
+        client = client or GcsClient(address=address)
+        nodes = client.get_all_node_info(timeout=5).values()
+        if sum(n.state == GcsNodeInfo.ALIVE for n in nodes) == int(want):
+            sys.exit(0)
+    except Exception:
+        pass  # not listening yet, or a call timed out
+    time.sleep(0.2)
+sys.exit(1)
+"""
 
 
-def _wait_for_nodes(net, env, count, timeout=90):
-    code = (f"import ray; ray.init(address='{net.addr['head']}:{PORT}', log_to_driver=False);"
-            "print(sum(n['Alive'] for n in ray.nodes()))")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        proc = net.run("head", [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.DEVNULL, text=True)
-        out, _ = proc.communicate(timeout=60)
-        if out.strip().isdigit() and int(out.strip()) >= count:
-            return
-        time.sleep(1)
-    raise TimeoutError(f"{count} Ray nodes did not join in {timeout} s")
+def _wait_for_nodes(net, env, count, timeout=90) -> None:
+    """Wait until exactly ``count`` nodes are alive in the head's table
+    ("READY": until the head answers)."""
+    proc = net.run("head", [sys.executable, "-c", PROBE, f"{net.addr['head']}:{PORT}",
+                            str(count), str(timeout)], env=env)
+    if proc.wait(timeout + 30) != 0:
+        raise TimeoutError(f"the Ray head did not count {count} live nodes in {timeout} s")
 
 
 def _written(out, proc, pattern, min_bytes, what, timeout=120) -> None:
@@ -128,12 +150,13 @@ def _written(out, proc, pattern, min_bytes, what, timeout=120) -> None:
 
 
 def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", extra=(),
-           after_checkpoint=False, while_cut=None):
+           after_checkpoint=False, while_cut=None, times=None):
     """``monsoon train`` on the cluster from the head's namespace; the
     second node's link goes down ``cut_after_s`` after the run trains (after
     its first checkpoint, with ``after_checkpoint``), and back up once the
     run has ended, or, given ``while_cut``, once that has been called
-    (with the running process); None: no cut."""
+    (with the running process); None: no cut. ``times`` gets the
+    monotonic times of the cut ("cut") and of the run's end ("ended")."""
     argv = [sys.executable, "-X", "faulthandler", "-m", "monsoon", "train", "--engine", "ray",
             "--address",
             f"{net.addr['head']}:{PORT}", "--problem", problem, "--strategy", strategy,
@@ -151,6 +174,7 @@ def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", ext
         _written(out, proc, "tb/events.out.tfevents.*", 1000, "started training")
     time.sleep(cut_after_s)
     net.cut("b")
+    cut_at = time.monotonic()
     try:
         if while_cut is not None:
             while_cut(proc)
@@ -163,6 +187,8 @@ def _train(net, env, out, strategy, epochs, cut_after_s=None, problem="exp", ext
             raise AssertionError(f"the run did not end within 180 s; its stderr:\n{err[-3000:]}")
     finally:
         net.restore("b")
+    if times is not None:
+        times.update(cut=cut_at, ended=time.monotonic())
     return proc.returncode, err
 
 
@@ -172,11 +198,14 @@ def _summary(out):
 
 def test_async_loses_the_worker_on_a_partitioned_node_and_finishes(cluster, tmp_path):
     net, env, _ = cluster
-    rc, err = _train(net, env, tmp_path / "whole", "async", 6, problem="logistic")
-    assert rc == 0, err
-    whole = _summary(tmp_path / "whole")
+    # the uninterrupted reference: the same run on the local engine, in
+    # process. Async on logistic is on its loss plateau (~0.26) from the
+    # first epoch: on the local engine, 1 to 6 epochs and 3 to 5 seeds each
+    # end within 1.5% of one another, well inside the 5% bound.
+    whole = monsoon.train("logistic", "async", 2, epochs=3, seed=0, evals=10, timeout=15,
+                          progress=False).summary
     out = tmp_path / "cut"
-    rc, err = _train(net, env, out, "async", 6, cut_after_s=1, problem="logistic")
+    rc, err = _train(net, env, out, "async", 3, cut_after_s=1, problem="logistic")
     assert rc == 0, err
     assert "Traceback" not in err
     s = _summary(out)
@@ -193,13 +222,15 @@ def test_elastic_sync_carries_on_and_takes_the_returning_node_back(cluster, tmp_
     out = tmp_path / "cut"
 
     def node_b_returns(proc):
-        time.sleep(4)  # Ray declares node b dead after ~2 s of failed health checks
+        _wait_for_nodes(net, env, 1, timeout=30)  # Ray declares b dead after ~2 s of failed checks
         assert proc.poll() is None, "the run ended before node b came back"
         net.restore("b")
         rejoin()
 
-    # ~60 s of steps on a quiet machine: node b is back (~25 s) well before the end
-    rc, err = _train(net, env, out, "sync", 300, cut_after_s=1, extra=("--elastic",),
+    # 3,200 steps: node b is declared dead ~2 s after the cut and a fresh
+    # raylet joins ~10 s later, about a third of the way through the run
+    epochs = 200
+    rc, err = _train(net, env, out, "sync", epochs, cut_after_s=1, extra=("--elastic",),
                      while_cut=node_b_returns)
     assert rc == 0, err
     assert "Traceback" not in err
@@ -212,7 +243,7 @@ def test_elastic_sync_carries_on_and_takes_the_returning_node_back(cluster, tmp_
     assert events[1]["members"] == [0, 1] and 0 < events[0]["step"] <= events[1]["step"]
     assert "node" in events[0]["reason"]  # Ray's word: the worker's node was lost
     assert [f["worker"] for f in s["failed_workers"]] == [lost]
-    serial = monsoon.train("exp", "serial", epochs=300, seed=0).summary  # the same steps
+    serial = monsoon.train("exp", "serial", epochs=epochs, seed=0).summary  # the same steps
     assert s["updates"] == serial["updates"]
     assert abs(s["final_loss"] / serial["final_loss"] - 1) <= 0.01, (s["final_loss"],
                                                                      serial["final_loss"])
@@ -221,12 +252,17 @@ def test_elastic_sync_carries_on_and_takes_the_returning_node_back(cluster, tmp_
 def test_sync_fails_in_one_line_and_resumes_bit_identical(cluster, tmp_path):
     torch = pytest.importorskip("torch")
     net, env, rejoin = cluster
-    rc, err = _train(net, env, tmp_path / "whole", "sync", 120)
+    # the uninterrupted reference runs on the cluster too: the local engine's
+    # sync on exp ends a few bits away from the Ray engine's (same options),
+    # so it is no bit-for-bit reference
+    epochs = 40  # 640 steps: the cut comes after the first checkpoint (step 100)
+    rc, err = _train(net, env, tmp_path / "whole", "sync", epochs)
     assert rc == 0, err
     out = tmp_path / "cut"
-    began = time.monotonic()
-    rc, err = _train(net, env, out, "sync", 120, cut_after_s=0.5, after_checkpoint=True)
-    assert rc != 0 and time.monotonic() - began < 1 + 15 + 30  # within --timeout (15 s)
+    times = {}
+    rc, err = _train(net, env, out, "sync", epochs, cut_after_s=0.5, after_checkpoint=True,
+                     times=times)
+    assert rc != 0 and times["ended"] - times["cut"] < 15 + 10  # --timeout (15 s), and its exit
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "--resume" in lines[0], err
@@ -234,7 +270,7 @@ def test_sync_fails_in_one_line_and_resumes_bit_identical(cluster, tmp_path):
     s = _summary(out)
     assert s["status"] == "failed" and s["failed_worker"] in (0, 1), s
     rejoin()  # the link is back: node b rejoins, and the same command resumes
-    rc, err = _train(net, env, out, "sync", 120, extra=("--resume", str(out)))
+    rc, err = _train(net, env, out, "sync", epochs, extra=("--resume", str(out)))
     assert rc == 0, err
     s, whole = _summary(out), _summary(tmp_path / "whole")
     assert s["status"] == "finished" and s["resumed_from"]
