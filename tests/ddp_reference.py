@@ -1,17 +1,15 @@
 """PyTorch DDP on gloo, the reference for ``sync`` (tests/test_user_model.py).
 
 ``run_ddp(module, X, y, ...)`` trains copies of ``module`` in ``world``
-spawned (or forked) processes with DDP (``broadcast_buffers=True``, its
-default) and plain SGD, each step on the same halves monsoon's ``sync``
-gives its workers (``epoch_permutation`` and ``part_bounds``), and returns
-rank 0's state_dict.
+spawned processes with DDP (``broadcast_buffers=True``, its default) and plain
+SGD, each step on the same halves monsoon's ``sync`` gives its workers
+(``epoch_permutation`` and ``part_bounds``), and returns rank 0's state_dict.
 """
 from __future__ import annotations
 
 import copy
 import os
 import socket
-import sys
 
 import torch
 import torch.distributed as dist
@@ -48,20 +46,11 @@ def _worker(rank, world, port, module, loss_fn, X, y, lr, steps, seed, path):
     dist.destroy_process_group()
 
 
-def run_ddp(module, loss_fn, X, y, lr: float, steps: int, seed: int, path, world: int = 2,
-            start_method: str = "spawn"):
-    """``start_method="fork"``: the ranks are copies of this process, torch
-    already imported (a spawned rank imports it again, seconds of CPU);
-    only where this process has started no process group and its torch
-    uses one thread (OMP_NUM_THREADS=1, tests/conftest.py). A process with
-    Ray running (gRPC's threads, not safe to fork) spawns them anyway."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        start_method = "spawn"
+def run_ddp(module, loss_fn, X, y, lr: float, steps: int, seed: int, path, world: int = 2):
     try:
         tmp.start_processes(_worker, args=(world, _free_port(), module, loss_fn, X, y, lr, steps,
                                            seed, str(path)),
-                            nprocs=world, join=True, start_method=start_method)
+                            nprocs=world, join=True, start_method="spawn")
     except tmp.ProcessExitedException:
         # gloo sometimes aborts while tearing down; the state was saved first
         if not os.path.exists(path):
