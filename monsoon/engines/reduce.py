@@ -13,22 +13,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.linalg import blas
 
 from .. import arrays
 
-_ASUM, _AXPY_SCAL = {}, {}  # dtype -> scipy's BLAS routines, filled by _blas()
-
-
-def _blas() -> dict:
-    """Fill the BLAS tables on first use: scipy.linalg is a third of ``import
-    monsoon``'s time, which every worker process, actor and rank pays."""
-    if not _ASUM:
-        from scipy.linalg import blas
-
-        _AXPY_SCAL.update({np.dtype("float32"): (blas.saxpy, blas.sscal),
-                           np.dtype("float64"): (blas.daxpy, blas.dscal)})
-        _ASUM.update({np.dtype("float32"): blas.sasum, np.dtype("float64"): blas.dasum})
-    return _ASUM
+_ASUM = {np.dtype("float32"): blas.sasum, np.dtype("float64"): blas.dasum}
+_AXPY_SCAL = {np.dtype("float32"): (blas.saxpy, blas.sscal),
+              np.dtype("float64"): (blas.daxpy, blas.dscal)}
 
 
 def finite(g: np.ndarray) -> bool:
@@ -38,7 +29,7 @@ def finite(g: np.ndarray) -> bool:
     tensor (on its device): one sum, one number read back."""
     if arrays.is_tensor(g):
         return arrays.finite(g)
-    asum = (_ASUM or _blas()).get(g.dtype)
+    asum = _ASUM.get(g.dtype)
     if asum is not None and g.flags.c_contiguous and g.size:
         return math.isfinite(asum(g))
     return math.isfinite(float(np.add.reduce(g, axis=None)))
@@ -54,7 +45,6 @@ class WeightedMean:
         self.out = out
         self.tmp = tmp
         self.scale = 1.0 / len(parts)
-        _blas()
         blas_ops = None if arrays.is_tensor(out) else _AXPY_SCAL.get(out.dtype)
         # BLAS writes ``out`` in place only if it is contiguous, and reads
         # the parts without a copy only if they are contiguous, of its type.

@@ -5,19 +5,12 @@ The update is BLAS's axpy, in place: one pass over memory instead of two
 (scale, then subtract), which matters when a step is memory-bound; on a
 tensor, torch's in-place ``add_`` with ``alpha``, one kernel."""
 import numpy as np
+from scipy.linalg import blas
 
 from .. import arrays
 from .base import Rule
 
-_AXPY = {}  # dtype -> BLAS axpy; scipy loads at the first NumPy step, not at import
-
-
-def _axpy(dtype):
-    if not _AXPY:
-        from scipy.linalg import blas
-
-        _AXPY.update({np.dtype("float32"): blas.saxpy, np.dtype("float64"): blas.daxpy})
-    return _AXPY.get(dtype)
+_AXPY = {np.dtype("float32"): blas.saxpy, np.dtype("float64"): blas.daxpy}
 
 
 class SGD(Rule):
@@ -28,7 +21,7 @@ class SGD(Rule):
         if arrays.is_tensor(w):
             w.add_(g, alpha=-lr)
             return
-        axpy = _axpy(w.dtype)
+        axpy = _AXPY.get(w.dtype)
         if axpy is not None and g.dtype == w.dtype and w.flags.c_contiguous and g.flags.c_contiguous:
             out = axpy(g, w, a=-lr)
             if out is not w and not np.shares_memory(out, w):  # BLAS made a copy
