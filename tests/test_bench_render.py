@@ -182,6 +182,40 @@ def test_no_committed_record_renders_met_on_the_wrong_side():
                 assert render.right_side(r.get("ratio"), r.get("target")) is not False, name
 
 
+def test_every_committed_not_met_row_says_why():
+    readme = _readme_list((ROOT / "README.md").read_text())
+    page = (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+    missed = []
+    for name, what, *_ in render.BENCHMARKS:
+        record = records.newest(name)
+        if record is None:
+            continue
+        word, why = render.verdict(record["summary"], record.get("rows"), name)
+        if word != "not met":
+            assert name not in render.WHY, f"{name} is {word} now: drop its WHY sentence"
+            continue
+        missed.append(name)
+        assert why.strip() and "\n" not in why and "|" not in why, name
+        row = next(line for line in page if line.startswith(f"| [{what}]("))
+        assert f"| **not met**: {why} |" in row, name
+        if name in render.HEADLINE:
+            line = next(line for line in readme if line.startswith(f"- {what}: "))
+            assert line.endswith(f"**not met**: {why}"), name
+    assert missed  # the committed records have some, so this test checks something
+
+
+def test_a_records_own_why_wins_over_the_benchmarks_sentence(sandbox):
+    results, readme, page = sandbox
+    _verdict_record(results, "quick_start", 0.5, False, ">= 0.9", why="Its own reason.")
+    _verdict_record(results, "sync_sweep", 0.5, False, ">= 0.9")
+    render.render(results, readme, page)
+    lines = _readme_list(readme.read_text())
+    assert any(line.endswith("**not met**: Its own reason.") for line in lines)
+    assert render.WHY["quick_start"] not in readme.read_text() + page.read_text()
+    assert any(line.endswith(f"**not met**: {render.WHY['sync_sweep']}") for line in lines)
+    assert f"| **not met**: {render.WHY['sync_sweep']} |" in page.read_text()
+
+
 def test_a_record_names_the_machine_its_loads_and_the_peers(sandbox, monkeypatch):
     results, _, _ = sandbox
     record = json.loads(_record(results, "pipeline", 0.05, True).read_text())
