@@ -102,7 +102,9 @@ def main():
     last = {}
 
     def engine_sync():
-        run = monsoon.train(data, strategy="sync", lr=lr, steps=args.steps,
+        # plain full-batch gradient descent, the loop written by hand below (the
+        # spark problems' sync default is L-BFGS)
+        run = monsoon.train(data, strategy="sync", rule="sgd", lr=lr, steps=args.steps,
                             batch_size=data.n_examples, **common)
         last["engine"] = run.params
         return run.summary["wall_time_s"] / args.steps
@@ -120,7 +122,8 @@ def main():
     B, K, jobs = args.batch, args.n_push, 12
 
     def rate(strategy, steps, **extra):
-        run = monsoon.train(data, strategy=strategy, lr=0.5, steps=steps, batch_size=B,
+        run = monsoon.train(data, strategy=strategy, rule="sgd", lr=0.5, steps=steps,
+                            batch_size=B,
                             **common, **extra)
         return run.summary["examples_per_s"]
 
