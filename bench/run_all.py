@@ -101,7 +101,7 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
     "sim_effects": (["--steps-a", "30000"], 1.3, ["--steps-a", "10000"], 0.5),
     "hogwild_vs_vw": (["--repeats", "1"], 1.0, ["--quick"], 0.5),
     "compression": (["--steps", "40"], 0.7, ["--steps", "30", "--compress", "topk:0.01"], 0.4),
-    "compression_vs_ddp_powersgd": (["--repeats", "2", "--steps", "150"], 0.8,
+    "compression_vs_ddp_powersgd": (["--repeats", "2", "--steps", "300"], 1.6,
                                     ["--repeats", "1", "--steps", "100"], 0.5),
     "ssp_sweep": (["--bounds", "0,1,4,16"], 1.8, ["--problems", "digits", "--bounds", "0,4"], 0.6),
     # this round's device-array change (#45) against the main before it
