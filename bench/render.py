@@ -155,6 +155,11 @@ WHY = {
     "async_local_vs_ray": "A local worker's time went to memory-bound passes over the 4 MB "
                           "parameter vector (gradient, push, fetch), with little engine overhead, "
                           "in a py-spy profile at 9a402d3; this record was not profiled.",
+    "compression_vs_ddp_powersgd": "Examples/s beat DDP's PowerSGD hook, but powersgd:2's final "
+                                   "loss after 300 steps is 1.1% above the hook's (1.6% at 150 "
+                                   "steps, so the gap shrinks as training goes on); which "
+                                   "difference between the two PowerSGD implementations causes "
+                                   "it is not yet measured.",
     "dataset_memory": "The extra memory peaks while the workers are alive in every run, not "
                       "only as the data moves into shared memory; whether a second copy lives "
                       "on or the measuring window starts too early is not yet measured.",
