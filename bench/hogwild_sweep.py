@@ -199,6 +199,10 @@ def main():
                                unit="s per fit (peer: SGDClassifier)",
                                x1_over_x2=t["x1"] / t["x2"], paired=[pair, pair_lo, pair_hi],
                                control=t["x1"] / t["x1b"], log_loss_gap_pct=dl,
+                               # what a missed loss target is read from: each fit's
+                               # median training log-loss and epochs (x2, x1, sk)
+                               log_loss={k: ll[k] for k in ("x2", "x1", "sk")},
+                               epochs={k: it[k] for k in ("x2", "x1", "sk")},
                                repeats=wanted))
     for setting in SETTINGS:
         s = summary[setting]
