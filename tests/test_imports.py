@@ -1,10 +1,14 @@
 """A run on a NumPy problem never imports torch (about 2 s here), in the
 parent or in its workers' fork server: ``import monsoon`` loads torch only
 for torch problems, and the live series' event files are written without
-tensorboardX (which imports torch)."""
+tensorboardX (which imports torch). Building ``digits`` never imports
+scikit-learn (about a second): it reads the file scikit-learn ships, and
+gets exactly what ``load_digits`` gives."""
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,3 +29,20 @@ def test_a_numpy_run_never_imports_torch(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_digits_reads_sklearns_file_without_importing_sklearn():
+    script = ("import sys, monsoon.problems; p = monsoon.problems.make_problem('digits'); "
+              "print(p.n_examples, 'sklearn' in sys.modules)")  # 80% of 1797 for training
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1438", "False"]
+    from sklearn.datasets import load_digits
+
+    from monsoon.problems.catalog import digits_arrays
+
+    images, labels = digits_arrays()
+    want = load_digits()
+    assert np.array_equal(images, want.data) and np.array_equal(labels, want.target)
+    assert images.dtype == want.data.dtype and labels.dtype.kind == want.target.dtype.kind

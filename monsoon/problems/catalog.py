@@ -20,7 +20,9 @@ a user's own ``TorchProblem`` starts from its module's weights.
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -111,16 +113,33 @@ def exp(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
                         init=init or "seed", val_fraction=val_fraction or 0.0)
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (images 1797x64 in 0..16, labels 0..9), read from
+    the file scikit-learn ships without importing scikit-learn: the import
+    costs about a second of CPU in every worker process that builds the
+    problem (a Ray actor, a torchrun rank), the file a few milliseconds.
+    Falls back to ``load_digits`` where that file is not found."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package, runs none of it
+    path = (Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+            if spec is not None and spec.origin else None)
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits
+
+        data = load_digits()
+        return data.data, data.target
+    raw = np.loadtxt(path, delimiter=",")  # as load_digits reads it
+    return raw[:, :-1], raw[:, -1].astype(int)
+
+
 def digits(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
     import torch
-    from sklearn.datasets import load_digits
     from torch import nn
 
     from .torch_problem import TorchProblem
 
-    data = load_digits()
-    X = data.data / 16.0
-    y = torch.as_tensor(data.target, dtype=torch.long)
+    images, labels = digits_arrays()
+    X = images / 16.0
+    y = torch.as_tensor(labels, dtype=torch.long)
     net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     return TorchProblem(net, nn.CrossEntropyLoss(), X, y, dtype=dtype, name="digits",
                         init=init or "seed",
