@@ -37,6 +37,19 @@ def frame(spark):
     return df.withColumn("t", score + 0.1 * F.col("x")[3]).cache()
 
 
+@pytest.fixture(scope="module")
+def classes(frame):
+    """The frame's features and class labels under net() and cross-entropy,
+    converted once for the tests that train on them (a conversion costs
+    Spark jobs, as a run does): the problem, and the result sizes of the
+    conversion's jobs, with nothing collected to the driver."""
+    with nothing_collected() as sizes:
+        data = TorchProblem.from_spark(frame, net(), nn.CrossEntropyLoss(), features="x",
+                                       label="c", dtype="float64")
+    yield data, list(sizes)
+    data.unpersist()
+
+
 def net(out: int = CLASSES) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(D, 8), nn.Tanh(), nn.Linear(8, out))
@@ -52,17 +65,22 @@ KW = dict(lr=0.3, steps=6, batch_size=128, seed=0, dtype="float64", evals=0)
 
 
 @pytest.mark.parametrize("label, loss", [("c", nn.CrossEntropyLoss()), ("t", nn.MSELoss())])
-def test_sync_equals_serial_and_nothing_reaches_the_driver(frame, label, loss):
+def test_sync_equals_serial_and_nothing_reaches_the_driver(frame, label, loss, request):
     """Class numbers (int64) and a float target (n, 1): sync on the
     DataFrame, with collection patched to raise and no job returning more
     than a few gradients, equals serial on its rows in partition order
     (float64, 1e-9)."""
     out = CLASSES if label == "c" else 1
     with nothing_collected() as sizes:
-        data = TorchProblem.from_spark(frame, net(out), loss, features="x", label=label,
-                                       dtype="float64")
+        if label == "c":  # the module's conversion, checked in the same way
+            data, converted = request.getfixturevalue("classes")
+            sizes.extend(converted)
+        else:
+            data = TorchProblem.from_spark(frame, net(out), loss, features="x", label=label,
+                                           dtype="float64")
         run = monsoon.train(data, strategy="sync", workers=2, engine="spark", **KW)
-    data.unpersist()
+    if label != "c":
+        data.unpersist()
     assert data.n_examples == N and data.partitions == 2 and data.n_features == D
     assert max(sizes) < 10 * data.n_params * 8 + 4096 < N * (D + 1) * 8
     assert run.summary["updates"] == 6 and run.summary["engine"] == "spark"
@@ -78,16 +96,13 @@ def test_sync_equals_serial_and_nothing_reaches_the_driver(frame, label, loss):
         assert run.summary["accuracy"] == pytest.approx(ref.summary["accuracy"], rel=1e-12)
 
 
-def test_async_converges_without_collecting(frame):
+def test_async_converges_without_collecting(frame, classes):
     """Async (Downpour, the server on the driver) on the DataFrame reaches
     within 10% of serial's loss on the same rows, every push applied."""
     kw = dict(lr=0.3, epochs=4, batch_size=32, seed=0, dtype="float64", evals=0)
     with nothing_collected():
-        data = TorchProblem.from_spark(frame, net(), nn.CrossEntropyLoss(), features="x",
-                                       label="c", dtype="float64")
-        run = monsoon.train(data, strategy="async", workers=2, engine="spark", n_fetch=5,
-                            n_push=5, **kw)
-    data.unpersist()
+        run = monsoon.train(classes[0], strategy="async", workers=2, engine="spark",
+                            n_fetch=5, n_push=5, **kw)
     X, y = rows_in_partition_order(frame, "c")
     ref = monsoon.train(TorchProblem(net(), nn.CrossEntropyLoss(), X, torch.as_tensor(y),
                                      dtype="float64"), strategy="serial", **kw)
@@ -142,7 +157,8 @@ def test_one_numeric_column_is_one_feature(frame):
 
 class FailsFirstAttempt(nn.CrossEntropyLoss):
     """A loss that fails in partition 0's first attempt of every stage
-    (``spark_env.first_attempt``)."""
+    (``spark_env.first_attempt``; the barrier stage, sync's, once in the
+    folder ``marks``)."""
 
     def __init__(self, marks: str):
         super().__init__()
@@ -154,6 +170,16 @@ class FailsFirstAttempt(nn.CrossEntropyLoss):
         return super().forward(out, target)
 
 
+@pytest.fixture(scope="module")
+def failing(frame, tmp_path_factory):
+    """The ``classes`` problem with a loss that fails each stage's first
+    attempt on partition 0."""
+    data = TorchProblem.from_spark(frame, net(), FailsFirstAttempt(str(tmp_path_factory.mktemp(
+        "marks"))), features="x", label="c", dtype="float64")
+    yield data
+    data.unpersist()
+
+
 @pytest.mark.parametrize("strategy, options, updates", [
     ("sync", {}, 6),
     ("local-sgd", {"local_steps": 3}, 2),
@@ -161,28 +187,24 @@ class FailsFirstAttempt(nn.CrossEntropyLoss):
     ("ssp", {"n_fetch": 3, "n_push": 3}, 2),
     ("easgd", {"easgd_tau": 3}, 2),
 ])
-def test_every_strategy_trains_and_a_retried_task_counts_once(frame, strategy, options,
-                                                              updates, tmp_path):
+def test_every_strategy_trains_and_a_retried_task_counts_once(failing, classes, strategy,
+                                                              options, updates):
     """Partition 0's first attempt of every task fails (Spark retries it):
     each strategy still applies exactly the uninterrupted run's updates and
     examples (``updates``; ``steps * batch_size``), its loss goes down, and
     where the result does not hang on which worker's push arrives first
     (sync, local-sgd) the parameters are the uninterrupted run's. Only
     those two run the uninterrupted run too: for the others it would check
-    nothing the fixed counts do not."""
-    def run(loss):
-        data = TorchProblem.from_spark(frame, net(), loss, features="x", label="c",
-                                       dtype="float64")
-        try:
-            return monsoon.train(data, strategy=strategy, workers=2, engine="spark",
-                                 **{**KW, "evals": 2}, **options)
-        finally:
-            data.unpersist()
+    nothing the fixed counts do not. Both problems are converted once for
+    the module (each stage, and sync's barrier stage, fails once)."""
+    def run(data):
+        return monsoon.train(data, strategy=strategy, workers=2, engine="spark",
+                             **{**KW, "evals": 2}, **options)
 
-    retried = run(FailsFirstAttempt(str(tmp_path)))
+    retried = run(failing)
     runs = [retried]
     if strategy in ("sync", "local-sgd"):
-        clean = run(nn.CrossEntropyLoss())
+        clean = run(classes[0])
         np.testing.assert_array_equal(retried.params, clean.params)
         runs.append(clean)
     for r in runs:
@@ -236,14 +258,9 @@ def test_rows_of_different_lengths_in_different_partitions_are_refused(spark):
                                 label="c")
 
 
-def test_a_dataframe_model_refuses_other_engines(frame):
-    data = TorchProblem.from_spark(frame, net(), nn.CrossEntropyLoss(), features="x",
-                                   label="c")
-    try:
-        with pytest.raises(ConfigError, match="lives in Spark: train it with engine='spark'"):
-            monsoon.train(data, strategy="sync", workers=2, engine="local", steps=2, evals=0)
-    finally:
-        data.unpersist()
+def test_a_dataframe_model_refuses_other_engines(classes):
+    with pytest.raises(ConfigError, match="lives in Spark: train it with engine='spark'"):
+        monsoon.train(classes[0], strategy="sync", workers=2, engine="local", steps=2, evals=0)
 
 
 def test_repartition_cuts_the_data_into_the_runs_workers(frame):
