@@ -6,10 +6,8 @@ installed package would be, and its strategy, rule and problem are then
 found through their entry points.
 """
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,16 +21,25 @@ from monsoon.docs import BEGIN, END, option_tables
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(site, *args, timeout=120):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
-    return subprocess.run([sys.executable, "-m", "monsoon", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+def cli(*args):
+    """``monsoon ARGS`` in this process (the ``plugin`` fixture has put the
+    installed plug-in on the path): its exit code, stdout and stderr."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # --help, and argparse's own refusals
+            code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 # -- third-party components ------------------------------------------------------
 
 def test_plugin_components_appear_in_help(plugin):
-    out = cli(plugin, "train", "--help").stdout
+    out = cli("train", "--help").stdout
     for text in ("clipped-sync", "--clip-norm", "signum", "--signum-beta", "noisy-line",
                  "--noise"):
         assert text in out, text
@@ -41,7 +48,7 @@ def test_plugin_components_appear_in_help(plugin):
 
 def test_plugin_components_run_from_the_cli_with_their_flags(plugin, tmp_path):
     out = tmp_path / "run"
-    proc = cli(plugin, "train", "--problem", "noisy-line", "--noise", "0.3", "--strategy",
+    proc = cli("train", "--problem", "noisy-line", "--noise", "0.3", "--strategy",
                "clipped-sync", "--workers", "2", "--clip-norm", "0.5", "--rule", "signum",
                "--signum-beta", "0.5", "--lr", "0.01", "--epochs", "1", "--out", str(out),
                "--quiet")
@@ -60,7 +67,7 @@ def test_plugin_components_run_from_the_cli_with_their_flags(plugin, tmp_path):
     (["--problem", "noisy-line", "--noise", "-2"], "noise must be 0 or more, got -2.0; fix --noise"),
 ])
 def test_plugin_options_refuse_bad_values_naming_the_flag(plugin, tmp_path, args, message):
-    proc = cli(plugin, "train", "--workers", "2", *args, "--out", str(tmp_path / "x"))
+    proc = cli("train", "--workers", "2", *args, "--out", str(tmp_path / "x"))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"monsoon: error: {message}"
     assert not (tmp_path / "x").exists()

@@ -15,9 +15,21 @@ SUMMARY_FIELDS = {"problem", "strategy", "engine", "rule", "workers", "seed", "f
                   "staleness", "dropped_updates", "failed_workers", "time_to_target_s"}
 
 
-def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "monsoon", *args], capture_output=True,
-                          text=True, timeout=timeout)
+def run_cli(*args):
+    """``monsoon ARGS`` in this process: its exit code, stdout and stderr
+    (what a user's shell would show; a separate process only costs the imports)."""
+    import contextlib
+    import io
+
+    from monsoon.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's own refusals
+            code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_run_folder_has_the_contract_files(tmp_path):
@@ -165,7 +177,7 @@ def test_cli_train_writes_run_folder(tmp_path):
     (["--engine", "nope"], "unknown engine 'nope'"),
 ])
 def test_cli_refuses_bad_input_in_one_line(tmp_path, args, message):
-    proc = run_cli("train", *args, "--out", str(tmp_path / "x"), timeout=60)
+    proc = run_cli("train", *args, "--out", str(tmp_path / "x"))
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
