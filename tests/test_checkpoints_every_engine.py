@@ -29,7 +29,7 @@ RUNS = {
     "local": ("exp", 2, dict(epochs=60, evals=10, backend="threads"), 100),
     "sim": ("exp", 2, dict(steps=60, evals=10, sim_compute_sigma=0.5), 20),
     # NumPy: the actors (2 workers, 2 shards) and the refused CLI run import no torch
-    "ray": ("logistic", 2, dict(steps=40, batch_size=64, evals=10, timeout=60), 10),
+    "ray": ("logistic", 2, dict(steps=40, batch_size=64, evals=10, timeout=60, shards=2), 10),
     "spark": ("logistic", 2, dict(steps=6, batch_size=512, rule="momentum", lr=0.5, evals=0),
               2),
     "torch": ("exp", 2, dict(steps=150, evals=10, timeout=30), 50),

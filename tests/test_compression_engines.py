@@ -40,7 +40,7 @@ def _local_twin(strategy, spec, **kw):
 def test_ray_sends_the_packed_message(strategy):
     # sync: a shard a worker, each decoding its slice of the packed message;
     # the others: one shard (the same decoding, two actors fewer a run)
-    runs = _both("ray", strategy, steps=40, **({} if strategy == "sync" else {"shards": 1}))
+    runs = _both("ray", strategy, steps=40, shards=2 if strategy == "sync" else 1)
     if strategy == "sync":
         twin = _local_twin("sync", "topk:0.1", steps=40)
         np.testing.assert_allclose(runs["topk:0.1"].params, twin.params, rtol=1e-6, atol=1e-7)

@@ -267,3 +267,16 @@ def test_every_run_option_applies_to_a_built_problem(option, value, check):
         options["steps"] = 20
     run = monsoon.train(_built("float64"), "serial", **{**options, option: value})
     assert check(run), (option, run.summary)
+
+
+def test_a_shard_process_holds_at_least_its_minimum_of_parameters():
+    """Shards default to one a worker, at most 8; where a shard is a process
+    (ray), none holds fewer than MIN_PROCESS_SHARD parameters; asked for, as asked."""
+    from monsoon.engines.base import MIN_PROCESS_SHARD, shard_count
+
+    assert shard_count(None, 4, 4810) == 4  # local, sim: threads or simulated
+    assert shard_count(None, 4, 4810, MIN_PROCESS_SHARD) == 1
+    assert shard_count(None, 4, 3 * MIN_PROCESS_SHARD - 1, MIN_PROCESS_SHARD) == 3
+    assert shard_count(None, 16, 100 * MIN_PROCESS_SHARD, MIN_PROCESS_SHARD) == 8
+    assert shard_count(3, 4, 4810, MIN_PROCESS_SHARD) == 3
+    assert shard_count(None, 2, 1, MIN_PROCESS_SHARD) == 1

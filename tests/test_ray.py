@@ -26,9 +26,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 def test_sync_equals_serial_on_the_full_batch():
     opts = dict(steps=15, batch_size=16384, dtype="float64", seed=3, lr=0.5)  # every example
     serial = monsoon.train("logistic", "serial", **opts)
-    run = monsoon.train("logistic", "sync", 2, engine="ray", **opts)  # two shards
+    run = monsoon.train("logistic", "sync", 2, engine="ray", shards=2, **opts)
     np.testing.assert_allclose(run.params, serial.params, rtol=1e-6, atol=1e-12)
     assert run.summary["engine"] == "ray" and run.summary["updates"] == 15
+    assert run.summary["shards"] == 2
 
 
 def _train_in_background(**kwargs):
@@ -188,7 +189,8 @@ def test_elastic_sync_regroups_without_a_lost_worker_and_takes_it_back():
     opts = dict(steps=3000, batch_size=64, dtype="float64", seed=5, lr=0.05)
     whole = monsoon.train("logistic", "serial", **opts)  # sync's steps, on one worker
     dying = FaultyProblem(make_problem("logistic", "float64"), "exit", rank=1, after=50)
-    run = monsoon.train(dying, "sync", 2, engine="ray", elastic=True, timeout=30, **opts)
+    run = monsoon.train(dying, "sync", 2, engine="ray", elastic=True, timeout=30, shards=2,
+                        **opts)  # every shard regroups
     s = run.summary
     events = s["membership"]
     assert [e["event"] for e in events][:2] == ["left", "joined"], events

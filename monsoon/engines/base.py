@@ -69,6 +69,11 @@ ALL_OPS = frozenset(OP_MEANING)
 
 # Parameter-server shards default to one per worker, up to this many.
 DEFAULT_MAX_SHARDS = 8
+# Where a shard is a process of its own (ray), a run makes no shard of fewer
+# parameters than this (1 MiB of float32): a smaller one costs a process start
+# and one more call on every push and read, and moves too few bytes to gain
+# from the split.
+MIN_PROCESS_SHARD = 1 << 18
 # Synchronous steps replicate the parameters in every worker up to this size.
 REPLICATE_MAX_BYTES = 1 << 21
 
@@ -189,10 +194,13 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def shard_count(requested: int | None, workers: int, n_params: int) -> int:
+def shard_count(requested: int | None, workers: int, n_params: int,
+                min_shard: int = 1) -> int:
     """The parameter-server shards a run uses: as asked, else one per
-    worker up to ``DEFAULT_MAX_SHARDS``; never more than the parameters."""
-    return max(1, min(requested or min(workers, DEFAULT_MAX_SHARDS), n_params))
+    worker up to ``DEFAULT_MAX_SHARDS`` and none of fewer than ``min_shard``
+    parameters; never more than the parameters."""
+    default = min(workers, DEFAULT_MAX_SHARDS, -(-n_params // min_shard))
+    return max(1, min(requested or default, n_params))
 
 
 def replicates(strategy, params: np.ndarray) -> bool:

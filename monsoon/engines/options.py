@@ -8,8 +8,8 @@ from ..errors import ConfigError
 from ..options import Option, at_least, positive
 
 TIMEOUT = Option("timeout", float, 60.0, "seconds any wait may last", check=positive)
-SHARDS = Option("shards", int, None, "parameter-server shards (default: workers, at most 8)",
-                check=at_least(1))
+SHARDS = Option("shards", int, None, "parameter-server shards (default: workers, at most 8; "
+                "on ray, at most one per 262,144 parameters)", check=at_least(1))
 CHECKPOINT_EVERY = Option("checkpoint_every", int, 1000, "write a checkpoint every K updates into "
                           "OUT/checkpoints, when there is a run folder (0: only when "
                           "interrupted)",

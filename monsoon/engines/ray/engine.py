@@ -43,8 +43,8 @@ from ...options import Option
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..base import (BACKUP_WORKERS, ELASTIC, STAGES, Engine, EngineResult, shard_bounds,
-                    shard_count)
+from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine, EngineResult,
+                    shard_bounds, shard_count)
 from ..checkpoints import Checkpointer
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..clocks import clock_extra
@@ -146,7 +146,7 @@ class RayEngine(Engine):
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
         t_begin = time.perf_counter()
-        S = shard_count(self.shards, workers, w0.size)
+        S = shard_count(self.shards, workers, w0.size, min_shard=MIN_PROCESS_SHARD)
         self.shards_used = S
         bounds = shard_bounds(w0.size, S)
         ckpts = ShardCheckpoints(
