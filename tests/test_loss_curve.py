@@ -142,6 +142,37 @@ def test_a_problem_that_evaluates_many_points_at_once_is_budgeted_per_call(monke
     assert kept[0] == 0 and kept[-1] == 40 and rec.rows_dropped == 41 - len(kept)
 
 
+@pytest.mark.parametrize("off", [0.0, 1e-3])
+def test_losses_a_full_batch_step_computed_are_the_curve_not_evaluated_again(off):
+    """A full-batch step's loss is the full-data loss at the parameters the
+    snapshot before it holds (``target_met``): the curve takes it, and the
+    evaluation after the run costs the ends and the final point. Where the
+    ends show the step's loss is another figure (``off``), every snapshot is
+    evaluated as before."""
+    problem = make_problem("linear")
+    w0 = problem.initial_params(0)
+    evaluated = []
+
+    def evaluate_many(ws):
+        evaluated.extend(ws)
+        return [{"loss": problem.loss(v)} for v in ws]
+
+    problem.evaluate_many = evaluate_many
+    rec = Recorder(problem, total_examples=None, evals=100, progress=False, cost_aware=False)
+    rec.record(0.0, 0, 0, w0)
+    for u in range(20):
+        w = w0 + 0.01 * u
+        if u:
+            rec.record(0.1 * u, u, 64 * u, w)
+        rec.target_met(problem.loss(w) * (1 + off), u)  # the next step's loss, at w
+    final = w0 + 0.2
+    rec.finish(2.0, 20, 1280, final)
+    want = [problem.loss(w0 + 0.01 * u) for u in range(20)] + [problem.loss(final)]
+    np.testing.assert_allclose([r["loss"] for r in rec.rows], want, rtol=1e-12)
+    assert [r["updates"] for r in rec.rows] == list(range(21))
+    assert len(evaluated) == (2 if off == 0 else 20)  # the ends (the final is evaluate's)
+
+
 def test_snapshots_are_copies():
     problem = make_problem("linear")
     w = problem.initial_params(0)

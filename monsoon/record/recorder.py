@@ -155,6 +155,12 @@ class Recorder:
         self.target_reason = None
         self._target_next = 0.0
         self._evaluated: dict[tuple, dict] = {}  # (time, updates, examples) -> metrics
+        # A full-batch step's loss at the parameters of a snapshot, found by the
+        # snapshot's (updates, dropped): a dropped step may move the parameters
+        # (lbfgs backs off) without an update.
+        self._known: dict[tuple[int, int], float] = {}
+        self._known_next: tuple[tuple[int, int], float] | None = None  # its snapshot is next
+        self._snapshot_keys: dict[tuple, tuple[int, int]] = {}  # snapshot[:3] -> (updates, dropped)
 
     # -- during the run ----------------------------------------------------
     def start(self, params) -> None:
@@ -225,6 +231,7 @@ class Recorder:
         """Snapshot ``params`` (copied: the caller may go on writing them)."""
         began = time.thread_time()
         if self.evals > 0 or not self.snapshots:
+            self._snapshot_keys[(now, updates, examples)] = (updates, dropped)
             self._keep(now, updates, examples, self._copy(params))
         evals = max(self.evals, 1)
         self._next = now + self._stride * max(self.min_interval_s, now / evals)
@@ -263,10 +270,18 @@ class Recorder:
         self._target_next = now + TARGET_SPACING * (time.perf_counter() - began)
         self.target_met(float(metrics["loss"]), updates)
 
-    def target_met(self, loss: float, updates: int) -> bool:
+    def target_met(self, loss: float, updates: int, dropped: int = 0) -> bool:
         """Note the full-data loss at the current parameters (an engine that
         knows it for free: a full-batch step's); True, and ``TARGET_REACHED``
-        the reason to stop that ``record`` returns, once it is at the target."""
+        the reason to stop that ``record`` returns, once it is at the target.
+        The curve takes the loss as the row of a snapshot at ``updates``
+        (``_fill_known``) instead of evaluating it again."""
+        key = (updates, dropped)
+        if math.isfinite(loss):  # a snapshot at these parameters: taken, or next
+            if self.snapshots and self._snapshot_keys.get(self.snapshots[-1][:3]) == key:
+                self._known[key] = float(loss)
+            else:
+                self._known_next = (key, float(loss))
         if (self.target_loss is not None and math.isfinite(loss)
                 and loss <= self.target_loss and self.target_reason is None):
             self.target_reason = TARGET_REACHED.format(target=self.target_loss, loss=loss,
@@ -289,6 +304,10 @@ class Recorder:
 
     def _keep(self, now, updates, examples, params) -> None:
         self.snapshots.append((now, updates, examples, params))
+        key = self._snapshot_keys.setdefault((now, updates, examples), (updates, 0))
+        if self._known_next is not None and self._known_next[0] == key:
+            self._known[key] = self._known_next[1]
+        self._known_next = None
         if len(self.snapshots) > 2 and sum(s[3].nbytes for s in self.snapshots) > self.max_bytes:
             first, *rest = self.snapshots
             self.snapshots = [first] + rest[1::2]
@@ -332,11 +351,30 @@ class Recorder:
                 done[i] = metrics
             calls += 1
             points += len(level)
+            self._fill_known(snaps, done)
         self.rows_dropped += len(snaps) - len(done)
         for i in sorted(done):
             t, up, ex, _ = snaps[i]
             self.add_row(t, up, ex, done[i])
         return self.rows
+
+    def _fill_known(self, snaps, done) -> None:
+        """Rows for the snapshots whose loss a full-batch step already
+        computed (``target_met``), so the curve after the run evaluates only
+        the rest: where every snapshot evaluated so far that has a known loss
+        holds that loss alone (no accuracy or validation columns) and equals
+        it to 1e-9 (the same objective, summed in another order)."""
+        known = {i: self._known.get(self._snapshot_keys.get(snap[:3]))
+                 for i, snap in enumerate(snaps)}
+        checked = [i for i in done if known[i] is not None]
+        if not checked or not all(
+                set(done[i]) == {"loss"} and math.isclose(
+                    float(done[i]["loss"]), known[i], rel_tol=1e-9, abs_tol=1e-12)
+                for i in checked):
+            return
+        for i, loss in known.items():
+            if i not in done and loss is not None:
+                done[i] = {"loss": loss}
 
     def finish(self, now: float, updates: int, examples: int, params) -> dict:
         """Evaluate every snapshot and the final parameters; returns the final row."""

@@ -136,9 +136,13 @@ class RankRecorder:
             self.stop_wanted = receive(self.sock) or self.stop_wanted
         return None
 
-    def target_met(self, loss: float, updates: int) -> bool:
+    def target_met(self, loss: float, updates: int, dropped: int = 0) -> bool:
         """The all-reduced full-batch loss is every rank's alike: every rank
-        stops at the same step once it is at the target."""
+        stops at the same step once it is at the target. Rank 0 passes it on
+        to the driver's recorder (no answer awaited), whose curve then need
+        not evaluate a snapshot at these parameters again."""
+        if self.sock is not None:
+            send(self.sock, ("known", loss, updates, dropped))
         if self.target_loss is not None and loss <= self.target_loss and not self.stop_seen:
             from ...record.recorder import TARGET_REACHED
 
@@ -377,6 +381,8 @@ def _answer(conn, message, recorder, ckpts) -> None:
     elif kind == "record":
         _, now, updates, examples, w, dropped = message
         send(conn, recorder.record(now, updates, examples, w, dropped))
+    elif kind == "known":  # one-way: the loss at the last snapshot, from a full-batch step
+        recorder.target_met(*message[1:])
     elif kind == "live":
         _, now, examples, updates, workers, staleness, dropped = message
         from collections import Counter

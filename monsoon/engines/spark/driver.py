@@ -263,8 +263,8 @@ class DriverPrograms:
                         fig["loss_n"] += 1
                         fig["examples"] += len(waiting[k].indices)
                         self._send(k, reply)
-                    if self.full_loss is not None and recorder.target_met(self.full_loss,
-                                                                          self.updates):
+                    if self.full_loss is not None and recorder.target_met(
+                            self.full_loss, self.updates, self.dropped):
                         stopped = recorder.target_reason  # the loss at w: no step more
                         break
                 elif self.ops:
