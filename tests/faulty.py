@@ -77,3 +77,27 @@ class UnshippableProblem(FaultyProblem):
 
     def __reduce__(self):
         return (_unavailable, ())
+
+
+class ExitOnce(FaultyProblem):
+    """"exit" on worker ``rank`` after ``after`` gradients, in its first
+    process only: the file ``flag`` (made just before the exit) tells a
+    process started again for the same rank to train on."""
+
+    def __init__(self, inner: Problem, flag, rank: int = 1, after: int = 5):
+        super().__init__(inner, "exit", rank, after)
+        self.flag = str(flag)
+
+    def for_worker(self, rank, workers):
+        clone = ExitOnce(self.inner.for_worker(rank, workers), self.flag, self.fault_rank,
+                         self.after)
+        clone.rank = rank
+        return clone
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        if self.rank == self.fault_rank and self.calls >= self.after \
+                and not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+            os._exit(3)
+        self.calls += 1
+        return self.inner.gradient(w, indices, out, accumulate)

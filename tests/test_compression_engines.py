@@ -14,7 +14,12 @@ def _both(engine, strategy, spec="topk:0.1", workers=2, **kw):
     runs = {c: monsoon.train("linear", strategy, workers, engine=engine, compress=c, seed=1,
                              evals=0, **kw)
             for c in ("none", spec)}
-    plain, comp = runs["none"].summary, runs[spec].summary
+    _check_pair(runs["none"].summary, runs[spec].summary, spec, workers)
+    return runs
+
+
+def _check_pair(plain, comp, spec, workers):
+    """The summaries of an uncompressed and a compressed run of the same budget."""
     assert plain["compression_ratio"] == 1.0 and plain["residual_norm"] == 0.0
     assert plain["bytes_sent"] == plain["bytes_sent_uncompressed"] > 0
     assert comp["compress"] == spec and comp["error_feedback"] is True
@@ -24,7 +29,6 @@ def _both(engine, strategy, spec="topk:0.1", workers=2, **kw):
     assert sum(comp["bytes_sent_per_worker"]) == comp["bytes_sent"]
     assert comp["bytes_received"] > 0 and comp["residual_norm"] > 0
     assert comp["updates"] > 0 and np.isfinite(comp["final_loss"])
-    return runs
 
 
 def _local_twin(strategy, spec, **kw):
@@ -38,13 +42,20 @@ def _local_twin(strategy, spec, **kw):
 @pytest.mark.usefixtures("local_ray")
 @pytest.mark.parametrize("strategy", ["sync", "async", "local-sgd", "easgd"])
 def test_ray_sends_the_packed_message(strategy):
-    # sync: a shard a worker, each decoding its slice of the packed message;
-    # the others: one shard (the same decoding, two actors fewer a run)
-    runs = _both("ray", strategy, steps=40, shards=2 if strategy == "sync" else 1)
+    # sync: a shard a worker, each decoding its slice of the packed message, and
+    # the uncompressed run on Ray too (its accounting over two shards)
     if strategy == "sync":
+        runs = _both("ray", strategy, steps=40, shards=2)
         twin = _local_twin("sync", "topk:0.1", steps=40)
         np.testing.assert_allclose(runs["topk:0.1"].params, twin.params, rtol=1e-6, atol=1e-7)
         assert runs["topk:0.1"].summary["bytes_sent"] == twin.summary["bytes_sent"]
+        return
+    # the others: one shard (the same decoding, two actors fewer), and the uncompressed
+    # run on the local engine, which counts the same messages in the same bytes
+    # (messages.py) and starts no actors
+    comp = monsoon.train("linear", strategy, 2, engine="ray", compress="topk:0.1", seed=1,
+                         evals=0, steps=40, shards=1)
+    _check_pair(_local_twin(strategy, "none", steps=40).summary, comp.summary, "topk:0.1", 2)
 
 
 @pytest.mark.torchrun

@@ -22,7 +22,8 @@ def test_the_server_and_the_allreduce_strategies_train_on_a_lazy_dataset_on_ray(
     folder = write_files(tmp_path / "npy")
     start = lazy_problem(folder)
     first = start.loss(start.initial_params(0))
-    opts = dict(lr=0.2, epochs=6, batch_size=8, seed=0, evals=0)
+    # 3 epochs (36 steps) end near 0.03 of the first loss, far under the bound
+    opts = dict(lr=0.2, epochs=3, batch_size=8, seed=0, evals=0)
     taken = [(s, w) for s, w in STRATEGIES if refusal(RayEngine, make_strategy(s), w) is None
              and s in ("sync", "async")]
     assert {"sync", "async"} == {s for s, _ in taken}

@@ -143,9 +143,11 @@ RAY = dict(engine="ray", shards=1, batch_size=16, seed=1, evals=0, progress=Fals
 @pytest.mark.ray
 @pytest.mark.parametrize("S", [0, 2])
 def test_no_gradient_is_more_clocks_stale_than_the_bound_on_ray(local_ray, S):
-    s = monsoon.train("logistic", "ssp", 3, steps=48, staleness_bound=S, timeout=30,
+    # two workers (an actor fewer than three): a bound holds between two as between more;
+    # the fault test below runs three
+    s = monsoon.train("logistic", "ssp", 2, steps=48, staleness_bound=S, timeout=30,
                       **RAY).summary
-    _check_clocks(s, S, 3)
+    _check_clocks(s, S, 2)
     assert s["status"] == "finished" and np.isfinite(s["final_loss"])
     if S == 0:
         assert set(s["clock_staleness_counts"]) == {0}
