@@ -69,8 +69,10 @@ def test_the_executors_preflight_waits_at_least_the_default_timeout(spark, monke
 
 
 def test_more_workers_than_slots_run_sync_on_the_driver(spark):
-    serial = monsoon.train("digits", strategy="serial", evals=0, **KW)
-    sync = monsoon.train("digits", strategy="sync", workers=3, engine="spark", evals=0, **KW)
+    # on the driver each step is one Spark job: 6 steps, not an epoch's 22
+    kw = dict(KW, epochs=None, steps=6)
+    serial = monsoon.train("digits", strategy="serial", evals=0, **kw)
+    sync = monsoon.train("digits", strategy="sync", workers=3, engine="spark", evals=0, **kw)
     assert "spark_sync" not in sync.summary  # a barrier stage needs a slot per partition
     np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
 

@@ -26,7 +26,9 @@ def jobs(spark, monkeypatch):
 
 @pytest.mark.spark
 def test_sync_reduces_where_computed_and_equals_serial(spark):
-    kw = dict(lr=0.5, epochs=1, batch_size=64, seed=0, dtype="float64", evals=0)
+    # on the driver each step is one Spark job: 6 steps compare the ways
+    # as an epoch's 22 would
+    kw = dict(lr=0.5, steps=6, batch_size=64, seed=0, dtype="float64", evals=0)
     serial = monsoon.train("digits", strategy="serial", **kw)
     sync = monsoon.train("digits", strategy="sync", workers=3, engine="spark", **kw)
     np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
