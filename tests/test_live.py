@@ -46,25 +46,29 @@ def test_rows_for_each_worker_appear_while_a_local_run_goes(tmp_path):
 
     from monsoon.errors import Interrupted
 
-    out, seen = tmp_path / "run", {}
+    out, seen, done = tmp_path / "run", {}, threading.Event()
 
     def watch():
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not done.is_set():
             if (out / "tb").is_dir():
                 found = scalars(out / "tb")
                 if all(len(found.get(f"loss/worker-{k}", ())) >= 2 for k in range(2)):
                     seen["found"] = found
                     break
             time.sleep(0.1)
-        os.kill(os.getpid(), signal.SIGINT)  # stops cleanly, writing the run folder
+        if not done.is_set():  # (a run that ended by itself must not get pytest's Ctrl-C)
+            os.kill(os.getpid(), signal.SIGINT)  # stops cleanly, writing the run folder
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     # far more epochs than the test waits for: the watcher stops the run once it has seen the rows
-    with pytest.raises(Interrupted):
-        monsoon.train("digits", "async", 2, epochs=100000, live_every=0.2, out=out,
-                      progress=False)
+    try:
+        with pytest.raises(Interrupted):
+            monsoon.train("digits", "async", 2, epochs=100000, live_every=0.2, out=out,
+                          progress=False)
+    finally:
+        done.set()
     watcher.join(10)
     found = seen.get("found")
     assert found, "no two rows per worker while the run went"
