@@ -52,9 +52,11 @@ def test_local_sgd_with_one_local_step_equals_sync():
 
 
 def test_local_sgd_averages_less_often_and_diloco_trains():
-    plain = monsoon.train("exp", "local-sgd", 2, local_steps=4, epochs=30, seed=0)
-    assert plain.summary["updates"] == -(-30 * 256 // 16) // 4  # one average per 4 steps
-    diloco = monsoon.train("exp", "local-sgd", 2, local_steps=4, diloco=True, epochs=30, seed=0)
+    # 10 epochs on threads: both end below 3% of the start loss (plain 2.2%, DiLoCo 0.7%)
+    opts = dict(local_steps=4, epochs=10, seed=0, backend="threads")
+    plain = monsoon.train("exp", "local-sgd", 2, **opts)
+    assert plain.summary["updates"] == -(-10 * 256 // 16) // 4  # one average per 4 steps
+    diloco = monsoon.train("exp", "local-sgd", 2, diloco=True, **opts)
     start = make_problem("exp").loss(make_problem("exp").initial_params(0))
     assert plain.summary["final_loss"] < 0.1 * start
     assert diloco.summary["final_loss"] < 0.1 * start
@@ -146,7 +148,8 @@ def test_delay_tolerant_options_from_the_cli_and_in_compare(tmp_path, capsys):
     assert summary["rule"] == "dcasgd-a" and summary["staleness_lr"] is True
     code = main(["compare", "--problem", "exp", "--strategies", "serial,local-sgd,easgd",
                  "--workers", "2", "--rule", "adarevision", "--lr", "0.3", "--epochs", "3",
-                 "--local-steps", "2", "--out", str(tmp_path / "cmp"), "--quiet"])
+                 "--local-steps", "2", "--backend", "threads", "--out", str(tmp_path / "cmp"),
+                 "--quiet"])
     assert code == 0
     report = (tmp_path / "cmp" / "report.md").read_text()
     assert "| local-sgd | 2 |" in report and "| easgd | 2 |" in report

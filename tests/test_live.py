@@ -2,8 +2,6 @@
 read back with TensorBoard's own EventAccumulator; MLflow through its client."""
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,8 +12,6 @@ import monsoon
 from monsoon.record import read_metrics
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def scalars(folder) -> dict:
@@ -44,39 +40,47 @@ def objective_is_the_csv(run_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_rows_for_each_worker_appear_while_a_local_run_goes(tmp_path):
-    out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    # far more epochs than the test waits for: it stops the run once it has seen the rows
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "monsoon", "train", "--problem", "digits", "--strategy", "async",
-         "--workers", "2", "--epochs", "100000", "--live-every", "0.2", "--out", str(out),
-         "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline, found = time.monotonic() + 90, {}
-        while time.monotonic() < deadline:
+    """The run goes in this process; a thread reads its event files while it
+    trains and, once each worker has two rows, interrupts it (SIGINT: Ctrl-C)."""
+    import threading
+
+    from monsoon.errors import Interrupted
+
+    out, seen, done = tmp_path / "run", {}, threading.Event()
+
+    def watch():
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not done.is_set():
             if (out / "tb").is_dir():
                 found = scalars(out / "tb")
                 if all(len(found.get(f"loss/worker-{k}", ())) >= 2 for k in range(2)):
+                    seen["found"] = found
                     break
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            time.sleep(0.5)
-        assert proc.poll() is None, "the run ended before the test looked"
-        worker_tags(found, 2)
-        worker_tags(found, 2, "examples_per_s")
-        worker_tags(found, 2, "updates")
-        for tag in ("run/examples_per_s", "run/updates", "run/staleness_mean",
-                    "run/staleness_max", "run/dropped_updates", "run/minibatch_loss"):
-            assert found.get(tag), tag
-        assert "objective/loss" not in found  # the exact curve comes after the run
-        steps = [s for s, _ in found["loss/worker-0"]]
-        assert steps == sorted(steps) and steps[-1] > 0
+            time.sleep(0.1)
+        if not done.is_set():  # (a run that ended by itself must not get pytest's Ctrl-C)
+            os.kill(os.getpid(), signal.SIGINT)  # stops cleanly, writing the run folder
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    # far more epochs than the test waits for: the watcher stops the run once it has seen the rows
+    try:
+        with pytest.raises(Interrupted):
+            monsoon.train("digits", "async", 2, epochs=100000, live_every=0.2, out=out,
+                          progress=False)
     finally:
-        proc.send_signal(signal.SIGINT)  # stops cleanly, writing the run folder
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        done.set()
+    watcher.join(10)
+    found = seen.get("found")
+    assert found, "no two rows per worker while the run went"
+    worker_tags(found, 2)
+    worker_tags(found, 2, "examples_per_s")
+    worker_tags(found, 2, "updates")
+    for tag in ("run/examples_per_s", "run/updates", "run/staleness_mean",
+                "run/staleness_max", "run/dropped_updates", "run/minibatch_loss"):
+        assert found.get(tag), tag
+    assert "objective/loss" not in found  # the exact curve comes after the run
+    steps = [s for s, _ in found["loss/worker-0"]]
+    assert steps == sorted(steps) and steps[-1] > 0
     assert (out / "metrics.csv").exists()
     objective_is_the_csv(out)  # the interrupted run's curve is written too
 

@@ -3,9 +3,7 @@ in one line (exit 2, no traceback, nothing started); too many worker
 processes get advice up front and a start-up timeout to match."""
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,14 +11,22 @@ import torch
 
 from monsoon.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
 
+def cli(*args):
+    """``monsoon train --quiet ARGS`` in this process (what the shell shows,
+    without a process start): its exit code and stderr, and how long it took."""
+    import contextlib
+    import io
 
-def cli(*args, cwd=None):
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "monsoon", "train", "--quiet", *args],
-                          capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    from monsoon.cli import main
+
+    t0, err = time.monotonic(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(["train", "--quiet", *args])
+        except SystemExit as exc:  # argparse's own refusals
+            code = exc.code
+    proc = subprocess.CompletedProcess(args, code, "", err.getvalue())
     return proc, time.monotonic() - t0
 
 

@@ -31,10 +31,9 @@ def test_sim_sync_equals_local_sync_and_serial():
 def test_same_seed_same_run(tmp_path, strategy, options):
     delays = dict(sim_compute_sigma=0.5, sim_straggler_p=0.1, sim_latency_s=2e-4,
                   sim_bandwidth=1e6, sim_service_s=1e-4)
-    runs = [monsoon.train("logistic", strategy, 12, engine="sim", steps=600, seed=seed,
-                          batch_size=24, out=tmp_path / f"{seed}-{i}", **delays, **options)
-            for i, seed in enumerate([5, 5, 6])]
-    a, b, c = runs
+    a, b, c = [monsoon.train("logistic", strategy, 12, engine="sim", steps=200, seed=seed,
+                             batch_size=24, out=out, **delays, **options)
+               for seed, out in [(5, tmp_path / "5-0"), (5, tmp_path / "5-1"), (6, None)]]
     assert np.array_equal(a.params, b.params)
     assert (tmp_path / "5-0" / "metrics.csv").read_text() == (tmp_path / "5-1" / "metrics.csv").read_text()
     assert a.summary["wall_time_s"] == b.summary["wall_time_s"]
@@ -43,8 +42,10 @@ def test_same_seed_same_run(tmp_path, strategy, options):
 
 def test_adarevision_beats_adagrad_at_delays_of_a_thousand_updates():
     """McMahan & Streeter 2014: with 1000 asynchronous workers each gradient
-    is ~1000 updates stale; AdaGrad applied to stale gradients falls behind."""
-    common = dict(engine="sim", steps=12000, lr=0.3, seed=0, sim_compute_sigma=0.3, shards=1)
+    is ~1000 updates stale; AdaGrad applied to stale gradients falls behind.
+    (8,000 updates: the mean staleness is past 900 once the first thousand,
+    less stale, are a small part of the run.)"""
+    common = dict(engine="sim", steps=8000, lr=0.3, seed=0, sim_compute_sigma=0.3, shards=1)
     adagrad = monsoon.train("logistic", "async", 1000, rule="adagrad", **common).summary
     adarevision = monsoon.train("logistic", "async", 1000, rule="adarevision", **common).summary
     assert adagrad["staleness"]["mean"] > 900
@@ -64,7 +65,7 @@ def test_backup_workers_beat_stragglers_in_simulated_time():
 
 
 def test_staleness_breaks_async_sgd_and_delay_tolerance_fixes_it():
-    common = dict(engine="sim", steps=6000, lr=0.05, seed=0, sim_compute_sigma=0.3,
+    common = dict(engine="sim", steps=3000, lr=0.05, seed=0, sim_compute_sigma=0.3,
                   raise_on_divergence=False)
     few = monsoon.train("linear", "async", 4, **common).summary["final_loss"]
     many = monsoon.train("linear", "async", 64, **common).summary["final_loss"]
@@ -96,7 +97,7 @@ def test_simulate_command_writes_a_run_folder(tmp_path, capsys):
 
 def test_compare_on_the_sim_engine(tmp_path):
     comparison = monsoon.compare("logistic", "serial,sync,async,hogwild", workers=32,
-                                 out=tmp_path, engine="sim", steps=400, batch_size=32)
+                                 out=tmp_path, engine="sim", steps=200, batch_size=32)
     assert {r["strategy"] for r in comparison.rows} == {"serial", "sync", "async", "hogwild"}
     assert (tmp_path / "comparison.png").exists()
     assert all(r.summary["engine"] == "sim" for r in comparison.results.values())
