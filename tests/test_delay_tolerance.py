@@ -109,6 +109,7 @@ def test_delay_tolerant_rules_fix_async_sgd_at_a_high_rate():
         assert losses["dcasgd-a"] <= 0.8 * losses["sgd"], losses
 
 
+@pytest.mark.png
 def test_staleness_lr_is_recorded_with_a_staleness_histogram(tmp_path):
     run = monsoon.train("digits", "async", 3, rule="sgd", staleness_lr=True, lr=0.1, epochs=2,
                         out=tmp_path / "r")

@@ -24,8 +24,8 @@ http://mlflow:5000`` against an MLflow server started here, the name
 MLflow's default store in the temporary folder, and the run is read back.
 
 PNG rendering (matplotlib's ``savefig``, most of a short run's time) is left
-out: the figures are built, not drawn; tests/test_record_cli.py checks the
-PNGs.
+out, as in every in-process run of the suite (conftest.py): the figures are
+built, not drawn; tests/test_record_cli.py checks the PNGs.
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def make_cached():
 @pytest.fixture
 def folder(monkeypatch, tmp_path, make_cached):
     """The command's working folder, with small data files for the commands
-    that name one; problems built once; PNGs built but not rendered."""
+    that name one; problems built once."""
     rows = [f"{1 if i % 2 else -1} {1 + i % 7}:0.5 {9 + i % 5}:1.0" for i in range(200)]
     (tmp_path / "rcv1_train.binary").write_text("\n".join(rows) + "\n")
     (tmp_path / "ml-latest-small").mkdir()
@@ -134,13 +134,6 @@ def folder(monkeypatch, tmp_path, make_cached):
         return make_cached(name, dtype, **options)
 
     monkeypatch.setattr(monsoon.problems, "make_problem", cached)
-    from monsoon.record import plots
-
-    def built_not_drawn(fig, path):
-        plots.plt.close(fig)
-        path.write_bytes(b"")
-
-    monkeypatch.setattr(plots, "_save_png", built_not_drawn)
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "RAY_ADDRESS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)

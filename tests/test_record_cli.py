@@ -32,6 +32,7 @@ def run_cli(*args):
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
+@pytest.mark.png
 def test_run_folder_has_the_contract_files(tmp_path):
     result = monsoon.train("exp", "async", 2, epochs=3, target_loss=10.0, out=tmp_path / "r")
     folder = tmp_path / "r"
@@ -63,6 +64,7 @@ def test_history_and_final_loss_use_the_same_objective():
     assert result.summary["final_loss"] == pytest.approx(result.problem.loss(result.params))
 
 
+@pytest.mark.png
 def test_compare_writes_report_plot_and_one_folder_per_strategy(tmp_path):
     comparison = monsoon.compare("exp", "serial,sync,hogwild", workers=2, out=tmp_path,
                                  epochs=2, target_loss=1.0, backend="threads")

@@ -240,6 +240,7 @@ def test_a_lost_partition_stops_counting_toward_the_bound_on_spark(spark):
     assert set(s["clock_staleness_counts"]) == {0}
 
 
+@pytest.mark.png
 def test_compare_writes_the_staleness_histograms_into_the_report(tmp_path):
     import csv
 

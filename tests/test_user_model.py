@@ -183,6 +183,7 @@ def test_saved_model_loads_weights_only_and_reproduces_the_result(tmp_path):
     assert np.array_equal(np.load(tmp_path / "np" / "params.npy"), other.params)
 
 
+@pytest.mark.png
 def test_a_run_with_no_curve_plots_without_a_warning(tmp_path):
     """A run that failed before its first row still gets its loss.png, and
     matplotlib is not asked for a legend of nothing (a warning on stderr
