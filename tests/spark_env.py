@@ -1,6 +1,7 @@
-"""A real Spark session for one test module, or a skip where Spark truly
+"""A real Spark session for the test modules, or a skip where Spark truly
 cannot run here (no pyspark, no Java runtime); and a context in which
 nothing can be collected to the driver."""
+import atexit
 import contextlib
 import os
 import pickle
@@ -9,15 +10,41 @@ import shutil
 import pytest
 
 
+_kept: dict = {}  # the session kept for the modules after: {"master": ..., "session": ...}
+
+
+def _stop_kept() -> None:
+    if _kept:
+        _kept.pop("session").stop()
+        _kept.clear()
+
+
 @contextlib.contextmanager
-def spark_session(master: str):
+def spark_session(master: str, share: bool = True):
+    """A Spark session on ``master``. Shared (the default): the session the
+    module before left on the same master, if it is still running, and kept
+    for the modules after, as ``local_ray`` is: a session's start and its
+    first job (two Python worker daemons importing torch and monsoon) cost
+    seconds. ``share=False``: a session of the module's own (other
+    executors' settings), stopped at the end; only one runs at a time."""
     pytest.importorskip("pyspark")
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         pytest.skip("no Java runtime (the spark engine needs Java 17+)")
     from monsoon.engines.spark import start_session
 
+    if _kept and (not share or _kept["master"] != master
+                  or _kept["session"].sparkContext._jsc is None):  # stopped by a test
+        _stop_kept()
+    if share and _kept:
+        yield _kept["session"]
+        return
     spark = start_session(master, "monsoon-tests")
     spark.sparkContext.setLogLevel("ERROR")
+    if share:
+        _kept.update(master=master, session=spark)
+        atexit.register(_stop_kept)
+        yield spark
+        return
     try:
         yield spark
     finally:

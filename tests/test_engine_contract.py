@@ -94,7 +94,7 @@ def spark_with_plugin(plugin_site):
     active = SparkSession.getActiveSession()
     if active is not None:  # another module's, whose executors lack the plug-in
         active.stop()
-    session = spark_session("local[2]")
+    session = spark_session("local[2]", share=False)  # its executors get the plug-in
     sys.path.insert(0, str(plugin_site))
     try:
         spark = session.__enter__()

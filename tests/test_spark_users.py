@@ -68,7 +68,7 @@ def test_executors_without_monsoon_are_refused_in_one_line(tmp_path, monkeypatch
                                        "spark.pyspark.python": python, **(conf or {})})
 
     monkeypatch.setattr(spark_engine, "start_session", start)
-    with spark_session("local[2]") as spark:
+    with spark_session("local[2]", share=False) as spark:  # executors without monsoon
         spark.sparkContext.setLogLevel("OFF")
         with pytest.raises(ConfigError) as info:
             monsoon.train("logistic", strategy="sync", workers=2, engine="spark", steps=2,
