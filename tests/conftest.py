@@ -21,6 +21,10 @@ SERVER_GROUPS = ("ray", "spark", "torchrun")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # a module that stops the session's server for its own cluster
+    # (``LAST_IN_GROUP``) runs after the others, so none starts it again
+    items.sort(key=lambda item: bool(getattr(getattr(item, "module", None), "LAST_IN_GROUP",
+                                             False)))
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue  # a module that chose its own group
@@ -57,16 +61,17 @@ def _ray_for_the_session():
 
 
 @pytest.fixture(scope="module")
-def local_ray(_ray_for_the_session):
+def local_ray(_ray_for_the_session, plugin_site):
     """A real local Ray instance with 2 CPUs. Its worker processes import
-    helpers from tests/ and monsoon from this checkout (not another one
-    installed in the environment). Started once and kept for the modules
-    after (a start and a shutdown cost seconds); a module that needs another
-    instance (a cluster, other paths) shuts it down, and the next module
-    that asks for this one starts it again."""
+    helpers from tests/, monsoon from this checkout (not another one
+    installed in the environment) and the example plug-in (the plug-in tests
+    then need no instance of their own). Started once and kept for the
+    modules after (a start and a shutdown cost seconds); a module that needs
+    another instance (a cluster, other paths) shuts it down, and the next
+    module that asks for this one starts it again."""
     ray = _ray_for_the_session
     here = Path(__file__).parent
-    paths = f"{here}:{here.parent}"
+    paths = f"{plugin_site}:{here}:{here.parent}"
     if ray.is_initialized() and _ray_paths.get("current") != paths:
         ray.shutdown()
     if not ray.is_initialized():

@@ -139,18 +139,6 @@ def plugin_everywhere(plugin, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def local_ray_with_plugin(plugin_site):
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():  # another module's instance, without the plug-in on its path
-        ray.shutdown()
-    root = os.path.dirname(os.path.dirname(monsoon.__file__))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{plugin_site}:{root}"}})
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def clipped_on_local(plugin_site):
     import sys
 
@@ -176,8 +164,8 @@ def _with_plugin(engine, request):
     workers' path: a context to run in."""
     import contextlib
 
-    if engine == "ray":
-        request.getfixturevalue("local_ray_with_plugin")
+    if engine == "ray":  # its workers' path has the plug-in (conftest.py)
+        request.getfixturevalue("local_ray")
     if engine == "spark":
         request.getfixturevalue("spark_with_plugin")
     return contextlib.nullcontext()

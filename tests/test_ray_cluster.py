@@ -9,6 +9,7 @@ import monsoon
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
+LAST_IN_GROUP = True  # it stops the session's local_ray (conftest.py): none after restarts it
 
 
 @pytest.fixture(scope="module")
