@@ -46,15 +46,11 @@ def _worker(rank, world, port, module, loss_fn, X, y, lr, steps, seed, path):
     dist.destroy_process_group()
 
 
-def run_ddp(module, loss_fn, X, y, lr: float, steps: int, seed: int, path, world: int = 2,
-            start_method: str = "spawn"):
-    """``start_method="fork"``: the ranks start without importing torch
-    again (seconds of CPU each), where the caller has started no process
-    group or CUDA of its own."""
+def run_ddp(module, loss_fn, X, y, lr: float, steps: int, seed: int, path, world: int = 2):
     try:
         tmp.start_processes(_worker, args=(world, _free_port(), module, loss_fn, X, y, lr, steps,
                                            seed, str(path)),
-                            nprocs=world, join=True, start_method=start_method)
+                            nprocs=world, join=True, start_method="spawn")
     except tmp.ProcessExitedException:
         # gloo sometimes aborts while tearing down; the state was saved first
         if not os.path.exists(path):

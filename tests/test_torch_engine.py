@@ -253,9 +253,8 @@ def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
     g = torch.Generator().manual_seed(1)
     X = torch.randn(64, 8, generator=g, dtype=torch.float64)
     y = (X[:, :1] * 2 - X[:, 1:2]).sin()
-    # forked ranks: no second import of torch (this process holds no process group)
     reference = run_ddp(copy.deepcopy(module), nn.MSELoss(), X, y, lr=0.1, steps=10, seed=0,
-                        path=tmp_path / "ddp.pt", start_method="fork")
+                        path=tmp_path / "ddp.pt")
     problem = TorchProblem(module, nn.MSELoss(), X, y, dtype="float64")
     common = dict(lr=0.1, steps=10, batch_size=64, seed=0, progress=False)
     sync = monsoon.train(problem, "sync", 2, engine="torch", timeout=30, **common)
