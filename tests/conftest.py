@@ -86,10 +86,11 @@ _ray_paths = {}  # the PYTHONPATH the running instance of local_ray was started 
 
 @pytest.fixture(autouse=True)
 def _no_run_outlives_its_test(request):
-    """After a test on ``local_ray``: kill the actors of any monsoon run still
-    alive on it. A test that failed mid-run (a timeout, a failed assert
-    while a run trains in a thread) would otherwise leave its workers
-    holding the instance's 2 CPUs, and every Ray test after it would fail
+    """After a test on ``local_ray``: kill the actors of any monsoon run
+    still under way on it (its pooled hosts, and a named run's actors). A
+    test that failed mid-run (a timeout, a failed assert while a run trains
+    in a thread) would otherwise leave its workers holding the instance's 2
+    CPUs, and every Ray test after it would fail
     waiting for its own workers to start."""
     yield
     if "local_ray" not in request.fixturenames:
@@ -97,6 +98,9 @@ def _no_run_outlives_its_test(request):
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return
+    from monsoon.engines.ray.hosts import POOL
+
+    POOL.clear(ray, idle=False)  # unnamed hosts of a run under way; idle ones serve the next
     for entry in ray.util.list_named_actors(all_namespaces=True):
         if entry["name"].startswith("monsoon-"):
             try:

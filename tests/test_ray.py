@@ -53,16 +53,69 @@ def _kill_worker_when_running(name: str, examples: int = 320):
     while time.monotonic() < deadline:
         try:
             actor = ray.get_actor(name)
-            ray.get(actor.ready.remote(), timeout=120)
+            ray.get(actor.ask.remote("ready"), timeout=120)
             break
         except ValueError:
             time.sleep(0.2)
     else:
         raise AssertionError(f"actor {name} never appeared")
     while time.monotonic() < deadline and \
-            ray.get(actor.progress.remote(), timeout=30)["examples"] < examples:
+            ray.get(actor.ask.remote("progress"), timeout=30)["examples"] < examples:
         time.sleep(0.05)
     ray.kill(actor)
+
+
+def _idle_pids(cpus: bool | None = None) -> set:
+    """The idle hosts' process ids (``cpus``: only those that hold CPUs, or
+    only those that hold none)."""
+    from monsoon.engines.ray.hosts import POOL
+
+    return {ray.get(handle.pid.remote(), timeout=30) for _, key, handle in POOL.idle
+            if cpus is None or bool(key[0]) == cpus}
+
+
+def test_the_next_run_reuses_the_hosts_and_ends_bit_identical(monkeypatch):
+    """A run that ended normally leaves its worker and shard processes to the
+    next run of this driver (no process start); the next run ends exactly as
+    the first, a run of another shape gets hosts of its own (the idle ones,
+    holding the instance's CPUs, are ended first), and idle hosts end after
+    IDLE_S."""
+    from monsoon.engines.ray import hosts
+
+    hosts.POOL.clear(ray)
+    opts = dict(steps=12, batch_size=64, dtype="float64", seed=4, lr=0.3, shards=1)
+    first = monsoon.train("logistic", "sync", 2, engine="ray", **opts)
+    before = _idle_pids()
+    assert len(before) == 3  # two workers and a shard, all idle
+    between = monsoon.train("logistic", "async", 2, engine="ray", **opts)
+    second = monsoon.train("logistic", "sync", 2, engine="ray", **opts)
+    assert _idle_pids() == before
+    np.testing.assert_array_equal(second.params, first.params)
+    assert between.summary["updates"] == 12
+    three = monsoon.train("logistic", "sync", 3, engine="ray", **opts)  # 3 x 0.66 CPU
+    assert three.summary["updates"] == 12
+    assert len(_idle_pids(cpus=True)) == 3 and not _idle_pids(cpus=True) & before
+    monkeypatch.setattr(hosts, "IDLE_S", 0.2)
+    monsoon.train("logistic", "sync", 3, engine="ray", **opts)
+    deadline = time.monotonic() + 30
+    while hosts.POOL.idle_count() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hosts.POOL.idle_count() == 0
+
+
+def test_a_call_for_an_ended_runs_object_is_refused():
+    """A host's object has a generation: a late call meant for the object of
+    a run that ended never reaches the next run's."""
+    from monsoon.engines.ray.hosts import Host
+
+    host = Host()
+    host.build(1, dict, ((("a", 1),),))
+    assert host.call(1, "get", "a") == 1
+    host.drop()
+    host.build(2, dict, ((("a", 2),),))
+    with pytest.raises(RuntimeError, match="run that ended"):
+        host.call(1, "get", "a")
+    assert host.call(2, "get", "a") == 2
 
 
 def test_async_carries_on_when_a_worker_actor_is_killed():

@@ -171,11 +171,11 @@ def test_a_killed_worker_stops_counting_toward_the_bound_on_ray(local_ray):
     while time.monotonic() < deadline:
         try:
             actor = ray.get_actor("monsoon-killssp-worker-1")
-            ray.get(actor.ready.remote(), timeout=120)
+            ray.get(actor.ask.remote("ready"), timeout=120)
             break
         except ValueError:
             time.sleep(0.2)
-    while time.monotonic() < deadline and ray.get(actor.progress.remote())["examples"] < 512:
+    while time.monotonic() < deadline and ray.get(actor.ask.remote("progress"))["examples"] < 512:
         time.sleep(0.1)
     ray.kill(actor)
     thread.join(180)

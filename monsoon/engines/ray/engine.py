@@ -15,6 +15,11 @@ Compression (``--compress``): a worker puts its packed message
 decodes its slice of it; every worker's bytes sent and received are in the
 summary (``messages.summarize``).
 
+Workers, shards and SSP's clock are built in pooled hosts (``hosts.py``):
+where Ray was up before the run (a notebook, a sweep), the next run of the
+driver reuses the processes of one that ended normally instead of
+starting new ones.
+
 ``address=None`` starts a local Ray instance (and stops it after the run);
 ``"auto"`` or ``"HOST:PORT"`` joins a running cluster::
 
@@ -51,6 +56,7 @@ from ..clocks import clock_extra
 from ..messages import Compression, summarize
 from .checkpointing import ShardCheckpoints, private_copies
 from .clock import ClockServer
+from .hosts import POOL, kill
 from .membership import Membership
 from .shard import Shard
 from .worker import RemoteWorker
@@ -98,7 +104,8 @@ class RayEngine(Engine):
         Option("address", str, None, "join this Ray cluster (auto or HOST:PORT); default: start "
                "a local Ray instance"),
         TIMEOUT, SHARDS, CHECKPOINT_EVERY, RESUME,
-        Option("run_name", str, None, "names the actors monsoon-NAME-worker-K (default random)"),
+        Option("run_name", str, None, "gives the run actors of its own, named "
+               "monsoon-NAME-worker-K (default: unnamed actors, kept for the next run)"),
     )
 
     @classmethod
@@ -121,10 +128,12 @@ class RayEngine(Engine):
         self.checkpoint_every = checkpoint_every
         self.resume_dir = resume_dir
         self.poll_s = poll_s
-        # Actors are named monsoon-RUN-worker-K / monsoon-RUN-shard-S, so they
-        # can be found (and killed) in the Ray dashboard or with ray.get_actor.
+        # A named run's actors are its own, named monsoon-RUN-worker-K /
+        # monsoon-RUN-shard-S, to be found (and killed) in the Ray dashboard or
+        # with ray.get_actor; an unnamed run's come from the pool (hosts.py).
         import uuid
 
+        self.named = run_name is not None
         self.run_name = run_name or uuid.uuid4().hex[:8]
 
     def describe(self) -> dict:
@@ -177,43 +186,51 @@ class RayEngine(Engine):
         from ...devices import ray_gpus_per_worker
 
         gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
-        ShardActor, WorkerActor = ray.remote(Shard), ray.remote(RemoteWorker)
+        named = self.named  # a named run's actors are its own (hosts.py), else pooled ones
         clock = self._clock_server(ray, strategy, workers)
         elastic = getattr(strategy, "elastic", False)
-        shards = [ShardActor.options(name=f"monsoon-{self.run_name}-shard-{s}", num_cpus=0,
-                                     max_concurrency=workers + 4,
-                                     scheduling_strategy=on_driver_node(ray)).remote(
-                      s, start.params[a:b], rule, workers, counted, self.timeout,
-                      ckpts.every, ckpts.shard_resume(s), self.compression,
-                      (a, b, start.params.size), elastic)
+        shards = [POOL.take(ray, Shard, (s, start.params[a:b], rule, workers, counted,
+                                         self.timeout, ckpts.every, ckpts.shard_resume(s),
+                                         self.compression, (a, b, start.params.size), elastic),
+                            {"num_cpus": 0, "max_concurrency": workers + 4,
+                             "scheduling_strategy": on_driver_node(ray)},
+                            name=f"monsoon-{self.run_name}-shard-{s}" if named else None)
                   for s, (a, b) in enumerate(bounds)]
         cpus = cpus_per_worker(workers, ray.cluster_resources().get("CPU", 0))
 
         def spawn(rank, incarnation=0):
             name = f"monsoon-{self.run_name}-worker-{rank}" + (
                 f"-{incarnation}" if incarnation else "")
-            return WorkerActor.options(
-                name=name, num_cpus=cpus, num_gpus=gpus, max_concurrency=2,
-                scheduling_strategy="SPREAD").remote(
-                    rank, problem.for_worker(rank, workers), strategy,
-                    WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
-                              start_step=start.positions[rank]),
-                    shards, bounds, start.params, self.timeout, clock, self.compression)
+            return POOL.take(ray, RemoteWorker, (
+                rank, problem.for_worker(rank, workers), strategy,
+                WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
+                          start_step=start.positions[rank]),
+                shards, bounds, start.params, self.timeout, clock, self.compression),
+                {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 2,
+                 "scheduling_strategy": "SPREAD"},
+                name=name if named or incarnation else None)
 
         actors = [spawn(rank) for rank in range(workers)]
         retired = []  # elastic: actors replaced, and restarts that did not start
         membership = (Membership(ray, shards, workers, self.timeout, self.start_timeout, spawn,
                                  cpus, gpus) if elastic else None)
+        servers = shards + ([clock] if clock is not None else [])
+        ended = False
         try:
             result = self._drive(ray, actors, shards, strategy, workers, t_begin, start,
                                  recorder, ckpts, clock, membership, retired)
             if clock is not None:
                 result.extra.update(self._clock_extra(result, workers))
+            # every worker's run answered: its hosts (and the servers') serve the next run
+            ended = not retired and result.stopped is None and not result.failed_workers
         finally:
             if membership is not None:
                 membership.close(retired)
-            for actor in actors + retired + shards + ([clock] if clock is not None else []):
-                ray.kill(actor)
+            if ended:
+                POOL.give_back(ray, actors + servers)
+            else:
+                for actor in actors + retired + servers:
+                    kill(ray, actor)
         if ckpts.keeper.last_path:
             result.extra["checkpoint"] = str(ckpts.keeper.last_path)
         if start.path:
@@ -224,10 +241,10 @@ class RayEngine(Engine):
     def _clock_server(self, ray, strategy, workers):
         if Clock not in strategy.uses:
             return None
-        return ray.remote(ClockServer).options(
-            name=f"monsoon-{self.run_name}-clock", num_cpus=0,
-            scheduling_strategy=on_driver_node(ray),
-            max_concurrency=workers + 4).remote(workers, self.timeout)
+        return POOL.take(ray, ClockServer, (workers, self.timeout),
+                         {"num_cpus": 0, "max_concurrency": workers + 4,
+                          "scheduling_strategy": on_driver_node(ray)},
+                         name=f"monsoon-{self.run_name}-clock" if self.named else None)
 
     @staticmethod
     def _clock_extra(result, workers):

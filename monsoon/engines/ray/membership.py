@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 from ...errors import WorkerError
+from .hosts import kill
 
 RETRY_S = 1.0  # how often a lost rank's new actor is tried where the cluster had no room
 
@@ -43,7 +44,7 @@ class Membership:
         whose run raised may still live (holding its CPU): it is killed, so
         its rank can start again where it was."""
         if actor is not None:
-            self.ray.kill(actor)
+            kill(self.ray, actor)
         if rank not in self.members:
             return
         self.members.remove(rank)
@@ -74,7 +75,7 @@ class Membership:
             try:
                 ray.get(ref, timeout=0)
             except Exception:  # noqa: BLE001 - not started (yet): tried again later
-                ray.kill(actor)  # not left pending: it would take the room a new try needs
+                kill(ray, actor)  # not left pending: it would take the room a new try needs
                 retired.append(actor)
                 self.lost.append(rank)
                 continue

@@ -26,6 +26,7 @@ from ...strategies.pipeline.runner import finish, stage_payloads
 from ...strategies.pipeline.schedules import schedule
 from ..base import EngineResult
 from ..options import refuse_checkpoints
+from .hosts import POOL, kill
 
 
 class _OneOp:
@@ -101,22 +102,27 @@ def run_pipeline(engine, ray, strategy, problem, rule, w0, workers, batch_size, 
     whose Ray session (``ray``) is up."""
     refuse_checkpoints(engine, "the pipeline strategy")
     specs, S, R = strategy.layout(problem, workers, batch_size)
-    actors = []
+    actors, result = [], None
     try:
         t_begin = time.perf_counter()
-        Actor = ray.remote(StageActor)
         for rank, p in enumerate(stage_payloads(strategy, problem, rule, specs, R, w0,
                                                 batch_size, seed, budget)):
-            actors.append(Actor.options(name=f"monsoon-{engine.run_name}-stage-{rank}",
-                                        num_cpus=0, max_concurrency=1).remote(p["make"]))
+            actors.append(POOL.take(ray, StageActor, (p["make"],),
+                                    {"num_cpus": 0, "max_concurrency": 1},
+                                    name=f"monsoon-{engine.run_name}-stage-{rank}"
+                                    if engine.named else None))
         _get(ray, [a.ready.remote() for a in actors], engine.start_timeout, actors,
              "start")
         startup = time.perf_counter() - t_begin
-        return _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed,
-                      budget, recorder, startup, problem.n_examples)
+        result = _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed,
+                        budget, recorder, startup, problem.n_examples)
+        return result
     finally:
-        for a in actors:
-            ray.kill(a)
+        if result is not None and result.stopped is None:  # every step answered
+            POOL.give_back(ray, actors)
+        else:
+            for a in actors:
+                kill(ray, a)
 
 
 def _get(ray, refs, timeout, actors, what):

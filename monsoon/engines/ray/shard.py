@@ -66,7 +66,7 @@ class Shard:
         self.dropped = 0
         self.gen = 0  # elastic: the membership generation (``regroup``)
         self.members = tuple(range(workers))
-        self.elastic = elastic
+        self.regroups = elastic  # elastic sync: keeps the slice before each step
         self.before = None  # elastic: the slice before the last step, for a joining worker
         if resume is not None:  # {"version": V, "state": the rule state's slice}
             for arr, saved in zip(self.state, resume["state"]):
@@ -152,7 +152,7 @@ class Shard:
         grads = {k: self.arrivals[k][0] for k in ranks}
         acc = np.empty_like(self.params)
         weighted_sum(grads, ranks, examples, acc, np.empty_like(acc))
-        if self.elastic:
+        if self.regroups:
             self.before = self.params.copy()
         if np.isfinite(acc).all():
             self.rule.apply(self.params, acc, self.state, UpdateInfo(step=self.step))
