@@ -65,13 +65,10 @@ def _kill_worker_when_running(name: str, examples: int = 320):
     ray.kill(actor)
 
 
-def _idle_pids(cpus: bool | None = None) -> set:
-    """The idle hosts' process ids (``cpus``: only those that hold CPUs, or
-    only those that hold none)."""
+def _idle_pids() -> set:
     from monsoon.engines.ray.hosts import POOL
 
-    return {ray.get(handle.pid.remote(), timeout=30) for _, key, handle in POOL.idle
-            if cpus is None or bool(key[0]) == cpus}
+    return {ray.get(handle.pid.remote(), timeout=30) for _, _, handle in POOL.idle}
 
 
 def test_the_next_run_reuses_the_hosts_and_ends_bit_identical(monkeypatch):
@@ -87,16 +84,12 @@ def test_the_next_run_reuses_the_hosts_and_ends_bit_identical(monkeypatch):
     first = monsoon.train("logistic", "sync", 2, engine="ray", **opts)
     before = _idle_pids()
     assert len(before) == 3  # two workers and a shard, all idle
-    between = monsoon.train("logistic", "async", 2, engine="ray", **opts)
     second = monsoon.train("logistic", "sync", 2, engine="ray", **opts)
     assert _idle_pids() == before
     np.testing.assert_array_equal(second.params, first.params)
-    assert between.summary["updates"] == 12
-    three = monsoon.train("logistic", "sync", 3, engine="ray", **opts)  # 3 x 0.66 CPU
-    assert three.summary["updates"] == 12
-    assert len(_idle_pids(cpus=True)) == 3 and not _idle_pids(cpus=True) & before
     monkeypatch.setattr(hosts, "IDLE_S", 0.2)
-    monsoon.train("logistic", "sync", 3, engine="ray", **opts)
+    three = monsoon.train("logistic", "async", 3, engine="ray", **opts)  # 3 x 0.66 CPU
+    assert three.summary["updates"] == 12
     deadline = time.monotonic() + 30
     while hosts.POOL.idle_count() and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -45,11 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_compressed_sync_run_killed_mid_way_resumes_bit_identical(tmp_path):
     run = tmp_path / "run"
     # long enough that the run is still going at its first checkpoint on a
-    # quiet machine (update 30 of 640: 20x as many are left): the kill lands
-    # mid-way, whatever the machine's speed
-    args = dict(epochs=40, seed=0, evals=0, compress="topk:0.1")
+    # busy machine: the monitor writes one at most 5% of the time, and drops
+    # one the workers outran (update 200-400 of 1,600 here, about a second
+    # of training left), so the kill lands mid-way
+    args = dict(epochs=100, seed=0, evals=0, compress="topk:0.1")
     cmd = [sys.executable, "-m", "monsoon", "train", "--problem", "exp", "--strategy", "sync",
-           "--workers", "2", "--epochs", "40", "--seed", "0", "--evals", "0", "--quiet",
+           "--workers", "2", "--epochs", "100", "--seed", "0", "--evals", "0", "--quiet",
            "--compress", "topk:0.1", "--checkpoint-every", "30",
            "--out", str(run)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -71,7 +72,7 @@ def test_a_compressed_sync_run_killed_mid_way_resumes_bit_identical(tmp_path):
     resumed = monsoon.train("exp", "sync", 2, resume=str(run), **args)
     assert resumed.summary["resumed_from"] == str(saved[-1])
     whole = monsoon.train("exp", "sync", 2, **args)
-    assert resumed.summary["updates"] == whole.summary["updates"] == 40 * 16
+    assert resumed.summary["updates"] == whole.summary["updates"] == 100 * 16
     assert np.array_equal(resumed.params, whole.params)
 
 
