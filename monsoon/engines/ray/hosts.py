@@ -141,8 +141,8 @@ class Pool:
                     if k == key:
                         handle = self.idle.pop(i)[2]
                         break
-                else:  # idle hosts of another shape hold resources this run may need
-                    self._kill_where(ray, lambda k: k != key and _holds(k))
+            if handle is None:  # idle hosts this run won't take hold resources it may need
+                self._kill_where(ray, lambda k: _holds(k) and (name is not None or k != key))
             gen = next(self.gens)
         if handle is None:
             handle = ray.remote(Host).options(
