@@ -249,29 +249,18 @@ class RayEngine(Engine):
     @staticmethod
     def _clock_extra(result, workers):
         reports = result.extra.pop("clock_reports", {})
-        staleness = Counter()
-        for r in reports.values():
-            staleness.update({int(k): v for k, v in r["staleness"].items()})
-        return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
+        return clock_extra(_staleness(reports.values()),
+                           {k: r["wait_s"] for k, r in reports.items()},
                            {k: r["clocks"] for k, r in reports.items()}, workers)
 
     def _drive(self, ray, actors, shards, strategy, workers, t_begin, start, recorder, ckpts,
                clock=None, membership=None, retired=()):
-        from ray.exceptions import GetTimeoutError
-
-        for rank, actor in enumerate(actors):
-            try:
-                ray.get(actor.ready.remote(), timeout=self.start_timeout)
-            except GetTimeoutError as exc:
-                raise WaitTimeout(f"Ray worker {rank} did not start within "
-                                  f"{self.start_timeout:g} s") from exc
-            except Exception as exc:  # noqa: BLE001 - reported by name, with Ray's reason
-                reason = [line for line in str(exc).splitlines() if "Error" in line][-1:]
-                err = WorkerError(f"Ray worker {rank} could not start: "
-                                  f"{reason[0].strip() if reason else exc} (every node needs "
-                                  "monsoon and the problem's code importable)")
-                err.worker = rank
-                raise err from exc
+        """Watches the started workers until every one has ended or the
+        recorder stops the run: each poll collects the ended workers' results
+        (naming the ones that failed), their progress, a due checkpoint, curve
+        row and live report; it fails the run when too many workers are lost
+        or none made progress for twice the timeout."""
+        self._await_ready(ray, actors)
         startup = time.perf_counter() - t_begin
         recorder.start(start.params)
         t0 = time.perf_counter() - start.time_s
@@ -300,14 +289,8 @@ class RayEngine(Engine):
             seen.update(figures)
             by_rank = {r: f["examples"] for r, f in figures.items()}
             ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, by_rank)
-            if membership is None and (len(failed) == workers or (
-                    strategy.needs_all_workers and len(failed) > strategy.backup_workers)):
-                rank = min(failed)
-                why = ("every worker failed" if len(failed) == workers
-                       else "this strategy needs every worker")
-                err = WorkerError(f"worker {rank} failed, and {why}: {failed[rank]}")
-                err.worker = rank
-                raise err
+            if membership is None:  # elastic: Membership.lose decides
+                self._fail_if_lost(failed, strategy, workers)
             now = time.perf_counter() - t0
             counts = start.examples + gone + sum(by_rank.values())
             if counts != examples:
@@ -316,26 +299,67 @@ class RayEngine(Engine):
                 raise WaitTimeout(f"no Ray worker made progress for {2 * self.timeout:g} s")
             if recorder.due(now, examples):
                 params, version, dropped = self._params(ray, shards)
-                reason = recorder.record(now, version, examples, params, start.dropped + dropped)
-                if reason is not None:
-                    stopped = reason
+                stopped = recorder.record(now, version, examples, params, start.dropped + dropped)
+                if stopped is not None:
                     break
             if recorder.live_due(now):
-                staleness = Counter()
-                for f in figures.values():
-                    staleness.update({int(k): v for k, v in f["staleness"].items()})
-                recorder.live(now, examples, sum(f.get("updates", 0) for f in figures.values()),
-                              figures, staleness, sum(f["dropped"] for f in figures.values()))
+                self._report_live(recorder, now, examples, figures)
         wall = time.perf_counter() - t0
         # an elastic run that lost workers still ran every step (Membership.lose
         # fails the run when no member is left)
         if not running and stopped is None and (not failed or membership is not None):
             ckpts.final(ray, shards, self.timeout, wall,
                         {r: v["examples"] for r, v in results.items()})
+        return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
+                            clock, membership)
+
+    def _await_ready(self, ray, actors) -> None:
+        """Waits for each worker actor to have loaded its data, within
+        ``start_timeout``; a worker that cannot start fails the run by rank,
+        with the line of Ray's reason that names the error."""
+        from ray.exceptions import GetTimeoutError
+
+        for rank, actor in enumerate(actors):
+            try:
+                ray.get(actor.ready.remote(), timeout=self.start_timeout)
+            except GetTimeoutError as exc:
+                raise WaitTimeout(f"Ray worker {rank} did not start within "
+                                  f"{self.start_timeout:g} s") from exc
+            except Exception as exc:  # noqa: BLE001 - reported by name, with Ray's reason
+                reason = [line for line in str(exc).splitlines() if "Error" in line][-1:]
+                err = WorkerError(f"Ray worker {rank} could not start: "
+                                  f"{reason[0].strip() if reason else exc} (every node needs "
+                                  "monsoon and the problem's code importable)")
+                err.worker = rank
+                raise err from exc
+
+    @staticmethod
+    def _fail_if_lost(failed: dict, strategy, workers: int) -> None:
+        """Fails the run, naming the lowest failed rank, when every worker
+        failed, or when the strategy needs every worker and more failed than
+        its backup workers cover."""
+        if len(failed) == workers or (
+                strategy.needs_all_workers and len(failed) > strategy.backup_workers):
+            rank = min(failed)
+            why = ("every worker failed" if len(failed) == workers
+                   else "this strategy needs every worker")
+            err = WorkerError(f"worker {rank} failed, and {why}: {failed[rank]}")
+            err.worker = rank
+            raise err
+
+    @staticmethod
+    def _report_live(recorder, now, examples, figures: dict) -> None:
+        """The live report from the workers' latest figures (by rank)."""
+        recorder.live(now, examples, sum(f.get("updates", 0) for f in figures.values()),
+                      figures, _staleness(figures.values()),
+                      sum(f["dropped"] for f in figures.values()))
+
+    def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped,
+                clock, membership) -> EngineResult:
+        """The run's result: the shards' parameters, and the finished
+        workers' figures added to what the resumed run and the lost workers
+        had counted; each failed worker is listed with its error."""
         params, version, dropped = self._params(ray, shards)
-        staleness = Counter()
-        for r in results.values():
-            staleness.update({int(k): v for k, v in r["staleness"].items()})
         extra = {"clock_reports": {r: v["clocks"] for r, v in results.items()
                                    if v.get("clocks")}} if clock is not None else {}
         if membership is not None:
@@ -344,7 +368,7 @@ class RayEngine(Engine):
             params, startup, wall,
             start.examples + gone + sum(r["examples"] for r in results.values()),
             version, start.dropped + dropped + sum(r["dropped"] for r in results.values()),
-            staleness,
+            _staleness(results.values()),
             [{"worker": r, "error": failed[r], "traceback": failed[r]} for r in sorted(failed)],
             stopped=stopped, late_gradients=sum(r["late"] for r in results.values()),
             worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
@@ -371,3 +395,12 @@ class RayEngine(Engine):
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
         return (np.concatenate([p for p, _, _ in parts]), parts[0][1],
                 sum(d for _, _, d in parts))
+
+
+def _staleness(figures) -> Counter:
+    """The staleness counts (staleness -> gradients) in several workers'
+    figures, summed, keyed by int."""
+    staleness = Counter()
+    for f in figures:
+        staleness.update({int(k): v for k, v in f["staleness"].items()})
+    return staleness

@@ -146,6 +146,30 @@ class SimEngine(Engine):
             raise ConfigError(f"--stage-compute-s gives pipeline stages' times; the "
                               f"{strategy.name} strategy has no stages: use --compute-s")
         t_real = time.perf_counter()
+        self._set_up_server(problem, rule, strategy, w0, workers, seed)
+        self._set_up_workers(w0, batch_size, seed, budget)
+        self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
+                         Push: self._push, LocalStep: self._local_step,
+                         LocalApply: self._local_apply, AllReduce: self._all_reduce,
+                         Average: self._average, Elastic: self._elastic}
+        self.ssp = SimClocks(self).install(self.handlers) if Clock in strategy.uses else None
+        self.keeper = checkpoints.Checkpointer.for_engine(self, problem, strategy, rule, workers,
+                                                          batch_size, seed, recorder)
+        # checked, and its loss curve handed to the recorder
+        self.resumed = self.keeper.load(w0, rule, {"counters": ((workers, 4), "int64")})
+        self.interrupted = None
+        recorder.start(self.params)
+        stopped = self._loop(recorder)
+        blocked = [w.rank for w in self.workers if not w.done]
+        if blocked and stopped is None:
+            raise RuntimeError(f"simulation ended with workers {blocked[:10]} still waiting "
+                               "(a synchronous step could not gather its workers)")
+        return self._result(stopped, t_real)
+
+    def _set_up_server(self, problem, rule, strategy, w0, workers, seed) -> None:
+        """The simulated server's state: the parameters and rule state, split
+        into shards with their versions and busy times, the delay model's
+        random stream, the run's totals and the synchronous step's slots."""
         n = w0.size
         self.problem, self.rule, self.strategy = problem, rule, strategy
         self.W = workers
@@ -163,7 +187,6 @@ class SimEngine(Engine):
         self.nbytes = n * w0.itemsize
         self.heap, self.seq, self.now = [], 0, 0.0
         self.total = {"examples": 0, "updates": 0, "dropped": 0, "late": 0}
-        has_readers = bool(rule.init_reader(1, w0.dtype)._fields)
         # synchronous step state
         self.counted = workers - strategy.backup_workers
         self.sync_step = 0
@@ -173,12 +196,19 @@ class SimEngine(Engine):
             self.slots = np.zeros((workers, n), dtype=w0.dtype)
             self.slot_examples = [0] * workers
             self.acc, self.tmp = np.empty(n, dtype=w0.dtype), np.empty(n, dtype=w0.dtype)
+
+    def _set_up_workers(self, w0, batch_size, seed, budget) -> None:
+        """One simulated worker a rank: its (compressing) strategy program,
+        working copy, gradient buffer and reader memory; each starts at
+        virtual time 0."""
+        n, rule, strategy = w0.size, self.rule, self.strategy
+        has_readers = bool(rule.init_reader(1, w0.dtype)._fields)
         self.workers = []
-        for rank in range(workers):
+        for rank in range(self.W):
             w = _Worker(rank)
             w.sender = Sender(self.compression or Compression(), rank)
             w.program = compressing(strategy.program(WorkerJob(
-                rank, workers, problem.n_examples, batch_size, seed, budget)), w.sender,
+                rank, self.W, self.problem.n_examples, batch_size, seed, budget)), w.sender,
                 self.nbytes)
             w.work = self.params if strategy.shared_params else np.array(w0, copy=True)
             w.grad = np.empty(n, dtype=w0.dtype)
@@ -187,31 +217,17 @@ class SimEngine(Engine):
                                if has_readers else [None] * self.S)
             self.workers.append(w)
             self._at(0.0, self._resume, w, None)
-        self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
-                         Push: self._push, LocalStep: self._local_step,
-                         LocalApply: self._local_apply, AllReduce: self._all_reduce,
-                         Average: self._average, Elastic: self._elastic}
-        self.ssp = SimClocks(self).install(self.handlers) if Clock in strategy.uses else None
-        self.keeper = checkpoints.Checkpointer.for_engine(self, problem, strategy, rule, workers,
-                                                          batch_size, seed, recorder)
-        # checked, and its loss curve handed to the recorder
-        self.resumed = self.keeper.load(w0, rule, {"counters": ((workers, 4), "int64")})
-        self.interrupted = None
-        recorder.start(self.params)
-        stopped = self._loop(recorder)
-        blocked = [w.rank for w in self.workers if not w.done]
-        if blocked and stopped is None:
-            raise RuntimeError(f"simulation ended with workers {blocked[:10]} still waiting "
-                               "(a synchronous step could not gather its workers)")
-        end = self.now
-        staleness = Counter()
-        for w in self.workers:
-            staleness.update(w.staleness)
+
+    def _result(self, stopped, t_real: float) -> EngineResult:
+        """The run's result at the simulated end: parameters and totals, the
+        simulated and real times, the workers' and shards' utilization, the
+        traffic summary, SSP's figures and the checkpoint paths."""
+        end, workers = self.now, self.W
         result = EngineResult(np.array(self.params, copy=True), 0.0, end,
                               self.total["examples"], self.total["updates"],
-                              self.total["dropped"], staleness, [], stopped=stopped,
+                              self.total["dropped"], self._staleness(), [], stopped=stopped,
                               late_gradients=self.total["late"],
-                              worker_params={} if strategy.shared_params else
+                              worker_params={} if self.strategy.shared_params else
                               {w.rank: w.work.copy() for w in self.workers[:64]},
                               interrupted=self.interrupted)
         busy = sum(w.busy for w in self.workers)
@@ -230,6 +246,13 @@ class SimEngine(Engine):
         if self.resumed is not None:
             result.extra["resumed_from"] = str(self.resumed.path)
         return result
+
+    def _staleness(self) -> Counter:
+        """Every worker's staleness counts, summed."""
+        staleness = Counter()
+        for w in self.workers:
+            staleness.update(w.staleness)
+        return staleness
 
     # -- the event loop ----------------------------------------------------------
     def _at(self, t: float, fn, *args) -> None:
@@ -271,13 +294,10 @@ class SimEngine(Engine):
         return None
 
     def _live(self, recorder, t: float) -> None:
-        staleness = Counter()
-        for w in self.workers:
-            staleness.update(w.staleness)
         figures = {w.rank: {"loss_sum": w.loss_sum, "loss_n": w.loss_n, "examples": w.examples,
                             "updates": w.updates} for w in self.workers[:recorder.live_workers]}
         total = self.total
-        recorder.live(t, total["examples"], total["updates"], figures, staleness,
+        recorder.live(t, total["examples"], total["updates"], figures, self._staleness(),
                       total["dropped"], sum(w.sender.sent_bytes for w in self.workers))
 
     # -- checkpoints ----------------------------------------------------------

@@ -23,6 +23,8 @@ from ...strategies.ops import (Average, Clock, Elastic, Fetch, Gradient, LocalAp
                                LocalStep, Push)
 from ..reduce import finite
 
+_EXCHANGES = (Push, Average, Elastic)  # end a segment: exchanges with the server, on the driver
+
 
 def gradient_sum(block, w, batch):
     """Gradients reduced where computed: this partition's share of the global batch ``batch`` (global
@@ -107,32 +109,12 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
                     local_rule.apply(work, op.grad)
                 else:
                     out["dropped"] += 1
-            elif kind is Push:
-                out["op"], out["ticket"] = "push", op.ticket
-                sent = anchor - work if deltas else op.grad
-                out["grad"] = np.array(send(sent), copy=True) if finite(sent) else None
-                break
-            elif kind is Average:
-                out["op"], out["drift"] = "average", send(anchor - work)
-                out["examples_behind"] = op.examples
-                break
-            elif kind is Elastic:
-                out["op"], out["alpha"] = "elastic", op.alpha
-                if sender is not None and sender.compression.active:
-                    # read x~ at launch, send D = C(alpha (x_k - x~) + e), x_k -= D
-                    out["difference"], sent = sender.exchange(op.alpha * (work - anchor))
-                    work -= sent
-                elif sender is not None:
-                    sender.dense(work.nbytes)  # x_k itself: the driver forms the difference
+            elif kind in _EXCHANGES:
+                _exchange(op, out, work, anchor, send, sender, deltas)
                 break
             else:
                 raise TypeError(f"the spark engine cannot run {kind.__name__} ops")
-        try:  # is anything left after this exchange?
-            after = program.send(0)
-            if type(after) is Clock:  # SSP's tick: the driver carries it out
-                out["clock"] = after.bound
-        except StopIteration:
-            out["ended"] = True
+        _look_past_exchange(program, out)
     except StopIteration:
         out["ended"] = True
     finally:
@@ -141,3 +123,37 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
         out["work"] = work  # the worker's own copy goes on (EASGD)
     out["task_s"] = time.perf_counter() - started  # the job's wall less this: scheduling
     return out
+
+
+def _exchange(op, out, work, anchor, send, sender, deltas) -> None:
+    """The exchange ``op`` (Push, Average or Elastic) that ends a segment:
+    puts in ``out`` what it sends to the driver, packed by ``send``.
+    Compressed EASGD takes its sent difference off ``work`` here."""
+    kind = type(op)
+    if kind is Push:
+        out["op"], out["ticket"] = "push", op.ticket
+        sent = anchor - work if deltas else op.grad
+        out["grad"] = np.array(send(sent), copy=True) if finite(sent) else None
+    elif kind is Average:
+        out["op"], out["drift"] = "average", send(anchor - work)
+        out["examples_behind"] = op.examples
+    else:
+        out["op"], out["alpha"] = "elastic", op.alpha
+        if sender is not None and sender.compression.active:
+            # read x~ at launch, send D = C(alpha (x_k - x~) + e), x_k -= D
+            out["difference"], sent = sender.exchange(op.alpha * (work - anchor))
+            work -= sent
+        elif sender is not None:
+            sender.dense(work.nbytes)  # x_k itself: the driver forms the difference
+
+
+def _look_past_exchange(program, out) -> None:
+    """Whether the program has anything left after the exchange (``ended``),
+    and the bound of an SSP tick that follows it (``clock``: the driver
+    carries the tick out)."""
+    try:
+        after = program.send(0)
+        if type(after) is Clock:
+            out["clock"] = after.bound
+    except StopIteration:
+        out["ended"] = True

@@ -475,26 +475,10 @@ def agent_restarts() -> int:
 def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
     """This process's part of the run; rank 0 returns the run's EngineResult,
     the others one marked ``follower``."""
-    import torch
-
-    from ..lifecycle import set_death_signal
+    import torch  # noqa: F401 - imported before the clock: startup counts joining, not this
 
     t_begin = time.perf_counter()
-    env = rank_env()
-    set_death_signal()  # torchrun starts ranks in sessions of their own: die with the agent
-    if env["world_size"] != workers:
-        raise ConfigError(f"--workers {workers}, but torchrun started {env['world_size']} "
-                          f"ranks (WORLD_SIZE); pass --workers {env['world_size']}")
-    import os
-
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))
-    comm = Collectives(engine.dist_backend, engine.timeout, env)
-    from ...devices import rank_device
-
-    device = rank_device(problem, env["local_rank"], comm.device)
-    if device is not None:  # --device cuda: the model computes on the rank's GPU
-        problem.use_devices([device])
+    env, comm = _join(engine, problem, workers)
     worker = shm = None
     try:
         start = _resume_point(engine, comm, rule, strategy, w0)
@@ -520,16 +504,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         worker.t0 = t0 = time.perf_counter()
         worker.run()
         wall = time.perf_counter() - t0
-        if worker.every and rank == 0 and worker.step % worker.every:
-            worker.save_checkpoint()  # the final state, for a later --resume
-        mine = {"examples": worker.examples, "dropped": worker.dropped,
-                "params": None if strategy.shared_params else arrays.to_host(worker.work),
-                "state": problem.state() if hasattr(problem, "state") else None,
-                "traffic": worker.sender.stats()}
-        gathered = comm.gather_object(mine)
-        if worker.buckets is not None:
-            worker.buckets.remove()
-        comm.dist.barrier()
+        gathered = _finish(worker, problem, strategy, comm)
     finally:
         if shm is not None:
             shm.close()
@@ -537,9 +512,59 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     if rank != 0:
         return EngineResult(arrays.to_host(worker.server), startup, wall, worker.examples,
                             worker.updates, worker.dropped, Counter(), follower=True)
+    return _run_result(engine, comm, worker, start, gathered, startup, wall, shm is not None)
+
+
+def _join(engine, problem, workers):
+    """Joins torchrun's process group: checks its world size against
+    ``--workers``, shares the node's cores among its ranks (unless
+    OMP_NUM_THREADS is set) and places the problem on the rank's device.
+    Returns the rank's environment and its ``Collectives``."""
+    import os
+
+    import torch
+
+    from ...devices import rank_device
+    from ..lifecycle import set_death_signal
+
+    env = rank_env()
+    set_death_signal()  # torchrun starts ranks in sessions of their own: die with the agent
+    if env["world_size"] != workers:
+        raise ConfigError(f"--workers {workers}, but torchrun started {env['world_size']} "
+                          f"ranks (WORLD_SIZE); pass --workers {env['world_size']}")
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))
+    comm = Collectives(engine.dist_backend, engine.timeout, env)
+    device = rank_device(problem, env["local_rank"], comm.device)
+    if device is not None:  # --device cuda: the model computes on the rank's GPU
+        problem.use_devices([device])
+    return env, comm
+
+
+def _finish(worker, problem, strategy, comm) -> list:
+    """After the program: rank 0 writes the final checkpoint (for a later
+    ``--resume``) where the last periodic one is older; every rank's
+    figures, own parameters, problem state and traffic are gathered on
+    rank 0 (a list there, by rank)."""
+    if worker.every and comm.rank == 0 and worker.step % worker.every:
+        worker.save_checkpoint()
+    mine = {"examples": worker.examples, "dropped": worker.dropped,
+            "params": None if strategy.shared_params else arrays.to_host(worker.work),
+            "state": problem.state() if hasattr(problem, "state") else None,
+            "traffic": worker.sender.stats()}
+    gathered = comm.gather_object(mine)
+    if worker.buckets is not None:
+        worker.buckets.remove()
+    comm.dist.barrier()
+    return gathered
+
+
+def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) -> EngineResult:
+    """Rank 0's result of the run: its replica, the ranks' gathered figures
+    added to the resumed run's, and how the ranks communicated."""
     examples = start["examples"] + sum(g["examples"] for g in gathered)
     extra = {"world_size": comm.world, "dist_backend": comm.backend,
-             "reduce_via": "shm" if shm is not None else comm.backend,
+             "reduce_via": "shm" if shm_used else comm.backend,
              # every attempt after the first, and the agent's count of them
              # (what --max-restarts bounds; a membership change is not counted)
              "restarts": comm.attempt, "agent_restarts": agent_restarts(),
