@@ -96,6 +96,46 @@ def test_the_next_run_reuses_the_hosts_and_ends_bit_identical(monkeypatch):
     assert hosts.POOL.idle_count() == 0
 
 
+DRIVER = """
+import os, sys, time, ray, monsoon
+from monsoon.engines.ray.hosts import POOL
+ray.init(address=sys.argv[1], log_to_driver=False,
+         runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
+monsoon.train("logistic", "sync", 2, engine="ray", steps=4, shards=1, progress=False)
+print(" ".join(str(ray.get(h.pid.remote(), timeout=60)) for _, _, h in POOL.idle), flush=True)
+time.sleep(600)
+"""
+
+
+def test_kill_9_of_a_driver_takes_its_idle_hosts(tmp_path):
+    """The idle hosts a run left for the next one belong to the driver's Ray
+    job: ``kill -9`` of the driver ends them, as it ends any actor of its."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, ray.get_runtime_context().gcs_address],
+        stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{here}:{here.parent}"})
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 3  # two workers and a shard, idle
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+            time.sleep(0.1)
+        assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 def test_a_call_for_an_ended_runs_object_is_refused():
     """A host's object has a generation: a late call meant for the object of
     a run that ended never reaches the next run's."""
