@@ -59,6 +59,7 @@ from ..lifecycle import signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..processes import (blas_threads, limit_threads, main_module_hidden, start_context,
                          torch_threads_per_worker)
+from ..due import Due
 from ..waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
                             restore_buffers, sender_slots, sender_state)
@@ -269,6 +270,96 @@ def _process_main(reader, locks, sync_lock, conn, parent_pid: int, rank: int) ->
     outbox.close()
 
 
+class _InlineWatch:
+    """What serial does between its ops (``WorkerRuntime.run`` calls it after
+    each), asking the same ``Due`` as the parallel monitor: at a step
+    boundary, a due checkpoint or a stop signal (which raises ``Stopped``);
+    every 8 ops, a due curve row or live update. ``watch``: the step count
+    when a checkpoint or a stop became near; from then on every op looks for
+    the next step boundary. ``t0`` starts the run's clock (``wall``)."""
+
+    def __init__(self, engine, store, problem, sender, recorder, ck, resume):
+        self.store, self.problem, self.sender = store, problem, sender
+        self.recorder, self.ck, self.resume = recorder, ck, resume
+        self.kernel, self.n = engine.kernel, problem.n_examples
+        every = engine.checkpoint_every if ck.directory else 0
+        if self.kernel and every:  # positions count epochs: at most one checkpoint per epoch
+            every = max(1, -(-every // self.n))
+        recorder.start(store.params)
+        self.t0, self.ops = time.perf_counter(), 0
+        self.counters = store.counters[0]
+        self.due = Due(recorder, every)
+        self.due.plan_checkpoint(self.steps_done())
+        self.watch = None
+
+    def steps_done(self) -> int:
+        """The position a checkpoint records: epochs for a compiled pass, else steps."""
+        counters = self.counters
+        if self.kernel:
+            return int(counters[EXAMPLES]) // self.n
+        return int(counters[UPDATES] + counters[DROPPED])
+
+    def checkpoint_extra(self) -> dict:
+        """The model's buffers, and the sender's state where the run
+        compresses (as a worker's)."""
+        out = buffer_arrays(self.problem)
+        if self.sender.compression.stateful:
+            n, dtype = self.store.params.size, self.store.params.dtype
+            out.update({"sender." + k: v[None] for k, v in self.sender.state(n, dtype).items()})
+        return out
+
+    def boundary(self, steps: int) -> None:
+        """At a step boundary: write a due checkpoint (or the final one, and
+        stop, on a signal); watch for the next boundary if one is near."""
+        store, now = self.store, time.perf_counter() - self.t0
+        self.due.signal()
+        sig = self.due.interrupted
+        if sig or (self.due.checkpoint(steps) and self.ck.allowed()):
+            self.ck.write(params=store.params, state=store.state, counters=store.counters.copy(),
+                          positions=[steps], time_s=self.resume.time_s + now,
+                          rows=self.recorder.settled_rows(),
+                          reason="interrupted" if sig else "periodic", exact=True,
+                          extra=self.checkpoint_extra())
+            self.due.plan_checkpoint(steps)
+        if sig:
+            raise Stopped()
+        self.watch = steps if self.due.checkpoint(steps, margin=8) else None
+
+    def __call__(self) -> None:
+        """One op done: a boundary's checkpoint or stop, then (every 8 ops)
+        a row, and whether a checkpoint or a stop is near."""
+        self.ops += 1
+        if self.kernel:  # every op is an epoch's pass: a boundary
+            self.boundary(self.steps_done())
+        if self.watch is not None:
+            steps = self.steps_done()
+            if steps != self.watch:
+                self.boundary(steps)
+        if self.ops & 7 == 0:
+            self.record_if_due()
+            if self.watch is None and not self.kernel:
+                steps = self.steps_done()
+                self.due.signal()
+                if self.due.interrupted or self.due.checkpoint(steps, margin=8):
+                    self.watch = steps
+
+    def record_if_due(self) -> None:
+        """Record a due curve row (a diverged one aborts the run), else hand
+        the live writer a due update."""
+        store, now = self.store, time.perf_counter() - self.t0
+        at = self.resume.time_s + now
+        if self.due.row(at, store.counters[:, EXAMPLES].sum()):
+            ex, up, dropped, late = store.totals()
+            if self.recorder.record(at, int(up), int(ex), store.params,
+                                    int(dropped)) is not None:
+                store.abort()
+            # The clock stops while serial evaluates: parallel runs
+            # evaluate in the monitor, off the workers' clock.
+            self.t0 += time.perf_counter() - self.t0 - now
+        else:
+            self.due.live(at, store.totals, lambda: store.live_figures(1))
+
+
 class LocalEngine(Engine):
     name = "local"
     virtual_time = False
@@ -424,96 +515,26 @@ class LocalEngine(Engine):
     # -- serial: in the calling thread --------------------------------------
     def _run_inline(self, store, problem, rule, strategy, batch_size, seed, budget, recorder,
                     ck, resume):
+        """Serial: the one worker's program runs in the calling thread; between
+        its ops, ``_InlineWatch`` checkpoints, stops and records."""
         job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget,
                         start_step=resume.start[0], kernel=self.kernel)
         runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
         sender = runtime.sender = Sender(self.compression or Compression(), 0)
         if resume.senders.get(0) is not None:
             sender.restore(resume.senders[0])
-
-        def senders():  # the sender's state, where the run compresses (as a worker's),
-            out = buffer_arrays(problem)  # and the model's buffers
-            if sender.compression.stateful:
-                n, dtype = store.params.size, store.params.dtype
-                out.update({"sender." + k: v[None] for k, v in sender.state(n, dtype).items()})
-            return out
-
-        recorder.start(store.params)
-        clock = [time.perf_counter(), 0]  # start, ops so far
-        counters = store.counters[0]
-        every = self.checkpoint_every if ck.directory else 0
-        kernel, n = self.kernel, problem.n_examples
-        if kernel and every:  # positions count epochs: at most one checkpoint per epoch
-            every = max(1, -(-every // n))
-
-        def steps_done() -> int:
-            if kernel:
-                return int(counters[EXAMPLES]) // n
-            return int(counters[UPDATES] + counters[DROPPED])
-
-        def next_due(steps: int):
-            return (steps // every + 1) * every if every else None
-
-        # ``watch``: the step count when a checkpoint or a stop became due;
-        # from then on every op looks for the next step boundary.
-        plan = {"next": next_due(steps_done()), "watch": None}
-
-        def boundary(steps: int) -> None:
-            now = time.perf_counter() - clock[0]
-            sig = stop_requested()
-            if sig or (plan["next"] is not None and steps >= plan["next"] and ck.allowed()):
-                ck.write(params=store.params, state=store.state, counters=store.counters.copy(),
-                         positions=[steps], time_s=resume.time_s + now,
-                         rows=recorder.settled_rows(),
-                         reason="interrupted" if sig else "periodic", exact=True,
-                         extra=senders())
-                plan["next"] = next_due(steps)
-            if sig:
-                raise Stopped()
-            near = plan["next"] is not None and steps + 8 >= plan["next"]
-            plan["watch"] = steps if near else None
-
-        def between_ops():
-            clock[1] += 1
-            if kernel:  # every op is an epoch's pass: a boundary
-                boundary(steps_done())
-            watch = plan["watch"]
-            if watch is not None:
-                steps = steps_done()
-                if steps != watch:
-                    boundary(steps)
-            if clock[1] & 7 == 0:
-                now = time.perf_counter() - clock[0]
-                ex = store.counters[:, EXAMPLES].sum()
-                if recorder.due(resume.time_s + now, ex):
-                    ex, up, dropped, late = store.totals()
-                    if recorder.record(resume.time_s + now, int(up), int(ex), store.params,
-                                       int(dropped)) is not None:
-                        store.abort()
-                    # The clock stops while serial evaluates: parallel runs
-                    # evaluate in the monitor, off the workers' clock.
-                    clock[0] += time.perf_counter() - clock[0] - now
-                elif recorder.live_due(resume.time_s + now):
-                    ex, up, dropped, _ = store.totals()
-                    figures, stale = store.live_figures(1)
-                    recorder.live(resume.time_s + now, ex, up, figures, stale, int(dropped))
-                if plan["watch"] is None and not kernel:
-                    steps = steps_done()
-                    if stop_requested() or (plan["next"] is not None
-                                            and steps + 8 >= plan["next"]):
-                        plan["watch"] = steps
-
+        watch = _InlineWatch(self, store, problem, sender, recorder, ck, resume)
         stopped = interrupted = None
         try:
             with _seeded_rng(problem, seed, 0):
                 runtime.run(compressing(strategy.program(job), sender, arrays.nbytes(store.params)),
-                            between_ops)
+                            watch)
         except Stopped:
             interrupted = stop_requested()
             stopped = f"interrupted by {signal_name(interrupted)}"
         except Aborted:
             stopped = recorder.stop_reason
-        wall = time.perf_counter() - clock[0]
+        wall = time.perf_counter() - watch.t0
         ex, up, dropped, late = store.totals()
         return EngineResult(np.array(arrays.to_host(store.params), copy=True), 0.0, wall, int(ex), int(up),
                             int(dropped), runtime.staleness, [], stopped=stopped,
