@@ -7,7 +7,7 @@ runs inline in the calling thread, with no engine overhead at all.
 Each worker process sets its torch thread count so that workers x threads
 <= cores (oversubscription is a known 30x slowdown).
 
-The calling process is the monitor: it starts the workers and waits (with
+The calling process is the monitor (``monitor.py``): it starts the workers and waits (with
 ``start_timeout``) until every one is ready, which is ``startup_s``; then it
 releases them together and, until they finish, snapshots the parameters
 for the loss curve (the recorder evaluates them after the run), drives the
@@ -46,31 +46,30 @@ import sys
 import threading
 import time
 import traceback
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import WaitTimeout, WorkerError
+from ...errors import WorkerError
 from ...options import Option
 from ...strategies import WorkerJob
 from .. import checkpoints
 from ..heap import keep_freed_memory
-from ..lifecycle import StopSignals, signal_name, stop_requested, worker_started
+from ..lifecycle import signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ..processes import (blas_threads, limit_threads, main_module_hidden, start_context,
                          torch_threads_per_worker)
+from ..due import Due
 from ..waiting import Aborted, wait_until
-from ..clocks import clock_extra
-from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints, read_senders,
+from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
                             restore_buffers, sender_slots, sender_state)
 from .inbox import Outbox, PipeInbox, QueueInbox
 from ..messages import Compression, Sender, compressing, summarize
 from ... import arrays
+from .monitor import WorkerMonitor
 from .runtime import WorkerRuntime
-from .store import (ABORTED, CKPT_STEP, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING,
-                    SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, START, STEP,
-                    STOP, UPDATES, ParameterStore)
+from .store import (ABORTED, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING, START, STEP,
+                    UPDATES, ParameterStore)
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_count)
 from .synchronous import Stopped
@@ -224,11 +223,6 @@ def _state(problem):
     return state() if state is not None else None
 
 
-MAIN_HINT = ("; the problem refers to code in your script, which every worker process "
-             "re-runs: put the call to monsoon under `if __name__ == \"__main__\":`, "
-             "or use --backend threads")
-
-
 @contextlib.contextmanager
 def _seeded_rng(problem, seed: int, rank: int):
     """Seed the problem's random draws (Dropout) for worker ``rank``, in the
@@ -276,13 +270,94 @@ def _process_main(reader, locks, sync_lock, conn, parent_pid: int, rank: int) ->
     outbox.close()
 
 
-def _ssp_extra(reports: dict, workers: int) -> dict:
-    """The SSP fields of the result, from the workers' clock reports."""
-    staleness = Counter()
-    for r in reports.values():
-        staleness.update({int(k): v for k, v in r["staleness"].items()})
-    return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
-                       {k: r["clocks"] for k, r in reports.items()}, workers)
+class _InlineWatch:
+    """What serial does between its ops (``WorkerRuntime.run`` calls it after
+    each), asking the same ``Due`` as the parallel monitor: at a step
+    boundary, a due checkpoint or a stop signal (which raises ``Stopped``);
+    every 8 ops, a due curve row or live update. ``watch``: the step count
+    when a checkpoint or a stop became near; from then on every op looks for
+    the next step boundary. ``t0`` starts the run's clock (``wall``)."""
+
+    def __init__(self, engine, store, problem, sender, recorder, ck, resume):
+        self.store, self.problem, self.sender = store, problem, sender
+        self.recorder, self.ck, self.resume = recorder, ck, resume
+        self.kernel, self.n = engine.kernel, problem.n_examples
+        every = engine.checkpoint_every if ck.directory else 0
+        if self.kernel and every:  # positions count epochs: at most one checkpoint per epoch
+            every = max(1, -(-every // self.n))
+        recorder.start(store.params)
+        self.t0, self.ops = time.perf_counter(), 0
+        self.counters = store.counters[0]
+        self.due = Due(recorder, every)
+        self.due.plan_checkpoint(self.steps_done())
+        self.watch = None
+
+    def steps_done(self) -> int:
+        """The position a checkpoint records: epochs for a compiled pass, else steps."""
+        counters = self.counters
+        if self.kernel:
+            return int(counters[EXAMPLES]) // self.n
+        return int(counters[UPDATES] + counters[DROPPED])
+
+    def checkpoint_extra(self) -> dict:
+        """The model's buffers, and the sender's state where the run
+        compresses (as a worker's)."""
+        out = buffer_arrays(self.problem)
+        if self.sender.compression.stateful:
+            n, dtype = self.store.params.size, self.store.params.dtype
+            out.update({"sender." + k: v[None] for k, v in self.sender.state(n, dtype).items()})
+        return out
+
+    def boundary(self, steps: int) -> None:
+        """At a step boundary: write a due checkpoint (or the final one, and
+        stop, on a signal); watch for the next boundary if one is near."""
+        store, now = self.store, time.perf_counter() - self.t0
+        self.due.signal()
+        sig = self.due.interrupted
+        if sig or (self.due.checkpoint(steps) and self.ck.allowed()):
+            self.ck.write(params=store.params, state=store.state, counters=store.counters.copy(),
+                          positions=[steps], time_s=self.resume.time_s + now,
+                          rows=self.recorder.settled_rows(),
+                          reason="interrupted" if sig else "periodic", exact=True,
+                          extra=self.checkpoint_extra())
+            self.due.plan_checkpoint(steps)
+        if sig:
+            raise Stopped()
+        self.watch = steps if self.due.checkpoint(steps, margin=8) else None
+
+    def __call__(self) -> None:
+        """One op done: a boundary's checkpoint or stop, then (every 8 ops)
+        a row, and whether a checkpoint or a stop is near."""
+        self.ops += 1
+        if self.kernel:  # every op is an epoch's pass: a boundary
+            self.boundary(self.steps_done())
+        if self.watch is not None:
+            steps = self.steps_done()
+            if steps != self.watch:
+                self.boundary(steps)
+        if self.ops & 7 == 0:
+            self.record_if_due()
+            if self.watch is None and not self.kernel:
+                steps = self.steps_done()
+                self.due.signal()
+                if self.due.interrupted or self.due.checkpoint(steps, margin=8):
+                    self.watch = steps
+
+    def record_if_due(self) -> None:
+        """Record a due curve row (a diverged one aborts the run), else hand
+        the live writer a due update."""
+        store, now = self.store, time.perf_counter() - self.t0
+        at = self.resume.time_s + now
+        if self.due.row(at, store.counters[:, EXAMPLES].sum()):
+            ex, up, dropped, late = store.totals()
+            if self.recorder.record(at, int(up), int(ex), store.params,
+                                    int(dropped)) is not None:
+                store.abort()
+            # The clock stops while serial evaluates: parallel runs
+            # evaluate in the monitor, off the workers' clock.
+            self.t0 += time.perf_counter() - self.t0 - now
+        else:
+            self.due.live(at, store.totals, lambda: store.live_figures(1))
 
 
 class LocalEngine(Engine):
@@ -440,96 +515,26 @@ class LocalEngine(Engine):
     # -- serial: in the calling thread --------------------------------------
     def _run_inline(self, store, problem, rule, strategy, batch_size, seed, budget, recorder,
                     ck, resume):
+        """Serial: the one worker's program runs in the calling thread; between
+        its ops, ``_InlineWatch`` checkpoints, stops and records."""
         job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget,
                         start_step=resume.start[0], kernel=self.kernel)
         runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
         sender = runtime.sender = Sender(self.compression or Compression(), 0)
         if resume.senders.get(0) is not None:
             sender.restore(resume.senders[0])
-
-        def senders():  # the sender's state, where the run compresses (as a worker's),
-            out = buffer_arrays(problem)  # and the model's buffers
-            if sender.compression.stateful:
-                n, dtype = store.params.size, store.params.dtype
-                out.update({"sender." + k: v[None] for k, v in sender.state(n, dtype).items()})
-            return out
-
-        recorder.start(store.params)
-        clock = [time.perf_counter(), 0]  # start, ops so far
-        counters = store.counters[0]
-        every = self.checkpoint_every if ck.directory else 0
-        kernel, n = self.kernel, problem.n_examples
-        if kernel and every:  # positions count epochs: at most one checkpoint per epoch
-            every = max(1, -(-every // n))
-
-        def steps_done() -> int:
-            if kernel:
-                return int(counters[EXAMPLES]) // n
-            return int(counters[UPDATES] + counters[DROPPED])
-
-        def next_due(steps: int):
-            return (steps // every + 1) * every if every else None
-
-        # ``watch``: the step count when a checkpoint or a stop became due;
-        # from then on every op looks for the next step boundary.
-        plan = {"next": next_due(steps_done()), "watch": None}
-
-        def boundary(steps: int) -> None:
-            now = time.perf_counter() - clock[0]
-            sig = stop_requested()
-            if sig or (plan["next"] is not None and steps >= plan["next"] and ck.allowed()):
-                ck.write(params=store.params, state=store.state, counters=store.counters.copy(),
-                         positions=[steps], time_s=resume.time_s + now,
-                         rows=recorder.settled_rows(),
-                         reason="interrupted" if sig else "periodic", exact=True,
-                         extra=senders())
-                plan["next"] = next_due(steps)
-            if sig:
-                raise Stopped()
-            near = plan["next"] is not None and steps + 8 >= plan["next"]
-            plan["watch"] = steps if near else None
-
-        def between_ops():
-            clock[1] += 1
-            if kernel:  # every op is an epoch's pass: a boundary
-                boundary(steps_done())
-            watch = plan["watch"]
-            if watch is not None:
-                steps = steps_done()
-                if steps != watch:
-                    boundary(steps)
-            if clock[1] & 7 == 0:
-                now = time.perf_counter() - clock[0]
-                ex = store.counters[:, EXAMPLES].sum()
-                if recorder.due(resume.time_s + now, ex):
-                    ex, up, dropped, late = store.totals()
-                    if recorder.record(resume.time_s + now, int(up), int(ex), store.params,
-                                       int(dropped)) is not None:
-                        store.abort()
-                    # The clock stops while serial evaluates: parallel runs
-                    # evaluate in the monitor, off the workers' clock.
-                    clock[0] += time.perf_counter() - clock[0] - now
-                elif recorder.live_due(resume.time_s + now):
-                    ex, up, dropped, _ = store.totals()
-                    figures, stale = store.live_figures(1)
-                    recorder.live(resume.time_s + now, ex, up, figures, stale, int(dropped))
-                if plan["watch"] is None and not kernel:
-                    steps = steps_done()
-                    if stop_requested() or (plan["next"] is not None
-                                            and steps + 8 >= plan["next"]):
-                        plan["watch"] = steps
-
+        watch = _InlineWatch(self, store, problem, sender, recorder, ck, resume)
         stopped = interrupted = None
         try:
             with _seeded_rng(problem, seed, 0):
                 runtime.run(compressing(strategy.program(job), sender, arrays.nbytes(store.params)),
-                            between_ops)
+                            watch)
         except Stopped:
             interrupted = stop_requested()
             stopped = f"interrupted by {signal_name(interrupted)}"
         except Aborted:
             stopped = recorder.stop_reason
-        wall = time.perf_counter() - clock[0]
+        wall = time.perf_counter() - watch.t0
         ex, up, dropped, late = store.totals()
         return EngineResult(np.array(arrays.to_host(store.params), copy=True), 0.0, wall, int(ex), int(up),
                             int(dropped), runtime.staleness, [], stopped=stopped,
@@ -552,14 +557,28 @@ class LocalEngine(Engine):
 
     def _run_workers(self, store, ctx, problem, rule, strategy, workers, batch_size, seed,
                      budget, recorder, ck, resume):
-        import copy
-
+        """Start the workers (processes where ``ctx`` is given, else threads),
+        then watch them to the end (``monitor.WorkerMonitor``)."""
         t_begin = time.perf_counter()
         inbox = PipeInbox(ctx, workers) if ctx is not None else QueueInbox()
+        start_timeout = self._start_timeout(workers)
+        handles, needs_main = self._start_workers(store, ctx, inbox, problem, rule, strategy,
+                                                  workers, batch_size, seed, budget, recorder,
+                                                  resume, start_timeout)
+        monitor = WorkerMonitor(self, store, ctx, inbox, handles, problem, strategy, workers,
+                                batch_size, recorder, ck, resume, needs_main)
+        return monitor.run(t_begin, start_timeout)
+
+    def _start_workers(self, store, ctx, inbox, problem, rule, strategy, workers, batch_size,
+                       seed, budget, recorder, resume, start_timeout):
+        """Start a worker per rank with its ``WorkerSetup``: a process gets it
+        pickled through a pipe of its own once all have started
+        (``_send_payloads``), a thread gets its own copy of the rule. Returns
+        the handles, and whether a setup refers to ``__main__``."""
+        import copy
+
         handles, payloads = [], []
         needs_main = False
-        exact = ck.exact
-        start_timeout = self._start_timeout(workers)
         # Processes: a problem whose data can live in shared memory is
         # pickled as a reference to it, not one copy per worker.
         sharing = contextlib.ExitStack()
@@ -593,249 +612,13 @@ class LocalEngine(Engine):
                 inbox.started(rank, h)
                 handles.append(h)
                 continue
-            else:
-                h = threading.Thread(target=_worker_body, args=(setup, inbox.outbox(rank)),
-                                     name=f"monsoon-worker-{rank}", daemon=True)
+            h = threading.Thread(target=_worker_body, args=(setup, inbox.outbox(rank)),
+                                 name=f"monsoon-worker-{rank}", daemon=True)
             h.start()
             handles.append(h)
         _send_payloads(payloads)
         sharing.close()
-        failed: dict[int, str] = {}
-        worker_params: dict[int, np.ndarray] = dict(
-            (r, p) for r, p in resume.private.items() if p is not None)
-        worker_states: dict[int, dict] = {}
-        ssp_reports: dict[int, dict] = {}
-        started_at = [None]
-        staleness = Counter()
-        traffic: dict[int, dict] = {}
-        finished: set[int] = set()
-        stopped_cleanly: set[int] = set()
-        wake = StopSignals.active.waitable() if StopSignals.active is not None else None
-
-        def drain(block_s: float = 0.0):
-            for kind, rank, payload in inbox.receive(block_s, finished, wake):
-                finished.add(rank)
-                if kind == "failed":
-                    failed[rank] = payload
-                elif kind in ("done", "aborted", "stopped"):
-                    staleness.update(payload["staleness"])
-                    if payload["params"] is not None:
-                        worker_params[rank] = payload["params"]
-                    if kind == "stopped":
-                        stopped_cleanly.add(rank)
-                    if payload.get("state"):
-                        worker_states[rank] = payload["state"]
-                    if payload.get("traffic"):
-                        traffic[rank] = payload["traffic"]
-                    if payload.get("clocks"):
-                        ssp_reports[rank] = payload["clocks"]
-
-        def check_dead():
-            if ctx is None:
-                return
-            for rank, h in enumerate(handles):
-                if rank not in finished and h.exitcode is not None:
-                    drain(0.2)  # its last message may still be in the pipe
-                    if rank not in finished:
-                        finished.add(rank)
-                        hint = MAIN_HINT if started_at[0] is None and needs_main else ""
-                        failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
-                        store.status[rank] = FAILED  # no longer counts toward an SSP bound
-                        store.release_locks_of(rank)  # the survivors must not wait on them
-
-        def read_ring(t0: float, final_updates: int | None = None):
-            """Record the snapshots worker 0 wrote since the last read (those
-            before ``final_updates``: the final row is recorded anyway); the
-            reason to stop, if one of them diverged."""
-            control, reason = store.control, None
-            written, read = int(control[SNAP_WRITTEN]), int(control[SNAP_READ])
-            for k in range(read, written):
-                i = k % len(store.snap_params)
-                clock, up, ex, dropped = store.snap_meta[i]
-                if final_updates is not None and up >= final_updates:
-                    break
-                reason = reason or recorder.record(resume.time_s + float(clock) - t0, int(up),
-                                                   int(ex), store.snap_params[i], int(dropped))
-            control[SNAP_READ] = written  # the slots are free again
-            return reason
-
-        n, every = problem.n_examples, self.checkpoint_every if ck.directory else 0
-        if self.kernel and every:  # positions count epochs: at most one checkpoint per epoch
-            every = max(every, n)
-
-        def snapshot(reason: str, now: float, private=None):
-            # parameters first: a worker counts a batch's examples before its
-            # update, so every update in the copy is counted and never redone
-            # (a compiled pass counts its epoch after it: one in progress is
-            # partly in the copy, and done again)
-            params = np.array(arrays.to_host(store.params))
-            counters = store.counters.copy()
-            ck.write(params=params, state=store.state, counters=counters,
-                     positions=ck.snapshot_positions(strategy, counters, n, batch_size,
-                                                     self.kernel),
-                     time_s=resume.time_s + now, rows=recorder.settled_rows(), reason=reason,
-                     exact=False, private=private)
-
-        def exact_checkpoint(step: int, params, state, reason: str, now: float):
-            """Written only where the workers' compressor state at ``step`` is at
-            hand (``checkpointing.read_senders``); else the newest one stands."""
-            senders = read_senders(store, step, self.checkpoint_every)
-            if senders is None:
-                return
-            _, _, dropped, late = store.totals()
-            ck.write(params=params, state=state,
-                     counters=ck.exact_counters(step, workers, int(dropped), int(late), n,
-                                                batch_size, getattr(strategy, "backup_workers", 0)),
-                     positions=[step] * workers, time_s=resume.time_s + now,
-                     rows=recorder.settled_rows(), reason=reason, exact=True, extra=senders)
-
-        stopped = interrupted = None
-        try:
-            # start-up: every worker imported, unpickled and ready
-            deadline = time.monotonic() + start_timeout
-            while not all(store.status[r] == READY or r in finished for r in range(workers)):
-                drain()
-                check_dead()
-                if self._must_stop(strategy, failed, workers):
-                    raise self._fail(failed, workers)
-                if len(finished) == workers:
-                    break
-                if stop_requested():  # nothing done yet: stop the workers, write the folder
-                    interrupted = stop_requested()
-                    stopped = f"interrupted by {signal_name(interrupted)}"
-                    store.abort()
-                    break
-                if time.monotonic() > deadline:
-                    raise WaitTimeout(self._start_advice(workers, start_timeout))
-                time.sleep(0.005)
-            if ctx is not None:
-                store.memory.unlink()  # every worker has mapped it: the kernel frees it last
-                if hasattr(problem, "unlink_shared"):
-                    problem.unlink_shared()  # the problem's data block, likewise
-            startup = time.perf_counter() - t_begin
-            started_at[0] = startup
-            recorder.start(store.params)
-            ring = store.replicated and store.snap_params is not None
-            if ring:  # worker 0 snapshots every so many steps on its own (synchronous.py)
-                rows_every = recorder.total_examples / recorder.evals / batch_size
-                store.control[SNAP_EVERY] = max(1, round(rows_every))
-            t0 = time.perf_counter()
-            updates_at_start = int(store.totals()[1])  # a resumed run's count goes on
-            store.control[START] = 1
-            asked = False  # a snapshot request to a replicated step is pending
-            last_progress, last_examples = time.monotonic(), -1
-            next_snapshot = None
-            if every and not exact:
-                next_snapshot = (int(store.totals()[1]) // every + 1) * every
-            stop_deadline = None
-            while len(finished) < workers:
-                # Poll fast while the run is young (short runs still get a
-                # curve), then settle, so the monitor steals little CPU; with
-                # no curve to draw, sleep until a worker reports or dies.
-                # Sleep until the next row is due (a worker's message or
-                # death wakes the monitor sooner): every wake-up preempts a
-                # worker, and its peers then wait for it at the barrier.
-                # With a snapshot ring, wake in time to read it before it fills.
-                elapsed = time.perf_counter() - t0
-                if ring:
-                    written = int(store.control[SNAP_WRITTEN])
-                    due_in = (len(store.snap_params) / 2 * elapsed / written if written
-                              else 0.05)
-                else:
-                    due_in = recorder.seconds_to_due(resume.time_s + elapsed, last_examples)
-                if every:  # and for the next checkpoint, at the pace so far
-                    done = int(store.totals()[1])
-                    if done > updates_at_start:
-                        due_in = min(due_in, (every - done % every) * elapsed
-                                     / (done - updates_at_start))
-                young = last_examples <= 0 and not ring  # no pace known yet
-                drain(0.002 if young or asked else min(max(due_in, 0.001), self.idle_s))
-                check_dead()
-                sig = stop_requested()
-                if sig and interrupted is None:
-                    interrupted = sig
-                    stopped = f"interrupted by {signal_name(sig)}"
-                    if exact:  # at the next step boundary (synchronous.py)
-                        store.control[STOP] = 1
-                        stop_deadline = time.monotonic() + self.timeout
-                    else:
-                        store.abort()
-                if stop_deadline is not None and time.monotonic() > stop_deadline:
-                    store.abort()
-                    stop_deadline = None
-                if interrupted is None and self._must_stop(strategy, failed, workers):
-                    raise self._fail(failed, workers)
-                now = time.perf_counter() - t0
-                ex, up, dropped, late = store.totals()
-                if ex != last_examples or interrupted is not None:
-                    last_examples, last_progress = ex, time.monotonic()
-                elif time.monotonic() - last_progress > 2 * self.timeout:
-                    # A backstop: a stuck barrier reports itself (and who it
-                    # waited for) after ``timeout``; this catches the rest.
-                    raise WaitTimeout(f"no worker made progress for {2 * self.timeout:g} s; "
-                                      "raise --timeout if steps are genuinely that slow")
-                if store.ckpt is not None and store.control[CKPT_STEP] and ck.allowed():
-                    exact_checkpoint(int(store.control[CKPT_STEP]), store.ckpt["params"],
-                                     store.ckpt["state"], "periodic", now)
-                    store.control[CKPT_STEP] = 0  # the buffer is free again
-                elif (next_snapshot is not None and up >= next_snapshot and interrupted is None
-                      and ck.allowed()):
-                    snapshot("periodic", now)
-                    next_snapshot = (int(up) // every + 1) * every
-                reason = None
-                at = resume.time_s + now
-                if interrupted is not None:
-                    pass
-                elif ring:
-                    reason = read_ring(t0)
-                elif store.replicated and strategy.synchronous:
-                    # worker 0 holds the parameters; ask it for a copy at its
-                    # next step's end, and record it once it has answered
-                    control = store.control
-                    if asked and control[SNAP_SERVED] == control[SNAP_ASKED]:
-                        asked = False
-                        reason = recorder.record(at, int(up), int(ex), store.params, int(dropped))
-                    elif not asked and recorder.due(at, ex):
-                        asked = True
-                        control[SNAP_ASKED] += 1
-                elif recorder.due(at, ex):
-                    reason = recorder.record(at, int(up), int(ex), store.params, int(dropped))
-                if recorder.live_due(at):  # the workers' figures, from shared memory
-                    figures, stale = store.live_figures(workers)
-                    recorder.live(at, ex, up, figures, stale, int(dropped))
-                if reason is not None:
-                    stopped = reason
-                    store.abort()
-            wall = time.perf_counter() - t0
-            ex, up, dropped, late = store.totals()
-            if ring and stopped is None:  # what worker 0 wrote after the last wake
-                stopped = read_ring(t0, int(up))
-            params = np.array(arrays.to_host(store.params), copy=True)
-            if interrupted is not None:
-                if not exact:
-                    snapshot("interrupted", wall, private=worker_params or None)
-                elif stopped_cleanly == set(range(workers)) - set(failed):
-                    step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
-                    exact_checkpoint(step, store.params, store.state, "interrupted", wall)
-        except BaseException:
-            store.abort()
-            inbox.close()  # a worker still sending gets a broken pipe, not a wait
-            self._join(handles, ctx)
-            raise
-        self._join(handles, ctx)
-        inbox.close()
-        failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
-                       for r in sorted(failed)]
-        extra = summarize([traffic[r] for r in sorted(traffic)],
-                          self.compression or Compression(), int(up))
-        if strategy.synchronous:
-            extra["sync_step"] = "replicated" if store.replicated else "sharded"
-        if ssp_reports:
-            extra.update(_ssp_extra(ssp_reports, workers))
-        return EngineResult(params, startup, wall, int(ex), int(up), int(dropped), staleness,
-                            failed_list, stopped=stopped, late_gradients=int(late),
-                            worker_params=worker_params, worker_states=worker_states,
-                            extra=extra, interrupted=interrupted)
+        return handles, needs_main
 
     def _start_advice(self, workers: int, waited: float) -> str:
         cores = os.cpu_count() or 1

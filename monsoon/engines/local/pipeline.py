@@ -28,6 +28,7 @@ from ...errors import ConfigError, WaitTimeout, WorkerError
 from ...strategies.batches import global_batches
 from ...strategies.pipeline.runner import finish, stage_payloads
 from ..base import EngineResult
+from ..due import Due
 from ..heap import keep_freed_memory
 from ..options import refuse_checkpoints
 from ..lifecycle import worker_started
@@ -211,51 +212,61 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
             channel.close()
 
 
-def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, recorder, t_begin):
-    control, served, counters, snap = (shared["control"], shared["served"], shared["counters"],
-                                       shared["snap"])
-    workers = len(handles)
-    finished, ready, failed, results = set(), set(), {}, {}
-    stopped = None
+class _Stages:
+    """The stage workers as the monitor knows them from their messages and
+    deaths: who is ready, who finished, who failed (with the text), and the
+    finished ones' results."""
 
-    def drain(block_s):
-        for kind, rank, payload in inbox.receive(block_s, finished):
+    def __init__(self, inbox, handles, specs, control):
+        self.inbox, self.handles, self.specs, self.control = inbox, handles, specs, control
+        self.finished, self.ready, self.failed, self.results = set(), set(), {}, {}
+
+    def drain(self, block_s: float) -> None:
+        """Take the messages (waiting up to ``block_s`` for one); a process
+        that ended without a last message failed."""
+        for kind, rank, payload in self.inbox.receive(block_s, self.finished):
             if kind == "ready":
-                ready.add(rank)
+                self.ready.add(rank)
                 continue
-            finished.add(rank)
-            if kind == "failed":
-                failed[rank] = payload
-            elif kind == "done":
-                results[rank] = payload
-        for rank, h in enumerate(handles):
-            if rank not in finished and h.exitcode is not None:
-                drain_once = inbox.receive(0.2, finished)
-                for kind, r, payload in drain_once:
-                    finished.add(r)
-                    if kind == "failed":
-                        failed[r] = payload
-                    elif kind == "done":
-                        results[r] = payload
-                if rank not in finished:
-                    finished.add(rank)
-                    failed[rank] = f"worker process died (exit code {h.exitcode})"
+            self._finished(kind, rank, payload)
+        for rank, h in enumerate(self.handles):
+            if rank not in self.finished and h.exitcode is not None:
+                for kind, r, payload in self.inbox.receive(0.2, self.finished):
+                    self._finished(kind, r, payload)
+                if rank not in self.finished:
+                    self.finished.add(rank)
+                    self.failed[rank] = f"worker process died (exit code {h.exitcode})"
 
-    def fail():
-        control[ABORT] = 1
-        rank = min(failed)
-        text = failed[rank]
-        err = WorkerError(f"pipeline worker {rank} (stage {rank % len(specs)}, replica "
-                          f"{rank // len(specs)}) failed, and a pipeline needs every stage: "
+    def _finished(self, kind: str, rank: int, payload) -> None:
+        self.finished.add(rank)
+        if kind == "failed":
+            self.failed[rank] = payload
+        elif kind == "done":
+            self.results[rank] = payload
+
+    def fail(self) -> WorkerError:
+        """Abort the others; the first failed worker's error."""
+        self.control[ABORT] = 1
+        rank = min(self.failed)
+        text, stages = self.failed[rank], len(self.specs)
+        err = WorkerError(f"pipeline worker {rank} (stage {rank % stages}, replica "
+                          f"{rank // stages}) failed, and a pipeline needs every stage: "
                           f"{text.splitlines()[0]}")
         err.worker, err.worker_traceback = rank, text
         return err
 
+
+def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, recorder, t_begin):
+    """Wait until every stage is ready, release them together, record the
+    curve until they finish (``_watch``), and put the result together."""
+    control, counters, snap = shared["control"], shared["counters"], shared["snap"]
+    workers = len(handles)
+    stages = _Stages(inbox, handles, specs, control)
     deadline = time.monotonic() + engine.start_timeout
-    while len(ready) < workers:
-        drain(0.05)
-        if failed:
-            raise fail()
+    while len(stages.ready) < workers:
+        stages.drain(0.05)
+        if stages.failed:
+            raise stages.fail()
         if time.monotonic() > deadline:
             control[ABORT] = 1
             raise WaitTimeout(f"pipeline workers did not start within {engine.start_timeout:g} s")
@@ -263,31 +274,11 @@ def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, reco
     recorder.start(snap)
     t0 = time.perf_counter()
     control[START] = 1
-    asked = False
-    last_progress, last_ex = time.monotonic(), -1
-    while len(finished) < workers:
-        drain(0.002 if asked else min(0.05, engine.idle_s))
-        if failed:
-            raise fail()
-        now = time.perf_counter() - t0
-        up, ex = int(counters[0]), int(counters[1])
-        if ex != last_ex:
-            last_ex, last_progress = ex, time.monotonic()
-        elif time.monotonic() - last_progress > 2 * engine.timeout:
-            control[ABORT] = 1
-            raise WaitTimeout(f"no pipeline step finished for {2 * engine.timeout:g} s")
-        if asked and all(served[s] >= control[ASKED] for s in range(len(specs))):
-            asked = False
-            reason = recorder.record(now, up, ex, snap)
-            if reason is not None:
-                stopped = reason
-                control[ABORT] = 1
-        elif not asked and recorder.due(now, ex) and not stopped:
-            control[ASKED] += 1
-            asked = True
+    stopped = _watch(engine, stages, shared, recorder, t0)
     wall = time.perf_counter() - t0
-    if failed:
-        raise fail()
+    if stages.failed:
+        raise stages.fail()
+    results = stages.results
     if stopped is not None and len(results) < workers:  # stopped early: the snapshot is the run
         params = np.array(snap, copy=True)
     else:
@@ -295,3 +286,30 @@ def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, reco
     stats = [results[r]["stats"] for r in sorted(results)]
     return finish(EngineResult, strategy, params, startup, wall, int(counters[1]),
                   int(counters[0]), stats, stopped, w0)
+
+
+def _watch(engine, stages, shared, recorder, t0):
+    """Until every stage has finished: ask replica 0's stages for a snapshot
+    when a row is due (``Due``), record it once all have served, and stop the
+    run on a failure, no progress, or a diverged row (its reason returned)."""
+    control, served, counters, snap = (shared["control"], shared["served"],
+                                       shared["counters"], shared["snap"])
+    due = Due(recorder, timeout=engine.timeout)
+    asked, stopped = False, None
+    while len(stages.finished) < len(stages.handles):
+        stages.drain(0.002 if asked else min(0.05, engine.idle_s))
+        if stages.failed:
+            raise stages.fail()
+        now = time.perf_counter() - t0
+        up, ex = int(counters[0]), int(counters[1])
+        due.progress(ex, f"no pipeline step finished for {2 * engine.timeout:g} s")
+        if asked and all(served[s] >= control[ASKED] for s in range(len(stages.specs))):
+            asked = False
+            reason = recorder.record(now, up, ex, snap)
+            if reason is not None:
+                stopped = reason
+                control[ABORT] = 1
+        elif not asked and due.row(now, ex) and not stopped:
+            control[ASKED] += 1
+            asked = True
+    return stopped

@@ -1,0 +1,94 @@
+"""What a run's monitor must do next: one object asked by every loop that
+watches a run (the local engine's inline loop and its worker monitor).
+
+It answers five questions, each cheap enough to ask between ops:
+
+- a curve row: ``row`` (the recorder's pace: evaluations over the budget),
+  and ``seconds_to_row`` for how long a monitor may sleep without missing one;
+- a live update: ``live`` hands the recorder the run's figures when its
+  live writer is due;
+- a checkpoint: every ``every`` positions (steps, updates or epochs, as the
+  caller counts them), ``plan_checkpoint`` sets the next one after a
+  position, ``checkpoint`` says whether it is reached;
+- the no-progress timeout: ``progress`` raises ``WaitTimeout`` when the
+  example count has not moved for twice ``timeout`` seconds (a backstop:
+  a stuck barrier reports itself after ``timeout``);
+- a signal stop (SIGTERM/SIGINT, ``lifecycle.StopSignals``): ``signal`` is
+  true once, the first time a stop is seen; ``interrupted`` keeps the signal.
+
+The caller decides what to do about each (write which checkpoint, stop the
+workers how); this object only keeps the schedule, so that the paths agree
+on when.
+"""
+from __future__ import annotations
+
+import time
+
+from ..errors import WaitTimeout
+from .lifecycle import signal_name, stop_requested
+
+
+class Due:
+    """The schedule of one run: ``recorder`` (``record.Recorder``) paces
+    rows and live updates, ``every`` positions between checkpoints (0:
+    none), ``timeout`` the run's wait limit (None: no progress backstop)."""
+
+    def __init__(self, recorder, every: int = 0, timeout: float | None = None):
+        self.recorder, self.every, self.timeout = recorder, every, timeout
+        self.next_checkpoint: int | None = None
+        self.interrupted: int | None = None   # the stop signal, once seen
+        self.last_examples, self.last_progress = -1, time.monotonic()
+
+    # -- curve rows and live updates -----------------------------------------
+    def row(self, at: float, examples) -> bool:
+        """Whether the next curve row is due at run time ``at``."""
+        return self.recorder.due(at, examples)
+
+    def seconds_to_row(self, at: float) -> float:
+        """How long until the next row is due, at the pace so far."""
+        return self.recorder.seconds_to_due(at, self.last_examples)
+
+    def live(self, at: float, totals, figures) -> bool:
+        """Hand the recorder a live update if one is due (True if so):
+        ``totals()`` gives (examples, updates, dropped, ...), ``figures()``
+        the workers' figures and staleness; both are read only then."""
+        if not self.recorder.live_due(at):
+            return False
+        ex, up, dropped = totals()[:3]
+        workers, stale = figures()
+        self.recorder.live(at, ex, up, workers, stale, int(dropped))
+        return True
+
+    # -- checkpoints ---------------------------------------------------------
+    def plan_checkpoint(self, position: int) -> None:
+        """The next checkpoint is at the first multiple of ``every`` after
+        ``position``."""
+        self.next_checkpoint = (position // self.every + 1) * self.every if self.every else None
+
+    def checkpoint(self, position: int, margin: int = 0) -> bool:
+        """Whether ``position`` (plus ``margin``) has reached the next checkpoint."""
+        return self.next_checkpoint is not None and position + margin >= self.next_checkpoint
+
+    # -- progress and stop signals -------------------------------------------
+    def progress(self, examples, message: str | None = None) -> None:
+        """Note the example count; raise ``WaitTimeout`` if it has not moved
+        for twice ``timeout`` seconds (never once a stop signal is seen)."""
+        if examples != self.last_examples or self.interrupted is not None:
+            self.last_examples, self.last_progress = examples, time.monotonic()
+        elif time.monotonic() - self.last_progress > 2 * self.timeout:
+            raise WaitTimeout(message or (
+                f"no worker made progress for {2 * self.timeout:g} s; "
+                "raise --timeout if steps are genuinely that slow"))
+
+    def signal(self) -> bool:
+        """True the first time a stop signal is seen (kept in ``interrupted``)."""
+        sig = stop_requested()
+        if sig and self.interrupted is None:
+            self.interrupted = sig
+            return True
+        return False
+
+    @property
+    def stop_reason(self) -> str:
+        """Why the run stopped, for the result: the signal's name."""
+        return f"interrupted by {signal_name(self.interrupted)}"

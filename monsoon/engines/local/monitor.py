@@ -1,0 +1,360 @@
+"""The monitor of a parallel local run (``engine.py``'s module docstring).
+
+``WorkerMonitor`` watches workers that ``LocalEngine`` has started: it
+waits until every one is ready, releases them together, and until they
+finish collects their reports, names the lost (``failed``), writes
+checkpoints (from the workers' step-boundary buffer, or a snapshot of the
+shared parameters), records the curve (from worker 0's snapshot ring, on
+request from a replicated synchronous step, or from the shared parameters)
+and hands the live writer the workers' figures. When each of these is due,
+and the no-progress timeout and a stop signal, it asks one ``Due``
+(``engines/due.py``), the object the inline path asks too.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+
+from ... import arrays
+from ...errors import WaitTimeout
+from ..base import EngineResult
+from ..clocks import clock_extra
+from ..due import Due
+from ..lifecycle import StopSignals
+from ..messages import Compression, summarize
+from .checkpointing import read_senders
+from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
+                    SNAP_WRITTEN, START, STEP, STOP)
+
+MAIN_HINT = ("; the problem refers to code in your script, which every worker process "
+             "re-runs: put the call to monsoon under `if __name__ == \"__main__\":`, "
+             "or use --backend threads")
+
+
+def _ssp_extra(reports: dict, workers: int) -> dict:
+    """The SSP fields of the result, from the workers' clock reports."""
+    staleness = Counter()
+    for r in reports.values():
+        staleness.update({int(k): v for k, v in r["staleness"].items()})
+    return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
+                       {k: r["clocks"] for k, r in reports.items()}, workers)
+
+
+class WorkerMonitor:
+    """One parallel run's monitor, in the calling process. ``handles`` are
+    the started workers (processes where ``ctx`` is given, else threads),
+    ``inbox`` their messages; ``needs_main``: a worker's setup refers to
+    ``__main__`` (a dead process is then explained)."""
+
+    def __init__(self, engine, store, ctx, inbox, handles, problem, strategy, workers,
+                 batch_size, recorder, ck, resume, needs_main=False):
+        self.engine, self.store, self.ctx, self.inbox, self.handles = (engine, store, ctx,
+                                                                       inbox, handles)
+        self.problem, self.strategy, self.workers = problem, strategy, workers
+        self.batch_size, self.recorder, self.ck, self.resume = batch_size, recorder, ck, resume
+        self.exact, self.needs_main = ck.exact, needs_main
+        self.failed: dict[int, str] = {}
+        self.worker_params: dict[int, np.ndarray] = dict(
+            (r, p) for r, p in resume.private.items() if p is not None)
+        self.worker_states: dict[int, dict] = {}
+        self.ssp_reports: dict[int, dict] = {}
+        self.traffic: dict[int, dict] = {}
+        self.staleness = Counter()
+        self.finished: set[int] = set()
+        self.stopped_cleanly: set[int] = set()
+        self.startup = None  # seconds until every worker was ready, once they were
+        self.wake = StopSignals.active.waitable() if StopSignals.active is not None else None
+        self.n = problem.n_examples
+        every = engine.checkpoint_every if ck.directory else 0
+        if engine.kernel and every:  # positions count epochs: at most one checkpoint per epoch
+            every = max(every, self.n)
+        self.every = every
+        # the monitor snapshots the parameters itself only where the workers
+        # do not fill a checkpoint buffer at step boundaries
+        self.due = Due(recorder, 0 if self.exact else every, engine.timeout)
+        self.stopped = None
+        self.asked = False  # a snapshot request to a replicated step is pending
+        self.stop_deadline = None
+        self.ring = False
+
+    def run(self, t_begin: float, start_timeout: float) -> EngineResult:
+        """Watch the workers to the end; whatever goes wrong, they are
+        aborted and joined before the error leaves."""
+        store = self.store
+        try:
+            self.await_ready(start_timeout)
+            self.startup = time.perf_counter() - t_begin
+            self.release()
+            while len(self.finished) < self.workers:
+                self.look()
+            wall = time.perf_counter() - self.t0
+            totals = store.totals()
+            params = self.finish(wall, int(totals[1]))
+        except BaseException:
+            store.abort()
+            self.inbox.close()  # a worker still sending gets a broken pipe, not a wait
+            self.engine._join(self.handles, self.ctx)
+            raise
+        self.engine._join(self.handles, self.ctx)
+        self.inbox.close()
+        return self.result(params, wall, totals)
+
+    # -- the workers' messages and deaths -------------------------------------
+    def drain(self, block_s: float = 0.0) -> None:
+        """Take the workers' reports (waiting up to ``block_s`` for one, or a
+        stop signal): a failure's text, or a finished worker's figures."""
+        for kind, rank, payload in self.inbox.receive(block_s, self.finished, self.wake):
+            self.finished.add(rank)
+            if kind == "failed":
+                self.failed[rank] = payload
+            elif kind in ("done", "aborted", "stopped"):
+                self.staleness.update(payload["staleness"])
+                if payload["params"] is not None:
+                    self.worker_params[rank] = payload["params"]
+                if kind == "stopped":
+                    self.stopped_cleanly.add(rank)
+                if payload.get("state"):
+                    self.worker_states[rank] = payload["state"]
+                if payload.get("traffic"):
+                    self.traffic[rank] = payload["traffic"]
+                if payload.get("clocks"):
+                    self.ssp_reports[rank] = payload["clocks"]
+
+    def check_dead(self) -> None:
+        """Name a worker process that ended without a last message as failed."""
+        if self.ctx is None:
+            return
+        store = self.store
+        for rank, h in enumerate(self.handles):
+            if rank not in self.finished and h.exitcode is not None:
+                self.drain(0.2)  # its last message may still be in the pipe
+                if rank not in self.finished:
+                    self.finished.add(rank)
+                    hint = MAIN_HINT if self.startup is None and self.needs_main else ""
+                    self.failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
+                    store.status[rank] = FAILED  # no longer counts toward an SSP bound
+                    store.release_locks_of(rank)  # the survivors must not wait on them
+
+    def check_failed(self) -> None:
+        """Fail the run if it has lost more workers than its strategy allows."""
+        if self.engine._must_stop(self.strategy, self.failed, self.workers):
+            raise self.engine._fail(self.failed, self.workers)
+
+    # -- start-up ------------------------------------------------------------
+    def await_ready(self, start_timeout: float) -> None:
+        """Wait until every worker has imported, unpickled and is ready (or
+        finished), then unlink the shared memory every process has mapped."""
+        store, workers = self.store, self.workers
+        deadline = time.monotonic() + start_timeout
+        while not all(store.status[r] == READY or r in self.finished for r in range(workers)):
+            self.drain()
+            self.check_dead()
+            self.check_failed()
+            if len(self.finished) == workers:
+                break
+            if self.due.signal():  # nothing done yet: stop the workers, write the folder
+                self.stopped = self.due.stop_reason
+                store.abort()
+                break
+            if time.monotonic() > deadline:
+                raise WaitTimeout(self.engine._start_advice(workers, start_timeout))
+            time.sleep(0.005)
+        if self.ctx is not None:
+            store.memory.unlink()  # every worker has mapped it: the kernel frees it last
+            if hasattr(self.problem, "unlink_shared"):
+                self.problem.unlink_shared()  # the problem's data block, likewise
+
+    def release(self) -> None:
+        """Start the curve, and the workers together."""
+        store, recorder = self.store, self.recorder
+        recorder.start(store.params)
+        self.ring = store.replicated and store.snap_params is not None
+        if self.ring:  # worker 0 snapshots every so many steps on its own (synchronous.py)
+            rows_every = recorder.total_examples / recorder.evals / self.batch_size
+            store.control[SNAP_EVERY] = max(1, round(rows_every))
+        self.t0 = time.perf_counter()
+        self.updates_at_start = int(store.totals()[1])  # a resumed run's count goes on
+        store.control[START] = 1
+        if self.due.every:
+            self.due.plan_checkpoint(int(store.totals()[1]))
+
+    # -- the run -------------------------------------------------------------
+    def look(self) -> None:
+        """One wake of the monitor: sleep until something is due (or a
+        message, a death or a signal comes), then do what is due."""
+        store = self.store
+        self.drain(self.sleep_s())
+        self.check_dead()
+        self.on_signal()
+        if self.due.interrupted is None:
+            self.check_failed()
+        now = time.perf_counter() - self.t0
+        totals = ex, up, dropped, _ = store.totals()
+        self.due.progress(ex)
+        self.checkpoint_if_due(now, up)
+        at = self.resume.time_s + now
+        reason = self.record_if_due(at, ex, up, dropped)
+        # the workers' figures, from shared memory
+        self.due.live(at, lambda: totals, lambda: store.live_figures(self.workers))
+        if reason is not None:
+            self.stopped = reason
+            store.abort()
+
+    def sleep_s(self) -> float:
+        """How long the monitor may sleep. Poll fast while the run is young
+        (short runs still get a curve), then settle, so the monitor steals
+        little CPU; with no curve to draw, sleep until a worker reports or
+        dies. Sleep until the next row is due (a worker's message or death
+        wakes the monitor sooner): every wake-up preempts a worker, and its
+        peers then wait for it at the barrier. With a snapshot ring, wake in
+        time to read it before it fills."""
+        store, elapsed = self.store, time.perf_counter() - self.t0
+        if self.ring:
+            written = int(store.control[SNAP_WRITTEN])
+            due_in = len(store.snap_params) / 2 * elapsed / written if written else 0.05
+        else:
+            due_in = self.due.seconds_to_row(self.resume.time_s + elapsed)
+        if self.every:  # and for the next checkpoint, at the pace so far
+            done = int(store.totals()[1])
+            if done > self.updates_at_start:
+                due_in = min(due_in, (self.every - done % self.every) * elapsed
+                             / (done - self.updates_at_start))
+        young = self.due.last_examples <= 0 and not self.ring  # no pace known yet
+        return 0.002 if young or self.asked else min(max(due_in, 0.001), self.engine.idle_s)
+
+    def on_signal(self) -> None:
+        """A stop signal stops the workers: synchronous ones at the next step
+        boundary (``synchronous.py``; aborted if that takes over ``timeout``),
+        the others at once."""
+        store = self.store
+        if self.due.signal():
+            self.stopped = self.due.stop_reason
+            if self.exact:
+                store.control[STOP] = 1
+                self.stop_deadline = time.monotonic() + self.engine.timeout
+            else:
+                store.abort()
+        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+            store.abort()
+            self.stop_deadline = None
+
+    def checkpoint_if_due(self, now: float, up) -> None:
+        """Write the workers' buffered step-boundary checkpoint once they
+        have filled it, or else a snapshot every ``every`` updates."""
+        store, ck = self.store, self.ck
+        if store.ckpt is not None and store.control[CKPT_STEP] and ck.allowed():
+            self.exact_checkpoint(int(store.control[CKPT_STEP]), store.ckpt["params"],
+                                  store.ckpt["state"], "periodic", now)
+            store.control[CKPT_STEP] = 0  # the buffer is free again
+        elif self.due.checkpoint(up) and self.due.interrupted is None and ck.allowed():
+            self.snapshot("periodic", now)
+            self.due.plan_checkpoint(int(up))
+
+    def record_if_due(self, at: float, ex, up, dropped):
+        """Record a due curve row, one of three ways; the reason to stop, if
+        the row diverged."""
+        store, recorder = self.store, self.recorder
+        if self.due.interrupted is not None:
+            return None
+        if self.ring:
+            return self.read_ring()
+        if store.replicated and self.strategy.synchronous:
+            # worker 0 holds the parameters; ask it for a copy at its
+            # next step's end, and record it once it has answered
+            control = store.control
+            if self.asked and control[SNAP_SERVED] == control[SNAP_ASKED]:
+                self.asked = False
+                return recorder.record(at, int(up), int(ex), store.params, int(dropped))
+            if not self.asked and self.due.row(at, ex):
+                self.asked = True
+                control[SNAP_ASKED] += 1
+            return None
+        if self.due.row(at, ex):
+            return recorder.record(at, int(up), int(ex), store.params, int(dropped))
+        return None
+
+    def read_ring(self, final_updates: int | None = None):
+        """Record the snapshots worker 0 wrote since the last read (those
+        before ``final_updates``: the final row is recorded anyway); the
+        reason to stop, if one of them diverged."""
+        store = self.store
+        control, reason = store.control, None
+        written, read = int(control[SNAP_WRITTEN]), int(control[SNAP_READ])
+        for k in range(read, written):
+            i = k % len(store.snap_params)
+            clock, up, ex, dropped = store.snap_meta[i]
+            if final_updates is not None and up >= final_updates:
+                break
+            reason = reason or self.recorder.record(self.resume.time_s + float(clock) - self.t0,
+                                                    int(up), int(ex), store.snap_params[i],
+                                                    int(dropped))
+        control[SNAP_READ] = written  # the slots are free again
+        return reason
+
+    # -- checkpoints ---------------------------------------------------------
+    def snapshot(self, reason: str, now: float, private=None) -> None:
+        """A checkpoint of the shared parameters as they are now (not at a
+        step boundary: ``exact=False``)."""
+        # parameters first: a worker counts a batch's examples before its
+        # update, so every update in the copy is counted and never redone
+        # (a compiled pass counts its epoch after it: one in progress is
+        # partly in the copy, and done again)
+        store, ck = self.store, self.ck
+        params = np.array(arrays.to_host(store.params))
+        counters = store.counters.copy()
+        ck.write(params=params, state=store.state, counters=counters,
+                 positions=ck.snapshot_positions(self.strategy, counters, self.n,
+                                                 self.batch_size, self.engine.kernel),
+                 time_s=self.resume.time_s + now, rows=self.recorder.settled_rows(),
+                 reason=reason, exact=False, private=private)
+
+    def exact_checkpoint(self, step: int, params, state, reason: str, now: float) -> None:
+        """Written only where the workers' compressor state at ``step`` is at
+        hand (``checkpointing.read_senders``); else the newest one stands."""
+        store, ck, workers = self.store, self.ck, self.workers
+        senders = read_senders(store, step, self.engine.checkpoint_every)
+        if senders is None:
+            return
+        _, _, dropped, late = store.totals()
+        ck.write(params=params, state=state,
+                 counters=ck.exact_counters(step, workers, int(dropped), int(late), self.n,
+                                            self.batch_size,
+                                            getattr(self.strategy, "backup_workers", 0)),
+                 positions=[step] * workers, time_s=self.resume.time_s + now,
+                 rows=self.recorder.settled_rows(), reason=reason, exact=True, extra=senders)
+
+    # -- the end -------------------------------------------------------------
+    def finish(self, wall: float, up: int) -> np.ndarray:
+        """The final parameters; the ring's last rows are recorded, and an
+        interrupted run's final checkpoint is written."""
+        store = self.store
+        if self.ring and self.stopped is None:  # what worker 0 wrote after the last wake
+            self.stopped = self.read_ring(up)
+        params = np.array(arrays.to_host(store.params), copy=True)
+        if self.due.interrupted is not None:
+            if not self.exact:
+                self.snapshot("interrupted", wall, private=self.worker_params or None)
+            elif self.stopped_cleanly == set(range(self.workers)) - set(self.failed):
+                step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
+                self.exact_checkpoint(step, store.params, store.state, "interrupted", wall)
+        return params
+
+    def result(self, params, wall: float, totals) -> EngineResult:
+        """The run's result, with the workers' failures, traffic and clocks."""
+        ex, up, dropped, late = totals
+        failed, workers = self.failed, self.workers
+        failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
+                       for r in sorted(failed)]
+        extra = summarize([self.traffic[r] for r in sorted(self.traffic)],
+                          self.engine.compression or Compression(), int(up))
+        if self.strategy.synchronous:
+            extra["sync_step"] = "replicated" if self.store.replicated else "sharded"
+        if self.ssp_reports:
+            extra.update(_ssp_extra(self.ssp_reports, workers))
+        return EngineResult(params, self.startup, wall, int(ex), int(up), int(dropped),
+                            self.staleness, failed_list, stopped=self.stopped,
+                            late_gradients=int(late), worker_params=self.worker_params,
+                            worker_states=self.worker_states, extra=extra,
+                            interrupted=self.due.interrupted)
