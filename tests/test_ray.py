@@ -80,6 +80,7 @@ def test_the_next_run_reuses_the_hosts_and_ends_bit_identical(monkeypatch):
     from monsoon.engines.ray import hosts
 
     hosts.POOL.clear(ray)
+    monkeypatch.setattr(hosts, "IDLE_S", 60.0)  # a busy machine's gaps between the runs
     opts = dict(steps=12, batch_size=64, dtype="float64", seed=4, lr=0.3, shards=1)
     first = monsoon.train("logistic", "sync", 2, engine="ray", **opts)
     before = _idle_pids()
