@@ -83,5 +83,6 @@ def test_a_failing_torch_rank_gives_one_line_and_a_failed_run_folder(tmp_path):
                       out=tmp_path / "run")
     line = str(caught.value)
     assert "\n" not in line and f"(run folder {tmp_path / 'run'})" in line
+    assert "rank 1 failed (exit code 1): RuntimeError: injected failure on worker 1" in line
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["engine"] == "torch"

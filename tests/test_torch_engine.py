@@ -86,10 +86,16 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
-def _rank_pid(proc: subprocess.Popen, rank: int,
-              command: bytes = b"monsoon.engines.torchrun.child") -> int | None:
+def _rank_pid(proc: subprocess.Popen, rank: int, command: bytes | None = None) -> int | None:
+    """The pid of rank ``rank`` under ``proc``: a rank ``monsoon train
+    --engine torch`` started is named ``monsoon-rankK``; one torchrun
+    started runs ``command`` with RANK in its environment."""
     for pid in _tree(proc.pid):
         try:
+            if command is None:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == f"monsoon-rank{rank}":
+                    return pid
+                continue
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             if f"RANK={rank}".encode() in env and command in \
                     Path(f"/proc/{pid}/cmdline").read_bytes():

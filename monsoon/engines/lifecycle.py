@@ -24,8 +24,9 @@ Workers and pipeline stages (``worker_started``, first thing in each):
 - SIGINT is ignored: Ctrl-C reaches the whole process group, and it is the
   monitor's to handle (it stops the workers itself, at a step boundary).
 
-Torch engine ranks, children of the monitor as torchrun's agent, set
-``PR_SET_PDEATHSIG`` before importing monsoon (``torchrun/launch.py``).
+Torch engine ranks that the monitor starts as torchrun's agent
+(``torchrun/launch.py``) are forked from the same fork server and call
+``worker_started`` like the local workers.
 
 The monitor (``StopSignals``, around a run, main thread only): the first
 SIGTERM or SIGINT sets ``requested`` (and wakes the monitor through a

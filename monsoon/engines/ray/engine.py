@@ -85,10 +85,25 @@ def on_driver_node(ray):
 
 def cpus_per_worker(workers: int, cluster_cpus: float) -> float:
     """``num_cpus`` of each worker actor: one CPU each where the cluster has
-    enough, else an equal share (to 1/100 CPU). A worker computes all the
-    time, so it reserves its core, and Ray then places workers where cores
-    are free: one a node on nodes of one CPU, rather than all on one node."""
-    return min(1.0, math.floor(100 * cluster_cpus / max(1, workers)) / 100)
+    enough, else the largest share 1/2, 1/4, ... that fits them all. A
+    worker computes all the time, so it reserves its core, and Ray then
+    places workers where cores are free: one a node on nodes of one CPU,
+    rather than all on one node. Shares of 1/2^k pack whole nodes, and runs
+    of different worker counts (3 and 4 workers on 2 CPUs) reserve the same
+    share, so the next run reuses the hosts the last one left (hosts.py)."""
+    if cluster_cpus <= 0 or workers <= 0:
+        return 0.0
+    if workers <= cluster_cpus:
+        return 1.0
+    return 2.0 ** -math.ceil(math.log2(workers / cluster_cpus))
+
+
+def server_threads(workers: int) -> int:
+    """``max_concurrency`` of a shard or clock actor: a thread for each
+    worker's waiting call plus the driver's, rounded up to a power of two
+    (at least 8) so that runs of a few more or fewer workers reuse the same
+    hosts (hosts.py keys a host by its options)."""
+    return max(8, 1 << (workers + 3).bit_length())
 
 
 class RayEngine(Engine):
@@ -192,7 +207,7 @@ class RayEngine(Engine):
         shards = [POOL.take(ray, Shard, (s, start.params[a:b], rule, workers, counted,
                                          self.timeout, ckpts.every, ckpts.shard_resume(s),
                                          self.compression, (a, b, start.params.size), elastic),
-                            {"num_cpus": 0, "max_concurrency": workers + 4,
+                            {"num_cpus": 0, "max_concurrency": server_threads(workers),
                              "scheduling_strategy": on_driver_node(ray)},
                             name=f"monsoon-{self.run_name}-shard-{s}" if named else None)
                   for s, (a, b) in enumerate(bounds)]
@@ -242,7 +257,7 @@ class RayEngine(Engine):
         if Clock not in strategy.uses:
             return None
         return POOL.take(ray, ClockServer, (workers, self.timeout),
-                         {"num_cpus": 0, "max_concurrency": workers + 4,
+                         {"num_cpus": 0, "max_concurrency": server_threads(workers),
                           "scheduling_strategy": on_driver_node(ray)},
                          name=f"monsoon-{self.run_name}-clock" if self.named else None)
 

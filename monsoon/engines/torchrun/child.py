@@ -1,27 +1,60 @@
-"""A rank started by ``launch.py``'s elastic agent (``launch.RANK_BOOT``:
-``main(FOLDER, AGENT_PID)``). It dies with the agent, the monitor's
-process and its parent (``lifecycle.die_with``: the boot set it before
-importing monsoon, this sets it again for a rank started otherwise, and
-either exits at once if the agent is already gone), then loads the pickled
-run, runs its part (``rank.run_rank``) and, as rank 0, writes the result
-back; a failure is written to ``FOLDER/error-RANK.txt`` and the process
-exits with status 1."""
+"""A rank started by ``launch.py``'s elastic agent: ``rank_main(FOLDER,
+AGENT_PID)``, forked from the fork server (``processes.start_context``),
+which has imported torch and monsoon once, so a rank starts in milliseconds
+instead of importing them (seconds). It dies with the agent, the monitor's
+process, whoever its parent is (``lifecycle.worker_started``:
+``PR_SET_PDEATHSIG``, and a thread watching the pipe only the agent holds),
+takes its share of the cores, loads the pickled run, runs its part
+(``rank.run_rank``) and, as rank 0, writes the result back; a failure is
+written to ``FOLDER/error-RANK.txt`` and the process exits with status 1."""
 from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
+import time
 from pathlib import Path
 
-from ..lifecycle import die_with
-from .launch import child_failed, write_result
+from ..lifecycle import worker_started
+from ..processes import limit_threads
 from .rank import run_rank
 
+RECORDER_SKIP = ("problem", "_bar", "live_writer")  # the driver keeps its own writer
+# A rank whose collective failed because another rank died waits this long
+# before it exits: the agent reports the first exit it sees, and that
+# should be the rank that died (it ends this one with SIGTERM meanwhile).
+AFTER_PEER_S = 2.0
 
-def main(folder: str, agent_pid: int) -> int:
-    die_with(agent_pid)
-    folder = Path(folder)
+
+class AgentStreams:
+    """The agent's standard output and error as they are when it starts
+    the ranks (a test's capture, a redirect), for a rank forked from a fork
+    server started earlier: the descriptors travel with the rank's start
+    (``multiprocessing.reduction.DupFd``), and ``rank_main`` writes to them."""
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        return _take_streams, (DupFd(1), DupFd(2))
+
+
+def _take_streams(out, err) -> None:
+    for fd, dup in ((1, out), (2, err)):
+        taken = dup.detach()
+        os.dup2(taken, fd)
+        os.close(taken)
+
+
+def rank_main(folder: str, agent_pid: int, streams=None) -> None:
+    """The rank's whole life (``streams``: unpickled, ``AgentStreams`` has
+    already put the agent's output and error in place)."""
     rank = int(os.environ.get("RANK", -1))
+    worker_started(agent_pid, f"monsoon-rank{rank}")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends a rank, as torchrun's
+    # the agent's share of the cores; torch and BLAS were loaded before it was set
+    limit_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+    folder = Path(folder)
     try:
         with open(folder / "job.pkl", "rb") as f:
             job = pickle.load(f)
@@ -34,9 +67,21 @@ def main(folder: str, agent_pid: int) -> int:
     except BaseException as exc:  # noqa: BLE001 - reported through the folder, then raised
         child_failed(folder, rank, exc)
         print(f"monsoon: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        if getattr(exc, "after_peer", False):
+            time.sleep(AFTER_PEER_S)
+        sys.exit(1)
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+def child_failed(folder: Path, rank: int, exc: BaseException) -> None:
+    """A rank's error, for the agent's process to report."""
+    msg = str(exc).strip().splitlines()
+    (folder / f"error-{rank}.txt").write_text(f"{type(exc).__name__}: "
+                                             f"{msg[0] if msg else ''}")
+
+
+def write_result(folder: Path, result, recorder) -> None:
+    state = {k: v for k, v in recorder.__dict__.items() if k not in RECORDER_SKIP}
+    tmp = folder / "result.pkl.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump({"result": result, "recorder": state}, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, folder / "result.pkl")

@@ -4,8 +4,9 @@ elastic_launch``, what torchrun itself calls) on this machine.
 
 The run's pieces (problem, rule, strategy, initial parameters, recorder)
 are pickled once into a private folder; the agent starts N ranks, each
-``child.main(FOLDER, PID)`` through ``RANK_BOOT`` (PID: this process,
-which each rank dies with) with torchrun's
+``child.rank_main(FOLDER, PID)`` (PID: this process, which each rank dies
+with), forked from the fork server that has imported torch and monsoon
+(``processes.start_context``; spawned where there is none), with torchrun's
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, from a
 c10d rendezvous on a free local port, as ``torchrun --standalone`` does).
 Rank 0 pickles its EngineResult and its recorder's state back; a rank that
@@ -21,31 +22,18 @@ import os
 import pickle
 import shutil
 import signal
-import sys
 import tempfile
 import uuid
 from pathlib import Path
 
 from ...errors import WorkerError
 
-RECORDER_SKIP = ("problem", "_bar", "live_writer")  # the driver keeps its own writer
-
-# A rank's command (``python -c RANK_BOOT FOLDER PID``). Its first act,
-# before it imports monsoon (a second or more): die with this process,
-# its parent (prctl PR_SET_PDEATHSIG=1 with SIGKILL=9, as
-# ``lifecycle.set_death_signal`` does), or exit if it has died already.
-RANK_BOOT = ("import ctypes, os, sys\n"
-             "if sys.platform.startswith('linux'):\n"
-             "    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
-             "if os.getppid() != int(sys.argv[2]):\n"
-             "    os._exit(1)\n"
-             "from monsoon.engines.torchrun.child import main\n"
-             "sys.exit(main(sys.argv[1], int(sys.argv[2])))\n")
-
-
 def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from ..processes import main_module_hidden, torch_threads_per_worker
+    from .child import AgentStreams, rank_main
 
     remove_stale_folders()
     folder = Path(tempfile.mkdtemp(prefix=f"monsoon-torch-{os.getpid()}-"))
@@ -58,13 +46,14 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=workers,
                               run_id=uuid.uuid4().hex[:12], rdzv_backend="c10d",
                               rdzv_endpoint="127.0.0.1:0", max_restarts=engine.max_restarts,
-                              monitor_interval=0.05,
+                              monitor_interval=0.05, start_method=start_method(),
                               rdzv_configs={"join_timeout": max(30, int(engine.timeout))})
         saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads_per_worker(workers)))
         try:
-            elastic_launch(config, entrypoint=sys.executable)(
-                "-c", RANK_BOOT, str(folder), str(os.getpid()))
+            with main_module_hidden(b"__main__" in (folder / "job.pkl").read_bytes()):
+                elastic_launch(config, entrypoint=rank_main)(str(folder), os.getpid(),
+                                                             AgentStreams())
         except ChildFailedError as exc:
             raise WorkerError(failure_message(exc, folder, engine)) from None
         finally:
@@ -76,6 +65,14 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
         shutil.rmtree(folder, ignore_errors=True)
     recorder.__dict__.update(out["recorder"])
     return out["result"]
+
+
+def start_method() -> str:
+    """How the agent starts its ranks: forked from the fork server (torch
+    is imported by now, so the server preloads it), else spawned."""
+    from ..processes import start_context
+
+    return start_context().get_start_method()
 
 
 def remove_stale_folders() -> None:
@@ -117,18 +114,3 @@ def failure_message(exc, folder: Path, engine) -> str:
     restarts = (f" after {engine.max_restarts} restart(s)" if engine.max_restarts else
                 " (--max-restarts 0)")
     return "torch engine: " + "; ".join(parts) + restarts
-
-
-def child_failed(folder: Path, rank: int, exc: BaseException) -> None:
-    """A rank's error, for the agent's process to report."""
-    msg = str(exc).strip().splitlines()
-    (folder / f"error-{rank}.txt").write_text(f"{type(exc).__name__}: "
-                                             f"{msg[0] if msg else ''}")
-
-
-def write_result(folder: Path, result, recorder) -> None:
-    state = {k: v for k, v in recorder.__dict__.items() if k not in RECORDER_SKIP}
-    tmp = folder / "result.pkl.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump({"result": result, "recorder": state}, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, folder / "result.pkl")

@@ -280,6 +280,7 @@ class RankWorker:
                           f"stalled or was cut off for longer than --timeout "
                           f"{self.engine.timeout:g} s")
         err.worker = others[0] if len(others) == 1 else None
+        err.after_peer = True  # a consequence of another rank's failure (child.rank_main)
         raise err from exc
 
     def _flags(self, examples: int) -> None:
@@ -478,6 +479,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     import torch  # noqa: F401 - imported before the clock: startup counts joining, not this
 
     t_begin = time.perf_counter()
+    problem = problem.for_worker(rank_env()["rank"], workers)  # the instance a worker uses
     env, comm = _join(engine, problem, workers)
     worker = shm = None
     try:
