@@ -89,7 +89,7 @@ def test_the_next_run_reuses_the_hosts_and_ends_bit_identical(monkeypatch):
     assert _idle_pids() == before
     np.testing.assert_array_equal(second.params, first.params)
     monkeypatch.setattr(hosts, "IDLE_S", 0.2)
-    three = monsoon.train("logistic", "async", 3, engine="ray", **opts)  # 3 x 0.66 CPU
+    three = monsoon.train("logistic", "async", 3, engine="ray", **opts)  # 3 x 0.5 CPU
     assert three.summary["updates"] == 12
     deadline = time.monotonic() + 30
     while hosts.POOL.idle_count() and time.monotonic() < deadline:
