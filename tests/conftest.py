@@ -51,6 +51,22 @@ def pytest_collection_finish(session):
             raise pytest.UsageError(why)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Under ``--dist loadgroup`` the Ray group's tests run one after
+    another in one xdist worker: after the last of them, stop the session's
+    Ray instance, whose idle daemons would take CPU from the tests still to
+    run (a later Ray test would start it again)."""
+    yield
+    group = "@ray"
+    if not item.nodeid.endswith(group) or (nextitem is not None
+                                           and nextitem.nodeid.endswith(group)):
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def _ray_for_the_session():
     """Shuts down, at the end of the session, the Ray instance ``local_ray`` started."""
