@@ -32,10 +32,9 @@ import numpy as np
 
 from ... import arrays
 from ...rules import UpdateInfo
-from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push, SGDPass)
-from ..reduce import finite
+from ..server import LocalUpdate, ServerCore
 from ..waiting import HOT_TURNS, Aborted
 from .clocks import LocalClocks
 from .store import (DROPPED, EXAMPLES, LOSS_N, LOSS_SUM, STALE_MAX, STALE_N, STALE_SUM,
@@ -80,13 +79,19 @@ class WorkerRuntime:
         # is counted from the read.
         self._reads_shared = (strategy.shared_params and workers > 1
                               and not strategy.synchronous)
-        self._reader = store.reader(rank)
-        self._shard_readers = [store.reader(rank, s) for s in range(len(store.bounds))]
+        # the server's update on the whole vector (Hogwild!'s Apply: its
+        # version is every worker's updates, in shared memory), and per shard
+        self.server = ServerCore(store.params, rule, store.state,
+                                 store.readers() if workers > 1 else None,
+                                 staleness=self.staleness)
+        self.shards = [ServerCore(store.params[a:b], rule, store.shard_states[s],
+                                  store.readers(s), staleness=self.staleness)
+                       for s, (a, b) in enumerate(store.bounds)]
         # Spin in barriers only when every worker can own a core, and flat
         # out (no yield) only between processes.
         self._spin = workers <= (os.cpu_count() or 1)
         self._hot_turns = HOT_TURNS if self._spin and store.processes else 0
-        self._local_rule = None
+        self._local = LocalUpdate(strategy.local_rule, rank)
         self.sender = None  # messages.Sender: compresses Average's drift
         self._handlers = {Gradient: self.gradient, Apply: self.apply, Fetch: self.fetch,
                           Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce,
@@ -130,9 +135,8 @@ class WorkerRuntime:
     def gradient(self, op: Gradient):
         if self._reads_shared:
             self._others_at_read = self._updates_by_others()
-            if self._reader is not None and not self.strategy.needs_all_workers:
-                # Hogwild!: this gradient reads the shared parameters now.
-                self.rule.on_read(self.store.params, self.store.state, self._reader)
+            if not self.strategy.needs_all_workers:
+                self.server.read(self.rank)  # Hogwild!: this gradient reads them now
         if op.next is not None and self._prefetch is not None:
             self._prefetch(op.next)  # a Dataset problem loads it while this one computes
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
@@ -150,19 +154,16 @@ class WorkerRuntime:
             live[STALE_MAX] = staleness
 
     def apply(self, op: Apply) -> None:
-        if not finite(op.grad):
-            self.counters[DROPPED] += 1
-            self.rule.on_dropped(self.store.params, self.store.state)
+        counters, server = self.counters, self.server
+        mine = int(counters[UPDATES])
+        # the version: every worker's updates; the read's, this worker's now
+        # plus the others' at its read
+        server.version = int(self.store.counters[:, UPDATES].sum()) if self.workers > 1 else mine
+        staleness = server.push(self.rank, op.grad, mine + self._others_at_read, op.loss)
+        if staleness is None:
+            counters[DROPPED] += 1
             return
-        others = self._updates_by_others() if self.workers > 1 else 0
-        staleness = others - self._others_at_read
-        mine = int(self.counters[UPDATES])
-        reader = self._reader if self.workers > 1 else None
-        self.rule.apply(self.store.params, op.grad, self.store.state,
-                        UpdateInfo(step=mine + others, staleness=staleness, worker=self.rank,
-                                   reader=reader, loss=op.loss))
-        self.counters[UPDATES] += 1
-        self.staleness[staleness] += 1
+        counters[UPDATES] += 1
         if self._live is not None:
             self._stale(staleness)
 
@@ -183,14 +184,12 @@ class WorkerRuntime:
             with store.holding(s, self.rank):
                 ticket[s] = store.versions[s]
                 arrays.copyto(self.work[a:b], store.params[a:b])
-                if self._reader is not None:
-                    self.rule.on_read(store.params[a:b], store.shard_states[s],
-                                      self._shard_readers[s])
+                self.shards[s].read(self.rank)
         return ticket
 
     def push(self, op: Push) -> None:
         grad = op.grad
-        if not finite(grad):
+        if not self.server.admits(grad):  # the whole gradient, once
             self.counters[DROPPED] += 1
             return
         store = self.store
@@ -198,14 +197,11 @@ class WorkerRuntime:
         for i in range(shards):
             s = (i + self.rank) % shards  # start at different shards: less lock contention
             a, b = store.bounds[s]
+            core = self.shards[s]
             with store.holding(s, self.rank):
-                version = int(store.versions[s])
-                staleness = version - int(op.ticket[s])
-                self.rule.apply(store.params[a:b], grad[a:b], store.shard_states[s],
-                                UpdateInfo(step=version, staleness=staleness, worker=self.rank,
-                                           reader=self._shard_readers[s]))
-                store.versions[s] = version + 1
-            self.staleness[staleness] += 1
+                core.version = int(store.versions[s])  # the shard's, in shared memory
+                staleness = core.push(self.rank, grad[a:b], int(op.ticket[s]), checked=True)
+                store.versions[s] = core.version
             if self._live is not None:
                 self._stale(staleness)
         self.counters[UPDATES] += 1
@@ -240,12 +236,8 @@ class WorkerRuntime:
         return behind
 
     def local_apply(self, op: LocalApply) -> None:
-        if not finite(op.grad):
+        if not self._local(self.work, op.grad):
             self.counters[DROPPED] += 1
-            return
-        if self._local_rule is None:
-            self._local_rule = LocalRule(self.strategy.local_rule, self.rank)
-        self._local_rule.apply(self.work, op.grad)
 
     def elastic(self, op: Elastic) -> None:
         store = self.store

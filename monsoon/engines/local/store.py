@@ -189,18 +189,19 @@ class ParameterStore:
             self.ckpt = {"params": moved(self.ckpt["params"]),
                          "state": self.state_type(*(moved(a) for a in self.ckpt["state"]))}
 
-    def reader(self, worker: int, shard: int | None = None):
-        """What the server remembers of ``worker``'s last read (all of it, or
-        one shard's slice); None for rules that remember nothing."""
+    def readers(self, shard: int | None = None) -> list | None:
+        """What the server remembers of each worker's last read (all of it,
+        or one shard's slice), by worker; None for rules that remember nothing."""
         if not self.has_readers:
             return None
         readers = self._readers or {f: self.memory["reader." + f]
                                     for f in self.reader_type._fields}
-        whole = self.reader_type(*(readers[f][worker] for f in self.reader_type._fields))
+        fields = [readers[f] for f in self.reader_type._fields]
+        whole = [self.reader_type(*(r[k] for r in fields)) for k in range(len(self.counters))]
         if shard is None:
             return whole
         a, b = self.bounds[shard]
-        return slice_state(whole, a, b)
+        return [slice_state(r, a, b) for r in whole]
 
     def __getstate__(self):
         # Locks travel separately, as process arguments (multiprocessing only

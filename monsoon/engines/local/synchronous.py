@@ -46,8 +46,8 @@ import time
 import numpy as np
 
 from ... import arrays
-from ...rules import UpdateInfo
 from ..reduce import WeightedMean, finite, weighted_sum
+from ..server import ServerCore
 from ..waiting import Aborted, wait_until
 from .checkpointing import save_sender
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,
@@ -154,6 +154,7 @@ class ReplicatedStep(_Step):
         store = self.store
         self.params = aligned_copy(store.params)
         self.state = type(store.state)(*(aligned_copy(a) for a in store.state))
+        self.core = ServerCore(self.params, runtime.rule, self.state, staleness=runtime.staleness)
         acc, tmp = aligned_copy(store.params), aligned_copy(store.params)
         self.arrivals = store.arrivals
         self.others = [k for k in range(self.workers) if k != self.rank]
@@ -198,13 +199,9 @@ class ReplicatedStep(_Step):
         if ok < 0:  # unequal examples
             ok = finite(self.mean[parity](counts.tolist()))
         rt = self.rt
-        if ok:
-            rt.rule.apply(self.params, acc, self.state,
-                          UpdateInfo(step=step, staleness=0, worker=self.rank))
+        ok = self.core.apply_sum(acc, step, self.rank, ok=bool(ok), counts=int(self.rank == 0))
         if self.rank == 0:
             rt.counters[UPDATES if ok else DROPPED] += 1
-            if ok:
-                rt.staleness[0] += 1
             control = self.control
             every = control[SNAP_EVERY]
             if every and target % every == 0 and rt.live:
@@ -315,9 +312,7 @@ class ShardedStep(_Step):
         bad = sync[BAD_STEP] == step
         if not bad:
             for s, acc in zip(shards, sums):
-                a, b = store.bounds[s]
-                rt.rule.apply(store.params[a:b], acc, store.shard_states[s],
-                              UpdateInfo(step=step, staleness=0, worker=self.rank))
+                rt.shards[s].apply_sum(acc, step, self.rank, ok=True)
                 store.versions[s] += 1
         with store.sync_lock:
             sync[APPLIED] += 1
@@ -360,9 +355,7 @@ class ShardedStep(_Step):
         bad = store.sync[BAD_STEP] == step
         if not bad:
             for s, acc in zip(shards, sums):
-                a, b = store.bounds[s]
-                rt.rule.apply(store.params[a:b], acc, store.shard_states[s],
-                              UpdateInfo(step=step, staleness=0, worker=rank))
+                rt.shards[s].apply_sum(acc, step, rank, ok=True)
                 store.versions[s] += 1
         self._publish(applied, rank, target)
         self._wait_marks(applied, target, step, "apply step")

@@ -35,9 +35,9 @@ import threading
 
 import numpy as np
 
-from ...rules import UpdateInfo
 from ..messages import receive
 from ..reduce import weighted_sum
+from ..server import ServerCore, new_readers
 
 TAKEN = 4  # copies a shard keeps until the driver collects them
 
@@ -49,13 +49,12 @@ class Shard:
         self.index = index
         self.compression = compression  # messages.Compression, or None: dense slices
         self.start, self.end, self.size = span  # this slice of the whole vector
-        self.params = np.array(params, copy=True)
-        self.rule = rule
-        self.state = rule.init(self.params.size, self.params.dtype)
-        self.readers = [rule.init_reader(self.params.size, self.params.dtype)
-                        for _ in range(workers)]
-        self.has_readers = bool(self.readers[0]._fields)
-        self.version = 0
+        params = np.array(params, copy=True)
+        # the update (``server.py``); its version counts the updates of this
+        # slice (a synchronous step's, dropped or not, is one)
+        self.core = ServerCore(params, rule,
+                               readers=new_readers(rule, workers, params.size, params.dtype))
+        self.params, self.state = params, self.core.state
         self.counted = counted
         self.timeout = timeout
         self.every = every
@@ -63,7 +62,6 @@ class Shard:
         self.lock = threading.Condition()
         self.step = 0
         self.arrivals: dict[int, tuple[np.ndarray, int]] = {}
-        self.dropped = 0
         self.gen = 0  # elastic: the membership generation (``regroup``)
         self.members = tuple(range(workers))
         self.regroups = elastic  # elastic sync: keeps the slice before each step
@@ -71,14 +69,12 @@ class Shard:
         if resume is not None:  # {"version": V, "state": the rule state's slice}
             for arr, saved in zip(self.state, resume["state"]):
                 arr[...] = saved
-            self.version = self.step = int(resume["version"])
+            self.core.version = self.step = int(resume["version"])
 
     # -- asynchronous ----------------------------------------------------------
     def read(self, worker: int):
         with self.lock:
-            if self.has_readers:
-                self.rule.on_read(self.params, self.state, self.readers[worker])
-            return self.params.copy(), self.version
+            return self.params.copy(), self.core.read(worker)
 
     def _take(self, message):
         """This shard's slice of a message (already a slice when uncompressed)."""
@@ -89,12 +85,9 @@ class Shard:
 
     def push(self, worker: int, grad: np.ndarray, read_version: int) -> int:
         grad = self._take(grad)
-        with self.lock:
-            staleness = self.version - read_version
-            self.rule.apply(self.params, grad, self.state,
-                            UpdateInfo(step=self.version, staleness=staleness, worker=worker,
-                                       reader=self.readers[worker] if self.has_readers else None))
-            self._updated()
+        with self.lock:  # the worker dropped a non-finite gradient before sending it
+            staleness = self.core.push(worker, grad, read_version, checked=True)
+            self._taken()
             return staleness
 
     def elastic(self, worker: int, alpha: float, x: np.ndarray) -> np.ndarray:
@@ -154,13 +147,10 @@ class Shard:
         weighted_sum(grads, ranks, examples, acc, np.empty_like(acc))
         if self.regroups:
             self.before = self.params.copy()
-        if np.isfinite(acc).all():
-            self.rule.apply(self.params, acc, self.state, UpdateInfo(step=self.step))
-        else:
-            self.dropped += 1
+        self.core.apply_sum(acc, self.step)
         self.arrivals = {}
-        self.step += 1
-        self._updated()
+        self.core.version = self.step = self.step + 1
+        self._taken()
         self.lock.notify_all()
 
     def regroup(self, gen: int, members: tuple) -> int:
@@ -180,10 +170,15 @@ class Shard:
 
     # -- bookkeeping -----------------------------------------------------------
     def _updated(self):
-        self.version += 1
-        if self.every and self.version % self.every == 0:
-            self.taken_copies[self.version] = (self.params.copy(),
-                                               tuple(a.copy() for a in self.state), self.dropped)
+        self.core.version += 1
+        self._taken()
+
+    def _taken(self):
+        """Every ``every`` versions: a copy for the next checkpoint."""
+        core = self.core
+        if self.every and core.version % self.every == 0:
+            params, state = core.copy()
+            self.taken_copies[core.version] = (params, tuple(state), core.dropped)
             for old in sorted(self.taken_copies)[:-TAKEN]:
                 del self.taken_copies[old]
 
@@ -195,10 +190,10 @@ class Shard:
 
     def snapshot(self):
         with self.lock:
-            return self.params.copy(), self.version, self.dropped
+            return self.params.copy(), self.core.version, self.core.dropped
 
     def whole(self):
         """The slice, its rule state, version and dropped count, at one instant."""
         with self.lock:
-            return (self.params.copy(), tuple(a.copy() for a in self.state), self.version,
-                    self.dropped)
+            params, state = self.core.copy()
+            return params, tuple(state), self.core.version, self.core.dropped

@@ -28,11 +28,11 @@ from collections import Counter
 
 import numpy as np
 
-from ...rules.local import LocalRule
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push, Regroup)
 from ..messages import Compression, Sender, compressing
 from ..reduce import finite
+from ..server import LocalUpdate
 
 
 class RemoteWorker:
@@ -64,7 +64,7 @@ class RemoteWorker:
                        "updates": 0}
         self.staleness = Counter()
         self.pending = []
-        self.local_rule = None
+        self.local_rule = LocalUpdate(strategy.local_rule, rank)
         self.handlers = {Gradient: self.gradient, Fetch: self.fetch, Push: self.push,
                          LocalStep: self.local_step, LocalApply: self.local_apply,
                          AllReduce: self.all_reduce, Average: self.average,
@@ -141,12 +141,8 @@ class RemoteWorker:
         self.work -= op.lr * op.grad
 
     def local_apply(self, op):
-        if not finite(op.grad):
+        if not self.local_rule(self.work, op.grad):
             self.counts["dropped"] += 1
-            return
-        if self.local_rule is None:
-            self.local_rule = LocalRule(self.strategy.local_rule, self.rank)
-        self.local_rule.apply(self.work, op.grad)
 
     def fetch(self, op):
         replies = self._get([sh.read.remote(self.rank) for sh in self.shards])

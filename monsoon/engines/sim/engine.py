@@ -48,14 +48,14 @@ from collections import Counter
 import numpy as np
 
 from ...errors import ConfigError
-from ...rules import UpdateInfo, slice_state
-from ...rules.local import LocalRule
+from ...rules import slice_state
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push)
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
 from ..reduce import finite, weighted_sum
+from ..server import LocalUpdate, ServerCore, new_readers
 from .. import checkpoints
 from ..lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, checkpoint_paths
@@ -69,7 +69,7 @@ REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 
 class _Worker:
     __slots__ = ("rank", "program", "work", "grad", "examples", "updates", "dropped", "late",
-                 "busy", "staleness", "reader", "shard_readers", "others_at_read", "pending",
+                 "busy", "others_at_read", "pending",
                  "ticket", "sync_step", "local_rule", "done", "sender",
                  "snapshot", "loss_sum", "loss_n")
 
@@ -77,11 +77,9 @@ class _Worker:
         self.rank = rank
         self.examples = self.updates = self.dropped = self.late = 0
         self.busy = 0.0
-        self.staleness = Counter()
         self.others_at_read = 0
         self.pending = 0
         self.sync_step = 0
-        self.local_rule = None
         self.done = False
         self.snapshot = None
         self.loss_sum, self.loss_n = 0.0, 0  # its mini-batch losses, for the live series
@@ -179,8 +177,16 @@ class SimEngine(Engine):
         self.params = np.array(w0, copy=True)
         self.state = rule.init(n, w0.dtype)
         self.replicated = replicates(strategy, w0)
-        self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
-        self.versions = np.zeros(self.S, dtype=np.int64)
+        # the server's update (``server.py``): the whole vector (Hogwild!, a
+        # replicated step) and each shard; one staleness count for the run
+        self.staleness = Counter()
+        readers = new_readers(rule, workers, n, w0.dtype)
+        self.server = ServerCore(self.params, rule, self.state,
+                                 readers if workers > 1 else None, staleness=self.staleness)
+        self.cores = [ServerCore(self.params[a:b], rule, slice_state(self.state, a, b),
+                                 None if readers is None else
+                                 [slice_state(r, a, b) for r in readers],
+                                 staleness=self.staleness) for a, b in self.bounds]
         self.shard_free = np.zeros(self.S)
         self.shard_busy = np.zeros(self.S)
         self.rng = np.random.default_rng([seed, 7919])
@@ -199,10 +205,9 @@ class SimEngine(Engine):
 
     def _set_up_workers(self, w0, batch_size, seed, budget) -> None:
         """One simulated worker a rank: its (compressing) strategy program,
-        working copy, gradient buffer and reader memory; each starts at
+        working copy, gradient buffer and inner rule; each starts at
         virtual time 0."""
-        n, rule, strategy = w0.size, self.rule, self.strategy
-        has_readers = bool(rule.init_reader(1, w0.dtype)._fields)
+        n, strategy = w0.size, self.strategy
         self.workers = []
         for rank in range(self.W):
             w = _Worker(rank)
@@ -212,9 +217,7 @@ class SimEngine(Engine):
                 self.nbytes)
             w.work = self.params if strategy.shared_params else np.array(w0, copy=True)
             w.grad = np.empty(n, dtype=w0.dtype)
-            w.reader = rule.init_reader(n, w0.dtype) if has_readers else None
-            w.shard_readers = ([slice_state(w.reader, a, b) for a, b in self.bounds]
-                               if has_readers else [None] * self.S)
+            w.local_rule = LocalUpdate(strategy.local_rule, rank)
             self.workers.append(w)
             self._at(0.0, self._resume, w, None)
 
@@ -225,7 +228,8 @@ class SimEngine(Engine):
         end, workers = self.now, self.W
         result = EngineResult(np.array(self.params, copy=True), 0.0, end,
                               self.total["examples"], self.total["updates"],
-                              self.total["dropped"], self._staleness(), [], stopped=stopped,
+                              self.total["dropped"], Counter(self.staleness), [],
+                              stopped=stopped,
                               late_gradients=self.total["late"],
                               worker_params={} if self.strategy.shared_params else
                               {w.rank: w.work.copy() for w in self.workers[:64]},
@@ -246,13 +250,6 @@ class SimEngine(Engine):
         if self.resumed is not None:
             result.extra["resumed_from"] = str(self.resumed.path)
         return result
-
-    def _staleness(self) -> Counter:
-        """Every worker's staleness counts, summed."""
-        staleness = Counter()
-        for w in self.workers:
-            staleness.update(w.staleness)
-        return staleness
 
     # -- the event loop ----------------------------------------------------------
     def _at(self, t: float, fn, *args) -> None:
@@ -297,7 +294,7 @@ class SimEngine(Engine):
         figures = {w.rank: {"loss_sum": w.loss_sum, "loss_n": w.loss_n, "examples": w.examples,
                             "updates": w.updates} for w in self.workers[:recorder.live_workers]}
         total = self.total
-        recorder.live(t, total["examples"], total["updates"], figures, self._staleness(),
+        recorder.live(t, total["examples"], total["updates"], figures, self.staleness,
                       total["dropped"], sum(w.sender.sent_bytes for w in self.workers))
 
     # -- checkpoints ----------------------------------------------------------
@@ -363,8 +360,8 @@ class SimEngine(Engine):
     def _gradient(self, w, op):
         if self.strategy.shared_params:
             w.others_at_read = self.total["updates"] - w.updates
-            if w.reader is not None and not self.strategy.synchronous:
-                self.rule.on_read(self.params, self.state, w.reader)
+            if not self.strategy.synchronous:
+                self.server.read(w.rank)
             if not self.strategy.synchronous and self.S > 1:
                 return self._inconsistent_read(w, op)
         loss, grad = self.problem.gradient(w.work, op.indices)
@@ -405,32 +402,25 @@ class SimEngine(Engine):
         self._resume(w, (loss, w.grad))
 
     def _apply(self, w, op):
-        if not finite(op.grad):
-            w.dropped += 1
-            self.total["dropped"] += 1
+        self.server.version = self.total["updates"]
+        if self.server.push(w.rank, op.grad, w.updates + w.others_at_read) is None:
+            self._dropped(w)
             return True, None
-        others = self.total["updates"] - w.updates
-        staleness = others - w.others_at_read
-        self.rule.apply(self.params, op.grad, self.state,
-                        UpdateInfo(step=self.total["updates"], staleness=staleness, worker=w.rank,
-                                   reader=w.reader if self.W > 1 else None))
         w.updates += 1
         self.total["updates"] += 1
-        w.staleness[staleness] += 1
         return True, None
+
+    def _dropped(self, w):
+        w.dropped += 1
+        self.total["dropped"] += 1
 
     def _local_step(self, w, op):
         w.work -= op.lr * op.grad
         return True, None
 
     def _local_apply(self, w, op):
-        if not finite(op.grad):
-            w.dropped += 1
-            self.total["dropped"] += 1
-            return True, None
-        if w.local_rule is None:
-            w.local_rule = LocalRule(self.strategy.local_rule, w.rank)
-        w.local_rule.apply(w.work, op.grad)
+        if not w.local_rule(w.work, op.grad):
+            self._dropped(w)
         return True, None
 
     # Downpour: fetch and push, shard by shard
@@ -444,10 +434,8 @@ class SimEngine(Engine):
 
     def _serve_read(self, s, w):
         a, b = self.bounds[s]
-        w.ticket[s] = self.versions[s]
+        w.ticket[s] = self.cores[s].read(w.rank)
         np.copyto(w.work[a:b], self.params[a:b])
-        if w.reader is not None:
-            self.rule.on_read(self.params[a:b], self.shard_states[s], w.shard_readers[s])
         reply = (self.now + self.delays.service_s
                  + self._message((b - a) * self.params.itemsize))
         self._at(reply, self._reply, w)
@@ -458,9 +446,8 @@ class SimEngine(Engine):
             self._resume(w, None if w.ticket is None else w.ticket.copy())
 
     def _push(self, w, op):
-        if not finite(op.grad):
-            w.dropped += 1
-            self.total["dropped"] += 1
+        if not self.server.admits(op.grad):  # the whole gradient, once
+            self._dropped(w)
             return True, None
         grad, ticket = op.grad.copy(), op.ticket
         if self.ssp is not None:
@@ -477,13 +464,7 @@ class SimEngine(Engine):
 
     def _serve_push(self, s, w, grad, ticket, push):
         a, b = self.bounds[s]
-        version = int(self.versions[s])
-        staleness = version - int(ticket[s])
-        self.rule.apply(self.params[a:b], grad[a:b], self.shard_states[s],
-                        UpdateInfo(step=version, staleness=staleness, worker=w.rank,
-                                   reader=w.shard_readers[s]))
-        self.versions[s] = version + 1
-        w.staleness[staleness] += 1
+        self.cores[s].push(w.rank, grad[a:b], int(ticket[s]), checked=True)
         push["left"] -= 1
         if push["left"] == 0:
             w.updates += 1
@@ -534,7 +515,7 @@ class SimEngine(Engine):
     def _serve_difference(self, s, w, sent, left):
         a, b = self.bounds[s]
         self.params[a:b] += sent[a:b]
-        self.versions[s] += 1
+        self.cores[s].version += 1
         left["shards"] -= 1
         if left["shards"] == 0:
             w.updates += 1
@@ -546,7 +527,7 @@ class SimEngine(Engine):
         diff *= alpha
         self.params[a:b] += diff
         w.work[a:b] -= diff
-        self.versions[s] += 1
+        self.cores[s].version += 1
         if s == self.S - 1:
             w.updates += 1
             self.total["updates"] += 1
@@ -601,16 +582,14 @@ class SimEngine(Engine):
                                  self.tmp[a:b])) for s, (a, b) in enumerate(self.bounds)]
         if all(finite(acc) for _, acc in sums):
             if self.replicated:  # as the local engine: one update of the whole vector
-                self.rule.apply(self.params, self.acc, self.state,
-                                UpdateInfo(step=self.sync_step, staleness=0))
+                self.server.apply_sum(self.acc, self.sync_step, ok=True)
+                for core in self.cores:
+                    core.version += 1
             else:
                 for s, acc in sums:
-                    a, b = self.bounds[s]
-                    self.rule.apply(self.params[a:b], acc, self.shard_states[s],
-                                    UpdateInfo(step=self.sync_step, staleness=0, worker=s))
-            self.versions += 1
+                    self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=True)
             self.total["updates"] += 1
-            self.workers[ranks[0]].staleness[0] += 1
+            self.staleness[0] += 1
         else:
             self.total["dropped"] += 1
         self.shard_busy += self.delays.service_s

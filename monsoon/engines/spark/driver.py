@@ -36,17 +36,15 @@ skip (``WorkerJob.start_step``).
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import numpy as np
 
 from ...errors import ConfigError
-from ...rules import UpdateInfo
-from ...rules.local import LocalRule
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..reduce import finite, weighted_sum
+from ..reduce import weighted_sum
+from ..server import LocalUpdate, ServerCore, new_readers
 from .checkpointing import restore_state
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum
@@ -58,22 +56,20 @@ class DriverPrograms:
     def __init__(self, ctx, rule, strategy, w0, ckpts):
         self.ctx, self.rule, self.strategy, self.ckpts = ctx, rule, strategy, ckpts
         self.w = np.array(w0, copy=True)
-        self.state = rule.init(self.w.size, self.w.dtype)
+        # the server's update (``server.py``): its version, dropped count and staleness
+        self.core = ServerCore(self.w, rule, readers=new_readers(rule, ctx.workers, self.w.size,
+                                                                 self.w.dtype))
         self.shared = strategy.shared_params
         self.raw = self.shared and bool(getattr(strategy, "raw_gradients", False))
         ranks = range(ctx.workers)
         self.work = {k: self.w if self.shared else self.w.copy() for k in ranks}
-        self.local_rules = {k: LocalRule(strategy.local_rule, k)
-                            for k in ranks} if strategy.local_rule is not None else {}
-        self.readers = {k: rule.init_reader(self.w.size, self.w.dtype) for k in ranks}
-        self.has_readers = bool(self.readers[0]._fields)
+        self.local_rules = {k: LocalUpdate(strategy.local_rule, k) for k in ranks}
         self.acc, self.tmp = np.empty_like(self.w), np.empty_like(self.w)
         self.grads = {k: np.empty_like(self.w) for k in ranks}  # each worker's mean gradient
         self.programs, self.ops = {}, {}
-        self.steps = self.updates = self.dropped = self.examples = self.version = 0
+        self.steps = self.updates = self.examples = 0
         self.step_loss = None   # the last gradients' mean loss
         self.full_loss = None   # the full-data loss at w, when the last step was full-batch
-        self.staleness = Counter()
 
     # -- the programs ---------------------------------------------------------------
     def _send(self, k, reply) -> None:
@@ -89,50 +85,34 @@ class DriverPrograms:
             while k in self.ops and type(self.ops[k]) not in WAITS:
                 self._send(k, self._carry_out(k, self.ops[k]))
 
-    def _update(self, grad, info) -> bool:
-        if not finite(grad):
-            self.dropped += 1
-            self.rule.on_dropped(self.w, self.state)
-            return False
-        self.rule.apply(self.w, grad, self.state, info)
-        self.updates += 1
-        self.version += 1
-        return True
-
     def _carry_out(self, k, op):
         kind = type(op)
+        core = self.core
         if kind is Apply:
-            if self._update(op.grad, UpdateInfo(step=self.updates, worker=k, loss=op.loss)):
-                self.staleness[0] += 1
+            if core.apply_sum(op.grad, self.updates, worker=k, loss=op.loss, counts=1):
+                self.updates += 1
             self.steps += 1
         elif kind is Fetch:
-            if self.has_readers:
-                self.rule.on_read(self.w, self.state, self.readers[k])
             if not self.shared:
                 self.work[k][...] = self.w
-            return self.version
+            return core.read(k)
         elif kind is Push:
-            tau = self.version - int(op.ticket)
-            if self._update(op.grad, UpdateInfo(step=self.version, staleness=tau, worker=k,
-                                                reader=self.readers[k] if self.has_readers
-                                                else None)):
-                self.staleness[tau] += 1
+            if core.push(k, op.grad, int(op.ticket)) is not None:
+                self.updates += 1
         elif kind is LocalStep:
             self.work[k] -= op.lr * op.grad
         elif kind is LocalApply:
-            if finite(op.grad):
-                self.local_rules[k].apply(self.work[k], op.grad)
-            else:
-                self.dropped += 1
+            if not self.local_rules[k](self.work[k], op.grad):
+                core.dropped += 1
         elif kind is Elastic:
             x = self.work[k]
             d = np.subtract(x, self.w)
             d *= op.alpha
             self.w += d
             x -= d
-            self.version += 1
+            core.version += 1
             self.updates += 1
-            self.staleness[0] += 1
+            core.staleness[0] += 1
         else:
             raise ConfigError(f"the spark engine cannot carry out {kind.__name__} ops of "
                               f"{self.strategy.name}'s program")
@@ -223,8 +203,9 @@ class DriverPrograms:
             else:
                 acc = weighted_sum(parts, counted, [ops[k].examples for k in counted],
                                    self.acc, self.tmp)
-            if self._update(acc, UpdateInfo(step=self.updates, loss=self.step_loss)):
-                self.staleness[0] += len(counted) if kinds == {Average} else 1
+            if self.core.apply_sum(acc, self.updates, loss=self.step_loss,
+                                   counts=len(counted) if kinds == {Average} else 1):
+                self.updates += 1
         self.steps += 1
         for k in ranks:
             if not self.shared:
@@ -238,11 +219,11 @@ class DriverPrograms:
         saved = ckpts.load(self.w, self.rule) if self.shared else None
         if saved is not None:
             self.w[...] = saved.arrays["params"]
-            restore_state(saved, self.state)
+            restore_state(saved, self.core.state)
             self.steps, self.updates = saved.meta["step"], saved.meta["applied"]
-            self.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
+            self.core.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
             before = saved.meta["time_s"]
-            self.staleness[0] = self.updates
+            self.core.staleness[0] = self.updates
         for k in range(ctx.workers):
             self.programs[k] = self.strategy.program(WorkerJob(
                 k, ctx.workers, ctx.n_examples, ctx.batch_size, ctx.seed, ctx.budget,
@@ -264,7 +245,7 @@ class DriverPrograms:
                         fig["examples"] += len(waiting[k].indices)
                         self._send(k, reply)
                     if self.full_loss is not None and recorder.target_met(
-                            self.full_loss, self.updates, self.dropped):
+                            self.full_loss, self.updates, self.core.dropped):
                         stopped = recorder.target_reason  # the loss at w: no step more
                         break
                 elif self.ops:
@@ -272,22 +253,23 @@ class DriverPrograms:
                 now = time.perf_counter() - t0
                 if recorder.due(now, self.examples):
                     stopped = recorder.record(now, self.updates, self.examples, self.w,
-                                              self.dropped)
+                                              self.core.dropped)
                     if stopped:
                         break
                 if recorder.live_due(now):
-                    recorder.live(now, self.examples, self.updates, live, self.staleness,
-                                  self.dropped)
-                if self.shared and ckpts.due(self.updates + self.dropped):
-                    ckpts.save(self.updates + self.dropped, now, self.w, self.state,
+                    recorder.live(now, self.examples, self.updates, live, self.core.staleness,
+                                  self.core.dropped)
+                if self.shared and ckpts.due(self.updates + self.core.dropped):
+                    ckpts.save(self.updates + self.core.dropped, now, self.w, self.core.state,
                                {"step": self.steps, "examples": self.examples,
-                                "dropped": self.dropped, "applied": self.updates})
+                                "dropped": self.core.dropped, "applied": self.updates})
         finally:
             for program in self.programs.values():
                 program.close()
         if self.shared and stopped is None:
-            self.rule.finish(self.w, self.state)
+            self.rule.finish(self.w, self.core.state)
         return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
-                "updates": self.updates, "dropped": self.dropped, "staleness": self.staleness,
+                "updates": self.updates, "dropped": self.core.dropped,
+                "staleness": self.core.staleness,
                 "failed": {}, "stopped": stopped,
                 "worker_params": {} if self.shared else dict(self.work)}

@@ -20,9 +20,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...rules import UpdateInfo
 from ..messages import Compression, Sender, receive, summarize
-from ..reduce import finite, weighted_sum
+from ..reduce import weighted_sum
+from ..server import ServerCore
 from .jobs import share
 from .sizing import JobTiming
 from .tasks import run_segment
@@ -31,7 +31,6 @@ from .tasks import run_segment
 def run_rounds(ctx, rule, strategy, w0, recorder):
     sc, jobs, blocks = ctx.sc, ctx.jobs, ctx.blocks
     w = np.array(w0, copy=True)
-    state = rule.init(w.size, w.dtype)
     acc, tmp = np.empty_like(w), np.empty_like(w)
     local_rules = {k: None for k in range(ctx.workers)}
     compression = ctx.compression or Compression()
@@ -39,6 +38,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     ended = set()
     updates = dropped = examples = 0
     staleness = Counter()
+    core = ServerCore(w, rule, staleness=staleness)  # the outer rule's update
     live = {}  # each worker's losses and examples, for the live series
     stopped = None
     recorder.start(w)
@@ -83,10 +83,8 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             weighted_sum({k: receive(compression, res["drift"], w.size, w.dtype)
                           for k, res in avg}, [k for k, _ in avg],
                          [res["examples_behind"] for _, res in avg], acc, tmp)
-            if finite(acc):
-                rule.apply(w, acc, state, UpdateInfo(step=updates))
+            if core.apply_sum(acc, updates, counts=len(avg)):
                 updates += 1
-                staleness[0] += len(avg)
             else:
                 dropped += 1
         r += 1

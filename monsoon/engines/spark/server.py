@@ -45,11 +45,10 @@ from dataclasses import replace
 import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
-from ...rules import UpdateInfo
-from ...rules.local import LocalRule
 from ...strategies.ops import Clock, Elastic
 from ..clocks import ClockTable, clock_extra
 from ..messages import Compression, Sender, receive, summarize
+from ..server import LocalUpdate, ServerCore, new_readers
 from .checkpointing import restore_state, staleness_arrays
 from .jobs import share, short_error
 from .sizing import JobTiming
@@ -68,7 +67,7 @@ def pushes_deltas(rule, strategy) -> bool:
 
     rule_k is the run's rule (``--rule``, ``--lr``) with worker k's own
     state (AdaGrad's sums of squares, momentum), kept on the driver between
-    jobs and shipped with each (``LocalRule``), as local SGD's inner rule
+    jobs and shipped with each (``LocalUpdate``), as local SGD's inner rule
     is: every gradient takes one rule step, as on the local engine. (The
     accrued sum of n gradients, one server step, would make n gradients one
     step: AdaGrad's first step on a coordinate is lr in size whatever the
@@ -92,20 +91,18 @@ class DriverServer:
         self.rule = rule
         self.strategy = strategy
         self.w = np.array(w0, copy=True)
-        self.state = rule.init(self.w.size, self.w.dtype)
-        self.readers = [rule.init_reader(self.w.size, self.w.dtype) for _ in range(ctx.workers)]
-        self.has_readers = bool(self.readers[0]._fields)
+        # the server's update (``server.py``): its version, dropped count and staleness
+        self.core = ServerCore(self.w, rule, readers=new_readers(rule, ctx.workers, self.w.size,
+                                                                 self.w.dtype))
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)  # SSP's waits, on the same lock
-        self.version = 0
-        self.updates = self.dropped = self.examples = 0
-        self.staleness = Counter()
+        self.updates = self.examples = 0
         self.live = {}  # each worker's losses, examples, updates: for the live series
         self.failed: dict[int, str] = {}
         self.finished: set[int] = set()
         self.own = {k: np.array(w0, copy=True) for k in range(ctx.workers)}  # EASGD's x_k
         self.deltas = pushes_deltas(rule, strategy)
-        self.local_rules = {k: LocalRule(rule, k) if self.deltas else None
+        self.local_rules = {k: LocalUpdate(rule, k) if self.deltas else None
                             for k in range(ctx.workers)}
         self.compression = ctx.compression or Compression()
         self.senders = {k: Sender(self.compression, k) for k in range(ctx.workers)}
@@ -124,13 +121,13 @@ class DriverServer:
             self.w, rule, {"positions": ((ctx.workers,), "int64")})
         if saved is not None:
             self.w[...] = saved.arrays["params"]
-            restore_state(saved, self.state)
+            restore_state(saved, self.core.state)
             self.positions = [int(x) for x in saved.arrays["positions"]]
             self.updates = saved.meta["applied"]
-            self.version = saved.meta["server_version"]
-            self.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
+            self.core.version = saved.meta["server_version"]
+            self.core.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
             self.before = saved.meta["time_s"]
-            self.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
+            self.core.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
                                            saved.arrays["staleness.counts"].tolist())))
 
     # -- a worker: a driver thread ------------------------------------------------
@@ -143,9 +140,8 @@ class DriverServer:
                     self._wait_for_bound(k)
                 with self.lock:
                     floor = self.clocks.floor() if self.clocks is not None else 0
-                    if self.has_readers:
-                        self.rule.on_read(self.w, self.state, self.readers[k])
-                    params, ticket = self.w.copy(), self.version
+                    ticket = self.core.read(k)
+                    params = self.w.copy()
                 own = self.own[k] if self.elastic else None
                 bc = share(ctx.sc, params, params.nbytes)
                 job = replace(ctx.job(k), start_step=self.positions[k])
@@ -206,7 +202,7 @@ class DriverServer:
             self.local_rules[k] = res["local_rule"]
             self.senders[k] = res["sender"]
             self.examples += res["examples"]
-            self.dropped += res["dropped"]
+            self.core.dropped += res["dropped"]
             fig = self.live.setdefault(k, {"loss_sum": 0.0, "loss_n": 0, "examples": 0,
                                            "updates": 0})
             fig["loss_sum"] += res["loss"]
@@ -215,35 +211,24 @@ class DriverServer:
             fig["updates"] += res["op"] in ("push", "elastic")
             if res["op"] == "push":
                 if res["grad"] is None:
-                    self.dropped += 1
+                    self.core.dropped += 1
                 else:
-                    tau = self.version - int(res["ticket"])
-                    grad = receive(self.compression, res["grad"], self.w.size, self.w.dtype)
-                    if self.deltas:  # the worker's own rule steps, added as they are
-                        self.w -= grad
-                    else:
-                        self.rule.apply(self.w, grad, self.state,
-                                        UpdateInfo(step=self.version, staleness=tau, worker=k,
-                                                   reader=self.readers[k] if self.has_readers
-                                                   else None))
-                    self.staleness[tau] += 1
-                    self.version += 1
-                    self.updates += 1
+                    self._push(k, res)
             elif res["op"] == "elastic" and "difference" in res:
                 self.w += receive(self.compression, res["difference"], self.w.size,
                                   self.w.dtype)
-                self.version += 1
+                self.core.version += 1
                 self.updates += 1
-                self.staleness[0] += 1
+                self.core.staleness[0] += 1
             elif res["op"] == "elastic":
                 x = res["work"]
                 d = np.subtract(x, self.w)
                 d *= res["alpha"]
                 self.w += d
                 x -= d
-                self.version += 1
+                self.core.version += 1
                 self.updates += 1
-                self.staleness[0] += 1
+                self.core.staleness[0] += 1
             if self.elastic and "work" in res:
                 self.own[k] = res["work"]
             if self.clocks is not None and res.get("clock") is not None:
@@ -254,15 +239,27 @@ class DriverServer:
                 self.cond.notify_all()
             self.last_change = time.monotonic()
 
+    def _push(self, k: int, res: dict) -> None:
+        """Worker k's finite push (it sent None for a non-finite one)."""
+        core, ticket = self.core, int(res["ticket"])
+        grad = receive(self.compression, res["grad"], self.w.size, self.w.dtype)
+        if self.deltas:  # the worker's own rule steps, added as they are
+            self.w -= grad
+            core.staleness[core.version - ticket] += 1
+            core.version += 1
+        else:
+            core.push(k, grad, ticket, checked=True)
+        self.updates += 1
+
     # -- the monitor: the calling thread ------------------------------------------
     def _save(self, now: float) -> None:
         with self.lock:  # between two applied results: an exact state
-            params, state = self.w.copy(), type(self.state)(*(a.copy() for a in self.state))
-            meta = {"applied": self.updates, "dropped": self.dropped,
-                    "examples": self.examples, "server_version": self.version}
+            params, state = self.core.copy()
+            meta = {"applied": self.updates, "dropped": self.core.dropped,
+                    "examples": self.examples, "server_version": self.core.version}
             arrays = {"positions": np.array(self.positions, dtype=np.int64),
-                      **staleness_arrays(self.staleness)}
-            done = self.updates + self.dropped
+                      **staleness_arrays(self.core.staleness)}
+            done = self.updates + self.core.dropped
         self.ckpts.save(done, now, params, state, meta, arrays)
 
     def _cancel_stuck(self) -> None:
@@ -302,16 +299,17 @@ class DriverServer:
                 now = time.perf_counter() - t0
                 if recorder.due(now, self.examples):
                     with self.lock:
-                        params, updates, dropped = self.w.copy(), self.updates, self.dropped
+                        params, updates, dropped = self.w.copy(), self.updates, self.core.dropped
                     stopped = recorder.record(now, updates, self.examples, params, dropped)
                     if stopped:
                         break
                 if recorder.live_due(now):
                     with self.lock:
                         figures = {k: dict(f) for k, f in self.live.items()}
-                        stale, live = Counter(self.staleness), (self.updates, self.dropped)
+                        stale = Counter(self.core.staleness)
+                        live = self.updates, self.core.dropped
                     recorder.live(now, self.examples, live[0], figures, stale, live[1])
-                if not self.elastic and self.ckpts.due(self.updates + self.dropped):
+                if not self.elastic and self.ckpts.due(self.updates + self.core.dropped):
                     self._save(now)
         finally:
             self.stop.set()
@@ -327,7 +325,8 @@ class DriverServer:
             err.worker = k
             raise err
         return {"params": self.w, "wall": wall, "examples": self.examples,
-                "updates": self.updates, "dropped": self.dropped, "staleness": self.staleness,
+                "updates": self.updates, "dropped": self.core.dropped,
+                "staleness": self.core.staleness,
                 "failed": dict(self.failed), "stopped": stopped,
                 "worker_params": dict(self.own) if self.elastic else {},
                 "timing": self.timing,

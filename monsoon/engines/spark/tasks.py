@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from ...rules.local import LocalRule
 from ...strategies.ops import (Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
 from ..reduce import finite
+from ..server import LocalUpdate
 
 _EXCHANGES = (Push, Average, Elastic)  # end a segment: exchanges with the server, on the driver
 
@@ -74,7 +74,7 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
     work = np.array(w if work is None else work, copy=True)
     anchor = np.asarray(w)
     if local_rule is None and strategy.local_rule is not None:
-        local_rule = LocalRule(strategy.local_rule, block.index)
+        local_rule = LocalUpdate(strategy.local_rule, block.index)
     out = {"op": None, "steps": 0, "examples": 0, "dropped": 0, "local_rule": local_rule,
            "ended": False, "loss": 0.0, "sender": sender}
     if sender is not None:
@@ -89,11 +89,8 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
             kind = type(op)
             if kind is Gradient:
                 result = problem.gradient(work, block.rows_of(op.indices))
-                if deltas:
-                    if finite(result[1]):
-                        local_rule.apply(work, result[1])
-                    else:
-                        out["dropped"] += 1
+                if deltas and not local_rule(work, result[1]):
+                    out["dropped"] += 1
                 out["steps"] += 1
                 out["examples"] += len(op.indices)
                 out["loss"] += float(result[0])
@@ -105,9 +102,7 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
                 if not deltas:  # with deltas the rule's own step was taken
                     work -= op.lr * op.grad
             elif kind is LocalApply:
-                if finite(op.grad):
-                    local_rule.apply(work, op.grad)
-                else:
+                if not local_rule(work, op.grad):
                     out["dropped"] += 1
             elif kind in _EXCHANGES:
                 _exchange(op, out, work, anchor, send, sender, deltas)

@@ -49,14 +49,13 @@ import numpy as np
 
 from ... import arrays
 from ...errors import ConfigError, WorkerError
-from ...rules import UpdateInfo
-from ...rules.local import LocalRule
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from .. import checkpoints
 from ..base import EngineResult
 from ..messages import Compression, Sender, compressing, receive, summarize
 from ..reduce import finite
+from ..server import LocalUpdate, ServerCore
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
@@ -118,7 +117,7 @@ class RankWorker:
         self.whole = comm.tensor(self.buf)
         self.xp = np  # the arrays' functions (``arrays.namespace``)
         self.dflags = None  # the flags in a device buffer (``to_device``)
-        self.local_rule = None
+        self.local_rule = LocalUpdate(strategy.local_rule, self.rank)
         self.step = start["step"]  # collectives done (sync: steps) since the run began
         self.updates = start["updates"]
         self.dropped = start["dropped"]
@@ -150,6 +149,8 @@ class RankWorker:
                 and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS + self.world, comm,
                                    int(engine.bucket_mb * 2**20))
+        # the step's update (``server.py``), on the replica where it lives now
+        self.core = ServerCore(self.server, rule, self.state)
         self.handlers = {Gradient: self.gradient, AllReduce: self.all_reduce,
                          Average: self.average, Elastic: self.elastic,
                          LocalApply: self.local_apply, Fetch: self.fetch}
@@ -340,7 +341,7 @@ class RankWorker:
                 self.xp.multiply(op.grad, op.examples / self.unit, out=self.grad)
             self._flags(op.examples)
             self._reduce(f"step {self.step}")
-        self._apply_mean(self.server, self.state, self.unit)
+        self._apply_mean(self.unit)
         return 0
 
     def average(self, op):
@@ -348,7 +349,7 @@ class RankWorker:
             self._flags(op.examples)
             self._gather(self.sender.pack(self.server - self.work), f"round {self.step}",
                          EXAMPLES)
-            self._apply_mean(self.server, self.state, 1)
+            self._apply_mean(1)
             self.work[:] = self.server
             return 0
         self.sender.dense(arrays.nbytes(self.server))  # the drift, into the all-reduce
@@ -356,19 +357,18 @@ class RankWorker:
         self.grad *= op.examples
         self._flags(op.examples)
         self._reduce(f"round {self.step}")
-        self._apply_mean(self.server, self.state, 1)
+        self._apply_mean(1)
         self.work[:] = self.server
         return 0
 
-    def _apply_mean(self, params, state, unit) -> None:
+    def _apply_mean(self, unit) -> None:
         """The buffer holds sum_k (n_k / unit) x_k: divide by sum_k n_k / unit
         (nothing to do when that is 1: sync's full batches)."""
         total = self.flags[EXAMPLES]
         if total > 0 and total != unit:
             self.grad *= unit / total
-        if total > 0 and self._finite(unit / total):
-            self.rule.apply(params, self.grad, state,
-                            UpdateInfo(step=self.step, staleness=0, worker=self.rank))
+        if self.core.apply_sum(self.grad, self.step, self.rank,
+                               ok=bool(total > 0 and self._finite(unit / total))):
             self.updates += 1
         else:
             self.dropped += 1
@@ -390,12 +390,8 @@ class RankWorker:
         self._after_collective()
 
     def local_apply(self, op):
-        if not finite(op.grad):
+        if not self.local_rule(self.work, op.grad):
             self.dropped += 1
-            return
-        if self.local_rule is None:
-            self.local_rule = LocalRule(self.strategy.local_rule, self.rank)
-        self.local_rule.apply(self.work, op.grad)
 
     def fetch(self, op):
         self.work[:] = self.server

@@ -1,0 +1,139 @@
+"""The parameter server's update, with no transport: Downpour's server side
+(Dean et al., NIPS 2012) and the synchronous step's apply, written once for
+every engine.
+
+``ServerCore`` holds references to what one server (or one shard of it)
+owns: the parameters (a whole vector or a shard's slice, a view into shared
+memory or a device tensor: nothing here copies them), the rule and its
+state, what the rule remembers of each worker's last read (``readers``,
+``Rule.init_reader``), the version, the dropped count and the staleness
+counts. An engine brings the rest: how a request arrives (a call, an actor,
+a simulated event, a Spark job), its locks and its clock.
+
+- ``read(worker)``: a worker reads the parameters now; the rule fills that
+  worker's reader (``on_read``). Returns the version it read.
+- ``push(worker, grad, read_version)``: the rule applied to ``grad`` with
+  staleness tau = version now - ``read_version`` (ALGORITHMS.md, Downpour),
+  the worker's reader and the step's loss; the version moves on by one.
+- ``apply_sum(acc, step)``: a synchronous step's summed gradient applied.
+- ``admits(grad)``: a non-finite gradient is dropped, never applied.
+
+``LocalUpdate`` is a worker's side of it: the inner rule's step on its
+private copy (local SGD, EASGD: ``LocalApply`` ops), with the same drop.
+
+Invariants: not thread-safe (the engine calls it under its own lock, or
+from one thread); ``version`` counts updates applied through ``push`` and
+``apply_sum``, so a dropped gradient does not move it and staleness counts
+only updates that changed the parameters; a dropped gradient is counted in
+``dropped`` and the rule is told (``Rule.on_dropped``); ``UpdateInfo``
+carries exactly step, staleness, worker, reader and loss as given, so each
+engine's updates stay bit-identical to what it applied before. An engine
+that keeps the version elsewhere (the local engine's shared memory, the
+Hogwild! update count) sets ``version`` before a ``push``.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from .. import arrays
+from ..rules import UpdateInfo
+from ..rules.local import LocalRule
+from .reduce import finite
+
+
+def new_readers(rule, workers: int, size: int, dtype) -> list | None:
+    """One reader per worker for ``rule`` on ``size`` parameters, or None
+    when the rule remembers nothing of a read."""
+    if not rule.init_reader(1, dtype)._fields:
+        return None
+    return [rule.init_reader(size, dtype) for _ in range(workers)]
+
+
+class ServerCore:
+    __slots__ = ("params", "rule", "state", "readers", "version", "dropped", "staleness")
+
+    def __init__(self, params, rule, state=None, readers=None, version: int = 0,
+                 staleness: Counter | None = None):
+        self.params = params
+        self.rule = rule
+        self.state = rule.init(params.size, params.dtype) if state is None else state
+        self.readers = readers  # indexed by worker; None: the rule keeps none
+        self.version = version
+        self.dropped = 0
+        self.staleness = Counter() if staleness is None else staleness
+
+    def read(self, worker: int) -> int:
+        """``worker`` reads the parameters now: its reader remembers them."""
+        if self.readers is not None:
+            self.rule.on_read(self.params, self.state, self.readers[worker])
+        return self.version
+
+    def admits(self, grad) -> bool:
+        """``grad`` is finite; else it is dropped (counted, and the rule told)."""
+        if finite(grad):
+            return True
+        self.dropped += 1
+        self.rule.on_dropped(self.params, self.state)
+        return False
+
+    def push(self, worker: int, grad, read_version: int, loss=None,
+             checked: bool = False) -> int | None:
+        """Apply ``worker``'s ``grad``, computed on the parameters of version
+        ``read_version``; its staleness, or None when it was dropped.
+        ``checked``: the caller has already admitted it (a sharded push
+        checks the whole gradient once)."""
+        if not checked and not self.admits(grad):
+            return None
+        version = self.version
+        staleness = version - read_version
+        readers = self.readers
+        self.rule.apply(self.params, grad, self.state,
+                        UpdateInfo(step=version, staleness=staleness, worker=worker,
+                                   reader=None if readers is None else readers[worker],
+                                   loss=loss))
+        self.version = version + 1
+        self.staleness[staleness] += 1
+        return staleness
+
+    def apply_sum(self, acc, step: int, worker: int = 0, loss=None, ok: bool | None = None,
+                  counts: int = 0) -> bool:
+        """A synchronous step: apply the summed gradient ``acc`` as update
+        ``step`` (staleness 0), unless it is not finite (``ok``: already
+        checked by the caller's reduction). ``counts`` contributions are
+        counted at staleness 0. Whether it was applied."""
+        if ok is None:
+            ok = self.admits(acc)
+        elif not ok:
+            self.dropped += 1
+            self.rule.on_dropped(self.params, self.state)
+        if ok:
+            self.rule.apply(self.params, acc, self.state,
+                            UpdateInfo(step=step, worker=worker, loss=loss))
+            self.version += 1
+            if counts:
+                self.staleness[0] += counts
+        return ok
+
+    def copy(self) -> tuple:
+        """The parameters and the rule state, copied (for a checkpoint)."""
+        return arrays.copy(self.params), type(self.state)(*(arrays.copy(a) for a in self.state))
+
+
+class LocalUpdate:
+    """A worker's inner rule (``strategy.local_rule``) on its private copy,
+    built on first use (``LocalRule``: its own state and step count)."""
+
+    __slots__ = ("rule", "worker", "local")
+
+    def __init__(self, rule, worker: int):
+        self.rule, self.worker, self.local = rule, worker, None
+
+    def __call__(self, work, grad) -> bool:
+        """Step ``work`` along ``grad``; False (nothing done) if ``grad`` is
+        not finite."""
+        if not finite(grad):
+            return False
+        if self.local is None:
+            self.local = LocalRule(self.rule, self.worker)
+        self.local.apply(work, grad)
+        return True
