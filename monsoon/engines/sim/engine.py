@@ -168,7 +168,7 @@ class SimEngine(Engine):
         into shards with their versions and busy times, the delay model's
         random stream, the run's totals and the synchronous step's slots."""
         n = w0.size
-        self.problem, self.rule, self.strategy = problem, rule, strategy
+        self.problem, self.strategy = problem, strategy
         self.W = workers
         self.S = shard_count(self.shards, workers, n)
         self.shards_used = self.S

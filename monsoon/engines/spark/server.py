@@ -88,7 +88,6 @@ class DriverServer:
     def __init__(self, ctx, rule, strategy, w0, ckpts):
         self.ctx = ctx
         self.ckpts = ckpts
-        self.rule = rule
         self.strategy = strategy
         self.w = np.array(w0, copy=True)
         # the server's update (``server.py``): its version, dropped count and staleness
