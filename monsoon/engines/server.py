@@ -17,26 +17,29 @@ a simulated event, a Spark job), its locks and its clock.
   the worker's reader and the step's loss; the version moves on by one.
 - ``apply_sum(acc, step)``: a synchronous step's summed gradient applied.
 - ``admits(grad)``: a non-finite gradient is dropped, never applied.
+- ``elastic(x, alpha)`` and ``add(d)``: EASGD's exchange with the centre
+  (Zhang et al., NIPS 2015), plain or with the difference already made.
+- ``shards(bounds)``: one core per shard, on views of this one's arrays.
 
 ``LocalUpdate`` is a worker's side of it: the inner rule's step on its
 private copy (local SGD, EASGD: ``LocalApply`` ops), with the same drop.
 
 Invariants: not thread-safe (the engine calls it under its own lock, or
-from one thread); ``version`` counts updates applied through ``push`` and
-``apply_sum``, so a dropped gradient does not move it and staleness counts
-only updates that changed the parameters; a dropped gradient is counted in
-``dropped`` and the rule is told (``Rule.on_dropped``); ``UpdateInfo``
-carries exactly step, staleness, worker, reader and loss as given, so each
-engine's updates stay bit-identical to what it applied before. An engine
-that keeps the version elsewhere (the local engine's shared memory, the
-Hogwild! update count) sets ``version`` before a ``push``.
+from one thread); ``version`` counts the updates applied (``push``,
+``apply_sum``, ``elastic``, ``add``), so a dropped gradient does not move
+it; a dropped gradient is counted in ``dropped`` and the rule is told
+(``Rule.on_dropped``); ``UpdateInfo`` carries exactly the step, staleness,
+worker, reader and loss each engine gave before, so its updates stay
+bit-identical. An engine that keeps the version elsewhere (the local
+engine's shared memory, its Hogwild! update count; a Ray shard's
+synchronous steps, dropped ones included) sets ``version`` itself.
 """
 from __future__ import annotations
 
 from collections import Counter
 
 from .. import arrays
-from ..rules import UpdateInfo
+from ..rules import UpdateInfo, slice_state
 from ..rules.local import LocalRule
 from .reduce import finite
 
@@ -50,6 +53,8 @@ def new_readers(rule, workers: int, size: int, dtype) -> list | None:
 
 
 class ServerCore:
+    """One server's (or shard's) update; see the module docstring."""
+
     __slots__ = ("params", "rule", "state", "readers", "version", "dropped", "staleness")
 
     def __init__(self, params, rule, state=None, readers=None, version: int = 0,
@@ -113,6 +118,27 @@ class ServerCore:
             if counts:
                 self.staleness[0] += counts
         return ok
+
+    def elastic(self, x, alpha: float):
+        """EASGD: d = alpha (x - centre), centre += d; returns d (the worker
+        then takes x -= d)."""
+        diff = arrays.namespace(x).subtract(x, self.params)
+        diff *= alpha
+        self.add(diff)
+        return diff
+
+    def add(self, d) -> None:
+        """The centre moves by ``d`` (a compressed elastic difference)."""
+        self.params += d
+        self.version += 1
+
+    def shards(self, bounds) -> list:
+        """A core per shard [a, b): views of the parameters, state and readers,
+        versions from 0, the staleness counted here."""
+        readers = self.readers
+        return [ServerCore(self.params[a:b], self.rule, slice_state(self.state, a, b),
+                           None if readers is None else [slice_state(r, a, b) for r in readers],
+                           staleness=self.staleness) for a, b in bounds]
 
     def copy(self) -> tuple:
         """The parameters and the rule state, copied (for a checkpoint)."""

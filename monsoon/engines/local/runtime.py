@@ -81,12 +81,11 @@ class WorkerRuntime:
                               and not strategy.synchronous)
         # the server's update on the whole vector (Hogwild!'s Apply: its
         # version is every worker's updates, in shared memory), and per shard
-        self.server = ServerCore(store.params, rule, store.state,
-                                 store.readers() if workers > 1 else None,
+        self.server = ServerCore(store.params, rule, store.state, store.readers(),
                                  staleness=self.staleness)
-        self.shards = [ServerCore(store.params[a:b], rule, store.shard_states[s],
-                                  store.readers(s), staleness=self.staleness)
-                       for s, (a, b) in enumerate(store.bounds)]
+        self.shards = self.server.shards(store.bounds)
+        if workers == 1:
+            self.server.readers = None  # a lone worker's read is never stale
         # Spin in barriers only when every worker can own a core, and flat
         # out (no yield) only between processes.
         self._spin = workers <= (os.cpu_count() or 1)
@@ -247,7 +246,7 @@ class WorkerRuntime:
             sent = self.sender.send(op.alpha * (self.work - store.params))
             for s, (a, b) in enumerate(store.bounds):
                 with store.holding(s, self.rank):
-                    store.params[a:b] += sent[a:b]
+                    self.shards[s].add(sent[a:b])
                     store.versions[s] += 1
             self.work -= sent
             self.counters[UPDATES] += 1
@@ -255,10 +254,7 @@ class WorkerRuntime:
         for s, (a, b) in enumerate(store.bounds):
             mine = self.work[a:b]
             with store.holding(s, self.rank):
-                centre = store.params[a:b]
-                diff = arrays.namespace(mine).subtract(mine, centre)
-                diff *= op.alpha
-                centre += diff
+                diff = self.shards[s].elastic(mine, op.alpha)
                 store.versions[s] += 1
             mine -= diff
         self.counters[UPDATES] += 1

@@ -46,8 +46,7 @@ import threading
 
 import numpy as np
 
-from ... import arrays
-from ...rules import Rule, slice_state
+from ...rules import Rule
 from ..base import shard_bounds
 from ...shared_memory import SharedArrays
 
@@ -154,7 +153,6 @@ class ParameterStore:
         self.snap_params = m.arrays.get("snap.params")
         self.snap_meta = m.arrays.get("snap.meta")
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
-        self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
         self.ckpt = None
         if "ckpt.params" in m.arrays:
             self.ckpt = {"params": m["ckpt.params"],
@@ -181,7 +179,6 @@ class ParameterStore:
         self.device = torch.device(device)
         self.params = moved(self.params)
         self.state = self.state_type(*(moved(a) for a in self.state))
-        self.shard_states = [slice_state(self.state, a, b) for a, b in self.bounds]
         self._readers = {f: moved(self.memory["reader." + f]) for f in self.reader_type._fields}
         if self.slots is not None:
             self.slots = moved(self.slots)
@@ -189,19 +186,15 @@ class ParameterStore:
             self.ckpt = {"params": moved(self.ckpt["params"]),
                          "state": self.state_type(*(moved(a) for a in self.ckpt["state"]))}
 
-    def readers(self, shard: int | None = None) -> list | None:
-        """What the server remembers of each worker's last read (all of it,
-        or one shard's slice), by worker; None for rules that remember nothing."""
+    def readers(self) -> list | None:
+        """What the server remembers of each worker's last read, by worker;
+        None for rules that remember nothing."""
         if not self.has_readers:
             return None
         readers = self._readers or {f: self.memory["reader." + f]
                                     for f in self.reader_type._fields}
         fields = [readers[f] for f in self.reader_type._fields]
-        whole = [self.reader_type(*(r[k] for r in fields)) for k in range(len(self.counters))]
-        if shard is None:
-            return whole
-        a, b = self.bounds[shard]
-        return [slice_state(r, a, b) for r in whole]
+        return [self.reader_type(*(r[k] for r in fields)) for k in range(len(self.counters))]
 
     def __getstate__(self):
         # Locks travel separately, as process arguments (multiprocessing only
@@ -269,7 +262,7 @@ class ParameterStore:
 
     def close(self) -> None:
         for name in ("_readers", "params", "versions", "counters", "status", "clocks", "control", "sync",
-                     "contributors", "slot_examples", "slots", "marks", "state", "shard_states",
+                     "contributors", "slot_examples", "slots", "marks", "state",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
                      "snap_params", "snap_meta", "live"):
             self.__dict__.pop(name, None)

@@ -92,17 +92,15 @@ class Shard:
 
     def elastic(self, worker: int, alpha: float, x: np.ndarray) -> np.ndarray:
         with self.lock:
-            diff = np.subtract(x, self.params)
-            diff *= alpha
-            self.params += diff
-            self._updated()
+            diff = self.core.elastic(x, alpha)
+            self._taken()
             return diff
 
     def difference(self, message) -> None:
         d = self._take(message)
         with self.lock:
-            self.params += d
-            self._updated()
+            self.core.add(d)
+            self._taken()
 
     # -- synchronous -----------------------------------------------------------
     def contribute(self, step: int, worker: int, grad, examples: int, gen: int = 0):
@@ -169,10 +167,6 @@ class Shard:
             return self.params.copy(), self.step, self.before
 
     # -- bookkeeping -----------------------------------------------------------
-    def _updated(self):
-        self.core.version += 1
-        self._taken()
-
     def _taken(self):
         """Every ``every`` versions: a copy for the next checkpoint."""
         core = self.core

@@ -48,7 +48,6 @@ from collections import Counter
 import numpy as np
 
 from ...errors import ConfigError
-from ...rules import slice_state
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push)
@@ -169,7 +168,7 @@ class SimEngine(Engine):
         into shards with their versions and busy times, the delay model's
         random stream, the run's totals and the synchronous step's slots."""
         n = w0.size
-        self.problem, self.rule, self.strategy = problem, rule, strategy
+        self.problem, self.strategy = problem, strategy
         self.W = workers
         self.S = shard_count(self.shards, workers, n)
         self.shards_used = self.S
@@ -180,13 +179,11 @@ class SimEngine(Engine):
         # the server's update (``server.py``): the whole vector (Hogwild!, a
         # replicated step) and each shard; one staleness count for the run
         self.staleness = Counter()
-        readers = new_readers(rule, workers, n, w0.dtype)
         self.server = ServerCore(self.params, rule, self.state,
-                                 readers if workers > 1 else None, staleness=self.staleness)
-        self.cores = [ServerCore(self.params[a:b], rule, slice_state(self.state, a, b),
-                                 None if readers is None else
-                                 [slice_state(r, a, b) for r in readers],
-                                 staleness=self.staleness) for a, b in self.bounds]
+                                 new_readers(rule, workers, n, w0.dtype), staleness=self.staleness)
+        self.cores = self.server.shards(self.bounds)
+        if workers == 1:
+            self.server.readers = None  # a lone worker's read is never stale
         self.shard_free = np.zeros(self.S)
         self.shard_busy = np.zeros(self.S)
         self.rng = np.random.default_rng([seed, 7919])
@@ -514,8 +511,7 @@ class SimEngine(Engine):
 
     def _serve_difference(self, s, w, sent, left):
         a, b = self.bounds[s]
-        self.params[a:b] += sent[a:b]
-        self.cores[s].version += 1
+        self.cores[s].add(sent[a:b])
         left["shards"] -= 1
         if left["shards"] == 0:
             w.updates += 1
@@ -523,11 +519,7 @@ class SimEngine(Engine):
 
     def _serve_elastic(self, s, w, alpha):
         a, b = self.bounds[s]
-        diff = np.subtract(w.work[a:b], self.params[a:b])
-        diff *= alpha
-        self.params[a:b] += diff
-        w.work[a:b] -= diff
-        self.cores[s].version += 1
+        w.work[a:b] -= self.cores[s].elastic(w.work[a:b], alpha)
         if s == self.S - 1:
             w.updates += 1
             self.total["updates"] += 1

@@ -105,12 +105,7 @@ class DriverPrograms:
             if not self.local_rules[k](self.work[k], op.grad):
                 core.dropped += 1
         elif kind is Elastic:
-            x = self.work[k]
-            d = np.subtract(x, self.w)
-            d *= op.alpha
-            self.w += d
-            x -= d
-            core.version += 1
+            self.work[k] -= core.elastic(self.work[k], op.alpha)
             self.updates += 1
             core.staleness[0] += 1
         else:

@@ -88,7 +88,6 @@ class DriverServer:
     def __init__(self, ctx, rule, strategy, w0, ckpts):
         self.ctx = ctx
         self.ckpts = ckpts
-        self.rule = rule
         self.strategy = strategy
         self.w = np.array(w0, copy=True)
         # the server's update (``server.py``): its version, dropped count and staleness
@@ -214,19 +213,12 @@ class DriverServer:
                     self.core.dropped += 1
                 else:
                     self._push(k, res)
-            elif res["op"] == "elastic" and "difference" in res:
-                self.w += receive(self.compression, res["difference"], self.w.size,
-                                  self.w.dtype)
-                self.core.version += 1
-                self.updates += 1
-                self.core.staleness[0] += 1
             elif res["op"] == "elastic":
-                x = res["work"]
-                d = np.subtract(x, self.w)
-                d *= res["alpha"]
-                self.w += d
-                x -= d
-                self.core.version += 1
+                if "difference" in res:  # compressed: the centre takes the difference
+                    self.core.add(receive(self.compression, res["difference"], self.w.size,
+                                          self.w.dtype))
+                else:
+                    res["work"] -= self.core.elastic(res["work"], res["alpha"])
                 self.updates += 1
                 self.core.staleness[0] += 1
             if self.elastic and "work" in res:

@@ -98,7 +98,6 @@ class RankWorker:
         self.comm = comm
         self.rank, self.world = comm.rank, comm.world
         self.problem = problem
-        self.rule = rule
         self.strategy = strategy
         self.job = job
         self.recorder = recorder if comm.rank == 0 else None
