@@ -77,9 +77,13 @@ class ServerCore:
         """``grad`` is finite; else it is dropped (counted, and the rule told)."""
         if finite(grad):
             return True
+        self.drop()
+        return False
+
+    def drop(self) -> None:
+        """A non-finite gradient is not applied: counted, and the rule told."""
         self.dropped += 1
         self.rule.on_dropped(self.params, self.state)
-        return False
 
     def push(self, worker: int, grad, read_version: int, loss=None,
              checked: bool = False) -> int | None:
@@ -87,7 +91,8 @@ class ServerCore:
         ``read_version``; its staleness, or None when it was dropped.
         ``checked``: the caller has already admitted it (a sharded push
         checks the whole gradient once)."""
-        if not checked and not self.admits(grad):
+        if not checked and not finite(grad):
+            self.drop()
             return None
         version = self.version
         staleness = version - read_version
@@ -106,18 +111,15 @@ class ServerCore:
         ``step`` (staleness 0), unless it is not finite (``ok``: already
         checked by the caller's reduction). ``counts`` contributions are
         counted at staleness 0. Whether it was applied."""
-        if ok is None:
-            ok = self.admits(acc)
-        elif not ok:
-            self.dropped += 1
-            self.rule.on_dropped(self.params, self.state)
-        if ok:
-            self.rule.apply(self.params, acc, self.state,
-                            UpdateInfo(step=step, worker=worker, loss=loss))
-            self.version += 1
-            if counts:
-                self.staleness[0] += counts
-        return ok
+        if not (finite(acc) if ok is None else ok):
+            self.drop()
+            return False
+        self.rule.apply(self.params, acc, self.state,
+                        UpdateInfo(step=step, worker=worker, loss=loss))
+        self.version += 1
+        if counts:
+            self.staleness[0] += counts
+        return True
 
     def elastic(self, x, alpha: float):
         """EASGD: d = alpha (x - centre), centre += d; returns d (the worker
