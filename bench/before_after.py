@@ -12,7 +12,12 @@ PYTHONPATH, and so do the worker processes it starts.
         --bench "sync_sweep --quick" --bench "spark_overhead --repeats 1"
 
 Printed and recorded per benchmark row: the median ratio on A and on B, and
-B / A. Within the run-to-run spread means the ranges of the two overlap.
+B / A. A row's own target says which way is better (``<= 1.2``: lower, a
+time ratio; ``>= 2``: higher); its gain is B / A where higher is better and
+A / B where lower is, and it is met at a gain of 1 or more, or where the
+ranges of the two overlap (within the run-to-run spread). Rows without a
+target of their own (a peer's ratio, the machine's floor) are shown as
+context and not judged.
 """
 from __future__ import annotations
 
@@ -73,7 +78,8 @@ def main() -> None:
                         if row.get("ratio") is None:
                             continue
                         key = (bench, row["name"])
-                        ratios.setdefault(key, {"before": [], "after": []})[side].append(
+                        ratios.setdefault(key, {"before": [], "after": [],
+                                                "target": row.get("target")})[side].append(
                             float(row["ratio"]))
                     print(f"round {rnd + 1} {side}: {bench}: {record['summary']['line']}",
                           flush=True)
@@ -83,25 +89,35 @@ def main() -> None:
                            capture_output=True, timeout=120)
     rows, worst = [], None
     for (bench, name), sides in ratios.items():
-        a, b = sides["before"], sides["after"]
+        a, b, target = sides["before"], sides["after"], sides["target"]
         if not a or not b:
             continue
         change = statistics.median(b) / statistics.median(a)
+        lower = str(target or "").lstrip().startswith("<")  # a time or loss ratio
+        gain = 1 / change if lower else change  # > 1: the after side does better
         overlap = min(b) <= max(a) and min(a) <= max(b)
+        judged = target is not None  # rows without a target (a peer's, the floor) are context
+        met = (gain >= 1 or overlap) if judged else None
         rows.append({"name": f"{bench.split()[0]}: {name}",
                      "before": {"median": statistics.median(a), "runs": a},
                      "after": {"median": statistics.median(b), "runs": b},
                      "ratio": change, "unit": "after / before (of the benchmark's ratio)",
-                     "target": ">= 1.0, or ranges overlapping", "met": change >= 1 or overlap})
+                     "better": "lower" if lower else "higher", "gain": gain,
+                     "target": "gain >= 1.0, or ranges overlapping" if judged
+                     else "not judged (the row has no target of its own)", "met": met})
+        verdict = "  (context)" if not judged else "" if met else "  (worse, outside the spread)"
         print(f"{bench.split()[0]:>22} {name:<32} before {statistics.median(a):.3f} "
-              f"after {statistics.median(b):.3f}  after/before {change:.3f}"
-              f"{'' if change >= 1 or overlap else '  (outside the spread)'}")
-        worst = change if worst is None else min(worst, change)
+              f"after {statistics.median(b):.3f}  after/before {change:.3f} "
+              f"({'lower' if lower else 'higher'} is better){verdict}")
+        if judged:
+            worst = gain if worst is None else min(worst, gain)
+    judged_rows = [r for r in rows if r["met"] is not None]
     write_record("before_after", vars(args), rows, {
-        "ratio": worst, "target": ">= 1.0, or within the run-to-run spread",
-        "met": all(r["met"] for r in rows),
-        "line": f"{args.after} against {args.before}: worst row {worst:.3f}x of before "
-                f"({sum(r['met'] for r in rows)}/{len(rows)} rows within the spread or better)"})
+        "ratio": worst, "target": "gain >= 1.0, or within the run-to-run spread",
+        "met": all(r["met"] for r in judged_rows),
+        "line": f"{args.after} against {args.before}: worst gain {worst:.3f} "
+                f"({sum(r['met'] for r in judged_rows)}/{len(judged_rows)} judged rows within "
+                f"the spread or better)"})
 
 
 if __name__ == "__main__":

@@ -108,10 +108,12 @@ BENCHMARKS = [
      ">= 1.0x examples/s, final loss within 1%"),
     ("ssp_sweep", "sim, 32 workers, stragglers: SSP's time to the target loss over S = 0's",
      "python bench/ssp_sweep.py", ">= 1.3x sooner, final loss within 1%"),
-    ("before_after", "this round's device-array change (940f801, the main before it) against "
-     "today's: each benchmark row's ratio after / before, interleaved",
-     "python bench/before_after.py --before 940f801 --bench 'sync_sweep --quick' "
-     "--bench 'quick_start --repeats 1 --turns 1'", ">= 1.0, or within the spread"),
+    ("before_after", "this round's server core and forked torch ranks (573bd0d, the main "
+     "before them) against today's: each judged row's gain after / before, interleaved",
+     "python bench/before_after.py --before 573bd0d --rounds 3 --bench 'seed_overhead "
+     "--repeats 1 --steps 2000' --bench 'async_local_vs_ray --repeats 1' --bench "
+     "'spark_overhead --repeats 1 --steps 4' --bench 'hogwild_vs_sklearn --repeats 1'",
+     ">= 1.0, or within the spread"),
     ("gpu", "one GPU vs a plain PyTorch loop (serial, sync x2 towers, bf16) and DDP on NCCL "
      "(the torch engine), ResNet-18 b256, a 38M MLP b512, a small MLP b64",
      "bash bench/gpu_check.sh", ">= 0.95 (0.90 towers; needs a CUDA device)"),
