@@ -38,6 +38,7 @@ import importlib.metadata as _metadata
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -137,8 +138,8 @@ def write_record(benchmark: str, params: dict, rows: list[dict], summary: dict,
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"
     record = {
         "benchmark": benchmark,
-        "command": command or "python " + " ".join([f"bench/{Path(sys.argv[0]).name}",
-                                                   *sys.argv[1:]]),
+        "command": command or "python " + shlex.join([f"bench/{Path(sys.argv[0]).name}",
+                                                     *sys.argv[1:]]),
         "params": params, "commit": commit, "dirty": bool(_git(*CODE_CHANGES)),
         "date": now.isoformat().replace("+00:00", "Z"), "machine": machine(), "peers": peers(),
         "elapsed_s": round(time.monotonic() - _STARTED, 1),
