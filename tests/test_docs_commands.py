@@ -166,10 +166,20 @@ def distinct_commands():
     places: dict[tuple, list[str]] = {}
     for where, argv, expected in commands():
         places.setdefault((tuple(argv), expected), []).append(where)
-    found = sorted(places.items(), key=lambda item: ORDER.index(needs(list(item[0][0]))))
+    found = sorted(places.items(), key=lambda item: (ORDER.index(needs(list(item[0][0]))),
+                                                     -_ray_workers(list(item[0][0]))))
     return [pytest.param(list(argv), expected, needs(list(argv)),
                          marks=MARKS.get(needs(list(argv)), []), id=" ".join(where))
             for (argv, expected), where in found]
+
+
+def _ray_workers(argv: list[str]) -> int:
+    """A Ray command's worker count (0 for others): the Ray commands run
+    from the most workers to the fewest, so that runs whose workers reserve
+    the same CPU share follow one another and the next reuses the actors the
+    last one left (engines/ray/hosts.py), as a user's sweep would."""
+    value = dict(zip(argv, argv[1:]))
+    return int(value.get("--workers", 0)) if needs(argv) == "ray" else 0
 
 
 def with_budget(argv: list[str], steps: int = STEPS) -> list[str]:
