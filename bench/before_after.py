@@ -37,6 +37,26 @@ sys.path.insert(0, str(HERE))
 from records import write_record  # noqa: E402
 
 
+def judge(name: str, before: list[float], after: list[float], target) -> dict:
+    """One row of the record: the benchmark's ratio on each side, and its
+    gain (> 1: the after side does better, the way ``target`` says is
+    better). Met at a gain of 1 or more, or where the two ranges overlap;
+    None (context, not judged) where the row has no target of its own."""
+    change = statistics.median(after) / statistics.median(before)
+    lower = str(target or "").lstrip().startswith("<")  # a time or loss ratio
+    gain = 1 / change if lower else change
+    overlap = min(after) <= max(before) and min(before) <= max(after)
+    judged = target is not None
+    return {"name": name,
+            "before": {"median": statistics.median(before), "runs": before},
+            "after": {"median": statistics.median(after), "runs": after},
+            "ratio": change, "unit": "after / before (of the benchmark's ratio)",
+            "better": "lower" if lower else "higher", "gain": gain,
+            "target": "gain >= 1.0, or ranges overlapping" if judged
+            else "not judged (the row has no target of its own)",
+            "met": (gain >= 1 or overlap) if judged else None}
+
+
 def worktree(rev: str, where: Path) -> Path:
     path = where / rev.replace("/", "_")
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev],
@@ -87,31 +107,20 @@ def main() -> None:
         for tree in trees.values():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                            capture_output=True, timeout=120)
-    rows, worst = [], None
+    rows = []
     for (bench, name), sides in ratios.items():
-        a, b, target = sides["before"], sides["after"], sides["target"]
-        if not a or not b:
+        if not sides["before"] or not sides["after"]:
             continue
-        change = statistics.median(b) / statistics.median(a)
-        lower = str(target or "").lstrip().startswith("<")  # a time or loss ratio
-        gain = 1 / change if lower else change  # > 1: the after side does better
-        overlap = min(b) <= max(a) and min(a) <= max(b)
-        judged = target is not None  # rows without a target (a peer's, the floor) are context
-        met = (gain >= 1 or overlap) if judged else None
-        rows.append({"name": f"{bench.split()[0]}: {name}",
-                     "before": {"median": statistics.median(a), "runs": a},
-                     "after": {"median": statistics.median(b), "runs": b},
-                     "ratio": change, "unit": "after / before (of the benchmark's ratio)",
-                     "better": "lower" if lower else "higher", "gain": gain,
-                     "target": "gain >= 1.0, or ranges overlapping" if judged
-                     else "not judged (the row has no target of its own)", "met": met})
-        verdict = "  (context)" if not judged else "" if met else "  (worse, outside the spread)"
-        print(f"{bench.split()[0]:>22} {name:<32} before {statistics.median(a):.3f} "
-              f"after {statistics.median(b):.3f}  after/before {change:.3f} "
-              f"({'lower' if lower else 'higher'} is better){verdict}")
-        if judged:
-            worst = gain if worst is None else min(worst, gain)
+        row = judge(f"{bench.split()[0]}: {name}", sides["before"], sides["after"],
+                    sides["target"])
+        rows.append(row)
+        verdict = ("  (context)" if row["met"] is None else
+                   "" if row["met"] else "  (worse, outside the spread)")
+        print(f"{bench.split()[0]:>22} {name:<32} before {row['before']['median']:.3f} "
+              f"after {row['after']['median']:.3f}  after/before {row['ratio']:.3f} "
+              f"({row['better']} is better){verdict}")
     judged_rows = [r for r in rows if r["met"] is not None]
+    worst = min((r["gain"] for r in judged_rows), default=float("nan"))
     write_record("before_after", vars(args), rows, {
         "ratio": worst, "target": "gain >= 1.0, or within the run-to-run spread",
         "met": all(r["met"] for r in judged_rows),

@@ -333,3 +333,18 @@ def test_run_all_waits_for_the_benchmark_lock(tmp_path):
     again = run_all.take_lock(0, lock)
     assert again is not None
     again.close()
+
+
+def test_before_after_judges_each_row_the_way_its_target_says_is_better():
+    """A time ratio (target ``<= 1.2``) that fell is a gain, not a loss; a
+    speed ratio (``>= 2.0``) that fell outside the spread is a loss; a row
+    with no target of its own is context, never judged."""
+    import before_after
+
+    time_ratio = before_after.judge("spark", [0.44, 0.43], [0.34, 0.33], "<= 1.2")
+    assert time_ratio["better"] == "lower" and time_ratio["gain"] > 1 and time_ratio["met"]
+    slower = before_after.judge("hogwild", [2.6, 2.5], [2.0, 1.9], ">= 2.0")
+    assert slower["gain"] < 1 and slower["met"] is False
+    within = before_after.judge("hogwild", [2.6, 2.0], [2.1, 1.9], ">= 2.0")
+    assert within["gain"] < 1 and within["met"] is True  # the ranges overlap
+    assert before_after.judge("ddp", [7.0], [7.5], None)["met"] is None
