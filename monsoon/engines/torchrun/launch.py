@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ...errors import WorkerError
 
+
 def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -38,11 +39,11 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
     remove_stale_folders()
     folder = Path(tempfile.mkdtemp(prefix=f"monsoon-torch-{os.getpid()}-"))
     try:
-        with open(folder / "job.pkl", "wb") as f:
-            pickle.dump({"engine": engine, "problem": problem, "rule": rule,
-                         "strategy": strategy, "w0": w0, "workers": workers,
-                         "batch_size": batch_size, "seed": seed, "budget": budget,
-                         "recorder": recorder}, f, protocol=pickle.HIGHEST_PROTOCOL)
+        job = pickle.dumps({"engine": engine, "problem": problem, "rule": rule,
+                            "strategy": strategy, "w0": w0, "workers": workers,
+                            "batch_size": batch_size, "seed": seed, "budget": budget,
+                            "recorder": recorder}, protocol=pickle.HIGHEST_PROTOCOL)
+        (folder / "job.pkl").write_bytes(job)
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=workers,
                               run_id=uuid.uuid4().hex[:12], rdzv_backend="c10d",
                               rdzv_endpoint="127.0.0.1:0", max_restarts=engine.max_restarts,
@@ -51,7 +52,7 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
         saved = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads_per_worker(workers)))
         try:
-            with main_module_hidden(b"__main__" in (folder / "job.pkl").read_bytes()):
+            with main_module_hidden(b"__main__" in job):
                 elastic_launch(config, entrypoint=rank_main)(str(folder), os.getpid(),
                                                              AgentStreams())
         except ChildFailedError as exc:
