@@ -18,6 +18,8 @@ The folder is removed in every case; one whose agent was killed with
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pickle
 import shutil
@@ -52,7 +54,7 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
         saved = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads_per_worker(workers)))
         try:
-            with main_module_hidden(b"__main__" in job):
+            with main_module_hidden(b"__main__" in job), agent_log_without_tracebacks():
                 elastic_launch(config, entrypoint=rank_main)(str(folder), os.getpid(),
                                                              AgentStreams())
         except ChildFailedError as exc:
@@ -66,6 +68,29 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
         shutil.rmtree(folder, ignore_errors=True)
     recorder.__dict__.update(out["recorder"])
     return out["result"]
+
+
+class _NoTraceback(logging.Filter):
+    """Keeps the agent's line about a failed rank, drops its traceback: the
+    traceback is the agent's own poll loop (a rank reports its error through
+    the folder and exits 1), and torch's log formatter imports
+    ``torch._dynamo`` (seconds of CPU) to format one, after the rank died
+    and before the run can fail."""
+
+    def filter(self, record):
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+@contextlib.contextmanager
+def agent_log_without_tracebacks():
+    log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    quiet = _NoTraceback()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
 
 
 def start_method() -> str:
