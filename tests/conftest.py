@@ -10,6 +10,25 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+# Every JVM the tests start (Spark's drivers, executors, a standalone
+# master and worker) compiles with C1 only and collects with one thread:
+# the suite's jobs are short, and C2's compiler threads and the parallel
+# collector cost CPU they never earn back (a local[2] session with six short
+# runs: 40 s of JVM CPU, 20 s this way), on a machine of 2 cores shared with
+# the other tests. Where SPARK_CONF_DIR is set already it is left alone.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+if "SPARK_CONF_DIR" not in os.environ:
+    import atexit  # noqa: E402
+    import tempfile  # noqa: E402
+
+    _spark_conf = tempfile.mkdtemp(prefix="monsoon-tests-spark-conf-")
+    atexit.register(shutil.rmtree, _spark_conf, True)
+    Path(_spark_conf, "spark-defaults.conf").write_text(
+        f"spark.driver.extraJavaOptions {JVM_OPTIONS}\n"
+        f"spark.executor.extraJavaOptions {JVM_OPTIONS}\n")
+    os.environ["SPARK_CONF_DIR"] = _spark_conf
+    os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", JVM_OPTIONS)  # standalone master, worker
+
 # Tests that share a server run in one pytest-xdist worker (``--dist
 # loadgroup``): the Ray tests reuse one Ray instance (``local_ray``) and a
 # cluster started by ``ray start`` would be found by another worker's
@@ -23,8 +42,8 @@ SERVER_GROUPS = ("ray", "spark", "torchrun")
 def pytest_collection_modifyitems(config, items):
     # a module that stops the session's server for its own cluster
     # (``LAST_IN_GROUP``) runs after the others, so none starts it again
-    items.sort(key=lambda item: bool(getattr(getattr(item, "module", None), "LAST_IN_GROUP",
-                                             False)))
+    items.sort(key=lambda item: (bool(getattr(getattr(item, "module", None), "LAST_IN_GROUP",
+                                              False)), _spark_rank(item)))
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue  # a module that chose its own group
@@ -32,6 +51,21 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker(group) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+
+
+# The Spark modules in the order that starts the fewest sessions (spark_env
+# keeps one per master for the modules after): the module that needs one of
+# its own first, then those on local[2] (any module not named), then
+# local[2,4], then the local cluster.
+SPARK_FIRST = ("test_spark_users.py",)
+SPARK_LAST = ("test_spark_faults.py", "test_spark_torch.py", "test_spark_cluster.py")
+
+
+def _spark_rank(item) -> int:
+    name = item.path.name
+    if name in SPARK_FIRST:
+        return 0
+    return 2 + SPARK_LAST.index(name) if name in SPARK_LAST else 1
 
 
 @pytest.hookimpl(trylast=True)

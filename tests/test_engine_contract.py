@@ -78,30 +78,20 @@ def test_each_pair_that_is_taken_trains(strategy, engine):
 
 
 @pytest.fixture(scope="module")
-def spark_with_plugin(plugin_site):
-    """One Spark session for every spark run of this module (the table's
-    and the plug-in's), started with the plug-in's site on the driver's
-    path, which its executors take as theirs: the plug-in's tests can run
-    on it, and the module starts one session (a start, with the executors'
-    Python importing torch, costs seconds), not three."""
-    pytest.importorskip("pyspark")
-    import sys
-
-    from pyspark.sql import SparkSession
+def spark_with_plugin(plugin_site, tmp_path_factory):
+    """The Spark session the spark modules share (``spark_env``), with the
+    plug-in shipped to its executors as a zip of its site (``addPyFile``):
+    the plug-in's tests run on it, and this module starts no session of its
+    own (a start, with the executors' Python importing torch, costs seconds)."""
+    import shutil
 
     from spark_env import spark_session
 
-    active = SparkSession.getActiveSession()
-    if active is not None:  # another module's, whose executors lack the plug-in
-        active.stop()
-    session = spark_session("local[2]", share=False)  # its executors get the plug-in
-    sys.path.insert(0, str(plugin_site))
-    try:
-        spark = session.__enter__()
-    finally:
-        sys.path.remove(str(plugin_site))
-    yield spark
-    session.__exit__(None, None, None)
+    zipped = shutil.make_archive(str(tmp_path_factory.mktemp("plugin-zip") / "site"), "zip",
+                                 root_dir=plugin_site)
+    with spark_session("local[2]") as spark:
+        spark.sparkContext.addPyFile(zipped)
+        yield spark
 
 
 @pytest.mark.slow

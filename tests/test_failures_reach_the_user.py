@@ -17,6 +17,8 @@ from monsoon.cli import main
 from monsoon.errors import WorkerError
 from monsoon.record import recorder as recorder_module
 
+from spark_env import spark  # noqa: F401  (a fixture)
+
 
 @pytest.fixture
 def monitor_fault(monkeypatch):
@@ -50,8 +52,8 @@ ENGINES = [
 def test_a_failing_monitor_gives_one_line_and_a_failed_run_folder(engine, extra, tmp_path,
                                                                  monitor_fault, capsys,
                                                                  request):
-    if engine == "ray":
-        request.getfixturevalue("local_ray")
+    if engine in ("ray", "spark"):  # the suite's server, as the other tests of the engine
+        request.getfixturevalue({"ray": "local_ray", "spark": "spark"}[engine])
     out = tmp_path / "run"
     code = main(["train", "--problem", PROBLEM.get(engine, "digits"), "--strategy", "sync",
                  "--workers", "2", "--engine", engine, "--steps", "60", "--batch-size", "32",
