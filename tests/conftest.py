@@ -112,7 +112,12 @@ def _ray_for_the_session():
 
 @pytest.fixture(scope="module")
 def local_ray(_ray_for_the_session, plugin_site):
-    """A real local Ray instance with 2 CPUs. Its worker processes import
+    """A real local Ray instance that counts ``CPUS`` (8) logical CPUs on
+    this machine's 2 cores: every run of up to 8 workers reserves one CPU a
+    worker (``cpus_per_worker``), so the runs of consecutive tests have
+    hosts of one shape and reuse those the last run left (``hosts.py``), as
+    a user's sweep on an 8-core machine would; what reserves a share of a
+    CPU is tested on clusters of 1-CPU nodes. Its worker processes import
     helpers from tests/, monsoon from this checkout (not another one
     installed in the environment) and the example plug-in (the plug-in tests
     then need no instance of their own). Started once and kept for the
@@ -125,12 +130,13 @@ def local_ray(_ray_for_the_session, plugin_site):
     if ray.is_initialized() and _ray_paths.get("current") != paths:
         ray.shutdown()
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": paths}})
         _ray_paths["current"] = paths
     yield ray
 
 
+CPUS = 8
 _ray_paths = {}  # the PYTHONPATH the running instance of local_ray was started with
 
 

@@ -65,18 +65,24 @@ def _kill_worker_when_running(name: str, examples: int = 320):
     ray.kill(actor)
 
 
-def _idle_pids() -> set:
+def _idle_pids(holding=None) -> set:
+    """The idle hosts' process ids (``holding``: only those that hold CPUs,
+    a worker's, or only those that hold none, a shard's)."""
     from monsoon.engines.ray.hosts import POOL
 
-    return {ray.get(handle.pid.remote(), timeout=30) for _, _, handle in POOL.idle}
+    return {ray.get(handle.pid.remote(), timeout=30) for _, key, handle in POOL.idle
+            if holding is None or bool(key[0]) == holding}
 
 
 def test_the_next_run_reuses_the_hosts_and_ends_bit_identical(monkeypatch):
     """A run that ended normally leaves its worker and shard processes to the
     next run of this driver (no process start); the next run ends exactly as
-    the first, a run of another shape gets hosts of its own (the idle ones,
-    holding the instance's CPUs, are ended first), and idle hosts end after
-    IDLE_S."""
+    the first; a run whose shards are of another shape (more threads) still
+    takes the idle workers' hosts (a new shard holds no CPU, so nothing is
+    ended for it); a run whose workers reserve another share of a CPU gets
+    hosts of its own (the idle ones, holding CPUs, are ended first); and idle
+    hosts end after IDLE_S."""
+    from monsoon.engines.ray import engine as ray_engine
     from monsoon.engines.ray import hosts
 
     hosts.POOL.clear(ray)
@@ -88,8 +94,14 @@ def test_the_next_run_reuses_the_hosts_and_ends_bit_identical(monkeypatch):
     second = monsoon.train("logistic", "sync", 2, engine="ray", **opts)
     assert _idle_pids() == before
     np.testing.assert_array_equal(second.params, first.params)
+    workers = _idle_pids(holding=True)
+    monkeypatch.setattr(ray_engine, "server_threads", lambda n: 16)  # a shard of another shape
+    wider = monsoon.train("logistic", "sync", 2, engine="ray", **opts)
+    np.testing.assert_array_equal(wider.params, first.params)
+    assert workers <= _idle_pids(holding=True)  # the same worker processes served it
     monkeypatch.setattr(hosts, "IDLE_S", 0.2)
-    three = monsoon.train("logistic", "async", 3, engine="ray", **opts)  # 3 x 0.5 CPU
+    monkeypatch.setattr(ray_engine, "cpus_per_worker", lambda n, cpus: 0.5)  # another share
+    three = monsoon.train("logistic", "async", 3, engine="ray", **opts)
     assert three.summary["updates"] == 12
     deadline = time.monotonic() + 30
     while hosts.POOL.idle_count() and time.monotonic() < deadline:

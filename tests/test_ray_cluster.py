@@ -27,11 +27,14 @@ def cluster():
 
 
 def test_two_nodes_sync_equals_serial(cluster):
+    """Sync x4 across the two nodes equals serial on the full batch."""
     opts = dict(steps=12, batch_size=16384, dtype="float64", seed=2, lr=0.5)  # every example
     serial = monsoon.train("logistic", "serial", **opts)
-    # one shard (on the head): the claim is the workers' nodes; test_ray splits the server
-    run = monsoon.train("logistic", "sync", 2, engine="ray", address=cluster.address, shards=1,
-                        **opts)
+    # one shard (on the head): the claim is the workers' nodes; test_ray splits the server.
+    # 4 workers on 2 CPUs: each reserves half a CPU (cpus_per_worker), two a node; a
+    # reservation of a whole CPU each could not be placed and the run would time out
+    run = monsoon.train("logistic", "sync", 4, engine="ray", address=cluster.address, shards=1,
+                        timeout=60, **opts)
     np.testing.assert_allclose(run.params, serial.params, rtol=1e-6, atol=1e-12)
     assert not ray.is_initialized()  # monsoon joined, and left, the cluster
 

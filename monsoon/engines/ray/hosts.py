@@ -21,7 +21,9 @@ Invariants:
   ``run`` answered; otherwise it is killed, as an unpooled actor would be;
 - an idle host still holds what it was made with (a worker's CPU, its GPU),
   so an idle host is killed after ``IDLE_S`` seconds, and when a run needs
-  hosts of another shape (other resources, placement or concurrency);
+  a new host that holds resources (a worker's CPU or GPU) and the idle one
+  is of another shape (other resources, placement or concurrency); a new
+  host that holds none (a shard's, a clock's) ends no idle host;
 - the pool belongs to the driver's Ray job: after a new ``ray.init`` the old
   handles are forgotten, and the driver's exit ends its hosts (Ray ends a
   job's actors with it);
@@ -141,7 +143,10 @@ class Pool:
                     if k == key:
                         handle = self.idle.pop(i)[2]
                         break
-            if handle is None:  # idle hosts this run won't take hold resources it may need
+            if handle is None and (_holds(key) or name is not None):
+                # idle hosts of other shapes hold resources the new one may need (a
+                # host that holds none, a shard's, needs none freed: the run's
+                # workers may yet take the idle ones of their shape)
                 self._kill_where(ray, lambda k: _holds(k) and (name is not None or k != key))
             gen = next(self.gens)
         if handle is None:
