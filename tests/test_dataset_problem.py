@@ -66,3 +66,39 @@ def test_validation_split_of_a_dataset(folder):
     assert problem.n_examples == 72
     figures = problem.evaluate(problem.initial_params(0))
     assert set(figures) == {"loss", "val_loss"}
+
+
+def test_where_threads_race_in_ast_parse_a_process_reads_items_one_thread_at_a_time(
+        folder, monkeypatch):
+    """On the CPython versions whose ``ast.parse`` is not thread-safe
+    (gh-106905; ``np.load`` parses each .npy header), the prefetch thread and
+    the thread that evaluates never read items at the same time; the guard
+    is on exactly there. Forced on here, it is checked on any version."""
+    import sys
+    import threading
+    import time
+
+    from monsoon.problems import dataset_problem
+
+    v = sys.version_info[:3]
+    assert dataset_problem.AST_RACE == ((3, 11) <= v < (3, 11, 8) or (3, 12) <= v < (3, 12, 2))
+    monkeypatch.setattr(dataset_problem, "_READS", threading.Lock())
+    inside, most = [0], [0]
+
+    class Counted(NpyFolder):
+        def __getitem__(self, i):
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            time.sleep(0.002)  # a read long enough for the other thread to try one
+            inside[0] -= 1
+            return super().__getitem__(i)
+
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+    problem = TorchProblem.from_dataset(Counted(folder, Standardise(0.5)), net, nn.MSELoss(),
+                                        dtype="float64")
+    w = problem.initial_params(0)
+    problem.prefetch(np.arange(16, 48))  # the prefetch thread reads 32 items...
+    problem.loss(w)  # ...while this thread reads them all to evaluate
+    problem.gradient(w, np.arange(16, 48))
+    assert most[0] == 1

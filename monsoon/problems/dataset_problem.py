@@ -30,6 +30,8 @@ default); at most ``_MAX_PENDING`` batches wait in memory per worker.
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -38,6 +40,17 @@ import torch
 from .torch_problem import TorchProblem, is_classification, validation_split
 
 _MAX_PENDING = 2
+
+# CPython 3.11.0-3.11.7 and 3.12.0-3.12.1 build the AST objects of
+# ``ast.parse`` with one state shared by every thread (CPython gh-106905):
+# two threads parsing at once can fail with "SystemError: AST constructor
+# recursion depth mismatch", and a Dataset that reads .npy files parses in
+# every item (``np.load`` reads the header with ``ast.literal_eval``). There,
+# a process reads items in one thread at a time: the prefetch thread still
+# loads while the model computes, but never while another thread loads.
+AST_RACE = ((3, 11) <= sys.version_info[:3] < (3, 11, 8)
+            or (3, 12) <= sys.version_info[:3] < (3, 12, 2))
+_READS = threading.Lock() if AST_RACE else contextlib.nullcontext()
 
 
 class DatasetProblem(TorchProblem):
@@ -70,7 +83,8 @@ class DatasetProblem(TorchProblem):
 
     # -- reading the data ------------------------------------------------------
     def _load(self, dataset, indices):
-        batch = self.collate_fn([dataset[int(i)] for i in indices])
+        with _READS:
+            batch = self.collate_fn([dataset[int(i)] for i in indices])
         xb, yb = batch[0], batch[1]
         xb, yb = torch.as_tensor(xb), torch.as_tensor(yb)
         if xb.is_floating_point():
