@@ -286,3 +286,29 @@ def test_refusals_name_the_engine_to_use():
                              ("hogwild", "cannot carry out Apply .*engines that run hogwild: local")):
         with pytest.raises(ConfigError, match=advice):
             monsoon.train("exp", strategy, 2, engine="torch", steps=2, progress=False)
+
+
+def test_the_agents_log_of_a_failed_rank_keeps_its_line_without_a_traceback(caplog):
+    """While the agent runs, its line about a failed rank is logged without
+    the traceback (formatting one imports torch._dynamo: seconds between a
+    rank's death and the run's failure); outside, the logger is as it was."""
+    import logging
+
+    from monsoon.engines.torchrun.launch import agent_log_without_tracebacks
+
+    log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+
+    def failed():
+        try:
+            raise RuntimeError("process 1 terminated with signal SIGKILL")
+        except RuntimeError:
+            log.exception("failed (exitcode: -9) local_rank: 1")
+
+    with caplog.at_level(logging.ERROR, logger=log.name):
+        with agent_log_without_tracebacks():
+            failed()
+        failed()
+    inside, outside = caplog.records[-2:]
+    assert inside.getMessage() == outside.getMessage() == "failed (exitcode: -9) local_rank: 1"
+    assert inside.exc_info is None and outside.exc_info is not None
+    assert not log.filters
