@@ -46,11 +46,12 @@ def test_a_compressed_sync_run_killed_mid_way_resumes_bit_identical(tmp_path):
     run = tmp_path / "run"
     # long enough that the run is still going at its first checkpoint on a
     # busy machine: the monitor writes one at most 5% of the time, and drops
-    # one the workers outran (update 200-400 of 1,600 here, about a second
-    # of training left), so the kill lands mid-way
-    args = dict(epochs=100, seed=0, evals=0, compress="topk:0.1")
+    # one the workers outran (update 30-500 of 1,600 at 100 epochs, which
+    # train in 0.6 s on a quiet machine: twice in five, right after a full
+    # suite, that run ended before any), so the kill lands mid-way
+    args = dict(epochs=400, seed=0, evals=0, compress="topk:0.1")
     cmd = [sys.executable, "-m", "monsoon", "train", "--problem", "exp", "--strategy", "sync",
-           "--workers", "2", "--epochs", "100", "--seed", "0", "--evals", "0", "--quiet",
+           "--workers", "2", "--epochs", "400", "--seed", "0", "--evals", "0", "--quiet",
            "--compress", "topk:0.1", "--checkpoint-every", "30",
            "--out", str(run)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -72,7 +73,7 @@ def test_a_compressed_sync_run_killed_mid_way_resumes_bit_identical(tmp_path):
     resumed = monsoon.train("exp", "sync", 2, resume=str(run), **args)
     assert resumed.summary["resumed_from"] == str(saved[-1])
     whole = monsoon.train("exp", "sync", 2, **args)
-    assert resumed.summary["updates"] == whole.summary["updates"] == 100 * 16
+    assert resumed.summary["updates"] == whole.summary["updates"] == 400 * 16
     assert np.array_equal(resumed.params, whole.params)
 
 
