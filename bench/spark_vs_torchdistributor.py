@@ -28,6 +28,7 @@ evaluated after the run). Target: sync's end-to-end examples/s >= 1.0x the
 peer's, its loss curve within 1% of the peer's.
 
     python bench/spark_vs_torchdistributor.py [--repeats 3] [--rows 32768] [--epochs 2]
+        [--width 64] [--batch 1024]
 """
 import argparse
 import os
@@ -47,45 +48,46 @@ from monsoon.engines.spark import start_session  # noqa: E402
 D, HIDDEN, CLASSES, BATCH, LR, SEED = 64, 256, 10, 1024, 0.5, 0
 
 
-def features(ids) -> np.ndarray:
-    """Row i's features: D normal floats drawn from (SEED, i)."""
-    return np.stack([np.random.default_rng([SEED, int(i)]).standard_normal(D)
+def features(ids, d: int) -> np.ndarray:
+    """Row i's features: d normal floats drawn from (SEED, i)."""
+    return np.stack([np.random.default_rng([SEED, int(i)]).standard_normal(d)
                      .astype(np.float32) for i in ids])
 
 
 def labels(X) -> np.ndarray:
+    d = X.shape[1]
     teacher = np.random.default_rng([SEED, 1 << 40])
-    A = teacher.standard_normal((D, 32)) / np.sqrt(D)
+    A = teacher.standard_normal((d, 32)) / np.sqrt(d)
     B = teacher.standard_normal((32, CLASSES))
     return np.argmax(np.tanh(X @ A * 2) @ B, axis=1).astype(np.int64)
 
 
-def mlp():
+def mlp(d: int):
     import torch
     from torch import nn
 
     torch.manual_seed(SEED)
-    return nn.Sequential(nn.Linear(D, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+    return nn.Sequential(nn.Linear(d, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
                          nn.Linear(HIDDEN, CLASSES))
 
 
-def dataframe(spark, rows: int):
+def dataframe(spark, rows: int, d: int):
     """The DataFrame, generated on the executors: partition k holds ids
     k*rows/2 .. in order (so monsoon's global id of a row is its id)."""
     def part(ids):
         ids = list(ids)
-        X = features(ids)
+        X = features(ids, d)
         return zip((x.tolist() for x in X), labels(X).tolist())
 
     rdd = spark.sparkContext.range(rows, numSlices=2).mapPartitions(part)
     return spark.createDataFrame(rdd, "x array<float>, y long")
 
 
-def ours(spark, rows, epochs, strategy, evals):
+def ours(spark, rows, epochs, strategy, evals, d, batch):
     from torch import nn
 
     t0 = time.perf_counter()
-    data = monsoon.TorchProblem.from_spark(dataframe(spark, rows), mlp(), nn.CrossEntropyLoss(),
+    data = monsoon.TorchProblem.from_spark(dataframe(spark, rows, d), mlp(d), nn.CrossEntropyLoss(),
                                            features="x", label="y")
     evaluate, spent = data.evaluate, [0.0]
 
@@ -97,7 +99,7 @@ def ours(spark, rows, epochs, strategy, evals):
             spent[0] += time.perf_counter() - began
 
     data.evaluate = timed
-    run = monsoon.train(data, strategy, 2, engine="spark", epochs=epochs, batch_size=BATCH,
+    run = monsoon.train(data, strategy, 2, engine="spark", epochs=epochs, batch_size=batch,
                         lr=LR, seed=SEED, evals=evals, progress=False)
     wall = time.perf_counter() - t0 - spent[0]
     data.unpersist()
@@ -108,7 +110,7 @@ def ours(spark, rows, epochs, strategy, evals):
             "n_push": s.get("n_push_chosen", s.get("n_push")), "updates": s["updates"]}
 
 
-def ddp_train(rows, epochs):
+def ddp_train(rows, epochs, d, batch_size):
     """Runs in each torchrun process: DDP on its half of monsoon's sync
     batches; rank 0 returns its examples/s after warm-up and the full-data
     loss after every step."""
@@ -122,14 +124,14 @@ def ddp_train(rows, epochs):
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    X = torch.from_numpy(features(range(rows)))
+    X = torch.from_numpy(features(range(rows), d))
     y = torch.from_numpy(labels(X.numpy()))
-    model = nn.parallel.DistributedDataParallel(mlp())
+    model = nn.parallel.DistributedDataParallel(mlp(d))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loss_fn = nn.CrossEntropyLoss()
     kept = [[p.detach().clone() for p in model.module.parameters()]]
     steps = 0
-    for batch in global_batches(rows, BATCH, SEED, Budget(epochs=epochs)):
+    for batch in global_batches(rows, batch_size, SEED, Budget(epochs=epochs)):
         if steps == WARMUP:
             dist.barrier()
             t0 = time.perf_counter()
@@ -140,7 +142,7 @@ def ddp_train(rows, epochs):
         steps += 1
         kept.append([p.detach().clone() for p in model.module.parameters()])
     dist.barrier()
-    rate = (steps - WARMUP) * BATCH / (time.perf_counter() - t0)
+    rate = (steps - WARMUP) * batch_size / (time.perf_counter() - t0)
     curve, began = [], time.perf_counter()
     if rank == 0:
         net = model.module.eval()
@@ -154,14 +156,14 @@ def ddp_train(rows, epochs):
             "eval_s": time.perf_counter() - began}
 
 
-def peer(rows, epochs):
+def peer(rows, epochs, d, batch):
     from pyspark.ml.torch.distributor import TorchDistributor
 
     t0 = time.perf_counter()
     out = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(
-        ddp_train, rows, epochs)
+        ddp_train, rows, epochs, d, batch)
     wall = time.perf_counter() - t0 - out["eval_s"]
-    out.update(e2e=out["steps"] * BATCH / wall, wall_s=wall, loss=out["curve"][-1][1])
+    out.update(e2e=out["steps"] * batch / wall, wall_s=wall, loss=out["curve"][-1][1])
     return out
 
 
@@ -177,16 +179,19 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", type=int, default=32768)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--width", type=int, default=D, help="features a row (the MLP's input)")
+    ap.add_argument("--batch", type=int, default=BATCH, help="the global batch")
     ap.add_argument("--evals", type=int, default=8, help="rows of sync's loss curve")
     args = ap.parse_args()
     spark = start_session("local[2]", "monsoon-bench")
     spark.sparkContext.setLogLevel("ERROR")
     runs = {"sync": [], "async": [], "local-sgd": [], "peer": []}
     for rep in range(args.repeats):  # interleaved
-        runs["peer"].append(peer(args.rows, args.epochs))
+        runs["peer"].append(peer(args.rows, args.epochs, args.width, args.batch))
         for strategy in ("sync", "async", "local-sgd"):
             runs[strategy].append(ours(spark, args.rows, args.epochs, strategy,
-                                       args.evals if strategy == "sync" else 2))
+                                       args.evals if strategy == "sync" else 2,
+                                       args.width, args.batch))
         for name in runs:
             r = runs[name][-1]
             print(f"  rep {rep + 1}/{args.repeats} {name}: {r['e2e']:.0f} examples/s end to "
@@ -228,7 +233,8 @@ def main():
         "ratio": ratio, "steady_ratio": steady, "curve_gap": gap,
         "target": "sync's examples/s end to end >= 1.0x TorchDistributor's, loss curve "
                   "within 1%", "met": met,
-        "line": f"spark sync on a DataFrame vs TorchDistributor DDP, MLP on local[2]: "
+        "line": f"spark sync on a DataFrame vs TorchDistributor DDP, MLP {args.width}-{HIDDEN}-"
+                f"{HIDDEN}-{CLASSES}, {args.rows} rows, batch {args.batch}, on local[2]: "
                 f"{ratio:.2f}x its examples/s end to end ({steady:.2f}x in the steady "
                 f"state; target >= 1.0), loss curve within {100 * gap:.2g}% (target 1%)"})
 
