@@ -112,6 +112,36 @@ def test_a_slow_evaluation_thins_the_curve_evenly_within_its_share(monkeypatch):
         assert gaps.max() <= 3 * gaps.min()
 
 
+def test_an_evaluation_that_gets_faster_still_thins_the_curve_evenly(monkeypatch):
+    """The first three evaluations take 30 ms and the rest 3 ms (a busy
+    machine that quiets down, or caches that warm): the time left then
+    covers part of a level. Those points are spread over that level, and
+    no finer level's point is added beside its gaps (gaps of 2 and 10
+    updates on one curve, in a full run; of 1 and 5 here)."""
+    import time
+
+    from monsoon.record import recorder as rec_module
+
+    monkeypatch.setattr(rec_module, "EVAL_MIN_S", 0.0)
+    problem = make_problem("linear")
+    w = problem.initial_params(0)
+    slow, calls = problem.loss, []
+
+    def loss(v):
+        calls.append(1)
+        time.sleep(0.03 if len(calls) <= 3 else 0.003)
+        return slow(v)
+
+    monkeypatch.setattr(problem, "loss", loss)
+    rec = Recorder(problem, total_examples=None, evals=100, progress=False, cost_aware=True,
+                   eval_share=0.1)
+    rec.snapshots = [(i * 0.05, i, i, w + i) for i in range(41)]  # 0 .. 2 s: a 0.2 s share
+    kept = [r["updates"] for r in rec.settled_rows()]
+    assert 5 <= len(kept) < 41 and kept[0] == 0 and kept[-1] == 40, (kept, len(calls))
+    gaps = np.diff(kept)
+    assert gaps.max() <= 3 * gaps.min(), kept
+
+
 def test_a_problem_that_evaluates_many_points_at_once_is_budgeted_per_call(monkeypatch):
     """Data in Spark: a level of snapshots is one job of about the same cost
     whatever its size. With 50 ms a call and a 0.36 s share, the curve keeps

@@ -336,6 +336,7 @@ class Recorder:
             level = [i for i in level if i not in done]
             if not level:
                 continue
+            last = False
             if {0, len(snaps) - 1} <= done.keys() and budget < math.inf:  # the ends always are
                 spent = time.perf_counter() - began
                 if batched:
@@ -345,13 +346,19 @@ class Recorder:
                     can = int((budget - spent) / max(spent / max(points, 1), 1e-9))
                     if can <= 0:
                         break
-                    if can < len(level):  # what time is left, spread over the level
-                        level = [level[j * len(level) // can] for j in range(can)]
+                    if can < len(level):  # what time is left, spread evenly over the
+                        # level (the middle of each of ``can`` equal parts); a finer
+                        # level would add points beside this one's gaps: it waits
+                        level = [level[(2 * j + 1) * len(level) // (2 * can)]
+                                 for j in range(can)]
+                        last = True
             for i, metrics in zip(level, self.evaluate_all([snaps[i][3] for i in level])):
                 done[i] = metrics
             calls += 1
             points += len(level)
             self._fill_known(snaps, done)
+            if last:
+                break
         self.rows_dropped += len(snaps) - len(done)
         for i in sorted(done):
             t, up, ex, _ = snaps[i]
