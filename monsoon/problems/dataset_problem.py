@@ -23,7 +23,7 @@ Worker processes receive the Dataset pickled as it is: a lazy Dataset
 pickles as its file names; one holding tensors should keep them in shared
 memory or a memory map itself.
 
-Invariants: the same as ``TorchProblem`` (eval-mode evaluation under
+Invariants: the same as ``TorchModel`` (eval-mode evaluation under
 no_grad, buffers as trained state, the module's own initial weights by
 default); at most ``_MAX_PENDING`` batches wait in memory per worker.
 """
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .torch_problem import TorchProblem, is_classification, validation_split
+from .torch_model import TorchModel, is_classification, validation_split
 
 _MAX_PENDING = 2
 
@@ -53,7 +53,7 @@ AST_RACE = ((3, 11) <= sys.version_info[:3] < (3, 11, 8)
 _READS = threading.Lock() if AST_RACE else contextlib.nullcontext()
 
 
-class DatasetProblem(TorchProblem):
+class DatasetProblem(TorchModel):
     def __init__(self, module, loss_fn, dataset, collate_fn=None, dtype=None,
                  name: str = "dataset", eval_batch: int = 1024, init_fn=None,
                  init: str = "module", val=None, val_fraction: float = 0.0,

@@ -11,14 +11,14 @@ loss (``CrossEntropyLoss``, ``NLLLoss``, their functional forms) as int64
 ``(n,)``, to any other loss as floats ``(n, 1)`` (``nn.Linear(d, 1)``'s shape).
 
 Algorithm. Each partition's rows become tensors once, on its executor: one
-job turns them into a ``TorchProblem`` on that partition's rows alone, with
+job turns them into a ``TorchModel`` on that partition's rows alone, with
 its own replica of the module (shipped once, in that job's closure), and
 the partitions' problems are persisted as their ``Block``s with global
 example ids (``spark_data.SparkHeld``; the Spark work is the spark engine's
 transport, ``engines/spark/data.py``). A task then computes with its block's
 problem as with a catalog torch problem's: ``gradient(w, rows)`` re-points
 the replica at ``w``, the flat parameter vector the task received
-(``TorchProblem``'s layout), so only parameters and gradients travel, every
+(``TorchModel``'s layout), so only parameters and gradients travel, every
 strategy the engine runs works unchanged, and its exactly-once guarantee
 holds (the driver applies only what a finished job returns). The driver
 holds the module (initial parameters, ``model_at``, ``model.pt``), never the
@@ -47,7 +47,7 @@ import torch
 
 from ..errors import ConfigError
 from .spark_data import DenseChunk, SparkHeld
-from .torch_problem import TorchProblem
+from .torch_model import TorchModel
 
 
 def class_index_loss(loss_fn) -> bool:
@@ -128,7 +128,7 @@ def evaluate_block(block, w):
     return (block.n, block.problem.evaluate(w)) if block.n else (0, {})
 
 
-class SparkTorchData(SparkHeld, TorchProblem):
+class SparkTorchData(SparkHeld, TorchModel):
     """``module`` under ``loss_fn`` on data held in Spark (see the module doc)."""
 
     _needs_torch = True
@@ -190,9 +190,8 @@ class SparkTorchData(SparkHeld, TorchProblem):
             if not len(X):
                 return None, {"rows": 0, "error": None}
             try:
-                part = TorchProblem(module, loss_fn, torch.from_numpy(X), torch.from_numpy(y),
-                                    dtype=dtype, name="spark-partition",
-                                    eval_batch=eval_batch)
+                part = TorchModel(module, loss_fn, torch.from_numpy(X), torch.from_numpy(y),
+                                  dtype=dtype, name="spark-partition", eval_batch=eval_batch)
             except (ConfigError, ValueError) as exc:  # NaN or Inf; a module that does not fit
                 return None, {"rows": 0, "error": str(exc)}
             return part, {"rows": len(X), "width": X.shape[1], "error": None,

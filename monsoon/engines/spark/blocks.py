@@ -56,6 +56,7 @@ def restrict(problem, rows: np.ndarray):
     monsoon does not know how to cut this kind of problem."""
     from ...problems.linear import DenseLinear
     from ...problems.sparse_linear import SparseLinear
+    from ...problems.torch_model import TorchModel
     from ...problems.torch_problem import TorchProblem
 
     if type(problem) in (DenseLinear, SparseLinear):
@@ -65,12 +66,12 @@ def restrict(problem, rows: np.ndarray):
         part._grad = np.zeros_like(problem._grad)
         part._kernel_ready = False
         return part
-    if type(problem) is TorchProblem and getattr(problem, "X", None) is not None:
+    if type(problem) in (TorchModel, TorchProblem) and getattr(problem, "X", None) is not None:
         state = problem.__getstate__()
         index = torch_index(rows)
         state.update(X=problem.X.index_select(0, index), y=problem.y.index_select(0, index),
                      val=None, n_examples=len(rows), _shm=None, _share_pickles=False)
-        part = TorchProblem.__new__(TorchProblem)
+        part = type(problem).__new__(type(problem))
         part.__setstate__(state)
         return part
     return None

@@ -92,9 +92,9 @@ def steps_per_exchange(strategy) -> dict:
 
 
 def _is_torch(problem) -> bool:
-    from ...problems.torch_problem import TorchProblem
+    from ...problems.torch_model import TorchModel
 
-    return isinstance(problem, TorchProblem)
+    return isinstance(problem, TorchModel)
 
 
 class SparkEngine(Engine):
