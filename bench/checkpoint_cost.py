@@ -22,7 +22,7 @@ import tempfile
 import time
 
 import monsoon
-from monsoon.engines import checkpoints
+from monsoon.record import checkpoints
 from monsoon.engines.options import CHECKPOINT_EVERY
 from common import interleave, median, median_and_range, report
 from records import row, write_record

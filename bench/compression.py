@@ -5,7 +5,7 @@
 (``--sim-bandwidth 12.5e6``), once uncompressed and once per compressor
 (top-k at 0.1% and 1%, PowerSGD rank 4, with error feedback). The target
 loss is where uncompressed sync has made 80% of its loss drop. The sim charges each message's
-encoded size to the bandwidth model (engines/messages.py), so the record
+encoded size to the bandwidth model (compressors/messages.py), so the record
 shows the simulated time to the target loss, the bytes sent and their
 ratio. The target: compressed sync reaches the target loss at least 3x
 sooner (simulated seconds) than uncompressed.

@@ -21,9 +21,9 @@ import numpy as np
 from . import __version__
 from . import devices as _devices
 from .config import resolve
-from .engines.checkpoints import check_resume
+from .record.checkpoints import check_resume
 from .engines.lifecycle import StopSignals, signal_name
-from .engines.messages import add_bytes_column
+from .compressors.messages import add_bytes_column
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
 from .problems import Problem
 from .problems.buffers import combine as combine_buffers
@@ -108,7 +108,7 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float) -> MonsoonE
     checkpoint = None
     folder = getattr(engine, "checkpoint_dir", None)
     if folder:
-        from .engines.checkpoints import checkpoint_files
+        from .record.checkpoints import checkpoint_files
 
         found = checkpoint_files(folder)
         checkpoint = str(found[0]) if found else None

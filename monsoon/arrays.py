@@ -98,7 +98,7 @@ def like(a, values):
 def finite(g) -> bool:
     """Every entry of a tensor is finite: one reduction on its device and
     one number read back, unless the producer already said so for these
-    very contents (``note_finite``). (NumPy arrays: ``engines.reduce.finite``.)"""
+    very contents (``note_finite``). (NumPy arrays: ``server.reduce.finite``.)"""
     noted = getattr(g, "_monsoon_finite", None)
     if noted is not None and noted[0] == g._version:
         return noted[1]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .api import Result, train
 from .config import for_strategy, refuse_untaken
-from .engines.messages import by_strategy
+from .compressors.messages import by_strategy
 from .errors import ConfigError
 from .record.report import write_comparison
 from .strategies import STRATEGIES

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from . import devices as _devices
 from .compressors import COMPRESSORS
 from .engines import ENGINES, Engine
-from .engines import messages as _messages
+from .compressors import messages as _messages
 from .errors import ConfigError
 from .options import Option, at_least, declared, option_values, positive
 from .problems import PROBLEMS, Problem, problem_spec

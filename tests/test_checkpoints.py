@@ -12,7 +12,7 @@ import pytest
 
 import monsoon
 from monsoon.cli import main
-from monsoon.engines import checkpoints
+from monsoon.record import checkpoints
 from monsoon.errors import ConfigError
 
 

@@ -1,5 +1,5 @@
 """Every engine that writes checkpoints (local, sim, ray, spark, torch) keeps
-them in the one format of ``engines/checkpoints.py``, and on every one:
+them in the one format of ``record/checkpoints.py``, and on every one:
 
 - another run's checkpoint is refused by ``monsoon train --resume`` in one
   line on stderr, no traceback, exit code 2, before any worker starts;
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import monsoon
-from monsoon.engines import checkpoints
+from monsoon.record import checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Gradient compression (engines/messages.py): each compressor against a
+"""Gradient compression (compressors/messages.py): each compressor against a
 plain NumPy reference, error feedback's invariant, and compressed runs on
 the local and sim engines recording fewer bytes."""
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import monsoon
-from monsoon.engines import messages as M
+from monsoon.compressors import messages as M
 from monsoon.errors import ConfigError
 
 

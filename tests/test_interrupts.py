@@ -161,7 +161,7 @@ def kill_a_worker_once_running(out: Path, workers: int):
 
 def test_sigkill_to_a_sync_worker_fails_fast_and_names_it(tmp_path, capsys):
     from monsoon.cli import main
-    from monsoon.engines import checkpoints
+    from monsoon.record import checkpoints
 
     run = tmp_path / "run"
     killer, result = kill_a_worker_once_running(run, 2)

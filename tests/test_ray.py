@@ -227,7 +227,7 @@ def test_resume_from_a_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
 
 
 def test_async_resumes_from_its_workers_positions(tmp_path):
-    from monsoon.engines import checkpoints
+    from monsoon.record import checkpoints
 
     opts = dict(epochs=1, batch_size=128, shards=1, seed=0, timeout=30, evals=10)
     # 128 updates: checkpoints at 32, 64, 96 (and 128), the newest three kept; the

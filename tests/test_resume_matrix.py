@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import monsoon
-from monsoon.engines import checkpoints
+from monsoon.record import checkpoints
 from monsoon.errors import ConfigError
 
 from test_checkpoints import cut_after, every_checkpoint_due  # noqa: F401 (a fixture)

@@ -6,7 +6,7 @@
 entry-point group (see ``registry.py``). A compressor subclasses
 ``base.Compressor`` and declares the argument ``--compress NAME:ARG``
 takes; ``parse`` reads that spelling. The sender (error feedback, byte
-counts) and the transports are ``engines/messages.py``'s.
+counts) and the transports are ``compressors/messages.py``'s.
 """
 from __future__ import annotations
 

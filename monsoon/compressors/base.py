@@ -13,7 +13,7 @@ declares the argument after ``--compress NAME:`` (``argument``, an
 ``Option``; None: the name alone), what it needs of the problem
 (``layout``), and builds a worker's own instance (``build``). Error
 feedback, byte counts and transport are the sender's
-(``engines/messages.py``), never a compressor's.
+(``compressors/messages.py``), never a compressor's.
 """
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ class Engine:
     # How a worker finds its GPU under --device cuda (monsoon/devices.py): "index"
     # (worker k: cuda:(k mod GPUs)), "assigned" (the scheduler's), None (CPU only).
     device_placement: str | None = None
-    compresses = False   # carries out --compress (engines/messages.py)
+    compresses = False   # carries out --compress (compressors/messages.py)
     gives_loss: frozenset = frozenset()  # strategies whose steps hand the rule their
     #                                      full-batch loss (lbfgs; UpdateInfo.loss)
     compression = None   # the run's messages.Compression, set before ``run``

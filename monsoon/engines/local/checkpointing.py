@@ -1,5 +1,5 @@
 """What the local engine saves and restores (the file format is
-``engines/checkpoints.py``).
+``record/checkpoints.py``).
 
 Two kinds of checkpoint, by strategy:
 
@@ -39,8 +39,8 @@ import time
 import numpy as np
 
 from ...strategies.batches import batches_in, part_bounds
-from .. import checkpoints
-from ..checkpoints import examples_after
+from ...record import checkpoints
+from ...record.checkpoints import examples_after
 from .store import DROPPED, EXAMPLES, LATE, UPDATES
 
 # After a write taking t seconds, the next waits COST_FACTOR * t: <= 5% of the run.

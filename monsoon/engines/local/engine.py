@@ -53,7 +53,7 @@ import numpy as np
 from ...errors import WorkerError
 from ...options import Option
 from ...strategies import WorkerJob
-from .. import checkpoints
+from ...record import checkpoints
 from ..heap import keep_freed_memory
 from ..lifecycle import signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
@@ -64,7 +64,7 @@ from ..waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
                             restore_buffers, sender_slots, sender_state)
 from .inbox import Outbox, PipeInbox, QueueInbox
-from ..messages import Compression, Sender, compressing, summarize
+from ...compressors.messages import Compression, Sender, compressing, summarize
 from ... import arrays
 from .monitor import WorkerMonitor
 from .runtime import WorkerRuntime

@@ -20,10 +20,10 @@ import numpy as np
 from ... import arrays
 from ...errors import WaitTimeout
 from ..base import EngineResult
-from ..clocks import clock_extra
+from ...server.clocks import clock_extra
 from ..due import Due
 from ..lifecycle import StopSignals
-from ..messages import Compression, summarize
+from ...compressors.messages import Compression, summarize
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)

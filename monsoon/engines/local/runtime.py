@@ -34,7 +34,7 @@ from ... import arrays
 from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push, SGDPass)
-from ..server import LocalUpdate, ServerCore
+from ...server.core import LocalUpdate, ServerCore
 from ..waiting import HOT_TURNS, Aborted
 from .clocks import LocalClocks
 from .store import (DROPPED, EXAMPLES, LOSS_N, LOSS_SUM, STALE_MAX, STALE_N, STALE_SUM,

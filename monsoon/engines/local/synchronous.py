@@ -46,8 +46,8 @@ import time
 import numpy as np
 
 from ... import arrays
-from ..reduce import WeightedMean, finite, weighted_sum
-from ..server import ServerCore
+from ...server.reduce import WeightedMean, finite, weighted_sum
+from ...server.core import ServerCore
 from ..waiting import Aborted, wait_until
 from .checkpointing import save_sender
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,

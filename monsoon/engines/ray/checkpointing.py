@@ -1,5 +1,5 @@
 """Checkpoints of the ray engine: the driver writes them with the shared
-``engines/checkpoints.py`` ``Checkpointer`` (one ``ckpt-*.npz`` per
+``record/checkpoints.py`` ``Checkpointer`` (one ``ckpt-*.npz`` per
 checkpoint in the run folder, the run's identity, atomic write with fsync,
 retention, fallback to an older good file, one-line refusals).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...strategies.ops import Average, Elastic
-from .. import checkpoints
+from ...record import checkpoints
 
 
 def private_copies(strategy) -> bool:

@@ -1,6 +1,6 @@
 """SSP's clock server for the Ray engine (a threaded Ray actor).
 
-It holds the clock table (``engines/clocks.py``). A worker settles its
+It holds the clock table (``server/clocks.py``). A worker settles its
 pushes of a clock (every shard has applied them) before it calls ``tick``,
 so a published tick means that clock's updates are in; ``tick`` returns
 once the bound allows the worker's next clock (with the floor), or raises
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from ..clocks import ClockTable
+from ...server.clocks import ClockTable
 
 
 class ClockServer:

@@ -29,7 +29,7 @@ starting new ones.
 
 Checkpoints (``checkpointing.py``): with a run folder, the driver writes one
 every ``checkpoint_every`` updates from the shards' copies, through the
-shared ``engines/checkpoints.py``; ``resume_dir`` carries a sync run on
+shared ``record/checkpoints.py``; ``resume_dir`` carries a sync run on
 exactly (it ends as an uninterrupted run would) and an async run from its
 workers' positions, and refuses another run's checkpoint in one line.
 """
@@ -50,10 +50,10 @@ from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradie
                                LocalStep, Push)
 from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine, EngineResult,
                     shard_bounds, shard_count)
-from ..checkpoints import Checkpointer
+from ...record.checkpoints import Checkpointer
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
-from ..clocks import clock_extra
-from ..messages import Compression, summarize
+from ...server.clocks import clock_extra
+from ...compressors.messages import Compression, summarize
 from .checkpointing import ShardCheckpoints, private_copies
 from .clock import ClockServer
 from .hosts import POOL, kill

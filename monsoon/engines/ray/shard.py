@@ -35,9 +35,9 @@ import threading
 
 import numpy as np
 
-from ..messages import receive
-from ..reduce import weighted_sum
-from ..server import ServerCore, new_readers
+from ...compressors.messages import receive
+from ...server.reduce import weighted_sum
+from ...server.core import ServerCore, new_readers
 
 TAKEN = 4  # copies a shard keeps until the driver collects them
 
@@ -50,7 +50,7 @@ class Shard:
         self.compression = compression  # messages.Compression, or None: dense slices
         self.start, self.end, self.size = span  # this slice of the whole vector
         params = np.array(params, copy=True)
-        # the update (``server.py``); its version counts the updates of this
+        # the update (``server/core.py``); its version counts the updates of this
         # slice (a synchronous step's, dropped or not, is one)
         self.core = ServerCore(params, rule,
                                readers=new_readers(rule, workers, params.size, params.dtype))

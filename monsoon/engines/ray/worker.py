@@ -30,9 +30,9 @@ import numpy as np
 
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push, Regroup)
-from ..messages import Compression, Sender, compressing
-from ..reduce import finite
-from ..server import LocalUpdate
+from ...compressors.messages import Compression, Sender, compressing
+from ...server.reduce import finite
+from ...server.core import LocalUpdate
 
 
 class RemoteWorker:

@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 
 from ...strategies.ops import Clock, Fetch, Gradient
-from ..clocks import ClockTable, clock_extra
+from ...server.clocks import ClockTable, clock_extra
 
 REQUEST_BYTES = 64
 

@@ -30,7 +30,7 @@ gives the same event order and bit-identical parameters; with zero latency,
 zero service time and constant compute, sim sync equals local sync bit for
 bit (the same shard-wise reduction and update).
 
-Checkpoints (``engines/checkpoints.py``; every ``checkpoint_every`` updates,
+Checkpoints (``record/checkpoints.py``; every ``checkpoint_every`` updates,
 and on SIGTERM/SIGINT) hold the parameters, rule state, private copies,
 counters, the delays' RNG state, the virtual time, the events taken and
 the loss curve. In-flight messages and program positions live in the event
@@ -53,14 +53,14 @@ from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch,
                                LocalApply, LocalStep, Push)
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
-from ..reduce import finite, weighted_sum
-from ..server import LocalUpdate, ServerCore, new_readers
-from .. import checkpoints
+from ...server.reduce import finite, weighted_sum
+from ...server.core import LocalUpdate, ServerCore, new_readers
+from ...record import checkpoints
 from ..lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, checkpoint_paths
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
-from ..messages import Compression, Sender, compressing, summarize
+from ...compressors.messages import Compression, Sender, compressing, summarize
 from .clocks import SimClocks
 
 REQUEST_BYTES = 64  # a fetch request, an acknowledgement
@@ -176,7 +176,7 @@ class SimEngine(Engine):
         self.params = np.array(w0, copy=True)
         self.state = rule.init(n, w0.dtype)
         self.replicated = replicates(strategy, w0)
-        # the server's update (``server.py``): the whole vector (Hogwild!, a
+        # the server's update (``server/core.py``): the whole vector (Hogwild!, a
         # replicated step) and each shard; one staleness count for the run
         self.staleness = Counter()
         self.server = ServerCore(self.params, rule, self.state,

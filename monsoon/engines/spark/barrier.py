@@ -50,7 +50,7 @@ import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
 from ...strategies.ops import AllReduce
-from ..checkpoints import Checkpointer
+from ...record.checkpoints import Checkpointer
 from .jobs import short_error
 
 ASK_EVERY_S = 0.01

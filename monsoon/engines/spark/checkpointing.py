@@ -1,5 +1,5 @@
 """Checkpoints of the spark engine: the driver's server state, written with
-the shared ``engines/checkpoints.py`` (atomic, no pickle, refuses another
+the shared ``record/checkpoints.py`` (atomic, no pickle, refuses another
 run's).
 
 The driver holds everything a run needs to carry on: the parameters, the
@@ -15,7 +15,7 @@ worker copies of local-sgd and easgd (they refuse ``--resume``).
 """
 from __future__ import annotations
 
-from ..checkpoints import Checkpointer, restore_state, staleness_arrays
+from ...record.checkpoints import Checkpointer, restore_state, staleness_arrays
 
 
 def DriverCheckpoints(engine, problem, strategy, rule, workers, batch_size, seed, recorder):

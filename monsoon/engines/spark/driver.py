@@ -43,8 +43,8 @@ from ...errors import ConfigError
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..reduce import weighted_sum
-from ..server import LocalUpdate, ServerCore, new_readers
+from ...server.reduce import weighted_sum
+from ...server.core import LocalUpdate, ServerCore, new_readers
 from .checkpointing import restore_state
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum
@@ -56,7 +56,7 @@ class DriverPrograms:
     def __init__(self, ctx, rule, strategy, w0, ckpts):
         self.ctx, self.rule, self.strategy, self.ckpts = ctx, rule, strategy, ckpts
         self.w = np.array(w0, copy=True)
-        # the server's update (``server.py``): its version, dropped count and staleness
+        # the server's update (``server/core.py``): its version, dropped count and staleness
         self.core = ServerCore(self.w, rule, readers=new_readers(rule, ctx.workers, self.w.size,
                                                                  self.w.dtype))
         self.shared = strategy.shared_params

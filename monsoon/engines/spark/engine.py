@@ -15,7 +15,7 @@ where each program runs follows from its declarations (``placement.py``):
   no barrier slot): each batch of Gradient ops is one job over every
   partition, reduced on the driver in rank order. Either way sync = serial.
 - in tasks, one segment (up to the next exchange) per task: Push / Elastic
-  programs (async, ssp, easgd: ``server.py``) run one driver thread per
+  programs (async, ssp, easgd: ``spark/server.py``) run one driver thread per
   partition, one small job per push period on that partition alone, the
   driver applying each finished job's result once (and, for SSP's
   ``Clock``, holding back the next job of a partition that is ahead); Average programs

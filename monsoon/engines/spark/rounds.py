@@ -20,9 +20,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..messages import Compression, Sender, receive, summarize
-from ..reduce import weighted_sum
-from ..server import ServerCore
+from ...compressors.messages import Compression, Sender, receive, summarize
+from ...server.reduce import weighted_sum
+from ...server.core import ServerCore
 from .jobs import share
 from .sizing import JobTiming
 from .tasks import run_segment

@@ -25,7 +25,7 @@ reads the parameters once, at its start (``placement.check_segments``
 refuses a program that reads them again before its exchange).
 
 SSP (``Clock``): a segment is one clock. After applying k's push the driver
-ticks k's clock (``engines/clocks.py``); before k's next job it waits, under
+ticks k's clock (``server/clocks.py``); before k's next job it waits, under
 the run's timeout, until every live worker has finished clock c - S - 1,
 then reads the clock floor with the parameters: a segment's gradients are
 at most S clocks stale. A worker that ends, fails or times out is retired.
@@ -46,9 +46,9 @@ import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
 from ...strategies.ops import Clock, Elastic
-from ..clocks import ClockTable, clock_extra
-from ..messages import Compression, Sender, receive, summarize
-from ..server import LocalUpdate, ServerCore, new_readers
+from ...server.clocks import ClockTable, clock_extra
+from ...compressors.messages import Compression, Sender, receive, summarize
+from ...server.core import LocalUpdate, ServerCore, new_readers
 from .checkpointing import restore_state, staleness_arrays
 from .jobs import share, short_error
 from .sizing import JobTiming
@@ -90,7 +90,7 @@ class DriverServer:
         self.ckpts = ckpts
         self.strategy = strategy
         self.w = np.array(w0, copy=True)
-        # the server's update (``server.py``): its version, dropped count and staleness
+        # the server's update (``server/core.py``): its version, dropped count and staleness
         self.core = ServerCore(self.w, rule, readers=new_readers(rule, ctx.workers, self.w.size,
                                                                  self.w.dtype))
         self.lock = threading.Lock()

@@ -20,8 +20,8 @@ import numpy as np
 
 from ...strategies.ops import (Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..reduce import finite
-from ..server import LocalUpdate
+from ...server.reduce import finite
+from ...server.core import LocalUpdate
 
 _EXCHANGES = (Push, Average, Elastic)  # end a segment: exchanges with the server, on the driver
 

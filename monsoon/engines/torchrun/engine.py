@@ -45,7 +45,7 @@ import os
 
 from ...options import Option
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
-from .. import checkpoints
+from ...record import checkpoints
 from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
 from .collectives import under_torchrun

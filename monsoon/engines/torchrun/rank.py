@@ -51,11 +51,11 @@ from ... import arrays
 from ...errors import ConfigError, WorkerError
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
-from .. import checkpoints
+from ...record import checkpoints
 from ..base import EngineResult
-from ..messages import Compression, Sender, compressing, receive, summarize
-from ..reduce import finite
-from ..server import LocalUpdate, ServerCore
+from ...compressors.messages import Compression, Sender, compressing, receive, summarize
+from ...server.reduce import finite
+from ...server.core import LocalUpdate, ServerCore
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
@@ -148,7 +148,7 @@ class RankWorker:
                 and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS + self.world, comm,
                                    int(engine.bucket_mb * 2**20))
-        # the step's update (``server.py``), on the replica where it lives now
+        # the step's update (``server/core.py``), on the replica where it lives now
         self.core = ServerCore(self.server, rule, self.state)
         self.handlers = {Gradient: self.gradient, AllReduce: self.all_reduce,
                          Average: self.average, Elastic: self.elastic,

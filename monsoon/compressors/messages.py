@@ -32,13 +32,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compressors import COMPRESSORS, Compressor, parse
+from . import COMPRESSORS, Compressor, parse
 # the compressors' old import paths (tests, benchmarks)
-from ..compressors import PowerSGD, QSGD, RandK, Sign, TopK  # noqa: F401
-from ..compressors.base import Encoded, index_bytes  # noqa: F401
+from . import PowerSGD, QSGD, RandK, Sign, TopK  # noqa: F401
+from .base import Encoded, index_bytes  # noqa: F401
 from ..errors import ConfigError
 from ..strategies.ops import AllReduce, Average, Elastic, Fetch, Push
-from .reduce import finite
+from ..server.reduce import finite
 
 
 def by_strategy(spec) -> dict | None:
