@@ -94,3 +94,16 @@ def test_the_problems_never_import_an_engine():
     graph = _graph()
     assert {(m, t) for m, targets in graph.items() if m.startswith("monsoon.problems")
             for t in targets if t.startswith("monsoon.engines")} == set()
+
+
+def test_no_function_under_engines_is_longer_than_80_lines():
+    """An engine's steps stay small enough to read (issue 47): a longer
+    function is split where its parts have names."""
+    long = []
+    for path in (PACKAGE / "engines").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({lines})")
+    assert long == []
