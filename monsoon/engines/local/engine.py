@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import WorkerError
 from ...options import Option
 from ...strategies import WorkerJob
 from ...record import checkpoints
@@ -625,22 +624,6 @@ class LocalEngine(Engine):
         return (f"{workers} worker processes did not start within {waited:g} s on {cores} "
                 f"cores; use fewer --workers (at most {2 * cores} start quickly here) or "
                 "--backend threads")
-
-    @staticmethod
-    def _must_stop(strategy, failed: dict, workers: int) -> bool:
-        """Sync cannot lose more workers than it has backups; nobody can lose all."""
-        return len(failed) == workers or (strategy.needs_all_workers
-                                          and len(failed) > strategy.backup_workers)
-
-    @staticmethod
-    def _fail(failed: dict, workers: int) -> WorkerError:
-        rank = min(failed)
-        text = failed[rank]
-        why = "every worker failed" if len(failed) == workers else "this strategy needs every worker"
-        err = WorkerError(f"worker {rank} failed, and {why}: {text.splitlines()[0]}")
-        err.worker = rank
-        err.worker_traceback = text
-        return err
 
     def _join(self, handles, ctx) -> None:
         deadline = time.monotonic() + max(5.0, min(self.timeout, 30.0))

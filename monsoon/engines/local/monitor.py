@@ -18,12 +18,12 @@ from collections import Counter
 import numpy as np
 
 from ... import arrays
+from ...compressors.messages import Compression, summarize
 from ...errors import WaitTimeout
-from ..base import EngineResult
 from ...server.clocks import clock_extra
+from ..base import EngineResult, lost_workers_error
 from ..due import Due
 from ..lifecycle import StopSignals
-from ...compressors.messages import Compression, summarize
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)
@@ -139,8 +139,9 @@ class WorkerMonitor:
 
     def check_failed(self) -> None:
         """Fail the run if it has lost more workers than its strategy allows."""
-        if self.engine._must_stop(self.strategy, self.failed, self.workers):
-            raise self.engine._fail(self.failed, self.workers)
+        err = lost_workers_error(self.failed, self.strategy, self.workers)
+        if err is not None:
+            raise err
 
     # -- start-up ------------------------------------------------------------
     def await_ready(self, start_timeout: float) -> None:

@@ -49,8 +49,9 @@ from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
 from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine, EngineResult,
-                    shard_bounds, shard_count)
+                    lost_workers_error, shard_bounds, shard_count)
 from ...record.checkpoints import Checkpointer
+from ..due import Due
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ...server.clocks import clock_extra
 from ...compressors.messages import Compression, summarize
@@ -282,7 +283,7 @@ class RayEngine(Engine):
         running = {a.run.remote(): rank for rank, a in enumerate(actors)}
         results, failed = {}, {}
         seen, gone = {}, 0  # each rank's last figures; the examples of actors that died
-        examples, last_change = 0, time.monotonic()
+        due = Due(recorder, timeout=self.timeout)  # rows, live reports, the no-progress backstop
         stopped = None
         while running:
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=self.poll_s)
@@ -305,20 +306,19 @@ class RayEngine(Engine):
             by_rank = {r: f["examples"] for r, f in figures.items()}
             ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, by_rank)
             if membership is None:  # elastic: Membership.lose decides
-                self._fail_if_lost(failed, strategy, workers)
+                err = lost_workers_error(failed, strategy, workers)
+                if err is not None:
+                    raise err
             now = time.perf_counter() - t0
-            counts = start.examples + gone + sum(by_rank.values())
-            if counts != examples:
-                examples, last_change = counts, time.monotonic()
-            elif time.monotonic() - last_change > 2 * self.timeout:
-                raise WaitTimeout(f"no Ray worker made progress for {2 * self.timeout:g} s")
-            if recorder.due(now, examples):
+            examples = start.examples + gone + sum(by_rank.values())
+            due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
+            if due.row(now, examples):
                 params, version, dropped = self._params(ray, shards)
                 stopped = recorder.record(now, version, examples, params, start.dropped + dropped)
                 if stopped is not None:
                     break
-            if recorder.live_due(now):
-                self._report_live(recorder, now, examples, figures)
+            due.live(now, lambda: _totals(examples, figures), lambda: (figures, _staleness(
+                figures.values())))
         wall = time.perf_counter() - t0
         # an elastic run that lost workers still ran every step (Membership.lose
         # fails the run when no member is left)
@@ -347,27 +347,6 @@ class RayEngine(Engine):
                                   "monsoon and the problem's code importable)")
                 err.worker = rank
                 raise err from exc
-
-    @staticmethod
-    def _fail_if_lost(failed: dict, strategy, workers: int) -> None:
-        """Fails the run, naming the lowest failed rank, when every worker
-        failed, or when the strategy needs every worker and more failed than
-        its backup workers cover."""
-        if len(failed) == workers or (
-                strategy.needs_all_workers and len(failed) > strategy.backup_workers):
-            rank = min(failed)
-            why = ("every worker failed" if len(failed) == workers
-                   else "this strategy needs every worker")
-            err = WorkerError(f"worker {rank} failed, and {why}: {failed[rank]}")
-            err.worker = rank
-            raise err
-
-    @staticmethod
-    def _report_live(recorder, now, examples, figures: dict) -> None:
-        """The live report from the workers' latest figures (by rank)."""
-        recorder.live(now, examples, sum(f.get("updates", 0) for f in figures.values()),
-                      figures, _staleness(figures.values()),
-                      sum(f["dropped"] for f in figures.values()))
 
     def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped,
                 clock, membership) -> EngineResult:
@@ -410,6 +389,13 @@ class RayEngine(Engine):
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
         return (np.concatenate([p for p, _, _ in parts]), parts[0][1],
                 sum(d for _, _, d in parts))
+
+
+def _totals(examples: int, figures: dict) -> tuple:
+    """(examples, updates, dropped) for a live report, from the workers'
+    latest figures (by rank)."""
+    return (examples, sum(f.get("updates", 0) for f in figures.values()),
+            sum(f["dropped"] for f in figures.values()))
 
 
 def _staleness(figures) -> Counter:

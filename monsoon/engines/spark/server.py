@@ -44,7 +44,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...errors import WaitTimeout, WorkerError
+from ...errors import WaitTimeout
+from ..base import lost_workers_error
 from ...strategies.ops import Clock, Elastic
 from ...server.clocks import ClockTable, clock_extra
 from ...compressors.messages import Compression, Sender, receive, summarize
@@ -254,6 +255,13 @@ class DriverServer:
             done = self.updates + self.core.dropped
         self.ckpts.save(done, now, params, state, meta, arrays)
 
+    def _fail_if_lost(self) -> None:
+        """Every worker failed: the run fails (``base.lost_workers_error``;
+        the strategies run here carry on while one is left)."""
+        err = lost_workers_error(self.failed, self.strategy, self.ctx.workers)
+        if err is not None:
+            raise err
+
     def _cancel_stuck(self) -> None:
         """A worker whose job has run past the timeout is out: named in
         failed_workers, its job cancelled; the others carry on."""
@@ -278,11 +286,7 @@ class DriverServer:
         try:
             while any(t.is_alive() for t in threads):
                 time.sleep(poll_s)
-                if len(self.failed) == ctx.workers:
-                    k = min(self.failed)
-                    err = WorkerError(f"every worker failed; worker {k}: {self.failed[k]}")
-                    err.worker = k
-                    raise err
+                self._fail_if_lost()
                 self._cancel_stuck()
                 if time.monotonic() - self.last_change > 2 * ctx.timeout:
                     raise WaitTimeout(f"no Spark worker returned for {2 * ctx.timeout:g} s; "
@@ -311,11 +315,7 @@ class DriverServer:
             for t in threads:
                 t.join(timeout=ctx.timeout)
         wall = time.perf_counter() - t0
-        if len(self.failed) == ctx.workers:
-            k = min(self.failed)
-            err = WorkerError(f"every worker failed; worker {k}: {self.failed[k]}")
-            err.worker = k
-            raise err
+        self._fail_if_lost()
         return {"params": self.w, "wall": wall, "examples": self.examples,
                 "updates": self.updates, "dropped": self.core.dropped,
                 "staleness": self.core.staleness,
