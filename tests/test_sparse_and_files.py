@@ -249,3 +249,31 @@ def test_a_libsvm_file_trains_the_plain_log_loss(tmp_path):
     z = X @ w[:-1] + w[-1]
     by_hand = np.mean(np.logaddexp(0, z) - (y > 0) * z)
     assert problem.loss(w) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_the_compiled_loop_runs_for_a_rule_that_declares_a_plain_step():
+    """The local engine takes a problem's compiled per-example loop where the
+    rule declares its step plain (``Rule.plain_step``), by that declaration,
+    never by the rule's name: a renamed plain SGD takes it, a subclass of
+    SGD that changes the step does not, nor does AdaGrad."""
+    from monsoon.engines.local.engine import LocalEngine
+    from monsoon.rules import make_rule
+    from monsoon.rules.sgd import SGD
+    from monsoon.strategies import make_strategy
+    from monsoon.strategies.batches import Budget
+
+    class Renamed(SGD):
+        name = "my-sgd"
+
+    class Clipped(SGD):
+        name = "clipped"
+        plain_step = False
+
+    problem = rcv1_like(rows=200, features=50, nnz=5)
+    hogwild, epochs = make_strategy("hogwild"), Budget(epochs=1)
+    sgd = make_rule("sgd", 0.1)
+    takes = {name: LocalEngine.uses_kernel(problem, rule, hogwild, epochs)
+             for name, rule in [("sgd", sgd), ("renamed", Renamed(sgd.schedule)),
+                                ("clipped", Clipped(sgd.schedule)),
+                                ("adagrad", make_rule("adagrad", 0.1))]}
+    assert takes == {"sgd": True, "renamed": True, "clipped": False, "adagrad": False}

@@ -83,6 +83,10 @@ SCHEDULES = ("constant", "step")
 class Rule:
     name = "rule"
     device_arrays = True  # apply runs on torch tensors too (see the module doc)
+    # The step is w <- w - lr_t * g and nothing else (no state, no memory of
+    # reads): a problem's compiled per-example loop (``sgd_pass``) may take
+    # it in place of ``apply``. A subclass that changes the step sets False.
+    plain_step = False
     # Options every rule takes; a rule with its own adds them to these.
     options = (
         Option("lr_schedule", str, "constant", "constant, or step: lr * gamma^floor(t / step size)",

@@ -15,6 +15,7 @@ _AXPY = {np.dtype("float32"): blas.saxpy, np.dtype("float64"): blas.daxpy}
 
 class SGD(Rule):
     name = "sgd"
+    plain_step = True  # the local engine may run a problem's compiled loop instead
 
     def apply(self, w, g, state, info):
         lr = self.learning_rate(info)

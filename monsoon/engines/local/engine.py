@@ -417,7 +417,7 @@ class LocalEngine(Engine):
     def uses_kernel(problem, rule, strategy, budget) -> bool:
         """Hogwild!/serial on a problem with a compiled per-example SGD loop,
         plain SGD, an epoch budget: run the loop, not mini-batches."""
-        return (hasattr(problem, "sgd_pass") and rule.name == "sgd" and not rule.staleness_lr
+        return (hasattr(problem, "sgd_pass") and rule.plain_step and not rule.staleness_lr
                 and budget.epochs is not None and strategy.per_example_loop)
 
     def shares_device_arrays(self) -> bool:
