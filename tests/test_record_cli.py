@@ -134,6 +134,22 @@ def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
         assert "sync ran slower than serial" in text and "--repeats" not in text
 
 
+def test_the_report_reads_staleness_from_the_figures_not_the_strategys_name():
+    """Every strategy whose updates came stale gets the staleness reading
+    (ssp, a plug-in's), and one whose updates never did gets none."""
+    from monsoon.record.report import comparison_rows, explain
+
+    stale = {"mean": 1.5, "max": 4}
+    rows = comparison_rows([[_summary("serial", 100.0)],
+                            [dict(_summary("ssp", 150.0), staleness=stale)],
+                            [dict(_summary("my-async", 150.0), staleness=stale)],
+                            [_summary("async", 150.0)]])  # no update came stale
+    text = "\n".join(explain(rows))
+    for name in ("ssp", "my-async"):
+        assert f"- {name}: updates were computed on parameters 1.5 updates old" in text
+    assert "- async: updates were" not in text
+
+
 def test_the_report_names_each_strategys_rule_where_they_differ():
     """Spark's linear data: sync's default is lbfgs, async's AdaGrad; the
     report and comparison.csv say which rule each row ran."""

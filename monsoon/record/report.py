@@ -202,7 +202,7 @@ def explain(rows: list[dict]) -> list[str]:
                    "it saves. Parallel strategies pay off when an update costs milliseconds "
                    "(a larger model or batch) or when gradients are sparse (Hogwild!).")
     for r in rows:
-        if r["strategy"] in ("async", "hogwild") and r["staleness_mean"]:
+        if r["staleness_mean"]:  # any strategy whose updates came stale, by its figures
             loss_ratio = (r["final_loss"] / base["final_loss"]
                           if base["final_loss"] else None)
             verdict = ("hurt" if loss_ratio and loss_ratio > 1.1 else "did not hurt")
