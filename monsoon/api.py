@@ -230,7 +230,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     # (with the buffers the monitor's model has); the final row with the
     # trained buffers, combined per the strategy's policy.
     recorder.settled_rows(final_updates=res.updates)
-    if res.worker_states and hasattr(problem, "load_state"):
+    if res.worker_states:
         problem.load_state(combine_buffers(res.worker_states, strat.buffers))
     final = recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
     final_loss = final["loss"]
@@ -298,7 +298,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         add_bytes_column(recorder.rows, summary["bytes_sent_per_update"])
     result = Result(summary, recorder.rows, res.params, problem,
                     worker_params=res.worker_params or None,
-                    state=problem.state() if hasattr(problem, "state") else None)
+                    state=problem.state())
     if out is not None:
         full_config = {**resolved.config(), "server_rule": rule.describe(), **strat.describe(),
                        **engine.describe(), "problem_info": problem.describe()}

@@ -18,12 +18,18 @@ Optional, where a problem has them (``TorchProblem`` does):
 - ``evaluate(w) -> {"loss", "accuracy", "val_loss", "val_accuracy"}``: every
   reported figure at ``w`` (the recorder and ``final_loss`` use it); it
   changes no state.
-- ``state()`` / ``load_state(s)``: trained state beside the parameters
-  (BatchNorm buffers); engines return each worker's, and the strategy's
-  ``buffers`` rule combines them (``buffers.py``).
-- ``prefetch(indices)``: start loading the worker's next batch.
 - ``shared_data()``: a context within which pickles refer to the data in
   shared memory (the local engine's worker processes).
+
+Declared on ``Problem`` itself, so engines read them instead of probing:
+- ``state()`` / ``load_state(s)``: trained state beside the parameters
+  (BatchNorm buffers; None and a no-op by default); engines return each
+  worker's, and the strategy's ``buffers`` rule combines them (``buffers.py``).
+- ``prefetch``: None, or a method that starts loading a worker's next batch.
+- ``seed_rng``: None, or a method that seeds the problem's own random draws
+  (Dropout) for a worker; an engine forks torch's generator only for it.
+- ``sgd_pass``: None, or a compiled per-example SGD loop
+  (``sgd_pass(w, order, lr) -> mean loss``, in place).
 """
 from __future__ import annotations
 
@@ -76,6 +82,19 @@ class Problem(ABC):
     @abstractmethod
     def loss(self, w: np.ndarray) -> float:
         """Full-training-set objective at ``w`` (mean over examples)."""
+
+    # Capabilities that change what an engine does, None where a problem has
+    # none (see the module's docstring); a subclass defines them as methods.
+    prefetch = None
+    seed_rng = None
+    sgd_pass = None
+
+    def state(self):
+        """Trained state beside the parameters (BatchNorm buffers), or None."""
+        return None
+
+    def load_state(self, state) -> None:
+        """Take back what ``state()`` gave; a problem without any has nothing to load."""
 
     def array_device(self):
         """Where an engine whose workers share this process keeps the

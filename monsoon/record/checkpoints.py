@@ -231,7 +231,7 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
 
     directory = getattr(engine, "resume_dir", None)
     keeps_buffers = getattr(engine, "keeps_buffers", lambda strategy: False)
-    if directory and not keeps_buffers(strategy) and getattr(problem, "state", lambda: None)():
+    if directory and not keeps_buffers(strategy) and problem.state():
         raise CheckpointError(
             f"--resume: the {engine.name} engine's checkpoints of {strategy.name} do not hold "
             "the model's buffers (BatchNorm's running statistics), so the resumed model would "

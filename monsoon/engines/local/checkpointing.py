@@ -143,7 +143,7 @@ class RunCheckpoints(checkpoints.Checkpointer):
 def buffer_arrays(problem) -> dict:
     """The model's buffers as a checkpoint's ``buffer.<name>`` arrays ({}: none);
     at least 1-d, as a checkpoint stores them (a counter is a 0-d tensor)."""
-    state = problem.state() if hasattr(problem, "state") else None
+    state = problem.state()
     return {"buffer." + k: np.atleast_1d(v) for k, v in (state or {}).items()}
 
 

@@ -189,21 +189,21 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         store.status[rank] = DONE
         own = None if setup.strategy.shared_params else np.array(arrays.to_host(runtime.work), copy=True)
         messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
-                                     "state": _state(setup.problem),
+                                     "state": setup.problem.state(),
                                      "clocks": _clocks(runtime),
                                      "traffic": sender.stats()}))
     except Stopped:  # at a step boundary, as the monitor asked
         runtime.on_stop()
         store.status[rank] = ABORTED
         messages.put(("stopped", rank, {"staleness": dict(runtime.staleness), "params": None,
-                                        "state": _state(setup.problem),
+                                        "state": setup.problem.state(),
                                      "clocks": _clocks(runtime),
                                         "traffic": sender.stats()}))
     except Aborted:
         store.status[rank] = ABORTED
         own = None if setup.strategy.shared_params else np.array(arrays.to_host(runtime.work), copy=True)
         messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own,
-                                        "state": _state(setup.problem),
+                                        "state": setup.problem.state(),
                                      "clocks": _clocks(runtime),
                                         "traffic": sender.stats()}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
@@ -216,17 +216,11 @@ def _clocks(runtime):
     return runtime.ssp.report() if runtime.ssp is not None else None
 
 
-def _state(problem):
-    """The worker's buffers (``Problem.state``), if its problem has any."""
-    state = getattr(problem, "state", None)
-    return state() if state is not None else None
-
-
 @contextlib.contextmanager
 def _seeded_rng(problem, seed: int, rank: int):
     """Seed the problem's random draws (Dropout) for worker ``rank``, in the
     caller's process: the caller's generator state comes back after."""
-    if not hasattr(problem, "seed_rng"):
+    if problem.seed_rng is None:
         yield
         return
     import torch
@@ -263,7 +257,7 @@ def _process_main(reader, locks, sync_lock, conn, parent_pid: int, rank: int) ->
         reader.close()
     setup.store.attach_locks(locks, sync_lock)
     limit_threads(setup.torch_threads)
-    if hasattr(setup.problem, "seed_rng"):  # this process is the worker's own
+    if setup.problem.seed_rng is not None:  # this process is the worker's own
         setup.problem.seed_rng(setup.job.seed, setup.rank)
     _worker_body(setup, outbox)
     outbox.close()
@@ -393,7 +387,7 @@ class LocalEngine(Engine):
         if backend == "auto":  # compiled loops release the GIL: threads share the data;
             # GPU towers in one process share the parameters on the device (seed 002)
             gpu = str(getattr(run, "device", "cpu")).startswith("cuda")
-            backend = "threads" if hasattr(run.problem, "sgd_pass") or gpu else "processes"
+            backend = "threads" if run.problem.sgd_pass is not None or gpu else "processes"
         return cls(backend=backend, timeout=timeout, shards=shards,
                    **checkpoint_paths(run.out, checkpoint_every, resume))
 
@@ -417,7 +411,7 @@ class LocalEngine(Engine):
     def uses_kernel(problem, rule, strategy, budget) -> bool:
         """Hogwild!/serial on a problem with a compiled per-example SGD loop,
         plain SGD, an epoch budget: run the loop, not mini-batches."""
-        return (hasattr(problem, "sgd_pass") and rule.plain_step and not rule.staleness_lr
+        return (problem.sgd_pass is not None and rule.plain_step and not rule.staleness_lr
                 and budget.epochs is not None and strategy.per_example_loop)
 
     def shares_device_arrays(self) -> bool:

@@ -74,7 +74,7 @@ class WorkerRuntime:
             if work0 is not None and not strategy.shared_params:
                 arrays.copyto(self.work, work0)  # a resumed private copy
         self._others_at_read = 0
-        self._prefetch = getattr(problem, "prefetch", None)
+        self._prefetch = problem.prefetch
         # Gradients read parameters others are updating (Hogwild!): staleness
         # is counted from the read.
         self._reads_shared = (strategy.shared_params and workers > 1

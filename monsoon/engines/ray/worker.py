@@ -44,7 +44,7 @@ class RemoteWorker:
         # Ray hands arrays over read-only (zero copy from its object store);
         # the worker's own copy has writable buffers. Its data is loaded once.
         self.problem = copy.deepcopy(problem)
-        if hasattr(self.problem, "seed_rng"):  # the actor's process is this worker's own
+        if self.problem.seed_rng is not None:  # the actor's process is this worker's own
             self.problem.seed_rng(job.seed, rank)
         self.strategy = strategy
         self.job = job
@@ -111,7 +111,7 @@ class RemoteWorker:
                 "clocks": self.ssp.report() if self.ssp is not None else None,
                 "params": None if self.strategy.shared_params else self.work,
                 "traffic": self.sender.stats(),
-                "state": self.problem.state() if hasattr(self.problem, "state") else None}
+                "state": self.problem.state()}
 
     def _get(self, refs):
         import ray
@@ -129,7 +129,7 @@ class RemoteWorker:
 
     # -- ops ---------------------------------------------------------------------
     def gradient(self, op):
-        if op.next is not None and hasattr(self.problem, "prefetch"):
+        if op.next is not None and self.problem.prefetch is not None:
             self.problem.prefetch(op.next)  # a Dataset problem loads it meanwhile
         loss, grad = self.problem.gradient(self.work, op.indices)
         self.counts["examples"] += len(op.indices)

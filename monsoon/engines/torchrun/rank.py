@@ -143,7 +143,7 @@ class RankWorker:
             device = reduced_device(problem, rule, comm)
             if device is not None:
                 self.to_device(device)
-        if shm is None and not self.compressed and getattr(strategy, "raw_gradients", False) \
+        if shm is None and not self.compressed and strategy.raw_gradients \
                 and hasattr(problem, "backward") \
                 and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS + self.world, comm,
@@ -295,7 +295,7 @@ class RankWorker:
     # -- ops ----------------------------------------------------------------
     def gradient(self, op):
         problem = self.problem
-        if op.next is not None and hasattr(problem, "prefetch"):
+        if op.next is not None and problem.prefetch is not None:
             problem.prefetch(op.next)
         self.examples += len(op.indices)
         if self.buckets is not None:
@@ -484,7 +484,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
             w[:] = start["params"]
         comm.broadcast_array(w)  # every rank starts from rank 0's parameters, as DDP does
         rank = comm.rank
-        if hasattr(problem, "seed_rng"):
+        if problem.seed_rng is not None:
             problem.seed_rng(seed, rank)
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                         start_step=start["step"] if exact_steps(strategy) else 0)
@@ -547,7 +547,7 @@ def _finish(worker, problem, strategy, comm) -> list:
         worker.save_checkpoint()
     mine = {"examples": worker.examples, "dropped": worker.dropped,
             "params": None if strategy.shared_params else arrays.to_host(worker.work),
-            "state": problem.state() if hasattr(problem, "state") else None,
+            "state": problem.state(),
             "traffic": worker.sender.stats()}
     gathered = comm.gather_object(mine)
     if worker.buckets is not None:
