@@ -208,7 +208,7 @@ def replicates(strategy, params: np.ndarray) -> bool:
     its own copy of small parameters and applies the same mean itself
     (``local/synchronous.py``), instead of one shared copy."""
     return (strategy.synchronous and strategy.shared_params
-            and getattr(strategy, "backup_workers", 0) == 0
+            and strategy.backup_workers == 0
             and params.nbytes <= REPLICATE_MAX_BYTES)
 
 

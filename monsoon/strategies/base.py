@@ -71,6 +71,12 @@ class Strategy:
     # Synchronous strategies: how many of the workers are spares (the step
     # takes the first workers - backup_workers contributions).
     backup_workers = 0
+    # Synchronous strategies: True where the workers sharing a step may
+    # change mid-run (a lost worker is regrouped around, ``sync --elastic``).
+    elastic = False
+    # True: each Gradient's result goes to AllReduce unchanged, so an engine
+    # may reduce it while it is computed (DDP-style buckets).
+    raw_gradients = False
     # Strategies with local steps (local SGD, EASGD): the rule each worker
     # applies to its private copy; the engine's rule then runs on the server.
     local_rule = None

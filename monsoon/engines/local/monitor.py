@@ -322,7 +322,7 @@ class WorkerMonitor:
         ck.write(params=params, state=state,
                  counters=ck.exact_counters(step, workers, int(dropped), int(late), self.n,
                                             self.batch_size,
-                                            getattr(self.strategy, "backup_workers", 0)),
+                                            self.strategy.backup_workers),
                  positions=[step] * workers, time_s=self.resume.time_s + now,
                  rows=self.recorder.settled_rows(), reason=reason, exact=True, extra=senders)
 

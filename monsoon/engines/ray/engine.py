@@ -159,7 +159,7 @@ class RayEngine(Engine):
 
     def check(self, strategy, workers) -> None:
         super().check(strategy, workers)
-        if getattr(strategy, "elastic", False) and self.compression is not None \
+        if strategy.elastic and self.compression is not None \
                 and self.compression.active:
             raise ConfigError("--elastic does not combine with --compress yet (a regrouped "
                               "step would compress twice into one residual); drop one of them")
@@ -204,7 +204,7 @@ class RayEngine(Engine):
         gpus = ray_gpus_per_worker(problem, workers, ray.cluster_resources().get("GPU", 0))
         named = self.named  # a named run's actors are its own (hosts.py), else pooled ones
         clock = self._clock_server(ray, strategy, workers)
-        elastic = getattr(strategy, "elastic", False)
+        elastic = strategy.elastic
         shards = [POOL.take(ray, Shard, (s, start.params[a:b], rule, workers, counted,
                                          self.timeout, ckpts.every, ckpts.shard_resume(s),
                                          self.compression, (a, b, start.params.size), elastic),

@@ -62,7 +62,7 @@ def fits(strategy, sc, workers: int) -> bool:
     import torch.distributed as dist
 
     return (workers >= 2 and strategy.shared_params
-            and bool(getattr(strategy, "raw_gradients", False))
+            and strategy.raw_gradients
             and AllReduce in strategy.uses and dist.is_available()
             and int(sc.defaultParallelism) >= workers
             and sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true")

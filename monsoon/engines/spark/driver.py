@@ -60,7 +60,7 @@ class DriverPrograms:
         self.core = ServerCore(self.w, rule, readers=new_readers(rule, ctx.workers, self.w.size,
                                                                  self.w.dtype))
         self.shared = strategy.shared_params
-        self.raw = self.shared and bool(getattr(strategy, "raw_gradients", False))
+        self.raw = self.shared and strategy.raw_gradients
         ranks = range(ctx.workers)
         self.work = {k: self.w if self.shared else self.w.copy() for k in ranks}
         self.local_rules = {k: LocalUpdate(strategy.local_rule, k) for k in ranks}
