@@ -46,7 +46,7 @@ class Result:
     @property
     def model(self):
         """The trained ``torch.nn.Module`` (torch problems only)."""
-        if not hasattr(self.problem, "model_at"):
+        if self.problem.model_at is None:
             raise AttributeError(f"problem {self.problem.name!r} has no torch model")
         model = self.problem.model_at(self.params)
         if self.state:  # this run's buffers, even if the problem has trained again since
@@ -201,8 +201,7 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
 
 def _constant_loss(problem) -> float | None:
     """The best constant predictor's loss, where the problem knows it."""
-    constant = getattr(problem, "constant_loss", None)
-    return None if constant is None else constant()
+    return None if problem.constant_loss is None else problem.constant_loss()
 
 
 def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Result:

@@ -76,7 +76,7 @@ def is_cuda(device) -> bool:
 
 
 def _torch_problem(problem) -> bool:
-    return hasattr(problem, "place")
+    return problem.place is not None
 
 
 def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None = None,
@@ -184,7 +184,7 @@ def rank_device(problem, local_rank: int, comm_device=None) -> str | None:
     """The device of a torch engine rank whose problem was given GPUs: the
     NCCL group's device where there is one, else the one GPU all ranks were
     given, else its LOCAL_RANK's modulo the GPUs; None on the CPU."""
-    devices = getattr(problem, "worker_devices", None) or []
+    devices = problem.worker_devices or []
     if not any(is_cuda(d) for d in devices):
         return None
     if comm_device is not None:
@@ -222,7 +222,7 @@ def ray_gpus_per_worker(problem, workers: int, cluster_gpus: float) -> float:
     fits (5 workers on 2 GPUs: 1/3 each, at most 3 to a GPU)."""
     import math
 
-    if not any(is_cuda(d) for d in getattr(problem, "worker_devices", None) or []):
+    if not any(is_cuda(d) for d in problem.worker_devices or []):
         return 0
     if cluster_gpus < 1:
         raise ConfigError("--device cuda, but the Ray cluster has no GPU; add GPU nodes, "

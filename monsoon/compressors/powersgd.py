@@ -34,7 +34,7 @@ class PowerSGD(Compressor):
     @classmethod
     def layout(cls, problem) -> tuple:
         """(offset, rows, cols) of each matrix-shaped parameter in the flat vector."""
-        fn = getattr(problem, "matrix_slices", None)
+        fn = problem.matrix_slices
         matrices = tuple(fn()) if fn is not None else ()
         if not matrices:
             raise ConfigError("--compress powersgd needs matrix-shaped parameters, and this "

@@ -14,22 +14,27 @@ Invariants:
 - ``loss(w)`` is the mean objective over all training examples, the one
   number runs are compared by.
 
-Optional, where a problem has them (``TorchProblem`` does):
+Optional capabilities are declared on ``Problem`` itself, with a neutral
+default, so that engines and the recorder read them instead of probing:
 - ``evaluate(w) -> {"loss", "accuracy", "val_loss", "val_accuracy"}``: every
   reported figure at ``w`` (the recorder and ``final_loss`` use it); it
-  changes no state.
-- ``shared_data()``: a context within which pickles refer to the data in
-  shared memory (the local engine's worker processes).
-
-Declared on ``Problem`` itself, so engines read them instead of probing:
+  changes no state. Default: the loss alone.
 - ``state()`` / ``load_state(s)``: trained state beside the parameters
   (BatchNorm buffers; None and a no-op by default); engines return each
   worker's, and the strategy's ``buffers`` rule combines them (``buffers.py``).
-- ``prefetch``: None, or a method that starts loading a worker's next batch.
-- ``seed_rng``: None, or a method that seeds the problem's own random draws
-  (Dropout) for a worker; an engine forks torch's generator only for it.
-- ``sgd_pass``: None, or a compiled per-example SGD loop
-  (``sgd_pass(w, order, lr) -> mean loss``, in place).
+- ``shared_data()`` / ``unlink_shared()``: a context within which pickles
+  refer to the data in shared memory (the local engine's worker processes),
+  and the removal of its file once every worker mapped it. Default: none.
+- Attributes that are None where a problem lacks the capability (a problem
+  defines them as methods or values): ``prefetch`` (start loading a
+  worker's next batch), ``seed_rng`` (seed the problem's random draws for a
+  worker: an engine forks torch's generator only for it), ``sgd_pass`` (a
+  compiled per-example SGD loop, ``sgd_pass(w, order, lr) -> mean loss``),
+  ``evaluate_many`` (``evaluate`` at many points in one pass over the data),
+  ``constant_loss`` (the best constant predictor's loss), and the torch
+  model's: ``model_at`` (the module at ``w``), ``module``, ``place``
+  (``devices.py``), ``worker_devices``, ``matrix_slices`` (PowerSGD),
+  ``backward`` (the torch engine's gradient buckets).
 """
 from __future__ import annotations
 
@@ -83,11 +88,24 @@ class Problem(ABC):
     def loss(self, w: np.ndarray) -> float:
         """Full-training-set objective at ``w`` (mean over examples)."""
 
-    # Capabilities that change what an engine does, None where a problem has
-    # none (see the module's docstring); a subclass defines them as methods.
-    prefetch = None
-    seed_rng = None
-    sgd_pass = None
+    # Capabilities, None where a problem has none (the module's docstring);
+    # a subclass defines them as methods or values.
+    prefetch = seed_rng = sgd_pass = evaluate_many = constant_loss = None
+    model_at = module = place = worker_devices = matrix_slices = backward = None
+
+    def evaluate(self, w) -> dict:
+        """Every reported figure at ``w``; here the loss alone."""
+        return {"loss": float(self.loss(w))}
+
+    def shared_data(self):
+        """A context within which pickles refer to the data in shared memory;
+        here none: a problem is pickled as it is."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def unlink_shared(self) -> None:
+        """Remove the shared data's file once every worker mapped it; here none."""
 
     def state(self):
         """Trained state beside the parameters (BatchNorm buffers), or None."""

@@ -88,17 +88,16 @@ OPTIONAL_COLUMNS = ("accuracy", "val_loss", "val_accuracy", "bytes_sent")
 def evaluate(problem, w) -> dict:
     """Every reported figure at ``w``: ``problem.evaluate`` where the problem
     has one (loss, accuracy, val_loss, val_accuracy; torch problems compute
-    them in eval mode under no_grad), else ``{"loss": problem.loss(w)}``."""
-    if hasattr(problem, "evaluate"):
-        return problem.evaluate(w)
-    return {"loss": float(problem.loss(w))}
+    them in eval mode under no_grad), else ``{"loss": problem.loss(w)}``
+    (``Problem.evaluate``)."""
+    return problem.evaluate(w)
 
 
 def evaluate_all(problem, ws: list) -> list[dict]:
     """``evaluate`` at each of ``ws``: in one pass over the data where the
     problem offers ``evaluate_many`` (data in Spark: one job, not one per
     point), else one point at a time."""
-    if hasattr(problem, "evaluate_many"):
+    if problem.evaluate_many is not None:
         return list(problem.evaluate_many(ws))
     return [evaluate(problem, w) for w in ws]
 
@@ -331,7 +330,7 @@ class Recorder:
         for i, snap in enumerate(snaps):  # evaluated while the run went (check_target)
             if snap[:3] in self._evaluated:
                 done[i] = self._evaluated[snap[:3]]
-        batched = hasattr(self.problem, "evaluate_many")  # a level costs about one call
+        batched = self.problem.evaluate_many is not None  # a level costs about one call
         for level in refinement_levels(len(snaps)):
             level = [i for i in level if i not in done]
             if not level:

@@ -58,7 +58,7 @@ def save_model(out: Path, problem, params) -> Path:
     """The trained model in ``out``: ``model.pt`` (a weights-only state_dict)
     for a problem with a torch model, else ``params.npy``."""
     out = Path(out)
-    if hasattr(problem, "model_at"):
+    if problem.model_at is not None:
         import torch
 
         buf = io.BytesIO()

@@ -575,7 +575,7 @@ class LocalEngine(Engine):
         # Processes: a problem whose data can live in shared memory is
         # pickled as a reference to it, not one copy per worker.
         sharing = contextlib.ExitStack()
-        if ctx is not None and hasattr(problem, "shared_data"):
+        if ctx is not None:
             sharing.enter_context(problem.shared_data())
         for rank in range(workers):
             job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,

@@ -164,8 +164,7 @@ class WorkerMonitor:
             time.sleep(0.005)
         if self.ctx is not None:
             store.memory.unlink()  # every worker has mapped it: the kernel frees it last
-            if hasattr(self.problem, "unlink_shared"):
-                self.problem.unlink_shared()  # the problem's data block, likewise
+            self.problem.unlink_shared()  # the problem's data block, likewise
 
     def release(self) -> None:
         """Start the curve, and the workers together."""

@@ -144,7 +144,7 @@ class RankWorker:
             if device is not None:
                 self.to_device(device)
         if shm is None and not self.compressed and strategy.raw_gradients \
-                and hasattr(problem, "backward") \
+                and problem.backward is not None \
                 and engine.bucket_mb > 0:
             self.buckets = Buckets(problem, self.buf, FLAGS + self.world, comm,
                                    int(engine.bucket_mb * 2**20))

@@ -64,7 +64,7 @@ class StageSpec:
 
 
 def layers_of(problem) -> list:
-    module = getattr(problem, "module", None)
+    module = problem.module
     if not isinstance(module, nn.Sequential):
         kind = type(module).__name__ if module is not None else type(problem).__name__
         raise ConfigError(f"--strategy pipeline cuts an nn.Sequential (or monsoon.pipeline.staged"
