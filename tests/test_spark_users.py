@@ -360,3 +360,22 @@ def test_a_spark_run_given_a_target_loss_stops_there(spark, clicks):
         assert "reached the target loss" in s["stopped_at_target"]
         assert s["final_loss"] <= target and s["time_to_target_s"] is not None, strategy
         assert s["epochs"] < epochs, (strategy, s["epochs"])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_local_sgd_at_its_defaults_sizes_its_rounds_from_measured_jobs(spark):
+    """Without --local-steps, a local SGD round on Spark (one job) gets as
+    many local steps as keep the job overhead at most 10% of it, at most
+    1/8 of the run's steps and 1/4 of an epoch's, each step a worker's part
+    (8 rows) of the global batch (16), as async's push period is sized."""
+    from monsoon.engines.spark.sizing import steps_per_job
+
+    run = monsoon.train("logistic", strategy="local-sgd", workers=2, engine="spark", steps=512,
+                        batch_size=16, lr=0.1, dtype="float64", evals=0)
+    s = run.summary
+    n, per_epoch = s["local_steps_chosen"], s["n_examples"] // 2 // 8
+    assert s["local_steps_most"] == min(512 // 8, per_epoch // 4)
+    assert s["local_steps"] == n and 1 <= n <= s["local_steps_most"]
+    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=s["local_steps_most"])
+    assert s["examples"] == 512 * 16 and s["spark_jobs"] <= -(-512 // n) + 2

@@ -212,27 +212,40 @@ class SparkEngine(Engine):
                    **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
 
     def _size_jobs(self, ctx, strategy, rule, w0) -> dict:
-        """Async with neither --n-push nor --n-fetch set: as many steps per
-        push (and fetch) as keep the job overhead at most JOB_SHARE of a job,
-        from a timed job of steps (``sizing.py``), but at least
-        PUSHES_PER_EPOCH pushes per worker per epoch and PUSHES_PER_RUN in
-        its run (convergence: how far a copy drifts before it is merged)."""
-        if (not in_tasks(strategy) or not isinstance(getattr(strategy, "n_push", None), int)
-                or not hasattr(strategy, "n_fetch") or {"n_push", "n_fetch"} & self.given):
+        """Async with neither --n-push nor --n-fetch set, and local SGD
+        without --local-steps: as many steps per job (a push period, a
+        round) as keep the job overhead at most JOB_SHARE of a job, from a
+        timed job of steps (``sizing.py``), but at least PUSHES_PER_EPOCH
+        exchanges per worker per epoch and PUSHES_PER_RUN in its run
+        (convergence: how far a copy drifts before it is merged)."""
+        if not in_tasks(strategy):
+            return {}
+        pushes = (isinstance(getattr(strategy, "n_push", None), int)
+                  and hasattr(strategy, "n_fetch") and not {"n_push", "n_fetch"} & self.given)
+        rounds = (Average in strategy.uses and isinstance(getattr(strategy, "local_steps", None), int)
+                  and "local_steps" not in self.given)
+        if not (pushes or rounds):
             return {}
         from .sizing import measure_jobs, steps_per_job
 
-        job_s, step_s = measure_jobs(ctx, w0)
-        per_epoch = max(1, min(ctx.sizes) // ctx.batch_size)
-        budget = ctx.budget.steps_for(0, ctx.workers)
-        per_worker = budget if budget is not None else (ctx.budget.epochs or 1) * per_epoch
+        # what worker 0's task is given: a push period's steps take batches of
+        # its shard, its share of a step budget; a round's, its part of each
+        # global batch, every step (``placement.task_job``)
+        job = ctx.job(0)
+        job_s, step_s = measure_jobs(ctx, w0, rows=job.batch_size)
+        per_epoch = max(1, min(ctx.sizes) // job.batch_size)
+        per_worker = job.budget.steps or (job.budget.epochs or 1) * per_epoch
         most = max(1, min(per_epoch // PUSHES_PER_EPOCH, per_worker // PUSHES_PER_RUN))
         n = steps_per_job(job_s, step_s, JOB_SHARE, most=most)
+        timing = {"n_push_most" if pushes else "local_steps_most": most,
+                  "job_overhead_s": job_s, "step_s": step_s}
+        if rounds:
+            strategy.local_steps = n
+            return {"local_steps_chosen": n, **timing}
         strategy.n_push = strategy.n_fetch = n
         if hasattr(strategy, "local_lr"):  # as --n-fetch N does: local steps between fetches
             strategy.local_lr = rule.schedule.lr if n > 1 else 0.0
-        return {"n_push_chosen": n, "n_push_most": most, "job_overhead_s": job_s,
-                "step_s": step_s}
+        return {"n_push_chosen": n, **timing}
 
     def _loop(self, ctx, rule, strategy, w0, recorder, ckpts):
         if not in_tasks(strategy):

@@ -58,13 +58,14 @@ def steps_per_job(job_overhead_s: float, step_s: float, bound: float = 0.1,
     return int(min(most, 2 ** max(0, math.ceil(math.log2(max(need, 1.0))))))
 
 
-def measure_jobs(ctx, w, steps: int = 8) -> tuple[float, float]:
+def measure_jobs(ctx, w, steps: int = 8, rows: int | None = None) -> tuple[float, float]:
     """(job overhead s, step s) on partition 0: a job timing ``steps``
-    gradient steps of a batch in its task, run twice (the first warms the
-    worker up); the overhead is the job's wall time less its task's."""
+    gradient steps of ``rows`` rows (default: a batch) in its task, run
+    twice (the first warms the worker up); the overhead is the job's wall
+    time less its task's."""
     from .jobs import share
 
-    size = min(ctx.batch_size, ctx.sizes[0])
+    size = min(rows or ctx.batch_size, ctx.sizes[0])
     w = np.asarray(w)
     bc = share(ctx.sc, w, w.nbytes)
 
