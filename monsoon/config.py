@@ -22,7 +22,7 @@ from .compressors import messages as _messages
 from .errors import ConfigError
 from .options import Option, at_least, declared, option_values, positive
 from .problems import PROBLEMS, Problem, problem_spec
-from .rules import RULES
+from .rules import RULES, Rule
 from .strategies import STRATEGIES, Budget, RunInfo
 
 FALLBACK = {"lr": 0.01, "epochs": 10, "batch_size": 32}
@@ -181,9 +181,9 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         raise ConfigError("give either --epochs or --steps, not both")
     spec = problem_spec(run["problem"])[0] if instance is None else None
     defaults = spec.defaults if spec is not None else \
-        dict(getattr(instance, "defaults", {}) or {})
+        dict(instance.defaults or {})
     override = defaults.get("by_strategy", {}).get(run["strategy"], {})
-    if ("rule" in override and getattr(RULES.get(override["rule"]), "full_batch", False)
+    if ("rule" in override and RULES.get(override["rule"]).full_batch
             and (given.get("batch_size") is not None or run["strategy"] not in getattr(
                 ENGINES.get(run["engine"]), "gives_loss", ()))):
         override = {}  # mini-batches asked for, or an engine without the step's loss
@@ -196,9 +196,12 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     if spec is not None:
         components["problem"], chosen["problem"] = spec, [spec.name]
     refuse_untaken(given, chosen)
+    if not (isinstance(components["rule"], type) and issubclass(components["rule"], Rule)):
+        raise ConfigError(f"rule {run['rule']!r} does not follow the rule contract: its class "
+                          "must subclass monsoon.rules.Rule (docs/extending.md)")
     values = {kind: option_values(c, given) for kind, c in components.items()}
 
-    full_batch = getattr(components["rule"], "full_batch", False)
+    full_batch = components["rule"].full_batch
     if full_batch:  # the rule's own defaults (lbfgs: 100 full-batch steps) before the problem's
         defaults = {k: v for k, v in defaults.items() if k not in ("steps", "batch_size")}
         defaults.update(getattr(components["rule"], "defaults", {}))
@@ -225,7 +228,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
             raise ConfigError(f"rule {run['rule']} takes the full batch each step; drop "
                               f"--batch-size (or give {instance.n_examples}, every example)")
         run["batch_size"] = instance.n_examples
-        if hasattr(instance, "inverse_variance"):  # MLlib's standardization, as H_0
+        if instance.inverse_variance is not None:  # MLlib's standardization, as H_0
             server_rule.precondition(instance.inverse_variance())
     info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance,
                    device=run["device"])

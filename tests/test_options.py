@@ -189,3 +189,19 @@ def test_plugin_engine_runs_strategies_with_its_own_option(plugin):
         monsoon.train("exp", "sync", 2, engine="round-robin", epochs=1)
     with pytest.raises(monsoon.ConfigError, match="--quantum applies to --engine round-robin only"):
         monsoon.train("exp", "hogwild", 2, quantum=3, epochs=1)
+
+
+def test_a_rule_that_is_not_a_Rule_is_refused_in_one_line(monkeypatch):
+    """What engines ask of a rule is declared on ``Rule`` (full_batch,
+    plain_step, device_arrays), so a plug-in rule must subclass it; one
+    that does not is refused by name before anything runs."""
+    from monsoon.rules import RULES
+
+    class Bare:  # a rule's shape, not its class
+        name = "bare"
+        options = ()
+
+    RULES._load()
+    monkeypatch.setitem(RULES._plugins, "bare", Bare)
+    with pytest.raises(monsoon.ConfigError, match="rule 'bare' does not follow the rule contract"):
+        monsoon.train("logistic", "serial", 1, rule="bare", steps=2, progress=False)

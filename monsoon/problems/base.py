@@ -31,7 +31,9 @@ default, so that engines and the recorder read them instead of probing:
   worker: an engine forks torch's generator only for it), ``sgd_pass`` (a
   compiled per-example SGD loop, ``sgd_pass(w, order, lr) -> mean loss``),
   ``evaluate_many`` (``evaluate`` at many points in one pass over the data),
-  ``constant_loss`` (the best constant predictor's loss), and the torch
+  ``constant_loss`` (the best constant predictor's loss),
+  ``inverse_variance`` (1 / each feature's variance: L-BFGS's metric, MLlib's
+  standardization), and the torch
   model's: ``model_at`` (the module at ``w``), ``module``, ``place``
   (``devices.py``), ``worker_devices``, ``matrix_slices`` (PowerSGD),
   ``backward`` (the torch engine's gradient buckets).
@@ -90,7 +92,7 @@ class Problem(ABC):
 
     # Capabilities, None where a problem has none (the module's docstring);
     # a subclass defines them as methods or values.
-    prefetch = seed_rng = sgd_pass = evaluate_many = constant_loss = None
+    prefetch = seed_rng = sgd_pass = evaluate_many = constant_loss = inverse_variance = None
     model_at = module = place = worker_devices = matrix_slices = backward = None
 
     def evaluate(self, w) -> dict:

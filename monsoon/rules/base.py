@@ -87,6 +87,9 @@ class Rule:
     # reads): a problem's compiled per-example loop (``sgd_pass``) may take
     # it in place of ``apply``. A subclass that changes the step sets False.
     plain_step = False
+    # True: applied once a step to the whole vector with the step's loss
+    # (L-BFGS), so only strategies whose steps are full batches take it.
+    full_batch = False
     # Options every rule takes; a rule with its own adds them to these.
     options = (
         Option("lr_schedule", str, "constant", "constant, or step: lr * gamma^floor(t / step size)",
