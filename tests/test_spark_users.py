@@ -304,22 +304,28 @@ def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, 
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_async_at_its_defaults_sizes_its_push_period_from_measured_jobs(spark):
-    """Neither --n-push nor --n-fetch given: the engine times a job and a
-    step, and picks the push period that keeps the overhead at most 10% of
-    a job, at most 1/8 of a worker's steps and 1/4 of its steps per epoch
-    (convergence: its copy is merged several times an epoch)."""
+@pytest.mark.parametrize("strategy, field, rows, per_worker, updates_per_job", [
+    ("async", "n_push", 16, 256, 2),         # batches of its shard, its share of the steps
+    ("local-sgd", "local_steps", 8, 512, 1),  # its part of each global batch, every step
+])
+def test_a_push_period_or_round_at_its_defaults_is_sized_from_measured_jobs(
+        spark, strategy, field, rows, per_worker, updates_per_job):
+    """Neither --n-push nor --n-fetch given (async), no --local-steps (local
+    SGD, whose round is one job): the engine times a job and a step of the
+    worker's rows, and picks the steps per job that keep the overhead at
+    most 10% of a job, at most 1/8 of a worker's steps and 1/4 of its steps
+    per epoch (convergence: its copy is merged several times an epoch)."""
     from monsoon.engines.spark.sizing import steps_per_job
 
-    run = monsoon.train("logistic", strategy="async", workers=2, engine="spark", steps=512,
+    run = monsoon.train("logistic", strategy=strategy, workers=2, engine="spark", steps=512,
                         batch_size=16, lr=0.1, dtype="float64", evals=0)
     s = run.summary
-    n, per_epoch = s["n_push_chosen"], s["n_examples"] // 2 // 16
-    assert s["n_push_most"] == min(256 // 8, per_epoch // 4)
-    assert s["n_push"] == n and 1 <= n <= s["n_push_most"]
-    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=s["n_push_most"])
+    n, per_epoch = s[field + "_chosen"], s["n_examples"] // 2 // rows
+    assert s[field + "_most"] == min(per_worker // 8, per_epoch // 4)
+    assert s[field] == n and 1 <= n <= s[field + "_most"]
+    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=s[field + "_most"])
     assert s["job_overhead_s"] > 0 and s["step_s"] > 0
-    assert s["examples"] == 512 * 16 and s["updates"] == -(-256 // n) * 2
+    assert s["examples"] == 512 * 16 and s["updates"] == -(-per_worker // n) * updates_per_job
 
 
 @pytest.mark.spark
@@ -360,22 +366,3 @@ def test_a_spark_run_given_a_target_loss_stops_there(spark, clicks):
         assert "reached the target loss" in s["stopped_at_target"]
         assert s["final_loss"] <= target and s["time_to_target_s"] is not None, strategy
         assert s["epochs"] < epochs, (strategy, s["epochs"])
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_local_sgd_at_its_defaults_sizes_its_rounds_from_measured_jobs(spark):
-    """Without --local-steps, a local SGD round on Spark (one job) gets as
-    many local steps as keep the job overhead at most 10% of it, at most
-    1/8 of the run's steps and 1/4 of an epoch's, each step a worker's part
-    (8 rows) of the global batch (16), as async's push period is sized."""
-    from monsoon.engines.spark.sizing import steps_per_job
-
-    run = monsoon.train("logistic", strategy="local-sgd", workers=2, engine="spark", steps=512,
-                        batch_size=16, lr=0.1, dtype="float64", evals=0)
-    s = run.summary
-    n, per_epoch = s["local_steps_chosen"], s["n_examples"] // 2 // 8
-    assert s["local_steps_most"] == min(512 // 8, per_epoch // 4)
-    assert s["local_steps"] == n and 1 <= n <= s["local_steps_most"]
-    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=s["local_steps_most"])
-    assert s["examples"] == 512 * 16 and s["spark_jobs"] <= -(-512 // n) + 2
