@@ -92,15 +92,13 @@ def choose(spec: str, problem, strategy, engine, workers: int, gpus: int | None 
     if spec == "auto" and not _torch_problem(problem):
         return "cpu"  # without counting GPUs, which would import torch for a NumPy run
     gpus = cuda_count() if gpus is None else gpus
-    placement = getattr(engine, "device_placement", None)
-    name = getattr(engine, "name", type(engine).__name__)
+    placement, name = engine.device_placement, engine.name
     needs = strategy.needs(workers)   # SHARED_MEMORY, STAGES: strategies/base.py
     # an engine instance whose workers share this process (an engine class: not known)
-    one_process = not isinstance(engine, type) and getattr(engine, "shares_device_arrays",
-                                                           lambda: False)()
+    one_process = not isinstance(engine, type) and engine.shares_device_arrays()
     shared = "shared memory" in needs and not one_process
     stages = "pipeline stages" in needs   # the engine runs the stages its own way (CPU)
-    host_rule = rule is not None and not getattr(rule, "device_arrays", True)
+    host_rule = rule is not None and not rule.device_arrays
     if spec == "auto":
         usable = (gpus > 0 and _torch_problem(problem) and placement and not shared
                   and not stages and not host_rule)
@@ -151,7 +149,7 @@ def plan(device: str, engine, workers: int, gpus: int | None = None) -> list[str
     """Each worker's device for a run on ``device`` (from ``choose``)."""
     if device == "cpu":
         return ["cpu"] * workers
-    if getattr(engine, "device_placement", None) == "assigned":
+    if engine.device_placement == "assigned":
         return ["cuda"] * workers  # the GPU the scheduler gives each worker
     return device_map(device, workers, cuda_count() if gpus is None else gpus)
 

@@ -293,12 +293,13 @@ def test_job_timing_share():
 @pytest.mark.parametrize("strategy, options, field", [
     ("async", {"n_fetch": 8, "n_push": 8}, "n_push"),
     ("local-sgd", {"local_steps": 8}, "local_steps"),
+    ("easgd", {"easgd_tau": 8}, "tau"),
 ])
 def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, field):
     run = monsoon.train("logistic", strategy=strategy, workers=2, engine="spark", steps=64,
                         batch_size=32, lr=0.1, dtype="float64", evals=0, **options)
     s = run.summary
-    assert s[field] == 8 and "n_push_chosen" not in s  # set by the user: kept
+    assert s[field] == 8 and field + "_chosen" not in s  # set by the user: kept
     assert s["spark_jobs"] >= 64 // 8 // 2 and 0.0 < s["spark_job_share"] < 1.0, s
 
 
@@ -307,11 +308,12 @@ def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, 
 @pytest.mark.parametrize("strategy, field, rows, per_worker, updates_per_job", [
     ("async", "n_push", 16, 256, 2),         # batches of its shard, its share of the steps
     ("local-sgd", "local_steps", 8, 512, 1),  # its part of each global batch, every step
+    ("easgd", "tau", 16, 256, 2),             # as async's: an exchange per worker a job
 ])
 def test_a_push_period_or_round_at_its_defaults_is_sized_from_measured_jobs(
         spark, strategy, field, rows, per_worker, updates_per_job):
     """Neither --n-push nor --n-fetch given (async), no --local-steps (local
-    SGD, whose round is one job): the engine times a job and a step of the
+    SGD, whose round is one job), no --easgd-tau: the engine times a job and a step of the
     worker's rows, and picks the steps per job that keep the overhead at
     most 10% of a job, at most 1/8 of a worker's steps and 1/4 of its steps
     per epoch (convergence: its copy is merged several times an epoch)."""

@@ -130,6 +130,11 @@ class Engine:
     def describe(self) -> dict:
         return {"engine": self.name}
 
+    def shares_device_arrays(self) -> bool:
+        """Whether the workers are threads of this process, sharing one device
+        tensor of parameters on a GPU (``devices.choose``)."""
+        return False
+
     def run(self, problem, rule, strategy, w0, workers: int, batch_size: int, seed: int,
             budget, recorder) -> EngineResult:
         raise NotImplementedError

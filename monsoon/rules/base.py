@@ -90,6 +90,7 @@ class Rule:
     # True: applied once a step to the whole vector with the step's loss
     # (L-BFGS), so only strategies whose steps are full batches take it.
     full_batch = False
+    staleness_lr = False  # set per rule by its option (``from_options``)
     # Options every rule takes; a rule with its own adds them to these.
     options = (
         Option("lr_schedule", str, "constant", "constant, or step: lr * gamma^floor(t / step size)",

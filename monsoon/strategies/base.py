@@ -91,6 +91,13 @@ class Strategy:
     # How the workers' buffers (BatchNorm statistics) become the model's:
     # "rank0" or "average" (``problems/buffers.py``).
     buffers = "average"
+    # The attribute holding how many steps a worker takes between its
+    # exchanges with the server (Downpour's n_push, local SGD's local_steps,
+    # EASGD's tau), and the options that set it; None: the strategy has no
+    # such period. An engine whose exchange is costly (spark: one job each)
+    # sizes it where none of ``period_options`` was given (``set_period``).
+    period: str | None = None
+    period_options: tuple = ()
 
     @classmethod
     def from_options(cls, run: RunInfo, rule, **values):
@@ -106,6 +113,15 @@ class Strategy:
 
     def program(self, job: WorkerJob):
         raise NotImplementedError
+
+    def period_steps(self) -> int | None:
+        """The steps between exchanges now (``period``), or None."""
+        return None if self.period is None else getattr(self, self.period)
+
+    def set_period(self, steps: int, lr: float) -> None:
+        """Exchange with the server every ``steps`` steps (``period``); ``lr``:
+        the run's rate, for a strategy that steps its own copy between."""
+        setattr(self, self.period, steps)
 
     def validate(self, workers: int, batch_size: int, n_examples: int) -> None:
         if workers > n_examples:

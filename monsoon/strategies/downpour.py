@@ -34,6 +34,7 @@ class Downpour(Strategy):
     draws = SHARD
     shared_params = False
     uses = (Fetch, Gradient, Push, LocalStep)
+    period, period_options = "n_push", ("n_push", "n_fetch")
     options = (
         Option("n_fetch", int, 1, "steps between fetches of the parameters", check=at_least(1)),
         Option("n_push", int, 1, "steps between pushes of the accrued gradient",
@@ -51,6 +52,12 @@ class Downpour(Strategy):
         self.n_fetch = n_fetch
         self.n_push = n_push
         self.local_lr = local_lr
+
+    def set_period(self, steps: int, lr: float) -> None:
+        """Push and fetch every ``steps`` steps, stepping the copy at ``lr``
+        between fetches (as ``--n-fetch N --n-push N`` does)."""
+        self.n_push = self.n_fetch = steps
+        self.local_lr = lr if steps > 1 else 0.0
 
     def program(self, job: WorkerJob):
         accrued = None

@@ -24,6 +24,7 @@ class EASGD(Strategy):
     draws = SHARD
     shared_params = False
     uses = (Fetch, Gradient, LocalApply, Elastic)
+    period, period_options = "tau", ("easgd_tau",)
     options = (
         Option("easgd_alpha", float, None, "elastic force (default 0.9 / workers)",
                check=in_range(0, 1)),

@@ -29,6 +29,7 @@ class LocalSGD(Strategy):
     needs_all_workers = True
     synchronous = True
     uses = (Gradient, LocalApply, Average)
+    period, period_options = "local_steps", ("local_steps",)
     options = (
         Option("local_steps", int, 8, "steps between averages", check=at_least(1)),
         Option("diloco", bool, False, "outer Nesterov step on the mean drift (DiLoCo)"),

@@ -209,7 +209,7 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
     programs = RankPrograms(ctx, rule, strategy, w0, ckpts)
     # a full-batch rule's line search decides on the loss sum: float64 for it, else
     # the parameters' dtype (half the bytes to all-reduce in float32)
-    dtype = np.float64 if getattr(rule, "full_batch", False) else np.asarray(w0).dtype
+    dtype = np.float64 if rule.full_batch else np.asarray(w0).dtype
     programs.buffer = np.zeros(len(w0) + 3, dtype=dtype)
     return programs
 

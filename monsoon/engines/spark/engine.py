@@ -86,9 +86,9 @@ PUSHES_PER_EPOCH, PUSHES_PER_RUN = 4, 8
 
 
 def steps_per_exchange(strategy) -> dict:
-    """The work per job the strategy was given (n_push, local_steps, tau)."""
-    return {name: getattr(strategy, name) for name in ("n_push", "local_steps", "tau")
-            if isinstance(getattr(strategy, name, None), int)}
+    """The steps per job the strategy runs (its declared ``period``: n_push,
+    local_steps, tau), or {} where it declares none."""
+    return {} if strategy.period is None else {strategy.period: strategy.period_steps()}
 
 
 def _is_torch(problem) -> bool:
@@ -212,19 +212,15 @@ class SparkEngine(Engine):
                    **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
 
     def _size_jobs(self, ctx, strategy, rule, w0) -> dict:
-        """Async with neither --n-push nor --n-fetch set, and local SGD
-        without --local-steps: as many steps per job (a push period, a
-        round) as keep the job overhead at most JOB_SHARE of a job, from a
-        timed job of steps (``sizing.py``), but at least PUSHES_PER_EPOCH
-        exchanges per worker per epoch and PUSHES_PER_RUN in its run
-        (convergence: how far a copy drifts before it is merged)."""
-        if not in_tasks(strategy):
-            return {}
-        pushes = (isinstance(getattr(strategy, "n_push", None), int)
-                  and hasattr(strategy, "n_fetch") and not {"n_push", "n_fetch"} & self.given)
-        rounds = (Average in strategy.uses and isinstance(getattr(strategy, "local_steps", None), int)
-                  and "local_steps" not in self.given)
-        if not (pushes or rounds):
+        """A strategy with an exchange period (``Strategy.period``: async's
+        push period, local SGD's round, EASGD's tau) none of whose options
+        was given: as many steps per job as keep the job overhead at most
+        JOB_SHARE of a job, from a timed job of steps (``sizing.py``), but
+        at least PUSHES_PER_EPOCH exchanges per worker per epoch and
+        PUSHES_PER_RUN in its run (convergence: how far a copy drifts
+        before it is merged)."""
+        if (not in_tasks(strategy) or strategy.period is None
+                or set(strategy.period_options) & self.given):
             return {}
         from .sizing import measure_jobs, steps_per_job
 
@@ -237,15 +233,9 @@ class SparkEngine(Engine):
         per_worker = job.budget.steps or (job.budget.epochs or 1) * per_epoch
         most = max(1, min(per_epoch // PUSHES_PER_EPOCH, per_worker // PUSHES_PER_RUN))
         n = steps_per_job(job_s, step_s, JOB_SHARE, most=most)
-        timing = {"n_push_most" if pushes else "local_steps_most": most,
-                  "job_overhead_s": job_s, "step_s": step_s}
-        if rounds:
-            strategy.local_steps = n
-            return {"local_steps_chosen": n, **timing}
-        strategy.n_push = strategy.n_fetch = n
-        if hasattr(strategy, "local_lr"):  # as --n-fetch N does: local steps between fetches
-            strategy.local_lr = rule.schedule.lr if n > 1 else 0.0
-        return {"n_push_chosen": n, **timing}
+        strategy.set_period(n, rule.schedule.lr)
+        return {f"{strategy.period}_chosen": n, f"{strategy.period}_most": most,
+                "job_overhead_s": job_s, "step_s": step_s}
 
     def _loop(self, ctx, rule, strategy, w0, recorder, ckpts):
         if not in_tasks(strategy):

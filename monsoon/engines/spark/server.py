@@ -79,10 +79,10 @@ def pushes_deltas(rule, strategy) -> bool:
     no ``--staleness-lr``); else gradients, with the server's rule."""
     from ...strategies.ops import Push
 
-    if Push not in strategy.uses or getattr(strategy, "n_push", 1) <= 1:
+    if Push not in strategy.uses or (strategy.period_steps() or 1) <= 1:
         return False
     reader = rule.init_reader(1, np.float64)
-    return not reader._fields and not getattr(rule, "staleness_lr", False)
+    return not reader._fields and not rule.staleness_lr
 
 
 class DriverServer:
