@@ -127,10 +127,12 @@ def figure(runs) -> dict:
 
 
 def write_record(benchmark: str, params: dict, rows: list[dict], summary: dict,
-                 command: str | None = None, directory: Path | None = None) -> Path:
+                 command: str | None = None, directory: Path | None = None,
+                 partial: str | None = None) -> Path:
     """Write one record and return its path. ``summary`` needs ``line`` (one
     sentence: the headline ratio and its target), ``ratio``, ``target`` and
-    ``met``."""
+    ``met``. ``partial``: why this run covers less than the benchmark does
+    (a subset of its cases): kept, but never rendered in place of a whole one."""
     for key in ("line", "ratio", "target", "met"):
         if key not in summary:
             raise ValueError(f"a benchmark summary needs {key!r}")
@@ -145,6 +147,8 @@ def write_record(benchmark: str, params: dict, rows: list[dict], summary: dict,
         "elapsed_s": round(time.monotonic() - _STARTED, 1),
         "rows": rows, "summary": summary,
     }
+    if partial:
+        record["partial"] = partial
     folder = (directory or RESULTS) / benchmark
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{now.strftime('%Y%m%dT%H%M%SZ')}-{commit}.json"
@@ -154,9 +158,13 @@ def write_record(benchmark: str, params: dict, rows: list[dict], summary: dict,
 
 
 def newest(benchmark: str, directory: Path | None = None) -> dict | None:
+    """The newest whole record of ``benchmark`` (a partial run's is passed over)."""
     folder = (directory or RESULTS) / benchmark
-    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    return json.loads(files[-1].read_text()) if files else None
+    for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
+        record = json.loads(path.read_text())
+        if not record.get("partial"):
+            return record
+    return None
 
 
 def row(name: str, ours=None, peer=None, ratio=None, target: str | None = None,

@@ -88,6 +88,26 @@ def test_a_new_record_updates_its_row_and_nothing_else(sandbox):
     assert render.render(results, readme, page, check=True) == []
 
 
+def test_a_partial_record_is_kept_but_never_rendered_over_a_whole_one(sandbox):
+    """A run of a subset of a benchmark's cases (``--strategies easgd``)
+    writes its record, marked partial; the rows go on showing the newest
+    whole record."""
+    results, readme, page = sandbox
+    whole = _record(results, "sync_sweep", 1.31, False)
+    whole.rename(whole.with_name("00000000T000000Z-whole.json"))  # not overwritten below
+    render.render(results, readme, page)
+    before = page.read_text(), readme.read_text()
+    path = records.write_record(
+        "sync_sweep", {}, [records.row("one case", [1.0], [2.0], 0.5, ">= 1.0", False)],
+        {"ratio": 0.5, "target": ">= 1.0", "met": False, "line": "a subset: 0.5"},
+        directory=results, partial="--strategies easgd")
+    path = path.rename(path.with_name("99999999T000000Z-partial.json"))  # sorts last
+    assert json.loads(path.read_text())["partial"] == "--strategies easgd"
+    assert records.newest("sync_sweep", results)["summary"]["ratio"] == 1.31
+    assert render.render(results, readme, page, check=True) == []
+    assert (page.read_text(), readme.read_text()) == before
+
+
 def test_a_record_holds_what_the_issue_asks(sandbox):
     results, _, _ = sandbox
     record = json.loads(_record(results, "pipeline", 0.05, True).read_text())

@@ -170,6 +170,17 @@ def own_stream(store, strategy):
 def _worker_body(setup: WorkerSetup, messages) -> None:
     store = setup.store
     rank = setup.rank
+
+    def report(kind: str, status: int, params: bool) -> None:
+        """The worker's end, to the monitor: its figures, and its own copy
+        of the parameters where it keeps one (``params``)."""
+        store.status[rank] = status
+        own = (np.array(arrays.to_host(runtime.work), copy=True)
+               if params and not setup.strategy.shared_params else None)
+        messages.put((kind, rank, {"staleness": dict(runtime.staleness), "params": own,
+                                   "state": setup.problem.state(), "clocks": _clocks(runtime),
+                                   "traffic": sender.stats()}))
+
     try:
         runtime = WorkerRuntime(rank, setup.workers, store, setup.problem, setup.rule,
                                 setup.strategy, setup.timeout, setup.live,
@@ -186,26 +197,12 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
         store.status[rank] = RUNNING
         with own_stream(store, setup.strategy):
             runtime.run(program)
-        store.status[rank] = DONE
-        own = None if setup.strategy.shared_params else np.array(arrays.to_host(runtime.work), copy=True)
-        messages.put(("done", rank, {"staleness": dict(runtime.staleness), "params": own,
-                                     "state": setup.problem.state(),
-                                     "clocks": _clocks(runtime),
-                                     "traffic": sender.stats()}))
+        report("done", DONE, params=True)
     except Stopped:  # at a step boundary, as the monitor asked
         runtime.on_stop()
-        store.status[rank] = ABORTED
-        messages.put(("stopped", rank, {"staleness": dict(runtime.staleness), "params": None,
-                                        "state": setup.problem.state(),
-                                     "clocks": _clocks(runtime),
-                                        "traffic": sender.stats()}))
+        report("stopped", ABORTED, params=False)
     except Aborted:
-        store.status[rank] = ABORTED
-        own = None if setup.strategy.shared_params else np.array(arrays.to_host(runtime.work), copy=True)
-        messages.put(("aborted", rank, {"staleness": dict(runtime.staleness), "params": own,
-                                        "state": setup.problem.state(),
-                                     "clocks": _clocks(runtime),
-                                        "traffic": sender.stats()}))
+        report("aborted", ABORTED, params=True)
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
