@@ -159,14 +159,6 @@ def tie_fork_server() -> None:
         _die_when_ready(pidfd, pipe=False)
 
 
-def die_with(parent_pid: int) -> None:
-    """``PR_SET_PDEATHSIG`` towards ``parent_pid``, which must be this
-    process's parent; exits at once if it died before the request."""
-    set_death_signal()
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists (one of another user's counts)."""
     try:
@@ -206,11 +198,8 @@ class StopSignals:
     def requested(self) -> bool:
         return self.signum is not None
 
-    def fileno(self) -> int:
-        """Readable once a signal has arrived (for ``connection.wait``)."""
-        return self._wakeup[0].fileno()
-
     def waitable(self):
+        """Readable once a signal has arrived (for ``connection.wait``)."""
         return self._wakeup[0] if self._wakeup else None
 
     def _handle(self, signum, frame):

@@ -19,6 +19,8 @@ from collections import Counter
 
 import numpy as np
 
+from ..strategies.ops import Clock, Fetch, Gradient
+
 
 class ClockTable:
     def __init__(self, workers: int):
@@ -48,3 +50,49 @@ def clock_extra(staleness: Counter, waits: dict, clocks: dict, workers: int) -> 
     return {"clock_staleness_counts": {int(k): int(v) for k, v in sorted(staleness.items())},
             "clock_wait_s": [float(waits.get(r, 0.0)) for r in ranks],
             "clocks": [int(clocks.get(r, 0)) for r in ranks]}
+
+
+def reports_extra(reports: dict, workers: int) -> dict:
+    """``clock_extra`` from the workers' ``WorkerClock.report``s (by rank)."""
+    staleness = Counter()
+    for r in reports.values():
+        staleness.update({int(k): v for k, v in r["staleness"].items()})
+    return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
+                       {k: r["clocks"] for k, r in reports.items()}, workers)
+
+
+class WorkerClock:
+    """One worker's side of SSP around its engine's ``Fetch`` and
+    ``Gradient`` handlers: a Fetch reads the floor before it copies (the
+    copy then holds those clocks), and every Gradient counts its staleness
+    in clocks against that floor. An engine gives ``floor`` (how it reads
+    the table) and ``tick`` (how it publishes one and waits for the bound),
+    which adds its waits to ``wait_s``."""
+
+    def __init__(self, fetch, gradient):
+        self.clock = 0         # clocks this worker has finished
+        self.read_floor = 0    # the floor at its last read
+        self.wait_s = 0.0
+        self.staleness = Counter()
+        self._fetch, self._gradient = fetch, gradient
+
+    def install(self, handlers: dict) -> "WorkerClock":
+        handlers.update({Clock: self.tick, Fetch: self.fetch, Gradient: self.gradient})
+        return self
+
+    def floor(self) -> int:
+        raise NotImplementedError
+
+    def tick(self, op: Clock) -> int:
+        raise NotImplementedError
+
+    def fetch(self, op):
+        self.read_floor = self.floor()  # before the copy: the copy holds these clocks
+        return self._fetch(op)
+
+    def gradient(self, op):
+        self.staleness[self.clock - self.read_floor] += 1
+        return self._gradient(op)
+
+    def report(self) -> dict:
+        return {"staleness": dict(self.staleness), "wait_s": self.wait_s, "clocks": self.clock}

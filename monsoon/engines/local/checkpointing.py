@@ -83,14 +83,6 @@ class RunCheckpoints(checkpoints.Checkpointer):
         checkpoints.restore_state(ckpt, store.state)
         store.counters[:] = ckpt.arrays["counters"]
 
-    @staticmethod
-    def positions(ckpt, workers: int) -> list[int]:
-        return [int(p) for p in ckpt.meta["positions"]][:workers]
-
-    @staticmethod
-    def private_copy(ckpt, rank: int):
-        return ckpt.arrays.get(f"worker.{rank}.params")
-
     # -- writing ----------------------------------------------------------
     def snapshot_positions(self, strategy, counters: np.ndarray, n: int, batch_size: int,
                            kernel: bool = False):

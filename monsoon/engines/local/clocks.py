@@ -13,45 +13,27 @@ records its staleness in clocks against that floor.
 from __future__ import annotations
 
 import time
-from collections import Counter
 
-from ...strategies.ops import Clock, Fetch, Gradient
+from ...server.clocks import WorkerClock
 from ..waiting import wait_until
 from .store import RUNNING
 
 NOBODY = 1 << 62
 
 
-class LocalClocks:
+class LocalClocks(WorkerClock):
     def __init__(self, runtime):
+        super().__init__(runtime.fetch, runtime.gradient)
         self.runtime = runtime
         self.store = runtime.store
         self.rank = runtime.rank
-        self.clock = 0         # clocks this worker has finished
-        self.read_floor = 0    # the floor at its last read
-        self.wait_s = 0.0
-        self.staleness = Counter()
-        self._fetch = runtime.fetch
-        self._gradient = runtime.gradient
-
-    def install(self, handlers: dict) -> "LocalClocks":
-        handlers.update({Clock: self.tick, Fetch: self.fetch, Gradient: self.gradient})
-        return self
 
     def floor(self) -> int:
         """Clocks every live worker has finished."""
         live = self.store.status <= RUNNING
         return int(self.store.clocks[live].min()) if live.any() else NOBODY
 
-    def fetch(self, op):
-        self.read_floor = self.floor()  # before the copy: the copy holds these clocks
-        return self._fetch(op)
-
-    def gradient(self, op):
-        self.staleness[self.clock - self.read_floor] += 1
-        return self._gradient(op)
-
-    def tick(self, op: Clock) -> int:
+    def tick(self, op) -> int:
         self.clock += 1
         self.store.clocks[self.rank] = self.clock  # after this clock's pushes
         need = self.clock - op.bound
@@ -63,6 +45,3 @@ class LocalClocks:
                        f"{op.bound})", spin=rt._spin, hot_turns=rt._hot_turns)
             self.wait_s += time.monotonic() - start
         return self.floor()
-
-    def report(self) -> dict:
-        return {"staleness": dict(self.staleness), "wait_s": self.wait_s, "clocks": self.clock}

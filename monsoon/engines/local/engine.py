@@ -467,8 +467,9 @@ class LocalEngine(Engine):
         resume = _Resume(workers)
         if resumed is not None:
             ck.restore(resumed, store)
-            resume = _Resume(workers, ck.positions(resumed, workers), resumed.meta["time_s"],
-                             {r: ck.private_copy(resumed, r) for r in range(workers)},
+            resume = _Resume(workers, [int(p) for p in resumed.meta["positions"]][:workers],
+                             resumed.meta["time_s"],
+                             {r: resumed.arrays.get(f"worker.{r}.params") for r in range(workers)},
                              str(resumed.path))
             if senders:
                 resume.senders = {r: sender_state(resumed, r) for r in range(workers)}

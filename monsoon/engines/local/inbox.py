@@ -45,9 +45,6 @@ class PipeInbox:
         self.senders = [s for _, s in pipes]
         self.sentinels: list = [None] * workers
 
-    def outbox(self, rank: int) -> Outbox:
-        return Outbox(self.senders[rank])
-
     def started(self, rank: int, process) -> None:
         """The child has its copy of the sender: close ours, so that its
         death reads as end-of-file rather than as silence."""

@@ -20,7 +20,7 @@ import numpy as np
 from ... import arrays
 from ...compressors.messages import Compression, summarize
 from ...errors import WaitTimeout
-from ...server.clocks import clock_extra
+from ...server.clocks import reports_extra
 from ..base import EngineResult, lost_workers_error
 from ..due import Due
 from ..lifecycle import StopSignals
@@ -31,15 +31,6 @@ from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ,
 MAIN_HINT = ("; the problem refers to code in your script, which every worker process "
              "re-runs: put the call to monsoon under `if __name__ == \"__main__\":`, "
              "or use --backend threads")
-
-
-def _ssp_extra(reports: dict, workers: int) -> dict:
-    """The SSP fields of the result, from the workers' clock reports."""
-    staleness = Counter()
-    for r in reports.values():
-        staleness.update({int(k): v for k, v in r["staleness"].items()})
-    return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
-                       {k: r["clocks"] for k, r in reports.items()}, workers)
 
 
 class WorkerMonitor:
@@ -352,7 +343,7 @@ class WorkerMonitor:
         if self.strategy.synchronous:
             extra["sync_step"] = "replicated" if self.store.replicated else "sharded"
         if self.ssp_reports:
-            extra.update(_ssp_extra(self.ssp_reports, workers))
+            extra.update(reports_extra(self.ssp_reports, workers))
         return EngineResult(params, self.startup, wall, int(ex), int(up), int(dropped),
                             self.staleness, failed_list, stopped=self.stopped,
                             late_gradients=int(late), worker_params=self.worker_params,

@@ -53,7 +53,7 @@ from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine, 
 from ...record.checkpoints import Checkpointer
 from ..due import Due
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
-from ...server.clocks import clock_extra
+from ...server.clocks import reports_extra
 from ...compressors.messages import Compression, summarize
 from .checkpointing import ShardCheckpoints, private_copies
 from .clock import ClockServer
@@ -236,7 +236,7 @@ class RayEngine(Engine):
             result = self._drive(ray, actors, shards, strategy, workers, t_begin, start,
                                  recorder, ckpts, clock, membership, retired)
             if clock is not None:
-                result.extra.update(self._clock_extra(result, workers))
+                result.extra.update(reports_extra(result.extra.pop("clock_reports", {}), workers))
             # every worker's run answered: its hosts (and the servers') serve the next run
             ended = not retired and result.stopped is None and not result.failed_workers
         finally:
@@ -261,13 +261,6 @@ class RayEngine(Engine):
                          {"num_cpus": 0, "max_concurrency": server_threads(workers),
                           "scheduling_strategy": on_driver_node(ray)},
                          name=f"monsoon-{self.run_name}-clock" if self.named else None)
-
-    @staticmethod
-    def _clock_extra(result, workers):
-        reports = result.extra.pop("clock_reports", {})
-        return clock_extra(_staleness(reports.values()),
-                           {k: r["wait_s"] for k, r in reports.items()},
-                           {k: r["clocks"] for k, r in reports.items()}, workers)
 
     def _drive(self, ray, actors, shards, strategy, workers, t_begin, start, recorder, ckpts,
                clock=None, membership=None, retired=()):

@@ -28,10 +28,11 @@ from collections import Counter
 
 import numpy as np
 
-from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
+from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push, Regroup)
 from ...compressors.messages import Compression, Sender, compressing
 from ...server.reduce import finite
+from ...server.clocks import WorkerClock
 from ...server.core import LocalUpdate
 
 
@@ -71,9 +72,7 @@ class RemoteWorker:
                          Elastic: self.elastic}
         self.ssp = None
         if clock is not None:  # SSP: ticks and floors from the clock server
-            self.ssp = WorkerClock(self, clock)
-            self.handlers.update({Clock: self.ssp.tick, Fetch: self.ssp.fetch,
-                                  Gradient: self.ssp.gradient})
+            self.ssp = RayClock(self, clock).install(self.handlers)
 
     def ready(self) -> bool:
         return True
@@ -220,40 +219,30 @@ class RemoteWorker:
             self.work[a:b] -= d
 
 
-class WorkerClock:
-    """SSP's ops on a Ray worker: a tick settles the clock's pushes first."""
+class RayClock(WorkerClock):
+    """SSP's ops on a Ray worker: the table is the clock server's; a tick
+    settles the clock's pushes first."""
 
     def __init__(self, worker: RemoteWorker, server):
-        import time
+        super().__init__(worker.fetch, worker.gradient)
+        self.worker, self.server = worker, server
 
-        self.worker, self.server, self._time = worker, server, time.monotonic
-        self.clock = 0
-        self.read_floor = 0
-        self.wait_s = 0.0
-        self.staleness = Counter()
-
-    def fetch(self, op):
-        self.read_floor = self.worker._get(self.server.floor.remote())  # before the read
-        return self.worker.fetch(op)
-
-    def gradient(self, op):
-        self.staleness[self.clock - self.read_floor] += 1
-        return self.worker.gradient(op)
+    def floor(self) -> int:
+        return self.worker._get(self.server.floor.remote())
 
     def tick(self, op):
-        self.worker._settle_pushes()  # this clock's updates are in before its tick
-        self.clock += 1
-        start = self._time()
+        import time
+
         import ray
 
+        self.worker._settle_pushes()  # this clock's updates are in before its tick
+        self.clock += 1
+        start = time.monotonic()
         # the server raises after the run's timeout; this wait only backs it up
         floor = ray.get(self.server.tick.remote(self.worker.rank, op.bound),
                         timeout=2 * self.worker.timeout + 5)
-        self.wait_s += self._time() - start
+        self.wait_s += time.monotonic() - start
         return floor
 
     def retire(self):
         self.worker._get(self.server.retire.remote(self.worker.rank))
-
-    def report(self) -> dict:
-        return {"staleness": dict(self.staleness), "wait_s": self.wait_s, "clocks": self.clock}

@@ -45,7 +45,7 @@ from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradie
                                LocalStep, Push)
 from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore, new_readers
-from .checkpointing import restore_state
+from ...record.checkpoints import restore_state
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum
 

@@ -33,10 +33,11 @@ job group, cancelled before the run returns or fails. A session the engine
 started is stopped after the run; a running one (spark-submit, the user's)
 is left running.
 
-Checkpoints (``checkpointing.py``): the driver writes the server state
-every ``checkpoint_every`` updates (sync, serial, async); ``resume`` carries
-sync and serial on from the newest. Not yet: resuming private worker copies
-(async, local-sgd, easgd), backup workers (``spark.speculation`` instead).
+Checkpoints: the driver writes its server state every ``checkpoint_every``
+updates; only finished jobs change it, so one between them is exact (sync
+and serial resume bit-identical; an async worker from its last applied
+push). Not kept: delay-aware rules' read records, private worker copies
+(local-sgd, easgd); no backup workers (``spark.speculation`` instead).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from ...options import Option
 from ...strategies import Budget, WorkerJob
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push)
+from ...record.checkpoints import Checkpointer
 from ..base import Engine, EngineResult
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
 from .jobs import Jobs
@@ -188,10 +190,8 @@ class SparkEngine(Engine):
                              recorder.target_loss)
             sizing = self._size_jobs(ctx, strategy, rule, w0)
             startup = time.perf_counter() - t_begin
-            from .checkpointing import DriverCheckpoints
-
-            ckpts = DriverCheckpoints(self, problem, strategy, rule, workers, batch_size, seed,
-                                      recorder)
+            ckpts = Checkpointer.for_engine(self, problem, strategy, rule, workers, batch_size,
+                                            seed, recorder)
             out = self._loop(ctx, rule, strategy, w0, recorder, ckpts)
         finally:
             jobs.close(workers)

@@ -50,7 +50,7 @@ from ...strategies.ops import Clock, Elastic
 from ...server.clocks import ClockTable, clock_extra
 from ...compressors.messages import Compression, Sender, receive, summarize
 from ...server.core import LocalUpdate, ServerCore, new_readers
-from .checkpointing import restore_state, staleness_arrays
+from ...record.checkpoints import restore_state, staleness_arrays
 from .jobs import share, short_error
 from .sizing import JobTiming
 from .tasks import run_segment
