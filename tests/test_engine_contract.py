@@ -7,6 +7,7 @@ or the op or need whose lack the engine's one-line refusal names. Adding a
 strategy or an engine adds a row or a column here, nothing else.
 """
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -85,12 +86,19 @@ def spark_with_plugin(plugin_site, tmp_path_factory):
     own (a start, with the executors' Python importing torch, costs seconds)."""
     import shutil
 
+    from conftest import _reload
     from spark_env import spark_session
 
     zipped = shutil.make_archive(str(tmp_path_factory.mktemp("plugin-zip") / "site"), "zip",
                                  root_dir=plugin_site)
     with spark_session("local[2]") as spark:
+        before = list(sys.path)
         spark.sparkContext.addPyFile(zipped)
+        # addPyFile puts the zip on this process's path too: the plug-in's
+        # components would then stay registered here for every later test
+        # (a test that needs them here asks for ``plugin``)
+        sys.path[:] = [p for p in sys.path if p in before]
+        _reload()
         yield spark
 
 
