@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..compressors.messages import Compression
 from ..errors import ConfigError, WorkerError
 from ..strategies import ops as _ops
 from ..strategies.base import BACKUP_WORKERS, ELASTIC, SHARED_MEMORY, STAGES
@@ -121,7 +122,7 @@ class Engine:
     compresses = False   # carries out --compress (compressors/messages.py)
     gives_loss: frozenset = frozenset()  # strategies whose steps hand the rule their
     #                                      full-batch loss (lbfgs; UpdateInfo.loss)
-    compression = None   # the run's messages.Compression, set before ``run``
+    compression = Compression()  # the run's --compress (none by default), set before ``run``
 
     @classmethod
     def from_options(cls, run, **values):

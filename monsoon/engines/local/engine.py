@@ -63,7 +63,7 @@ from ..waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
                             restore_buffers, sender_slots, sender_state)
 from .inbox import Outbox, PipeInbox, QueueInbox
-from ...compressors.messages import Compression, Sender, compressing, summarize
+from ...compressors.messages import Sender, compressing, summarize
 from ... import arrays
 from .monitor import WorkerMonitor
 from .runtime import WorkerRuntime
@@ -186,7 +186,7 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
                                 setup.strategy, setup.timeout, setup.live,
                                 start_step=setup.job.start_step,
                                 checkpoint_every=setup.checkpoint_every, work0=setup.work0)
-        sender = runtime.sender = Sender(setup.compression or Compression(), rank)
+        sender = runtime.sender = Sender(setup.compression, rank)
         if setup.sender_state is not None:
             sender.restore(setup.sender_state)
         program = compressing(setup.strategy.program(setup.job), sender,
@@ -424,7 +424,7 @@ class LocalEngine(Engine):
         pass, a compressor)."""
         device = problem.array_device()
         if (device is None or backend == "processes" or not rule.device_arrays or self.kernel
-                or (self.compression is not None and self.compression.active)):
+                or self.compression.active):
             return None
         return device
 
@@ -446,7 +446,7 @@ class LocalEngine(Engine):
         ident["plan"] = "epochs" if self.kernel else "batches"  # what a position counts
         ck = RunCheckpoints(self.checkpoint_dir, self.checkpoint_every, self.resume_dir, ident,
                             exact)
-        compression = self.compression or Compression()
+        compression = self.compression
         senders = exact and compression.stateful  # checkpoints hold each worker's sender
         resumed = ck.load(rule, w0, workers,  # checked before anything starts
                           compression.sender_layout(w0.size, w0.dtype) if senders else None,
@@ -511,7 +511,7 @@ class LocalEngine(Engine):
         job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget,
                         start_step=resume.start[0], kernel=self.kernel)
         runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
-        sender = runtime.sender = Sender(self.compression or Compression(), 0)
+        sender = runtime.sender = Sender(self.compression, 0)
         if resume.senders.get(0) is not None:
             sender.restore(resume.senders[0])
         watch = _InlineWatch(self, store, problem, sender, recorder, ck, resume)
@@ -530,7 +530,7 @@ class LocalEngine(Engine):
         return EngineResult(np.array(arrays.to_host(store.params), copy=True), 0.0, wall, int(ex), int(up),
                             int(dropped), runtime.staleness, [], stopped=stopped,
                             late_gradients=int(late), interrupted=interrupted,
-                            extra=summarize([sender.stats()], self.compression or Compression(),
+                            extra=summarize([sender.stats()], self.compression,
                                             int(up)))
 
     # -- parallel: processes or threads --------------------------------------

@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 
 from ... import arrays
-from ...compressors.messages import Compression, summarize
+from ...compressors.messages import summarize
 from ...errors import WaitTimeout
 from ...server.clocks import reports_extra
 from ..base import EngineResult, lost_workers_error
@@ -339,7 +339,7 @@ class WorkerMonitor:
         failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
                        for r in sorted(failed)]
         extra = summarize([self.traffic[r] for r in sorted(self.traffic)],
-                          self.engine.compression or Compression(), int(up))
+                          self.engine.compression, int(up))
         if self.strategy.synchronous:
             extra["sync_step"] = "replicated" if self.store.replicated else "sharded"
         if self.ssp_reports:

@@ -54,7 +54,7 @@ from ...record.checkpoints import Checkpointer
 from ..due import Due
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
 from ...server.clocks import reports_extra
-from ...compressors.messages import Compression, summarize
+from ...compressors.messages import summarize
 from .checkpointing import ShardCheckpoints, private_copies
 from .clock import ClockServer
 from .hosts import POOL, kill
@@ -159,8 +159,7 @@ class RayEngine(Engine):
 
     def check(self, strategy, workers) -> None:
         super().check(strategy, workers)
-        if strategy.elastic and self.compression is not None \
-                and self.compression.active:
+        if strategy.elastic and self.compression.active:
             raise ConfigError("--elastic does not combine with --compress yet (a regrouped "
                               "step would compress twice into one residual); drop one of them")
         if self.resume_dir and private_copies(strategy):
@@ -361,7 +360,7 @@ class RayEngine(Engine):
             worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
             worker_states={r: v["state"] for r, v in results.items() if v.get("state")},
             extra={**extra, **summarize([results[r]["traffic"] for r in sorted(results)],
-                                        self.compression or Compression(), version)})
+                                        self.compression, version)})
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:

@@ -60,7 +60,7 @@ from ..lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, checkpoint_paths
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
-from ...compressors.messages import Compression, Sender, compressing, summarize
+from ...compressors.messages import Sender, compressing, summarize
 from .clocks import SimClocks
 
 REQUEST_BYTES = 64  # a fetch request, an acknowledgement
@@ -208,7 +208,7 @@ class SimEngine(Engine):
         self.workers = []
         for rank in range(self.W):
             w = _Worker(rank)
-            w.sender = Sender(self.compression or Compression(), rank)
+            w.sender = Sender(self.compression, rank)
             w.program = compressing(strategy.program(WorkerJob(
                 rank, self.W, self.problem.n_examples, batch_size, seed, budget)), w.sender,
                 self.nbytes)
@@ -239,7 +239,7 @@ class SimEngine(Engine):
                             if end > 0 else None},
             "delays": self.delays.describe(),
             **summarize([w.sender.stats() for w in self.workers],
-                        self.compression or Compression(), self.total["updates"])}
+                        self.compression, self.total["updates"])}
         if self.ssp is not None:
             result.extra.update(self.ssp.extra())
         if self.keeper.last_path is not None:
@@ -586,7 +586,7 @@ class SimEngine(Engine):
             self.total["dropped"] += 1
         self.shard_busy += self.delays.service_s
         reply = self.nbytes
-        if self.compression is not None and self.compression.active:
+        if self.compression.active:
             # the step's update travels back as the encoded contributions it
             # combined (an allgather, as DGC's), or dense when that is smaller
             reply = min(self.nbytes, sum(self.workers[k].sender.last_nbytes for k in ranks))

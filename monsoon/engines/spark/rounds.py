@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...compressors.messages import Compression, Sender, receive, summarize
+from ...compressors.messages import Sender, receive, summarize
 from ...server.reduce import weighted_sum
 from ...server.core import ServerCore
 from .jobs import share
@@ -33,7 +33,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     w = np.array(w0, copy=True)
     acc, tmp = np.empty_like(w), np.empty_like(w)
     local_rules = {k: None for k in range(ctx.workers)}
-    compression = ctx.compression or Compression()
+    compression = ctx.compression
     senders = {k: Sender(compression, k) for k in range(ctx.workers)}
     ended = set()
     updates = dropped = examples = 0

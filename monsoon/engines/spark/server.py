@@ -48,7 +48,7 @@ from ...errors import WaitTimeout
 from ..base import lost_workers_error
 from ...strategies.ops import Clock, Elastic
 from ...server.clocks import ClockTable, clock_extra
-from ...compressors.messages import Compression, Sender, receive, summarize
+from ...compressors.messages import Sender, receive, summarize
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state, staleness_arrays
 from .jobs import share, short_error
@@ -104,7 +104,7 @@ class DriverServer:
         self.deltas = pushes_deltas(rule, strategy)
         self.local_rules = {k: LocalUpdate(rule, k) if self.deltas else None
                             for k in range(ctx.workers)}
-        self.compression = ctx.compression or Compression()
+        self.compression = ctx.compression
         self.senders = {k: Sender(self.compression, k) for k in range(ctx.workers)}
         self.last_change = time.monotonic()
         self.running_since: dict[int, float | None] = {k: None for k in range(ctx.workers)}

@@ -53,7 +53,7 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from ...record import checkpoints
 from ..base import EngineResult
-from ...compressors.messages import Compression, Sender, compressing, receive, summarize
+from ...compressors.messages import Sender, compressing, receive, summarize
 from ...server.reduce import finite
 from ...server.core import LocalUpdate, ServerCore
 from .buckets import Buckets
@@ -132,7 +132,7 @@ class RankWorker:
         self.every = engine.checkpoint_every if exact else 0
         self.keeper = checkpoints.Checkpointer(engine.checkpoint_dir, self.every, None,
                                                engine.identity, self.recorder)
-        self.sender = Sender(engine.compression or Compression(), self.rank)
+        self.sender = Sender(engine.compression, self.rank)
         self.compressed = self.sender.compression.active
         if self.compressed:
             self.wire = self.sender.compression.wire_nbytes(n, w0.dtype)
@@ -488,7 +488,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
             problem.seed_rng(seed, rank)
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                         start_step=start["step"] if exact_steps(strategy) else 0)
-        compressed = engine.compression is not None and engine.compression.active
+        compressed = engine.compression.active
         if not compressed and uses_shm(engine.reduce_via, comm.backend, env):
             shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
                                   required=engine.reduce_via == "shm")
@@ -567,7 +567,7 @@ def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) 
              "restarts": comm.attempt, "agent_restarts": agent_restarts(),
              "bucket_count": worker.buckets.count
              if worker.buckets is not None else None,
-             **summarize([g["traffic"] for g in gathered], engine.compression or Compression(),
+             **summarize([g["traffic"] for g in gathered], engine.compression,
                          worker.updates)}
     if start["from"]:
         extra["resumed_from"] = start["from"]
