@@ -148,11 +148,11 @@ def _check_full_batch(run: dict, engine) -> None:
     """A full-batch rule (lbfgs) needs each step's loss, on the whole vector:
     the strategies an engine hands it to (``Engine.gives_loss``)."""
     rule, strategy = run["rule"], run["strategy"]
-    takes = getattr(engine, "gives_loss", frozenset())
-    if strategy not in takes:
-        options = "; ".join(f"--engine {name} --strategy {' or '.join(sorted(cls.gives_loss))}"
-                            for name, cls in ENGINES.all().items()
-                            if getattr(cls, "gives_loss", None))
+    if not engine.gives_loss(STRATEGIES.get(strategy)):
+        pairs = {name: [s for s, kind in sorted(STRATEGIES.all().items()) if cls.gives_loss(kind)]
+                 for name, cls in ENGINES.all().items()}
+        options = "; ".join(f"--engine {name} --strategy {' or '.join(takes)}"
+                            for name, takes in pairs.items() if takes)
         raise ConfigError(f"rule {rule} takes one full-batch step at a time with its loss; "
                           f"{run['engine']} does not give it to {strategy}: use {options}")
 
@@ -184,8 +184,8 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         dict(instance.defaults or {})
     override = defaults.get("by_strategy", {}).get(run["strategy"], {})
     if ("rule" in override and RULES.get(override["rule"]).full_batch
-            and (given.get("batch_size") is not None or run["strategy"] not in getattr(
-                ENGINES.get(run["engine"]), "gives_loss", ()))):
+            and (given.get("batch_size") is not None or not ENGINES.get(run["engine"]).gives_loss(
+                STRATEGIES.get(run["strategy"])))):
         override = {}  # mini-batches asked for, or an engine without the step's loss
     defaults = {**defaults, **override}
     if given.get("rule") is None and "rule" in defaults:  # the problem's rule (spark:PATH)

@@ -147,6 +147,31 @@ def test_refused_where_no_full_batch_loss(strategy, workers, extra, match):
         monsoon.train(logistic(), strategy, workers, rule="lbfgs", progress=False, **extra)
 
 
+def test_a_full_batch_rule_goes_where_the_strategy_declares_whole_steps(monkeypatch):
+    """Engines hand the step's loss to strategies by their declaration
+    (``Strategy.full_batch_steps``), never by name: a renamed serial takes
+    lbfgs and meets serial's result; Hogwild! with one worker, the same
+    loop undeclared, is refused, and the refusal lists the pairs that work."""
+    from monsoon.strategies import STRATEGIES
+    from monsoon.strategies.hogwild import Hogwild
+    from monsoon.strategies.serial import Serial
+
+    class Renamed(Serial):
+        name = "my-serial"
+
+    STRATEGIES._load()
+    monkeypatch.setitem(STRATEGIES._plugins, "my-serial", Renamed)
+    problem = logistic(seed=2)
+    mine = monsoon.train(problem, "my-serial", 1, rule="lbfgs", epochs=20, progress=False)
+    theirs = monsoon.train(problem, "serial", 1, rule="lbfgs", epochs=20, progress=False)
+    assert mine.summary["final_loss"] == theirs.summary["final_loss"]
+    assert issubclass(Serial, Hogwild) and not Hogwild.full_batch_steps
+    with pytest.raises(ConfigError, match=r"local does not give it to hogwild: use --engine "
+                                          r"local --strategy my-serial or serial; --engine spark "
+                                          r"--strategy my-serial or serial or sync"):
+        monsoon.train(problem, "hogwild", 1, rule="lbfgs", progress=False)
+
+
 def test_default_budget_is_a_hundred_full_batch_steps():
     run = monsoon.train(logistic(), "serial", 1, rule="lbfgs", progress=False)
     assert run.summary["updates"] == 100

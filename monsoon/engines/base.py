@@ -120,8 +120,6 @@ class Engine:
     # (worker k: cuda:(k mod GPUs)), "assigned" (the scheduler's), None (CPU only).
     device_placement: str | None = None
     compresses = False   # carries out --compress (compressors/messages.py)
-    gives_loss: frozenset = frozenset()  # strategies whose steps hand the rule their
-    #                                      full-batch loss (lbfgs; UpdateInfo.loss)
     compression = Compression()  # the run's --compress (none by default), set before ``run``
 
     @classmethod
@@ -130,6 +128,13 @@ class Engine:
 
     def describe(self) -> dict:
         return {"engine": self.name}
+
+    @classmethod
+    def gives_loss(cls, strategy) -> bool:
+        """Whether this engine hands the rule each step's full-batch loss
+        (``UpdateInfo.loss``: lbfgs) when it runs ``strategy`` (a class),
+        one whose updates are whole steps (``Strategy.full_batch_steps``)."""
+        return False
 
     def shares_device_arrays(self) -> bool:
         """Whether the workers are threads of this process, sharing one device

@@ -74,6 +74,11 @@ class Strategy:
     # Synchronous strategies: True where the workers sharing a step may
     # change mid-run (a lost worker is regrouped around, ``sync --elastic``).
     elastic = False
+    # True: each update is the gradient of a step's whole batch at one point,
+    # applied once to the whole vector (serial, sync): a full-batch rule
+    # (lbfgs) may run it where the engine hands the rule the step's loss
+    # (``Engine.gives_loss``).
+    full_batch_steps = False
     # True: each Gradient's result goes to AllReduce unchanged, so an engine
     # may reduce it while it is computed (DDP-style buckets).
     raw_gradients = False

@@ -14,6 +14,7 @@ from .hogwild import Hogwild
 class Serial(Hogwild):
     name = "serial"
     single_worker = True
+    full_batch_steps = True
     buffers = "rank0"
 
     def validate(self, workers, batch_size, n_examples):

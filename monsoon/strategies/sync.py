@@ -48,6 +48,7 @@ class Sync(Strategy):
     synchronous = True
     buffers = "rank0"   # DDP's broadcast_buffers: every replica holds rank 0's
     uses = (Gradient, AllReduce)
+    full_batch_steps = True
     options = (Option("backup_workers", int, 0, "extra workers; each step takes the first "
                       "--workers gradients", check=lambda v: None if v >= 0 else "0 or more"),
                Option("elastic", bool, False, "carry on with the workers left when one is "

@@ -356,7 +356,6 @@ class LocalEngine(Engine):
     stops_on_signal = True  # SIGTERM/SIGINT: a final checkpoint, then return (lifecycle.py)
     ops = ALL_OPS
     meets = frozenset({SHARED_MEMORY, BACKUP_WORKERS, STAGES})
-    gives_loss = frozenset({"serial"})
     compresses = True  # in shared memory: the math and the counts change, not the transport
     device_placement = "index"  # worker k's problem copy computes on cuda:(k mod GPUs)
     options = (
@@ -410,6 +409,11 @@ class LocalEngine(Engine):
         plain SGD, an epoch budget: run the loop, not mini-batches."""
         return (problem.sgd_pass is not None and rule.plain_step and not rule.staleness_lr
                 and budget.epochs is not None and strategy.per_example_loop)
+
+    @classmethod
+    def gives_loss(cls, strategy) -> bool:
+        """One worker's steps (serial): a sharded sync step sums no loss."""
+        return strategy.full_batch_steps and strategy.single_worker
 
     def shares_device_arrays(self) -> bool:
         """Workers are threads of this process: on a GPU they share one device

@@ -103,7 +103,6 @@ class SparkEngine(Engine):
     """Executors share no memory (no several-worker Apply: hogwild), and
     tasks cannot pass activations to each other (no pipeline stages)."""
     name = "spark"
-    gives_loss = frozenset({"sync", "serial"})
     ops = frozenset({Gradient, Apply, Fetch, Push, LocalStep, LocalApply, AllReduce, Average,
                      Elastic, Clock})
     virtual_time = False
@@ -130,6 +129,12 @@ class SparkEngine(Engine):
         self.checkpoint_every = checkpoint_every
         self.resume_dir = resume_dir
         self.shards_used = 1
+
+    @classmethod
+    def gives_loss(cls, strategy) -> bool:
+        """Sync's steps all-reduce the step's loss with its gradient (barrier
+        stage, or the driver's sum); serial's is its one worker's."""
+        return strategy.full_batch_steps
 
     def describe(self) -> dict:
         return {"engine": self.name, "master": self.master, "timeout_s": self.timeout,
