@@ -41,6 +41,7 @@ bit-identical to an uninterrupted run.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter
@@ -242,10 +243,8 @@ class RankWorker:
         mine = self.gathered
         mine[:self.wire] = 0 if wire is None else wire
         mine[self.wire:] = self.flags.view(np.uint8)
-        try:
+        with self._collective(what):
             rows = self.comm.all_gather(mine)
-        except Exception as exc:  # noqa: BLE001 - gloo/NCCL errors: say what it means
-            self._failed(what, exc)
         dtype = self.server.dtype
         self.grad.fill(0)
         flags = np.zeros_like(self.flags)
@@ -260,14 +259,20 @@ class RankWorker:
             self.sender.received_bytes += (self.world - 1) * self.wire - self.server.nbytes
 
     def _reduce(self, what: str) -> None:
-        try:
+        with self._collective(what):
             if self.shm is not None:
                 self.shm.all_reduce(self.buf)
             else:
                 self.comm.all_reduce(self.whole)
                 if self.dflags is not None:
                     self._landed()
-        except Exception as exc:  # noqa: BLE001 - gloo/NCCL errors: say what it means
+
+    @contextlib.contextmanager
+    def _collective(self, what: str):
+        """A collective's gloo/NCCL error, said as what it means (``_failed``)."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001
             self._failed(what, exc)
 
     def _failed(self, what: str, exc) -> None:
@@ -315,12 +320,10 @@ class RankWorker:
             if op.grad is None:
                 self._flags(0)
                 self.buckets.begin(0)
-            try:
+            with self._collective(f"step {self.step}"):
                 self.buckets.finish()
                 if self.dflags is not None:
                     self._landed()
-            except Exception as exc:  # noqa: BLE001
-                self._failed(f"step {self.step}", exc)
         elif self.shm is not None:  # the contribution goes straight into its slot
             slot = self.shm.contribution()
             if op.grad is None:
@@ -329,10 +332,8 @@ class RankWorker:
                 np.multiply(op.grad, op.examples / self.unit, out=slot[:self.n])
             self._flags(op.examples)
             slot[self.n:] = self.flags
-            try:
+            with self._collective(f"step {self.step}"):
                 self.shm.reduce(self.buf)
-            except Exception as exc:  # noqa: BLE001
-                self._failed(f"step {self.step}", exc)
         else:
             if op.grad is None:
                 _zero(self.grad)
