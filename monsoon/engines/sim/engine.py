@@ -362,11 +362,7 @@ class SimEngine(Engine):
             if not self.strategy.synchronous and self.S > 1:
                 return self._inconsistent_read(w, op)
         loss, grad = self.problem.gradient(w.work, op.indices)
-        np.copyto(w.grad, grad)
-        w.loss_sum += loss
-        w.loss_n += 1
-        w.examples += len(op.indices)
-        self.total["examples"] += len(op.indices)
+        self._took(w, loss, grad, len(op.indices))
         dt = self.delays.compute_time(self.rng, w.rank, self.W)
         w.busy += dt
         self._at(self.now + dt, self._resume, w, (loss, w.grad))
@@ -391,21 +387,28 @@ class SimEngine(Engine):
 
     def _gradient_on_snapshot(self, w, indices):
         loss, grad = self.problem.gradient(w.snapshot, indices)
+        self._took(w, loss, grad, len(indices))
+        self._resume(w, (loss, w.grad))
+
+    def _took(self, w, loss, grad, examples: int) -> None:
+        """A gradient computed: kept in the worker's buffer, and counted."""
         np.copyto(w.grad, grad)
         w.loss_sum += loss
         w.loss_n += 1
-        w.examples += len(indices)
-        self.total["examples"] += len(indices)
-        self._resume(w, (loss, w.grad))
+        w.examples += examples
+        self.total["examples"] += examples
 
     def _apply(self, w, op):
         self.server.version = self.total["updates"]
         if self.server.push(w.rank, op.grad, w.updates + w.others_at_read) is None:
             self._dropped(w)
             return True, None
+        self._updated(w)
+        return True, None
+
+    def _updated(self, w):
         w.updates += 1
         self.total["updates"] += 1
-        return True, None
 
     def _dropped(self, w):
         w.dropped += 1
@@ -464,8 +467,7 @@ class SimEngine(Engine):
         self.cores[s].push(w.rank, grad[a:b], int(ticket[s]), checked=True)
         push["left"] -= 1
         if push["left"] == 0:
-            w.updates += 1
-            self.total["updates"] += 1
+            self._updated(w)
             if self.ssp is not None:  # this clock's tick may now be published
                 self.ssp.pushed(w.rank)
 
@@ -514,15 +516,13 @@ class SimEngine(Engine):
         self.cores[s].add(sent[a:b])
         left["shards"] -= 1
         if left["shards"] == 0:
-            w.updates += 1
-            self.total["updates"] += 1
+            self._updated(w)
 
     def _serve_elastic(self, s, w, alpha):
         a, b = self.bounds[s]
         w.work[a:b] -= self.cores[s].elastic(w.work[a:b], alpha)
         if s == self.S - 1:
-            w.updates += 1
-            self.total["updates"] += 1
+            self._updated(w)
         reply = self.now + self.delays.service_s + self._message((b - a) * self.params.itemsize)
         self._at(reply, self._reply, w)
 
