@@ -290,3 +290,15 @@ def make_live(run: dict, out, config: dict, label: str, bar: bool = False) -> Li
     if tb_dir is None and sink is None and not bar:
         return None
     return LiveWriter(every, tb_dir, sink).open()
+
+
+def add_figures(workers: dict, rank: int, loss_sum: float, loss_n: int, examples: int,
+                updates: int | None = None) -> None:
+    """Add to worker ``rank``'s cumulative figures in ``workers``, the form
+    ``LiveWriter.write`` reads (``updates``: where the engine counts them)."""
+    fig = workers.setdefault(rank, {"loss_sum": 0.0, "loss_n": 0, "examples": 0})
+    fig["loss_sum"] += loss_sum
+    fig["loss_n"] += loss_n
+    fig["examples"] += examples
+    if updates is not None:
+        fig["updates"] = fig.get("updates", 0) + updates

@@ -46,6 +46,7 @@ from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradie
 from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state
+from ...record.live import add_figures
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum
 
@@ -234,10 +235,7 @@ class DriverPrograms:
                 waiting = {k: op for k, op in self.ops.items() if type(op) is Gradient}
                 if waiting:
                     for k, reply in self._gradients(waiting).items():
-                        fig = live.setdefault(k, {"loss_sum": 0.0, "loss_n": 0, "examples": 0})
-                        fig["loss_sum"] += float(reply[0])
-                        fig["loss_n"] += 1
-                        fig["examples"] += len(waiting[k].indices)
+                        add_figures(live, k, float(reply[0]), 1, len(waiting[k].indices))
                         self._send(k, reply)
                     if self.full_loss is not None and recorder.target_met(
                             self.full_loss, self.updates, self.core.dropped):

@@ -21,6 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...compressors.messages import Sender, receive, summarize
+from ...record.live import add_figures
 from ...server.reduce import weighted_sum
 from ...server.core import ServerCore
 from .jobs import share
@@ -73,10 +74,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             positions[k] += res["steps"]
             examples += res["examples"]
             dropped += res["dropped"]
-            fig = live.setdefault(k, {"loss_sum": 0.0, "loss_n": 0, "examples": 0})
-            fig["loss_sum"], fig["loss_n"], fig["examples"] = (
-                fig["loss_sum"] + res["loss"], fig["loss_n"] + res["steps"],
-                fig["examples"] + res["examples"])
+            add_figures(live, k, res["loss"], res["steps"], res["examples"])
             if res["ended"]:
                 ended.add(k)
         if avg:

@@ -51,6 +51,7 @@ from ...server.clocks import ClockTable, clock_extra
 from ...compressors.messages import Sender, receive, summarize
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state, staleness_arrays
+from ...record.live import add_figures
 from .jobs import share, short_error
 from .sizing import JobTiming
 from .tasks import run_segment
@@ -203,12 +204,8 @@ class DriverServer:
             self.senders[k] = res["sender"]
             self.examples += res["examples"]
             self.core.dropped += res["dropped"]
-            fig = self.live.setdefault(k, {"loss_sum": 0.0, "loss_n": 0, "examples": 0,
-                                           "updates": 0})
-            fig["loss_sum"] += res["loss"]
-            fig["loss_n"] += res["steps"]
-            fig["examples"] += res["examples"]
-            fig["updates"] += res["op"] in ("push", "elastic")
+            add_figures(self.live, k, res["loss"], res["steps"], res["examples"],
+                        updates=int(res["op"] in ("push", "elastic")))
             if res["op"] == "push":
                 if res["grad"] is None:
                     self.core.dropped += 1
