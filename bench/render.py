@@ -155,10 +155,6 @@ WHY = {
     "hogwild_average": "Only fits with both threads forced miss, on two of three datasets, a "
                        "layout the chooser never picked here (every fit it ran was within 1%); "
                        "why the threads' averaged model drifts is not yet measured.",
-    "before_after": "Every speed row is within its spread or better; only the 2-thread "
-                    "Hogwild! log-loss row reads worse (1.0035x scikit-learn's against "
-                    "0.9988-1.0030x before), the two threads' interleaving: the 1-thread "
-                    "log-loss is 0.4510 on both revisions.",
     "async_local_vs_ray": "A local worker's time went to memory-bound passes over the 4 MB "
                           "parameter vector (gradient, push, fetch), with little engine overhead, "
                           "in a py-spy profile at 9a402d3; this record was not profiled.",
