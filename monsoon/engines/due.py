@@ -1,12 +1,14 @@
 """What a run's monitor must do next: one object asked by every loop that
-watches a run (the local engine's inline loop and its worker monitor).
+watches a run (the local engine's inline loop and worker monitor, Ray's
+driver, Spark's driver and server, a torch rank, the pipeline runners).
 
 It answers five questions, each cheap enough to ask between ops:
 
 - a curve row: ``row`` (the recorder's pace: evaluations over the budget),
   and ``seconds_to_row`` for how long a monitor may sleep without missing one;
 - a live update: ``live`` hands the recorder the run's figures when its
-  live writer is due;
+  live writer is due; ``look`` asks both (a row, then a live update) for
+  the loops that take no other action between them;
 - a checkpoint: every ``every`` positions (steps, updates or epochs, as the
   caller counts them), ``plan_checkpoint`` sets the next one after a
   position, ``checkpoint`` says whether it is reached;
@@ -58,6 +60,21 @@ class Due:
         workers, stale = figures()
         self.recorder.live(at, ex, up, workers, stale, int(dropped))
         return True
+
+    def look(self, at: float, examples, snapshot, totals=None, figures=None) -> str | None:
+        """Record a curve row if one is due, else (or after it) hand a live
+        update if one is due (``totals`` and ``figures`` as for ``live``;
+        none given: no live series). ``snapshot()`` gives (params, updates,
+        dropped), read together, only when a row is due. Returns the row's
+        reason to stop (a divergence, the target), or None."""
+        if self.row(at, examples):
+            params, updates, dropped = snapshot()
+            reason = self.recorder.record(at, int(updates), int(examples), params, int(dropped))
+            if reason is not None:
+                return reason
+        if figures is not None:
+            self.live(at, totals, figures)
+        return None
 
     # -- checkpoints ---------------------------------------------------------
     def plan_checkpoint(self, position: int) -> None:

@@ -304,13 +304,11 @@ class RayEngine(Engine):
             now = time.perf_counter() - t0
             examples = start.examples + gone + sum(by_rank.values())
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
-            if due.row(now, examples):
-                params, version, dropped = self._params(ray, shards)
-                stopped = recorder.record(now, version, examples, params, start.dropped + dropped)
-                if stopped is not None:
-                    break
-            due.live(now, lambda: _totals(examples, figures), lambda: (figures, _staleness(
-                figures.values())))
+            stopped = due.look(now, examples, lambda: self._params(ray, shards, start.dropped),
+                               lambda: _totals(examples, figures),
+                               lambda: (figures, _staleness(figures.values())))
+            if stopped is not None:
+                break
         wall = time.perf_counter() - t0
         # an elastic run that lost workers still ran every step (Membership.lose
         # fails the run when no member is left)
@@ -377,10 +375,12 @@ class RayEngine(Engine):
                 pass
         return figures
 
-    def _params(self, ray, shards):
+    def _params(self, ray, shards, dropped_before: int = 0):
+        """The shards' parameters, version and dropped count (plus those a
+        resumed run had dropped before)."""
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
         return (np.concatenate([p for p, _, _ in parts]), parts[0][1],
-                sum(d for _, _, d in parts))
+                dropped_before + sum(d for _, _, d in parts))
 
 
 def _totals(examples: int, figures: dict) -> tuple:

@@ -25,6 +25,7 @@ from ...strategies.batches import global_batches, part_bounds
 from ...strategies.pipeline.runner import finish, stage_payloads
 from ...strategies.pipeline.schedules import schedule
 from ..base import EngineResult
+from ..due import Due
 from ..options import refuse_checkpoints
 from .hosts import POOL, kill
 
@@ -125,6 +126,12 @@ def run_pipeline(engine, ray, strategy, problem, rule, w0, workers, batch_size, 
                 kill(ray, a)
 
 
+def _params(ray, engine, actors, S):
+    """The stages' parameters, concatenated in stage order."""
+    return np.concatenate(_get(ray, [actors[s].params.remote() for s in range(S)],
+                               engine.timeout, actors, "send parameters"))
+
+
 def _get(ray, refs, timeout, actors, what):
     from ray.exceptions import GetTimeoutError
 
@@ -172,6 +179,7 @@ def _submit_step(actors, S, R, t, batch, micro, name):
 def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, budget, recorder,
            startup, n):
     recorder.start(w0)
+    due = Due(recorder)
     t0 = time.perf_counter()
     in_flight = []
     examples = updates = 0
@@ -184,19 +192,15 @@ def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, bud
             _get(ray, refs, engine.timeout, actors, "finish a step")
             updates, examples = updates + 1, examples + size
             now = time.perf_counter() - t0
-            if recorder.due(now, examples):
-                params = np.concatenate(_get(ray, [actors[s].params.remote() for s in range(S)],
-                                             engine.timeout, actors, "send parameters"))
-                reason = recorder.record(now, updates, examples, params)
-                if reason is not None:
-                    stopped = reason
-                    break
+            stopped = due.look(now, examples,
+                               lambda: (_params(ray, engine, actors, S), updates, 0))
+            if stopped is not None:
+                break
     for refs, size in in_flight if stopped is None else ():
         _get(ray, refs, engine.timeout, actors, "finish a step")
         updates, examples = updates + 1, examples + size
     wall = time.perf_counter() - t0
-    params = np.concatenate(_get(ray, [actors[s].params.remote() for s in range(S)],
-                                 engine.timeout, actors, "send parameters"))
+    params = _params(ray, engine, actors, S)
     stats = _get(ray, [a.stats.remote() for a in actors], engine.timeout, actors, "report")
     return finish(EngineResult, strategy, params, startup, wall, examples, updates, stats,
                   stopped, w0)

@@ -45,6 +45,7 @@ from ...strategies.batches import global_batches
 from ...strategies.pipeline.runner import finish, stage_payloads
 from ...strategies.pipeline.schedules import timeline
 from ..base import EngineResult
+from ..due import Due
 from ..options import refuse_checkpoints
 
 
@@ -102,6 +103,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
     examples = updates = 0
     stopped = None
     recorder.start(w0)
+    due = Due(recorder)
     for t, batch in enumerate(global_batches(problem.n_examples, batch_size, seed, budget)):
         for w in ws:
             w.begin(batch)
@@ -120,11 +122,9 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
         now += step_s
         updates += 1
         examples += len(batch)
-        if recorder.due(now, examples):
-            reason = recorder.record(now, updates, examples, _params(ws, S))
-            if reason is not None:
-                stopped = reason
-                break
+        stopped = due.look(now, examples, lambda: (_params(ws, S), updates, 0))
+        if stopped is not None:
+            break
     stats = [{**w.stats(now), "busy_s": busy[i]} for i, w in enumerate(ws)]
     result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, updates, stats,
                     stopped, w0, extra={"sim_step_s": now / max(updates, 1)})

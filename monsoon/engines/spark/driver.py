@@ -47,6 +47,7 @@ from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state
 from ...record.live import add_figures
+from ..due import Due
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum
 
@@ -227,6 +228,7 @@ class DriverPrograms:
             self._send(k, None)
         stopped = None
         recorder.start(self.w)
+        due = Due(recorder)
         live = {}  # each worker's losses and examples, for the live series
         t0 = time.perf_counter() - before
         try:
@@ -244,14 +246,12 @@ class DriverPrograms:
                 elif self.ops:
                     self._collective()
                 now = time.perf_counter() - t0
-                if recorder.due(now, self.examples):
-                    stopped = recorder.record(now, self.updates, self.examples, self.w,
-                                              self.core.dropped)
-                    if stopped:
-                        break
-                if recorder.live_due(now):
-                    recorder.live(now, self.examples, self.updates, live, self.core.staleness,
-                                  self.core.dropped)
+                stopped = due.look(
+                    now, self.examples, lambda: (self.w, self.updates, self.core.dropped),
+                    lambda: (self.examples, self.updates, self.core.dropped),
+                    lambda: (live, self.core.staleness))
+                if stopped:
+                    break
                 if self.shared and ckpts.due(self.updates + self.core.dropped):
                     ckpts.save(self.updates + self.core.dropped, now, self.w, self.core.state,
                                {"step": self.steps, "examples": self.examples,

@@ -24,6 +24,7 @@ from ...compressors.messages import Sender, receive, summarize
 from ...record.live import add_figures
 from ...server.reduce import weighted_sum
 from ...server.core import ServerCore
+from ..due import Due
 from .jobs import share
 from .sizing import JobTiming
 from .tasks import run_segment
@@ -43,6 +44,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     live = {}  # each worker's losses and examples, for the live series
     stopped = None
     recorder.start(w)
+    due = Due(recorder)
     t0 = time.perf_counter()
     positions = dict.fromkeys(range(ctx.workers), 0)  # steps done, per worker
     r = 0
@@ -86,13 +88,10 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             else:
                 dropped += 1
         r += 1
-        now = time.perf_counter() - t0
-        if recorder.due(now, examples):
-            stopped = recorder.record(now, updates, examples, w, dropped)
-            if stopped:
-                break
-        if recorder.live_due(now):
-            recorder.live(now, examples, updates, live, staleness, dropped)
+        stopped = due.look(time.perf_counter() - t0, examples, lambda: (w, updates, dropped),
+                           lambda: (examples, updates, dropped), lambda: (live, staleness))
+        if stopped:
+            break
     return {"params": w, "wall": time.perf_counter() - t0, "examples": examples,
             "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
             "stopped": stopped, "timing": timing,

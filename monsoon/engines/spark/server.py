@@ -52,6 +52,7 @@ from ...compressors.messages import Sender, receive, summarize
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state, staleness_arrays
 from ...record.live import add_figures
+from ..due import Due
 from .jobs import share, short_error
 from .sizing import JobTiming
 from .tasks import run_segment
@@ -107,7 +108,6 @@ class DriverServer:
                             for k in range(ctx.workers)}
         self.compression = ctx.compression
         self.senders = {k: Sender(self.compression, k) for k in range(ctx.workers)}
-        self.last_change = time.monotonic()
         self.running_since: dict[int, float | None] = {k: None for k in range(ctx.workers)}
         self.stop = threading.Event()
         self.elastic = Elastic in strategy.uses
@@ -227,7 +227,6 @@ class DriverServer:
                 self.bounds[k] = res["clock"]
                 self.clocks.tick(k)  # after its push is applied
                 self.cond.notify_all()
-            self.last_change = time.monotonic()
 
     def _push(self, k: int, res: dict) -> None:
         """Worker k's finite push (it sent None for a non-finite one)."""
@@ -273,6 +272,7 @@ class DriverServer:
     def run(self, recorder, poll_s: float = 0.05) -> dict:
         ctx = self.ctx
         recorder.start(self.w)
+        due = Due(recorder, timeout=ctx.timeout)  # rows, live updates, the no-progress backstop
         t0 = time.perf_counter() - self.before
         threads = [threading.Thread(target=self.worker, args=(k,), daemon=True,
                                     name=f"monsoon-spark-worker-{k}")
@@ -285,23 +285,13 @@ class DriverServer:
                 time.sleep(poll_s)
                 self._fail_if_lost()
                 self._cancel_stuck()
-                if time.monotonic() - self.last_change > 2 * ctx.timeout:
-                    raise WaitTimeout(f"no Spark worker returned for {2 * ctx.timeout:g} s; "
-                                      "executors are stuck or lost (raise --timeout if a push "
-                                      "period is genuinely that slow)")
-                now = time.perf_counter() - t0
-                if recorder.due(now, self.examples):
-                    with self.lock:
-                        params, updates, dropped = self.w.copy(), self.updates, self.core.dropped
-                    stopped = recorder.record(now, updates, self.examples, params, dropped)
-                    if stopped:
-                        break
-                if recorder.live_due(now):
-                    with self.lock:
-                        figures = {k: dict(f) for k, f in self.live.items()}
-                        stale = Counter(self.core.staleness)
-                        live = self.updates, self.core.dropped
-                    recorder.live(now, self.examples, live[0], figures, stale, live[1])
+                due.progress(self.examples, f"no Spark worker returned for {2 * ctx.timeout:g} "
+                             "s; executors are stuck or lost (raise --timeout if a push "
+                             "period is genuinely that slow)")
+                stopped = due.look(time.perf_counter() - t0, self.examples, self._snapshot,
+                                   self._totals, self._figures)
+                if stopped:
+                    break
                 if not self.elastic and self.ckpts.due(self.updates + self.core.dropped):
                     self._save(now)
         finally:
@@ -322,6 +312,19 @@ class DriverServer:
                 "extra": {**self._clock_extra(),
                           **summarize([self.senders[k].stats() for k in range(ctx.workers)],
                                       self.compression, self.updates)}}
+
+    # -- read together under the lock, for the curve and the live series -----
+    def _snapshot(self):
+        with self.lock:
+            return self.w.copy(), self.updates, self.core.dropped
+
+    def _totals(self):
+        with self.lock:
+            return self.examples, self.updates, self.core.dropped
+
+    def _figures(self):
+        with self.lock:
+            return {k: dict(f) for k, f in self.live.items()}, Counter(self.core.staleness)
 
     def _clock_extra(self) -> dict:
         if self.clocks is None:

@@ -54,6 +54,7 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from ...record import checkpoints
 from ..base import EngineResult
+from ..due import Due
 from ...compressors.messages import Sender, compressing, receive, summarize
 from ...server.reduce import finite
 from ...server.core import LocalUpdate, ServerCore
@@ -102,6 +103,7 @@ class RankWorker:
         self.strategy = strategy
         self.job = job
         self.recorder = recorder if comm.rank == 0 else None
+        self.due = Due(recorder) if comm.rank == 0 else None  # rows and live updates, on rank 0
         self.engine = engine
         n = w0.size
         self.n = n
@@ -403,19 +405,16 @@ class RankWorker:
         stop = self.flags[STOP] > 0
         if self.every and self.step % self.every == 0 and self.rank == 0:
             self.save_checkpoint()
-        if self.recorder is not None:
+        if self.due is not None:
             now = self.time_before + time.perf_counter() - self.t0
             examples = self.examples_before + self.examples * self.world
-            if self.recorder.due(now, examples):
-                reason = self.recorder.record(now, self.updates, examples, self.server,
-                                              self.dropped)
-                if reason is not None and not self.want_stop:
-                    self.want_stop, self.stopped = True, reason
-            if self.recorder.live_due(now):  # every rank's loss came with the collective
-                losses = self.flags[LOSS:]
-                self.recorder.live(now, examples, self.updates,
-                                   {k: {"loss": float(losses[k])} for k in range(self.world)},
-                                   None, self.dropped)
+            reason = self.due.look(  # every rank's loss came with the collective
+                now, examples, lambda: (self.server, self.updates, self.dropped),
+                lambda: (examples, self.updates, self.dropped),
+                lambda: ({k: {"loss": float(self.flags[LOSS + k])} for k in range(self.world)},
+                         None))
+            if reason is not None and not self.want_stop:
+                self.want_stop, self.stopped = True, reason
         if stop:
             raise _Stop()
 
