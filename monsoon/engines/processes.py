@@ -17,6 +17,7 @@ import multiprocessing as mp
 import os
 import sys
 import threading
+import time
 
 # What the fork server imports before it forks any worker; with torch
 # where the parent has it (the pipeline's stages run torch modules).
@@ -110,3 +111,17 @@ def limit_threads(threads: int) -> None:
     threadpool_limits(limits=threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
+
+
+def join_or_kill(handles, wait_s: float) -> None:
+    """Join worker processes (threads: only joined), all within ``wait_s``;
+    a process still alive then is terminated, and killed if SIGTERM does
+    not end it within 2 s. No process outlives the run that started it."""
+    deadline = time.monotonic() + wait_s
+    for h in handles:
+        h.join(max(0.0, deadline - time.monotonic()))
+    for h in handles:
+        for end in ("terminate", "kill"):
+            if h.is_alive() and hasattr(h, end):
+                getattr(h, end)()
+                h.join(2.0)

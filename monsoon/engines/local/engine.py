@@ -56,8 +56,8 @@ from ...record import checkpoints
 from ..heap import keep_freed_memory
 from ..lifecycle import signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
-from ..processes import (blas_threads, limit_threads, main_module_hidden, start_context,
-                         torch_threads_per_worker)
+from ..processes import (blas_threads, join_or_kill, limit_threads, main_module_hidden,
+                         start_context, torch_threads_per_worker)
 from ..due import Due
 from ..waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
@@ -621,15 +621,5 @@ class LocalEngine(Engine):
                 f"cores; use fewer --workers (at most {2 * cores} start quickly here) or "
                 "--backend threads")
 
-    def _join(self, handles, ctx) -> None:
-        deadline = time.monotonic() + max(5.0, min(self.timeout, 30.0))
-        for h in handles:
-            h.join(max(0.0, deadline - time.monotonic()))
-        if ctx is not None:
-            for h in handles:
-                if h.is_alive():
-                    h.terminate()
-                    h.join(2.0)
-                if h.is_alive():
-                    h.kill()
-                    h.join(2.0)
+    def _join(self, handles) -> None:
+        join_or_kill(handles, max(5.0, min(self.timeout, 30.0)))

@@ -86,9 +86,9 @@ class WorkerMonitor:
         except BaseException:
             store.abort()
             self.inbox.close()  # a worker still sending gets a broken pipe, not a wait
-            self.engine._join(self.handles, self.ctx)
+            self.engine._join(self.handles)
             raise
-        self.engine._join(self.handles, self.ctx)
+        self.engine._join(self.handles)
         self.inbox.close()
         return self.result(params, wall, totals)
 

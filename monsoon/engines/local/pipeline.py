@@ -32,8 +32,8 @@ from ..due import Due
 from ..heap import keep_freed_memory
 from ..options import refuse_checkpoints
 from ..lifecycle import worker_started
-from ..processes import (blas_threads, limit_threads, main_module_hidden, start_context,
-                         torch_threads_per_worker)
+from ..processes import (blas_threads, join_or_kill, limit_threads, main_module_hidden,
+                         start_context, torch_threads_per_worker)
 from ...shared_memory import SharedArrays
 from ..waiting import Aborted
 from .channels import Channel, boundary_bytes, largest_micro_batch
@@ -201,11 +201,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
         control[ABORT] = 1
         raise
     finally:
-        for h in handles:
-            h.join(5.0)
-            if h.is_alive():
-                h.terminate()
-                h.join(2.0)
+        join_or_kill(handles, 5.0)
         inbox.close()
         shared.close()
         for channel in channels:
