@@ -182,14 +182,11 @@ class RankCheckpoints(Checkpointer):
 
 def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
     from .driver import DriverPrograms
-    from .tasks import gradient_sum
+    from .tasks import gradient_sum, step_union
 
     class RankPrograms(DriverPrograms):
         def _reduced(self, waiting, ranks):
-            n = self.ctx.n_examples
-            union = np.concatenate([waiting[k].indices for k in ranks])
-            if len(union) == n and np.bincount(union, minlength=n).all():
-                union = None
+            union = step_union(waiting, ranks, self.ctx.n_examples)
             _, count, loss, grad = gradient_sum(block, self.w, union)
             buf = self.buffer
             if count:

@@ -49,7 +49,7 @@ from ...record.checkpoints import restore_state
 from ...record.live import add_figures
 from ..due import Due
 from .jobs import share
-from .tasks import gradient_parts, gradient_sum
+from .tasks import gradient_parts, gradient_sum, step_union
 
 WAITS = (Gradient, AllReduce, Average)
 
@@ -157,10 +157,8 @@ class DriverPrograms:
     def _reduced(self, waiting: dict, ranks: list) -> dict:
         """Every worker's gradient goes to AllReduce unchanged: one sum per
         partition over the union of the indices, one mean for all."""
-        ctx, n = self.ctx, self.ctx.n_examples
-        union = np.concatenate([waiting[k].indices for k in ranks])
-        if len(union) == n and np.bincount(union, minlength=n).all():
-            union = None  # the whole data set: every partition's every row
+        ctx = self.ctx
+        union = step_union(waiting, ranks, ctx.n_examples)
         self.full_loss = None
         bc = share(ctx.sc, (self.w, union), self.w.nbytes + (0 if union is None else union.nbytes))
 

@@ -26,6 +26,14 @@ from ...server.core import LocalUpdate
 _EXCHANGES = (Push, Average, Elastic)  # end a segment: exchanges with the server, on the driver
 
 
+def step_union(waiting: dict, ranks: list, n: int):
+    """The rows of a sync step: the union of its workers' indices, or None
+    where that is every row of the data set (no ids shipped then, and the
+    step's loss is the full-data loss)."""
+    union = np.concatenate([waiting[k].indices for k in ranks])
+    return None if len(union) == n and np.bincount(union, minlength=n).all() else union
+
+
 def gradient_sum(block, w, batch):
     """Gradients reduced where computed: this partition's share of the global batch ``batch`` (global
     ids; None: every row) at ``w``: ``(index, examples, mean loss, mean
