@@ -21,7 +21,12 @@ Both time the read of the files. The SparkSession is started once, before
 either. Target: the best of monsoon's sync and async reaches MLlib's loss
 x 1.01 in at most MLlib's wall time, on every dataset.
 
+``--epochs`` and ``--lr`` set the budget and rate of every strategy but
+sync (whose defaults are L-BFGS's): a look at what another setting would
+give, kept as a partial record, never shown in place of the defaults'.
+
     python bench/spark_vs_mllib.py [--repeats 3] [--quick] [--fresh] [--strategies a,b]
+                                   [--epochs E] [--lr LR]
 """
 import argparse
 import math
@@ -84,7 +89,7 @@ def mllib(spark, path):
             "iterations": model.summary.totalIterations}
 
 
-def ours(path, strategy, target):
+def ours(path, strategy, target, **options):
     from monsoon.record.recorder import Recorder
 
     starts, start = [], Recorder.start
@@ -97,7 +102,7 @@ def ours(path, strategy, target):
     try:
         t0 = time.perf_counter()
         run = monsoon.train(f"spark:{path}", strategy, 2, engine="spark", progress=False,
-                            target_loss=target, raise_on_divergence=False)
+                            target_loss=target, raise_on_divergence=False, **options)
         wall = time.perf_counter() - t0
     finally:
         Recorder.start = start
@@ -109,6 +114,8 @@ def ours(path, strategy, target):
     return {"wall_s": wall, "loss": float(s["final_loss"]),
             "to_target_s": reached[0] if reached else math.inf,
             "n_push": s.get("n_push_chosen", s.get("n_push")), "updates": s["updates"],
+            # the exchange period the engine chose (n_push, local_steps or tau), where it chose
+            "period_chosen": next((v for k, v in s.items() if k.endswith("_chosen")), None),
             "job_share": s.get("spark_job_share"), "status": s["status"],
             "warning": s.get("warning") or s.get("stopped")}
 
@@ -120,7 +127,11 @@ def main():
     ap.add_argument("--fresh", action="store_true",
                     help="the shapes no default was tuned on (FRESH), not DATASETS")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--epochs", type=int,
+                    help="epochs of every strategy but sync (a partial record)")
+    ap.add_argument("--lr", type=float, help="rate of every strategy but sync (a partial record)")
     args = ap.parse_args()
+    options = {k: v for k, v in (("epochs", args.epochs), ("lr", args.lr)) if v is not None}
     data = FRESH if args.fresh else DATASETS
     datasets, repeats = (data[:1], 1) if args.quick else (data, args.repeats)
     strategies = args.strategies.split(",")
@@ -136,7 +147,8 @@ def main():
                 peer.append(mllib(spark, path))
                 target = 1.01 * statistics.median(p["loss"] for p in peer)
                 for strategy in strategies:
-                    mine[strategy].append(ours(path, strategy, target))
+                    mine[strategy].append(ours(path, strategy, target,
+                                               **({} if strategy == "sync" else options)))
             peer_s = statistics.median(p["wall_s"] for p in peer)
             peer_loss = statistics.median(p["loss"] for p in peer)
             best = None
@@ -152,6 +164,7 @@ def main():
                                      "included)", loss=loss, mllib_loss=peer_loss,
                                 wall_s=[r["wall_s"] for r in runs],
                                 n_push=[r["n_push"] for r in runs],
+                                period_chosen=[r["period_chosen"] for r in runs],
                                 updates=[r["updates"] for r in runs],
                                 job_share=[r["job_share"] for r in runs],
                                 status=[r["status"] for r in runs],
@@ -169,7 +182,9 @@ def main():
     spark.stop()
     worst = min(r["ratio"] for r in rows)
     partial = [why for why, cut in (("--quick", args.quick), (
-        f"--strategies {args.strategies}", set(strategies) != set(STRATEGIES))) if cut]
+        f"--strategies {args.strategies}", set(strategies) != set(STRATEGIES)),
+        (f"--epochs {args.epochs}", args.epochs is not None),
+        (f"--lr {args.lr}", args.lr is not None)) if cut]
     write_record("spark_vs_mllib", vars(args), rows, {
         "ratio": min(bests), "worst": worst,  # ratio: the hardest data set's best strategy
         "target": "best strategy reaches MLlib's log-loss x1.01 within MLlib's "
