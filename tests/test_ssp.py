@@ -256,3 +256,16 @@ def test_compare_writes_the_staleness_histograms_into_the_report(tmp_path):
     assert float(rows["ssp"]["clock_wait_s_total"]) > 0
     ssp_line = next(line for line in report.splitlines() if line.startswith("| ssp | 1 |"))
     assert ssp_line.count("/") >= 7   # the distributions in updates and in clocks, the waits
+
+
+def test_a_bound_wait_past_its_timeout_names_the_workers_that_held_it_back():
+    from monsoon.server.clocks import ClockTable
+
+    table = ClockTable(4)
+    for rank in (0, 0, 0, 1, 1, 1, 3):  # clocks finished: 3, 3, 0, 1
+        table.tick(rank)
+    table.retire(2)  # ended: it no longer holds anyone back
+    assert not table.allows(3, 1)  # clock 3 at bound 1 needs every live worker past clock 1
+    message = table.too_long(0, 3, 1, 30.0)
+    assert message.startswith("worker 0 waited 30 s for workers [3] to finish clock 1 ")
+    assert "(staleness bound 1); raise --timeout" in message

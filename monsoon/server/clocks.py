@@ -42,6 +42,15 @@ class ClockTable:
     def retire(self, rank: int) -> None:
         self.live[rank] = False
 
+    def too_long(self, rank: int, clock: int, bound: int, timeout: float) -> str:
+        """Why worker ``rank``'s wait to start clock ``clock`` ran past
+        ``timeout``: the live workers that held it back."""
+        slow = [r for r in range(len(self.live)) if self.live[r]
+                and self.finished[r] < clock - bound]
+        return (f"worker {rank} waited {timeout:g} s for workers {slow[:8]} to finish clock "
+                f"{clock - bound - 1} (staleness bound {bound}); raise --timeout if clocks are "
+                "genuinely that slow")
+
 
 def clock_extra(staleness: Counter, waits: dict, clocks: dict, workers: int) -> dict:
     """The result's SSP fields from the workers' reports (by rank; a worker

@@ -32,12 +32,7 @@ class ClockServer:
             clock = int(self.table.finished[rank])
             ok = self.cond.wait_for(lambda: self.table.allows(clock, bound), self.timeout)
             if not ok:
-                slow = [int(r) for r in range(len(self.table.live)) if self.table.live[r]
-                        and self.table.finished[r] < clock - bound]
-                raise TimeoutError(f"worker {rank} waited {self.timeout:g} s for workers "
-                                   f"{slow[:8]} to finish clock {clock - bound - 1} "
-                                   f"(staleness bound {bound}); raise --timeout if clocks are "
-                                   "genuinely that slow")
+                raise TimeoutError(self.table.too_long(rank, clock, bound, self.timeout))
             return self.table.floor()
 
     def retire(self, rank: int) -> None:

@@ -183,12 +183,7 @@ class DriverServer:
                                     or self.clocks.allows(clock, bound), self.ctx.timeout)
             self.wait_s[k] += time.monotonic() - began
             if not ok:
-                slow = [r for r in range(self.ctx.workers) if self.clocks.live[r]
-                        and self.clocks.finished[r] < clock - bound]
-                raise WaitTimeout(f"worker {k} waited {self.ctx.timeout:g} s for workers "
-                                  f"{slow[:8]} to finish clock {clock - bound - 1} "
-                                  f"(staleness bound {bound}); raise --timeout if "
-                                  "clocks are genuinely that slow")
+                raise WaitTimeout(self.clocks.too_long(k, clock, bound, self.ctx.timeout))
 
     def _retire(self, k: int) -> None:
         """Worker k (ended, failed or out of time) no longer holds the others back."""
