@@ -172,6 +172,20 @@ def test_a_full_batch_rule_goes_where_the_strategy_declares_whole_steps(monkeypa
         monsoon.train(problem, "hogwild", 1, rule="lbfgs", progress=False)
 
 
+def test_an_engine_declaring_strategy_names_keeps_working():
+    """A plug-in engine written against the older declaration, ``gives_loss``
+    as a set of strategy names, still hands the loss to those strategies."""
+    from monsoon.engines.local.engine import LocalEngine
+    from monsoon.strategies.serial import Serial
+    from monsoon.strategies.sync import Sync
+
+    class Named(LocalEngine):
+        gives_loss = frozenset({"sync"})
+
+    assert Named.gives_loss(Sync) and not Named.gives_loss(Serial)
+    assert Named().gives_loss(Sync) and LocalEngine.gives_loss(Serial)
+
+
 def test_default_budget_is_a_hundred_full_batch_steps():
     run = monsoon.train(logistic(), "serial", 1, rule="lbfgs", progress=False)
     assert run.summary["updates"] == 100

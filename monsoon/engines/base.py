@@ -102,6 +102,13 @@ class EngineResult:
 class Engine:
     """Base class of every engine (monsoon's and third parties')."""
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        names = cls.__dict__.get("gives_loss")
+        if isinstance(names, (set, frozenset)):  # the older declaration: strategy names
+            names = frozenset(names)
+            cls.gives_loss = classmethod(lambda _, strategy: strategy.name in names)
+
     @staticmethod
     def keeps_buffers(strategy) -> bool:
         return False
