@@ -70,6 +70,49 @@ def test_one_async_worker_pushing_every_4_steps_is_serial(spark, rule, lr):
     np.testing.assert_allclose(run.params, local.params, rtol=1e-9, atol=1e-12)
 
 
+def _zipf_clicks(path, rows=2000, features=300, nnz=8, exponent=1.1):
+    """Click-like rows (Zipf feature popularity, labels from a planted
+    model) as a libsvm file; their log-loss's minimum, by SciPy."""
+    import scipy.optimize
+    import scipy.sparse as sp
+    from scipy.special import expit
+
+    rng = np.random.default_rng(5)
+    popularity = np.arange(1, features + 1) ** -exponent
+    w_star = rng.standard_normal(features) * rng.random(features) ** 3 * 3
+    cols = [np.unique(rng.choice(features, size=max(1, rng.poisson(nnz)),
+                                 p=popularity / popularity.sum())) for _ in range(rows)]
+    y = np.array([rng.random() < expit(w_star[c].sum() / np.sqrt(len(c)) - 0.5) for c in cols])
+    path.write_text("".join(f"{int(label)} " + " ".join(f"{c + 1}:{1 / np.sqrt(len(cs)):.6g}"
+                                                          for c in cs) + "\n"
+                            for label, cs in zip(y, cols)))
+    X = sp.csr_matrix((np.concatenate([np.full(len(c), 1 / np.sqrt(len(c))) for c in cols]),
+                       np.concatenate(cols), np.cumsum([0] + [len(c) for c in cols])),
+                      shape=(rows, features))
+    X = sp.hstack([X, np.ones((rows, 1))]).tocsr()  # the intercept
+
+    def loss(w):
+        z, s = X @ w, 2 * y - 1
+        return np.logaddexp(0, -s * z).mean(), X.T @ (expit(z) - y) / rows
+
+    return scipy.optimize.minimize(loss, np.zeros(features + 1), jac=True, method="L-BFGS-B",
+                                   options={"maxiter": 5000, "gtol": 1e-10}).fun
+
+
+def test_async_adagrad_workers_share_the_sums_and_reach_the_minimum(spark, tmp_path):
+    """Async pushes the deltas of each task's AdaGrad steps; the sums of
+    squares are one for all workers (``Rule.summed_state``). With a sum per
+    worker, each scales its gradients by its own statistics (rare features'
+    differ between partitions) and the run settles above the minimum:
+    about 1.04x it on these rows, where one sum reaches it."""
+    path = tmp_path / "clicks.libsvm"
+    minimum = _zipf_clicks(path)
+    run = monsoon.train(f"spark:{path}", "async", 2, engine="spark", rule="adagrad", lr=1.0,
+                        batch_size=64, epochs=50, n_push=8, n_fetch=8, dtype="float64",
+                        evals=0, seed=0)
+    assert run.summary["final_loss"] <= 1.01 * minimum, (run.summary["final_loss"], minimum)
+
+
 def test_sync_resumed_from_a_checkpoint_ends_as_an_uninterrupted_run(spark, tmp_path):
     kw = dict(strategy="sync", workers=2, engine="spark", rule="momentum", lr=0.5,
               batch_size=512, seed=1, dtype="float64", evals=0)

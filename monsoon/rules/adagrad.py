@@ -21,6 +21,7 @@ class AdagradState(NamedTuple):
 
 class Adagrad(Rule):
     name = "adagrad"
+    summed_state = ("sum_sq",)  # one sum for every copy (``Rule.summed_state``)
 
     def __init__(self, schedule: Schedule, eps: float = 1e-10, initial_accumulator: float = 0.0,
                  **options):

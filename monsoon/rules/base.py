@@ -90,6 +90,13 @@ class Rule:
     # True: applied once a step to the whole vector with the step's loss
     # (L-BFGS), so only strategies whose steps are full batches take it.
     full_batch = False
+    # State fields that are sums over every gradient the rule has applied
+    # (AdaGrad's sum of squares). Where copies of the rule step for several
+    # workers at once (Spark's delta pushes), the copies keep one such sum,
+    # each adding its increments to it: with a sum per copy, each worker
+    # scales its gradients by its own statistics, and the copies together
+    # descend sum_k D_k grad f_k, whose zero is not the minimum of sum_k f_k.
+    summed_state: tuple[str, ...] = ()
     staleness_lr = False  # set per rule by its option (``from_options``)
     # Options every rule takes; a rule with its own adds them to these.
     options = (

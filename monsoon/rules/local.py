@@ -16,8 +16,12 @@ class LocalRule:
         self.state = None
         self.steps = 0
 
-    def apply(self, w, g) -> None:
+    def ensure_state(self, n: int, dtype, zeros=None) -> None:
+        """The rule's state for ``n`` parameters, created if not yet."""
         if self.state is None:
-            self.state = self.rule.init(arrays.size(w), w.dtype, zeros=arrays.zeros_for(w))
+            self.state = self.rule.init(n, dtype, **({} if zeros is None else {"zeros": zeros}))
+
+    def apply(self, w, g) -> None:
+        self.ensure_state(arrays.size(w), w.dtype, arrays.zeros_for(w))
         self.rule.apply(w, g, self.state, UpdateInfo(step=self.steps, worker=self.worker))
         self.steps += 1

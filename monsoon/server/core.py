@@ -165,3 +165,26 @@ class LocalUpdate:
             self.local = LocalRule(self.rule, self.worker)
         self.local.apply(work, grad)
         return True
+
+    def start_from_sums(self, state) -> dict:
+        """Take the shared sums (``Rule.summed_state``) of ``state`` as this
+        copy's own, copied; returns the copies, for ``sums_added``."""
+        names = self.rule.summed_state
+        if not names:
+            return {}
+        if self.local is None:
+            self.local = LocalRule(self.rule, self.worker)
+        first = getattr(state, names[0])
+        self.local.ensure_state(arrays.size(first), first.dtype)
+        sent = {}
+        for name in names:
+            mine = getattr(self.local.state, name)
+            mine[...] = getattr(state, name)
+            sent[name] = arrays.copy(mine)
+        return sent
+
+    def add_sums_to(self, state, sent: dict) -> None:
+        """Add to ``state``'s shared sums what this copy added to its own
+        since ``start_from_sums`` gave it ``sent``."""
+        for name, before in sent.items():
+            getattr(state, name)[...] += getattr(self.local.state, name) - before

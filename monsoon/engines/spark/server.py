@@ -69,9 +69,14 @@ def pushes_deltas(rule, strategy) -> bool:
         driver:  w <- w - delta
 
     rule_k is the run's rule (``--rule``, ``--lr``) with worker k's own
-    state (AdaGrad's sums of squares, momentum), kept on the driver between
-    jobs and shipped with each (``LocalUpdate``), as local SGD's inner rule
-    is: every gradient takes one rule step, as on the local engine. (The
+    state (momentum), kept on the driver between jobs and shipped with each
+    (``LocalUpdate``), as local SGD's inner rule is: every gradient takes
+    one rule step, as on the local engine. The rule's sums over gradients
+    (``Rule.summed_state``: AdaGrad's sums of squares) are the server's, one
+    for all workers: a task starts from them as they are at its launch, and
+    the driver adds what its applied steps added. (With a sum per worker,
+    each scales its gradients by its own statistics, and the run settles
+    where sum_k D_k grad f_k = 0, above the loss's minimum.) (The
     accrued sum of n gradients, one server step, would make n gradients one
     step: AdaGrad's first step on a coordinate is lr in size whatever the
     gradient.) With plain SGD the two are the same update.
@@ -139,14 +144,17 @@ class DriverServer:
             while not self.stop.is_set():
                 if self.clocks is not None:
                     self._wait_for_bound(k)
+                local_rule = self.local_rules[k]
                 with self.lock:
                     floor = self.clocks.floor() if self.clocks is not None else 0
                     ticket = self.core.read(k)
                     params = self.w.copy()
+                    # the rule's shared sums (AdaGrad's), for this worker's steps
+                    sums = local_rule.start_from_sums(self.core.state) if self.deltas else {}
                 own = self.own[k] if self.elastic else None
                 bc = share(ctx.sc, params, params.nbytes)
                 job = replace(ctx.job(k), start_step=self.positions[k])
-                strategy, local_rule = self.strategy, self.local_rules[k]
+                strategy = self.strategy
                 sender = self.senders[k]
 
                 def task(it, bc=bc, job=job, ticket=ticket, local_rule=local_rule, own=own,
@@ -163,7 +171,7 @@ class DriverServer:
                 self.timing.add(time.monotonic() - began, res["task_s"])
                 if self.stop.is_set() or k in self.failed:
                     return  # the run has ended: a late result is not applied
-                self._apply(k, res, floor)
+                self._apply(k, res, floor, sums)
                 if res["ended"]:
                     self.finished.add(k)
                     return
@@ -192,8 +200,11 @@ class DriverServer:
                 self.clocks.retire(k)
                 self.cond.notify_all()
 
-    def _apply(self, k: int, res: dict, floor: int = 0) -> None:
+    def _apply(self, k: int, res: dict, floor: int = 0, sums: dict | None = None) -> None:
         with self.cond:
+            if sums and res["op"] == "push" and res["grad"] is not None:
+                # what the applied steps added to the rule's shared sums
+                res["local_rule"].add_sums_to(self.core.state, sums)
             self.positions[k] += res["steps"]
             self.local_rules[k] = res["local_rule"]
             self.senders[k] = res["sender"]
