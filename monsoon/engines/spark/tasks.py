@@ -70,8 +70,8 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
     (local SGD, EASGD), state included; ``sender``: its ``messages.Sender``,
     which packs what the segment sends and counts it (returned in
     ``"sender"``); ``deltas``: a pushing program's gradients each take a
-    step of ``local_rule`` (the run's rule, this worker's own state) on
-    ``work`` at once, its LocalSteps are not taken, and its Push sends the
+    step of ``local_rule`` (the run's rule, this worker's own state, its
+    sums the server's at launch: ``DriverServer``) on ``work`` at once, its LocalSteps are not taken, and its Push sends the
     delta ``w - work`` instead of the accrued gradient. Returns a dict: the op that ended
     the segment (``"push"``, ``"average"``, ``"elastic"`` or None), what it
     carries, the steps and examples done, the rule back, ``ended`` (the
