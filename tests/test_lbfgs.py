@@ -174,16 +174,22 @@ def test_a_full_batch_rule_goes_where_the_strategy_declares_whole_steps(monkeypa
 
 def test_an_engine_declaring_strategy_names_keeps_working():
     """A plug-in engine written against the older declaration, ``gives_loss``
-    as a set of strategy names, still hands the loss to those strategies."""
+    as a set of strategy names, keeps working: a non-empty set hands the loss
+    to the strategies that declare whole steps (never by their names), an
+    empty one to none."""
     from monsoon.engines.local.engine import LocalEngine
+    from monsoon.strategies.hogwild import Hogwild
     from monsoon.strategies.serial import Serial
     from monsoon.strategies.sync import Sync
 
     class Named(LocalEngine):
         gives_loss = frozenset({"sync"})
 
-    assert Named.gives_loss(Sync) and not Named.gives_loss(Serial)
-    assert Named().gives_loss(Sync) and LocalEngine.gives_loss(Serial)
+    class Silent(LocalEngine):
+        gives_loss = frozenset()
+
+    assert Named.gives_loss(Sync) and Named().gives_loss(Serial)
+    assert not Named.gives_loss(Hogwild) and not Silent.gives_loss(Sync)
 
 
 def test_default_budget_is_a_hundred_full_batch_steps():

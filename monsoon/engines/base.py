@@ -105,9 +105,12 @@ class Engine:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         names = cls.__dict__.get("gives_loss")
-        if isinstance(names, (set, frozenset)):  # the older declaration: strategy names
-            names = frozenset(names)
-            cls.gives_loss = classmethod(lambda _, strategy: strategy.name in names)
+        if isinstance(names, (set, frozenset)):
+            # The older declaration, a set of strategy names: a non-empty one
+            # said the engine hands whole steps their loss. The strategies'
+            # own declaration (``full_batch_steps``) now says which those are.
+            gives = bool(names)
+            cls.gives_loss = classmethod(lambda _, strategy: gives and strategy.full_batch_steps)
 
     @staticmethod
     def keeps_buffers(strategy) -> bool:
