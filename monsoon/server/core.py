@@ -168,7 +168,7 @@ class LocalUpdate:
 
     def start_from_sums(self, state) -> dict:
         """Take the shared sums (``Rule.summed_state``) of ``state`` as this
-        copy's own, copied; returns the copies, for ``sums_added``."""
+        copy's own, copied; returns the copies, for ``add_sums_to``."""
         names = self.rule.summed_state
         if not names:
             return {}

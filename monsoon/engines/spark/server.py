@@ -76,10 +76,10 @@ def pushes_deltas(rule, strategy) -> bool:
     for all workers: a task starts from them as they are at its launch, and
     the driver adds what its applied steps added. (With a sum per worker,
     each scales its gradients by its own statistics, and the run settles
-    where sum_k D_k grad f_k = 0, above the loss's minimum.) (The
-    accrued sum of n gradients, one server step, would make n gradients one
-    step: AdaGrad's first step on a coordinate is lr in size whatever the
-    gradient.) With plain SGD the two are the same update.
+    where sum_k D_k grad f_k = 0, above the loss's minimum.) Pushing the
+    accrued sum of n gradients for one server step instead would make n
+    gradients one step: AdaGrad's first step on a coordinate is lr in size
+    whatever the gradient. With plain SGD the two are the same update.
 
     Deltas when the push period is more than one step and the rule needs
     nothing of the server at a push (no read record: dcasgd, adarevision;
