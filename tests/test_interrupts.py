@@ -244,3 +244,66 @@ def test_the_lock_of_a_worker_that_died_holding_it_is_released():
         store.locks[0].release()
     finally:
         store.close()
+
+
+def _die_unmarked(store, lock):
+    """Death between taking a lock and writing the owner: only the claim says whose it is."""
+    store.lock_claims[1] = lock + 1
+    (store.locks[lock] if lock < len(store.locks) else store.sync_lock).acquire()
+    os._exit(1)
+
+
+def _hold_marked(store, lock, ready, done):
+    with store.holding(lock, 0):
+        ready.set()
+        done.wait(30)
+
+
+@pytest.mark.parametrize("lock", [1, 2], ids=["shard", "sync-step"])
+def test_a_lock_taken_by_a_worker_killed_before_it_marked_it_is_released(lock):
+    """A SIGKILL can land between a worker's acquire and its owner mark: the
+    lock has no owner, only the dead worker's claim. The monitor releases it
+    once it has watched it stay untakeable and owner-less; it leaves alone a
+    claimed lock that a live worker holds, or that is free."""
+    import multiprocessing as mp
+
+    from monsoon.engines.local.store import ParameterStore
+    from monsoon.rules import make_rule
+
+    ctx = mp.get_context("fork")
+    store = ParameterStore(np.zeros(10), make_rule("sgd", 0.1), 2, 2, sync_slots=False,
+                           backend="processes", mp_context=ctx)
+    take = (lambda: store.locks[lock]) if lock < 2 else (lambda: store.sync_lock)
+    try:
+        p = ctx.Process(target=_die_unmarked, args=(store, lock))
+        p.start()
+        p.join(10)
+        assert p.exitcode == 1 and store.lock_owner[lock] == 0
+        assert not take().acquire(timeout=0.1)  # held by the dead, unmarked
+        assert store.release_locks_of(0) == []  # rank 0 claimed none
+        assert store.release_locks_of(1) == [lock]
+        assert take().acquire(timeout=1)
+        assert not take().acquire(timeout=0.1)  # released once, not twice
+        take().release()
+        assert store.lock_claims[1] == 0
+
+        # rank 1 died waiting for a lock that live rank 0 holds: not released
+        ready, done = ctx.Event(), ctx.Event()
+        holder = ctx.Process(target=_hold_marked, args=(store, lock, ready, done))
+        holder.start()
+        assert ready.wait(10)
+        store.lock_claims[1] = lock + 1
+        assert store.release_locks_of(1) == []
+        assert store.lock_owner[lock] == 1 and not take().acquire(timeout=0.1)
+        done.set()
+        holder.join(10)
+        assert holder.exitcode == 0 and store.lock_owner[lock] == 0
+
+        # rank 1 died after releasing, before clearing its claim: nothing to release
+        store.lock_claims[1] = lock + 1
+        assert store.release_locks_of(1) == []
+        assert take().acquire(timeout=1)
+        assert not take().acquire(timeout=0.1)
+        take().release()
+    finally:
+        store.close()

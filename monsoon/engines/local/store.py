@@ -8,9 +8,11 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``reader.*[k]``: what a delay-aware rule remembers of worker k's last read
   (AdaRevision's gradient sum, DC-ASGD's parameters sent to k);
 - ``versions[s]``: updates applied to shard s (a push is a locked in-place
-  update of that shard, not a message); ``lock_owner[s]``: 1 + the rank
-  holding shard s's lock (0: none), so the monitor can release the lock of
-  a worker that died holding it (``release_locks_of``);
+  update of that shard, not a message); ``lock_owner[i]``: 1 + the rank
+  holding lock i (0: none; i < shards: shard i's lock, i == shards: the
+  synchronous step's lock) and ``lock_claims[k]``: 1 + the lock worker k
+  is taking or holding (0: none), so the monitor can release the lock of a
+  worker that died holding it (``release_locks_of``, below);
 - ``slots[k]``: worker k's contribution to the current synchronous step and
   ``slot_examples[k]`` the examples behind it; ``sync[STEP]`` counts completed
   steps, ``sync[ARRIVED]``, ``sync[REDUCED]`` and ``sync[APPLIED]`` count
@@ -38,11 +40,23 @@ Everything workers share lives in one ``SharedArrays`` block:
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
 lock once, which orders its later reads after the writer's (weak memory order).
+
+A worker SIGKILLed while it holds a lock would leave it taken for good. A
+worker takes at most one lock at a time, through ``holding``: it writes its
+claim, takes the lock, writes itself as owner; and on the way out clears the
+owner, releases, clears the claim. The monitor, once a worker's process has
+exited, releases the lock it owned. A kill between taking the lock and
+writing the owner (or between clearing it and releasing) leaves a lock with
+no owner that the dead worker claimed: the monitor watches it for
+``ORPHAN_WATCH_S``, and releases it only if no one could take it and no live
+worker wrote itself as owner in that time (a live holder's owner-less moment
+lasts a few bytecodes).
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import numpy as np
 
@@ -68,6 +82,8 @@ SNAP_RING, SNAP_RING_BYTES = 64, 16 << 20
 LOSS_SUM, LOSS_N, STALE_SUM, STALE_N, STALE_MAX = range(5)
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
+# how long the monitor watches an owner-less lock a dead worker claimed
+ORPHAN_WATCH_S = 0.5
 
 
 class ParameterStore:
@@ -81,7 +97,8 @@ class ParameterStore:
         reader = rule.init_reader(n, w0.dtype)
         layout = {"params": ((n,), dtype),
                   "versions": ((shards,), "int64"),
-                  "lock_owner": ((shards,), "int64"),
+                  "lock_owner": ((shards + 1,), "int64"),
+                  "lock_claims": ((workers,), "int64"),
                   "counters": ((workers, 4), "int64"),
                   "status": ((workers,), "int64"),
                   "clocks": ((workers,), "int64"),
@@ -134,6 +151,7 @@ class ParameterStore:
         self.params = m["params"]
         self.versions = m["versions"]
         self.lock_owner = m["lock_owner"]
+        self.lock_claims = m["lock_claims"]
         self.counters = m["counters"]
         self.status = m["status"]
         self.clocks = m["clocks"]
@@ -213,30 +231,61 @@ class ParameterStore:
 
     @contextlib.contextmanager
     def holding(self, s: int, rank: int):
-        """Shard ``s``'s lock, marked as worker ``rank``'s while it is held
-        (``lock_owner``), so the monitor can release it if ``rank`` dies."""
-        with self.locks[s]:
-            self.lock_owner[s] = rank + 1
+        """Shard ``s``'s lock (``s == len(bounds)``: the synchronous step's,
+        ``holding_sync``), claimed and owned by worker ``rank`` in shared
+        memory, so the monitor can release it if ``rank`` dies (module doc)."""
+        lock = self.locks[s] if s < len(self.locks) else self.sync_lock
+        self.lock_claims[rank] = s + 1
+        lock.acquire()
+        self.lock_owner[s] = rank + 1
+        try:
+            yield
+        finally:
+            self.lock_owner[s] = 0
             try:
-                yield
-            finally:
-                self.lock_owner[s] = 0
+                lock.release()
+            except ValueError:  # the monitor took this worker for dead and released it
+                pass
+            self.lock_claims[rank] = 0
+
+    def holding_sync(self, rank: int):
+        """The synchronous step's lock, as ``holding`` takes a shard's."""
+        return self.holding(len(self.locks), rank)
 
     def release_locks_of(self, rank: int) -> list[int]:
-        """Release the shard locks a dead worker ``rank`` held (the monitor,
-        once its process has exited), so the survivors do not wait on them
-        for ever; its half-applied update stays, as any asynchronous
-        update may. The shards released."""
+        """Release the locks a dead worker ``rank`` held (the monitor, once
+        its process has exited), so the survivors do not wait on them for
+        ever; its half-applied update stays, as any asynchronous update may.
+        The locks released (``len(bounds)``: the synchronous step's)."""
+        locks = list(self.locks) + [self.sync_lock]
+        claimed = int(self.lock_claims[rank]) - 1
         released = []
-        for s, owner in enumerate(self.lock_owner):
+        for i, lock in enumerate(locks):
+            owner = int(self.lock_owner[i])
             if owner == rank + 1:
-                self.lock_owner[s] = 0
-                try:
-                    self.locks[s].release()
-                except ValueError:  # it died between the release and the mark
-                    continue
-                released.append(s)
+                self.lock_owner[i] = 0
+            elif not (owner == 0 and i == claimed and self._orphaned(i, lock)):
+                continue
+            try:
+                lock.release()
+            except ValueError:  # not held after all
+                continue
+            released.append(i)
+        self.lock_claims[rank] = 0
         return released
+
+    def _orphaned(self, i: int, lock) -> bool:
+        """Lock ``i`` is held by no live worker: for ``ORPHAN_WATCH_S`` no
+        one could take it and no one wrote itself as its owner."""
+        deadline = time.monotonic() + ORPHAN_WATCH_S
+        while time.monotonic() < deadline:
+            if self.lock_owner[i] != 0:
+                return False
+            if lock.acquire(False):
+                lock.release()
+                return False
+            time.sleep(0.002)
+        return self.lock_owner[i] == 0
 
     @property
     def aborted(self) -> bool:

@@ -108,13 +108,13 @@ class _Step:
                        self._leave if may_stop else (lambda: self.store.control[ABORT]), what,
                        rt._spin, rt._hot_turns)
         if NEEDS_FENCE:
-            with self.store.sync_lock:
+            with self.store.holding_sync(self.rank):
                 pass  # acquire: see every write made before the others arrived
 
     def _publish(self, counters, index: int, value: int) -> None:
         """Raise a counter others wait on, after every write before it."""
         if NEEDS_FENCE:
-            with self.store.sync_lock:  # release
+            with self.store.holding_sync(self.rank):  # release
                 counters[index] = value
         else:
             counters[index] = value
@@ -138,7 +138,7 @@ class _Step:
             if control[CKPT_STEP] == 0:  # the monitor has written out the last one
                 self._save_checkpoint()
         if control[STOP]:
-            with self.store.sync_lock:
+            with self.store.holding_sync(self.rank):
                 if control[STOP_AT] == 0:
                     control[STOP_AT] = self.step
             if self.step >= control[STOP_AT]:
@@ -292,7 +292,7 @@ class ShardedStep(_Step):
             self._save_sender(step + 1)
         if counted == self.workers:
             return self._contribute_all(step)
-        with store.sync_lock:
+        with store.holding_sync(self.rank):
             order = -1
             if sync[STEP] == step and sync[ARRIVED] < counted:
                 order = int(sync[ARRIVED])
@@ -306,7 +306,7 @@ class ShardedStep(_Step):
         sums, ok = self._reduce(ranks, shards)
         if not ok:
             sync[BAD_STEP] = step
-        with store.sync_lock:
+        with store.holding_sync(self.rank):
             sync[REDUCED] += 1
         self._wait_count(REDUCED, counted, step, "sum step")
         bad = sync[BAD_STEP] == step
@@ -314,7 +314,7 @@ class ShardedStep(_Step):
             for s, acc in zip(shards, sums):
                 rt.shards[s].apply_sum(acc, step, self.rank, ok=True)
                 store.versions[s] += 1
-        with store.sync_lock:
+        with store.holding_sync(self.rank):
             sync[APPLIED] += 1
             if sync[APPLIED] == counted:  # the last one through opens the next step
                 sync[ARRIVED] = sync[REDUCED] = sync[APPLIED] = 0
