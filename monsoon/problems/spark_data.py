@@ -149,12 +149,13 @@ class SparkHeld:
     def _built(self) -> None:
         """After the blocks are built (a subclass frees what built them)."""
 
-    def blocks(self, sc, workers: int, seed: int):
+    def blocks(self, sc, workers: int, seed: int, equal: bool = False):
         """The persisted blocks, one per partition (the engine's workers).
         Data named on the command line (``spark:PATH``, ``spark-table:NAME``)
-        is repartitioned to ``workers``; a DataFrame or RDD given in Python
-        must already have that many partitions."""
-        return self.transport.blocks(self, workers)
+        is repartitioned to ``workers``, and to equal partitions where
+        ``equal`` (each worker trains on its own); a DataFrame or RDD given
+        in Python must already have that many partitions."""
+        return self.transport.blocks(self, workers, equal)
 
     def unpersist(self) -> None:
         """Free the blocks cached on the executors."""

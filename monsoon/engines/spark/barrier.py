@@ -32,8 +32,9 @@ only a finished stage's result is used: nothing is applied twice.
 
 Used for sync (AllReduce of raw gradients on shared parameters) on two or
 more workers when the executors hold a slot for every partition at once
-(``defaultParallelism``), without dynamic allocation; else the driver runs
-sync. Checkpoints: every rank knows when one is due; rank 0 sends it to
+(``defaultParallelism``), without dynamic allocation, and the data's
+lineage is one Spark allows a barrier stage (``barrier_lineage``: a
+DataFrame built on a ``union`` is not); else the driver runs sync. Checkpoints: every rank knows when one is due; rank 0 sends it to
 the driver, which writes it as the driver-run sync does (so ``--resume``
 carries either on), and a resumed run's checkpoint is shipped to every rank.
 """
@@ -57,15 +58,38 @@ ASK_EVERY_S = 0.01
 _LEN = struct.Struct("!Q")
 
 
-def fits(strategy, sc, workers: int) -> bool:
-    """Can this run's sync go into one barrier stage?"""
+def fits(strategy, sc, workers: int, blocks=None) -> bool:
+    """Can this run's sync go into one barrier stage (on ``blocks``)?"""
     import torch.distributed as dist
 
     return (workers >= 2 and strategy.shared_params
             and strategy.raw_gradients
             and AllReduce in strategy.uses and dist.is_available()
             and int(sc.defaultParallelism) >= workers
-            and sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true")
+            and sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true"
+            and (blocks is None or barrier_lineage(blocks)))
+
+
+def barrier_lineage(rdd) -> bool:
+    """Whether a barrier stage may run on ``rdd``: Spark refuses one whose
+    stage (``rdd`` and its ancestors up to a shuffle) holds an RDD with
+    another number of partitions (a ``union``, a ``coalesce``) or a
+    partition-pruning one, as its DAGScheduler checks at submission."""
+    top = rdd._jrdd.rdd()
+    n, seen, todo = top.getNumPartitions(), set(), [top]
+    while todo:
+        r = todo.pop()
+        if r.id() in seen:
+            continue
+        seen.add(r.id())
+        if r.getNumPartitions() != n or r.getClass().getSimpleName() == "PartitionPruningRDD":
+            return False
+        deps = r.dependencies().iterator()
+        while deps.hasNext():
+            dep = deps.next()
+            if dep.getClass().getSimpleName() != "ShuffleDependency":
+                todo.append(dep.rdd())
+    return True
 
 
 # -- messages: a length, then a pickle -------------------------------------------

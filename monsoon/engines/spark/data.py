@@ -15,9 +15,22 @@ import (so ``problems/`` never imports ``engines/``):
 - the evaluation jobs: ``per_block(block, w)`` on every block with ``w``
   broadcast, at most ``EVAL_BYTES`` of points a job.
 
+Partitions of equal size, where a strategy's workers each train on their
+own (``draws == SHARD``: async, SSP, EASGD). Workers that step at the same
+rate weight each partition's mean loss alike, and a worker with a smaller
+partition ends first, leaving the others to finish alone on theirs: with
+unequal partitions the run settles away from the data's minimum. Spark
+splits a file by bytes, with each split's opening cost counted
+(``spark.sql.files.openCostInBytes``), so ``local[2]`` cuts a 23 MB libsvm
+file at about 70%/30%. Data named on the command line is then repartitioned
+(round-robin: equal counts); a DataFrame or RDD given in Python keeps its
+partitions, with a warning.
+
 Every job waits at most the run's ``--timeout`` (its default before a run).
 """
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -27,6 +40,13 @@ from ...problems.spark_data import SparkData, SparkHeld, _rows_to_arrays  # noqa
 from .blocks import Block
 
 EVAL_BYTES = 32 << 20  # the loss curve's points broadcast at once
+UNEVEN = 1.02  # partitions are unequal when the largest has this many times the smallest's rows
+
+
+def uneven(counts) -> bool:
+    """Whether partitions of ``counts`` rows are too unequal for workers
+    that each train on their own (the module doc)."""
+    return len(counts) > 1 and max(counts) > UNEVEN * min(counts) + 1
 
 
 class SparkSource:
@@ -106,16 +126,24 @@ class SparkSource:
             raw.unpersist()
             problem._built()
 
-    def blocks(self, problem, workers: int):
+    def blocks(self, problem, workers: int, equal: bool = False):
         """The problem's persisted blocks, repartitioned to ``workers`` where
-        the problem allows it (see ``SparkHeld.blocks``)."""
-        if workers != problem.partitions and problem.repartition:
+        the problem allows it (see ``SparkHeld.blocks``); ``equal``: the
+        workers each train on their own partition, which should then hold
+        as many rows as the others (the module doc)."""
+        unequal = equal and uneven(problem.counts)
+        if problem.repartition and (workers != problem.partitions or unequal):
             self.unpersist(problem)
             self.load(problem, partitions=workers)
         if workers != problem.partitions:
             raise ConfigError(f"the Spark data has {problem.partitions} partitions and each "
                               f"worker trains on one: use --workers {problem.partitions}, or "
                               f"repartition({workers}) the data first")
+        if equal and uneven(problem.counts):
+            print(f"monsoon: warning: the Spark data's partitions hold "
+                  f"{', '.join(f'{c:,}' for c in problem.counts)} rows; each worker trains on "
+                  f"its own, and unequal ones weight the data unequally: repartition("
+                  f"{workers}) the data first for equal ones", file=sys.stderr, flush=True)
         return problem._blocks
 
     def unpersist(self, problem) -> None:

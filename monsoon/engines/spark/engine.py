@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from ...errors import ConfigError
 from ...options import Option
 from ...strategies import Budget, WorkerJob
+from ...strategies.base import SHARD
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push)
 from ...record.checkpoints import Checkpointer
@@ -179,7 +180,7 @@ class SparkEngine(Engine):
         blocks = None
         try:
             if spark_data:
-                blocks = problem.blocks(sc, workers, seed)
+                blocks = problem.blocks(sc, workers, seed, equal=strategy.draws == SHARD)
             else:
                 from .blocks import problem_blocks
 
@@ -246,7 +247,7 @@ class SparkEngine(Engine):
         if not in_tasks(strategy):
             from .barrier import fits, run_barrier
 
-            if fits(strategy, ctx.sc, ctx.workers):  # its slots are all taken: the
+            if fits(strategy, ctx.sc, ctx.workers, ctx.blocks):  # its slots are all taken: the
                 # target is checked on full-batch step losses alone (``barrier.py``)
                 return run_barrier(ctx, rule, strategy, w0, recorder, ckpts)
             from .driver import DriverPrograms
