@@ -162,6 +162,7 @@ def main():
                                 "reach MLlib's loss x1.01 within MLlib's time", ratio >= 1.0,
                                 unit="s to MLlib's log-loss x1.01 (peer: MLlib's fit, read "
                                      "included)", loss=loss, mllib_loss=peer_loss,
+                                losses=[r["loss"] for r in runs],
                                 wall_s=[r["wall_s"] for r in runs],
                                 n_push=[r["n_push"] for r in runs],
                                 period_chosen=[r["period_chosen"] for r in runs],
