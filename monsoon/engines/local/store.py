@@ -8,11 +8,8 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``reader.*[k]``: what a delay-aware rule remembers of worker k's last read
   (AdaRevision's gradient sum, DC-ASGD's parameters sent to k);
 - ``versions[s]``: updates applied to shard s (a push is a locked in-place
-  update of that shard, not a message); ``lock_owner[i]``: 1 + the rank
-  holding lock i (0: none; i < shards: shard i's lock, i == shards: the
-  synchronous step's lock) and ``lock_claims[k]``: 1 + the lock worker k
-  is taking or holding (0: none), so the monitor can release the lock of a
-  worker that died holding it (``release_locks_of``, below);
+  update of that shard, not a message); ``lock_owner``, ``lock_claims``:
+  whose each lock is, for the monitor (``holding``, ``release_locks_of``);
 - ``slots[k]``: worker k's contribution to the current synchronous step and
   ``slot_examples[k]`` the examples behind it; ``sync[STEP]`` counts completed
   steps, ``sync[ARRIVED]``, ``sync[REDUCED]`` and ``sync[APPLIED]`` count
@@ -40,17 +37,7 @@ Everything workers share lives in one ``SharedArrays`` block:
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
 lock once, which orders its later reads after the writer's (weak memory order).
-
-A worker SIGKILLed while it holds a lock would leave it taken for good. A
-worker takes at most one lock at a time, through ``holding``: it writes its
-claim, takes the lock, writes itself as owner; and on the way out clears the
-owner, releases, clears the claim. The monitor, once a worker's process has
-exited, releases the lock it owned. A kill between taking the lock and
-writing the owner (or between clearing it and releasing) leaves a lock with
-no owner that the dead worker claimed: the monitor watches it for
-``ORPHAN_WATCH_S``, and releases it only if no one could take it and no live
-worker wrote itself as owner in that time (a live holder's owner-less moment
-lasts a few bytecodes).
+The monitor releases the locks of a worker killed holding them.
 """
 from __future__ import annotations
 
@@ -232,8 +219,13 @@ class ParameterStore:
     @contextlib.contextmanager
     def holding(self, s: int, rank: int):
         """Shard ``s``'s lock (``s == len(bounds)``: the synchronous step's,
-        ``holding_sync``), claimed and owned by worker ``rank`` in shared
-        memory, so the monitor can release it if ``rank`` dies (module doc)."""
+        ``holding_sync``), held by worker ``rank``, who takes at most one at
+        a time. It writes its claim (``lock_claims[rank]`` = 1 + the lock),
+        takes the lock, writes itself as owner (``lock_owner[s]`` = 1 +
+        rank); on the way out it clears the owner, releases, clears the
+        claim. So a worker that dies holding the lock is its owner, or, in
+        the moment between taking and marking it (or clearing and
+        releasing), its claimant (``release_locks_of``)."""
         lock = self.locks[s] if s < len(self.locks) else self.sync_lock
         self.lock_claims[rank] = s + 1
         lock.acquire()
@@ -256,7 +248,10 @@ class ParameterStore:
         """Release the locks a dead worker ``rank`` held (the monitor, once
         its process has exited), so the survivors do not wait on them for
         ever; its half-applied update stays, as any asynchronous update may.
-        The locks released (``len(bounds)``: the synchronous step's)."""
+        The locks it owned, and the one it claimed if that has no owner and
+        stays untakeable for ``ORPHAN_WATCH_S`` (a live holder's owner-less
+        moment lasts a few bytecodes). The locks released (``len(bounds)``:
+        the synchronous step's)."""
         locks = list(self.locks) + [self.sync_lock]
         claimed = int(self.lock_claims[rank]) - 1
         released = []
