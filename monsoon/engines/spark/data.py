@@ -143,7 +143,8 @@ class SparkSource:
             print(f"monsoon: warning: the Spark data's partitions hold "
                   f"{', '.join(f'{c:,}' for c in problem.counts)} rows; each worker trains on "
                   f"its own, and unequal ones weight the data unequally: repartition("
-                  f"{workers}) the data first for equal ones", file=sys.stderr, flush=True)
+                  f"{workers}) the data first, or give repartition=True, for equal ones",
+                  file=sys.stderr, flush=True)
         return problem._blocks
 
     def unpersist(self, problem) -> None:
