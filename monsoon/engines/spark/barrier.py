@@ -34,8 +34,9 @@ Used for sync (AllReduce of raw gradients on shared parameters) on two or
 more workers when the executors hold a slot for every partition at once
 (``defaultParallelism``), without dynamic allocation, and the data's
 lineage is one Spark allows a barrier stage (``barrier_lineage``: a
-DataFrame built on a ``union`` is not); else the driver runs sync. Checkpoints: every rank knows when one is due; rank 0 sends it to
-the driver, which writes it as the driver-run sync does (so ``--resume``
+DataFrame built on a ``union`` is not); else the driver runs sync.
+Checkpoints: every rank knows when one is due; rank 0 sends it to the
+driver, which writes it as the driver-run sync does (so ``--resume``
 carries either on), and a resumed run's checkpoint is shipped to every rank.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ ASK_EVERY_S = 0.01
 _LEN = struct.Struct("!Q")
 
 
-def fits(strategy, sc, workers: int, blocks=None) -> bool:
+def fits(strategy, sc, workers: int, blocks) -> bool:
     """Can this run's sync go into one barrier stage (on ``blocks``)?"""
     import torch.distributed as dist
 
@@ -67,7 +68,7 @@ def fits(strategy, sc, workers: int, blocks=None) -> bool:
             and AllReduce in strategy.uses and dist.is_available()
             and int(sc.defaultParallelism) >= workers
             and sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true"
-            and (blocks is None or barrier_lineage(blocks)))
+            and barrier_lineage(blocks))
 
 
 def barrier_lineage(rdd) -> bool:
