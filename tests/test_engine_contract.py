@@ -214,6 +214,68 @@ def test_the_plug_in_compressor_runs_on_every_engine_that_compresses(
         monsoon.train("linear", "local-sgd", 2, compress="fp16:2", **HALF)
 
 
+# -- an epoch's short last batch ------------------------------------------------------
+
+TAIL = dict(epochs=2, batch_size=100, dtype="float64", seed=1, lr=0.05, evals=0,
+            progress=False)
+
+
+def _sgd_by_hand(weigh_tail: bool) -> np.ndarray:
+    """Plain SGD on exp's 256 rows in batches of 100, 100 and 56, the 56-row
+    batch's mean gradient times 56/100 (``ops.Gradient.weight``) or not."""
+    from monsoon.problems import make_problem
+    from monsoon.strategies.batches import epoch_permutation
+
+    problem = make_problem("exp", "float64")
+    w = problem.initial_params(TAIL["seed"]).copy()
+    n, size = problem.n_examples, TAIL["batch_size"]
+    for epoch in range(TAIL["epochs"]):
+        order = epoch_permutation(n, TAIL["seed"], epoch)
+        for start in range(0, n, size):
+            batch = order[start:start + size]
+            _, grad = problem.gradient(w, batch)
+            w = w - TAIL["lr"] * (len(batch) / size if weigh_tail else 1.0) * grad
+    return w
+
+
+@pytest.mark.parametrize("strategy, workers, engine", [
+    ("serial", 1, "local"), ("sync", 3, "local"), ("async", 1, "local"), ("sync", 2, "sim"),
+    ("async", 1, "sim"),
+    pytest.param("sync", 2, "ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+    pytest.param("async", 1, "ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+    pytest.param("sync", 2, "torch", marks=[pytest.mark.torchrun, pytest.mark.slow]),
+    pytest.param("sync", 2, "spark", marks=[pytest.mark.spark, pytest.mark.slow]),
+    pytest.param("async", 1, "spark", marks=[pytest.mark.spark, pytest.mark.slow]),
+])
+def test_every_engine_weighs_a_short_last_batch_by_its_size(strategy, workers, engine,
+                                                            request):
+    """Each example of an epoch weighs the same: the 56-row batch that ends
+    each epoch steps 0.56 times its mean gradient, on every engine."""
+    weighed, unweighed = _sgd_by_hand(True), _sgd_by_hand(False)
+    assert np.abs(weighed - unweighed).max() > 1e-3  # the weight shows in the result
+    extra = {} if engine in ("local", "sim") else {"timeout": 60, **RAY_ONE_SHARD.get(engine, {})}
+    with _with_plugin(engine, request):
+        run = monsoon.train("exp", strategy, workers, engine=engine, **extra, **TAIL)
+    assert run.summary["engine"] == engine
+    np.testing.assert_allclose(run.params, weighed, rtol=1e-9, atol=1e-12)
+    assert run.summary["examples"] == TAIL["epochs"] * 256  # no example added or dropped
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_the_torch_engines_buckets_weigh_a_short_last_batch():
+    """Sync on a torch model all-reduces in buckets while backward runs; the
+    438-row batch that ends digits' epoch is scaled there, and the run ends
+    where serial does."""
+    opts = dict(epochs=1, batch_size=500, dtype="float64", seed=1, lr=0.05, evals=0,
+                progress=False)
+    serial = monsoon.train("digits", "serial", **opts)
+    run = monsoon.train("digits", "sync", 2, engine="torch", timeout=60, reduce_via="backend",
+                        **opts)
+    assert run.summary["bucket_count"] >= 1
+    np.testing.assert_allclose(run.params, serial.params, rtol=1e-9, atol=1e-12)
+
+
 # -- run options with a problem the user built --------------------------------------
 
 def _built(dtype="float32"):

@@ -73,6 +73,19 @@ def split(indices: np.ndarray, workers: int, rank: int) -> np.ndarray:
     return indices[start:stop]
 
 
+def tail_weight(size: int, batch_size: int, rows: int) -> float:
+    """The weight of a batch of ``size`` examples in a plan whose epoch holds
+    ``rows``: its size over a full batch's (``min(batch_size, rows)``). Only
+    an epoch's short last batch weighs less than 1. A gradient is a mean
+    over its batch, so unweighted, each example of a 64-row tail would count
+    16 times as much as one of a full 1024-row batch, and an adaptive rule
+    (AdaGrad, Adam) would take up to that much larger a step on the rare
+    features the tail holds, at the end of every epoch: the last step of an
+    asynchronous worker is such a batch."""
+    full = min(batch_size, rows)
+    return size / full if size < full else 1.0
+
+
 def _chunks(order: np.ndarray, batch_size: int):
     for start in range(0, len(order), batch_size):
         yield order[start:start + batch_size]

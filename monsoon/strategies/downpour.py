@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..options import Option, at_least
 from .base import SHARD, Strategy, WorkerJob
-from .batches import lookahead, shard_batches, skip
+from .batches import lookahead, part_bounds, shard_batches, skip, tail_weight
 from .ops import Fetch, Gradient, LocalStep, Push
 
 
@@ -67,12 +67,14 @@ class Downpour(Strategy):
         ex = self._exchange_state()
         batches = skip(shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
                                      job.rank, job.workers), job.start_step)
+        start, stop = part_bounds(job.n_examples, job.workers, job.rank)  # the shard's rows
         for step, (batch, following) in enumerate(lookahead(batches), start=job.start_step):
             if ticket is None or refetch or step % self.n_fetch == 0:  # (resumed: at once)
                 ticket = yield Fetch()
                 refetch = False
                 self._fetched(ex)
-            _, grad = yield Gradient(batch, following)
+            _, grad = yield Gradient(batch, following,
+                                     tail_weight(len(batch), job.batch_size, stop - start))
             pushed = False
             if self.n_push == 1:
                 yield Push(grad, ticket)

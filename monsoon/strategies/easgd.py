@@ -15,7 +15,7 @@ Workers wait only on a shard's lock; a failed worker does not stop the rest.
 from ..errors import ConfigError
 from ..options import Option, at_least, in_range
 from .base import SHARD, Strategy, WorkerJob
-from .batches import lookahead, shard_batches, skip
+from .batches import lookahead, part_bounds, shard_batches, skip, tail_weight
 from .ops import Elastic, Fetch, Gradient, LocalApply
 
 
@@ -55,8 +55,10 @@ class EASGD(Strategy):
         yield Fetch()  # x_i starts at the centre
         batches = skip(shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
                                      job.rank, job.workers), job.start_step)
+        start, stop = part_bounds(job.n_examples, job.workers, job.rank)  # the shard's rows
         for step, (batch, following) in enumerate(lookahead(batches), start=job.start_step + 1):
-            _, grad = yield Gradient(batch, following)
+            _, grad = yield Gradient(batch, following,
+                                     tail_weight(len(batch), job.batch_size, stop - start))
             yield LocalApply(grad)
             if step % self.tau == 0:
                 yield Elastic(self.alpha)

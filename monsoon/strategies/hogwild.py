@@ -22,7 +22,8 @@ Invariant: with one worker, Hogwild! IS serial SGD, update for update.
 """
 from ..options import Option, in_range
 from .base import SLICE, SHARED_MEMORY, Strategy, WorkerJob
-from .batches import block_permutation, lookahead, skip, slice_batches, split
+from .batches import (block_permutation, lookahead, part_bounds, skip, slice_batches, split,
+                      tail_weight)
 from .ops import Apply, Gradient, SGDPass
 
 
@@ -55,10 +56,12 @@ class Hogwild(Strategy):
                              job.rank)
                 yield SGDPass(mine, self.beta ** epoch)
             return
+        start, stop = part_bounds(job.n_examples, job.workers, job.rank)
         for batch, following in lookahead(skip(slice_batches(job.n_examples, job.batch_size,
                                                              job.seed, job.budget, job.rank,
                                                              job.workers), job.start_step)):
-            loss, grad = yield Gradient(batch, following)
+            weight = tail_weight(len(batch), job.batch_size, stop - start)
+            loss, grad = yield Gradient(batch, following, weight)
             yield Apply(grad, loss)
 
     def describe(self):

@@ -19,7 +19,7 @@ rounding: theta - (theta - lr g) is lr g to the last bit or two).
 from ..errors import ConfigError
 from ..options import Option, at_least, positive
 from .base import Strategy, WorkerJob
-from .batches import global_batches, skip, split
+from .batches import global_batches, skip, split, tail_weight
 from .ops import Average, Gradient, LocalApply
 
 
@@ -67,7 +67,8 @@ class LocalSGD(Strategy):
         while batch is not None:
             mine = split(batch, job.workers, job.rank)
             if len(mine):
-                _, grad = yield Gradient(mine)
+                _, grad = yield Gradient(mine, None,
+                                         tail_weight(len(batch), job.batch_size, job.n_examples))
                 yield LocalApply(grad)
                 examples += len(mine)
             steps += 1

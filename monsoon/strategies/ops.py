@@ -21,12 +21,25 @@ import numpy as np
 @dataclass(slots=True)
 class Gradient:
     """Compute the mean loss and gradient over ``indices`` at the worker's
-    working parameters. Returns ``(loss, grad)``; ``grad`` belongs to the
-    engine and is valid until the next ``Gradient``. ``next``: the indices
-    of this worker's next gradient, where the strategy knows them, so a
-    problem that loads its data (a torch Dataset) fetches them meanwhile."""
+    working parameters, the gradient times ``weight``. Returns ``(loss,
+    grad)``; ``grad`` belongs to the engine and is valid until the next
+    ``Gradient``. ``next``: the indices of this worker's next gradient,
+    where the strategy knows them, so a problem that loads its data (a torch
+    Dataset) fetches them meanwhile. ``weight``: the batch's size over a
+    full batch's (``batches.tail_weight``): below 1 only for an epoch's short
+    last batch, so that every example of an epoch weighs the same, as
+    tf.distribute's ``compute_average_loss`` divides by the global batch
+    size. An engine applies it with ``weighted``."""
     indices: np.ndarray
     next: np.ndarray | None = None
+    weight: float = 1.0
+
+
+def weighted(grad, weight: float):
+    """A ``Gradient``'s result: the mean gradient ``grad`` times its
+    ``weight`` (a new array where that is not 1, so a problem's buffer is
+    never scaled in place)."""
+    return grad if weight == 1.0 else grad * weight
 
 
 @dataclass(slots=True)

@@ -37,7 +37,7 @@ a seed makes runs bit-reproducible (the reduction is done in rank order).
 from ..errors import ConfigError
 from ..options import Option
 from .base import BACKUP_WORKERS, ELASTIC, Strategy, WorkerJob
-from .batches import global_batches, lookahead, part_bounds, skip
+from .batches import global_batches, lookahead, part_bounds, skip, tail_weight
 from .ops import AllReduce, Gradient, Regroup
 
 
@@ -90,7 +90,8 @@ class Sync(Strategy):
                         a, b = parts.get(len(hint)) or parts.setdefault(
                             len(hint), part_bounds(len(hint), count, index))
                         hint = hint[a:b]
-                    _, grad = yield Gradient(batch[start:stop], hint)
+                    _, grad = yield Gradient(batch[start:stop], hint,
+                                             tail_weight(size, job.batch_size, job.n_examples))
                     behind = yield AllReduce(grad, stop - start)
                 if type(behind) is not Regroup:
                     break

@@ -32,7 +32,7 @@ from monsoon.rules import Rule
 from monsoon.strategies.batches import global_batches, part_bounds
 from monsoon.strategies import WorkerJob
 from monsoon.strategies.base import SHARED_MEMORY
-from monsoon.strategies.ops import AllReduce, Apply, Gradient
+from monsoon.strategies.ops import AllReduce, Apply, Gradient, weighted
 from monsoon.strategies.sync import Sync
 
 
@@ -136,7 +136,8 @@ class RoundRobin(Engine):
                         del programs[rank]
                         break
                     if isinstance(op, Gradient):
-                        replies[rank] = problem.gradient(w, op.indices)
+                        loss, grad = problem.gradient(w, op.indices)
+                        replies[rank] = loss, weighted(grad, op.weight)
                         examples += len(op.indices)
                     elif isinstance(op, Apply):
                         replies[rank] = None

@@ -33,7 +33,7 @@ import numpy as np
 from ... import arrays
 from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
-                               LocalApply, LocalStep, Push, SGDPass)
+                               LocalApply, LocalStep, Push, SGDPass, weighted)
 from ...server.core import LocalUpdate, ServerCore
 from ..waiting import HOT_TURNS, Aborted
 from .clocks import LocalClocks
@@ -139,6 +139,7 @@ class WorkerRuntime:
         if op.next is not None and self._prefetch is not None:
             self._prefetch(op.next)  # a Dataset problem loads it while this one computes
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
+        grad = weighted(grad, op.weight)
         self.counters[EXAMPLES] += len(op.indices)
         if self._live is not None:
             self._live[LOSS_SUM] += loss

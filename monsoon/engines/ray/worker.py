@@ -29,7 +29,7 @@ from collections import Counter
 import numpy as np
 
 from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push, Regroup)
+                               LocalStep, Push, Regroup, weighted)
 from ...compressors.messages import Compression, Sender, compressing
 from ...server.reduce import finite
 from ...server.clocks import WorkerClock
@@ -131,6 +131,7 @@ class RemoteWorker:
         if op.next is not None and self.problem.prefetch is not None:
             self.problem.prefetch(op.next)  # a Dataset problem loads it meanwhile
         loss, grad = self.problem.gradient(self.work, op.indices)
+        grad = weighted(grad, op.weight)
         self.counts["examples"] += len(op.indices)
         self.counts["loss_sum"] += float(loss)
         self.counts["loss_n"] += 1

@@ -362,7 +362,7 @@ class SimEngine(Engine):
             if not self.strategy.synchronous and self.S > 1:
                 return self._inconsistent_read(w, op)
         loss, grad = self.problem.gradient(w.work, op.indices)
-        self._took(w, loss, grad, len(op.indices))
+        self._took(w, loss, grad, len(op.indices), op.weight)
         dt = self.delays.compute_time(self.rng, w.rank, self.W)
         w.busy += dt
         self._at(self.now + dt, self._resume, w, (loss, w.grad))
@@ -378,21 +378,22 @@ class SimEngine(Engine):
             w.snapshot = np.empty_like(self.params)
         for s in range(self.S):
             self._at(self.now + dt * s / self.S, self._read_shard, w, s)
-        self._at(self.now + dt, self._gradient_on_snapshot, w, op.indices)
+        self._at(self.now + dt, self._gradient_on_snapshot, w, op)
         return False, None
 
     def _read_shard(self, w, s):
         a, b = self.bounds[s]
         np.copyto(w.snapshot[a:b], self.params[a:b])
 
-    def _gradient_on_snapshot(self, w, indices):
-        loss, grad = self.problem.gradient(w.snapshot, indices)
-        self._took(w, loss, grad, len(indices))
+    def _gradient_on_snapshot(self, w, op):
+        loss, grad = self.problem.gradient(w.snapshot, op.indices)
+        self._took(w, loss, grad, len(op.indices), op.weight)
         self._resume(w, (loss, w.grad))
 
-    def _took(self, w, loss, grad, examples: int) -> None:
-        """A gradient computed: kept in the worker's buffer, and counted."""
-        np.copyto(w.grad, grad)
+    def _took(self, w, loss, grad, examples: int, weight: float) -> None:
+        """A gradient computed: kept in the worker's buffer times its
+        ``weight`` (``ops.Gradient``), and counted."""
+        np.multiply(grad, weight, out=w.grad)
         w.loss_sum += loss
         w.loss_n += 1
         w.examples += examples

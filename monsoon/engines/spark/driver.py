@@ -117,13 +117,24 @@ class DriverPrograms:
 
     # -- gradients: one job --------------------------------------------------------
     def _gradients(self, waiting: dict) -> dict:
-        ctx = self.ctx
         ranks = sorted(waiting)
         self.examples += sum(len(waiting[k].indices) for k in ranks)
         if self.raw:
             replies = self._reduced(waiting, ranks)
             self.step_loss = next(iter(replies.values()))[0] if replies else None
-            return replies
+            # one step's gradient, shared by its workers: weighted once (``ops.Gradient``)
+            ranks = ranks[:1]
+        else:
+            replies = self._parts(waiting, ranks)
+        for k in ranks:
+            if waiting[k].weight != 1.0:
+                replies[k][1][...] *= waiting[k].weight  # the driver's own buffer
+        return replies
+
+    def _parts(self, waiting: dict, ranks: list) -> dict:
+        """Each waiting worker's gradient at its own parameters (or the
+        shared ones), its parts summed over the partitions."""
+        ctx = self.ctx
         params = [self.w] if self.shared else [self.work[k] for k in ranks]
         requests = [(k, 0 if self.shared else i, waiting[k].indices) for i, k in enumerate(ranks)]
         nbytes = sum(p.nbytes for p in params) + sum(r[2].nbytes for r in requests)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from ...strategies.ops import (Average, Clock, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push)
+                               LocalStep, Push, weighted)
 from ...server.reduce import finite
 from ...server.core import LocalUpdate
 
@@ -96,7 +96,8 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
             result = None
             kind = type(op)
             if kind is Gradient:
-                result = problem.gradient(work, block.rows_of(op.indices))
+                loss, grad = problem.gradient(work, block.rows_of(op.indices))
+                result = loss, weighted(grad, op.weight)
                 if deltas and not local_rule(work, result[1]):
                     out["dropped"] += 1
                 out["steps"] += 1

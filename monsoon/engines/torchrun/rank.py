@@ -51,7 +51,7 @@ import numpy as np
 from ... import arrays
 from ...errors import ConfigError, WorkerError
 from ...strategies import WorkerJob
-from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
+from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply, weighted
 from ...record import checkpoints
 from ..base import EngineResult
 from ..due import Due
@@ -307,12 +307,13 @@ class RankWorker:
         self.examples += len(op.indices)
         if self.buckets is not None:
             self._flags(len(op.indices))
-            loss = self.buckets.gradient(self.work, op.indices, len(op.indices) / self.unit)
+            loss = self.buckets.gradient(self.work, op.indices,
+                                         len(op.indices) * op.weight / self.unit)
             self.last_loss = float(loss)  # travels with the next step's flags
             return loss, self.grad
         loss, grad = problem.gradient(self.work, op.indices)
         self.last_loss = float(loss)
-        return loss, grad
+        return loss, weighted(grad, op.weight)
 
     def all_reduce(self, op):
         if self.compressed:

@@ -23,7 +23,8 @@ def stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size, see
                 StageWorker, spec, stage_module(problem, spec, w0), rule, problem.dtype, r,
                 replicas, strategy.micro_batches, strategy.schedule,
                 X=problem.X if spec.first else None, y=problem.y if spec.last else None,
-                loss_fn=problem.loss_fn if spec.last else None)
+                loss_fn=problem.loss_fn if spec.last else None,
+                full_batch=min(batch_size, problem.n_examples))
             payloads.append({"make": make,
                              "batches": (problem.n_examples, batch_size, seed, budget)})
     return payloads

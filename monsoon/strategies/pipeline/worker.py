@@ -16,7 +16,9 @@ The loop, the same on every engine (``link`` is the engine's transport):
         rule.apply(w_stage, g, state_stage, step=t)
 
 Weighting each micro-batch's mean loss by |m| / |batch| makes the summed
-gradient the full batch's mean gradient, so the update equals serial's up to
+gradient the full batch's mean gradient (an epoch's short last batch
+divides by a full batch's size instead, as ``batches.tail_weight`` weighs
+it), so the update equals serial's up to
 floating-point reduction order (tested to 1e-9 in float64). The worker
 holds only its stage's layers, parameters, gradient and rule state.
 
@@ -39,8 +41,11 @@ from .schedules import peak_activations, schedule
 
 class StageWorker:
     def __init__(self, spec, module, rule, dtype, replica: int, replicas: int, micro: int,
-                 schedule_name: str, X=None, y=None, loss_fn=None):
+                 schedule_name: str, X=None, y=None, loss_fn=None, full_batch: int = 0):
         self.spec, self.module, self.rule = spec, module, rule
+        # a full batch's size: an epoch's short last batch divides by it
+        # (``batches.tail_weight``), so each of its examples weighs as in a full one
+        self.full_batch = full_batch
         self.replica, self.replicas, self.micro = replica, replicas, micro
         self.schedule_name = schedule_name
         self.X, self.y, self.loss_fn = X, y, loss_fn
@@ -80,7 +85,7 @@ class StageWorker:
 
     # -- one step, op by op (the sim engine interleaves the stages' ops) ------
     def begin(self, batch: np.ndarray) -> None:
-        self._total = len(batch)
+        self._total = max(len(batch), self.full_batch)
         self._parts = self.micro_batches(batch)
         self._ops = schedule(self.schedule_name, self.spec.index, self.spec.count,
                              len(self._parts))
