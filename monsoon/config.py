@@ -157,6 +157,21 @@ def _check_full_batch(run: dict, engine) -> None:
                           f"{run['engine']} does not give it to {strategy}: use {options}")
 
 
+def _standardize(problem, name: str, rules) -> None:
+    """Give each rule that asks for it (``Rule.wants_metric``: AdaGrad's
+    standardize_below) the problem's inverse feature variances."""
+    wanting = {id(r): r for r in rules if r is not None and r.wants_metric}
+    if not wanting:
+        return
+    if problem.inverse_variance is None:
+        raise ConfigError(f"rule {name}'s standardize_below needs each feature's variance, "
+                          f"which {problem.name} does not give (a linear problem does: "
+                          "spark:PATH, a libsvm file); drop --standardize-below")
+    metric = problem.inverse_variance()
+    for r in wanting.values():
+        r.precondition(metric)
+
+
 def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     """Check the options, fill in defaults and build the run's components.
     ``problem`` is a name or a ``Problem``. Raises ConfigError."""
@@ -200,6 +215,9 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         raise ConfigError(f"rule {run['rule']!r} does not follow the rule contract: its class "
                           "must subclass monsoon.rules.Rule (docs/extending.md)")
     values = {kind: option_values(c, given) for kind, c in components.items()}
+    if run["rule"] == defaults.get("rule"):  # the problem's rule: its values for its options
+        values["rule"].update({k: v for k, v in defaults.items()
+                               if k in values["rule"] and given.get(k) is None})
 
     full_batch = components["rule"].full_batch
     if full_batch:  # the rule's own defaults (lbfgs: 100 full-batch steps) before the problem's
@@ -230,6 +248,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         run["batch_size"] = instance.n_examples
         if instance.inverse_variance is not None:  # MLlib's standardization, as H_0
             server_rule.precondition(instance.inverse_variance())
+    _standardize(instance, run["rule"], (server_rule, rule, strat.local_rule))
     info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance,
                    device=run["device"])
     if not (isinstance(components["engine"], type) and issubclass(components["engine"], Engine)):

@@ -251,3 +251,68 @@ def test_non_positive_learning_rate_is_refused(lr):
 def test_unknown_schedule_is_refused():
     with pytest.raises(ConfigError, match="cosine"):
         rules.make_rule("sgd", lr=0.1, schedule="cosine")
+
+
+# --- AdaGrad on standardized rare features (standardize_below, the spark data's) --
+
+def _binary_features(rows=300, features=20, seed=0):
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    freq = np.geomspace(0.5, 0.01, features)  # common to rare, as click data
+    X = sp.csr_matrix((rng.random((rows, features)) < freq).astype(float))
+    y = (X @ rng.normal(size=features) + 0.3 * rng.normal(size=rows) > 0.2).astype(float)
+    return X, y
+
+
+@pytest.mark.parametrize("below", [1.0, 0.2])
+def test_standardized_adagrad_is_adagrad_on_standardized_features(below):
+    """Rate j times s_j = max(1, c / sigma_j) is AdaGrad run on the features
+    x_j * s_j with its weights mapped back (w = s w'), up to AdaGrad's eps
+    (1e-10, added to sqrt(sum) in one space and to sqrt(sum) / s_j in the
+    other); the bias is not scaled. c = 1 standardizes every feature here (all
+    deviations are below 0.5), c = 0.2 only the rarer ones. Unscaled, the run
+    ends elsewhere."""
+    import scipy.sparse as sp
+
+    import monsoon
+    from monsoon.problems.sparse_linear import SparseLinear
+
+    X, y = _binary_features()
+    raw = SparseLinear(X, y, "logistic", lam=0.0, dtype="float64", shuffle=False)
+    scale = np.maximum(1.0, below * np.sqrt(raw.inverse_variance()))
+    assert scale[-1] == 1.0 and (scale[:-1] > 1).any()
+    assert below == 1.0 or (scale[:-1] == 1).any()
+    scaled = SparseLinear((X @ sp.diags(scale[:-1])).tocsr(), y, "logistic", lam=0.0,
+                          dtype="float64", shuffle=False)
+    opts = dict(rule="adagrad", lr=0.05, epochs=3, batch_size=32, seed=0, evals=0,
+                progress=False)
+    mine = monsoon.train(raw, "serial", standardize_below=below, **opts)
+    theirs = monsoon.train(scaled, "serial", **opts)
+    np.testing.assert_allclose(mine.params, theirs.params * scale, rtol=1e-7, atol=1e-12)
+    plain = monsoon.train(raw, "serial", **opts)
+    assert np.abs(plain.params - mine.params).max() > 0.1
+
+
+def test_standardized_adagrad_shards_its_scales_with_its_sums():
+    """A sharded server applies the rule slice by slice: the scales travel in
+    the state, so a sliced application equals the whole one."""
+    rule = rules.make_rule("adagrad", LR, standardize_below=1.0)
+    rule.precondition(np.linspace(0.5, 4.0, N))
+    g = np.random.default_rng(1).normal(size=(STEPS, N))
+    whole_w, whole = np.ones(N), rule.init(N, np.float64)
+    parts_w, parts = np.ones(N), rule.init(N, np.float64)
+    for t in range(STEPS):
+        rule.apply(whole_w, g[t], whole, UpdateInfo(step=t))
+        for a, b in SHARDS:
+            rule.apply(parts_w[a:b], g[t, a:b], slice_state(parts, a, b), UpdateInfo(step=t))
+    np.testing.assert_array_equal(parts_w, whole_w)
+    assert not np.allclose(whole_w, 1.0)  # it moved
+
+
+def test_standardize_on_a_problem_without_feature_variances_is_refused():
+    import monsoon
+
+    with pytest.raises(ConfigError, match="drop --standardize-below"):
+        monsoon.train("exp", "serial", rule="adagrad", standardize_below=0.01, steps=2,
+                      evals=0)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import monsoon
@@ -111,15 +112,17 @@ FULL = dict(strategy="sync", workers=2, rule="adagrad", lr=0.5, steps=3, batch_s
 def test_spark_paths_and_tables_train_as_the_same_file_does_locally(spark, clicks, tmp_path):
     """spark:FILE.libsvm, spark:PARQUET and spark-table:NAME (one partition
     each, repartitioned to the workers) give the full-batch parameters of
-    the local engine on libsvm:FILE."""
+    the local engine on libsvm:FILE, the features' variances included
+    (standardized AdaGrad)."""
     import numpy as np
 
-    ref = monsoon.train(f"libsvm:{clicks}", engine="local", **FULL)
+    full = {**FULL, "lr": 0.05, "standardize_below": 1.0}  # every feature standardized
+    ref = monsoon.train(f"libsvm:{clicks}", engine="local", **full)
     parquet = str(tmp_path / "clicks.parquet")
     spark.read.format("libsvm").load(str(clicks)).coalesce(1).write.parquet(parquet)
     spark.read.parquet(parquet).createOrReplaceTempView("clicks")
     for name in (f"spark:{clicks}", f"spark:{parquet}", "spark-table:clicks"):
-        run = monsoon.train(name, engine="spark", **FULL)
+        run = monsoon.train(name, engine="spark", **full)
         np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12,
                                    err_msg=name)
         assert run.summary["updates"] == 3 and run.summary["engine"] == "spark"
@@ -203,11 +206,19 @@ def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     assert plain.run["rule"] == "sgd"  # a problem without a rule default: the run's
     from monsoon.problems import make_problem
 
-    problem = make_problem("logistic")
+    problem = make_problem("rcv1-like:rows=400,features=300")
     problem.defaults = dict(SPARK_DEFAULTS)  # as SparkData carries them
     own = resolve(problem, "serial", 1, {})
     assert own.run["rule"] == "adagrad" and type(own.rule).__name__ == "Adagrad"
     assert own.run["lr"] == SPARK_DEFAULTS["lr"]
+    # the rare features standardized: rate j times max(1, 0.01 / sigma_j), the bias's 1
+    c = SPARK_DEFAULTS["standardize_below"]
+    scale = np.maximum(1.0, c * np.sqrt(problem.inverse_variance()))
+    assert own.rule.standardize_below == c == 0.01 and scale[-1] == 1
+    assert np.array_equal(own.rule.rate_scale, scale)
+    # the problem's values hold for its rule, named or not, unless given
+    assert resolve(problem, "serial", 1, {"rule": "adagrad"}).rule.standardize_below == c
+    assert not resolve(problem, "serial", 1, {"standardize_below": 0.0}).rule.standardize
     assert resolve(problem, "serial", 1, {"rule": "sgd"}).run["rule"] == "sgd"
     # sync's own default: full-batch L-BFGS, unless mini-batches are asked for
     sync = resolve(problem, "sync", 2, {"engine": "spark"})

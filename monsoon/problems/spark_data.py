@@ -41,9 +41,12 @@ LOSSES = ("logistic", "hinge", "squared")
 # Spark's linear models: sync takes full-batch L-BFGS steps on standardized
 # features, as MLlib's LogisticRegression does (one all-reduce a step in the
 # barrier stage); the other strategies take AdaGrad mini-batch steps, for
-# sparse features (bench/spark_vs_mllib.py; docs/engines/spark.md). A
-# problem's "by_strategy" defaults replace its others for that strategy.
-SPARK_DEFAULTS = {"rule": "adagrad", "lr": 1.0, "batch_size": 1024, "epochs": 5,
+# sparse features, the rare ones standardized (``rules/adagrad.py``:
+# standardize_below) (bench/spark_vs_mllib.py; docs/engines/spark.md). A
+# problem's "by_strategy" defaults replace its others for that strategy; its
+# values for its rule's options hold wherever that rule is the run's.
+SPARK_DEFAULTS = {"rule": "adagrad", "standardize_below": 0.01, "lr": 1.0, "batch_size": 1024,
+                  "epochs": 5,
                   "by_strategy": {"sync": {"rule": "lbfgs"}}}
 
 

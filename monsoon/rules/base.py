@@ -98,6 +98,10 @@ class Rule:
     # descend sum_k D_k grad f_k, whose zero is not the minimum of sum_k f_k.
     summed_state: tuple[str, ...] = ()
     staleness_lr = False  # set per rule by its option (``from_options``)
+    # True: the rule takes each coordinate's metric (``precondition``; the
+    # problem's ``inverse_variance``) before it starts: lbfgs's H_0, AdaGrad's
+    # standardized rates
+    wants_metric = False
     # Options every rule takes; a rule with its own adds them to these.
     options = (
         Option("lr_schedule", str, "constant", "constant, or step: lr * gamma^floor(t / step size)",
