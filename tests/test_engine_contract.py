@@ -241,8 +241,10 @@ def _sgd_by_hand(weigh_tail: bool) -> np.ndarray:
 @pytest.mark.parametrize("strategy, workers, engine", [
     ("serial", 1, "local"), ("sync", 3, "local"), ("async", 1, "local"), ("sync", 2, "sim"),
     ("async", 1, "sim"),
+    # Ray's worker weighs in the one ``gradient`` both strategies call; an async
+    # worker's push there runs in the background while it fetches, so one
+    # async worker is not serial to the bit on Ray, and only sync is compared
     pytest.param("sync", 2, "ray", marks=[pytest.mark.ray, pytest.mark.slow]),
-    pytest.param("async", 1, "ray", marks=[pytest.mark.ray, pytest.mark.slow]),
     pytest.param("sync", 2, "torch", marks=[pytest.mark.torchrun, pytest.mark.slow]),
     pytest.param("sync", 2, "spark", marks=[pytest.mark.spark, pytest.mark.slow]),
     pytest.param("async", 1, "spark", marks=[pytest.mark.spark, pytest.mark.slow]),
