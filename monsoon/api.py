@@ -28,7 +28,8 @@ from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingD
 from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
-from .record.recorder import DIVERGED, OPTIONAL_COLUMNS, reached_target, worse_than_start
+from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
+                              worse_than_start)
 from .record.live import make_live
 from .record.run_folder import save_model
 
@@ -176,7 +177,7 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     virtual = engine.virtual_time
     recorder = Recorder(problem, total, run['target_loss'], evals=run['evals'],
                         progress=run['progress'], cost_aware=not virtual,
-                        eval_share=run['eval_share'],
+                        eval_share=run['eval_share'], tol=run['tol'],
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
     check_resume(engine, problem, strat, rule, w0, resolved.processes, run['batch_size'],
                  run['seed'])
@@ -234,7 +235,8 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     final = recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
     final_loss = final["loss"]
     at_target = res.stopped if reached_target(res.stopped) else None
-    if at_target:  # stopped where it was asked to: not a divergence
+    at_tol = res.stopped if converged(res.stopped) else None
+    if at_target or at_tol:  # stopped where it was asked to: not a divergence
         res.stopped = None
     if res.stopped is None and not math.isfinite(final_loss):
         res.stopped = DIVERGED.format(loss=final_loss, updates=res.updates)
@@ -271,12 +273,14 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,
         "status": "interrupted" if interrupted else "diverged" if res.stopped else
-                  "reached target" if at_target else "finished",
+                  "reached target" if at_target else "converged" if at_tol else "finished",
         "total_time_s": time.perf_counter() - t_start,
         "monsoon_version": __version__,
     }
     if at_target:
         summary["stopped_at_target"] = at_target
+    if at_tol:
+        summary["stopped_converged"] = at_tol
     if res.stopped:
         summary["stopped"] = res.stopped
     elif not interrupted:

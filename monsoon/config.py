@@ -51,6 +51,9 @@ RUN_OPTIONS = (
            choices=("32", "bf16")),
     Option("target_loss", float, None, "report the time to reach this loss (the spark engine "
            "stops there)"),
+    Option("tol", float, None, "stop once an epoch lowers the loss by less than this fraction "
+           "of it, as MLlib's tol (the spark engine, which evaluates the loss while it runs)",
+           check=lambda v: None if v > 0 else "above 0"),
     Option("compress", str, "none", "compress what each worker sends: none, topk:FRACTION, "
            "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK (docs/compression.md)",
            check=_messages.check_spec),
@@ -221,13 +224,19 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
 
     full_batch = components["rule"].full_batch
     if full_batch:  # the rule's own defaults (lbfgs: 100 full-batch steps) before the problem's
-        defaults = {k: v for k, v in defaults.items() if k not in ("steps", "batch_size")}
+        if run["tol"] is not None:
+            raise ConfigError(f"--tol stops mini-batch runs; {run['rule']} takes full-batch "
+                              "steps and stops by their count (--epochs) or --target-loss: "
+                              "drop --tol")
+        defaults = {k: v for k, v in defaults.items() if k not in ("steps", "batch_size", "tol")}
         defaults.update(getattr(components["rule"], "defaults", {}))
         _check_full_batch(run, components["engine"])
     if run["lr"] is None:
         run["lr"] = defaults.get("lr", FALLBACK["lr"])
     if run["batch_size"] is None and not full_batch:
         run["batch_size"] = defaults.get("batch_size", FALLBACK["batch_size"])
+    if run["tol"] is None:
+        run["tol"] = defaults.get("tol")
     if run["epochs"] is None and run["steps"] is None:
         if "steps" in defaults:
             run["steps"] = defaults["steps"]

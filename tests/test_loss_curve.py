@@ -350,3 +350,30 @@ def test_the_constant_predictors_loss_is_the_bias_alone_at_its_best():
     assert "a constant predictor's" in worse_than_start(rows, 0.65, 0.61)
     assert worse_than_start(rows, 0.60, 0.61) is None
     assert worse_than_start(rows, float("nan"), 0.61) is None  # marked diverged instead
+
+
+def test_tol_stops_once_the_best_loss_gains_less_than_tol_over_an_epoch():
+    """``tol`` (an engine that evaluates while it runs: ``check_target``):
+    the stop comes only once an epoch of examples separates two evaluations,
+    and only when the best loss fell by less than tol of itself between them;
+    a noisy rise does not count as progress, nor does it stop a run that
+    still gains."""
+    problem = make_problem("linear")
+    losses = iter([10.0, 8.0, 6.0, 5.0, 5.5, 4.9, 4.899, 4.9, 4.898])
+    problem.evaluate = lambda w: {"loss": next(losses)}
+    rec = Recorder(problem, total_examples=None, evals=100, progress=False, cost_aware=False,
+                   tol=0.01)
+    rec.check_target = True
+    n = problem.n_examples
+    stops = []
+    for k in range(9):  # half an epoch apart
+        rec._target_next = 0.0  # evaluate at every record
+        stops.append(rec.record(float(k + 1), k + 1, (k + 1) * n // 2, np.zeros(problem.n_params)))
+    # bests: 10 8 6 5 5 4.9 4.899 4.899 4.898; an epoch back: -, -, 10, 8, 6, 5, 5, 4.9, 4.899
+    assert stops[:7] == [None] * 7
+    assert stops[7] is not None and stops[7].startswith("converged: the loss fell by less than 0.01")
+    assert "(4.9 to 4.899 after 8 updates)" in stops[7]
+    without = Recorder(problem, total_examples=None, progress=False, cost_aware=False)
+    without.check_target = True  # neither tol nor a target: nothing evaluated while it runs
+    problem.evaluate = lambda w: pytest.fail("evaluated during the run")
+    without.record(1.0, 1, n, np.zeros(problem.n_params))

@@ -1,5 +1,6 @@
 """What a Spark user meets first: executors that cannot run monsoon are
 refused in one line before any training job (``preflight.py``)."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -223,7 +224,13 @@ def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     # sync's own default: full-batch L-BFGS, unless mini-batches are asked for
     sync = resolve(problem, "sync", 2, {"engine": "spark"})
     assert sync.run["rule"] == "lbfgs" and sync.run["batch_size"] == problem.n_examples
-    assert sync.run["epochs"] == 100
+    assert sync.run["epochs"] == 100 and sync.run["tol"] is None  # lbfgs: its step count
+    # the mini-batch strategies: at most 20 epochs, stopping at 0.1% an epoch (MLlib's tol)
+    own_async = resolve(problem, "async", 2, {"engine": "spark"})
+    assert (own_async.run["epochs"], own_async.run["tol"]) == (20, 1e-3)
+    assert resolve(problem, "async", 2, {"engine": "spark", "tol": 0.01}).run["tol"] == 0.01
+    with pytest.raises(ConfigError, match="drop --tol"):
+        resolve(problem, "sync", 2, {"engine": "spark", "tol": 0.01})
     mini = resolve(problem, "sync", 2, {"engine": "spark", "batch_size": 64})
     assert mini.run["rule"] == "adagrad" and mini.run["batch_size"] == 64
 
@@ -379,3 +386,24 @@ def test_a_spark_run_given_a_target_loss_stops_there(spark, clicks):
         assert "reached the target loss" in s["stopped_at_target"]
         assert s["final_loss"] <= target and s["time_to_target_s"] is not None, strategy
         assert s["epochs"] < epochs, (strategy, s["epochs"])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_spark_run_given_tol_stops_once_an_epoch_gains_less(spark, clicks):
+    """--tol: async stops, not diverged, once the best loss the recorder
+    evaluated between its jobs fell by less than tol of itself over an epoch,
+    well before its budget (the loss is evaluated every few seconds: this
+    small file's plateau comes within tens of epochs)."""
+    tol, epochs = 0.05, 400
+    run = monsoon.train(f"spark:{clicks}", "async", 2, engine="spark", dtype="float64",
+                        epochs=epochs, tol=tol, progress=False)
+    s = run.summary
+    assert s["status"] == "converged" and "stopped" not in s, s
+    assert s["stopped_converged"].startswith("converged: the loss fell by less than 0.05")
+    assert 1 < s["epochs"] < epochs / 4, s["epochs"]
+    start = run.history[0]["loss"]
+    assert s["final_loss"] < 0.8 * start  # it trained before it stopped
+    before, after = (float(x) for x in re.search(r"\(([\d.]+) to ([\d.]+)",
+                                                  s["stopped_converged"]).groups())
+    assert after <= before and before - after < tol * after

@@ -33,6 +33,13 @@ run with advice; a non-finite loss found afterwards marks it diverged too,
 and one that ends above its start or a constant's is warned of
 (``worse_than_start``). ``target_loss`` stops a run where an engine asks
 (``check_target``, ``target_met``; ``reached_target`` tells it from a divergence).
+
+``tol`` stops such a run once it has converged, as MLlib's ``tol`` does: once
+the best loss evaluated while it runs is lower than the best of one epoch
+earlier by less than ``tol`` of itself (``converged`` tells that reason).
+Only the losses of snapshots count (``_check_target``), never a full-batch
+step's (``target_met``): a line search's rejected trials would look like
+no progress.
 """
 from __future__ import annotations
 
@@ -50,12 +57,19 @@ EVAL_MIN_S = 5.0  # the curve's evaluation may always take this long
 COPY_BYTES_PER_S = 2e9  # a snapshot reads the parameters twice (copy, finite check)
 DIVERGED = "diverged: the loss became {loss} after {updates} updates; lower the learning rate (--lr)"
 TARGET_REACHED = "reached the target loss {target:g} (loss {loss:.6g} after {updates} updates)"
+CONVERGED = ("converged: the loss fell by less than {tol:g} of itself over the last epoch "
+             "({before:.6g} to {loss:.6g} after {updates} updates)")
 TARGET_SPACING = 10
 
 
 def reached_target(reason) -> bool:
     """Whether a run's stop reason is its target, not a divergence."""
     return isinstance(reason, str) and reason.startswith("reached the target loss")
+
+
+def converged(reason) -> bool:
+    """Whether a run's stop reason is ``tol`` (``CONVERGED``), not a divergence."""
+    return isinstance(reason, str) and reason.startswith("converged:")
 
 
 NOT_CONVERGED = ("did not converge: the loss ended at {final:.6g}, above {what} ({ref:.6g}); "
@@ -126,11 +140,13 @@ class Recorder:
     def __init__(self, problem, total_examples: int | None, target_loss: float | None = None,
                  evals: int = 100, min_interval_s: float = 0.5, progress: bool | None = None,
                  label: str = "", cost_aware: bool = True, max_bytes: int = 256 << 20,
-                 eval_share: float = 0.5):
+                 eval_share: float = 0.5, tol: float | None = None):
         self.problem = problem
         self.n_examples = problem.n_examples
         self.total_examples = total_examples
         self.target_loss = target_loss
+        self.tol = tol
+        self._bests: list[tuple[int, float]] = []  # (examples, best loss so far), for tol
         self.evals = evals
         self.min_interval_s = min_interval_s
         self.max_bytes = max_bytes
@@ -150,8 +166,8 @@ class Recorder:
         self._earliest = 0.0  # no snapshot before this (cost_aware)
         self._spares: list[np.ndarray] = []  # buffers of thinned snapshots, for reuse
         self.live_writer = None  # live series (``live.py``), where the run has any
-        self.check_target = False  # evaluate while the run goes, to stop at target_loss
-        self.target_reason = None
+        self.check_target = False  # evaluate while the run goes, to stop at target_loss or tol
+        self.target_reason = None  # the reason to stop early: TARGET_REACHED or CONVERGED
         self._target_next = 0.0
         self._evaluated: dict[tuple, dict] = {}  # (time, updates, examples) -> metrics
         # A full-batch step's loss at the parameters of a snapshot, found by the
@@ -244,8 +260,9 @@ class Recorder:
         elif dropped > 100 and dropped > updates:
             self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
                                 f"dropped (only {updates} applied); lower the learning rate (--lr)")
-        if (self.check_target and self.target_loss is not None and self.stop_reason is None
-                and self.target_reason is None and now >= self._target_next):
+        if (self.check_target and (self.target_loss is not None or self.tol is not None)
+                and self.stop_reason is None and self.target_reason is None
+                and now >= self._target_next):
             self._check_target(now, updates, examples, params)
         if self.cost_aware:  # the copy's cost: this thread's CPU time (a wall clock
             # would count a monitor thread's waits for the GIL), and never less
@@ -267,7 +284,21 @@ class Recorder:
         metrics = self.evaluate(params)
         self._evaluated[(now, updates, examples)] = metrics
         self._target_next = now + TARGET_SPACING * (time.perf_counter() - began)
-        self.target_met(float(metrics["loss"]), updates)
+        if not self.target_met(float(metrics["loss"]), updates):
+            self._check_converged(float(metrics["loss"]), updates, examples)
+
+    def _check_converged(self, loss: float, updates: int, examples: int) -> None:
+        """``tol``: the best loss so far against the best of one epoch (of
+        examples) earlier; ``CONVERGED`` the reason to stop once it fell by
+        less than ``tol`` of itself."""
+        if self.tol is None or not math.isfinite(loss):
+            return
+        best = min(loss, self._bests[-1][1]) if self._bests else loss
+        self._bests.append((examples, best))
+        earlier = [b for e, b in self._bests if e <= examples - self.n_examples]
+        if earlier and earlier[-1] - best < self.tol * abs(best):
+            self.target_reason = CONVERGED.format(tol=self.tol, before=earlier[-1], loss=best,
+                                                  updates=updates)
 
     def target_met(self, loss: float, updates: int, dropped: int = 0) -> bool:
         """Note the full-data loss at the current parameters (an engine that
