@@ -52,7 +52,8 @@ RUN_OPTIONS = (
     Option("target_loss", float, None, "report the time to reach this loss (the spark engine "
            "stops there)"),
     Option("tol", float, None, "stop once an epoch lowers the loss by less than this fraction "
-           "of it, as MLlib's tol (the spark engine, which evaluates the loss while it runs)",
+           "of it, as MLlib's tol (the spark engine, which evaluates the loss while it runs; "
+           "a problem's default tol goes with its default budget)",
            check=lambda v: None if v > 0 else "above 0"),
     Option("compress", str, "none", "compress what each worker sends: none, topk:FRACTION, "
            "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK (docs/compression.md)",
@@ -235,9 +236,9 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         run["lr"] = defaults.get("lr", FALLBACK["lr"])
     if run["batch_size"] is None and not full_batch:
         run["batch_size"] = defaults.get("batch_size", FALLBACK["batch_size"])
-    if run["tol"] is None:
-        run["tol"] = defaults.get("tol")
     if run["epochs"] is None and run["steps"] is None:
+        if run["tol"] is None:  # the problem's stopping rule goes with its budget
+            run["tol"] = defaults.get("tol")
         if "steps" in defaults:
             run["steps"] = defaults["steps"]
         else:

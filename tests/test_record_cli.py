@@ -165,6 +165,24 @@ def test_the_report_names_each_strategys_rule_where_they_differ():
     assert "| sync |" in report_markdown("exp", same, None)
 
 
+def test_the_report_says_which_runs_stopped_before_their_budget():
+    """A run that stopped at its target or by --tol is named with its reason,
+    and the report no longer says every strategy processed the same budget."""
+    from monsoon.record.report import comparison_rows, report_markdown
+
+    reason = "converged: the loss fell by less than 0.001 of itself over the last epoch"
+    rows = comparison_rows([[dict(_summary("sync", 90.0), stopped_at_target="reached the "
+                                  "target loss 0.5 (loss 0.49 after 9 updates)")],
+                            [dict(_summary("async", 80.0), stopped_converged=reason)]])
+    text = report_markdown("spark:clicks.libsvm", rows, 0.5)
+    assert "- sync stopped before its budget: reached the target loss 0.5" in text
+    assert f"- async stopped before its budget: {reason}." in text
+    assert "processed the same budget" not in text
+    whole = comparison_rows([[_summary("sync", 90.0)], [_summary("async", 80.0)]])
+    text = report_markdown("exp", whole, None)
+    assert "Every strategy processed the same budget" in text and "stopped before" not in text
+
+
 @pytest.mark.parametrize("repeats", [0, -1, 1.5, True])
 def test_compare_refuses_a_bad_number_of_repeats(tmp_path, repeats):
     with pytest.raises(monsoon.MonsoonError, match="repeats must be a whole number >= 1"):

@@ -229,6 +229,8 @@ def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     own_async = resolve(problem, "async", 2, {"engine": "spark"})
     assert (own_async.run["epochs"], own_async.run["tol"]) == (20, 1e-3)
     assert resolve(problem, "async", 2, {"engine": "spark", "tol": 0.01}).run["tol"] == 0.01
+    # a budget given is the user's: the default stopping rule goes with the default budget
+    assert resolve(problem, "async", 2, {"engine": "spark", "epochs": 30}).run["tol"] is None
     with pytest.raises(ConfigError, match="drop --tol"):
         resolve(problem, "sync", 2, {"engine": "spark", "tol": 0.01})
     mini = resolve(problem, "sync", 2, {"engine": "spark", "batch_size": 64})

@@ -34,12 +34,10 @@ and one that ends above its start or a constant's is warned of
 (``worse_than_start``). ``target_loss`` stops a run where an engine asks
 (``check_target``, ``target_met``; ``reached_target`` tells it from a divergence).
 
-``tol`` stops such a run once it has converged, as MLlib's ``tol`` does: once
-the best loss evaluated while it runs is lower than the best of one epoch
-earlier by less than ``tol`` of itself (``converged`` tells that reason).
-Only the losses of snapshots count (``_check_target``), never a full-batch
-step's (``target_met``): a line search's rejected trials would look like
-no progress.
+``tol`` stops such a run once the best loss evaluated while it runs is below
+the best of an epoch earlier by less than ``tol`` of itself (MLlib's tol;
+``converged``), from snapshots' losses only: a line search's rejected trial
+(``target_met``) would look like no progress.
 """
 from __future__ import annotations
 

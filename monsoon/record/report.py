@@ -59,7 +59,8 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                      "simulated": "simulated_time_s" in s,  # the sim engine's clock
                      **_staleness_columns(s),
                      **{k: s.get(k) for k in ("compress", "bytes_sent", "compression_ratio",
-                                              "residual_norm", "warning", "stopped")}})
+                                              "residual_norm", "warning", "stopped",
+                                              "stopped_at_target", "stopped_converged")}})
     return rows
 
 
@@ -155,6 +156,9 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
     for r in rows:  # a run that diverged or ended worse than it began says so
         if r.get("stopped") or r.get("warning"):
             lines.append(f"- **{r['strategy']}: {r.get('stopped') or r['warning']}**")
+        elif r.get("stopped_at_target") or r.get("stopped_converged"):
+            lines.append(f"- {r['strategy']} stopped before its budget: "
+                         f"{r.get('stopped_at_target') or r['stopped_converged']}.")
     sent = [r for r in rows if r.get("bytes_sent")]
     if any(r.get("compress") not in (None, "none") for r in sent):
         lines.append("- Bytes the workers sent (docs/compression.md): " + "; ".join(
@@ -162,7 +166,10 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
             f"{r['strategy']} ({r['compress']}) {r['bytes_sent']:,}, "
             f"{_fmt(r['compression_ratio'], 3)}x fewer than dense" for r in sent) + ".")
     lines += explain(rows)
-    lines += ["", "Every strategy processed the same budget of examples; the final loss is the "
+    early = any(r.get("stopped_at_target") or r.get("stopped_converged") for r in rows)
+    lines += ["", ("Every strategy had the same budget of examples (a run that stopped "
+                   "before it says so above)" if early else
+                   "Every strategy processed the same budget of examples") + "; the final loss is the "
               "full-training-set objective, computed the same way for all. Staleness counts the "
               "updates applied between a worker's read of the parameters and its update.",
               "", "![loss curves](comparison.png)", ""]
