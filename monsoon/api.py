@@ -226,6 +226,8 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     if res.follower:  # the torch engine's rank 0 records the run
         return Result({"follower": True}, [], res.params, problem)
     interrupted = res.interrupted
+    if reached_target(res.stopped) and recorder.target_params is not None:
+        res.params = recorder.target_params  # what met the target, not pushes landed after
     # The curve's snapshots are evaluated now, after the run, off its clock
     # (with the buffers the monitor's model has); the final row with the
     # trained buffers, combined per the strategy's policy.

@@ -377,3 +377,20 @@ def test_tol_stops_once_the_best_loss_gains_less_than_tol_over_an_epoch():
     without.check_target = True  # neither tol nor a target: nothing evaluated while it runs
     problem.evaluate = lambda w: pytest.fail("evaluated during the run")
     without.record(1.0, 1, n, np.zeros(problem.n_params))
+
+
+def test_a_run_stopped_at_its_target_keeps_the_parameters_that_met_it():
+    """Pushes may land between the in-run check that met the target and the
+    stop: the recorder keeps a copy of what the check evaluated, which the
+    run returns (``api._train``), not the live array that moved on."""
+    problem = make_problem("linear")
+    problem.evaluate = lambda w: {"loss": float(w[0])}
+    rec = Recorder(problem, total_examples=None, target_loss=0.5, progress=False,
+                   cost_aware=False)
+    rec.check_target = True
+    w = np.ones(problem.n_params)
+    assert rec.record(1.0, 1, 10, w) is None and rec.target_params is None
+    w[0] = 0.4
+    assert rec.record(2.0, 2, 20, w).startswith("reached the target loss 0.5")
+    w[0] = 0.9  # a push after the check
+    assert rec.target_params[0] == 0.4 and rec.target_params is not w

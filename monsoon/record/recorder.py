@@ -29,15 +29,15 @@ is one call where the problem has ``evaluate_many``. The monitor also hands
 ``live`` its workers' figures when ``live_due`` (``live.py``).
 
 Non-finite parameters, or more dropped updates than applied ones, stop the
-run with advice; a non-finite loss found afterwards marks it diverged too,
-and one that ends above its start or a constant's is warned of
-(``worse_than_start``). ``target_loss`` stops a run where an engine asks
-(``check_target``, ``target_met``; ``reached_target`` tells it from a divergence).
+run with advice; a non-finite loss after it marks it diverged, one above its
+start or a constant's is warned of (``worse_than_start``). ``target_loss``
+stops a run where an engine asks (``check_target``, ``target_met``;
+``reached_target`` tells it from a divergence), and the run returns the
+parameters the check found there (``target_params``).
 
-``tol`` stops such a run once the best loss evaluated while it runs is below
-the best of an epoch earlier by less than ``tol`` of itself (MLlib's tol;
-``converged``), from snapshots' losses only: a line search's rejected trial
-(``target_met``) would look like no progress.
+``tol`` stops such a run once its best evaluated loss is below the best of an
+epoch earlier by less than ``tol`` of itself (MLlib's tol; ``converged``), from
+snapshots only: a line search's rejected trial (``target_met``) is no stall.
 """
 from __future__ import annotations
 
@@ -166,6 +166,7 @@ class Recorder:
         self.live_writer = None  # live series (``live.py``), where the run has any
         self.check_target = False  # evaluate while the run goes, to stop at target_loss or tol
         self.target_reason = None  # the reason to stop early: TARGET_REACHED or CONVERGED
+        self.target_params = None  # the parameters a check found at the target
         self._target_next = 0.0
         self._evaluated: dict[tuple, dict] = {}  # (time, updates, examples) -> metrics
         # A full-batch step's loss at the parameters of a snapshot, found by the
@@ -282,7 +283,10 @@ class Recorder:
         metrics = self.evaluate(params)
         self._evaluated[(now, updates, examples)] = metrics
         self._target_next = now + TARGET_SPACING * (time.perf_counter() - began)
-        if not self.target_met(float(metrics["loss"]), updates):
+        if self.target_met(float(metrics["loss"]), updates):
+            # the model the run returns: pushes may land between this check and the stop
+            self.target_params = arrays.copy(params)
+        else:
             self._check_converged(float(metrics["loss"]), updates, examples)
 
     def _check_converged(self, loss: float, updates: int, examples: int) -> None:
