@@ -236,9 +236,14 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         run["lr"] = defaults.get("lr", FALLBACK["lr"])
     if run["batch_size"] is None and not full_batch:
         run["batch_size"] = defaults.get("batch_size", FALLBACK["batch_size"])
+    evaluates = components["engine"].evaluates_while_running(components["strategy"])
+    if run["tol"] is not None and not evaluates:
+        raise ConfigError(f"--tol needs the loss evaluated while the run goes, which the "
+                          f"{run['engine']} engine does not do for {run['strategy']}: drop "
+                          "--tol (--target-loss, or --epochs, bound the run)")
     if run["epochs"] is None and run["steps"] is None:
-        if run["tol"] is None:  # the problem's stopping rule goes with its budget
-            run["tol"] = defaults.get("tol")
+        if run["tol"] is None and evaluates:
+            run["tol"] = defaults.get("tol")  # the problem's stopping rule, with its budget
         if "steps" in defaults:
             run["steps"] = defaults["steps"]
         else:

@@ -229,6 +229,15 @@ def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     own_async = resolve(problem, "async", 2, {"engine": "spark"})
     assert (own_async.run["epochs"], own_async.run["tol"]) == (20, 1e-3)
     assert resolve(problem, "async", 2, {"engine": "spark", "tol": 0.01}).run["tol"] == 0.01
+    # an engine that evaluates the curve after the run cannot stop by tol: refused, and the
+    # problem's default tol is not taken there
+    with pytest.raises(ConfigError, match="--tol needs the loss evaluated while the run goes"):
+        resolve(problem, "async", 2, {"tol": 0.01})
+    assert resolve(problem, "async", 2, {}).run["tol"] is None
+    # sync's barrier stage holds every slot: no loss job runs during it
+    with pytest.raises(ConfigError, match="does not do for sync: drop --tol"):
+        resolve(problem, "sync", 2, {"engine": "spark", "batch_size": 64, "tol": 0.01})
+    assert resolve(problem, "sync", 2, {"engine": "spark", "batch_size": 64}).run["tol"] is None
     # a budget given is the user's: the default stopping rule goes with the default budget
     assert resolve(problem, "async", 2, {"engine": "spark", "epochs": 30}).run["tol"] is None
     with pytest.raises(ConfigError, match="drop --tol"):

@@ -7,6 +7,9 @@ An engine carries out the ops of a strategy's worker program
   **values)``, ``run(...) -> EngineResult`` and ``describe()``;
 - ``virtual_time``: its clock is simulated (the recorder then charges no
   evaluation cost to the run);
+- ``evaluates_while_running(strategy)``: it has the recorder evaluate the
+  loss while that strategy's run goes (``check_target``), so ``--tol`` can
+  stop it;
 - ``stops_on_signal``: SIGTERM/SIGINT make it stop its workers, write a
   final checkpoint and return (``lifecycle.StopSignals``);
 - ``keeps_buffers(strategy)``: its checkpoints of that strategy hold the
@@ -138,6 +141,10 @@ class Engine:
 
     def describe(self) -> dict:
         return {"engine": self.name}
+
+    @classmethod
+    def evaluates_while_running(cls, strategy) -> bool:
+        return False
 
     @classmethod
     def gives_loss(cls, strategy) -> bool:

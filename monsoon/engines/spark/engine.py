@@ -132,6 +132,13 @@ class SparkEngine(Engine):
         self.shards_used = 1
 
     @classmethod
+    def evaluates_while_running(cls, strategy) -> bool:
+        """A loss job runs between the jobs of a run in tasks or on the
+        driver; a collective's barrier stage holds every slot, so none can
+        run during it (its full-batch steps give their losses themselves)."""
+        return AllReduce not in strategy.uses
+
+    @classmethod
     def gives_loss(cls, strategy) -> bool:
         """Sync's steps all-reduce the step's loss with its gradient (barrier
         stage, or the driver's sum); serial's is its one worker's."""
