@@ -394,3 +394,4 @@ def test_a_run_stopped_at_its_target_keeps_the_parameters_that_met_it():
     assert rec.record(2.0, 2, 20, w).startswith("reached the target loss 0.5")
     w[0] = 0.9  # a push after the check
     assert rec.target_params[0] == 0.4 and rec.target_params is not w
+

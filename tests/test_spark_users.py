@@ -401,6 +401,32 @@ def test_a_spark_run_given_a_target_loss_stops_there(spark, clicks):
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_a_run_stopped_at_its_target_returns_what_the_check_found(spark, clicks, monkeypatch):
+    """``monsoon.train`` returns the parameters the in-run check found at the
+    target, not the server's after pushes that landed between the check and
+    the stop (here a shift the engine adds to what it returns)."""
+    from monsoon.engines.spark.engine import SparkEngine
+
+    run_engine = SparkEngine.run
+
+    def run_then_move(self, *args, **kwargs):
+        res = run_engine(self, *args, **kwargs)
+        res.params = res.params + 1.0
+        return res
+
+    monkeypatch.setattr(SparkEngine, "run", run_then_move)
+    first = monsoon.train(f"spark:{clicks}", "async", 2, engine="spark", dtype="float64",
+                          epochs=1, progress=False).history[0]["loss"]
+    target = 0.8 * first
+    run = monsoon.train(f"spark:{clicks}", "async", 2, engine="spark", dtype="float64",
+                        epochs=40, target_loss=target, progress=False)
+    s = run.summary
+    assert s["status"] == "reached target" and s["epochs"] < 40, s
+    assert s["final_loss"] <= target, (s["final_loss"], target)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_spark_run_given_tol_stops_once_an_epoch_gains_less(spark, clicks):
     """--tol: async stops, not diverged, once the best loss the recorder
     evaluated between its jobs fell by less than tol of itself over an epoch,
