@@ -36,7 +36,7 @@ class AdagradState(NamedTuple):
 
 class StandardizedAdagradState(NamedTuple):
     sum_sq: np.ndarray
-    rate_scale: np.ndarray  # 1 / each feature's standard deviation, 1 for the bias
+    rate_scale: np.ndarray  # max(1, c / each feature's standard deviation), 1 for the bias
 
 
 class Adagrad(Rule):

@@ -98,9 +98,10 @@ class Rule:
     # descend sum_k D_k grad f_k, whose zero is not the minimum of sum_k f_k.
     summed_state: tuple[str, ...] = ()
     staleness_lr = False  # set per rule by its option (``from_options``)
-    # True: the rule takes each coordinate's metric (``precondition``; the
-    # problem's ``inverse_variance``) before it starts: lbfgs's H_0, AdaGrad's
-    # standardized rates
+    # True: the rule needs each coordinate's metric (``precondition``; the
+    # problem's ``inverse_variance``) before it starts, and a problem without
+    # one is refused (AdaGrad's standardized rates; lbfgs takes it as H_0
+    # where the problem has one, and runs without it)
     wants_metric = False
     # Options every rule takes; a rule with its own adds them to these.
     options = (
