@@ -123,7 +123,10 @@ def ours(path, strategy, target, **options):
             "n_push": s.get("n_push_chosen", s.get("n_push")), "updates": s["updates"],
             # the exchange period the engine chose (n_push, local_steps or tau), where it chose
             "period_chosen": next((v for k, v in s.items() if k.endswith("_chosen")), None),
-            "job_share": s.get("spark_job_share"), "status": s["status"],
+            # the share of its jobs (sync, local SGD) or of its socket exchanges
+            # (async, SSP, EASGD) not spent in the tasks' steps
+            "job_share": s.get("spark_job_share", s.get("spark_exchange_share")),
+            "status": s["status"],
             "warning": s.get("warning") or s.get("stopped")}
 
 

@@ -77,7 +77,7 @@ def test_torch_all_gathers_the_packed_messages(strategy):
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # a cluster's start and several runs, on a busy machine
 @pytest.mark.parametrize("strategy, kw", [("async", {"n_push": 4, "n_fetch": 4}),
-                                          ("local-sgd", {}), ("easgd", {})])
+                                          ("local-sgd", {}), ("easgd", {"easgd_tau": 4})])
 def test_spark_tasks_return_the_packed_message(spark, strategy, kw):  # noqa: F811
     _both("spark", strategy, steps=40, **kw)
 

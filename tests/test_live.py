@@ -183,8 +183,10 @@ def spark():
 @pytest.mark.parametrize("strategy", ["sync", "async", "local-sgd"])
 def test_spark_writes_each_workers_series(tmp_path, spark, strategy):
     out = tmp_path / strategy
-    # each step is a Spark job: a few are enough
-    monsoon.train("digits", strategy, 2, engine="spark", steps=12, batch_size=128, seed=0,
+    # each sync step or local-sgd round is a Spark job: a few are enough; async's
+    # pushes go over its tasks' sockets, a millisecond or so each
+    steps = 400 if strategy == "async" else 12
+    monsoon.train("digits", strategy, 2, engine="spark", steps=steps, batch_size=128, seed=0,
                   out=out, progress=False, live_every=0.01, evals=5)
     after_run(out, 2, ("loss", "examples_per_s"))
 

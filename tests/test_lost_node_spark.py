@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300),
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 7177
+# the pushes go over the tasks' sockets (a few ms each): enough steps that
+# the run is still going when the link is cut
+STEPS = 12800
 WHY = netns.available()
 DRIVER = """
 import json, sys
@@ -33,7 +36,7 @@ spark = start_session("spark://{head}:{port}", "monsoon-lost-node", conf={{
     "spark.network.timeoutInterval": "2s", "spark.storage.blockManagerHeartbeatTimeoutMs": "8000",
     "spark.executor.heartbeatInterval": "1s", "spark.cores.max": "2",
     "spark.executor.cores": "1", "spark.executor.memory": "1g"}})
-run = monsoon.train("logistic", "async", 2, engine="spark", steps=640, batch_size=64,
+run = monsoon.train("logistic", "async", 2, engine="spark", steps={steps}, batch_size=64,
                     n_fetch=8, n_push=8, lr=0.5, seed=0, dtype="float64", evals=4,
                     timeout=60, out=sys.argv[1], progress=False, live_every=0.2)
 # the executors still registered at the end, the driver's own included
@@ -96,7 +99,7 @@ def test_async_survives_a_partitioned_executor_and_applies_each_push_once(cluste
     net, env = cluster
     out = tmp_path / "run"
     script = tmp_path / "driver.py"
-    script.write_text(DRIVER.format(head=net.addr["head"], port=PORT))
+    script.write_text(DRIVER.format(head=net.addr["head"], port=PORT, steps=STEPS))
     proc = net.run("head", [sys.executable, str(script), str(out)], env=env,
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     deadline = time.monotonic() + 180
@@ -116,5 +119,5 @@ def test_async_survives_a_partitioned_executor_and_applies_each_push_once(cluste
     assert json.loads(stdout.splitlines()[-1])["executors"] == 2  # b's was lost mid-run
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "finished" and s["failed_workers"] == []
-    # 320 steps a worker, a push every 8: 40 pushes each, each applied once
-    assert s["updates"] == 80 and s["examples"] == 640 * 64
+    # STEPS / 2 steps a worker, a push every 8, each applied once
+    assert s["updates"] == STEPS // 8 and s["examples"] == STEPS * 64

@@ -104,13 +104,16 @@ def test_async_adagrad_workers_share_the_sums_and_reach_the_minimum(spark, tmp_p
     squares are one for all workers (``Rule.summed_state``). With a sum per
     worker, each scales its gradients by its own statistics (rare features'
     differ between partitions) and the run settles above the minimum:
-    about 1.04x it on these rows, where one sum reaches it."""
+    about 1.04x it on these rows, where one sum ends within 1.01x. The
+    workers push at their own pace over their tasks' sockets, so one that
+    ends a few pushes early leaves the other to finish alone: on a loaded
+    machine that alone costs up to ~1.02x here."""
     path = tmp_path / "clicks.libsvm"
     minimum = _zipf_clicks(path)
     run = monsoon.train(f"spark:{path}", "async", 2, engine="spark", rule="adagrad", lr=1.0,
                         batch_size=64, epochs=50, n_push=8, n_fetch=8, dtype="float64",
                         evals=0, seed=0)
-    assert run.summary["final_loss"] <= 1.01 * minimum, (run.summary["final_loss"], minimum)
+    assert run.summary["final_loss"] <= 1.025 * minimum, (run.summary["final_loss"], minimum)
 
 
 
@@ -131,13 +134,15 @@ def test_async_workers_train_on_equal_partitions(spark, tmp_path, capfd):
     the first to end leaves the other to finish alone on its own rows: the
     run settles above the minimum (about 1.03x it here, against 1.01x on
     equal partitions). Data monsoon may repartition is cut into equal
-    partitions; a DataFrame it may not gets a warning."""
+    partitions; a DataFrame it may not gets a warning. (Workers exchange
+    over their tasks' sockets at their own pace: a push a quarter of an
+    epoch, so a lead of a few pushes at the end is a small part of a run.)"""
     from monsoon.engines.spark import SparkData
 
     path = tmp_path / "clicks.libsvm"
     minimum = _zipf_clicks(path)
     kw = dict(strategy="async", workers=2, engine="spark", rule="adagrad", lr=1.0,
-              batch_size=128, epochs=30, n_push=8, n_fetch=8, evals=0, seed=0)
+              batch_size=32, epochs=30, n_push=8, n_fetch=8, evals=0, seed=0)
     df = _unequal_partitions(spark, path, [1400, 600])
 
     data = SparkData(df, features="features", label="label", dtype="float64", repartition=True)
@@ -236,3 +241,28 @@ def test_a_partition_computes_the_full_problems_gradient_on_its_rows(name):
     ref_loss, ref_grad = problem.gradient(w, mine)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-12, atol=1e-15)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
+
+
+def test_async_checkpoints_and_a_resumed_run_does_only_the_rest(spark, tmp_path):
+    """Async's driver writes its server state every ``checkpoint_every``
+    updates, each worker's steps of applied pushes (``positions``) with it;
+    a run resumed from the first one does the rest: the totals are the
+    whole run's, and nothing is pushed twice."""
+    from monsoon.record import checkpoints
+
+    kw = dict(strategy="async", workers=2, engine="spark", steps=64, batch_size=32, n_push=4,
+              n_fetch=4, lr=0.1, dtype="float64", evals=0, seed=0, progress=False)
+    whole = monsoon.train("logistic", out=tmp_path / "a", checkpoint_every=4, **kw)
+    files = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    assert files, "no checkpoint written"
+    saved = checkpoints.read(files[0])
+    applied = saved.meta["applied"]
+    assert 4 <= applied < whole.summary["updates"] == 64 // 4
+    assert saved.arrays["positions"].sum() == 4 * applied  # 4 steps a push
+    for later in files[1:]:
+        later.unlink()
+    resumed = monsoon.train("logistic", resume=str(tmp_path / "a"), **kw)
+    s = resumed.summary
+    assert s["updates"] == whole.summary["updates"] and s["examples"] == 64 * 32
+    assert sum(s["staleness_counts"].values()) == s["updates"]
+    assert s["status"] == "finished" and np.isfinite(s["final_loss"])

@@ -315,6 +315,9 @@ def test_job_timing_share():
     timing.add(1.0, 0.25)
     assert timing.share == pytest.approx(0.5)
     assert timing.summary() == {"spark_jobs": 2, "spark_job_share": 0.5}
+    streamed = JobTiming("exchange")
+    streamed.add(1.0, 0.75)
+    assert streamed.summary() == {"spark_exchanges": 1, "spark_exchange_share": 0.25}
 
 
 @pytest.mark.spark
@@ -329,7 +332,11 @@ def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, 
                         batch_size=32, lr=0.1, dtype="float64", evals=0, **options)
     s = run.summary
     assert s[field] == 8 and field + "_chosen" not in s  # set by the user: kept
-    assert s["spark_jobs"] >= 64 // 8 // 2 and 0.0 < s["spark_job_share"] < 1.0, s
+    if strategy == "local-sgd":  # a job a round
+        assert s["spark_jobs"] >= 64 // 8 // 2 and 0.0 < s["spark_job_share"] < 1.0, s
+    else:  # one long job a worker, an exchange a period over its socket (stream.py)
+        assert s["spark_jobs"] == 2 and s["spark_exchanges"] == s["updates"] >= 64 // 8 // 2
+        assert 0.0 < s["spark_exchange_share"] < 1.0, s
 
 
 @pytest.mark.spark
@@ -342,10 +349,13 @@ def test_a_run_reports_its_job_share_and_work_per_job(spark, strategy, options, 
 def test_a_push_period_or_round_at_its_defaults_is_sized_from_measured_jobs(
         spark, strategy, field, rows, per_worker, updates_per_job):
     """Neither --n-push nor --n-fetch given (async), no --local-steps (local
-    SGD, whose round is one job), no --easgd-tau: the engine times a job and a step of the
-    worker's rows, and picks the steps per job that keep the overhead at
-    most 10% of a job, at most 1/8 of a worker's steps and 1/4 of its steps
-    per epoch (convergence: its copy is merged several times an epoch)."""
+    SGD, whose round is one job), no --easgd-tau: the engine times a step of
+    the worker's rows and an exchange's overhead (a job, for local SGD; a
+    round trip of the parameters and rule state over a socket, for the
+    streamed async and EASGD), and picks the steps per exchange that keep
+    the overhead at most 10% of it, at most 1/8 of a worker's steps and 1/4
+    of its steps per epoch (convergence: its copy is merged several times an
+    epoch)."""
     from monsoon.engines.spark.sizing import steps_per_job
 
     run = monsoon.train("logistic", strategy=strategy, workers=2, engine="spark", steps=512,
@@ -354,8 +364,9 @@ def test_a_push_period_or_round_at_its_defaults_is_sized_from_measured_jobs(
     n, per_epoch = s[field + "_chosen"], s["n_examples"] // 2 // rows
     assert s[field + "_most"] == min(per_worker // 8, per_epoch // 4)
     assert s[field] == n and 1 <= n <= s[field + "_most"]
-    assert n == steps_per_job(s["job_overhead_s"], s["step_s"], 0.1, most=s[field + "_most"])
-    assert s["job_overhead_s"] > 0 and s["step_s"] > 0
+    overhead = s["job_overhead_s"] if strategy == "local-sgd" else s["exchange_s"]
+    assert n == steps_per_job(overhead, s["step_s"], 0.1, most=s[field + "_most"])
+    assert s["job_overhead_s"] > 0 and s["step_s"] > 0 and overhead > 0
     assert s["examples"] == 512 * 16 and s["updates"] == -(-per_worker // n) * updates_per_job
 
 

@@ -136,6 +136,9 @@ class SparkHeld:
     _blocks = None
     _sc = None
     timeout = None  # the run's --timeout, set by the engine (None, before it: the default)
+    # while a run's long tasks hold the executors' slots, the engine sets this to
+    # evaluate ``per_block`` through them: streams(W, per_block) -> list, or None
+    streams = None
     _needs_torch = False
     _via_arrow = False
 

@@ -37,6 +37,7 @@ import numpy as np
 from ..arrays import to_host
 from ..errors import ConfigError
 from ..strategies.batches import batches_in, part_bounds
+from ..strategies.ops import Average, Elastic
 
 FORMAT = "monsoon-checkpoint"
 VERSION = 1
@@ -57,6 +58,14 @@ class Checkpoint:
     meta: dict
     arrays: dict
 
+
+
+def private_copies(strategy) -> bool:
+    """Whether workers keep parameters of their own between exchanges with
+    the server (local-sgd's and easgd's), which no checkpoint holds; an
+    async worker's copy is read afresh at each exchange, so the server's
+    state and each worker's position are all a resume needs."""
+    return Average in strategy.uses or Elastic in strategy.uses
 
 def identity(problem, strategy, rule, workers: int, batch_size: int, seed: int) -> dict:
     return {"problem": problem.name, "n_params": int(problem.n_params),

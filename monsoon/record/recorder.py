@@ -260,7 +260,7 @@ class Recorder:
             self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
                                 f"dropped (only {updates} applied); lower the learning rate (--lr)")
         if (self.check_target and (self.target_loss is not None or self.tol is not None)
-                and self.stop_reason is None and self.target_reason is None
+                and updates > 0 and self.stop_reason is None and self.target_reason is None
                 and now >= self._target_next):
             self._check_target(now, updates, examples, params)
         if self.cost_aware:  # the copy's cost: this thread's CPU time (a wall clock

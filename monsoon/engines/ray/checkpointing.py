@@ -29,14 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...strategies.ops import Average, Elastic
 from ...record import checkpoints
-
-
-def private_copies(strategy) -> bool:
-    """Whether workers keep parameters of their own between exchanges with
-    the shards (local-sgd's and easgd's), which no checkpoint holds."""
-    return Average in strategy.uses or Elastic in strategy.uses
+from ...record.checkpoints import private_copies
 
 
 @dataclass

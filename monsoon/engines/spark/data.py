@@ -166,7 +166,12 @@ class SparkSource:
 
     def sums(self, problem, w, per_block):
         """``per_block(block, w)`` for every block, ``w`` broadcast: the list
-        of what each returned."""
+        of what each returned: from the run's streaming tasks while they hold
+        the slots (``SparkHeld.streams``), else a job."""
+        if problem.streams is not None:
+            out = problem.streams(np.asarray(w, dtype=problem.dtype), per_block)
+            if out is not None:
+                return out
         bc = problem._sc.broadcast(np.asarray(w, dtype=problem.dtype))
         try:
             return self.job(problem, problem._blocks,

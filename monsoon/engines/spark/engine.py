@@ -14,12 +14,11 @@ where each program runs follows from its declarations (``placement.py``):
 - on the driver (``driver.py``: serial, a plug-in's clipped sync, sync with
   no barrier slot): each batch of Gradient ops is one job over every
   partition, reduced on the driver in rank order. Either way sync = serial.
-- in tasks, one segment (up to the next exchange) per task: Push / Elastic
-  programs (async, ssp, easgd: ``spark/server.py``) run one driver thread per
-  partition, one small job per push period on that partition alone, the
-  driver applying each finished job's result once (and, for SSP's
-  ``Clock``, holding back the next job of a partition that is ahead); Average programs
-  (local-sgd: ``rounds.py``) run one job per round of H local steps. Refused: sync with
+- in tasks, segment by segment (up to the next exchange): Push / Elastic
+  programs (async, ssp, easgd: ``spark/server.py``) run ONE long job per
+  partition, fed segments over a socket (``stream.py``) by a driver thread
+  that applies each result once; Average programs (local-sgd:
+  ``rounds.py``) run one job per round of H local steps. Refused: sync with
   ``--compress`` (tasks.py packs the others' messages), Apply on several workers
   (hogwild: executors share no memory), pipeline stages (tasks cannot pass activations).
 
@@ -44,13 +43,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...errors import ConfigError
 from ...options import Option
 from ...strategies import Budget, WorkerJob
 from ...strategies.base import SHARD
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push)
-from ...record.checkpoints import Checkpointer
+from ...record.checkpoints import Checkpointer, private_copies
 from ..base import Engine, EngineResult
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
 from .jobs import Jobs
@@ -160,7 +161,7 @@ class SparkEngine(Engine):
         super().check(strategy, workers)
         if in_tasks(strategy):
             check_segments(strategy)
-        if self.resume_dir and not strategy.shared_params:
+        if self.resume_dir and private_copies(strategy):
             raise ConfigError(f"the spark engine keeps no checkpoints of {strategy.name}'s "
                               "private worker copies yet; resume sync or async runs, or use "
                               "--engine local")
@@ -205,7 +206,8 @@ class SparkEngine(Engine):
             startup = time.perf_counter() - t_begin
             ckpts = Checkpointer.for_engine(self, problem, strategy, rule, workers, batch_size,
                                             seed, recorder)
-            out = self._loop(ctx, rule, strategy, w0, recorder, ckpts)
+            out = self._loop(ctx, rule, strategy, w0, recorder, ckpts,
+                             problem if spark_data else None)
         finally:
             jobs.close(workers)
             if blocks is not None and not spark_data:
@@ -227,15 +229,17 @@ class SparkEngine(Engine):
     def _size_jobs(self, ctx, strategy, rule, w0) -> dict:
         """A strategy with an exchange period (``Strategy.period``: async's
         push period, local SGD's round, EASGD's tau) none of whose options
-        was given: as many steps per job as keep the job overhead at most
-        JOB_SHARE of a job, from a timed job of steps (``sizing.py``), but
+        was given: as many steps per exchange as keep its overhead at most
+        JOB_SHARE of it, from a timed job of steps (``sizing.py``), but
         at least PUSHES_PER_EPOCH exchanges per worker per epoch and
         PUSHES_PER_RUN in its run (convergence: how far a copy drifts
-        before it is merged)."""
+        before it is merged). The overhead: a round's Spark job
+        (local SGD), or a push's round trip over its task's socket
+        (``stream.py``: async, SSP, EASGD)."""
         if (not in_tasks(strategy) or strategy.period is None
                 or set(strategy.period_options) & self.given):
             return {}
-        from .sizing import measure_jobs, steps_per_job
+        from .sizing import exchange_overhead, measure_jobs, steps_per_job
 
         # what worker 0's task is given: a push period's steps take batches of
         # its shard, its share of a step budget; a round's, its part of each
@@ -245,12 +249,17 @@ class SparkEngine(Engine):
         per_epoch = max(1, min(ctx.sizes) // job.batch_size)
         per_worker = job.budget.steps or (job.budget.epochs or 1) * per_epoch
         most = max(1, min(per_epoch // PUSHES_PER_EPOCH, per_worker // PUSHES_PER_RUN))
-        n = steps_per_job(job_s, step_s, JOB_SHARE, most=most)
+        found = {"job_overhead_s": job_s, "step_s": step_s}
+        overhead = job_s
+        if Average not in strategy.uses:  # streamed: parameters and the rule's state
+            # go out, the delta and the state come back
+            state = rule.init(len(w0), np.asarray(w0).dtype)
+            overhead = found["exchange_s"] = exchange_overhead((np.asarray(w0), state))
+        n = steps_per_job(overhead, step_s, JOB_SHARE, most=most)
         strategy.set_period(n, rule.schedule.lr)
-        return {f"{strategy.period}_chosen": n, f"{strategy.period}_most": most,
-                "job_overhead_s": job_s, "step_s": step_s}
+        return {f"{strategy.period}_chosen": n, f"{strategy.period}_most": most, **found}
 
-    def _loop(self, ctx, rule, strategy, w0, recorder, ckpts):
+    def _loop(self, ctx, rule, strategy, w0, recorder, ckpts, held=None):
         if not in_tasks(strategy):
             from .barrier import fits, run_barrier
 
@@ -269,4 +278,11 @@ class SparkEngine(Engine):
             return run_rounds(ctx, rule, strategy, w0, recorder)
         from .server import DriverServer
 
-        return DriverServer(ctx, rule, strategy, w0, ckpts).run(recorder)
+        server = DriverServer(ctx, rule, strategy, w0, ckpts)
+        if held is not None:  # its tasks hold the slots: they evaluate the loss
+            held.streams = server.sums
+        try:
+            return server.run(recorder)
+        finally:
+            if held is not None:
+                held.streams = None

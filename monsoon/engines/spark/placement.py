@@ -1,8 +1,8 @@
 """Where a worker's program runs on Spark: on the driver, or inside tasks.
 
-Spark tasks do not talk to the driver, so a task can run a worker's program
-only between two exchanges with the server, on data that one partition
-holds, starting from parameters shipped with it. From the strategy's
+A task runs a worker's program a segment at a time, between two exchanges
+with the server on the driver, on data that one partition holds, starting
+from parameters shipped with the segment (``stream.py``, ``rounds.py``). From the strategy's
 declarations (never its name):
 
 - ``in_tasks``: a program on private copies (``shared_params`` False) with
@@ -21,7 +21,7 @@ declarations (never its name):
   run of the program (stub gradients) refuses one that reads them again
   before its exchange, or that goes on after a Push without reading them
   (a ``Clock`` right after a Push is part of the exchange: the driver
-  carries it out between the two jobs).
+  carries it out between the two segments).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def check_segments(strategy, segments: int = 3, max_ops: int = 10_000) -> None:
             ops += 1
             reply = None
             if after_push and isinstance(op, Clock):
-                reply = 0  # the clock floor, from the driver between two jobs
+                reply = 0  # the clock floor, from the driver between two segments
                 continue
             if after_push and not isinstance(op, Fetch):
                 problem = "goes on after a push without reading the parameters"

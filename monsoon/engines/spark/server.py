@@ -2,14 +2,16 @@
 
 DeepDist's design (seed 004): the server (parameters, rule state, version,
 read records, staleness counts) lives in the driver process. Each worker k
-is a driver thread that, in a loop:
+has ONE long Spark job on partition k alone (``stream.py``: its task talks
+to the driver over a socket, as DeepDist's tasks did over HTTP), and a
+driver thread that, in a loop:
 
 1. reads the server under its lock: a copy of the parameters and the
    version (the read ticket); a delay-aware rule's ``on_read`` runs here;
-2. runs one Spark job on partition k alone (``sc.runJob(..., [k])``): the
-   task runs the worker's program from the steps it has done to its next
-   exchange (``n_push`` steps, Downpour; ``tau``, EASGD) and returns it;
-3. applies ONLY that finished job's result under the lock: a push (its
+2. sends them to the task, which runs the worker's program from the steps
+   it has done to its next exchange (``n_push`` steps, Downpour; ``tau``,
+   EASGD) and sends back the segment's result;
+3. applies ONLY that received result under the lock: a push (its
    staleness = version now - ticket), or EASGD's elastic exchange
    d = alpha (x_k - centre), centre += d, x_k -= d (x_k and its rule state
    stay on the driver; ``--compress``: the task sends D = C(d + e)).
@@ -19,27 +21,30 @@ the driver adds it (DeepDist's gradient/descent pair: ``pushes_deltas``);
 a push of one step, or for a delay-aware rule, carries the gradient, to
 which the server applies its rule (Downpour as the paper ran it).
 
-A retried task recomputes the same segment from the same broadcast, and the
-driver applies the job's one result: an update lands exactly once. A task
-reads the parameters once, at its start (``placement.check_segments``
-refuses a program that reads them again before its exchange).
+A retried task is sent the segment the driver still waits for, from the
+same parameters and start step; the driver applies each segment's one
+result: an update lands exactly once. A segment reads the parameters once
+(``placement.check_segments``). The loss checks of ``--target-loss`` and
+``--tol`` are computed by the tasks between segments (``sums``).
 
 SSP (``Clock``): a segment is one clock. After applying k's push the driver
-ticks k's clock (``server/clocks.py``); before k's next job it waits, under
+ticks k's clock (``server/clocks.py``); before k's next segment it waits, under
 the run's timeout, until every live worker has finished clock c - S - 1,
 then reads the clock floor with the parameters: a segment's gradients are
 at most S clocks stale. A worker that ends, fails or times out is retired.
 
-A worker whose job fails after Spark's retries, or runs past ``timeout``
-(its job group cancelled), is named in ``failed_workers``; the others carry
-on. The monitor (the calling thread) records the loss curve, fails the run
-if no worker returns for twice ``timeout``, and cancels every job at the end.
+A worker whose job fails after Spark's retries, or whose segment runs past
+``timeout`` (its job group cancelled), is named in ``failed_workers``; the
+others carry on. The monitor (the calling thread) records the loss curve,
+writes the checkpoints, fails the run if no worker returns for twice
+``timeout``, and at the end tells each task to return and cancels the rest.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import replace
 
 import numpy as np
@@ -53,9 +58,13 @@ from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state, staleness_arrays
 from ...record.live import add_figures
 from ..due import Due
-from .jobs import share, short_error
+from .jobs import short_error
 from .sizing import JobTiming
-from .tasks import run_segment
+from .stream import POLL_S, JobLink, Stopped, TaskLink, streams_fit
+
+
+class _Refused(Exception):
+    """A worker's task cannot answer a loss request (it has left)."""
 
 
 def pushes_deltas(rule, strategy) -> bool:
@@ -118,11 +127,16 @@ class DriverServer:
         self.elastic = Elastic in strategy.uses
         self.positions = [0] * ctx.workers  # steps of applied segments, per worker
         self.before = 0.0  # run time before the checkpoint resumed from
-        self.timing = JobTiming()
+        self.timing = JobTiming("exchange")
         self.clocks = ClockTable(ctx.workers) if Clock in strategy.uses else None
         self.bounds = [0] * ctx.workers  # each worker's bound, from its last Clock op
         self.clock_staleness = Counter()
         self.wait_s = [0.0] * ctx.workers
+        self.captured = []  # checkpoints due, copied by the workers' threads (``_capture``)
+        self.t0 = time.perf_counter()
+        self.links: dict = {}  # each running worker's TaskLink
+        self.start_line = threading.Barrier(ctx.workers)
+        self.requests = {k: [] for k in range(ctx.workers)}  # the monitor's loss requests
         saved = None if self.elastic else ckpts.load(
             self.w, rule, {"positions": ((ctx.workers,), "int64")})
         if saved is not None:
@@ -135,63 +149,128 @@ class DriverServer:
             self.before = saved.meta["time_s"]
             self.core.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
                                            saved.arrays["staleness.counts"].tolist())))
+        every = ckpts.every
+        self.next_ckpt = ((self.updates + self.core.dropped) // every + 1) * every if every else 0
 
-    # -- a worker: a driver thread ------------------------------------------------
+    # -- a worker: a driver thread and its task's long job ----------------------
     def worker(self, k: int) -> None:
-        ctx = self.ctx
+        link = self.links[k]
         try:
-            ctx.jobs.join_group(k)
+            link.connect(self._alive(k))
+            try:  # the workers start together: a task's later launch is no head start
+                self.start_line.wait(self.ctx.timeout)
+            except threading.BrokenBarrierError:
+                pass  # a worker that never connected: the others go on
             while not self.stop.is_set():
                 if self.clocks is not None:
-                    self._wait_for_bound(k)
-                local_rule = self.local_rules[k]
-                with self.lock:
-                    floor = self.clocks.floor() if self.clocks is not None else 0
-                    ticket = self.core.read(k)
-                    params = self.w.copy()
-                    # the rule's shared sums (AdaGrad's), for this worker's steps
-                    sums = local_rule.start_from_sums(self.core.state) if self.deltas else {}
-                own = self.own[k] if self.elastic else None
-                bc = share(ctx.sc, params, params.nbytes)
-                job = replace(ctx.job(k), start_step=self.positions[k])
-                strategy = self.strategy
-                sender = self.senders[k]
-
-                def task(it, bc=bc, job=job, ticket=ticket, local_rule=local_rule, own=own,
-                         sender=sender, deltas=self.deltas):
-                    return [run_segment(b, strategy, job, bc.value, ticket, local_rule, own,
-                                        sender, deltas) for b in it]
-
-                self.running_since[k] = began = time.monotonic()
-                try:
-                    (res,) = ctx.sc.runJob(ctx.blocks, task, [k])
-                finally:
-                    self.running_since[k] = None
-                    bc.destroy(blocking=False)
-                self.timing.add(time.monotonic() - began, res["task_s"])
-                if self.stop.is_set() or k in self.failed:
-                    return  # the run has ended: a late result is not applied
+                    self._wait_for_bound(k, link)
+                self._serve(k, link)
+                res, floor, sums = self._segment(k, link)
                 self._apply(k, res, floor, sums)
                 if res["ended"]:
                     self.finished.add(k)
                     return
+        except Stopped:
+            return  # the run has ended, or this worker is out: nothing more is applied
         except Exception as exc:  # noqa: BLE001 - this worker is out; the others go on
             if not self.stop.is_set() and k not in self.failed:
                 self.failed[k] = short_error(exc)
         finally:
+            self.start_line.abort()  # no one waits for a worker that is out
+            self.links.pop(k, None)
+            self._refuse_requests(k)
             self._retire(k)
+            link.close(POLL_S)
+
+    def _alive(self, k: int):
+        return lambda: not self.stop.is_set() and k not in self.failed
+
+    def _segment(self, k: int, link):
+        """Worker k's next segment, run by its task from the parameters read
+        now: (its result, the SSP clock floor read, the rule's sums sent)."""
+        local_rule = self.local_rules[k]
+        with self.lock:
+            floor = self.clocks.floor() if self.clocks is not None else 0
+            ticket = self.core.read(k)
+            params = self.w.copy()
+            # the rule's shared sums (AdaGrad's), for this worker's steps
+            sums = local_rule.start_from_sums(self.core.state) if self.deltas else {}
+        own = self.own[k] if self.elastic else None
+        job = replace(self.ctx.job(k), start_step=self.positions[k])
+        self.running_since[k] = began = time.monotonic()
+        try:
+            res = link.call(("segment", job, params, ticket, local_rule, own, self.senders[k]),
+                            self._alive(k))
+        finally:
+            self.running_since[k] = None
+        self.timing.add(time.monotonic() - began, res["task_s"])
+        if self.stop.is_set() or k in self.failed:
+            raise Stopped  # a late result is not applied
+        return res, floor, sums
+
+    # -- the loss, evaluated by the tasks (they hold the slots a job would need) --
+    def sums(self, W, per_block):
+        """``per_block(block, W)`` of every partition, computed by the
+        workers' tasks between their segments; None when a worker's task
+        has left (a Spark job then evaluates it)."""
+        ctx = self.ctx
+        asked = {}
+        with self.cond:
+            if (len(self.links) < ctx.workers or self.stop.is_set()
+                    or not all(isinstance(link, TaskLink) for link in self.links.values())):
+                return None
+            for k in range(ctx.workers):
+                asked[k] = Future()
+                self.requests[k].append((W, per_block, asked[k]))
+            self.cond.notify_all()  # an SSP wait serves it too
+        try:
+            return [asked[k].result(timeout=ctx.timeout) for k in range(ctx.workers)]
+        except (FutureTimeout, _Refused):
+            return None
+        finally:
+            for f in asked.values():
+                f.cancel()
+
+    def _serve(self, k: int, link) -> None:
+        while True:
+            with self.lock:
+                if not self.requests[k]:
+                    return
+                W, per_block, future = self.requests[k].pop(0)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(link.call(("sums", W, per_block), self._alive(k)))
+                except BaseException as exc:
+                    future.set_exception(_Refused())
+                    raise exc
+
+    def _refuse_requests(self, k: int) -> None:
+        with self.lock:
+            pending, self.requests[k] = self.requests[k], []
+        for _, _, future in pending:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(_Refused())
 
     # -- SSP's clock --------------------------------------------------------------
-    def _wait_for_bound(self, k: int) -> None:
-        """Wait until worker k may start its next clock (at most the run's timeout)."""
-        with self.cond:
-            clock, bound = int(self.clocks.finished[k]), self.bounds[k]
-            began = time.monotonic()
-            ok = self.cond.wait_for(lambda: self.stop.is_set() or k in self.failed
-                                    or self.clocks.allows(clock, bound), self.ctx.timeout)
+    def _wait_for_bound(self, k: int, link) -> None:
+        """Wait until worker k may start its next clock (at most the run's
+        timeout), answering the monitor's loss requests meanwhile."""
+        clock, bound = int(self.clocks.finished[k]), self.bounds[k]
+        began = time.monotonic()
+        deadline = began + self.ctx.timeout
+        try:
+            while True:
+                with self.cond:
+                    self.cond.wait_for(
+                        lambda: self.stop.is_set() or k in self.failed or self.requests[k]
+                        or self.clocks.allows(clock, bound), max(0.0, deadline - time.monotonic()))
+                    if self.stop.is_set() or k in self.failed or self.clocks.allows(clock, bound):
+                        return
+                    if not self.requests[k] and time.monotonic() >= deadline:
+                        raise WaitTimeout(self.clocks.too_long(k, clock, bound, self.ctx.timeout))
+                self._serve(k, link)
+        finally:
             self.wait_s[k] += time.monotonic() - began
-            if not ok:
-                raise WaitTimeout(self.clocks.too_long(k, clock, bound, self.ctx.timeout))
 
     def _retire(self, k: int) -> None:
         """Worker k (ended, failed or out of time) no longer holds the others back."""
@@ -233,6 +312,7 @@ class DriverServer:
                 self.bounds[k] = res["clock"]
                 self.clocks.tick(k)  # after its push is applied
                 self.cond.notify_all()
+            self._capture()
 
     def _push(self, k: int, res: dict) -> None:
         """Worker k's finite push (it sent None for a non-finite one)."""
@@ -246,16 +326,29 @@ class DriverServer:
             core.push(k, grad, ticket, checked=True)
         self.updates += 1
 
+    # -- checkpoints: captured where due, written by the monitor ----------------
+    def _capture(self) -> None:
+        """Under the lock, after an applied result (an exact state): a copy
+        of the server's state when a checkpoint is due, for the monitor to
+        write (its rows are evaluated through the workers' tasks)."""
+        every, done = self.ckpts.every, self.updates + self.core.dropped
+        if self.elastic or not every or not self.ckpts.directory or done < self.next_ckpt:
+            return
+        self.next_ckpt = (done // every + 1) * every
+        params, state = self.core.copy()
+        meta = {"applied": self.updates, "dropped": self.core.dropped,
+                "examples": self.examples, "server_version": self.core.version}
+        arrays = {"positions": np.array(self.positions, dtype=np.int64),
+                  **staleness_arrays(self.core.staleness)}
+        self.captured.append((done, time.perf_counter() - self.t0, params, state, meta, arrays))
+
+    def _write_captured(self) -> None:
+        while self.captured:
+            with self.lock:
+                done, now, params, state, meta, arrays = self.captured.pop(0)
+            self.ckpts.save(done, now, params, state, meta, arrays)
+
     # -- the monitor: the calling thread ------------------------------------------
-    def _save(self, now: float) -> None:
-        with self.lock:  # between two applied results: an exact state
-            params, state = self.core.copy()
-            meta = {"applied": self.updates, "dropped": self.core.dropped,
-                    "examples": self.examples, "server_version": self.core.version}
-            arrays = {"positions": np.array(self.positions, dtype=np.int64),
-                      **staleness_arrays(self.core.staleness)}
-            done = self.updates + self.core.dropped
-        self.ckpts.save(done, now, params, state, meta, arrays)
 
     def _fail_if_lost(self) -> None:
         """Every worker failed: the run fails (``base.lost_workers_error``;
@@ -279,14 +372,18 @@ class DriverServer:
         ctx = self.ctx
         recorder.start(self.w)
         due = Due(recorder, timeout=ctx.timeout)  # rows, live updates, the no-progress backstop
-        t0 = time.perf_counter() - self.before
+        self.t0 = t0 = time.perf_counter() - self.before
         threads = [threading.Thread(target=self.worker, args=(k,), daemon=True,
                                     name=f"monsoon-spark-worker-{k}")
                    for k in range(ctx.workers)]
-        for t in threads:
-            t.start()
         stopped = None
         try:
+            # each worker's long job, started before its thread (or a job per segment)
+            link = TaskLink if streams_fit(ctx.sc, ctx.workers) else JobLink
+            for k in range(ctx.workers):
+                self.links[k] = link(ctx, k, self.strategy, self.deltas)
+            for t in threads:
+                t.start()
             while any(t.is_alive() for t in threads):
                 time.sleep(poll_s)
                 self._fail_if_lost()
@@ -298,16 +395,19 @@ class DriverServer:
                                    self._totals, self._figures)
                 if stopped:
                     break
-                if not self.elastic and self.ckpts.due(self.updates + self.core.dropped):
-                    self._save(now)
+                self._write_captured()
         finally:
             self.stop.set()
             with self.cond:
                 self.cond.notify_all()  # SSP's waiters see the stop
+            for t in threads:  # each tells its task to return, within a poll or two
+                if t.is_alive():
+                    t.join(timeout=ctx.timeout)
+            for link in list(self.links.values()):  # a thread that never started
+                link.close(0.0)
             ctx.jobs.cancel(workers=ctx.workers)
-            for t in threads:
-                t.join(timeout=ctx.timeout)
         wall = time.perf_counter() - t0
+        self._write_captured()  # due after the monitor's last look
         self._fail_if_lost()
         return {"params": self.w, "wall": wall, "examples": self.examples,
                 "updates": self.updates, "dropped": self.core.dropped,
@@ -315,7 +415,7 @@ class DriverServer:
                 "failed": dict(self.failed), "stopped": stopped,
                 "worker_params": dict(self.own) if self.elastic else {},
                 "timing": self.timing,
-                "extra": {**self._clock_extra(),
+                "extra": {"spark_jobs": ctx.workers, **self._clock_extra(),
                           **summarize([self.senders[k].stats() for k in range(ctx.workers)],
                                       self.compression, self.updates)}}
 

@@ -1,9 +1,11 @@
-"""How much of a run Spark's job scheduling takes, and how much work per
-job keeps it small.
+"""How much of a run Spark's job scheduling (or a streamed exchange) takes,
+and how much work per job keeps it small.
 
-Every exchange with the driver is one Spark job (async: a push period;
-local-sgd: a round; easgd: a tau period), and a job costs its scheduling
+A local-sgd round is one Spark job, and a job costs its scheduling
 (``bench/spark_overhead.py`` measures it) on top of the task's own work.
+An async or EASGD exchange goes over the socket of its worker's long task
+(``stream.py``): it costs a round trip of what it carries
+(``exchange_overhead``), measured on the driver through a local socket.
 ``JobTiming`` adds up, per job, the driver's wall time and the task's own
 time; ``share`` is the part of the jobs' time that was scheduling,
 reported as ``spark_job_share``. ``steps_per_job`` is the fewest steps per
@@ -14,6 +16,7 @@ and s the step time, o / (o + n s) <= bound when n >= o (1 - bound) /
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 
@@ -21,7 +24,11 @@ import numpy as np
 
 
 class JobTiming:
-    def __init__(self):
+    """Per exchange: ``what`` is "job" (a Spark job each) or "exchange" (a
+    round trip over a long task's socket)."""
+
+    def __init__(self, what: str = "job"):
+        self.what = what
         self._lock = threading.Lock()
         self.jobs = 0
         self.job_s = 0.0
@@ -40,8 +47,8 @@ class JobTiming:
 
     def summary(self) -> dict:
         share = self.share
-        return {"spark_jobs": self.jobs,
-                "spark_job_share": None if share is None else round(share, 4)}
+        return {f"spark_{self.what}s": self.jobs,
+                f"spark_{self.what}_share": None if share is None else round(share, 4)}
 
 
 def steps_per_job(job_overhead_s: float, step_s: float, bound: float = 0.1,
@@ -87,3 +94,33 @@ def measure_jobs(ctx, w, steps: int = 8, rows: int | None = None) -> tuple[float
     finally:
         bc.destroy()
     return max(0.0, job_s - task_s), task_s / steps
+
+
+def exchange_overhead(payload, repeats: int = 3) -> float:
+    """Seconds to send ``payload`` (what a segment's message carries) over a
+    local socket and back, the median of ``repeats``: a streamed
+    exchange's pickling and copies, out to the task and its result back."""
+    from .barrier import receive, send
+
+    a, b = socket.socketpair()
+    a.settimeout(30.0)
+    b.settimeout(30.0)
+
+    def echo():
+        for _ in range(repeats):
+            send(b, receive(b))
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    times = []
+    try:
+        for _ in range(repeats):
+            began = time.perf_counter()
+            send(a, payload)
+            receive(a)
+            times.append(time.perf_counter() - began)
+    finally:
+        t.join(timeout=30.0)
+        a.close()
+        b.close()
+    return sorted(times)[len(times) // 2]

@@ -1,14 +1,16 @@
 """What runs inside a Spark task, on an executor, on one partition's Block.
 
-Nothing here talks to the driver: a task reads the parameters from a
-broadcast variable (or its closure) and returns its result, and only a
-finished task's result ever reaches the driver. A retried attempt
-recomputes the same result from the same inputs, so an update is applied
-once, whatever Spark retried.
+Nothing here talks to the driver: a segment (``run_segment``) starts from
+the parameters it is given (a local-sgd round's broadcast or closure; an
+async worker's message over its task's socket, ``stream.py``) and returns
+its result, and only a whole result ever reaches the driver. A retried
+attempt recomputes the same result from the same inputs, so an update is
+applied once, whatever Spark retried.
 
 A worker's ``messages.Sender`` (its compressor and error-feedback residual)
-goes out with the task and comes back with its result, as its inner rule's
-state does: a task keeps nothing between jobs. What it sends (a push, a
+goes out with the segment and comes back with its result, as its inner
+rule's state does: a task keeps nothing between segments (a retried attempt
+starts from what the driver holds). What it sends (a push, a
 drift, EASGD's elastic difference) comes back packed (``Sender.pack``:
 ``Encoded.nbytes`` bytes when ``--compress`` is on, else the dense vector).
 """
