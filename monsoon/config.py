@@ -222,6 +222,9 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     if run["rule"] == defaults.get("rule"):  # the problem's rule: its values for its options
         values["rule"].update({k: v for k, v in defaults.items()
                                if k in values["rule"] and given.get(k) is None})
+    # the problem's values for the engine's options (spark: data's average_epochs)
+    values["engine"].update({k: v for k, v in defaults.items()
+                             if k in values["engine"] and given.get(k) is None})
 
     full_batch = components["rule"].full_batch
     if full_batch:  # the rule's own defaults (lbfgs: 100 full-batch steps) before the problem's

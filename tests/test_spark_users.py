@@ -225,9 +225,13 @@ def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     sync = resolve(problem, "sync", 2, {"engine": "spark"})
     assert sync.run["rule"] == "lbfgs" and sync.run["batch_size"] == problem.n_examples
     assert sync.run["epochs"] == 100 and sync.run["tol"] is None  # lbfgs: its step count
-    # the mini-batch strategies: at most 20 epochs, stopping at 0.1% an epoch (MLlib's tol)
+    # the mini-batch strategies: at most 20 epochs, stopping at 0.02% an epoch (MLlib's
+    # tol), the server's parameters tail-averaged over half an epoch (an engine option)
     own_async = resolve(problem, "async", 2, {"engine": "spark"})
-    assert (own_async.run["epochs"], own_async.run["tol"]) == (20, 1e-3)
+    assert (own_async.run["epochs"], own_async.run["tol"]) == (20, 2e-4)
+    assert own_async.engine.average_epochs == 0.5
+    assert resolve(problem, "async", 2, {"engine": "spark", "average_epochs": 0.0}
+                   ).engine.average_epochs == 0.0
     assert resolve(problem, "async", 2, {"engine": "spark", "tol": 0.01}).run["tol"] == 0.01
     # an engine that evaluates the curve after the run cannot stop by tol: refused, and the
     # problem's default tol is not taken there
@@ -408,6 +412,35 @@ def test_a_spark_run_given_a_target_loss_stops_there(spark, clicks):
         assert "reached the target loss" in s["stopped_at_target"]
         assert s["final_loss"] <= target and s["time_to_target_s"] is not None, strategy
         assert s["epochs"] < epochs, (strategy, s["epochs"])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_async_tasks_evaluate_the_in_run_loss_while_they_hold_the_slots(spark, clicks,
+                                                                        monkeypatch):
+    """Async's long tasks hold both of local[2]'s slots, so a Spark job
+    evaluating the loss would wait for the run's end: the checks of
+    --target-loss are computed by the tasks between their pushes
+    (``DriverServer.sums``), and the run stops at the target."""
+    from monsoon.engines.spark.server import DriverServer
+
+    answered = []
+    sums = DriverServer.sums
+
+    def counted(self, W, per_block):
+        out = sums(self, W, per_block)
+        answered.append(out is not None and len(out) == 2)
+        return out
+
+    monkeypatch.setattr(DriverServer, "sums", counted)
+    first = monsoon.train(f"spark:{clicks}", "async", 2, engine="spark", dtype="float64",
+                          epochs=1, progress=False).history[0]["loss"]
+    run = monsoon.train(f"spark:{clicks}", "async", 2, engine="spark", dtype="float64",
+                        epochs=400, target_loss=0.7 * first, progress=False)
+    s = run.summary
+    assert s["status"] == "reached target" and s["epochs"] < 400, s
+    assert s["spark_jobs"] == 2 and answered and all(answered), answered
+    assert s["averaged_epochs"] == 0.5  # spark data's default: the tail average is evaluated
 
 
 @pytest.mark.spark

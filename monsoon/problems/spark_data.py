@@ -48,7 +48,7 @@ LOSSES = ("logistic", "hinge", "squared")
 # problem's "by_strategy" defaults replace its others for that strategy; its
 # values for its rule's options hold wherever that rule is the run's.
 SPARK_DEFAULTS = {"rule": "adagrad", "standardize_below": 0.01, "lr": 1.0, "batch_size": 1024,
-                  "epochs": 20, "tol": 1e-3,
+                  "epochs": 20, "tol": 2e-4, "average_epochs": 0.5,
                   "by_strategy": {"sync": {"rule": "lbfgs"}}}
 
 

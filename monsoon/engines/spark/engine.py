@@ -74,6 +74,7 @@ class RunContext:
     strategy: object
     compression: object = None  # messages.Compression (--compress)
     target_loss: float | None = None  # the run stops once its loss is at it
+    average_epochs: float = 0.0  # the server's tail average's horizon (server.py)
 
     def job(self, k: int) -> WorkerJob:
         """What worker k's program runs on in a task: its own partition, as
@@ -114,17 +115,22 @@ class SparkEngine(Engine):
         Option("master", str, None, "Spark master URL (default: the running SparkSession's, "
                "else local[WORKERS], started and stopped by the run)"),
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
+        Option("average_epochs", float, 0.0, "async and SSP: the run returns, and evaluates "
+               "while it goes, the server's parameters averaged over about the last "
+               "AVERAGE_EPOCHS epochs (tail averaging; spark: data defaults to 0.5); 0: the "
+               "last iterate", check=lambda v: None if v >= 0 else ">= 0"),
     )
 
     @classmethod
     def from_options(cls, run, master=None, timeout=TIMEOUT.default,
-                     checkpoint_every=CHECKPOINT_EVERY.default, resume=None):
-        return cls(master=master, timeout=timeout,
+                     checkpoint_every=CHECKPOINT_EVERY.default, resume=None, average_epochs=0.0):
+        return cls(master=master, timeout=timeout, average_epochs=average_epochs,
                    **checkpoint_paths(run.out, checkpoint_every, resume))
 
     def __init__(self, master: str | None = None, timeout: float = TIMEOUT.default,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-                 resume_dir: str | None = None):
+                 resume_dir: str | None = None, average_epochs: float = 0.0):
+        self.average_epochs = average_epochs
         self.master = master
         self.timeout = timeout
         self.checkpoint_dir = checkpoint_dir
@@ -147,6 +153,7 @@ class SparkEngine(Engine):
 
     def describe(self) -> dict:
         return {"engine": self.name, "master": self.master, "timeout_s": self.timeout,
+                "average_epochs": self.average_epochs,
                 "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
     def compression_refused(self, strategy) -> str | None:
@@ -201,7 +208,7 @@ class SparkEngine(Engine):
                 sizes = [counts[k] for k in range(workers)]
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
                              seed, budget, self.timeout, strategy, self.compression,
-                             recorder.target_loss)
+                             recorder.target_loss, self.average_epochs)
             sizing = self._size_jobs(ctx, strategy, rule, w0)
             startup = time.perf_counter() - t_begin
             ckpts = Checkpointer.for_engine(self, problem, strategy, rule, workers, batch_size,

@@ -54,6 +54,7 @@ from ..base import lost_workers_error
 from ...strategies.ops import Clock, Elastic
 from ...server.clocks import ClockTable, clock_extra
 from ...compressors.messages import Sender, receive, summarize
+from ...server.averaging import TailAverage
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state, staleness_arrays
 from ...record.live import add_figures
@@ -132,6 +133,10 @@ class DriverServer:
         self.bounds = [0] * ctx.workers  # each worker's bound, from its last Clock op
         self.clock_staleness = Counter()
         self.wait_s = [0.0] * ctx.workers
+        # the model the run returns: the last iterate, or a tail average (a push's
+        # wander around the minimum cancelled); EASGD's centre is already an average
+        self.average = (TailAverage(self.w, ctx.average_epochs * ctx.n_examples)
+                        if ctx.average_epochs and not self.elastic else None)
         self.captured = []  # checkpoints due, copied by the workers' threads (``_capture``)
         self.t0 = time.perf_counter()
         self.links: dict = {}  # each running worker's TaskLink
@@ -306,6 +311,8 @@ class DriverServer:
                 self.core.staleness[0] += 1
             if self.elastic and "work" in res:
                 self.own[k] = res["work"]
+            elif self.average is not None:
+                self.average.update(self.w, res["examples"])
             if self.clocks is not None and res.get("clock") is not None:
                 # the segment's gradients were read at ``floor``, in clock ``finished[k]``
                 self.clock_staleness[int(self.clocks.finished[k]) - floor] += res["steps"]
@@ -409,20 +416,27 @@ class DriverServer:
         wall = time.perf_counter() - t0
         self._write_captured()  # due after the monitor's last look
         self._fail_if_lost()
-        return {"params": self.w, "wall": wall, "examples": self.examples,
+        return {"params": self.model, "wall": wall, "examples": self.examples,
                 "updates": self.updates, "dropped": self.core.dropped,
                 "staleness": self.core.staleness,
                 "failed": dict(self.failed), "stopped": stopped,
                 "worker_params": dict(self.own) if self.elastic else {},
                 "timing": self.timing,
                 "extra": {"spark_jobs": ctx.workers, **self._clock_extra(),
+                          **({"averaged_epochs": ctx.average_epochs} if self.average else {}),
                           **summarize([self.senders[k].stats() for k in range(ctx.workers)],
                                       self.compression, self.updates)}}
 
     # -- read together under the lock, for the curve and the live series -----
     def _snapshot(self):
         with self.lock:
-            return self.w.copy(), self.updates, self.core.dropped
+            return self.model.copy(), self.updates, self.core.dropped
+
+    @property
+    def model(self):
+        """What the run evaluates and returns: the server's parameters, or
+        their tail average (``--average-epochs``)."""
+        return self.w if self.average is None else self.average.params
 
     def _totals(self):
         with self.lock:
