@@ -99,7 +99,8 @@ class Strategy:
     # The attribute holding how many steps a worker takes between its
     # exchanges with the server (Downpour's n_push, local SGD's local_steps,
     # EASGD's tau), and the options that set it; None: the strategy has no
-    # such period. An engine whose exchange is costly (spark: one job each)
+    # such period. An engine whose exchange is costly (spark: a socket round
+    # trip each, or a Spark job a local-sgd round)
     # sizes it where none of ``period_options`` was given (``set_period``).
     period: str | None = None
     period_options: tuple = ()
