@@ -445,6 +445,36 @@ def test_async_tasks_evaluate_the_in_run_loss_while_they_hold_the_slots(spark, c
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_async_returns_the_tail_average_not_the_last_iterate(spark, clicks, monkeypatch):
+    """Spark data's async returns the server's parameters averaged over the
+    last half epoch (``--average-epochs 0.5``), not its last iterate; with
+    ``average_epochs=0`` it returns the iterate."""
+    from monsoon.engines.spark.server import DriverServer
+
+    ends = []
+    run_server = DriverServer.run
+
+    def kept(self, recorder, *args, **kwargs):
+        out = run_server(self, recorder, *args, **kwargs)
+        ends.append((self.w.copy(), None if self.average is None else self.average.params.copy()))
+        return out
+
+    monkeypatch.setattr(DriverServer, "run", kept)
+    # batches of 32: a push carries less than the half epoch (300 rows) averaged over
+    kw = dict(engine="spark", dtype="float64", epochs=4, batch_size=32, evals=0, progress=False)
+    averaged = monsoon.train(f"spark:{clicks}", "async", 2, **kw)
+    last, average = ends[-1]
+    assert averaged.summary["averaged_epochs"] == 0.5
+    np.testing.assert_array_equal(averaged.params, average)
+    assert not np.allclose(average, last)
+    plain = monsoon.train(f"spark:{clicks}", "async", 2, average_epochs=0.0, **kw)
+    last, average = ends[-1]
+    assert average is None and "averaged_epochs" not in plain.summary
+    np.testing.assert_array_equal(plain.params, last)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_run_stopped_at_its_target_returns_what_the_check_found(spark, clicks, monkeypatch):
     """``monsoon.train`` returns the parameters the in-run check found at the
     target, not the server's after pushes that landed between the check and

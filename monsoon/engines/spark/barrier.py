@@ -53,7 +53,7 @@ import numpy as np
 from ...errors import WaitTimeout, WorkerError
 from ...strategies.ops import AllReduce
 from ...record.checkpoints import Checkpointer
-from .jobs import short_error
+from .jobs import every_slot_at_once, short_error
 
 ASK_EVERY_S = 0.01
 _LEN = struct.Struct("!Q")
@@ -66,8 +66,7 @@ def fits(strategy, sc, workers: int, blocks) -> bool:
     return (workers >= 2 and strategy.shared_params
             and strategy.raw_gradients
             and AllReduce in strategy.uses and dist.is_available()
-            and int(sc.defaultParallelism) >= workers
-            and sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true"
+            and every_slot_at_once(sc, workers)
             and barrier_lineage(blocks))
 
 

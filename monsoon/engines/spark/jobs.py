@@ -43,6 +43,14 @@ def share(sc, value, nbytes: int):
     return Inline(value) if nbytes <= INLINE_MAX_BYTES else sc.broadcast(value)
 
 
+def every_slot_at_once(sc, workers: int) -> bool:
+    """Whether the executors hold a slot for each of ``workers`` tasks at
+    once (a barrier stage's ranks, or each worker's long task), with no
+    dynamic allocation to take one away."""
+    return (int(sc.defaultParallelism) >= workers
+            and sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true")
+
+
 def short_error(exc: BaseException) -> str:
     """The line of a Spark/Py4J error that says what went wrong."""
     text = str(exc).strip()

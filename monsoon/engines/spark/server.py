@@ -59,9 +59,9 @@ from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state, staleness_arrays
 from ...record.live import add_figures
 from ..due import Due
-from .jobs import short_error
 from .sizing import JobTiming
-from .stream import POLL_S, JobLink, Stopped, TaskLink, streams_fit
+from .jobs import every_slot_at_once, short_error
+from .stream import POLL_S, JobLink, Stopped, TaskLink
 
 
 class _Refused(Exception):
@@ -139,7 +139,8 @@ class DriverServer:
                         if ctx.average_epochs and not self.elastic else None)
         self.captured = []  # checkpoints due, copied by the workers' threads (``_capture``)
         self.t0 = time.perf_counter()
-        self.links: dict = {}  # each running worker's TaskLink
+        self.links: dict = {}  # each running worker's TaskLink (or JobLink)
+        self.streamed = False  # long tasks hold the slots: they answer the loss requests
         self.start_line = threading.Barrier(ctx.workers)
         self.requests = {k: [] for k in range(ctx.workers)}  # the monitor's loss requests
         saved = None if self.elastic else ckpts.load(
@@ -221,8 +222,7 @@ class DriverServer:
         ctx = self.ctx
         asked = {}
         with self.cond:
-            if (len(self.links) < ctx.workers or self.stop.is_set()
-                    or not all(isinstance(link, TaskLink) for link in self.links.values())):
+            if not self.streamed or len(self.links) < ctx.workers or self.stop.is_set():
                 return None
             for k in range(ctx.workers):
                 asked[k] = Future()
@@ -245,9 +245,9 @@ class DriverServer:
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(link.call(("sums", W, per_block), self._alive(k)))
-                except BaseException as exc:
+                except BaseException:
                     future.set_exception(_Refused())
-                    raise exc
+                    raise
 
     def _refuse_requests(self, k: int) -> None:
         with self.lock:
@@ -386,7 +386,8 @@ class DriverServer:
         stopped = None
         try:
             # each worker's long job, started before its thread (or a job per segment)
-            link = TaskLink if streams_fit(ctx.sc, ctx.workers) else JobLink
+            self.streamed = every_slot_at_once(ctx.sc, ctx.workers)
+            link = TaskLink if self.streamed else JobLink
             for k in range(ctx.workers):
                 self.links[k] = link(ctx, k, self.strategy, self.deltas)
             for t in threads:

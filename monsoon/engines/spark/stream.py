@@ -95,7 +95,7 @@ class TaskLink:
     (``call``). Used by worker k's thread alone."""
 
     def __init__(self, ctx, k: int, strategy, deltas: bool):
-        self.ctx, self.k = ctx, k
+        self.ctx = ctx
         self.server = socket.create_server(("", 0))
         self.server.settimeout(POLL_S)
         address = (driver_host(ctx.sc), self.server.getsockname()[1])
@@ -104,7 +104,6 @@ class TaskLink:
                                         initializer=ctx.jobs.join_group, initargs=(k,))
         self.future = self._pool.submit(ctx.sc.runJob, ctx.blocks, task, [k])
         self.conn = None
-        self.attempts = 0  # connections: the job's task attempts that reached the driver
 
     def call(self, message, alive):
         """Send ``message`` to the task and return its answer, sending it
@@ -159,7 +158,7 @@ class TaskLink:
         except (socket.timeout, OSError):
             conn.close()
             return False
-        self.conn, self.attempts = conn, self.attempts + 1
+        self.conn = conn
         return True
 
     def _newer(self) -> bool:
@@ -195,18 +194,9 @@ class TaskLink:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def streams_fit(sc, workers: int) -> bool:
-    """Whether every worker's long task can hold a slot at once."""
-    return (int(sc.defaultParallelism) >= workers
-            and sc.getConf().get("spark.dynamicAllocation.enabled", "false") != "true")
-
-
 class JobLink:
     """``TaskLink``'s ``call`` with a Spark job per segment on partition k
     (where the slots are too few for a long task per worker)."""
-
-    conn = True  # nothing to connect to
-    attempts = 0
 
     def __init__(self, ctx, k: int, strategy, deltas: bool):
         self.ctx, self.k, self.strategy, self.deltas = ctx, k, strategy, deltas
@@ -240,8 +230,6 @@ class JobLink:
                     return res
                 except FutureTimeout:
                     continue
-                except Stopped:
-                    raise
                 except Exception as exc:  # noqa: BLE001 - Spark gave up after its retries
                     raise WorkerError(short_error(exc)) from exc
         finally:
