@@ -104,16 +104,14 @@ def test_async_adagrad_workers_share_the_sums_and_reach_the_minimum(spark, tmp_p
     squares are one for all workers (``Rule.summed_state``). With a sum per
     worker, each scales its gradients by its own statistics (rare features'
     differ between partitions) and the run settles above the minimum:
-    about 1.04x it on these rows, where one sum ends within 1.01x. The
-    workers push at their own pace over their tasks' sockets, so one that
-    ends a few pushes early leaves the other to finish alone: on a loaded
-    machine that alone costs up to ~1.02x here."""
+    about 1.04x it on these rows, where one sum ends within 1.01x (the
+    workers kept in pace: ``server/clocks.Pace``)."""
     path = tmp_path / "clicks.libsvm"
     minimum = _zipf_clicks(path)
     run = monsoon.train(f"spark:{path}", "async", 2, engine="spark", rule="adagrad", lr=1.0,
                         batch_size=64, epochs=50, n_push=8, n_fetch=8, dtype="float64",
                         evals=0, seed=0)
-    assert run.summary["final_loss"] <= 1.025 * minimum, (run.summary["final_loss"], minimum)
+    assert run.summary["final_loss"] <= 1.015 * minimum, (run.summary["final_loss"], minimum)
 
 
 

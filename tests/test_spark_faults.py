@@ -101,3 +101,34 @@ def test_async_names_a_lost_or_stuck_worker_and_carries_on(spark, kind, says, ti
     while tracker.getActiveJobsIds() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert tracker.getActiveJobsIds() == []  # no job outlives its run
+
+
+class Partition1StartsLate(DenseLinear):
+    """Partition 1's task is slow to start: its first gradient takes 1.5 s
+    (a cold executor, a busy host)."""
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        import time
+
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1 and not getattr(self, "_started", False):
+            self._started = True
+            time.sleep(1.5)
+        return super().gradient(w, indices, out, accumulate)
+
+
+def test_async_workers_keep_pace_so_none_trains_the_end_alone(spark):
+    """Worker 0 would do its whole share while worker 1 sleeps, and worker 1
+    would then train the rest alone (every push at staleness 0). With the
+    pace (``server/clocks.Pace``) worker 0 waits for it, and the two push in
+    turn to the end: pushes are stale by about one."""
+    problem = synthetic("logistic", n=2000, features=10, dtype="float64")
+    problem.__class__ = Partition1StartsLate
+    run = monsoon.train(problem, strategy="async", workers=2, engine="spark", lr=0.5, steps=400,
+                        batch_size=16, n_fetch=4, n_push=4, seed=0, dtype="float64", evals=0)
+    s = run.summary
+    assert s["updates"] == 100  # 200 steps per worker, a push every 4
+    assert s["pace_wait_s"][0] >= 1.0 > s["pace_wait_s"][1], s["pace_wait_s"]
+    assert s["pace_dropped"] == []
+    assert s["staleness"]["mean"] >= 0.5, s["staleness"]

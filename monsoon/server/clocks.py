@@ -8,6 +8,9 @@ clocks every live worker has finished; worker k may start clock c once
 the floor is read holds every update of the clocks below it; a gradient's
 staleness in clocks is its worker's clock minus that read floor.
 
+``Pace`` is async's looser bound: no worker leads the slowest live one by
+more than ``PACE_SHARE`` of its run, so none trains the run's end alone.
+
 ``clock_extra`` is what an engine adds to its result for SSP runs:
 ``clock_staleness_counts`` (gradients by staleness in clocks),
 ``clock_wait_s`` (seconds each worker waited for the bound, by rank) and
@@ -105,3 +108,59 @@ class WorkerClock:
 
     def report(self) -> dict:
         return {"staleness": dict(self.staleness), "wait_s": self.wait_s, "clocks": self.clock}
+
+
+PACE_SHARE = 0.02  # how far (a share of its own run) a worker may lead the slowest live one
+PACE_PATIENCE_S = 10.0  # the longest a worker waits for one that holds it back (at most timeout / 2)
+
+
+class Pace:
+    """Async workers kept within ``PACE_SHARE`` of their runs of each other.
+
+    Each worker has its own share of the run (its shard's epochs); the run
+    ends when the last share is done. A worker that runs ahead ends first,
+    and the others then train on alone, their shards' rows the model's last
+    updates (a cold executor that starts late, or one slowed by a busy
+    host, leaves the model biased toward the other's shard). With every
+    worker's progress as a share of its own budget, worker k may start its
+    next exchange period while it leads the slowest live worker by less than
+    ``lead[k]``: ``PACE_SHARE`` of its steps, at least one period. The wait
+    costs no wall time when the shares are fixed: the run lasts as long as
+    its slowest worker either way. Only a worker that has started counts
+    (``join``); one that ends, fails or times out is retired and holds no
+    one back. A worker that holds another back for ``PACE_PATIENCE_S`` is
+    dropped from the pace (``dropped``): an executor lost mid-segment is
+    noticed only when Spark runs its task again, and the retry may need the
+    very slot the waiting worker's task holds. SSP's clocks bound the lead
+    tighter."""
+
+    def __init__(self, totals: list, period: int, share: float = PACE_SHARE):
+        self.totals = [max(1, int(t)) for t in totals]
+        self.done = [0] * len(self.totals)
+        self.live = [False] * len(self.totals)
+        self.dropped: set = set()
+        self.lead = [max(float(period), share * t) for t in self.totals]
+
+    def advance(self, rank: int, steps: int) -> None:
+        self.done[rank] += steps
+
+    def join(self, rank: int) -> None:
+        self.live[rank] = rank not in self.dropped
+
+    def drop_behind(self, rank: int) -> None:
+        """The workers holding ``rank`` back no longer set the pace."""
+        for j in self.behind(rank):
+            self.dropped.add(j)
+            self.live[j] = False
+
+    def retire(self, rank: int) -> None:
+        self.live[rank] = False
+
+    def behind(self, rank: int) -> list:
+        """The live workers that hold ``rank`` back now."""
+        ahead = self.done[rank] / self.totals[rank]
+        return [j for j, live in enumerate(self.live) if live and j != rank and
+                (ahead - self.done[j] / self.totals[j]) * self.totals[rank] >= self.lead[rank]]
+
+    def allows(self, rank: int) -> bool:
+        return not self.behind(rank)

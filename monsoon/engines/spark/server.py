@@ -32,6 +32,9 @@ ticks k's clock (``server/clocks.py``); before k's next segment it waits, under
 the run's timeout, until every live worker has finished clock c - S - 1,
 then reads the clock floor with the parameters: a segment's gradients are
 at most S clocks stale. A worker that ends, fails or times out is retired.
+Async and EASGD keep a looser pace (``Pace``): a worker waits before a
+segment while it leads the slowest live worker by ``PACE_SHARE`` of its
+run, so no worker trains the end of the run alone.
 
 A worker whose job fails after Spark's retries, or whose segment runs past
 ``timeout`` (its job group cancelled), is named in ``failed_workers``; the
@@ -52,9 +55,10 @@ import numpy as np
 from ...errors import WaitTimeout
 from ..base import lost_workers_error
 from ...strategies.ops import Clock, Elastic
-from ...server.clocks import ClockTable, clock_extra
+from ...server.clocks import PACE_PATIENCE_S, ClockTable, Pace, clock_extra
 from ...compressors.messages import Sender, receive, summarize
 from ...server.averaging import TailAverage
+from ...strategies.batches import batches_in
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import restore_state, staleness_arrays
 from ...record.live import add_figures
@@ -102,6 +106,13 @@ def pushes_deltas(rule, strategy) -> bool:
     return not reader._fields and not rule.staleness_lr
 
 
+def _total_steps(job) -> int:
+    """The steps of a worker's program (its share of the run)."""
+    if job.budget.steps is not None:
+        return job.budget.steps
+    return batches_in(job.budget.epochs * job.n_examples, job.n_examples, job.batch_size)
+
+
 class DriverServer:
     def __init__(self, ctx, rule, strategy, w0, ckpts):
         self.ctx = ctx
@@ -133,6 +144,8 @@ class DriverServer:
         self.bounds = [0] * ctx.workers  # each worker's bound, from its last Clock op
         self.clock_staleness = Counter()
         self.wait_s = [0.0] * ctx.workers
+        self.pace = None if self.clocks is not None else Pace(
+            [_total_steps(ctx.job(k)) for k in range(ctx.workers)], strategy.period_steps() or 1)
         # the model the run returns: the last iterate, or a tail average (a push's
         # wander around the minimum cancelled); EASGD's centre is already an average
         self.average = (TailAverage(self.w, ctx.average_epochs * ctx.n_examples)
@@ -149,6 +162,8 @@ class DriverServer:
             self.w[...] = saved.arrays["params"]
             restore_state(saved, self.core.state)
             self.positions = [int(x) for x in saved.arrays["positions"]]
+            if self.pace is not None:
+                self.pace.done = list(self.positions)
             self.updates = saved.meta["applied"]
             self.core.version = saved.meta["server_version"]
             self.core.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
@@ -163,13 +178,15 @@ class DriverServer:
         link = self.links[k]
         try:
             link.connect(self._alive(k))
+            if self.pace is not None:
+                with self.cond:
+                    self.pace.join(k)
             try:  # the workers start together: a task's later launch is no head start
                 self.start_line.wait(self.ctx.timeout)
             except threading.BrokenBarrierError:
                 pass  # a worker that never connected: the others go on
             while not self.stop.is_set():
-                if self.clocks is not None:
-                    self._wait_for_bound(k, link)
+                self._wait_for_bound(k, link)
                 self._serve(k, link)
                 res, floor, sums = self._segment(k, link)
                 self._apply(k, res, floor, sums)
@@ -256,33 +273,44 @@ class DriverServer:
             if future.set_running_or_notify_cancel():
                 future.set_exception(_Refused())
 
-    # -- SSP's clock --------------------------------------------------------------
+    # -- SSP's clock and async's pace ---------------------------------------------
     def _wait_for_bound(self, k: int, link) -> None:
-        """Wait until worker k may start its next clock (at most the run's
-        timeout), answering the monitor's loss requests meanwhile."""
-        clock, bound = int(self.clocks.finished[k]), self.bounds[k]
+        """Wait until worker k may start its next segment, answering the
+        monitor's loss requests meanwhile: SSP's clock bound, at most the
+        run's timeout; or async's pace, at most ``PACE_PATIENCE_S`` (half
+        the timeout), after which the workers holding it back are dropped
+        from the pace."""
         began = time.monotonic()
-        deadline = began + self.ctx.timeout
+        if self.clocks is not None:
+            clock, bound = int(self.clocks.finished[k]), self.bounds[k]
+            ready = lambda: self.clocks.allows(clock, bound)  # noqa: E731
+            deadline = began + self.ctx.timeout
+        else:
+            ready = lambda: self.pace.allows(k)  # noqa: E731
+            deadline = began + min(PACE_PATIENCE_S, self.ctx.timeout / 2)
         try:
             while True:
                 with self.cond:
                     self.cond.wait_for(
                         lambda: self.stop.is_set() or k in self.failed or self.requests[k]
-                        or self.clocks.allows(clock, bound), max(0.0, deadline - time.monotonic()))
-                    if self.stop.is_set() or k in self.failed or self.clocks.allows(clock, bound):
+                        or ready(), max(0.0, deadline - time.monotonic()))
+                    if self.stop.is_set() or k in self.failed or ready():
                         return
                     if not self.requests[k] and time.monotonic() >= deadline:
-                        raise WaitTimeout(self.clocks.too_long(k, clock, bound, self.ctx.timeout))
+                        if self.clocks is not None:
+                            raise WaitTimeout(self.clocks.too_long(k, clock, bound,
+                                                                   self.ctx.timeout))
+                        self.pace.drop_behind(k)  # too slow, or its executor lost
+                        return
                 self._serve(k, link)
         finally:
             self.wait_s[k] += time.monotonic() - began
 
     def _retire(self, k: int) -> None:
         """Worker k (ended, failed or out of time) no longer holds the others back."""
-        if self.clocks is not None:
-            with self.cond:
-                self.clocks.retire(k)
-                self.cond.notify_all()
+        with self.cond:
+            (self.clocks or self.pace).retire(k)
+            self.cond.notify_all()
 
     def _apply(self, k: int, res: dict, floor: int = 0, sums: dict | None = None) -> None:
         with self.cond:
@@ -290,6 +318,9 @@ class DriverServer:
                 # what the applied steps added to the rule's shared sums
                 res["local_rule"].add_sums_to(self.core.state, sums)
             self.positions[k] += res["steps"]
+            if self.pace is not None:
+                self.pace.advance(k, res["steps"])
+                self.cond.notify_all()
             self.local_rules[k] = res["local_rule"]
             self.senders[k] = res["sender"]
             self.examples += res["examples"]
@@ -448,7 +479,8 @@ class DriverServer:
             return {k: dict(f) for k, f in self.live.items()}, Counter(self.core.staleness)
 
     def _clock_extra(self) -> dict:
-        if self.clocks is None:
-            return {}
+        if self.clocks is None:  # seconds each worker waited for the others' pace
+            return {"pace_wait_s": [round(t, 3) for t in self.wait_s],
+                    "pace_dropped": sorted(self.pace.dropped)}
         return clock_extra(self.clock_staleness, dict(enumerate(self.wait_s)),
                            dict(enumerate(self.clocks.finished.tolist())), self.ctx.workers)
