@@ -225,11 +225,12 @@ def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     sync = resolve(problem, "sync", 2, {"engine": "spark"})
     assert sync.run["rule"] == "lbfgs" and sync.run["batch_size"] == problem.n_examples
     assert sync.run["epochs"] == 100 and sync.run["tol"] is None  # lbfgs: its step count
-    # the mini-batch strategies: at most 20 epochs, stopping at 0.02% an epoch (MLlib's
-    # tol), the server's parameters tail-averaged over half an epoch (an engine option)
+    # the mini-batch strategies: at most 100 epochs (MLlib's maxIter), stopping at 0.02%
+    # an epoch (MLlib's tol), the server's parameters tail-averaged over about an epoch
+    # (an engine option)
     own_async = resolve(problem, "async", 2, {"engine": "spark"})
-    assert (own_async.run["epochs"], own_async.run["tol"]) == (20, 2e-4)
-    assert own_async.engine.average_epochs == 0.5
+    assert (own_async.run["epochs"], own_async.run["tol"]) == (100, 2e-4)
+    assert own_async.engine.average_epochs == 1.0
     assert resolve(problem, "async", 2, {"engine": "spark", "average_epochs": 0.0}
                    ).engine.average_epochs == 0.0
     assert resolve(problem, "async", 2, {"engine": "spark", "tol": 0.01}).run["tol"] == 0.01
@@ -440,14 +441,14 @@ def test_async_tasks_evaluate_the_in_run_loss_while_they_hold_the_slots(spark, c
     s = run.summary
     assert s["status"] == "reached target" and s["epochs"] < 400, s
     assert s["spark_jobs"] == 2 and answered and all(answered), answered
-    assert s["averaged_epochs"] == 0.5  # spark data's default: the tail average is evaluated
+    assert s["averaged_epochs"] == 1.0  # spark data's default: the tail average is evaluated
 
 
 @pytest.mark.spark
 @pytest.mark.slow
 def test_async_returns_the_tail_average_not_the_last_iterate(spark, clicks, monkeypatch):
-    """Spark data's async returns the server's parameters averaged over the
-    last half epoch (``--average-epochs 0.5``), not its last iterate; with
+    """Spark data's async returns the server's parameters averaged over
+    about the last epoch (``--average-epochs 1``), not its last iterate; with
     ``average_epochs=0`` it returns the iterate."""
     from monsoon.engines.spark.server import DriverServer
 
@@ -460,11 +461,11 @@ def test_async_returns_the_tail_average_not_the_last_iterate(spark, clicks, monk
         return out
 
     monkeypatch.setattr(DriverServer, "run", kept)
-    # batches of 32: a push carries less than the half epoch (300 rows) averaged over
+    # batches of 32: a push carries less than the epoch (600 rows) averaged over
     kw = dict(engine="spark", dtype="float64", epochs=4, batch_size=32, evals=0, progress=False)
     averaged = monsoon.train(f"spark:{clicks}", "async", 2, **kw)
     last, average = ends[-1]
-    assert averaged.summary["averaged_epochs"] == 0.5
+    assert averaged.summary["averaged_epochs"] == 1.0
     np.testing.assert_array_equal(averaged.params, average)
     assert not np.allclose(average, last)
     plain = monsoon.train(f"spark:{clicks}", "async", 2, average_epochs=0.0, **kw)

@@ -40,15 +40,19 @@ LOSSES = ("logistic", "hinge", "squared")
 
 # Spark's linear models: sync takes full-batch L-BFGS steps on standardized
 # features, as MLlib's LogisticRegression does (one all-reduce a step in the
-# barrier stage); the other strategies take AdaGrad mini-batch steps, for
-# sparse features, the rare ones standardized (``rules/adagrad.py``:
-# standardize_below), for at most 20 epochs, stopping once an epoch lowers the
-# loss by less than 0.1% (tol, as MLlib stops by its tol; a run given
-# target_loss stops there) (bench/spark_vs_mllib.py; docs/engines/spark.md). A
-# problem's "by_strategy" defaults replace its others for that strategy; its
-# values for its rule's options hold wherever that rule is the run's.
+# barrier stage); the other strategies take AdaGrad
+# mini-batch steps, for sparse features, the rare ones standardized
+# (``rules/adagrad.py``: standardize_below), for at most 100 epochs (MLlib's
+# maxIter is 100), stopping once an epoch lowers the loss by less than 0.02%
+# (tol, as MLlib stops by its tol; a run given target_loss stops there); async
+# and SSP evaluate and return the parameters averaged over about the last epoch
+# (average_epochs), whose loss falls smoothly where the last iterate's wanders
+# by a percent between two checks (bench/spark_vs_mllib.py;
+# docs/engines/spark.md). A problem's "by_strategy" defaults replace its others
+# for that strategy; its values for its rule's options hold wherever that rule
+# is the run's.
 SPARK_DEFAULTS = {"rule": "adagrad", "standardize_below": 0.01, "lr": 1.0, "batch_size": 1024,
-                  "epochs": 20, "tol": 2e-4, "average_epochs": 0.5,
+                  "epochs": 100, "tol": 2e-4, "average_epochs": 1.0,
                   "by_strategy": {"sync": {"rule": "lbfgs"}}}
 
 

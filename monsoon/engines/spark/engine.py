@@ -117,7 +117,7 @@ class SparkEngine(Engine):
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
         Option("average_epochs", float, 0.0, "async and SSP: the run returns, and evaluates "
                "while it goes, the server's parameters averaged over about the last "
-               "AVERAGE_EPOCHS epochs (tail averaging; spark: data defaults to 0.5); 0: the "
+               "AVERAGE_EPOCHS epochs (tail averaging; spark: data defaults to 1); 0: the "
                "last iterate", check=lambda v: None if v >= 0 else ">= 0"),
     )
 
