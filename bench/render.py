@@ -250,7 +250,11 @@ def _num(x) -> str:
         return x
     if isinstance(x, bool):
         return str(x)
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if 0.98 <= x <= 1.02 and x != 1:  # a ratio near 1: 3 digits would round it to 1
+        return f"{x:.4f}"
+    return f"{x:.3g}"
 
 
 def _spread(summary: dict) -> str:

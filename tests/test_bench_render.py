@@ -368,3 +368,10 @@ def test_before_after_judges_each_row_the_way_its_target_says_is_better():
     within = before_after.judge("hogwild", [2.6, 2.0], [2.1, 1.9], ">= 2.0")
     assert within["gain"] < 1 and within["met"] is True  # the ranges overlap
     assert before_after.judge("ddp", [7.0], [7.5], None)["met"] is None
+
+
+def test_a_ratio_near_one_keeps_the_digits_that_tell_it_from_one():
+    # 3 significant digits would print 1.0049 and 0.9967 as "1" and "0.997"
+    assert render._num(1.0049) == "1.0049" and render._num(0.9967) == "0.9967"
+    assert render._num(1.0) == "1" and render._num(1.62) == "1.62"
+    assert render._num(0.00164) == "0.00164" and render._num(15641.2) == "15,641"

@@ -114,6 +114,19 @@ def test_async_adagrad_workers_share_the_sums_and_reach_the_minimum(spark, tmp_p
     assert run.summary["final_loss"] <= 1.015 * minimum, (run.summary["final_loss"], minimum)
 
 
+def test_local_sgd_syncs_adagrads_sums_each_round_and_reaches_the_minimum(spark, tmp_path):
+    """Local SGD's workers start each round from the same AdaGrad sums and
+    the driver takes the mean of what they added (Local AdaAlter;
+    ``spark/rounds.py``). With a sum per worker the averaged copies settle
+    above the minimum, as async's did."""
+    path = tmp_path / "clicks.libsvm"
+    minimum = _zipf_clicks(path)
+    run = monsoon.train(f"spark:{path}", "local-sgd", 2, engine="spark", rule="adagrad", lr=1.0,
+                        batch_size=64, epochs=50, local_steps=8, dtype="float64", evals=0,
+                        seed=0)
+    assert run.summary["final_loss"] <= 1.015 * minimum, (run.summary["final_loss"], minimum)
+
+
 
 def _unequal_partitions(spark, path, sizes):
     """The rows of a libsvm file as a DataFrame of partitions of ``sizes`` rows."""

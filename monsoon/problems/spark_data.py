@@ -44,8 +44,8 @@ LOSSES = ("logistic", "hinge", "squared")
 # mini-batch steps, for sparse features, the rare ones standardized
 # (``rules/adagrad.py``: standardize_below), for at most 100 epochs (MLlib's
 # maxIter is 100), stopping once an epoch lowers the loss by less than 0.02%
-# (tol, as MLlib stops by its tol; a run given target_loss stops there); async
-# and SSP evaluate and return the parameters averaged over about the last epoch
+# (tol, as MLlib stops by its tol; a run given target_loss stops there); async,
+# SSP and local SGD evaluate and return the parameters averaged over about the last epoch
 # (average_epochs), whose loss falls smoothly where the last iterate's wanders
 # by a percent between two checks (bench/spark_vs_mllib.py;
 # docs/engines/spark.md). A problem's "by_strategy" defaults replace its others

@@ -183,8 +183,9 @@ class LocalUpdate:
             sent[name] = arrays.copy(mine)
         return sent
 
-    def add_sums_to(self, state, sent: dict) -> None:
-        """Add to ``state``'s shared sums what this copy added to its own
-        since ``start_from_sums`` gave it ``sent``."""
+    def add_sums_to(self, state, sent: dict, weight: float = 1.0) -> None:
+        """Add to ``state``'s shared sums ``weight`` times what this copy
+        added to its own since ``start_from_sums`` gave it ``sent``."""
         for name, before in sent.items():
-            getattr(state, name)[...] += getattr(self.local.state, name) - before
+            added = getattr(self.local.state, name) - before
+            getattr(state, name)[...] += added if weight == 1.0 else weight * added

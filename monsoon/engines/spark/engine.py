@@ -115,8 +115,8 @@ class SparkEngine(Engine):
         Option("master", str, None, "Spark master URL (default: the running SparkSession's, "
                "else local[WORKERS], started and stopped by the run)"),
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
-        Option("average_epochs", float, 0.0, "async and SSP: the run returns, and evaluates "
-               "while it goes, the server's parameters averaged over about the last "
+        Option("average_epochs", float, 0.0, "async, SSP and local SGD: the run returns, and "
+               "evaluates while it goes, the server's parameters averaged over about the last "
                "AVERAGE_EPOCHS epochs (tail averaging; spark: data defaults to 1); 0: the "
                "last iterate", check=lambda v: None if v >= 0 else ">= 0"),
     )

@@ -11,6 +11,17 @@ drift theta - theta_k (packed, ``messages.Sender.pack``: compressed with
 state does) and the examples behind it. The driver decodes each drift, takes the
 example-weighted mean drift in partition order and applies the outer rule
 once. Only a finished job's results are used, so a retried task counts once.
+
+An inner rule's sums over gradients (``Rule.summed_state``: AdaGrad's sums
+of squares) are synchronised each round, as Local AdaAlter does (Xie et
+al. 2019): every worker starts the round from the same sums, and the
+driver adds the example-weighted mean of what the workers' steps added.
+With a sum per worker, each scales its steps by its own statistics, and the
+averaged copies settle where sum_k D_k grad f_k = 0, above the minimum.
+The mean (not the sum, as async's pushes add) keeps a worker's steps the
+size of one copy's: a round's progress is the mean of its drifts. With
+``--average-epochs``, theta's tail average is evaluated and returned, as
+async's server's is (``server/averaging.py``).
 """
 from __future__ import annotations
 
@@ -22,8 +33,10 @@ import numpy as np
 
 from ...compressors.messages import Sender, receive, summarize
 from ...record.live import add_figures
+from ...server.averaging import TailAverage
 from ...server.reduce import weighted_sum
-from ...server.core import ServerCore
+from ...server.core import LocalUpdate, ServerCore
+from ...rules.local import LocalRule
 from ..due import Due
 from .jobs import share
 from .sizing import JobTiming
@@ -49,9 +62,13 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     positions = dict.fromkeys(range(ctx.workers), 0)  # steps done, per worker
     r = 0
     timing = JobTiming()
+    shared = _shared_sums(strategy.local_rule, w)
+    # the model evaluated and returned: theta, or its tail average (``--average-epochs``)
+    average = TailAverage(w, ctx.average_epochs * ctx.n_examples) if ctx.average_epochs else None
     while len(ended) < ctx.workers:
         bc = share(sc, w, w.nbytes)
         jobs_k = {k: replace(ctx.job(k), start_step=positions[k]) for k in range(ctx.workers)}
+        sent = _start_round(shared, strategy.local_rule, local_rules)
         rules_k, senders_k = dict(local_rules), dict(senders)
 
         def task(it, bc=bc, jobs_k=jobs_k, rules_k=rules_k, senders_k=senders_k):
@@ -70,6 +87,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             bc.destroy(blocking=False)
         timing.add(time.perf_counter() - began, max(res["task_s"] for _, res in results))
         avg = [(k, res) for k, res in results if res["op"] == "average"]
+        _end_round(shared, sent, results)
         for k, res in results:
             local_rules[k] = res["local_rule"]
             senders[k] = res["sender"]
@@ -87,13 +105,48 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                 updates += 1
             else:
                 dropped += 1
+            if average is not None:
+                average.update(w, sum(res["examples"] for _, res in results))
         r += 1
-        stopped = due.look(time.perf_counter() - t0, examples, lambda: (w, updates, dropped),
+        model = w if average is None else average.params
+        stopped = due.look(time.perf_counter() - t0, examples, lambda: (model, updates, dropped),
                            lambda: (examples, updates, dropped), lambda: (live, staleness))
         if stopped:
             break
-    return {"params": w, "wall": time.perf_counter() - t0, "examples": examples,
+    return {"params": w if average is None else average.params,
+            "wall": time.perf_counter() - t0, "examples": examples,
             "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
             "stopped": stopped, "timing": timing,
-            "extra": summarize([senders[k].stats() for k in range(ctx.workers)], compression,
-                               updates)}
+            "extra": {**summarize([senders[k].stats() for k in range(ctx.workers)], compression,
+                                  updates),
+                      **({"averaged_epochs": ctx.average_epochs} if average else {})}}
+
+
+def _shared_sums(inner, w):
+    """The inner rule's synchronised sums (a ``LocalRule``'s state), or None
+    where it keeps none."""
+    if inner is None or not inner.summed_state:
+        return None
+    shared = LocalRule(inner, -1)
+    shared.ensure_state(w.size, w.dtype)
+    return shared
+
+
+def _start_round(shared, inner, local_rules: dict) -> dict:
+    """Every worker's inner rule starts the round from the shared sums:
+    {worker: the sums sent}."""
+    if shared is None:
+        return {}
+    for k, local in local_rules.items():
+        if local is None:
+            local_rules[k] = LocalUpdate(inner, k)
+    return {k: local.start_from_sums(shared.state) for k, local in local_rules.items()}
+
+
+def _end_round(shared, sent: dict, results) -> None:
+    """The shared sums take the example-weighted mean of what the round's
+    steps added to each worker's."""
+    total = sum(res["examples"] for k, res in results if k in sent)
+    for k, res in results:
+        if shared is not None and total and k in sent:
+            res["local_rule"].add_sums_to(shared.state, sent[k], res["examples"] / total)

@@ -21,26 +21,23 @@ the driver adds it (DeepDist's gradient/descent pair: ``pushes_deltas``);
 a push of one step, or for a delay-aware rule, carries the gradient, to
 which the server applies its rule (Downpour as the paper ran it).
 
-A retried task is sent the segment the driver still waits for, from the
-same parameters and start step; the driver applies each segment's one
-result: an update lands exactly once. A segment reads the parameters once
-(``placement.check_segments``). The loss checks of ``--target-loss`` and
-``--tol`` are computed by the tasks between segments (``sums``).
+A retried task is sent the pending segment again, from the same
+parameters and start step: an update lands exactly once. A segment reads
+the parameters once (``placement.check_segments``); the tasks compute the
+loss checks between segments (``sums``).
 
 SSP (``Clock``): a segment is one clock. After applying k's push the driver
 ticks k's clock (``server/clocks.py``); before k's next segment it waits, under
 the run's timeout, until every live worker has finished clock c - S - 1,
 then reads the clock floor with the parameters: a segment's gradients are
 at most S clocks stale. A worker that ends, fails or times out is retired.
-Async and EASGD keep a looser pace (``Pace``): a worker waits before a
-segment while it leads the slowest live worker by ``PACE_SHARE`` of its
-run, so no worker trains the end of the run alone.
+Async and EASGD keep a looser pace (``Pace``): none trains the end alone.
 
 A worker whose job fails after Spark's retries, or whose segment runs past
-``timeout`` (its job group cancelled), is named in ``failed_workers``; the
-others carry on. The monitor (the calling thread) records the loss curve,
-writes the checkpoints, fails the run if no worker returns for twice
-``timeout``, and at the end tells each task to return and cancels the rest.
+``timeout`` (its job cancelled), is named in ``failed_workers``. The
+monitor (the calling thread) records the loss curve, writes the
+checkpoints, fails the run if no worker returns for twice ``timeout``, and
+at the end tells each task to return and cancels the rest.
 """
 from __future__ import annotations
 
