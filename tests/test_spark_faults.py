@@ -104,7 +104,7 @@ def test_async_names_a_lost_or_stuck_worker_and_carries_on(spark, kind, says, ti
 
 
 class Partition1StartsLate(DenseLinear):
-    """Partition 1's task is slow to start: its first gradient takes 1.5 s
+    """Partition 1's task is slow to start: its first gradient takes 3 s
     (a cold executor, a busy host)."""
 
     def gradient(self, w, indices, out=None, accumulate=False):
@@ -114,7 +114,7 @@ class Partition1StartsLate(DenseLinear):
 
         if TaskContext.get().partitionId() == 1 and not getattr(self, "_started", False):
             self._started = True
-            time.sleep(1.5)
+            time.sleep(3.0)
         return super().gradient(w, indices, out, accumulate)
 
 
@@ -129,6 +129,6 @@ def test_async_workers_keep_pace_so_none_trains_the_end_alone(spark):
                         batch_size=16, n_fetch=4, n_push=4, seed=0, dtype="float64", evals=0)
     s = run.summary
     assert s["updates"] == 100  # 200 steps per worker, a push every 4
-    assert s["pace_wait_s"][0] >= 1.0 > s["pace_wait_s"][1], s["pace_wait_s"]
+    assert s["pace_wait_s"][0] >= 1.5 > s["pace_wait_s"][1], s["pace_wait_s"]
     assert s["pace_dropped"] == []
     assert s["staleness"]["mean"] >= 0.5, s["staleness"]
