@@ -478,6 +478,37 @@ def test_async_returns_the_tail_average_not_the_last_iterate(spark, clicks, monk
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_local_sgd_returns_the_tail_average_of_theta(spark, clicks, monkeypatch):
+    """Spark data's local SGD returns theta averaged over about the last
+    epoch (``spark/rounds.py``), as async does, not the last round's theta;
+    with ``average_epochs=0`` it returns theta."""
+    from monsoon.engines.spark import rounds
+    from monsoon.server.averaging import TailAverage
+
+    made = []
+
+    class Kept(TailAverage):
+        def __init__(self, w, horizon):
+            super().__init__(w, horizon)
+            made.append(self)
+
+        def update(self, w, examples):
+            super().update(w, examples)
+            self.last = np.array(w, copy=True)
+
+    monkeypatch.setattr(rounds, "TailAverage", Kept)
+    kw = dict(engine="spark", dtype="float64", epochs=4, batch_size=32, local_steps=2,
+              evals=0, progress=False)
+    averaged = monsoon.train(f"spark:{clicks}", "local-sgd", 2, **kw)
+    assert averaged.summary["averaged_epochs"] == 1.0 and len(made) == 1
+    np.testing.assert_array_equal(averaged.params, made[0].params)
+    assert not np.allclose(made[0].params, made[0].last)
+    plain = monsoon.train(f"spark:{clicks}", "local-sgd", 2, average_epochs=0.0, **kw)
+    assert len(made) == 1 and "averaged_epochs" not in plain.summary
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_run_stopped_at_its_target_returns_what_the_check_found(spark, clicks, monkeypatch):
     """``monsoon.train`` returns the parameters the in-run check found at the
     target, not the server's after pushes that landed between the check and

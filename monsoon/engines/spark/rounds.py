@@ -147,6 +147,8 @@ def _end_round(shared, sent: dict, results) -> None:
     """The shared sums take the example-weighted mean of what the round's
     steps added to each worker's."""
     total = sum(res["examples"] for k, res in results if k in sent)
+    if shared is None or not total:
+        return
     for k, res in results:
-        if shared is not None and total and k in sent:
+        if k in sent:
             res["local_rule"].add_sums_to(shared.state, sent[k], res["examples"] / total)
