@@ -4,7 +4,9 @@ An engine carries out the ops of a strategy's worker program
 (``strategies/ops.py``) on real or virtual workers. It declares:
 
 - ``name``, ``options`` (``monsoon.options.Option``), ``from_options(run,
-  **values)``, ``run(...) -> EngineResult`` and ``describe()``;
+  **values)``, ``run(...) -> EngineResult`` and ``describe()``; by default
+  the options' values are the constructor's keywords (``arguments``) and
+  ``describe`` reports the attributes named in ``described``;
 - ``virtual_time``: its clock is simulated (the recorder then charges no
   evaluation cost to the run);
 - ``evaluates_while_running(strategy)``: it has the recorder evaluate the
@@ -45,6 +47,7 @@ from ..compressors.messages import Compression
 from ..errors import ConfigError, WorkerError
 from ..strategies import ops as _ops
 from ..strategies.base import BACKUP_WORKERS, ELASTIC, SHARED_MEMORY, STAGES
+from .options import CHECKPOINT_EVERY, RESUME, checkpoint_paths
 
 # The needs a strategy may declare (``Strategy.needs``), and engines meet (``Engine.meets``).
 NEEDS = {
@@ -70,6 +73,9 @@ OP_MEANING = {
     _ops.Clock: "a clock per worker that holds a worker back to a staleness bound",
 }
 ALL_OPS = frozenset(OP_MEANING)
+
+# The keys of config.json and summary.json for engine attributes named otherwise.
+SUMMARY_KEYS = {"timeout": "timeout_s", "resume_dir": "resumed_from"}
 
 # Parameter-server shards default to one per worker, up to this many.
 DEFAULT_MAX_SHARDS = 8
@@ -135,12 +141,30 @@ class Engine:
     compresses = False   # carries out --compress (compressors/messages.py)
     compression = Compression()  # the run's --compress (none by default), set before ``run``
 
+    # The attributes ``describe`` reports (config.json and summary.json), in
+    # order, each under its own name or the key ``SUMMARY_KEYS`` gives it.
+    described: tuple = ()
+
     @classmethod
     def from_options(cls, run, **values):
-        return cls(**values)
+        return cls(**cls.arguments(run, **values))
+
+    @classmethod
+    def arguments(cls, run, **values) -> dict:
+        """The constructor's keyword arguments from the options' values, each
+        missing one at its declared default. Where the engine declares
+        ``CHECKPOINT_EVERY`` and ``RESUME``, those two become
+        ``checkpoint_dir``, ``checkpoint_every`` and ``resume_dir``
+        (``checkpoint_paths``). An engine adds what is its own here."""
+        args = {**{o.name: o.default for o in cls.options}, **values}
+        if CHECKPOINT_EVERY in cls.options and RESUME in cls.options:
+            args.update(checkpoint_paths(run.out, args.pop("checkpoint_every"),
+                                         args.pop("resume")))
+        return args
 
     def describe(self) -> dict:
-        return {"engine": self.name}
+        return {"engine": self.name,
+                **{SUMMARY_KEYS.get(a, a): getattr(self, a) for a in self.described}}
 
     @classmethod
     def evaluates_while_running(cls, strategy) -> bool:

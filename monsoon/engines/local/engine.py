@@ -55,7 +55,7 @@ from ...strategies import WorkerJob
 from ...record import checkpoints
 from ..heap import keep_freed_memory
 from ..lifecycle import signal_name, stop_requested, worker_started
-from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..processes import (blas_threads, join_or_kill, limit_threads, main_module_hidden,
                          start_context, torch_threads_per_worker)
 from ..due import Due
@@ -364,6 +364,7 @@ class LocalEngine(Engine):
                "arrays), else processes",
                choices=("auto",) + BACKENDS),
         TIMEOUT, SHARDS, CHECKPOINT_EVERY, RESUME)
+    described = ("backend", "timeout", "checkpoint_every", "resume_dir")
 
     @staticmethod
     def keeps_compressor_state(strategy) -> bool:
@@ -378,14 +379,13 @@ class LocalEngine(Engine):
         return strategy.single_worker
 
     @classmethod
-    def from_options(cls, run, backend="auto", timeout=60.0, shards=None,
-                     checkpoint_every=CHECKPOINT_EVERY.default, resume=None):
-        if backend == "auto":  # compiled loops release the GIL: threads share the data;
-            # GPU towers in one process share the parameters on the device (seed 002)
+    def arguments(cls, run, **values) -> dict:
+        args = super().arguments(run, **values)
+        if args["backend"] == "auto":  # compiled loops release the GIL: threads share the
+            # data; GPU towers in one process share the parameters on the device (seed 002)
             gpu = str(getattr(run, "device", "cpu")).startswith("cuda")
-            backend = "threads" if run.problem.sgd_pass is not None or gpu else "processes"
-        return cls(backend=backend, timeout=timeout, shards=shards,
-                   **checkpoint_paths(run.out, checkpoint_every, resume))
+            args["backend"] = "threads" if run.problem.sgd_pass is not None or gpu else "processes"
+        return args
 
     def __init__(self, backend: str = "processes", timeout: float = 60.0,
                  start_timeout: float = 120.0, shards: int | None = None, idle_s: float = 1.0, checkpoint_dir: str | None = None,
@@ -398,10 +398,6 @@ class LocalEngine(Engine):
         self.start_timeout = start_timeout
         self.shards = shards
         self.idle_s = idle_s    # the longest the monitor sleeps (messages wake it sooner)
-
-    def describe(self) -> dict:
-        return {"engine": self.name, "backend": self.backend, "timeout_s": self.timeout,
-                "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
     @staticmethod
     def uses_kernel(problem, rule, strategy, budget) -> bool:

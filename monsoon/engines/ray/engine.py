@@ -52,7 +52,7 @@ from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine, 
                     lost_workers_error, shard_bounds, shard_count)
 from ...record.checkpoints import Checkpointer
 from ..due import Due
-from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, checkpoint_paths
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ...server.clocks import reports_extra
 from ...compressors.messages import summarize
 from .checkpointing import ShardCheckpoints, private_copies
@@ -123,13 +123,7 @@ class RayEngine(Engine):
         Option("run_name", str, None, "gives the run actors of its own, named "
                "monsoon-NAME-worker-K (default: unnamed actors, kept for the next run)"),
     )
-
-    @classmethod
-    def from_options(cls, run, address=None, timeout=60.0, shards=None,
-                     checkpoint_every=CHECKPOINT_EVERY.default,
-                     resume=None, run_name=None):
-        return cls(address=address, timeout=timeout, shards=shards, run_name=run_name,
-                   **checkpoint_paths(run.out, checkpoint_every, resume))
+    described = ("address", "run_name", "timeout", "checkpoint_every", "resume_dir")
 
     def __init__(self, address: str | None = None, timeout: float = 60.0,
                  start_timeout: float = 120.0, shards: int | None = None,
@@ -151,11 +145,6 @@ class RayEngine(Engine):
 
         self.named = run_name is not None
         self.run_name = run_name or uuid.uuid4().hex[:8]
-
-    def describe(self) -> dict:
-        return {"engine": self.name, "address": self.address, "run_name": self.run_name,
-                "timeout_s": self.timeout,
-                "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
     def check(self, strategy, workers) -> None:
         super().check(strategy, workers)

@@ -57,7 +57,7 @@ from ...server.reduce import finite, weighted_sum
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record import checkpoints
 from ..lifecycle import signal_name, stop_requested
-from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, checkpoint_paths
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
 from ...compressors.messages import Sender, compressing, summarize
@@ -114,10 +114,10 @@ class SimEngine(Engine):
     options = (SHARDS, CHECKPOINT_EVERY, RESUME) + DELAY_OPTIONS
 
     @classmethod
-    def from_options(cls, run, shards=None, checkpoint_every=CHECKPOINT_EVERY.default,
-                     resume=None, **delays):
-        return cls(delay_model(**delays), shards,
-                   **checkpoint_paths(run.out, checkpoint_every, resume))
+    def arguments(cls, run, **values) -> dict:
+        args = super().arguments(run, **values)
+        args["delays"] = delay_model(**{o.name: args.pop(o.name) for o in DELAY_OPTIONS})
+        return args
 
     def __init__(self, delays: DelayModel | None = None, shards: int | None = None,
                  checkpoint_dir: str | None = None,

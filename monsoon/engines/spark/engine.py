@@ -53,7 +53,7 @@ from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch,
                                LocalApply, LocalStep, Push)
 from ...record.checkpoints import Checkpointer, private_copies
 from ..base import Engine, EngineResult
-from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
+from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
 from .jobs import Jobs
 from .placement import check_segments, in_tasks, task_job
 
@@ -120,12 +120,7 @@ class SparkEngine(Engine):
                "AVERAGE_EPOCHS epochs (tail averaging; spark: data defaults to 1); 0: the "
                "last iterate", check=lambda v: None if v >= 0 else ">= 0"),
     )
-
-    @classmethod
-    def from_options(cls, run, master=None, timeout=TIMEOUT.default,
-                     checkpoint_every=CHECKPOINT_EVERY.default, resume=None, average_epochs=0.0):
-        return cls(master=master, timeout=timeout, average_epochs=average_epochs,
-                   **checkpoint_paths(run.out, checkpoint_every, resume))
+    described = ("master", "timeout", "average_epochs", "checkpoint_every", "resume_dir")
 
     def __init__(self, master: str | None = None, timeout: float = TIMEOUT.default,
                  checkpoint_dir: str | None = None, checkpoint_every: int = 0,
@@ -150,11 +145,6 @@ class SparkEngine(Engine):
         """Sync's steps all-reduce the step's loss with its gradient (barrier
         stage, or the driver's sum); serial's is its one worker's."""
         return strategy.full_batch_steps
-
-    def describe(self) -> dict:
-        return {"engine": self.name, "master": self.master, "timeout_s": self.timeout,
-                "average_epochs": self.average_epochs,
-                "checkpoint_every": self.checkpoint_every, "resumed_from": self.resume_dir}
 
     def compression_refused(self, strategy) -> str | None:
         if not in_tasks(strategy):

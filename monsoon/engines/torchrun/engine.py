@@ -47,7 +47,7 @@ from ...options import Option
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from ...record import checkpoints
 from ..base import Engine
-from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT, checkpoint_paths
+from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
 from .collectives import under_torchrun
 from .shm_reduce import REDUCE_VIA
 
@@ -79,14 +79,8 @@ class TorchEngine(Engine):
                "failure (sync resumes from the newest checkpoint); under torchrun, use its "
                "own --max-restarts", check=lambda v: None if v >= 0 else "0 or more"),
     )
-
-    @classmethod
-    def from_options(cls, run, timeout=60.0, checkpoint_every=CHECKPOINT_EVERY.default,
-                     resume=None, dist_backend="auto", bucket_mb=25.0, max_restarts=0,
-                     reduce_via="auto"):
-        return cls(timeout=timeout, dist_backend=dist_backend, bucket_mb=bucket_mb,
-                   max_restarts=max_restarts, reduce_via=reduce_via,
-                   **checkpoint_paths(run.out, checkpoint_every, resume))
+    described = ("timeout", "dist_backend", "bucket_mb", "max_restarts", "reduce_via",
+                 "checkpoint_every", "resume_dir")
 
     def __init__(self, timeout: float = 60.0, dist_backend: str = "auto",
                  bucket_mb: float = 25.0, max_restarts: int = 0, reduce_via: str = "auto",
@@ -108,13 +102,6 @@ class TorchEngine(Engine):
         too (on a shared file system the others would overwrite it); the
         others print their one line."""
         return not under_torchrun() or os.environ.get("RANK", "0") == "0"
-
-    def describe(self) -> dict:
-        return {"engine": self.name, "timeout_s": self.timeout,
-                "dist_backend": self.dist_backend, "bucket_mb": self.bucket_mb,
-                "max_restarts": self.max_restarts, "reduce_via": self.reduce_via,
-                "checkpoint_every": self.checkpoint_every,
-                "resumed_from": self.resume_dir}
 
     def compression_refused(self, strategy) -> str | None:
         if self.reduce_via == "shm":
