@@ -108,6 +108,16 @@ def test_bad_delay_model_is_refused():
         monsoon.train("linear", "async", 4, engine="sim", steps=10, sim_straggler_p=2.0)
 
 
+def test_each_delay_option_sets_its_own_field_of_the_delay_model():
+    """``delay_model`` hands the options over in the order of the fields."""
+    from dataclasses import fields
+
+    from monsoon.engines.sim.delays import OPTIONS, DelayModel
+
+    assert ([o.name.removeprefix("sim_") for o in OPTIONS]
+            == [f.name.replace("bandwidth_Bps", "bandwidth") for f in fields(DelayModel)])
+
+
 def test_hogwild_reads_are_inconsistent_in_the_sim():
     """A Hogwild! worker's read spans its compute time: with 4 shards, other
     workers' updates land between its shard reads, so some gradients are

@@ -70,13 +70,10 @@ OPTIONS = (
 )
 
 
-def delay_model(sim_compute_s=1e-3, sim_compute_sigma=0.0, sim_straggler_p=0.0,
-                sim_straggler_factor=10.0, sim_slow_fraction=0.0, sim_latency_s=0.0,
-                sim_bandwidth=0.0, sim_service_s=0.0, sim_stage_compute_s=None) -> "DelayModel":
-    """The delay model from its options' values."""
-    return DelayModel(sim_compute_s, sim_compute_sigma, sim_straggler_p, sim_straggler_factor,
-                      sim_slow_fraction, sim_latency_s, sim_bandwidth, sim_service_s,
-                      sim_stage_compute_s)
+def delay_model(**values) -> "DelayModel":
+    """The delay model from its options' values (``OPTIONS``, in the order of
+    its fields), each missing one at its default."""
+    return DelayModel(*(values.get(o.name, o.default) for o in OPTIONS))
 
 
 @dataclass(frozen=True)
