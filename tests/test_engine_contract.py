@@ -330,3 +330,35 @@ def test_a_shard_process_holds_at_least_its_minimum_of_parameters():
     assert shard_count(None, 16, 100 * MIN_PROCESS_SHARD, MIN_PROCESS_SHARD) == 8
     assert shard_count(3, 4, 4810, MIN_PROCESS_SHARD) == 3
     assert shard_count(None, 2, 1, MIN_PROCESS_SHARD) == 1
+
+
+def test_an_engine_is_built_and_described_from_its_declared_options(tmp_path):
+    """An engine that writes neither ``from_options`` nor ``describe`` gets
+    each option at its default unless given, its checkpoint options as
+    folders, and the attributes it names in ``described`` in config.json."""
+    from types import SimpleNamespace
+
+    from monsoon.engines import Engine
+    from monsoon.engines.options import CHECKPOINT_EVERY, RESUME, TIMEOUT
+    from monsoon.options import Option
+
+    class Declared(Engine):
+        name = "declared"
+        options = (Option("lanes", int, 2, "lanes"), TIMEOUT, CHECKPOINT_EVERY, RESUME)
+        described = ("lanes", "timeout", "checkpoint_every", "resume_dir")
+
+        def __init__(self, lanes=1, timeout=1.0, checkpoint_dir=None, checkpoint_every=0,
+                     resume_dir=None):
+            self.lanes, self.timeout = lanes, timeout
+            self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, checkpoint_every
+            self.resume_dir = resume_dir
+
+    (tmp_path / "before" / "checkpoints").mkdir(parents=True)
+    run = SimpleNamespace(out=str(tmp_path / "now"), workers=2)
+    engine = Declared.from_options(run, timeout=5.0, resume=str(tmp_path / "before"))
+    assert (engine.lanes, engine.checkpoint_dir) == (2, str(tmp_path / "now" / "checkpoints"))
+    assert engine.describe() == {"engine": "declared", "lanes": 2, "timeout_s": 5.0,
+                                 "checkpoint_every": CHECKPOINT_EVERY.default,
+                                 "resumed_from": str(tmp_path / "before" / "checkpoints")}
+    with pytest.raises(ConfigError, match="no checkpoints folder"):
+        Declared.from_options(run, resume=str(tmp_path / "now"))
