@@ -63,14 +63,15 @@ from ..waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
                             restore_buffers, sender_slots, sender_state)
 from .inbox import Outbox, PipeInbox, QueueInbox
-from ...compressors.messages import Sender, compressing, summarize
+from ...compressors.messages import Sender, compressing
 from ... import arrays
 from .monitor import WorkerMonitor
 from .runtime import WorkerRuntime
 from .store import (ABORTED, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING, START, STEP,
                     UPDATES, ParameterStore)
-from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
-                    replicates, shard_count)
+from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, replicates,
+                    shard_count)
+from ..tally import RunTally, run_folder_extra
 from .synchronous import Stopped
 
 BACKENDS = ("processes", "threads")
@@ -497,10 +498,7 @@ class LocalEngine(Engine):
         finally:
             store.close()
         res.wall_time_s += resume.time_s
-        if ck.last_path is not None:
-            res.extra["checkpoint"] = str(ck.last_path)
-        if resume.path:
-            res.extra["resumed_from"] = resume.path
+        res.extra.update(run_folder_extra(ck.last_path, resume.path))
         return res
 
     # -- serial: in the calling thread --------------------------------------
@@ -527,11 +525,11 @@ class LocalEngine(Engine):
             stopped = recorder.stop_reason
         wall = time.perf_counter() - watch.t0
         ex, up, dropped, late = store.totals()
-        return EngineResult(np.array(arrays.to_host(store.params), copy=True), 0.0, wall, int(ex), int(up),
-                            int(dropped), runtime.staleness, [], stopped=stopped,
-                            late_gradients=int(late), interrupted=interrupted,
-                            extra=summarize([sender.stats()], self.compression,
-                                            int(up)))
+        tally = RunTally(1, self.compression)
+        tally.add(0, {"staleness": runtime.staleness, "traffic": sender.stats()})
+        return tally.result(np.array(arrays.to_host(store.params), copy=True), 0.0, wall,
+                            int(ex), int(up), int(dropped), tally.extra(int(up)),
+                            late=int(late), stopped=stopped, interrupted=interrupted)
 
     # -- parallel: processes or threads --------------------------------------
     def _start_timeout(self, workers: int) -> float:

@@ -13,17 +13,15 @@ and the no-progress timeout and a stop signal, it asks one ``Due``
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import numpy as np
 
 from ... import arrays
-from ...compressors.messages import summarize
 from ...errors import WaitTimeout
-from ...server.clocks import reports_extra
 from ..base import EngineResult, lost_workers_error
 from ..due import Due
 from ..lifecycle import StopSignals
+from ..tally import RunTally
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)
@@ -46,13 +44,9 @@ class WorkerMonitor:
         self.problem, self.strategy, self.workers = problem, strategy, workers
         self.batch_size, self.recorder, self.ck, self.resume = batch_size, recorder, ck, resume
         self.exact, self.needs_main = ck.exact, needs_main
-        self.failed: dict[int, str] = {}
-        self.worker_params: dict[int, np.ndarray] = dict(
-            (r, p) for r, p in resume.private.items() if p is not None)
-        self.worker_states: dict[int, dict] = {}
-        self.ssp_reports: dict[int, dict] = {}
-        self.traffic: dict[int, dict] = {}
-        self.staleness = Counter()
+        self.tally = RunTally(workers, engine.compression)  # the workers' reports
+        self.failed = self.tally.failed
+        self.tally.params.update(resume.private)  # a resumed worker that reports none keeps it
         self.finished: set[int] = set()
         self.stopped_cleanly: set[int] = set()
         self.startup = None  # seconds until every worker was ready, once they were
@@ -101,17 +95,9 @@ class WorkerMonitor:
             if kind == "failed":
                 self.failed[rank] = payload
             elif kind in ("done", "aborted", "stopped"):
-                self.staleness.update(payload["staleness"])
-                if payload["params"] is not None:
-                    self.worker_params[rank] = payload["params"]
+                self.tally.add(rank, payload)
                 if kind == "stopped":
                     self.stopped_cleanly.add(rank)
-                if payload.get("state"):
-                    self.worker_states[rank] = payload["state"]
-                if payload.get("traffic"):
-                    self.traffic[rank] = payload["traffic"]
-                if payload.get("clocks"):
-                    self.ssp_reports[rank] = payload["clocks"]
 
     def check_dead(self) -> None:
         """Name a worker process that ended without a last message as failed."""
@@ -326,7 +312,7 @@ class WorkerMonitor:
         params = np.array(arrays.to_host(store.params), copy=True)
         if self.due.interrupted is not None:
             if not self.exact:
-                self.snapshot("interrupted", wall, private=self.worker_params or None)
+                self.snapshot("interrupted", wall, private=self.tally.params or None)
             elif self.stopped_cleanly == set(range(self.workers)) - set(self.failed):
                 step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
                 self.exact_checkpoint(step, store.params, store.state, "interrupted", wall)
@@ -335,17 +321,9 @@ class WorkerMonitor:
     def result(self, params, wall: float, totals) -> EngineResult:
         """The run's result, with the workers' failures, traffic and clocks."""
         ex, up, dropped, late = totals
-        failed, workers = self.failed, self.workers
-        failed_list = [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
-                       for r in sorted(failed)]
-        extra = summarize([self.traffic[r] for r in sorted(self.traffic)],
-                          self.engine.compression, int(up))
+        extra = self.tally.extra(int(up))
         if self.strategy.synchronous:
             extra["sync_step"] = "replicated" if self.store.replicated else "sharded"
-        if self.ssp_reports:
-            extra.update(reports_extra(self.ssp_reports, workers))
-        return EngineResult(params, self.startup, wall, int(ex), int(up), int(dropped),
-                            self.staleness, failed_list, stopped=self.stopped,
-                            late_gradients=int(late), worker_params=self.worker_params,
-                            worker_states=self.worker_states, extra=extra,
-                            interrupted=self.due.interrupted)
+        return self.tally.result(params, self.startup, wall, int(ex), int(up), int(dropped),
+                                 extra, late=int(late), stopped=self.stopped,
+                                 interrupted=self.due.interrupted)

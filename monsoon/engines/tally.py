@@ -1,0 +1,96 @@
+"""A run's tally: its workers' end reports, summed into its ``EngineResult``.
+
+A worker ends by reporting what it did (``RunTally.add``): its staleness
+counts, examples, dropped and late gradients, its own copy of the
+parameters and its buffers where it keeps them, its traffic
+(``Sender.stats``) and SSP's clock report (``WorkerClock.report``); a lost
+worker is named with its reason (``RunTally.failed``). The local monitor,
+the Ray driver and torch's rank 0 gather such reports through their own
+transports and add them here, so the reports are summed, the lost workers
+listed, and summary.json's traffic and clock fields filled in one way.
+What only the engine knows (the server's updates, counts kept in shared
+memory) it gives to ``result``.
+
+Spark's driver and the simulator apply every update themselves and count
+as they go, with no reports to sum: they use ``failed_list`` and
+``run_folder_extra`` alone.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..compressors.messages import summarize
+from ..server.clocks import reports_extra
+from .base import EngineResult
+
+
+def summed_staleness(reports) -> Counter:
+    """The staleness counts (staleness -> gradients) of several reports,
+    summed, keyed by int (a report's keys may be strings)."""
+    staleness = Counter()
+    for report in reports:
+        staleness.update({int(k): v for k, v in report.get("staleness", {}).items()})
+    return staleness
+
+
+def failed_list(failed: dict) -> list:
+    """``failed_workers`` from ``{rank: reason}``: the error is the reason's
+    first line (the whole of a one-line reason), the traceback all of it."""
+    return [{"worker": r, "error": failed[r].splitlines()[0], "traceback": failed[r]}
+            for r in sorted(failed)]
+
+
+def run_folder_extra(checkpoint=None, resumed_from=None) -> dict:
+    """The run's newest checkpoint and the one it resumed from, where there is one."""
+    return {**({"checkpoint": str(checkpoint)} if checkpoint else {}),
+            **({"resumed_from": str(resumed_from)} if resumed_from else {})}
+
+
+class RunTally:
+    """The reports of a run of ``workers`` workers. ``clocks``: the run has
+    SSP's clock, so its result has the clock fields even where no worker
+    reported (else only where one did)."""
+
+    def __init__(self, workers: int, compression, clocks: bool = False):
+        self.workers, self.compression, self.ssp = workers, compression, clocks
+        self.staleness = Counter()
+        self.examples = self.dropped = self.late = 0
+        self.params, self.states, self.traffic, self.clocks = {}, {}, {}, {}
+        self.failed: dict[int, str] = {}  # rank -> why it was lost
+
+    def add(self, rank: int, report: dict) -> None:
+        """Worker ``rank``'s report: any of ``staleness``, ``examples``,
+        ``dropped``, ``late``, ``params`` (None: no copy of its own),
+        ``state``, ``traffic`` and ``clocks`` (empty or None: none)."""
+        self.staleness.update(summed_staleness([report]))
+        self.examples += report.get("examples", 0)
+        self.dropped += report.get("dropped", 0)
+        self.late += report.get("late", 0)
+        if report.get("params") is not None:
+            self.params[rank] = report["params"]
+        for key, kept in (("state", self.states), ("traffic", self.traffic),
+                          ("clocks", self.clocks)):
+            if report.get(key):
+                kept[rank] = report[key]
+
+    def extra(self, updates: int) -> dict:
+        """summary.json's traffic fields (``messages.summarize``, by rank)
+        and, for SSP, its clock fields (``clocks.reports_extra``)."""
+        extra = summarize([self.traffic[r] for r in sorted(self.traffic)], self.compression,
+                          updates)
+        if self.ssp or self.clocks:
+            extra.update(reports_extra(self.clocks, self.workers))
+        return extra
+
+    def result(self, params, startup: float, wall: float, examples: int, updates: int,
+               dropped: int, extra: dict, staleness: Counter | None = None,
+               late: int | None = None, **fields) -> EngineResult:
+        """The run's result: the engine's figures, and the reports' staleness
+        (unless ``staleness``), late gradients (unless ``late``), lost
+        workers and private copies; ``fields``: ``stopped``, ``interrupted``."""
+        return EngineResult(params, startup, wall, examples, updates, dropped,
+                            self.staleness if staleness is None else staleness,
+                            failed_list(self.failed),
+                            late_gradients=self.late if late is None else late,
+                            worker_params=self.params, worker_states=self.states, extra=extra,
+                            **fields)
