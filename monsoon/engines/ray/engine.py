@@ -39,7 +39,6 @@ import logging
 import math
 import os
 import time
-from collections import Counter
 
 import numpy as np
 
@@ -48,13 +47,12 @@ from ...options import Option
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine, EngineResult,
+from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine,
                     lost_workers_error, shard_bounds, shard_count)
 from ...record.checkpoints import Checkpointer
 from ..due import Due
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
-from ...server.clocks import reports_extra
-from ...compressors.messages import summarize
+from ..tally import RunTally, run_folder_extra, summed_staleness
 from .checkpointing import ShardCheckpoints, private_copies
 from .clock import ClockServer
 from .hosts import POOL, kill
@@ -223,8 +221,6 @@ class RayEngine(Engine):
         try:
             result = self._drive(ray, actors, shards, strategy, workers, t_begin, start,
                                  recorder, ckpts, clock, membership, retired)
-            if clock is not None:
-                result.extra.update(reports_extra(result.extra.pop("clock_reports", {}), workers))
             # every worker's run answered: its hosts (and the servers') serve the next run
             ended = not retired and result.stopped is None and not result.failed_workers
         finally:
@@ -235,10 +231,7 @@ class RayEngine(Engine):
             else:
                 for actor in actors + retired + servers:
                     kill(ray, actor)
-        if ckpts.keeper.last_path:
-            result.extra["checkpoint"] = str(ckpts.keeper.last_path)
-        if start.path:
-            result.extra["resumed_from"] = start.path
+        result.extra.update(run_folder_extra(ckpts.keeper.last_path, start.path))
         return result
 
     # -- SSP's clock (ops.Clock) ------------------------------------------------
@@ -295,7 +288,7 @@ class RayEngine(Engine):
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
             stopped = due.look(now, examples, lambda: self._params(ray, shards, start.dropped),
                                lambda: _totals(examples, figures),
-                               lambda: (figures, _staleness(figures.values())))
+                               lambda: (figures, summed_staleness(figures.values())))
             if stopped is not None:
                 break
         wall = time.perf_counter() - t0
@@ -305,7 +298,8 @@ class RayEngine(Engine):
             ckpts.final(ray, shards, self.timeout, wall,
                         {r: v["examples"] for r, v in results.items()})
         return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
-                            clock, membership)
+                            RunTally(workers, self.compression, clocks=clock is not None),
+                            membership)
 
     def _await_ready(self, ray, actors) -> None:
         """Waits for each worker actor to have loaded its data, within
@@ -327,27 +321,19 @@ class RayEngine(Engine):
                 err.worker = rank
                 raise err from exc
 
-    def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped,
-                clock, membership) -> EngineResult:
+    def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped, tally,
+                membership):
         """The run's result: the shards' parameters, and the finished
-        workers' figures added to what the resumed run and the lost workers
+        workers' reports added to what the resumed run and the lost workers
         had counted; each failed worker is listed with its error."""
+        for rank, figures in results.items():
+            tally.add(rank, figures)
+        tally.failed.update(failed)
         params, version, dropped = self._params(ray, shards)
-        extra = {"clock_reports": {r: v["clocks"] for r, v in results.items()
-                                   if v.get("clocks")}} if clock is not None else {}
-        if membership is not None:
-            extra["membership"] = membership.events
-        return EngineResult(
-            params, startup, wall,
-            start.examples + gone + sum(r["examples"] for r in results.values()),
-            version, start.dropped + dropped + sum(r["dropped"] for r in results.values()),
-            _staleness(results.values()),
-            [{"worker": r, "error": failed[r], "traceback": failed[r]} for r in sorted(failed)],
-            stopped=stopped, late_gradients=sum(r["late"] for r in results.values()),
-            worker_params={r: v["params"] for r, v in results.items() if v["params"] is not None},
-            worker_states={r: v["state"] for r, v in results.items() if v.get("state")},
-            extra={**extra, **summarize([results[r]["traffic"] for r in sorted(results)],
-                                        self.compression, version)})
+        extra = {"membership": membership.events} if membership is not None else {}
+        return tally.result(params, startup, wall, start.examples + gone + tally.examples,
+                            version, start.dropped + dropped + tally.dropped,
+                            {**extra, **tally.extra(version)}, stopped=stopped)
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:
@@ -378,11 +364,3 @@ def _totals(examples: int, figures: dict) -> tuple:
     return (examples, sum(f.get("updates", 0) for f in figures.values()),
             sum(f["dropped"] for f in figures.values()))
 
-
-def _staleness(figures) -> Counter:
-    """The staleness counts (staleness -> gradients) in several workers'
-    figures, summed, keyed by int."""
-    staleness = Counter()
-    for f in figures:
-        staleness.update({int(k): v for k, v in f["staleness"].items()})
-    return staleness
