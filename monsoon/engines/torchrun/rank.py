@@ -55,7 +55,8 @@ from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, Loca
 from ...record import checkpoints
 from ..base import EngineResult
 from ..due import Due
-from ...compressors.messages import Sender, compressing, receive, summarize
+from ..tally import RunTally
+from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
 from ...server.core import LocalUpdate, ServerCore
 from .buckets import Buckets
@@ -546,7 +547,7 @@ def _finish(worker, problem, strategy, comm) -> list:
     rank 0 (a list there, by rank)."""
     if worker.every and comm.rank == 0 and worker.step % worker.every:
         worker.save_checkpoint()
-    mine = {"examples": worker.examples, "dropped": worker.dropped,
+    mine = {"examples": worker.examples,
             "params": None if strategy.shared_params else arrays.to_host(worker.work),
             "state": problem.state(),
             "traffic": worker.sender.stats()}
@@ -558,9 +559,11 @@ def _finish(worker, problem, strategy, comm) -> list:
 
 
 def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) -> EngineResult:
-    """Rank 0's result of the run: its replica, the ranks' gathered figures
+    """Rank 0's result of the run: its replica, the ranks' gathered reports
     added to the resumed run's, and how the ranks communicated."""
-    examples = start["examples"] + sum(g["examples"] for g in gathered)
+    tally = RunTally(comm.world, engine.compression)
+    for rank, report in enumerate(gathered):
+        tally.add(rank, report)
     extra = {"world_size": comm.world, "dist_backend": comm.backend,
              "reduce_via": "shm" if shm_used else comm.backend,
              # every attempt after the first, and the agent's count of them
@@ -568,16 +571,15 @@ def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) 
              "restarts": comm.attempt, "agent_restarts": agent_restarts(),
              "bucket_count": worker.buckets.count
              if worker.buckets is not None else None,
-             **summarize([g["traffic"] for g in gathered], engine.compression,
-                         worker.updates)}
+             **tally.extra(worker.updates)}
     if start["from"]:
         extra["resumed_from"] = start["from"]
         extra["resumed_at_step"] = start["step"]
     if worker.keeper.last_path:
         extra["checkpoint"] = str(worker.keeper.last_path)
-    return EngineResult(
-        arrays.to_host(worker.server), startup, start["time_s"] + wall, examples, worker.updates,
-        worker.dropped, Counter({0: worker.updates - start["updates"]}),
-        worker_params={r: g["params"] for r, g in enumerate(gathered) if g["params"] is not None},
-        worker_states={r: g["state"] for r, g in enumerate(gathered) if g["state"]},
-        extra=extra, stopped=worker.stopped)
+    # dropped: rank 0's count (a collective step's drop is every rank's); staleness
+    # 0: every step reads the parameters of the step before it
+    return tally.result(arrays.to_host(worker.server), startup, start["time_s"] + wall,
+                        start["examples"] + tally.examples, worker.updates, worker.dropped,
+                        extra, staleness=Counter({0: worker.updates - start["updates"]}),
+                        stopped=worker.stopped)
