@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..compressors.messages import summarize
-from ..server.clocks import reports_extra
+from ..server.clocks import clock_extra
 from .base import EngineResult
 
 
@@ -75,11 +75,14 @@ class RunTally:
 
     def extra(self, updates: int) -> dict:
         """summary.json's traffic fields (``messages.summarize``, by rank)
-        and, for SSP, its clock fields (``clocks.reports_extra``)."""
+        and, for SSP, its clock fields (``clocks.clock_extra``)."""
         extra = summarize([self.traffic[r] for r in sorted(self.traffic)], self.compression,
                           updates)
         if self.ssp or self.clocks:
-            extra.update(reports_extra(self.clocks, self.workers))
+            reports = self.clocks
+            extra.update(clock_extra(summed_staleness(reports.values()),
+                                     {r: c["wait_s"] for r, c in reports.items()},
+                                     {r: c["clocks"] for r, c in reports.items()}, self.workers))
         return extra
 
     def result(self, params, startup: float, wall: float, examples: int, updates: int,

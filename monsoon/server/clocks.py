@@ -64,15 +64,6 @@ def clock_extra(staleness: Counter, waits: dict, clocks: dict, workers: int) -> 
             "clocks": [int(clocks.get(r, 0)) for r in ranks]}
 
 
-def reports_extra(reports: dict, workers: int) -> dict:
-    """``clock_extra`` from the workers' ``WorkerClock.report``s (by rank)."""
-    staleness = Counter()
-    for r in reports.values():
-        staleness.update({int(k): v for k, v in r["staleness"].items()})
-    return clock_extra(staleness, {k: r["wait_s"] for k, r in reports.items()},
-                       {k: r["clocks"] for k, r in reports.items()}, workers)
-
-
 class WorkerClock:
     """One worker's side of SSP around its engine's ``Fetch`` and
     ``Gradient`` handlers: a Fetch reads the floor before it copies (the

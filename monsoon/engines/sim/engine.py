@@ -58,6 +58,7 @@ from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record import checkpoints
 from ..lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
+from ..tally import run_folder_extra
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
 from ...compressors.messages import Sender, compressing, summarize
@@ -242,10 +243,8 @@ class SimEngine(Engine):
                         self.compression, self.total["updates"])}
         if self.ssp is not None:
             result.extra.update(self.ssp.extra())
-        if self.keeper.last_path is not None:
-            result.extra["checkpoint"] = str(self.keeper.last_path)
-        if self.resumed is not None:
-            result.extra["resumed_from"] = str(self.resumed.path)
+        resumed = self.resumed.path if self.resumed is not None else None
+        result.extra.update(run_folder_extra(self.keeper.last_path, resumed))
         return result
 
     # -- the event loop ----------------------------------------------------------

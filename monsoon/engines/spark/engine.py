@@ -54,6 +54,7 @@ from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch,
 from ...record.checkpoints import Checkpointer, private_copies
 from ..base import Engine, EngineResult
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
+from ..tally import failed_list, run_folder_extra
 from .jobs import Jobs
 from .placement import check_segments, in_tasks, task_job
 
@@ -216,12 +217,12 @@ class SparkEngine(Engine):
         return EngineResult(
             out["params"], startup + out.get("launch_s", 0.0), out["wall"], out["examples"], out["updates"],
             out["dropped"], out["staleness"],
-            [{"worker": k, "error": e, "traceback": e} for k, e in sorted(out["failed"].items())],
+            failed_list(out["failed"]),
             stopped=out["stopped"], worker_params=out.get("worker_params", {}),
             extra={"spark_master": master, "partitions": workers,
                    **(out["timing"].summary() if "timing" in out else {}),
                    **steps_per_exchange(strategy), **sizing, **out.get("extra", {}),
-                   **({"checkpoint": str(ckpts.last_path)} if ckpts.last_path else {})})
+                   **run_folder_extra(ckpts.last_path)})
 
     def _size_jobs(self, ctx, strategy, rule, w0) -> dict:
         """A strategy with an exchange period (``Strategy.period``: async's
