@@ -47,12 +47,12 @@ def run_folder_extra(checkpoint=None, resumed_from=None) -> dict:
 
 
 class RunTally:
-    """The reports of a run of ``workers`` workers. ``clocks``: the run has
+    """The reports of a run of ``workers`` workers. ``ssp``: the run has
     SSP's clock, so its result has the clock fields even where no worker
     reported (else only where one did)."""
 
-    def __init__(self, workers: int, compression, clocks: bool = False):
-        self.workers, self.compression, self.ssp = workers, compression, clocks
+    def __init__(self, workers: int, compression, ssp: bool = False):
+        self.workers, self.compression, self.ssp = workers, compression, ssp
         self.staleness = Counter()
         self.examples = self.dropped = self.late = 0
         self.params, self.states, self.traffic, self.clocks = {}, {}, {}, {}

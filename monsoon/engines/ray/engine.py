@@ -298,7 +298,7 @@ class RayEngine(Engine):
             ckpts.final(ray, shards, self.timeout, wall,
                         {r: v["examples"] for r, v in results.items()})
         return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
-                            RunTally(workers, self.compression, clocks=clock is not None),
+                            RunTally(workers, self.compression, ssp=clock is not None),
                             membership)
 
     def _await_ready(self, ray, actors) -> None:
