@@ -34,7 +34,8 @@ ops: an engine that meets it runs the stages with its own runner
 Shared pieces live beside the contract, never in one engine's package:
 ``EngineResult``, ``shard_bounds``, ``DEFAULT_MAX_SHARDS``, ``replicates``,
 ``shared_memory.SharedArrays``, ``checkpoints``, ``reduce``, ``waiting``,
-``processes`` (spawning worker processes).
+``processes`` (spawning worker processes), ``tally`` (the result from the
+workers' end reports).
 """
 from __future__ import annotations
 
