@@ -46,7 +46,7 @@ class WorkerMonitor:
         self.exact, self.needs_main = ck.exact, needs_main
         self.tally = RunTally(workers, engine.compression)  # the workers' reports
         self.failed = self.tally.failed
-        self.tally.params.update(resume.private)  # a resumed worker that reports none keeps it
+        self.tally.params.update(resume.private)  # until the workers report their own copies
         self.finished: set[int] = set()
         self.stopped_cleanly: set[int] = set()
         self.startup = None  # seconds until every worker was ready, once they were
