@@ -8,9 +8,9 @@ reports through their own transports and add them (``RunTally.add``); the
 tally sums them, lists the lost workers (``failed``) and fills
 summary.json's traffic and clock fields, one way for all. What only the
 engine knows (the server's updates, counts in shared memory) it gives to
-``result``. Spark's driver and the
-simulator apply every update themselves and count as they go: they use
-``failed_list`` and ``run_folder_extra`` alone.
+``result``. Spark's driver and the simulator apply every update
+themselves and count as they go: they use ``failed_list`` and
+``run_folder_extra`` alone.
 """
 from __future__ import annotations
 
