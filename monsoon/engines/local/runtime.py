@@ -32,28 +32,29 @@ import numpy as np
 
 from ... import arrays
 from ...rules import UpdateInfo
-from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
-                               LocalApply, LocalStep, Push, SGDPass, weighted)
-from ...server.core import LocalUpdate, ServerCore
+from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push,
+                               SGDPass, weighted)
+from ...server.core import ServerCore
+from ...server.worker import Worker
 from ..waiting import HOT_TURNS, Aborted
 from .clocks import LocalClocks
-from .store import (DROPPED, EXAMPLES, LOSS_N, LOSS_SUM, STALE_MAX, STALE_N, STALE_SUM,
+from .store import (ABORT, DROPPED, EXAMPLES, LOSS_N, LOSS_SUM, STALE_MAX, STALE_N, STALE_SUM,
                     UPDATES, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
 
 
-class WorkerRuntime:
+class WorkerRuntime(Worker):
+    engine = "local"
+
     def __init__(self, rank: int, workers: int, store: ParameterStore, problem, rule,
                  strategy, timeout: float, live: bool = True, start_step: int = 0,
                  checkpoint_every: int = 0, work0: np.ndarray | None = None):
-        self.rank = rank
+        super().__init__(rank, problem, strategy, None)  # the working parameters: below
         self.start_step = start_step  # synchronous steps already done (a resumed run)
         self.checkpoint_every = checkpoint_every
         self.workers = workers
         self.store = store
-        self.problem = problem
         self.rule = rule
-        self.strategy = strategy
         self.timeout = timeout
         self.live = live  # the monitor reads the shared parameters during the run
         self.counters = store.counters[rank]
@@ -90,37 +91,27 @@ class WorkerRuntime:
         # out (no yield) only between processes.
         self._spin = workers <= (os.cpu_count() or 1)
         self._hot_turns = HOT_TURNS if self._spin and store.processes else 0
-        self._local = LocalUpdate(strategy.local_rule, rank)
         self.sender = None  # messages.Sender: compresses Average's drift
-        self._handlers = {Gradient: self.gradient, Apply: self.apply, Fetch: self.fetch,
-                          Push: self.push, LocalStep: self.local_step, AllReduce: self.all_reduce,
-                          Average: self.average, LocalApply: self.local_apply,
-                          Elastic: self.elastic, SGDPass: self.sgd_pass}
-        self.ssp = LocalClocks(self).install(self._handlers) if Clock in strategy.uses else None
+        self.handlers.update({Apply: self.apply, Fetch: self.fetch, Push: self.push,
+                              AllReduce: self.all_reduce, Average: self.average,
+                              Elastic: self.elastic, SGDPass: self.sgd_pass})
+        self.ssp = LocalClocks(self).install(self.handlers) if Clock in strategy.uses else None
 
     # -- driving a program -------------------------------------------------
     def run(self, program, between_ops=None) -> None:
-        """Run ``program`` to its end. ``between_ops()`` (inline runner only)
-        is called after every op, for metrics."""
-        handlers = self._handlers
+        """Run ``program`` to its end, or until the monitor aborts the run
+        (``Aborted``). ``between_ops()`` (inline runner only) is called
+        after every op, for metrics."""
         store = self.store
-        result = None
-        try:
-            while True:
-                op = program.send(result)
-                if store.control[1]:
-                    raise Aborted()
-                result = handlers[type(op)](op)
-                if between_ops is not None:
-                    between_ops()
-        except StopIteration:
-            if self._sync is not None:
-                self._sync.finish()
-            elif self.workers == 1 and self.strategy.shared_params:  # serial's end
-                self.rule.finish(store.params, store.state)
-            return
-        finally:
-            program.close()
+        self.program, self.halt = program, store.control[ABORT:ABORT + 1]
+        self.advance(None, between_ops)
+        if self._sync is not None:
+            self._sync.finish()
+        elif self.workers == 1 and self.strategy.shared_params:  # serial's end
+            self.rule.finish(store.params, store.state)
+
+    def halted(self) -> None:
+        raise Aborted()
 
     def on_stop(self) -> None:
         """The worker stopped at a step boundary (``synchronous.Stopped``)."""
@@ -206,9 +197,6 @@ class WorkerRuntime:
                 self._stale(staleness)
         self.counters[UPDATES] += 1
 
-    def local_step(self, op: LocalStep) -> None:
-        self.work -= op.lr * op.grad
-
     def all_reduce(self, op: AllReduce) -> int:
         grad = op.grad
         examples = op.examples if grad is not None else 0
@@ -235,9 +223,8 @@ class WorkerRuntime:
             arrays.copyto(self.work, self.store.params)
         return behind
 
-    def local_apply(self, op: LocalApply) -> None:
-        if not self._local(self.work, op.grad):
-            self.counters[DROPPED] += 1
+    def count_dropped(self) -> None:
+        self.counters[DROPPED] += 1
 
     def elastic(self, op: Elastic) -> None:
         store = self.store

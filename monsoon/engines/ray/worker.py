@@ -28,30 +28,28 @@ from collections import Counter
 
 import numpy as np
 
-from ...strategies.ops import (AllReduce, Average, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push, Regroup, weighted)
+from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Push, Regroup
 from ...compressors.messages import Compression, Sender, compressing
 from ...server.reduce import finite
 from ...server.clocks import WorkerClock
-from ...server.core import LocalUpdate
+from ...server.worker import Worker
 
 
-class RemoteWorker:
+class RemoteWorker(Worker):
+    engine = "ray"
+
     def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout, clock=None,
                  compression=None):
         import copy
 
-        self.rank = rank
         # Ray hands arrays over read-only (zero copy from its object store);
         # the worker's own copy has writable buffers. Its data is loaded once.
-        self.problem = copy.deepcopy(problem)
+        super().__init__(rank, copy.deepcopy(problem), strategy, np.array(w0, copy=True))
         if self.problem.seed_rng is not None:  # the actor's process is this worker's own
             self.problem.seed_rng(job.seed, rank)
-        self.strategy = strategy
         self.job = job
         self.shards = shards
         self.bounds = bounds
-        self.work = np.array(w0, copy=True)
         self.anchor = np.array(w0, copy=True)  # the server's parameters at the last sync
         self.timeout = timeout
         self.sender = Sender(compression or Compression(), rank)
@@ -65,11 +63,8 @@ class RemoteWorker:
                        "updates": 0}
         self.staleness = Counter()
         self.pending = []
-        self.local_rule = LocalUpdate(strategy.local_rule, rank)
-        self.handlers = {Gradient: self.gradient, Fetch: self.fetch, Push: self.push,
-                         LocalStep: self.local_step, LocalApply: self.local_apply,
-                         AllReduce: self.all_reduce, Average: self.average,
-                         Elastic: self.elastic}
+        self.handlers.update({Fetch: self.fetch, Push: self.push, AllReduce: self.all_reduce,
+                              Average: self.average, Elastic: self.elastic})
         self.ssp = None
         if clock is not None:  # SSP: ticks and floors from the clock server
             self.ssp = RayClock(self, clock).install(self.handlers)
@@ -94,15 +89,9 @@ class RemoteWorker:
         return self.run()
 
     def run(self) -> dict:
-        program = compressing(self.strategy.program(self.job), self.sender, self.work.nbytes,
-                              packed=True)
-        result = None
-        try:
-            while True:
-                op = program.send(result)
-                result = self.handlers[type(op)](op)
-        except StopIteration:
-            pass
+        self.program = compressing(self.strategy.program(self.job), self.sender,
+                                   self.work.nbytes, packed=True)
+        self.advance()
         self._settle_pushes()
         if self.ssp is not None:
             self.ssp.retire()
@@ -126,23 +115,14 @@ class RemoteWorker:
 
         return [ray.put(message)] * len(self.shards)
 
-    # -- ops ---------------------------------------------------------------------
-    def gradient(self, op):
-        if op.next is not None and self.problem.prefetch is not None:
-            self.problem.prefetch(op.next)  # a Dataset problem loads it meanwhile
-        loss, grad = self.problem.gradient(self.work, op.indices)
-        grad = weighted(grad, op.weight)
-        self.counts["examples"] += len(op.indices)
+    # -- ops (Gradient, LocalStep, LocalApply: ``server/worker.py``) ------------
+    def count_gradient(self, examples, loss):
+        self.counts["examples"] += examples
         self.counts["loss_sum"] += float(loss)
         self.counts["loss_n"] += 1
-        return loss, grad
 
-    def local_step(self, op):
-        self.work -= op.lr * op.grad
-
-    def local_apply(self, op):
-        if not self.local_rule(self.work, op.grad):
-            self.counts["dropped"] += 1
+    def count_dropped(self):
+        self.counts["dropped"] += 1
 
     def fetch(self, op):
         replies = self._get([sh.read.remote(self.rank) for sh in self.shards])

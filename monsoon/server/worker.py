@@ -1,0 +1,102 @@
+"""A worker's interpreter of its strategy's ops, written once for every engine.
+
+A strategy's worker loop is a generator of ops (``strategies/ops.py``).
+``Worker.advance`` sends each op to its handler (``handlers``: one dict
+lookup and one call an op, as the local engine's hot path needs,
+``bench/seed_overhead.py``) and the handler's result back into the
+program, until the program ends (True) or a handler returns ``WAIT``: the
+op's result comes later (the sim's event on its virtual clock, Spark's next
+segment), and ``advance(result)`` goes on from there (False).
+
+The handlers that need no transport are here, the same on every engine:
+``Gradient`` (the problem's mean loss and gradient at the working
+parameters ``work``, times the op's weight, ``ops.weighted``; the engine
+counts it in ``count_gradient``), ``LocalStep`` (work -= lr grad) and
+``LocalApply`` (the inner rule's step with this worker's private state,
+``core.LocalUpdate``; a non-finite gradient is not applied, and counted in
+``count_dropped``). An engine subclasses ``Worker`` and adds the ops that
+travel (Apply, Fetch, Push, AllReduce, Average, Elastic, Clock): how a
+message reaches the server or the other workers is all it brings.
+
+``halt``: where another party (the local engine's monitor, in shared
+memory) can end the run: ``halt[0]`` set, ``halted()`` raises before the
+worker's next op. A program that fails or is halted is closed. An op the
+engine does not carry out raises ConfigError (``Engine.check`` refuses such
+a strategy before the run; this is the backstop).
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ..strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
+                              LocalApply, LocalStep, Push, SGDPass, weighted)
+from .core import LocalUpdate
+
+WAIT = object()  # a handler's result: the op's own result comes later (``advance``)
+OPS = (Gradient, Apply, Fetch, Push, Clock, LocalStep, AllReduce, Average, LocalApply, Elastic,
+       SGDPass)
+
+
+class Worker:
+    engine = "this"  # its name, in ``cannot``'s error
+    halt = (0,)      # never set: see the module docstring
+
+    def __init__(self, rank: int, problem, strategy, work, local_rule=None):
+        self.rank, self.problem, self.strategy, self.work = rank, problem, strategy, work
+        self.program = None
+        # the inner rule with this worker's own state (local SGD, EASGD)
+        self.local_rule = LocalUpdate(strategy.local_rule, rank) if local_rule is None \
+            else local_rule
+        self.handlers = dict.fromkeys(OPS, self.cannot)
+        self.handlers.update({Gradient: self.gradient, LocalStep: self.local_step,
+                              LocalApply: self.local_apply})
+
+    def advance(self, result=None, between_ops=None) -> bool:
+        """Carry out ``program``'s ops from where it waits (``result``: what
+        its last op returned) until it ends (True) or a handler returns
+        ``WAIT`` (False). ``between_ops()``, where given, runs after each op."""
+        handlers, halt, program, wait = self.handlers, self.halt, self.program, WAIT
+        try:
+            while True:
+                op = program.send(result)
+                if halt[0]:
+                    self.halted()
+                result = handlers[type(op)](op)
+                if result is wait:
+                    return False
+                if between_ops is not None:
+                    between_ops()
+        except StopIteration:
+            return True
+        except BaseException:
+            program.close()
+            raise
+
+    def halted(self) -> None:
+        raise RuntimeError("halted")
+
+    def cannot(self, op):
+        raise ConfigError(f"the {self.engine} engine cannot carry out {type(op).__name__} "
+                          f"({self.strategy.name})")
+
+    # -- the handlers every engine shares -------------------------------------------
+    def gradient(self, op):
+        problem = self.problem
+        if op.next is not None and problem.prefetch is not None:
+            problem.prefetch(op.next)  # a Dataset problem loads it while this one computes
+        loss, grad = problem.gradient(self.work, op.indices)
+        self.count_gradient(len(op.indices), loss)
+        return loss, weighted(grad, op.weight)
+
+    def local_step(self, op) -> None:
+        self.work -= op.lr * op.grad
+
+    def local_apply(self, op) -> None:
+        if not self.local_rule(self.work, op.grad):
+            self.count_dropped()
+
+    # -- what an engine counts ------------------------------------------------------
+    def count_gradient(self, examples: int, loss) -> None:
+        """A gradient over ``examples`` examples with mean loss ``loss``."""
+
+    def count_dropped(self) -> None:
+        """A non-finite gradient, not applied."""
