@@ -51,14 +51,15 @@ import numpy as np
 from ... import arrays
 from ...errors import ConfigError, WorkerError
 from ...strategies import WorkerJob
-from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply, weighted
+from ...strategies.ops import AllReduce, Average, Elastic, Fetch
 from ...record import checkpoints
 from ..base import EngineResult
 from ..due import Due
 from ..tally import RunTally
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
-from ...server.core import LocalUpdate, ServerCore
+from ...server.core import ServerCore
+from ...server.worker import Worker
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
@@ -95,13 +96,14 @@ class _Stop(Exception):
     """Rank 0 asked every rank to stop (the recorder's verdict)."""
 
 
-class RankWorker:
+class RankWorker(Worker):
+    engine = "torch"
+
     def __init__(self, comm, problem, rule, strategy, w0, job, recorder, engine, start,
                  shm=None):
+        super().__init__(comm.rank, problem, strategy, None)  # the working copy: below
         self.comm = comm
-        self.rank, self.world = comm.rank, comm.world
-        self.problem = problem
-        self.strategy = strategy
+        self.world = comm.world
         self.job = job
         self.recorder = recorder if comm.rank == 0 else None
         self.due = Due(recorder) if comm.rank == 0 else None  # rows and live updates, on rank 0
@@ -120,7 +122,6 @@ class RankWorker:
         self.whole = comm.tensor(self.buf)
         self.xp = np  # the arrays' functions (``arrays.namespace``)
         self.dflags = None  # the flags in a device buffer (``to_device``)
-        self.local_rule = LocalUpdate(strategy.local_rule, self.rank)
         self.step = start["step"]  # collectives done (sync: steps) since the run began
         self.updates = start["updates"]
         self.dropped = start["dropped"]
@@ -154,9 +155,8 @@ class RankWorker:
                                    int(engine.bucket_mb * 2**20))
         # the step's update (``server/core.py``), on the replica where it lives now
         self.core = ServerCore(self.server, rule, self.state)
-        self.handlers = {Gradient: self.gradient, AllReduce: self.all_reduce,
-                         Average: self.average, Elastic: self.elastic,
-                         LocalApply: self.local_apply, Fetch: self.fetch}
+        self.handlers.update({AllReduce: self.all_reduce, Average: self.average,
+                              Elastic: self.elastic, Fetch: self.fetch})
         self.t0 = time.perf_counter()
 
     def to_device(self, device) -> None:
@@ -200,20 +200,13 @@ class RankWorker:
 
     # -- the program -------------------------------------------------------
     def run(self) -> None:
-        program = compressing(self.strategy.program(self.job), self.sender,
-                              arrays.nbytes(self.server),
-                              packed=True, fetch_bytes=0)  # a Fetch reads the rank's replica
-        result = None
+        self.program = compressing(self.strategy.program(self.job), self.sender,
+                                   arrays.nbytes(self.server),
+                                   packed=True, fetch_bytes=0)  # a Fetch reads the rank's replica
         try:
-            while True:
-                op = program.send(result)
-                handler = self.handlers.get(type(op))
-                if handler is None:
-                    raise ConfigError(f"the torch engine cannot carry out {type(op).__name__} "
-                                      f"({self.strategy.name}); use --engine local or ray")
-                result = handler(op)
-        except (StopIteration, _Stop):
-            program.close()
+            self.advance()
+        except _Stop:  # the program is closed
+            pass
         self._drain()
 
     def _drain(self) -> None:
@@ -300,21 +293,21 @@ class RankWorker:
         if self.dflags is not None:  # ordered before the collective on the device's stream
             self.dflags.copy_(self.readback[:-1], non_blocking=True)
 
-    # -- ops ----------------------------------------------------------------
+    # -- ops (LocalApply: ``server/worker.py``) ---------------------------------
     def gradient(self, op):
-        problem = self.problem
-        if op.next is not None and problem.prefetch is not None:
-            problem.prefetch(op.next)
-        self.examples += len(op.indices)
-        if self.buckets is not None:
-            self._flags(len(op.indices))
-            loss = self.buckets.gradient(self.work, op.indices,
-                                         len(op.indices) * op.weight / self.unit)
-            self.last_loss = float(loss)  # travels with the next step's flags
-            return loss, self.grad
-        loss, grad = problem.gradient(self.work, op.indices)
-        self.last_loss = float(loss)
-        return loss, weighted(grad, op.weight)
+        if self.buckets is None:
+            return super().gradient(op)
+        if op.next is not None and self.problem.prefetch is not None:
+            self.problem.prefetch(op.next)
+        self._flags(len(op.indices))
+        loss = self.buckets.gradient(self.work, op.indices,
+                                     len(op.indices) * op.weight / self.unit)
+        self.count_gradient(len(op.indices), loss)
+        return loss, self.grad
+
+    def count_gradient(self, examples, loss):
+        self.examples += examples
+        self.last_loss = float(loss)  # travels with the next step's flags
 
     def all_reduce(self, op):
         if self.compressed:
@@ -393,9 +386,8 @@ class RankWorker:
         self.updates += int(self.flags[ACTIVE])
         self._after_collective()
 
-    def local_apply(self, op):
-        if not self.local_rule(self.work, op.grad):
-            self.dropped += 1
+    def count_dropped(self):
+        self.dropped += 1
 
     def fetch(self, op):
         self.work[:] = self.server
