@@ -37,8 +37,10 @@ OPS = (Gradient, Apply, Fetch, Push, Clock, LocalStep, AllReduce, Average, Local
 
 
 class Worker:
-    engine = "this"  # its name, in ``cannot``'s error
-    halt = (0,)      # never set: see the module docstring
+    # slots: the sim runs tens of thousands of workers (its subclass has slots too)
+    __slots__ = ("rank", "problem", "strategy", "work", "program", "local_rule", "handlers")
+    engine_name = "this"  # in ``cannot``'s error
+    halt = (0,)           # never set: see the module docstring
 
     def __init__(self, rank: int, problem, strategy, work, local_rule=None):
         self.rank, self.problem, self.strategy, self.work = rank, problem, strategy, work
@@ -75,7 +77,7 @@ class Worker:
         raise RuntimeError("halted")
 
     def cannot(self, op):
-        raise ConfigError(f"the {self.engine} engine cannot carry out {type(op).__name__} "
+        raise ConfigError(f"the {self.engine_name} engine cannot carry out {type(op).__name__} "
                           f"({self.strategy.name})")
 
     # -- the handlers every engine shares -------------------------------------------

@@ -44,7 +44,7 @@ from .synchronous import ReplicatedStep, ShardedStep
 
 
 class WorkerRuntime(Worker):
-    engine = "local"
+    engine_name = "local"
 
     def __init__(self, rank: int, workers: int, store: ParameterStore, problem, rule,
                  strategy, timeout: float, live: bool = True, start_step: int = 0,

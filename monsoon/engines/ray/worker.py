@@ -36,7 +36,7 @@ from ...server.worker import Worker
 
 
 class RemoteWorker(Worker):
-    engine = "ray"
+    engine_name = "ray"
 
     def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout, clock=None,
                  compression=None):

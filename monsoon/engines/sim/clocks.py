@@ -19,6 +19,7 @@ import numpy as np
 
 from ...strategies.ops import Clock, Fetch, Gradient
 from ...server.clocks import ClockTable, clock_extra
+from ...server.worker import WAIT
 
 REQUEST_BYTES = 64
 
@@ -60,9 +61,9 @@ class SimClocks:
             self.table.tick(r)
             self._release()
         if self.table.allows(int(self.clock[r]), op.bound):
-            return True, self.table.floor()
+            return self.table.floor()
         self.waiting[r] = (w, op.bound, self.engine.now)
-        return False, None
+        return WAIT
 
     # -- the engine's hooks ----------------------------------------------------
     def pushing(self, rank: int) -> None:

@@ -44,17 +44,18 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
+from functools import partial
 
 import numpy as np
 
 from ...errors import ConfigError
 from ...strategies import WorkerJob
-from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
-                               LocalApply, LocalStep, Push)
+from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
 from ...server.reduce import finite, weighted_sum
-from ...server.core import LocalUpdate, ServerCore, new_readers
+from ...server.core import ServerCore, new_readers
+from ...server.worker import WAIT, Worker
 from ...record import checkpoints
 from ..lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
@@ -67,14 +68,19 @@ from .clocks import SimClocks
 REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 
 
-class _Worker:
-    __slots__ = ("rank", "program", "work", "grad", "examples", "updates", "dropped", "late",
-                 "busy", "others_at_read", "pending",
-                 "ticket", "sync_step", "local_rule", "done", "sender",
+class _Worker(Worker):
+    """A virtual worker: the shared interpreter (``server/worker.py``), its
+    ops that take virtual time carried out by the engine's handlers, which
+    return ``WAIT`` and schedule the event that resumes it (``_resume``)."""
+    __slots__ = ("sim", "grad", "examples", "updates", "dropped", "late", "busy",
+                 "others_at_read", "pending", "ticket", "sync_step", "done", "sender",
                  "snapshot", "loss_sum", "loss_n")
+    engine_name = "sim"
 
-    def __init__(self, rank):
-        self.rank = rank
+    def __init__(self, rank, sim, work):
+        super().__init__(rank, sim.problem, sim.strategy, work)
+        self.sim = sim
+        self.handlers.update({op: partial(f, self) for op, f in sim.handlers.items()})
         self.examples = self.updates = self.dropped = self.late = 0
         self.busy = 0.0
         self.others_at_read = 0
@@ -83,6 +89,9 @@ class _Worker:
         self.done = False
         self.snapshot = None
         self.loss_sum, self.loss_n = 0.0, 0  # its mini-batch losses, for the live series
+
+    def count_dropped(self) -> None:
+        self.sim._dropped(self)
 
 
 def _jsonable_state(state):
@@ -145,12 +154,12 @@ class SimEngine(Engine):
                               f"{strategy.name} strategy has no stages: use --compute-s")
         t_real = time.perf_counter()
         self._set_up_server(problem, rule, strategy, w0, workers, seed)
-        self._set_up_workers(w0, batch_size, seed, budget)
+        # the ops that take virtual time, ``(worker, op)``; each worker binds them
         self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
-                         Push: self._push, LocalStep: self._local_step,
-                         LocalApply: self._local_apply, AllReduce: self._all_reduce,
-                         Average: self._average, Elastic: self._elastic}
+                         Push: self._push, AllReduce: self._all_reduce, Average: self._average,
+                         Elastic: self._elastic}
         self.ssp = SimClocks(self).install(self.handlers) if Clock in strategy.uses else None
+        self._set_up_workers(w0, batch_size, seed, budget)
         self.keeper = checkpoints.Checkpointer.for_engine(self, problem, strategy, rule, workers,
                                                           batch_size, seed, recorder)
         # checked, and its loss curve handed to the recorder
@@ -208,14 +217,13 @@ class SimEngine(Engine):
         n, strategy = w0.size, self.strategy
         self.workers = []
         for rank in range(self.W):
-            w = _Worker(rank)
+            w = _Worker(rank, self, self.params if strategy.shared_params
+                        else np.array(w0, copy=True))
             w.sender = Sender(self.compression, rank)
             w.program = compressing(strategy.program(WorkerJob(
                 rank, self.W, self.problem.n_examples, batch_size, seed, budget)), w.sender,
                 self.nbytes)
-            w.work = self.params if strategy.shared_params else np.array(w0, copy=True)
             w.grad = np.empty(n, dtype=w0.dtype)
-            w.local_rule = LocalUpdate(strategy.local_rule, rank)
             self.workers.append(w)
             self._at(0.0, self._resume, w, None)
 
@@ -328,18 +336,10 @@ class SimEngine(Engine):
 
     def _resume(self, w: _Worker, value) -> None:
         """Run ``w``'s program until an op has to wait for virtual time."""
-        handlers = self.handlers
-        while True:
-            try:
-                op = w.program.send(value)
-            except StopIteration:
-                w.done = True
-                if self.ssp is not None:  # it no longer counts toward the bound
-                    self.ssp.retire(w)
-                return
-            immediate, value = handlers[type(op)](w, op)
-            if not immediate:
-                return
+        if w.advance(value):
+            w.done = True
+            if self.ssp is not None:  # it no longer counts toward the bound
+                self.ssp.retire(w)
 
     def _message(self, nbytes: int) -> float:
         return self.delays.message_time(nbytes)
@@ -365,7 +365,7 @@ class SimEngine(Engine):
         dt = self.delays.compute_time(self.rng, w.rank, self.W)
         w.busy += dt
         self._at(self.now + dt, self._resume, w, (loss, w.grad))
-        return False, None
+        return WAIT
 
     def _inconsistent_read(self, w, op):
         """Hogwild!: the worker reads the shared vector while it computes, so
@@ -378,7 +378,7 @@ class SimEngine(Engine):
         for s in range(self.S):
             self._at(self.now + dt * s / self.S, self._read_shard, w, s)
         self._at(self.now + dt, self._gradient_on_snapshot, w, op)
-        return False, None
+        return WAIT
 
     def _read_shard(self, w, s):
         a, b = self.bounds[s]
@@ -402,9 +402,8 @@ class SimEngine(Engine):
         self.server.version = self.total["updates"]
         if self.server.push(w.rank, op.grad, w.updates + w.others_at_read) is None:
             self._dropped(w)
-            return True, None
-        self._updated(w)
-        return True, None
+        else:
+            self._updated(w)
 
     def _updated(self, w):
         w.updates += 1
@@ -414,15 +413,6 @@ class SimEngine(Engine):
         w.dropped += 1
         self.total["dropped"] += 1
 
-    def _local_step(self, w, op):
-        w.work -= op.lr * op.grad
-        return True, None
-
-    def _local_apply(self, w, op):
-        if not w.local_rule(w.work, op.grad):
-            self._dropped(w)
-        return True, None
-
     # Downpour: fetch and push, shard by shard
     def _fetch(self, w, op):
         w.pending = self.S
@@ -430,7 +420,7 @@ class SimEngine(Engine):
         arrive = self.now + self._message(REQUEST_BYTES)
         for s in range(self.S):
             self._at(arrive, self._shard_arrive, s, self._serve_read, w)
-        return False, None
+        return WAIT
 
     def _serve_read(self, s, w):
         a, b = self.bounds[s]
@@ -448,7 +438,7 @@ class SimEngine(Engine):
     def _push(self, w, op):
         if not self.server.admits(op.grad):  # the whole gradient, once
             self._dropped(w)
-            return True, None
+            return None
         grad, ticket = op.grad.copy(), op.ticket
         if self.ssp is not None:
             self.ssp.pushing(w.rank)
@@ -460,7 +450,7 @@ class SimEngine(Engine):
         sent = w.sender.last_nbytes  # the encoded size (--compress)
         send = sent / self.delays.bandwidth_Bps if self.delays.bandwidth_Bps else 0.0
         self._at(self.now + send, self._resume, w, None)
-        return False, None
+        return WAIT
 
     def _serve_push(self, s, w, grad, ticket, push):
         a, b = self.bounds[s]
@@ -479,12 +469,12 @@ class SimEngine(Engine):
             arrive = self.now + self._message(REQUEST_BYTES)
             for s in range(self.S):
                 self._at(arrive, self._shard_arrive, s, self._serve_centre, w, centre, op.alpha)
-            return False, None
+            return WAIT
         for s in range(self.S):
             a, b = self.bounds[s]
             arrive = self.now + self._message((b - a) * self.params.itemsize)
             self._at(arrive, self._shard_arrive, s, self._serve_elastic, w, op.alpha)
-        return False, None
+        return WAIT
 
     def _serve_centre(self, s, w, centre, alpha):
         a, b = self.bounds[s]
@@ -547,7 +537,7 @@ class SimEngine(Engine):
     def _contribute(self, w, examples, nbytes):
         self._at(self.now + self._message(nbytes), self._sync_arrive, w, w.sync_step,
                  examples)
-        return False, None
+        return WAIT
 
     def _sync_arrive(self, w, step, examples):
         if step < self.sync_step:  # the step was applied without it

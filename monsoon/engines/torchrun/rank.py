@@ -97,7 +97,7 @@ class _Stop(Exception):
 
 
 class RankWorker(Worker):
-    engine = "torch"
+    engine_name = "torch"
 
     def __init__(self, comm, problem, rule, strategy, w0, job, recorder, engine, start,
                  shm=None):
