@@ -20,12 +20,9 @@ import time
 
 import numpy as np
 
-from ...strategies.ops import (Average, Clock, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push, weighted)
+from ...strategies.ops import Average, Clock, Elastic, Fetch, Push, weighted
 from ...server.reduce import finite
-from ...server.core import LocalUpdate
-
-_EXCHANGES = (Push, Average, Elastic)  # end a segment: exchanges with the server, on the driver
+from ...server.worker import WAIT, Worker
 
 
 def step_union(waiting: dict, ranks: list, n: int):
@@ -80,77 +77,84 @@ def run_segment(block, strategy, job, w, ticket, local_rule=None, work=None, sen
     program has nothing left) and ``clock``: the staleness bound of an SSP
     tick that follows the push (the driver carries the tick out)."""
     started = time.perf_counter()
-    problem = block.problem
-    work = np.array(w if work is None else work, copy=True)
-    anchor = np.asarray(w)
-    if local_rule is None and strategy.local_rule is not None:
-        local_rule = LocalUpdate(strategy.local_rule, block.index)
-    out = {"op": None, "steps": 0, "examples": 0, "dropped": 0, "local_rule": local_rule,
-           "ended": False, "loss": 0.0, "sender": sender}
+    seg = _Segment(block, strategy, w, ticket, local_rule, work, sender, deltas)
+    out = seg.out
     if sender is not None:
-        sender.received_bytes += anchor.nbytes  # the server's parameters, read at launch
-    send = sender.pack if sender is not None else (lambda v: v)
-    program = strategy.program(job)
-    result = None
+        sender.received_bytes += seg.anchor.nbytes  # the server's parameters, read at launch
+    seg.program = program = strategy.program(job)
     try:
-        while True:
-            op = program.send(result)
-            result = None
-            kind = type(op)
-            if kind is Gradient:
-                loss, grad = problem.gradient(work, block.rows_of(op.indices))
-                result = loss, weighted(grad, op.weight)
-                if deltas and not local_rule(work, result[1]):
-                    out["dropped"] += 1
-                out["steps"] += 1
-                out["examples"] += len(op.indices)
-                out["loss"] += float(result[0])
-            elif kind is Fetch:
-                if out["steps"]:  # a second read: the server is on the driver
-                    break
-                result = ticket
-            elif kind is LocalStep:
-                if not deltas:  # with deltas the rule's own step was taken
-                    work -= op.lr * op.grad
-            elif kind is LocalApply:
-                if not local_rule(work, op.grad):
-                    out["dropped"] += 1
-            elif kind in _EXCHANGES:
-                _exchange(op, out, work, anchor, send, sender, deltas)
-                break
-            else:
-                raise TypeError(f"the spark engine cannot run {kind.__name__} ops")
-        _look_past_exchange(program, out)
-    except StopIteration:
-        out["ended"] = True
+        if seg.advance():
+            out["ended"] = True
+        else:
+            _look_past_exchange(program, out)
     finally:
         program.close()
     if out["op"] not in ("push", "average"):
-        out["work"] = work  # the worker's own copy goes on (EASGD)
+        out["work"] = seg.work  # the worker's own copy goes on (EASGD)
     out["task_s"] = time.perf_counter() - started  # the job's wall less this: scheduling
     return out
 
 
-def _exchange(op, out, work, anchor, send, sender, deltas) -> None:
-    """The exchange ``op`` (Push, Average or Elastic) that ends a segment:
-    puts in ``out`` what it sends to the driver, packed by ``send``.
-    Compressed EASGD takes its sent difference off ``work`` here."""
-    kind = type(op)
-    if kind is Push:
-        out["op"], out["ticket"] = "push", op.ticket
-        sent = anchor - work if deltas else op.grad
-        out["grad"] = np.array(send(sent), copy=True) if finite(sent) else None
-    elif kind is Average:
-        out["op"], out["drift"] = "average", send(anchor - work)
-        out["examples_behind"] = op.examples
-    else:
-        out["op"], out["alpha"] = "elastic", op.alpha
-        if sender is not None and sender.compression.active:
-            # read x~ at launch, send D = C(alpha (x_k - x~) + e), x_k -= D
-            out["difference"], sent = sender.exchange(op.alpha * (work - anchor))
-            work -= sent
-        elif sender is not None:
-            sender.dense(work.nbytes)  # x_k itself: the driver forms the difference
+class _Segment(Worker):
+    """The ops of one segment (``run_segment``): the shared interpreter,
+    Gradient on the block's rows, a Fetch that reads what the segment
+    started from, and an exchange that ends the segment (``WAIT``)."""
+    engine_name = "spark"
+
+    def __init__(self, block, strategy, w, ticket, local_rule, work, sender, deltas):
+        super().__init__(block.index, block.problem, strategy,
+                         np.array(w if work is None else work, copy=True), local_rule)
+        self.block, self.ticket, self.sender, self.deltas = block, ticket, sender, deltas
+        self.anchor = np.asarray(w)
+        self.out = {"op": None, "steps": 0, "examples": 0, "dropped": 0,
+                    "local_rule": self.local_rule, "ended": False, "loss": 0.0, "sender": sender}
+        self.handlers.update({Fetch: self.fetch, Push: self.exchange, Average: self.exchange,
+                              Elastic: self.exchange})
+
+    def gradient(self, op):
+        loss, grad = self.problem.gradient(self.work, self.block.rows_of(op.indices))
+        grad = weighted(grad, op.weight)
+        if self.deltas and not self.local_rule(self.work, grad):
+            self.count_dropped()
+        out = self.out
+        out["steps"] += 1
+        out["examples"] += len(op.indices)
+        out["loss"] += float(loss)
+        return loss, grad
+
+    def fetch(self, op):
+        return WAIT if self.out["steps"] else self.ticket  # a second read: on the driver
+
+    def local_step(self, op) -> None:
+        if not self.deltas:  # with deltas the rule's own step was taken
+            super().local_step(op)
+
+    def count_dropped(self) -> None:
+        self.out["dropped"] += 1
+
+    def exchange(self, op):
+        """The exchange ``op`` (Push, Average or Elastic) that ends a segment:
+        puts in ``out`` what it sends to the driver, packed by the sender.
+        Compressed EASGD takes its sent difference off ``work`` here."""
+        out, work, anchor, sender = self.out, self.work, self.anchor, self.sender
+        send = sender.pack if sender is not None else (lambda v: v)
+        kind = type(op)
+        if kind is Push:
+            out["op"], out["ticket"] = "push", op.ticket
+            sent = anchor - work if self.deltas else op.grad
+            out["grad"] = np.array(send(sent), copy=True) if finite(sent) else None
+        elif kind is Average:
+            out["op"], out["drift"] = "average", send(anchor - work)
+            out["examples_behind"] = op.examples
+        else:
+            out["op"], out["alpha"] = "elastic", op.alpha
+            if sender is not None and sender.compression.active:
+                # read x~ at launch, send D = C(alpha (x_k - x~) + e), x_k -= D
+                out["difference"], sent = sender.exchange(op.alpha * (work - anchor))
+                work -= sent
+            elif sender is not None:
+                sender.dense(work.nbytes)  # x_k itself: the driver forms the difference
+        return WAIT
 
 
 def _look_past_exchange(program, out) -> None:
