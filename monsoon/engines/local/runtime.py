@@ -1,7 +1,9 @@
 """One worker of the local engine: interprets a strategy's ops on shared memory.
 
 The same runtime serves a spawned process, a thread, and the inline runner
-that ``serial`` uses. Op by op:
+that ``serial`` uses. The loop, ``LocalStep`` and ``LocalApply`` are the
+shared interpreter's (``server/worker.py``); the monitor's abort flag ends
+the loop before the next op. Op by op:
 
 - ``Gradient``: the problem computes at the working parameters (the shared
   ones for shared strategies: zero copy). Sync workers write straight into

@@ -1,6 +1,7 @@
 """A worker of the Ray engine (run as a Ray actor): it loads its problem
-(and so its data) once, runs its strategy program, and turns each op into
-calls on the shard actors. Every remote wait has the run's timeout.
+(and so its data) once, runs its strategy program (``server/worker.py``'s
+loop, Gradient, LocalStep and LocalApply), and turns each op that travels
+into calls on the shard actors. Every remote wait has the run's timeout.
 
 Workers always compute on a private copy of the parameters (there is no
 shared memory across machines); ``AllReduce`` and ``Average`` return with the

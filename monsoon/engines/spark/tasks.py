@@ -3,9 +3,10 @@
 Nothing here talks to the driver: a segment (``run_segment``) starts from
 the parameters it is given (a local-sgd round's broadcast or closure; an
 async worker's message over its task's socket, ``stream.py``) and returns
-its result, and only a whole result ever reaches the driver. A retried
-attempt recomputes the same result from the same inputs, so an update is
-applied once, whatever Spark retried.
+its result, and only a whole result ever reaches the driver (``_Segment``:
+the shared interpreter, ``server/worker.py``, whose exchange ends the
+segment). A retried attempt recomputes the same result from the same
+inputs, so an update is applied once, whatever Spark retried.
 
 A worker's ``messages.Sender`` (its compressor and error-feedback residual)
 goes out with the segment and comes back with its result, as its inner
