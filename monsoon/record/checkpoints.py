@@ -29,7 +29,7 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +57,62 @@ class Checkpoint:
     path: Path
     meta: dict
     arrays: dict
+
+
+@dataclass
+class Start:
+    """Where a run starts: at the beginning (``saved`` is None), or at the
+    checkpoint ``saved`` (``Checkpointer.start``).
+
+    Every engine's checkpoint holds the parameters, the rule state and the
+    meta keys ``examples``, ``dropped`` and ``time_s``. The others differ
+    for real reasons, and an engine reads its own in ``saved.meta``:
+    ``step`` (steps or versions done) is written by the engines that count
+    steps (ray, spark's sync driver, torchrun), 0 here where absent;
+    ``positions`` (each worker's batches done) by ray and the local engine,
+    here ``[step] * workers`` where absent (every worker walks the global
+    plan); the private copies (``worker.<k>.params``) and compressor states
+    (``sender.<name>``, workers first) where the run keeps them."""
+    params: np.ndarray
+    state: tuple | None          # the whole rule state (None: the rule's fresh one)
+    step: int = 0
+    positions: list = field(default_factory=list)
+    examples: int = 0
+    dropped: int = 0
+    time_s: float = 0.0
+    private: dict = field(default_factory=dict)   # rank -> private copy
+    senders: dict = field(default_factory=dict)   # rank -> compressor state
+    saved: Checkpoint | None = None
+
+    @property
+    def path(self) -> str | None:
+        return None if self.saved is None else str(self.saved.path)
+
+    def restore(self, params, state) -> None:
+        """Copy the checkpoint's parameters and rule state into ``params``
+        and ``state``, in place."""
+        params[...] = self.params
+        for mine, saved in zip(state, self.state):
+            mine[...] = saved
+
+    @classmethod
+    def fresh(cls, w0, workers: int) -> "Start":
+        return cls(np.array(w0, copy=True), None, positions=[0] * workers)
+
+    @classmethod
+    def at(cls, saved: Checkpoint, rule, workers: int) -> "Start":
+        params, meta, arrays = saved.arrays["params"], saved.meta, saved.arrays
+        state = rule.init(params.size, params.dtype)
+        restore_state(saved, state)
+        step = int(meta.get("step", 0))
+        held = [k for k in arrays if k.startswith("sender.")]
+        return cls(np.array(params, copy=True), state, step,
+                   [int(p) for p in meta.get("positions", [step] * workers)][:workers],
+                   int(meta["examples"]), int(meta["dropped"]), float(meta["time_s"]),
+                   {r: arrays[f"worker.{r}.params"] for r in range(workers)
+                    if f"worker.{r}.params" in arrays},
+                   {r: {k[len("sender."):]: arrays[k][r] for k in held}
+                    for r in range(workers)} if held else {}, saved)
 
 
 
@@ -284,8 +340,9 @@ class Checkpointer:
 
     ``load`` returns the checkpoint to resume from (None: a fresh run),
     checked against this run and the shapes given, and hands its loss curve
-    to the recorder; ``due(updates)`` says when the next one is due;
-    ``save`` writes one with the settled rows up to it."""
+    to the recorder; ``start``, the ``Start`` read from it; ``due(updates)``
+    says when the next one is due; ``save`` writes one with the settled
+    rows up to it."""
 
     def __init__(self, directory, every: int, resume_dir, ident: dict, recorder=None):
         self.directory = directory
@@ -308,6 +365,11 @@ class Checkpointer:
         if self.recorder is not None:
             self.recorder.resume(ckpt.meta["rows"])
         return ckpt
+
+    def start(self, w0, rule, workers: int, extra_shapes: dict | None = None) -> Start:
+        """Where this run starts: the checkpoint ``load`` returns, or the beginning."""
+        saved = self.load(w0, rule, extra_shapes)
+        return Start.fresh(w0, workers) if saved is None else Start.at(saved, rule, workers)
 
     def due(self, updates: int) -> bool:
         if not self.every:

@@ -54,10 +54,11 @@ def exact_checkpoints(strategy) -> bool:
 
 class RunCheckpoints(checkpoints.Checkpointer):
     """The shared keeper, with the local engine's cost floor, counters,
-    positions and private copies (the monitor hands it the curve's rows)."""
+    positions and private copies (the monitor hands it the curve's rows to
+    write; a resumed run's go to the recorder)."""
 
-    def __init__(self, directory, every: int, resume_dir, ident: dict, exact: bool):
-        super().__init__(directory, every, resume_dir, ident)
+    def __init__(self, directory, every: int, resume_dir, ident: dict, exact: bool, recorder):
+        super().__init__(directory, every, resume_dir, ident, recorder)
         self.exact = exact
         self.ready_at = 0.0  # perf_counter time before which no periodic write is due
 
@@ -66,8 +67,8 @@ class RunCheckpoints(checkpoints.Checkpointer):
         return time.perf_counter() >= self.ready_at
 
     # -- reading ----------------------------------------------------------
-    def load(self, rule, w0: np.ndarray, workers: int, sender: dict | None = None,
-             buffers: dict | None = None):
+    def start(self, w0: np.ndarray, rule, workers: int, sender: dict | None = None,
+              buffers: dict | None = None):
         """``sender``: one worker's sender layout, where checkpoints hold them;
         ``buffers``: the model's (``buffer_arrays``), where they hold them."""
         extra = {"counters": ((workers, 4), "int64")}
@@ -75,13 +76,12 @@ class RunCheckpoints(checkpoints.Checkpointer):
             extra["sender." + name] = ((workers,) + tuple(shape), dtype)
         for name, arr in (buffers or {}).items():
             extra[name] = (arr.shape, arr.dtype)
-        return super().load(w0, rule, extra)
+        return super().start(w0, rule, workers, extra)
 
     @staticmethod
-    def restore(ckpt, store) -> None:
-        store.params[:] = ckpt.arrays["params"]
-        checkpoints.restore_state(ckpt, store.state)
-        store.counters[:] = ckpt.arrays["counters"]
+    def restore(start, store) -> None:
+        start.restore(store.params, store.state)
+        store.counters[:] = start.saved.arrays["counters"]
 
     # -- writing ----------------------------------------------------------
     def snapshot_positions(self, strategy, counters: np.ndarray, n: int, batch_size: int,
@@ -200,10 +200,3 @@ def read_senders(store, step: int, every: int) -> dict | None:
     out = {k.replace("ckpt.", "", 1): np.array(v[half], copy=True) for k, v in arrays.items()
            if k.startswith("ckpt.sender.") and k != TAG}
     return out if (tags == step).all() else None
-
-
-def sender_state(ckpt, rank: int) -> dict | None:
-    """Worker ``rank``'s sender state in a checkpoint (None: it holds none)."""
-    prefix = "sender."
-    found = {k[len(prefix):]: v[rank] for k, v in ckpt.arrays.items() if k.startswith(prefix)}
-    return found or None

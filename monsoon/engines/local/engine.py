@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,7 +61,7 @@ from ..processes import (blas_threads, join_or_kill, limit_threads, main_module_
 from ..due import Due
 from ..waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
-                            restore_buffers, sender_slots, sender_state)
+                            restore_buffers, sender_slots)
 from .inbox import Outbox, PipeInbox, QueueInbox
 from ...compressors.messages import Sender, compressing
 from ... import arrays
@@ -97,22 +97,6 @@ class WorkerSetup:
     work0: np.ndarray | None = None  # a resumed private copy
     compression: object = None     # messages.Compression (--compress)
     sender_state: dict | None = None  # a resumed worker's compressor state
-
-
-@dataclass
-class _Resume:
-    """Where a resumed run starts (a fresh run: at the beginning)."""
-    workers: int
-    start: list = None       # each worker's steps already done
-    time_s: float = 0.0      # run time before the checkpoint
-    private: dict = field(default_factory=dict)  # rank -> private copy
-    path: str | None = None
-    senders: dict = field(default_factory=dict)  # rank -> compressor state (--compress)
-
-    def __post_init__(self):
-        if self.start is None:
-            self.start = [0] * self.workers
-        self.private = {r: p for r, p in self.private.items() if p is not None}
 
 
 @contextlib.contextmanager
@@ -446,10 +430,10 @@ class LocalEngine(Engine):
         ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
         ident["plan"] = "epochs" if self.kernel else "batches"  # what a position counts
         ck = RunCheckpoints(self.checkpoint_dir, self.checkpoint_every, self.resume_dir, ident,
-                            exact)
+                            exact, recorder)
         compression = self.compression
         senders = exact and compression.stateful  # checkpoints hold each worker's sender
-        resumed = ck.load(rule, w0, workers,  # checked before anything starts
+        resume = ck.start(w0, rule, workers,  # checked before anything starts
                           compression.sender_layout(w0.size, w0.dtype) if senders else None,
                           buffer_arrays(problem) if inline else None)
         buffer = exact and not inline and bool(ck.directory) and self.checkpoint_every > 0
@@ -465,19 +449,13 @@ class LocalEngine(Engine):
                                extra_layout=(sender_slots(compression, w0.size, w0.dtype, workers)
                                              if buffer and senders else None))
         self.shards_used = shards
-        resume = _Resume(workers)
-        if resumed is not None:
-            ck.restore(resumed, store)
-            resume = _Resume(workers, [int(p) for p in resumed.meta["positions"]][:workers],
-                             resumed.meta["time_s"],
-                             {r: resumed.arrays.get(f"worker.{r}.params") for r in range(workers)},
-                             str(resumed.path))
-            if senders:
-                resume.senders = {r: sender_state(resumed, r) for r in range(workers)}
-            restore_buffers(resumed, problem)  # serial's (the only ones held)
+        if resume.saved is not None:
+            ck.restore(resume, store)
+            if not senders:  # a worker's compressor state, only where this run keeps it
+                resume.senders.clear()
+            restore_buffers(resume.saved, problem)  # serial's (the only ones held)
             if strategy.synchronous:
-                store.sync[STEP] = resume.start[0]
-            recorder.resume(resumed.meta["rows"])
+                store.sync[STEP] = resume.positions[0]
         if device is not None:  # the arrays live where the problem computes
             store.to_device(device)
         try:
@@ -507,7 +485,7 @@ class LocalEngine(Engine):
         """Serial: the one worker's program runs in the calling thread; between
         its ops, ``_InlineWatch`` checkpoints, stops and records."""
         job = WorkerJob(0, 1, problem.n_examples, batch_size, seed, budget,
-                        start_step=resume.start[0], kernel=self.kernel)
+                        start_step=resume.positions[0], kernel=self.kernel)
         runtime = WorkerRuntime(0, 1, store, problem, rule, strategy, self.timeout)
         sender = runtime.sender = Sender(self.compression, 0)
         if resume.senders.get(0) is not None:
@@ -575,7 +553,7 @@ class LocalEngine(Engine):
             sharing.enter_context(problem.shared_data())
         for rank in range(workers):
             job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
-                            start_step=resume.start[rank], kernel=self.kernel)
+                            start_step=resume.positions[rank], kernel=self.kernel)
             setup = WorkerSetup(rank, workers, store, problem.for_worker(rank, workers),
                                 rule if ctx is not None else copy.deepcopy(rule),
                                 strategy, job, self.timeout, start_timeout,

@@ -25,25 +25,10 @@ Totals (updates, examples, dropped, time) and the loss curve carry on.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from ...record import checkpoints
-from ...record.checkpoints import private_copies
-
-
-@dataclass
-class Start:
-    """Where a run starts: at the beginning, or at a checkpoint."""
-    params: np.ndarray
-    state: tuple | None = None   # the whole rule state
-    step: int = 0                # versions (sync: steps) done
-    positions: list = field(default_factory=list)   # each worker's batches done
-    examples: int = 0
-    dropped: int = 0
-    time_s: float = 0.0
-    path: str | None = None
+from ...record.checkpoints import Start, private_copies
 
 
 class ShardCheckpoints:
@@ -64,23 +49,14 @@ class ShardCheckpoints:
     def load(self, w0: np.ndarray) -> Start:
         """The checkpoint to start from (checked; its curve handed to the
         recorder), or the beginning."""
-        saved = self.keeper.load(w0, self.rule)
-        if saved is None:
-            self.start = Start(np.array(w0, copy=True), positions=[0] * self.workers)
-            return self.start
-        state = self.rule.init(w0.size, w0.dtype)
-        checkpoints.restore_state(saved, state)
-        meta = saved.meta
-        self.start = Start(np.array(saved.arrays["params"], copy=True), tuple(state),
-                           int(meta["step"]), [int(p) for p in meta["positions"]],
-                           int(meta["examples"]), int(meta["dropped"]), float(meta["time_s"]),
-                           str(saved.path))
-        self.written = self.start.step
+        self.start = self.keeper.start(w0, self.rule, self.workers)
+        if self.start.saved is not None:
+            self.written = self.start.step
         return self.start
 
     def shard_resume(self, s: int):
         """What shard ``s`` starts from (None: a fresh run)."""
-        if self.start is None or self.start.state is None:
+        if self.start is None or self.start.saved is None:
             return None
         a, b = self.bounds[s]
         return {"version": self.start.step, "state": tuple(x[a:b] for x in self.start.state)}
