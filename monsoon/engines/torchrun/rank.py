@@ -111,10 +111,7 @@ class RankWorker(Worker):
         n = w0.size
         self.n = n
         self.server = np.array(w0, copy=True)
-        self.state = rule.init(n, w0.dtype)
-        if start["state"] is not None:
-            checkpoints.restore_state(checkpoints.Checkpoint(start["from"], {}, start["state"]),
-                                      self.state)
+        self.state = rule.init(n, w0.dtype) if start.state is None else start.state
         self.work = self.server if strategy.shared_params else np.array(w0, copy=True)
         self.buf = np.zeros(n + FLAGS + self.world, dtype=w0.dtype)
         self.last_loss = 0.0
@@ -122,12 +119,12 @@ class RankWorker(Worker):
         self.whole = comm.tensor(self.buf)
         self.xp = np  # the arrays' functions (``arrays.namespace``)
         self.dflags = None  # the flags in a device buffer (``to_device``)
-        self.step = start["step"]  # collectives done (sync: steps) since the run began
-        self.updates = start["updates"]
-        self.dropped = start["dropped"]
+        self.step = start.step  # collectives done (sync: steps) since the run began
+        self.updates = self.updates_before = start.saved.meta["updates"] if start.saved else 0
+        self.dropped = start.dropped
         self.examples = 0  # this rank's, this attempt
-        self.examples_before = start["examples"]
-        self.time_before = start["time_s"]
+        self.examples_before = start.examples
+        self.time_before = start.time_s
         self.want_stop = False
         self.stopped = None
         # sync's contributions are n_k / B g_k (B: the batch size), so a full
@@ -420,17 +417,16 @@ class RankWorker(Worker):
                           "exact": True, "reason": "periodic"})
 
 
-def _resume_point(engine, comm, rule, strategy, w0) -> dict:
+def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
     """Rank 0 reads the checkpoint to start from (``--resume``, or the run
-    folder's own after a restart) and broadcasts it."""
-    start = {"step": 0, "updates": 0, "dropped": 0, "examples": 0, "time_s": 0.0,
-             "rows": [], "params": None, "state": None, "from": None}
+    folder's own after a restart), hands its rows to the recorder, and
+    broadcasts it (its parameters and rule state; not the file's arrays)."""
     directory = engine.resume_dir
     if directory is None and comm.attempt > 0 and engine.checkpoint_dir \
             and checkpoints.checkpoint_files(engine.checkpoint_dir):
         directory = engine.checkpoint_dir
     if directory is None:
-        return start
+        return checkpoints.Start.fresh(w0, comm.world)
     if not exact_steps(strategy):
         raise ConfigError(f"the torch engine resumes runs whose ranks share the parameters at "
                           f"every step (sync), not {strategy.name}; use --engine local or ray "
@@ -438,21 +434,15 @@ def _resume_point(engine, comm, rule, strategy, w0) -> dict:
     found = None
     if comm.rank == 0:
         try:
-            ckpt = checkpoints.load_latest(directory, engine.identity,
-                                           checkpoints.shapes(w0, rule))
-            found = {k: ckpt.meta[k] for k in ("step", "updates", "dropped", "examples",
-                                                "time_s", "rows")}
-            found.update(params=ckpt.arrays["params"], from_=str(ckpt.path),
-                         state={k: v for k, v in ckpt.arrays.items()
-                                if k.startswith("state.")})
+            found = checkpoints.Checkpointer(None, 0, directory, engine.identity,
+                                             recorder).start(w0, rule, comm.world)
+            found.saved.arrays = {}  # sent as its params and state
         except ConfigError as exc:
-            found = {"error": str(exc)}
+            found = str(exc)
     found = comm.broadcast_object(found)
-    if "error" in found:
-        raise ConfigError(found["error"])
-    start.update(found)
-    start["from"] = found["from_"]
-    return start
+    if isinstance(found, str):
+        raise ConfigError(found)
+    return found
 
 
 def agent_restarts() -> int:
@@ -472,24 +462,20 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     env, comm = _join(engine, problem, workers)
     worker = shm = None
     try:
-        start = _resume_point(engine, comm, rule, strategy, w0)
-        w = np.array(w0, copy=True)
-        if start["params"] is not None:
-            w[:] = start["params"]
+        start = _resume_point(engine, comm, rule, strategy, w0, recorder)
+        w = start.params
         comm.broadcast_array(w)  # every rank starts from rank 0's parameters, as DDP does
         rank = comm.rank
         if problem.seed_rng is not None:
             problem.seed_rng(seed, rank)
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
-                        start_step=start["step"] if exact_steps(strategy) else 0)
+                        start_step=start.step if exact_steps(strategy) else 0)
         compressed = engine.compression.active
         if not compressed and uses_shm(engine.reduce_via, comm.backend, env):
             shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
                                   required=engine.reduce_via == "shm")
         worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm)
         if rank == 0:
-            if start["rows"]:
-                recorder.resume(start["rows"])
             recorder.start(worker.server)
         startup = time.perf_counter() - t_begin
         worker.t0 = t0 = time.perf_counter()
@@ -564,14 +550,14 @@ def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) 
              "bucket_count": worker.buckets.count
              if worker.buckets is not None else None,
              **tally.extra(worker.updates)}
-    if start["from"]:
-        extra["resumed_from"] = start["from"]
-        extra["resumed_at_step"] = start["step"]
+    if start.path:
+        extra["resumed_from"] = start.path
+        extra["resumed_at_step"] = start.step
     if worker.keeper.last_path:
         extra["checkpoint"] = str(worker.keeper.last_path)
     # dropped: rank 0's count (a collective step's drop is every rank's); staleness
     # 0: every step reads the parameters of the step before it
-    return tally.result(arrays.to_host(worker.server), startup, start["time_s"] + wall,
-                        start["examples"] + tally.examples, worker.updates, worker.dropped,
-                        extra, staleness=Counter({0: worker.updates - start["updates"]}),
+    return tally.result(arrays.to_host(worker.server), startup, start.time_s + wall,
+                        start.examples + tally.examples, worker.updates, worker.dropped,
+                        extra, staleness=Counter({0: worker.updates - worker.updates_before}),
                         stopped=worker.stopped)
