@@ -70,8 +70,8 @@ class Start:
     ``step`` (steps or versions done) is written by the engines that count
     steps (ray, spark's sync driver, torchrun), 0 here where absent;
     ``positions`` (each worker's batches done) by ray and the local engine,
-    here ``[step] * workers`` where absent (every worker walks the global
-    plan); the private copies (``worker.<k>.params``) and compressor states
+    as an array by spark's server, here ``[step] * workers`` where absent
+    (every worker walks the global plan); the private copies (``worker.<k>.params``) and compressor states
     (``sender.<name>``, workers first) where the run keeps them."""
     params: np.ndarray
     state: tuple | None          # the whole rule state (None: the rule's fresh one)
@@ -105,9 +105,11 @@ class Start:
         state = rule.init(params.size, params.dtype)
         restore_state(saved, state)
         step = int(meta.get("step", 0))
+        positions = arrays["positions"] if "positions" in arrays else meta.get(
+            "positions", [step] * workers)
         held = [k for k in arrays if k.startswith("sender.")]
         return cls(np.array(params, copy=True), state, step,
-                   [int(p) for p in meta.get("positions", [step] * workers)][:workers],
+                   [int(p) for p in positions][:workers],
                    int(meta["examples"]), int(meta["dropped"]), float(meta["time_s"]),
                    {r: arrays[f"worker.{r}.params"] for r in range(workers)
                     if f"worker.{r}.params" in arrays},

@@ -45,7 +45,6 @@ from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradie
                                LocalStep, Push)
 from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore, new_readers
-from ...record.checkpoints import restore_state
 from ...record.live import add_figures
 from ..due import Due
 from .jobs import share
@@ -222,13 +221,11 @@ class DriverPrograms:
     def run(self, recorder) -> dict:
         ctx, ckpts = self.ctx, self.ckpts
         before = 0.0
-        saved = ckpts.load(self.w, self.rule) if self.shared else None
-        if saved is not None:
-            self.w[...] = saved.arrays["params"]
-            restore_state(saved, self.core.state)
-            self.steps, self.updates = saved.meta["step"], saved.meta["applied"]
-            self.core.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
-            before = saved.meta["time_s"]
+        start = ckpts.start(self.w, self.rule, ctx.workers) if self.shared else None
+        if start is not None and start.saved is not None:
+            start.restore(self.w, self.core.state)
+            self.steps, self.updates = start.step, start.saved.meta["applied"]
+            self.core.dropped, self.examples, before = start.dropped, start.examples, start.time_s
             self.core.staleness[0] = self.updates
         for k in range(ctx.workers):
             self.programs[k] = self.strategy.program(WorkerJob(

@@ -57,7 +57,7 @@ from ...compressors.messages import Sender, receive, summarize
 from ...server.averaging import TailAverage
 from ...strategies.batches import batches_in
 from ...server.core import LocalUpdate, ServerCore, new_readers
-from ...record.checkpoints import restore_state, staleness_arrays
+from ...record.checkpoints import staleness_arrays
 from ...record.live import add_figures
 from ..due import Due
 from .sizing import JobTiming
@@ -153,18 +153,17 @@ class DriverServer:
         self.streamed = False  # long tasks hold the slots: they answer the loss requests
         self.start_line = threading.Barrier(ctx.workers)
         self.requests = {k: [] for k in range(ctx.workers)}  # the monitor's loss requests
-        saved = None if self.elastic else ckpts.load(
-            self.w, rule, {"positions": ((ctx.workers,), "int64")})
-        if saved is not None:
-            self.w[...] = saved.arrays["params"]
-            restore_state(saved, self.core.state)
-            self.positions = [int(x) for x in saved.arrays["positions"]]
+        start = None if self.elastic else ckpts.start(
+            self.w, rule, ctx.workers, {"positions": ((ctx.workers,), "int64")})
+        if start is not None and start.saved is not None:
+            start.restore(self.w, self.core.state)
+            self.positions = start.positions
             if self.pace is not None:
                 self.pace.done = list(self.positions)
-            self.updates = saved.meta["applied"]
-            self.core.version = saved.meta["server_version"]
-            self.core.dropped, self.examples = saved.meta["dropped"], saved.meta["examples"]
-            self.before = saved.meta["time_s"]
+            saved = start.saved
+            self.updates, self.core.version = saved.meta["applied"], saved.meta["server_version"]
+            self.core.dropped, self.examples = start.dropped, start.examples
+            self.before = start.time_s
             self.core.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
                                            saved.arrays["staleness.counts"].tolist())))
         every = ckpts.every
