@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 
 from ..errors import WaitTimeout
+from ..record.checkpoints import next_checkpoint
 from .lifecycle import signal_name, stop_requested
 
 
@@ -80,7 +81,7 @@ class Due:
     def plan_checkpoint(self, position: int) -> None:
         """The next checkpoint is at the first multiple of ``every`` after
         ``position``."""
-        self.next_checkpoint = (position // self.every + 1) * self.every if self.every else None
+        self.next_checkpoint = next_checkpoint(position, self.every)
 
     def checkpoint(self, position: int, margin: int = 0) -> bool:
         """Whether ``position`` (plus ``margin``) has reached the next checkpoint."""

@@ -263,6 +263,12 @@ def shapes(w0, rule, extra: dict | None = None) -> dict:
     return out
 
 
+def next_checkpoint(position: int, every: int) -> int | None:
+    """When the next checkpoint is due: the first multiple of ``every``
+    after ``position`` (None: ``every`` is 0, no checkpoints)."""
+    return (int(position) // every + 1) * every if every else None
+
+
 def examples_after(steps: int, n: int, batch_size: int) -> int:
     """Examples in the first ``steps`` batches of a global plan (an epoch's
     last batch may be short)."""
@@ -377,7 +383,7 @@ class Checkpointer:
         if not self.every:
             return False
         if self.next_at is None:
-            self.next_at = (updates // self.every + 1) * self.every
+            self.next_at = next_checkpoint(updates, self.every)
         return updates >= self.next_at
 
     def save(self, updates: int, now: float, params, state, meta: dict,
@@ -387,7 +393,7 @@ class Checkpointer:
         with it, or ``rows`` where given."""
         if not self.directory:
             return None
-        self.next_at = (updates // self.every + 1) * self.every if self.every else None
+        self.next_at = next_checkpoint(updates, self.every)
         doc = {**self.ident, "updates": updates, "time_s": now, **meta}
         if rows is None:
             rows = self.recorder.settled_rows() if self.recorder is not None else []

@@ -52,7 +52,7 @@ import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
 from ...strategies.ops import AllReduce
-from ...record.checkpoints import Checkpointer
+from ...record.checkpoints import Checkpointer, next_checkpoint
 from .jobs import every_slot_at_once, short_error
 
 ASK_EVERY_S = 0.01
@@ -198,7 +198,7 @@ class RankCheckpoints(Checkpointer):
         return self.saved
 
     def save(self, updates, now, params, state, meta, arrays=None, rows=None):
-        self.next_at = (updates // self.every + 1) * self.every
+        self.next_at = next_checkpoint(updates, self.every)
         if self.sock is not None:
             send(self.sock, ("checkpoint", updates, now, np.asarray(params), state, meta))
             receive(self.sock)  # written

@@ -57,7 +57,7 @@ from ...compressors.messages import Sender, receive, summarize
 from ...server.averaging import TailAverage
 from ...strategies.batches import batches_in
 from ...server.core import LocalUpdate, ServerCore, new_readers
-from ...record.checkpoints import staleness_arrays
+from ...record.checkpoints import next_checkpoint, staleness_arrays
 from ...record.live import add_figures
 from ..due import Due
 from .sizing import JobTiming
@@ -166,8 +166,7 @@ class DriverServer:
             self.before = start.time_s
             self.core.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
                                            saved.arrays["staleness.counts"].tolist())))
-        every = ckpts.every
-        self.next_ckpt = ((self.updates + self.core.dropped) // every + 1) * every if every else 0
+        self.next_ckpt = next_checkpoint(self.updates + self.core.dropped, ckpts.every)
 
     # -- a worker: a driver thread and its task's long job ----------------------
     def worker(self, k: int) -> None:
@@ -365,10 +364,10 @@ class DriverServer:
         """Under the lock, after an applied result (an exact state): a copy
         of the server's state when a checkpoint is due, for the monitor to
         write (its rows are evaluated through the workers' tasks)."""
-        every, done = self.ckpts.every, self.updates + self.core.dropped
-        if self.elastic or not every or not self.ckpts.directory or done < self.next_ckpt:
+        done = self.updates + self.core.dropped
+        if self.elastic or self.next_ckpt is None or done < self.next_ckpt:
             return
-        self.next_ckpt = (done // every + 1) * every
+        self.next_ckpt = next_checkpoint(done, self.ckpts.every)
         params, state = self.core.copy()
         meta = {"applied": self.updates, "dropped": self.core.dropped,
                 "examples": self.examples, "server_version": self.core.version}
