@@ -71,8 +71,9 @@ class Start:
     steps (ray, spark's sync driver, torchrun), 0 here where absent;
     ``positions`` (each worker's batches done) by ray and the local engine,
     as an array by spark's server, here ``[step] * workers`` where absent
-    (every worker walks the global plan); the private copies (``worker.<k>.params``) and compressor states
-    (``sender.<name>``, workers first) where the run keeps them."""
+    (every worker walks the global plan); the private copies
+    (``worker.<k>.params``) and compressor states (``sender.<name>``,
+    workers first) where the run keeps them."""
     params: np.ndarray
     state: tuple | None          # the whole rule state (None: the rule's fresh one)
     step: int = 0
@@ -115,7 +116,6 @@ class Start:
                     if f"worker.{r}.params" in arrays},
                    {r: {k[len("sender."):]: arrays[k][r] for k in held}
                     for r in range(workers)} if held else {}, saved)
-
 
 
 def private_copies(strategy) -> bool:
