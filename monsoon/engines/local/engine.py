@@ -43,7 +43,6 @@ import contextlib
 import os
 import pickle
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -56,13 +55,12 @@ from ...record import checkpoints
 from ..heap import keep_freed_memory
 from ..lifecycle import signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
-from ..processes import (blas_threads, join_or_kill, limit_threads, main_module_hidden,
-                         start_context, torch_threads_per_worker)
+from ..processes import limit_threads, start_context, torch_threads_per_worker
 from ..due import Due
 from ..waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
                             restore_buffers, sender_slots)
-from .inbox import Outbox, PipeInbox, QueueInbox
+from .inbox import Outbox, WorkerPool
 from ...compressors.messages import Sender, compressing
 from ... import arrays
 from .monitor import WorkerMonitor
@@ -527,24 +525,24 @@ class LocalEngine(Engine):
         """Start the workers (processes where ``ctx`` is given, else threads),
         then watch them to the end (``monitor.WorkerMonitor``)."""
         t_begin = time.perf_counter()
-        inbox = PipeInbox(ctx, workers) if ctx is not None else QueueInbox()
+        pool = WorkerPool(ctx, workers, "monsoon-worker")
         start_timeout = self._start_timeout(workers)
-        handles, needs_main = self._start_workers(store, ctx, inbox, problem, rule, strategy,
-                                                  workers, batch_size, seed, budget, recorder,
-                                                  resume, start_timeout)
-        monitor = WorkerMonitor(self, store, ctx, inbox, handles, problem, strategy, workers,
-                                batch_size, recorder, ck, resume, needs_main)
+        needs_main = self._start_workers(store, pool, problem, rule, strategy, workers,
+                                         batch_size, seed, budget, recorder, resume,
+                                         start_timeout)
+        monitor = WorkerMonitor(self, store, pool, problem, strategy, workers, batch_size,
+                                recorder, ck, resume, needs_main)
         return monitor.run(t_begin, start_timeout)
 
-    def _start_workers(self, store, ctx, inbox, problem, rule, strategy, workers, batch_size,
+    def _start_workers(self, store, pool, problem, rule, strategy, workers, batch_size,
                        seed, budget, recorder, resume, start_timeout):
         """Start a worker per rank with its ``WorkerSetup``: a process gets it
         pickled through a pipe of its own once all have started
         (``_send_payloads``), a thread gets its own copy of the rule. Returns
-        the handles, and whether a setup refers to ``__main__``."""
+        whether a setup refers to ``__main__``."""
         import copy
 
-        handles, payloads = [], []
+        ctx, payloads = pool.ctx, []
         needs_main = False
         # Processes: a problem whose data can live in shared memory is
         # pickled as a reference to it, not one copy per worker.
@@ -568,30 +566,19 @@ class LocalEngine(Engine):
                 payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
                 needs_main = b"__main__" in payload
                 reader, writer = ctx.Pipe(duplex=False)
-                h = ctx.Process(target=_process_main,
-                                args=(reader, store.locks, store.sync_lock, inbox.senders[rank],
-                                      os.getpid(), rank),
-                                name=f"monsoon-worker-{rank}", daemon=True)
-                with main_module_hidden(needs_main), blas_threads(setup.torch_threads):
-                    h.start()
+                pool.start(_process_main, (reader, store.locks, store.sync_lock,
+                                           pool.inbox.outbox(rank), os.getpid(), rank),
+                           needs_main, setup.torch_threads)
                 reader.close()  # the child's end
                 payloads.append((writer, payload))
-                inbox.started(rank, h)
-                handles.append(h)
-                continue
-            h = threading.Thread(target=_worker_body, args=(setup, inbox.outbox(rank)),
-                                 name=f"monsoon-worker-{rank}", daemon=True)
-            h.start()
-            handles.append(h)
+            else:
+                pool.start(_worker_body, (setup, pool.inbox.outbox(rank)))
         _send_payloads(payloads)
         sharing.close()
-        return handles, needs_main
+        return needs_main
 
     def _start_advice(self, workers: int, waited: float) -> str:
         cores = os.cpu_count() or 1
         return (f"{workers} worker processes did not start within {waited:g} s on {cores} "
                 f"cores; use fewer --workers (at most {2 * cores} start quickly here) or "
                 "--backend threads")
-
-    def _join(self, handles) -> None:
-        join_or_kill(handles, max(5.0, min(self.timeout, 30.0)))

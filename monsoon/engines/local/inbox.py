@@ -1,7 +1,10 @@
-"""How workers report to the monitor, and how the monitor sleeps.
+"""The workers a monitor started (``WorkerPool``: the local engine's
+monitor and its pipeline runner both watch theirs with it), how they
+report to it, and how it sleeps.
 
 Every worker sends exactly one message when it stops: ``("done" | "aborted"
-| "failed", rank, payload)``.
+| "stopped" | "failed", rank, payload)``; a pipeline stage first sends
+``("ready", rank, None)``.
 
 - Processes (``PipeInbox``): one pipe per worker. The monitor blocks in
   ``multiprocessing.connection.wait`` on the pipes and on the processes'
@@ -19,7 +22,10 @@ the monitor reads it, which it does as soon as the pipe is readable.
 from __future__ import annotations
 
 import queue
+import threading
 from multiprocessing.connection import wait
+
+from ..processes import blas_threads, join_or_kill, main_module_hidden
 
 
 class Outbox:
@@ -44,6 +50,9 @@ class PipeInbox:
         self.receivers = [r for r, _ in pipes]
         self.senders = [s for _, s in pipes]
         self.sentinels: list = [None] * workers
+
+    def outbox(self, rank: int):
+        return self.senders[rank]
 
     def started(self, rank: int, process) -> None:
         """The child has its copy of the sender: close ours, so that its
@@ -103,3 +112,64 @@ class QueueInbox:
 
     def close(self) -> None:
         pass
+
+
+class WorkerPool:
+    """Workers (processes where ``ctx`` is given, else threads) as their
+    monitor knows them: who said it is ``ready``, who ``finished`` (sent its
+    last message or died), who ``failed`` (rank -> why), and each other last
+    message (``reports``: rank -> (kind, payload))."""
+
+    def __init__(self, ctx, workers: int, name: str):
+        self.ctx, self.name = ctx, name
+        self.inbox = PipeInbox(ctx, workers) if ctx is not None else QueueInbox()
+        self.handles: list = []
+        self.ready, self.finished, self.failed, self.reports = set(), set(), {}, {}
+
+    def start(self, target, args: tuple, needs_main: bool = False, threads: int = 1) -> None:
+        """Start the next rank's worker; a process with ``threads`` BLAS
+        threads, as many as its torch threads (a second one stalls for
+        milliseconds while a neighbour holds the other core), and the
+        parent's ``__main__`` only if it ``needs_main``."""
+        rank, name = len(self.handles), f"{self.name}-{len(self.handles)}"
+        if self.ctx is None:
+            h = threading.Thread(target=target, args=args, name=name, daemon=True)
+            h.start()
+        else:
+            h = self.ctx.Process(target=target, args=args, name=name, daemon=True)
+            with main_module_hidden(needs_main), blas_threads(threads):
+                h.start()
+            self.inbox.started(rank, h)
+        self.handles.append(h)
+
+    def drain(self, block_s: float = 0.0, wake=None, hint: str = "") -> list:
+        """Take the workers' messages (waiting up to ``block_s`` for one, or
+        for ``wake``), and name each process that ended without a last
+        message as failed, with its exit code and ``hint``: their ranks."""
+        self._take(block_s, wake)
+        lost = []
+        for rank, h in enumerate(self.handles):
+            if rank not in self.finished and getattr(h, "exitcode", None) is not None:
+                self._take(0.2)  # its last message may still be in the pipe
+                if rank not in self.finished:
+                    self.finished.add(rank)
+                    self.failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
+                    lost.append(rank)
+        return lost
+
+    def _take(self, block_s: float, wake=None) -> None:
+        for kind, rank, payload in self.inbox.receive(block_s, self.finished, wake):
+            if kind == "ready":
+                self.ready.add(rank)
+                continue
+            self.finished.add(rank)
+            if kind == "failed":
+                self.failed[rank] = payload
+            else:
+                self.reports[rank] = (kind, payload)
+
+    def join(self, wait_s: float) -> None:
+        """Close the pipes (a worker still sending gets a broken pipe, not a
+        wait), then join the workers, killing any alive after ``wait_s``."""
+        self.inbox.close()
+        join_or_kill(self.handles, wait_s)

@@ -32,23 +32,19 @@ MAIN_HINT = ("; the problem refers to code in your script, which every worker pr
 
 
 class WorkerMonitor:
-    """One parallel run's monitor, in the calling process. ``handles`` are
-    the started workers (processes where ``ctx`` is given, else threads),
-    ``inbox`` their messages; ``needs_main``: a worker's setup refers to
-    ``__main__`` (a dead process is then explained)."""
+    """One parallel run's monitor, in the calling process. ``pool``: the
+    started workers (``inbox.WorkerPool``); ``needs_main``: a worker's setup
+    refers to ``__main__`` (a dead process is then explained)."""
 
-    def __init__(self, engine, store, ctx, inbox, handles, problem, strategy, workers,
+    def __init__(self, engine, store, pool, problem, strategy, workers,
                  batch_size, recorder, ck, resume, needs_main=False):
-        self.engine, self.store, self.ctx, self.inbox, self.handles = (engine, store, ctx,
-                                                                       inbox, handles)
+        self.engine, self.store, self.pool = engine, store, pool
         self.problem, self.strategy, self.workers = problem, strategy, workers
         self.batch_size, self.recorder, self.ck, self.resume = batch_size, recorder, ck, resume
         self.exact, self.needs_main = ck.exact, needs_main
-        self.tally = RunTally(workers, engine.compression)  # the workers' reports
-        self.failed = self.tally.failed
+        self.tally = RunTally(workers, engine.compression)  # the workers' reports, at the end
         self.tally.params.update(resume.private)  # until the workers report their own copies
-        self.finished: set[int] = set()
-        self.stopped_cleanly: set[int] = set()
+        self.finished, self.failed = pool.finished, pool.failed
         self.startup = None  # seconds until every worker was ready, once they were
         self.wake = StopSignals.active.waitable() if StopSignals.active is not None else None
         self.n = problem.n_examples
@@ -67,7 +63,7 @@ class WorkerMonitor:
     def run(self, t_begin: float, start_timeout: float) -> EngineResult:
         """Watch the workers to the end; whatever goes wrong, they are
         aborted and joined before the error leaves."""
-        store = self.store
+        store, pool = self.store, self.pool
         try:
             self.await_ready(start_timeout)
             self.startup = time.perf_counter() - t_begin
@@ -76,43 +72,27 @@ class WorkerMonitor:
                 self.look()
             wall = time.perf_counter() - self.t0
             totals = store.totals()
+            for rank, (_, report) in pool.reports.items():
+                self.tally.add(rank, report)
+            self.tally.failed.update(self.failed)
             params = self.finish(wall, int(totals[1]))
         except BaseException:
             store.abort()
-            self.inbox.close()  # a worker still sending gets a broken pipe, not a wait
-            self.engine._join(self.handles)
             raise
-        self.engine._join(self.handles)
-        self.inbox.close()
+        finally:
+            pool.join(max(5.0, min(self.engine.timeout, 30.0)))
         return self.result(params, wall, totals)
 
     # -- the workers' messages and deaths -------------------------------------
     def drain(self, block_s: float = 0.0) -> None:
-        """Take the workers' reports (waiting up to ``block_s`` for one, or a
-        stop signal): a failure's text, or a finished worker's figures."""
-        for kind, rank, payload in self.inbox.receive(block_s, self.finished, self.wake):
-            self.finished.add(rank)
-            if kind == "failed":
-                self.failed[rank] = payload
-            elif kind in ("done", "aborted", "stopped"):
-                self.tally.add(rank, payload)
-                if kind == "stopped":
-                    self.stopped_cleanly.add(rank)
-
-    def check_dead(self) -> None:
-        """Name a worker process that ended without a last message as failed."""
-        if self.ctx is None:
-            return
-        store = self.store
-        for rank, h in enumerate(self.handles):
-            if rank not in self.finished and h.exitcode is not None:
-                self.drain(0.2)  # its last message may still be in the pipe
-                if rank not in self.finished:
-                    self.finished.add(rank)
-                    hint = MAIN_HINT if self.startup is None and self.needs_main else ""
-                    self.failed[rank] = f"worker process died (exit code {h.exitcode}){hint}"
-                    store.status[rank] = FAILED  # no longer counts toward an SSP bound
-                    store.release_locks_of(rank)  # the survivors must not wait on them
+        """Take the workers' messages (waiting up to ``block_s`` for one, or
+        a stop signal). A worker process that died without a last message
+        failed: it no longer counts toward an SSP bound, and the survivors
+        must not wait on its locks."""
+        hint = MAIN_HINT if self.startup is None and self.needs_main else ""
+        for rank in self.pool.drain(block_s, self.wake, hint):
+            self.store.status[rank] = FAILED
+            self.store.release_locks_of(rank)
 
     def check_failed(self) -> None:
         """Fail the run if it has lost more workers than its strategy allows."""
@@ -128,7 +108,6 @@ class WorkerMonitor:
         deadline = time.monotonic() + start_timeout
         while not all(store.status[r] == READY or r in self.finished for r in range(workers)):
             self.drain()
-            self.check_dead()
             self.check_failed()
             if len(self.finished) == workers:
                 break
@@ -139,7 +118,7 @@ class WorkerMonitor:
             if time.monotonic() > deadline:
                 raise WaitTimeout(self.engine._start_advice(workers, start_timeout))
             time.sleep(0.005)
-        if self.ctx is not None:
+        if self.pool.ctx is not None:
             store.memory.unlink()  # every worker has mapped it: the kernel frees it last
             self.problem.unlink_shared()  # the problem's data block, likewise
 
@@ -163,7 +142,6 @@ class WorkerMonitor:
         message, a death or a signal comes), then do what is due."""
         store = self.store
         self.drain(self.sleep_s())
-        self.check_dead()
         self.on_signal()
         if self.due.interrupted is None:
             self.check_failed()
@@ -313,7 +291,8 @@ class WorkerMonitor:
         if self.due.interrupted is not None:
             if not self.exact:
                 self.snapshot("interrupted", wall, private=self.tally.params or None)
-            elif self.stopped_cleanly == set(range(self.workers)) - set(self.failed):
+            elif ({r for r, (kind, _) in self.pool.reports.items() if kind == "stopped"}
+                  == set(range(self.workers)) - set(self.failed)):
                 step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
                 self.exact_checkpoint(step, store.params, store.state, "interrupted", wall)
         return params

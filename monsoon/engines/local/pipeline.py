@@ -32,12 +32,11 @@ from ..due import Due
 from ..heap import keep_freed_memory
 from ..options import refuse_checkpoints
 from ..lifecycle import worker_started
-from ..processes import (blas_threads, join_or_kill, limit_threads, main_module_hidden,
-                         start_context, torch_threads_per_worker)
+from ..processes import limit_threads, start_context, torch_threads_per_worker
 from ...shared_memory import SharedArrays
 from ..waiting import Aborted
 from .channels import Channel, boundary_bytes, largest_micro_batch
-from .inbox import Outbox, PipeInbox
+from .inbox import Outbox, WorkerPool
 
 ABORT, START, ASKED = 0, 1, 2
 
@@ -166,10 +165,10 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
                            "counters": ((2,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
     shared["snap"][:] = w0
     control = shared["control"]
-    inbox = PipeInbox(ctx, workers)
+    pool = WorkerPool(ctx, workers, "monsoon-stage")
     threads = torch_threads_per_worker(workers)
     engine.backend_used = "processes"
-    handles, channels = [], []
+    channels = []
     t_begin = time.perf_counter()
     try:
         conns, channels = _links(ctx, stages, replicas, boundary_bytes(problem, specs),
@@ -181,88 +180,46 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
         for rank, payload in enumerate(payloads):
             payload = pickle.dumps({**payload, "start_timeout": engine.start_timeout},
                                    protocol=pickle.HIGHEST_PROTOCOL)
-            h = ctx.Process(target=_stage_main, name=f"monsoon-stage-{rank}", daemon=True,
-                            args=(payload, conns[rank], shared, inbox.senders[rank], rank,
-                                  engine.timeout, threads))
-            # BLAS threads as torch's: the rule's update (OpenBLAS axpy) with
-            # a second thread stalls for milliseconds while a neighbour holds
-            # the other core
-            with main_module_hidden(b"__main__" in payload), blas_threads(threads):
-                h.start()
-            inbox.started(rank, h)
-            handles.append(h)
+            pool.start(_stage_main, (payload, conns[rank], shared, pool.inbox.outbox(rank),
+                                     rank, engine.timeout, threads),
+                       b"__main__" in payload, threads)
         for c in conns:  # the children hold their ends of the pipes now
             for key in ("replicas", "replica0"):
                 for conn in (c[key] if key == "replicas" else [c[key]]) if key in c else ():
                     conn.close()
-        return _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, recorder,
-                        t_begin)
+        return _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin)
     except BaseException:
         control[ABORT] = 1
         raise
     finally:
-        join_or_kill(handles, 5.0)
-        inbox.close()
+        pool.join(5.0)
         shared.close()
         for channel in channels:
             channel.close()
 
 
-class _Stages:
-    """The stage workers as the monitor knows them from their messages and
-    deaths: who is ready, who finished, who failed (with the text), and the
-    finished ones' results."""
-
-    def __init__(self, inbox, handles, specs, control):
-        self.inbox, self.handles, self.specs, self.control = inbox, handles, specs, control
-        self.finished, self.ready, self.failed, self.results = set(), set(), {}, {}
-
-    def drain(self, block_s: float) -> None:
-        """Take the messages (waiting up to ``block_s`` for one); a process
-        that ended without a last message failed."""
-        for kind, rank, payload in self.inbox.receive(block_s, self.finished):
-            if kind == "ready":
-                self.ready.add(rank)
-                continue
-            self._finished(kind, rank, payload)
-        for rank, h in enumerate(self.handles):
-            if rank not in self.finished and h.exitcode is not None:
-                for kind, r, payload in self.inbox.receive(0.2, self.finished):
-                    self._finished(kind, r, payload)
-                if rank not in self.finished:
-                    self.finished.add(rank)
-                    self.failed[rank] = f"worker process died (exit code {h.exitcode})"
-
-    def _finished(self, kind: str, rank: int, payload) -> None:
-        self.finished.add(rank)
-        if kind == "failed":
-            self.failed[rank] = payload
-        elif kind == "done":
-            self.results[rank] = payload
-
-    def fail(self) -> WorkerError:
-        """Abort the others; the first failed worker's error."""
-        self.control[ABORT] = 1
-        rank = min(self.failed)
-        text, stages = self.failed[rank], len(self.specs)
-        err = WorkerError(f"pipeline worker {rank} (stage {rank % stages}, replica "
-                          f"{rank // stages}) failed, and a pipeline needs every stage: "
-                          f"{text.splitlines()[0]}")
-        err.worker, err.worker_traceback = rank, text
-        return err
+def _failure(pool, specs, control) -> WorkerError:
+    """Abort the others; the first failed stage's error."""
+    control[ABORT] = 1
+    rank = min(pool.failed)
+    text, stages = pool.failed[rank], len(specs)
+    err = WorkerError(f"pipeline worker {rank} (stage {rank % stages}, replica "
+                      f"{rank // stages}) failed, and a pipeline needs every stage: "
+                      f"{text.splitlines()[0]}")
+    err.worker, err.worker_traceback = rank, text
+    return err
 
 
-def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, recorder, t_begin):
+def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
     """Wait until every stage is ready, release them together, record the
     curve until they finish (``_watch``), and put the result together."""
     control, counters, snap = shared["control"], shared["counters"], shared["snap"]
-    workers = len(handles)
-    stages = _Stages(inbox, handles, specs, control)
+    workers = len(pool.handles)
     deadline = time.monotonic() + engine.start_timeout
-    while len(stages.ready) < workers:
-        stages.drain(0.05)
-        if stages.failed:
-            raise stages.fail()
+    while len(pool.ready) < workers:
+        pool.drain(0.05)
+        if pool.failed:
+            raise _failure(pool, specs, control)
         if time.monotonic() > deadline:
             control[ABORT] = 1
             raise WaitTimeout(f"pipeline workers did not start within {engine.start_timeout:g} s")
@@ -270,11 +227,11 @@ def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, reco
     recorder.start(snap)
     t0 = time.perf_counter()
     control[START] = 1
-    stopped = _watch(engine, stages, shared, recorder, t0)
+    stopped = _watch(engine, pool, specs, shared, recorder, t0)
     wall = time.perf_counter() - t0
-    if stages.failed:
-        raise stages.fail()
-    results = stages.results
+    if pool.failed:
+        raise _failure(pool, specs, control)
+    results = {r: payload for r, (kind, payload) in pool.reports.items() if kind == "done"}
     if stopped is not None and len(results) < workers:  # stopped early: the snapshot is the run
         params = np.array(snap, copy=True)
     else:
@@ -284,7 +241,7 @@ def _monitor(engine, strategy, shared, inbox, handles, specs, replicas, w0, reco
                   int(counters[0]), stats, stopped, w0)
 
 
-def _watch(engine, stages, shared, recorder, t0):
+def _watch(engine, pool, specs, shared, recorder, t0):
     """Until every stage has finished: ask replica 0's stages for a snapshot
     when a row is due (``Due``), record it once all have served, and stop the
     run on a failure, no progress, or a diverged row (its reason returned)."""
@@ -292,14 +249,14 @@ def _watch(engine, stages, shared, recorder, t0):
                                        shared["counters"], shared["snap"])
     due = Due(recorder, timeout=engine.timeout)
     asked, stopped = False, None
-    while len(stages.finished) < len(stages.handles):
-        stages.drain(0.002 if asked else min(0.05, engine.idle_s))
-        if stages.failed:
-            raise stages.fail()
+    while len(pool.finished) < len(pool.handles):
+        pool.drain(0.002 if asked else min(0.05, engine.idle_s))
+        if pool.failed:
+            raise _failure(pool, specs, control)
         now = time.perf_counter() - t0
         up, ex = int(counters[0]), int(counters[1])
         due.progress(ex, f"no pipeline step finished for {2 * engine.timeout:g} s")
-        if asked and all(served[s] >= control[ASKED] for s in range(len(stages.specs))):
+        if asked and all(served[s] >= control[ASKED] for s in range(len(specs))):
             asked = False
             reason = recorder.record(now, up, ex, snap)
             if reason is not None:
