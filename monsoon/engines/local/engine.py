@@ -60,7 +60,7 @@ from ..due import Due
 from ..waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
                             restore_buffers, sender_slots)
-from .inbox import Outbox, WorkerPool
+from .inbox import Outbox, WorkerPool, read_payload
 from ...compressors.messages import Sender, compressing
 from ... import arrays
 from .monitor import WorkerMonitor
@@ -210,31 +210,12 @@ def _seeded_rng(problem, seed: int, rank: int):
         yield
 
 
-def _send_payloads(payloads) -> None:
-    """Each started worker's setup, through its own pipe. Sent once every
-    process has started: a setup larger than a pipe's buffer, passed to
-    ``Process.start``, would hold the next start until this child had
-    imported monsoon, so the workers would start one after another."""
-    for writer, payload in payloads:
-        try:
-            writer.send_bytes(payload)
-        except OSError:  # it died before reading: the monitor names it
-            pass
-        finally:
-            writer.close()
-
-
 def _process_main(reader, locks, sync_lock, conn, parent_pid: int, rank: int) -> None:
     # first: from now on this process dies with the monitor
     worker_started(parent_pid, f"monsoon-w{rank}")
     keep_freed_memory()  # a step's activations are not mmapped and unmapped every step
-    import pickle
-
     outbox = Outbox(conn)
-    try:
-        setup = pickle.loads(reader.recv_bytes())
-    finally:
-        reader.close()
+    setup = read_payload(reader)
     setup.store.attach_locks(locks, sync_lock)
     limit_threads(setup.torch_threads)
     if setup.problem.seed_rng is not None:  # this process is the worker's own
@@ -527,23 +508,19 @@ class LocalEngine(Engine):
         t_begin = time.perf_counter()
         pool = WorkerPool(ctx, workers, "monsoon-worker")
         start_timeout = self._start_timeout(workers)
-        needs_main = self._start_workers(store, pool, problem, rule, strategy, workers,
-                                         batch_size, seed, budget, recorder, resume,
-                                         start_timeout)
+        self._start_workers(store, pool, problem, rule, strategy, workers, batch_size, seed,
+                            budget, recorder, resume, start_timeout)
         monitor = WorkerMonitor(self, store, pool, problem, strategy, workers, batch_size,
-                                recorder, ck, resume, needs_main)
+                                recorder, ck, resume)
         return monitor.run(t_begin, start_timeout)
 
     def _start_workers(self, store, pool, problem, rule, strategy, workers, batch_size,
                        seed, budget, recorder, resume, start_timeout):
         """Start a worker per rank with its ``WorkerSetup``: a process gets it
-        pickled through a pipe of its own once all have started
-        (``_send_payloads``), a thread gets its own copy of the rule. Returns
-        whether a setup refers to ``__main__``."""
+        pickled (``WorkerPool.start``), a thread gets its own copy of the rule."""
         import copy
 
-        ctx, payloads = pool.ctx, []
-        needs_main = False
+        ctx = pool.ctx
         # Processes: a problem whose data can live in shared memory is
         # pickled as a reference to it, not one copy per worker.
         sharing = contextlib.ExitStack()
@@ -564,18 +541,13 @@ class LocalEngine(Engine):
                 # Plain pickle, not multiprocessing's: torch's reducers would
                 # try to pass tensors as file descriptors.
                 payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
-                needs_main = b"__main__" in payload
-                reader, writer = ctx.Pipe(duplex=False)
-                pool.start(_process_main, (reader, store.locks, store.sync_lock,
+                pool.start(_process_main, (store.locks, store.sync_lock,
                                            pool.inbox.outbox(rank), os.getpid(), rank),
-                           needs_main, setup.torch_threads)
-                reader.close()  # the child's end
-                payloads.append((writer, payload))
+                           payload, setup.torch_threads)
             else:
                 pool.start(_worker_body, (setup, pool.inbox.outbox(rank)))
-        _send_payloads(payloads)
+        pool.send_payloads()
         sharing.close()
-        return needs_main
 
     def _start_advice(self, workers: int, waited: float) -> str:
         cores = os.cpu_count() or 1

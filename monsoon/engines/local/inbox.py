@@ -21,6 +21,7 @@ the monitor reads it, which it does as soon as the pipe is readable.
 """
 from __future__ import annotations
 
+import pickle
 import queue
 import threading
 from multiprocessing.connection import wait
@@ -118,29 +119,50 @@ class WorkerPool:
     """Workers (processes where ``ctx`` is given, else threads) as their
     monitor knows them: who said it is ``ready``, who ``finished`` (sent its
     last message or died), who ``failed`` (rank -> why), and each other last
-    message (``reports``: rank -> (kind, payload))."""
+    message (``reports``: rank -> (kind, payload)); ``needs_main``: a
+    process's payload refers to ``__main__``."""
 
     def __init__(self, ctx, workers: int, name: str):
         self.ctx, self.name = ctx, name
         self.inbox = PipeInbox(ctx, workers) if ctx is not None else QueueInbox()
         self.handles: list = []
         self.ready, self.finished, self.failed, self.reports = set(), set(), {}, {}
+        self.needs_main, self.payloads = False, []
 
-    def start(self, target, args: tuple, needs_main: bool = False, threads: int = 1) -> None:
-        """Start the next rank's worker; a process with ``threads`` BLAS
-        threads, as many as its torch threads (a second one stalls for
-        milliseconds while a neighbour holds the other core), and the
-        parent's ``__main__`` only if it ``needs_main``."""
+    def start(self, target, args: tuple, payload: bytes = b"", threads: int = 1) -> None:
+        """Start the next rank's worker: a thread, or a process with as many
+        BLAS ``threads`` as torch ones (a second one stalls for milliseconds
+        while a neighbour holds the other core), the parent's ``__main__``
+        only where ``payload`` refers to it, and a pipe (its first argument)
+        it reads ``payload`` from once all have started (``send_payloads``;
+        a large one passed to ``Process.start`` would hold the next start
+        until this child had imported monsoon)."""
         rank, name = len(self.handles), f"{self.name}-{len(self.handles)}"
         if self.ctx is None:
             h = threading.Thread(target=target, args=args, name=name, daemon=True)
             h.start()
         else:
-            h = self.ctx.Process(target=target, args=args, name=name, daemon=True)
+            reader, writer = self.ctx.Pipe(duplex=False)
+            h = self.ctx.Process(target=target, args=(reader, *args), name=name, daemon=True)
+            needs_main = b"__main__" in payload
+            self.needs_main = self.needs_main or needs_main
             with main_module_hidden(needs_main), blas_threads(threads):
                 h.start()
+            reader.close()  # the child's end
+            self.payloads.append((writer, payload))
             self.inbox.started(rank, h)
         self.handles.append(h)
+
+    def send_payloads(self) -> None:
+        """Each started process's payload, through its own pipe."""
+        for writer, payload in self.payloads:
+            try:
+                writer.send_bytes(payload)
+            except OSError:  # it died before reading: its monitor names it
+                pass
+            finally:
+                writer.close()
+        self.payloads = []
 
     def drain(self, block_s: float = 0.0, wake=None, hint: str = "") -> list:
         """Take the workers' messages (waiting up to ``block_s`` for one, or
@@ -172,4 +194,14 @@ class WorkerPool:
         """Close the pipes (a worker still sending gets a broken pipe, not a
         wait), then join the workers, killing any alive after ``wait_s``."""
         self.inbox.close()
+        for writer, _ in self.payloads:  # never sent: a process waiting for it ends
+            writer.close()
         join_or_kill(self.handles, wait_s)
+
+
+def read_payload(reader):
+    """In a worker process: the payload its pool sent (``WorkerPool.start``), unpickled."""
+    try:
+        return pickle.loads(reader.recv_bytes())
+    finally:
+        reader.close()

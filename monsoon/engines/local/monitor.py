@@ -32,16 +32,15 @@ MAIN_HINT = ("; the problem refers to code in your script, which every worker pr
 
 
 class WorkerMonitor:
-    """One parallel run's monitor, in the calling process. ``pool``: the
-    started workers (``inbox.WorkerPool``); ``needs_main``: a worker's setup
-    refers to ``__main__`` (a dead process is then explained)."""
+    """One parallel run's monitor, in the calling process, of the started
+    workers in ``pool`` (``inbox.WorkerPool``)."""
 
     def __init__(self, engine, store, pool, problem, strategy, workers,
-                 batch_size, recorder, ck, resume, needs_main=False):
+                 batch_size, recorder, ck, resume):
         self.engine, self.store, self.pool = engine, store, pool
         self.problem, self.strategy, self.workers = problem, strategy, workers
         self.batch_size, self.recorder, self.ck, self.resume = batch_size, recorder, ck, resume
-        self.exact, self.needs_main = ck.exact, needs_main
+        self.exact = ck.exact
         self.tally = RunTally(workers, engine.compression)  # the workers' reports, at the end
         self.tally.params.update(resume.private)  # until the workers report their own copies
         self.finished, self.failed = pool.finished, pool.failed
@@ -89,7 +88,7 @@ class WorkerMonitor:
         a stop signal). A worker process that died without a last message
         failed: it no longer counts toward an SSP bound, and the survivors
         must not wait on its locks."""
-        hint = MAIN_HINT if self.startup is None and self.needs_main else ""
+        hint = MAIN_HINT if self.startup is None and self.pool.needs_main else ""
         for rank in self.pool.drain(block_s, self.wake, hint):
             self.store.status[rank] = FAILED
             self.store.release_locks_of(rank)

@@ -36,7 +36,7 @@ from ..processes import limit_threads, start_context, torch_threads_per_worker
 from ...shared_memory import SharedArrays
 from ..waiting import Aborted
 from .channels import Channel, boundary_bytes, largest_micro_batch
-from .inbox import Outbox, WorkerPool
+from .inbox import Outbox, WorkerPool, read_payload
 
 ABORT, START, ASKED = 0, 1, 2
 
@@ -85,7 +85,7 @@ class Link:
         return conn.recv()[1]
 
 
-def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
+def _stage_main(reader, conns, shared, messages, rank, timeout, threads):
     worker_started(name=f"monsoon-stage{rank}")  # first: dies with the monitor
     keep_freed_memory()  # a stage's activations are not mmapped and unmapped every step
     import torch  # noqa: F401  (for limit_threads: a stage runs a torch module)
@@ -94,8 +94,7 @@ def _stage_main(payload, conns, shared, messages, rank, timeout, threads):
     outbox = Outbox(messages)
     link = None
     try:
-        setup = pickle.loads(payload)
-        del payload
+        setup = read_payload(reader)
         control, served, counters, snap = (shared["control"], shared["served"],
                                            shared["counters"], shared["snap"])
         worker = setup["make"]()
@@ -180,9 +179,9 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
         for rank, payload in enumerate(payloads):
             payload = pickle.dumps({**payload, "start_timeout": engine.start_timeout},
                                    protocol=pickle.HIGHEST_PROTOCOL)
-            pool.start(_stage_main, (payload, conns[rank], shared, pool.inbox.outbox(rank),
-                                     rank, engine.timeout, threads),
-                       b"__main__" in payload, threads)
+            pool.start(_stage_main, (conns[rank], shared, pool.inbox.outbox(rank), rank,
+                                     engine.timeout, threads), payload, threads)
+        pool.send_payloads()
         for c in conns:  # the children hold their ends of the pipes now
             for key in ("replicas", "replica0"):
                 for conn in (c[key] if key == "replicas" else [c[key]]) if key in c else ():
