@@ -26,6 +26,9 @@ a strategy before the run; this is the backstop).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from .. import arrays
 from ..errors import ConfigError
 from ..strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                               LocalApply, LocalStep, Push, SGDPass, weighted)
@@ -41,6 +44,8 @@ class Worker:
     __slots__ = ("rank", "problem", "strategy", "work", "program", "local_rule", "handlers")
     engine_name = "this"  # in ``cannot``'s error
     halt = (0,)           # never set: see the module docstring
+    sender = None         # the engine's ``messages.Sender``, where it reports traffic
+    ssp = None            # SSP's clock (``clocks.py``), where the program has one
 
     def __init__(self, rank: int, problem, strategy, work, local_rule=None):
         self.rank, self.problem, self.strategy, self.work = rank, problem, strategy, work
@@ -102,3 +107,16 @@ class Worker:
 
     def count_dropped(self) -> None:
         """A non-finite gradient, not applied."""
+
+    # -- the end of the run ---------------------------------------------------------
+    def report(self, own_params: bool = True, **figures) -> dict:
+        """The worker's end-of-run report, as ``RunTally.add`` reads it: the
+        ``figures`` its engine counts on the worker (any of staleness,
+        examples, dropped, late), a copy of its private parameters (None where
+        it shares the server's, or not ``own_params``), its problem's state,
+        its traffic (``Sender.stats``) and SSP's clock report (None: no clock)."""
+        own = own_params and not self.strategy.shared_params
+        return {**figures,
+                "params": np.array(arrays.to_host(self.work), copy=True) if own else None,
+                "state": self.problem.state(), "traffic": self.sender.stats(),
+                "clocks": self.ssp.report() if self.ssp is not None else None}

@@ -155,14 +155,10 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
     rank = setup.rank
 
     def report(kind: str, status: int, params: bool) -> None:
-        """The worker's end, to the monitor: its figures, and its own copy
-        of the parameters where it keeps one (``params``)."""
+        """The worker's end, to the monitor (``Worker.report``: its examples,
+        dropped and late gradients are in shared memory)."""
         store.status[rank] = status
-        own = (np.array(arrays.to_host(runtime.work), copy=True)
-               if params and not setup.strategy.shared_params else None)
-        messages.put((kind, rank, {"staleness": dict(runtime.staleness), "params": own,
-                                   "state": setup.problem.state(), "clocks": _clocks(runtime),
-                                   "traffic": sender.stats()}))
+        messages.put((kind, rank, runtime.report(params, staleness=dict(runtime.staleness))))
 
     try:
         runtime = WorkerRuntime(rank, setup.workers, store, setup.problem, setup.rule,
@@ -189,11 +185,6 @@ def _worker_body(setup: WorkerSetup, messages) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
         messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-
-
-def _clocks(runtime):
-    """SSP's clock report (``clocks.py``), if the program has a clock."""
-    return runtime.ssp.report() if runtime.ssp is not None else None
 
 
 @contextlib.contextmanager

@@ -66,7 +66,6 @@ class RemoteWorker(Worker):
         self.pending = []
         self.handlers.update({Fetch: self.fetch, Push: self.push, AllReduce: self.all_reduce,
                               Average: self.average, Elastic: self.elastic})
-        self.ssp = None
         if clock is not None:  # SSP: ticks and floors from the clock server
             self.ssp = RayClock(self, clock).install(self.handlers)
 
@@ -96,11 +95,7 @@ class RemoteWorker(Worker):
         self._settle_pushes()
         if self.ssp is not None:
             self.ssp.retire()
-        return {"staleness": dict(self.staleness), **self.counts,
-                "clocks": self.ssp.report() if self.ssp is not None else None,
-                "params": None if self.strategy.shared_params else self.work,
-                "traffic": self.sender.stats(),
-                "state": self.problem.state()}
+        return self.report(staleness=dict(self.staleness), **self.counts)
 
     def _get(self, refs):
         import ray

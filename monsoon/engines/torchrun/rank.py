@@ -481,7 +481,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         worker.t0 = t0 = time.perf_counter()
         worker.run()
         wall = time.perf_counter() - t0
-        gathered = _finish(worker, problem, strategy, comm)
+        gathered = _finish(worker, comm)
     finally:
         if shm is not None:
             shm.close()
@@ -518,18 +518,14 @@ def _join(engine, problem, workers):
     return env, comm
 
 
-def _finish(worker, problem, strategy, comm) -> list:
+def _finish(worker, comm) -> list:
     """After the program: rank 0 writes the final checkpoint (for a later
     ``--resume``) where the last periodic one is older; every rank's
     figures, own parameters, problem state and traffic are gathered on
     rank 0 (a list there, by rank)."""
     if worker.every and comm.rank == 0 and worker.step % worker.every:
         worker.save_checkpoint()
-    mine = {"examples": worker.examples,
-            "params": None if strategy.shared_params else arrays.to_host(worker.work),
-            "state": problem.state(),
-            "traffic": worker.sender.stats()}
-    gathered = comm.gather_object(mine)
+    gathered = comm.gather_object(worker.report(examples=worker.examples))
     if worker.buckets is not None:
         worker.buckets.remove()
     comm.dist.barrier()
