@@ -46,6 +46,7 @@ import time
 import numpy as np
 
 from ... import arrays
+from ...record.checkpoints import next_checkpoint
 from ...server.reduce import WeightedMean, finite, weighted_sum
 from ...server.core import ServerCore
 from ..waiting import Aborted, wait_until
@@ -91,9 +92,8 @@ class _Step:
         self.step = runtime.start_step  # the next step this worker joins (resumed: skipped)
         self.control = control = self.store.control
         self.every = runtime.checkpoint_every if self.store.ckpt is not None else 0
-        self.next_ckpt = -1
-        if self.every and self.rank == 0:
-            self.next_ckpt = (self.step // self.every + 1) * self.every
+        # the step after which rank 0 saves the next checkpoint (None: none)
+        self.next_ckpt = next_checkpoint(self.step, self.every) if self.rank == 0 else None
 
         def abort_or_stopped():
             return control[ABORT] or (control[STOP_AT] and self.step >= control[STOP_AT])
@@ -270,7 +270,7 @@ class ReplicatedStep(_Step):
 class ShardedStep(_Step):
     def __init__(self, runtime):
         super().__init__(runtime)
-        self.next_ckpt = -1  # the last worker through a step saves (see contribute)
+        self.next_ckpt = None  # the last worker through a step saves (see contribute)
         from .kernels import mean_of_two_finite_for  # Numba: at start-up, off the clock
 
         params = self.store.params
