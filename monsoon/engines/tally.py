@@ -1,15 +1,15 @@
 """A run's tally: its workers' end reports, summed into its ``EngineResult``.
 
-A local, Ray or torch worker ends by reporting what it did: staleness
-counts, examples, dropped and late gradients, its own parameters and
-buffers where it keeps them, its traffic (``Sender.stats``) and SSP's clock
-report. The local monitor, the Ray driver and torch's rank 0 gather the
-reports through their own transports and add them (``RunTally.add``); the
-tally sums them, lists the lost workers (``failed``) and fills
-summary.json's traffic and clock fields, one way for all. What only the
-engine knows (the server's updates, counts in shared memory) it gives to
-``result``. Spark's driver and the simulator apply every update
-themselves and count as they go: they use ``failed_list`` and
+A local, Ray or torch worker ends by reporting what it did
+(``Worker.report``): staleness counts, examples, dropped and late gradients,
+its own parameters and buffers where it keeps them, its traffic
+(``Sender.stats``) and SSP's clock report. The local monitor, the Ray driver
+and torch's rank 0 gather the reports through their own transports and add
+them (``RunTally.add``); the tally sums them, lists the lost workers
+(``failed``) and fills summary.json's traffic and clock fields, one way for
+all. What only the engine knows (the server's updates, counts in shared
+memory) it gives to ``result``. Spark's driver and the simulator apply every
+update themselves and count as they go: they use ``failed_list`` and
 ``run_folder_extra`` alone.
 """
 from __future__ import annotations

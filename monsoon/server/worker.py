@@ -16,7 +16,8 @@ counts it in ``count_gradient``), ``LocalStep`` (work -= lr grad) and
 ``core.LocalUpdate``; a non-finite gradient is not applied, and counted in
 ``count_dropped``). An engine subclasses ``Worker`` and adds the ops that
 travel (Apply, Fetch, Push, AllReduce, Average, Elastic, Clock): how a
-message reaches the server or the other workers is all it brings.
+message reaches the server or the other workers is all it brings. At the
+run's end, ``report`` is what a worker sends its driver (``RunTally.add``).
 
 ``halt``: where another party (the local engine's monitor, in shared
 memory) can end the run: ``halt[0]`` set, ``halted()`` raises before the
