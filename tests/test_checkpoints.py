@@ -159,6 +159,23 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         monsoon.train("exp", "serial", epochs=3, seed=1, resume=str(run))
 
 
+def test_an_engine_that_counts_steps_refuses_a_checkpoint_without_them(tmp_path):
+    """The local engine's checkpoints count updates, not steps; ray, torch
+    and spark's sync driver resume at a step (``needs=("step",)``) and
+    refuse such a file in one line instead of starting its steps at 0."""
+    from monsoon import rules
+
+    run = _good_run(tmp_path)
+    ckpt = checkpoints.read(sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1])
+    rule = rules.make_rule(ckpt.meta["rule"], 0.1)
+    with pytest.raises(checkpoints.CheckpointError,
+                       match="holds no 'step': another engine wrote it") as info:
+        checkpoints.Start.at(ckpt, rule, 1, needs=("step",))
+    assert "\n" not in str(info.value)
+    start = checkpoints.Start.at(ckpt, rule, 1)  # the local engine needs no step
+    assert start.examples == ckpt.meta["examples"] and start.saved is ckpt
+
+
 def test_wrong_shapes_are_refused_and_nothing_is_half_loaded(tmp_path):
     run = _good_run(tmp_path)
     newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]

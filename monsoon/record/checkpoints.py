@@ -101,8 +101,17 @@ class Start:
         return cls(np.array(w0, copy=True), None, positions=[0] * workers)
 
     @classmethod
-    def at(cls, saved: Checkpoint, rule, workers: int) -> "Start":
+    def at(cls, saved: Checkpoint, rule, workers: int, needs: tuple = ()) -> "Start":
+        """The start at ``saved``; ``needs``: meta keys the resuming engine
+        cannot do without (``step`` where it counts steps): a checkpoint
+        without one was written by another engine, and is refused."""
         params, meta, arrays = saved.arrays["params"], saved.meta, saved.arrays
+        for key in needs:
+            if key not in meta:
+                raise CheckpointError(
+                    f"checkpoint {saved.path} holds no {key!r}: another engine wrote it; "
+                    "resume with the engine that wrote it, or start a new run without "
+                    "--resume")
         state = rule.init(params.size, params.dtype)
         restore_state(saved, state)
         step = int(meta.get("step", 0))
@@ -374,10 +383,13 @@ class Checkpointer:
             self.recorder.resume(ckpt.meta["rows"])
         return ckpt
 
-    def start(self, w0, rule, workers: int, extra_shapes: dict | None = None) -> Start:
-        """Where this run starts: the checkpoint ``load`` returns, or the beginning."""
+    def start(self, w0, rule, workers: int, extra_shapes: dict | None = None,
+              needs: tuple = ()) -> Start:
+        """Where this run starts: the checkpoint ``load`` returns (with the
+        meta keys ``needs``, ``Start.at``), or the beginning."""
         saved = self.load(w0, rule, extra_shapes)
-        return Start.fresh(w0, workers) if saved is None else Start.at(saved, rule, workers)
+        return Start.fresh(w0, workers) if saved is None else Start.at(saved, rule, workers,
+                                                                         needs)
 
     def due(self, updates: int) -> bool:
         if not self.every:

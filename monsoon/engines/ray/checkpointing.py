@@ -49,7 +49,7 @@ class ShardCheckpoints:
     def load(self, w0: np.ndarray) -> Start:
         """The checkpoint to start from (checked; its curve handed to the
         recorder), or the beginning."""
-        self.start = self.keeper.start(w0, self.rule, self.workers)
+        self.start = self.keeper.start(w0, self.rule, self.workers, needs=("step",))
         if self.start.saved is not None:
             self.written = self.start.step
         return self.start

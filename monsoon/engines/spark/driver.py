@@ -221,7 +221,8 @@ class DriverPrograms:
     def run(self, recorder) -> dict:
         ctx, ckpts = self.ctx, self.ckpts
         before = 0.0
-        start = ckpts.start(self.w, self.rule, ctx.workers) if self.shared else None
+        start = (ckpts.start(self.w, self.rule, ctx.workers, needs=("step",))
+                 if self.shared else None)
         if start is not None and start.saved is not None:
             start.restore(self.w, self.core.state)
             self.steps, self.updates = start.step, start.saved.meta["applied"]

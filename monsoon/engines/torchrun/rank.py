@@ -434,8 +434,8 @@ def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Sta
     found = None
     if comm.rank == 0:
         try:
-            found = checkpoints.Checkpointer(None, 0, directory, engine.identity,
-                                             recorder).start(w0, rule, comm.world)
+            keeper = checkpoints.Checkpointer(None, 0, directory, engine.identity, recorder)
+            found = keeper.start(w0, rule, comm.world, needs=("step",))
             found.saved.arrays = {}  # sent as its params and state
         except ConfigError as exc:
             found = str(exc)
