@@ -2,10 +2,11 @@
 
 Programs that ``placement.in_tasks`` leaves on the driver (sync, serial, a
 plug-in's clipped sync) run as generators there, one per worker, on the
-parameters the driver holds. Each round the driver advances every live
-worker until it waits for a gradient or at a collective, carrying out the
-other ops itself (Apply, Fetch, Push, LocalStep, LocalApply, Elastic: the
-server and any private copies live on the driver). Then:
+parameters the driver holds, each through the shared interpreter
+(``server/worker.py``; ``_Program``). A worker's ops run at once on the
+driver (Apply, Fetch, Push, LocalStep, LocalApply, Elastic: the server and
+any private copies live there) until it waits for a gradient or at a
+collective (``WAIT``). Each round, then:
 
 - every waiting worker's Gradient goes into ONE Spark job over all
   partitions (``tasks.gradient_parts``): partition p returns, per worker k,
@@ -41,16 +42,57 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...strategies import WorkerJob
-from ...strategies.ops import (AllReduce, Apply, Average, Elastic, Fetch, Gradient, LocalApply,
-                               LocalStep, Push)
+from ...strategies.ops import AllReduce, Apply, Average, Elastic, Fetch, Gradient, Push
 from ...server.reduce import weighted_sum
-from ...server.core import LocalUpdate, ServerCore, new_readers
+from ...server.core import ServerCore, new_readers
+from ...server.worker import WAIT, Worker
 from ...record.live import add_figures
 from ..due import Due
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum, step_union
 
-WAITS = (Gradient, AllReduce, Average)
+class _Program(Worker):
+    """Worker k's program on the driver: the server's ops carried out on the
+    driver's state at once; a Gradient or a collective is left in
+    ``driver.ops`` (``WAIT``) for the round's Spark job or step."""
+    engine_name = "spark"
+
+    def __init__(self, driver, k: int, program):
+        super().__init__(k, None, driver.strategy, driver.work[k])
+        self.driver, self.program = driver, program
+        self.handlers.update({Gradient: self.wait, AllReduce: self.wait, Average: self.wait,
+                              Apply: self.apply, Fetch: self.fetch, Push: self.push,
+                              Elastic: self.elastic})
+
+    def wait(self, op):
+        self.driver.ops[self.rank] = op
+        return WAIT
+
+    def apply(self, op) -> None:
+        d = self.driver
+        if d.core.apply_sum(op.grad, d.updates, worker=self.rank, loss=op.loss, counts=1):
+            d.updates += 1
+        d.steps += 1
+
+    def fetch(self, op):
+        d = self.driver
+        if not d.shared:
+            self.work[...] = d.w
+        return d.core.read(self.rank)
+
+    def push(self, op) -> None:
+        d = self.driver
+        if d.core.push(self.rank, op.grad, int(op.ticket)) is not None:
+            d.updates += 1
+
+    def elastic(self, op) -> None:
+        d = self.driver
+        self.work -= d.core.elastic(self.work, op.alpha)
+        d.updates += 1
+        d.core.staleness[0] += 1
+
+    def count_dropped(self) -> None:
+        self.driver.core.dropped += 1
 
 
 class DriverPrograms:
@@ -64,55 +106,20 @@ class DriverPrograms:
         self.raw = self.shared and strategy.raw_gradients
         ranks = range(ctx.workers)
         self.work = {k: self.w if self.shared else self.w.copy() for k in ranks}
-        self.local_rules = {k: LocalUpdate(strategy.local_rule, k) for k in ranks}
         self.acc, self.tmp = np.empty_like(self.w), np.empty_like(self.w)
         self.grads = {k: np.empty_like(self.w) for k in ranks}  # each worker's mean gradient
-        self.programs, self.ops = {}, {}
+        self.programs, self.ops = {}, {}  # rank -> its _Program; -> the op it waits at
         self.steps = self.updates = self.examples = 0
         self.step_loss = None   # the last gradients' mean loss
         self.full_loss = None   # the full-data loss at w, when the last step was full-batch
 
     # -- the programs ---------------------------------------------------------------
     def _send(self, k, reply) -> None:
-        try:
-            self.ops[k] = self.programs[k].send(reply)
-        except StopIteration:
-            del self.ops[k], self.programs[k]
-
-    def _advance(self) -> None:
-        """Carry out every op that needs no Spark job, until each live
-        worker waits for a gradient or at a collective."""
-        for k in sorted(self.ops):
-            while k in self.ops and type(self.ops[k]) not in WAITS:
-                self._send(k, self._carry_out(k, self.ops[k]))
-
-    def _carry_out(self, k, op):
-        kind = type(op)
-        core = self.core
-        if kind is Apply:
-            if core.apply_sum(op.grad, self.updates, worker=k, loss=op.loss, counts=1):
-                self.updates += 1
-            self.steps += 1
-        elif kind is Fetch:
-            if not self.shared:
-                self.work[k][...] = self.w
-            return core.read(k)
-        elif kind is Push:
-            if core.push(k, op.grad, int(op.ticket)) is not None:
-                self.updates += 1
-        elif kind is LocalStep:
-            self.work[k] -= op.lr * op.grad
-        elif kind is LocalApply:
-            if not self.local_rules[k](self.work[k], op.grad):
-                core.dropped += 1
-        elif kind is Elastic:
-            self.work[k] -= core.elastic(self.work[k], op.alpha)
-            self.updates += 1
-            core.staleness[0] += 1
-        else:
-            raise ConfigError(f"the spark engine cannot carry out {kind.__name__} ops of "
-                              f"{self.strategy.name}'s program")
-        return None
+        """Send worker k the reply it waits for, and carry out its ops until
+        it waits again (``ops[k]``) or its program ends."""
+        del self.ops[k]
+        if self.programs[k].advance(reply):
+            del self.programs[k]
 
     # -- gradients: one job --------------------------------------------------------
     def _gradients(self, waiting: dict) -> dict:
@@ -212,9 +219,10 @@ class DriverPrograms:
                                    counts=len(counted) if kinds == {Average} else 1):
                 self.updates += 1
         self.steps += 1
-        for k in ranks:
-            if not self.shared:
+        if not self.shared:  # every copy starts the next step from the server's parameters
+            for k in ranks:
                 self.work[k][...] = self.w
+        for k in ranks:
             self._send(k, None if kinds == {Average} else 0)
 
     # -- the run ---------------------------------------------------------------------
@@ -229,10 +237,11 @@ class DriverPrograms:
             self.core.dropped, self.examples, before = start.dropped, start.examples, start.time_s
             self.core.staleness[0] = self.updates
         for k in range(ctx.workers):
-            self.programs[k] = self.strategy.program(WorkerJob(
+            self.programs[k] = _Program(self, k, self.strategy.program(WorkerJob(
                 k, ctx.workers, ctx.n_examples, ctx.batch_size, ctx.seed, ctx.budget,
-                start_step=self.steps))
-            self._send(k, None)
+                start_step=self.steps)))
+            if self.programs[k].advance():
+                del self.programs[k]
         stopped = None
         recorder.start(self.w)
         due = Due(recorder)
@@ -240,7 +249,6 @@ class DriverPrograms:
         t0 = time.perf_counter() - before
         try:
             while self.ops:
-                self._advance()
                 waiting = {k: op for k, op in self.ops.items() if type(op) is Gradient}
                 if waiting:
                     for k, reply in self._gradients(waiting).items():
@@ -264,8 +272,8 @@ class DriverPrograms:
                                {"step": self.steps, "examples": self.examples,
                                 "dropped": self.core.dropped, "applied": self.updates})
         finally:
-            for program in self.programs.values():
-                program.close()
+            for worker in self.programs.values():
+                worker.program.close()
         if self.shared and stopped is None:
             self.rule.finish(self.w, self.core.state)
         return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
