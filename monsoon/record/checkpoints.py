@@ -118,7 +118,7 @@ class Start:
         positions = arrays["positions"] if "positions" in arrays else meta.get(
             "positions", [step] * workers)
         held = [k for k in arrays if k.startswith("sender.")]
-        return cls(np.array(params, copy=True), state, step,
+        return cls(params, state, step,  # the load's own array: no copy
                    [int(p) for p in positions][:workers],
                    int(meta["examples"]), int(meta["dropped"]), float(meta["time_s"]),
                    {r: arrays[f"worker.{r}.params"] for r in range(workers)

@@ -197,7 +197,7 @@ class DriverPrograms:
         return {k: (loss, out) for k in ranks}
 
     # -- collectives ---------------------------------------------------------------
-    def _collective(self) -> None:
+    def _collective(self) -> dict:
         ops, ranks = self.ops, sorted(self.ops)
         kinds = {type(op) for op in ops.values()}
         if len(kinds) > 1:
@@ -222,8 +222,7 @@ class DriverPrograms:
         if not self.shared:  # every copy starts the next step from the server's parameters
             for k in ranks:
                 self.work[k][...] = self.w
-        for k in ranks:
-            self._send(k, None if kinds == {Average} else 0)
+        return dict.fromkeys(ranks, None if kinds == {Average} else 0)
 
     # -- the run ---------------------------------------------------------------------
     def run(self, recorder) -> dict:
@@ -247,19 +246,24 @@ class DriverPrograms:
         due = Due(recorder)
         live = {}  # each worker's losses and examples, for the live series
         t0 = time.perf_counter() - before
+        replies = {}  # the round's answers, sent after its checks (a stop sends none)
         try:
             while self.ops:
+                for k in sorted(replies):
+                    self._send(k, replies[k])
                 waiting = {k: op for k, op in self.ops.items() if type(op) is Gradient}
                 if waiting:
-                    for k, reply in self._gradients(waiting).items():
+                    replies = self._gradients(waiting)
+                    for k, reply in replies.items():
                         add_figures(live, k, float(reply[0]), 1, len(waiting[k].indices))
-                        self._send(k, reply)
                     if self.full_loss is not None and recorder.target_met(
                             self.full_loss, self.updates, self.core.dropped):
                         stopped = recorder.target_reason  # the loss at w: no step more
                         break
                 elif self.ops:
-                    self._collective()
+                    replies = self._collective()
+                else:
+                    replies = {}
                 now = time.perf_counter() - t0
                 stopped = due.look(
                     now, self.examples, lambda: (self.w, self.updates, self.core.dropped),
