@@ -22,7 +22,7 @@ from . import __version__
 from . import devices as _devices
 from .config import resolve
 from .record.checkpoints import check_resume
-from .engines.lifecycle import StopSignals, signal_name
+from .monitor.lifecycle import StopSignals, signal_name
 from .compressors.messages import add_bytes_column
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
 from .problems import Problem

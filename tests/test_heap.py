@@ -1,4 +1,4 @@
-"""Workers keep freed memory for their next step (engines/heap.py)."""
+"""Workers keep freed memory for their next step (monitor/heap.py)."""
 import subprocess
 import sys
 
@@ -7,7 +7,7 @@ import pytest
 PROBE = """
 import resource, sys
 import numpy as np
-from monsoon.engines.heap import keep_freed_memory
+from monsoon.monitor.heap import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 def step():  # a forward pass: 8 activations of 1 MB alive at once, then freed

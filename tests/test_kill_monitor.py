@@ -1,7 +1,7 @@
 """``kill -9`` of the monitor, on every engine that starts processes on this
 machine: every process the run started (workers, pipeline stages, torch
 ranks, the fork server, the resource trackers) is gone within 2 s, and no
-file it made in /dev/shm is left (``engines/lifecycle.py``).
+file it made in /dev/shm is left (``monitor/lifecycle.py``).
 
 Each run is long (it would go on for minutes), so nothing ends on its own:
 ``monsoon train`` runs as a child in a session of its own; once it is

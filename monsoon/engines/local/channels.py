@@ -28,7 +28,7 @@ import torch
 from ...errors import ConfigError
 from ...strategies.pipeline.stages import layers_of
 from ...shared_memory import SharedArrays
-from ..waiting import wait_until
+from ...monitor.waiting import wait_until
 
 # A stage waits a lot (the bubble): it spins only briefly, then sleeps, so
 # that a waiting stage does not take the core a computing one needs.

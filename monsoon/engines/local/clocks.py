@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from ...server.clocks import WorkerClock
-from ..waiting import wait_until
+from ...monitor.waiting import wait_until
 from .store import RUNNING
 
 NOBODY = 1 << 62

@@ -52,12 +52,12 @@ import numpy as np
 from ...options import Option
 from ...strategies import WorkerJob
 from ...record import checkpoints
-from ..heap import keep_freed_memory
-from ..lifecycle import signal_name, stop_requested, worker_started
+from ...monitor.heap import keep_freed_memory
+from ...monitor.lifecycle import signal_name, stop_requested, worker_started
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
-from ..processes import limit_threads, start_context, torch_threads_per_worker
-from ..due import Due
-from ..waiting import Aborted, wait_until
+from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker
+from ...monitor.due import Due
+from ...monitor.waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
                             restore_buffers, sender_slots)
 from .inbox import Outbox, WorkerPool, read_payload

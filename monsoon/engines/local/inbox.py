@@ -26,7 +26,7 @@ import queue
 import threading
 from multiprocessing.connection import wait
 
-from ..processes import blas_threads, join_or_kill, main_module_hidden
+from ...monitor.processes import blas_threads, join_or_kill, main_module_hidden
 
 
 class Outbox:

@@ -8,7 +8,7 @@ shared parameters), records the curve (from worker 0's snapshot ring, on
 request from a replicated synchronous step, or from the shared parameters)
 and hands the live writer the workers' figures. When each of these is due,
 and the no-progress timeout and a stop signal, it asks one ``Due``
-(``engines/due.py``), the object the inline path asks too.
+(``monitor/due.py``), the object the inline path asks too.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import numpy as np
 from ... import arrays
 from ...errors import WaitTimeout
 from ..base import EngineResult, lost_workers_error
-from ..due import Due
-from ..lifecycle import StopSignals
+from ...monitor.due import Due
+from ...monitor.lifecycle import StopSignals
 from ..tally import RunTally
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,

@@ -28,13 +28,13 @@ from ...errors import ConfigError, WaitTimeout, WorkerError
 from ...strategies.batches import global_batches
 from ...strategies.pipeline.runner import finish, stage_payloads
 from ..base import EngineResult
-from ..due import Due
-from ..heap import keep_freed_memory
+from ...monitor.due import Due
+from ...monitor.heap import keep_freed_memory
 from ..options import refuse_checkpoints
-from ..lifecycle import worker_started
-from ..processes import limit_threads, start_context, torch_threads_per_worker
+from ...monitor.lifecycle import worker_started
+from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker
 from ...shared_memory import SharedArrays
-from ..waiting import Aborted
+from ...monitor.waiting import Aborted
 from .channels import Channel, boundary_bytes, largest_micro_batch
 from .inbox import Outbox, WorkerPool, read_payload
 

@@ -38,7 +38,7 @@ from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch,
                                SGDPass, weighted)
 from ...server.core import ServerCore
 from ...server.worker import Worker
-from ..waiting import HOT_TURNS, Aborted
+from ...monitor.waiting import HOT_TURNS, Aborted
 from .clocks import LocalClocks
 from .store import (ABORT, DROPPED, EXAMPLES, LOSS_N, LOSS_SUM, STALE_MAX, STALE_N, STALE_SUM,
                     UPDATES, ParameterStore)

@@ -49,7 +49,7 @@ from ... import arrays
 from ...record.checkpoints import next_checkpoint
 from ...server.reduce import WeightedMean, finite, weighted_sum
 from ...server.core import ServerCore
-from ..waiting import Aborted, wait_until
+from ...monitor.waiting import Aborted, wait_until
 from .checkpointing import save_sender
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,
                     REDUCED, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, STEP,

@@ -50,7 +50,7 @@ from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradie
 from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine,
                     lost_workers_error, shard_bounds, shard_count)
 from ...record.checkpoints import Checkpointer
-from ..due import Due
+from ...monitor.due import Due
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..tally import RunTally, run_folder_extra, summed_staleness
 from .checkpointing import ShardCheckpoints, private_copies

@@ -25,7 +25,7 @@ from ...strategies.batches import global_batches, part_bounds
 from ...strategies.pipeline.runner import finish, stage_payloads
 from ...strategies.pipeline.schedules import schedule
 from ..base import EngineResult
-from ..due import Due
+from ...monitor.due import Due
 from ..options import refuse_checkpoints
 from .hosts import POOL, kill
 

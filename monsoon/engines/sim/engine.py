@@ -57,7 +57,7 @@ from ...server.reduce import finite, weighted_sum
 from ...server.core import ServerCore, new_readers
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
-from ..lifecycle import signal_name, stop_requested
+from ...monitor.lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
 from ..tally import run_folder_extra
 from .delays import OPTIONS as DELAY_OPTIONS

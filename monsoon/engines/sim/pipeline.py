@@ -45,7 +45,7 @@ from ...strategies.batches import global_batches
 from ...strategies.pipeline.runner import finish, stage_payloads
 from ...strategies.pipeline.schedules import timeline
 from ..base import EngineResult
-from ..due import Due
+from ...monitor.due import Due
 from ..options import refuse_checkpoints
 
 

@@ -47,7 +47,7 @@ from ...server.reduce import weighted_sum
 from ...server.core import ServerCore, new_readers
 from ...server.worker import WAIT, Worker
 from ...record.live import add_figures
-from ..due import Due
+from ...monitor.due import Due
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum, step_union
 

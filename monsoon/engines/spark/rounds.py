@@ -37,7 +37,7 @@ from ...server.averaging import TailAverage
 from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore
 from ...rules.local import LocalRule
-from ..due import Due
+from ...monitor.due import Due
 from .jobs import share
 from .sizing import JobTiming
 from .tasks import run_segment

@@ -59,7 +59,7 @@ from ...strategies.batches import batches_in
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import next_checkpoint, staleness_arrays
 from ...record.live import add_figures
-from ..due import Due
+from ...monitor.due import Due
 from .sizing import JobTiming
 from .jobs import every_slot_at_once, short_error
 from .stream import POLL_S, JobLink, Stopped, TaskLink

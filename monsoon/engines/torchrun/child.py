@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..lifecycle import worker_started
-from ..processes import limit_threads
+from ...monitor.lifecycle import worker_started
+from ...monitor.processes import limit_threads
 from .rank import run_rank
 
 RECORDER_SKIP = ("problem", "_bar", "live_writer")  # the driver keeps its own writer

@@ -35,7 +35,7 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from ..processes import main_module_hidden, torch_threads_per_worker
+    from ...monitor.processes import main_module_hidden, torch_threads_per_worker
     from .child import AgentStreams, rank_main
 
     remove_stale_folders()
@@ -96,7 +96,7 @@ def agent_log_without_tracebacks():
 def start_method() -> str:
     """How the agent starts its ranks: forked from the fork server (torch
     is imported by now, so the server preloads it), else spawned."""
-    from ..processes import start_context
+    from ...monitor.processes import start_context
 
     return start_context().get_start_method()
 
@@ -104,7 +104,7 @@ def start_method() -> str:
 def remove_stale_folders() -> None:
     """Remove the job folders of agents that no longer run: an agent killed
     with ``kill -9`` could not remove its own (its pid is in the name)."""
-    from ..lifecycle import alive
+    from ...monitor.lifecycle import alive
 
     for path in Path(tempfile.gettempdir()).glob("monsoon-torch-*-*"):
         pid = path.name.split("-")[2]

@@ -54,7 +54,7 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch
 from ...record import checkpoints
 from ..base import EngineResult
-from ..due import Due
+from ...monitor.due import Due
 from ..tally import RunTally
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
@@ -502,7 +502,7 @@ def _join(engine, problem, workers):
     import torch
 
     from ...devices import rank_device
-    from ..lifecycle import set_death_signal
+    from ...monitor.lifecycle import set_death_signal
 
     env = rank_env()
     set_death_signal()  # torchrun starts ranks in sessions of their own: die with the agent

@@ -38,7 +38,7 @@ import numpy as np
 
 from ...errors import ConfigError, WorkerError
 from ...shared_memory import SharedArrays, shm_dir
-from ..waiting import wait_until
+from ...monitor.waiting import wait_until
 
 PEER_CHECK_S = 0.05
 

@@ -135,7 +135,7 @@ def fork_server_env(main_thread: bool) -> str:
 
 
 def tie_fork_server() -> None:
-    """In the fork server (``engines.fork_server``, imported before it
+    """In the fork server (``monitor.fork_server``, imported before it
     forks anything): die with the monitor that started it, when the
     monitor asked for it through ``FORK_SERVER_ENV``. ``PR_SET_PDEATHSIG``
     where the monitor's main thread started it (the signal follows the

@@ -21,7 +21,7 @@ import time
 
 # What the fork server imports before it forks any worker; with torch
 # where the parent has it (the pipeline's stages run torch modules).
-PRELOAD = ("monsoon.engines.fork_server", "monsoon.engines.local.engine")
+PRELOAD = ("monsoon.monitor.fork_server", "monsoon.engines.local.engine")
 PRELOAD_TORCH = ("torch", "monsoon.engines.local.pipeline")
 
 

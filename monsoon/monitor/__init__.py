@@ -1,0 +1,6 @@
+"""What watches a run, whatever engine carries it: ``due`` (the schedule of
+curve rows, live updates, checkpoints, the no-progress timeout and signal
+stops), ``lifecycle`` (no worker outlives its monitor; SIGTERM/SIGINT stop
+a run cleanly), ``waiting`` (every wait is bounded), ``processes`` and
+``heap`` (starting worker processes on this machine). It knows no engine:
+engines import it, never the other way."""
