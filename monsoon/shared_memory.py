@@ -19,9 +19,15 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
 import tempfile
 
 import numpy as np
+
+# x86 keeps stores in order (TSO): a counter seen raised implies the writes
+# made before it are visible. Weaker CPUs (ARM) need a fence (a lock) around
+# such a counter; what meets through shared memory checks this.
+NEEDS_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 _ALIGN = 64  # one cache line: no two arrays share a line
 

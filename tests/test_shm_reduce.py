@@ -111,3 +111,19 @@ def test_no_room_in_dev_shm_falls_back_to_the_backend_or_says_what_to_do(monkeyp
     assert shm_reduce.open_shm_reduce(_OneRank(), 5, np.float32, 5.0, required=False) is None
     with pytest.raises(ConfigError, match="--shm-size"):
         shm_reduce.open_shm_reduce(_OneRank(), 5, np.float32, 5.0, required=True)
+
+
+def test_a_cpu_that_reorders_stores_reduces_through_the_backend(monkeypatch):
+    """The block's counters need stores kept in order (x86): elsewhere
+    ``auto`` picks the backend's all-reduce and ``shm`` is refused."""
+    import pytest
+
+    from monsoon.engines.torchrun import shm_reduce
+    from monsoon.errors import ConfigError
+
+    one_machine = {"local_world_size": 2, "world_size": 2}
+    assert shm_reduce.uses_shm("auto", "gloo", one_machine) == (not shm_reduce.NEEDS_FENCE)
+    monkeypatch.setattr(shm_reduce, "NEEDS_FENCE", True)
+    assert not shm_reduce.uses_shm("auto", "gloo", one_machine)
+    with pytest.raises(ConfigError, match="keeps stores in order"):
+        shm_reduce.uses_shm("shm", "gloo", one_machine)

@@ -40,7 +40,6 @@ Where workers wait: at the step's barriers, each with the run's timeout.
 """
 from __future__ import annotations
 
-import platform
 import time
 
 import numpy as np
@@ -50,14 +49,12 @@ from ...record.checkpoints import next_checkpoint
 from ...server.reduce import WeightedMean, finite, weighted_sum
 from ...server.core import ServerCore
 from ...monitor.waiting import Aborted, wait_until
+from ...shared_memory import NEEDS_FENCE  # where set, the store's lock fences a counter
 from .checkpointing import save_sender
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,
                     REDUCED, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, STEP,
                     STOP, STOP_AT, UPDATES)
 
-# x86 keeps stores in order (TSO), so a counter seen raised implies the slot
-# writes before it are visible; weaker CPUs (ARM) need the lock as a fence.
-NEEDS_FENCE = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 # The bound on replicated steps is engines/base.py's REPLICATE_MAX_BYTES: above
 # it a full reduce + apply per worker costs more than the two barriers it saves

@@ -73,7 +73,8 @@ class TorchEngine(Engine):
                check=lambda v: None if v >= 0 else "0 or more"),
         Option("reduce_via", str, "auto", "how the ranks sum their buffers: shm (through shared "
                "memory; every rank on one machine), backend (the process group's all-reduce), "
-               "auto (shm where every rank is on this machine and the backend is gloo)",
+               "auto (shm where every rank is on this machine, the backend is gloo and the CPU "
+               "keeps stores in order: x86)",
                choices=REDUCE_VIA),
         Option("max_restarts", int, 0, "without torchrun: restarts of every rank after a "
                "failure (sync resumes from the newest checkpoint); under torchrun, use its "

@@ -26,7 +26,9 @@ Invariants:
   is often 64 MB), the ranks use the backend's all-reduce instead.
 
 Counters are written after the slot, and read before it; x86's stores
-become visible in program order (the local engine relies on the same).
+become visible in program order. The block has no lock to fence with, so
+on a CPU that does not keep stores in order (``NEEDS_FENCE``: ARM) the
+ranks use the backend's all-reduce, and ``--reduce-via shm`` is refused.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import time
 import numpy as np
 
 from ...errors import ConfigError, WorkerError
-from ...shared_memory import SharedArrays, shm_dir
+from ...shared_memory import NEEDS_FENCE, SharedArrays, shm_dir
 from ...monitor.waiting import wait_until
 
 PEER_CHECK_S = 0.05
@@ -49,15 +51,19 @@ REDUCE_VIA = ("auto", "shm", "backend")
 def uses_shm(reduce_via: str, backend: str, env: dict) -> bool:
     """Whether the ranks reduce through shared memory: ``auto`` where every
     rank runs on this machine (torchrun's LOCAL_WORLD_SIZE is the world) and
-    the buffers live in host memory (gloo; NCCL reduces on the GPUs)."""
+    the buffers live in host memory (gloo; NCCL reduces on the GPUs), on a
+    CPU that keeps stores in order."""
     one_machine = env["local_world_size"] == env["world_size"]
+    if reduce_via == "shm" and NEEDS_FENCE:
+        raise ConfigError("--reduce-via shm needs a CPU that keeps stores in order (x86); "
+                          "use --reduce-via auto or backend here")
     if reduce_via == "shm":
         if not one_machine:
             raise ConfigError(f"--reduce-via shm needs every rank on one machine, but "
                               f"{env['world_size']} ranks run {env['local_world_size']} per node; "
                               "use --reduce-via auto or backend")
         return True
-    return reduce_via == "auto" and one_machine and backend == "gloo"
+    return reduce_via == "auto" and one_machine and backend == "gloo" and not NEEDS_FENCE
 
 
 def _gone(pid: int) -> bool:
