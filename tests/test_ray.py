@@ -32,6 +32,24 @@ def test_sync_equals_serial_on_the_full_batch():
     assert run.summary["shards"] == 2
 
 
+def test_a_step_not_finite_in_one_shards_slice_is_dropped_on_every_shard():
+    """Worker 1's gradient is NaN in its first element only, every fifth
+    step: shard 0 alone sees the NaN, yet the whole step is dropped (never
+    half applied) and counted once, as on the local engine."""
+    def problem():
+        return FaultyProblem(make_problem("logistic", dtype="float64"), "nan", rank=1, after=3,
+                             every=5)
+
+    opts = dict(steps=30, batch_size=64, dtype="float64", seed=0, evals=0)
+    local = monsoon.train(problem(), "sync", 2, **opts)
+    run = monsoon.train(problem(), "sync", 2, engine="ray", shards=2, **opts)
+    assert local.summary["dropped_updates"] > 0
+    np.testing.assert_allclose(run.params, local.params, rtol=1e-9, atol=1e-12)
+    for key in ("dropped_updates", "updates"):
+        assert run.summary[key] == local.summary[key], key
+    assert run.summary["updates"] + run.summary["dropped_updates"] == 30
+
+
 def _train_in_background(**kwargs):
     box = {}
 

@@ -105,7 +105,7 @@ class ShardCheckpoints:
                     done, self.n, self.batch_size))]
             examples = self.start.examples + sum(done)
         meta = {"step": version, "examples": examples, "positions": positions,
-                "dropped": self.start.dropped + sum(d for _, _, d in parts),
+                "dropped": self.start.dropped + max(d for _, _, d in parts),
                 "exact": self.exact, "reason": reason}
         self.keeper.save(version, self.start.time_s + now, params, state, meta)
         self.written = version

@@ -299,7 +299,7 @@ class RayEngine(Engine):
                         {r: v["examples"] for r, v in results.items()})
         return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
                             RunTally(workers, self.compression, ssp=clock is not None),
-                            membership)
+                            membership, strategy.synchronous)
 
     def _await_ready(self, ray, actors) -> None:
         """Waits for each worker actor to have loaded its data, within
@@ -322,7 +322,7 @@ class RayEngine(Engine):
                 raise err from exc
 
     def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped, tally,
-                membership):
+                membership, synchronous: bool):
         """The run's result: the shards' parameters, and the finished
         workers' reports added to what the resumed run and the lost workers
         had counted; each failed worker is listed with its error."""
@@ -331,8 +331,11 @@ class RayEngine(Engine):
         tally.failed.update(failed)
         params, version, dropped = self._params(ray, shards)
         extra = {"membership": membership.events} if membership is not None else {}
+        # a shard's version counts its synchronous steps, dropped ones too (a
+        # resumed sync run's included): updates are the steps applied
+        updates = version - dropped - start.dropped if synchronous else version
         return tally.result(params, startup, wall, start.examples + gone + tally.examples,
-                            version, start.dropped + dropped + tally.dropped,
+                            updates, start.dropped + dropped + tally.dropped,
                             {**extra, **tally.extra(version)}, stopped=stopped)
 
     def _progress(self, ray, live: dict) -> dict:
@@ -351,11 +354,12 @@ class RayEngine(Engine):
         return figures
 
     def _params(self, ray, shards, dropped_before: int = 0):
-        """The shards' parameters, version and dropped count (plus those a
-        resumed run had dropped before)."""
+        """The shards' parameters, version and dropped steps (plus those a
+        resumed run had dropped before). Every shard drops the same
+        synchronous steps (``Shard._complete``), so a step counts once."""
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
         return (np.concatenate([p for p, _, _ in parts]), parts[0][1],
-                dropped_before + sum(d for _, _, d in parts))
+                dropped_before + max(d for _, _, d in parts))
 
 
 def _totals(examples: int, figures: dict) -> tuple:

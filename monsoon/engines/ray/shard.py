@@ -6,9 +6,14 @@ updated in place as NumPy arrays, and serves:
 - ``read(worker)``: the slice and its version (Downpour's fetch; the rule's
   ``on_read`` runs here, so delay-aware state never travels to workers);
 - ``push(worker, grad, read_version)``: the rule, applied at once;
-- ``contribute(step, worker, grad, examples)``: a synchronous step. The first
-  ``counted`` contributions of a step count, and the last of them sums them
-  (``weighted_sum``, rank order, as every engine does) and applies the rule.
+- ``contribute(step, worker, grad, examples, gen, whole_finite)``: a
+  synchronous step. The first ``counted`` contributions of a step count, and
+  the last of them sums them (``weighted_sum``, rank order, as every engine
+  does) and applies the rule. A step is dropped on every shard when any
+  counted worker's whole contribution was not finite (``whole_finite``, the
+  worker's own check), so a NaN in one slice never leaves the other slices
+  stepped; a sum that overflows in one slice alone (finite inputs) is the
+  one case a shard decides alone.
   Every caller blocks (with a timeout) until the step is applied and gets the
   new slice; a late caller is told how many steps it missed;
 - ``regroup(gen, members)``: elastic sync: the step's workers changed; the
@@ -36,7 +41,7 @@ import threading
 import numpy as np
 
 from ...compressors.messages import receive
-from ...server.reduce import weighted_sum
+from ...server.reduce import finite, weighted_sum
 from ...server.core import ServerCore, new_readers
 
 TAKEN = 4  # copies a shard keeps until the driver collects them
@@ -103,7 +108,8 @@ class Shard:
             self._taken()
 
     # -- synchronous -----------------------------------------------------------
-    def contribute(self, step: int, worker: int, grad, examples: int, gen: int = 0):
+    def contribute(self, step: int, worker: int, grad, examples: int, gen: int = 0,
+                   whole_finite: bool = True):
         """Returns (new slice, steps missed, counted?), or ("regroup", gen,
         members) when the step's workers changed (elastic)."""
         if grad is not None:
@@ -123,7 +129,7 @@ class Shard:
                                        f"{late_for} to complete")
                 return self.params.copy(), self.step - (step + 1), False
             self.arrivals[worker] = (np.zeros_like(self.params) if grad is None else grad,
-                                     examples)
+                                     examples, whole_finite)
             if len(self.arrivals) == self.counted:
                 self._complete()
             else:
@@ -145,7 +151,8 @@ class Shard:
         weighted_sum(grads, ranks, examples, acc, np.empty_like(acc))
         if self.regroups:
             self.before = self.params.copy()
-        self.core.apply_sum(acc, self.step)
+        whole = all(self.arrivals[k][2] for k in ranks)
+        self.core.apply_sum(acc, self.step, ok=whole and finite(acc))
         self.arrivals = {}
         self.core.version = self.step = self.step + 1
         self._taken()

@@ -144,17 +144,21 @@ class RemoteWorker(Worker):
             self.pending = []
 
     def all_reduce(self, op):
-        return self._synchronous(op.grad, op.examples)
+        return self._synchronous(op.grad, op.examples, op.grad is None or finite(op.grad))
 
     def average(self, op):
-        return self._synchronous(self.sender.pack(self.anchor - self.work), op.examples)
+        moved = self.anchor - self.work
+        return self._synchronous(self.sender.pack(moved), op.examples, finite(moved))
 
-    def _synchronous(self, contribution, examples):
+    def _synchronous(self, contribution, examples, whole_finite: bool):
+        """This worker's part of a synchronous step on every shard; each
+        shard is told whether the whole contribution was finite, so that a
+        non-finite one drops the step on all of them."""
         targets = [s for s in range(len(self.shards)) if s not in self.applied]
         parts = [None] * len(self.shards) if contribution is None \
             else self._per_shard(contribution)
         refs = [self.shards[s].contribute.remote(self.sync_step, self.rank, parts[s], examples,
-                                                 self.gen)
+                                                 self.gen, whole_finite)
                 for s in targets]
         regroup = None
         for s, reply in zip(targets, self._get(refs)):
