@@ -46,7 +46,7 @@ def test_replicated_step_matches_the_simulator_bit_for_bit(dtype, workers, batch
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("parts", [1, 2, 3, 5])
 def test_compiled_mean_has_the_bits_of_weighted_mean(dtype, parts):
-    from monsoon.engines.local.kernels import equal_mean_finite_for
+    from monsoon.server.kernels import equal_mean_finite_for
     from monsoon.server.reduce import WeightedMean, finite
 
     kernel = equal_mean_finite_for(dtype)

@@ -163,7 +163,7 @@ class ReplicatedStep(_Step):
         self.mean = [WeightedMean(list(store.rep_slots[parity]), acc, tmp) for parity in (0, 1)]
         self.acc = acc
         self.scale = acc.dtype.type(1.0 / self.workers)
-        from .kernels import equal_mean_finite_for  # Numba: workers only, at start-up
+        from ...server.kernels import equal_mean_finite_for  # Numba: workers only, at start-up
 
         self.equal_mean_finite = equal_mean_finite_for(acc.dtype)
         self._snap_at, self._snap_cost = -np.inf, 0.0  # the last snapshot: when, how long
@@ -268,7 +268,7 @@ class ShardedStep(_Step):
     def __init__(self, runtime):
         super().__init__(runtime)
         self.next_ckpt = None  # the last worker through a step saves (see contribute)
-        from .kernels import mean_of_two_finite_for  # Numba: at start-up, off the clock
+        from ...server.kernels import mean_of_two_finite_for  # Numba: at start-up, off the clock
 
         params = self.store.params
         self.acc, self.tmp = arrays.empty_like(params), arrays.empty_like(params)

@@ -1,4 +1,4 @@
-"""The synchronous steps' mean, compiled (Numba, ``nogil=True``).
+"""The synchronous steps' mean of ``reduce.py``, compiled (Numba, ``nogil=True``).
 
 ``equal_mean_finite(slots, counts, out, scale)`` does, in one call, what
 ``reduce.WeightedMean`` followed by ``reduce.finite`` does when every worker
