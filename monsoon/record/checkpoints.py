@@ -5,7 +5,8 @@ the run folder's ``checkpoints/``: the arrays (``params``, ``state.<field>``
 of the rule, ``counters``, the workers' private copies ``worker.<k>.<what>``)
 and ``meta``, a JSON document stored as bytes beside them: which run it
 belongs to (problem, parameter count and dtype, strategy, rule, workers,
-batch size, seed), the position in the data order (``step``: batches done;
+batch size, seed) and the engine that wrote it (``engine``, its registry
+name; absent in checkpoints written before it was recorded), the position in the data order (``step``: batches done;
 ``positions``: per worker), the time and counters so far, and the
 recorder's rows, so the loss curve carries on.
 
@@ -17,7 +18,7 @@ Invariants:
   Every member is read in full, so the zip's CRC-32 catches a corrupt
   file, and a partial one has no central directory.
 - A checkpoint that is unreadable, from another run (another problem, other
-  shapes) is refused in one line; the newest good one is used, and each
+  shapes) or written by another engine is refused in one line; the newest good one is used, and each
   refused one is named on stderr. None is ever half loaded: everything is
   read and checked before anything is returned.
 - The newest ``KEEP`` checkpoints are kept, older ones are removed.
@@ -134,11 +135,18 @@ def private_copies(strategy) -> bool:
     state and each worker's position are all a resume needs."""
     return Average in strategy.uses or Elastic in strategy.uses
 
-def identity(problem, strategy, rule, workers: int, batch_size: int, seed: int) -> dict:
-    return {"problem": problem.name, "n_params": int(problem.n_params),
-            "dtype": str(np.dtype(problem.dtype)), "strategy": strategy.name,
-            "rule": getattr(rule, "name", str(rule)), "workers": int(workers),
-            "batch_size": int(batch_size), "seed": int(seed)}
+def identity(problem, strategy, rule, workers: int, batch_size: int, seed: int,
+             engine: str | None = None) -> dict:
+    """What a checkpoint of this run records of it, and ``check`` compares;
+    ``engine``: the registry name of the engine that writes and resumes it
+    (``Engine.name``), whose meta only that engine reads."""
+    ident = {"problem": problem.name, "n_params": int(problem.n_params),
+             "dtype": str(np.dtype(problem.dtype)), "strategy": strategy.name,
+             "rule": getattr(rule, "name", str(rule)), "workers": int(workers),
+             "batch_size": int(batch_size), "seed": int(seed)}
+    if engine is not None:
+        ident["engine"] = str(engine)
+    return ident
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -214,7 +222,15 @@ def read(path) -> Checkpoint:
 
 
 def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
-    """Refuse a checkpoint of another run, or with other shapes."""
+    """Refuse a checkpoint of another run, written by another engine (each
+    engine's meta is its own; one written before the engine was recorded
+    passes), or with other shapes."""
+    wrote, mine = ckpt.meta.get("engine"), expect.get("engine")
+    if wrote is not None and mine is not None and wrote != mine:
+        raise CheckpointError(
+            f"checkpoint {ckpt.path} was written by the {wrote} engine, this run's is the "
+            f"{mine} engine; resume it with --engine {wrote}, or start a new run without "
+            "--resume")
     for key in IDENTITY:
         if key in expect and ckpt.meta.get(key) != expect[key]:
             raise CheckpointError(
@@ -330,7 +346,8 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
             "as this one; resume it with --engine local or sim and --strategy sync or serial, "
             "or start a new run")
     if directory and STAGES not in strategy.needs(workers):  # pipeline refuses checkpoints
-        load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed),
+        load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed,
+                                        engine.name),
                     shapes(w0, rule), warn=lambda line: None)
 
 
@@ -373,7 +390,8 @@ class Checkpointer:
     @classmethod
     def for_engine(cls, engine, problem, strategy, rule, workers, batch_size, seed, recorder):
         return cls(engine.checkpoint_dir, engine.checkpoint_every, engine.resume_dir,
-                   identity(problem, strategy, rule, workers, batch_size, seed), recorder)
+                   identity(problem, strategy, rule, workers, batch_size, seed, engine.name),
+                   recorder)
 
     def load(self, w0, rule, extra_shapes: dict | None = None):
         if not self.resume_dir:

@@ -397,7 +397,8 @@ class LocalEngine(Engine):
         backend = "inline" if inline else self.backend
         self.backend_used = backend
         exact = exact_checkpoints(strategy)
-        ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
+        ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed,
+                                     self.name)
         ident["plan"] = "epochs" if self.kernel else "batches"  # what a position counts
         ck = RunCheckpoints(self.checkpoint_dir, self.checkpoint_every, self.resume_dir, ident,
                             exact, recorder)

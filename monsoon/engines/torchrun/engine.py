@@ -112,7 +112,8 @@ class TorchEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed)
+        self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size,
+                                             seed, self.name)
         if under_torchrun():
             from .rank import run_rank
 
