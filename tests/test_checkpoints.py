@@ -176,6 +176,100 @@ def test_an_engine_that_counts_steps_refuses_a_checkpoint_without_them(tmp_path)
     assert start.examples == ckpt.meta["examples"] and start.saved is ckpt
 
 
+def _never_started(monkeypatch):
+    """Make every engine's ``run`` fail the test: a refusal must come first."""
+    from monsoon.engines.local.engine import LocalEngine
+    from monsoon.engines.sim.engine import SimEngine
+
+    def started(*args, **kwargs):
+        raise AssertionError("the engine started")
+
+    for cls in (LocalEngine, SimEngine):
+        monkeypatch.setattr(cls, "run", started)
+
+
+def test_a_checkpoint_of_another_engine_is_refused_before_anything_starts(tmp_path,
+                                                                          monkeypatch):
+    """Each engine's meta is its own (the local engine's counters and sender
+    slots, the sim's replay point): the checkpoint names its engine, and
+    --resume on another refuses it in one line, naming both."""
+    opts = dict(steps=40, seed=0, evals=0, progress=False)
+    monsoon.train("exp", "sync", 2, backend="threads", out=tmp_path / "local",
+                  checkpoint_every=10, **opts)
+    monsoon.train("exp", "sync", 2, engine="sim", out=tmp_path / "sim", checkpoint_every=10,
+                  **opts)
+    for wrote in ("local", "sim"):
+        for f in (tmp_path / wrote / "checkpoints").glob("ckpt-*.npz"):
+            assert checkpoints.read(f).meta["engine"] == wrote
+    _never_started(monkeypatch)
+    with pytest.raises(checkpoints.CheckpointError) as info:
+        monsoon.train("exp", "sync", 2, engine="sim", resume=str(tmp_path / "local"), **opts)
+    line = str(info.value)
+    assert "\n" not in line
+    assert "was written by the local engine, this run's is the sim engine; resume it with " \
+           "--engine local, or start a new run" in line, line
+    with pytest.raises(checkpoints.CheckpointError,
+                       match="written by the sim engine, this run's is the local engine; "
+                             "resume it with --engine sim"):
+        monsoon.train("exp", "sync", 2, backend="threads", resume=str(tmp_path / "sim"), **opts)
+
+
+def test_the_command_line_refuses_another_engines_checkpoint_in_one_line(tmp_path,
+                                                                         monkeypatch):
+    run = _good_run(tmp_path)
+    _never_started(monkeypatch)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train", "--engine", "sim", "--strategy", "serial", "--epochs", "3",
+                     "--seed", "0", "--quiet", "--resume", str(run), "--out",
+                     str(tmp_path / "b")])
+    assert code == 2
+    assert err.getvalue().count("\n") == 1, err.getvalue()
+    assert "written by the local engine" in err.getvalue()
+    assert "--engine local" in err.getvalue()
+    assert not (tmp_path / "b" / "summary.json").exists()
+
+
+def _as_written_before(folder: Path) -> None:
+    """Rewrite each checkpoint of ``folder`` without the ``engine`` key, as
+    a monsoon that did not record it wrote them."""
+    for f in sorted((folder / "checkpoints").glob("ckpt-*.npz")):
+        ckpt = checkpoints.read(f)
+        f.unlink()
+        checkpoints.save(folder / "checkpoints", int(f.name[5:17]),
+                         {k: v for k, v in ckpt.meta.items()
+                          if k not in ("format", "version", "engine")}, ckpt.arrays)
+        assert "engine" not in checkpoints.read(f).meta
+
+
+@pytest.mark.parametrize("engine,every", [("local", 10), ("sim", 10)])
+def test_a_checkpoint_written_before_the_engine_was_recorded_still_resumes(tmp_path, engine,
+                                                                           every):
+    opts = dict(engine=engine, steps=40, seed=0, evals=0, progress=False,
+                **({"backend": "threads"} if engine == "local" else {}))
+    whole = monsoon.train("exp", "sync", 2, out=tmp_path / "a", checkpoint_every=every, **opts)
+    kept = cut_after(tmp_path / "a", 1)
+    _as_written_before(tmp_path / "a")
+    resumed = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "a"), **opts)
+    assert resumed.summary["resumed_from"] == str(kept[0])
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+
+
+def test_the_engine_is_compared_only_where_both_name_it(tmp_path):
+    run = _good_run(tmp_path)
+    ckpt = checkpoints.read(sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1])
+    ident = {k: ckpt.meta[k] for k in checkpoints.IDENTITY if k in ckpt.meta}
+    assert ckpt.meta["engine"] == "local"
+    checkpoints.check(ckpt, {**ident, "engine": "local"}, {})
+    checkpoints.check(ckpt, ident, {})  # a caller that names no engine
+    del ckpt.meta["engine"]  # written before the engine was recorded
+    checkpoints.check(ckpt, {**ident, "engine": "sim"}, {})
+    ckpt.meta["engine"] = "ray"
+    with pytest.raises(checkpoints.CheckpointError, match="resume it with --engine ray"):
+        checkpoints.check(ckpt, {**ident, "engine": "sim"}, {})
+
+
 def test_wrong_shapes_are_refused_and_nothing_is_half_loaded(tmp_path):
     run = _good_run(tmp_path)
     newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
