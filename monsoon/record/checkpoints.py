@@ -6,9 +6,10 @@ of the rule, ``counters``, the workers' private copies ``worker.<k>.<what>``)
 and ``meta``, a JSON document stored as bytes beside them: which run it
 belongs to (problem, parameter count and dtype, strategy, rule, workers,
 batch size, seed) and the engine that wrote it (``engine``, its registry
-name; absent in checkpoints written before it was recorded), the position in the data order (``step``: batches done;
-``positions``: per worker), the time and counters so far, and the
-recorder's rows, so the loss curve carries on.
+name; absent in checkpoints written before it was recorded), the position
+in the data order (``step``: batches done; ``positions``: per worker), the
+time and counters so far, and the recorder's rows, so the loss curve
+carries on.
 
 Invariants:
 
@@ -18,9 +19,9 @@ Invariants:
   Every member is read in full, so the zip's CRC-32 catches a corrupt
   file, and a partial one has no central directory.
 - A checkpoint that is unreadable, from another run (another problem, other
-  shapes) or written by another engine is refused in one line; the newest good one is used, and each
-  refused one is named on stderr. None is ever half loaded: everything is
-  read and checked before anything is returned.
+  shapes) or written by another engine is refused in one line; the newest
+  good one is used, and each refused one is named on stderr. None is ever
+  half loaded: everything is read and checked before anything is returned.
 - The newest ``KEEP`` checkpoints are kept, older ones are removed.
 """
 from __future__ import annotations
