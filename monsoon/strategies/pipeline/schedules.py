@@ -15,8 +15,11 @@ follows the last ``B``.
   most S - s activations in flight, not M; the bubble is the same.
 
 With equal stages and no transfer time both leave each stage idle for a
-fraction (S - 1) / (M + S - 1) of the step (the "bubble"). ``timeline``
-computes the step's makespan and bubble for any per-stage costs, which is
+fraction (S - 1) / (M + S - 1) of the step (the "bubble").
+``dependency_order`` lists a replica's ops in one order where every op
+follows the neighbour's op it receives from (the order the sim engine runs
+them in and the ray engine submits them in); ``timeline`` walks that order
+to compute the step's makespan and bubble for any per-stage costs, which is
 the sim engine's model of a pipeline.
 
 Invariant (tested): on every stage, both schedules run each F m and B m
@@ -63,6 +66,36 @@ def peak_activations(ops) -> int:
     return peak
 
 
+def dependency_order(plans):
+    """Every op of one replica's step, ``plans[s]`` being stage s's schedule,
+    as ``(s, kind, m, dep)`` in an order where each stage's ops keep their
+    schedule's order and every op comes after ``dep``, the neighbour's op
+    whose output it receives (``(s - 1, "F", m)`` for a forward,
+    ``(s + 1, "B", m)`` for a backward; None on the first stage's forwards
+    and the last stage's backwards). It sweeps the stages, each running as
+    far as its inputs allow. Used by ``timeline``, the sim engine (which
+    runs the ops in this order) and the ray engine (which submits them)."""
+    stages = len(plans)
+    done, pos = set(), [0] * stages
+    left = sum(len(p) for p in plans)
+    while left:
+        progressed = False
+        for s in range(stages):
+            while pos[s] < len(plans[s]):
+                kind, m = plans[s][pos[s]]
+                dep = ((s - 1, "F", m) if kind == "F" and s > 0 else
+                       (s + 1, "B", m) if kind == "B" and s < stages - 1 else None)
+                if dep is not None and dep not in done:
+                    break
+                yield s, kind, m, dep
+                done.add((s, kind, m))
+                pos[s] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked")  # not reachable for these schedules
+
+
 def timeline(name: str, forward, backward, transfer=0.0, update=None):
     """Virtual time of one step. ``forward[s][m]``/``backward[s][m]``: the
     seconds stage s spends on micro-batch m; ``transfer``: seconds a message
@@ -75,31 +108,12 @@ def timeline(name: str, forward, backward, transfer=0.0, update=None):
     plans = [schedule(name, s, stages, micro) for s in range(stages)]
     done = {}
     free = [0.0] * stages
-    pos = [0] * stages
     busy = [0.0] * stages
-    remaining = sum(len(p) for p in plans)
-    while remaining:
-        progressed = False
-        for s in range(stages):
-            while pos[s] < len(plans[s]):
-                kind, m = plans[s][pos[s]]
-                if kind == "F":
-                    dep = (s - 1, "F", m) if s > 0 else None
-                    cost = forward[s][m]
-                else:
-                    dep = (s + 1, "B", m) if s < stages - 1 else None
-                    cost = backward[s][m]
-                if dep is not None and dep not in done:
-                    break
-                ready = done[dep] + link(min(s, dep[0]), m) if dep is not None else 0.0
-                start = max(free[s], ready)
-                free[s] = done[(s, kind, m)] = start + cost
-                busy[s] += cost
-                pos[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("pipeline schedule deadlocked")  # not reachable for these schedules
+    for s, kind, m, dep in dependency_order(plans):
+        cost = (forward if kind == "F" else backward)[s][m]
+        ready = done[dep] + link(min(s, dep[0]), m) if dep is not None else 0.0
+        free[s] = done[(s, kind, m)] = max(free[s], ready) + cost
+        busy[s] += cost
     if update is not None:
         for s in range(stages):
             free[s] += update[s]
