@@ -2,8 +2,9 @@
 
 Every stage's forward and backward is computed for real, in one process
 (the same ``StageWorker`` as on the local engine, so the parameters are the
-same), in an order that respects the schedule's dependencies. Time is
-modelled per step by ``schedules.timeline``, the schedule's critical path:
+same), replica by replica in ``schedules.dependency_order``: each op after
+the neighbour's op it receives from, through in-process FIFO channels. Time
+is modelled per step by ``schedules.timeline``, the schedule's critical path:
 
 - compute: stage s costs ``T_s`` seconds per batch: ``--stage-compute-s``
   (one number per stage, as measured; a local run reports each stage's
@@ -43,7 +44,7 @@ import numpy as np
 
 from ...strategies.batches import global_batches
 from ...strategies.pipeline.runner import finish, stage_payloads
-from ...strategies.pipeline.schedules import timeline
+from ...strategies.pipeline.schedules import dependency_order, timeline
 from ..base import EngineResult
 from ...monitor.due import Due
 from ..options import refuse_checkpoints
@@ -71,9 +72,6 @@ class _Link:
         got, g = self.channels[("grad", self.r, self.s)].popleft()
         assert got == m
         return g
-
-    def has(self, kind) -> bool:
-        return bool(self.channels[(kind, self.r, self.s)])
 
 
 def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget,
@@ -107,7 +105,10 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
     for t, batch in enumerate(global_batches(problem.n_examples, batch_size, seed, budget)):
         for w in ws:
             w.begin(batch)
-        _interleave(ws, links)
+        for r in range(R):  # each replica's ops, each after the op it receives from
+            group = ws[r * S:(r + 1) * S]
+            for s, _, _, _ in dependency_order([w._ops for w in group]):
+                group[s].run_op(links[r * S + s])
         for s in range(S):  # the replicas' sum, in rank order
             group = [ws[r * S + s] for r in range(R)]
             for w in group:
@@ -133,27 +134,6 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
 
 def _params(ws, S):
     return np.concatenate([ws[s].params for s in range(S)])
-
-
-def _interleave(ws, links) -> None:
-    """Run every worker's ops, each as soon as its input has been sent."""
-    pending = list(range(len(ws)))
-    while pending:
-        still = []
-        progressed = False
-        for i in pending:
-            w, link = ws[i], links[i]
-            while w.next_op() is not None:
-                need = w.needs()
-                if need is not None and not link.has(need):
-                    break
-                w.run_op(link)
-                progressed = True
-            if w.next_op() is not None:
-                still.append(i)
-        if not progressed and still:
-            raise RuntimeError("pipeline schedule deadlocked in the simulator")
-        pending = still
 
 
 def _step_time(ws, S, R, stage_s, batch_size, delays, rng, sent, busy) -> float:

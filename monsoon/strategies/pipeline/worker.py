@@ -83,7 +83,7 @@ class StageWorker:
         k = min(self.micro, len(mine))
         return [mine[a:b] for a, b in (part_bounds(len(mine), k, m) for m in range(k))]
 
-    # -- one step, op by op (the sim engine interleaves the stages' ops) ------
+    # -- one step, op by op (the sim and ray engines order them: dependency_order)
     def begin(self, batch: np.ndarray) -> None:
         self._total = max(len(batch), self.full_batch)
         self._parts = self.micro_batches(batch)
@@ -94,19 +94,6 @@ class StageWorker:
         self.peak_in_flight = max(self.peak_in_flight, peak_activations(self._ops))
         for p in self._params:
             p.grad = None
-
-    def next_op(self):
-        """The next ``(kind, m)`` of this step, or None when all are done."""
-        return self._ops[self._pos] if self._pos < len(self._ops) else None
-
-    def needs(self):
-        """What the next op must receive: ``"act"``, ``"grad"`` or None."""
-        op = self.next_op()
-        if op is None:
-            return None
-        if op[0] == "F":
-            return None if self.spec.first else "act"
-        return None if self.spec.last else "grad"
 
     def run_op(self, link) -> float:
         """Run the next op; returns the seconds spent in ``link`` (waiting,
