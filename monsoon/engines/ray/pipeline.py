@@ -1,9 +1,11 @@
 """The pipeline strategy on the ray engine: one actor per (replica, stage), object refs between them.
 
-The driver submits each stage's ops in its schedule's order; an op's input
-is the object reference its neighbour's op returned (an activation going
-forward, its gradient going back), so activations travel actor to actor
-through Ray's object store and never through the driver. A Ray actor runs
+The driver submits each replica's ops in ``schedules.dependency_order``
+(each stage's in its schedule's order, each op after the neighbour's op it
+takes as input); an op's input is the object reference that op returned
+(an activation going forward, its gradient going back), so activations
+travel actor to actor through Ray's object store and never through the
+driver. A Ray actor runs
 the tasks one caller submits in submission order, waiting for their
 arguments, which is exactly the schedule. After a step's last op, each
 stage's gradient (``gather``) goes, as a reference, to every replica of
@@ -23,7 +25,7 @@ import numpy as np
 from ...errors import WaitTimeout, WorkerError
 from ...strategies.batches import global_batches, part_bounds
 from ...strategies.pipeline.runner import finish, stage_payloads
-from ...strategies.pipeline.schedules import schedule
+from ...strategies.pipeline.schedules import dependency_order, schedule
 from ..base import EngineResult
 from ...monitor.due import Due
 from ..options import refuse_checkpoints
@@ -152,22 +154,10 @@ def _submit_step(actors, S, R, t, batch, micro, name):
     for r in range(R):
         lo, hi = part_bounds(len(batch), R, r)
         k = min(micro, hi - lo)
-        plans = [schedule(name, s, S, k) for s in range(S)]
-        made, pos = {}, [0] * S
-        left = sum(len(p) for p in plans)
-        while left:
-            for s in range(S):
-                while pos[s] < len(plans[s]):
-                    kind, m = plans[s][pos[s]]
-                    dep = ((s - 1, "F", m) if kind == "F" and s > 0 else
-                           (s + 1, "B", m) if kind == "B" and s < S - 1 else None)
-                    if dep is not None and dep not in made:
-                        break
-                    actor = actors[r * S + s]
-                    made[(s, kind, m)] = (actor.op.remote(made[dep]) if dep is not None
-                                          else actor.op.remote())
-                    pos[s] += 1
-                    left -= 1
+        made = {}
+        for s, kind, m, dep in dependency_order([schedule(name, i, S, k) for i in range(S)]):
+            actor = actors[r * S + s]
+            made[(s, kind, m)] = actor.op.remote(made[dep]) if dep else actor.op.remote()
     applies = []
     for s in range(S):
         grads = [actors[r * S + s].gather.remote() for r in range(R)]
