@@ -26,7 +26,7 @@ import numpy as np
 
 from ...errors import ConfigError, WaitTimeout, WorkerError
 from ...strategies.batches import global_batches
-from ...strategies.pipeline.runner import finish, stage_payloads
+from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.heap import keep_freed_memory
@@ -67,8 +67,7 @@ class Link:
     def reduce(self, grad: np.ndarray) -> None:
         peers = self.conns.get("replicas")
         if peers:  # replica 0: sum in rank order, send the sum back
-            for r, conn in enumerate(peers, start=1):
-                grad += self._recv_on(conn, r)
+            add_replicas(grad, (self._recv_on(c, r) for r, c in enumerate(peers, start=1)))
             for conn in peers:
                 conn.send((0, grad))
         elif "replica0" in self.conns:

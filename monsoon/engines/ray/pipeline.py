@@ -24,7 +24,7 @@ import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
 from ...strategies.batches import global_batches, part_bounds
-from ...strategies.pipeline.runner import finish, stage_payloads
+from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ...strategies.pipeline.schedules import dependency_order, schedule
 from ..base import EngineResult
 from ...monitor.due import Due
@@ -84,8 +84,7 @@ class StageActor:
         w = self.worker
         if len(grads) > 1:  # the replicas' sum, in rank order
             w.grad[...] = grads[0]
-            for g in grads[1:]:
-                w.grad += g
+            add_replicas(w.grad, grads[1:])
         w.apply(t)
         self.last_at = time.perf_counter()
         self.busy += self.last_at - t0

@@ -43,7 +43,7 @@ from collections import deque
 import numpy as np
 
 from ...strategies.batches import global_batches
-from ...strategies.pipeline.runner import finish, stage_payloads
+from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ...strategies.pipeline.schedules import dependency_order, timeline
 from ..base import EngineResult
 from ...monitor.due import Due
@@ -113,8 +113,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
             group = [ws[r * S + s] for r in range(R)]
             for w in group:
                 w.gather()
-            for w in group[1:]:
-                group[0].grad += w.grad
+            add_replicas(group[0].grad, (w.grad for w in group[1:]))
             for w in group:
                 if w is not group[0]:
                     w.grad[...] = group[0].grad

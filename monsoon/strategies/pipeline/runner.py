@@ -1,5 +1,7 @@
-"""What every engine's pipeline runner shares: the per-worker payloads and
-the summary of a finished run (bubble fraction, per-stage time and memory).
+"""What every engine's pipeline runner shares: the per-worker payloads, the
+replicas' gradient sum (in rank order, so that every engine gives the same
+bits) and the summary of a finished run (bubble fraction, per-stage time
+and memory).
 
 Worker ``rank`` is stage ``rank % S`` of replica ``rank // S``. A payload
 holds only that stage's layers and parameters, the data that stage reads
@@ -28,6 +30,16 @@ def stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size, see
             payloads.append({"make": make,
                              "batches": (problem.n_examples, batch_size, seed, budget)})
     return payloads
+
+
+def add_replicas(total, others) -> None:
+    """The replicas' gradient sum in rank order, in place: ``total`` holds
+    replica 0's gradient, ``others`` (an iterable, read one at a time) are
+    replicas 1, 2... in order; ``total += g`` for each, in ``total``'s
+    dtype. Every engine sums this way, so every replica and every engine
+    applies the same bits."""
+    for g in others:
+        total += g
 
 
 def bubble(stats: list[dict], stages: int) -> float:

@@ -12,7 +12,7 @@ The loop, the same on every engine (``link`` is the engine's transport):
             B m: last stage: loss_m.backward()
                  else: out.backward(link.recv_grad(m))
                  not first: link.send_grad(m, x.grad)
-        g = link.reduce(sum of the accumulated .grad)   # over replicas, in rank order
+        g = link.reduce(sum of the accumulated .grad)   # over replicas, rank order (add_replicas)
         rule.apply(w_stage, g, state_stage, step=t)
 
 Weighting each micro-batch's mean loss by |m| / |batch| makes the summed
