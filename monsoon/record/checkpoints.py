@@ -136,6 +136,15 @@ def private_copies(strategy) -> bool:
     state and each worker's position are all a resume needs."""
     return Average in strategy.uses or Elastic in strategy.uses
 
+
+def exact_checkpoints(strategy) -> bool:
+    """Whether an engine checkpoints ``strategy`` at step boundaries, exactly
+    (a resumed run replays nothing): its workers share the parameters and
+    meet at every step (sync), or one worker runs alone (serial, which the
+    torch engine does not run)."""
+    return strategy.single_worker or (strategy.synchronous and strategy.shared_params)
+
+
 def identity(problem, strategy, rule, workers: int, batch_size: int, seed: int,
              engine: str | None = None) -> dict:
     """What a checkpoint of this run records of it, and ``check`` compares;

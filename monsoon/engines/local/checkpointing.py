@@ -47,11 +47,6 @@ from .store import DROPPED, EXAMPLES, LATE, UPDATES
 COST_FACTOR = 19
 
 
-def exact_checkpoints(strategy) -> bool:
-    """Whether the engine checkpoints this strategy at step boundaries."""
-    return strategy.single_worker or (strategy.synchronous and strategy.shared_params)
-
-
 class RunCheckpoints(checkpoints.Checkpointer):
     """The shared keeper, with the local engine's cost floor, counters,
     positions and private copies (the monitor hands it the curve's rows to

@@ -58,8 +58,7 @@ from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker
 from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
-from .checkpointing import (RunCheckpoints, buffer_arrays, exact_checkpoints,
-                            restore_buffers, sender_slots)
+from .checkpointing import RunCheckpoints, buffer_arrays, restore_buffers, sender_slots
 from .inbox import Outbox, WorkerPool, read_payload
 from ...compressors.messages import Sender, compressing
 from ... import arrays
@@ -325,7 +324,7 @@ class LocalEngine(Engine):
     def keeps_compressor_state(strategy) -> bool:
         """Whether checkpoints hold each worker's compressor state: those
         taken at step boundaries (``checkpointing.save_sender``)."""
-        return exact_checkpoints(strategy)
+        return checkpoints.exact_checkpoints(strategy)
 
     @staticmethod
     def keeps_buffers(strategy) -> bool:
@@ -396,7 +395,7 @@ class LocalEngine(Engine):
         inline = strategy.single_worker
         backend = "inline" if inline else self.backend
         self.backend_used = backend
-        exact = exact_checkpoints(strategy)
+        exact = checkpoints.exact_checkpoints(strategy)
         ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed,
                                      self.name)
         ident["plan"] = "epochs" if self.kernel else "batches"  # what a position counts

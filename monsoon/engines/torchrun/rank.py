@@ -68,12 +68,6 @@ FLAGS = 3  # then one loss slot per rank
 EXAMPLES, ACTIVE, STOP, LOSS = 0, 1, 2, 3
 
 
-def exact_steps(strategy) -> bool:
-    """The ranks share the parameters and meet at every step (sync): a
-    checkpoint after a step is exact, and a resumed run replays nothing."""
-    return strategy.synchronous and strategy.shared_params
-
-
 def _zero(a) -> None:
     if arrays.is_tensor(a):
         a.zero_()
@@ -130,7 +124,7 @@ class RankWorker(Worker):
         # sync's contributions are n_k / B g_k (B: the batch size), so a full
         # batch's sum is already the mean, as DDP's grad / world is
         self.unit = float(job.batch_size)
-        exact = engine.checkpoint_dir and exact_steps(strategy)
+        exact = engine.checkpoint_dir and checkpoints.exact_checkpoints(strategy)
         self.every = engine.checkpoint_every if exact else 0
         self.keeper = checkpoints.Checkpointer(engine.checkpoint_dir, self.every, None,
                                                engine.identity, self.recorder)
@@ -427,7 +421,7 @@ def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Sta
         directory = engine.checkpoint_dir
     if directory is None:
         return checkpoints.Start.fresh(w0, comm.world)
-    if not exact_steps(strategy):
+    if not checkpoints.exact_checkpoints(strategy):
         raise ConfigError(f"the torch engine resumes runs whose ranks share the parameters at "
                           f"every step (sync), not {strategy.name}; use --engine local or ray "
                           "to resume it")
@@ -469,7 +463,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         if problem.seed_rng is not None:
             problem.seed_rng(seed, rank)
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
-                        start_step=start.step if exact_steps(strategy) else 0)
+                        start_step=start.step if checkpoints.exact_checkpoints(strategy) else 0)
         compressed = engine.compression.active
         if not compressed and uses_shm(engine.reduce_via, comm.backend, env):
             shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
