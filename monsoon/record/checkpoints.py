@@ -312,13 +312,14 @@ def examples_after(steps: int, n: int, batch_size: int) -> int:
     return full * n + min(rest * batch_size, n)
 
 
-def positions_from_examples(examples, n: int, batch_size: int) -> list[int]:
+def positions_from_examples(examples, n: int, batch_size: int, before=None) -> list[int]:
     """Each worker's batches done in its own part's plan, from the examples
-    it has done (worker k walks part k of ``len(examples)``)."""
+    it has done (worker k walks part k of ``len(examples)``), after its
+    ``before`` ones (a resumed attempt's ``Start.positions``; none: 0)."""
     workers = len(examples)
-    return [batches_in(int(ex), b - a, batch_size)
-            for ex, (a, b) in zip(examples, (part_bounds(n, workers, r)
-                                             for r in range(workers)))]
+    return [p0 + batches_in(int(ex), b - a, batch_size)
+            for p0, ex, (a, b) in zip(before or [0] * workers, examples,
+                                      (part_bounds(n, workers, r) for r in range(workers)))]
 
 
 def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: int,

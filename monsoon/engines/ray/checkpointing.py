@@ -98,11 +98,10 @@ class ShardCheckpoints:
         if self.exact:  # every worker walks the global plan, one batch a step
             positions = [version] * self.workers
             examples = checkpoints.examples_after(version, self.n, self.batch_size)
-        else:
+        else:  # batches before this attempt, and in it
             done = [int(examples_by_rank.get(r, 0)) for r in range(self.workers)]
-            positions = [p0 + p for p0, p in zip(  # batches before this attempt, and in it
-                self.start.positions, checkpoints.positions_from_examples(
-                    done, self.n, self.batch_size))]
+            positions = checkpoints.positions_from_examples(done, self.n, self.batch_size,
+                                                            self.start.positions)
             examples = self.start.examples + sum(done)
         meta = {"step": version, "examples": examples, "positions": positions,
                 "dropped": self.start.dropped + max(d for _, _, d in parts),
