@@ -281,6 +281,22 @@ def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
     assert len(local.worker_params) == 2
 
 
+def test_each_ranks_own_dropped_local_steps_are_counted():
+    """Rank 1's gradient is NaN every fifth call: its LocalApply drops the
+    step on its own copy. summary.json counts every rank's drops, as the
+    local engine does (not rank 0's alone)."""
+    from faulty import FaultyProblem
+    from monsoon.problems import make_problem
+
+    problem = FaultyProblem(make_problem("exp"), "nan", rank=1, after=3, every=5)
+    opts = dict(steps=20, seed=0, progress=False)
+    local = monsoon.train(problem, "local-sgd", 2, **opts)
+    run = monsoon.train(problem, "local-sgd", 2, engine="torch", timeout=30, **opts)
+    assert local.summary["dropped_updates"] > 0
+    assert run.summary["dropped_updates"] == local.summary["dropped_updates"]
+    assert np.isfinite(run.params).all()
+
+
 def test_refusals_name_the_engine_to_use():
     for strategy, advice in (("async", "cannot carry out Push .*engines that run async: local, sim, ray"),
                              ("hogwild", "cannot carry out Apply .*engines that run hogwild: local")):

@@ -115,7 +115,8 @@ class RankWorker(Worker):
         self.dflags = None  # the flags in a device buffer (``to_device``)
         self.step = start.step  # collectives done (sync: steps) since the run began
         self.updates = self.updates_before = start.saved.meta["updates"] if start.saved else 0
-        self.dropped = start.dropped
+        self.dropped = start.dropped  # collective steps not applied (every rank's count)
+        self.own_dropped = 0  # this rank's own LocalApply drops, this attempt
         self.examples = 0  # this rank's, this attempt
         self.examples_before = start.examples
         self.time_before = start.time_s
@@ -378,7 +379,13 @@ class RankWorker(Worker):
         self._after_collective()
 
     def count_dropped(self):
-        self.dropped += 1
+        self.own_dropped += 1
+
+    def dropped_here(self) -> int:
+        """What this rank knows was dropped: the collective steps and its own
+        local steps (rank 0's live figures and checkpoints; the result adds
+        every rank's own)."""
+        return self.dropped + self.own_dropped
 
     def fetch(self, op):
         self.work[:] = self.server
@@ -394,8 +401,8 @@ class RankWorker(Worker):
             now = self.time_before + time.perf_counter() - self.t0
             examples = self.examples_before + self.examples * self.world
             reason = self.due.look(  # every rank's loss came with the collective
-                now, examples, lambda: (self.server, self.updates, self.dropped),
-                lambda: (examples, self.updates, self.dropped),
+                now, examples, lambda: (self.server, self.updates, self.dropped_here()),
+                lambda: (examples, self.updates, self.dropped_here()),
                 lambda: ({k: {"loss": float(self.flags[LOSS + k])} for k in range(self.world)},
                          None))
             if reason is not None and not self.want_stop:
@@ -406,7 +413,8 @@ class RankWorker(Worker):
     def save_checkpoint(self) -> None:
         now = self.time_before + time.perf_counter() - self.t0
         self.keeper.save(self.step, now, self.server, self.state,
-                         {"step": self.step, "updates": self.updates, "dropped": self.dropped,
+                         {"step": self.step, "updates": self.updates,
+                          "dropped": self.dropped_here(),
                           "examples": self.examples_before + self.examples * self.world,
                           "exact": True, "reason": "periodic"})
 
@@ -482,7 +490,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         comm.close()
     if rank != 0:
         return EngineResult(arrays.to_host(worker.server), startup, wall, worker.examples,
-                            worker.updates, worker.dropped, Counter(), follower=True)
+                            worker.updates, worker.dropped_here(), Counter(), follower=True)
     return _run_result(engine, comm, worker, start, gathered, startup, wall, shm is not None)
 
 
@@ -519,7 +527,8 @@ def _finish(worker, comm) -> list:
     rank 0 (a list there, by rank)."""
     if worker.every and comm.rank == 0 and worker.step % worker.every:
         worker.save_checkpoint()
-    gathered = comm.gather_object(worker.report(examples=worker.examples))
+    gathered = comm.gather_object(worker.report(examples=worker.examples,
+                                                dropped=worker.own_dropped))
     if worker.buckets is not None:
         worker.buckets.remove()
     comm.dist.barrier()
@@ -545,9 +554,11 @@ def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) 
         extra["resumed_at_step"] = start.step
     if worker.keeper.last_path:
         extra["checkpoint"] = str(worker.keeper.last_path)
-    # dropped: rank 0's count (a collective step's drop is every rank's); staleness
-    # 0: every step reads the parameters of the step before it
+    # dropped: the collective steps (every rank's count, rank 0's taken) and each
+    # rank's own local steps (its report); staleness 0: every step reads the
+    # parameters of the step before it
     return tally.result(arrays.to_host(worker.server), startup, start.time_s + wall,
-                        start.examples + tally.examples, worker.updates, worker.dropped,
+                        start.examples + tally.examples, worker.updates,
+                        worker.dropped + tally.dropped,
                         extra, staleness=Counter({0: worker.updates - worker.updates_before}),
                         stopped=worker.stopped)
