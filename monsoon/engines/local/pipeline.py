@@ -34,7 +34,7 @@ from ..options import refuse_checkpoints
 from ...monitor.lifecycle import worker_started
 from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker
 from ...shared_memory import SharedArrays
-from ...monitor.waiting import Aborted
+from ...monitor.waiting import Aborted, wait_until
 from .channels import Channel, boundary_bytes, largest_micro_batch
 from .inbox import Outbox, WorkerPool, read_payload
 
@@ -99,13 +99,8 @@ def _stage_main(reader, conns, shared, messages, rank, timeout, threads):
         worker = setup["make"]()
         link = Link(conns, control, timeout)
         outbox.put(("ready", rank, None))
-        deadline = time.monotonic() + setup["start_timeout"]
-        while not control[START]:
-            if control[ABORT]:
-                raise Aborted()
-            if time.monotonic() > deadline:
-                raise WaitTimeout("the start signal never came")
-            time.sleep(0.001)
+        wait_until(lambda: control[START], setup["start_timeout"], lambda: control[ABORT],
+                   "the start signal", spin=False)
         spec, lead = worker.spec, worker.replica == 0
         t0 = time.perf_counter()
         for t, batch in enumerate(global_batches(*setup["batches"])):
