@@ -52,14 +52,13 @@ import numpy as np
 from ...options import Option
 from ...strategies import WorkerJob
 from ...record import checkpoints
-from ...monitor.heap import keep_freed_memory
-from ...monitor.lifecycle import signal_name, stop_requested, worker_started
+from ...monitor.lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker
 from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
 from .checkpointing import RunCheckpoints, buffer_arrays, restore_buffers, sender_slots
-from .inbox import Outbox, WorkerPool, read_payload
+from .inbox import WorkerPool, read_payload
 from ...compressors.messages import Sender, compressing
 from ... import arrays
 from .monitor import WorkerMonitor
@@ -149,7 +148,7 @@ def own_stream(store, strategy):
         stream.synchronize()
 
 
-def _worker_body(setup: WorkerSetup, messages) -> None:
+def _worker_body(messages, setup: WorkerSetup) -> None:
     store = setup.store
     rank = setup.rank
 
@@ -200,18 +199,14 @@ def _seeded_rng(problem, seed: int, rank: int):
         yield
 
 
-def _process_main(reader, locks, sync_lock, conn, parent_pid: int, rank: int) -> None:
-    # first: from now on this process dies with the monitor
-    worker_started(parent_pid, f"monsoon-w{rank}")
-    keep_freed_memory()  # a step's activations are not mmapped and unmapped every step
-    outbox = Outbox(conn)
+def _process_main(reader, outbox, locks, sync_lock) -> None:
+    """A worker process (in ``inbox._worker_process``)."""
     setup = read_payload(reader)
     setup.store.attach_locks(locks, sync_lock)
     limit_threads(setup.torch_threads)
     if setup.problem.seed_rng is not None:  # this process is the worker's own
         setup.problem.seed_rng(setup.job.seed, setup.rank)
-    _worker_body(setup, outbox)
-    outbox.close()
+    _worker_body(outbox, setup)
 
 
 class _InlineWatch:
@@ -497,7 +492,7 @@ class LocalEngine(Engine):
         """Start the workers (processes where ``ctx`` is given, else threads),
         then watch them to the end (``monitor.WorkerMonitor``)."""
         t_begin = time.perf_counter()
-        pool = WorkerPool(ctx, workers, "monsoon-worker")
+        pool = WorkerPool(ctx, workers, "monsoon-w")
         start_timeout = self._start_timeout(workers)
         self._start_workers(store, pool, problem, rule, strategy, workers, batch_size, seed,
                             budget, recorder, resume, start_timeout)
@@ -532,11 +527,10 @@ class LocalEngine(Engine):
                 # Plain pickle, not multiprocessing's: torch's reducers would
                 # try to pass tensors as file descriptors.
                 payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
-                pool.start(_process_main, (store.locks, store.sync_lock,
-                                           pool.inbox.outbox(rank), os.getpid(), rank),
-                           payload, setup.torch_threads)
+                pool.start(_process_main, (store.locks, store.sync_lock), payload,
+                           setup.torch_threads)
             else:
-                pool.start(_worker_body, (setup, pool.inbox.outbox(rank)))
+                pool.start(_worker_body, (setup,))
         pool.send_payloads()
         sharing.close()
 

@@ -1,6 +1,6 @@
-"""The workers a monitor started (``WorkerPool``: the local engine's
-monitor and its pipeline runner both watch theirs with it), how they
-report to it, and how it sleeps.
+"""The workers a monitor started (``WorkerPool``: the local engine's monitor
+and its pipeline runner start theirs, processes in ``_worker_process``, and
+watch them with it), how they report to it, and how it sleeps.
 
 Every worker sends exactly one message when it stops: ``("done" | "aborted"
 | "stopped" | "failed", rank, payload)``; a pipeline stage first sends
@@ -26,6 +26,8 @@ import queue
 import threading
 from multiprocessing.connection import wait
 
+from ...monitor.heap import keep_freed_memory
+from ...monitor.lifecycle import worker_started
 from ...monitor.processes import blas_threads, join_or_kill, main_module_hidden
 
 
@@ -130,20 +132,23 @@ class WorkerPool:
         self.needs_main, self.payloads = False, []
 
     def start(self, target, args: tuple, payload: bytes = b"", threads: int = 1) -> None:
-        """Start the next rank's worker: a thread, or a process with as many
-        BLAS ``threads`` as torch ones (a second one stalls for milliseconds
-        while a neighbour holds the other core), the parent's ``__main__``
-        only where ``payload`` refers to it, and a pipe (its first argument)
+        """Start the next rank's worker, ``target(outbox, *args)``: a thread,
+        or a process (``_worker_process``) with as many BLAS ``threads`` as
+        torch ones (a second one stalls for milliseconds while a neighbour
+        holds the other core), the parent's ``__main__`` only where
+        ``payload`` refers to it, and a pipe (``target``'s first argument)
         it reads ``payload`` from once all have started (``send_payloads``;
         a large one passed to ``Process.start`` would hold the next start
-        until this child had imported monsoon)."""
-        rank, name = len(self.handles), f"{self.name}-{len(self.handles)}"
+        until this child had imported monsoon). Named ``name`` + rank."""
+        rank, name = len(self.handles), f"{self.name}{len(self.handles)}"
+        outbox = self.inbox.outbox(rank)
         if self.ctx is None:
-            h = threading.Thread(target=target, args=args, name=name, daemon=True)
+            h = threading.Thread(target=target, args=(outbox, *args), name=name, daemon=True)
             h.start()
         else:
             reader, writer = self.ctx.Pipe(duplex=False)
-            h = self.ctx.Process(target=target, args=(reader, *args), name=name, daemon=True)
+            h = self.ctx.Process(target=_worker_process, name=name, daemon=True,
+                                 args=(name, outbox, target, reader, *args))
             needs_main = b"__main__" in payload
             self.needs_main = self.needs_main or needs_main
             with main_module_hidden(needs_main), blas_threads(threads):
@@ -197,6 +202,16 @@ class WorkerPool:
         for writer, _ in self.payloads:  # never sent: a process waiting for it ends
             writer.close()
         join_or_kill(self.handles, wait_s)
+
+
+def _worker_process(name: str, conn, target, reader, *args) -> None:
+    """A worker process: first, die with the monitor and leave Ctrl-C to it
+    (``lifecycle.worker_started``); then ``target(reader, outbox, *args)``."""
+    worker_started(name=name)
+    keep_freed_memory()  # a step's activations are not mmapped and unmapped every step
+    outbox = Outbox(conn)
+    target(reader, outbox, *args)
+    outbox.close()
 
 
 def read_payload(reader):

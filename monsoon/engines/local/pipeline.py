@@ -29,14 +29,12 @@ from ...strategies.batches import global_batches
 from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ..base import EngineResult
 from ...monitor.due import Due
-from ...monitor.heap import keep_freed_memory
 from ..options import refuse_checkpoints
-from ...monitor.lifecycle import worker_started
 from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker
 from ...shared_memory import SharedArrays
 from ...monitor.waiting import Aborted, wait_until
 from .channels import Channel, boundary_bytes, largest_micro_batch
-from .inbox import Outbox, WorkerPool, read_payload
+from .inbox import WorkerPool, read_payload
 
 ABORT, START, ASKED = 0, 1, 2
 
@@ -84,16 +82,11 @@ class Link:
         return conn.recv()[1]
 
 
-def _stage_main(reader, conns, shared, messages, rank, timeout, threads):
-    worker_started(name=f"monsoon-stage{rank}")  # first: dies with the monitor
-    keep_freed_memory()  # a stage's activations are not mmapped and unmapped every step
-    import torch  # noqa: F401  (for limit_threads: a stage runs a torch module)
-
-    limit_threads(threads)
-    outbox = Outbox(messages)
-    link = None
+def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
+    """A stage's process (in ``inbox._worker_process``)."""
     try:
-        setup = read_payload(reader)
+        setup = read_payload(reader)  # imports torch: a stage runs a torch module
+        limit_threads(threads)
         control, served, counters, snap = (shared["control"], shared["served"],
                                            shared["counters"], shared["snap"])
         worker = setup["make"]()
@@ -120,10 +113,8 @@ def _stage_main(reader, conns, shared, messages, rank, timeout, threads):
     except Aborted:
         outbox.put(("aborted", rank, None))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor
-        control = shared["control"]
-        control[ABORT] = 1
+        shared["control"][ABORT] = 1
         outbox.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    outbox.close()
 
 
 def _links(ctx, stages: int, replicas: int, boundary: list, rows: int, micro: int):
@@ -173,8 +164,8 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
         for rank, payload in enumerate(payloads):
             payload = pickle.dumps({**payload, "start_timeout": engine.start_timeout},
                                    protocol=pickle.HIGHEST_PROTOCOL)
-            pool.start(_stage_main, (conns[rank], shared, pool.inbox.outbox(rank), rank,
-                                     engine.timeout, threads), payload, threads)
+            pool.start(_stage_main, (conns[rank], shared, rank, engine.timeout, threads),
+                       payload, threads)
         pool.send_payloads()
         for c in conns:  # the children hold their ends of the pipes now
             for key in ("replicas", "replica0"):
