@@ -404,3 +404,23 @@ def test_compiled_hogwild_threads_checkpoint_per_epoch_and_carry_on(tmp_path):
     resumed = monsoon.train(SPARSE, "hogwild", 2, resume=str(tmp_path / "a"), **opts)
     assert resumed.summary["examples"] == pytest.approx(first.summary["examples"], rel=0.2)
     assert resumed.summary["final_loss"] < 1.1 * first.summary["final_loss"] + 0.01
+
+
+@pytest.mark.parametrize("engine", ["ray", "spark", "torch"])
+def test_private_copies_are_refused_at_resume_before_the_engine_starts(tmp_path, engine,
+                                                                       monkeypatch):
+    """Ray, Spark and torch keep no checkpoints of local SGD's private worker
+    copies (``Engine.keeps_private_copies``): --resume is refused in one
+    line before anything starts (the engine's run is never called)."""
+    from monsoon.engines import ENGINES
+    from monsoon.errors import ConfigError
+
+    def started(*args, **kwargs):
+        raise AssertionError("the engine started")
+
+    monkeypatch.setattr(ENGINES.get(engine), "run", started)
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ConfigError, match=f"the {engine} engine keeps no checkpoints of "
+                                          "local-sgd's private worker copies"):
+        monsoon.train("exp", "local-sgd", 2, engine=engine, epochs=1, resume=str(tmp_path),
+                      progress=False)

@@ -17,6 +17,9 @@ An engine carries out the ops of a strategy's worker program
 - ``keeps_buffers(strategy)``: its checkpoints of that strategy hold the
   model's buffers (BatchNorm's statistics); where not, ``--resume`` of a
   model with buffers is refused (``checkpoints.check_resume``);
+- ``keeps_private_copies``: its checkpoints hold the workers' private
+  copies (local SGD, EASGD); where not, ``--resume`` of such a strategy is
+  refused the same way;
 - ``ops``: the op classes it carries out, and ``meets``: the needs (below)
   it meets.
 
@@ -130,6 +133,7 @@ class Engine:
     options: tuple = ()
     virtual_time = False
     stops_on_signal = False
+    keeps_private_copies = True
     given: frozenset = frozenset()  # the options the user set (resolve fills it in): an
     #                                 engine may pick its own value for the others
     ops: frozenset = frozenset()

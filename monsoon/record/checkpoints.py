@@ -335,7 +335,9 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
     ``Problem.state()``) on an engine whose checkpoints do not hold them
     (``engine.keeps_buffers(strategy)``: the sim, which replays its run, and
     the local engine's serial); the resumed model would restart them and
-    end unlike the uninterrupted one."""
+    end unlike the uninterrupted one. So is a strategy with private worker
+    copies (local SGD, EASGD) on an engine that does not checkpoint them
+    (``engine.keeps_private_copies`` False: ray, spark, torch)."""
     from ..strategies.base import STAGES
 
     directory = getattr(engine, "resume_dir", None)
@@ -346,6 +348,11 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
             "the model's buffers (BatchNorm's running statistics), so the resumed model would "
             "not end as this one; resume it with --engine sim, or --strategy serial, or start "
             "a new run")
+    if directory and private_copies(strategy) and \
+            not getattr(engine, "keeps_private_copies", True):
+        raise CheckpointError(
+            f"--resume: the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
+            "private worker copies; resume sync runs on it, or use --engine local or sim")
     compression = getattr(engine, "compression", None)
     keeps = getattr(engine, "keeps_compressor_state", None)
     if directory and compression is not None and compression.stateful and \

@@ -53,7 +53,7 @@ from ...record.checkpoints import Checkpointer
 from ...monitor.due import Due
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..tally import RunTally, run_folder_extra, summed_staleness
-from .checkpointing import ShardCheckpoints, private_copies
+from .checkpointing import ShardCheckpoints
 from .clock import ClockServer
 from .hosts import POOL, kill
 from .membership import Membership
@@ -113,6 +113,7 @@ class RayEngine(Engine):
     meets = frozenset({BACKUP_WORKERS, STAGES, ELASTIC})
     device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
+    keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
     backend_used = "actors"
     options = (
         Option("address", str, None, "join this Ray cluster (auto or HOST:PORT); default: start "
@@ -149,10 +150,6 @@ class RayEngine(Engine):
         if strategy.elastic and self.compression.active:
             raise ConfigError("--elastic does not combine with --compress yet (a regrouped "
                               "step would compress twice into one residual); drop one of them")
-        if self.resume_dir and private_copies(strategy):
-            raise ConfigError(f"the ray engine keeps no checkpoints of {strategy.name}'s "
-                              "private worker copies; resume sync or async runs, or use "
-                              "--engine local or sim")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

@@ -45,13 +45,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import ConfigError
 from ...options import Option
 from ...strategies import Budget, WorkerJob
 from ...strategies.base import SHARD
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push)
-from ...record.checkpoints import Checkpointer, private_copies
+from ...record.checkpoints import Checkpointer
 from ..base import Engine, EngineResult
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
 from ..tally import failed_list, run_folder_extra
@@ -110,6 +109,7 @@ class SparkEngine(Engine):
     ops = frozenset({Gradient, Apply, Fetch, Push, LocalStep, LocalApply, AllReduce, Average,
                      Elastic, Clock})
     virtual_time = False
+    keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
     backend_used = "spark tasks"
     compresses = True  # tasks return packed messages (tasks.py); not sync: see below
     options = (
@@ -159,10 +159,6 @@ class SparkEngine(Engine):
         super().check(strategy, workers)
         if in_tasks(strategy):
             check_segments(strategy)
-        if self.resume_dir and private_copies(strategy):
-            raise ConfigError(f"the spark engine keeps no checkpoints of {strategy.name}'s "
-                              "private worker copies yet; resume sync or async runs, or use "
-                              "--engine local")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

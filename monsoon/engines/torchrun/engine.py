@@ -63,6 +63,7 @@ class TorchEngine(Engine):
     device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)
     ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
+    keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
     backend_used = "torch.distributed"
     options = (
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
