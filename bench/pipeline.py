@@ -63,6 +63,7 @@ def stage_compute(p: TorchProblem, batch: int, micro: int, repeats: int = 5) -> 
     from monsoon.engines.sim.pipeline import _Link
     from monsoon.strategies.pipeline import Pipeline
     from monsoon.strategies.pipeline.runner import stage_payloads
+    from monsoon.strategies.pipeline.schedules import dependency_order
     from monsoon.rules import make_rule
 
     saved = torch.get_num_threads()
@@ -80,13 +81,10 @@ def stage_compute(p: TorchProblem, batch: int, micro: int, repeats: int = 5) -> 
             took = [0.0] * S
             for w in ws:
                 w.begin(np.arange(batch))
-            while any(w.next_op() is not None for w in ws):
-                for s, w in enumerate(ws):
-                    while w.next_op() is not None and (w.needs() is None
-                                                       or links[s].has(w.needs())):
-                        t0 = time.perf_counter()
-                        in_link = w.run_op(links[s])
-                        took[s] += time.perf_counter() - t0 - in_link
+            for s, _, _, _ in dependency_order([w.plan for w in ws]):
+                t0 = time.perf_counter()
+                in_link = ws[s].run_op(links[s])
+                took[s] += time.perf_counter() - t0 - in_link
             for s, w in enumerate(ws):
                 t0 = time.perf_counter()
                 w.gather()

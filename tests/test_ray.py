@@ -32,15 +32,18 @@ def test_sync_equals_serial_on_the_full_batch():
     assert run.summary["shards"] == 2
 
 
-def test_a_step_not_finite_in_one_shards_slice_is_dropped_on_every_shard():
+@pytest.mark.parametrize("compress", [None, "topk:0.1"])
+def test_a_step_not_finite_in_one_shards_slice_is_dropped_on_every_shard(compress):
     """Worker 1's gradient is NaN in its first element only, every fifth
-    step: shard 0 alone sees the NaN, yet the whole step is dropped (never
-    half applied) and counted once, as on the local engine."""
+    step: shard 0 alone sees the NaN (compressed too: a top-k message
+    decodes into one slice), yet the whole step is dropped (never half
+    applied) and counted once, as on the local engine; the loss curve's
+    updates count the steps applied, as summary.json does."""
     def problem():
         return FaultyProblem(make_problem("logistic", dtype="float64"), "nan", rank=1, after=3,
                              every=5)
 
-    opts = dict(steps=30, batch_size=64, dtype="float64", seed=0, evals=0)
+    opts = dict(steps=30, batch_size=64, dtype="float64", seed=0, evals=10, compress=compress)
     local = monsoon.train(problem(), "sync", 2, **opts)
     run = monsoon.train(problem(), "sync", 2, engine="ray", shards=2, **opts)
     assert local.summary["dropped_updates"] > 0
@@ -48,6 +51,8 @@ def test_a_step_not_finite_in_one_shards_slice_is_dropped_on_every_shard():
     for key in ("dropped_updates", "updates"):
         assert run.summary[key] == local.summary[key], key
     assert run.summary["updates"] + run.summary["dropped_updates"] == 30
+    updates = [row["updates"] for row in run.history]
+    assert updates == sorted(updates) and updates[-1] == run.summary["updates"], updates
 
 
 def _train_in_background(**kwargs):

@@ -134,7 +134,9 @@ class Sender:
     sim); ``pack`` returns its wire form, ``Encoded.nbytes`` bytes of uint8,
     which the receiver turns back with ``receive`` (ray, spark, torch). A
     non-finite message is sent as one that decodes to NaN (the receiver
-    drops it) and leaves the residual as it was."""
+    drops it) and leaves the residual as it was; ``last_finite`` says
+    whether the last encoded vector was finite (a receiver that decodes only
+    its slice of the message, a Ray shard, cannot see it)."""
 
     def __init__(self, compression: Compression, rank: int = 0):
         self.compression = compression
@@ -142,11 +144,13 @@ class Sender:
         self.residual = None
         self.sent_bytes = self.raw_bytes = self.received_bytes = self.messages = 0
         self.last_nbytes = 0
+        self.last_finite = True
 
     def _encode(self, v: np.ndarray) -> tuple[Encoded, np.ndarray]:
         self.messages += 1
         self.raw_bytes += v.nbytes
-        if not finite(v):
+        self.last_finite = finite(v)
+        if not self.last_finite:
             enc = self.compressor.poisoned(v)
             out = self.compressor.decode(enc, v.dtype)
         else:

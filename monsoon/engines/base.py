@@ -14,12 +14,10 @@ An engine carries out the ops of a strategy's worker program
   stop it;
 - ``stops_on_signal``: SIGTERM/SIGINT make it stop its workers, write a
   final checkpoint and return (``lifecycle.StopSignals``);
-- ``keeps_buffers(strategy)``: its checkpoints of that strategy hold the
-  model's buffers (BatchNorm's statistics); where not, ``--resume`` of a
-  model with buffers is refused (``checkpoints.check_resume``);
-- ``keeps_private_copies``: its checkpoints hold the workers' private
-  copies (local SGD, EASGD); where not, ``--resume`` of such a strategy is
-  refused the same way;
+- ``keeps_buffers(strategy)``, ``keeps_private_copies``: its checkpoints
+  hold the model's buffers (BatchNorm's statistics), the workers' private
+  copies (local SGD, EASGD); where not, ``--resume`` of such a run is
+  refused (``checkpoints.check_resume``);
 - ``ops``: the op classes it carries out, and ``meets``: the needs (below)
   it meets.
 

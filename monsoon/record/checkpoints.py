@@ -346,13 +346,14 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
         raise CheckpointError(
             f"--resume: the {engine.name} engine's checkpoints of {strategy.name} do not hold "
             "the model's buffers (BatchNorm's running statistics), so the resumed model would "
-            "not end as this one; resume it with --engine sim, or --strategy serial, or start "
-            "a new run")
+            "not end as this one; start a new run (the sim's checkpoints and serial's on the "
+            "local engine hold them; a checkpoint resumes on the engine that wrote it)")
     if directory and private_copies(strategy) and \
             not getattr(engine, "keeps_private_copies", True):
         raise CheckpointError(
             f"--resume: the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
-            "private worker copies; resume sync runs on it, or use --engine local or sim")
+            "private worker copies; start a new run (the local and sim engines' checkpoints "
+            "hold them; a checkpoint resumes on the engine that wrote it)")
     compression = getattr(engine, "compression", None)
     keeps = getattr(engine, "keeps_compressor_state", None)
     if directory and compression is not None and compression.stateful and \
@@ -361,8 +362,8 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
             f"--resume: the {engine.name} engine's checkpoints of {strategy.name} do not hold "
             f"the workers' compressor state (--compress {compression.describe()}: "
             "error-feedback residuals, random streams), so the resumed run would not carry on "
-            "as this one; resume it with --engine local or sim and --strategy sync or serial, "
-            "or start a new run")
+            "as this one; start a new run (sync and serial on the local and sim engines keep "
+            "it; a checkpoint resumes on the engine that wrote it)")
     if directory and STAGES not in strategy.needs(workers):  # pipeline refuses checkpoints
         load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed,
                                         engine.name),

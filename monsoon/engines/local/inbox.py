@@ -132,14 +132,15 @@ class WorkerPool:
         self.needs_main, self.payloads = False, []
 
     def start(self, target, args: tuple, payload: bytes = b"", threads: int = 1) -> None:
-        """Start the next rank's worker, ``target(outbox, *args)``: a thread,
-        or a process (``_worker_process``) with as many BLAS ``threads`` as
-        torch ones (a second one stalls for milliseconds while a neighbour
-        holds the other core), the parent's ``__main__`` only where
-        ``payload`` refers to it, and a pipe (``target``'s first argument)
-        it reads ``payload`` from once all have started (``send_payloads``;
-        a large one passed to ``Process.start`` would hold the next start
-        until this child had imported monsoon). Named ``name`` + rank."""
+        """Start the next rank's worker: a thread, ``target(outbox, *args)``,
+        or a process (``_worker_process``), ``target(reader, outbox, *args)``,
+        with as many BLAS ``threads`` as torch ones (a second one stalls for
+        milliseconds while a neighbour holds the other core), the parent's
+        ``__main__`` only where ``payload`` refers to it, and a pipe
+        (``reader``) it reads ``payload`` from once all have started
+        (``send_payloads``; a large one passed to ``Process.start`` would
+        hold the next start until this child had imported monsoon). Named
+        ``name`` + rank."""
         rank, name = len(self.handles), f"{self.name}{len(self.handles)}"
         outbox = self.inbox.outbox(rank)
         if self.ctx is None:

@@ -283,7 +283,8 @@ class RayEngine(Engine):
             now = time.perf_counter() - t0
             examples = start.examples + gone + sum(by_rank.values())
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
-            stopped = due.look(now, examples, lambda: self._params(ray, shards, start.dropped),
+            stopped = due.look(now, examples,
+                               lambda: self._params(ray, shards, start, strategy.synchronous),
                                lambda: _totals(examples, figures),
                                lambda: (figures, summed_staleness(figures.values())))
             if stopped is not None:
@@ -326,14 +327,11 @@ class RayEngine(Engine):
         for rank, figures in results.items():
             tally.add(rank, figures)
         tally.failed.update(failed)
-        params, version, dropped = self._params(ray, shards)
+        params, updates, dropped = self._params(ray, shards, start, synchronous)
         extra = {"membership": membership.events} if membership is not None else {}
-        # a shard's version counts its synchronous steps, dropped ones too (a
-        # resumed sync run's included): updates are the steps applied
-        updates = version - dropped - start.dropped if synchronous else version
         return tally.result(params, startup, wall, start.examples + gone + tally.examples,
-                            updates, start.dropped + dropped + tally.dropped,
-                            {**extra, **tally.extra(version)}, stopped=stopped)
+                            updates, dropped + tally.dropped,
+                            {**extra, **tally.extra(updates)}, stopped=stopped)
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:
@@ -350,13 +348,18 @@ class RayEngine(Engine):
                 pass
         return figures
 
-    def _params(self, ray, shards, dropped_before: int = 0):
-        """The shards' parameters, version and dropped steps (plus those a
-        resumed run had dropped before). Every shard drops the same
-        synchronous steps (``Shard._complete``), so a step counts once."""
+    def _params(self, ray, shards, start, synchronous: bool):
+        """The shards' parameters, the updates applied and the steps dropped,
+        with those of the run this one resumed (for the curve's rows and the
+        result alike). A shard drops a synchronous step when any counted
+        contribution was not finite (``Shard._complete``), so the shards
+        agree and a step counts once; a shard's version counts its
+        synchronous steps, dropped ones too, so they are taken off it."""
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
-        return (np.concatenate([p for p, _, _ in parts]), parts[0][1],
-                dropped_before + max(d for _, _, d in parts))
+        version = parts[0][1]
+        dropped = start.dropped + max(d for _, _, d in parts)
+        return (np.concatenate([p for p, _, _ in parts]),
+                version - dropped if synchronous else version, dropped)
 
 
 def _totals(examples: int, figures: dict) -> tuple:

@@ -12,8 +12,12 @@ updated in place as NumPy arrays, and serves:
   does) and applies the rule. A step is dropped on every shard when any
   counted worker's whole contribution was not finite (``whole_finite``, the
   worker's own check), so a NaN in one slice never leaves the other slices
-  stepped; a sum that overflows in one slice alone (finite inputs) is the
-  one case a shard decides alone.
+  stepped. Each shard still decides alone in two cases: a sum that
+  overflows in one slice only (finite inputs), and, with backup workers,
+  which arrivals count: the shards may count different workers, so a
+  non-finite contribution counted on one shard and late on another drops
+  the step on the first only. Settling these needs one decision for all
+  shards (a round trip between them), which this server does not make.
   Every caller blocks (with a timeout) until the step is applied and gets the
   new slice; a late caller is told how many steps it missed;
 - ``regroup(gen, members)``: elastic sync: the step's workers changed; the

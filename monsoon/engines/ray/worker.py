@@ -144,7 +144,11 @@ class RemoteWorker(Worker):
             self.pending = []
 
     def all_reduce(self, op):
-        return self._synchronous(op.grad, op.examples, op.grad is None or finite(op.grad))
+        if op.grad is None:
+            return self._synchronous(None, op.examples, True)
+        # compressed, op.grad is the packed message: the sender checked the vector
+        whole = self.sender.last_finite if self.compressed else finite(op.grad)
+        return self._synchronous(op.grad, op.examples, whole)
 
     def average(self, op):
         moved = self.anchor - self.work

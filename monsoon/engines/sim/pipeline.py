@@ -107,7 +107,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
             w.begin(batch)
         for r in range(R):  # each replica's ops, each after the op it receives from
             group = ws[r * S:(r + 1) * S]
-            for s, _, _, _ in dependency_order([w._ops for w in group]):
+            for s, _, _, _ in dependency_order([w.plan for w in group]):
                 group[s].run_op(links[r * S + s])
         for s in range(S):  # the replicas' sum, in rank order
             group = [ws[r * S + s] for r in range(R)]

@@ -87,11 +87,11 @@ class StageWorker:
     def begin(self, batch: np.ndarray) -> None:
         self._total = max(len(batch), self.full_batch)
         self._parts = self.micro_batches(batch)
-        self._ops = schedule(self.schedule_name, self.spec.index, self.spec.count,
+        self.plan = schedule(self.schedule_name, self.spec.index, self.spec.count,
                              len(self._parts))
         self._pos = 0
         self._saved = {}
-        self.peak_in_flight = max(self.peak_in_flight, peak_activations(self._ops))
+        self.peak_in_flight = max(self.peak_in_flight, peak_activations(self.plan))
         for p in self._params:
             p.grad = None
 
@@ -99,7 +99,7 @@ class StageWorker:
         """Run the next op; returns the seconds spent in ``link`` (waiting,
         receiving, sending: the transport's time, not compute)."""
         spec, parts = self.spec, self._parts
-        kind, m = self._ops[self._pos]
+        kind, m = self.plan[self._pos]
         self._pos += 1
         waited = 0.0
         if kind == "F":
@@ -149,7 +149,7 @@ class StageWorker:
         start = time.perf_counter()
         self.begin(batch)
         waited = 0.0
-        while self._pos < len(self._ops):
+        while self._pos < len(self.plan):
             waited += self.run_op(link)
         self.gather()
         t0 = time.perf_counter()
