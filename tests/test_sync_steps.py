@@ -144,3 +144,25 @@ def test_loss_curve_snapshots_take_a_bounded_share_of_worker_0s_time(monkeypatch
     assert 2 <= len(bounded.history) <= 4
     assert bounded.history[-1]["updates"] == 400
     np.testing.assert_array_equal(bounded.params, full.params)
+
+
+def test_a_dropped_step_is_told_to_the_rule_by_every_step(sync_step, monkeypatch):
+    """A rule hears of each dropped step (``Rule.on_dropped``: L-BFGS backs
+    off its trial point), on the replicated and the sharded step and on the
+    sim alike: the rule's state must not depend on the engine's layout."""
+    from monsoon.rules.sgd import SGD
+
+    told = []
+    monkeypatch.setattr(SGD, "on_dropped", lambda self, w, state: told.append(w.size))
+    opts = dict(epochs=2, batch_size=16, seed=0, evals=0)
+    # the sim computes every gradient on the one problem, whose rank is 0
+    for engine, extra, rank in (("local", {"backend": "threads"}, 1), ("sim", {}, 0)):
+        told.clear()
+        problem = FaultyProblem(make_problem("exp"), "nan", rank=rank, after=3, every=5)
+        run = monsoon.train(problem, "sync", 2, engine=engine, **opts, **extra)
+        dropped = run.summary["dropped_updates"]
+        assert dropped > 0, engine
+        # each dropped step told once over the whole vector (shard by shard,
+        # or at once), by each of the local engine's replicas where it has them
+        copies = 2 if engine == "local" and sync_step == "replicated" else 1
+        assert sum(told) == copies * dropped * problem.n_params, (engine, told)

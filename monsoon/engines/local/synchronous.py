@@ -307,9 +307,8 @@ class ShardedStep(_Step):
             sync[REDUCED] += 1
         self._wait_count(REDUCED, counted, step, "sum step")
         bad = sync[BAD_STEP] == step
-        if not bad:
-            for s, acc in zip(shards, sums):
-                rt.shards[s].apply_sum(acc, step, self.rank, ok=True)
+        for s, acc in zip(shards, sums):  # a dropped step: each shard's rule is told
+            if rt.shards[s].apply_sum(acc, step, self.rank, ok=not bad):
                 store.versions[s] += 1
         with store.holding_sync(self.rank):
             sync[APPLIED] += 1
@@ -350,9 +349,8 @@ class ShardedStep(_Step):
         self._publish(summed, rank, target)
         self._wait_marks(summed, target, step, "sum step")
         bad = store.sync[BAD_STEP] == step
-        if not bad:
-            for s, acc in zip(shards, sums):
-                rt.shards[s].apply_sum(acc, step, rank, ok=True)
+        for s, acc in zip(shards, sums):  # a dropped step: each shard's rule is told
+            if rt.shards[s].apply_sum(acc, step, rank, ok=not bad):
                 store.versions[s] += 1
         self._publish(applied, rank, target)
         self._wait_marks(applied, target, step, "apply step")

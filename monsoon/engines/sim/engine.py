@@ -572,7 +572,9 @@ class SimEngine(Engine):
                     self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=True)
             self.total["updates"] += 1
             self.staleness[0] += 1
-        else:
+        else:  # the rule is told, as the local engine's steps tell it
+            for core in [self.server] if self.replicated else self.cores:
+                core.drop()
             self.total["dropped"] += 1
         self.shard_busy += self.delays.service_s
         reply = self.nbytes
