@@ -34,6 +34,7 @@ from ...compressors.messages import Compression, Sender, compressing
 from ...server.reduce import finite
 from ...server.clocks import WorkerClock
 from ...server.worker import Worker
+from .sync_step import step_replies
 
 
 class RemoteWorker(Worker):
@@ -102,6 +103,10 @@ class RemoteWorker(Worker):
 
         return ray.get(refs, timeout=self.timeout)
 
+    def _call(self, batch) -> list:
+        """The replies of ``[(shard, method, args)]``, called at once."""
+        return self._get([getattr(shard, method).remote(*args) for shard, method, args in batch])
+
     def _per_shard(self, message) -> list:
         """What each shard is sent: its slice of a dense vector, or (compressed)
         one object-store copy of the packed message, which every shard reads."""
@@ -161,11 +166,9 @@ class RemoteWorker(Worker):
         targets = [s for s in range(len(self.shards)) if s not in self.applied]
         parts = [None] * len(self.shards) if contribution is None \
             else self._per_shard(contribution)
-        refs = [self.shards[s].contribute.remote(self.sync_step, self.rank, parts[s], examples,
-                                                 self.gen, whole_finite)
-                for s in targets]
         regroup = None
-        for s, reply in zip(targets, self._get(refs)):
+        for s, reply in step_replies(self._call, self.shards, targets, self.sync_step, self.rank,
+                                     parts, examples, self.gen, whole_finite).items():
             if isinstance(reply[0], str):  # ("regroup", gen, members)
                 if regroup is None or reply[1] > regroup[1]:
                     regroup = reply
