@@ -55,6 +55,42 @@ def test_a_step_not_finite_in_one_shards_slice_is_dropped_on_every_shard(compres
     assert updates == sorted(updates) and updates[-1] == run.summary["updates"], updates
 
 
+def _same_gradient_everywhere():
+    """A quadratic whose every example pulls w to the same target t, so
+    that every worker's gradient is w - t whichever workers a step counts:
+    k steps of SGD (lr) from 0 leave w = t (1 - (1 - lr)^k)."""
+    from monsoon.problems.quadratic import Quadratic
+
+    problem = Quadratic(n_params=8, n_examples=240, dtype="float64", seed=2)
+    problem.offsets[:] = 0.0
+    return problem
+
+
+@pytest.mark.parametrize("fault", [None, "nan"])
+def test_backup_workers_on_two_shards_count_the_same_workers_on_every_shard(fault):
+    """Sync with a backup worker (3 workers, each step counts 2) on two
+    shards. With "nan", worker 1's gradient is NaN in its first element
+    (shard 0's slice) every second step after its second: the step is
+    dropped where shard 0 counts worker 1, and then on both shards, so the
+    whole vector is t (1 - (1 - lr)^k) for one k, the updates applied; a
+    shard that applied a step the other dropped would leave two."""
+    problem = _same_gradient_everywhere()
+    target = problem.target.copy()
+    if fault:
+        problem = FaultyProblem(problem, "nan", rank=1, after=2, every=2)
+    steps, lr = 30, 0.1
+    run = monsoon.train(problem, "sync", 2, backup_workers=1, engine="ray", shards=2,
+                        steps=steps, batch_size=24, lr=lr, seed=1, evals=0, timeout=30)
+    summary = run.summary
+    assert summary["shards"] == 2 and summary["backup_workers"] == 1
+    assert summary["updates"] + summary["dropped_updates"] == steps
+    assert (summary["dropped_updates"] > 0) == bool(fault), summary["dropped_updates"]
+    assert 1 <= summary["late_gradients"] <= steps  # one worker of three each step at most
+    assert np.isfinite(run.params).all()
+    np.testing.assert_allclose(run.params, target * (1 - (1 - lr) ** summary["updates"]),
+                               rtol=1e-9, atol=1e-12)
+
+
 def _train_in_background(**kwargs):
     box = {}
 
@@ -214,11 +250,12 @@ def test_sync_fails_fast_when_a_worker_actor_is_killed():
     assert time.monotonic() - t0 < 30
 
 
-def test_sync_with_a_backup_carries_on_when_a_worker_actor_is_killed():
+@pytest.mark.parametrize("shards", [1, 2])  # 2: shard 0 decides for both (sync_step.py)
+def test_sync_with_a_backup_carries_on_when_a_worker_actor_is_killed(shards):
     thread, box = _train_in_background(problem="logistic", strategy="sync", workers=2,
-                                       backup_workers=1, engine="ray", shards=1, steps=300,
-                                       batch_size=48, run_name="killbackup", timeout=20)
-    _kill_worker_when_running("monsoon-killbackup-worker-0")
+                                       backup_workers=1, engine="ray", shards=shards, steps=300,
+                                       batch_size=48, run_name=f"killbackup{shards}", timeout=20)
+    _kill_worker_when_running(f"monsoon-killbackup{shards}-worker-0")
     thread.join(120)
     assert "error" not in box, box.get("error")
     summary = box["result"].summary

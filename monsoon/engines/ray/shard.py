@@ -12,12 +12,12 @@ updated in place as NumPy arrays, and serves:
   does) and applies the rule. A step is dropped on every shard when any
   counted worker's whole contribution was not finite (``whole_finite``, the
   worker's own check), so a NaN in one slice never leaves the other slices
-  stepped. Each shard still decides alone in two cases: a sum that
-  overflows in one slice only (finite inputs), and, with backup workers,
-  which arrivals count: the shards may count different workers, so a
-  non-finite contribution counted on one shard and late on another drops
-  the step on the first only. Settling these needs one decision for all
-  shards (a round trip between them), which this server does not make.
+  stepped. With backup workers on several shards, shard 0 alone decides
+  which arrivals count (``decide``); the others hold every part (``offer``)
+  until told whom it counted (``settle``; ``sync_step.py``), so all count
+  the same workers. Each shard still decides alone on a sum that overflows
+  in its slice only (finite inputs): settling that needs a round trip
+  between the shards after the sum, which this server does not make.
   Every caller blocks (with a timeout) until the step is applied and gets the
   new slice; a late caller is told how many steps it missed;
 - ``regroup(gen, members)``: elastic sync: the step's workers changed; the
@@ -70,7 +70,10 @@ class Shard:
         self.taken_copies: dict[int, tuple] = {}
         self.lock = threading.Condition()
         self.step = 0
-        self.arrivals: dict[int, tuple[np.ndarray, int]] = {}
+        # the step's parts: the counted ones (``contribute``), or every one
+        # offered (``offer``: shard 1 and on, with backup workers)
+        self.arrivals: dict[int, tuple[np.ndarray, int, bool]] = {}
+        self.counted_ranks = (-1, ())  # (the last step applied, the workers it counted)
         self.gen = 0  # elastic: the membership generation (``regroup``)
         self.members = tuple(range(workers))
         self.regroups = elastic  # elastic sync: keeps the slice before each step
@@ -116,8 +119,15 @@ class Shard:
                    whole_finite: bool = True):
         """Returns (new slice, steps missed, counted?), or ("regroup", gen,
         members) when the step's workers changed (elastic)."""
-        if grad is not None:
-            grad = self._take(grad)
+        return self.decide(step, worker, grad, examples, gen, whole_finite)[:3]
+
+    def decide(self, step: int, worker: int, grad, examples: int, gen: int = 0,
+               whole_finite: bool = True):
+        """``contribute``, whose reply adds the workers counted at ``step``
+        for ``settle`` on the other shards (shard 0 of several, with backup
+        workers), or None once this shard has applied a later step too (then
+        every shard has applied ``step``: the later one began after that)."""
+        part = self._part(grad, examples, whole_finite)
         with self.lock:
             if gen > self.gen:  # the driver's regroup is on its way here
                 if not self.lock.wait_for(lambda: self.gen >= gen, self.timeout):
@@ -126,14 +136,9 @@ class Shard:
             if step >= self.step and gen != self.gen:
                 return "regroup", self.gen, self.members
             if step < self.step or len(self.arrivals) >= self.counted:
-                late_for = step
-                ok = self.lock.wait_for(lambda: self.step > late_for, self.timeout)
-                if not ok:
-                    raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for step "
-                                       f"{late_for} to complete")
-                return self.params.copy(), self.step - (step + 1), False
-            self.arrivals[worker] = (np.zeros_like(self.params) if grad is None else grad,
-                                     examples, whole_finite)
+                self._wait_applied(step)
+                return self.params.copy(), self.step - (step + 1), False, self._counted_at(step)
+            self.arrivals[worker] = part
             if len(self.arrivals) == self.counted:
                 self._complete()
             else:
@@ -145,10 +150,54 @@ class Shard:
                     raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for "
                                        f"{self.counted} workers at step {step} (got "
                                        f"{len(self.arrivals)}); a worker is stuck or dead")
-            return self.params.copy(), 0, True
+            return self.params.copy(), 0, True, self._counted_at(step)
 
-    def _complete(self):
-        ranks = sorted(self.arrivals)
+    def offer(self, step: int, worker: int, grad, examples: int, whole_finite: bool = True):
+        """A shard other than 0 of several, with backup workers: holds the
+        worker's part of ``step`` until ``settle`` names the workers shard 0
+        counted. A part for a step this shard has not reached yet (its
+        worker skipped ahead) waits for it; one for a step applied is dropped."""
+        part = self._part(grad, examples, whole_finite)
+        with self.lock:
+            if not self.lock.wait_for(lambda: self.step >= step, self.timeout):
+                raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s to reach "
+                                   f"step {step} (at {self.step})")
+            if step == self.step:
+                self.arrivals[worker] = part
+
+    def settle(self, step: int, worker: int, counted):
+        """Applies ``step`` on the parts of ``counted``, the workers shard 0
+        counted (``decide``), unless applied here already; returns what
+        ``contribute`` does. Every worker of the step settles, a late one
+        too, so the step is applied whichever of them is lost."""
+        with self.lock:
+            if step == self.step and counted is not None:
+                missing = sorted(set(counted) - set(self.arrivals))
+                if missing:
+                    raise RuntimeError(f"shard {self.index} holds no part of worker(s) "
+                                       f"{missing} at step {step}, which shard 0 counted")
+                self._complete(counted)
+            self._wait_applied(step)
+            return self.params.copy(), self.step - (step + 1), worker in (counted or ())
+
+    def _part(self, grad, examples: int, whole_finite: bool) -> tuple:
+        """A worker's part of a step, as the shard keeps it (None: no examples)."""
+        grad = np.zeros_like(self.params) if grad is None else self._take(grad)
+        return grad, examples, whole_finite
+
+    def _wait_applied(self, step: int) -> None:
+        if not self.lock.wait_for(lambda: self.step > step, self.timeout):
+            raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for step "
+                               f"{step} to complete")
+
+    def _counted_at(self, step: int):
+        """The workers counted at ``step`` when it is the last step applied, else None."""
+        applied, ranks = self.counted_ranks
+        return ranks if applied == step else None
+
+    def _complete(self, ranks=None):
+        """Applies the step on the parts of ``ranks`` (default: every part held)."""
+        ranks = sorted(self.arrivals if ranks is None else ranks)
         examples = [self.arrivals[k][1] for k in ranks]
         grads = {k: self.arrivals[k][0] for k in ranks}
         acc = np.empty_like(self.params)
@@ -158,6 +207,7 @@ class Shard:
         whole = all(self.arrivals[k][2] for k in ranks)
         self.core.apply_sum(acc, self.step, ok=whole and finite(acc))
         self.arrivals = {}
+        self.counted_ranks = (self.step, tuple(ranks))
         self.core.version = self.step = self.step + 1
         self._taken()
         self.lock.notify_all()

@@ -16,6 +16,10 @@ compressed elastic exchange reads the centre first, then sends
 D = C(alpha (x_i - x~) + e) and applies x_i -= D. The worker counts what it
 sends and receives (``Sender.stats``, in its result).
 
+A synchronous step's calls on the shards are ``sync_step.py``'s: one
+``contribute`` a shard, or, with backup workers on several shards, shard 0
+deciding which workers count for every shard.
+
 Elastic sync (not with --compress): a shard may answer a contribution with a regroup (the step's
 workers changed, ``shard.py``). The worker keeps its parameters at the
 step's start until every shard has applied the step, hands ``Regroup`` to
@@ -168,7 +172,8 @@ class RemoteWorker(Worker):
             else self._per_shard(contribution)
         regroup = None
         for s, reply in step_replies(self._call, self.shards, targets, self.sync_step, self.rank,
-                                     parts, examples, self.gen, whole_finite).items():
+                                     parts, examples, self.gen, whole_finite,
+                                     self.strategy.backup_workers > 0).items():
             if isinstance(reply[0], str):  # ("regroup", gen, members)
                 if regroup is None or reply[1] > regroup[1]:
                     regroup = reply
