@@ -85,7 +85,10 @@ def test_backup_workers_on_two_shards_count_the_same_workers_on_every_shard(faul
     assert summary["shards"] == 2 and summary["backup_workers"] == 1
     assert summary["updates"] + summary["dropped_updates"] == steps
     assert (summary["dropped_updates"] > 0) == bool(fault), summary["dropped_updates"]
-    assert 1 <= summary["late_gradients"] <= steps  # one worker of three each step at most
+    # each step counts two workers (the third is late, or skips the step), and
+    # each counted worker is told so by shard 0, whether the step is dropped or not
+    assert summary["staleness_counts"] == {0: 2 * steps}
+    assert 1 <= summary["late_gradients"] <= steps
     assert np.isfinite(run.params).all()
     np.testing.assert_allclose(run.params, target * (1 - (1 - lr) ** summary["updates"]),
                                rtol=1e-9, atol=1e-12)
