@@ -222,6 +222,29 @@ def test_a_part_for_a_step_a_shard_has_not_reached_waits_for_it():
     assert sh.step == 1
 
 
+def test_a_late_worker_that_missed_steps_waits_for_them_on_every_shard():
+    """Shard 0 told a late worker of step 0 that it missed step 1 too: its
+    settle on shard 1 (still on step 0) returns once shard 1 has applied
+    step 1 as well, so its next gradient is taken at step 2's parameters."""
+    sh = _shards(workers=3, counted=2)[1]
+    sh.offer(0, 0, np.array([1.0, 1.0]), 1)
+    sh.offer(0, 1, np.array([3.0, 3.0]), 1)
+    late = {}
+    thread = threading.Thread(target=lambda: late.setdefault("reply", sh.settle(0, 2, None, 1)),
+                              daemon=True)
+    thread.start()
+    sh.settle(0, 0, (0, 1))
+    thread.join(0.05)
+    assert thread.is_alive() and sh.step == 1
+    sh.offer(1, 0, np.array([1.0, 1.0]), 1)
+    sh.offer(1, 1, np.array([3.0, 3.0]), 1)
+    sh.settle(1, 0, (0, 1))
+    thread.join(WAIT_S)
+    params, behind, counted = late["reply"]
+    np.testing.assert_array_equal(params, [-4.0, -4.0])  # after steps 0 and 1
+    assert (behind, counted) == (1, False)
+
+
 def test_the_decided_steps_waits_time_out_in_words():
     sh = _shards(workers=3, counted=2, timeout=0.1)[1]
     with pytest.raises(TimeoutError, match="shard 1 waited 0.1 s to reach step 2"):

@@ -165,11 +165,13 @@ class Shard:
             if step == self.step:
                 self.arrivals[worker] = part
 
-    def settle(self, step: int, worker: int, counted):
+    def settle(self, step: int, worker: int, counted, behind: int = 0):
         """Applies ``step`` on the parts of ``counted``, the workers shard 0
         counted (``decide``), unless applied here already; returns what
         ``contribute`` does. Every worker of the step settles, a late one
-        too, so the step is applied whichever of them is lost."""
+        too, so the step is applied whichever of them is lost. A late worker
+        that missed ``behind`` steps more on shard 0 waits for them here
+        too, so that its next gradient is taken at one step's parameters."""
         with self.lock:
             if step == self.step and counted is not None:
                 missing = sorted(set(counted) - set(self.arrivals))
@@ -177,7 +179,7 @@ class Shard:
                     raise RuntimeError(f"shard {self.index} holds no part of worker(s) "
                                        f"{missing} at step {step}, which shard 0 counted")
                 self._complete(counted)
-            self._wait_applied(step)
+            self._wait_applied(step + behind)
             return self.params.copy(), self.step - (step + 1), worker in (counted or ())
 
     def _part(self, grad, examples: int, whole_finite: bool) -> tuple:

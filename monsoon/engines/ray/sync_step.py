@@ -51,5 +51,5 @@ def _decided(call, shards, step, rank, parts, examples, gen, whole_finite) -> di
     if isinstance(first[0], str):  # a regroup: no shard has applied the step
         return {0: first}
     *reply, counted = first
-    settled = call([(shards[s], "settle", (step, rank, counted)) for s in rest])
+    settled = call([(shards[s], "settle", (step, rank, counted, reply[1])) for s in rest])
     return {0: tuple(reply), **dict(zip(rest, settled))}
