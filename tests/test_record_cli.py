@@ -236,3 +236,18 @@ def test_script_without_main_guard_can_use_processes(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("loss") == 1
+
+
+def test_the_report_says_sync_overlays_serial_only_where_both_took_the_same_steps():
+    """Serial's compiled per-example loop (sparse problems) and a batch size
+    of its own are other steps than sync's: no overlay claimed there."""
+    from monsoon.record.report import comparison_rows, explain
+
+    claim = "sync computes the same gradient per step as serial"
+    serial, sync = _summary("serial", 100.0), _summary("sync", 90.0)
+    for base, step in [({}, {}), ({"batch_size": 64}, {"batch_size": 64})]:
+        rows = comparison_rows([[dict(serial, **base)], [dict(sync, **step)]])
+        assert claim in "\n".join(explain(rows))
+    for base in ({"batch_size": 1, "per_example_loop": True}, {"batch_size": 32}):
+        rows = comparison_rows([[dict(serial, **base)], [dict(sync, batch_size=64)]])
+        assert claim not in "\n".join(explain(rows))

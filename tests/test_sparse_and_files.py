@@ -277,3 +277,25 @@ def test_the_compiled_loop_runs_for_a_rule_that_declares_a_plain_step():
                                 ("clipped", Clipped(sgd.schedule)),
                                 ("adagrad", make_rule("adagrad", 0.1))]}
     assert takes == {"sgd": True, "renamed": True, "clipped": False, "adagrad": False}
+    # a rate that changes with the update count, or mini-batches asked for: batches
+    stepped = make_rule("sgd", 0.1, schedule="step", step_size=10)
+    assert not LocalEngine.uses_kernel(problem, stepped, hogwild, epochs)
+    assert not LocalEngine.uses_kernel(problem, sgd, hogwild, epochs, frozenset({"batch_size"}))
+
+
+def test_the_summary_says_which_step_a_sparse_serial_run_took(tmp_path):
+    """Serial on a sparse problem runs the compiled per-example loop, and its
+    summary says so (one example per update); given --batch-size, it takes
+    those mini-batches and ends where sync with one worker does."""
+    common = dict(epochs=2, seed=3, progress=False)
+    loop = monsoon.train("rcv1-like:rows=400,features=60,nnz=6", "serial",
+                         out=tmp_path / "loop", **common)
+    assert loop.summary["per_example_loop"] is True and loop.summary["batch_size"] == 1
+    assert loop.summary["updates"] == loop.summary["examples"] == 800
+    batches = monsoon.train("rcv1-like:rows=400,features=60,nnz=6", "serial", batch_size=64,
+                            out=tmp_path / "batches", **common)
+    sync = monsoon.train("rcv1-like:rows=400,features=60,nnz=6", "sync", workers=1,
+                         out=tmp_path / "sync", **common)
+    assert "per_example_loop" not in batches.summary and batches.summary["batch_size"] == 64
+    assert batches.summary["updates"] == sync.summary["updates"] == 14
+    np.testing.assert_array_equal(batches.params, sync.params)

@@ -60,7 +60,8 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                      **_staleness_columns(s),
                      **{k: s.get(k) for k in ("compress", "bytes_sent", "compression_ratio",
                                               "residual_norm", "warning", "stopped",
-                                              "stopped_at_target", "stopped_converged")}})
+                                              "stopped_at_target", "stopped_converged",
+                                              "batch_size", "per_example_loop")}})
     return rows
 
 
@@ -218,11 +219,19 @@ def explain(rows: list[dict]) -> list[str]:
                        f"{r['staleness_max']}); at this learning rate that {verdict} "
                        f"(final loss {_fmt(loss_ratio, 3)}x serial's).")
         if r["strategy"] == "sync" and base["final_loss"] is not None \
-                and r.get("compress") in (None, "none"):  # compressed, its gradients differ
+                and r.get("compress") in (None, "none") \
+                and _same_steps(r, base):  # compressed, or other steps: its gradients differ
             out.append("- sync computes the same gradient per step as serial (each batch "
                        "split among its workers), so its curve against epochs overlays "
                        "serial's: it differs from serial only in speed.")
     return out
+
+
+def _same_steps(row: dict, base: dict) -> bool:
+    """Both runs took mini-batch steps of one size (serial's compiled
+    per-example loop, on sparse problems, steps once per example)."""
+    return (row.get("batch_size") == base.get("batch_size")
+            and not row.get("per_example_loop") and not base.get("per_example_loop"))
 
 
 def write_comparison(out: Path, problem: str, runs: list[list[dict]], histories: dict,

@@ -15,7 +15,13 @@ _AXPY = {np.dtype("float32"): blas.saxpy, np.dtype("float64"): blas.daxpy}
 
 class SGD(Rule):
     name = "sgd"
-    plain_step = True  # the local engine may run a problem's compiled loop instead
+
+    @property
+    def plain_step(self) -> bool:
+        """w <- w - lr * g at one rate: a problem's compiled per-example loop
+        may run in its place (the local engine). A step schedule makes the
+        rate depend on the update count, which that loop does not keep."""
+        return self.schedule.kind == "constant"
 
     def apply(self, w, g, state, info):
         lr = self.learning_rate(info)

@@ -5,7 +5,10 @@ One worker, the loop every other strategy is measured against:
     for each batch of each epoch's permutation:
         loss, g = gradient(w, batch);  rule.apply(w, g)
 
-``sync`` must reproduce it exactly; Hogwild! with one worker is it.
+``sync`` must reproduce it exactly; Hogwild! with one worker is it. On a
+problem with a compiled per-example loop (sparse), the local engine runs
+that loop instead, as for Hogwild! (one update per example, unless
+``--batch-size`` is given); the summary says ``per_example_loop``.
 """
 from ..errors import ConfigError
 from .hogwild import Hogwild

@@ -349,11 +349,14 @@ class LocalEngine(Engine):
         self.idle_s = idle_s    # the longest the monitor sleeps (messages wake it sooner)
 
     @staticmethod
-    def uses_kernel(problem, rule, strategy, budget) -> bool:
+    def uses_kernel(problem, rule, strategy, budget, given=frozenset()) -> bool:
         """Hogwild!/serial on a problem with a compiled per-example SGD loop,
-        plain SGD, an epoch budget: run the loop, not mini-batches."""
+        plain SGD at one rate, an epoch budget, and no ``--batch-size``
+        asked for (the loop steps once per example): run the loop, not
+        mini-batches."""
         return (problem.sgd_pass is not None and rule.plain_step and not rule.staleness_lr
-                and budget.epochs is not None and strategy.per_example_loop)
+                and budget.epochs is not None and strategy.per_example_loop
+                and "batch_size" not in given)
 
     @classmethod
     def gives_loss(cls, strategy) -> bool:
@@ -383,7 +386,8 @@ class LocalEngine(Engine):
             from .pipeline import run_pipeline
             return run_pipeline(self, strategy, problem, rule, w0, workers, batch_size, seed,
                                 budget, recorder)
-        self.kernel = self.uses_kernel(problem, rule, strategy, budget)
+        self.kernel = self.uses_kernel(problem, rule, strategy, budget,
+                                       getattr(self, "given", frozenset()))
         if self.kernel:
             problem.prepare_kernel()
         shards = shard_count(self.shards, workers, w0.size)
@@ -442,6 +446,8 @@ class LocalEngine(Engine):
             store.close()
         res.wall_time_s += resume.time_s
         res.extra.update(run_folder_extra(ck.last_path, resume.path))
+        if self.kernel:  # what ran: one update per example
+            res.extra.update(batch_size=1, per_example_loop=True)
         return res
 
     # -- serial: in the calling thread --------------------------------------
