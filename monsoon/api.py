@@ -29,7 +29,7 @@ from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
 from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
-                              worse_than_start)
+                              restated, worse_than_start)
 from .record.live import make_live
 from .record.run_folder import save_model
 
@@ -240,6 +240,9 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     at_tol = res.stopped if converged(res.stopped) else None
     if at_target or at_tol:  # stopped where it was asked to: not a divergence
         res.stopped = None
+    # the divergence message with the counts summary.json writes, not those
+    # of the row that stopped the run
+    res.stopped = restated(res.stopped, res.updates, res.dropped_updates)
     if res.stopped is None and not math.isfinite(final_loss):
         res.stopped = DIVERGED.format(loss=final_loss, updates=res.updates)
     summary = {

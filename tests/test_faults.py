@@ -96,6 +96,19 @@ def test_divergence_stops_with_advice(tmp_path):
     assert info.value.result.summary["examples"] < 200 * 256
 
 
+@pytest.mark.parametrize("options", [{}, {"backup_workers": 1}])
+def test_the_divergence_message_says_the_summarys_counts(options):
+    """The message counts what summary.json counts (the recorder's row that
+    stopped the run is older than the workers' last counts)."""
+    with pytest.raises(TrainingDiverged) as info:
+        monsoon.train("exp", "sync", 2, lr=1e6, epochs=300, seed=0, **options)
+    summary = info.value.result.summary
+    said = (f"{summary['dropped_updates']} updates had non-finite gradients and were "
+            f"dropped (only {summary['updates']} applied)")
+    assert said in summary["stopped"]
+    assert said in str(info.value)
+
+
 def test_async_fails_when_every_worker_fails():
     problem = FaultyProblem(make_problem("exp"), "raise", rank=0, after=2)
     with pytest.raises(WorkerError, match="every worker failed"):

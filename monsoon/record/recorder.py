@@ -54,6 +54,8 @@ COST_SPACING = 50
 EVAL_MIN_S = 5.0  # the curve's evaluation may always take this long
 COPY_BYTES_PER_S = 2e9  # a snapshot reads the parameters twice (copy, finite check)
 DIVERGED = "diverged: the loss became {loss} after {updates} updates; lower the learning rate (--lr)"
+DROPPED = ("diverged: {dropped} updates had non-finite gradients and were dropped (only "
+           "{updates} applied); lower the learning rate (--lr)")
 TARGET_REACHED = "reached the target loss {target:g} (loss {loss:.6g} after {updates} updates)"
 CONVERGED = ("converged: the loss fell by less than {tol:g} of itself over the last epoch "
              "({before:.6g} to {loss:.6g} after {updates} updates)")
@@ -63,6 +65,22 @@ TARGET_SPACING = 10
 def reached_target(reason) -> bool:
     """Whether a run's stop reason is its target, not a divergence."""
     return isinstance(reason, str) and reason.startswith("reached the target loss")
+
+
+def restated(reason, updates: int, dropped: int):
+    """A divergence's stop reason (``DIVERGED`` at nan, ``DROPPED``) with the
+    run's final counts: the recorder saw the counts of the row that stopped
+    the run, and the workers go on counting until they have stopped, so the
+    message says what summary.json's ``updates`` and ``dropped_updates`` say.
+    Any other reason (a target, tol, the API's own divergence at the final
+    loss) is returned as it is."""
+    if not isinstance(reason, str):
+        return reason
+    if reason.startswith("diverged: the loss became nan after "):
+        return DIVERGED.format(loss="nan", updates=updates)
+    if reason.startswith(DROPPED.split("{dropped}")[0]) and " had non-finite gradients" in reason:
+        return DROPPED.format(dropped=dropped, updates=updates)
+    return reason
 
 
 def converged(reason) -> bool:
@@ -257,8 +275,7 @@ class Recorder:
         if not finite:
             self.stop_reason = DIVERGED.format(loss="nan", updates=updates)
         elif dropped > 100 and dropped > updates:
-            self.stop_reason = (f"diverged: {dropped} updates had non-finite gradients and were "
-                                f"dropped (only {updates} applied); lower the learning rate (--lr)")
+            self.stop_reason = DROPPED.format(dropped=dropped, updates=updates)
         if (self.check_target and (self.target_loss is not None or self.tol is not None)
                 and updates > 0 and self.stop_reason is None and self.target_reason is None
                 and now >= self._target_next):
