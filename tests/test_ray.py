@@ -240,6 +240,26 @@ def test_async_carries_on_when_a_worker_actor_is_killed():
     assert np.isfinite(summary["final_loss"])
 
 
+def test_a_run_stopped_by_divergence_counts_what_its_workers_did():
+    """Worker 1's gradients are all NaN after its second: every step is
+    dropped and the recorder stops the run while both workers still run.
+    Their reports are taken before they are killed, so summary.json counts
+    their examples, traffic and epochs, and the curve's last row (the
+    summary's counts) does not fall back to zero."""
+    problem = FaultyProblem(make_problem("logistic", dtype="float64"), "nan", rank=1, after=2)
+    run = monsoon.train(problem, "sync", 2, engine="ray", shards=1, steps=10 ** 5, seed=0,
+                        raise_on_divergence=False)
+    summary = run.summary
+    assert summary["status"] == "diverged"
+    assert summary["updates"] == 2 and summary["dropped_updates"] > 100
+    assert summary["examples"] >= 16 * (summary["updates"] + summary["dropped_updates"]) - 16
+    assert summary["epochs"] == summary["examples"] / problem.n_examples > 0
+    examples = [row["examples"] for row in run.history]
+    assert examples == sorted(examples) and examples[-1] == summary["examples"], examples
+    assert len(summary["bytes_sent_per_worker"]) == 2 and all(summary["bytes_sent_per_worker"])
+    assert summary["bytes_sent"] == sum(summary["bytes_sent_per_worker"])
+
+
 def test_sync_fails_fast_when_a_worker_actor_is_killed():
     thread, box = _train_in_background(problem="logistic", strategy="sync", workers=2,
                                        engine="ray", shards=1, steps=10 ** 6,

@@ -290,6 +290,9 @@ class RayEngine(Engine):
             if stopped is not None:
                 break
         wall = time.perf_counter() - t0
+        if running:  # stopped: the workers still running report what they did so far
+            results.update(self._reports_now(ray, {r: actors[r] for r in running.values()},
+                                             seen))
         # an elastic run that lost workers still ran every step (Membership.lose
         # fails the run when no member is left)
         if not running and stopped is None and (not failed or membership is not None):
@@ -332,6 +335,20 @@ class RayEngine(Engine):
         return tally.result(params, startup, wall, start.examples + gone + tally.examples,
                             updates, dropped + tally.dropped,
                             {**extra, **tally.extra(updates)}, stopped=stopped)
+
+    def _reports_now(self, ray, live: dict, seen: dict) -> dict:
+        """The reports of the workers still running when the run stopped
+        (``RemoteWorker.report_now``), by rank; a worker that does not answer
+        in time counts its last progress figures (``seen``)."""
+        refs = {a.report_now.remote(): r for r, a in live.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.timeout)
+        reports = {r: seen[r] for r in live.values() if r in seen}
+        for ref in ready:
+            try:
+                reports[refs[ref]] = ray.get(ref)
+            except Exception:  # noqa: BLE001 - died meanwhile: its last figures stand
+                pass
+        return reports
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:

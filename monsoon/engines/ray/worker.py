@@ -80,6 +80,13 @@ class RemoteWorker(Worker):
     def progress(self) -> dict:
         return {**self.counts, "staleness": dict(self.staleness)}
 
+    def report_now(self) -> dict:
+        """The report ``run`` ends with, taken while the program still runs
+        (the actor's second thread): a run the driver stops (diverged, at
+        its target) kills its workers, and their counts (examples, dropped,
+        late, traffic) would otherwise be lost from the result."""
+        return self.report(staleness=dict(self.staleness), **self.counts)
+
     def join(self, gen: int, members: tuple) -> dict:
         """Elastic sync: take part, as one of ``members``, from the earliest
         step any shard is on, with the parameters at that step (a shard one
