@@ -260,6 +260,21 @@ def test_a_run_stopped_by_divergence_counts_what_its_workers_did():
     assert summary["bytes_sent"] == sum(summary["bytes_sent_per_worker"])
 
 
+def test_a_non_finite_push_counts_as_sent_as_on_the_local_engine():
+    """Async: worker 1's every other gradient is NaN. Ray drops such a push at
+    the worker (its shards see only their slices), the local server on
+    arrival; on both, every push is counted in bytes_sent, once, dense."""
+    for engine in ("local", "ray"):
+        inner = make_problem("logistic", dtype="float64")
+        problem = FaultyProblem(inner, "nan", rank=1, after=2, every=2)
+        options = {"shards": 1} if engine == "ray" else {}
+        summary = monsoon.train(problem, "async", 2, engine=engine, steps=60, seed=0,
+                                **options).summary
+        pushes = summary["updates"] + summary["dropped_updates"]
+        assert summary["dropped_updates"] > 5, (engine, summary["dropped_updates"])
+        assert summary["bytes_sent"] == pushes * inner.n_params * 8, (engine, summary)
+
+
 def test_sync_fails_fast_when_a_worker_actor_is_killed():
     thread, box = _train_in_background(problem="logistic", strategy="sync", workers=2,
                                        engine="ray", shards=1, steps=10 ** 6,

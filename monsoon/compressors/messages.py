@@ -223,7 +223,11 @@ def compressing(program, sender: Sender, nbytes: int, packed: bool = False,
     """``program`` with each Push's and AllReduce's vector replaced by the
     message the receiver gets: decoded (``packed=False``: engines that share
     memory) or its wire form (``packed=True``: the engine moves it and the
-    receiver calls ``receive``); every worker's bytes counted. ``nbytes``:
+    receiver calls ``receive``); every worker's bytes counted (a non-finite
+    push too, at the size of the message that decodes to NaN: local and the
+    sim hand it to the server, which drops it; ray drops it at the worker,
+    since the server would, so ``bytes_sent`` is one figure for the same
+    pushes on every engine). ``nbytes``:
     the parameter vector's size (what a Fetch or a synchronous step
     returns; ``fetch_bytes``: what a Fetch costs where it differs, 0 where
     the worker holds a replica of the server). Average's drift and EASGD's elastic difference are formed by
@@ -240,7 +244,11 @@ def compressing(program, sender: Sender, nbytes: int, packed: bool = False,
             kind = type(op)
             if kind is Push:
                 if packed and not finite(op.grad):
-                    result = yield op  # the engine drops it, as it drops any non-finite push
+                    # the engine drops it at the sender (a shard that decodes
+                    # only its slice could not tell); it is counted as sent,
+                    # at its wire size, as where the server drops it on arrival
+                    out(op.grad)
+                    result = yield op
                     continue
                 op = Push(out(op.grad), op.ticket)
             elif kind is AllReduce:

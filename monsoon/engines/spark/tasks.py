@@ -143,7 +143,8 @@ class _Segment(Worker):
         if kind is Push:
             out["op"], out["ticket"] = "push", op.ticket
             sent = anchor - work if self.deltas else op.grad
-            out["grad"] = np.array(send(sent), copy=True) if finite(sent) else None
+            packed = send(sent)  # counted as sent even where not finite (``compressing``)
+            out["grad"] = np.array(packed, copy=True) if finite(sent) else None
         elif kind is Average:
             out["op"], out["drift"] = "average", send(anchor - work)
             out["examples_behind"] = op.examples
