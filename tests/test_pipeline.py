@@ -240,6 +240,32 @@ def test_a_model_that_is_no_sequential_is_refused():
         monsoon.train("linear", "pipeline", 2, engine="sim", steps=1)
 
 
+def _diverging(engine):
+    """exp at lr 1e6: most steps' gradients are not finite, and are dropped."""
+    return monsoon.train("exp", "pipeline", 2, engine=engine, lr=1e6, epochs=2, batch_size=16,
+                         seed=0, raise_on_divergence=False)
+
+
+def _counted_as_everywhere(run):
+    """updates: the steps applied; dropped_updates: the steps some stage
+    did not apply; together the steps run; the curve's updates never fall."""
+    s = run.summary
+    steps = s["examples"] // 16
+    assert s["dropped_updates"] > 0 and s["updates"] + s["dropped_updates"] == steps, s
+    updates = [row["updates"] for row in run.history]
+    assert updates == sorted(updates) and updates[-1] == s["updates"], updates
+
+
+@pytest.mark.parametrize("engine", ["local", "sim"])
+def test_a_dropped_step_is_no_update(engine):
+    _counted_as_everywhere(_diverging(engine))
+
+
+@pytest.mark.ray
+def test_a_dropped_step_is_no_update_on_ray(local_ray):
+    _counted_as_everywhere(_diverging("ray"))
+
+
 # -- ray --------------------------------------------------------------------------
 
 @pytest.mark.ray

@@ -84,6 +84,7 @@ class Link:
 
 def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
     """A stage's process (in ``inbox._worker_process``)."""
+    worker = t0 = None
     try:
         setup = read_payload(reader)  # imports torch: a stage runs a torch module
         limit_threads(threads)
@@ -99,6 +100,7 @@ def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
         for t, batch in enumerate(global_batches(*setup["batches"])):
             worker.step(batch, t, link)
             if lead:
+                counters[2 + spec.index] = worker.dropped
                 if spec.first:
                     counters[0] += 1
                     counters[1] += len(batch)
@@ -110,8 +112,9 @@ def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
         wall = time.perf_counter() - t0
         outbox.put(("done", rank, {"params": worker.params if lead else None,
                                    "stats": worker.stats(wall)}))
-    except Aborted:
-        outbox.put(("aborted", rank, None))
+    except Aborted:  # its stats still count (the steps it dropped)
+        outbox.put(("aborted", rank, None if t0 is None else {
+            "params": None, "stats": worker.stats(time.perf_counter() - t0)}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor
         shared["control"][ABORT] = 1
         outbox.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -146,7 +149,8 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
     specs, stages, replicas = strategy.layout(problem, workers, batch_size)
     ctx = start_context()
     shared = SharedArrays({"control": ((4,), "int64"), "served": ((stages,), "int64"),
-                           "counters": ((2,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
+                           # steps, examples, then each stage's dropped steps
+                           "counters": ((2 + stages,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
     shared["snap"][:] = w0
     control = shared["control"]
     pool = WorkerPool(ctx, workers, "monsoon-stage")
@@ -220,7 +224,9 @@ def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
         params = np.array(snap, copy=True)
     else:
         params = np.concatenate([results[s]["params"] for s in range(len(specs))])
-    stats = [results[r]["stats"] for r in sorted(results)]
+    reports = {r: payload for r, (kind, payload) in pool.reports.items()
+               if kind in ("done", "aborted") and payload}  # aborted: the steps it dropped
+    stats = [reports[r]["stats"] for r in sorted(reports)]
     return finish(EngineResult, strategy, params, startup, wall, int(counters[1]),
                   int(counters[0]), stats, stopped, w0)
 
@@ -238,11 +244,14 @@ def _watch(engine, pool, specs, shared, recorder, t0):
         if pool.failed:
             raise _failure(pool, specs, control)
         now = time.perf_counter() - t0
-        up, ex = int(counters[0]), int(counters[1])
+        # the steps applied: a step some stage dropped is no update (live,
+        # the stage that dropped most; ``finish`` counts each dropped step once)
+        dropped = int(max(counters[2:], default=0))
+        up, ex = int(counters[0]) - dropped, int(counters[1])
         due.progress(ex, f"no pipeline step finished for {2 * engine.timeout:g} s")
         if asked and all(served[s] >= control[ASKED] for s in range(len(specs))):
             asked = False
-            reason = recorder.record(now, up, ex, snap)
+            reason = recorder.record(now, up, ex, snap, dropped)
             if reason is not None:
                 stopped = reason
                 control[ABORT] = 1

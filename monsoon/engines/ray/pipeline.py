@@ -88,7 +88,7 @@ class StageActor:
         w.apply(t)
         self.last_at = time.perf_counter()
         self.busy += self.last_at - t0
-        return w.steps
+        return w.dropped_steps[-1:] == [t]  # whether this stage dropped step t
 
     def params(self):
         return self.worker.params
@@ -171,25 +171,28 @@ def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, bud
     due = Due(recorder)
     t0 = time.perf_counter()
     in_flight = []
-    examples = updates = 0
+    examples = steps = dropped = 0
     stopped = None
     for t, batch in enumerate(global_batches(n, batch_size, seed, budget)):
         in_flight.append((_submit_step(actors, S, R, t, batch, strategy.micro_batches,
                                        strategy.schedule), len(batch)))
         if len(in_flight) >= 2:
             refs, size = in_flight.pop(0)
-            _get(ray, refs, engine.timeout, actors, "finish a step")
-            updates, examples = updates + 1, examples + size
+            dropped += any(_get(ray, refs, engine.timeout, actors, "finish a step"))
+            steps, examples = steps + 1, examples + size
             now = time.perf_counter() - t0
             stopped = due.look(now, examples,
-                               lambda: (_params(ray, engine, actors, S), updates, 0))
+                               lambda: (_params(ray, engine, actors, S), steps - dropped,
+                                        dropped))
             if stopped is not None:
                 break
-    for refs, size in in_flight if stopped is None else ():
+    # a step already submitted is finished, stopped or not, so that the steps
+    # and examples counted are those the stages ran (``finish`` counts their drops)
+    for refs, size in in_flight:
         _get(ray, refs, engine.timeout, actors, "finish a step")
-        updates, examples = updates + 1, examples + size
+        steps, examples = steps + 1, examples + size
     wall = time.perf_counter() - t0
     params = _params(ray, engine, actors, S)
     stats = _get(ray, [a.stats.remote() for a in actors], engine.timeout, actors, "report")
-    return finish(EngineResult, strategy, params, startup, wall, examples, updates, stats,
+    return finish(EngineResult, strategy, params, startup, wall, examples, steps, stats,
                   stopped, w0)

@@ -98,7 +98,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
     links = [_Link(channels, r, s, sent) for r in range(R) for s in range(S)]
     busy = [0.0] * len(ws)
     now = 0.0
-    examples = updates = 0
+    examples = steps = dropped = 0
     stopped = None
     recorder.start(w0)
     due = Due(recorder)
@@ -120,14 +120,15 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
                 w.apply(t)
         step_s = _step_time(ws, S, R, stage_s, batch_size, delays, rng, sent, busy)
         now += step_s
-        updates += 1
+        steps += 1
+        dropped += any(w.dropped_steps[-1:] == [t] for w in ws)  # a step any stage dropped
         examples += len(batch)
-        stopped = due.look(now, examples, lambda: (_params(ws, S), updates, 0))
+        stopped = due.look(now, examples, lambda: (_params(ws, S), steps - dropped, dropped))
         if stopped is not None:
             break
     stats = [{**w.stats(now), "busy_s": busy[i]} for i, w in enumerate(ws)]
-    result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, updates, stats,
-                    stopped, w0, extra={"sim_step_s": now / max(updates, 1)})
+    result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, steps, stats,
+                    stopped, w0, extra={"sim_step_s": now / max(steps, 1)})
     return result
 
 

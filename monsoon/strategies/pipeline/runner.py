@@ -82,10 +82,24 @@ def stage_summary(stats: list[dict], stages: int) -> list[dict]:
     return out
 
 
-def finish(result_cls, strategy, params, startup, wall, examples, updates, stats, stopped, w0,
+def dropped_steps(stats: list[dict]) -> int:
+    """The steps some stage did not apply (its part of the gradient was not
+    finite), each counted once however many stages dropped it."""
+    dropped = set()
+    for s in stats:
+        dropped.update(s.get("dropped_steps", ()))
+    return max(len(dropped), max((s["dropped"] for s in stats), default=0))
+
+
+def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, stopped, w0,
            extra=None):
+    """The run's result from its ``steps`` (each one batch, run by every
+    stage) and the stages' ``stats``. As on every engine, ``updates`` are the
+    steps applied and ``dropped_updates`` those that were not: a step that
+    any stage dropped counts as dropped."""
     stages = strategy.stages_used
-    dropped = max((s["dropped"] for s in stats), default=0)
+    dropped = dropped_steps(stats)
+    updates = steps - dropped
     summary = {"pipeline_stages": stages, "pipeline_replicas": strategy.replicas_used,
                "bubble_fraction": bubble(stats, stages),
                "gpipe_bubble": gpipe_bubble(stages, strategy.micro_batches),

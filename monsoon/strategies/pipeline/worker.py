@@ -65,6 +65,7 @@ class StageWorker:
         self.state = rule.init(n, self.dtype)
         self.busy_s = 0.0
         self.steps = self.dropped = 0
+        self.dropped_steps: list[int] = []  # the steps whose gradient was not finite here
         self.peak_in_flight = 0
         self.loss_sum = 0.0
         # per step, on real transports: wall, compute, and when it ended
@@ -142,6 +143,7 @@ class StageWorker:
             self.rule.apply(self.params, self.grad, self.state, UpdateInfo(step=t))
         else:
             self.dropped += 1
+            self.dropped_steps.append(t)
         self.steps += 1
 
     def step(self, batch: np.ndarray, t: int, link) -> None:
@@ -180,6 +182,7 @@ class StageWorker:
     def stats(self, wall_s: float) -> dict:
         out = {"stage": self.spec.index, "replica": self.replica, "busy_s": self.busy_s,
                "wall_s": wall_s, "steps": self.steps, "dropped": self.dropped,
+               "dropped_steps": list(self.dropped_steps),
                "peak_micro_batches_in_flight": self.peak_in_flight, **self.memory()}
         if self.step_times:  # medians resist the spikes of a shared machine
             out["step_s_median"] = float(np.median(self.step_times))
