@@ -29,7 +29,7 @@ from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
 from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
-                              restated, worse_than_start)
+                              worse_than_start)
 from .record.live import make_live
 from .record.run_folder import save_model
 
@@ -242,7 +242,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         res.stopped = None
     # the divergence message with the counts summary.json writes, not those
     # of the row that stopped the run
-    res.stopped = restated(res.stopped, res.updates, res.dropped_updates)
+    res.stopped = recorder.restate(res.stopped, res.updates, res.dropped_updates)
     if res.stopped is None and not math.isfinite(final_loss):
         res.stopped = DIVERGED.format(loss=final_loss, updates=res.updates)
     summary = {

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from functools import partial
 
 import numpy as np
 
@@ -65,22 +66,6 @@ TARGET_SPACING = 10
 def reached_target(reason) -> bool:
     """Whether a run's stop reason is its target, not a divergence."""
     return isinstance(reason, str) and reason.startswith("reached the target loss")
-
-
-def restated(reason, updates: int, dropped: int):
-    """A divergence's stop reason (``DIVERGED`` at nan, ``DROPPED``) with the
-    run's final counts: the recorder saw the counts of the row that stopped
-    the run, and the workers go on counting until they have stopped, so the
-    message says what summary.json's ``updates`` and ``dropped_updates`` say.
-    Any other reason (a target, tol, the API's own divergence at the final
-    loss) is returned as it is."""
-    if not isinstance(reason, str):
-        return reason
-    if reason.startswith("diverged: the loss became nan after "):
-        return DIVERGED.format(loss="nan", updates=updates)
-    if reason.startswith(DROPPED.split("{dropped}")[0]) and " had non-finite gradients" in reason:
-        return DROPPED.format(dropped=dropped, updates=updates)
-    return reason
 
 
 def converged(reason) -> bool:
@@ -170,6 +155,7 @@ class Recorder:
         self.snapshots: list[tuple[float, int, int, np.ndarray]] = []
         self.time_to_target_s = None
         self.stop_reason = None
+        self._stop_format = None  # the divergence's message, to restate with the final counts
         self._stride = 1.0  # grows (doubles) when the snapshot pool fills
         self._next = 0.0
         self._next_examples = 0
@@ -273,9 +259,11 @@ class Recorder:
         finite = (arrays.finite(params) if arrays.is_tensor(params)
                   else math.isfinite(float(np.sum(params, dtype=np.float64))))
         if not finite:
-            self.stop_reason = DIVERGED.format(loss="nan", updates=updates)
+            self._stop_format = partial(DIVERGED.format, loss="nan")
         elif dropped > 100 and dropped > updates:
-            self.stop_reason = DROPPED.format(dropped=dropped, updates=updates)
+            self._stop_format = DROPPED.format
+        if self._stop_format is not None and self.stop_reason is None:
+            self.stop_reason = self._stop_format(dropped=dropped, updates=updates)
         if (self.check_target and (self.target_loss is not None or self.tol is not None)
                 and updates > 0 and self.stop_reason is None and self.target_reason is None
                 and now >= self._target_next):
@@ -289,6 +277,16 @@ class Recorder:
             self._bar.n = min(examples, self._bar.total or examples)
             self._bar.refresh()
         return self.stop_reason or self.target_reason
+
+    def restate(self, reason, updates: int, dropped: int):
+        """``reason`` with the run's final counts where it is this recorder's
+        divergence: the row that stopped the run is older than the workers'
+        last counts, and the message should say what summary.json's
+        ``updates`` and ``dropped_updates`` say. Any other reason is returned
+        as it is."""
+        if self._stop_format is None or reason != self.stop_reason:
+            return reason
+        return self._stop_format(dropped=dropped, updates=updates)
 
     def _check_target(self, now, updates, examples, params) -> None:
         """``check_target`` (the spark engine, whose runs a user waits for end
