@@ -13,7 +13,9 @@ serial run of their turn. The first turn's folders are ``OUT/STRATEGY/`` (its
 curves are the ones plotted); later turns write ``OUT/repeats/STRATEGY-K/``.
 ``compress``: one ``--compress`` spec for every strategy, or one per
 strategy, ``STRATEGY=SPEC,...`` (e.g. ``sync=topk:0.01,local-sgd=powersgd:2``;
-a strategy not named runs uncompressed). comparison.csv and report.md then
+a strategy not named runs uncompressed; one spec compresses the strategies
+that send messages, and those that send none, serial and hogwild, run
+uncompressed). comparison.csv and report.md then
 carry each run's bytes sent and compression ratio.
 
 Short single runs vary from one to the next on a busy machine;
@@ -26,7 +28,7 @@ from numbers import Integral
 from pathlib import Path
 
 from .api import Result, train
-from .config import for_strategy, refuse_untaken
+from .config import check_compare_compress, for_strategy, refuse_untaken
 from .compressors.messages import by_strategy
 from .errors import ConfigError
 from .record.report import write_comparison
@@ -59,6 +61,7 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     if named:
         raise ConfigError(f"--compress names {', '.join(sorted(named))}, not in --strategies "
                           f"({', '.join(strategies)}); give STRATEGY=SPEC for those listed")
+    check_compare_compress(options.get("compress"), list(strategies))
     out = Path(out)
     results, turns = {}, {s: [] for s in strategies}
     for turn in range(int(repeats)):

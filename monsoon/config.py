@@ -20,7 +20,7 @@ from .compressors import COMPRESSORS
 from .engines import ENGINES, Engine
 from .compressors import messages as _messages
 from .errors import ConfigError
-from .options import Option, at_least, declared, option_values, positive
+from .options import SEED_MAX, Option, at_least, declared, in_range, option_values, positive
 from .problems import PROBLEMS, Problem, problem_spec
 from .rules import RULES, Rule
 from .strategies import STRATEGIES, Budget, RunInfo
@@ -41,7 +41,8 @@ RUN_OPTIONS = (
     Option("steps", int, None, "gradient steps in total, over all workers", check=at_least(1)),
     Option("batch_size", int, None, "examples per update (default: the problem's)",
            check=at_least(1), label="batch size"),
-    Option("seed", int, 0, "fixes the data order and the initial parameters"),
+    Option("seed", int, 0, "fixes the data order and the initial parameters; 0 to 2**32 - 1",
+           check=in_range(0, SEED_MAX)),
     Option("dtype", str, "float32", "parameter precision", choices=DTYPES),
     Option("device", str, "cpu", "where torch problems compute: cpu, cuda (worker k on GPU "
            "k mod GPUs), cuda:N, or auto (cuda where available, else cpu); docs/gpu.md",
@@ -56,7 +57,8 @@ RUN_OPTIONS = (
            "a problem's default tol goes with its default budget)",
            check=lambda v: None if v > 0 else "above 0"),
     Option("compress", str, "none", "compress what each worker sends: none, topk:FRACTION, "
-           "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK (docs/compression.md)",
+           "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK; strategies whose workers send "
+           "messages take it (docs/compression.md)",
            check=_messages.check_spec),
     Option("no_error_feedback", bool, False, "send compressed messages without carrying "
            "the residual to the next one"),
@@ -119,13 +121,36 @@ def refuse_untaken(given, chosen: dict[str, list[str]]) -> None:
 def for_strategy(options: dict, strategy: str) -> dict:
     """The options that concern ``strategy``: those of other strategies are
     left out (``compare`` passes one set of options to several), and a
-    per-strategy ``--compress S=SPEC,...`` becomes this strategy's spec."""
+    per-strategy ``--compress S=SPEC,...`` becomes this strategy's spec. One
+    spec for every strategy compresses those that send messages
+    (``messages.sends_messages``); the others run uncompressed, as they
+    would with it."""
     out = {k: v for k, v in options.items()
            if not STRATEGIES.takers(k) or strategy in STRATEGIES.takers(k)}
     specs = _messages.by_strategy(out.get("compress"))
     if specs is not None:  # --compress STRATEGY=SPEC,...: this strategy's, else none
         out["compress"] = specs.get(strategy, "none")
+    elif out.get("compress") is not None and not _messages.sends_messages(
+            STRATEGIES.get(strategy)):
+        out["compress"] = "none"
     return out
+
+
+def check_compare_compress(spec, strategies: list[str]) -> None:
+    """``compare``'s ``--compress``, refused in one line before any run: a
+    spec named for a strategy that sends no messages, or one spec for
+    strategies none of which does (``messages.check_strategy``)."""
+    if spec is None:
+        return
+    specs = _messages.by_strategy(spec)
+    if specs is None:
+        if _messages.parse(spec)[0] == "none" or any(
+                _messages.sends_messages(STRATEGIES.get(s)) for s in strategies):
+            return
+        specs = {strategies[0]: spec}
+    for name, one in specs.items():
+        if name in strategies and _messages.parse(one)[0] != "none":
+            _messages.check_strategy(one, STRATEGIES.get(name), STRATEGIES.all())
 
 
 @dataclass
@@ -278,6 +303,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
     engine.compression = _messages.Compression.from_run(run["compress"],
                                                         run["no_error_feedback"], instance)
     if engine.compression.active:
+        _messages.check_strategy(run["compress"], strat, STRATEGIES.all())
         _messages.check_engine(engine, strat)
     engine.check(strat, processes)  # refused in one line before any work starts
     if run["batch_size"] > instance.n_examples and given.get("batch_size") is None:
@@ -296,4 +322,5 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
 
 
 __all__ = ["RUN_OPTIONS", "Resolved", "resolve", "refuse_untaken", "for_strategy",
+           "check_compare_compress",
            "registries", "component_options", "declared"]

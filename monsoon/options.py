@@ -95,6 +95,13 @@ class Option:
 
 # -- checks: each returns None when the value is fine, else what it must be --
 
+# The largest seed: every generator a run seeds takes [0, 2**32 - 1] (NumPy's
+# default_rng takes any non-negative integer, torch.manual_seed up to 2**64 - 1,
+# scikit-learn's random_state and NumPy's legacy seed 2**32 - 1), so a seed is
+# refused before the run rather than by whichever generator first sees it.
+SEED_MAX = 2**32 - 1
+
+
 def at_least(low) -> Callable:
     whole = isinstance(low, int)
 
@@ -107,6 +114,10 @@ def at_least(low) -> Callable:
 
 def positive(v) -> str | None:
     return None if v > 0 and math.isfinite(v) else "positive"
+
+
+def non_negative(v) -> str | None:
+    return None if v >= 0 and math.isfinite(v) else "0 or more"
 
 
 def in_range(low, high, *, low_open: bool = False) -> Callable:

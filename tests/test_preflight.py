@@ -3,13 +3,17 @@ in one line (exit 2, no traceback, nothing started); too many worker
 processes get advice up front and a start-up timeout to match."""
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from monsoon.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args):
@@ -117,3 +121,93 @@ def test_ranks_that_share_a_run_folder_check_it_at_once(tmp_path):
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(check_many, range(4)))
     assert list((tmp_path / "run").iterdir()) == []
+
+
+# -- options refused up front, in one line, with nothing written (review of a new user) --
+
+def refused_before_anything(proc, out, *words):
+    """``refused``, and no run folder (nor any file in it) was written."""
+    line = refused(proc, *words)
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+    return line
+
+
+@pytest.mark.parametrize("command", ["train", "simulate"])
+@pytest.mark.parametrize("seed", ["-1", "18446744073709551617", "4294967296"])
+def test_a_seed_out_of_every_generators_range_is_refused(tmp_path, command, seed):
+    """NumPy's default_rng refuses a negative seed and torch.manual_seed one
+    past 2**64 - 1, each from inside a started run (a failed run folder, or
+    a raw traceback); the seed's own check says the range every one takes."""
+    import contextlib
+    import io
+
+    from monsoon.cli import main
+
+    out, err = tmp_path / "run", io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([command, "--quiet", "--problem", "exp", "--steps", "2", "--seed", seed,
+                     "--out", str(out)])
+    proc = subprocess.CompletedProcess([], code, "", err.getvalue())
+    line = refused_before_anything(proc, out, "seed must be in [0, 4294967295]", "--seed")
+    assert f"got {seed}" in line
+
+
+def test_the_largest_seed_runs():
+    import monsoon
+
+    run = monsoon.train("linear", "serial", steps=2, seed=2**32 - 1, progress=False)
+    assert run.summary["seed"] == 2**32 - 1
+
+
+@pytest.mark.parametrize("strategy", ["serial", "hogwild", "pipeline"])
+def test_compress_is_refused_for_a_strategy_that_sends_no_messages(tmp_path, strategy):
+    """serial and hogwild apply to shared parameters and pipeline's stages pass
+    activations: --compress would run uncompressed (0 bytes sent) while the
+    summary recorded topk:0.1. The strategies named are those whose ops
+    carry a message (``messages.sends_messages``), not a list."""
+    out = tmp_path / "run"
+    proc, _ = cli("--problem", "exp", "--strategy", strategy, "--workers", "2", "--steps", "2",
+                  "--compress", "topk:0.1", "--out", str(out))
+    line = refused_before_anything(proc, out, "--compress topk:0.1",
+                                   f"strategy {strategy} sends no messages to compress",
+                                   "drop --compress")
+    from monsoon.compressors.messages import sends_messages
+    from monsoon.strategies import STRATEGIES
+
+    takers = [n for n, c in STRATEGIES.all().items() if sends_messages(c)]
+    assert line.endswith(f"use --strategy {', '.join(takers)}")
+    assert {"sync", "async", "ssp", "local-sgd", "easgd"} <= set(takers)
+    assert not {"serial", "hogwild", "pipeline"} & set(takers)
+
+
+def test_compare_compresses_only_the_strategies_that_send_messages(tmp_path):
+    import monsoon
+
+    c = monsoon.compare("linear", "serial,sync", 2, out=tmp_path / "c", steps=4,
+                        compress="topk:0.5", progress=False, backend="threads")
+    assert c.results["sync"].summary["compress"] == "topk:0.5"
+    assert c.results["serial"].summary["compress"] == "none"
+    with pytest.raises(ConfigError, match="strategy serial sends no messages to compress"):
+        monsoon.compare("linear", "serial,hogwild", 2, out=tmp_path / "d", steps=4,
+                        compress="topk:0.5")
+    with pytest.raises(ConfigError, match="strategy hogwild sends no messages to compress"):
+        monsoon.compare("linear", "sync,hogwild", 2, out=tmp_path / "e", steps=4,
+                        compress="hogwild=sign")
+    assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("bogus", "compress must be one of none, topk:FRACTION, randk:FRACTION, qsgd:LEVELS, "
+              "sign, powersgd:RANK"),
+    ("topk:2", "compress must be topk:FRACTION with a fraction in (0, 1], e.g. topk:0.01, "
+               "got 'topk:2'; fix --compress"),
+    ("sign:3", "compress must be just sign (sign takes no argument), got 'sign:3'; "
+               "fix --compress"),
+])
+def test_a_bad_compressor_reads_as_one_sentence(tmp_path, spec, message):
+    out = tmp_path / "run"
+    proc, _ = cli("--strategy", "sync", "--steps", "2", "--compress", spec, "--out", str(out))
+    line = refused_before_anything(proc, out, message)
+    assert "must be unknown" not in line and "must be topk needs" not in line
+
+

@@ -24,7 +24,7 @@ COMPRESSORS = Registry("compressor", "monsoon.compressors", {
     "powersgd": PowerSGD})
 
 __all__ = ["COMPRESSORS", "Compressor", "Encoded", "PowerSGD", "QSGD", "RandK", "Sign", "TopK",
-           "parse"]
+           "need", "parse"]
 
 
 def usage(name: str) -> str:
@@ -33,25 +33,35 @@ def usage(name: str) -> str:
     return name if argument is None else f"{name}:{argument.name.upper()}"
 
 
-def parse(spec: str | None) -> tuple[str, float | int | None]:
-    """``NAME[:ARG]`` -> (name, arg), refused in one line when malformed."""
+def need(spec: str | None) -> str | None:
+    """What ``--compress`` must be where ``spec`` is not a valid
+    ``NAME[:ARG]`` (a phrase that completes "compress must be ..."), else
+    None. A plug-in that failed to load raises, naming it."""
     spec = (spec or "none").strip()
     name, _, arg = spec.partition(":")
     if name not in COMPRESSORS:
         if COMPRESSORS.broken(name):
             COMPRESSORS.get(name)  # raises, naming the plug-in that failed to load
-        raise ConfigError(f"--compress {spec!r}: unknown compressor {name!r}; use one of "
-                          f"{', '.join(usage(n) for n in COMPRESSORS.names())}")
-    argument = COMPRESSORS.get(name).argument
-    if argument is None:
-        if arg:
-            raise ConfigError(f"--compress {name} takes no argument; use --compress {name}")
-        return name, None
+        return f"one of {', '.join(usage(n) for n in COMPRESSORS.names())}"
+    kind = COMPRESSORS.get(name)
+    if kind.argument is None:
+        return f"just {name} ({name} takes no argument)" if arg else None
     try:
-        value = argument.type(arg)
+        value = kind.argument.type(arg)
     except ValueError:
         value = None
-    if value is None or (argument.check is not None and argument.check(value)):
-        raise ConfigError(f"--compress {spec!r}: {name} needs {argument.help}, e.g. "
-                          f"--compress {name}:{COMPRESSORS.get(name).example}")
-    return name, value
+    if value is None or (kind.argument.check is not None and kind.argument.check(value)):
+        return f"{usage(name)} with {kind.argument.help}, e.g. {name}:{kind.example}"
+    return None
+
+
+def parse(spec: str | None) -> tuple[str, float | int | None]:
+    """``NAME[:ARG]`` -> (name, arg), refused in one line when malformed,
+    in the words of the run option's own check (``need``)."""
+    spec = (spec or "none").strip()
+    missing = need(spec)
+    if missing:
+        raise ConfigError(f"compress must be {missing}, got {spec!r}; fix --compress")
+    name, _, arg = spec.partition(":")
+    argument = COMPRESSORS.get(name).argument
+    return name, None if argument is None else argument.type(arg)

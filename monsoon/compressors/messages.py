@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import COMPRESSORS, Compressor, parse
+from . import COMPRESSORS, Compressor, need, parse
 # the compressors' old import paths (tests, benchmarks)
 from . import PowerSGD, QSGD, RandK, Sign, TopK  # noqa: F401
 from .base import Encoded, index_bytes  # noqa: F401
@@ -54,12 +54,9 @@ def by_strategy(spec) -> dict | None:
 
 
 def check_spec(spec) -> str | None:
-    """The run option's check: None when fine, else what it must be."""
-    try:
-        parse(spec)
-    except ConfigError as exc:
-        return str(exc).split(": ", 1)[-1]
-    return None
+    """The run option's check: None when fine, else what it must be
+    (``compressors.need``)."""
+    return need(spec)
 
 
 @dataclass(frozen=True)
@@ -296,6 +293,34 @@ def add_bytes_column(rows: list[dict], per_update: float) -> None:
     late sends, dropped non-finite messages) it is the run's mean rate."""
     for row in rows:
         row["bytes_sent"] = int(round(row["updates"] * per_update))
+
+
+# The ops whose vector is a worker's message: ``compressing`` encodes Push's and
+# AllReduce's, and the engine sends Average's drift and Elastic's difference
+# through the worker's Sender. A strategy whose program yields none of them
+# (serial, hogwild: workers apply to shared parameters; pipeline: its stages
+# pass activations) sends nothing that --compress could shrink.
+CARRIERS = (Push, AllReduce, Average, Elastic)
+
+
+def sends_messages(strategy) -> bool:
+    """Whether ``strategy`` (a class or an instance) sends messages that a
+    compressor encodes: its declared ops (``Strategy.uses``) include one of
+    ``CARRIERS``."""
+    return any(isinstance(op, type) and issubclass(op, CARRIERS)
+               for op in getattr(strategy, "uses", ()))
+
+
+def check_strategy(spec: str, strategy, strategies: dict) -> None:
+    """Refuse, in one line, ``--compress`` for a strategy that sends no
+    messages (``sends_messages``), naming those of ``strategies`` (the
+    registry's, {name: class}) that do: it would run uncompressed while its
+    summary recorded the compressor."""
+    if sends_messages(strategy):
+        return
+    takers = [name for name, cls in strategies.items() if cls is not None and sends_messages(cls)]
+    raise ConfigError(f"--compress {spec}: strategy {strategy.name} sends no messages to "
+                      f"compress; drop --compress, or use --strategy {', '.join(takers)}")
 
 
 def check_engine(engine, strategy) -> None:
