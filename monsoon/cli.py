@@ -89,9 +89,18 @@ def _common(p: argparse.ArgumentParser, problem: str, workers: int) -> None:
             _add(group, option)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose own refusals (an unknown flag, ``--epochs
+    0.5``, ``--steps`` with ``--epochs``) are one line, as every other
+    refusal is, with where to look instead of the whole usage text."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     strategies = registries()["strategy"].names()
-    parser = argparse.ArgumentParser(prog="monsoon", description=(
+    parser = _Parser(prog="monsoon", description=(
         f"Parallel and distributed SGD behind one switch: {', '.join(strategies)}."))
     parser.add_argument("--version", action="version", version=f"monsoon {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

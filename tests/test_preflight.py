@@ -211,3 +211,17 @@ def test_a_bad_compressor_reads_as_one_sentence(tmp_path, spec, message):
     assert "must be unknown" not in line and "must be topk needs" not in line
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--steps", "3", "--epochs", "2"], "argument --epochs: not allowed with argument --steps"),
+    (["--epochs", "0.5"], "argument --epochs: invalid int value: '0.5'"),
+])
+def test_argparse_refusals_are_one_line_not_the_usage(tmp_path, args, message):
+    """argparse's own refusals printed the whole usage (38 lines) before."""
+    out = tmp_path / "run"
+    proc, _ = cli(*args, "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"monsoon train: error: {message}; see monsoon train --help"]
+    assert not out.exists()
+
+
