@@ -225,3 +225,27 @@ def test_argparse_refusals_are_one_line_not_the_usage(tmp_path, args, message):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("problem,message", [
+    ("rcv1-like:rows=0", "rcv1-like's rows must be a whole number of at least 1, got 0; "
+                         "fix --problem rcv1-like:rows=N"),
+    ("rcv1-like:noise=2", "rcv1-like's noise must be in [0, 1], got 2"),
+    ("rcv1-like:features=2.5", "rcv1-like's features must be a whole number, got 2.5"),
+    ("mf-synthetic:rank=0", "mf-synthetic's rank must be a whole number of at least 1"),
+    ("mf-synthetic:seed=-1", "mf-synthetic's seed must be in [0, 4294967295]"),
+])
+def test_a_generator_parameter_out_of_range_is_refused(tmp_path, problem, message, recwarn):
+    """rows=0 warned twice (NumPy's empty mean) then said "use at most 0
+    workers"."""
+    out = tmp_path / "run"
+    proc, _ = cli("--problem", problem, "--steps", "2", "--out", str(out))
+    refused_before_anything(proc, out, message)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.parametrize("kind", ["libsvm", "ratings"])
+def test_a_data_file_that_is_a_directory_is_called_one(tmp_path, kind):
+    out = tmp_path / "run"
+    proc, _ = cli("--problem", f"{kind}:{tmp_path}", "--steps", "2", "--out", str(out))
+    refused_before_anything(proc, out, f"{tmp_path} is a directory; give the data file in it")
+
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ..options import option_values
+from ..options import SEED_MAX, Option, at_least, in_range, non_negative, option_values
 from ..registry import Registry
 from .base import Problem
 from .catalog import CATALOG, ProblemSpec
@@ -34,8 +34,9 @@ SPARSE_DEFAULTS = {"lr": 0.25, "epochs": 5, "batch_size": 64}
 MF_DEFAULTS = {"lr": 0.05, "epochs": 10, "batch_size": 64}
 
 
-def _options(arg: str, kind: str, allowed: set[str]) -> dict:
-    """Parse "key=value,..." after a problem's name, refusing unknown keys."""
+def _options(arg: str, kind: str, declared: tuple[Option, ...]) -> dict:
+    """Parse "key=value,..." after a problem's name, refusing unknown keys
+    and values out of range (each key's ``Option`` and its check)."""
     options = {}
     for part in filter(None, arg.split(",")):
         key, sep, value = part.partition("=")
@@ -45,11 +46,41 @@ def _options(arg: str, kind: str, allowed: set[str]) -> dict:
             options[key.strip()] = float(value) if "." in value or "e" in value else int(value)
         except ValueError:
             raise ConfigError(f"problem option {part!r}: {value!r} is not a number") from None
-    unknown = set(options) - allowed
+    allowed = {o.name: o for o in declared}
+    unknown = set(options) - set(allowed)
     if unknown:
         raise ConfigError(f"unknown {kind} option(s) {', '.join(sorted(unknown))}; "
                           f"valid: {', '.join(sorted(allowed))}")
-    return options
+    return {key: allowed[key].value(value) for key, value in options.items()}
+
+
+def _generator_option(kind: str, name: str, type_, check, help_: str) -> Option:
+    """A generator's ``key=value`` after ``--problem KIND:``, its messages
+    naming where it is given: "rcv1-like's rows must be ...; fix --problem
+    rcv1-like:rows=N"."""
+    return Option(name, type_, None, help_, check=check, label=f"{kind}'s {name}",
+                  flag=f"--problem {kind}:{name}={'N' if type_ is int else 'X'}")
+
+
+RCV1_OPTIONS = tuple(_generator_option("rcv1-like", *o) for o in (
+    ("rows", int, at_least(1), "examples"),
+    ("features", int, at_least(1), "feature columns"),
+    ("nnz", int, at_least(1), "mean non-zeros a row"),
+    ("exponent", float, non_negative, "the features' power-law popularity exponent"),
+    ("noise", float, in_range(0, 1), "the share of labels flipped"),
+    ("seed", int, in_range(0, SEED_MAX), "the data's seed"),
+    ("lam", float, non_negative, "L2 regularization"),
+))
+MF_OPTIONS = tuple(_generator_option("mf-synthetic", *o) for o in (
+    ("users", int, at_least(1), "users"),
+    ("items", int, at_least(1), "items"),
+    ("ratings", int, at_least(1), "ratings drawn"),
+    ("rank", int, at_least(1), "the planted model's rank"),
+    ("noise", float, non_negative, "the ratings' Gaussian noise"),
+    ("seed", int, in_range(0, SEED_MAX), "the data's seed"),
+    ("lam", float, non_negative, "L2 regularization"),
+    ("model_rank", int, at_least(1), "the trained model's rank (default: rank)"),
+))
 
 
 # A user's own data named on the command line (libsvm:PATH, spark:PATH,
@@ -73,16 +104,13 @@ def _libsvm(path: str, dtype: str = "float32"):
 def _rcv1_like(arg: str = "", dtype: str = "float32"):
     from .sparse_linear import rcv1_like
 
-    return rcv1_like(dtype=dtype, **_options(
-        arg, "rcv1-like", {"rows", "features", "nnz", "exponent", "noise", "seed", "lam"}))
+    return rcv1_like(dtype=dtype, **_options(arg, "rcv1-like", RCV1_OPTIONS))
 
 
 def _mf_synthetic(arg: str = "", dtype: str = "float32"):
     from .matrix_factorization import mf_synthetic
 
-    return mf_synthetic(dtype=dtype, **_options(
-        arg, "mf-synthetic", {"users", "items", "ratings", "rank", "noise", "seed", "lam",
-                              "model_rank"}))
+    return mf_synthetic(dtype=dtype, **_options(arg, "mf-synthetic", MF_OPTIONS))
 
 
 def _ratings(path: str, dtype: str = "float32"):

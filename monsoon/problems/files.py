@@ -50,6 +50,8 @@ def _finite(value: float, what: str, where: str) -> float:
 
 def _open_lines(path):
     path = Path(path)
+    if path.is_dir():
+        raise DataFileError(f"{path} is a directory; give the data file in it")
     if not path.is_file():
         raise DataFileError(f"{path}: no such file")
     with open(path, encoding="utf-8", errors="replace") as f:
