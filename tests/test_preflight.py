@@ -249,3 +249,38 @@ def test_a_data_file_that_is_a_directory_is_called_one(tmp_path, kind):
     refused_before_anything(proc, out, f"{tmp_path} is a directory; give the data file in it")
 
 
+def test_a_model_that_does_not_fit_its_data_is_refused_when_built():
+    """It failed inside a worker, after the run had started (RunFailed, "mat1
+    and mat2 shapes cannot be multiplied (8x7 and 5x1)")."""
+    from monsoon.problems.torch_problem import TorchProblem
+
+    X, y = torch.randn(64, 7), torch.randn(64, 1)
+    with pytest.raises(ConfigError) as info:
+        TorchProblem(torch.nn.Linear(5, 1), torch.nn.MSELoss(), X, y)
+    line = str(info.value)
+    assert "\n" not in line and "(2, 7)" in line and "2x7 and 5x1" in line
+    assert "rows of shape (7,)" in line
+    with pytest.raises(ConfigError, match=r"loss_fn does not take the module's output of "
+                                          r"shape \(2, 3\) with targets y of shape \(2, 1\)"):
+        TorchProblem(torch.nn.Linear(7, 3), torch.nn.CrossEntropyLoss(), X, y)
+    with pytest.raises(ConfigError, match="loss_fn must return one number"):
+        TorchProblem(torch.nn.Linear(7, 1), torch.nn.MSELoss(reduction="none"), X, y)
+    with pytest.raises(ConfigError, match="the validation set's X"):
+        TorchProblem(torch.nn.Linear(7, 1), torch.nn.MSELoss(), X, y,
+                     val=(torch.randn(8, 5), torch.randn(8, 1)))
+
+
+def test_the_fit_probe_leaves_the_model_as_it_was():
+    """The probe runs in eval mode under no_grad: BatchNorm's statistics and
+    the module's mode are untouched."""
+    from monsoon.problems.torch_problem import TorchProblem
+
+    module = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4),
+                                 torch.nn.Linear(4, 1))
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    problem = TorchProblem(module, torch.nn.MSELoss(), torch.randn(64, 5), torch.randn(64, 1))
+    assert problem.module.training
+    for k, v in problem.module.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+

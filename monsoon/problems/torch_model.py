@@ -48,6 +48,7 @@ import torch
 from .base import Problem, check_finite
 
 from .. import arrays
+from ..errors import ConfigError
 
 _TORCH_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float64}
 PRECISIONS = ("32", "bf16")
@@ -93,6 +94,42 @@ class TorchModel(Problem):
         self.classification = is_classification(loss_fn, self.y)
         self.n_examples = int(len(self.X))
         self._setup_module(module)
+        self._probe("X", self.X[:2], self.y[:2])
+        if self.val is not None and len(self.val[0]):
+            self._probe("the validation set's X", self.val[0][:2], self.val[1][:2])
+
+    def _probe(self, label: str, xb, yb) -> None:
+        """One forward pass and loss on two rows, in eval mode under no_grad
+        (no buffer changes), when the problem is built: a module that does
+        not fit the data is refused here, naming both shapes, rather than by
+        a worker after the run has started."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                try:
+                    out = self.module(xb)
+                except Exception as exc:  # noqa: BLE001 - any failure is a misfit
+                    raise ConfigError(
+                        f"the module does not take {label}: a forward pass on {len(xb)} rows "
+                        f"of shape {tuple(xb.shape)} fails ({_first_line(exc)}); make the "
+                        f"module's input fit rows of shape {tuple(xb.shape[1:])}, or reshape "
+                        f"{label}") from None
+                try:
+                    loss = self.loss_fn(out, yb)
+                except Exception as exc:  # noqa: BLE001
+                    raise ConfigError(
+                        f"loss_fn does not take the module's output of shape "
+                        f"{tuple(out.shape) if hasattr(out, 'shape') else type(out).__name__} "
+                        f"with targets y of shape {tuple(yb.shape)} ({_first_line(exc)}); "
+                        "make the module's output and y fit the loss") from None
+        finally:
+            if was_training:
+                self.module.train()
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ConfigError(f"loss_fn must return one number, the mean over the batch; it "
+                              f"returned {got}: use reduction='mean' (torch's default)")
 
     def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch, module=None):
         """The settings every torch problem has; returns the torch dtype:
@@ -740,3 +777,9 @@ def _from_shared(problem, block) -> None:
         problem._host_data = host
     else:
         problem.X, problem.y, problem.val = host
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception as one line: its type and its message's first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
