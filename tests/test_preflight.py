@@ -284,3 +284,20 @@ def test_the_fit_probe_leaves_the_model_as_it_was():
         assert torch.equal(v, before[k]), k
 
 
+@pytest.mark.parametrize("problem,strategy,engine", [
+    ("linear", "serial", "local"), ("rcv1-like:rows=200,features=50", "serial", "local"),
+    ("logistic", "async", "sim"), ("exp", "pipeline", "local")])
+def test_a_diverging_run_says_so_once_without_numpy_warnings(tmp_path, problem, strategy,
+                                                              engine):
+    """NumPy's RuntimeWarnings (overflow in matmul, invalid value in
+    logaddexp, in reduce) leaked to stderr from the workers, the loss and the
+    finiteness checks; the run's own line says it diverged."""
+    cmd = [sys.executable, "-m", "monsoon", "train", "--quiet", "--problem", problem,
+           "--strategy", strategy, "--workers", "2", "--engine", engine, "--lr", "1e30",
+           "--epochs", "3", "--evals", "10", "--out", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "RuntimeWarning" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and ("diverged" in lines[0] or "did not converge" in lines[0]), \
+        proc.stderr

@@ -60,7 +60,9 @@ class DenseLinear(SharedDataProblem):
         return loss, g
 
     def loss(self, w) -> float:
-        return self._margin_grad(self.X @ w[:-1] + w[-1], self.y)[1]
+        # at diverged parameters the loss is inf or nan, which the run reports
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._margin_grad(self.X @ w[:-1] + w[-1], self.y)[1]
 
 
 def synthetic(loss: str, n: int = 16384, features: int = 20, noise: float = 0.1, seed: int = 0,

@@ -140,9 +140,12 @@ class SparseLinear(SharedDataProblem):
         return (total + reg) / m, g
 
     def loss(self, w) -> float:
-        _, total = self._dloss(self.X @ w[:-1] + w[-1], self.y)
-        seen = self.inv_degree > 0  # the split L2 covers the features that occur
-        return total / self.n_examples + 0.5 * self.lam * float(w[:-1][seen] @ w[:-1][seen]) / self.n_examples
+        # at diverged parameters the loss is inf or nan, which the run reports
+        with np.errstate(over="ignore", invalid="ignore"):
+            _, total = self._dloss(self.X @ w[:-1] + w[-1], self.y)
+            seen = self.inv_degree > 0  # the split L2 covers the features that occur
+            return total / self.n_examples + 0.5 * self.lam * float(
+                w[:-1][seen] @ w[:-1][seen]) / self.n_examples
 
     def constant_loss(self) -> float:
         """The loss of the best constant prediction (``constant_loss``)."""

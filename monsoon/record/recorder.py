@@ -256,8 +256,11 @@ class Recorder:
         if self.total_examples:
             step = self._stride * self.total_examples / evals
             self._next_examples = (int(examples / step) + 1) * step
-        finite = (arrays.finite(params) if arrays.is_tensor(params)
-                  else math.isfinite(float(np.sum(params, dtype=np.float64))))
+        if arrays.is_tensor(params):
+            finite = arrays.finite(params)
+        else:  # a sum of Inf and -Inf is NaN, silently: the run reports it
+            with np.errstate(over="ignore", invalid="ignore"):
+                finite = math.isfinite(float(np.sum(params, dtype=np.float64)))
         if not finite:
             self._stop_format = partial(DIVERGED.format, loss="nan")
         elif dropped > 100 and dropped > updates:

@@ -106,7 +106,11 @@ class WorkerRuntime(Worker):
         after every op, for metrics."""
         store = self.store
         self.program, self.halt = program, store.control[ABORT:ABORT + 1]
-        self.advance(None, between_ops)
+        # A diverging run computes on non-finite parameters; it says so through
+        # its status and message (the monitor's check, dropped_updates), not
+        # through NumPy's warnings, which would print once per code line.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            self.advance(None, between_ops)
         if self._sync is not None:
             self._sync.finish()
         elif self.workers == 1 and self.strategy.shared_params:  # serial's end

@@ -265,6 +265,13 @@ class SimEngine(Engine):
         events = 0
         replay_to = int(self.resumed.meta["events"]) if self.resumed is not None else 0
         keeper = self.keeper
+        # a diverging run says so through its status, not NumPy's warnings
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._events(heap, total, events, replay_to, keeper, recorder)
+
+    def _events(self, heap, total, events, replay_to, keeper, recorder):
+        """Carry out the events in time order (``_loop``): the reason the run
+        stopped early, or None."""
         while heap:
             t, _, fn, args = heapq.heappop(heap)
             self.now = t

@@ -194,5 +194,7 @@ class StageWorker:
 
 
 def _finite(g: np.ndarray) -> bool:
-    """One pass, no allocation: NaN and Inf propagate through the sum."""
-    return math.isfinite(float(np.add.reduce(g, axis=None)))
+    """One pass, no allocation: NaN and Inf propagate through the sum (Inf
+    and -Inf make NaN silently: the run reports the divergence)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return math.isfinite(float(np.add.reduce(g, axis=None)))
