@@ -21,6 +21,7 @@ import numpy as np
 from . import __version__
 from . import devices as _devices
 from .config import resolve
+from .record import checkpoints as _checkpoints
 from .record.checkpoints import check_resume
 from .monitor.lifecycle import StopSignals, signal_name
 from .compressors.messages import add_bytes_column
@@ -31,7 +32,7 @@ from .record import Recorder, write_run_folder
 from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
                               worse_than_start)
 from .record.live import make_live
-from .record.run_folder import save_model
+from .record.run_folder import clear_results, save_model
 
 
 @dataclass
@@ -98,21 +99,32 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _failed(exc: Exception, resolved, recorder, out, elapsed: float) -> MonsoonError:
+def _resumable(resolved, w0, folder) -> str | None:
+    """The checkpoint in ``folder`` that this very command would resume from
+    with ``--resume`` (``check_resume``'s own checks), or None."""
+    run = resolved.run
+    try:
+        found = check_resume(resolved.engine, resolved.problem, resolved.strategy,
+                             resolved.rule, w0, resolved.processes, run["batch_size"],
+                             run["seed"], directory=folder)
+    except (MonsoonError, OSError):
+        return None
+    return None if found is None else str(found.path)
+
+
+def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None) -> MonsoonError:
     """The error the user sees when an engine fails mid-run: one line naming
     the worker or node (where the engine said), the reason, the run folder
-    (written, with status "failed") and how to carry on."""
+    (written, with status "failed") and how to carry on: from a checkpoint
+    that ``--resume`` with this command would take, if there is one."""
     run, engine = resolved.run, resolved.engine
     reason = _first_line(exc)
     if not isinstance(exc, MonsoonError):
         reason = f"the {run['engine']} engine failed: {type(exc).__name__}: {reason}"
     checkpoint = None
     folder = getattr(engine, "checkpoint_dir", None)
-    if folder:
-        from .record.checkpoints import checkpoint_files
-
-        found = checkpoint_files(folder)
-        checkpoint = str(found[0]) if found else None
+    if folder and w0 is not None and _checkpoints.checkpoint_files(folder):
+        checkpoint = _resumable(resolved, w0, folder)
     if out is None:
         where = "no run folder (give --out to keep one)"
     elif not getattr(engine, "writes_run_folder", True):
@@ -181,6 +193,8 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
     check_resume(engine, problem, strat, rule, w0, resolved.processes, run['batch_size'],
                  run['seed'])
+    if out is not None and getattr(engine, "writes_run_folder", True):
+        _start_folder(Path(out), resolved, w0)
     live = make_live(run, out, {**resolved.config(), **engine.describe()},
                      f"{run['problem']}-{run['strategy']}-x{run['workers']}",
                      bar=recorder.bar_enabled())
@@ -200,6 +214,22 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     return result
 
 
+def _start_folder(out: Path, resolved, w0) -> None:
+    """The run folder holds this run alone: a previous run's results
+    (``clear_results``) and checkpoints of another run
+    (``checkpoints.remove_others``) are removed before any work starts, so
+    that a run that fails never leaves its summary beside another run's
+    model, nor advice naming another run's checkpoint."""
+    engine = resolved.engine
+    clear_results(out, resuming=bool(getattr(engine, "resume_dir", None)))
+    folder = getattr(engine, "checkpoint_dir", None)
+    if folder:
+        run = resolved.run
+        _checkpoints.remove_others(folder, _checkpoints.identity(
+            resolved.problem, resolved.strategy, resolved.rule, resolved.processes,
+            run["batch_size"], run["seed"], engine.name), _checkpoints.shapes(w0, resolved.rule))
+
+
 def _constant_loss(problem) -> float | None:
     """The best constant predictor's loss, where the problem knows it."""
     return None if problem.constant_loss is None else problem.constant_loss()
@@ -217,7 +247,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     except (ConfigError, Interrupted, TrainingDiverged, KeyboardInterrupt):
         raise  # refused before any work, or stopped on purpose: said as it is
     except Exception as exc:  # noqa: BLE001 - any engine failure: one line and a run folder
-        err = _failed(exc, resolved, recorder, out, time.perf_counter() - t_start)
+        err = _failed(exc, resolved, recorder, out, time.perf_counter() - t_start, w0)
         if err is exc:
             raise
         raise err from exc

@@ -88,3 +88,58 @@ def test_a_failing_torch_rank_gives_one_line_and_a_failed_run_folder(tmp_path):
     assert "rank 1 failed (exit code 1): RuntimeError: injected failure on worker 1" in line
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["engine"] == "torch"
+
+
+def test_a_failed_run_in_a_used_folder_leaves_no_trace_of_the_previous_run(tmp_path, capsys,
+                                                                          monkeypatch):
+    """Before: the failed run's summary.json sat beside the previous run's
+    model.pt, and its advice named the previous run's checkpoint
+    (ckpt-...010.npz, seed 0), which --resume with this command (seed 1)
+    refuses. Now the folder is cleared of the previous run's results and of
+    checkpoints of another run before any work starts, and the advice names
+    only a checkpoint this command resumes."""
+    out = tmp_path / "run"
+    args = ["train", "--problem", "exp", "--strategy", "serial", "--epochs", "2",
+            "--checkpoint-every", "10", "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    assert (out / "model.pt").is_file() and list((out / "checkpoints").glob("ckpt-*.npz"))
+    for old in (out / "tb").glob("events.out.tfevents.*"):  # marked as the previous run's
+        with open(old, "ab") as f:
+            f.write(b"previous run")
+    capsys.readouterr()
+    real, calls = recorder_module.Recorder.record, {"n": 0}
+
+    def record(self, *a, **k):  # the new run fails once it has started
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected monitor fault")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(recorder_module.Recorder, "record", record)
+    assert main(args + ["--seed", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "injected monitor fault" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["seed"] == 1
+    assert not (out / "model.pt").exists()
+    assert not any(b"previous run" in p.read_bytes()
+                   for p in (out / "tb").glob("events.out.tfevents.*"))
+    from monsoon.record.checkpoints import checkpoint_files, read
+
+    assert all(read(p).meta["seed"] == 1 for p in checkpoint_files(out / "checkpoints"))
+    if summary["checkpoint"]:
+        assert read(summary["checkpoint"]).meta["seed"] == 1
+        assert err.endswith(f"run the same command with --resume {out}")
+    else:
+        assert "--resume" not in err
+
+
+def test_a_rerun_into_its_own_folder_resumes_from_its_checkpoints(tmp_path):
+    """A run's own checkpoints (same problem, settings, seed) stay when the
+    folder is reused: --resume and a torchrun restart read them."""
+    out = tmp_path / "run"
+    monsoon.train("exp", "serial", epochs=2, checkpoint_every=10, out=out, progress=False)
+    saved = sorted((out / "checkpoints").glob("ckpt-*.npz"))
+    run = monsoon.train("exp", "serial", epochs=3, checkpoint_every=10, out=out,
+                        resume=str(out), progress=False)
+    assert run.summary["resumed_from"] == str(saved[-1])

@@ -323,10 +323,13 @@ def positions_from_examples(examples, n: int, batch_size: int, before=None) -> l
 
 
 def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: int,
-                 seed: int) -> None:
+                 seed: int, directory=None):
     """Refuse, in one line and before the engine starts anything (Ray,
-    Spark, torchrun), a ``--resume`` folder with no good checkpoint of this
-    run, or of a compressed run whose compressor state (error-feedback
+    Spark, torchrun), a ``--resume`` folder (``directory``: the checkpoints
+    folder asked about; default the engine's ``resume_dir``) with no good
+    checkpoint of this run, and return the checkpoint it would resume
+    from (None where there is nothing to resume). Refused too: a
+    checkpoint of a compressed run whose compressor state (error-feedback
     residuals, random streams, PowerSGD's Q) this engine's checkpoints of
     this strategy do not hold (``engine.keeps_compressor_state``). The
     engine reads it again to resume, and names any it passes over.
@@ -340,7 +343,7 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
     (``engine.keeps_private_copies`` False: ray, spark, torch)."""
     from ..strategies.base import STAGES
 
-    directory = getattr(engine, "resume_dir", None)
+    directory = directory or getattr(engine, "resume_dir", None)
     keeps_buffers = getattr(engine, "keeps_buffers", lambda strategy: False)
     if directory and not keeps_buffers(strategy) and problem.state():
         raise CheckpointError(
@@ -365,9 +368,28 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
             "as this one; start a new run (sync and serial on the local and sim engines keep "
             "it; a checkpoint resumes on the engine that wrote it)")
     if directory and STAGES not in strategy.needs(workers):  # pipeline refuses checkpoints
-        load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed,
-                                        engine.name),
-                    shapes(w0, rule), warn=lambda line: None)
+        return load_latest(directory, identity(problem, strategy, rule, workers, batch_size,
+                                               seed, engine.name),
+                           shapes(w0, rule), warn=lambda line: None)
+    return None
+
+
+def remove_others(directory, expect: dict, shapes: dict) -> list[Path]:
+    """Remove the checkpoints in ``directory`` that are not this run's
+    (unreadable, or another run's: ``check`` against ``expect`` and
+    ``shapes``), and return them. A new run in a used run folder starts
+    this way: otherwise a previous run's checkpoints would sit among its
+    own, outrank them (the newest ``KEEP`` by update count are kept), and
+    be named as where to carry on from. Those of this very run stay: a
+    torchrun restart resumes from them, and ``--resume`` reads them."""
+    removed = []
+    for path in checkpoint_files(directory):
+        try:
+            check(read(path), expect, shapes)
+        except CheckpointError:
+            with_suppressed_unlink(path)
+            removed.append(path)
+    return removed
 
 
 def restore_state(ckpt: Checkpoint, state) -> None:

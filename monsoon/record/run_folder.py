@@ -6,6 +6,12 @@ that ``torch.load(path, weights_only=True)`` reads without unpickling code),
 
 Files are written to a temporary name and renamed, so a folder never holds a
 half-written file.
+
+A folder holds one run: a new run in a used folder removes the previous
+run's results first (``clear_results``), so that a failed run's summary
+never sits beside another run's model; a resumed run keeps its TensorBoard
+files, which it carries on. The checkpoints are ``checkpoints.py``'s
+(``remove_others``).
 """
 from __future__ import annotations
 
@@ -71,6 +77,26 @@ def save_model(out: Path, problem, params) -> Path:
     path = out / "params.npy"
     atomic_write(path, buf.getvalue())
     return path
+
+
+# What a finished (or failed) run writes into its folder, besides checkpoints/.
+RESULT_FILES = ("config.json", "metrics.csv", "summary.json", "loss.png", "staleness.png",
+                "model.pt", "params.npy")
+
+
+def clear_results(out: Path, resuming: bool) -> None:
+    """Remove a previous run's results from ``out`` before a run starts
+    there (``RESULT_FILES``; and its TensorBoard event files under tb/,
+    unless this run resumes it and carries its live series on)."""
+    out = Path(out)
+    for name in RESULT_FILES:
+        try:
+            (out / name).unlink()
+        except FileNotFoundError:
+            pass
+    if not resuming and (out / "tb").is_dir():
+        for path in (out / "tb").glob("events.out.tfevents.*"):
+            path.unlink(missing_ok=True)
 
 
 def write_run_folder(out: Path, config: dict, summary: dict, rows: list[dict]) -> Path:
