@@ -114,7 +114,7 @@ def test_without_error_feedback_no_residual_is_kept():
 
 
 @pytest.mark.parametrize("spec, words", [("topk", "fraction"), ("topk:2", "fraction"),
-                                         ("qsgd:0", "whole number"), ("zip", "unknown"),
+                                         ("qsgd:0", "whole number"), ("zip", "one of none, topk:FRACTION"),
                                          ("sign:3", "no argument")])
 def test_bad_specs_are_refused_in_one_line(spec, words):
     with pytest.raises(ConfigError, match=words):
