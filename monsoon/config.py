@@ -307,13 +307,19 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         _messages.check_strategy(run["compress"], strat, STRATEGIES.all())
         _messages.check_engine(engine, strat)
     engine.check(strat, processes)  # refused in one line before any work starts
-    if run["batch_size"] > instance.n_examples and given.get("batch_size") is None:
-        run["batch_size"] = instance.n_examples  # a default batch larger than a small data set
+    largest = strat.largest_batch(processes, instance.n_examples)
+    if run["batch_size"] > largest and given.get("batch_size") is None:
+        run["batch_size"] = largest  # a default batch larger than the data a worker draws from
     strat.validate(processes, run["batch_size"], instance.n_examples)
     if run["batch_size"] > instance.n_examples:
         raise ConfigError(f"batch size {run['batch_size']} is larger than the "
                           f"{instance.n_examples} training examples; use --batch-size "
                           f"{instance.n_examples} or less")
+    if run["batch_size"] > largest:
+        raise ConfigError(f"batch size {run['batch_size']} is larger than a worker's part of "
+                          f"the data: each {run['strategy']} worker draws its batches from its "
+                          f"own {largest} of the {instance.n_examples} examples; use "
+                          f"--batch-size {largest} or less, or fewer workers")
     device = _devices.choose(run["device"], instance, strat, engine, processes, rule=server_rule)
     if run["precision"] != "32":
         _devices.check_precision(run["precision"], instance)

@@ -301,3 +301,23 @@ def test_a_diverging_run_says_so_once_without_numpy_warnings(tmp_path, problem, 
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and ("diverged" in lines[0] or "did not converge" in lines[0]), \
         proc.stderr
+
+
+@pytest.mark.parametrize("strategy", ["async", "hogwild", "easgd"])
+def test_a_batch_larger_than_a_workers_part_is_refused_and_a_default_one_fits(tmp_path,
+                                                                            strategy):
+    """Workers that draw from their own part of the data (shards, epoch
+    slices) cannot take a batch larger than it: asked for, it is refused in
+    one line naming the part; by default the batch is cut to it, and the
+    summary says what ran."""
+    proc, _ = cli("--problem", "parabola", "--strategy", strategy, "--workers", "4",
+                  "--batch-size", "50", "--steps", "8", "--out", str(tmp_path / "asked"))
+    refused(proc, "batch size 50", "own 12 of the 50 examples", "--batch-size 12")
+    assert not (tmp_path / "asked").exists()
+    import json
+
+    proc, _ = cli("--problem", "parabola", "--strategy", strategy, "--workers", "4",
+                  "--steps", "8", "--out", str(tmp_path / "default"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "default" / "summary.json").read_text())
+    assert summary["batch_size"] <= 12

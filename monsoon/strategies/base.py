@@ -129,6 +129,14 @@ class Strategy:
         the run's rate, for a strategy that steps its own copy between."""
         setattr(self, self.period, steps)
 
+    def largest_batch(self, workers: int, n_examples: int) -> int:
+        """The most examples one of its batches can hold: all of them for a
+        global batch; the smallest worker's part where each worker draws
+        from its own (``SHARD``, ``SLICE``: ``n_examples // workers``)."""
+        if self.draws == GLOBAL or not 1 < workers <= n_examples:
+            return n_examples
+        return n_examples // workers
+
     def validate(self, workers: int, batch_size: int, n_examples: int) -> None:
         if workers > n_examples:
             raise ConfigError(f"{workers} workers but only {n_examples} training examples; "
