@@ -179,6 +179,7 @@ def _worker_body(messages, setup: WorkerSetup) -> None:
         runtime.on_stop()
         report("stopped", ABORTED, params=False)
     except Aborted:
+        runtime.on_abort()
         report("aborted", ABORTED, params=True)
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED

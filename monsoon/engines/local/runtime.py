@@ -124,6 +124,13 @@ class WorkerRuntime(Worker):
         if self._sync is not None:
             self._sync.on_stop()
 
+    def on_abort(self) -> None:
+        """The monitor aborted the run (a divergence, the target, a lost
+        peer): a replicated step's worker 0 still hands over the parameters
+        the run reached."""
+        if self._sync is not None:
+            self._sync.on_abort()
+
     def _updates_by_others(self) -> int:
         return int(self.store.counters[:, UPDATES].sum() - self.counters[UPDATES])
 

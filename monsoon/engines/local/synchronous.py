@@ -24,7 +24,10 @@ order keeps the replicas bit-identical; worker 0 publishes its replica when
 the monitor asks for a snapshot, or copies it into the snapshot ring every
 ``control[SNAP_EVERY]`` steps, so the loss curve costs no wake-ups. A full
 ring skips a snapshot (workers never wait for the monitor), and so does one
-due sooner than 1/``SNAP_SHARE`` times its own copy's duration.
+due sooner than 1/``SNAP_SHARE`` times its own copy's duration. However
+the workers end (done, stopped, or aborted: a divergence, the target, a
+lost peer), worker 0 publishes its replica and rule state last: the shared
+copy is then the parameters the run reached.
 
 Invariants: a non-finite mean is never applied (the step counts in
 ``dropped``). Checkpoints and stops happen at step boundaries only, so a
@@ -121,6 +124,10 @@ class _Step:
 
     def on_stop(self) -> None:
         """Called when the worker stops at a step boundary."""
+
+    def on_abort(self) -> None:
+        """Called when the monitor aborts the run (the shared parameters are
+        the run's: nothing to hand over)."""
 
     def _save_sender(self, step: int) -> None:
         """Checkpoint step ``step``: this worker's compressor state goes to
@@ -242,10 +249,19 @@ class ReplicatedStep(_Step):
         self._publish(self.control, CKPT_STEP, self.step)
 
     def on_stop(self) -> None:
+        """Worker 0 hands its replica and rule state to the store: the
+        monitor writes the final checkpoint, and returns the parameters,
+        from there."""
         if self.rank == 0:
             for dst, src in zip(self.store.state, self.state):
                 np.copyto(dst, src)
             self._publish_params(self.step)
+
+    def on_abort(self) -> None:
+        """As ``on_stop``: the replica is at a step boundary (an abort
+        leaves a wait before the step's mean, or ends the program between
+        ops), and without it the run would return the initial parameters."""
+        self.on_stop()
 
     def _publish_params(self, step: int) -> None:
         np.copyto(self.store.params, self.params)
