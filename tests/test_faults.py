@@ -113,3 +113,30 @@ def test_async_fails_when_every_worker_fails():
     problem = FaultyProblem(make_problem("exp"), "raise", rank=0, after=2)
     with pytest.raises(WorkerError, match="every worker failed"):
         monsoon.train(problem, "async", 1, epochs=5, timeout=20)
+
+
+@pytest.mark.parametrize("backend", ["processes", "threads"])
+def test_a_diverged_sync_run_returns_the_parameters_it_reached(tmp_path, backend):
+    """A replicated sync step keeps the parameters in the workers' replicas:
+    stopped by the divergence, worker 0 still hands its replica over, so the
+    result, the final row and model.pt are the diverged parameters (as
+    serial's are), not the initial ones; and the stop message counts what
+    the summary counts."""
+    import math
+
+    problem = make_problem("exp")
+    w0 = problem.initial_params(0)
+    with pytest.raises(TrainingDiverged) as info:
+        monsoon.train("exp", "sync", 2, lr=1e6, epochs=300, seed=0, backend=backend,
+                      out=tmp_path / "run")
+    result = info.value.result
+    summary = result.summary
+    assert summary["status"] == "diverged" and summary["sync_step"] == "replicated"
+    assert not math.isfinite(summary["final_loss"])
+    assert not math.isfinite(result.history[-1]["loss"])
+    assert not np.array_equal(result.params, w0)
+    assert not math.isfinite(problem.loss(result.params))
+    if "non-finite gradients" in summary["stopped"]:
+        assert (f"diverged: {summary['dropped_updates']} updates had non-finite gradients "
+                f"and were dropped (only {summary['updates']} applied)") in summary["stopped"]
+    assert summary["stopped"] in str(info.value)
