@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import monsoon
+from monsoon.record import checkpoints
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")]
@@ -133,6 +134,70 @@ def test_a_signal_stops_the_run_cleanly_and_it_resumes_bit_for_bit(tmp_path, how
     assert resumed.summary["resumed_from"] == str(saved[-1])
     assert resumed.summary["updates"] == whole.summary["updates"] == EPOCHS * 16
     assert np.array_equal(resumed.params, whole.params)
+
+
+LONG = 300  # epochs: 4,800 updates, so a signal after the first live rows lands mid-run
+
+
+def wait_training(proc, out: Path, timeout=60.0) -> None:
+    """Until the workers have trained a while: the live series (``OUT/tb``,
+    a row at the monitor's looks once they are released) has two rows
+    after its header."""
+    deadline, sizes = time.monotonic() + timeout, set()
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        files = list((out / "tb").glob("events*"))
+        if files:
+            sizes.add(files[0].stat().st_size)
+        if len(sizes) >= 3:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the run did not get going")
+
+
+@pytest.fixture(scope="module")
+def whole_long():
+    return monsoon.train("exp", "sync", 2, epochs=LONG, seed=0, evals=20, timeout=20,
+                         progress=False)
+
+
+@pytest.mark.parametrize("how,options", [
+    ("SIGINT", dict(checkpoint_every=0)),
+    ("SIGTERM", dict(checkpoint_every=500, backend="threads")),
+    ("SIGINT", dict(checkpoint_every=0, backup_workers=1))],
+    ids=["no-periodic", "threads-periodic", "backup-workers"])
+def test_a_stopped_sync_run_checkpoints_where_its_workers_stopped(tmp_path, how, options,
+                                                                  whole_long):
+    """Whichever barrier each worker was at when the stop came, every one
+    stops at the same step boundary, and the monitor writes the final
+    checkpoint there (with no periodic one, or besides them); --resume then
+    carries on from it, bit for bit where the run is deterministic."""
+    run = tmp_path / "run"
+    extra = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+    proc = start(run, extra=["--epochs", str(LONG), "--live-every", "0.05", *extra])
+    wait_training(proc, run)
+    workers = children(proc.pid)
+    if how == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (143 if how == "SIGTERM" else 130), err
+    assert len(err.strip().splitlines()) == 1 and f"--resume {run}" in err, err
+    wait_gone(workers)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 0 < summary["updates"] < LONG * 16
+    newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
+    meta = checkpoints.read(newest).meta
+    assert summary["checkpoint"] == str(newest)
+    assert meta["reason"] == "interrupted" and meta["updates"] == summary["updates"]
+
+    resumed = monsoon.train("exp", "sync", 2, epochs=LONG, seed=0, evals=20, timeout=20,
+                            progress=False, resume=str(run), **options)
+    assert resumed.summary["resumed_from"] == str(newest)
+    assert resumed.summary["updates"] == LONG * 16
+    if "backup_workers" not in options:  # which gradients count is the backups' race
+        assert np.array_equal(resumed.params, whole_long.params)
 
 
 def kill_a_worker_once_running(out: Path, workers: int):

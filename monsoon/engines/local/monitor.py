@@ -290,11 +290,17 @@ class WorkerMonitor:
         if self.due.interrupted is not None:
             if not self.exact:
                 self.snapshot("interrupted", wall, private=self.tally.params or None)
-            elif ({r for r, (kind, _) in self.pool.reports.items() if kind == "stopped"}
-                  == set(range(self.workers)) - set(self.failed)):
+            elif self.at_one_boundary():
                 step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
                 self.exact_checkpoint(step, store.params, store.state, "interrupted", wall)
         return params
+
+    def at_one_boundary(self) -> bool:
+        """Whether every worker that did not fail ended at the same step
+        boundary: it stopped there as asked (``synchronous.Stopped``), or
+        ran its program to the end."""
+        ended = {r for r, (kind, _) in self.pool.reports.items() if kind in ("stopped", "done")}
+        return bool(ended) and ended == set(range(self.workers)) - set(self.failed)
 
     def result(self, params, wall: float, totals) -> EngineResult:
         """The run's result, with the workers' failures, traffic and clocks."""

@@ -37,7 +37,8 @@ checkpoint buffer (replicated: by worker 0; sharded: by the last worker
 through the step), and when the monitor raises ``STOP`` the first worker to
 see it at a boundary sets ``STOP_AT``; every worker stops there
 (``Stopped``). A worker waiting for the others to arrive at that step may
-leave the wait: nothing of the step is applied yet.
+leave the wait, and stops there too: nothing of the step is applied yet.
+The monitor writes the final checkpoint once every worker has stopped.
 
 Where workers wait: at the step's barriers, each with the run's timeout.
 """
@@ -101,12 +102,22 @@ class _Step:
         self._leave = abort_or_stopped
 
     def _wait(self, ready, what: str, may_stop: bool = False) -> None:
-        """``may_stop``: nothing of the step is applied yet, so a stop may end the wait."""
+        """``may_stop``: nothing of the step is applied yet, so a stop may end
+        the wait, and then this worker stops at this step's boundary
+        (``Stopped``, as at ``_boundary``: the monitor's final checkpoint
+        waits for every worker to have stopped so)."""
         rt = self.rt
         if not ready():
-            wait_until(ready, rt.timeout,
-                       self._leave if may_stop else (lambda: self.store.control[ABORT]), what,
-                       rt._spin, rt._hot_turns)
+            try:
+                wait_until(ready, rt.timeout,
+                           self._leave if may_stop else (lambda: self.store.control[ABORT]),
+                           what, rt._spin, rt._hot_turns)
+            except Aborted:
+                control = self.control
+                if may_stop and not control[ABORT] and control[STOP_AT] \
+                        and self.step >= control[STOP_AT]:
+                    raise Stopped() from None
+                raise
         if NEEDS_FENCE:
             with self.store.holding_sync(self.rank):
                 pass  # acquire: see every write made before the others arrived
@@ -271,7 +282,7 @@ class ReplicatedStep(_Step):
         if self.step == 0:
             return
         if self.rank == 0:
-            self._publish_params(self.step)
+            self.on_stop()
             return
         published = self.store.published
         self._wait(lambda: published[0] >= self.step, f"worker 0 to publish step {self.step}")
