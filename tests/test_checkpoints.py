@@ -93,17 +93,44 @@ def test_the_cost_floor_spaces_checkpoints_of_fast_steps(tmp_path, monkeypatch):
 
 def test_the_monitor_wakes_for_each_checkpoint_as_it_falls_due(tmp_path, monkeypatch):
     """Workers fill the checkpoint buffer, the monitor writes the file, and
-    until it has, later checkpoints are skipped. The monitor sleeps between
-    loss-curve rows (a wake-up preempts a worker), so it also wakes when the
-    next checkpoint is due at the run's pace: 3,200 sync steps with one every
-    500 write at least half of their 6 (on a fast machine the monitor slept
-    through the run and wrote the step-500 one at its end)."""
+    until it has taken it, the workers wait at the next checkpoint step. The
+    monitor sleeps between loss-curve rows (a wake-up preempts a worker), so
+    it also wakes when the next checkpoint is due at the run's pace: 3,200
+    sync steps with one every 500 write all 6 (on a fast machine the
+    monitor slept through the run and wrote the step-500 one at its end)."""
     writes = []
     save = checkpoints.save
     monkeypatch.setattr(checkpoints, "save", lambda *a, **k: writes.append(1) or save(*a, **k))
     run = monsoon.train("exp", "sync", 2, epochs=200, seed=0, evals=10, out=tmp_path,
                         checkpoint_every=500)
-    assert run.summary["updates"] == 3200 and len(writes) >= 3, len(writes)
+    assert run.summary["updates"] == 3200 and len(writes) == 6, len(writes)
+
+
+@pytest.mark.parametrize("step", ["replicated", "sharded"])
+def test_sync_writes_every_checkpoint_despite_the_cost_floor_and_a_slow_monitor(
+        tmp_path, monkeypatch, step):
+    """Each write takes 50 ms: the cost floor (19x that) and workers that
+    outrun the monitor would skip most of these 16 checkpoints. Sync's
+    workers instead wait at a checkpoint step until the monitor has taken
+    the previous one out of the buffer: every one is written, in order, and
+    the last one too."""
+    from monsoon.engines.local import engine
+
+    if step == "sharded":
+        monkeypatch.setattr(engine, "replicates", lambda strategy, params: False)
+    writes = []
+    save = checkpoints.save
+
+    def slow_save(directory, updates, *args, **kwargs):
+        time.sleep(0.05)
+        writes.append(updates)
+        return save(directory, updates, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "save", slow_save)
+    run = monsoon.train("exp", "sync", 2, epochs=50, seed=0, evals=5, out=tmp_path,
+                        checkpoint_every=50, timeout=20)
+    assert run.summary["sync_step"] == step and run.summary["updates"] == 800
+    assert writes == list(range(50, 801, 50))
 
 
 def test_only_the_newest_three_are_kept(tmp_path):

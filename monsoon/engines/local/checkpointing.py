@@ -28,9 +28,13 @@ model's buffers (``buffer.<name>``: BatchNorm's statistics), since it runs
 on the problem itself (other workers' buffers are not at hand, and
 ``--resume`` refuses them: ``checkpoints.check_resume``).
 
-Checkpoints cost at most about 5% of a run: after each write, the next waits
-at least 19 times as long as the write took (the interval in updates is a
-floor, not a promise, on models whose updates take microseconds).
+Snapshot checkpoints, and serial's, cost at most about 5% of a run: after
+each write, the next waits at least 19 times as long as the write took (the
+interval in updates is a floor, not a promise, on models whose updates take
+microseconds). Every step-boundary checkpoint of the other exact strategies
+is written: their workers fill a buffer at the step and go on, the monitor
+copies it out and writes the copy, and the workers wait at the next
+checkpoint step only if the monitor has not yet taken the previous one.
 """
 from __future__ import annotations
 
@@ -150,9 +154,10 @@ def restore_buffers(ckpt, problem) -> None:
 # it is there once worker 0 (or the last through a sharded step) hands the
 # step's parameters to the monitor. The slots are double-buffered by
 # checkpoint (s // every % 2) and tagged with s (-1 while written): the
-# monitor takes them only if every tag reads s before and after its copy,
-# and else drops that checkpoint (a worker has already moved two
-# checkpoints on) and frees the buffer for the next one.
+# monitor copies them with the step's parameters, before it frees the
+# buffer, and workers wait for the buffer before they write the next
+# checkpoint's, so the slots hold s then; it checks that every tag reads s
+# before and after its copy all the same.
 
 TAG = "ckpt.sender.tag"
 

@@ -176,7 +176,7 @@ class WorkerMonitor:
                 due_in = min(due_in, (self.every - done % self.every) * elapsed
                              / (done - self.updates_at_start))
         young = self.due.last_examples <= 0 and not self.ring  # no pace known yet
-        return 0.002 if young or self.asked else min(max(due_in, 0.001), self.engine.idle_s)
+        return 0.002 if young or self.asked or self.buffer_filled() else min(max(due_in, 0.001), self.engine.idle_s)
 
     def on_signal(self) -> None:
         """A stop signal stops the workers: synchronous ones at the next step
@@ -196,12 +196,12 @@ class WorkerMonitor:
 
     def checkpoint_if_due(self, now: float, up) -> None:
         """Write the workers' buffered step-boundary checkpoint once they
-        have filled it, or else a snapshot every ``every`` updates."""
-        store, ck = self.store, self.ck
-        if store.ckpt is not None and store.control[CKPT_STEP] and ck.allowed():
-            self.exact_checkpoint(int(store.control[CKPT_STEP]), store.ckpt["params"],
-                                  store.ckpt["state"], "periodic", now)
-            store.control[CKPT_STEP] = 0  # the buffer is free again
+        have filled it (each one: they wait for the buffer, so the cost
+        floor, ``ck.allowed``, would stall them), or else a snapshot every
+        ``every`` updates, as the cost floor allows."""
+        ck = self.ck
+        if self.buffer_filled():
+            self.take_buffer(now)
         elif self.due.checkpoint(up) and self.due.interrupted is None and ck.allowed():
             self.snapshot("periodic", now)
             self.due.plan_checkpoint(int(up))
@@ -264,11 +264,31 @@ class WorkerMonitor:
                  time_s=self.resume.time_s + now, rows=self.recorder.settled_rows(),
                  reason=reason, exact=False, private=private)
 
-    def exact_checkpoint(self, step: int, params, state, reason: str, now: float) -> None:
-        """Written only where the workers' compressor state at ``step`` is at
-        hand (``checkpointing.read_senders``); else the newest one stands."""
-        store, ck, workers = self.store, self.ck, self.workers
+    def buffer_filled(self) -> bool:
+        """Whether the workers have left a checkpoint in the buffer."""
+        return self.store.ckpt is not None and bool(self.store.control[CKPT_STEP])
+
+    def take_buffer(self, now: float) -> None:
+        """Copy the buffered checkpoint and the senders' state at its step,
+        free the buffer (the workers may fill it again from the next
+        checkpoint step on), then write the copy."""
+        store = self.store
+        step = int(store.control[CKPT_STEP])
+        params = np.array(arrays.to_host(store.ckpt["params"]), copy=True)
+        state = type(store.state)(*(np.array(arrays.to_host(a), copy=True)
+                                    for a in store.ckpt["state"]))
         senders = read_senders(store, step, self.engine.checkpoint_every)
+        store.control[CKPT_STEP] = 0
+        self.exact_checkpoint(step, params, state, "periodic", now, senders)
+
+    def exact_checkpoint(self, step: int, params, state, reason: str, now: float,
+                         senders=False) -> None:
+        """Written only where the workers' compressor state at ``step`` is at
+        hand (``senders``, or ``checkpointing.read_senders``); else the
+        newest one stands."""
+        store, ck, workers = self.store, self.ck, self.workers
+        if senders is False:
+            senders = read_senders(store, step, self.engine.checkpoint_every)
         if senders is None:
             return
         _, _, dropped, late = store.totals()
@@ -281,12 +301,15 @@ class WorkerMonitor:
 
     # -- the end -------------------------------------------------------------
     def finish(self, wall: float, up: int) -> np.ndarray:
-        """The final parameters; the ring's last rows are recorded, and an
-        interrupted run's final checkpoint is written."""
+        """The final parameters; the ring's last rows are recorded, a
+        periodic checkpoint still in the buffer and an interrupted run's
+        final checkpoint are written."""
         store = self.store
         if self.ring and self.stopped is None:  # what worker 0 wrote after the last wake
             self.stopped = self.read_ring(up)
         params = np.array(arrays.to_host(store.params), copy=True)
+        if self.buffer_filled():  # the last periodic one, filled after the last look
+            self.take_buffer(wall)
         if self.due.interrupted is not None:
             if not self.exact:
                 self.snapshot("interrupted", wall, private=self.tally.params or None)

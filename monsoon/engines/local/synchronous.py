@@ -34,7 +34,8 @@ Invariants: a non-finite mean is never applied (the step counts in
 resumed run ends bit-identical to an uninterrupted one: every
 ``checkpoint_every`` steps the parameters and rule state go to the store's
 checkpoint buffer (replicated: by worker 0; sharded: by the last worker
-through the step), and when the monitor raises ``STOP`` the first worker to
+through the step; every worker first waits, before it arrives at that
+step, until the monitor has taken the previous one: none is skipped), and when the monitor raises ``STOP`` the first worker to
 see it at a boundary sets ``STOP_AT``; every worker stops there
 (``Stopped``). A worker waiting for the others to arrive at that step may
 leave the wait, and stops there too: nothing of the step is applied yet.
@@ -140,9 +141,19 @@ class _Step:
         """Called when the monitor aborts the run (the shared parameters are
         the run's: nothing to hand over)."""
 
-    def _save_sender(self, step: int) -> None:
-        """Checkpoint step ``step``: this worker's compressor state goes to
-        the store before it arrives (``checkpointing.save_sender``)."""
+    def _checkpoint_step(self, step: int) -> None:
+        """Before arriving at checkpoint step ``step``: wait until the monitor
+        has taken the previous checkpoint out of the buffer (it takes each
+        one as it falls due, so this wait is over at once unless it fell a
+        whole interval behind), so that no checkpoint is skipped; then this
+        worker's compressor state goes to the store
+        (``checkpointing.save_sender``). Nothing of the step is applied yet:
+        a stop may end the wait."""
+        control = self.control
+        if control[CKPT_STEP]:
+            self._wait(lambda: control[CKPT_STEP] == 0,
+                       f"the monitor to write the checkpoint of step {int(control[CKPT_STEP])}",
+                       may_stop=True)
         save_sender(self.store, self.rt.sender, self.rank, step, self.every)
 
     def _boundary(self) -> None:
@@ -150,8 +161,7 @@ class _Step:
         control = self.control
         if self.step == self.next_ckpt:
             self.next_ckpt += self.every
-            if control[CKPT_STEP] == 0:  # the monitor has written out the last one
-                self._save_checkpoint()
+            self._save_checkpoint()  # the buffer is free (``_checkpoint_step``)
         if control[STOP]:
             with self.store.holding_sync(self.rank):
                 if control[STOP_AT] == 0:
@@ -202,7 +212,7 @@ class ReplicatedStep(_Step):
         counts[self.rank] = examples
         target = step + 1
         if self.every and target % self.every == 0:
-            self._save_sender(target)
+            self._checkpoint_step(target)
         arrivals = self.arrivals
         self._publish(arrivals, self.rank, target)
         for k in self.others:
@@ -313,7 +323,7 @@ class ShardedStep(_Step):
         counted = self.workers - rt.strategy.backup_workers
         store.slot_examples[self.rank] = examples
         if self.every and (step + 1) % self.every == 0:
-            self._save_sender(step + 1)
+            self._checkpoint_step(step + 1)
         if counted == self.workers:
             return self._contribute_all(step)
         with store.holding_sync(self.rank):
@@ -341,7 +351,7 @@ class ShardedStep(_Step):
             sync[APPLIED] += 1
             if sync[APPLIED] == counted:  # the last one through opens the next step
                 sync[ARRIVED] = sync[REDUCED] = sync[APPLIED] = 0
-                if self.every and (step + 1) % self.every == 0 and self.control[CKPT_STEP] == 0:
+                if self.every and (step + 1) % self.every == 0:  # the buffer is free
                     self._save_checkpoint(step + 1)  # nobody can apply until STEP moves on
                 sync[STEP] = step + 1
         self._wait_count(STEP, step + 1, step, "apply step")
@@ -385,7 +395,7 @@ class ShardedStep(_Step):
             rt.counters[DROPPED if bad else UPDATES] += 1
             if not bad:
                 rt.staleness[0] += 1
-            if self.every and target % self.every == 0 and self.control[CKPT_STEP] == 0:
+            if self.every and target % self.every == 0:  # the buffer is free
                 self._save_checkpoint(target, ordered=False)
             store.sync[STEP] = target
         self.step = target
