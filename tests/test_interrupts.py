@@ -275,6 +275,52 @@ def test_a_signal_during_start_up_stops_cleanly(tmp_path):
     assert not children(os.getpid())
 
 
+def fork_servers(pid: int) -> list[int]:
+    """The fork server ``pid`` started (its child running multiprocessing's forkserver)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"forkserver" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("when", ["fork-server", "workers"])
+def test_ctrl_c_during_start_up_prints_one_line_and_leaves_nothing(tmp_path, when):
+    """Ctrl-C reaches the whole process group while the fork server imports
+    what it preloads (it ignores SIGINT only after that, on its own), or
+    while four workers on these cores read their payload and map the shared
+    memory (the monitor unlinks it once each has, and must wait for that
+    even when it stops them): one line, no traceback, no worker named
+    failed, nothing left in /dev/shm or running."""
+    run = tmp_path / "run"
+    proc = start(run, workers=4)
+    deadline, segments = time.monotonic() + 60, set()
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if when == "fork-server" and fork_servers(proc.pid):
+            break
+        if when == "workers" and children(proc.pid):
+            segments = mapped_segments(proc.pid)
+            break
+        time.sleep(0.002)
+    servers = fork_servers(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert len(err.strip().splitlines()) == 1 and "interrupted by SIGINT" in err, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["failed_workers"] == []
+    wait_gone(servers)
+    assert not children(proc.pid)
+    assert not any(os.path.exists(s.replace(" (deleted)", "")) for s in segments)
+
+
 def _die_holding(store, shard):
     """A worker's push, cut short: the lock taken and marked, then death."""
     store.locks[shard].acquire()

@@ -19,6 +19,8 @@ Workers and pipeline stages (``worker_started``, first thing in each):
   the starting thread), and a thread blocked on a pidfd of the monitor.
   The resource tracker, which unlinks what a killed monitor left in
   /dev/shm, exits once every process holding its pipe has.
+  The fork server starts with SIGINT blocked and ignores it from its
+  first import on.
 - ``parent_alive()`` is checked in every wait of a worker
   (``waiting.wait_until``), a further guard where there is no ``prctl``.
 - SIGINT is ignored: Ctrl-C reaches the whole process group, and it is the
@@ -147,6 +149,14 @@ def tie_fork_server() -> None:
     monitor, main_thread = (int(v) for v in value.split(","))
     if monitor == os.getpid():  # the monitor itself: not a fork server
         return
+    # Ctrl-C reaches the whole process group; multiprocessing's fork server
+    # ignores it only once it has imported its preload (torch: seconds), and
+    # would die of it mid-import, with a traceback. It is the monitor's. The
+    # monitor started this process with SIGINT blocked (``processes.
+    # start_context``): ignored now, it may be unblocked.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if main_thread:
         set_death_signal()
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import time
@@ -42,7 +43,7 @@ def start_context():
     Linux or macOS), workers are spawned."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
     from .lifecycle import FORK_SERVER_ENV, fork_server_env
 
@@ -55,10 +56,30 @@ def start_context():
     os.environ[FORK_SERVER_ENV] = fork_server_env(
         threading.current_thread() is threading.main_thread())
     try:
-        forkserver.ensure_running()
+        # the resource tracker first: starting it unblocks SIGINT afterwards
+        # (it blocks and unblocks it around its own start, as here)
+        resource_tracker.ensure_running()
+        with sigint_blocked():
+            forkserver.ensure_running()
     finally:
         os.environ.pop(FORK_SERVER_ENV, None)
     return ctx
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """SIGINT blocked in this thread meanwhile (one that arrives is
+    delivered after): a process started from it inherits the blocked
+    signal, so Ctrl-C cannot kill the fork server while its interpreter
+    starts, before it can ignore SIGINT itself (``lifecycle.tie_fork_server``)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    saved = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved)
 
 
 def torch_threads_per_worker(workers: int) -> int:

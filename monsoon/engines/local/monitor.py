@@ -102,19 +102,24 @@ class WorkerMonitor:
     # -- start-up ------------------------------------------------------------
     def await_ready(self, start_timeout: float) -> None:
         """Wait until every worker has imported, unpickled and is ready (or
-        finished), then unlink the shared memory every process has mapped."""
+        finished), then unlink the shared memory every process has mapped.
+        A stop signal meanwhile aborts the workers (nothing is done yet),
+        and the wait goes on until each has mapped the memory and seen the
+        abort: one that had not would find it gone."""
         store, workers = self.store, self.workers
         deadline = time.monotonic() + start_timeout
         while not all(store.status[r] == READY or r in self.finished for r in range(workers)):
             self.drain()
-            self.check_failed()
+            if self.due.interrupted is None:
+                self.check_failed()
             if len(self.finished) == workers:
                 break
-            if self.due.signal():  # nothing done yet: stop the workers, write the folder
+            if self.due.signal():  # stop the workers, then write the folder
                 self.stopped = self.due.stop_reason
                 store.abort()
-                break
             if time.monotonic() > deadline:
+                if self.stopped is not None:
+                    break  # those still starting are killed at the end (``pool.join``)
                 raise WaitTimeout(self.engine._start_advice(workers, start_timeout))
             time.sleep(0.005)
         if self.pool.ctx is not None:
