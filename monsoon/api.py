@@ -147,8 +147,8 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None) ->
             where = f"run folder {out}"
         except Exception as write_error:  # noqa: BLE001
             where = f"the run folder {out} could not be written ({_first_line(write_error)})"
-    hint = (f"; to carry on from {Path(checkpoint).name}, run the same command with "
-            f"--resume {out}" if checkpoint and out is not None else "")
+    hint = (_resume_hint(resolved, out, f"from {Path(checkpoint).name}")
+            if checkpoint and out is not None else "")
     message = f"{reason} ({where}){hint}"
     if isinstance(exc, MonsoonError):
         exc.args = (message,)
@@ -157,6 +157,18 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None) ->
         err = RunFailed(message)
     err.run_dir = Path(out) if out is not None else None
     return err
+
+
+def _resume_hint(resolved, out, what: str = "") -> str:
+    """The end of a stopped run's line: the command that carries it on from
+    its checkpoint (``what``: which one), or why ``--resume`` would refuse
+    it (``checkpoints.resume_refusal``, as ``check_resume`` asks)."""
+    from .record.checkpoints import resume_refusal
+
+    refusal = resume_refusal(resolved.engine, resolved.problem, resolved.strategy)
+    if refusal is not None:
+        return f"; it cannot be carried on: {refusal}"
+    return f"; to carry on{' ' + what if what else ''}, run the same command with --resume {out}"
 
 
 def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
@@ -344,7 +356,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         save_model(result.run_dir, problem, res.params)
     if interrupted:
         where = f"run folder {out}" if out is not None else "no run folder (give --out)"
-        hint = (f"; to carry on, run the same command with --resume {out}"
+        hint = (_resume_hint(resolved, out)
                 if out is not None and res.extra.get("checkpoint") else "")
         err = Interrupted(f"interrupted by {signal_name(interrupted)} after {res.updates} "
                           f"updates: {where}{hint}", interrupted, result.run_dir)

@@ -200,6 +200,28 @@ def test_a_stopped_sync_run_checkpoints_where_its_workers_stopped(tmp_path, how,
         assert np.array_equal(resumed.params, whole_long.params)
 
 
+def test_an_interrupted_run_offers_resume_only_where_it_would_be_accepted(tmp_path):
+    """Async's checkpoints do not hold the workers' compressor state, so
+    --resume refuses them: the interrupt's line says so instead of offering
+    the command (the same check, ``checkpoints.resume_refusal``)."""
+    from monsoon.errors import ConfigError
+
+    run = tmp_path / "run"
+    proc = start(run, strategy="async", extra=["--compress", "topk:0.5",
+                                               "--checkpoint-every", "100"])
+    wait_running(proc, run, 2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--resume " not in lines[0], err
+    assert "cannot be carried on" in lines[0] and "compressor state" in lines[0], err
+    assert json.loads((run / "summary.json").read_text())["checkpoint"]
+    with pytest.raises(ConfigError, match="compressor state"):
+        monsoon.train("exp", "async", 2, epochs=EPOCHS, seed=0, compress="topk:0.5",
+                      resume=str(run), progress=False)
+
+
 def kill_a_worker_once_running(out: Path, workers: int):
     """A thread that SIGKILLs this process's second worker once all
     ``workers`` run and a first checkpoint is written; ``result`` gets

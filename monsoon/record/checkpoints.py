@@ -327,51 +327,23 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
     """Refuse, in one line and before the engine starts anything (Ray,
     Spark, torchrun), a ``--resume`` folder (``directory``: the checkpoints
     folder asked about; default the engine's ``resume_dir``) with no good
-    checkpoint of this run, and return the checkpoint it would resume
-    from (None where there is nothing to resume). Refused too: a
-    checkpoint of a compressed run whose compressor state (error-feedback
-    residuals, random streams, PowerSGD's Q) this engine's checkpoints of
-    this strategy do not hold (``engine.keeps_compressor_state``). The
-    engine reads it again to resume, and names any it passes over.
-
-    Also refused: a model with buffers (BatchNorm's running statistics,
-    ``Problem.state()``) on an engine whose checkpoints do not hold them
-    (``engine.keeps_buffers(strategy)``: the sim, which replays its run, and
-    the local engine's serial); the resumed model would restart them and
-    end unlike the uninterrupted one. So is a strategy with private worker
-    copies (local SGD, EASGD) on an engine that does not checkpoint them
-    (``engine.keeps_private_copies`` False: ray, spark, torch)."""
+    checkpoint of this run, or a run that ``resume_refusal`` refuses, and
+    return the checkpoint it would resume from (None where there is nothing
+    to resume). The engine reads it again to resume, and names any it
+    passes over."""
     from ..strategies.base import STAGES
 
     directory = directory or getattr(engine, "resume_dir", None)
-    keeps_buffers = getattr(engine, "keeps_buffers", lambda strategy: False)
-    if directory and not keeps_buffers(strategy) and problem.state():
-        raise CheckpointError(
-            f"--resume: the {engine.name} engine's checkpoints of {strategy.name} do not hold "
-            "the model's buffers (BatchNorm's running statistics), so the resumed model would "
-            "not end as this one; start a new run (the sim's checkpoints and serial's on the "
-            "local engine hold them; a checkpoint resumes on the engine that wrote it)")
-    if directory and private_copies(strategy) and \
-            not getattr(engine, "keeps_private_copies", True):
-        raise CheckpointError(
-            f"--resume: the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
-            "private worker copies; start a new run (the local and sim engines' checkpoints "
-            "hold them; a checkpoint resumes on the engine that wrote it)")
-    compression = getattr(engine, "compression", None)
-    keeps = getattr(engine, "keeps_compressor_state", None)
-    if directory and compression is not None and compression.stateful and \
-            not (keeps is not None and keeps(strategy)):
-        raise CheckpointError(
-            f"--resume: the {engine.name} engine's checkpoints of {strategy.name} do not hold "
-            f"the workers' compressor state (--compress {compression.describe()}: "
-            "error-feedback residuals, random streams), so the resumed run would not carry on "
-            "as this one; start a new run (sync and serial on the local and sim engines keep "
-            "it; a checkpoint resumes on the engine that wrote it)")
-    if directory and STAGES not in strategy.needs(workers):  # pipeline refuses checkpoints
-        return load_latest(directory, identity(problem, strategy, rule, workers, batch_size,
-                                               seed, engine.name),
-                           shapes(w0, rule), warn=lambda line: None)
-    return None
+    if not directory:
+        return None
+    refusal = resume_refusal(engine, problem, strategy)
+    if refusal is not None:
+        raise CheckpointError(f"--resume: {refusal}")
+    if STAGES in strategy.needs(workers):  # pipeline refuses checkpoints
+        return None
+    return load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed,
+                                           engine.name),
+                       shapes(w0, rule), warn=lambda line: None)
 
 
 def remove_others(directory, expect: dict, shapes: dict) -> list[Path]:
@@ -390,6 +362,45 @@ def remove_others(directory, expect: dict, shapes: dict) -> list[Path]:
             with_suppressed_unlink(path)
             removed.append(path)
     return removed
+
+
+def resume_refusal(engine, problem, strategy) -> str | None:
+    """Why ``engine``'s checkpoints of this run cannot be resumed (None: they
+    can), whether or not a folder to resume is given: ``check_resume``
+    refuses such a ``--resume``, and an interrupted or failed run does not
+    offer one.
+
+    A compressed run whose compressor state (error-feedback residuals,
+    random streams, PowerSGD's Q) this engine's checkpoints of this strategy
+    do not hold (``engine.keeps_compressor_state``); a model with buffers
+    (BatchNorm's running statistics, ``Problem.state()``) on an engine whose
+    checkpoints do not hold them (``engine.keeps_buffers(strategy)``: the
+    sim, which replays its run, and the local engine's serial): the resumed
+    model would restart them and end unlike the uninterrupted one; a
+    strategy with private worker copies (local SGD, EASGD) on an engine that
+    does not checkpoint them (``engine.keeps_private_copies`` False: ray,
+    spark, torch)."""
+    keeps_buffers = getattr(engine, "keeps_buffers", lambda strategy: False)
+    if not keeps_buffers(strategy) and problem.state():
+        return (f"the {engine.name} engine's checkpoints of {strategy.name} do not hold "
+                "the model's buffers (BatchNorm's running statistics), so the resumed model "
+                "would not end as this one; start a new run (the sim's checkpoints and "
+                "serial's on the local engine hold them; a checkpoint resumes on the engine "
+                "that wrote it)")
+    if private_copies(strategy) and not getattr(engine, "keeps_private_copies", True):
+        return (f"the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
+                "private worker copies; start a new run (the local and sim engines' "
+                "checkpoints hold them; a checkpoint resumes on the engine that wrote it)")
+    compression = getattr(engine, "compression", None)
+    keeps = getattr(engine, "keeps_compressor_state", None)
+    if compression is not None and compression.stateful and \
+            not (keeps is not None and keeps(strategy)):
+        return (f"the {engine.name} engine's checkpoints of {strategy.name} do not hold "
+                f"the workers' compressor state (--compress {compression.describe()}: "
+                "error-feedback residuals, random streams), so the resumed run would not "
+                "carry on as this one; start a new run (sync and serial on the local and sim "
+                "engines keep it; a checkpoint resumes on the engine that wrote it)")
+    return None
 
 
 def restore_state(ckpt: Checkpoint, state) -> None:
