@@ -166,3 +166,30 @@ def test_a_dropped_step_is_told_to_the_rule_by_every_step(sync_step, monkeypatch
         # or at once), by each of the local engine's replicas where it has them
         copies = 2 if engine == "local" and sync_step == "replicated" else 1
         assert sum(told) == copies * dropped * problem.n_params, (engine, told)
+
+
+def test_with_backup_workers_no_worker_joins_the_step_the_run_stops_at():
+    """Backup workers: the first N arrivals count. Once a worker has stopped
+    at a step boundary (``STOP_AT``), a worker arriving at that step must
+    not count: the other counted one may have left already, and it would
+    wait for its sums until the timeout, then end aborted, with no final
+    checkpoint. It stops there too, and leaves the step's counts alone."""
+    from types import SimpleNamespace
+
+    from monsoon.engines.local.store import ARRIVED, STEP, STOP, STOP_AT, ParameterStore
+
+    store = ParameterStore(np.zeros(8), SGD(0.1), 3, 1, sync_slots=True, backend="threads")
+    try:
+        runtime = SimpleNamespace(store=store, rank=2, workers=3, start_step=5,
+                                  checkpoint_every=0, timeout=1.0, _spin=False, _hot_turns=0,
+                                  strategy=SimpleNamespace(backup_workers=1))
+        step = synchronous.ShardedStep(runtime)
+        store.sync[STEP] = 5
+        store.sync[ARRIVED], store.contributors[0] = 1, 0  # worker 0 arrived, then left
+        store.control[STOP] = 1
+        store.control[STOP_AT] = 5  # worker 1 stopped at step 5
+        with pytest.raises(synchronous.Stopped):
+            step.contribute(16)
+        assert store.sync[ARRIVED] == 1 and step.step == 5
+    finally:
+        store.close()

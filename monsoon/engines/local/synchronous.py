@@ -21,27 +21,22 @@ of the parameters and rule state and applies the same mean to it, so one
 barrier per step is enough. Slots are double-buffered by step parity (a
 worker is at most one step ahead of the slowest reader). Summing in rank
 order keeps the replicas bit-identical; worker 0 publishes its replica when
-the monitor asks for a snapshot, or copies it into the snapshot ring every
-``control[SNAP_EVERY]`` steps, so the loss curve costs no wake-ups. A full
-ring skips a snapshot (workers never wait for the monitor), and so does one
-due sooner than 1/``SNAP_SHARE`` times its own copy's duration. However
-the workers end (done, stopped, or aborted: a divergence, the target, a
-lost peer), worker 0 publishes its replica and rule state last: the shared
-copy is then the parameters the run reached.
+the monitor asks for a snapshot, and when it ends however it ends (done,
+stopped, aborted), and copies it into the snapshot ring every
+``control[SNAP_EVERY]`` steps (unless the ring is full, or the copy would
+take over ``SNAP_SHARE`` of worker 0's time), so the curve costs no wake-ups.
 
 Invariants: a non-finite mean is never applied (the step counts in
 ``dropped``). Checkpoints and stops happen at step boundaries only, so a
-resumed run ends bit-identical to an uninterrupted one: every
+resumed run ends bit-identical to an uninterrupted one. Every
 ``checkpoint_every`` steps the parameters and rule state go to the store's
 checkpoint buffer (replicated: by worker 0; sharded: by the last worker
-through the step; every worker first waits, before it arrives at that
-step, until the monitor has taken the previous one: none is skipped), and when the monitor raises ``STOP`` the first worker to
-see it at a boundary sets ``STOP_AT``; every worker stops there
-(``Stopped``). A worker waiting for the others to arrive at that step may
-leave the wait, and stops there too: nothing of the step is applied yet.
-The monitor writes the final checkpoint once every worker has stopped.
-
-Where workers wait: at the step's barriers, each with the run's timeout.
+through the step) once the monitor has taken the previous one (none is
+skipped). On ``STOP`` the first worker to see it at a boundary sets
+``STOP_AT`` and every worker stops there (``Stopped``): one waiting for the
+others to arrive leaves the wait (nothing of the step is applied yet), and
+none joins the step after. The monitor then writes the final checkpoint.
+Every wait (barriers, the checkpoint buffer) has the run's timeout.
 """
 from __future__ import annotations
 
@@ -326,12 +321,17 @@ class ShardedStep(_Step):
             self._checkpoint_step(step + 1)
         if counted == self.workers:
             return self._contribute_all(step)
-        with store.holding_sync(self.rank):
+        control = self.control
+        with store.holding_sync(self.rank):  # the lock STOP_AT is set under (``_boundary``)
             order = -1
-            if sync[STEP] == step and sync[ARRIVED] < counted:
+            if control[STOP_AT] and step >= control[STOP_AT]:
+                order = -2  # a worker stopped here: counted, this one would wait for no one
+            elif sync[STEP] == step and sync[ARRIVED] < counted:
                 order = int(sync[ARRIVED])
                 store.contributors[order] = self.rank
                 sync[ARRIVED] += 1
+        if order == -2:
+            raise Stopped()
         if order < 0:
             return self._late(step)
         self._wait_count(ARRIVED, counted, step, "arrive at step", may_stop=True)
