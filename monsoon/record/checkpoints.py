@@ -398,8 +398,8 @@ def resume_refusal(engine, problem, strategy) -> str | None:
         return (f"the {engine.name} engine's checkpoints of {strategy.name} do not hold "
                 f"the workers' compressor state (--compress {compression.describe()}: "
                 "error-feedback residuals, random streams), so the resumed run would not "
-                "carry on as this one; start a new run (sync and serial on the local and sim "
-                "engines keep it; a checkpoint resumes on the engine that wrote it)")
+                "carry on as this one; start a new run (sync on the local engine, and every "
+                "strategy on the sim, keep it; a checkpoint resumes on the engine that wrote it)")
     return None
 
 
