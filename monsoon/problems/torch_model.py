@@ -94,15 +94,14 @@ class TorchModel(Problem):
         self.classification = is_classification(loss_fn, self.y)
         self.n_examples = int(len(self.X))
         self._setup_module(module)
-        self._probe("X", self.X[:2], self.y[:2])
-        if self.val is not None and len(self.val[0]):
-            self._probe("the validation set's X", self.val[0][:2], self.val[1][:2])
 
     def _probe(self, label: str, xb, yb) -> None:
         """One forward pass and loss on two rows, in eval mode under no_grad
-        (no buffer changes), when the problem is built: a module that does
-        not fit the data is refused here, naming both shapes, rather than by
-        a worker after the run has started."""
+        (no buffer changes), when a user's problem is built (``TorchProblem``):
+        a module that does not fit the data is refused there, naming both
+        shapes, rather than by a worker after the run has started. A Spark
+        partition's rows are not probed: the driver compares the partitions'
+        widths first, and a retried task must not call the loss twice."""
         was_training = self.module.training
         self.module.eval()
         try:

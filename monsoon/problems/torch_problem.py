@@ -21,6 +21,12 @@ class TorchProblem(TorchModel):
     """Train ``module`` on ``(X, y)`` under ``loss_fn(output, target)``, which
     must return the mean over the batch (the default of torch's losses)."""
 
+    def __init__(self, module, loss_fn, X, y, **options):
+        super().__init__(module, loss_fn, X, y, **options)
+        self._probe("X", self.X[:2], self.y[:2])  # a module that does not fit: refused now
+        if self.val is not None and len(self.val[0]):
+            self._probe("the validation set's X", self.val[0][:2], self.val[1][:2])
+
     @classmethod
     def from_spark(cls, source, module, loss_fn, features="features", label="label",
                    **options):
