@@ -193,3 +193,75 @@ def test_with_backup_workers_no_worker_joins_the_step_the_run_stops_at():
         assert store.sync[ARRIVED] == 1 and step.step == 5
     finally:
         store.close()
+
+
+def _backup_step(store, rank=2):
+    """Worker ``rank``'s sharded step of a run with one backup worker."""
+    from types import SimpleNamespace
+
+    runtime = SimpleNamespace(store=store, rank=rank, workers=3, start_step=5,
+                              checkpoint_every=0, timeout=5.0, _spin=False, _hot_turns=0,
+                              counters=store.counters[rank],
+                              strategy=SimpleNamespace(backup_workers=1))
+    return synchronous.ShardedStep(runtime)
+
+
+def test_a_worker_late_to_an_open_step_joins_the_next_whatever_its_wake_up():
+    """Backup workers, as the sim's: a worker that arrives while its step is
+    still open (the N counted ones are summing it) is late, and joins the
+    step after it, even where the others have completed that one too by
+    the time it wakes: it would otherwise skip a batch it was never slow
+    for (on steps of microseconds, often the run's last)."""
+    import threading
+
+    from monsoon.engines.local.store import ARRIVED, LATE, STEP, ParameterStore
+
+    store = ParameterStore(np.zeros(8), SGD(0.1), 3, 1, sync_slots=True, backend="threads")
+    try:
+        step = _backup_step(store)
+        store.sync[STEP] = 5
+        store.sync[ARRIVED], store.contributors[:2] = 2, (0, 1)  # the counted two, summing
+        # they apply step 5, then do step 6 too, before worker 2 wakes
+        timer = threading.Timer(0.05, lambda: store.sync.__setitem__(STEP, 7))
+        timer.start()
+        assert step.contribute(5) == 0  # no step skipped
+        assert step.step == 6 and store.counters[2, LATE] == 1
+        # late again at step 6, which was applied before it arrived: it skips to the current one
+        store.sync[ARRIVED] = 0
+        assert step.contribute(5) == 0 and step.step == 7
+        store.sync[STEP] = 9
+        step.step = 7
+        assert step.contribute(5) == 1 and step.step == 9  # step 8 done without it: skipped
+        assert store.counters[2, LATE] == 3
+    finally:
+        timer.cancel()
+        timer.join()
+        store.close()
+
+
+def test_backup_workers_start_the_first_step_together():
+    """With backup workers the first N arrivals count: a worker waits until
+    every other has left the start signal's wait before its first op, so
+    that the first to wake do not run the steps of a short run on their own."""
+    import threading
+    import time
+
+    from monsoon.engines.local.store import READY, RUNNING, ParameterStore
+
+    store = ParameterStore(np.zeros(8), SGD(0.1), 3, 1, sync_slots=True, backend="threads")
+    try:
+        step = _backup_step(store, rank=0)
+        store.status[:] = (RUNNING, READY, RUNNING)  # worker 1 has not woken yet
+        timer = threading.Timer(0.1, lambda: store.status.__setitem__(1, RUNNING))
+        timer.start()
+        t0 = time.monotonic()
+        step.begin()
+        assert time.monotonic() - t0 >= 0.09
+        store.status[:] = (RUNNING, READY, RUNNING)  # bounded: a worker that never wakes
+        step.rt.timeout = 0.2
+        with pytest.raises(Exception, match="every worker to start"):
+            step.begin()
+    finally:
+        timer.cancel()
+        timer.join()
+        store.close()

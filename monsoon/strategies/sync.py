@@ -17,8 +17,9 @@ Backup workers (Chen, Pan, Monga, Bengio, Jozefowicz 2016; TensorFlow's
 ``SyncReplicasOptimizer(replicas_to_aggregate=N, total_num_replicas=N+b)``):
 N + b workers each compute their slice of the batch at w_t; the first N to
 arrive are averaged (weighted by their examples) and the b late ones are
-dropped and counted in ``late_gradients``. A late worker skips to the
-current step. A step no longer waits for the slowest worker, and up to b
+dropped and counted in ``late_gradients``. A late worker joins the next
+step; one that arrived after its step was applied (slower than a whole
+step) skips to the current step. A step no longer waits for the slowest worker, and up to b
 failed workers are covered.
 
 Elastic sync (``--elastic``; Horovod Elastic's model, Sergeev & Del Balso

@@ -110,6 +110,8 @@ class WorkerRuntime(Worker):
         # its status and message (the monitor's check, dropped_updates), not
         # through NumPy's warnings, which would print once per code line.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if self._sync is not None:
+                self._sync.begin()
             self.advance(None, between_ops)
         if self._sync is not None:
             self._sync.finish()

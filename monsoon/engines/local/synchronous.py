@@ -52,8 +52,8 @@ from ...monitor.waiting import Aborted, wait_until
 from ...shared_memory import NEEDS_FENCE  # where set, the store's lock fences a counter
 from .checkpointing import save_sender
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,
-                    REDUCED, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN, STEP,
-                    STOP, STOP_AT, UPDATES)
+                    READY, REDUCED, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN,
+                    STEP, STOP, STOP_AT, UPDATES)
 
 
 # The bound on replicated steps is engines/base.py's REPLICATE_MAX_BYTES: above
@@ -125,6 +125,9 @@ class _Step:
                 counters[index] = value
         else:
             counters[index] = value
+
+    def begin(self) -> None:
+        """Called once the run has started, before the worker's first op."""
 
     def finish(self) -> None:
         """Called once the worker's program has ended."""
@@ -308,6 +311,18 @@ class ShardedStep(_Step):
         self.two = None if arrays.is_tensor(params) else mean_of_two_finite_for(params.dtype)
         self.half = None if self.two is None else params.dtype.type(0.5)
 
+    def begin(self) -> None:
+        """With backup workers the first N arrivals count: wait (bounded)
+        until every worker has left the start signal's wait, so that all
+        start the first step together, as the sim's do. The start signal is
+        polled with a back-off of up to a millisecond, and the first to wake
+        could otherwise run whole steps (all of a short run) before the last
+        one wakes, which would then skip them."""
+        if self.rt.strategy.backup_workers:
+            status = self.store.status
+            self._wait(lambda: not (status == READY).any(), "every worker to start",
+                       may_stop=True)
+
     def contribute(self, examples: int) -> int:
         """The slot is written; run the step's three barriers. Returns how
         many steps the others completed without this worker (late only)."""
@@ -330,10 +345,11 @@ class ShardedStep(_Step):
                 order = int(sync[ARRIVED])
                 store.contributors[order] = self.rank
                 sync[ARRIVED] += 1
+            open_step = sync[STEP] == step  # late to a step not yet applied
         if order == -2:
             raise Stopped()
         if order < 0:
-            return self._late(step)
+            return self._late(step, open_step)
         self._wait_count(ARRIVED, counted, step, "arrive at step", may_stop=True)
         ranks = sorted(int(r) for r in store.contributors[:counted])
         shards = [s for s in range(len(store.bounds)) if s % counted == order]
@@ -419,12 +435,18 @@ class ShardedStep(_Step):
         else:
             self._publish(self.control, CKPT_STEP, step)
 
-    def _late(self, step: int) -> int:
+    def _late(self, step: int, open_step: bool) -> int:
         """Dropped: N others arrived first. Wait for the step to be applied,
-        then join the current step."""
+        then join the next one, as the sim's late workers do: one that
+        arrived while the step was still open (``open_step``) joins the step
+        after it, whatever this worker's wake-up let the others do
+        meanwhile (it would otherwise skip batches for no slowness of its
+        own, the last one included); one that arrived after the step was
+        applied was slower than a whole step, and joins the current step.
+        Returns the steps skipped."""
         self.rt.counters[LATE] += 1
         self._wait_count(STEP, step + 1, step, "apply step", may_stop=True)
-        current = int(self.store.sync[STEP])
+        current = step + 1 if open_step else int(self.store.sync[STEP])
         self.step = current
         return current - (step + 1)
 
