@@ -200,6 +200,42 @@ def test_a_stopped_sync_run_checkpoints_where_its_workers_stopped(tmp_path, how,
         assert np.array_equal(resumed.params, whole_long.params)
 
 
+@pytest.mark.parametrize("strategy", ["hogwild", "easgd", "async"])
+def test_an_interrupted_racing_run_resumes_to_its_budget_with_no_update_lost(tmp_path,
+                                                                            strategy):
+    """Hogwild!, EASGD and async checkpoint a snapshot, and their workers
+    stop at once on a signal; a worker stops between batches, never between
+    a gradient and the op that lands it (``server/worker.py``'s ``LANDING``),
+    so the final checkpoint's positions (from the examples counted) agree
+    with its updates, and the resumed run ends with an uninterrupted run's
+    totals: its budget, every batch's update (hogwild, async: one a batch;
+    EASGD: one exchange every tau = 4 local steps), none done twice."""
+    run = tmp_path / "run"
+    proc = start(run, strategy=strategy, extra=["--epochs", str(LONG), "--live-every", "0.05",
+                                                "--checkpoint-every", "0"])
+    wait_training(proc, run)
+    workers = children(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    wait_gone(workers)
+    meta = checkpoints.read(sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]).meta
+    assert meta["reason"] == "interrupted" and 0 < meta["updates"] < LONG * 16
+    batches = LONG * 16  # exp: 16 batches of 16 an epoch
+    per_update = 4 if strategy == "easgd" else 1
+    if strategy == "easgd":  # each worker's exchanges: its local steps // tau
+        assert meta["updates"] + meta["dropped"] == sum(p // 4 for p in meta["positions"])
+    else:
+        assert meta["updates"] + meta["dropped"] == sum(meta["positions"])
+    assert meta["examples"] == 16 * sum(meta["positions"])
+
+    resumed = monsoon.train("exp", strategy, 2, epochs=LONG, seed=0, evals=20, timeout=20,
+                            progress=False, resume=str(run))
+    assert resumed.summary["examples"] == batches * 16
+    assert resumed.summary["updates"] + resumed.summary["dropped_updates"] == \
+        batches // per_update
+
+
 def test_an_interrupted_run_offers_resume_only_where_it_would_be_accepted(tmp_path):
     """Async's checkpoints do not hold the workers' compressor state, so
     --resume refuses them: the interrupt's line says so instead of offering

@@ -21,7 +21,13 @@ run's end, ``report`` is what a worker sends its driver (``RunTally.add``).
 
 ``halt``: where another party (the local engine's monitor, in shared
 memory) can end the run: ``halt[0]`` set, ``halted()`` raises before the
-worker's next op. A program that fails or is halted is closed. An op the
+worker's next op, unless that op lands a gradient already computed
+(``LANDING``: Apply, Push, LocalStep, LocalApply, and EASGD's Elastic,
+which ends the local step before it): a halted worker then stops between
+batches, every batch it counted applied, so a checkpoint's positions,
+taken from the examples counted, skip no batch whose update is missing
+(these ops never wait unboundedly). A program that fails or is halted is
+closed. An op the
 engine does not carry out raises ConfigError (``Engine.check`` refuses such
 a strategy before the run; this is the backstop).
 """
@@ -38,6 +44,7 @@ from .core import LocalUpdate
 WAIT = object()  # a handler's result: the op's own result comes later (``advance``)
 OPS = (Gradient, Apply, Fetch, Push, Clock, LocalStep, AllReduce, Average, LocalApply, Elastic,
        SGDPass)
+LANDING = frozenset({Apply, Push, LocalStep, LocalApply, Elastic})  # a halt waits for them
 
 
 class Worker:
@@ -66,7 +73,7 @@ class Worker:
         try:
             while True:
                 op = program.send(result)
-                if halt[0]:
+                if halt[0] and type(op) not in LANDING:
                     self.halted()
                 result = handlers[type(op)](op)
                 if result is wait:

@@ -13,7 +13,9 @@ Two kinds of checkpoint, by strategy:
   parameters and rule state as the monitor reads them while workers run (a
   racy read, as the loss curve's), each worker's position in its data plan
   from the examples it has done, and the private copies the workers report
-  when they stop. These strategies are not deterministic on real workers,
+  when they stop. A stopped worker stops between batches, every batch it
+  counted landed (``server/worker.py``'s ``LANDING``), so the final
+  checkpoint's positions and updates agree. These strategies are not deterministic on real workers,
   so resuming carries the run on rather than replaying it.
 
 Runs of a compiled per-example loop (sparse Hogwild!, serial) count their
