@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 
 
@@ -134,6 +136,15 @@ def lookahead(batches):
         batch = following
     if batch is not None:
         yield batch, None
+
+
+def budget_steps(n: int, batch_size: int, budget: Budget) -> int:
+    """How many batches ``global_batches`` yields: the step budget, or every
+    started epoch's batches (the last of each short where ``batch_size``
+    does not divide ``n``)."""
+    if budget.steps is not None:
+        return budget.steps
+    return math.ceil(budget.epochs) * -(-n // batch_size)
 
 
 def global_batches(n: int, batch_size: int, seed: int, budget: Budget):

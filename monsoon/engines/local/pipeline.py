@@ -25,7 +25,7 @@ import traceback
 import numpy as np
 
 from ...errors import ConfigError, WaitTimeout, WorkerError
-from ...strategies.batches import global_batches
+from ...strategies.batches import budget_steps, global_batches
 from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ..base import EngineResult
 from ...monitor.due import Due
@@ -99,8 +99,11 @@ def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
         t0 = time.perf_counter()
         for t, batch in enumerate(global_batches(*setup["batches"])):
             worker.step(batch, t, link)
-            if lead:
+            if lead:  # the step decided here: dropped or not, then how many decided
+                if worker.dropped_steps[-1:] == [t]:
+                    shared["dropped_at"][t] = 1
                 counters[2 + spec.index] = worker.dropped
+                counters[2 + spec.count + spec.index] = t + 1
                 if spec.first:
                     counters[0] += 1
                     counters[1] += len(batch)
@@ -149,8 +152,12 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
     specs, stages, replicas = strategy.layout(problem, workers, batch_size)
     ctx = start_context()
     shared = SharedArrays({"control": ((4,), "int64"), "served": ((stages,), "int64"),
-                           # steps, examples, then each stage's dropped steps
-                           "counters": ((2 + stages,), "int64"), "snap": ((w0.size,), str(w0.dtype))})
+                           # steps, examples, each stage's dropped steps, each
+                           # stage's steps decided; which steps some stage dropped
+                           "counters": ((2 + 2 * stages,), "int64"),
+                           "dropped_at": ((max(1, budget_steps(problem.n_examples, batch_size,
+                                                               budget)),), "int8"),
+                           "snap": ((w0.size,), str(w0.dtype))})
     shared["snap"][:] = w0
     control = shared["control"]
     pool = WorkerPool(ctx, workers, "monsoon-stage")
@@ -244,10 +251,11 @@ def _watch(engine, pool, specs, shared, recorder, t0):
         if pool.failed:
             raise _failure(pool, specs, control)
         now = time.perf_counter() - t0
-        # the steps applied: a step some stage dropped is no update (live,
-        # the stage that dropped most; ``finish`` counts each dropped step once)
-        dropped = int(max(counters[2:], default=0))
-        up, ex = int(counters[0]) - dropped, int(counters[1])
+        # the steps applied: of the steps every stage has decided, those no
+        # stage dropped (as ``finish`` counts them), so the curve never falls
+        done = int(counters[2 + len(specs):].min())
+        dropped = int(np.count_nonzero(shared["dropped_at"][:done]))
+        up, ex = done - dropped, int(counters[1])
         due.progress(ex, f"no pipeline step finished for {2 * engine.timeout:g} s")
         if asked and all(served[s] >= control[ASKED] for s in range(len(specs))):
             asked = False

@@ -82,13 +82,17 @@ def stage_summary(stats: list[dict], stages: int) -> list[dict]:
     return out
 
 
-def dropped_steps(stats: list[dict]) -> int:
-    """The steps some stage did not apply (its part of the gradient was not
-    finite), each counted once however many stages dropped it."""
+def dropped_steps(stats: list[dict], steps: int) -> int:
+    """Of the run's first ``steps`` steps, those some stage did not apply
+    (its part of the gradient was not finite), each counted once however
+    many stages dropped it. A later stage may have finished a step that the
+    first stage, stopped mid-step, does not count: that one is not the run's."""
     dropped = set()
     for s in stats:
-        dropped.update(s.get("dropped_steps", ()))
-    return max(len(dropped), max((s["dropped"] for s in stats), default=0))
+        dropped.update(t for t in s.get("dropped_steps", ()) if t < steps)
+    if any("dropped_steps" in s for s in stats):
+        return len(dropped)
+    return max((s["dropped"] for s in stats), default=0)
 
 
 def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, stopped, w0,
@@ -98,7 +102,7 @@ def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, 
     steps applied and ``dropped_updates`` those that were not: a step that
     any stage dropped counts as dropped."""
     stages = strategy.stages_used
-    dropped = dropped_steps(stats)
+    dropped = dropped_steps(stats, steps)
     updates = steps - dropped
     summary = {"pipeline_stages": stages, "pipeline_replicas": strategy.replicas_used,
                "bubble_fraction": bubble(stats, stages),
