@@ -321,8 +321,18 @@ def test_a_signal_during_start_up_stops_cleanly(tmp_path):
     import threading
 
     from monsoon.errors import Interrupted
+    from monsoon.monitor.lifecycle import StopSignals
 
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    def stop_once_handled():
+        # SIGTERM as soon as the run's handler is in place: a fixed delay could
+        # fire before it (a cold import), and the default action ends pytest
+        deadline = time.monotonic() + 30
+        while StopSignals.active is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if StopSignals.active is not None:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_once_handled, daemon=True).start()
     t0 = time.monotonic()
     with pytest.raises(Interrupted) as info:
         monsoon.train("exp", "sync", 2, epochs=400, out=tmp_path / "run", timeout=20)
