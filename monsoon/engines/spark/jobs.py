@@ -5,7 +5,8 @@ driver thread (which joins the run's job group: Spark's job groups are
 per thread) and waited for with the run's timeout. ``cancel()`` cancels
 the whole group: the engine calls it when a wait times out, when a run
 fails or stops early, and always before it returns, so no Spark job
-outlives its run.
+outlives its run. A group whose jobs have all finished is left alone
+(Spark would log a warning for it).
 """
 from __future__ import annotations
 
@@ -105,9 +106,22 @@ class Jobs:
             [self.group] + [self.group_of(k) for k in range(workers)]
         for group in groups:
             try:
-                self.sc.cancelJobGroup(group)
+                if self._unfinished(group):
+                    self.sc.cancelJobGroup(group)
             except Exception:  # noqa: BLE001 - the context is already stopped
                 pass
+
+    def _unfinished(self, group: str) -> bool:
+        """Whether ``group`` may hold a job Spark has not finished. Spark logs
+        a warning for each group cancelled with no job left, which every
+        run's end would print; a job Spark no longer describes is taken as
+        unfinished, so it is cancelled all the same."""
+        tracker = self.sc.statusTracker()
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            if info is None or info.status not in ("SUCCEEDED", "FAILED"):
+                return True
+        return False
 
     def close(self, workers: int = 0) -> None:
         self.cancel(workers=workers)
