@@ -2,10 +2,12 @@
 
 It wraps a real problem and, on worker ``rank`` only, after ``after`` gradient
 calls, raises, returns a NaN gradient, exits the process, hangs, or takes
-0.1 s longer per gradient (a straggler). It lives
+0.1 s longer per gradient (a straggler); ``SignalOnce`` presses Ctrl-C on
+the run from inside a gradient. It lives
 in an importable module because spawned workers unpickle it by name.
 """
 import os
+import signal
 import time
 
 import numpy as np
@@ -101,3 +103,32 @@ class ExitOnce(FaultyProblem):
             os._exit(3)
         self.calls += 1
         return self.inner.gradient(w, indices, out, accumulate)
+
+
+class SignalOnce(FaultyProblem):
+    """Ctrl-C from inside a run: worker ``rank``'s gradient number ``after``
+    sends SIGINT to process ``pid`` (the run's monitor), then takes
+    ``pause`` seconds longer, so that the monitor has asked the workers to
+    stop before this one's next op. It trains as the inner problem does
+    (its gradients and training defaults), so that a run resumed, or run
+    whole, on the inner problem itself is the same run."""
+
+    def __init__(self, inner: Problem, pid: int, rank: int = 1, after: int = 6,
+                 pause: float = 2.0):
+        super().__init__(inner, "signal", rank, after)
+        self.pid, self.pause = pid, pause
+        self.defaults = inner.defaults  # lr, batch size: the inner problem's
+
+    def for_worker(self, rank, workers):
+        clone = SignalOnce(self.inner.for_worker(rank, workers), self.pid, self.fault_rank,
+                           self.after, self.pause)
+        clone.rank = rank
+        return clone
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        self.calls += 1
+        result = self.inner.gradient(w, indices, out, accumulate)
+        if self.rank == self.fault_rank and self.calls == self.after:
+            os.kill(self.pid, signal.SIGINT)
+            time.sleep(self.pause)
+        return result

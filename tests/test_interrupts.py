@@ -236,6 +236,40 @@ def test_an_interrupted_racing_run_resumes_to_its_budget_with_no_update_lost(tmp
         batches // per_update
 
 
+def test_an_async_worker_stopped_with_accrued_gradients_leaves_them_to_the_resumed_run(
+        tmp_path):
+    """--n-push 4: an async worker adds up 4 gradients before it pushes the
+    sum. Worker 1 presses Ctrl-C from its 30th gradient, so it stops with 2
+    gradients added up and not pushed: their batches are not counted
+    (``server/worker.py``), so the final checkpoint's positions count pushed
+    batches only, its updates agree with them, and the resumed run does
+    those 2 batches again, ending with an uninterrupted run's updates and
+    examples: nothing computed is lost, nothing is done twice."""
+    from faulty import SignalOnce
+    from monsoon.errors import Interrupted
+    from monsoon.problems import make_problem
+
+    opts = dict(epochs=50, batch_size=16, seed=0, evals=0, timeout=20, progress=False,
+                n_push=4)
+    stopper = SignalOnce(make_problem("exp"), os.getpid(), rank=1, after=30)
+    with pytest.raises(Interrupted):
+        monsoon.train(stopper, "async", 2, out=tmp_path / "a", checkpoint_every=0, **opts)
+    meta = checkpoints.read(sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))[-1]).meta
+    assert meta["reason"] == "interrupted"
+    share = 50 * 8  # each worker's batches: exp's 16 batches of 16 an epoch, halved
+    assert meta["positions"][1] == 28, meta  # its 29th and 30th gradients were never pushed
+    assert all(p % 4 == 0 or p == share for p in meta["positions"]), meta
+    pushes = sum(-(-p // 4) for p in meta["positions"])  # a worker's last push may be short
+    assert meta["updates"] + meta["dropped"] == pushes, meta
+    assert meta["examples"] == 16 * sum(meta["positions"])
+
+    resumed = monsoon.train("exp", "async", 2, resume=str(tmp_path / "a"), **opts)
+    whole = monsoon.train("exp", "async", 2, **opts)
+    assert resumed.summary["examples"] == whole.summary["examples"] == 2 * share * 16
+    for run in (resumed, whole):
+        assert run.summary["updates"] + run.summary["dropped_updates"] == 2 * share // 4
+
+
 def test_an_interrupted_run_offers_resume_only_where_it_would_be_accepted(tmp_path):
     """Async's checkpoints do not hold the workers' compressor state, so
     --resume refuses them: the interrupt's line says so instead of offering

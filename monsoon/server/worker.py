@@ -19,6 +19,18 @@ travel (Apply, Fetch, Push, AllReduce, Average, Elastic, Clock): how a
 message reaches the server or the other workers is all it brings. At the
 run's end, ``report`` is what a worker sends its driver (``RunTally.add``).
 
+A pushing program's gradients (one that yields ``Push``: Downpour, SSP)
+count their examples when the push that carries them is made, not when
+they are computed (``hold``, then ``release`` in the engine's Push): with
+``n_push`` > 1 a worker adds up gradients before it pushes, and until then
+its server, and so every checkpoint, holds none of them. A worker that
+stops with an accrued, unpushed sum has not counted those batches, so a
+checkpoint's positions (taken from the examples counted) leave them to the
+resumed run, which computes them again: its push periods are those of an
+uninterrupted run, and so are its totals (as Spark's segments, applied
+whole or not at all). Pushing the partial sum instead would add one short
+update per stopped worker that no uninterrupted run makes.
+
 ``halt``: where another party (the local engine's monitor, in shared
 memory) can end the run: ``halt[0]`` set, ``halted()`` raises before the
 worker's next op, unless that op lands a gradient already computed
@@ -49,7 +61,8 @@ LANDING = frozenset({Apply, Push, LocalStep, LocalApply, Elastic})  # a halt wai
 
 class Worker:
     # slots: the sim runs tens of thousands of workers (its subclass has slots too)
-    __slots__ = ("rank", "problem", "strategy", "work", "program", "local_rule", "handlers")
+    __slots__ = ("rank", "problem", "strategy", "work", "program", "local_rule", "handlers",
+                 "held")
     engine_name = "this"  # in ``cannot``'s error
     halt = (0,)           # never set: see the module docstring
     sender = None         # the engine's ``messages.Sender``, where it reports traffic
@@ -64,6 +77,9 @@ class Worker:
         self.handlers = dict.fromkeys(OPS, self.cannot)
         self.handlers.update({Gradient: self.gradient, LocalStep: self.local_step,
                               LocalApply: self.local_apply})
+        # the examples of the gradients computed since the last push (None: the
+        # program pushes nothing, and a gradient counts when it is computed)
+        self.held = 0 if Push in strategy.uses else None
 
     def advance(self, result=None, between_ops=None) -> bool:
         """Carry out ``program``'s ops from where it waits (``result``: what
@@ -99,7 +115,7 @@ class Worker:
         if op.next is not None and problem.prefetch is not None:
             problem.prefetch(op.next)  # a Dataset problem loads it while this one computes
         loss, grad = problem.gradient(self.work, op.indices)
-        self.count_gradient(len(op.indices), loss)
+        self.count_gradient(self.hold(len(op.indices)), loss)
         return loss, weighted(grad, op.weight)
 
     def local_step(self, op) -> None:
@@ -110,6 +126,23 @@ class Worker:
             self.count_dropped()
 
     # -- what an engine counts ------------------------------------------------------
+    def hold(self, examples: int) -> int:
+        """Of a gradient's ``examples``, those to count now: all of them,
+        unless the program pushes, whose gradients count when pushed (the
+        module docstring); those are held until ``release``."""
+        if self.held is None:
+            return examples
+        self.held += examples
+        return 0
+
+    def release(self) -> int:
+        """The examples of the gradients a push carries (those held since the
+        last push), to count now, before the push lands, so that a racing
+        read of the parameters never holds an update whose batches are not
+        counted."""
+        held, self.held = self.held, 0
+        return held
+
     def count_gradient(self, examples: int, loss) -> None:
         """A gradient over ``examples`` examples with mean loss ``loss``."""
 

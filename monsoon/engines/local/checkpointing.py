@@ -14,7 +14,9 @@ Two kinds of checkpoint, by strategy:
   racy read, as the loss curve's), each worker's position in its data plan
   from the examples it has done, and the private copies the workers report
   when they stop. A stopped worker stops between batches, every batch it
-  counted landed (``server/worker.py``'s ``LANDING``), so the final
+  counted landed (``server/worker.py``'s ``LANDING``; a pushing worker
+  counts its batches when it pushes them, so an accrued sum a stop leaves
+  unpushed, ``--n-push`` > 1, is done again by the resumed run), so the final
   checkpoint's positions and updates agree. These strategies are not deterministic on real workers,
   so resuming carries the run on rather than replaying it.
 

@@ -9,7 +9,10 @@ the loop before the next op. Op by op:
   ones for shared strategies: zero copy). Sync workers write straight into
   their gradient slot (the replicated step's alternate with the step).
 - ``Apply``: the rule on the whole shared vector, no lock (Hogwild!).
-- ``Fetch`` / ``Push``: per shard, under that shard's lock.
+- ``Fetch`` / ``Push``: per shard, under that shard's lock. A push counts
+  the examples of the gradients it carries (``Worker.release``): an accrued
+  sum that a stop leaves unpushed is not counted, and a resumed run does
+  those batches again.
 - ``AllReduce`` / ``Average``: write the slot, then one synchronous step
   (``synchronous.py``): sharded (each worker sums and applies 1/N of the
   vector, three barriers) or, for small models, replicated (every worker
@@ -146,7 +149,10 @@ class WorkerRuntime(Worker):
             self._prefetch(op.next)  # a Dataset problem loads it while this one computes
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
         grad = weighted(grad, op.weight)
-        self.counters[EXAMPLES] += len(op.indices)
+        if self.held is None:
+            self.counters[EXAMPLES] += len(op.indices)
+        else:  # a pushing program's: counted with the push (``server/worker.py``)
+            self.held += len(op.indices)
         if self._live is not None:
             self._live[LOSS_SUM] += loss
             self._live[LOSS_N] += 1
@@ -195,6 +201,8 @@ class WorkerRuntime(Worker):
 
     def push(self, op: Push) -> None:
         grad = op.grad
+        # its batches, before it lands (the snapshot's order: ``monitor.snapshot``)
+        self.counters[EXAMPLES] += self.release()
         if not self.server.admits(grad):  # the whole gradient, once
             self.counters[DROPPED] += 1
             return

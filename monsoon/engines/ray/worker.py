@@ -145,6 +145,7 @@ class RemoteWorker(Worker):
         return ticket
 
     def push(self, op):
+        self.counts["examples"] += self.release()  # its gradients' (``server/worker.py``)
         if not finite(op.grad):
             self.counts["dropped"] += 1
             return
