@@ -270,6 +270,49 @@ def test_an_async_worker_stopped_with_accrued_gradients_leaves_them_to_the_resum
         assert run.summary["updates"] + run.summary["dropped_updates"] == 2 * share // 4
 
 
+COMPRESSED = dict(epochs=40, batch_size=16, seed=0, evals=0, timeout=20, progress=False,
+                  compress="randk:0.2")
+
+
+@pytest.mark.parametrize("every,sync_step", [(100, "replicated"), (0, "replicated"),
+                                             (0, "sharded")],
+                         ids=["periodic", "no-periodic", "sharded-no-periodic"])
+def test_an_interrupted_compressed_sync_run_checkpoints_where_it_stopped(
+        tmp_path, monkeypatch, every, sync_step):
+    """Compressed sync (randk with error feedback: each worker's residual
+    and random stream). Worker 1 presses Ctrl-C from its 130th gradient, so
+    the workers stop at a step boundary between checkpoint steps (every
+    100), or in a run with no periodic checkpoints. Each worker hands its
+    sender's state at that boundary to the monitor, which writes the final
+    checkpoint there with it; the resumed run ends bit-identical to an
+    uninterrupted one."""
+    from faulty import SignalOnce
+    from monsoon.engines import base as engine_base
+    from monsoon.errors import Interrupted
+    from monsoon.problems import make_problem
+
+    if sync_step == "sharded":  # every model counts as large
+        monkeypatch.setattr(engine_base, "REPLICATE_MAX_BYTES", 0)
+    run = tmp_path / "a"
+    stopper = SignalOnce(make_problem("exp"), os.getpid(), rank=1, after=130)
+    with pytest.raises(Interrupted) as info:
+        monsoon.train(stopper, "sync", 2, out=run, checkpoint_every=every, **COMPRESSED)
+    assert f"--resume {run}" in str(info.value)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["sync_step"] == sync_step and 0 < summary["updates"] < 40 * 16
+    newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
+    meta = checkpoints.read(newest).meta
+    assert summary["checkpoint"] == str(newest)
+    assert meta["reason"] == "interrupted" and meta["updates"] == summary["updates"], meta
+
+    resumed = monsoon.train("exp", "sync", 2, resume=str(run), checkpoint_every=every,
+                            **COMPRESSED)
+    whole = monsoon.train("exp", "sync", 2, **COMPRESSED)
+    assert resumed.summary["resumed_from"] == str(newest)
+    assert resumed.summary["updates"] == whole.summary["updates"] == 40 * 16
+    assert np.array_equal(resumed.params, whole.params)
+
+
 def test_an_interrupted_run_offers_resume_only_where_it_would_be_accepted(tmp_path):
     """Async's checkpoints do not hold the workers' compressor state, so
     --resume refuses them: the interrupt's line says so instead of offering

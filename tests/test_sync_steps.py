@@ -195,6 +195,49 @@ def test_with_backup_workers_no_worker_joins_the_step_the_run_stops_at():
         store.close()
 
 
+def test_a_worker_stopped_before_its_step_hands_over_its_sender_from_before_that_step():
+    """Compressed sync: a worker encodes its message of a step before it
+    arrives there (``compressing``). One that leaves the arrival wait
+    because another stopped at that step's boundary (``STOP_AT``) holds the
+    message of a step no one applies: the state it hands over for the final
+    checkpoint (error-feedback residual, random stream) is the one from
+    before that message, which the resumed run sends again."""
+    from types import SimpleNamespace
+
+    from monsoon.compressors.messages import Compression, Sender
+    from monsoon.engines.local import checkpointing
+    from monsoon.engines.local.store import STOP, STOP_AT, ParameterStore
+
+    n, compression = 8, Compression("randk", 0.5)
+    store = ParameterStore(np.zeros(n), SGD(0.1), 2, 1, sync_slots=True, backend="threads",
+                           extra_layout=checkpointing.sender_slots(compression, n, "float64", 2))
+    try:
+        sender = Sender(compression, 1)
+        sender.keep_previous = checkpointing.hands_over_senders(store)
+        runtime = SimpleNamespace(store=store, rank=1, workers=2, start_step=5,
+                                  checkpoint_every=0, timeout=1.0, _spin=False, _hot_turns=0,
+                                  sender=sender, strategy=SimpleNamespace(backup_workers=0))
+        step = synchronous.ShardedStep(runtime)
+        rng = np.random.default_rng(0)
+        sender.send(rng.standard_normal(n))  # step 4's message, applied
+        at_boundary = sender.state(n, np.float64)
+        sender.send(rng.standard_normal(n))  # step 5's
+        assert not np.array_equal(sender.state(n, np.float64)["residual"],
+                                  at_boundary["residual"])
+        store.control[STOP] = 1
+        store.control[STOP_AT] = 5  # worker 0 stopped at step 5's boundary
+        with pytest.raises(synchronous.Stopped):
+            step.contribute(4)
+        step.on_stop()
+        arrays = store.memory.arrays
+        assert arrays[checkpointing.TAG][checkpointing.STOP_ROW, 1] == 5
+        for name, value in at_boundary.items():
+            assert np.array_equal(arrays["ckpt.sender." + name][checkpointing.STOP_ROW, 1],
+                                  value), name
+    finally:
+        store.close()
+
+
 def _backup_step(store, rank=2):
     """Worker ``rank``'s sharded step of a run with one backup worker."""
     from types import SimpleNamespace

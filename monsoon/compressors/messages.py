@@ -11,7 +11,10 @@ Error feedback (Seide et al. 2014; Karimireddy et al. 2019): the sender
 adds the residual e to the message, sends C(v + e) and keeps
 e' = v + e - D(C(v + e)). Invariant (tested): sent + e' == v + e.
 ``Sender.state``/``restore``: the residual and the compressor's state
-(random stream, PowerSGD's Q), which a checkpoint holds (``stateful``).
+(random stream, PowerSGD's Q), which a checkpoint holds (``stateful``);
+with ``keep_previous`` set, also as they were before the last message (a
+synchronous worker that stops before the step its message was for is
+applied hands that state over: the resumed run sends the message again).
 
 Wire form: the compressor's ``pack`` writes an ``Encoded`` as exactly
 ``nbytes`` bytes (uint8, bit-packed); invariant (tested): ``receive`` of it
@@ -135,15 +138,23 @@ class Sender:
     whether the last encoded vector was finite (a receiver that decodes only
     its slice of the message, a Ray shard, cannot see it)."""
 
+    keep_previous = False  # keep ``previous``: the state before the last message
+
     def __init__(self, compression: Compression, rank: int = 0):
         self.compression = compression
         self.compressor = compression.compressor(rank)
         self.residual = None
+        # (residual, compressor state) before the last message, where kept: the
+        # residual is never changed in place, only replaced, so this holds a reference
+        self.previous = None
         self.sent_bytes = self.raw_bytes = self.received_bytes = self.messages = 0
         self.last_nbytes = 0
         self.last_finite = True
 
     def _encode(self, v: np.ndarray) -> tuple[Encoded, np.ndarray]:
+        if self.keep_previous:
+            self.previous = (self.residual, {k: np.array(a, copy=True)
+                                             for k, a in self.compressor.state().items()})
         self.messages += 1
         self.raw_bytes += v.nbytes
         self.last_finite = finite(v)
@@ -196,13 +207,21 @@ class Sender:
             self.messages += 1
         self.last_nbytes = nbytes
 
-    def state(self, size: int, dtype) -> dict:
+    def state(self, size: int, dtype, before_last: bool = False) -> dict:
         """What ``restore`` needs to carry on as this sender would have, as
         ``Compression.sender_layout``'s arrays: the residual (``has``: 1 once
-        there is one) and the compressor's state."""
-        has = self.residual is not None
-        return {"residual": self.residual if has else np.zeros(size, dtype=dtype),
-                "has": np.array([int(has)], dtype=np.int64), **self.compressor.state()}
+        there is one) and the compressor's state; ``before_last``: as they
+        were before the last message (``keep_previous`` must be set)."""
+        if before_last:
+            if self.previous is None:
+                raise RuntimeError("the sender kept no state from before its last message "
+                                   "(keep_previous unset); please report this bug")
+            residual, kept = self.previous
+        else:
+            residual, kept = self.residual, self.compressor.state()
+        has = residual is not None
+        return {"residual": residual if has else np.zeros(size, dtype=dtype),
+                "has": np.array([int(has)], dtype=np.int64), **kept}
 
     def restore(self, arrays: dict) -> None:
         self.residual = np.array(arrays["residual"], copy=True) if int(arrays["has"][0]) else None

@@ -27,7 +27,8 @@ the end of an epoch, at most once per epoch; serial's are exact.
 Either way the checkpoint holds the counters (examples, updates, dropped)
 and the recorder's rows up to it, so totals and the loss curve carry on.
 An exact checkpoint of a compressed run also holds each worker's sender
-state (``sender.<name>``, see ``save_sender`` below); a serial run's, the
+state (``sender.<name>``, see ``save_sender`` and, for the final checkpoint
+of a stopped run, ``hand_over_sender`` below); a serial run's, the
 model's buffers (``buffer.<name>``: BatchNorm's statistics), since it runs
 on the problem itself (other workers' buffers are not at hand, and
 ``--resume`` refuses them: ``checkpoints.check_resume``).
@@ -157,50 +158,84 @@ def restore_buffers(ckpt, problem) -> None:
 # step s (s % every == 0), before it arrives at the step's barrier, so that
 # it is there once worker 0 (or the last through a sharded step) hands the
 # step's parameters to the monitor. The slots are double-buffered by
-# checkpoint (s // every % 2) and tagged with s (-1 while written): the
+# checkpoint (rows s // every % 2) and tagged with s (-1 while written): the
 # monitor copies them with the step's parameters, before it frees the
 # buffer, and workers wait for the buffer before they write the next
 # checkpoint's, so the slots hold s then; it checks that every tag reads s
 # before and after its copy all the same.
+#
+# A third row (``STOP_ROW``) holds each worker's state at the step boundary
+# where it stopped or ended, written as it does (``hand_over_sender``), so
+# that the monitor's final checkpoint of a stopped run has it whatever the
+# step (with no periodic checkpoints too). A worker encodes its message of
+# a step before it arrives there (``compressing``); one that then stops
+# without the step applied (it left the arrival wait: another stopped at
+# that boundary) hands over its state from before that message. The slots
+# exist wherever the run has a folder and its checkpoints hold senders.
 
 TAG = "ckpt.sender.tag"
+STOP_ROW = 2
 
 
 def sender_slots(compression, n: int, dtype, workers: int) -> dict:
     """The store's extra layout for the senders' checkpoint slots."""
-    layout = {TAG: ((2, workers), "int64")}
+    layout = {TAG: ((3, workers), "int64")}
     for name, (shape, dt) in compression.sender_layout(n, dtype).items():
-        layout["ckpt.sender." + name] = ((2, workers) + tuple(shape), dt)
+        layout["ckpt.sender." + name] = ((3, workers) + tuple(shape), dt)
     return layout
+
+
+def hands_over_senders(store) -> bool:
+    """Whether the store has the senders' slots (a worker's sender then keeps
+    its state from before its last message: ``Sender.keep_previous``)."""
+    return TAG in store.memory.arrays
 
 
 def save_sender(store, sender, rank: int, step: int, every: int) -> None:
     """In a worker, at checkpoint step ``step``: its sender's state into its slot."""
+    if TAG in store.memory.arrays:
+        _write_sender(store, step // every % 2, rank, step,
+                      sender.state(store.params.size, store.params.dtype))
+
+
+def hand_over_sender(store, sender, rank: int, step: int, before_last: bool) -> None:
+    """In a worker that stopped or ended at step boundary ``step``: its
+    sender's state there into the stop row; ``before_last``: its last
+    message was for step ``step`` itself, which was not applied, so the
+    state from before that message."""
+    if TAG in store.memory.arrays:
+        _write_sender(store, STOP_ROW, rank, step,
+                      sender.state(store.params.size, store.params.dtype, before_last))
+
+
+def _write_sender(store, row: int, rank: int, step: int, state: dict) -> None:
     arrays = store.memory.arrays
-    if TAG not in arrays:
-        return
-    half = step // every % 2
     tags = arrays[TAG]
-    tags[half, rank] = -1
-    for name, value in sender.state(store.params.size, store.params.dtype).items():
-        arrays["ckpt.sender." + name][half, rank] = value
-    tags[half, rank] = step
+    tags[row, rank] = -1
+    for name, value in state.items():
+        arrays["ckpt.sender." + name][row, rank] = value
+    tags[row, rank] = step
 
 
-def read_senders(store, step: int, every: int) -> dict | None:
-    """In the monitor: every sender's state at checkpoint step ``step``, as a
+def read_senders(store, step: int, every: int, stopped: bool = False) -> dict | None:
+    """In the monitor: every sender's state at checkpoint step ``step`` (or,
+    ``stopped``, where the workers stopped or ended: the stop row), as a
     checkpoint's ``sender.<name>`` arrays (workers first); {} where the run
     keeps none; None where the slots do not hold that step (a stop between
-    checkpoint steps, or workers two checkpoints on)."""
+    checkpoint steps, workers two checkpoints on, or a worker that did not
+    hand its state over: one lost)."""
     arrays = store.memory.arrays
     if TAG not in arrays:
         return {}
-    if not every or step % every:
+    if stopped:
+        row = STOP_ROW
+    elif not every or step % every:
         return None
-    half = step // every % 2
-    tags = arrays[TAG][half]
+    else:
+        row = step // every % 2
+    tags = arrays[TAG][row]
     if not (tags == step).all():
         return None
-    out = {k.replace("ckpt.", "", 1): np.array(v[half], copy=True) for k, v in arrays.items()
+    out = {k.replace("ckpt.", "", 1): np.array(v[row], copy=True) for k, v in arrays.items()
            if k.startswith("ckpt.sender.") and k != TAG}
     return out if (tags == step).all() else None

@@ -57,7 +57,8 @@ from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker
 from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
-from .checkpointing import RunCheckpoints, buffer_arrays, restore_buffers, sender_slots
+from .checkpointing import (RunCheckpoints, buffer_arrays, hands_over_senders,
+                            restore_buffers, sender_slots)
 from .inbox import WorkerPool, read_payload
 from ...compressors.messages import Sender, compressing
 from ... import arrays
@@ -164,6 +165,7 @@ def _worker_body(messages, setup: WorkerSetup) -> None:
                                 start_step=setup.job.start_step,
                                 checkpoint_every=setup.checkpoint_every, work0=setup.work0)
         sender = runtime.sender = Sender(setup.compression, rank)
+        sender.keep_previous = hands_over_senders(store)  # for a stop mid-step (synchronous.py)
         if setup.sender_state is not None:
             sender.restore(setup.sender_state)
         program = compressing(setup.strategy.program(setup.job), sender,
@@ -416,8 +418,10 @@ class LocalEngine(Engine):
                                checkpoint_buffer=buffer,
                                snapshot_ring=recorder.evals > 0 and bool(recorder.total_examples),
                                live=recorder.live_writer is not None,
+                               # with a folder: the final checkpoint of a stop holds them too
                                extra_layout=(sender_slots(compression, w0.size, w0.dtype, workers)
-                                             if buffer and senders else None))
+                                             if senders and ck.directory and not inline
+                                             else None))
         self.shards_used = shards
         if resume.saved is not None:
             ck.restore(resume, store)

@@ -289,8 +289,8 @@ class WorkerMonitor:
     def exact_checkpoint(self, step: int, params, state, reason: str, now: float,
                          senders=False) -> None:
         """Written only where the workers' compressor state at ``step`` is at
-        hand (``senders``, or ``checkpointing.read_senders``); else the
-        newest one stands."""
+        hand (``senders``, or ``checkpointing.read_senders``); else (a worker
+        lost, whose state went with it) the newest one stands."""
         store, ck, workers = self.store, self.ck, self.workers
         if senders is False:
             senders = read_senders(store, step, self.engine.checkpoint_every)
@@ -318,9 +318,10 @@ class WorkerMonitor:
         if self.due.interrupted is not None:
             if not self.exact:
                 self.snapshot("interrupted", wall, private=self.tally.params or None)
-            elif self.at_one_boundary():
+            elif self.at_one_boundary():  # each worker handed its sender over there
                 step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
-                self.exact_checkpoint(step, store.params, store.state, "interrupted", wall)
+                self.exact_checkpoint(step, store.params, store.state, "interrupted", wall,
+                                      read_senders(store, step, self.every, stopped=True))
         return params
 
     def at_one_boundary(self) -> bool:

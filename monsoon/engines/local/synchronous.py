@@ -35,7 +35,10 @@ through the step) once the monitor has taken the previous one (none is
 skipped). On ``STOP`` the first worker to see it at a boundary sets
 ``STOP_AT`` and every worker stops there (``Stopped``): one waiting for the
 others to arrive leaves the wait (nothing of the step is applied yet), and
-none joins the step after. The monitor then writes the final checkpoint.
+none joins the step after. Each worker hands its compressor state at that
+boundary to the monitor (``checkpointing.hand_over_sender``: the state
+before its message of the step it left unapplied, where it had sent one),
+and the monitor then writes the final checkpoint.
 Every wait (barriers, the checkpoint buffer) has the run's timeout.
 """
 from __future__ import annotations
@@ -50,7 +53,7 @@ from ...server.reduce import WeightedMean, finite, weighted_sum
 from ...server.core import ServerCore
 from ...monitor.waiting import Aborted, wait_until
 from ...shared_memory import NEEDS_FENCE  # where set, the store's lock fences a counter
-from .checkpointing import save_sender
+from .checkpointing import hand_over_sender, save_sender
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,
                     READY, REDUCED, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN,
                     STEP, STOP, STOP_AT, UPDATES)
@@ -87,6 +90,7 @@ class _Step:
         self.rank = runtime.rank
         self.workers = runtime.workers
         self.step = runtime.start_step  # the next step this worker joins (resumed: skipped)
+        self.sent = None  # the step of this worker's last message (compressed: encoded)
         self.control = control = self.store.control
         self.every = runtime.checkpoint_every if self.store.ckpt is not None else 0
         # the step after which rank 0 saves the next checkpoint (None: none)
@@ -131,9 +135,20 @@ class _Step:
 
     def finish(self) -> None:
         """Called once the worker's program has ended."""
+        self._hand_over()
 
     def on_stop(self) -> None:
         """Called when the worker stops at a step boundary."""
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """This worker's compressor state where it stopped or ended, for the
+        monitor's final checkpoint: from before its last message where that
+        was for the step it left unapplied (a wait it left on the stop)."""
+        sender = self.rt.sender
+        if sender is not None:
+            hand_over_sender(self.store, sender, self.rank, self.step,
+                             before_last=self.sent == self.step)
 
     def on_abort(self) -> None:
         """Called when the monitor aborts the run (the shared parameters are
@@ -204,8 +219,10 @@ class ReplicatedStep(_Step):
         slot = self.slot[parity]
         if grad is None:
             slot.fill(0)  # 0 * a stale NaN would still be NaN
-        elif grad is not slot:
-            np.copyto(slot, grad)
+        else:
+            self.sent = step
+            if grad is not slot:
+                np.copyto(slot, grad)
         counts = self.examples[parity]
         counts[self.rank] = examples
         target = step + 1
@@ -271,6 +288,7 @@ class ReplicatedStep(_Step):
         """Worker 0 hands its replica and rule state to the store: the
         monitor writes the final checkpoint, and returns the parameters,
         from there."""
+        self._hand_over()
         if self.rank == 0:
             for dst, src in zip(self.store.state, self.state):
                 np.copyto(dst, src)
@@ -290,8 +308,9 @@ class ReplicatedStep(_Step):
         if self.step == 0:
             return
         if self.rank == 0:
-            self.on_stop()
+            self.on_stop()  # the hand-over too
             return
+        self._hand_over()
         published = self.store.published
         self._wait(lambda: published[0] >= self.step, f"worker 0 to publish step {self.step}")
         if not np.array_equal(self.params, self.store.params, equal_nan=True):
@@ -332,6 +351,8 @@ class ShardedStep(_Step):
         rt = self.rt
         counted = self.workers - rt.strategy.backup_workers
         store.slot_examples[self.rank] = examples
+        if examples:  # a message (``all_reduce``: none without examples)
+            self.sent = step
         if self.every and (step + 1) % self.every == 0:
             self._checkpoint_step(step + 1)
         if counted == self.workers:
