@@ -36,6 +36,16 @@ wake-up pipe); the engine then stops its workers, writes a final checkpoint
 and returns what it has, and ``monsoon.train`` writes the run folder with
 status "interrupted" before raising ``Interrupted``. A second signal raises
 ``Interrupted`` at once.
+
+Libraries an engine starts inside a run take the signals for themselves:
+``ray.init`` installs Ray's C++ handler for SIGTERM (a stack dump, then
+abort), a new ``SparkContext`` its SIGINT handler (cancel every job, raise
+KeyboardInterrupt), torchrun's agent its own for both unless
+``TORCHELASTIC_SIGNALS_TO_HANDLE`` leaves them out. An engine calls
+``reclaim_signals()`` once such a library is up, which puts the run's
+handlers back. ``on_stop(callback)`` hands the first signal on to a party
+that cannot see this process's flag (the torch engine's ranks, through a
+file), at once, or when it comes.
 """
 from __future__ import annotations
 
@@ -203,6 +213,7 @@ class StopSignals:
         self._saved = {}
         self._wakeup = None
         self._saved_fd = None
+        self._callbacks = []  # ``on_stop``'s, called with the first signal
 
     @property
     def requested(self) -> bool:
@@ -217,6 +228,15 @@ class StopSignals:
             raise Interrupted(f"{signal_name(signum)} again: stopped at once, without a "
                               "checkpoint", signum)
         self.signum = signum
+        for callback in list(self._callbacks):
+            callback(signum)
+
+    def reclaim(self) -> None:
+        """Install this run's handlers again, over those a library installed
+        since ``__enter__`` (the module docstring); what the run restores at
+        its end stays what was there before it."""
+        for sig in self._saved:
+            signal.signal(sig, self._handle)
 
     def __enter__(self):
         if not self.enabled or threading.current_thread() is not threading.main_thread():
@@ -252,3 +272,29 @@ def stop_requested() -> int | None:
     """The signal that asked the current run to stop, if one did."""
     active = StopSignals.active
     return active.signum if active is not None else None
+
+
+def reclaim_signals() -> None:
+    """Put the current run's SIGTERM/SIGINT handlers back (``StopSignals.
+    reclaim``), after a library installed its own; nothing outside a run."""
+    active = StopSignals.active
+    if active is not None:
+        active.reclaim()
+
+
+@contextlib.contextmanager
+def on_stop(callback):
+    """For the duration of the block, ``callback(signum)`` runs (in the main
+    thread, from the handler) with the current run's first stop signal, or
+    at once if it has come already. Outside a run, nothing."""
+    active = StopSignals.active
+    if active is None or not active._saved:  # no handlers of this run (not the main thread)
+        yield
+        return
+    active._callbacks.append(callback)
+    try:
+        if active.signum is not None:
+            callback(active.signum)
+        yield
+    finally:
+        active._callbacks.remove(callback)

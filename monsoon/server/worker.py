@@ -32,7 +32,8 @@ whole or not at all). Pushing the partial sum instead would add one short
 update per stopped worker that no uninterrupted run makes.
 
 ``halt``: where another party (the local engine's monitor, in shared
-memory) can end the run: ``halt[0]`` set, ``halted()`` raises before the
+memory; Ray's driver, through the worker actor) can end the run:
+``halt[0]`` set, ``halted()`` raises (``Halted``, by default) before the
 worker's next op, unless that op lands a gradient already computed
 (``LANDING``: Apply, Push, LocalStep, LocalApply, and EASGD's Elastic,
 which ends the local step before it): a halted worker then stops between
@@ -54,6 +55,14 @@ from ..strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, 
 from .core import LocalUpdate
 
 WAIT = object()  # a handler's result: the op's own result comes later (``advance``)
+
+
+class Halted(Exception):
+    """The worker stops where its driver asked it to (``halt``, or a
+    synchronous step the server says is the last): its program is closed,
+    and what it counted stands."""
+
+
 OPS = (Gradient, Apply, Fetch, Push, Clock, LocalStep, AllReduce, Average, LocalApply, Elastic,
        SGDPass)
 LANDING = frozenset({Apply, Push, LocalStep, LocalApply, Elastic})  # a halt waits for them
@@ -103,7 +112,7 @@ class Worker:
             raise
 
     def halted(self) -> None:
-        raise RuntimeError("halted")
+        raise Halted()
 
     def cannot(self, op):
         raise ConfigError(f"the {self.engine_name} engine cannot carry out {type(op).__name__} "

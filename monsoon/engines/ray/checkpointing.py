@@ -20,8 +20,12 @@ each worker's position in its data plan, and the loss curve so far.
 - strategies with private worker copies (local-sgd, easgd) write none and
   refuse ``--resume``.
 
-When every worker has finished, a last checkpoint holds the final state.
-Totals (updates, examples, dropped, time) and the loss curve carry on.
+When every worker has finished, a last checkpoint holds the final state;
+when a stop signal ended the workers (``engine.py``: sync at one step on
+every shard, the others between batches, their pushes in), it holds the
+state they stopped at, written also with ``every`` 0 (``reason``
+"interrupted"). Totals (updates, examples, dropped, time) and the loss
+curve carry on.
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ class ShardCheckpoints:
         self.rule = rule
         self.exact = strategy.synchronous
         self.every = 0 if private_copies(strategy) else keeper.every
+        # a run folder, and a state the checkpoint can hold: an interrupted run's
+        # last one is written even with ``every`` 0
+        self.keeps = bool(keeper.directory) and not private_copies(strategy)
         self.bounds = bounds
         self.workers = workers
         self.n = n_examples
@@ -77,16 +84,18 @@ class ShardCheckpoints:
         if complete:  # an older version some shard has not handed in never will be
             self.pending = {v: p for v, p in self.pending.items() if v > complete[-1]}
 
-    def final(self, ray, shards, timeout: float, now: float, examples_by_rank: dict) -> None:
-        """Every worker has finished: the final state, unless already written."""
-        if not self.every:
+    def final(self, ray, shards, timeout: float, now: float, examples_by_rank: dict,
+              reason: str = "final") -> None:
+        """Every worker has finished, or stopped as asked (``reason``
+        "interrupted"): the state they ended at, unless already written."""
+        if not (self.every or reason == "interrupted" and self.keeps):
             return
         self.collect(ray, shards, timeout, now, examples_by_rank)
         wholes = ray.get([sh.whole.remote() for sh in shards], timeout=timeout)
         versions = {v for _, _, v, _ in wholes}
         if len(versions) == 1 and versions != {self.written}:
             self._write(versions.pop(), [(p, st, d) for p, st, _, d in wholes], now,
-                        examples_by_rank, "final")
+                        examples_by_rank, reason)
 
     def _write(self, version: int, parts, now: float, examples_by_rank: dict,
                reason: str) -> None:

@@ -32,6 +32,17 @@ every ``checkpoint_every`` updates from the shards' copies, through the
 shared ``record/checkpoints.py``; ``resume_dir`` carries a sync run on
 exactly (it ends as an uninterrupted run would) and an async run from its
 workers' positions, and refuses another run's checkpoint in one line.
+
+SIGTERM/SIGINT (``stops_on_signal``; ``ray.init`` takes SIGTERM for Ray's
+handler, and the run takes it back): the driver asks the workers to stop
+(``_stop``): a synchronous step's after the next step every shard
+completes, the others between batches with their pushes in; each ends its
+``run`` as at a normal end, and the driver writes the final checkpoint
+where they stopped (also with ``checkpoint_every`` 0) and returns the
+result marked ``interrupted``. Workers that have not ended within
+``timeout`` are killed, and the newest checkpoint stands. A second signal
+stops at once: the actors are killed, and a Ray instance the run started
+is shut down.
 """
 from __future__ import annotations
 
@@ -51,6 +62,7 @@ from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine,
                     lost_workers_error, shard_bounds, shard_count)
 from ...record.checkpoints import Checkpointer
 from ...monitor.due import Due
+from ...monitor.lifecycle import reclaim_signals
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..tally import RunTally, run_folder_extra, summed_staleness
 from .checkpointing import ShardCheckpoints
@@ -113,6 +125,7 @@ class RayEngine(Engine):
     meets = frozenset({BACKUP_WORKERS, STAGES, ELASTIC})
     device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
+    stops_on_signal = True  # SIGTERM/SIGINT: the workers stop cleanly, a final checkpoint
     keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
     backend_used = "actors"
     options = (
@@ -168,6 +181,7 @@ class RayEngine(Engine):
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING,  # no INFO lines among monsoon's
                      num_cpus=None if self.address else os.cpu_count())
+            reclaim_signals()  # Ray's own SIGTERM handler aborts the driver
         try:
             if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
                 from .pipeline import run_pipeline
@@ -255,7 +269,7 @@ class RayEngine(Engine):
         results, failed = {}, {}
         seen, gone = {}, 0  # each rank's last figures; the examples of actors that died
         due = Due(recorder, timeout=self.timeout)  # rows, live reports, the no-progress backstop
-        stopped = None
+        stopped = stop_by = None
         while running:
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=self.poll_s)
             for ref in done:
@@ -287,20 +301,36 @@ class RayEngine(Engine):
                                lambda: self._params(ray, shards, start, strategy.synchronous),
                                lambda: _totals(examples, figures),
                                lambda: (figures, summed_staleness(figures.values())))
-            if stopped is not None:
+            if due.signal():  # the workers stop at a clean point, then the checkpoint
+                stop_by = time.monotonic() + self.timeout
+                self._stop(ray, strategy, shards, [actors[r] for r in running.values()])
+            if stopped is not None or (stop_by is not None and time.monotonic() > stop_by):
                 break
         wall = time.perf_counter() - t0
+        stopped = due.stop_reason if due.interrupted else stopped
         if running:  # stopped: the workers still running report what they did so far
             results.update(self._reports_now(ray, {r: actors[r] for r in running.values()},
                                              seen))
         # an elastic run that lost workers still ran every step (Membership.lose
         # fails the run when no member is left)
-        if not running and stopped is None and (not failed or membership is not None):
+        elif (stopped is None or due.interrupted) and (not failed or membership is not None):
             ckpts.final(ray, shards, self.timeout, wall,
-                        {r: v["examples"] for r, v in results.items()})
+                        {r: v["examples"] for r, v in results.items()},
+                        "interrupted" if due.interrupted else "final")
         return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
                             RunTally(workers, self.compression, ssp=clock is not None),
-                            membership, strategy.synchronous)
+                            membership, strategy.synchronous, due.interrupted)
+
+    def _stop(self, ray, strategy, shards, live) -> None:
+        """Ask the run to stop at a clean point: a synchronous step's
+        workers after the next step every shard completes (``shard.py``),
+        the others before their next op that lands nothing (``worker.py``);
+        each then ends its ``run`` as at a normal end."""
+        if strategy.synchronous:
+            ray.get([sh.stop.remote() for sh in shards], timeout=self.timeout)
+        else:
+            for actor in live:
+                actor.stop.remote()
 
     def _await_ready(self, ray, actors) -> None:
         """Waits for each worker actor to have loaded its data, within
@@ -323,7 +353,7 @@ class RayEngine(Engine):
                 raise err from exc
 
     def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped, tally,
-                membership, synchronous: bool):
+                membership, synchronous: bool, interrupted=None):
         """The run's result: the shards' parameters, and the finished
         workers' reports added to what the resumed run and the lost workers
         had counted; each failed worker is listed with its error."""
@@ -334,7 +364,8 @@ class RayEngine(Engine):
         extra = {"membership": membership.events} if membership is not None else {}
         return tally.result(params, startup, wall, start.examples + gone + tally.examples,
                             updates, dropped + tally.dropped,
-                            {**extra, **tally.extra(updates)}, stopped=stopped)
+                            {**extra, **tally.extra(updates)}, stopped=stopped,
+                            interrupted=interrupted)
 
     def _reports_now(self, ray, live: dict, seen: dict) -> dict:
         """The reports of the workers still running when the run stopped

@@ -13,7 +13,8 @@ that stage, which sums them in rank order and applies its rule
 (``apply``): replicas apply the same bits.
 
 The driver keeps at most two steps in flight, and every wait has the
-engine's timeout. An actor that fails fails the run with its error (a
+engine's timeout. SIGTERM/SIGINT stop the run at the next step boundary
+(the steps in flight finish), with no checkpoint: a pipeline writes none. An actor that fails fails the run with its error (a
 pipeline needs every stage).
 """
 from __future__ import annotations
@@ -184,6 +185,8 @@ def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, bud
             stopped = due.look(now, examples,
                                lambda: (_params(ray, engine, actors, S), steps - dropped,
                                         dropped))
+            if stopped is None and due.signal():  # SIGTERM/SIGINT: at this step boundary
+                stopped = due.stop_reason
             if stopped is not None:
                 break
     # a step already submitted is finished, stopped or not, so that the steps
@@ -194,5 +197,7 @@ def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, bud
     wall = time.perf_counter() - t0
     params = _params(ray, engine, actors, S)
     stats = _get(ray, [a.stats.remote() for a in actors], engine.timeout, actors, "report")
-    return finish(EngineResult, strategy, params, startup, wall, examples, steps, stats,
-                  stopped, w0)
+    result = finish(EngineResult, strategy, params, startup, wall, examples, steps, stats,
+                    stopped, w0)
+    result.interrupted = due.interrupted
+    return result

@@ -31,6 +31,14 @@ difference arrives as the worker's packed message (``messages.Sender.pack``,
 put once in Ray's object store and read by every shard); the shard decodes
 it (``messages.receive``) and takes its slice.
 
+A stop (SIGTERM/SIGINT, ``stop()`` from the driver): the first step this
+shard completes after it is the run's last here; the replies to that step,
+and any later one, say so (``StepReply.stop``), so every worker ends after
+the same step on every shard: a worker ends once any shard says so, after
+it has every shard's reply to the step, and it sends no part of the next.
+Which step a shard names is fixed when it completes the step, so every
+worker reads the same answer for it.
+
 Checkpoints: every ``every`` versions (updates of this shard) the shard
 takes a copy of its slice, rule state and dropped count, inside its lock,
 so a sync copy is the state after exactly that many steps. ``taken()``
@@ -49,6 +57,20 @@ from ...server.reduce import finite, weighted_sum
 from ...server.core import ServerCore, new_readers
 
 TAKEN = 4  # copies a shard keeps until the driver collects them
+
+
+class StepReply(tuple):
+    """A synchronous step's reply, the tuple ``contribute``, ``decide`` and
+    ``settle`` document, and ``stop``: the worker ends its program after
+    this step (the module docstring)."""
+
+    def __new__(cls, items, stop: bool = False):
+        reply = super().__new__(cls, items)
+        reply.stop = stop
+        return reply
+
+    def __reduce__(self):
+        return StepReply, (tuple(self), self.stop)
 
 
 class Shard:
@@ -78,6 +100,8 @@ class Shard:
         self.members = tuple(range(workers))
         self.regroups = elastic  # elastic sync: keeps the slice before each step
         self.before = None  # elastic: the slice before the last step, for a joining worker
+        self.stopping = False  # the driver asked the run to stop (``stop``)
+        self.last_step = None  # then: the step reached when the first step completed after it
         if resume is not None:  # {"version": V, "state": the rule state's slice}
             for arr, saved in zip(self.state, resume["state"]):
                 arr[...] = saved
@@ -119,7 +143,8 @@ class Shard:
                    whole_finite: bool = True):
         """Returns (new slice, steps missed, counted?), or ("regroup", gen,
         members) when the step's workers changed (elastic)."""
-        return self.decide(step, worker, grad, examples, gen, whole_finite)[:3]
+        reply = self.decide(step, worker, grad, examples, gen, whole_finite)
+        return reply[:3] if isinstance(reply[0], str) else StepReply(reply[:3], reply.stop)
 
     def decide(self, step: int, worker: int, grad, examples: int, gen: int = 0,
                whole_finite: bool = True):
@@ -127,6 +152,10 @@ class Shard:
         for ``settle`` on the other shards (shard 0 of several, with backup
         workers), or None once this shard has applied a later step too (then
         every shard has applied ``step``: the later one began after that)."""
+        reply = self._decide(step, worker, grad, examples, gen, whole_finite)
+        return reply if isinstance(reply[0], str) else self._reply(step, reply)
+
+    def _decide(self, step, worker, grad, examples, gen, whole_finite):
         part = self._part(grad, examples, whole_finite)
         with self.lock:
             if gen > self.gen:  # the driver's regroup is on its way here
@@ -180,12 +209,29 @@ class Shard:
                                        f"{missing} at step {step}, which shard 0 counted")
                 self._complete(counted)
             self._wait_applied(step + behind)
-            return self.params.copy(), self.step - (step + 1), worker in (counted or ())
+            return self._reply(step, (self.params.copy(), self.step - (step + 1),
+                                      worker in (counted or ())))
 
     def _part(self, grad, examples: int, whole_finite: bool) -> tuple:
         """A worker's part of a step, as the shard keeps it (None: no examples)."""
         grad = np.zeros_like(self.params) if grad is None else self._take(grad)
         return grad, examples, whole_finite
+
+    def _reply(self, step: int, items: tuple) -> StepReply:
+        """The reply to a worker's part of ``step`` (``items``, whose second
+        is the steps it missed), and whether it stops there. ``last_step``
+        is set once, as a step completes, and only a later completion could
+        set it after a reply's items were taken: then above the step reached,
+        so read under the lock or not, the answer is the same."""
+        reached = step + 1 + items[1]
+        return StepReply(items, self.last_step is not None and reached >= self.last_step)
+
+    def stop(self) -> int:
+        """The driver asks the run to stop: the next step this shard
+        completes is the last (the module docstring). Returns its step now."""
+        with self.lock:
+            self.stopping = True
+            return self.step
 
     def _wait_applied(self, step: int) -> None:
         if not self.lock.wait_for(lambda: self.step > step, self.timeout):
@@ -211,6 +257,8 @@ class Shard:
         self.arrivals = {}
         self.counted_ranks = (self.step, tuple(ranks))
         self.core.version = self.step = self.step + 1
+        if self.stopping and self.last_step is None:
+            self.last_step = self.step
         self._taken()
         self.lock.notify_all()
 

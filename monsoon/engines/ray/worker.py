@@ -20,6 +20,12 @@ A synchronous step's calls on the shards are ``sync_step.py``'s: one
 ``contribute`` a shard, or, with backup workers on several shards, shard 0
 deciding which workers count for every shard.
 
+A stop (SIGTERM/SIGINT at the driver): a worker of a synchronous step
+ends after the step a shard's reply names (``shard.py``), its parameters
+those of the step; any other worker ends before its next op that lands
+nothing (``stop``, then ``server/worker.py``'s ``halt``), its pushes in.
+Either way ``run`` returns its report as at a normal end.
+
 Elastic sync (not with --compress): a shard may answer a contribution with a regroup (the step's
 workers changed, ``shard.py``). The worker keeps its parameters at the
 step's start until every shard has applied the step, hands ``Regroup`` to
@@ -37,7 +43,7 @@ from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Push, Regroup
 from ...compressors.messages import Compression, Sender, compressing
 from ...server.reduce import finite
 from ...server.clocks import WorkerClock
-from ...server.worker import Worker
+from ...server.worker import Halted, Worker
 from .sync_step import step_replies
 
 
@@ -69,6 +75,7 @@ class RemoteWorker(Worker):
                        "updates": 0}
         self.staleness = Counter()
         self.pending = []
+        self.halt = [0]  # set by ``stop``, from the actor's second thread
         self.handlers.update({Fetch: self.fetch, Push: self.push, AllReduce: self.all_reduce,
                               Average: self.average, Elastic: self.elastic})
         if clock is not None:  # SSP: ticks and floors from the clock server
@@ -87,6 +94,11 @@ class RemoteWorker(Worker):
         late, traffic) would otherwise be lost from the result."""
         return self.report(staleness=dict(self.staleness), **self.counts)
 
+    def stop(self) -> None:
+        """The driver's stop, for a worker that steps on its own (not in a
+        synchronous step): it ends before its next op that lands nothing."""
+        self.halt[0] = 1
+
     def join(self, gen: int, members: tuple) -> dict:
         """Elastic sync: take part, as one of ``members``, from the earliest
         step any shard is on, with the parameters at that step (a shard one
@@ -103,7 +115,10 @@ class RemoteWorker(Worker):
     def run(self) -> dict:
         self.program = compressing(self.strategy.program(self.job), self.sender,
                                    self.work.nbytes, packed=True)
-        self.advance()
+        try:
+            self.advance()
+        except Halted:  # stopped where the driver asked: what it counted stands
+            pass
         self._settle_pushes()
         if self.ssp is not None:
             self.ssp.retire()
@@ -201,6 +216,8 @@ class RemoteWorker(Worker):
             self.staleness[0] += 1
             self.counts["updates"] += 1
         self.sync_step += 1 + behind
+        if any(reply.stop for reply in replies):  # the run's last step (``shard.py``)
+            raise Halted()
         return behind
 
     def elastic(self, op):
