@@ -22,6 +22,10 @@ every ``ASK_EVERY_S`` it asks whether the recorder wants a row (it then
 sends the parameters, which the recorder snapshots and evaluates after the
 run, as always) or a live row, and whether to stop (divergence); a stop
 rides in the next all-reduce, so every rank leaves after the same step.
+A stop signal at the driver (SIGTERM, SIGINT) is the answer's third part;
+its number rides in the all-reduce too, and every rank stops once the step
+it came with is applied (``DriverPrograms``): rank 0 then hands the driver
+a last checkpoint there, which it writes as any other.
 The driver waits at most ``--timeout`` for each message; every collective
 has the same timeout, so a rank that dies or stalls fails the stage.
 
@@ -51,6 +55,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...errors import WaitTimeout, WorkerError
+from ...monitor.lifecycle import stop_requested
 from ...strategies.ops import AllReduce
 from ...record.checkpoints import Checkpointer, next_checkpoint
 from .jobs import every_slot_at_once, short_error
@@ -134,6 +139,8 @@ class RankRecorder:
         self.target_reason = None
         self.stop_seen = None  # the reason, once every rank knows it
         self.stop_wanted = None  # the driver's reason, sent in the next all-reduce
+        self.interrupt_wanted = 0  # the driver's stop signal, sent in the next all-reduce
+        self.interrupted = None  # the stop signal, once the all-reduce carried it
         self._asked = -1.0
         self._live = False
 
@@ -149,7 +156,8 @@ class RankRecorder:
             return False
         self._asked = now
         send(self.sock, ("ask", now, examples))
-        row, self._live = receive(self.sock)
+        row, self._live, signum = receive(self.sock)
+        self.interrupt_wanted = signum or self.interrupt_wanted
         return row
 
     def record(self, now, updates, examples, w, dropped=0):
@@ -214,24 +222,30 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
             _, count, loss, grad = gradient_sum(block, self.w, union)
             buf = self.buffer
             if count:
-                np.multiply(grad, count, out=buf[:-3])
+                np.multiply(grad, count, out=buf[:-4])
             else:
-                buf[:-3] = 0
-            buf[-3:] = (loss * count, count, 1.0 if recorder.stop_wanted else 0.0)
+                buf[:-4] = 0
+            buf[-4:] = (loss * count, count, 1.0 if recorder.stop_wanted else 0.0,
+                        recorder.interrupt_wanted)  # rank 0's alone: the sum is the signal
             all_reduce(buf)
-            if buf[-1] > 0 and not recorder.stop_seen:
+            if buf[-2] > 0 and not recorder.stop_seen:
                 recorder.stop_seen = recorder.stop_wanted or "stopped by the driver"
+            if buf[-1] > 0 and recorder.interrupted is None:
+                recorder.interrupted = int(buf[-1])
             out = self.grads[0]
-            np.divide(buf[:-3], max(buf[-2], 1.0), out=out)
-            loss = float(buf[-3] / max(buf[-2], 1.0))
+            np.divide(buf[:-4], max(buf[-3], 1.0), out=out)
+            loss = float(buf[-4] / max(buf[-3], 1.0))
             self.full_loss = loss if union is None else None
             return {k: (loss, out) for k in ranks}
+
+        def _interrupted(self, due):
+            return recorder.interrupted  # every rank's alike: it came in an all-reduce
 
     programs = RankPrograms(ctx, rule, strategy, w0, ckpts)
     # a full-batch rule's line search decides on the loss sum: float64 for it, else
     # the parameters' dtype (half the bytes to all-reduce in float32)
     dtype = np.float64 if rule.full_batch else np.asarray(w0).dtype
-    programs.buffer = np.zeros(len(w0) + 3, dtype=dtype)
+    programs.buffer = np.zeros(len(w0) + 4, dtype=dtype)
     return programs
 
 
@@ -398,7 +412,7 @@ def _answer(conn, message, recorder, ckpts) -> None:
         send(conn, recorder.stop_reason)
     elif kind == "ask":
         _, now, examples = message
-        send(conn, (recorder.due(now, examples), recorder.live_due(now)))
+        send(conn, (recorder.due(now, examples), recorder.live_due(now), stop_requested()))
     elif kind == "record":
         _, now, updates, examples, w, dropped = message
         send(conn, recorder.record(now, updates, examples, w, dropped))

@@ -32,7 +32,9 @@ the run. ``target_loss``: a full-batch step's loss is the full-data
 objective at w, so the run stops (``recorder.target_met``) before the step
 that would follow a loss at the target. Checkpoints (programs on the server's parameters): after a step,
 the parameters, rule state and steps done, which a resumed run's programs
-skip (``WorkerJob.start_step``).
+skip (``WorkerJob.start_step``). SIGTERM/SIGINT stop the programs where
+every gradient counted is applied (each waits for its next gradient), and
+a last checkpoint (``reason`` "interrupted") is written there.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ from ...server.core import ServerCore, new_readers
 from ...server.worker import WAIT, Worker
 from ...record.live import add_figures
 from ...monitor.due import Due
+from ...monitor.lifecycle import signal_name
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum, step_union
 
@@ -241,7 +244,7 @@ class DriverPrograms:
                 start_step=self.steps)))
             if self.programs[k].advance():
                 del self.programs[k]
-        stopped = None
+        stopped = interrupted = None
         recorder.start(self.w)
         due = Due(recorder)
         live = {}  # each worker's losses and examples, for the live series
@@ -252,6 +255,10 @@ class DriverPrograms:
                 for k in sorted(replies):
                     self._send(k, replies[k])
                 waiting = {k: op for k, op in self.ops.items() if type(op) is Gradient}
+                signum = self._interrupted(due)
+                if signum and len(waiting) == len(self.ops):  # every gradient counted is applied
+                    interrupted, stopped = signum, f"interrupted by {signal_name(signum)}"
+                    break
                 if waiting:
                     replies = self._gradients(waiting)
                     for k, reply in replies.items():
@@ -272,16 +279,31 @@ class DriverPrograms:
                 if stopped:
                     break
                 if self.shared and ckpts.due(self.updates + self.core.dropped):
-                    ckpts.save(self.updates + self.core.dropped, now, self.w, self.core.state,
-                               {"step": self.steps, "examples": self.examples,
-                                "dropped": self.core.dropped, "applied": self.updates})
+                    self._checkpoint(now, "periodic")
         finally:
             for worker in self.programs.values():
                 worker.program.close()
+        if self.shared and interrupted:  # where the programs stopped: a step boundary
+            self._checkpoint(time.perf_counter() - t0, "interrupted")
         if self.shared and stopped is None:
             self.rule.finish(self.w, self.core.state)
         return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
                 "updates": self.updates, "dropped": self.core.dropped,
                 "staleness": self.core.staleness,
-                "failed": {}, "stopped": stopped,
+                "failed": {}, "stopped": stopped, "interrupted": interrupted,
                 "worker_params": {} if self.shared else dict(self.work)}
+
+    def _interrupted(self, due) -> int | None:
+        """The stop signal (SIGTERM, SIGINT) this run has seen, if one came:
+        the driver's own (``lifecycle.StopSignals``); a barrier rank's, the
+        one the all-reduce carried (``barrier.py``)."""
+        due.signal()
+        return due.interrupted
+
+    def _checkpoint(self, now: float, reason: str) -> None:
+        """The server's state after ``steps`` steps (programs on the server's
+        parameters), written through ``ckpts`` (a rank's: by the driver)."""
+        self.ckpts.save(self.updates + self.core.dropped, now, self.w, self.core.state,
+                        {"step": self.steps, "examples": self.examples,
+                         "dropped": self.core.dropped, "applied": self.updates,
+                         "reason": reason})

@@ -37,6 +37,17 @@ updates; only finished jobs change it, so one between them is exact (sync
 and serial resume bit-identical; an async worker from its last applied
 push). Not kept: delay-aware rules' read records, private worker copies
 (local-sgd, easgd); no backup workers (``spark.speculation`` instead).
+
+SIGTERM/SIGINT (``stops_on_signal``; a SparkContext the run starts takes
+SIGINT for PySpark's handler, and the run takes it back): the driver stops
+where its state is exact, writes a last checkpoint there (also with
+``checkpoint_every`` 0) and returns the result marked ``interrupted``:
+sync after the step under way (on the driver, or every barrier rank after
+the same step), async and ssp with no result applied after the signal,
+local-sgd and easgd likewise, with no checkpoint. The run's jobs are
+cancelled and a session it started is stopped, as at any end. Spark's JVM
+and its Python workers ignore Ctrl-C (PySpark starts them so); a second
+signal stops at once.
 """
 from __future__ import annotations
 
@@ -51,6 +62,7 @@ from ...strategies.base import SHARD
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                                LocalApply, LocalStep, Push)
 from ...record.checkpoints import Checkpointer
+from ...monitor.lifecycle import reclaim_signals
 from ..base import Engine, EngineResult
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
 from ..tally import failed_list, run_folder_extra
@@ -109,6 +121,7 @@ class SparkEngine(Engine):
     ops = frozenset({Gradient, Apply, Fetch, Push, LocalStep, LocalApply, AllReduce, Average,
                      Elastic, Clock})
     virtual_time = False
+    stops_on_signal = True  # SIGTERM/SIGINT: the driver stops where its state is exact
     keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
     backend_used = "spark tasks"
     compresses = True  # tasks return packed messages (tasks.py); not sync: see below
@@ -172,6 +185,7 @@ class SparkEngine(Engine):
             problem.timeout = self.timeout  # its loss jobs on the executors wait as long
         else:
             sc, started = session_for(self.master, workers)
+            reclaim_signals()  # a new SparkContext's SIGINT handler cancels every job
         master = sc.master
         from .preflight import check_executors
 
@@ -214,7 +228,8 @@ class SparkEngine(Engine):
             out["params"], startup + out.get("launch_s", 0.0), out["wall"], out["examples"], out["updates"],
             out["dropped"], out["staleness"],
             failed_list(out["failed"]),
-            stopped=out["stopped"], worker_params=out.get("worker_params", {}),
+            stopped=out["stopped"], interrupted=out.get("interrupted"),
+            worker_params=out.get("worker_params", {}),
             extra={"spark_master": master, "partitions": workers,
                    **(out["timing"].summary() if "timing" in out else {}),
                    **steps_per_exchange(strategy), **sizing, **out.get("extra", {}),

@@ -11,6 +11,8 @@ drift theta - theta_k (packed, ``messages.Sender.pack``: compressed with
 state does) and the examples behind it. The driver decodes each drift, takes the
 example-weighted mean drift in partition order and applies the outer rule
 once. Only a finished job's results are used, so a retried task counts once.
+SIGTERM/SIGINT stop the run after the round under way (no checkpoint: the
+workers' copies and inner rule states are not kept in one).
 
 An inner rule's sums over gradients (``Rule.summed_state``: AdaGrad's sums
 of squares) are synchronised each round, as Local AdaAlter does (Xie et
@@ -111,12 +113,13 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
         model = w if average is None else average.params
         stopped = due.look(time.perf_counter() - t0, examples, lambda: (model, updates, dropped),
                            lambda: (examples, updates, dropped), lambda: (live, staleness))
+        stopped = stopped or (due.stop_reason if due.signal() else None)  # SIGTERM/SIGINT
         if stopped:
             break
     return {"params": w if average is None else average.params,
             "wall": time.perf_counter() - t0, "examples": examples,
             "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
-            "stopped": stopped, "timing": timing,
+            "stopped": stopped, "timing": timing, "interrupted": due.interrupted,
             "extra": {**summarize([senders[k].stats() for k in range(ctx.workers)], compression,
                                   updates),
                       **({"averaged_epochs": ctx.average_epochs} if average else {})}}

@@ -37,7 +37,11 @@ A worker whose job fails after Spark's retries, or whose segment runs past
 ``timeout`` (its job cancelled), is named in ``failed_workers``. The
 monitor (the calling thread) records the loss curve, writes the
 checkpoints, fails the run if no worker returns for twice ``timeout``, and
-at the end tells each task to return and cancels the rest.
+at the end tells each task to return and cancels the rest. A stop signal
+(SIGTERM, SIGINT) ends the run so: no result is applied after it, and the
+monitor writes a last checkpoint of the server's state then (each worker's
+position that of its last applied segment: exact), unless the workers
+keep copies of their own (EASGD), which no checkpoint holds.
 """
 from __future__ import annotations
 
@@ -360,16 +364,18 @@ class DriverServer:
         self.updates += 1
 
     # -- checkpoints: captured where due, written by the monitor ----------------
-    def _capture(self) -> None:
+    def _capture(self, reason: str = "periodic") -> None:
         """Under the lock, after an applied result (an exact state): a copy
         of the server's state when a checkpoint is due, for the monitor to
-        write (its rows are evaluated through the workers' tasks)."""
+        write (its rows are evaluated through the workers' tasks); or, once
+        the workers have stopped (``reason`` "interrupted"), whenever."""
         done = self.updates + self.core.dropped
-        if self.elastic or self.next_ckpt is None or done < self.next_ckpt:
+        if self.elastic or reason == "periodic" and (self.next_ckpt is None
+                                                     or done < self.next_ckpt):
             return
         self.next_ckpt = next_checkpoint(done, self.ckpts.every)
         params, state = self.core.copy()
-        meta = {"applied": self.updates, "dropped": self.core.dropped,
+        meta = {"applied": self.updates, "dropped": self.core.dropped, "reason": reason,
                 "examples": self.examples, "server_version": self.core.version}
         arrays = {"positions": np.array(self.positions, dtype=np.int64),
                   **staleness_arrays(self.core.staleness)}
@@ -427,6 +433,8 @@ class DriverServer:
                              "period is genuinely that slow)")
                 stopped = due.look(time.perf_counter() - t0, self.examples, self._snapshot,
                                    self._totals, self._figures)
+                if not stopped and due.signal():  # SIGTERM/SIGINT: no result applied after
+                    stopped = due.stop_reason
                 if stopped:
                     break
                 self._write_captured()
@@ -441,12 +449,15 @@ class DriverServer:
                 link.close(0.0)
             ctx.jobs.cancel(workers=ctx.workers)
         wall = time.perf_counter() - t0
+        if due.interrupted:  # the state after the last result applied: exact
+            with self.lock:
+                self._capture("interrupted")
         self._write_captured()  # due after the monitor's last look
         self._fail_if_lost()
         return {"params": self.model, "wall": wall, "examples": self.examples,
                 "updates": self.updates, "dropped": self.core.dropped,
                 "staleness": self.core.staleness,
-                "failed": dict(self.failed), "stopped": stopped,
+                "failed": dict(self.failed), "stopped": stopped, "interrupted": due.interrupted,
                 "worker_params": dict(self.own) if self.elastic else {},
                 "timing": self.timing,
                 "extra": {"spark_jobs": ctx.workers, **self._clock_extra(),
