@@ -6,12 +6,17 @@ process, whoever its parent is (``lifecycle.worker_started``:
 ``PR_SET_PDEATHSIG``, and a thread watching the pipe only the agent holds),
 takes its share of the cores, loads the pickled run, runs its part
 (``rank.run_rank``) and, as rank 0, writes the result back; a failure is
-written to ``FOLDER/error-RANK.txt`` and the process exits with status 1."""
+written to ``FOLDER/error-RANK.txt`` and the process exits with status 1.
+
+Ctrl-C reaches the ranks too (the fork server's process group is the
+terminal's): a rank ignores SIGINT, as a local worker does, and the agent's
+process, the run's monitor, stops the run: it writes the signal's number to
+``FOLDER/stop`` (``launch.py``), which rank 0 reads between collectives
+(``StopFile``) and hands on to every rank in the next one."""
 from __future__ import annotations
 
 import os
 import pickle
-import signal
 import sys
 import time
 from pathlib import Path
@@ -20,6 +25,7 @@ from ...monitor.lifecycle import worker_started
 from ...monitor.processes import limit_threads
 from .rank import run_rank
 
+STOP_FILE = "stop"  # the agent's stop signal, for rank 0 (``StopFile``)
 RECORDER_SKIP = ("problem", "_bar", "live_writer")  # the driver keeps its own writer
 # A rank whose collective failed because another rank died waits this long
 # before it exits: the agent reports the first exit it sees, and that
@@ -50,8 +56,7 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
     """The rank's whole life (``streams``: unpickled, ``AgentStreams`` has
     already put the agent's output and error in place)."""
     rank = int(os.environ.get("RANK", -1))
-    worker_started(agent_pid, f"monsoon-rank{rank}")
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends a rank, as torchrun's
+    worker_started(agent_pid, f"monsoon-rank{rank}")  # SIGINT ignored: the agent's to handle
     # the agent's share of the cores; torch and BLAS were loaded before it was set
     limit_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     folder = Path(folder)
@@ -60,7 +65,7 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
             job = pickle.load(f)
         recorder = job.pop("recorder")
         engine = job.pop("engine")
-        result = run_rank(engine, recorder=recorder, **job)
+        result = run_rank(engine, recorder=recorder, stop=StopFile(folder / STOP_FILE), **job)
         recorder.close()
         if rank == 0:
             write_result(folder, result, recorder)
@@ -70,6 +75,32 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
         if getattr(exc, "after_peer", False):
             time.sleep(AFTER_PEER_S)
         sys.exit(1)
+
+
+class StopFile:
+    """A rank's source of the agent's stop signal (``rank.RankWorker.stop``):
+    the number in ``path`` once the agent has written it, read at most every
+    ``every_s`` (a collective may take microseconds)."""
+
+    def __init__(self, path: Path, every_s: float = 0.02):
+        self.path, self.every_s, self.next_at = path, every_s, 0.0
+
+    def __call__(self) -> int | None:
+        now = time.monotonic()
+        if now < self.next_at:
+            return None
+        self.next_at = now + self.every_s
+        try:
+            return int(self.path.read_text()) or None
+        except (OSError, ValueError):  # not written yet
+            return None
+
+
+def write_stop(folder: Path, signum: int) -> None:
+    """The agent's side of ``StopFile``: the signal's number, whole at once."""
+    tmp = folder / (STOP_FILE + ".tmp")
+    tmp.write_text(str(int(signum)))
+    os.replace(tmp, folder / STOP_FILE)
 
 
 def child_failed(folder: Path, rank: int, exc: BaseException) -> None:

@@ -33,6 +33,15 @@ No Push (async): Downpour's server answers each worker's push the moment
 it arrives, which collectives (every rank at once) cannot do soundly; no
 Apply by several workers (hogwild): the ranks share no memory.
 
+SIGTERM/SIGINT (``stops_on_signal``): rank 0 stops every rank after the
+same collective and writes the final checkpoint there (sync: exact), then
+the run folder with status "interrupted" (``rank.py``). Without torchrun
+the signal is the run's process's own, handed to rank 0 through the job
+folder (``launch.py``). Under torchrun, the signal reaches torchrun's
+agent, which hands it to every rank (and ends them after its shutdown
+timeout, 30 s by default); rank 0's is the one that stops the run, and
+the agent then exits with its own ``SignalException`` traceback.
+
 Faults: every collective has ``--timeout`` (``init_process_group``'s
 timeout), so a rank that dies or hangs fails the others within it, not
 after torch's 30-minute default. Under ``--max-restarts`` the agent
@@ -63,6 +72,7 @@ class TorchEngine(Engine):
     device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)
     ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
+    stops_on_signal = True  # SIGTERM/SIGINT: every rank stops at one step (rank.py)
     keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
     backend_used = "torch.distributed"
     options = (

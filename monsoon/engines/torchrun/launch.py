@@ -15,6 +15,13 @@ into one ``WorkerError`` naming the rank that died first (by a signal) or
 failed. With ``max_restarts`` the agent restarts every rank after a failure.
 The folder is removed in every case; one whose agent was killed with
 ``kill -9`` is removed by the next launch (``remove_stale_folders``).
+
+SIGTERM/SIGINT stay the run's (``lifecycle.StopSignals``): torchrun's agent
+is told to take SIGHUP and SIGQUIT only (``TORCHELASTIC_SIGNALS_TO_HANDLE``),
+and the first stop signal is written to the folder (``child.write_stop``),
+from which rank 0 stops every rank at one step; rank 0's result then says
+``interrupted``. A second signal raises in the agent, which ends the ranks
+(SIGTERM) before the error leaves.
 """
 from __future__ import annotations
 
@@ -35,8 +42,9 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from ...monitor.lifecycle import on_stop
     from ...monitor.processes import main_module_hidden, torch_threads_per_worker
-    from .child import AgentStreams, rank_main
+    from .child import AgentStreams, rank_main, write_stop
 
     remove_stale_folders()
     folder = Path(tempfile.mkdtemp(prefix=f"monsoon-torch-{os.getpid()}-"))
@@ -50,11 +58,13 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
                               run_id=uuid.uuid4().hex[:12], rdzv_backend="c10d",
                               rdzv_endpoint="127.0.0.1:0", max_restarts=engine.max_restarts,
                               monitor_interval=0.05, start_method=start_method(),
-                              rdzv_configs={"join_timeout": max(30, int(engine.timeout))})
+                              rdzv_configs={"join_timeout": max(30, int(engine.timeout))},
+                              **agent_signals(LaunchConfig))
         saved = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads_per_worker(workers)))
         try:
-            with main_module_hidden(b"__main__" in job), agent_log_without_tracebacks():
+            with main_module_hidden(b"__main__" in job), agent_log_without_tracebacks(), \
+                    signals_left_to_the_run(), on_stop(lambda signum: write_stop(folder, signum)):
                 elastic_launch(config, entrypoint=rank_main)(str(folder), os.getpid(),
                                                              AgentStreams())
         except ChildFailedError as exc:
@@ -91,6 +101,44 @@ def agent_log_without_tracebacks():
         yield
     finally:
         log.removeFilter(quiet)
+
+
+SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+AGENT_SIGNALS = "SIGHUP,SIGQUIT"  # where the run handles SIGTERM and SIGINT itself
+
+
+def agent_signals(config_class) -> dict:
+    """``LaunchConfig``'s keyword for the signals torchrun's agent handles:
+    where this run handles SIGTERM and SIGINT (``lifecycle.StopSignals``),
+    the others it would (SIGHUP, SIGQUIT), not those two. (A torch whose
+    LaunchConfig has no such field reads the environment:
+    ``signals_left_to_the_run``.)"""
+    import dataclasses
+
+    from ...monitor.lifecycle import StopSignals
+
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    if StopSignals.active is None or "signals_to_handle" not in fields:
+        return {}
+    return {"signals_to_handle": AGENT_SIGNALS}
+
+
+@contextlib.contextmanager
+def signals_left_to_the_run():
+    """While the agent runs, ``agent_signals`` in the environment too (the
+    agent sets it from its config, for the whole process): as it was after."""
+    from ...monitor.lifecycle import StopSignals
+
+    saved = os.environ.get(SIGNALS_ENV)
+    if StopSignals.active is not None:
+        os.environ[SIGNALS_ENV] = AGENT_SIGNALS
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(SIGNALS_ENV, None)
+        else:
+            os.environ[SIGNALS_ENV] = saved
 
 
 def start_method() -> str:

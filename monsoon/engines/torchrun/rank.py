@@ -30,8 +30,17 @@ shared-memory reduce): ``RankWorker.to_device``. Else NumPy arrays.
 
 ``active`` makes programs of unequal length safe: a rank whose program has
 ended joins the others' collectives with zeros (weight 0) until none is
-active. ``stop`` is rank 0's (the recorder stopped the run): every rank
-ends its program after that collective.
+active. ``stop`` is rank 0's (the recorder stopped the run, or a stop
+signal came: ``stop`` below): every rank ends its program after that
+collective, at the same step.
+
+A stop signal (SIGTERM, SIGINT) is rank 0's to see (``RankWorker.stop``):
+under torchrun, its own (torchrun's agent hands the signal it gets to
+every rank; a rank other than 0 keeps running on its first, until rank
+0's stop reaches it); under monsoon's own agent (``launch.py``), the one
+the agent writes to the job folder. Rank 0 then writes the final
+checkpoint where every rank stopped (sync: exact, also with
+``checkpoint_every`` 0) and its result is marked ``interrupted``.
 
 Rank 0 records the loss curve from its replica and, for sync, writes an
 exact checkpoint every ``checkpoint_every`` steps; a restarted attempt
@@ -55,6 +64,7 @@ from ...strategies.ops import AllReduce, Average, Elastic, Fetch
 from ...record import checkpoints
 from ..base import EngineResult
 from ...monitor.due import Due
+from ...monitor.lifecycle import signal_name, stop_requested
 from ..tally import RunTally
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
@@ -94,7 +104,7 @@ class RankWorker(Worker):
     engine_name = "torch"
 
     def __init__(self, comm, problem, rule, strategy, w0, job, recorder, engine, start,
-                 shm=None):
+                 shm=None, stop=None):
         super().__init__(comm.rank, problem, strategy, None)  # the working copy: below
         self.comm = comm
         self.world = comm.world
@@ -122,11 +132,14 @@ class RankWorker(Worker):
         self.time_before = start.time_s
         self.want_stop = False
         self.stopped = None
+        # rank 0's source of a stop signal: this process's (torchrun), or the agent's
+        self.stop = stop_requested if stop is None else stop
+        self.interrupted = None  # the stop signal that ended the run, on rank 0
         # sync's contributions are n_k / B g_k (B: the batch size), so a full
         # batch's sum is already the mean, as DDP's grad / world is
         self.unit = float(job.batch_size)
-        exact = engine.checkpoint_dir and checkpoints.exact_checkpoints(strategy)
-        self.every = engine.checkpoint_every if exact else 0
+        self.exact = bool(engine.checkpoint_dir) and checkpoints.exact_checkpoints(strategy)
+        self.every = engine.checkpoint_every if self.exact else 0
         self.keeper = checkpoints.Checkpointer(engine.checkpoint_dir, self.every, None,
                                                engine.identity, self.recorder)
         self.sender = Sender(engine.compression, self.rank)
@@ -405,18 +418,21 @@ class RankWorker(Worker):
                 lambda: (examples, self.updates, self.dropped_here()),
                 lambda: ({k: {"loss": float(self.flags[LOSS + k])} for k in range(self.world)},
                          None))
+            signum = None if reason is not None or self.want_stop else self.stop()
+            if signum:  # SIGTERM/SIGINT: every rank stops after the next collective
+                self.interrupted, reason = signum, f"interrupted by {signal_name(signum)}"
             if reason is not None and not self.want_stop:
                 self.want_stop, self.stopped = True, reason
         if stop:
             raise _Stop()
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, reason: str = "periodic") -> None:
         now = self.time_before + time.perf_counter() - self.t0
         self.keeper.save(self.step, now, self.server, self.state,
                          {"step": self.step, "updates": self.updates,
                           "dropped": self.dropped_here(),
                           "examples": self.examples_before + self.examples * self.world,
-                          "exact": True, "reason": "periodic"})
+                          "exact": True, "reason": reason})
 
 
 def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
@@ -454,9 +470,11 @@ def agent_restarts() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
-def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
+def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder,
+             stop=None):
     """This process's part of the run; rank 0 returns the run's EngineResult,
-    the others one marked ``follower``."""
+    the others one marked ``follower``. ``stop``: rank 0's source of a stop
+    signal (``RankWorker``; default this process's own)."""
     import torch  # noqa: F401 - imported before the clock: startup counts joining, not this
 
     t_begin = time.perf_counter()
@@ -476,7 +494,8 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         if not compressed and uses_shm(engine.reduce_via, comm.backend, env):
             shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
                                   required=engine.reduce_via == "shm")
-        worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm)
+        worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm,
+                            stop)
         if rank == 0:
             recorder.start(worker.server)
         startup = time.perf_counter() - t_begin
@@ -522,10 +541,13 @@ def _join(engine, problem, workers):
 
 def _finish(worker, comm) -> list:
     """After the program: rank 0 writes the final checkpoint (for a later
-    ``--resume``) where the last periodic one is older; every rank's
-    figures, own parameters, problem state and traffic are gathered on
-    rank 0 (a list there, by rank)."""
-    if worker.every and comm.rank == 0 and worker.step % worker.every:
+    ``--resume``) where the last periodic one is older, and an interrupted
+    run's where every rank stopped (with no periodic ones too); every
+    rank's figures, own parameters, problem state and traffic are gathered
+    on rank 0 (a list there, by rank)."""
+    if comm.rank == 0 and worker.interrupted and worker.exact:
+        worker.save_checkpoint("interrupted")
+    elif worker.every and comm.rank == 0 and worker.step % worker.every:
         worker.save_checkpoint()
     gathered = comm.gather_object(worker.report(examples=worker.examples,
                                                 dropped=worker.own_dropped))
@@ -561,4 +583,4 @@ def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) 
                         start.examples + tally.examples, worker.updates,
                         worker.dropped + tally.dropped,
                         extra, staleness=Counter({0: worker.updates - worker.updates_before}),
-                        stopped=worker.stopped)
+                        stopped=worker.stopped, interrupted=worker.interrupted)
