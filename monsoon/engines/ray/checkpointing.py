@@ -86,14 +86,15 @@ class ShardCheckpoints:
 
     def final(self, ray, shards, timeout: float, now: float, examples_by_rank: dict,
               reason: str = "final") -> None:
-        """Every worker has finished, or stopped as asked (``reason``
-        "interrupted"): the state they ended at, unless already written."""
+        """Every worker has finished: the state they ended at, unless already
+        written; or they stopped as asked (``reason`` "interrupted"): that
+        state, said so, also where a periodic one holds it."""
         if not (self.every or reason == "interrupted" and self.keeps):
             return
         self.collect(ray, shards, timeout, now, examples_by_rank)
         wholes = ray.get([sh.whole.remote() for sh in shards], timeout=timeout)
         versions = {v for _, _, v, _ in wholes}
-        if len(versions) == 1 and versions != {self.written}:
+        if len(versions) == 1 and (versions != {self.written} or reason == "interrupted"):
             self._write(versions.pop(), [(p, st, d) for p, st, _, d in wholes], now,
                         examples_by_rank, reason)
 

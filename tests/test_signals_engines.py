@@ -1,0 +1,337 @@
+"""Ctrl-C and SIGTERM on the ray, spark and torch engines keep the promise
+the local engine keeps (``test_interrupts.py``): the run stops at a clean
+point, writes a final checkpoint there and the run folder (status
+"interrupted"), prints one line with the command that carries it on, exits
+with 128 + the signal's number, and leaves no process behind; ``--resume``
+then ends as an uninterrupted run would.
+
+Real processes and real signals: ``monsoon train`` is started in a session
+of its own, and Ctrl-C is SIGINT to its whole process group, as a terminal
+sends it (Ray's and Spark's processes, torch's ranks are in it), SIGTERM
+goes to the process alone. Every process under it while it ran (Ray's
+raylet and workers, Spark's JVM and Python workers, torch's ranks and fork
+server) must be gone once it has exited. The resumed and the uninterrupted
+runs are made in this process, on the test session's Ray and Spark."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.record import checkpoints
+from monsoon.rules import make_rule
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")]
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+EVERY = 50  # a periodic checkpoint every 50 updates: the signal comes after the first
+# engine: (its marker, epochs of exp: 16 sync steps each). Long enough that the signal,
+# sent once the first checkpoint is written, lands mid-run: a Ray or Spark step takes
+# milliseconds here, a torch step a tenth of that
+RUNS = {"ray": (pytest.mark.ray, 50), "spark": (pytest.mark.spark, 50),
+        "torch": (pytest.mark.torchrun, 200)}
+OPTIONS = dict(seed=0, dtype="float64", evals=10, timeout=30, progress=False)
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+            "OMP_NUM_THREADS": "1", "PYSPARK_PYTHON": sys.executable}
+
+
+def _command(engine: str, strategy: str, epochs: int, out: Path, extra=()) -> list:
+    return ["-m", "monsoon", "train", "--engine", engine, "--strategy", strategy,
+            "--workers", "2", "--problem", "exp", "--epochs", str(epochs), "--seed", "0",
+            "--dtype", "float64", "--evals", "10", "--timeout", "30", "--quiet",
+            "--checkpoint-every", str(EVERY), "--out", str(out), *extra]
+
+
+def _processes() -> dict:
+    """pid -> (parent pid, start time) of every process now."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = Path(entry, "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != "Z":
+                table[int(entry.name)] = (int(fields[1]), fields[19])
+    return table
+
+
+def _under(pid: int, table: dict) -> set:
+    """The descendants of ``pid`` in ``table``, as (pid, start time)."""
+    children = {}
+    for p, (parent, _) in table.items():
+        children.setdefault(parent, []).append(p)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add((child, table[child][1]))
+            todo.append(child)
+    return found
+
+
+class Run:
+    """``monsoon train`` (or torchrun running it) in a session of its own,
+    watched: every process that was ever under it is kept in ``seen``."""
+
+    def __init__(self, args: list, out: Path):
+        self.out = out
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=_env(), cwd=ROOT, start_new_session=True)
+        self.seen = set()
+
+    def watch(self) -> None:
+        self.seen |= _under(self.proc.pid, _processes())
+
+    def wait_for_checkpoint(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not list((self.out / "checkpoints").glob("ckpt-*.npz")):
+            assert self.proc.poll() is None, self.proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint within 90 s"
+            self.watch()
+            time.sleep(0.02)
+        self.watch()
+
+    def stop(self, how: str) -> tuple[int, str]:
+        if how == "SIGINT":
+            os.killpg(self.proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+        else:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{how} did not end the run within 90 s")
+        return self.proc.returncode, err
+
+    def left(self, timeout: float = 15.0) -> list:
+        """The processes seen under the run that are still there after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            table = _processes()
+            alive = [p for p, start in self.seen if p in table and table[p][1] == start]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        for pid, _ in self.seen | {(self.proc.pid, None)}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=10)
+
+
+def _checks(run: Run, code: int, err: str, how: str, total: int) -> dict:
+    """What every interrupted run must show: its exit code, monsoon's one
+    line (the last, with the --resume command), no traceback or crash dump
+    from the stop, the run folder with status "interrupted", the final
+    checkpoint where it stopped, no process left. Returns that checkpoint's meta."""
+    assert code == 128 + signal.Signals[how], err
+    ours = [line for line in err.splitlines() if line.startswith("monsoon:")]
+    assert len(ours) == 1 and ours[0] == err.strip().splitlines()[-1], err
+    assert f"interrupted by {how}" in ours[0] and f"--resume {run.out}" in ours[0], err
+    assert "Traceback" not in err and "***" not in err and " ERROR " not in err, err
+    summary = json.loads((run.out / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary
+    assert 0 < summary["updates"] < total, summary
+    newest = sorted((run.out / "checkpoints").glob("ckpt-*.npz"))[-1]
+    meta = checkpoints.read(newest).meta
+    assert summary["checkpoint"] == str(newest)
+    assert meta["reason"] == "interrupted" and meta["updates"] == summary["updates"], meta
+    assert not run.left(), "processes outlived the run"
+    return meta
+
+
+@pytest.fixture
+def ray_here(request):
+    pytest.importorskip("ray")
+    return request.getfixturevalue("local_ray")
+
+
+@pytest.fixture
+def spark_here():
+    from spark_env import spark_session
+
+    with spark_session("local[2]") as session:
+        yield session
+
+
+def _here(engine: str, request) -> None:
+    """This process's Ray or Spark, for the runs made here."""
+    if engine in ("ray", "spark"):
+        request.getfixturevalue(f"{engine}_here")
+    else:
+        pytest.importorskip("torch")
+
+
+_whole = {}
+
+
+def _uninterrupted(engine: str, strategy: str, epochs: int, **extra):
+    key = (engine, strategy, epochs, tuple(sorted(extra.items())))
+    if key not in _whole:
+        _whole[key] = monsoon.train("exp", strategy, 2, engine=engine, epochs=epochs,
+                                    **OPTIONS, **extra)
+    return _whole[key]
+
+
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=RUNS[e][0]) for e in RUNS])
+def test_ctrl_c_stops_a_sync_run_cleanly_and_it_resumes_bit_for_bit(engine, tmp_path,
+                                                                      request):
+    """Sync: every worker (ray: on every shard; spark: every barrier rank;
+    torch: every rank) stops after the same step, and the final checkpoint
+    is exact there: the resumed run ends bit-identical to an uninterrupted
+    one, with its totals."""
+    _here(engine, request)
+    epochs = RUNS[engine][1]
+    total = epochs * 16
+    run = Run([sys.executable, *_command(engine, "sync", epochs, tmp_path / "run")],
+              tmp_path / "run")
+    try:
+        run.wait_for_checkpoint()
+        code, err = run.stop("SIGINT")
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    meta = _checks(run, code, err, "SIGINT", total)
+    assert meta["step"] == meta["updates"] and meta["examples"] == 16 * meta["updates"], meta
+
+    resumed = monsoon.train("exp", "sync", 2, engine=engine, epochs=epochs, **OPTIONS,
+                            resume=str(run.out))
+    whole = _uninterrupted(engine, "sync", epochs)
+    assert resumed.summary["updates"] == whole.summary["updates"] == total
+    assert resumed.summary["examples"] == whole.summary["examples"] == total * 16
+    assert np.array_equal(resumed.params, whole.params)
+
+
+@pytest.mark.parametrize("engine", [pytest.param("ray", marks=pytest.mark.ray),
+                                    pytest.param("spark", marks=pytest.mark.spark)])
+def test_sigterm_stops_an_async_run_with_every_counted_batch_applied(engine, tmp_path,
+                                                                      request):
+    """Async: Ray's workers stop between batches, their pushes in; Spark's
+    driver applies no segment's result after the signal. The final
+    checkpoint's positions (each worker's batches) agree with its updates
+    and examples, so the resumed run ends with the uninterrupted run's
+    totals: every batch done once. (Ray's own SIGTERM handler, which
+    ``ray.init`` installs, used to abort the driver with a stack dump.)"""
+    _here(engine, request)
+    epochs, push = 100, 4  # pushes (and reads) every 4 batches: 400 pushes
+    total = epochs * 16 // push
+    run = Run([sys.executable, *_command(engine, "async", epochs, tmp_path / "run",
+                                         ["--n-push", str(push), "--n-fetch", str(push)])],
+              tmp_path / "run")
+    try:
+        run.wait_for_checkpoint()
+        code, err = run.stop("SIGTERM")
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    newest = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.npz"))[-1]
+    positions = [int(p) for p in checkpoints.Start.at(
+        checkpoints.read(newest), make_rule("sgd", 0.1), 2).positions]
+    meta = _checks(run, code, err, "SIGTERM", total)
+    assert all(p % push == 0 for p in positions), positions  # whole pushes only
+    assert meta["dropped"] == 0 and meta["updates"] == sum(positions) // push, (meta, positions)
+    assert meta["examples"] == 16 * sum(positions), (meta, positions)
+
+    resumed = monsoon.train("exp", "async", 2, engine=engine, epochs=epochs, n_push=push,
+                            n_fetch=push, **OPTIONS, resume=str(run.out))
+    assert resumed.summary["examples"] == epochs * 256
+    assert resumed.summary["updates"] + resumed.summary["dropped_updates"] == total
+
+
+@pytest.mark.torchrun
+def test_under_torchrun_ctrl_c_stops_every_rank_at_one_step(tmp_path):
+    """Under a torchrun of the user's, Ctrl-C reaches torchrun's agent,
+    which hands SIGINT to every rank (they run in sessions of their own):
+    rank 0 stops every rank after one collective, writes the final
+    checkpoint and the run folder, and prints monsoon's line; torchrun then
+    exits with its own error (its SignalException, which monsoon does not
+    own, docs/faults.md), and no rank is left."""
+    pytest.importorskip("torch")
+    epochs = RUNS["torch"][1]
+    out = tmp_path / "run"
+    run = Run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
+               *_command("torch", "sync", epochs, out)], out)
+    try:
+        run.wait_for_checkpoint()
+        code, err = run.stop("SIGINT")
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    assert code != 0, err  # torchrun's own exit, after the ranks have ended
+    ours = [line for line in err.splitlines() if line.startswith("monsoon:")]
+    assert len(ours) == 1 and "interrupted by SIGINT" in ours[0], err
+    assert f"--resume {out}" in ours[0], err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 0 < summary["updates"] < epochs * 16
+    meta = checkpoints.read(sorted((out / "checkpoints").glob("ckpt-*.npz"))[-1]).meta
+    assert meta["reason"] == "interrupted" and meta["updates"] == summary["updates"]
+    assert not run.left(), "processes outlived the run"
+
+
+def test_a_stop_that_reaches_one_shard_mid_step_ends_every_worker_after_that_step():
+    """Ray's synchronous stop (``engines/ray/shard.py``), on plain ``Shard``
+    objects driven from threads through the worker's own protocol: the
+    driver's stop reaches shard 0 while step 1 is under way (worker 0's
+    parts are in on both shards, worker 1's not yet) and shard 1 not at
+    all. Step 1 still completes on both shards, and every worker reads the
+    same answers for it (shard 0: the last step; shard 1: not), so every
+    worker ends after step 1 and no shard is left a step ahead."""
+    import threading
+
+    from monsoon.engines.ray.shard import Shard
+    from monsoon.engines.ray.sync_step import step_replies
+
+    shards = [Shard(s, np.zeros(2), make_rule("sgd", 1.0), workers=2, counted=2, timeout=10,
+                    span=(2 * s, 2 * s + 2, 4)) for s in range(2)]
+
+    def call(batch):  # a worker's remote calls, at once
+        replies = [None] * len(batch)
+        threads = [threading.Thread(target=lambda k=k, sh=sh, m=m, a=a: replies.__setitem__(
+            k, getattr(sh, m)(*a))) for k, (sh, m, a) in enumerate(batch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return replies
+
+    def step(rank, k, out):
+        grad = np.full(4, rank + 1.0)
+        out[rank] = step_replies(call, shards, [0, 1], k, rank, [grad[:2], grad[2:]], 1, 0,
+                                 True)
+
+    def both(k, between=None):
+        out = {}
+        first = threading.Thread(target=step, args=(0, k, out))
+        first.start()
+        deadline = time.monotonic() + 10
+        while not all(0 in sh.arrivals for sh in shards):  # worker 0's parts are in
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        if between is not None:
+            between()
+        step(1, k, out)
+        first.join(10)
+        return out
+
+    step0 = both(0)
+    assert not any(r.stop for replies in step0.values() for r in replies.values())
+    step1 = both(1, between=shards[0].stop)
+    stops = {rank: {s: r.stop for s, r in replies.items()} for rank, replies in step1.items()}
+    assert stops[0] == stops[1] == {0: True, 1: False}, stops
+    assert [sh.step for sh in shards] == [2, 2]
+    params = [np.concatenate([replies[0][0], replies[1][0]]) for replies in step1.values()]
+    assert np.array_equal(params[0], params[1])
