@@ -252,7 +252,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
                                         resolved.budget, resolved.engine)
     t_start = time.perf_counter()
     try:
-        # engines that stop cleanly on SIGTERM/SIGINT say so (local, sim)
+        # engines that stop cleanly on SIGTERM/SIGINT say so (every built-in one)
         with StopSignals(engine.stops_on_signal):
             res = engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
                              run['seed'], budget, recorder)

@@ -35,17 +35,8 @@ SIGTERM or SIGINT sets ``requested`` (and wakes the monitor through a
 wake-up pipe); the engine then stops its workers, writes a final checkpoint
 and returns what it has, and ``monsoon.train`` writes the run folder with
 status "interrupted" before raising ``Interrupted``. A second signal raises
-``Interrupted`` at once.
-
-Libraries an engine starts inside a run take the signals for themselves:
-``ray.init`` installs Ray's C++ handler for SIGTERM (a stack dump, then
-abort), a new ``SparkContext`` its SIGINT handler (cancel every job, raise
-KeyboardInterrupt), torchrun's agent its own for both unless
-``TORCHELASTIC_SIGNALS_TO_HANDLE`` leaves them out. An engine calls
-``reclaim_signals()`` once such a library is up, which puts the run's
-handlers back. ``on_stop(callback)`` hands the first signal on to a party
-that cannot see this process's flag (the torch engine's ranks, through a
-file), at once, or when it comes.
+``Interrupted`` at once. ``reclaim_signals`` takes them back from a library
+(Ray, Spark); ``on_stop`` hands the first on.
 """
 from __future__ import annotations
 
@@ -276,7 +267,10 @@ def stop_requested() -> int | None:
 
 def reclaim_signals() -> None:
     """Put the current run's SIGTERM/SIGINT handlers back (``StopSignals.
-    reclaim``), after a library installed its own; nothing outside a run."""
+    reclaim``), after a library installed its own: ``ray.init`` installs
+    Ray's C++ handler for SIGTERM (a stack dump, then abort), a new
+    ``SparkContext`` PySpark's for SIGINT (cancel every job, raise
+    KeyboardInterrupt). Nothing outside a run."""
     active = StopSignals.active
     if active is not None:
         active.reclaim()
@@ -286,7 +280,9 @@ def reclaim_signals() -> None:
 def on_stop(callback):
     """For the duration of the block, ``callback(signum)`` runs (in the main
     thread, from the handler) with the current run's first stop signal, or
-    at once if it has come already. Outside a run, nothing."""
+    at once if it has come already: for a party that cannot see this
+    process's flag (the torch engine's ranks, through the job folder).
+    Outside a run, nothing."""
     active = StopSignals.active
     if active is None or not active._saved:  # no handlers of this run (not the main thread)
         yield

@@ -31,9 +31,8 @@ uninterrupted run, and so are its totals (as Spark's segments, applied
 whole or not at all). Pushing the partial sum instead would add one short
 update per stopped worker that no uninterrupted run makes.
 
-``halt``: where another party (the local engine's monitor, in shared
-memory; Ray's driver, through the worker actor) can end the run:
-``halt[0]`` set, ``halted()`` raises (``Halted``, by default) before the
+``halt``: where another party (the local engine's monitor; Ray's driver)
+can end the run: ``halt[0]`` set, ``halted()`` raises (``Halted``) before the
 worker's next op, unless that op lands a gradient already computed
 (``LANDING``: Apply, Push, LocalStep, LocalApply, and EASGD's Elastic,
 which ends the local step before it): a halted worker then stops between

@@ -33,16 +33,10 @@ shared ``record/checkpoints.py``; ``resume_dir`` carries a sync run on
 exactly (it ends as an uninterrupted run would) and an async run from its
 workers' positions, and refuses another run's checkpoint in one line.
 
-SIGTERM/SIGINT (``stops_on_signal``; ``ray.init`` takes SIGTERM for Ray's
-handler, and the run takes it back): the driver asks the workers to stop
-(``_stop``): a synchronous step's after the next step every shard
-completes, the others between batches with their pushes in; each ends its
-``run`` as at a normal end, and the driver writes the final checkpoint
-where they stopped (also with ``checkpoint_every`` 0) and returns the
-result marked ``interrupted``. Workers that have not ended within
-``timeout`` are killed, and the newest checkpoint stands. A second signal
-stops at once: the actors are killed, and a Ray instance the run started
-is shut down.
+SIGTERM/SIGINT: the driver asks the workers to stop at a clean point
+(``_stop``), writes the final checkpoint where they stopped and returns the
+result marked ``interrupted`` (docs/faults.md); ``ray.init``'s own SIGTERM
+handler is replaced by the run's again (``reclaim_signals``).
 """
 from __future__ import annotations
 

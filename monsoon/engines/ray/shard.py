@@ -24,20 +24,13 @@ updated in place as NumPy arrays, and serves:
   step's contributions so far are dropped, and its callers and any caller
   of an older generation are answered ``("regroup", gen, members)``;
 - ``elastic(worker, alpha, x)``: EASGD's exchange with the centre;
-  ``difference(d)``: its compressed form, the centre += the decoded D.
+  ``difference(d)``: its compressed form, the centre += the decoded D;
+- ``stop()``: SIGTERM/SIGINT, from the driver: the run's last step (``StepReply``).
 
 Compressed runs (``--compress``): a push, a contribution or an elastic
 difference arrives as the worker's packed message (``messages.Sender.pack``,
 put once in Ray's object store and read by every shard); the shard decodes
 it (``messages.receive``) and takes its slice.
-
-A stop (SIGTERM/SIGINT, ``stop()`` from the driver): the first step this
-shard completes after it is the run's last here; the replies to that step,
-and any later one, say so (``StepReply.stop``), so every worker ends after
-the same step on every shard: a worker ends once any shard says so, after
-it has every shard's reply to the step, and it sends no part of the next.
-Which step a shard names is fixed when it completes the step, so every
-worker reads the same answer for it.
 
 Checkpoints: every ``every`` versions (updates of this shard) the shard
 takes a copy of its slice, rule state and dropped count, inside its lock,
@@ -62,7 +55,15 @@ TAKEN = 4  # copies a shard keeps until the driver collects them
 class StepReply(tuple):
     """A synchronous step's reply, the tuple ``contribute``, ``decide`` and
     ``settle`` document, and ``stop``: the worker ends its program after
-    this step (the module docstring)."""
+    this step.
+
+    A stop (SIGTERM/SIGINT: ``Shard.stop`` from the driver): the first step
+    a shard completes after it is the run's last there; its replies to that
+    step, and to any later one, say so. A worker ends once any shard says
+    so, after it has every shard's reply to the step, and sends no part of
+    the next, so every worker ends after the same step on every shard. The
+    step a shard names is fixed when it completes it, so every worker reads
+    the same answer for a step."""
 
     def __new__(cls, items, stop: bool = False):
         reply = super().__new__(cls, items)
@@ -228,7 +229,7 @@ class Shard:
 
     def stop(self) -> int:
         """The driver asks the run to stop: the next step this shard
-        completes is the last (the module docstring). Returns its step now."""
+        completes is the last (``StepReply``). Returns its step now."""
         with self.lock:
             self.stopping = True
             return self.step

@@ -20,12 +20,8 @@ sync, hence serial SGD, to floating-point reduction order (float64, 1e-9).
 The driver's part: rank 0 reports to the driver over a socket. At most
 every ``ASK_EVERY_S`` it asks whether the recorder wants a row (it then
 sends the parameters, which the recorder snapshots and evaluates after the
-run, as always) or a live row, and whether to stop (divergence); a stop
-rides in the next all-reduce, so every rank leaves after the same step.
-A stop signal at the driver (SIGTERM, SIGINT) is the answer's third part;
-its number rides in the all-reduce too, and every rank stops once the step
-it came with is applied (``DriverPrograms``): rank 0 then hands the driver
-a last checkpoint there, which it writes as any other.
+run, as always) or a live row, and whether to stop (divergence; a signal:
+``RankRecorder``); a stop rides in the next all-reduce: one step for all.
 The driver waits at most ``--timeout`` for each message; every collective
 has the same timeout, so a rank that dies or stalls fails the stage.
 
@@ -131,7 +127,11 @@ def _exactly(sock, n: int, patience: float, started: bool) -> bytes:
 class RankRecorder:
     """What ``DriverPrograms.run`` sees as its recorder, in a rank: rank 0
     asks the driver's recorder over the socket; every rank stops once the
-    all-reduce has carried a stop (``stop_seen``)."""
+    all-reduce has carried a stop (``stop_seen``). A stop signal at the
+    driver (SIGTERM, SIGINT) comes with its answer to rank 0's ask, and the
+    all-reduce hands its number to every rank (``interrupted``): each then
+    stops where every gradient counted is applied (``DriverPrograms``), the
+    same step, and rank 0 hands the driver the last checkpoint there."""
 
     def __init__(self, sock, target_loss=None):
         self.sock = sock  # None: a rank other than 0

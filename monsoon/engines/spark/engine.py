@@ -36,18 +36,8 @@ Checkpoints: the driver writes its server state every ``checkpoint_every``
 updates; only finished jobs change it, so one between them is exact (sync
 and serial resume bit-identical; an async worker from its last applied
 push). Not kept: delay-aware rules' read records, private worker copies
-(local-sgd, easgd); no backup workers (``spark.speculation`` instead).
-
-SIGTERM/SIGINT (``stops_on_signal``; a SparkContext the run starts takes
-SIGINT for PySpark's handler, and the run takes it back): the driver stops
-where its state is exact, writes a last checkpoint there (also with
-``checkpoint_every`` 0) and returns the result marked ``interrupted``:
-sync after the step under way (on the driver, or every barrier rank after
-the same step), async and ssp with no result applied after the signal,
-local-sgd and easgd likewise, with no checkpoint. The run's jobs are
-cancelled and a session it started is stopped, as at any end. Spark's JVM
-and its Python workers ignore Ctrl-C (PySpark starts them so); a second
-signal stops at once.
+(local-sgd, easgd); no backup workers (``spark.speculation`` instead). A
+stop signal ends a run where its state is exact (``SparkEngine``).
 """
 from __future__ import annotations
 
@@ -116,7 +106,15 @@ def _is_torch(problem) -> bool:
 
 class SparkEngine(Engine):
     """Executors share no memory (no several-worker Apply: hogwild), and
-    tasks cannot pass activations to each other (no pipeline stages)."""
+    tasks cannot pass activations to each other (no pipeline stages).
+
+    SIGTERM/SIGINT: the driver stops where its state is exact, writes a
+    last checkpoint there (also with ``checkpoint_every`` 0) and returns the
+    result marked ``interrupted``; each loop says where (``driver.py``,
+    ``barrier.py``, ``server.py``, ``rounds.py``; docs/faults.md). A new
+    SparkContext installs PySpark's SIGINT handler (cancel every job, raise
+    KeyboardInterrupt): the run puts its own back (``reclaim_signals``).
+    Spark's JVM and Python workers ignore Ctrl-C (PySpark starts them so)."""
     name = "spark"
     ops = frozenset({Gradient, Apply, Fetch, Push, LocalStep, LocalApply, AllReduce, Average,
                      Elastic, Clock})

@@ -37,11 +37,7 @@ A worker whose job fails after Spark's retries, or whose segment runs past
 ``timeout`` (its job cancelled), is named in ``failed_workers``. The
 monitor (the calling thread) records the loss curve, writes the
 checkpoints, fails the run if no worker returns for twice ``timeout``, and
-at the end tells each task to return and cancels the rest. A stop signal
-(SIGTERM, SIGINT) ends the run so: no result is applied after it, and the
-monitor writes a last checkpoint of the server's state then (each worker's
-position that of its last applied segment: exact), unless the workers
-keep copies of their own (EASGD), which no checkpoint holds.
+at the end (a stop signal: after a last, exact checkpoint) ends the tasks.
 """
 from __future__ import annotations
 

@@ -33,15 +33,6 @@ No Push (async): Downpour's server answers each worker's push the moment
 it arrives, which collectives (every rank at once) cannot do soundly; no
 Apply by several workers (hogwild): the ranks share no memory.
 
-SIGTERM/SIGINT (``stops_on_signal``): rank 0 stops every rank after the
-same collective and writes the final checkpoint there (sync: exact), then
-the run folder with status "interrupted" (``rank.py``). Without torchrun
-the signal is the run's process's own, handed to rank 0 through the job
-folder (``launch.py``). Under torchrun, the signal reaches torchrun's
-agent, which hands it to every rank (and ends them after its shutdown
-timeout, 30 s by default); rank 0's is the one that stops the run, and
-the agent then exits with its own ``SignalException`` traceback.
-
 Faults: every collective has ``--timeout`` (``init_process_group``'s
 timeout), so a rank that dies or hangs fails the others within it, not
 after torch's 30-minute default. Under ``--max-restarts`` the agent
@@ -66,7 +57,17 @@ class TorchEngine(Engine):
     """No Push: Downpour's server answers each worker's push the moment it
     arrives, and torch.distributed's collectives move every rank at once.
     No Apply: the ranks share no memory. No backup workers: an all-reduce
-    takes every rank."""
+    takes every rank.
+
+    SIGTERM/SIGINT (``stops_on_signal``): rank 0 stops every rank after the
+    same collective and writes the final checkpoint there (sync: exact),
+    then the run folder with status "interrupted" (``rank.RankWorker``).
+    Without torchrun the signal is the run's process's own, handed to rank
+    0 through the job folder (``launch.py``). Under torchrun, the signal
+    reaches torchrun's agent, which hands it to every rank (and kills those
+    not ended within its shutdown timeout, 30 s by default); rank 0's stops
+    the run, and torchrun then exits with its own ``SignalException``
+    traceback (docs/faults.md)."""
     name = "torch"
     compresses = True  # an all-gather of every rank's packed message (rank.py)
     device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)

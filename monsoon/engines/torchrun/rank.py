@@ -30,17 +30,8 @@ shared-memory reduce): ``RankWorker.to_device``. Else NumPy arrays.
 
 ``active`` makes programs of unequal length safe: a rank whose program has
 ended joins the others' collectives with zeros (weight 0) until none is
-active. ``stop`` is rank 0's (the recorder stopped the run, or a stop
-signal came: ``stop`` below): every rank ends its program after that
-collective, at the same step.
-
-A stop signal (SIGTERM, SIGINT) is rank 0's to see (``RankWorker.stop``):
-under torchrun, its own (torchrun's agent hands the signal it gets to
-every rank; a rank other than 0 keeps running on its first, until rank
-0's stop reaches it); under monsoon's own agent (``launch.py``), the one
-the agent writes to the job folder. Rank 0 then writes the final
-checkpoint where every rank stopped (sync: exact, also with
-``checkpoint_every`` 0) and its result is marked ``interrupted``.
+active. ``stop`` is rank 0's (the recorder's verdict, a stop signal:
+``RankWorker``): every rank ends its program after that collective.
 
 Rank 0 records the loss curve from its replica and, for sync, writes an
 exact checkpoint every ``checkpoint_every`` steps; a restarted attempt
@@ -101,6 +92,15 @@ class _Stop(Exception):
 
 
 class RankWorker(Worker):
+    """This rank's interpreter of its program (the module docstring).
+
+    A stop signal (SIGTERM, SIGINT) is rank 0's to see (``stop``): under
+    torchrun, its own (torchrun's agent hands the signal it gets to every
+    rank; a rank other than 0 goes on after its own, until rank 0's stop
+    reaches it); under monsoon's own agent (``launch.py``), the one the
+    agent writes to the job folder. Rank 0 then writes the final checkpoint
+    where every rank stopped (sync: exact, also with ``checkpoint_every``
+    0), and its result is marked ``interrupted``."""
     engine_name = "torch"
 
     def __init__(self, comm, problem, rule, strategy, w0, job, recorder, engine, start,
