@@ -159,15 +159,19 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None) ->
     return err
 
 
-def _resume_hint(resolved, out, what: str = "") -> str:
+def _resume_hint(resolved, out, what: str = "", checkpoint: bool = True) -> str:
     """The end of a stopped run's line: the command that carries it on from
     its checkpoint (``what``: which one), or why ``--resume`` would refuse
-    it (``checkpoints.resume_refusal``, as ``check_resume`` asks)."""
+    it (``checkpoints.resume_refusal``, as ``check_resume`` asks), also
+    where the engine wrote no checkpoint for that reason; nothing where
+    there is no ``checkpoint`` otherwise."""
     from .record.checkpoints import resume_refusal
 
     refusal = resume_refusal(resolved.engine, resolved.problem, resolved.strategy)
     if refusal is not None:
         return f"; it cannot be carried on: {refusal}"
+    if not checkpoint:
+        return ""
     return f"; to carry on{' ' + what if what else ''}, run the same command with --resume {out}"
 
 
@@ -356,8 +360,8 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         save_model(result.run_dir, problem, res.params)
     if interrupted:
         where = f"run folder {out}" if out is not None else "no run folder (give --out)"
-        hint = (_resume_hint(resolved, out)
-                if out is not None and res.extra.get("checkpoint") else "")
+        hint = (_resume_hint(resolved, out, checkpoint=bool(res.extra.get("checkpoint")))
+                if out is not None else "")
         err = Interrupted(f"interrupted by {signal_name(interrupted)} after {res.updates} "
                           f"updates: {where}{hint}", interrupted, result.run_dir)
         err.result = result

@@ -335,3 +335,40 @@ def test_a_stop_that_reaches_one_shard_mid_step_ends_every_worker_after_that_ste
     assert [sh.step for sh in shards] == [2, 2]
     params = [np.concatenate([replies[0][0], replies[1][0]]) for replies in step1.values()]
     assert np.array_equal(params[0], params[1])
+
+
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=RUNS[e][0]) for e in RUNS])
+def test_a_stopped_run_that_resume_would_refuse_says_why(engine, tmp_path, request):
+    """local-sgd's workers keep copies of their own, which no ray, spark or
+    torch checkpoint holds (``checkpoints.resume_refusal``): a SIGINT still
+    stops the run cleanly, with its run folder, and its line says why
+    ``--resume`` would refuse it instead of offering it; no checkpoint is
+    written. (In this process: the signal comes once the run's handlers are
+    in place.)"""
+    import threading
+
+    from monsoon.errors import Interrupted
+    from monsoon.monitor.lifecycle import StopSignals
+
+    _here(engine, request)
+
+    def stop_once_handled():
+        deadline = time.monotonic() + 60
+        while StopSignals.active is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(1.0)  # training, or still starting: either way a clean stop
+        if StopSignals.active is not None:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=stop_once_handled, daemon=True).start()
+    out = tmp_path / "run"
+    with pytest.raises(Interrupted) as info:
+        monsoon.train("exp", "local-sgd", 2, engine=engine, epochs=400, out=out,
+                      checkpoint_every=EVERY, **OPTIONS)
+    line = str(info.value)
+    assert info.value.exit_code == 130 and "interrupted by SIGINT" in line, line
+    assert "cannot be carried on" in line and "private worker copies" in line, line
+    assert "--resume" not in line, line
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["updates"] < 400 * 16
+    assert not list((out / "checkpoints").glob("ckpt-*.npz"))

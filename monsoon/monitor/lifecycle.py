@@ -224,7 +224,7 @@ class StopSignals:
 
     def reclaim(self) -> None:
         """Install this run's handlers again, over those a library installed
-        since ``__enter__`` (the module docstring); what the run restores at
+        since ``__enter__`` (``reclaim_signals``); what the run restores at
         its end stays what was there before it."""
         for sig in self._saved:
             signal.signal(sig, self._handle)
@@ -283,8 +283,8 @@ def on_stop(callback):
     at once if it has come already: for a party that cannot see this
     process's flag (the torch engine's ranks, through the job folder).
     Outside a run, nothing."""
-    active = StopSignals.active
-    if active is None or not active._saved:  # no handlers of this run (not the main thread)
+    active = StopSignals.active  # set only where the run's handlers are installed
+    if active is None:
         yield
         return
     active._callbacks.append(callback)
