@@ -22,7 +22,8 @@ How each op spends virtual time:
 - ``AllReduce`` / ``Average``: the contribution travels to the server; the
   first N arrivals of a step count (the rest are late: dropped, counted),
   the N-th triggers the update, and every worker of the step resumes when
-  the new parameters reach it.
+  the new parameters reach it. An inner rule's sums (AdaGrad's) travel
+  with Average's drift and come back synchronised (``server/summed.py``).
 
 Invariants (each has a test): events at equal times are taken in the order
 they were scheduled, and every random draw comes from the seed, so a seed
@@ -55,6 +56,7 @@ from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, Engi
                     replicates, shard_bounds, shard_count)
 from ...server.reduce import finite, weighted_sum
 from ...server.core import ServerCore, new_readers
+from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
 from ...monitor.lifecycle import signal_name, stop_requested
@@ -209,6 +211,11 @@ class SimEngine(Engine):
             self.slots = np.zeros((workers, n), dtype=w0.dtype)
             self.slot_examples = [0] * workers
             self.acc, self.tmp = np.empty(n, dtype=w0.dtype), np.empty(n, dtype=w0.dtype)
+        # Local AdaAlter's shared sums (``server/summed.py``) and each worker's a_k
+        self.sums = (SharedSums.of(strategy.local_rule, n, w0.dtype)
+                     if Average in strategy.uses else None)
+        if self.sums is not None:
+            self.sum_slots = [np.zeros((workers, n), dtype=s.dtype) for s in self.sums.sums]
 
     def _set_up_workers(self, w0, batch_size, seed, budget) -> None:
         """One simulated worker a rank: its (compressing) strategy program,
@@ -224,6 +231,8 @@ class SimEngine(Engine):
                 rank, self.W, self.problem.n_examples, batch_size, seed, budget)), w.sender,
                 self.nbytes)
             w.grad = np.empty(n, dtype=w0.dtype)
+            if self.sums is not None:
+                self.sums.start(w.local_rule, w.work)
             self.workers.append(w)
             self._at(0.0, self._resume, w, None)
 
@@ -316,6 +325,9 @@ class SimEngine(Engine):
         if not self.strategy.shared_params:
             for w in self.workers:
                 arrays[f"worker.{w.rank}.params"] = w.work
+        if self.sums is not None:  # not read at resume (the replay rebuilds them): checked
+            for name, shared in zip(self.strategy.local_rule.summed_state, self.sums.sums):
+                arrays["sums." + name] = shared
         return arrays
 
     def _save(self, events: int, reason: str) -> None:
@@ -333,7 +345,7 @@ class SimEngine(Engine):
         saved = self.resumed
         mine = {"params": self.params, **checkpoints.state_arrays(self.state), **self._arrays()}
         same = (_jsonable_state(self.rng.bit_generator.state) == saved.meta["rng"]
-                and all(np.array_equal(v, saved.arrays[k], equal_nan=True)
+                and all(k in saved.arrays and np.array_equal(v, saved.arrays[k], equal_nan=True)
                         for k, v in mine.items()))
         if not same:
             raise checkpoints.CheckpointError(
@@ -539,7 +551,12 @@ class SimEngine(Engine):
         sent = w.sender.send(slot)
         if sent is not slot:
             np.copyto(slot, sent)
-        return self._contribute(w, op.examples, w.sender.last_nbytes)
+        nbytes = w.sender.last_nbytes
+        if self.sums is not None:  # a_k travels with the drift, dense
+            self.sums.added(w.local_rule, w.work, [s[w.rank] for s in self.sum_slots])
+            self.sums.count(w.sender)
+            nbytes += self.sums.nbytes
+        return self._contribute(w, op.examples, nbytes)
 
     def _contribute(self, w, examples, nbytes):
         self._at(self.now + self._message(nbytes), self._sync_arrive, w, w.sync_step,
@@ -577,6 +594,8 @@ class SimEngine(Engine):
             else:
                 for s, acc in sums:
                     self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=True)
+            if self.sums is not None:  # S += the mean a_k (the drift's scratch is free)
+                self.sums.add_mean(self.sum_slots, ranks, examples, self.acc, self.tmp)
             self.total["updates"] += 1
             self.staleness[0] += 1
         else:  # the rule is told, as the local engine's steps tell it
@@ -591,6 +610,8 @@ class SimEngine(Engine):
             reply = min(self.nbytes, sum(self.workers[k].sender.last_nbytes for k in ranks))
             for k in ranks:
                 self.workers[k].sender.received_bytes -= self.nbytes - reply
+        if self.sums is not None:
+            reply += self.sums.nbytes  # S comes back with the parameters
         done = self.now + self.delays.service_s + self._message(reply)
         resumed = [self.workers[k] for k in self.arrivals] + self.waiting_late
         step = self.sync_step
@@ -605,4 +626,6 @@ class SimEngine(Engine):
         w.sync_step = self.sync_step
         if not self.strategy.shared_params:
             np.copyto(w.work, self.params)
+        if self.sums is not None:
+            self.sums.start(w.local_rule, w.work)
         self._resume(w, self.sync_step - (step + 1))
