@@ -51,6 +51,8 @@ import numpy as np
 
 from ...options import Option
 from ...strategies import WorkerJob
+from ...strategies.ops import Average
+from ...server.summed import initial_sums
 from ...record import checkpoints
 from ...monitor.lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
@@ -421,7 +423,9 @@ class LocalEngine(Engine):
                                # with a folder: the final checkpoint of a stop holds them too
                                extra_layout=(sender_slots(compression, w0.size, w0.dtype, workers)
                                              if senders and ck.directory and not inline
-                                             else None))
+                                             else None),
+                               sums=initial_sums(strategy.local_rule, w0.size, w0.dtype)
+                               if Average in strategy.uses else None)
         self.shards_used = shards
         if resume.saved is not None:
             ck.restore(resume, store)

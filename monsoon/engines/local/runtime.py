@@ -16,7 +16,9 @@ the loop before the next op. Op by op:
 - ``AllReduce`` / ``Average``: write the slot, then one synchronous step
   (``synchronous.py``): sharded (each worker sums and applies 1/N of the
   vector, three barriers) or, for small models, replicated (every worker
-  applies the mean to its own replica, one barrier).
+  applies the mean to its own replica, one barrier). Average also writes
+  what the inner rule's steps added to the shared sums (``store.sum_slots``)
+  and starts the next round from them (Local AdaAlter, ``server/summed.py``).
 - ``Clock``: SSP's clock tick, and its bound (``clocks.py``).
 - ``LocalApply`` / ``Elastic``: the inner rule on the private working copy;
   EASGD's exchange with the centre, per shard under its lock (compressed,
@@ -40,6 +42,7 @@ from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push,
                                SGDPass, weighted)
 from ...server.core import ServerCore
+from ...server.summed import SharedSums
 from ...server.worker import Worker
 from ...monitor.waiting import HOT_TURNS, Aborted
 from .clocks import LocalClocks
@@ -79,6 +82,10 @@ class WorkerRuntime(Worker):
             self.work = store.params if strategy.shared_params else arrays.copy(store.params)
             if work0 is not None and not strategy.shared_params:
                 arrays.copyto(self.work, work0)  # a resumed private copy
+        # Local AdaAlter's sums, shared in the store (None: the inner rule keeps none)
+        self.shared_sums = SharedSums(store.sums) if store.sums is not None else None
+        if self.shared_sums is not None:
+            self.shared_sums.start(self.local_rule, self.work)
         self._others_at_read = 0
         self._prefetch = problem.prefetch
         # Gradients read parameters others are updating (Hogwild!): staleness
@@ -233,13 +240,20 @@ class WorkerRuntime(Worker):
         return self._after_step(self._sync.contribute(examples))
 
     def average(self, op: Average) -> int:
-        slot = self.store.slots[self.rank]
-        arrays.namespace(slot).subtract(self.store.params, self.work, out=slot)
+        store, sums = self.store, self.shared_sums
+        slot = store.slots[self.rank]
+        arrays.namespace(slot).subtract(store.params, self.work, out=slot)
         if self.sender is not None:
             sent = self.sender.send(slot)
             if sent is not slot:
                 arrays.copyto(slot, sent)
-        return self._after_step(self._sync.contribute(op.examples))
+        if sums is not None:  # a_k, for the step's mean (``ShardedStep._add_sums``)
+            sums.added(self.local_rule, self.work, [s[self.rank] for s in store.sum_slots])
+            sums.count(self.sender)
+        behind = self._after_step(self._sync.contribute(op.examples))
+        if sums is not None:
+            sums.start(self.local_rule, self.work)
+        return behind
 
     def _after_step(self, behind: int) -> int:
         if not self.strategy.shared_params:  # a private model restarts from the average
