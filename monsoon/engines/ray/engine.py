@@ -50,6 +50,7 @@ from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradie
 from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine,
                     lost_workers_error, shard_bounds, shard_count)
 from ...record.checkpoints import Checkpointer
+from ...server.summed import initial_sums
 from ...monitor.due import Due
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..tally import RunTally, run_folder_extra, summed_staleness
@@ -188,9 +189,13 @@ class RayEngine(Engine):
         named = self.named  # a named run's actors are its own (hosts.py), else pooled ones
         clock = self._clock_server(ray, strategy, workers)
         elastic = strategy.elastic
+        # Local AdaAlter's shared sums, sliced among the shards (``server/summed.py``)
+        sums = (initial_sums(strategy.local_rule, start.params.size, start.params.dtype)
+                if Average in strategy.uses else None)
         shards = [POOL.take(ray, Shard, (s, start.params[a:b], rule, workers, counted,
                                          self.timeout, ckpts.every, ckpts.shard_resume(s),
-                                         self.compression, (a, b, start.params.size), elastic),
+                                         self.compression, (a, b, start.params.size), elastic,
+                                         None if sums is None else [x[a:b] for x in sums]),
                             {"num_cpus": 0, "max_concurrency": server_threads(workers),
                              "scheduling_strategy": on_driver_node(ray)},
                             name=f"monsoon-{self.run_name}-shard-{s}" if named else None)
@@ -204,7 +209,7 @@ class RayEngine(Engine):
                 rank, problem.for_worker(rank, workers), strategy,
                 WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                           start_step=start.positions[rank]),
-                shards, bounds, start.params, self.timeout, clock, self.compression),
+                shards, bounds, start.params, self.timeout, clock, self.compression, sums),
                 {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 2,
                  "scheduling_strategy": "SPREAD"},
                 name=name if named or incarnation else None)
