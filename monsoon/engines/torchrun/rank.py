@@ -15,7 +15,12 @@ live series get every rank's loss from the sum):
   problems the all-reduce runs in buckets during backward (``buckets.py``).
 - ``Average`` (local SGD, DiLoCo): payload n_k (theta - theta_k), the
   drift; the server's (outer) rule applies the mean drift to the replica,
-  and the working copy is reset to it.
+  and the working copy is reset to it. Where the inner rule keeps sums
+  (AdaGrad's), a round applied is followed by one all-gather of what each
+  rank's steps added to them and its examples, whose mean (in rank order)
+  every rank adds to its replica of the shared sums, and every rank starts
+  the next round from them (Local AdaAlter, ``server/summed.py``); a round
+  some rank sits out (its program ended) leaves the sums as they were.
 - ``Elastic`` (EASGD, synchronous form of Zhang, Choromanska, LeCun 2015):
   payload d_k = alpha (x_k - x~); x_k -= d_k, x~ += sum_k d_k.
 - ``LocalApply``, ``Fetch``: local, no communication.
@@ -59,6 +64,7 @@ from ..tally import RunTally
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
 from ...server.core import ServerCore
+from ...server.summed import SharedSums
 from ...server.worker import Worker
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
@@ -147,6 +153,11 @@ class RankWorker(Worker):
                                    int(engine.bucket_mb * 2**20))
         # the step's update (``server/core.py``), on the replica where it lives now
         self.core = ServerCore(self.server, rule, self.state)
+        # Local AdaAlter: this rank's replica of the shared sums, on the host
+        self.shared_sums = SharedSums.of(strategy.local_rule, n, w0.dtype) \
+            if Average in strategy.uses else None
+        if self.shared_sums is not None:
+            self.shared_sums.start(self.local_rule, self.work)
         self.handlers.update({AllReduce: self.all_reduce, Average: self.average,
                               Elastic: self.elastic, Fetch: self.fetch})
         self.t0 = time.perf_counter()
@@ -334,11 +345,13 @@ class RankWorker(Worker):
         return 0
 
     def average(self, op):
+        then = None if self.shared_sums is None else (
+            lambda applied: self._sync_sums(applied, op.examples))
         if self.compressed:
             self._flags(op.examples)
             self._gather(self.sender.pack(self.server - self.work), f"round {self.step}",
                          EXAMPLES)
-            self._apply_mean(1)
+            self._apply_mean(1, then)
             self.work[:] = self.server
             return 0
         self.sender.dense(arrays.nbytes(self.server))  # the drift, into the all-reduce
@@ -346,21 +359,45 @@ class RankWorker(Worker):
         self.grad *= op.examples
         self._flags(op.examples)
         self._reduce(f"round {self.step}")
-        self._apply_mean(1)
+        self._apply_mean(1, then)
         self.work[:] = self.server
         return 0
 
-    def _apply_mean(self, unit) -> None:
+    def _sync_sums(self, applied: bool, examples: int) -> None:
+        """Local AdaAlter (the module docstring): after a round applied on
+        every rank (each sees the same flags), gather each rank's
+        [a_k, n_k], add their weighted mean to the shared sums; then this
+        rank's inner rule starts the next round from them."""
+        sums = self.shared_sums
+        if applied and int(self.flags[ACTIVE]) == self.world:
+            n, fields = self.n, len(sums.sums)
+            row = np.empty(fields * n + 1, dtype=sums.sums[0].dtype)
+            sums.added(self.local_rule, self.work,
+                       [row[i * n:(i + 1) * n] for i in range(fields)])
+            row[-1] = examples
+            with self._collective(f"the sums of round {self.step}"):
+                rows = self.comm.all_gather(row)
+            sums.count(self.sender)
+            acc, tmp = np.empty(n, dtype=row.dtype), np.empty(n, dtype=row.dtype)
+            sums.add_mean([rows[:, i * n:(i + 1) * n] for i in range(fields)],
+                          list(range(self.world)), [int(e) for e in rows[:, -1]], acc, tmp)
+        sums.start(self.local_rule, self.work)
+
+    def _apply_mean(self, unit, then=None) -> None:
         """The buffer holds sum_k (n_k / unit) x_k: divide by sum_k n_k / unit
-        (nothing to do when that is 1: sync's full batches)."""
+        (nothing to do when that is 1: sync's full batches). ``then(applied)``
+        runs before the collective's bookkeeping (which may stop the rank)."""
         total = self.flags[EXAMPLES]
         if total > 0 and total != unit:
             self.grad *= unit / total
-        if self.core.apply_sum(self.grad, self.step, self.rank,
-                               ok=bool(total > 0 and self._finite(unit / total))):
+        applied = self.core.apply_sum(self.grad, self.step, self.rank,
+                                      ok=bool(total > 0 and self._finite(unit / total)))
+        if applied:
             self.updates += 1
         else:
             self.dropped += 1
+        if then is not None:
+            then(applied)
         self._after_collective()
 
     def elastic(self, op):
