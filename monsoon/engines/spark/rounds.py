@@ -13,13 +13,11 @@ example-weighted mean drift in partition order and applies the outer rule
 once. Only a finished job's results are used, so a retried task counts once.
 
 An inner rule's sums over gradients (``Rule.summed_state``: AdaGrad's sums
-of squares) are synchronised each round, as Local AdaAlter does (Xie et
-al. 2019): every worker starts the round from the same sums, and the
-driver adds the example-weighted mean of what the workers' steps added.
-With a sum per worker, each scales its steps by its own statistics, and the
-averaged copies settle where sum_k D_k grad f_k = 0, above the minimum.
-The mean (not the sum, as async's pushes add) keeps a worker's steps the
-size of one copy's: a round's progress is the mean of its drifts. With
+of squares) are synchronised each round, as on every engine (Local
+AdaAlter, Xie et al. 2019; the math is ``server/summed.py``'s): every
+task starts the round from the driver's sums, and the driver adds the
+example-weighted mean of what the tasks' steps added (read off the inner
+rules they return), unless the round's mean drift was dropped. With
 ``--average-epochs``, theta's tail average is evaluated and returned, as
 async's server's is (``server/averaging.py``).
 """
@@ -36,7 +34,7 @@ from ...record.live import add_figures
 from ...server.averaging import TailAverage
 from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore
-from ...rules.local import LocalRule
+from ...server.summed import SharedSums
 from ...monitor.due import Due
 from .jobs import share
 from .sizing import JobTiming
@@ -62,13 +60,13 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     positions = dict.fromkeys(range(ctx.workers), 0)  # steps done, per worker
     r = 0
     timing = JobTiming()
-    shared = _shared_sums(strategy.local_rule, w)
+    shared = SharedSums.of(strategy.local_rule, w.size, w.dtype)
     # the model evaluated and returned: theta, or its tail average (``--average-epochs``)
     average = TailAverage(w, ctx.average_epochs * ctx.n_examples) if ctx.average_epochs else None
     while len(ended) < ctx.workers:
         bc = share(sc, w, w.nbytes)
         jobs_k = {k: replace(ctx.job(k), start_step=positions[k]) for k in range(ctx.workers)}
-        sent = _start_round(shared, strategy.local_rule, local_rules)
+        _start_round(shared, strategy.local_rule, local_rules, w)
         rules_k, senders_k = dict(local_rules), dict(senders)
 
         def task(it, bc=bc, jobs_k=jobs_k, rules_k=rules_k, senders_k=senders_k):
@@ -87,7 +85,6 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             bc.destroy(blocking=False)
         timing.add(time.perf_counter() - began, max(res["task_s"] for _, res in results))
         avg = [(k, res) for k, res in results if res["op"] == "average"]
-        _end_round(shared, sent, results)
         for k, res in results:
             local_rules[k] = res["local_rule"]
             senders[k] = res["sender"]
@@ -103,6 +100,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                          [res["examples_behind"] for _, res in avg], acc, tmp)
             if core.apply_sum(acc, updates, counts=len(avg)):
                 updates += 1
+                _end_round(shared, avg, w, acc, tmp)
             else:
                 dropped += 1
             if average is not None:
@@ -122,33 +120,23 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                       **({"averaged_epochs": ctx.average_epochs} if average else {})}}
 
 
-def _shared_sums(inner, w):
-    """The inner rule's synchronised sums (a ``LocalRule``'s state), or None
-    where it keeps none."""
-    if inner is None or not inner.summed_state:
-        return None
-    shared = LocalRule(inner, -1)
-    shared.ensure_state(w.size, w.dtype)
-    return shared
-
-
-def _start_round(shared, inner, local_rules: dict) -> dict:
-    """Every worker's inner rule starts the round from the shared sums:
-    {worker: the sums sent}."""
+def _start_round(shared, inner, local_rules: dict, w) -> None:
+    """Every worker's inner rule starts the round from the shared sums."""
     if shared is None:
-        return {}
+        return
     for k, local in local_rules.items():
         if local is None:
             local_rules[k] = LocalUpdate(inner, k)
-    return {k: local.start_from_sums(shared.state) for k, local in local_rules.items()}
+        shared.start(local_rules[k], w)
 
 
-def _end_round(shared, sent: dict, results) -> None:
-    """The shared sums take the example-weighted mean of what the round's
-    steps added to each worker's."""
-    total = sum(res["examples"] for k, res in results if k in sent)
-    if shared is None or not total:
+def _end_round(shared, avg: list, w, acc, tmp) -> None:
+    """The shared sums take the example-weighted mean (the drifts' weights)
+    of what each averaging task's steps added (the round was applied, so
+    ``acc`` and ``tmp`` are free)."""
+    if shared is None:
         return
-    for k, res in results:
-        if k in sent:
-            res["local_rule"].add_sums_to(shared.state, sent[k], res["examples"] / total)
+    added = {k: shared.added(res["local_rule"], w, [np.empty_like(s) for s in shared.sums])
+             for k, res in avg}
+    shared.add_mean([{k: parts[i] for k, parts in added.items()} for i in range(len(shared.sums))],
+                    [k for k, _ in avg], [res["examples_behind"] for _, res in avg], acc, tmp)
