@@ -9,10 +9,10 @@ reduce-scatter: the i-th of the N counted arrivals sums the shards
 s % N == i over the counted slots, in rank order, and applies the rule to
 those shards of the shared parameters (and, for an Average whose inner
 rule keeps sums, adds the mean of the workers' ``sum_slots`` to those
-shards of ``store.sums``: Local AdaAlter, ``server/summed.py``). Three barriers: all arrived (the
-first N count, later ones are late: backup workers); all shards summed and
-checked (a non-finite sum anywhere drops the whole step); all shards
-updated. Without backup workers the barriers need no lock: each worker
+shards of ``store.sums``: Local AdaAlter, ``server/summed.py``). Three
+barriers: all arrived (the first N count, later ones are late: backup
+workers); all shards summed and checked (a non-finite sum anywhere drops
+the whole step); all shards updated. Without backup workers the barriers need no lock: each worker
 raises its own mark (``store.marks``) and worker 0 closes the step. Two
 workers of equal batches sum, scale and check a shard in one compiled pass
 (``kernels.mean_of_two_finite``).
