@@ -284,7 +284,8 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         res.stopped = None
     # the divergence message with the counts summary.json writes, not those
     # of the row that stopped the run
-    res.stopped = recorder.restate(res.stopped, res.updates, res.dropped_updates)
+    local = None if res.local_updates is None else (res.local_updates, res.dropped_local_updates)
+    res.stopped = recorder.restate(res.stopped, res.updates, res.dropped_updates, local)
     if res.stopped is None and not math.isfinite(final_loss):
         res.stopped = DIVERGED.format(loss=final_loss, updates=res.updates)
     summary = {
@@ -306,6 +307,9 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         "staleness": staleness_stats(res.staleness),
         "staleness_counts": {int(k): int(v) for k, v in sorted(res.staleness.items())},
         "dropped_updates": res.dropped_updates,
+        # the workers' local steps (local SGD, EASGD), in a unit of their own
+        **({"local_updates": res.local_updates,
+            "dropped_local_updates": res.dropped_local_updates} if local else {}),
         "late_gradients": res.late_gradients,
         "failed_workers": [{"worker": f["worker"], "error": f["error"]} for f in res.failed_workers],
         "time_to_target_s": recorder.time_to_target_s,

@@ -98,7 +98,7 @@ class EngineResult:
     wall_time_s: float
     examples: int
     updates: int
-    dropped_updates: int
+    dropped_updates: int   # in the unit of ``updates``: the server's updates not applied
     staleness: Counter
     failed_workers: list = field(default_factory=list)
     late_gradients: int = 0
@@ -108,6 +108,11 @@ class EngineResult:
     stopped: str | None = None   # why the monitor stopped the run early, if it did
     interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
     follower: bool = False   # a rank other than 0 of the torch engine: rank 0 records the run
+    # the workers' local steps on their own copies (local SGD, EASGD), applied
+    # and dropped (a non-finite gradient), summed over the workers; None where
+    # the run takes none
+    local_updates: int | None = None
+    dropped_local_updates: int | None = None
 
 
 class Engine:

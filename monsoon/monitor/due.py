@@ -31,6 +31,11 @@ from ..record.checkpoints import next_checkpoint
 from .lifecycle import signal_name, stop_requested
 
 
+def local_counts(local) -> tuple[int, int] | None:
+    """The workers' local steps as ints, (applied, dropped); None: none taken."""
+    return None if local is None else (int(local[0]), int(local[1]))
+
+
 class Due:
     """The schedule of one run: ``recorder`` (``record.Recorder``) paces
     rows and live updates, ``every`` positions between checkpoints (0:
@@ -66,11 +71,14 @@ class Due:
         """Record a curve row if one is due, else (or after it) hand a live
         update if one is due (``totals`` and ``figures`` as for ``live``;
         none given: no live series). ``snapshot()`` gives (params, updates,
-        dropped), read together, only when a row is due. Returns the row's
-        reason to stop (a divergence, the target), or None."""
+        dropped), read together, only when a row is due, and where the
+        workers take local steps, their (applied, dropped) counts after them
+        (``Recorder.record``'s ``local``). Returns the row's reason to stop
+        (a divergence, the target), or None."""
         if self.row(at, examples):
-            params, updates, dropped = snapshot()
-            reason = self.recorder.record(at, int(updates), int(examples), params, int(dropped))
+            params, updates, dropped, *local = snapshot()
+            reason = self.recorder.record(at, int(updates), int(examples), params, int(dropped),
+                                          local_counts(local[0] if local else None))
             if reason is not None:
                 return reason
         if figures is not None:

@@ -25,7 +25,8 @@ the loop before the next op. Op by op:
   ``--compress``: the worker reads the centre, sends D = C(alpha (x_i - x~)
   + e), and both apply D: x~ += D shard by shard, x_i -= D).
 
-A non-finite gradient is never applied: it is counted in ``dropped``.
+A non-finite gradient is never applied: it is counted in ``dropped`` (a
+local step's: in ``local_counts``, with the local steps applied).
 
 The arrays are the store's kind (``monsoon/arrays.py``): NumPy in shared
 memory, or tensors on the device the workers' problem computes on.
@@ -46,8 +47,8 @@ from ...server.summed import SharedSums
 from ...server.worker import Worker
 from ...monitor.waiting import HOT_TURNS, Aborted
 from .clocks import LocalClocks
-from .store import (ABORT, DROPPED, EXAMPLES, LOSS_N, LOSS_SUM, STALE_MAX, STALE_N, STALE_SUM,
-                    UPDATES, ParameterStore)
+from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, LOSS_N, LOSS_SUM,
+                    STALE_MAX, STALE_N, STALE_SUM, UPDATES, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
 
 
@@ -66,6 +67,7 @@ class WorkerRuntime(Worker):
         self.timeout = timeout
         self.live = live  # the monitor reads the shared parameters during the run
         self.counters = store.counters[rank]
+        self.local_counts = store.local_counts[rank]
         # with live series: this worker's losses and staleness, for the monitor
         self._live = store.live[rank] if store.live is not None else None
         self.staleness = Counter()
@@ -260,8 +262,8 @@ class WorkerRuntime(Worker):
             arrays.copyto(self.work, self.store.params)
         return behind
 
-    def count_dropped(self) -> None:
-        self.counters[DROPPED] += 1
+    def count_local(self, applied: bool) -> None:
+        self.local_counts[LOCAL_APPLIED if applied else LOCAL_DROPPED] += 1
 
     def elastic(self, op: Elastic) -> None:
         store = self.store

@@ -32,8 +32,10 @@ Everything workers share lives in one ``SharedArrays`` block:
   written, ``control[SNAP_READ]`` read by the monitor; a full ring skips one);
 - ``clocks[k]``: the SSP clocks worker k has finished (``clocks.py``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
-  (backup) gradients, and ``live[k]`` (loss sum and count, staleness sum,
-  count, max; the monitor resets the max), written by worker k only: no lock;
+  (backup) gradients, ``local_counts[k]`` its local steps on its own copy
+  (local SGD, EASGD: applied, and dropped for a non-finite gradient), and
+  ``live[k]`` (loss sum and count, staleness sum, count, max; the monitor
+  resets the max), written by worker k only: no lock;
 - ``status[k]``, ``control``: life-cycle flags, the monitor's snapshot requests;
 - ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
   state of one step boundary, for the monitor to write out.
@@ -57,6 +59,8 @@ from ...shared_memory import SharedArrays
 
 # counters columns
 EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
+# local_counts columns
+LOCAL_APPLIED, LOCAL_DROPPED = 0, 1
 # sync columns
 STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
 # control columns: START and ABORT; STOP (the monitor asks synchronous
@@ -93,6 +97,7 @@ class ParameterStore:
                   "lock_owner": ((shards + 1,), "int64"),
                   "lock_claims": ((workers,), "int64"),
                   "counters": ((workers, 4), "int64"),
+                  "local_counts": ((workers, 2), "int64"),
                   "status": ((workers,), "int64"),
                   "clocks": ((workers,), "int64"),
                   "control": ((10,), "int64"),
@@ -151,6 +156,7 @@ class ParameterStore:
         self.lock_owner = m["lock_owner"]
         self.lock_claims = m["lock_claims"]
         self.counters = m["counters"]
+        self.local_counts = m["local_counts"]
         self.status = m["status"]
         self.clocks = m["clocks"]
         self.control = m["control"]
@@ -310,6 +316,11 @@ class ParameterStore:
         """Examples, updates, dropped updates and late gradients, summed over workers."""
         return self.counters.sum(axis=0)
 
+    def local_totals(self) -> tuple[int, int]:
+        """Local steps applied and dropped, summed over workers."""
+        applied, dropped = self.local_counts.sum(axis=0)
+        return int(applied), int(dropped)
+
     def live_figures(self, workers: int) -> tuple[dict, tuple]:
         """Each worker's cumulative figures for ``Recorder.live``, and the
         staleness (sum, count, max since the last call)."""
@@ -322,8 +333,8 @@ class ParameterStore:
         return figures, (float(live[:, STALE_SUM].sum()), int(live[:, STALE_N].sum()), biggest)
 
     def close(self) -> None:
-        for name in ("_readers", "params", "versions", "counters", "status", "clocks", "control", "sync",
-                     "contributors", "slot_examples", "slots", "marks", "state",
+        for name in ("_readers", "params", "versions", "counters", "local_counts", "status",
+                     "clocks", "control", "sync", "contributors", "slot_examples", "slots", "marks", "state",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
                      "snap_params", "snap_meta", "live", "sums", "sum_slots"):
             self.__dict__.pop(name, None)

@@ -289,7 +289,8 @@ class RayEngine(Engine):
             examples = start.examples + gone + sum(by_rank.values())
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
             stopped = due.look(now, examples,
-                               lambda: self._params(ray, shards, start, strategy.synchronous),
+                               lambda: (*self._params(ray, shards, start, strategy.synchronous),
+                                        _local_totals(strategy, figures)),
                                lambda: _totals(examples, figures),
                                lambda: (figures, summed_staleness(figures.values())))
             if stopped is not None:
@@ -305,7 +306,7 @@ class RayEngine(Engine):
                         {r: v["examples"] for r, v in results.items()})
         return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
                             RunTally(workers, self.compression, ssp=clock is not None),
-                            membership, strategy.synchronous)
+                            membership, strategy)
 
     def _await_ready(self, ray, actors) -> None:
         """Waits for each worker actor to have loaded its data, within
@@ -328,18 +329,19 @@ class RayEngine(Engine):
                 raise err from exc
 
     def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped, tally,
-                membership, synchronous: bool):
+                membership, strategy):
         """The run's result: the shards' parameters, and the finished
         workers' reports added to what the resumed run and the lost workers
         had counted; each failed worker is listed with its error."""
         for rank, figures in results.items():
             tally.add(rank, figures)
         tally.failed.update(failed)
-        params, updates, dropped = self._params(ray, shards, start, synchronous)
+        params, updates, dropped = self._params(ray, shards, start, strategy.synchronous)
         extra = {"membership": membership.events} if membership is not None else {}
         return tally.result(params, startup, wall, start.examples + gone + tally.examples,
                             updates, dropped + tally.dropped,
-                            {**extra, **tally.extra(updates)}, stopped=stopped)
+                            {**extra, **tally.extra(updates)},
+                            local=tally.local_totals(strategy), stopped=stopped)
 
     def _reports_now(self, ray, live: dict, seen: dict) -> dict:
         """The reports of the workers still running when the run stopped
@@ -382,6 +384,15 @@ class RayEngine(Engine):
         dropped = start.dropped + max(d for _, _, d in parts)
         return (np.concatenate([p for p, _, _ in parts]),
                 version - dropped if synchronous else version, dropped)
+
+
+def _local_totals(strategy, figures: dict) -> tuple | None:
+    """The workers' local steps (applied, dropped) from their latest
+    figures, where the strategy takes any; else None."""
+    if strategy.local_rule is None:
+        return None
+    return (sum(f.get("local", 0) for f in figures.values()),
+            sum(f.get("local_dropped", 0) for f in figures.values()))
 
 
 def _totals(examples: int, figures: dict) -> tuple:

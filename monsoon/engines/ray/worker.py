@@ -68,9 +68,10 @@ class RemoteWorker(Worker):
         self.gen = 0        # elastic: the membership generation this worker cuts its parts for
         # elastic: the replies of shards that applied the step while others regroup it
         self.applied = {}
-        # loss_sum, loss_n, updates: this worker's figures for the live series
+        # loss_sum, loss_n, updates: this worker's figures for the live series;
+        # local, local_dropped: its local steps (local SGD, EASGD), for the recorder
         self.counts = {"examples": 0, "dropped": 0, "late": 0, "loss_sum": 0.0, "loss_n": 0,
-                       "updates": 0}
+                       "updates": 0, "local": 0, "local_dropped": 0}
         self.staleness = Counter()
         self.pending = []
         # Local AdaAlter: this worker's replica of the shared sums (``sums``: their start)
@@ -142,8 +143,8 @@ class RemoteWorker(Worker):
         self.counts["loss_sum"] += float(loss)
         self.counts["loss_n"] += 1
 
-    def count_dropped(self):
-        self.counts["dropped"] += 1
+    def count_local(self, applied: bool):
+        self.counts["local" if applied else "local_dropped"] += 1
 
     def fetch(self, op):
         replies = self._get([sh.read.remote(self.rank) for sh in self.shards])

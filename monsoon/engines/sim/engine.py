@@ -76,7 +76,7 @@ class _Worker(Worker):
     return ``WAIT`` and schedule the event that resumes it (``_resume``)."""
     __slots__ = ("sim", "grad", "examples", "updates", "dropped", "late", "busy",
                  "others_at_read", "pending", "ticket", "sync_step", "done", "sender",
-                 "snapshot", "loss_sum", "loss_n")
+                 "snapshot", "loss_sum", "loss_n", "local")
     engine_name = "sim"
 
     def __init__(self, rank, sim, work):
@@ -91,9 +91,12 @@ class _Worker(Worker):
         self.done = False
         self.snapshot = None
         self.loss_sum, self.loss_n = 0.0, 0  # its mini-batch losses, for the live series
+        self.local = [0, 0]  # its local steps: applied, dropped
 
-    def count_dropped(self) -> None:
-        self.sim._dropped(self)
+    def count_local(self, applied: bool) -> None:
+        column = 0 if applied else 1
+        self.local[column] += 1
+        self.sim.local[column] += 1
 
 
 def _jsonable_state(state):
@@ -202,6 +205,8 @@ class SimEngine(Engine):
         self.nbytes = n * w0.itemsize
         self.heap, self.seq, self.now = [], 0, 0.0
         self.total = {"examples": 0, "updates": 0, "dropped": 0, "late": 0}
+        # the workers' local steps (applied, dropped); a resumed run replays them
+        self.local = [0, 0]
         # synchronous step state
         self.counted = workers - strategy.backup_workers
         self.sync_step = 0
@@ -249,6 +254,8 @@ class SimEngine(Engine):
                               worker_params={} if self.strategy.shared_params else
                               {w.rank: w.work.copy() for w in self.workers[:64]},
                               interrupted=self.interrupted)
+        if self.strategy.local_rule is not None:
+            result.local_updates, result.dropped_local_updates = self.local
         busy = sum(w.busy for w in self.workers)
         result.extra = {
             "simulated_time_s": end, "real_time_s": time.perf_counter() - t_real,
@@ -298,7 +305,7 @@ class SimEngine(Engine):
                 return f"interrupted by {signal_name(self.interrupted)}"
             if recorder.due(t, total["examples"]):
                 reason = recorder.record(t, total["updates"], total["examples"], self.params,
-                                         total["dropped"])
+                                         total["dropped"], self._local_totals())
                 if reason is not None:
                     return reason
                 self._live(recorder, t)  # virtual seconds may hold the whole run
@@ -309,6 +316,10 @@ class SimEngine(Engine):
                 f"replaying the simulation ended before checkpoint {self.resumed.path} "
                 "(another run's?); start a new run without --resume")
         return None
+
+    def _local_totals(self):
+        """The workers' local steps (applied, dropped), where they take any."""
+        return tuple(self.local) if self.strategy.local_rule is not None else None
 
     def _live(self, recorder, t: float) -> None:
         figures = {w.rank: {"loss_sum": w.loss_sum, "loss_n": w.loss_n, "examples": w.examples,

@@ -50,6 +50,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     senders = {k: Sender(compression, k) for k in range(ctx.workers)}
     ended = set()
     updates = dropped = examples = 0
+    local = [0, 0]  # the workers' local steps: applied, dropped
     staleness = Counter()
     core = ServerCore(w, rule, staleness=staleness)  # the outer rule's update
     live = {}  # each worker's losses and examples, for the live series
@@ -90,7 +91,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             senders[k] = res["sender"]
             positions[k] += res["steps"]
             examples += res["examples"]
-            dropped += res["dropped"]
+            local[:] = local[0] + res["local"], local[1] + res["local_dropped"]
             add_figures(live, k, res["loss"], res["steps"], res["examples"])
             if res["ended"]:
                 ended.add(k)
@@ -107,17 +108,25 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                 average.update(w, sum(res["examples"] for _, res in results))
         r += 1
         model = w if average is None else average.params
-        stopped = due.look(time.perf_counter() - t0, examples, lambda: (model, updates, dropped),
+        stopped = due.look(time.perf_counter() - t0, examples,
+                           lambda: (model, updates, dropped, _local(strategy, local)),
                            lambda: (examples, updates, dropped), lambda: (live, staleness))
         if stopped:
             break
     return {"params": w if average is None else average.params,
             "wall": time.perf_counter() - t0, "examples": examples,
-            "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
+            "updates": updates, "dropped": dropped, "local": _local(strategy, local),
+            "staleness": staleness, "failed": {},
             "stopped": stopped, "timing": timing,
             "extra": {**summarize([senders[k].stats() for k in range(ctx.workers)], compression,
                                   updates),
                       **({"averaged_epochs": ctx.average_epochs} if average else {})}}
+
+
+def _local(strategy, local) -> tuple[int, int] | None:
+    """The workers' local steps (applied, dropped), where the strategy
+    takes any (an inner rule); else None."""
+    return tuple(local) if strategy.local_rule is not None else None
 
 
 def _start_round(shared, inner, local_rules: dict, w) -> None:

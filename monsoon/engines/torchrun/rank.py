@@ -38,7 +38,10 @@ ended joins the others' collectives with zeros (weight 0) until none is
 active. ``stop`` is rank 0's (the recorder stopped the run): every rank
 ends its program after that collective.
 
-Rank 0 records the loss curve from its replica and, for sync, writes an
+Rank 0 records the loss curve from its replica (and stops a run whose own
+local steps are mostly dropped: the ranks share the parameters after every
+round, so one that diverges is every rank's; the summary counts every
+rank's local steps, gathered at the end) and, for sync, writes an
 exact checkpoint every ``checkpoint_every`` steps; a restarted attempt
 (``Collectives.attempt`` above 0, torchrun ``--max-restarts``) resumes from
 the run folder's newest one, which rank 0 reads and broadcasts, and ends
@@ -122,7 +125,7 @@ class RankWorker(Worker):
         self.step = start.step  # collectives done (sync: steps) since the run began
         self.updates = self.updates_before = start.saved.meta["updates"] if start.saved else 0
         self.dropped = start.dropped  # collective steps not applied (every rank's count)
-        self.own_dropped = 0  # this rank's own LocalApply drops, this attempt
+        self.local = [0, 0]  # this rank's own local steps (LocalApply), applied and dropped
         self.examples = 0  # this rank's, this attempt
         self.examples_before = start.examples
         self.time_before = start.time_s
@@ -415,14 +418,13 @@ class RankWorker(Worker):
         self.updates += int(self.flags[ACTIVE])
         self._after_collective()
 
-    def count_dropped(self):
-        self.own_dropped += 1
+    def count_local(self, applied: bool):
+        self.local[0 if applied else 1] += 1
 
-    def dropped_here(self) -> int:
-        """What this rank knows was dropped: the collective steps and its own
-        local steps (rank 0's live figures and checkpoints; the result adds
-        every rank's own)."""
-        return self.dropped + self.own_dropped
+    def own_local(self) -> tuple[int, int] | None:
+        """This rank's local steps (applied, dropped), where the strategy
+        takes any; else None."""
+        return tuple(self.local) if self.strategy.local_rule is not None else None
 
     def fetch(self, op):
         self.work[:] = self.server
@@ -438,8 +440,8 @@ class RankWorker(Worker):
             now = self.time_before + time.perf_counter() - self.t0
             examples = self.examples_before + self.examples * self.world
             reason = self.due.look(  # every rank's loss came with the collective
-                now, examples, lambda: (self.server, self.updates, self.dropped_here()),
-                lambda: (examples, self.updates, self.dropped_here()),
+                now, examples, lambda: (self.server, self.updates, self.dropped, self.own_local()),
+                lambda: (examples, self.updates, self.dropped),
                 lambda: ({k: {"loss": float(self.flags[LOSS + k])} for k in range(self.world)},
                          None))
             if reason is not None and not self.want_stop:
@@ -451,7 +453,7 @@ class RankWorker(Worker):
         now = self.time_before + time.perf_counter() - self.t0
         self.keeper.save(self.step, now, self.server, self.state,
                          {"step": self.step, "updates": self.updates,
-                          "dropped": self.dropped_here(),
+                          "dropped": self.dropped,
                           "examples": self.examples_before + self.examples * self.world,
                           "exact": True, "reason": "periodic"})
 
@@ -527,7 +529,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         comm.close()
     if rank != 0:
         return EngineResult(arrays.to_host(worker.server), startup, wall, worker.examples,
-                            worker.updates, worker.dropped_here(), Counter(), follower=True)
+                            worker.updates, worker.dropped, Counter(), follower=True)
     return _run_result(engine, comm, worker, start, gathered, startup, wall, shm is not None)
 
 
@@ -565,7 +567,8 @@ def _finish(worker, comm) -> list:
     if worker.every and comm.rank == 0 and worker.step % worker.every:
         worker.save_checkpoint()
     gathered = comm.gather_object(worker.report(examples=worker.examples,
-                                                dropped=worker.own_dropped))
+                                                local=worker.local[0],
+                                                local_dropped=worker.local[1]))
     if worker.buckets is not None:
         worker.buckets.remove()
     comm.dist.barrier()
@@ -591,11 +594,11 @@ def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) 
         extra["resumed_at_step"] = start.step
     if worker.keeper.last_path:
         extra["checkpoint"] = str(worker.keeper.last_path)
-    # dropped: the collective steps (every rank's count, rank 0's taken) and each
-    # rank's own local steps (its report); staleness 0: every step reads the
-    # parameters of the step before it
+    # dropped: the collective steps (every rank's count, rank 0's taken); the
+    # local steps: each rank's own (its report); staleness 0: every step reads
+    # the parameters of the step before it
     return tally.result(arrays.to_host(worker.server), startup, start.time_s + wall,
-                        start.examples + tally.examples, worker.updates,
-                        worker.dropped + tally.dropped,
+                        start.examples + tally.examples, worker.updates, worker.dropped,
                         extra, staleness=Counter({0: worker.updates - worker.updates_before}),
+                        local=tally.local_totals(worker.strategy),
                         stopped=worker.stopped)
