@@ -28,7 +28,7 @@ from numbers import Integral
 from pathlib import Path
 
 from .api import Result, train
-from .config import check_compare_compress, for_strategy, refuse_untaken
+from .config import check_compare_compress, check_error_feedback, for_strategy, refuse_untaken
 from .compressors.messages import by_strategy
 from .errors import ConfigError
 from .record.report import write_comparison
@@ -62,6 +62,7 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
         raise ConfigError(f"--compress names {', '.join(sorted(named))}, not in --strategies "
                           f"({', '.join(strategies)}); give STRATEGY=SPEC for those listed")
     check_compare_compress(options.get("compress"), list(strategies))
+    check_error_feedback(options.get("compress"), options.get("no_error_feedback"))
     out = Path(out)
     results, turns = {}, {s: [] for s in strategies}
     for turn in range(int(repeats)):

@@ -61,7 +61,7 @@ RUN_OPTIONS = (
            "messages take it (docs/compression.md)",
            check=_messages.check_spec),
     Option("no_error_feedback", bool, False, "send compressed messages without carrying "
-           "the residual to the next one"),
+           "the residual to the next one (with --compress; refused without it)"),
     Option("evals", int, 100, "points on the loss curve (0: none)",
            check=lambda v: None if v >= 0 else "0 or more"),
     Option("eval_share", float, 0.5, "the loss curve is evaluated after the run in at most "
@@ -134,7 +134,26 @@ def for_strategy(options: dict, strategy: str) -> dict:
     elif out.get("compress") is not None and not _messages.sends_messages(
             STRATEGIES.get(strategy)):
         out["compress"] = "none"
+    if not _compressed(out.get("compress")):  # nothing of this strategy's is compressed
+        out.pop("no_error_feedback", None)
     return out
+
+
+def _compressed(spec) -> bool:
+    """Whether ``--compress``'s value compresses anything: one spec, or
+    any of compare's ``STRATEGY=SPEC,...``."""
+    specs = _messages.by_strategy(spec)
+    return any(_messages.parse(one)[0] != "none"
+               for one in (specs.values() if specs is not None else [spec or "none"]))
+
+
+def check_error_feedback(spec, no_error_feedback) -> None:
+    """Refuse, in one line, ``--no-error-feedback`` where nothing is
+    compressed: it only changes how compressed messages are sent, and would
+    be recorded in config.json while changing nothing."""
+    if no_error_feedback and not _compressed(spec):
+        raise ConfigError("--no-error-feedback applies to compressed runs only; add --compress "
+                          "(e.g. --compress topk:0.01), or drop --no-error-feedback")
 
 
 def check_compare_compress(spec, strategies: list[str]) -> None:
@@ -224,6 +243,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         run["dtype"] = own
     if run["epochs"] is not None and run["steps"] is not None:
         raise ConfigError("give either --epochs or --steps, not both")
+    check_error_feedback(run["compress"], run["no_error_feedback"])
     spec = problem_spec(run["problem"])[0] if instance is None else None
     defaults = spec.defaults if spec is not None else \
         dict(instance.defaults or {})
@@ -329,5 +349,5 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
 
 
 __all__ = ["RUN_OPTIONS", "Resolved", "resolve", "refuse_untaken", "for_strategy",
-           "check_compare_compress",
+           "check_compare_compress", "check_error_feedback",
            "registries", "component_options", "declared"]
