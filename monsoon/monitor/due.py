@@ -77,8 +77,9 @@ class Due:
         (a divergence, the target), or None."""
         if self.row(at, examples):
             params, updates, dropped, *local = snapshot()
+            local = local_counts(local[0] if local else None)
             reason = self.recorder.record(at, int(updates), int(examples), params, int(dropped),
-                                          local_counts(local[0] if local else None))
+                                          **({"local": local} if local is not None else {}))
             if reason is not None:
                 return reason
         if figures is not None:
