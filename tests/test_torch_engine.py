@@ -284,7 +284,7 @@ def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
 def test_each_ranks_own_dropped_local_steps_are_counted():
     """Rank 1's gradient is NaN every fifth call: its LocalApply drops the
     step on its own copy. summary.json counts every rank's drops, as the
-    local engine does (not rank 0's alone)."""
+    local engine does (not rank 0's alone), in the local steps' own field."""
     from faulty import FaultyProblem
     from monsoon.problems import make_problem
 
@@ -292,8 +292,8 @@ def test_each_ranks_own_dropped_local_steps_are_counted():
     opts = dict(steps=20, seed=0, progress=False)
     local = monsoon.train(problem, "local-sgd", 2, **opts)
     run = monsoon.train(problem, "local-sgd", 2, engine="torch", timeout=30, **opts)
-    assert local.summary["dropped_updates"] > 0
-    assert run.summary["dropped_updates"] == local.summary["dropped_updates"]
+    assert local.summary["dropped_local_updates"] > 0
+    assert run.summary["dropped_local_updates"] == local.summary["dropped_local_updates"]
     assert np.isfinite(run.params).all()
 
 
