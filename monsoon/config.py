@@ -340,6 +340,10 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
                           f"the data: each {run['strategy']} worker draws its batches from its "
                           f"own {largest} of the {instance.n_examples} examples; use "
                           f"--batch-size {largest} or less, or fewer workers")
+    # what the strategy and engine would refuse once started, refused now,
+    # before the run folder is touched
+    strat.preflight(instance, processes, run["batch_size"])
+    engine.preflight(instance, strat, processes, run["batch_size"])
     device = _devices.choose(run["device"], instance, strat, engine, processes, rule=server_rule)
     if run["precision"] != "32":
         _devices.check_precision(run["precision"], instance)

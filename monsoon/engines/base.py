@@ -49,7 +49,7 @@ from ..compressors.messages import Compression
 from ..errors import ConfigError, WorkerError
 from ..strategies import ops as _ops
 from ..strategies.base import BACKUP_WORKERS, ELASTIC, SHARED_MEMORY, STAGES
-from .options import CHECKPOINT_EVERY, RESUME, checkpoint_paths
+from .options import CHECKPOINT_EVERY, RESUME, checkpoint_paths, refuse_checkpoints
 
 # The needs a strategy may declare (``Strategy.needs``), and engines meet (``Engine.meets``).
 NEEDS = {
@@ -199,6 +199,16 @@ class Engine:
         reason = refusal(self, strategy, workers)
         if reason is not None:
             raise ConfigError(reason)
+
+    def preflight(self, problem, strategy, workers: int, batch_size: int) -> None:
+        """Refuse, in one line, what this engine would otherwise refuse only
+        once the run has started: ``config.resolve`` calls it (after
+        ``check``), before the run folder is touched, so that a refused run
+        writes nothing and leaves a previous run's folder as it was. By
+        default: checkpoint options asked of a stage runner, which writes
+        none. An engine adds its own checks here."""
+        if STAGES in strategy.needs(workers):
+            refuse_checkpoints(self, f"the {strategy.name} strategy")
 
 
 def _lacks(engine, strategy, workers: int):

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import ConfigError
 from ...options import Option
 from ...strategies import WorkerJob
 from ...strategies.ops import Average
@@ -384,6 +385,16 @@ class LocalEngine(Engine):
                 or self.compression.active):
             return None
         return device
+
+    def preflight(self, problem, strategy, workers, batch_size) -> None:
+        """The stage runner runs each stage in its own process: --backend
+        threads is refused; "auto"'s choice of threads becomes processes."""
+        super().preflight(problem, strategy, workers, batch_size)
+        if STAGES in strategy.needs(workers) and self.backend == "threads":
+            if "backend" in self.given:
+                raise ConfigError("the pipeline runs each stage in its own process on the "
+                                  "local engine; drop --backend threads")
+            self.backend = "processes"
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

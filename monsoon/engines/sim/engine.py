@@ -147,6 +147,12 @@ class SimEngine(Engine):
     def describe(self) -> dict:
         return {"engine": self.name, **{f"sim_{k}": v for k, v in self.delays.describe().items()}}
 
+    def preflight(self, problem, strategy, workers, batch_size) -> None:
+        super().preflight(problem, strategy, workers, batch_size)
+        if STAGES not in strategy.needs(workers) and self.delays.stage_compute_s is not None:
+            raise ConfigError(f"--stage-compute-s gives pipeline stages' times; the "
+                              f"{strategy.name} strategy has no stages: use --compute-s")
+
     # -- set-up ----------------------------------------------------------------
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

@@ -78,6 +78,12 @@ class Pipeline(Strategy):
             raise ConfigError(f"batch size {batch_size} is smaller than the {replicas} pipeline "
                               f"replicas; use --batch-size {replicas} or more")
 
+    def preflight(self, problem, workers: int, batch_size: int) -> None:
+        """The model's cut checked (``stages.check_plan``) before the run starts."""
+        from .stages import check_plan
+
+        check_plan(problem, self.stages_for(workers), self.cuts)
+
     def layout(self, problem, workers: int, batch_size: int):
         """The stages (cut now, from the problem's model), S and R."""
         from .stages import plan

@@ -1,0 +1,81 @@
+"""Bad input is refused before anything starts (a new user's review): one
+line that says what to change, exit 2, nothing written, and a previous
+run's folder left exactly as it was. Each of these was refused only from
+inside the run, after the folder had been cleared (and a TensorBoard file
+written), or after other runs had finished, or with a traceback."""
+import contextlib
+import io
+import subprocess
+
+import pytest
+
+from monsoon.record.run_folder import RESULT_FILES
+
+
+def cli(command, *args):
+    """``monsoon COMMAND --quiet ARGS`` in this process: exit code and stderr."""
+    from monsoon.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main([command, "--quiet", *args])
+        except SystemExit as exc:  # argparse's own refusals
+            code = exc.code
+    return subprocess.CompletedProcess([command, *args], code, "", err.getvalue())
+
+
+def refused(proc, *words):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("monsoon: error: "), proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def previous_run(folder):
+    """A previous run's results in ``folder`` (each file clear_results
+    removes, and a TensorBoard file); returns every file's content."""
+    (folder / "tb").mkdir(parents=True)
+    for name in RESULT_FILES:
+        (folder / name).write_text(f"previous {name}")
+    (folder / "tb" / "events.out.tfevents.1.previous").write_text("previous events")
+    return snapshot(folder)
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("command,args,words", [
+    ("train", ["--strategy", "pipeline", "--workers", "2", "--cuts", "99"], ["--cuts 99"]),
+    ("train", ["--strategy", "pipeline", "--workers", "2", "--problem", "digits",
+               "--backend", "threads"], ["drop --backend threads"]),
+    ("train", ["--strategy", "pipeline", "--workers", "2", "--problem", "digits",
+               "--checkpoint-every", "5"], ["drop --checkpoint-every"]),
+    ("train", ["--strategy", "pipeline", "--workers", "2", "--problem", "linear"],
+     ["nn.Sequential"]),
+    ("simulate", ["--strategy", "async", "--stage-compute-s", "0.1"], ["use --compute-s"]),
+    ("simulate", ["--strategy", "pipeline", "--problem", "digits"],
+     ["pipeline stages but the model has only", "--pipeline-stages"]),
+])
+def test_a_refusal_of_the_run_leaves_the_previous_folder_as_it_was(tmp_path, command, args,
+                                                                   words):
+    out = tmp_path / "run"
+    before = previous_run(out)
+    refused(cli(command, *args, "--epochs", "1", "--out", str(out)), *words)
+    assert snapshot(out) == before
+
+
+def test_the_pipeline_on_auto_threads_runs_its_stages_in_processes():
+    """--backend auto picks threads on a GPU; the stage runner has only
+    processes: auto then means processes, where --backend threads is refused."""
+    from monsoon.config import resolve
+
+    resolved = resolve("exp", "pipeline", 2, {"steps": 1, "backend": "auto"})
+    resolved.engine.backend = "threads"  # what auto chooses on a GPU
+    resolved.engine.given = frozenset({"steps"})
+    resolved.engine.preflight(resolved.problem, resolved.strategy, 2, 32)
+    assert resolved.engine.backend == "processes"
