@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 
-from .api import Result, train
+from .api import Result, check, train
 from .config import check_compare_compress, check_error_feedback, for_strategy, refuse_untaken
 from .compressors.messages import by_strategy
 from .errors import ConfigError
@@ -64,11 +64,14 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     check_compare_compress(options.get("compress"), list(strategies))
     check_error_feedback(options.get("compress"), options.get("no_error_feedback"))
     out = Path(out)
+    counts = {s: 1 if classes[s].single_worker else workers for s in strategies}
+    for s in strategies:  # every strategy's run checked before any starts
+        check(problem, s, counts[s], out=out / s, **for_strategy(options, s))
     results, turns = {}, {s: [] for s in strategies}
     for turn in range(int(repeats)):
         for s in strategies:
             folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
-            result = train(problem, strategy=s, workers=1 if classes[s].single_worker else workers,
+            result = train(problem, strategy=s, workers=counts[s],
                            out=folder, raise_on_divergence=False, **for_strategy(options, s))
             results.setdefault(s, result)
             turns[s].append(result.summary)

@@ -79,3 +79,15 @@ def test_the_pipeline_on_auto_threads_runs_its_stages_in_processes():
     resolved.engine.given = frozenset({"steps"})
     resolved.engine.preflight(resolved.problem, resolved.strategy, 2, 32)
     assert resolved.engine.backend == "processes"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--workers", "8", "--batch-size", "64"], ["batch size 64 is larger than a worker's part"]),
+    (["--workers", "0"], ["workers"]),
+])
+def test_compare_checks_every_strategy_before_any_runs(tmp_path, args, words):
+    """serial trained fully, and only then was async refused."""
+    out = tmp_path / "cmp"
+    refused(cli("compare", "--strategies", "serial,async", "--epochs", "1", *args,
+                "--out", str(out)), *words)
+    assert not out.exists()
