@@ -91,3 +91,13 @@ def test_compare_checks_every_strategy_before_any_runs(tmp_path, args, words):
     refused(cli("compare", "--strategies", "serial,async", "--epochs", "1", *args,
                 "--out", str(out)), *words)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("problem,fraction,left", [
+    ("digits", "0.9999", "no training example"), ("exp", "0.001", "no validation example")])
+def test_a_val_fraction_that_leaves_no_examples_is_one_line(tmp_path, problem, fraction, left):
+    """It was a 33-line traceback (a ValueError from validation_split)."""
+    out = tmp_path / "run"
+    refused(cli("train", "--problem", problem, "--val-fraction", fraction, "--epochs", "1",
+                "--out", str(out)), f"--val-fraction {fraction}", left)
+    assert not out.exists()
