@@ -245,6 +245,9 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         raise ConfigError("give either --epochs or --steps, not both")
     check_error_feedback(run["compress"], run["no_error_feedback"])
     spec = problem_spec(run["problem"])[0] if instance is None else None
+    if spec is not None and spec.engine is not None and run["engine"] != spec.engine:
+        raise ConfigError(f"problem {run['problem']} lives in {spec.engine} and trains on the "
+                          f"{spec.engine} engine only; add --engine {spec.engine}")
     defaults = spec.defaults if spec is not None else \
         dict(instance.defaults or {})
     override = defaults.get("by_strategy", {}).get(run["strategy"], {})

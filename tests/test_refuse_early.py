@@ -101,3 +101,16 @@ def test_a_val_fraction_that_leaves_no_examples_is_one_line(tmp_path, problem, f
     refused(cli("train", "--problem", problem, "--val-fraction", fraction, "--epochs", "1",
                 "--out", str(out)), f"--val-fraction {fraction}", left)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command,problem", [
+    ("train", "spark:{tmp}/clicks.svm"), ("simulate", "spark-table:clicks")])
+def test_data_that_lives_in_spark_needs_the_spark_engine(tmp_path, command, problem):
+    """On the local engine Spark was started, read the data, and the run
+    failed mid-way ([CONTEXT_ONLY_VALID_ON_DRIVER]) with a "failed" folder."""
+    out = tmp_path / "run"
+    before = previous_run(out)
+    line = refused(cli(command, "--problem", problem.format(tmp=tmp_path), "--epochs", "1",
+                       "--out", str(out)), "add --engine spark")
+    assert "Spark cannot read" not in line
+    assert snapshot(out) == before
