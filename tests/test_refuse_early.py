@@ -114,3 +114,27 @@ def test_data_that_lives_in_spark_needs_the_spark_engine(tmp_path, command, prob
                        "--out", str(out)), "add --engine spark")
     assert "Spark cannot read" not in line
     assert snapshot(out) == before
+
+
+def test_more_micro_batches_than_a_batch_holds_are_refused(tmp_path):
+    """It ran, cut 32 examples into 32 micro-batches, and summary.json said
+    64 (and the GPipe bubble of 64)."""
+    out = tmp_path / "run"
+    refused(cli("train", "--strategy", "pipeline", "--workers", "2", "--problem", "digits",
+                "--micro-batches", "64", "--batch-size", "32", "--epochs", "1",
+                "--out", str(out)), "--micro-batches 64", "--micro-batches 32 or fewer")
+    assert not out.exists()
+
+
+def test_the_default_micro_batches_are_cut_to_the_batch_and_reported(tmp_path):
+    import json
+
+    import monsoon
+    from monsoon.strategies.pipeline.schedules import gpipe_bubble
+
+    run = monsoon.train("digits", "pipeline", 2, engine="sim", batch_size=2, steps=1,
+                        evals=0, progress=False, out=tmp_path / "run")
+    assert run.summary["micro_batches"] == 2
+    assert run.summary["gpipe_bubble"] == gpipe_bubble(2, 2)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["micro_batches"] == 2
+    assert max(st["peak_micro_batches_in_flight"] for st in run.summary["stages"]) == 2
