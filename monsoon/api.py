@@ -171,23 +171,25 @@ def _resume_hint(resolved, out, what: str = "") -> str:
     return f"; to carry on{' ' + what if what else ''}, run the same command with --resume {out}"
 
 
-def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None, **options):
+def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
+          shared=frozenset(), **options):
     """``train``'s configuration resolved and checked (``config.resolve``,
     the strategy's and engine's pre-flight included), with nothing started
-    or written: what ``compare`` checks of every strategy before any runs."""
+    or written: what ``compare`` checks of every strategy before any runs.
+    ``shared``: the options ``compare`` passes to every strategy."""
     given = {k: v for k, v in options.items() if v is not None}
     if out is not None:
         given["out"] = str(out)
-    return resolve(problem, strategy, workers, given)
+    return resolve(problem, strategy, workers, given, frozenset(shared))
 
 
 def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
-          raise_on_divergence: bool = True, **options) -> Result:
+          raise_on_divergence: bool = True, shared=frozenset(), **options) -> Result:
     """Train ``problem`` (a problem's name or a ``Problem``) with ``strategy``
     on ``workers`` workers. ``options`` are the run's options and those the
     chosen strategy, rule, engine and problem declare (``monsoon options``
     lists them all); one that none of them takes is refused."""
-    resolved = check(problem, strategy, workers, out=out, **options)
+    resolved = check(problem, strategy, workers, out=out, shared=shared, **options)
     run, problem, budget = resolved.run, resolved.problem, resolved.budget
     if out is not None:
         check_writable(Path(out))

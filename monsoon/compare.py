@@ -28,7 +28,8 @@ from numbers import Integral
 from pathlib import Path
 
 from .api import Result, check, train
-from .config import check_compare_compress, check_error_feedback, for_strategy, refuse_untaken
+from .config import (RUN, check_compare_compress, check_error_feedback, for_strategy,
+                     refuse_untaken)
 from .compressors.messages import by_strategy
 from .errors import ConfigError
 from .record.report import write_comparison
@@ -49,6 +50,7 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     if not strategies:
         raise ConfigError("no strategies given; e.g. --strategies serial,sync,async,hogwild")
     classes = {s: STRATEGIES.get(s) for s in strategies}  # an unknown name lists the valid ones
+    RUN["workers"].value(workers)  # checked even where every strategy runs one worker
     if len(set(strategies)) != len(strategies):
         raise ConfigError("a strategy is listed twice in --strategies")
     # an option is refused only when none of the strategies takes it
@@ -65,14 +67,16 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     check_error_feedback(options.get("compress"), options.get("no_error_feedback"))
     out = Path(out)
     counts = {s: 1 if classes[s].single_worker else workers for s in strategies}
+    # passed to every strategy: one that has no use for an option (serial, --shards) takes it
+    shared = frozenset(k for k, v in options.items() if v is not None)
     for s in strategies:  # every strategy's run checked before any starts
-        check(problem, s, counts[s], out=out / s, **for_strategy(options, s))
+        check(problem, s, counts[s], out=out / s, shared=shared, **for_strategy(options, s))
     results, turns = {}, {s: [] for s in strategies}
     for turn in range(int(repeats)):
         for s in strategies:
             folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
-            result = train(problem, strategy=s, workers=counts[s],
-                           out=folder, raise_on_divergence=False, **for_strategy(options, s))
+            result = train(problem, strategy=s, workers=counts[s], out=folder,
+                           raise_on_divergence=False, shared=shared, **for_strategy(options, s))
             results.setdefault(s, result)
             turns[s].append(result.summary)
     name = next(iter(results.values())).summary["problem"]

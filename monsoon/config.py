@@ -221,9 +221,12 @@ def _standardize(problem, name: str, rules) -> None:
         r.precondition(metric)
 
 
-def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
+def resolve(problem, strategy: str, workers: int, given: dict,
+            shared: frozenset = frozenset()) -> Resolved:
     """Check the options, fill in defaults and build the run's components.
-    ``problem`` is a name or a ``Problem``. Raises ConfigError."""
+    ``problem`` is a name or a ``Problem``; ``shared``: the given options
+    that are passed to several runs at once (``compare``), which a run that
+    has no use for them takes without refusing them. Raises ConfigError."""
     instance = problem if isinstance(problem, Problem) else None
     if instance is None and not isinstance(problem, str):
         raise ConfigError("problem must be a problem's name or a Problem instance")
@@ -323,6 +326,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
                           "class must subclass monsoon.engines.Engine (docs/extending.md)")
     engine = components["engine"].from_options(info, **values["engine"])
     engine.given = frozenset(given)
+    engine.shared = frozenset(shared)
     processes = run["workers"] + strat.backup_workers
     engine.compression = _messages.Compression.from_run(run["compress"],
                                                         run["no_error_feedback"], instance)

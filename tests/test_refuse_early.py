@@ -138,3 +138,40 @@ def test_the_default_micro_batches_are_cut_to_the_batch_and_reported(tmp_path):
     assert run.summary["gpipe_bubble"] == gpipe_bubble(2, 2)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["micro_batches"] == 2
     assert max(st["peak_micro_batches_in_flight"] for st in run.summary["stages"]) == 2
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--strategy", "local-sgd", "--workers", "2", "--outer-momentum", "0.5"],
+     ["--outer-momentum", "add --diloco"]),
+    (["--strategy", "sync", "--workers", "2", "--shards", "3"], ["drop --shards"]),
+    (["--strategy", "serial", "--shards", "4"], ["drop --shards"]),
+    (["--strategy", "async", "--workers", "2", "--shards", "100000"],
+     ["--shards 100000", "use --shards 49 or fewer"]),
+    (["--workers", "0"], ["--workers"]),
+    (["--workers", "-3"], ["--workers"]),
+])
+def test_an_option_that_would_do_nothing_is_refused(tmp_path, args, words):
+    """Each ran, recorded the option in config.json and did not use it
+    (serial x1 for --workers 0; 49 shards for 100000)."""
+    out = tmp_path / "run"
+    refused(cli("train", "--problem", "exp", *args, "--epochs", "1", "--out", str(out)),
+            *words)
+    assert not out.exists()
+
+
+def test_compare_passes_shards_to_the_strategies_that_have_a_server(tmp_path):
+    """compare passes one set of options to every strategy: serial takes
+    --shards without refusing it; async runs with the shards asked for."""
+    import monsoon
+
+    comparison = monsoon.compare("exp", ["serial", "async"], 2, out=tmp_path / "cmp", steps=4,
+                                 shards=2, evals=0, progress=False)
+    assert comparison.results["async"].summary["shards"] == 2
+
+
+def test_diloco_takes_its_outer_momentum():
+    import monsoon
+
+    run = monsoon.train("exp", "local-sgd", 2, diloco=True, outer_momentum=0.5, steps=4,
+                        evals=0, progress=False)
+    assert run.summary["outer_rule"]["momentum"] == 0.5

@@ -137,6 +137,7 @@ class Engine:
     virtual_time = False
     stops_on_signal = False
     keeps_private_copies = True
+    shared: frozenset = frozenset()  # those of them compare passes to every strategy
     given: frozenset = frozenset()  # the options the user set (resolve fills it in): an
     #                                 engine may pick its own value for the others
     ops: frozenset = frozenset()
@@ -209,6 +210,11 @@ class Engine:
         none. An engine adds its own checks here."""
         if STAGES in strategy.needs(workers):
             refuse_checkpoints(self, f"the {strategy.name} strategy")
+        shards = getattr(self, "shards", None)
+        if shards and "shards" in self.given and shards > problem.n_params:
+            raise ConfigError(f"--shards {shards}: {problem.name} has {problem.n_params} "
+                              f"parameters, and a shard holds at least one; use --shards "
+                              f"{problem.n_params} or fewer")
 
 
 def _lacks(engine, strategy, workers: int):
@@ -277,9 +283,13 @@ def replicates(strategy, params: np.ndarray) -> bool:
     """Whether a run's synchronous steps are replicated: every worker keeps
     its own copy of small parameters and applies the same mean itself
     (``local/synchronous.py``), instead of one shared copy."""
+    return replicates_bytes(strategy, params.nbytes)
+
+
+def replicates_bytes(strategy, nbytes: int) -> bool:
+    """``replicates`` for parameters of ``nbytes`` bytes."""
     return (strategy.synchronous and strategy.shared_params
-            and strategy.backup_workers == 0
-            and params.nbytes <= REPLICATE_MAX_BYTES)
+            and strategy.backup_workers == 0 and nbytes <= REPLICATE_MAX_BYTES)
 
 
 def lost_workers_error(failed: dict, strategy, workers: int):
