@@ -175,3 +175,12 @@ def test_diloco_takes_its_outer_momentum():
     run = monsoon.train("exp", "local-sgd", 2, diloco=True, outer_momentum=0.5, steps=4,
                         evals=0, progress=False)
     assert run.summary["outer_rule"]["momentum"] == 0.5
+
+
+def test_stage_times_for_another_count_of_stages_are_refused_before_the_run(tmp_path):
+    out = tmp_path / "run"
+    before = previous_run(out)
+    refused(cli("simulate", "--strategy", "pipeline", "--workers", "2", "--problem", "digits",
+                "--stage-compute-s", "0.1,0.2,0.3", "--epochs", "1", "--out", str(out)),
+            "gives 3 stage time(s), but the pipeline has 2 stages")
+    assert snapshot(out) == before

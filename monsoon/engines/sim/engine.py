@@ -149,7 +149,9 @@ class SimEngine(Engine):
 
     def preflight(self, problem, strategy, workers, batch_size) -> None:
         super().preflight(problem, strategy, workers, batch_size)
-        if STAGES not in strategy.needs(workers) and self.delays.stage_compute_s is not None:
+        if STAGES in strategy.needs(workers):  # one stage time per stage
+            self.delays.stage_times(getattr(strategy, "stages_for", lambda w: w)(workers))
+        elif self.delays.stage_compute_s is not None:
             raise ConfigError(f"--stage-compute-s gives pipeline stages' times; the "
                               f"{strategy.name} strategy has no stages: use --compute-s")
 
