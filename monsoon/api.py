@@ -183,6 +183,18 @@ def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     return resolve(problem, strategy, workers, given, frozenset(shared))
 
 
+def _no_checkpoint(resolved) -> str:
+    """The end of an interrupted run's line where it wrote no checkpoint:
+    why, where the strategy writes none (the pipeline's stages keep their
+    slices to themselves), else nothing."""
+    from .strategies.base import STAGES
+
+    if STAGES in resolved.strategy.needs(resolved.processes):
+        return (f"; it cannot be carried on: the {resolved.strategy.name} strategy writes no "
+                "checkpoints yet, so --resume is refused; start a new run")
+    return ""
+
+
 def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
           raise_on_divergence: bool = True, shared=frozenset(), **options) -> Result:
     """Train ``problem`` (a problem's name or a ``Problem``) with ``strategy``
@@ -370,7 +382,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     if interrupted:
         where = f"run folder {out}" if out is not None else "no run folder (give --out)"
         hint = (_resume_hint(resolved, out)
-                if out is not None and res.extra.get("checkpoint") else "")
+                if out is not None and res.extra.get("checkpoint") else _no_checkpoint(resolved))
         err = Interrupted(f"interrupted by {signal_name(interrupted)} after {res.updates} "
                           f"updates: {where}{hint}", interrupted, result.run_dir)
         err.result = result

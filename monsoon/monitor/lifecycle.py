@@ -20,7 +20,10 @@ Workers and pipeline stages (``worker_started``, first thing in each):
   The resource tracker, which unlinks what a killed monitor left in
   /dev/shm, exits once every process holding its pipe has.
   The fork server starts with SIGINT blocked and ignores it from its
-  first import on.
+  first import on; it ignores SIGTERM too (``kill`` of the process group
+  would otherwise end it, and through ``PR_SET_PDEATHSIG`` every worker
+  it forked, before the monitor could stop them at a step boundary); a
+  worker takes the default back (``worker_started``).
 - ``parent_alive()`` is checked in every wait of a worker
   (``waiting.wait_until``), a further guard where there is no ``prctl``.
 - SIGINT is ignored: Ctrl-C reaches the whole process group, and it is the
@@ -89,6 +92,7 @@ def worker_started(monitor_pid: int | None = None, name: str | None = None) -> N
     _parent_pid = os.getppid()
     set_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the fork server's SIG_IGN
     if name:
         name_process(name)
     parent = multiprocessing.parent_process()
@@ -155,6 +159,7 @@ def tie_fork_server() -> None:
     # monitor started this process with SIGINT blocked (``processes.
     # start_context``): ignored now, it may be unblocked.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # to the group: the monitor's as well
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if main_thread:
