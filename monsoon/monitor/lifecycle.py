@@ -19,11 +19,8 @@ Workers and pipeline stages (``worker_started``, first thing in each):
   the starting thread), and a thread blocked on a pidfd of the monitor.
   The resource tracker, which unlinks what a killed monitor left in
   /dev/shm, exits once every process holding its pipe has.
-  The fork server starts with SIGINT blocked and ignores it from its
-  first import on; it ignores SIGTERM too (``kill`` of the process group
-  would otherwise end it, and through ``PR_SET_PDEATHSIG`` every worker
-  it forked, before the monitor could stop them at a step boundary); a
-  worker takes the default back (``worker_started``).
+  The fork server starts with SIGINT blocked and ignores it, and SIGTERM,
+  from its first import on (``tie_fork_server`` says why).
 - ``parent_alive()`` is checked in every wait of a worker
   (``waiting.wait_until``), a further guard where there is no ``prctl``.
 - SIGINT is ignored: Ctrl-C reaches the whole process group, and it is the
@@ -159,7 +156,11 @@ def tie_fork_server() -> None:
     # monitor started this process with SIGINT blocked (``processes.
     # start_context``): ignored now, it may be unblocked.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # to the group: the monitor's as well
+    # SIGTERM to the process group likewise: dead of it, the fork server would
+    # take every worker it forked with it (their PR_SET_PDEATHSIG) before the
+    # monitor stopped them at a step boundary. A worker takes the default
+    # back (``worker_started``); the pipeline's stages keep ignoring it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if main_thread:

@@ -35,10 +35,8 @@ step is the critical path of the given stage times and message costs
 (tested), so the sim answers "which S and M" for a cluster before it is
 rented.
 
-The summary has the sim's figures as for every strategy: ``simulated_time_s``,
-``real_time_s``, ``utilization`` (the stages' busy fraction; no server
-shards) and the delay model. SIGTERM or SIGINT (``lifecycle.StopSignals``)
-stop the run after the step under way, as on the local engine.
+The summary has ``simulated_time_s``, ``real_time_s``, ``utilization`` and
+the delays, as for every strategy; SIGTERM/SIGINT stop it after the step.
 """
 from __future__ import annotations
 
