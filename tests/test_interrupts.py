@@ -652,3 +652,45 @@ def test_a_signal_stops_a_sim_pipeline_after_the_step_under_way(tmp_path):
     assert summary["status"] == "interrupted" and 0 < summary["updates"]
     assert summary["simulated_time_s"] == summary["wall_time_s"] > 0
     assert summary["real_time_s"] > 0 and 0 < summary["utilization"]["workers"] <= 1
+
+
+def test_an_interrupted_compare_reports_what_ran_and_its_resume_carries_it_on(tmp_path):
+    """SIGINT during sync, serial done: report.md has serial and sync (marked
+    interrupted); the advice, ``--resume OUT``, keeps serial's run and
+    resumes sync from its checkpoint to the budget."""
+    import threading
+
+    from monsoon.errors import Interrupted
+    from monsoon.monitor.lifecycle import StopSignals
+
+    out = tmp_path / "cmp"
+    opts = dict(workers=2, epochs=EPOCHS, seed=0, evals=20, timeout=20, checkpoint_every=100,
+                progress=False)
+
+    def stop_sync_once_checkpointed():
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if StopSignals.active is not None and \
+                    list((out / "sync" / "checkpoints").glob("ckpt-*.npz")):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=stop_sync_once_checkpointed, daemon=True).start()
+    with pytest.raises(Interrupted) as info:
+        monsoon.compare("exp", "serial,sync", out=out, **opts)
+    message = str(info.value)
+    assert info.value.exit_code == 130 and f"--resume {out}" in message
+    assert f"--resume {out / 'sync'}" not in message and "during sync" in message
+    report = (out / "report.md").read_text()
+    assert "| serial | 1 |" in report and "| sync | 2 |" in report
+    assert "**sync was interrupted before its budget" in report
+    assert "same gradient per step" not in report
+    serial = (out / "serial" / "summary.json").read_text()
+
+    done = monsoon.compare("exp", "serial,sync", out=out, resume=str(out), **opts)
+    assert (out / "serial" / "summary.json").read_text() == serial  # kept, not run again
+    sync = done.results["sync"].summary
+    assert sync["status"] == "finished" and sync["updates"] == EPOCHS * 16
+    assert sync["resumed_from"]
+    assert "interrupted" not in (out / "report.md").read_text()

@@ -306,3 +306,22 @@ def test_the_report_gives_a_tiny_serial_update_a_unit_that_shows_it():
     text = "\n".join(explain(comparison_rows([[serial], [_summary("hogwild", 50.0)]])))
     assert "costs 200 ns here" in text and "0 us" not in text
     assert "one example" in text
+
+
+def test_a_new_compare_clears_what_an_earlier_compare_wrote_and_nothing_else(tmp_path):
+    """A 2-strategy compare over a 4-strategy one with repeats: the old
+    strategies' folders, repeats/ and staleness.png go; a user's files stay
+    (a folder that holds one is kept with it alone)."""
+    monsoon.compare("exp", "serial,sync,async,hogwild", workers=2, out=tmp_path, epochs=2,
+                    repeats=2, backend="threads")
+    assert (tmp_path / "staleness.png").exists() and (tmp_path / "repeats" / "async-2").is_dir()
+    (tmp_path / "mine.txt").write_text("keep")
+    (tmp_path / "hogwild" / "notes.txt").write_text("keep")
+    monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path, epochs=2, backend="threads")
+    assert not (tmp_path / "async").exists() and not (tmp_path / "repeats").exists()
+    assert not (tmp_path / "staleness.png").exists()
+    assert [p.name for p in (tmp_path / "hogwild").iterdir()] == ["notes.txt"]
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+    assert (tmp_path / "sync" / "summary.json").exists()
+    with open(tmp_path / "comparison.csv") as f:
+        assert [r["strategy"] for r in csv.DictReader(f)] == ["serial", "sync"]

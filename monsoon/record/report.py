@@ -163,9 +163,8 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
                      "the fastest.")
     for r in rows:  # a run that stopped or ended worse than it began says so
         if r.get("status") == "interrupted":
-            lines.append(f"- **{r['strategy']} was interrupted before its budget"
-                         f"{': ' + r['stopped'] if r.get('stopped') else ''}** "
-                         f"(after {r['updates']} updates).")
+            lines.append(f"- **{r['strategy']} was interrupted before its budget, after "
+                         f"{r['updates']} updates** ({r.get('stopped') or 'interrupted'}).")
         elif r.get("stopped"):
             lines.append(f"- **{r['strategy']} stopped before its budget: {r['stopped']}**")
         elif r.get("warning"):
