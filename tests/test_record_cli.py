@@ -286,6 +286,7 @@ def test_the_report_of_diverged_runs_names_no_winner_and_no_harmless_staleness()
     assert "Lowest final loss" not in text and "Highest throughput" not in text
     assert "No strategy finished with a finite loss" in text
     assert "did not hurt" not in text and "nanx" not in text and "infx" not in text
+    assert "ran slower than serial" not in text  # speeds of runs that stopped explain nothing
     for name in ("serial", "sync", "async"):
         assert f"**{name} stopped before its budget: {why}**" in text
     assert "processed the same budget" not in text

@@ -219,7 +219,7 @@ def explain(rows: list[dict]) -> list[str]:
     if ties:
         out.append(f"- {', '.join(ties)}: as fast as serial within the range of {turns} turns "
                    "(a tie on this machine).")
-    if slower:
+    if slower and _finished(base):  # a stopped serial's speed explains nothing
         what = (" (one example: sparse serial's per-example loop)"
                 if base.get("per_example_loop") else "")
         out.append(f"- {', '.join(slower)} ran slower than serial. One serial update{what} "
