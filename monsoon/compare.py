@@ -93,6 +93,9 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     for s in strategies:  # every strategy's run checked before any starts
         check(problem, s, counts[s], out=out / s, shared=shared, **for_strategy(options, s))
     if resume is None:
+        for s in strategies:  # bad options are refused before anything is removed
+            resolve(problem, s, 1 if classes[s].single_worker else workers,
+                    for_strategy(options, s))
         _clear_previous(out)
     results, turns = {}, {s: [] for s in strategies}
     try:

@@ -318,6 +318,9 @@ def test_a_new_compare_clears_what_an_earlier_compare_wrote_and_nothing_else(tmp
     assert (tmp_path / "staleness.png").exists() and (tmp_path / "repeats" / "async-2").is_dir()
     (tmp_path / "mine.txt").write_text("keep")
     (tmp_path / "hogwild" / "notes.txt").write_text("keep")
+    with pytest.raises(monsoon.ConfigError):  # refused: the earlier compare stays whole
+        monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path, epochs=2, lr=-1.0)
+    assert (tmp_path / "report.md").exists() and (tmp_path / "async" / "summary.json").exists()
     monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path, epochs=2, backend="threads")
     assert not (tmp_path / "async").exists() and not (tmp_path / "repeats").exists()
     assert not (tmp_path / "staleness.png").exists()
