@@ -92,10 +92,7 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     shared = frozenset(k for k, v in options.items() if v is not None)
     for s in strategies:  # every strategy's run checked before any starts
         check(problem, s, counts[s], out=out / s, shared=shared, **for_strategy(options, s))
-    if resume is None:
-        for s in strategies:  # bad options are refused before anything is removed
-            resolve(problem, s, 1 if classes[s].single_worker else workers,
-                    for_strategy(options, s))
+    if resume is None:  # bad options were refused above, before anything is removed
         _clear_previous(out)
     results, turns = {}, {s: [] for s in strategies}
     try:
