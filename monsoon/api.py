@@ -175,16 +175,37 @@ def _resume_hint(resolved, out, what: str = "", checkpoint: bool = True) -> str:
     return f"; to carry on{' ' + what if what else ''}, run the same command with --resume {out}"
 
 
+def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
+          shared=frozenset(), **options):
+    """``train``'s configuration resolved and checked (``config.resolve``,
+    the strategy's and engine's pre-flight included), with nothing started
+    or written: what ``compare`` checks of every strategy before any runs.
+    ``shared``: the options ``compare`` passes to every strategy."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if out is not None:
+        given["out"] = str(out)
+    return resolve(problem, strategy, workers, given, frozenset(shared))
+
+
+def _no_checkpoint(resolved) -> str:
+    """The end of an interrupted run's line where it wrote no checkpoint:
+    why, where the strategy writes none (the pipeline's stages keep their
+    slices to themselves), else nothing."""
+    from .strategies.base import STAGES
+
+    if STAGES in resolved.strategy.needs(resolved.processes):
+        return (f"; it cannot be carried on: the {resolved.strategy.name} strategy writes no "
+                "checkpoints yet, so --resume is refused; start a new run")
+    return ""
+
+
 def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
-          raise_on_divergence: bool = True, **options) -> Result:
+          raise_on_divergence: bool = True, shared=frozenset(), **options) -> Result:
     """Train ``problem`` (a problem's name or a ``Problem``) with ``strategy``
     on ``workers`` workers. ``options`` are the run's options and those the
     chosen strategy, rule, engine and problem declare (``monsoon options``
     lists them all); one that none of them takes is refused."""
-    given = {k: v for k, v in options.items() if v is not None}
-    if out is not None:
-        given["out"] = str(out)
-    resolved = resolve(problem, strategy, workers, given)
+    resolved = check(problem, strategy, workers, out=out, shared=shared, **options)
     run, problem, budget = resolved.run, resolved.problem, resolved.budget
     if out is not None:
         check_writable(Path(out))
@@ -288,7 +309,8 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         res.stopped = None
     # the divergence message with the counts summary.json writes, not those
     # of the row that stopped the run
-    res.stopped = recorder.restate(res.stopped, res.updates, res.dropped_updates)
+    local = None if res.local_updates is None else (res.local_updates, res.dropped_local_updates)
+    res.stopped = recorder.restate(res.stopped, res.updates, res.dropped_updates, local)
     if res.stopped is None and not math.isfinite(final_loss):
         res.stopped = DIVERGED.format(loss=final_loss, updates=res.updates)
     summary = {
@@ -310,6 +332,9 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         "staleness": staleness_stats(res.staleness),
         "staleness_counts": {int(k): int(v) for k, v in sorted(res.staleness.items())},
         "dropped_updates": res.dropped_updates,
+        # the workers' local steps (local SGD, EASGD), in a unit of their own
+        **({"local_updates": res.local_updates,
+            "dropped_local_updates": res.dropped_local_updates} if local else {}),
         "late_gradients": res.late_gradients,
         "failed_workers": [{"worker": f["worker"], "error": f["error"]} for f in res.failed_workers],
         "time_to_target_s": recorder.time_to_target_s,
@@ -361,7 +386,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     if interrupted:
         where = f"run folder {out}" if out is not None else "no run folder (give --out)"
         hint = (_resume_hint(resolved, out, checkpoint=bool(res.extra.get("checkpoint")))
-                if out is not None else "")
+                if out is not None else "") or _no_checkpoint(resolved)
         err = Interrupted(f"interrupted by {signal_name(interrupted)} after {res.updates} "
                           f"updates: {where}{hint}", interrupted, result.run_dir)
         err.result = result

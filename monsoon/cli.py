@@ -17,7 +17,7 @@ import json
 import sys
 
 from . import __version__
-from .config import RUN_OPTIONS, registries
+from .config import RUN, RUN_OPTIONS, registries
 from .errors import Interrupted, MonsoonError, TrainingDiverged
 from .options import Option, declared
 
@@ -141,6 +141,7 @@ def _train(args) -> None:
     if args.command == "simulate":
         options["engine"], prefix = "sim", "runs/sim-"
     single = registries()["strategy"].get(args.strategy).single_worker
+    RUN["workers"].value(args.workers)  # checked even where serial runs one (--workers 0)
     out = args.out or f"{prefix}{args.problem.replace(':', '_')}-{args.strategy}"
     result = train(args.problem, args.strategy, 1 if single else args.workers, out=out, **options)
     s = result.summary

@@ -20,18 +20,36 @@ carry each run's bytes sent and compression ratio.
 
 Short single runs vary from one to the next on a busy machine;
 bench/quick_start.py measures how much for the quick start's report.
+
+A new compare in a folder an earlier one wrote first removes what that one
+wrote (the run folders its comparison.csv names, their repeats, its report
+and plots: ``_clear_previous``), never other files there. SIGTERM or
+SIGINT during a strategy's run (``Interrupted``) ends the compare with the
+report of what ran, that strategy marked interrupted; ``resume`` (the
+compare's own folder, ``--resume OUT``) then keeps each run that ended
+under the same settings, resumes the interrupted one from its checkpoint
+(where its strategy writes them; else it runs again) and runs the rest.
 """
 from __future__ import annotations
 
+import csv
+import json
+import os
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 
-from .api import Result, train
-from .config import check_compare_compress, for_strategy, refuse_untaken
+import numpy as np
+
+from .api import Result, check, train
+from .config import (RUN, check_compare_compress, check_error_feedback, for_strategy,
+                     refuse_untaken, resolve)
 from .compressors.messages import by_strategy
-from .errors import ConfigError
+from .errors import ConfigError, Interrupted
+from .monitor.lifecycle import signal_name
+from .record.checkpoints import checkpoint_files
 from .record.report import write_comparison
+from .record.run_folder import clear_results, read_metrics, to_json
 from .strategies import STRATEGIES
 
 
@@ -49,6 +67,7 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     if not strategies:
         raise ConfigError("no strategies given; e.g. --strategies serial,sync,async,hogwild")
     classes = {s: STRATEGIES.get(s) for s in strategies}  # an unknown name lists the valid ones
+    RUN["workers"].value(workers)  # checked even where every strategy runs one worker
     if len(set(strategies)) != len(strategies):
         raise ConfigError("a strategy is listed twice in --strategies")
     # an option is refused only when none of the strategies takes it
@@ -62,18 +81,148 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
         raise ConfigError(f"--compress names {', '.join(sorted(named))}, not in --strategies "
                           f"({', '.join(strategies)}); give STRATEGY=SPEC for those listed")
     check_compare_compress(options.get("compress"), list(strategies))
+    check_error_feedback(options.get("compress"), options.get("no_error_feedback"))
     out = Path(out)
+    resume = options.pop("resume", None)
+    if resume is not None and Path(resume).resolve() != out.resolve():
+        raise ConfigError(f"compare --resume {resume}: give the compare's own folder, the "
+                          f"--out it wrote (here {out}); it keeps the runs that ended there")
+    counts = {s: 1 if classes[s].single_worker else workers for s in strategies}
+    # passed to every strategy: one that has no use for an option (serial, --shards) takes it
+    shared = frozenset(k for k, v in options.items() if v is not None)
+    for s in strategies:  # every strategy's run checked before any starts
+        check(problem, s, counts[s], out=out / s, shared=shared, **for_strategy(options, s))
+    if resume is None:  # bad options were refused above, before anything is removed
+        _clear_previous(out)
     results, turns = {}, {s: [] for s in strategies}
-    for turn in range(int(repeats)):
-        for s in strategies:
-            folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
-            result = train(problem, strategy=s, workers=1 if classes[s].single_worker else workers,
-                           out=folder, raise_on_divergence=False, **for_strategy(options, s))
-            results.setdefault(s, result)
-            turns[s].append(result.summary)
+    try:
+        for turn in range(int(repeats)):
+            for s in strategies:
+                folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
+                n = counts[s]
+                given = for_strategy(options, s)
+                result = (_ended(folder, problem, s, n, given, shared) if resume is not None
+                          else None)
+                if result is None:
+                    again = resume is not None and _resumable(folder)
+                    result = train(problem, strategy=s, workers=n, out=folder,
+                                   raise_on_divergence=False, shared=shared,
+                                   **given, **({"resume": str(folder)} if again else {}))
+                results.setdefault(s, result)
+                turns[s].append(result.summary)
+    except Interrupted as err:
+        raise _interrupted(err, out, strategies, results, turns, options) from None
+    return Comparison(results, _write(out, strategies, results, turns, options), out)
+
+
+def _write(out: Path, strategies, results, turns, options) -> list[dict]:
+    """comparison.csv, comparison.png and report.md of the strategies that ran."""
+    ran = [s for s in strategies if turns[s]]
     name = next(iter(results.values())).summary["problem"]
-    rows = write_comparison(out, name, [turns[s] for s in strategies],
-                            {s: r.history for s, r in results.items()},
+    return write_comparison(out, name, [turns[s] for s in ran],
+                            {s: results[s].history for s in ran},
                             target=options.get("target_loss"))
-    return Comparison(results, rows, out)
+
+
+def _interrupted(err: Interrupted, out: Path, strategies, results, turns, options):
+    """The compare's Interrupted: the report of what ran (the interrupted
+    run marked), and the command that carries it on."""
+    stopped = getattr(err, "result", None)
+    if stopped is None:  # stopped before its run folder was written: nothing to add
+        return err
+    s = stopped.summary["strategy"]
+    results.setdefault(s, stopped)
+    turns[s].append(stopped.summary)
+    _write(out, strategies, results, turns, options)
+    again = ("resumes from its checkpoint" if stopped.summary.get("checkpoint")
+             and "cannot be carried on" not in str(err) else "runs again from the start")
+    left = [x for x in strategies if not turns[x]]
+    message = (f"interrupted by {signal_name(err.signum)} during {s}, after "
+               f"{stopped.summary['updates']} updates: {out / 'report.md'} has "
+               f"{', '.join(x for x in strategies if turns[x])} ({s} interrupted)"
+               f"{'; not run: ' + ', '.join(left) if left else ''}; to carry on, run the same "
+               f"command with --resume {out} (the runs that ended are kept, {s} {again})")
+    new = Interrupted(message, err.signum, out)
+    new.result = stopped
+    return new
+
+
+ENDED = ("finished", "reached target", "converged", "diverged")
+COSMETIC = ("progress", "resume", "resumed_from")  # they do not change a run's result
+
+
+def _ended(folder: Path, problem, strategy: str, workers: int, given: dict, shared):
+    """The run in ``folder`` as a ``Result``, if it ended (``ENDED``) with the
+    settings this command gives it (config.json against a fresh ``resolve``);
+    else None (it runs, or resumes)."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
+        history = read_metrics(folder / "metrics.csv")
+    except (OSError, ValueError):
+        return None
+    if summary.get("status") not in ENDED:
+        return None
+    resolved = resolve(problem, strategy, workers, {**given, "out": str(folder)}, shared)
+    # as ``train`` writes config.json: the settings, with what the strategy
+    # and the engine resolved (a backend "auto" is the one it chose)
+    wanted = json.loads(to_json({**resolved.config(), **resolved.strategy.describe(),
+                                 **resolved.engine.describe()}))
+    if any(config.get(k) != v for k, v in wanted.items() if k not in COSMETIC):
+        return None
+    params = np.load(folder / "params.npy") if (folder / "params.npy").exists() else None
+    return Result(summary, history, params, None, run_dir=folder)
+
+
+def _resumable(folder: Path) -> bool:
+    """An interrupted run whose checkpoint ``--resume`` takes (train checks it)."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return summary.get("status") == "interrupted" and bool(checkpoint_files(folder / "checkpoints"))
+
+
+COMPARE_FILES = ("comparison.csv", "comparison.png", "report.md", "staleness.png")
+
+
+def _clear_previous(out: Path) -> None:
+    """Remove what an earlier compare wrote in ``out``: the run folders its
+    comparison.csv names (their results and checkpoints; a folder is removed
+    only once empty, so a user's files stay), its repeats, report and plots."""
+    try:
+        with open(out / "comparison.csv") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, csv.Error):
+        return
+    for row in rows:
+        name = row.get("strategy") or ""
+        if not name or "/" in name or name.startswith("."):
+            continue
+        folders = [out / name] + [out / "repeats" / f"{name}-{k}"
+                                  for k in range(2, int(row.get("repeats") or 1) + 1)]
+        for folder in folders:
+            _remove_run(folder)
+    _remove_empty(out / "repeats")
+    for name in COMPARE_FILES:
+        (out / name).unlink(missing_ok=True)
+
+
+def _remove_run(folder: Path) -> None:
+    """A run folder's own files (``clear_results``, its checkpoints), then the
+    folder if nothing else is left in it."""
+    if not (folder / "summary.json").exists():
+        return
+    clear_results(folder, resuming=False)
+    for path in checkpoint_files(folder / "checkpoints"):
+        path.unlink(missing_ok=True)
+    for sub in ("checkpoints", "tb", ""):
+        _remove_empty(folder / sub if sub else folder)
+
+
+def _remove_empty(folder: Path) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:  # absent, or holds something not ours
+        pass
 

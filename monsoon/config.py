@@ -61,7 +61,7 @@ RUN_OPTIONS = (
            "messages take it (docs/compression.md)",
            check=_messages.check_spec),
     Option("no_error_feedback", bool, False, "send compressed messages without carrying "
-           "the residual to the next one"),
+           "the residual to the next one (with --compress; refused without it)"),
     Option("evals", int, 100, "points on the loss curve (0: none)",
            check=lambda v: None if v >= 0 else "0 or more"),
     Option("eval_share", float, 0.5, "the loss curve is evaluated after the run in at most "
@@ -134,7 +134,26 @@ def for_strategy(options: dict, strategy: str) -> dict:
     elif out.get("compress") is not None and not _messages.sends_messages(
             STRATEGIES.get(strategy)):
         out["compress"] = "none"
+    if not _compressed(out.get("compress")):  # nothing of this strategy's is compressed
+        out.pop("no_error_feedback", None)
     return out
+
+
+def _compressed(spec) -> bool:
+    """Whether ``--compress``'s value compresses anything: one spec, or
+    any of compare's ``STRATEGY=SPEC,...``."""
+    specs = _messages.by_strategy(spec)
+    return any(_messages.parse(one)[0] != "none"
+               for one in (specs.values() if specs is not None else [spec or "none"]))
+
+
+def check_error_feedback(spec, no_error_feedback) -> None:
+    """Refuse, in one line, ``--no-error-feedback`` where nothing is
+    compressed: it only changes how compressed messages are sent, and would
+    be recorded in config.json while changing nothing."""
+    if no_error_feedback and not _compressed(spec):
+        raise ConfigError("--no-error-feedback applies to compressed runs only; add --compress "
+                          "(e.g. --compress topk:0.01), or drop --no-error-feedback")
 
 
 def check_compare_compress(spec, strategies: list[str]) -> None:
@@ -202,9 +221,12 @@ def _standardize(problem, name: str, rules) -> None:
         r.precondition(metric)
 
 
-def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
+def resolve(problem, strategy: str, workers: int, given: dict,
+            shared: frozenset = frozenset()) -> Resolved:
     """Check the options, fill in defaults and build the run's components.
-    ``problem`` is a name or a ``Problem``. Raises ConfigError."""
+    ``problem`` is a name or a ``Problem``; ``shared``: the given options
+    that are passed to several runs at once (``compare``), which a run that
+    has no use for them takes without refusing them. Raises ConfigError."""
     instance = problem if isinstance(problem, Problem) else None
     if instance is None and not isinstance(problem, str):
         raise ConfigError("problem must be a problem's name or a Problem instance")
@@ -224,7 +246,11 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
         run["dtype"] = own
     if run["epochs"] is not None and run["steps"] is not None:
         raise ConfigError("give either --epochs or --steps, not both")
+    check_error_feedback(run["compress"], run["no_error_feedback"])
     spec = problem_spec(run["problem"])[0] if instance is None else None
+    if spec is not None and spec.engine is not None and run["engine"] != spec.engine:
+        raise ConfigError(f"problem {run['problem']} lives in {spec.engine} and trains on the "
+                          f"{spec.engine} engine only; add --engine {spec.engine}")
     defaults = spec.defaults if spec is not None else \
         dict(instance.defaults or {})
     override = defaults.get("by_strategy", {}).get(run["strategy"], {})
@@ -300,6 +326,7 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
                           "class must subclass monsoon.engines.Engine (docs/extending.md)")
     engine = components["engine"].from_options(info, **values["engine"])
     engine.given = frozenset(given)
+    engine.shared = frozenset(shared)
     processes = run["workers"] + strat.backup_workers
     engine.compression = _messages.Compression.from_run(run["compress"],
                                                         run["no_error_feedback"], instance)
@@ -320,6 +347,10 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
                           f"the data: each {run['strategy']} worker draws its batches from its "
                           f"own {largest} of the {instance.n_examples} examples; use "
                           f"--batch-size {largest} or less, or fewer workers")
+    # what the strategy and engine would refuse once started, refused now,
+    # before the run folder is touched
+    strat.preflight(instance, processes, run["batch_size"])
+    engine.preflight(instance, strat, processes, run["batch_size"])
     device = _devices.choose(run["device"], instance, strat, engine, processes, rule=server_rule)
     if run["precision"] != "32":
         _devices.check_precision(run["precision"], instance)
@@ -329,5 +360,5 @@ def resolve(problem, strategy: str, workers: int, given: dict) -> Resolved:
 
 
 __all__ = ["RUN_OPTIONS", "Resolved", "resolve", "refuse_untaken", "for_strategy",
-           "check_compare_compress",
+           "check_compare_compress", "check_error_feedback",
            "registries", "component_options", "declared"]

@@ -1,9 +1,10 @@
 """A problem that misbehaves on purpose, for fault tests.
 
-It wraps a real problem and, on worker ``rank`` only, after ``after`` gradient
-calls, raises, returns a NaN gradient, exits the process, hangs, or takes
-0.1 s longer per gradient (a straggler); ``SignalOnce`` presses Ctrl-C on
-the run from inside a gradient. It lives
+It wraps a real problem and, on worker ``rank`` only (None: on every
+worker), after ``after`` gradient calls, raises, returns a NaN gradient,
+exits the process, hangs, or takes 0.1 s longer per gradient (a
+straggler); ``SignalOnce`` presses Ctrl-C on the run from inside a
+gradient. It lives
 in an importable module because spawned workers unpickle it by name.
 """
 import os
@@ -44,7 +45,7 @@ class FaultyProblem(Problem):
     def gradient(self, w, indices, out=None, accumulate=False):
         self.calls += 1
         loss, grad = self.inner.gradient(w, indices, out, accumulate)
-        armed = self.rank == self.fault_rank and self.calls > self.after
+        armed = self.fault_rank in (None, self.rank) and self.calls > self.after
         if self.every:
             armed = armed and self.calls % self.every == 0
         if not armed:

@@ -563,3 +563,134 @@ def test_a_lock_taken_by_a_worker_killed_before_it_marked_it_is_released(lock):
         take().release()
     finally:
         store.close()
+
+
+def stages_of(pid: int) -> list[int]:
+    """The pipeline's stage processes under ``pid`` (named ``monsoon-stage<rank>``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().startswith("monsoon-stage"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return [p for p in found if p in _descendants(pid)]
+
+
+def _descendants(pid: int) -> set[int]:
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, q in parent.items() if q in frontier} - out
+        out |= frontier
+    return out
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_group_stops_a_local_pipeline_at_a_step_boundary(tmp_path, sig):
+    """Ctrl-C, or ``kill`` of the process group (the stages and the fork
+    server get it too): the monitor stops every stage before the same step;
+    the run folder says interrupted, the line says why it cannot be carried
+    on (the pipeline writes no checkpoints), and no stage is left."""
+    run = tmp_path / "run"
+    epochs = 400  # minutes of work: it ends only if the signal stops it
+    cmd = [sys.executable, "-m", "monsoon", "train", "--problem", "digits", "--strategy",
+           "pipeline", "--workers", "2", "--epochs", str(epochs), "--out", str(run), "--quiet",
+           "--evals", "20", "--timeout", "20"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while len(stages := stages_of(proc.pid)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(6)  # the stages started and are training
+    t0 = time.monotonic()
+    os.killpg(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (130 if sig == "SIGINT" else 143), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"interrupted by {sig}" in lines[0], err
+    assert "cannot be carried on" in lines[0] and f"--resume {run}" not in lines[0], err
+    assert time.monotonic() - t0 < 30
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["failed_workers"] == []
+    n = summary["n_examples"]
+    assert 0 < summary["updates"] < epochs * n // summary["batch_size"]
+    assert np.isfinite(summary["final_loss"])
+    wait_gone(stages)
+
+
+def test_a_signal_stops_a_sim_pipeline_after_the_step_under_way(tmp_path):
+    import threading
+
+    from monsoon.errors import Interrupted
+    from monsoon.monitor.lifecycle import StopSignals
+
+    def stop_once_running():
+        deadline = time.monotonic() + 60
+        while StopSignals.active is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(1.0)  # some steps
+        if StopSignals.active is not None:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=stop_once_running, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted) as info:  # 1,000 epochs: many minutes unless stopped
+        monsoon.train("digits", "pipeline", 2, engine="sim", epochs=1000, out=tmp_path / "run")
+    assert time.monotonic() - t0 < 60
+    assert info.value.exit_code == 130 and "cannot be carried on" in str(info.value)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 0 < summary["updates"]
+    assert summary["simulated_time_s"] == summary["wall_time_s"] > 0
+    assert summary["real_time_s"] > 0 and 0 < summary["utilization"]["workers"] <= 1
+
+
+def test_an_interrupted_compare_reports_what_ran_and_its_resume_carries_it_on(tmp_path):
+    """SIGINT during sync, serial done: report.md has serial and sync (marked
+    interrupted); the advice, ``--resume OUT``, keeps serial's run and
+    resumes sync from its checkpoint to the budget."""
+    import threading
+
+    from monsoon.errors import Interrupted
+    from monsoon.monitor.lifecycle import StopSignals
+
+    out = tmp_path / "cmp"
+    opts = dict(workers=2, epochs=EPOCHS, seed=0, evals=20, timeout=20, checkpoint_every=100,
+                progress=False)
+
+    def stop_sync_once_checkpointed():
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if StopSignals.active is not None and \
+                    list((out / "sync" / "checkpoints").glob("ckpt-*.npz")):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=stop_sync_once_checkpointed, daemon=True).start()
+    with pytest.raises(Interrupted) as info:
+        monsoon.compare("exp", "serial,sync", out=out, **opts)
+    message = str(info.value)
+    assert info.value.exit_code == 130 and f"--resume {out}" in message
+    assert f"--resume {out / 'sync'}" not in message and "during sync" in message
+    report = (out / "report.md").read_text()
+    assert "| serial | 1 |" in report and "| sync | 2 |" in report
+    assert "**sync was interrupted before its budget" in report
+    assert "same gradient per step" not in report
+    serial = (out / "serial" / "summary.json").read_text()
+
+    done = monsoon.compare("exp", "serial,sync", out=out, resume=str(out), **opts)
+    assert (out / "serial" / "summary.json").read_text() == serial  # kept, not run again
+    sync = done.results["sync"].summary
+    assert sync["status"] == "finished" and sync["updates"] == EPOCHS * 16
+    assert sync["resumed_from"]
+    assert "interrupted" not in (out / "report.md").read_text()

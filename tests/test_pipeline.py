@@ -344,3 +344,15 @@ def test_tied_weights_across_stages_are_refused():
                            np.zeros((8, 4)), np.zeros((8, 4)))
     with pytest.raises(ConfigError, match="share a parameter"):
         monsoon.train(problem, "pipeline", 2, engine="sim", steps=1, batch_size=4)
+
+
+def test_the_sim_pipeline_reports_the_sims_figures(tmp_path):
+    """docs/engines/sim.md: simulated_time_s, real_time_s and utilization in
+    summary.json, for the pipeline as for every other strategy."""
+    import json
+
+    monsoon.train("digits", "pipeline", 2, engine="sim", out=tmp_path, **OPTS)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["simulated_time_s"] == summary["wall_time_s"] > 0
+    assert summary["real_time_s"] > 0
+    assert 0 < summary["utilization"]["workers"] <= 1 and "delays" in summary

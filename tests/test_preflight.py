@@ -196,6 +196,56 @@ def test_compare_compresses_only_the_strategies_that_send_messages(tmp_path):
     assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
 
 
+NO_FEEDBACK_FIX = ("--no-error-feedback applies to compressed runs only; add --compress "
+                   "(e.g. --compress topk:0.01), or drop --no-error-feedback")
+
+
+@pytest.mark.parametrize("command", ["train", "simulate"])
+def test_no_error_feedback_without_compress_is_refused(tmp_path, command, monkeypatch):
+    """--no-error-feedback only changes how compressed messages are sent:
+    alone, it ran uncompressed and config.json recorded a setting that did
+    nothing. Refused in one line that names the fix, with nothing written
+    (neither --out nor the default run folder under the working directory)."""
+    import contextlib
+    import io
+
+    from monsoon.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out, err = tmp_path / "run", io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([command, "--quiet", "--problem", "exp", "--strategy", "sync", "--workers",
+                     "2", "--steps", "2", "--no-error-feedback", "--out", str(out)])
+    proc = subprocess.CompletedProcess([], code, "", err.getvalue())
+    line = refused_before_anything(proc, out, NO_FEEDBACK_FIX)
+    assert line == f"monsoon: error: {NO_FEEDBACK_FIX}"
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        code = main([command, "--quiet", "--problem", "exp", "--steps", "2",
+                     "--no-error-feedback"])  # the default folder, runs/exp-serial
+    assert code == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_no_error_feedback_without_compress_is_refused_by_the_api(tmp_path):
+    import monsoon
+
+    for run in (lambda: monsoon.train("exp", "sync", 2, steps=2, no_error_feedback=True,
+                                      out=tmp_path / "t"),
+                lambda: monsoon.compare("exp", "serial,sync", 2, steps=2, out=tmp_path / "c",
+                                        no_error_feedback=True),
+                lambda: monsoon.compare("exp", "serial,sync", 2, steps=2, out=tmp_path / "n",
+                                        compress="sync=none", no_error_feedback=True)):
+        with pytest.raises(ConfigError) as info:
+            run()
+        assert str(info.value) == NO_FEEDBACK_FIX
+    assert list(tmp_path.iterdir()) == []
+    # with a compressor it is taken, by the strategies that send messages
+    c = monsoon.compare("linear", "serial,sync", 2, out=tmp_path / "ok", steps=4,
+                        compress="topk:0.5", no_error_feedback=True, progress=False,
+                        backend="threads")
+    assert c.results["sync"].summary["error_feedback"] is False
+    assert c.results["serial"].summary["compress"] == "none"
+
+
 @pytest.mark.parametrize("spec,message", [
     ("bogus", "compress must be one of none, topk:FRACTION, randk:FRACTION, qsgd:LEVELS, "
               "sign, powersgd:RANK"),

@@ -260,6 +260,32 @@ def test_a_run_stopped_by_divergence_counts_what_its_workers_did():
     assert summary["bytes_sent"] == sum(summary["bytes_sent_per_worker"])
 
 
+def test_local_sgd_counts_its_local_steps_apart_and_stops_when_most_are_dropped():
+    """Worker 1's every third gradient after its third is NaN: its local
+    steps are counted in local_updates and dropped_local_updates, every
+    round is applied, and the run (more drops than rounds, far fewer than
+    the local steps applied) finishes. Every worker's gradients NaN after
+    the second: the driver's rows read the workers' local counts, and the
+    recorder stops the run, its message counting what the summary counts."""
+    from monsoon.record.recorder import DROPPED_LOCAL
+
+    inner = make_problem("logistic", dtype="float64")
+    healthy = monsoon.train(FaultyProblem(inner, "nan", rank=1, after=3, every=3), "local-sgd",
+                            2, engine="ray", shards=1, steps=400, local_steps=8, seed=0).summary
+    assert (healthy["updates"], healthy["dropped_updates"]) == (400 // 8, 0)
+    assert healthy["local_updates"] + healthy["dropped_local_updates"] == 2 * 400
+    assert healthy["dropped_local_updates"] == len(range(6, 401, 3))  # worker 1's calls
+    assert healthy["status"] == "finished"
+    diverging = monsoon.train(FaultyProblem(inner, "nan", rank=None, after=2), "local-sgd", 2,
+                              engine="ray", shards=1, steps=20_000, local_steps=8, seed=0,
+                              raise_on_divergence=False).summary
+    assert diverging["status"] == "diverged"
+    assert diverging["local_updates"] == 2 * 2
+    assert diverging["stopped"] == DROPPED_LOCAL.format(
+        dropped=diverging["dropped_local_updates"], updates=diverging["local_updates"])
+    assert diverging["examples"] < 20_000 * 16
+
+
 def test_a_non_finite_push_counts_as_sent_as_on_the_local_engine():
     """Async: worker 1's every other gradient is NaN. Ray drops such a push at
     the worker (its shards see only their slices), the local server on

@@ -251,3 +251,81 @@ def test_the_report_says_sync_overlays_serial_only_where_both_took_the_same_step
     for base in ({"batch_size": 1, "per_example_loop": True}, {"batch_size": 32}):
         rows = comparison_rows([[dict(serial, **base)], [dict(sync, batch_size=64)]])
         assert claim not in "\n".join(explain(rows))
+
+
+def test_the_report_claims_no_overlay_where_backup_workers_left_gradients_out():
+    """sync with backup workers leaves each step's late gradients out: its
+    steps are not serial's, and the report must not say they are."""
+    from monsoon.record.report import comparison_rows, explain
+
+    claim = "sync computes the same gradient per step as serial"
+    serial = _summary("serial", 100.0)
+    backup = dict(_summary("sync", 90.0), backup_workers=1, late_gradients=99,
+                  final_loss=0.6)
+    assert claim not in "\n".join(explain(comparison_rows([[serial], [backup]])))
+    for other in ({"late_gradients": 3}, {"dropped_updates": 2}, {"updates": 90},
+                  {"stopped": "diverged: the loss became nan"}):
+        rows = comparison_rows([[serial], [dict(_summary("sync", 90.0), **other)]])
+        assert claim not in "\n".join(explain(rows)), other
+
+
+def test_the_report_of_diverged_runs_names_no_winner_and_no_harmless_staleness():
+    """Every run stopped diverged (inf/NaN losses): nothing is "lowest",
+    a NaN ratio never reads "did not hurt", each says it stopped and why,
+    and the same-budget claim is not made."""
+    from monsoon.record.report import comparison_rows, report_markdown
+
+    why = "diverged: 103 updates had non-finite gradients and were dropped"
+    runs = [[dict(_summary("serial", 100.0), final_loss=float("inf"), stopped=why,
+                  status="diverged", examples=400)],
+            [dict(_summary("sync", 90.0), final_loss=float("inf"), stopped=why,
+                  status="diverged", examples=300)],
+            [dict(_summary("async", 80.0), final_loss=float("nan"), stopped=why,
+                  status="diverged", staleness={"mean": 0.8, "max": 11}, examples=350)]]
+    text = report_markdown("exp", comparison_rows(runs), None)
+    assert "Lowest final loss" not in text and "Highest throughput" not in text
+    assert "No strategy finished with a finite loss" in text
+    assert "did not hurt" not in text and "nanx" not in text and "infx" not in text
+    assert "ran slower than serial" not in text  # speeds of runs that stopped explain nothing
+    for name in ("serial", "sync", "async"):
+        assert f"**{name} stopped before its budget: {why}**" in text
+    assert "processed the same budget" not in text
+    # one finite run beside a diverged one: the finite one wins, the diverged one is named
+    runs[1] = [_summary("sync", 90.0)]
+    text = report_markdown("exp", comparison_rows(runs), None)
+    assert "- Lowest final loss: **sync** (0.5)." in text
+    assert "- Highest throughput: **sync**" in text
+
+
+def test_the_report_gives_a_tiny_serial_update_a_unit_that_shows_it():
+    """Sparse serial's per-example loop: 200,000 updates in 0.04 s is 200 ns
+    an update, not "0 us"."""
+    from monsoon.record.report import comparison_rows, explain
+
+    serial = dict(_summary("serial", 100.0), wall_time_s=0.04, updates=200_000,
+                  per_example_loop=True, batch_size=1)
+    text = "\n".join(explain(comparison_rows([[serial], [_summary("hogwild", 50.0)]])))
+    assert "costs 200 ns here" in text and "0 us" not in text
+    assert "one example" in text
+
+
+def test_a_new_compare_clears_what_an_earlier_compare_wrote_and_nothing_else(tmp_path):
+    """A 2-strategy compare over a 4-strategy one with repeats: the old
+    strategies' folders, repeats/ and staleness.png go; a user's files stay
+    (a folder that holds one is kept with it alone)."""
+    monsoon.compare("exp", "serial,sync,async,hogwild", workers=2, out=tmp_path, epochs=2,
+                    repeats=2, backend="threads")
+    assert (tmp_path / "staleness.png").exists() and (tmp_path / "repeats" / "async-2").is_dir()
+    (tmp_path / "mine.txt").write_text("keep")
+    (tmp_path / "hogwild" / "notes.txt").write_text("keep")
+    with pytest.raises(monsoon.ConfigError):  # refused: the earlier compare stays whole
+        monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path, epochs=2, lr=-1.0)
+    assert (tmp_path / "report.md").exists() and (tmp_path / "async" / "summary.json").exists()
+    monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path, epochs=2, backend="threads")
+    assert not (tmp_path / "async").exists() and not (tmp_path / "repeats").exists()
+    assert not (tmp_path / "staleness.png").exists()
+    assert [p.name for p in (tmp_path / "hogwild").iterdir()] == ["notes.txt"]
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+    assert (tmp_path / "sync" / "summary.json").exists()
+    with open(tmp_path / "comparison.csv") as f:
+        assert [r["strategy"] for r in csv.DictReader(f)] == ["serial", "sync"]

@@ -9,9 +9,10 @@
   processes and threads; sim: sync, async, ssp, local-sgd), with the options that
   carry state (a compressor's residual, random stream; Adam's, AdaGrad's
   and AdaRevision's state; L-BFGS's correction pairs; backup workers;
-  DiLoCo's outer momentum), cut after its first checkpoint (as if killed
-  then) and resumed, ends bit-identical with the same totals; so does a
-  lazy Dataset's run (its position is the step).
+  DiLoCo's outer momentum; local SGD's synchronised AdaGrad sums), cut
+  after its first checkpoint (as if killed then) and resumed, ends
+  bit-identical with the same totals; so does a lazy Dataset's run (its
+  position is the step).
   (Ray, Spark and torch: ``test_checkpoints_every_engine.py``.)
 - Runs that are not deterministic (async, hogwild; backup workers on real
   workers) meet their budget when resumed, and do no batch twice.
@@ -98,6 +99,9 @@ MATRIX = {
     # DiLoCo's outer Nesterov momentum: 20 averaging rounds of 4 local steps
     "sim-local-sgd-diloco": ("sim", "local-sgd", 2, dict(diloco=True, local_steps=4,
                                                          steps=80), 5),
+    # Local AdaAlter's shared AdaGrad sums (``server/summed.py``)
+    "sim-local-sgd-adagrad": ("sim", "local-sgd", 2, dict(rule="adagrad", local_steps=4,
+                                                          steps=80), 5),
 }
 
 

@@ -46,6 +46,35 @@ def test_local_sgd_takes_one_job_per_round(jobs):
     assert run.summary["examples"] == 16 * 64
 
 
+@pytest.mark.spark
+def test_local_sgd_counts_its_local_steps_apart_and_stops_when_most_are_dropped(spark):
+    """local-sgd on Spark: a task's NaN local gradients (every third after
+    the second, on every worker) are counted in dropped_local_updates, apart
+    from the rounds, all applied, and the run finishes; at lr 1e6 every
+    local gradient overflows after the first steps, and the recorder stops
+    the run on its dropped local steps."""
+    from pathlib import Path
+
+    from faulty import FaultyProblem
+    from monsoon.problems import make_problem
+    from monsoon.record.recorder import DROPPED_LOCAL
+
+    spark.sparkContext.addPyFile(str(Path(__file__).parent / "faulty.py"))  # for the executors
+    kw = dict(steps=400, batch_size=16, local_steps=8, seed=0, evals=20, engine="spark")
+    problem = FaultyProblem(make_problem("exp"), "nan", rank=None, after=2, every=3)
+    s = monsoon.train(problem, "local-sgd", 2, **kw).summary
+    assert (s["updates"], s["dropped_updates"]) == (400 // 8, 0)
+    assert s["local_updates"] + s["dropped_local_updates"] == 2 * 400
+    assert 100 < s["dropped_local_updates"] < s["local_updates"]
+    assert s["status"] == "finished"
+    s = monsoon.train("exp", "local-sgd", 2, **{**kw, "steps": 20_000}, lr=1e6,
+                      raise_on_divergence=False).summary
+    assert s["status"] == "diverged" and s["dropped_local_updates"] > 100
+    assert s["stopped"] == DROPPED_LOCAL.format(dropped=s["dropped_local_updates"],
+                                                updates=s["local_updates"])
+    assert s["examples"] < 20_000 * 16
+
+
 @pytest.mark.parametrize("name, where", [("serial", "driver"), ("sync", "driver"),
                                           ("async", "tasks"), ("easgd", "tasks"),
                                           ("local-sgd", "tasks")])

@@ -290,6 +290,32 @@ def test_unreadable_spark_data_is_refused_in_one_line(spark, name, says):
     assert "\n" not in message and re.search(says, message), message
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_libsvm_file_spark_cannot_parse_prints_no_java_stack(spark, tmp_path, capfd):
+    """A qid: field failed Spark's reading task, whose Java stack (~60
+    lines, from the executor's and the scheduler's loggers) came before the
+    one-line error; the log configuration is the same after as before."""
+    from monsoon.engines.spark.data import TASK_ERROR_LOGGERS
+
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+
+    def loggers():
+        config = log4j.LogManager.getContext(False).getConfiguration()
+        return [(config.getLoggerConfig(n).getName(),
+                 str(log4j.LogManager.getLogger(n).getLevel())) for n in TASK_ERROR_LOGGERS]
+
+    data = tmp_path / "ranked.svm"
+    data.write_text("1 qid:0 1:0.5 2:1\n0 qid:1 1:0.25\n")
+    before = loggers()
+    capfd.readouterr()
+    with pytest.raises(ConfigError, match="NumberFormatException"):
+        monsoon.train(f"spark:{data}", engine="spark", **FULL)
+    err = capfd.readouterr().err
+    assert "\tat " not in err and "ERROR Executor" not in err, err
+    assert loggers() == before
+
+
 # -- job overhead: measured, reported, and the work per job it asks for ------
 
 @pytest.mark.parametrize("overhead, step, bound, expected", [

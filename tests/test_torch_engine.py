@@ -284,7 +284,7 @@ def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
 def test_each_ranks_own_dropped_local_steps_are_counted():
     """Rank 1's gradient is NaN every fifth call: its LocalApply drops the
     step on its own copy. summary.json counts every rank's drops, as the
-    local engine does (not rank 0's alone)."""
+    local engine does (not rank 0's alone), in the local steps' own field."""
     from faulty import FaultyProblem
     from monsoon.problems import make_problem
 
@@ -292,9 +292,38 @@ def test_each_ranks_own_dropped_local_steps_are_counted():
     opts = dict(steps=20, seed=0, progress=False)
     local = monsoon.train(problem, "local-sgd", 2, **opts)
     run = monsoon.train(problem, "local-sgd", 2, engine="torch", timeout=30, **opts)
-    assert local.summary["dropped_updates"] > 0
-    assert run.summary["dropped_updates"] == local.summary["dropped_updates"]
+    assert local.summary["dropped_local_updates"] > 0
+    assert run.summary["dropped_local_updates"] == local.summary["dropped_local_updates"]
     assert np.isfinite(run.params).all()
+
+
+def test_local_steps_are_counted_in_their_own_unit_and_stop_a_diverging_run():
+    """Rank 1's every third gradient after its third is NaN: every rank's
+    local steps are counted apart from the rounds (all applied), as on the
+    local engine, and the run finishes. Every rank's gradients NaN after the
+    second: rank 0 stops the run on its own local steps, and the message
+    counts every rank's, as the summary does."""
+    from faulty import FaultyProblem
+    from monsoon.problems import make_problem
+    from monsoon.record.recorder import DROPPED_LOCAL
+
+    inner = make_problem("exp")
+    opts = dict(steps=400, local_steps=8, seed=0, progress=False)
+    problem = FaultyProblem(inner, "nan", rank=1, after=3, every=3)
+    local = monsoon.train(problem, "local-sgd", 2, **opts).summary
+    run = monsoon.train(problem, "local-sgd", 2, engine="torch", timeout=30, **opts).summary
+    for s in (local, run):
+        assert (s["updates"], s["dropped_updates"]) == (400 // 8, 0)
+        assert s["local_updates"] + s["dropped_local_updates"] == 2 * 400
+        assert s["status"] == "finished"
+    assert run["dropped_local_updates"] == local["dropped_local_updates"] > 100
+    diverging = monsoon.train(FaultyProblem(inner, "nan", rank=None, after=2), "local-sgd", 2,
+                              engine="torch", timeout=30, steps=20_000, local_steps=8, seed=0,
+                              progress=False, raise_on_divergence=False).summary
+    assert diverging["status"] == "diverged" and diverging["local_updates"] == 2 * 2
+    assert diverging["stopped"] == DROPPED_LOCAL.format(
+        dropped=diverging["dropped_local_updates"], updates=diverging["local_updates"])
+    assert diverging["examples"] < 20_000 * make_problem("exp").n_examples
 
 
 def test_refusals_name_the_engine_to_use():

@@ -49,7 +49,7 @@ from ..compressors.messages import Compression
 from ..errors import ConfigError, WorkerError
 from ..strategies import ops as _ops
 from ..strategies.base import BACKUP_WORKERS, ELASTIC, SHARED_MEMORY, STAGES
-from .options import CHECKPOINT_EVERY, RESUME, checkpoint_paths
+from .options import CHECKPOINT_EVERY, RESUME, checkpoint_paths, refuse_checkpoints
 
 # The needs a strategy may declare (``Strategy.needs``), and engines meet (``Engine.meets``).
 NEEDS = {
@@ -98,7 +98,7 @@ class EngineResult:
     wall_time_s: float
     examples: int
     updates: int
-    dropped_updates: int
+    dropped_updates: int   # in the unit of ``updates``: the server's updates not applied
     staleness: Counter
     failed_workers: list = field(default_factory=list)
     late_gradients: int = 0
@@ -108,6 +108,11 @@ class EngineResult:
     stopped: str | None = None   # why the monitor stopped the run early, if it did
     interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
     follower: bool = False   # a rank other than 0 of the torch engine: rank 0 records the run
+    # the workers' local steps on their own copies (local SGD, EASGD), applied
+    # and dropped (a non-finite gradient), summed over the workers; None where
+    # the run takes none
+    local_updates: int | None = None
+    dropped_local_updates: int | None = None
 
 
 class Engine:
@@ -132,6 +137,7 @@ class Engine:
     virtual_time = False
     stops_on_signal = False
     keeps_private_copies = True
+    shared: frozenset = frozenset()  # those of them compare passes to every strategy
     given: frozenset = frozenset()  # the options the user set (resolve fills it in): an
     #                                 engine may pick its own value for the others
     ops: frozenset = frozenset()
@@ -194,6 +200,21 @@ class Engine:
         reason = refusal(self, strategy, workers)
         if reason is not None:
             raise ConfigError(reason)
+
+    def preflight(self, problem, strategy, workers: int, batch_size: int) -> None:
+        """Refuse, in one line, what this engine would otherwise refuse only
+        once the run has started: ``config.resolve`` calls it (after
+        ``check``), before the run folder is touched, so that a refused run
+        writes nothing and leaves a previous run's folder as it was. By
+        default: checkpoint options asked of a stage runner, which writes
+        none. An engine adds its own checks here."""
+        if STAGES in strategy.needs(workers):
+            refuse_checkpoints(self, f"the {strategy.name} strategy")
+        shards = getattr(self, "shards", None)
+        if shards and "shards" in self.given and shards > problem.n_params:
+            raise ConfigError(f"--shards {shards}: {problem.name} has {problem.n_params} "
+                              f"parameters, and a shard holds at least one; use --shards "
+                              f"{problem.n_params} or fewer")
 
 
 def _lacks(engine, strategy, workers: int):
@@ -262,9 +283,13 @@ def replicates(strategy, params: np.ndarray) -> bool:
     """Whether a run's synchronous steps are replicated: every worker keeps
     its own copy of small parameters and applies the same mean itself
     (``local/synchronous.py``), instead of one shared copy."""
+    return replicates_bytes(strategy, params.nbytes)
+
+
+def replicates_bytes(strategy, nbytes: int) -> bool:
+    """``replicates`` for parameters of ``nbytes`` bytes."""
     return (strategy.synchronous and strategy.shared_params
-            and strategy.backup_workers == 0
-            and params.nbytes <= REPLICATE_MAX_BYTES)
+            and strategy.backup_workers == 0 and nbytes <= REPLICATE_MAX_BYTES)
 
 
 def lost_workers_error(failed: dict, strategy, workers: int):

@@ -2,6 +2,7 @@
 
 A local, Ray or torch worker ends by reporting what it did
 (``Worker.report``): staleness counts, examples, dropped and late gradients,
+its local steps applied and dropped (``local``, ``local_dropped``),
 its own parameters and buffers where it keeps them, its traffic
 (``Sender.stats``) and SSP's clock report. The local monitor, the Ray driver
 and torch's rank 0 gather the reports through their own transports and add
@@ -52,17 +53,21 @@ class RunTally:
         self.workers, self.compression, self.ssp = workers, compression, ssp
         self.staleness = Counter()
         self.examples = self.dropped = self.late = 0
+        self.local = self.local_dropped = 0  # local steps, applied and dropped
         self.params, self.states, self.traffic, self.clocks = {}, {}, {}, {}
         self.failed: dict[int, str] = {}  # rank -> why it was lost
 
     def add(self, rank: int, report: dict) -> None:
         """Worker ``rank``'s report: any of ``staleness``, ``examples``,
-        ``dropped``, ``late``, ``params`` (None: no copy of its own),
-        ``state``, ``traffic`` and ``clocks`` (empty or None: none)."""
+        ``dropped``, ``late``, ``local``, ``local_dropped``, ``params``
+        (None: no copy of its own), ``state``, ``traffic`` and ``clocks``
+        (empty or None: none)."""
         self.staleness.update(summed_staleness([report]))
         self.examples += report.get("examples", 0)
         self.dropped += report.get("dropped", 0)
         self.late += report.get("late", 0)
+        self.local += report.get("local", 0)
+        self.local_dropped += report.get("local_dropped", 0)
         if report.get("params") is not None:
             self.params[rank] = report["params"]
         for key, kept in (("state", self.states), ("traffic", self.traffic),
@@ -84,13 +89,23 @@ class RunTally:
 
     def result(self, params, startup: float, wall: float, examples: int, updates: int,
                dropped: int, extra: dict, staleness: Counter | None = None,
-               late: int | None = None, **fields) -> EngineResult:
+               late: int | None = None, local: tuple[int, int] | None = None,
+               **fields) -> EngineResult:
         """The run's result: the engine's figures, and the reports' staleness
-        (unless ``staleness``), late gradients (unless ``late``), lost
-        workers and private copies; ``fields``: ``stopped``, ``interrupted``."""
+        (unless ``staleness``), late gradients (unless ``late``), local steps
+        (``local``: (applied, dropped), where the run takes any; None: none),
+        lost workers and private copies; ``fields``: ``stopped``,
+        ``interrupted``."""
         return EngineResult(params, startup, wall, examples, updates, dropped,
                             self.staleness if staleness is None else staleness,
                             failed_list(self.failed),
                             late_gradients=self.late if late is None else late,
                             worker_params=self.params, worker_states=self.states, extra=extra,
+                            local_updates=None if local is None else int(local[0]),
+                            dropped_local_updates=None if local is None else int(local[1]),
                             **fields)
+
+    def local_totals(self, strategy) -> tuple[int, int] | None:
+        """The reports' local steps, (applied, dropped), where ``strategy``
+        takes any (its workers have an inner rule); else None."""
+        return (self.local, self.local_dropped) if strategy.local_rule is not None else None

@@ -16,7 +16,9 @@ It answers five questions, each cheap enough to ask between ops:
   example count has not moved for twice ``timeout`` seconds (a backstop:
   a stuck barrier reports itself after ``timeout``);
 - a signal stop (SIGTERM/SIGINT, ``lifecycle.StopSignals``): ``signal`` is
-  true once, the first time a stop is seen; ``interrupted`` keeps the signal.
+  true once, the first time a stop is seen; ``interrupted`` keeps the signal
+  (``stops``: ``look`` returns it as the reason to stop, for the loops that
+  stop at their next boundary).
 
 The caller decides what to do about each (write which checkpoint, stop the
 workers how); this object only keeps the schedule, so that the paths agree
@@ -31,13 +33,21 @@ from ..record.checkpoints import next_checkpoint
 from .lifecycle import signal_name, stop_requested
 
 
+def local_counts(local) -> tuple[int, int] | None:
+    """The workers' local steps as ints, (applied, dropped); None: none taken."""
+    return None if local is None else (int(local[0]), int(local[1]))
+
+
 class Due:
     """The schedule of one run: ``recorder`` (``record.Recorder``) paces
     rows and live updates, ``every`` positions between checkpoints (0:
-    none), ``timeout`` the run's wait limit (None: no progress backstop)."""
+    none), ``timeout`` the run's wait limit (None: no progress backstop);
+    ``stops``: a stop signal is a reason to stop that ``look`` returns."""
 
-    def __init__(self, recorder, every: int = 0, timeout: float | None = None):
+    def __init__(self, recorder, every: int = 0, timeout: float | None = None,
+                 stops: bool = False):
         self.recorder, self.every, self.timeout = recorder, every, timeout
+        self.stops = stops
         self.next_checkpoint: int | None = None
         self.interrupted: int | None = None   # the stop signal, once seen
         self.last_examples, self.last_progress = -1, time.monotonic()
@@ -66,11 +76,17 @@ class Due:
         """Record a curve row if one is due, else (or after it) hand a live
         update if one is due (``totals`` and ``figures`` as for ``live``;
         none given: no live series). ``snapshot()`` gives (params, updates,
-        dropped), read together, only when a row is due. Returns the row's
-        reason to stop (a divergence, the target), or None."""
+        dropped), read together, only when a row is due, and where the
+        workers take local steps, their (applied, dropped) counts after them
+        (``Recorder.record``'s ``local``). Returns the row's reason to stop
+        (a divergence, the target; with ``stops``, a stop signal), or None."""
+        if self.stops and (self.signal() or self.interrupted is not None):
+            return self.stop_reason
         if self.row(at, examples):
-            params, updates, dropped = snapshot()
-            reason = self.recorder.record(at, int(updates), int(examples), params, int(dropped))
+            params, updates, dropped, *local = snapshot()
+            local = local_counts(local[0] if local else None)
+            reason = self.recorder.record(at, int(updates), int(examples), params, int(dropped),
+                                          **({"local": local} if local is not None else {}))
             if reason is not None:
                 return reason
         if figures is not None:

@@ -19,8 +19,8 @@ Workers and pipeline stages (``worker_started``, first thing in each):
   the starting thread), and a thread blocked on a pidfd of the monitor.
   The resource tracker, which unlinks what a killed monitor left in
   /dev/shm, exits once every process holding its pipe has.
-  The fork server starts with SIGINT blocked and ignores it from its
-  first import on.
+  The fork server starts with SIGINT blocked and ignores it, and SIGTERM,
+  from its first import on (``tie_fork_server`` says why).
 - ``parent_alive()`` is checked in every wait of a worker
   (``waiting.wait_until``), a further guard where there is no ``prctl``.
 - SIGINT is ignored: Ctrl-C reaches the whole process group, and it is the
@@ -90,6 +90,7 @@ def worker_started(monitor_pid: int | None = None, name: str | None = None) -> N
     _parent_pid = os.getppid()
     set_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the fork server's SIG_IGN
     if name:
         name_process(name)
     parent = multiprocessing.parent_process()
@@ -156,6 +157,11 @@ def tie_fork_server() -> None:
     # monitor started this process with SIGINT blocked (``processes.
     # start_context``): ignored now, it may be unblocked.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM to the process group likewise: dead of it, the fork server would
+    # take every worker it forked with it (their PR_SET_PDEATHSIG) before the
+    # monitor stopped them at a step boundary. A worker takes the default
+    # back (``worker_started``); the pipeline's stages keep ignoring it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if main_thread:

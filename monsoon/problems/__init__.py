@@ -148,10 +148,12 @@ PROBLEMS = Registry("problem", "monsoon.problems", {
     "spark": ProblemSpec("spark", _spark_path, "logistic regression on data Spark reads "
                          "where it lives: Parquet (columns features, label), or libsvm "
                          f"({', '.join(LIBSVM_SUFFIXES)}); train with --engine spark",
-                         SPARK_DEFAULTS, argument="PATH", argument_required=True),
+                         SPARK_DEFAULTS, argument="PATH", argument_required=True,
+                         engine="spark"),
     "spark-table": ProblemSpec("spark-table", _spark_table, "logistic regression on a Spark "
                                "table (columns features, label); train with --engine spark",
-                               SPARK_DEFAULTS, argument="NAME", argument_required=True),
+                               SPARK_DEFAULTS, argument="NAME", argument_required=True,
+                               engine="spark"),
     "rcv1-like": ProblemSpec("rcv1-like", _rcv1_like, "synthetic sparse text classification "
                              "shaped like RCV1", SPARSE_DEFAULTS,
                              argument="rows=N,features=N,nnz=N,exponent=X,seed=N"),

@@ -51,6 +51,7 @@ class ProblemSpec:
     options: tuple = ()
     argument: str | None = None   # what may follow "NAME:", for help and errors
     argument_required: bool = False
+    engine: str | None = None   # the one engine that trains it (its data lives there)
 
     def usage(self) -> str:
         if self.argument is None:

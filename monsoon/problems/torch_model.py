@@ -711,15 +711,19 @@ def split_validation(X, y, val, fraction: float, seed: int = 0):
 
 def validation_split(n: int, fraction: float, val=None, seed: int = 0):
     """(training rows, validation rows), both sorted: ``fraction`` of ``n``
-    held out by a permutation drawn from ``seed``."""
+    held out by a permutation drawn from ``seed``. A fraction that leaves
+    no training or no validation example is refused in one line
+    (ConfigError, a ValueError)."""
     if not 0.0 < fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), not {fraction}")
+        raise ConfigError(f"--val-fraction must be in (0, 1), not {fraction}")
     if val is not None:
-        raise ValueError("give either val (a held-out set) or val_fraction, not both")
+        raise ConfigError("give either val (a held-out set) or val_fraction, not both")
     held = int(round(n * fraction))
     if held < 1 or held >= n:
-        raise ValueError(f"val_fraction {fraction} of {n} examples leaves no training "
-                         "or no validation example")
+        left = "validation" if held < 1 else "training"
+        raise ConfigError(f"--val-fraction {fraction} of the {n} examples holds out {held}, "
+                          f"leaving no {left} example; give a fraction that holds out 1 to "
+                          f"{n - 1} of them")
     order = np.random.default_rng(seed).permutation(n)
     return np.sort(order[held:]), np.sort(order[:held])
 

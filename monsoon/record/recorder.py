@@ -28,8 +28,11 @@ evenly spaced; the final row (``final_loss``) always is evaluated. A level
 is one call where the problem has ``evaluate_many``. The monitor also hands
 ``live`` its workers' figures when ``live_due`` (``live.py``).
 
-Non-finite parameters, or more dropped updates than applied ones, stop the
-run with advice; a non-finite loss after it marks it diverged, one above its
+Non-finite parameters, or more dropped updates than applied ones (over
+100), stop the run with advice; so do more dropped local steps than applied
+ones, where the workers take local steps (local SGD, EASGD: ``local``,
+counted in a unit of their own, a worker's step on its own copy, as the
+server's updates are counted in theirs); a non-finite loss after it marks it diverged, one above its
 start or a constant's is warned of (``worse_than_start``). ``target_loss``
 stops a run where an engine asks (``check_target``, ``target_met``;
 ``reached_target`` tells it from a divergence), and the run returns the
@@ -57,10 +60,19 @@ COPY_BYTES_PER_S = 2e9  # a snapshot reads the parameters twice (copy, finite ch
 DIVERGED = "diverged: the loss became {loss} after {updates} updates; lower the learning rate (--lr)"
 DROPPED = ("diverged: {dropped} updates had non-finite gradients and were dropped (only "
            "{updates} applied); lower the learning rate (--lr)")
+DROPPED_LOCAL = ("diverged: {dropped} local steps had non-finite gradients and were dropped "
+                 "(only {updates} applied); lower the learning rate (--lr)")
+DROPS_TOLERATED = 100  # a run stops once its drops outnumber both this and what it applied
 TARGET_REACHED = "reached the target loss {target:g} (loss {loss:.6g} after {updates} updates)"
 CONVERGED = ("converged: the loss fell by less than {tol:g} of itself over the last epoch "
              "({before:.6g} to {loss:.6g} after {updates} updates)")
 TARGET_SPACING = 10
+
+
+def _mostly_dropped(applied: int, dropped: int) -> bool:
+    """Whether drops outnumber both ``DROPS_TOLERATED`` and what was applied
+    (two counts in one unit): the run is diverging."""
+    return dropped > DROPS_TOLERATED and dropped > applied
 
 
 def reached_target(reason) -> bool:
@@ -156,6 +168,7 @@ class Recorder:
         self.time_to_target_s = None
         self.stop_reason = None
         self._stop_format = None  # the divergence's message, to restate with the final counts
+        self._stop_local = False  # whether it counts local steps (``local``), not updates
         self._stride = 1.0  # grows (doubles) when the snapshot pool fills
         self._next = 0.0
         self._next_examples = 0
@@ -245,8 +258,11 @@ class Recorder:
             self._bar.set_postfix(post, refresh=True)
         return row
 
-    def record(self, now: float, updates: int, examples: int, params, dropped: int = 0):
-        """Snapshot ``params`` (copied: the caller may go on writing them)."""
+    def record(self, now: float, updates: int, examples: int, params, dropped: int = 0,
+               local: tuple[int, int] | None = None):
+        """Snapshot ``params`` (copied: the caller may go on writing them).
+        ``local``: the workers' local steps so far, (applied, dropped), where
+        the run takes any (None: none)."""
         began = time.thread_time()
         if self.evals > 0 or not self.snapshots:
             self._snapshot_keys[(now, updates, examples)] = (updates, dropped)
@@ -262,11 +278,13 @@ class Recorder:
             with np.errstate(over="ignore", invalid="ignore"):
                 finite = math.isfinite(float(np.sum(params, dtype=np.float64)))
         if not finite:
-            self._stop_format = partial(DIVERGED.format, loss="nan")
-        elif dropped > 100 and dropped > updates:
-            self._stop_format = DROPPED.format
+            self._stop_format, self._stop_local = partial(DIVERGED.format, loss="nan"), False
+        elif _mostly_dropped(updates, dropped):
+            self._stop_format, self._stop_local = DROPPED.format, False
+        elif local is not None and _mostly_dropped(*local):
+            self._stop_format, self._stop_local = DROPPED_LOCAL.format, True
         if self._stop_format is not None and self.stop_reason is None:
-            self.stop_reason = self._stop_format(dropped=dropped, updates=updates)
+            self.stop_reason = self._stop_message(updates, dropped, local)
         if (self.check_target and (self.target_loss is not None or self.tol is not None)
                 and updates > 0 and self.stop_reason is None and self.target_reason is None
                 and now >= self._target_next):
@@ -281,14 +299,25 @@ class Recorder:
             self._bar.refresh()
         return self.stop_reason or self.target_reason
 
-    def restate(self, reason, updates: int, dropped: int):
+    def restate(self, reason, updates: int, dropped: int,
+                local: tuple[int, int] | None = None):
         """``reason`` with the run's final counts where it is this recorder's
         divergence: the row that stopped the run is older than the workers'
         last counts, and the message should say what summary.json's
-        ``updates`` and ``dropped_updates`` say. Any other reason is returned
-        as it is."""
+        ``updates`` and ``dropped_updates`` say (``local_updates`` and
+        ``dropped_local_updates``: ``local``, for a divergence of the local
+        steps). Any other reason is returned as it is."""
         if self._stop_format is None or reason != self.stop_reason:
             return reason
+        return self._stop_message(updates, dropped, local) or reason
+
+    def _stop_message(self, updates: int, dropped: int, local) -> str | None:
+        """The divergence's message with these counts (None: a divergence
+        of the local steps, and no ``local`` counts given)."""
+        if self._stop_local:
+            if local is None:
+                return None
+            updates, dropped = local
         return self._stop_format(dropped=dropped, updates=updates)
 
     def _check_target(self, now, updates, examples, params) -> None:

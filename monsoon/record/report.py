@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                      **{k: s.get(k) for k in ("compress", "bytes_sent", "compression_ratio",
                                               "residual_norm", "warning", "stopped",
                                               "stopped_at_target", "stopped_converged",
-                                              "batch_size", "per_example_loop")}})
+                                              "batch_size", "per_example_loop", "status",
+                                              "late_gradients", "backup_workers")}})
     return rows
 
 
@@ -139,7 +141,9 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
                      f"| {_fmt(r['staleness_mean'], 3)} / {_fmt(r['staleness_max'])} "
                      f"| {r['dropped_updates']} |")
     lines.append("")
-    finite = [r for r in rows if r["final_loss"] is not None and r["final_loss"] == r["final_loss"]]
+    # a run that stopped (diverged, interrupted) or ended with a non-finite
+    # loss wins nothing: its loss and speed are not a finished run's
+    finite = [r for r in rows if _finished(r)]
     if finite:
         best = min(finite, key=lambda r: r["final_loss"])
         fastest = max(finite, key=lambda r: r["examples_per_s"] or 0)
@@ -154,9 +158,17 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
                              f"in {_fmt(first['time_to_target_s'], 3)} s.")
             else:
                 lines.append(f"- No strategy reached the target loss {target}.")
-    for r in rows:  # a run that diverged or ended worse than it began says so
-        if r.get("stopped") or r.get("warning"):
-            lines.append(f"- **{r['strategy']}: {r.get('stopped') or r['warning']}**")
+    else:
+        lines.append("- **No strategy finished with a finite loss**: none is the lowest or "
+                     "the fastest.")
+    for r in rows:  # a run that stopped or ended worse than it began says so
+        if r.get("status") == "interrupted":
+            lines.append(f"- **{r['strategy']} was interrupted before its budget, after "
+                         f"{r['updates']} updates** ({r.get('stopped') or 'interrupted'}).")
+        elif r.get("stopped"):
+            lines.append(f"- **{r['strategy']} stopped before its budget: {r['stopped']}**")
+        elif r.get("warning"):
+            lines.append(f"- **{r['strategy']}: {r['warning']}**")
         elif r.get("stopped_at_target") or r.get("stopped_converged"):
             lines.append(f"- {r['strategy']} stopped before its budget: "
                          f"{r.get('stopped_at_target') or r['stopped_converged']}.")
@@ -167,10 +179,14 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
             f"{r['strategy']} ({r['compress']}) {r['bytes_sent']:,}, "
             f"{_fmt(r['compression_ratio'], 3)}x fewer than dense" for r in sent) + ".")
     lines += explain(rows)
-    early = any(r.get("stopped_at_target") or r.get("stopped_converged") for r in rows)
-    lines += ["", ("Every strategy had the same budget of examples (a run that stopped "
-                   "before it says so above)" if early else
-                   "Every strategy processed the same budget of examples") + "; the final loss is the "
+    early = any(r.get("stopped_at_target") or r.get("stopped_converged") or r.get("stopped")
+                or r.get("status") == "interrupted" for r in rows)
+    same = len({r["examples"] for r in rows}) == 1
+    lines += ["", ("Every strategy processed the same budget of examples" if same and not early
+                   else "Every strategy had the same budget of examples (a run that stopped "
+                   "before it says so above)" if same or early else
+                   "Every strategy had the same budget; the examples each processed differ "
+                   "(the examples column of comparison.csv)") + "; the final loss is the "
               "full-training-set objective, computed the same way for all. Staleness counts the "
               "updates applied between a worker's read of the parameters and its update.",
               "", "![loss curves](comparison.png)", ""]
@@ -183,7 +199,7 @@ def explain(rows: list[dict]) -> list[str]:
     base = next((r for r in rows if r["strategy"] == "serial"), None)
     if base is None or not base["updates"]:
         return out
-    step_us = 1e6 * base["wall_time_s"] / base["updates"]
+    step_s = base["wall_time_s"] / base["updates"]
     turns = base["repeats"]
     others = [r for r in rows if r["strategy"] != "serial" and r["speedup_vs_serial"]]
     if turns > 1:  # a range that holds 1.0 is a tie
@@ -203,21 +219,20 @@ def explain(rows: list[dict]) -> list[str]:
     if ties:
         out.append(f"- {', '.join(ties)}: as fast as serial within the range of {turns} turns "
                    "(a tie on this machine).")
-    if slower:
-        out.append(f"- {', '.join(slower)} ran slower than serial. One serial update costs "
-                   f"{step_us:.0f} us here, too little work to share: coordinating workers "
+    if slower and _finished(base):  # a stopped serial's speed explains nothing
+        what = (" (one example: sparse serial's per-example loop)"
+                if base.get("per_example_loop") else "")
+        out.append(f"- {', '.join(slower)} ran slower than serial. One serial update{what} "
+                   f"costs {_duration(step_s)} here, too little work to share: coordinating "
+                   "workers "
                    "(barriers, locks, contention for memory and cores) costs about as much as "
                    "it saves. Parallel strategies pay off when an update costs milliseconds "
                    "(a larger model or batch) or when gradients are sparse (Hogwild!).")
     for r in rows:
         if r["staleness_mean"]:  # any strategy whose updates came stale, by its figures
-            loss_ratio = (r["final_loss"] / base["final_loss"]
-                          if base["final_loss"] else None)
-            verdict = ("hurt" if loss_ratio and loss_ratio > 1.1 else "did not hurt")
             out.append(f"- {r['strategy']}: updates were computed on parameters "
                        f"{r['staleness_mean']:.2g} updates old on average (max "
-                       f"{r['staleness_max']}); at this learning rate that {verdict} "
-                       f"(final loss {_fmt(loss_ratio, 3)}x serial's).")
+                       f"{r['staleness_max']}){_staleness_verdict(r, base)}.")
         if r["strategy"] == "sync" and base["final_loss"] is not None \
                 and r.get("compress") in (None, "none") \
                 and _same_steps(r, base):  # compressed, or other steps: its gradients differ
@@ -227,11 +242,48 @@ def explain(rows: list[dict]) -> list[str]:
     return out
 
 
+def _staleness_verdict(r: dict, base: dict) -> str:
+    """Whether stale updates hurt, by the final loss against serial's: only
+    where both runs finished with finite losses (the ratio of a stopped
+    run's loss, or a NaN, says nothing)."""
+    unfinished = [x["strategy"] for x in (base, r) if not _finished(x)]
+    if unfinished:
+        return (f"; whether that hurt cannot be read from the final losses: "
+                f"{' and '.join(unfinished)} did not finish")
+    if base["final_loss"] <= 0:
+        return ""
+    ratio = r["final_loss"] / base["final_loss"]
+    verdict = "hurt" if ratio > 1.1 else "did not hurt"
+    return f"; at this learning rate that {verdict} (final loss {_fmt(ratio, 3)}x serial's)"
+
+
 def _same_steps(row: dict, base: dict) -> bool:
-    """Both runs took mini-batch steps of one size (serial's compiled
-    per-example loop, on sparse problems, steps once per example)."""
+    """Both runs took the same steps: mini-batches of one size (serial's
+    compiled per-example loop, on sparse problems, steps once per example),
+    every gradient of a step in it (backup workers leave the late ones out),
+    none dropped or lost, the same number of updates, and both finished."""
     return (row.get("batch_size") == base.get("batch_size")
-            and not row.get("per_example_loop") and not base.get("per_example_loop"))
+            and not row.get("per_example_loop") and not base.get("per_example_loop")
+            and not row.get("backup_workers") and not row.get("late_gradients")
+            and not row.get("dropped_updates") and not base.get("dropped_updates")
+            and not row.get("failed_workers") and row["updates"] == base["updates"]
+            and _finished(row) and _finished(base))
+
+
+def _finished(row: dict) -> bool:
+    """The run ended its budget (or met its target) with a finite loss: not
+    diverged, not interrupted."""
+    loss = row["final_loss"]
+    return (loss is not None and math.isfinite(loss) and not row.get("stopped")
+            and row.get("status") != "interrupted")
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in the unit that shows it: s, ms, us or ns."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
 
 
 def write_comparison(out: Path, problem: str, runs: list[list[dict]], histories: dict,

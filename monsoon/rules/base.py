@@ -92,10 +92,12 @@ class Rule:
     full_batch = False
     # State fields that are sums over every gradient the rule has applied
     # (AdaGrad's sum of squares). Where copies of the rule step for several
-    # workers at once (Spark's delta pushes), the copies keep one such sum,
-    # each adding its increments to it: with a sum per copy, each worker
-    # scales its gradients by its own statistics, and the copies together
-    # descend sum_k D_k grad f_k, whose zero is not the minimum of sum_k f_k.
+    # workers at once (Spark's delta pushes; local SGD's inner rule, whose
+    # copies synchronise them each round: ``server/summed.py``), the copies
+    # keep one such sum, each adding its increments to it: with a sum per
+    # copy, each worker scales its gradients by its own statistics, and the
+    # copies together descend sum_k D_k grad f_k, whose zero is not the
+    # minimum of sum_k f_k.
     summed_state: tuple[str, ...] = ()
     staleness_lr = False  # set per rule by its option (``from_options``)
     # True: the rule needs each coordinate's metric (``precondition``; the

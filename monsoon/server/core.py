@@ -22,7 +22,10 @@ a simulated event, a Spark job), its locks and its clock.
 - ``shards(bounds)``: one core per shard, on views of this one's arrays.
 
 ``LocalUpdate`` is a worker's side of it: the inner rule's step on its
-private copy (local SGD, EASGD: ``LocalApply`` ops), with the same drop.
+private copy (local SGD, EASGD: ``LocalApply`` ops), with the same drop;
+its sums (``Rule.summed_state``) are shared with the server's (Spark's
+delta pushes: ``start_from_sums``, ``add_sums_to``) or with the other
+workers' each round (Local AdaAlter: ``summed.py``).
 
 Invariants: not thread-safe (the engine calls it under its own lock, or
 from one thread); ``version`` counts the updates applied (``push``,
@@ -166,16 +169,23 @@ class LocalUpdate:
         self.local.apply(work, grad)
         return True
 
+    def sums(self, like) -> list:
+        """This copy's sums (``Rule.summed_state``), its state created where
+        none is yet, for parameters like ``like`` (their size, kind and
+        place, as ``LocalRule.apply`` creates it)."""
+        if self.local is None:
+            self.local = LocalRule(self.rule, self.worker)
+        self.local.ensure_state(arrays.size(like), like.dtype, arrays.zeros_for(like))
+        return [getattr(self.local.state, name) for name in self.rule.summed_state]
+
     def start_from_sums(self, state) -> dict:
         """Take the shared sums (``Rule.summed_state``) of ``state`` as this
         copy's own, copied; returns the copies, for ``add_sums_to``."""
         names = self.rule.summed_state
         if not names:
             return {}
-        if self.local is None:
-            self.local = LocalRule(self.rule, self.worker)
         first = getattr(state, names[0])
-        self.local.ensure_state(arrays.size(first), first.dtype)
+        self.sums(first)
         sent = {}
         for name in names:
             mine = getattr(self.local.state, name)

@@ -13,11 +13,13 @@ The handlers that need no transport are here, the same on every engine:
 parameters ``work``, times the op's weight, ``ops.weighted``; the engine
 counts it in ``count_gradient``), ``LocalStep`` (work -= lr grad) and
 ``LocalApply`` (the inner rule's step with this worker's private state,
-``core.LocalUpdate``; a non-finite gradient is not applied, and counted in
-``count_dropped``). An engine subclasses ``Worker`` and adds the ops that
-travel (Apply, Fetch, Push, AllReduce, Average, Elastic, Clock): how a
-message reaches the server or the other workers is all it brings. At the
-run's end, ``report`` is what a worker sends its driver (``RunTally.add``).
+``core.LocalUpdate``; a non-finite gradient is not applied; the engine
+counts each local step, applied or dropped, in ``count_local``:
+summary.json's ``local_updates`` and ``dropped_local_updates``, a unit of
+their own beside the server's ``updates`` and ``dropped_updates``). An
+engine subclasses ``Worker`` and adds the ops that travel (Apply, Fetch,
+Push, AllReduce, Average, Elastic, Clock): how a message reaches the server
+or the other workers is all it brings. At the run's end, ``report`` is what a worker sends its driver (``RunTally.add``).
 
 A pushing program's gradients (one that yields ``Push``: Downpour, SSP)
 count their examples when the push that carries them is made, not when
@@ -130,8 +132,7 @@ class Worker:
         self.work -= op.lr * op.grad
 
     def local_apply(self, op) -> None:
-        if not self.local_rule(self.work, op.grad):
-            self.count_dropped()
+        self.count_local(self.local_rule(self.work, op.grad))
 
     # -- what an engine counts ------------------------------------------------------
     def hold(self, examples: int) -> int:
@@ -154,8 +155,9 @@ class Worker:
     def count_gradient(self, examples: int, loss) -> None:
         """A gradient over ``examples`` examples with mean loss ``loss``."""
 
-    def count_dropped(self) -> None:
-        """A non-finite gradient, not applied."""
+    def count_local(self, applied: bool) -> None:
+        """A local step on this worker's own copy (``LocalApply``): applied,
+        or dropped (its gradient was not finite)."""
 
     # -- the end of the run ---------------------------------------------------------
     def report(self, own_params: bool = True, **figures) -> dict:

@@ -142,5 +142,11 @@ class Strategy:
             raise ConfigError(f"{workers} workers but only {n_examples} training examples; "
                               f"use at most {n_examples} workers")
 
+    def preflight(self, problem, workers: int, batch_size: int) -> None:
+        """Refuse, in one line (ConfigError), a run this strategy cannot
+        carry out on ``problem``, from what can be checked before any
+        worker starts or the run folder is touched (``config.resolve``
+        calls it). Cheap checks only: nothing is trained here."""
+
     def describe(self) -> dict:
         return {"strategy": self.name}

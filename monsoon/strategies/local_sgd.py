@@ -35,19 +35,24 @@ class LocalSGD(Strategy):
         Option("diloco", bool, False, "outer Nesterov step on the mean drift (DiLoCo)"),
         Option("outer_lr", float, None, "outer learning rate (default 1, or 0.7 with --diloco)",
                check=positive),
-        Option("outer_momentum", float, 0.9, "DiLoCo's outer momentum",
-               check=lambda v: None if 0 <= v < 1 else "in [0, 1)"),
+        Option("outer_momentum", float, None, "DiLoCo's outer momentum (default 0.9; with "
+               "--diloco only)", check=lambda v: None if 0 <= v < 1 else "in [0, 1)"),
     )
 
     @classmethod
     def from_options(cls, run, rule, local_steps=8, diloco=False, outer_lr=None,
-                     outer_momentum=0.9):
+                     outer_momentum=None):
         """Workers apply ``rule`` to their copies; the server's rule is the
-        outer step: plain averaging, or DiLoCo's Nesterov step."""
+        outer step: plain averaging, or DiLoCo's Nesterov step. An outer
+        momentum without DiLoCo would change nothing: refused."""
         from ..rules import make_rule
 
+        if outer_momentum is not None and not diloco:
+            raise ConfigError("--outer-momentum is DiLoCo's outer momentum: add --diloco, or "
+                              "drop --outer-momentum (plain averaging has none)")
         if diloco:
-            outer = make_rule("nesterov", outer_lr or 0.7, momentum=outer_momentum)
+            outer = make_rule("nesterov", outer_lr or 0.7,
+                              momentum=0.9 if outer_momentum is None else outer_momentum)
         else:
             outer = make_rule("sgd", outer_lr or 1.0)
         return cls(local_rule=rule, local_steps=local_steps, diloco=diloco), outer

@@ -24,8 +24,10 @@ Runs of a compiled per-example loop (sparse Hogwild!, serial) count their
 position in epochs (one op is one epoch's pass): they are checkpointed at
 the end of an epoch, at most once per epoch; serial's are exact.
 
-Either way the checkpoint holds the counters (examples, updates, dropped)
-and the recorder's rows up to it, so totals and the loss curve carry on.
+Either way the checkpoint holds the counters (examples, updates, dropped;
+the local steps applied and dropped, where workers take them: in its meta,
+``local_updates`` and ``dropped_local_updates``) and the recorder's rows up
+to it, so totals and the loss curve carry on.
 An exact checkpoint of a compressed run also holds each worker's sender
 state (``sender.<name>``, see ``save_sender`` and, for the final checkpoint
 of a stopped run, ``hand_over_sender`` below); a serial run's, the
@@ -86,6 +88,8 @@ class RunCheckpoints(checkpoints.Checkpointer):
     def restore(start, store) -> None:
         start.restore(store.params, store.state)
         store.counters[:] = start.saved.arrays["counters"]
+        meta = start.saved.meta  # the local steps' totals go on from worker 0's row
+        store.local_counts[0] = (meta.get("local_updates", 0), meta.get("dropped_local_updates", 0))
 
     # -- writing ----------------------------------------------------------
     def snapshot_positions(self, strategy, counters: np.ndarray, n: int, batch_size: int,
@@ -117,8 +121,9 @@ class RunCheckpoints(checkpoints.Checkpointer):
 
     def write(self, *, params, state, counters: np.ndarray, positions, time_s: float, rows,
               reason: str, exact: bool, private: dict | None = None,
-              extra: dict | None = None):
-        """``extra``: more arrays (the senders' ``sender.<name>``)."""
+              extra: dict | None = None, local: tuple[int, int] | None = None):
+        """``extra``: more arrays (the senders' ``sender.<name>``);
+        ``local``: the local steps applied and dropped (None: none taken)."""
         if not self.directory:
             return None
         t0 = time.perf_counter()
@@ -130,6 +135,8 @@ class RunCheckpoints(checkpoints.Checkpointer):
         meta = {"updates": updates, "examples": int(counters[:, EXAMPLES].sum()),
                 "dropped": dropped, "positions": [int(p) for p in positions],
                 "exact": bool(exact), "reason": reason}
+        if local is not None:
+            meta["local_updates"], meta["dropped_local_updates"] = (int(v) for v in local)
         self.save(updates + dropped, float(time_s), params, state, meta, arrays, rows)
         end = time.perf_counter()
         self.ready_at = end + COST_FACTOR * (end - t0)

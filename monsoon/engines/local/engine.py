@@ -49,8 +49,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import ConfigError
 from ...options import Option
 from ...strategies import WorkerJob
+from ...strategies.ops import Average
+from ...server.summed import initial_sums
 from ...record import checkpoints
 from ...monitor.lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
@@ -67,7 +70,7 @@ from .runtime import WorkerRuntime
 from .store import (ABORTED, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING, START, STEP,
                     UPDATES, ParameterStore)
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, replicates,
-                    shard_count)
+                    replicates_bytes, shard_count)
 from ..tally import RunTally, run_folder_extra
 from .synchronous import Stopped
 
@@ -330,6 +333,14 @@ class LocalEngine(Engine):
         model's buffers (``buffer.<name>``); other workers' are not at hand."""
         return strategy.single_worker
 
+    device = "cpu"  # the run's --device (``from_options``)
+
+    @classmethod
+    def from_options(cls, run, **values):
+        engine = super().from_options(run, **values)
+        engine.device = str(getattr(run, "device", "cpu"))
+        return engine
+
     @classmethod
     def arguments(cls, run, **values) -> dict:
         args = super().arguments(run, **values)
@@ -383,6 +394,33 @@ class LocalEngine(Engine):
             return None
         return device
 
+    def preflight(self, problem, strategy, workers, batch_size) -> None:
+        """The stage runner runs each stage in its own process: --backend
+        threads is refused; "auto"'s choice of threads becomes processes."""
+        super().preflight(problem, strategy, workers, batch_size)
+        if "shards" in self.given - self.shared and self._no_shards(problem, strategy):
+            raise ConfigError(f"--shards splits the server's parameters; {strategy.name} here "
+                              f"has no server to split ({self._no_shards(problem, strategy)}): "
+                              "drop --shards")
+        if STAGES in strategy.needs(workers) and self.backend == "threads":
+            if "backend" in self.given:
+                raise ConfigError("the pipeline runs each stage in its own process on the "
+                                  "local engine; drop --backend threads")
+            self.backend = "processes"
+
+    def _no_shards(self, problem, strategy) -> str | None:
+        """Why this run has no server shards, or None: one worker in this
+        process, or a replicated synchronous step (small parameters, on
+        the CPU: every worker applies the mean to its own copy)."""
+        if strategy.single_worker:
+            return "its one worker updates the parameters itself"
+        if STAGES in strategy.needs(2):
+            return "each stage updates its own parameters"
+        itemsize = np.dtype(problem.dtype).itemsize
+        if self.device == "cpu" and replicates_bytes(strategy, problem.n_params * itemsize):
+            return "its workers each apply the mean to their own copy of the parameters"
+        return None
+
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
         if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
@@ -421,7 +459,9 @@ class LocalEngine(Engine):
                                # with a folder: the final checkpoint of a stop holds them too
                                extra_layout=(sender_slots(compression, w0.size, w0.dtype, workers)
                                              if senders and ck.directory and not inline
-                                             else None))
+                                             else None),
+                               sums=initial_sums(strategy.local_rule, w0.size, w0.dtype)
+                               if Average in strategy.uses else None)
         self.shards_used = shards
         if resume.saved is not None:
             ck.restore(resume, store)

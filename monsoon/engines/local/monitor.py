@@ -225,14 +225,21 @@ class WorkerMonitor:
             control = store.control
             if self.asked and control[SNAP_SERVED] == control[SNAP_ASKED]:
                 self.asked = False
-                return recorder.record(at, int(up), int(ex), store.params, int(dropped))
+                return recorder.record(at, int(up), int(ex), store.params, int(dropped),
+                                       self.local_totals())
             if not self.asked and self.due.row(at, ex):
                 self.asked = True
                 control[SNAP_ASKED] += 1
             return None
         if self.due.row(at, ex):
-            return recorder.record(at, int(up), int(ex), store.params, int(dropped))
+            return recorder.record(at, int(up), int(ex), store.params, int(dropped),
+                                   self.local_totals())
         return None
+
+    def local_totals(self) -> tuple[int, int] | None:
+        """The workers' local steps so far, (applied, dropped), where the
+        strategy takes any (an inner rule on private copies); else None."""
+        return self.store.local_totals() if self.strategy.local_rule is not None else None
 
     def read_ring(self, final_updates: int | None = None):
         """Record the snapshots worker 0 wrote since the last read (those
@@ -267,7 +274,7 @@ class WorkerMonitor:
                  positions=ck.snapshot_positions(self.strategy, counters, self.n,
                                                  self.batch_size, self.engine.kernel),
                  time_s=self.resume.time_s + now, rows=self.recorder.settled_rows(),
-                 reason=reason, exact=False, private=private)
+                 reason=reason, exact=False, private=private, local=self.local_totals())
 
     def buffer_filled(self) -> bool:
         """Whether the workers have left a checkpoint in the buffer."""
@@ -338,5 +345,5 @@ class WorkerMonitor:
         if self.strategy.synchronous:
             extra["sync_step"] = "replicated" if self.store.replicated else "sharded"
         return self.tally.result(params, self.startup, wall, int(ex), int(up), int(dropped),
-                                 extra, late=int(late), stopped=self.stopped,
-                                 interrupted=self.due.interrupted)
+                                 extra, late=int(late), local=self.local_totals(),
+                                 stopped=self.stopped, interrupted=self.due.interrupted)

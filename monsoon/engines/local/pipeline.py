@@ -15,10 +15,21 @@ The monitor (the calling process) starts the workers, releases them
 together, and for the loss curve asks replica 0's stages to copy their
 parameters into a shared snapshot vector at the end of a step (each copies
 only its own slice); the snapshot is recorded once every stage has served.
+
+SIGTERM or SIGINT (``lifecycle.StopSignals``): the monitor sets ``STOP``,
+a step no stage has begun, and every stage ends before it, so all stop
+after the same step with their slices of one set of parameters. With m
+the most steps a stage of replica 0 has decided, no stage has finished
+more than m + 1 (a stage needs its upstream neighbour's activations of the
+step, and another replica replica 0's sum of it), so none has begun step
+m + 2. The stages ignore both signals
+(Ctrl-C or ``kill`` of the process group reaches them too): stopping them
+is the monitor's.
 """
 from __future__ import annotations
 
 import pickle
+import signal
 import time
 import traceback
 
@@ -36,7 +47,7 @@ from ...monitor.waiting import Aborted, wait_until
 from .channels import Channel, boundary_bytes, largest_micro_batch
 from .inbox import WorkerPool, read_payload
 
-ABORT, START, ASKED = 0, 1, 2
+ABORT, START, ASKED, STOP = 0, 1, 2, 3  # STOP: 1 + the step to stop before (0: none)
 
 
 class Link:
@@ -85,6 +96,7 @@ class Link:
 def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
     """A stage's process (in ``inbox._worker_process``)."""
     worker = t0 = None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the monitor stops the run (STOP)
     try:
         setup = read_payload(reader)  # imports torch: a stage runs a torch module
         limit_threads(threads)
@@ -98,6 +110,8 @@ def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
         spec, lead = worker.spec, worker.replica == 0
         t0 = time.perf_counter()
         for t, batch in enumerate(global_batches(*setup["batches"])):
+            if control[STOP] and t >= control[STOP] - 1:
+                break  # a stop signal: every stage ends before the same step
             worker.step(batch, t, link)
             if lead:  # the step decided here: dropped or not, then how many decided
                 if worker.dropped_steps[-1:] == [t]:
@@ -210,9 +224,12 @@ def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
     curve until they finish (``_watch``), and put the result together."""
     control, counters, snap = shared["control"], shared["counters"], shared["snap"]
     workers = len(pool.handles)
+    due = Due(recorder, timeout=engine.timeout)
     deadline = time.monotonic() + engine.start_timeout
     while len(pool.ready) < workers:
         pool.drain(0.05)
+        if due.signal():  # stopped before the first step: released, they end at once
+            control[STOP] = 1
         if pool.failed:
             raise _failure(pool, specs, control)
         if time.monotonic() > deadline:
@@ -222,7 +239,7 @@ def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
     recorder.start(snap)
     t0 = time.perf_counter()
     control[START] = 1
-    stopped = _watch(engine, pool, specs, shared, recorder, t0)
+    stopped = _watch(engine, pool, specs, shared, recorder, t0, due)
     wall = time.perf_counter() - t0
     if pool.failed:
         raise _failure(pool, specs, control)
@@ -235,17 +252,17 @@ def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
                if kind in ("done", "aborted") and payload}  # aborted: the steps it dropped
     stats = [reports[r]["stats"] for r in sorted(reports)]
     return finish(EngineResult, strategy, params, startup, wall, int(counters[1]),
-                  int(counters[0]), stats, stopped, w0)
+                  int(counters[0]), stats, stopped, w0, interrupted=due.interrupted)
 
 
-def _watch(engine, pool, specs, shared, recorder, t0):
+def _watch(engine, pool, specs, shared, recorder, t0, due):
     """Until every stage has finished: ask replica 0's stages for a snapshot
     when a row is due (``Due``), record it once all have served, and stop the
-    run on a failure, no progress, or a diverged row (its reason returned)."""
+    run on a failure, no progress, a diverged row or a stop signal (its
+    reason returned)."""
     control, served, counters, snap = (shared["control"], shared["served"],
                                        shared["counters"], shared["snap"])
-    due = Due(recorder, timeout=engine.timeout)
-    asked, stopped = False, None
+    asked, stopped = False, due.stop_reason if due.interrupted else None
     while len(pool.finished) < len(pool.handles):
         pool.drain(0.002 if asked else min(0.05, engine.idle_s))
         if pool.failed:
@@ -257,6 +274,9 @@ def _watch(engine, pool, specs, shared, recorder, t0):
         dropped = int(np.count_nonzero(shared["dropped_at"][:done]))
         up, ex = done - dropped, int(counters[1])
         due.progress(ex, f"no pipeline step finished for {2 * engine.timeout:g} s")
+        if due.signal():  # stop before step m + 2, which no stage has begun: 1 + (m + 2)
+            stopped = due.stop_reason
+            control[STOP] = int(counters[2 + len(specs):].max()) + 3
         if asked and all(served[s] >= control[ASKED] for s in range(len(specs))):
             asked = False
             reason = recorder.record(now, up, ex, snap, dropped)

@@ -16,14 +16,17 @@ the loop before the next op. Op by op:
 - ``AllReduce`` / ``Average``: write the slot, then one synchronous step
   (``synchronous.py``): sharded (each worker sums and applies 1/N of the
   vector, three barriers) or, for small models, replicated (every worker
-  applies the mean to its own replica, one barrier).
+  applies the mean to its own replica, one barrier). Average also writes
+  what the inner rule's steps added to the shared sums (``store.sum_slots``)
+  and starts the next round from them (Local AdaAlter, ``server/summed.py``).
 - ``Clock``: SSP's clock tick, and its bound (``clocks.py``).
 - ``LocalApply`` / ``Elastic``: the inner rule on the private working copy;
   EASGD's exchange with the centre, per shard under its lock (compressed,
   ``--compress``: the worker reads the centre, sends D = C(alpha (x_i - x~)
   + e), and both apply D: x~ += D shard by shard, x_i -= D).
 
-A non-finite gradient is never applied: it is counted in ``dropped``.
+A non-finite gradient is never applied: it is counted in ``dropped`` (a
+local step's: in ``local_counts``, with the local steps applied).
 
 The arrays are the store's kind (``monsoon/arrays.py``): NumPy in shared
 memory, or tensors on the device the workers' problem computes on.
@@ -40,11 +43,12 @@ from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push,
                                SGDPass, weighted)
 from ...server.core import ServerCore
+from ...server.summed import SharedSums
 from ...server.worker import Worker
 from ...monitor.waiting import HOT_TURNS, Aborted
 from .clocks import LocalClocks
-from .store import (ABORT, DROPPED, EXAMPLES, LOSS_N, LOSS_SUM, STALE_MAX, STALE_N, STALE_SUM,
-                    UPDATES, ParameterStore)
+from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, LOSS_N, LOSS_SUM,
+                    STALE_MAX, STALE_N, STALE_SUM, UPDATES, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
 
 
@@ -63,6 +67,7 @@ class WorkerRuntime(Worker):
         self.timeout = timeout
         self.live = live  # the monitor reads the shared parameters during the run
         self.counters = store.counters[rank]
+        self.local_counts = store.local_counts[rank]
         # with live series: this worker's losses and staleness, for the monitor
         self._live = store.live[rank] if store.live is not None else None
         self.staleness = Counter()
@@ -79,6 +84,10 @@ class WorkerRuntime(Worker):
             self.work = store.params if strategy.shared_params else arrays.copy(store.params)
             if work0 is not None and not strategy.shared_params:
                 arrays.copyto(self.work, work0)  # a resumed private copy
+        # Local AdaAlter's sums, shared in the store (None: the inner rule keeps none)
+        self.shared_sums = SharedSums(store.sums) if store.sums is not None else None
+        if self.shared_sums is not None:
+            self.shared_sums.start(self.local_rule, self.work)
         self._others_at_read = 0
         self._prefetch = problem.prefetch
         # Gradients read parameters others are updating (Hogwild!): staleness
@@ -233,21 +242,28 @@ class WorkerRuntime(Worker):
         return self._after_step(self._sync.contribute(examples))
 
     def average(self, op: Average) -> int:
-        slot = self.store.slots[self.rank]
-        arrays.namespace(slot).subtract(self.store.params, self.work, out=slot)
+        store, sums = self.store, self.shared_sums
+        slot = store.slots[self.rank]
+        arrays.namespace(slot).subtract(store.params, self.work, out=slot)
         if self.sender is not None:
             sent = self.sender.send(slot)
             if sent is not slot:
                 arrays.copyto(slot, sent)
-        return self._after_step(self._sync.contribute(op.examples))
+        if sums is not None:  # a_k, for the step's mean (``ShardedStep._add_sums``)
+            sums.added(self.local_rule, self.work, [s[self.rank] for s in store.sum_slots])
+            sums.count(self.sender)
+        behind = self._after_step(self._sync.contribute(op.examples))
+        if sums is not None:
+            sums.start(self.local_rule, self.work)
+        return behind
 
     def _after_step(self, behind: int) -> int:
         if not self.strategy.shared_params:  # a private model restarts from the average
             arrays.copyto(self.work, self.store.params)
         return behind
 
-    def count_dropped(self) -> None:
-        self.counters[DROPPED] += 1
+    def count_local(self, applied: bool) -> None:
+        self.local_counts[LOCAL_APPLIED if applied else LOCAL_DROPPED] += 1
 
     def elastic(self, op: Elastic) -> None:
         store = self.store

@@ -18,6 +18,10 @@ Everything workers share lives in one ``SharedArrays`` block:
   ``sync[BAD_STEP]`` marks a step whose summed gradient is not finite;
   without backup workers, ``marks[b, k]`` instead: the steps worker k is
   through at barrier b (arrived, summed, applied), raised by k alone;
+  ``sums.<i>`` (Average's runs whose inner rule keeps sums, AdaGrad's):
+  Local AdaAlter's shared sums S, one array per summed field, and
+  ``sum_slots.<i>[k]`` what worker k's steps added to them this round
+  (``server/summed.py``; ``synchronous.py`` takes their mean);
 - or, for replicated synchronous steps (small models, see
   ``synchronous.py``), ``rep_slots[step % 2, k]`` and ``rep_examples``,
   ``arrivals[k]`` (steps worker k has contributed to) and ``published``
@@ -28,8 +32,10 @@ Everything workers share lives in one ``SharedArrays`` block:
   written, ``control[SNAP_READ]`` read by the monitor; a full ring skips one);
 - ``clocks[k]``: the SSP clocks worker k has finished (``clocks.py``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
-  (backup) gradients, and ``live[k]`` (loss sum and count, staleness sum,
-  count, max; the monitor resets the max), written by worker k only: no lock;
+  (backup) gradients, ``local_counts[k]`` its local steps on its own copy
+  (local SGD, EASGD: applied, and dropped for a non-finite gradient), and
+  ``live[k]`` (loss sum and count, staleness sum, count, max; the monitor
+  resets the max), written by worker k only: no lock;
 - ``status[k]``, ``control``: life-cycle flags, the monitor's snapshot requests;
 - ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
   state of one step boundary, for the monitor to write out.
@@ -53,6 +59,8 @@ from ...shared_memory import SharedArrays
 
 # counters columns
 EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
+# local_counts columns
+LOCAL_APPLIED, LOCAL_DROPPED = 0, 1
 # sync columns
 STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
 # control columns: START and ABORT; STOP (the monitor asks synchronous
@@ -77,7 +85,9 @@ class ParameterStore:
     def __init__(self, w0: np.ndarray, rule: Rule, workers: int, shards: int,
                  sync_slots: bool, backend: str, mp_context=None, replicated: bool = False,
                  checkpoint_buffer: bool = False, snapshot_ring: bool = False,
-                 live: bool = False, extra_layout: dict | None = None):
+                 live: bool = False, extra_layout: dict | None = None,
+                 sums: list | None = None):
+        """``sums``: the initial shared sums (``summed.initial_sums``), or None."""
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
@@ -87,6 +97,7 @@ class ParameterStore:
                   "lock_owner": ((shards + 1,), "int64"),
                   "lock_claims": ((workers,), "int64"),
                   "counters": ((workers, 4), "int64"),
+                  "local_counts": ((workers, 2), "int64"),
                   "status": ((workers,), "int64"),
                   "clocks": ((workers,), "int64"),
                   "control": ((10,), "int64"),
@@ -115,9 +126,14 @@ class ParameterStore:
             layout["ckpt.params"] = ((n,), dtype)
             for field, arr in zip(template._fields, template):
                 layout["ckpt.state." + field] = (arr.shape, str(arr.dtype))
+        for i, arr in enumerate(sums or ()):
+            layout[f"sums.{i}"] = (arr.shape, str(arr.dtype))
+            layout[f"sum_slots.{i}"] = ((workers,) + arr.shape, str(arr.dtype))
         layout.update(extra_layout or {})  # e.g. the senders' checkpoint slots (checkpointing.py)
         self.memory = SharedArrays(layout, in_process=(backend != "processes"))
         self.memory["params"][:] = w0
+        for i, arr in enumerate(sums or ()):
+            self.memory[f"sums.{i}"][:] = arr
         for field, arr in zip(template._fields, template):
             self.memory["state." + field][:] = arr
         self.memory["sync"][BAD_STEP] = -1
@@ -140,6 +156,7 @@ class ParameterStore:
         self.lock_owner = m["lock_owner"]
         self.lock_claims = m["lock_claims"]
         self.counters = m["counters"]
+        self.local_counts = m["local_counts"]
         self.status = m["status"]
         self.clocks = m["clocks"]
         self.control = m["control"]
@@ -155,6 +172,9 @@ class ParameterStore:
             self.arrivals = m["arrivals"]
             self.published = m["published"]
         self.live = m.arrays.get("live")
+        count = sum(1 for name in m.arrays if name.startswith("sums."))
+        self.sums = [m[f"sums.{i}"] for i in range(count)] if count else None
+        self.sum_slots = [m[f"sum_slots.{i}"] for i in range(count)] if count else None
         self.snap_params = m.arrays.get("snap.params")
         self.snap_meta = m.arrays.get("snap.meta")
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
@@ -187,6 +207,9 @@ class ParameterStore:
         self._readers = {f: moved(self.memory["reader." + f]) for f in self.reader_type._fields}
         if self.slots is not None:
             self.slots = moved(self.slots)
+        if self.sums is not None:
+            self.sums = [moved(a) for a in self.sums]
+            self.sum_slots = [moved(a) for a in self.sum_slots]
         if self.ckpt is not None:
             self.ckpt = {"params": moved(self.ckpt["params"]),
                          "state": self.state_type(*(moved(a) for a in self.ckpt["state"]))}
@@ -293,6 +316,11 @@ class ParameterStore:
         """Examples, updates, dropped updates and late gradients, summed over workers."""
         return self.counters.sum(axis=0)
 
+    def local_totals(self) -> tuple[int, int]:
+        """Local steps applied and dropped, summed over workers."""
+        applied, dropped = self.local_counts.sum(axis=0)
+        return int(applied), int(dropped)
+
     def live_figures(self, workers: int) -> tuple[dict, tuple]:
         """Each worker's cumulative figures for ``Recorder.live``, and the
         staleness (sum, count, max since the last call)."""
@@ -305,9 +333,9 @@ class ParameterStore:
         return figures, (float(live[:, STALE_SUM].sum()), int(live[:, STALE_N].sum()), biggest)
 
     def close(self) -> None:
-        for name in ("_readers", "params", "versions", "counters", "status", "clocks", "control", "sync",
-                     "contributors", "slot_examples", "slots", "marks", "state",
+        for name in ("_readers", "params", "versions", "counters", "local_counts", "status",
+                     "clocks", "control", "sync", "contributors", "slot_examples", "slots", "marks", "state",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
-                     "snap_params", "snap_meta", "live"):
+                     "snap_params", "snap_meta", "live", "sums", "sum_slots"):
             self.__dict__.pop(name, None)
         self.memory.close()

@@ -7,10 +7,12 @@ Two ways to run one step, chosen per run by the model's size
 ``ShardedStep`` (large models; backup workers; local SGD's averaging), a
 reduce-scatter: the i-th of the N counted arrivals sums the shards
 s % N == i over the counted slots, in rank order, and applies the rule to
-those shards of the shared parameters. Three barriers: all arrived (the
-first N count, later ones are late: backup workers); all shards summed and
-checked (a non-finite sum anywhere drops the whole step); all shards
-updated. Without backup workers the barriers need no lock: each worker
+those shards of the shared parameters (and, for an Average whose inner
+rule keeps sums, adds the mean of the workers' ``sum_slots`` to those
+shards of ``store.sums``: Local AdaAlter, ``server/summed.py``). Three
+barriers: all arrived (the first N count, later ones are late: backup
+workers); all shards summed and checked (a non-finite sum anywhere drops
+the whole step); all shards updated. Without backup workers the barriers need no lock: each worker
 raises its own mark (``store.marks``) and worker 0 closes the step. Two
 workers of equal batches sum, scale and check a shard in one compiled pass
 (``kernels.mean_of_two_finite``).
@@ -51,6 +53,7 @@ from ... import arrays
 from ...record.checkpoints import next_checkpoint
 from ...server.reduce import WeightedMean, finite, weighted_sum
 from ...server.core import ServerCore
+from ...server.summed import SharedSums
 from ...monitor.waiting import Aborted, wait_until
 from ...shared_memory import NEEDS_FENCE  # where set, the store's lock fences a counter
 from .checkpointing import hand_over_sender, save_sender
@@ -329,6 +332,8 @@ class ShardedStep(_Step):
         # on a device: the weighted mean in torch (``reduce.WeightedMean``)
         self.two = None if arrays.is_tensor(params) else mean_of_two_finite_for(params.dtype)
         self.half = None if self.two is None else params.dtype.type(0.5)
+        # Local AdaAlter's shared sums (``store.sums``), or None
+        self.sums = SharedSums(self.store.sums) if self.store.sums is not None else None
 
     def begin(self) -> None:
         """With backup workers the first N arrivals count: wait (bounded)
@@ -384,6 +389,7 @@ class ShardedStep(_Step):
         for s, acc in zip(shards, sums):  # a dropped step: each shard's rule is told
             if rt.shards[s].apply_sum(acc, step, self.rank, ok=not bad):
                 store.versions[s] += 1
+        self._add_sums(ranks, shards, bad)
         with store.holding_sync(self.rank):
             sync[APPLIED] += 1
             if sync[APPLIED] == counted:  # the last one through opens the next step
@@ -426,6 +432,7 @@ class ShardedStep(_Step):
         for s, acc in zip(shards, sums):  # a dropped step: each shard's rule is told
             if rt.shards[s].apply_sum(acc, step, rank, ok=not bad):
                 store.versions[s] += 1
+        self._add_sums(ranks, shards, bad)
         self._publish(applied, rank, target)
         self._wait_marks(applied, target, step, "apply step")
         if rank == 0:
@@ -439,6 +446,20 @@ class ShardedStep(_Step):
         if self.control[STOP]:
             self._boundary()
         return 0
+
+    def _add_sums(self, ranks: list[int], shards: list[int], bad: bool) -> None:
+        """Local AdaAlter (``server/summed.py``): on this worker's shards, the
+        shared sums take the mean of what the counted workers' steps added
+        (``store.sum_slots``), unless the step was dropped. Between the
+        barriers: every a_k is in, and no worker reads S before all applied."""
+        sums, store = self.sums, self.store
+        if sums is None or bad:
+            return
+        examples = [int(store.slot_examples[k]) for k in ranks]
+        for s in shards:  # the drift's scratch is free once its shard is applied
+            a, b = store.bounds[s]
+            sums.add_mean([slots[:, a:b] for slots in store.sum_slots], ranks, examples,
+                          self.acc[a:b], self.tmp[a:b], a, b)
 
     def _wait_marks(self, marks, target: int, step: int, what: str,
                     may_stop: bool = False) -> None:

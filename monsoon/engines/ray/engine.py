@@ -55,6 +55,7 @@ from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradie
 from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine,
                     lost_workers_error, shard_bounds, shard_count)
 from ...record.checkpoints import Checkpointer
+from ...server.summed import initial_sums
 from ...monitor.due import Due
 from ...monitor.lifecycle import reclaim_signals
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
@@ -196,9 +197,13 @@ class RayEngine(Engine):
         named = self.named  # a named run's actors are its own (hosts.py), else pooled ones
         clock = self._clock_server(ray, strategy, workers)
         elastic = strategy.elastic
+        # Local AdaAlter's shared sums, sliced among the shards (``server/summed.py``)
+        sums = (initial_sums(strategy.local_rule, start.params.size, start.params.dtype)
+                if Average in strategy.uses else None)
         shards = [POOL.take(ray, Shard, (s, start.params[a:b], rule, workers, counted,
                                          self.timeout, ckpts.every, ckpts.shard_resume(s),
-                                         self.compression, (a, b, start.params.size), elastic),
+                                         self.compression, (a, b, start.params.size), elastic,
+                                         None if sums is None else [x[a:b] for x in sums]),
                             {"num_cpus": 0, "max_concurrency": server_threads(workers),
                              "scheduling_strategy": on_driver_node(ray)},
                             name=f"monsoon-{self.run_name}-shard-{s}" if named else None)
@@ -212,7 +217,7 @@ class RayEngine(Engine):
                 rank, problem.for_worker(rank, workers), strategy,
                 WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                           start_step=start.positions[rank]),
-                shards, bounds, start.params, self.timeout, clock, self.compression),
+                shards, bounds, start.params, self.timeout, clock, self.compression, sums),
                 {"num_cpus": cpus, "num_gpus": gpus, "max_concurrency": 2,
                  "scheduling_strategy": "SPREAD"},
                 name=name if named or incarnation else None)
@@ -292,7 +297,8 @@ class RayEngine(Engine):
             examples = start.examples + gone + sum(by_rank.values())
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
             stopped = due.look(now, examples,
-                               lambda: self._params(ray, shards, start, strategy.synchronous),
+                               lambda: (*self._params(ray, shards, start, strategy.synchronous),
+                                        _local_totals(strategy, figures)),
                                lambda: _totals(examples, figures),
                                lambda: (figures, summed_staleness(figures.values())))
             if due.signal():  # the workers stop at a clean point, then the checkpoint
@@ -313,7 +319,7 @@ class RayEngine(Engine):
                         "interrupted" if due.interrupted else "final")
         return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
                             RunTally(workers, self.compression, ssp=clock is not None),
-                            membership, strategy.synchronous, due.interrupted)
+                            membership, strategy, due.interrupted)
 
     def _stop(self, ray, strategy, shards, live) -> None:
         """Ask the run to stop at a clean point: a synchronous step's
@@ -347,18 +353,19 @@ class RayEngine(Engine):
                 raise err from exc
 
     def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped, tally,
-                membership, synchronous: bool, interrupted=None):
+                membership, strategy, interrupted=None):
         """The run's result: the shards' parameters, and the finished
         workers' reports added to what the resumed run and the lost workers
         had counted; each failed worker is listed with its error."""
         for rank, figures in results.items():
             tally.add(rank, figures)
         tally.failed.update(failed)
-        params, updates, dropped = self._params(ray, shards, start, synchronous)
+        params, updates, dropped = self._params(ray, shards, start, strategy.synchronous)
         extra = {"membership": membership.events} if membership is not None else {}
         return tally.result(params, startup, wall, start.examples + gone + tally.examples,
                             updates, dropped + tally.dropped,
-                            {**extra, **tally.extra(updates)}, stopped=stopped,
+                            {**extra, **tally.extra(updates)},
+                            local=tally.local_totals(strategy), stopped=stopped,
                             interrupted=interrupted)
 
     def _reports_now(self, ray, live: dict, seen: dict) -> dict:
@@ -402,6 +409,15 @@ class RayEngine(Engine):
         dropped = start.dropped + max(d for _, _, d in parts)
         return (np.concatenate([p for p, _, _ in parts]),
                 version - dropped if synchronous else version, dropped)
+
+
+def _local_totals(strategy, figures: dict) -> tuple | None:
+    """The workers' local steps (applied, dropped) from their latest
+    figures, where the strategy takes any; else None."""
+    if strategy.local_rule is None:
+        return None
+    return (sum(f.get("local", 0) for f in figures.values()),
+            sum(f.get("local_dropped", 0) for f in figures.values()))
 
 
 def _totals(examples: int, figures: dict) -> tuple:

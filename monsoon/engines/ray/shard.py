@@ -24,8 +24,13 @@ updated in place as NumPy arrays, and serves:
   step's contributions so far are dropped, and its callers and any caller
   of an older generation are answered ``("regroup", gen, members)``;
 - ``elastic(worker, alpha, x)``: EASGD's exchange with the centre;
-  ``difference(d)``: its compressed form, the centre += the decoded D;
-- ``stop()``: SIGTERM/SIGINT, from the driver: the run's last step (``StepReply``).
+  ``difference(d)``: its compressed form, the centre += the decoded D.
+
+Local AdaAlter (``sums``: Average's runs whose inner rule keeps sums,
+AdaGrad's): the shard also holds its slice of the shared sums S; an
+Average's part is ``(drift, a_k's slice)``, a step applied adds the mean
+a_k to S (``server/summed.py``), and each caller gets ``(slice, S's
+slice)`` back.
 
 Compressed runs (``--compress``): a push, a contribution or an elastic
 difference arrives as the worker's packed message (``messages.Sender.pack``,
@@ -48,6 +53,7 @@ import numpy as np
 from ...compressors.messages import receive
 from ...server.reduce import finite, weighted_sum
 from ...server.core import ServerCore, new_readers
+from ...server.summed import SharedSums
 
 TAKEN = 4  # copies a shard keeps until the driver collects them
 
@@ -77,7 +83,8 @@ class StepReply(tuple):
 class Shard:
     def __init__(self, index: int, params: np.ndarray, rule, workers: int, counted: int,
                  timeout: float, every: int = 0, resume: dict | None = None,
-                 compression=None, span: tuple = (0, None, None), elastic: bool = False):
+                 compression=None, span: tuple = (0, None, None), elastic: bool = False,
+                 sums: list | None = None):
         self.index = index
         self.compression = compression  # messages.Compression, or None: dense slices
         self.start, self.end, self.size = span  # this slice of the whole vector
@@ -101,6 +108,8 @@ class Shard:
         self.members = tuple(range(workers))
         self.regroups = elastic  # elastic sync: keeps the slice before each step
         self.before = None  # elastic: the slice before the last step, for a joining worker
+        # Local AdaAlter's shared sums on this slice (``server/summed.py``), or None
+        self.sums = None if sums is None else SharedSums([np.array(a, copy=True) for a in sums])
         self.stopping = False  # the driver asked the run to stop (``stop``)
         self.last_step = None  # then: the step reached when the first step completed after it
         if resume is not None:  # {"version": V, "state": the rule state's slice}
@@ -167,7 +176,7 @@ class Shard:
                 return "regroup", self.gen, self.members
             if step < self.step or len(self.arrivals) >= self.counted:
                 self._wait_applied(step)
-                return self.params.copy(), self.step - (step + 1), False, self._counted_at(step)
+                return self._slice(), self.step - (step + 1), False, self._counted_at(step)
             self.arrivals[worker] = part
             if len(self.arrivals) == self.counted:
                 self._complete()
@@ -180,7 +189,7 @@ class Shard:
                     raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for "
                                        f"{self.counted} workers at step {step} (got "
                                        f"{len(self.arrivals)}); a worker is stuck or dead")
-            return self.params.copy(), 0, True, self._counted_at(step)
+            return self._slice(), 0, True, self._counted_at(step)
 
     def offer(self, step: int, worker: int, grad, examples: int, whole_finite: bool = True):
         """A shard other than 0 of several, with backup workers: holds the
@@ -210,13 +219,24 @@ class Shard:
                                        f"{missing} at step {step}, which shard 0 counted")
                 self._complete(counted)
             self._wait_applied(step + behind)
-            return self._reply(step, (self.params.copy(), self.step - (step + 1),
+            return self._reply(step, (self._slice(), self.step - (step + 1),
                                       worker in (counted or ())))
 
     def _part(self, grad, examples: int, whole_finite: bool) -> tuple:
-        """A worker's part of a step, as the shard keeps it (None: no examples)."""
+        """A worker's part of a step, as the shard keeps it (None: no
+        examples; a tuple: an Average's drift and its a_k's slice)."""
+        added = None
+        if isinstance(grad, tuple):
+            grad, added = grad
         grad = np.zeros_like(self.params) if grad is None else self._take(grad)
-        return grad, examples, whole_finite
+        return grad, examples, whole_finite, added
+
+    def _slice(self):
+        """What a step's caller gets back: the slice, and S's slice where
+        the shard holds the sums."""
+        if self.sums is None:
+            return self.params.copy()
+        return self.params.copy(), [a.copy() for a in self.sums.sums]
 
     def _reply(self, step: int, items: tuple) -> StepReply:
         """The reply to a worker's part of ``step`` (``items``, whose second
@@ -249,12 +269,15 @@ class Shard:
         ranks = sorted(self.arrivals if ranks is None else ranks)
         examples = [self.arrivals[k][1] for k in ranks]
         grads = {k: self.arrivals[k][0] for k in ranks}
-        acc = np.empty_like(self.params)
-        weighted_sum(grads, ranks, examples, acc, np.empty_like(acc))
+        acc, tmp = np.empty_like(self.params), np.empty_like(self.params)
+        weighted_sum(grads, ranks, examples, acc, tmp)
         if self.regroups:
             self.before = self.params.copy()
         whole = all(self.arrivals[k][2] for k in ranks)
-        self.core.apply_sum(acc, self.step, ok=whole and finite(acc))
+        if self.core.apply_sum(acc, self.step, ok=whole and finite(acc)) \
+                and self.sums is not None:
+            self.sums.add_mean([{k: self.arrivals[k][3][i] for k in ranks}
+                                for i in range(len(self.sums.sums))], ranks, examples, acc, tmp)
         self.arrivals = {}
         self.counted_ranks = (self.step, tuple(ranks))
         self.core.version = self.step = self.step + 1

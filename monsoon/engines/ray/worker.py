@@ -18,7 +18,10 @@ sends and receives (``Sender.stats``, in its result).
 
 A synchronous step's calls on the shards are ``sync_step.py``'s: one
 ``contribute`` a shard, or, with backup workers on several shards, shard 0
-deciding which workers count for every shard.
+deciding which workers count for every shard. Where the inner rule keeps
+sums (AdaGrad's), an Average sends each shard what its steps added to them
+beside the drift, and starts the next round from the synchronised sums the
+shards send back (Local AdaAlter, ``server/summed.py``).
 
 A stop (SIGTERM/SIGINT at the driver): a worker of a synchronous step
 ends after the step a shard's reply names (``shard.py``), its parameters
@@ -43,6 +46,7 @@ from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Push, Regroup
 from ...compressors.messages import Compression, Sender, compressing
 from ...server.reduce import finite
 from ...server.clocks import WorkerClock
+from ...server.summed import SharedSums
 from ...server.worker import Halted, Worker
 from .sync_step import step_replies
 
@@ -51,7 +55,7 @@ class RemoteWorker(Worker):
     engine_name = "ray"
 
     def __init__(self, rank, problem, strategy, job, shards, bounds, w0, timeout, clock=None,
-                 compression=None):
+                 compression=None, sums=None):
         import copy
 
         # Ray hands arrays over read-only (zero copy from its object store);
@@ -70,11 +74,17 @@ class RemoteWorker(Worker):
         self.gen = 0        # elastic: the membership generation this worker cuts its parts for
         # elastic: the replies of shards that applied the step while others regroup it
         self.applied = {}
-        # loss_sum, loss_n, updates: this worker's figures for the live series
+        # loss_sum, loss_n, updates: this worker's figures for the live series;
+        # local, local_dropped: its local steps (local SGD, EASGD), for the recorder
         self.counts = {"examples": 0, "dropped": 0, "late": 0, "loss_sum": 0.0, "loss_n": 0,
-                       "updates": 0}
+                       "updates": 0, "local": 0, "local_dropped": 0}
         self.staleness = Counter()
         self.pending = []
+        # Local AdaAlter: this worker's replica of the shared sums (``sums``: their start)
+        self.shared_sums = None if sums is None else SharedSums(
+            [np.array(a, copy=True) for a in sums])
+        if self.shared_sums is not None:
+            self.shared_sums.start(self.local_rule, self.work)
         self.halt = [0]  # set by ``stop``, from the actor's second thread
         self.handlers.update({Fetch: self.fetch, Push: self.push, AllReduce: self.all_reduce,
                               Average: self.average, Elastic: self.elastic})
@@ -148,8 +158,8 @@ class RemoteWorker(Worker):
         self.counts["loss_sum"] += float(loss)
         self.counts["loss_n"] += 1
 
-    def count_dropped(self):
-        self.counts["dropped"] += 1
+    def count_local(self, applied: bool):
+        self.counts["local" if applied else "local_dropped"] += 1
 
     def fetch(self, op):
         replies = self._get([sh.read.remote(self.rank) for sh in self.shards])
@@ -184,15 +194,26 @@ class RemoteWorker(Worker):
 
     def average(self, op):
         moved = self.anchor - self.work
-        return self._synchronous(self.sender.pack(moved), op.examples, finite(moved))
+        packed, sums = self.sender.pack(moved), self.shared_sums
+        if sums is None:
+            return self._synchronous(packed, op.examples, finite(moved))
+        added = sums.added(self.local_rule, self.work, [np.empty_like(a) for a in sums.sums])
+        sums.count(self.sender)
+        behind = self._synchronous(packed, op.examples, finite(moved), added)
+        sums.start(self.local_rule, self.work)
+        return behind
 
-    def _synchronous(self, contribution, examples, whole_finite: bool):
+    def _synchronous(self, contribution, examples, whole_finite: bool, added=None):
         """This worker's part of a synchronous step on every shard; each
         shard is told whether the whole contribution was finite, so that a
-        non-finite one drops the step on all of them."""
+        non-finite one drops the step on all of them. ``added``: what the
+        inner rule's steps added to the shared sums (Average), each shard
+        sent its slice beside its part."""
         targets = [s for s in range(len(self.shards)) if s not in self.applied]
         parts = [None] * len(self.shards) if contribution is None \
             else self._per_shard(contribution)
+        if added is not None:
+            parts = [(p, [a[lo:hi] for a in added]) for p, (lo, hi) in zip(parts, self.bounds)]
         regroup = None
         for s, reply in step_replies(self._call, self.shards, targets, self.sync_step, self.rank,
                                      parts, examples, self.gen, whole_finite,
@@ -207,6 +228,10 @@ class RemoteWorker(Worker):
             return Regroup(tuple(regroup[2]))
         replies, self.applied = [self.applied[s] for s in range(len(self.shards))], {}
         for (a, b), (values, _, _) in zip(self.bounds, replies):
+            if added is not None:  # the shard's slice and its slice of the sums
+                values, sums = values
+                for shared, part in zip(self.shared_sums.sums, sums):
+                    shared[a:b] = part
             self.work[a:b] = values
         self.anchor[:] = self.work
         _, behind, counted = replies[0]

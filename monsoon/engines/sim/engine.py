@@ -22,7 +22,8 @@ How each op spends virtual time:
 - ``AllReduce`` / ``Average``: the contribution travels to the server; the
   first N arrivals of a step count (the rest are late: dropped, counted),
   the N-th triggers the update, and every worker of the step resumes when
-  the new parameters reach it.
+  the new parameters reach it. An inner rule's sums (AdaGrad's) travel
+  with Average's drift and come back synchronised (``server/summed.py``).
 
 Invariants (each has a test): events at equal times are taken in the order
 they were scheduled, and every random draw comes from the seed, so a seed
@@ -55,6 +56,7 @@ from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, Engi
                     replicates, shard_bounds, shard_count)
 from ...server.reduce import finite, weighted_sum
 from ...server.core import ServerCore, new_readers
+from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
 from ...monitor.lifecycle import signal_name, stop_requested
@@ -74,7 +76,7 @@ class _Worker(Worker):
     return ``WAIT`` and schedule the event that resumes it (``_resume``)."""
     __slots__ = ("sim", "grad", "examples", "updates", "dropped", "late", "busy",
                  "others_at_read", "pending", "ticket", "sync_step", "done", "sender",
-                 "snapshot", "loss_sum", "loss_n")
+                 "snapshot", "loss_sum", "loss_n", "local")
     engine_name = "sim"
 
     def __init__(self, rank, sim, work):
@@ -89,9 +91,12 @@ class _Worker(Worker):
         self.done = False
         self.snapshot = None
         self.loss_sum, self.loss_n = 0.0, 0  # its mini-batch losses, for the live series
+        self.local = [0, 0]  # its local steps: applied, dropped
 
-    def count_dropped(self) -> None:
-        self.sim._dropped(self)
+    def count_local(self, applied: bool) -> None:
+        column = 0 if applied else 1
+        self.local[column] += 1
+        self.sim.local[column] += 1
 
 
 def _jsonable_state(state):
@@ -141,6 +146,14 @@ class SimEngine(Engine):
 
     def describe(self) -> dict:
         return {"engine": self.name, **{f"sim_{k}": v for k, v in self.delays.describe().items()}}
+
+    def preflight(self, problem, strategy, workers, batch_size) -> None:
+        super().preflight(problem, strategy, workers, batch_size)
+        if STAGES in strategy.needs(workers):  # one stage time per stage
+            self.delays.stage_times(getattr(strategy, "stages_for", lambda w: w)(workers))
+        elif self.delays.stage_compute_s is not None:
+            raise ConfigError(f"--stage-compute-s gives pipeline stages' times; the "
+                              f"{strategy.name} strategy has no stages: use --compute-s")
 
     # -- set-up ----------------------------------------------------------------
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
@@ -200,6 +213,8 @@ class SimEngine(Engine):
         self.nbytes = n * w0.itemsize
         self.heap, self.seq, self.now = [], 0, 0.0
         self.total = {"examples": 0, "updates": 0, "dropped": 0, "late": 0}
+        # the workers' local steps (applied, dropped); a resumed run replays them
+        self.local = [0, 0]
         # synchronous step state
         self.counted = workers - strategy.backup_workers
         self.sync_step = 0
@@ -209,6 +224,11 @@ class SimEngine(Engine):
             self.slots = np.zeros((workers, n), dtype=w0.dtype)
             self.slot_examples = [0] * workers
             self.acc, self.tmp = np.empty(n, dtype=w0.dtype), np.empty(n, dtype=w0.dtype)
+        # Local AdaAlter's shared sums (``server/summed.py``) and each worker's a_k
+        self.sums = (SharedSums.of(strategy.local_rule, n, w0.dtype)
+                     if Average in strategy.uses else None)
+        if self.sums is not None:
+            self.sum_slots = [np.zeros((workers, n), dtype=s.dtype) for s in self.sums.sums]
 
     def _set_up_workers(self, w0, batch_size, seed, budget) -> None:
         """One simulated worker a rank: its (compressing) strategy program,
@@ -224,6 +244,8 @@ class SimEngine(Engine):
                 rank, self.W, self.problem.n_examples, batch_size, seed, budget)), w.sender,
                 self.nbytes)
             w.grad = np.empty(n, dtype=w0.dtype)
+            if self.sums is not None:
+                self.sums.start(w.local_rule, w.work)
             self.workers.append(w)
             self._at(0.0, self._resume, w, None)
 
@@ -240,6 +262,8 @@ class SimEngine(Engine):
                               worker_params={} if self.strategy.shared_params else
                               {w.rank: w.work.copy() for w in self.workers[:64]},
                               interrupted=self.interrupted)
+        if self.strategy.local_rule is not None:
+            result.local_updates, result.dropped_local_updates = self.local
         busy = sum(w.busy for w in self.workers)
         result.extra = {
             "simulated_time_s": end, "real_time_s": time.perf_counter() - t_real,
@@ -289,7 +313,7 @@ class SimEngine(Engine):
                 return f"interrupted by {signal_name(self.interrupted)}"
             if recorder.due(t, total["examples"]):
                 reason = recorder.record(t, total["updates"], total["examples"], self.params,
-                                         total["dropped"])
+                                         total["dropped"], self._local_totals())
                 if reason is not None:
                     return reason
                 self._live(recorder, t)  # virtual seconds may hold the whole run
@@ -300,6 +324,10 @@ class SimEngine(Engine):
                 f"replaying the simulation ended before checkpoint {self.resumed.path} "
                 "(another run's?); start a new run without --resume")
         return None
+
+    def _local_totals(self):
+        """The workers' local steps (applied, dropped), where they take any."""
+        return tuple(self.local) if self.strategy.local_rule is not None else None
 
     def _live(self, recorder, t: float) -> None:
         figures = {w.rank: {"loss_sum": w.loss_sum, "loss_n": w.loss_n, "examples": w.examples,
@@ -316,6 +344,9 @@ class SimEngine(Engine):
         if not self.strategy.shared_params:
             for w in self.workers:
                 arrays[f"worker.{w.rank}.params"] = w.work
+        if self.sums is not None:  # not read at resume (the replay rebuilds them): checked
+            for name, shared in zip(self.strategy.local_rule.summed_state, self.sums.sums):
+                arrays["sums." + name] = shared
         return arrays
 
     def _save(self, events: int, reason: str) -> None:
@@ -333,7 +364,7 @@ class SimEngine(Engine):
         saved = self.resumed
         mine = {"params": self.params, **checkpoints.state_arrays(self.state), **self._arrays()}
         same = (_jsonable_state(self.rng.bit_generator.state) == saved.meta["rng"]
-                and all(np.array_equal(v, saved.arrays[k], equal_nan=True)
+                and all(k in saved.arrays and np.array_equal(v, saved.arrays[k], equal_nan=True)
                         for k, v in mine.items()))
         if not same:
             raise checkpoints.CheckpointError(
@@ -539,7 +570,12 @@ class SimEngine(Engine):
         sent = w.sender.send(slot)
         if sent is not slot:
             np.copyto(slot, sent)
-        return self._contribute(w, op.examples, w.sender.last_nbytes)
+        nbytes = w.sender.last_nbytes
+        if self.sums is not None:  # a_k travels with the drift, dense
+            self.sums.added(w.local_rule, w.work, [s[w.rank] for s in self.sum_slots])
+            self.sums.count(w.sender)
+            nbytes += self.sums.nbytes
+        return self._contribute(w, op.examples, nbytes)
 
     def _contribute(self, w, examples, nbytes):
         self._at(self.now + self._message(nbytes), self._sync_arrive, w, w.sync_step,
@@ -577,6 +613,8 @@ class SimEngine(Engine):
             else:
                 for s, acc in sums:
                     self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=True)
+            if self.sums is not None:  # S += the mean a_k (the drift's scratch is free)
+                self.sums.add_mean(self.sum_slots, ranks, examples, self.acc, self.tmp)
             self.total["updates"] += 1
             self.staleness[0] += 1
         else:  # the rule is told, as the local engine's steps tell it
@@ -591,6 +629,8 @@ class SimEngine(Engine):
             reply = min(self.nbytes, sum(self.workers[k].sender.last_nbytes for k in ranks))
             for k in ranks:
                 self.workers[k].sender.received_bytes -= self.nbytes - reply
+        if self.sums is not None:
+            reply += self.sums.nbytes  # S comes back with the parameters
         done = self.now + self.delays.service_s + self._message(reply)
         resumed = [self.workers[k] for k in self.arrivals] + self.waiting_late
         step = self.sync_step
@@ -605,4 +645,6 @@ class SimEngine(Engine):
         w.sync_step = self.sync_step
         if not self.strategy.shared_params:
             np.copyto(w.work, self.params)
+        if self.sums is not None:
+            self.sums.start(w.local_rule, w.work)
         self._resume(w, self.sync_step - (step + 1))

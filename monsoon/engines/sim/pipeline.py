@@ -34,10 +34,14 @@ free transfers it is GPipe's (S - 1) / (M + S - 1) exactly (tested), and the
 step is the critical path of the given stage times and message costs
 (tested), so the sim answers "which S and M" for a cluster before it is
 rented.
+
+The summary has ``simulated_time_s``, ``real_time_s``, ``utilization`` and
+the delays, as for every strategy; SIGTERM/SIGINT stop it after the step.
 """
 from __future__ import annotations
 
 import copy
+import time
 from collections import deque
 
 import numpy as np
@@ -78,6 +82,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
                  recorder):
     """Run ``strategy`` (one that needs ``STAGES``) on the sim ``engine``."""
     refuse_checkpoints(engine, "the pipeline strategy")
+    t_real = time.perf_counter()
     specs, S, R = strategy.layout(problem, workers, batch_size)
     payloads = stage_payloads(strategy, problem, rule, specs, R, w0, batch_size, seed, budget)
     ws = []
@@ -124,12 +129,18 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
         dropped += any(w.dropped_steps[-1:] == [t] for w in ws)  # a step any stage dropped
         examples += len(batch)
         stopped = due.look(now, examples, lambda: (_params(ws, S), steps - dropped, dropped))
+        if stopped is None and due.signal():  # SIGTERM/SIGINT: after this step
+            stopped = due.stop_reason
         if stopped is not None:
             break
     stats = [{**w.stats(now), "busy_s": busy[i]} for i, w in enumerate(ws)]
-    result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, steps, stats,
-                    stopped, w0, extra={"sim_step_s": now / max(steps, 1)})
-    return result
+    extra = {"sim_step_s": now / max(steps, 1), "simulated_time_s": now,
+             "real_time_s": time.perf_counter() - t_real,
+             "utilization": {"workers": sum(busy) / (len(ws) * now) if now > 0 else None,
+                             "shards": None},
+             "delays": delays.describe()}
+    return finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, steps, stats,
+                  stopped, w0, extra=extra, interrupted=due.interrupted)
 
 
 def _params(ws, S):

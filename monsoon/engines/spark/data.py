@@ -188,8 +188,9 @@ class SparkSource:
         spark = _session()
         fmt = "libsvm" if path.rstrip("/").lower().endswith(suffixes) else "parquet"
         try:
-            return (spark.read.format("libsvm").load(path) if fmt == "libsvm"
-                    else spark.read.parquet(path))
+            with _quiet_task_errors(spark):  # the one line below says what failed
+                return (spark.read.format("libsvm").load(path) if fmt == "libsvm"
+                        else spark.read.parquet(path))
         except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
             from .jobs import short_error
 
@@ -213,6 +214,51 @@ class SparkSource:
     def points_per_job(point_bytes: int) -> int:
         """How many points of ``point_bytes`` one evaluation job broadcasts."""
         return max(1, EVAL_BYTES // max(1, point_bytes))
+
+
+# The loggers that print a failed task's Java stack (in local mode, in this
+# process's terminal) before the driver's exception reaches ``read``.
+TASK_ERROR_LOGGERS = ("org.apache.spark.executor.Executor",
+                      "org.apache.spark.scheduler.TaskSetManager")
+
+
+class _quiet_task_errors:
+    """Silence ``TASK_ERROR_LOGGERS`` (log4j 2) while reading, and leave the
+    log configuration as it was after: a logger configured on its own gets
+    its level back, and the configuration made for one that was not is
+    removed again (it follows its parent, as before). Best effort: where
+    the JVM's logging is not log4j 2, nothing changes."""
+
+    def __init__(self, spark):
+        self.spark, self.saved = spark, []
+
+    def __enter__(self):
+        try:
+            log4j = self.spark.sparkContext._jvm.org.apache.logging.log4j
+            self.context = log4j.LogManager.getContext(False)
+            config = self.context.getConfiguration()
+            for name in TASK_ERROR_LOGGERS:
+                own = config.getLoggerConfig(name).getName() == name
+                self.saved.append((name, own, log4j.LogManager.getLogger(name).getLevel()))
+                log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+            self.configurator = log4j.core.config.Configurator
+        except Exception:  # noqa: BLE001 - another logging backend: its output stays
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            config = self.context.getConfiguration() if self.saved else None
+            for name, own, level in self.saved:
+                if own:
+                    self.configurator.setLevel(name, level)
+                else:
+                    config.removeLogger(name)
+            if self.saved:
+                self.context.updateLoggers()
+        except Exception:  # noqa: BLE001 - logging only
+            pass
+        return False
 
 
 def _session():

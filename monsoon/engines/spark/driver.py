@@ -94,8 +94,8 @@ class _Program(Worker):
         d.updates += 1
         d.core.staleness[0] += 1
 
-    def count_dropped(self) -> None:
-        self.driver.core.dropped += 1
+    def count_local(self, applied: bool) -> None:
+        self.driver.local[0 if applied else 1] += 1
 
 
 class DriverPrograms:
@@ -113,6 +113,7 @@ class DriverPrograms:
         self.grads = {k: np.empty_like(self.w) for k in ranks}  # each worker's mean gradient
         self.programs, self.ops = {}, {}  # rank -> its _Program; -> the op it waits at
         self.steps = self.updates = self.examples = 0
+        self.local = [0, 0]  # the programs' local steps (an inner rule): applied, dropped
         self.step_loss = None   # the last gradients' mean loss
         self.full_loss = None   # the full-data loss at w, when the last step was full-batch
 
@@ -227,6 +228,10 @@ class DriverPrograms:
                 self.work[k][...] = self.w
         return dict.fromkeys(ranks, None if kinds == {Average} else 0)
 
+    def _local(self) -> tuple[int, int] | None:
+        """The programs' local steps (applied, dropped), where they take any."""
+        return tuple(self.local) if self.strategy.local_rule is not None else None
+
     # -- the run ---------------------------------------------------------------------
     def run(self, recorder) -> dict:
         ctx, ckpts = self.ctx, self.ckpts
@@ -273,7 +278,8 @@ class DriverPrograms:
                     replies = {}
                 now = time.perf_counter() - t0
                 stopped = due.look(
-                    now, self.examples, lambda: (self.w, self.updates, self.core.dropped),
+                    now, self.examples,
+                    lambda: (self.w, self.updates, self.core.dropped, self._local()),
                     lambda: (self.examples, self.updates, self.core.dropped),
                     lambda: (live, self.core.staleness))
                 if stopped:
@@ -289,7 +295,7 @@ class DriverPrograms:
             self.rule.finish(self.w, self.core.state)
         return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
                 "updates": self.updates, "dropped": self.core.dropped,
-                "staleness": self.core.staleness,
+                "local": self._local(), "staleness": self.core.staleness,
                 "failed": {}, "stopped": stopped, "interrupted": interrupted,
                 "worker_params": {} if self.shared else dict(self.work)}
 

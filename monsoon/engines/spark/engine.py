@@ -228,6 +228,9 @@ class SparkEngine(Engine):
             failed_list(out["failed"]),
             stopped=out["stopped"], interrupted=out.get("interrupted"),
             worker_params=out.get("worker_params", {}),
+            # the workers' local steps (applied, dropped), where they take any
+            local_updates=out["local"][0] if out.get("local") else None,
+            dropped_local_updates=out["local"][1] if out.get("local") else None,
             extra={"spark_master": master, "partitions": workers,
                    **(out["timing"].summary() if "timing" in out else {}),
                    **steps_per_exchange(strategy), **sizing, **out.get("extra", {}),

@@ -15,13 +15,11 @@ SIGTERM/SIGINT stop the run after the round under way (no checkpoint: the
 workers' copies and inner rule states are not kept in one).
 
 An inner rule's sums over gradients (``Rule.summed_state``: AdaGrad's sums
-of squares) are synchronised each round, as Local AdaAlter does (Xie et
-al. 2019): every worker starts the round from the same sums, and the
-driver adds the example-weighted mean of what the workers' steps added.
-With a sum per worker, each scales its steps by its own statistics, and the
-averaged copies settle where sum_k D_k grad f_k = 0, above the minimum.
-The mean (not the sum, as async's pushes add) keeps a worker's steps the
-size of one copy's: a round's progress is the mean of its drifts. With
+of squares) are synchronised each round, as on every engine (Local
+AdaAlter, Xie et al. 2019; the math is ``server/summed.py``'s): every
+task starts the round from the driver's sums, and the driver adds the
+example-weighted mean of what the tasks' steps added (read off the inner
+rules they return), unless the round's mean drift was dropped. With
 ``--average-epochs``, theta's tail average is evaluated and returned, as
 async's server's is (``server/averaging.py``).
 """
@@ -38,7 +36,7 @@ from ...record.live import add_figures
 from ...server.averaging import TailAverage
 from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore
-from ...rules.local import LocalRule
+from ...server.summed import SharedSums
 from ...monitor.due import Due
 from .jobs import share
 from .sizing import JobTiming
@@ -54,23 +52,24 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     senders = {k: Sender(compression, k) for k in range(ctx.workers)}
     ended = set()
     updates = dropped = examples = 0
+    local = [0, 0]  # the workers' local steps: applied, dropped
     staleness = Counter()
     core = ServerCore(w, rule, staleness=staleness)  # the outer rule's update
     live = {}  # each worker's losses and examples, for the live series
     stopped = None
     recorder.start(w)
-    due = Due(recorder)
+    due = Due(recorder, stops=True)  # SIGTERM/SIGINT: after the round under way
     t0 = time.perf_counter()
     positions = dict.fromkeys(range(ctx.workers), 0)  # steps done, per worker
     r = 0
     timing = JobTiming()
-    shared = _shared_sums(strategy.local_rule, w)
+    shared = SharedSums.of(strategy.local_rule, w.size, w.dtype)
     # the model evaluated and returned: theta, or its tail average (``--average-epochs``)
     average = TailAverage(w, ctx.average_epochs * ctx.n_examples) if ctx.average_epochs else None
     while len(ended) < ctx.workers:
         bc = share(sc, w, w.nbytes)
         jobs_k = {k: replace(ctx.job(k), start_step=positions[k]) for k in range(ctx.workers)}
-        sent = _start_round(shared, strategy.local_rule, local_rules)
+        _start_round(shared, strategy.local_rule, local_rules, w)
         rules_k, senders_k = dict(local_rules), dict(senders)
 
         def task(it, bc=bc, jobs_k=jobs_k, rules_k=rules_k, senders_k=senders_k):
@@ -89,13 +88,12 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             bc.destroy(blocking=False)
         timing.add(time.perf_counter() - began, max(res["task_s"] for _, res in results))
         avg = [(k, res) for k, res in results if res["op"] == "average"]
-        _end_round(shared, sent, results)
         for k, res in results:
             local_rules[k] = res["local_rule"]
             senders[k] = res["sender"]
             positions[k] += res["steps"]
             examples += res["examples"]
-            dropped += res["dropped"]
+            local[:] = local[0] + res["local"], local[1] + res["local_dropped"]
             add_figures(live, k, res["loss"], res["steps"], res["examples"])
             if res["ended"]:
                 ended.add(k)
@@ -105,53 +103,51 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                          [res["examples_behind"] for _, res in avg], acc, tmp)
             if core.apply_sum(acc, updates, counts=len(avg)):
                 updates += 1
+                _end_round(shared, avg, w, acc, tmp)
             else:
                 dropped += 1
             if average is not None:
                 average.update(w, sum(res["examples"] for _, res in results))
         r += 1
         model = w if average is None else average.params
-        stopped = due.look(time.perf_counter() - t0, examples, lambda: (model, updates, dropped),
+        stopped = due.look(time.perf_counter() - t0, examples,
+                           lambda: (model, updates, dropped, _local(strategy, local)),
                            lambda: (examples, updates, dropped), lambda: (live, staleness))
-        stopped = stopped or (due.stop_reason if due.signal() else None)  # SIGTERM/SIGINT
         if stopped:
             break
     return {"params": w if average is None else average.params,
             "wall": time.perf_counter() - t0, "examples": examples,
-            "updates": updates, "dropped": dropped, "staleness": staleness, "failed": {},
+            "updates": updates, "dropped": dropped, "local": _local(strategy, local),
+            "staleness": staleness, "failed": {},
             "stopped": stopped, "timing": timing, "interrupted": due.interrupted,
             "extra": {**summarize([senders[k].stats() for k in range(ctx.workers)], compression,
                                   updates),
                       **({"averaged_epochs": ctx.average_epochs} if average else {})}}
 
 
-def _shared_sums(inner, w):
-    """The inner rule's synchronised sums (a ``LocalRule``'s state), or None
-    where it keeps none."""
-    if inner is None or not inner.summed_state:
-        return None
-    shared = LocalRule(inner, -1)
-    shared.ensure_state(w.size, w.dtype)
-    return shared
+def _local(strategy, local) -> tuple[int, int] | None:
+    """The workers' local steps (applied, dropped), where the strategy
+    takes any (an inner rule); else None."""
+    return tuple(local) if strategy.local_rule is not None else None
 
 
-def _start_round(shared, inner, local_rules: dict) -> dict:
-    """Every worker's inner rule starts the round from the shared sums:
-    {worker: the sums sent}."""
+def _start_round(shared, inner, local_rules: dict, w) -> None:
+    """Every worker's inner rule starts the round from the shared sums."""
     if shared is None:
-        return {}
+        return
     for k, local in local_rules.items():
         if local is None:
             local_rules[k] = LocalUpdate(inner, k)
-    return {k: local.start_from_sums(shared.state) for k, local in local_rules.items()}
+        shared.start(local_rules[k], w)
 
 
-def _end_round(shared, sent: dict, results) -> None:
-    """The shared sums take the example-weighted mean of what the round's
-    steps added to each worker's."""
-    total = sum(res["examples"] for k, res in results if k in sent)
-    if shared is None or not total:
+def _end_round(shared, avg: list, w, acc, tmp) -> None:
+    """The shared sums take the example-weighted mean (the drifts' weights)
+    of what each averaging task's steps added (the round was applied, so
+    ``acc`` and ``tmp`` are free)."""
+    if shared is None:
         return
-    for k, res in results:
-        if k in sent:
-            res["local_rule"].add_sums_to(shared.state, sent[k], res["examples"] / total)
+    added = {k: shared.added(res["local_rule"], w, [np.empty_like(s) for s in shared.sums])
+             for k, res in avg}
+    shared.add_mean([{k: parts[i] for k, parts in added.items()} for i in range(len(shared.sums))],
+                    [k for k, _ in avg], [res["examples_behind"] for _, res in avg], acc, tmp)

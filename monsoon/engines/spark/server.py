@@ -122,6 +122,9 @@ class DriverServer:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)  # SSP's waits, on the same lock
         self.updates = self.examples = 0
+        # the workers' local steps (applied, dropped): EASGD's inner rule, or
+        # the rule steps of pushed deltas (``pushes_deltas``)
+        self.local = [0, 0]
         self.live = {}  # each worker's losses, examples, updates: for the live series
         self.failed: dict[int, str] = {}
         self.finished: set[int] = set()
@@ -163,6 +166,8 @@ class DriverServer:
             saved = start.saved
             self.updates, self.core.version = saved.meta["applied"], saved.meta["server_version"]
             self.core.dropped, self.examples = start.dropped, start.examples
+            self.local = [saved.meta.get("local_updates", 0),
+                          saved.meta.get("dropped_local_updates", 0)]
             self.before = start.time_s
             self.core.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
                                            saved.arrays["staleness.counts"].tolist())))
@@ -319,7 +324,8 @@ class DriverServer:
             self.local_rules[k] = res["local_rule"]
             self.senders[k] = res["sender"]
             self.examples += res["examples"]
-            self.core.dropped += res["dropped"]
+            self.local[0] += res["local"]
+            self.local[1] += res["local_dropped"]
             add_figures(self.live, k, res["loss"], res["steps"], res["examples"],
                         updates=int(res["op"] in ("push", "elastic")))
             if res["op"] == "push":
@@ -372,7 +378,8 @@ class DriverServer:
         self.next_ckpt = next_checkpoint(done, self.ckpts.every)
         params, state = self.core.copy()
         meta = {"applied": self.updates, "dropped": self.core.dropped, "reason": reason,
-                "examples": self.examples, "server_version": self.core.version}
+                "examples": self.examples, "server_version": self.core.version,
+                "local_updates": self.local[0], "dropped_local_updates": self.local[1]}
         arrays = {"positions": np.array(self.positions, dtype=np.int64),
                   **staleness_arrays(self.core.staleness)}
         self.captured.append((done, time.perf_counter() - self.t0, params, state, meta, arrays))
@@ -452,7 +459,7 @@ class DriverServer:
         self._fail_if_lost()
         return {"params": self.model, "wall": wall, "examples": self.examples,
                 "updates": self.updates, "dropped": self.core.dropped,
-                "staleness": self.core.staleness,
+                "local": self._local(), "staleness": self.core.staleness,
                 "failed": dict(self.failed), "stopped": stopped, "interrupted": due.interrupted,
                 "worker_params": dict(self.own) if self.elastic else {},
                 "timing": self.timing,
@@ -464,7 +471,13 @@ class DriverServer:
     # -- read together under the lock, for the curve and the live series -----
     def _snapshot(self):
         with self.lock:
-            return self.model.copy(), self.updates, self.core.dropped
+            return self.model.copy(), self.updates, self.core.dropped, self._local()
+
+    def _local(self) -> tuple[int, int] | None:
+        """The workers' local steps (applied, dropped), where they take any."""
+        if self.strategy.local_rule is None and not self.deltas:
+            return None
+        return self.local[0], self.local[1]
 
     @property
     def model(self):

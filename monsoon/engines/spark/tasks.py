@@ -107,7 +107,8 @@ class _Segment(Worker):
                          np.array(w if work is None else work, copy=True), local_rule)
         self.block, self.ticket, self.sender, self.deltas = block, ticket, sender, deltas
         self.anchor = np.asarray(w)
-        self.out = {"op": None, "steps": 0, "examples": 0, "dropped": 0,
+        # local, local_dropped: its local steps (the inner rule on its copy)
+        self.out = {"op": None, "steps": 0, "examples": 0, "local": 0, "local_dropped": 0,
                     "local_rule": self.local_rule, "ended": False, "loss": 0.0, "sender": sender}
         self.handlers.update({Fetch: self.fetch, Push: self.exchange, Average: self.exchange,
                               Elastic: self.exchange})
@@ -115,8 +116,8 @@ class _Segment(Worker):
     def gradient(self, op):
         loss, grad = self.problem.gradient(self.work, self.block.rows_of(op.indices))
         grad = weighted(grad, op.weight)
-        if self.deltas and not self.local_rule(self.work, grad):
-            self.count_dropped()
+        if self.deltas:
+            self.count_local(self.local_rule(self.work, grad))
         out = self.out
         out["steps"] += 1
         out["examples"] += len(op.indices)
@@ -130,8 +131,8 @@ class _Segment(Worker):
         if not self.deltas:  # with deltas the rule's own step was taken
             super().local_step(op)
 
-    def count_dropped(self) -> None:
-        self.out["dropped"] += 1
+    def count_local(self, applied: bool) -> None:
+        self.out["local" if applied else "local_dropped"] += 1
 
     def exchange(self, op):
         """The exchange ``op`` (Push, Average or Elastic) that ends a segment:

@@ -15,7 +15,12 @@ live series get every rank's loss from the sum):
   problems the all-reduce runs in buckets during backward (``buckets.py``).
 - ``Average`` (local SGD, DiLoCo): payload n_k (theta - theta_k), the
   drift; the server's (outer) rule applies the mean drift to the replica,
-  and the working copy is reset to it.
+  and the working copy is reset to it. Where the inner rule keeps sums
+  (AdaGrad's), a round applied is followed by one all-gather of what each
+  rank's steps added to them and its examples, whose mean (in rank order)
+  every rank adds to its replica of the shared sums, and every rank starts
+  the next round from them (Local AdaAlter, ``server/summed.py``); a round
+  some rank sits out (its program ended) leaves the sums as they were.
 - ``Elastic`` (EASGD, synchronous form of Zhang, Choromanska, LeCun 2015):
   payload d_k = alpha (x_k - x~); x_k -= d_k, x~ += sum_k d_k.
 - ``LocalApply``, ``Fetch``: local, no communication.
@@ -33,7 +38,10 @@ ended joins the others' collectives with zeros (weight 0) until none is
 active. ``stop`` is rank 0's (the recorder's verdict, a stop signal:
 ``RankWorker``): every rank ends its program after that collective.
 
-Rank 0 records the loss curve from its replica and, for sync, writes an
+Rank 0 records the loss curve from its replica (and stops a run whose own
+local steps are mostly dropped: the ranks share the parameters after every
+round, so one that diverges is every rank's; the summary counts every
+rank's local steps, gathered at the end) and, for sync, writes an
 exact checkpoint every ``checkpoint_every`` steps; a restarted attempt
 (``Collectives.attempt`` above 0, torchrun ``--max-restarts``) resumes from
 the run folder's newest one, which rank 0 reads and broadcasts, and ends
@@ -60,6 +68,7 @@ from ..tally import RunTally
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
 from ...server.core import ServerCore
+from ...server.summed import SharedSums
 from ...server.worker import Worker
 from .buckets import Buckets
 from .collectives import Collectives, rank_env
@@ -126,7 +135,7 @@ class RankWorker(Worker):
         self.step = start.step  # collectives done (sync: steps) since the run began
         self.updates = self.updates_before = start.saved.meta["updates"] if start.saved else 0
         self.dropped = start.dropped  # collective steps not applied (every rank's count)
-        self.own_dropped = 0  # this rank's own LocalApply drops, this attempt
+        self.local = [0, 0]  # this rank's own local steps (LocalApply), applied and dropped
         self.examples = 0  # this rank's, this attempt
         self.examples_before = start.examples
         self.time_before = start.time_s
@@ -160,6 +169,11 @@ class RankWorker(Worker):
                                    int(engine.bucket_mb * 2**20))
         # the step's update (``server/core.py``), on the replica where it lives now
         self.core = ServerCore(self.server, rule, self.state)
+        # Local AdaAlter: this rank's replica of the shared sums, on the host
+        self.shared_sums = SharedSums.of(strategy.local_rule, n, w0.dtype) \
+            if Average in strategy.uses else None
+        if self.shared_sums is not None:
+            self.shared_sums.start(self.local_rule, self.work)
         self.handlers.update({AllReduce: self.all_reduce, Average: self.average,
                               Elastic: self.elastic, Fetch: self.fetch})
         self.t0 = time.perf_counter()
@@ -347,11 +361,13 @@ class RankWorker(Worker):
         return 0
 
     def average(self, op):
+        then = None if self.shared_sums is None else (
+            lambda applied: self._sync_sums(applied, op.examples))
         if self.compressed:
             self._flags(op.examples)
             self._gather(self.sender.pack(self.server - self.work), f"round {self.step}",
                          EXAMPLES)
-            self._apply_mean(1)
+            self._apply_mean(1, then)
             self.work[:] = self.server
             return 0
         self.sender.dense(arrays.nbytes(self.server))  # the drift, into the all-reduce
@@ -359,21 +375,45 @@ class RankWorker(Worker):
         self.grad *= op.examples
         self._flags(op.examples)
         self._reduce(f"round {self.step}")
-        self._apply_mean(1)
+        self._apply_mean(1, then)
         self.work[:] = self.server
         return 0
 
-    def _apply_mean(self, unit) -> None:
+    def _sync_sums(self, applied: bool, examples: int) -> None:
+        """Local AdaAlter (the module docstring): after a round applied on
+        every rank (each sees the same flags), gather each rank's
+        [a_k, n_k], add their weighted mean to the shared sums; then this
+        rank's inner rule starts the next round from them."""
+        sums = self.shared_sums
+        if applied and int(self.flags[ACTIVE]) == self.world:
+            n, fields = self.n, len(sums.sums)
+            row = np.empty(fields * n + 1, dtype=sums.sums[0].dtype)
+            sums.added(self.local_rule, self.work,
+                       [row[i * n:(i + 1) * n] for i in range(fields)])
+            row[-1] = examples
+            with self._collective(f"the sums of round {self.step}"):
+                rows = self.comm.all_gather(row)
+            sums.count(self.sender)
+            acc, tmp = np.empty(n, dtype=row.dtype), np.empty(n, dtype=row.dtype)
+            sums.add_mean([rows[:, i * n:(i + 1) * n] for i in range(fields)],
+                          list(range(self.world)), [int(e) for e in rows[:, -1]], acc, tmp)
+        sums.start(self.local_rule, self.work)
+
+    def _apply_mean(self, unit, then=None) -> None:
         """The buffer holds sum_k (n_k / unit) x_k: divide by sum_k n_k / unit
-        (nothing to do when that is 1: sync's full batches)."""
+        (nothing to do when that is 1: sync's full batches). ``then(applied)``
+        runs before the collective's bookkeeping (which may stop the rank)."""
         total = self.flags[EXAMPLES]
         if total > 0 and total != unit:
             self.grad *= unit / total
-        if self.core.apply_sum(self.grad, self.step, self.rank,
-                               ok=bool(total > 0 and self._finite(unit / total))):
+        applied = self.core.apply_sum(self.grad, self.step, self.rank,
+                                      ok=bool(total > 0 and self._finite(unit / total)))
+        if applied:
             self.updates += 1
         else:
             self.dropped += 1
+        if then is not None:
+            then(applied)
         self._after_collective()
 
     def elastic(self, op):
@@ -391,14 +431,13 @@ class RankWorker(Worker):
         self.updates += int(self.flags[ACTIVE])
         self._after_collective()
 
-    def count_dropped(self):
-        self.own_dropped += 1
+    def count_local(self, applied: bool):
+        self.local[0 if applied else 1] += 1
 
-    def dropped_here(self) -> int:
-        """What this rank knows was dropped: the collective steps and its own
-        local steps (rank 0's live figures and checkpoints; the result adds
-        every rank's own)."""
-        return self.dropped + self.own_dropped
+    def own_local(self) -> tuple[int, int] | None:
+        """This rank's local steps (applied, dropped), where the strategy
+        takes any; else None."""
+        return tuple(self.local) if self.strategy.local_rule is not None else None
 
     def fetch(self, op):
         self.work[:] = self.server
@@ -414,8 +453,8 @@ class RankWorker(Worker):
             now = self.time_before + time.perf_counter() - self.t0
             examples = self.examples_before + self.examples * self.world
             reason = self.due.look(  # every rank's loss came with the collective
-                now, examples, lambda: (self.server, self.updates, self.dropped_here()),
-                lambda: (examples, self.updates, self.dropped_here()),
+                now, examples, lambda: (self.server, self.updates, self.dropped, self.own_local()),
+                lambda: (examples, self.updates, self.dropped),
                 lambda: ({k: {"loss": float(self.flags[LOSS + k])} for k in range(self.world)},
                          None))
             signum = None if reason is not None or self.want_stop else self.stop()
@@ -430,7 +469,7 @@ class RankWorker(Worker):
         now = self.time_before + time.perf_counter() - self.t0
         self.keeper.save(self.step, now, self.server, self.state,
                          {"step": self.step, "updates": self.updates,
-                          "dropped": self.dropped_here(),
+                          "dropped": self.dropped,
                           "examples": self.examples_before + self.examples * self.world,
                           "exact": True, "reason": reason})
 
@@ -509,7 +548,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         comm.close()
     if rank != 0:
         return EngineResult(arrays.to_host(worker.server), startup, wall, worker.examples,
-                            worker.updates, worker.dropped_here(), Counter(), follower=True)
+                            worker.updates, worker.dropped, Counter(), follower=True)
     return _run_result(engine, comm, worker, start, gathered, startup, wall, shm is not None)
 
 
@@ -550,7 +589,8 @@ def _finish(worker, comm) -> list:
     elif worker.every and comm.rank == 0 and worker.step % worker.every:
         worker.save_checkpoint()
     gathered = comm.gather_object(worker.report(examples=worker.examples,
-                                                dropped=worker.own_dropped))
+                                                local=worker.local[0],
+                                                local_dropped=worker.local[1]))
     if worker.buckets is not None:
         worker.buckets.remove()
     comm.dist.barrier()
@@ -576,11 +616,11 @@ def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) 
         extra["resumed_at_step"] = start.step
     if worker.keeper.last_path:
         extra["checkpoint"] = str(worker.keeper.last_path)
-    # dropped: the collective steps (every rank's count, rank 0's taken) and each
-    # rank's own local steps (its report); staleness 0: every step reads the
-    # parameters of the step before it
+    # dropped: the collective steps (every rank's count, rank 0's taken); the
+    # local steps: each rank's own (its report); staleness 0: every step reads
+    # the parameters of the step before it
     return tally.result(arrays.to_host(worker.server), startup, start.time_s + wall,
-                        start.examples + tally.examples, worker.updates,
-                        worker.dropped + tally.dropped,
+                        start.examples + tally.examples, worker.updates, worker.dropped,
                         extra, staleness=Counter({0: worker.updates - worker.updates_before}),
+                        local=tally.local_totals(worker.strategy),
                         stopped=worker.stopped, interrupted=worker.interrupted)

@@ -96,11 +96,12 @@ def dropped_steps(stats: list[dict], steps: int) -> int:
 
 
 def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, stopped, w0,
-           extra=None):
+           extra=None, interrupted=None):
     """The run's result from its ``steps`` (each one batch, run by every
     stage) and the stages' ``stats``. As on every engine, ``updates`` are the
     steps applied and ``dropped_updates`` those that were not: a step that
-    any stage dropped counts as dropped."""
+    any stage dropped counts as dropped. ``interrupted``: the stop signal
+    that ended the run, if one did."""
     stages = strategy.stages_used
     dropped = dropped_steps(stats, steps)
     updates = steps - dropped
@@ -112,4 +113,4 @@ def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, 
     from collections import Counter
 
     return result_cls(params, startup, wall, examples, updates, dropped, Counter(), [],
-                      stopped=stopped, extra=summary)
+                      stopped=stopped, interrupted=interrupted, extra=summary)

@@ -153,14 +153,10 @@ def parse_cuts(text: str, n_layers: int, stages: int) -> list[int]:
 def plan(problem, stages: int, balance: str = "params", cuts: str | None = None,
          batch_size: int = 32) -> list[StageSpec]:
     """The stages of ``problem``'s model."""
-    layers = layers_of(problem)
-    sizes = layer_sizes(layers)
-    if stages > len(layers):
-        raise ConfigError(f"{stages} pipeline stages but the model has only {len(layers)} layers; "
-                          f"use --pipeline-stages {len(layers)} or fewer")
+    layers, sizes, starts = check_plan(problem, stages, cuts)
     given = getattr(problem.module, "stage_cuts", None)
-    if cuts:
-        starts = parse_cuts(cuts, len(layers), stages)
+    if starts is not None:  # --cuts
+        starts = list(starts)
     elif given is not None and len(given) == stages:
         starts = list(given)
     elif balance == "time":
@@ -169,12 +165,25 @@ def plan(problem, stages: int, balance: str = "params", cuts: str | None = None,
         starts = balanced_cuts(sizes, stages)
     bounds = starts + [len(layers)]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    specs = [StageSpec(s, stages, (bounds[s], bounds[s + 1]), int(offsets[bounds[s]]),
-                       int(offsets[bounds[s + 1]])) for s in range(stages)]
-    if offsets[-1] != problem.n_params:
+    return [StageSpec(s, stages, (bounds[s], bounds[s + 1]), int(offsets[bounds[s]]),
+                      int(offsets[bounds[s + 1]])) for s in range(stages)]
+
+
+def check_plan(problem, stages: int, cuts: str | None = None):
+    """What ``plan`` refuses, checked without cutting or timing anything:
+    a model that is no nn.Sequential, tied weights across layers, more
+    stages than layers, bad ``--cuts``, layers that do not own the
+    parameters in order. Returns the layers, their sizes and the given
+    cuts' stage starts (None without ``--cuts``)."""
+    layers = layers_of(problem)
+    sizes = layer_sizes(layers)
+    if stages > len(layers):
+        raise ConfigError(f"{stages} pipeline stages but the model has only {len(layers)} layers; "
+                          f"use --pipeline-stages {len(layers)} or fewer")
+    if sum(sizes) != problem.n_params:
         raise ConfigError("the model's layers do not hold all its parameters in order; the "
                           "pipeline needs an nn.Sequential whose layers own their parameters")
-    return specs
+    return layers, sizes, (parse_cuts(cuts, len(layers), stages) if cuts else None)
 
 
 def stage_module(problem, spec: StageSpec, w: np.ndarray) -> nn.Sequential:

@@ -28,7 +28,8 @@ from .schedules import SCHEDULES
 OPTIONS = (
     Option("pipeline_stages", int, None, "stages the model is cut into (default: --workers); "
            "--workers / stages pipeline replicas run side by side", check=at_least(1)),
-    Option("micro_batches", int, 4, "micro-batches each batch is cut into", check=at_least(1),
+    Option("micro_batches", int, None, "micro-batches each batch is cut into (default: 4, or "
+           "a replica's examples of a batch, where fewer)", check=at_least(1),
            label="micro-batches"),
     Option("schedule", str, "gpipe", "gpipe: all forwards, then all backwards; 1f1b: "
            "PipeDream-Flush, one forward one backward (less activation memory)",
@@ -38,6 +39,9 @@ OPTIONS = (
     Option("balance", str, "params", "how stages are balanced without --cuts: by parameter "
            "count, or by each layer's measured time", choices=("params", "time")),
 )
+
+
+DEFAULT_MICRO_BATCHES = 4
 
 
 class Pipeline(Strategy):
@@ -50,15 +54,18 @@ class Pipeline(Strategy):
     def needs(self, workers):
         return {STAGES}
 
-    def __init__(self, pipeline_stages=None, micro_batches=4, schedule="gpipe", cuts=None,
+    def __init__(self, pipeline_stages=None, micro_batches=None, schedule="gpipe", cuts=None,
                  balance="params"):
         if schedule not in SCHEDULES:
             raise ConfigError(f"unknown schedule {schedule!r}; choose one of: "
                               f"{', '.join(SCHEDULES)} (--schedule)")
-        if micro_batches < 1:
+        if micro_batches is not None and micro_batches < 1:
             raise ConfigError(f"micro-batches must be at least 1, got {micro_batches}")
         self.pipeline_stages = pipeline_stages
-        self.micro_batches = micro_batches
+        # a given count is refused where a batch cannot be cut into it
+        # (``validate``); the default, DEFAULT_MICRO_BATCHES, is cut to fit
+        self.micro_given = micro_batches is not None
+        self.micro_batches = micro_batches or DEFAULT_MICRO_BATCHES
         self.schedule = schedule
         self.cuts = cuts
         self.balance = balance
@@ -77,6 +84,20 @@ class Pipeline(Strategy):
         if batch_size < replicas:
             raise ConfigError(f"batch size {batch_size} is smaller than the {replicas} pipeline "
                               f"replicas; use --batch-size {replicas} or more")
+        rows = batch_size // replicas  # the smallest replica's part of a batch
+        if self.micro_batches > rows:
+            if self.micro_given:
+                raise ConfigError(f"--micro-batches {self.micro_batches} cannot cut a batch of "
+                                  f"{rows} examples (a replica's part of --batch-size "
+                                  f"{batch_size}); use --micro-batches {rows} or fewer, or a "
+                                  "larger --batch-size")
+            self.micro_batches = rows  # the default, cut to what a batch holds
+
+    def preflight(self, problem, workers: int, batch_size: int) -> None:
+        """The model's cut checked (``stages.check_plan``) before the run starts."""
+        from .stages import check_plan
+
+        check_plan(problem, self.stages_for(workers), self.cuts)
 
     def layout(self, problem, workers: int, batch_size: int):
         """The stages (cut now, from the problem's model), S and R."""

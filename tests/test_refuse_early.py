@@ -1,0 +1,186 @@
+"""Bad input is refused before anything starts (a new user's review): one
+line that says what to change, exit 2, nothing written, and a previous
+run's folder left exactly as it was. Each of these was refused only from
+inside the run, after the folder had been cleared (and a TensorBoard file
+written), or after other runs had finished, or with a traceback."""
+import contextlib
+import io
+import subprocess
+
+import pytest
+
+from monsoon.record.run_folder import RESULT_FILES
+
+
+def cli(command, *args):
+    """``monsoon COMMAND --quiet ARGS`` in this process: exit code and stderr."""
+    from monsoon.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main([command, "--quiet", *args])
+        except SystemExit as exc:  # argparse's own refusals
+            code = exc.code
+    return subprocess.CompletedProcess([command, *args], code, "", err.getvalue())
+
+
+def refused(proc, *words):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("monsoon: error: "), proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def previous_run(folder):
+    """A previous run's results in ``folder`` (each file clear_results
+    removes, and a TensorBoard file); returns every file's content."""
+    (folder / "tb").mkdir(parents=True)
+    for name in RESULT_FILES:
+        (folder / name).write_text(f"previous {name}")
+    (folder / "tb" / "events.out.tfevents.1.previous").write_text("previous events")
+    return snapshot(folder)
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("command,args,words", [
+    ("train", ["--strategy", "pipeline", "--workers", "2", "--cuts", "99"], ["--cuts 99"]),
+    ("train", ["--strategy", "pipeline", "--workers", "2", "--problem", "digits",
+               "--backend", "threads"], ["drop --backend threads"]),
+    ("train", ["--strategy", "pipeline", "--workers", "2", "--problem", "digits",
+               "--checkpoint-every", "5"], ["drop --checkpoint-every"]),
+    ("train", ["--strategy", "pipeline", "--workers", "2", "--problem", "linear"],
+     ["nn.Sequential"]),
+    ("simulate", ["--strategy", "async", "--stage-compute-s", "0.1"], ["use --compute-s"]),
+    ("simulate", ["--strategy", "pipeline", "--problem", "digits"],
+     ["pipeline stages but the model has only", "--pipeline-stages"]),
+])
+def test_a_refusal_of_the_run_leaves_the_previous_folder_as_it_was(tmp_path, command, args,
+                                                                   words):
+    out = tmp_path / "run"
+    before = previous_run(out)
+    refused(cli(command, *args, "--epochs", "1", "--out", str(out)), *words)
+    assert snapshot(out) == before
+
+
+def test_the_pipeline_on_auto_threads_runs_its_stages_in_processes():
+    """--backend auto picks threads on a GPU; the stage runner has only
+    processes: auto then means processes, where --backend threads is refused."""
+    from monsoon.config import resolve
+
+    resolved = resolve("exp", "pipeline", 2, {"steps": 1, "backend": "auto"})
+    resolved.engine.backend = "threads"  # what auto chooses on a GPU
+    resolved.engine.given = frozenset({"steps"})
+    resolved.engine.preflight(resolved.problem, resolved.strategy, 2, 32)
+    assert resolved.engine.backend == "processes"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--workers", "8", "--batch-size", "64"], ["batch size 64 is larger than a worker's part"]),
+    (["--workers", "0"], ["workers"]),
+])
+def test_compare_checks_every_strategy_before_any_runs(tmp_path, args, words):
+    """serial trained fully, and only then was async refused."""
+    out = tmp_path / "cmp"
+    refused(cli("compare", "--strategies", "serial,async", "--epochs", "1", *args,
+                "--out", str(out)), *words)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("problem,fraction,left", [
+    ("digits", "0.9999", "no training example"), ("exp", "0.001", "no validation example")])
+def test_a_val_fraction_that_leaves_no_examples_is_one_line(tmp_path, problem, fraction, left):
+    """It was a 33-line traceback (a ValueError from validation_split)."""
+    out = tmp_path / "run"
+    refused(cli("train", "--problem", problem, "--val-fraction", fraction, "--epochs", "1",
+                "--out", str(out)), f"--val-fraction {fraction}", left)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command,problem", [
+    ("train", "spark:{tmp}/clicks.svm"), ("simulate", "spark-table:clicks")])
+def test_data_that_lives_in_spark_needs_the_spark_engine(tmp_path, command, problem):
+    """On the local engine Spark was started, read the data, and the run
+    failed mid-way ([CONTEXT_ONLY_VALID_ON_DRIVER]) with a "failed" folder."""
+    out = tmp_path / "run"
+    before = previous_run(out)
+    line = refused(cli(command, "--problem", problem.format(tmp=tmp_path), "--epochs", "1",
+                       "--out", str(out)), "add --engine spark")
+    assert "Spark cannot read" not in line
+    assert snapshot(out) == before
+
+
+def test_more_micro_batches_than_a_batch_holds_are_refused(tmp_path):
+    """It ran, cut 32 examples into 32 micro-batches, and summary.json said
+    64 (and the GPipe bubble of 64)."""
+    out = tmp_path / "run"
+    refused(cli("train", "--strategy", "pipeline", "--workers", "2", "--problem", "digits",
+                "--micro-batches", "64", "--batch-size", "32", "--epochs", "1",
+                "--out", str(out)), "--micro-batches 64", "--micro-batches 32 or fewer")
+    assert not out.exists()
+
+
+def test_the_default_micro_batches_are_cut_to_the_batch_and_reported(tmp_path):
+    import json
+
+    import monsoon
+    from monsoon.strategies.pipeline.schedules import gpipe_bubble
+
+    run = monsoon.train("digits", "pipeline", 2, engine="sim", batch_size=2, steps=1,
+                        evals=0, progress=False, out=tmp_path / "run")
+    assert run.summary["micro_batches"] == 2
+    assert run.summary["gpipe_bubble"] == gpipe_bubble(2, 2)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["micro_batches"] == 2
+    assert max(st["peak_micro_batches_in_flight"] for st in run.summary["stages"]) == 2
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--strategy", "local-sgd", "--workers", "2", "--outer-momentum", "0.5"],
+     ["--outer-momentum", "add --diloco"]),
+    (["--strategy", "sync", "--workers", "2", "--shards", "3"], ["drop --shards"]),
+    (["--strategy", "serial", "--shards", "4"], ["drop --shards"]),
+    (["--strategy", "async", "--workers", "2", "--shards", "100000"],
+     ["--shards 100000", "use --shards 49 or fewer"]),
+    (["--workers", "0"], ["--workers"]),
+    (["--workers", "-3"], ["--workers"]),
+])
+def test_an_option_that_would_do_nothing_is_refused(tmp_path, args, words):
+    """Each ran, recorded the option in config.json and did not use it
+    (serial x1 for --workers 0; 49 shards for 100000)."""
+    out = tmp_path / "run"
+    refused(cli("train", "--problem", "exp", *args, "--epochs", "1", "--out", str(out)),
+            *words)
+    assert not out.exists()
+
+
+def test_compare_passes_shards_to_the_strategies_that_have_a_server(tmp_path):
+    """compare passes one set of options to every strategy: serial takes
+    --shards without refusing it; async runs with the shards asked for."""
+    import monsoon
+
+    comparison = monsoon.compare("exp", ["serial", "async"], 2, out=tmp_path / "cmp", steps=4,
+                                 shards=2, evals=0, progress=False)
+    assert comparison.results["async"].summary["shards"] == 2
+
+
+def test_diloco_takes_its_outer_momentum():
+    import monsoon
+
+    run = monsoon.train("exp", "local-sgd", 2, diloco=True, outer_momentum=0.5, steps=4,
+                        evals=0, progress=False)
+    assert run.summary["outer_rule"]["momentum"] == 0.5
+
+
+def test_stage_times_for_another_count_of_stages_are_refused_before_the_run(tmp_path):
+    out = tmp_path / "run"
+    before = previous_run(out)
+    refused(cli("simulate", "--strategy", "pipeline", "--workers", "2", "--problem", "digits",
+                "--stage-compute-s", "0.1,0.2,0.3", "--epochs", "1", "--out", str(out)),
+            "gives 3 stage time(s), but the pipeline has 2 stages")
+    assert snapshot(out) == before
