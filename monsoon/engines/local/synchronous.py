@@ -150,8 +150,10 @@ class _Step:
         was for the step it left unapplied (a wait it left on the stop)."""
         sender = self.rt.sender
         if sender is not None:
-            hand_over_sender(self.store, sender, self.rank, self.step,
-                             before_last=self.sent == self.step)
+            unapplied = self.sent == self.step
+            hand_over_sender(self.store, sender, self.rank, self.step, before_last=unapplied)
+            if unapplied:  # the resumed run sends that message again: counted there
+                sender.uncount_last()
 
     def on_abort(self) -> None:
         """Called when the monitor aborts the run (the shared parameters are
