@@ -101,3 +101,30 @@ def test_a_checkpoint_without_totals_resumes_counting_from_zero(tmp_path):
     # this attempt's traffic alone: 2 workers x 196 bytes a step after the checkpoint
     left = EPOCHS * 16 - int(meta["updates"])
     assert resumed.summary["bytes_sent"] == 2 * 196 * left
+
+
+def test_a_resume_with_a_smaller_budget_than_its_checkpoint_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    first = monsoon.train("exp", "sync", 2, epochs=4, seed=0, evals=0, progress=False,
+                          backend="threads", out=tmp_path / "a", checkpoint_every=48)
+    n = first.summary["n_examples"]
+    done = checkpoints.read(checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0])
+    assert done.meta["examples"] == 3 * n  # 16 updates an epoch: past what --epochs 2 asks
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "monsoon", "train", "--problem", "exp", "--strategy", "sync",
+         "--workers", "2", "--epochs", "2", "--seed", "0", "--backend", "threads",
+         "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--quiet"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--epochs 2" in lines[0] and "--epochs 3 or more" in lines[0]
+    # nothing written (train's check that --out is writable leaves the folder, empty)
+    assert not (tmp_path / "b").exists() or not list((tmp_path / "b").iterdir())
+    # the same budget resumes (a finished run: nothing left to do)
+    again = monsoon.train("exp", "sync", 2, epochs=4, seed=0, evals=0, progress=False,
+                          backend="threads", resume=str(tmp_path / "a"))
+    assert again.summary["updates"] == 4 * 16
