@@ -58,6 +58,22 @@ def merged(kept: dict | None, report: dict) -> dict:
     return out
 
 
+def traffic_totals(senders: dict) -> dict:
+    """``RunTally.totals``'s traffic, from senders a driver keeps itself
+    (``{rank: Sender}``: Spark's async server counts every applied segment's)."""
+    return {"traffic": {str(r): {k: v.item() if hasattr(v, "item") else v
+                                 for k, v in senders[r].stats().items()}
+                        for r in sorted(senders)}}
+
+
+def carry_traffic(senders: dict, totals: dict | None) -> None:
+    """Start each of ``senders`` (``{rank: Sender}``) from the traffic in a
+    checkpoint's ``totals`` (none: from zero)."""
+    for rank, stats in ((totals or {}).get("traffic") or {}).items():
+        if int(rank) in senders:
+            senders[int(rank)].count_on(stats)
+
+
 def failed_list(failed: dict) -> list:
     """``failed_workers`` from ``{rank: reason}``: the error is the reason's
     first line (the whole of a one-line reason), the traceback all of it."""
