@@ -16,10 +16,14 @@ tally's ``totals`` so far (staleness counts, each rank's traffic and clock
 report, in its meta), and the resumed run's tally starts from them
 (``carry``); each report then adds to them, rank by rank (``merged``). A
 checkpoint without them (an older one, or a periodic one, written while the
-counts were still in the workers) counts from zero, as a fresh run does. What only the engine knows (the server's updates, counts in shared
+counts were still in the workers) counts from zero, as a fresh run does.
+
+What only the engine knows (the server's updates, counts in shared
 memory) it gives to ``result``. Spark's driver and the simulator apply every
 update themselves and count as they go: they use ``failed_list`` and
-``run_folder_extra`` alone.
+``run_folder_extra`` alone; Spark's async server keeps each worker's sender,
+whose counts its checkpoints carry (``traffic_totals``, ``carry_traffic``),
+and the simulator replays its run to the checkpoint, counting all again.
 """
 from __future__ import annotations
 
