@@ -228,8 +228,9 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
                         progress=run['progress'], cost_aware=not virtual,
                         eval_share=run['eval_share'], tol=run['tol'],
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
-    check_resume(engine, problem, strat, rule, w0, resolved.processes, run['batch_size'],
-                 run['seed'])
+    found = check_resume(engine, problem, strat, rule, w0, resolved.processes,
+                         run['batch_size'], run['seed'])
+    _check_resumed_budget(found, resolved.budget, problem, total)
     if out is not None and getattr(engine, "writes_run_folder", True):
         _start_folder(Path(out), resolved, w0)
     live = make_live(run, out, {**resolved.config(), **engine.describe()},
@@ -249,6 +250,24 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     if live is not None:
         live.finish(result.history, result.run_dir, "FINISHED")
     return result
+
+
+def _check_resumed_budget(found, budget, problem, total: int) -> None:
+    """Refuse, in one line, a ``--resume`` whose checkpoint has done more
+    examples than this run's budget (``total``) holds: the resumed run
+    would do nothing and report the checkpoint's run under a budget it
+    exceeded."""
+    done = 0 if found is None else int(found.meta.get("examples", 0))
+    if done <= total:
+        return
+    if budget.epochs is not None:
+        asked, need = f"--epochs {budget.epochs}", f"--epochs {-(-done // problem.n_examples)}"
+    else:
+        asked, need = f"--steps {budget.steps}", "a larger --steps"
+    raise _checkpoints.CheckpointError(
+        f"--resume: checkpoint {found.path} has done {done} examples "
+        f"({done / problem.n_examples:g} epochs), more than {asked} asks for ({total}); "
+        f"resume with {need} or more, or start a new run without --resume")
 
 
 def _start_folder(out: Path, resolved, w0) -> None:

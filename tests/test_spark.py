@@ -280,3 +280,22 @@ def test_async_checkpoints_and_a_resumed_run_does_only_the_rest(spark, tmp_path)
     assert s["updates"] == whole.summary["updates"] and s["examples"] == 64 * 32
     assert sum(s["staleness_counts"].values()) == s["updates"]
     assert s["status"] == "finished" and np.isfinite(s["final_loss"])
+
+
+def test_an_async_run_resumed_from_a_checkpoint_counts_the_whole_runs_bytes(spark, tmp_path):
+    """The checkpoint carries the applied segments' traffic (the driver's
+    senders, ``tally.traffic_totals``): the resumed run's bytes are the
+    whole run's, not its last attempt's."""
+    from monsoon.record import checkpoints
+
+    kw = dict(strategy="async", workers=2, engine="spark", steps=64, batch_size=32, n_push=4,
+              n_fetch=4, lr=0.1, dtype="float64", evals=0, seed=0, progress=False)
+    whole = monsoon.train("logistic", out=tmp_path / "a", checkpoint_every=4, **kw)
+    files = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))
+    assert checkpoints.read(files[0]).meta["totals"]["traffic"]
+    for later in files[1:]:
+        later.unlink()
+    resumed = monsoon.train("logistic", resume=str(tmp_path / "a"), **kw)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+    for key in ("bytes_sent", "bytes_sent_per_worker", "bytes_sent_per_update"):
+        assert resumed.summary[key] == whole.summary[key], key

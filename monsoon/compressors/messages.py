@@ -148,10 +148,12 @@ class Sender:
         # residual is never changed in place, only replaced, so this holds a reference
         self.previous = None
         self.sent_bytes = self.raw_bytes = self.received_bytes = self.messages = 0
+        self.counted = (0, 0, 0, 0)  # the counts before the last message
         self.last_nbytes = 0
         self.last_finite = True
 
     def _encode(self, v: np.ndarray) -> tuple[Encoded, np.ndarray]:
+        self.counted = (self.sent_bytes, self.raw_bytes, self.received_bytes, self.messages)
         if self.keep_previous:
             self.previous = (self.residual, {k: np.array(a, copy=True)
                                              for k, a in self.compressor.state().items()})
@@ -172,6 +174,7 @@ class Sender:
         return enc, out
 
     def _plain(self, v: np.ndarray) -> np.ndarray:
+        self.counted = (self.sent_bytes, self.raw_bytes, self.received_bytes, self.messages)
         self.messages += 1
         self.raw_bytes += v.nbytes
         self.sent_bytes += v.nbytes
@@ -226,6 +229,20 @@ class Sender:
     def restore(self, arrays: dict) -> None:
         self.residual = np.array(arrays["residual"], copy=True) if int(arrays["has"][0]) else None
         self.compressor.set_state(arrays)
+
+    def count_on(self, stats: dict) -> None:
+        """Add a previous attempt's counts (its ``stats()``) to this sender's:
+        a resumed run's traffic counts the whole run."""
+        self.sent_bytes += int(stats.get("sent", 0))
+        self.raw_bytes += int(stats.get("raw", 0))
+        self.received_bytes += int(stats.get("received", 0))
+        self.messages += int(stats.get("messages", 0))
+
+    def uncount_last(self) -> None:
+        """Take the last message (and what it received back) out of the
+        counts: a synchronous worker's message of a step that a stop left
+        unapplied, which the resumed run sends again (``RunTally.carry``)."""
+        self.sent_bytes, self.raw_bytes, self.received_bytes, self.messages = self.counted
 
     def stats(self) -> dict:
         norm = 0.0 if self.residual is None else float(np.linalg.norm(self.residual))

@@ -8,10 +8,22 @@ its own parameters and buffers where it keeps them, its traffic
 and torch's rank 0 gather the reports through their own transports and add
 them (``RunTally.add``); the tally sums them, lists the lost workers
 (``failed``) and fills summary.json's traffic and clock fields, one way for
-all. What only the engine knows (the server's updates, counts in shared
+all.
+
+A resumed run counts the whole run, not its last attempt: a checkpoint that
+a tally's run wrote at its end (an interrupted run's final one) holds the
+tally's ``totals`` so far (staleness counts, each rank's traffic and clock
+report, in its meta), and the resumed run's tally starts from them
+(``carry``); each report then adds to them, rank by rank (``merged``). A
+checkpoint without them (an older one, or a periodic one, written while the
+counts were still in the workers) counts from zero, as a fresh run does.
+
+What only the engine knows (the server's updates, counts in shared
 memory) it gives to ``result``. Spark's driver and the simulator apply every
 update themselves and count as they go: they use ``failed_list`` and
-``run_folder_extra`` alone.
+``run_folder_extra`` alone; Spark's async server keeps each worker's sender,
+whose counts its checkpoints carry (``traffic_totals``, ``carry_traffic``),
+and the simulator replays its run to the checkpoint, counting all again.
 """
 from __future__ import annotations
 
@@ -29,6 +41,41 @@ def summed_staleness(reports) -> Counter:
     for report in reports:
         staleness.update({int(k): v for k, v in report.get("staleness", {}).items()})
     return staleness
+
+
+def merged(kept: dict | None, report: dict) -> dict:
+    """One rank's traffic (``Sender.stats``) or SSP clock report
+    (``clocks``, ``wait_s``, ``staleness``) after ``report`` is added to
+    what it held (``kept``, None: nothing): counts, bytes and waits sum,
+    the residual's norm is the newest (the resumed sender carries its
+    residual on)."""
+    if not kept:
+        return dict(report)
+    out = dict(kept)
+    for key, value in report.items():
+        if key == "residual_norm":
+            out[key] = value
+        elif key == "staleness":
+            out[key] = dict(summed_staleness([kept, report]))
+        else:
+            out[key] = kept.get(key, 0) + value
+    return out
+
+
+def traffic_totals(senders: dict) -> dict:
+    """``RunTally.totals``'s traffic, from senders a driver keeps itself
+    (``{rank: Sender}``: Spark's async server counts every applied segment's)."""
+    return {"traffic": {str(r): {k: v.item() if hasattr(v, "item") else v
+                                 for k, v in senders[r].stats().items()}
+                        for r in sorted(senders)}}
+
+
+def carry_traffic(senders: dict, totals: dict | None) -> None:
+    """Start each of ``senders`` (``{rank: Sender}``) from the traffic in a
+    checkpoint's ``totals`` (none: from zero)."""
+    for rank, stats in ((totals or {}).get("traffic") or {}).items():
+        if int(rank) in senders:
+            senders[int(rank)].count_on(stats)
 
 
 def failed_list(failed: dict) -> list:
@@ -70,10 +117,33 @@ class RunTally:
         self.local_dropped += report.get("local_dropped", 0)
         if report.get("params") is not None:
             self.params[rank] = report["params"]
-        for key, kept in (("state", self.states), ("traffic", self.traffic),
-                          ("clocks", self.clocks)):
+        if report.get("state"):
+            self.states[rank] = report["state"]
+        for key, kept in (("traffic", self.traffic), ("clocks", self.clocks)):
             if report.get(key):
-                kept[rank] = report[key]
+                kept[rank] = merged(kept.get(rank), report[key])
+
+    def carry(self, totals: dict | None) -> None:
+        """Start from a checkpoint's ``totals`` (what ``totals`` returned in
+        the run that wrote it; None or empty: from zero)."""
+        if not totals:
+            return
+        self.staleness.update(summed_staleness([totals]))
+        for key, kept in (("traffic", self.traffic), ("clocks", self.clocks)):
+            for rank, figures in totals.get(key, {}).items():
+                kept[int(rank)] = merged(kept.get(int(rank)), figures)
+
+    def totals(self) -> dict:
+        """The counts so far that a checkpoint carries to a resumed run, as
+        JSON (``carry`` reads them back)."""
+        def plain(figures: dict) -> dict:
+            return {k: ({str(s): int(n) for s, n in v.items()} if isinstance(v, dict)
+                        else v.item() if hasattr(v, "item") else v)
+                    for k, v in figures.items()}
+
+        return {"staleness": plain(self.staleness),
+                "traffic": {str(r): plain(t) for r, t in sorted(self.traffic.items())},
+                "clocks": {str(r): plain(c) for r, c in sorted(self.clocks.items())}}
 
     def extra(self, updates: int) -> dict:
         """summary.json's traffic fields (``messages.summarize``, by rank)

@@ -9,7 +9,10 @@ batch size, seed) and the engine that wrote it (``engine``, its registry
 name; absent in checkpoints written before it was recorded), the position
 in the data order (``step``: batches done; ``positions``: per worker), the
 time and counters so far, and the recorder's rows, so the loss curve
-carries on.
+carries on; where the engine's tally wrote them (the local engine's final
+checkpoint of a stopped run), ``totals``: the counts its workers kept
+themselves (staleness, traffic, SSP's clocks), which the resumed run's tally
+counts on from (``engines/tally.py``), so its summary counts the whole run.
 
 Invariants:
 
@@ -75,7 +78,10 @@ class Start:
     as an array by spark's server, here ``[step] * workers`` where absent
     (every worker walks the global plan); the private copies
     (``worker.<k>.params``) and compressor states (``sender.<name>``,
-    workers first) where the run keeps them."""
+    workers first) where the run keeps them; ``totals``, the counts of the
+    run so far that its engine's tally carries on (``RunTally.carry``: the
+    meta key ``totals``, where the checkpoint holds them; {}: count from
+    zero)."""
     params: np.ndarray
     state: tuple | None          # the whole rule state (None: the rule's fresh one)
     step: int = 0
@@ -86,6 +92,7 @@ class Start:
     private: dict = field(default_factory=dict)   # rank -> private copy
     senders: dict = field(default_factory=dict)   # rank -> compressor state
     saved: Checkpoint | None = None
+    totals: dict = field(default_factory=dict)
 
     @property
     def path(self) -> str | None:
@@ -126,7 +133,8 @@ class Start:
                    {r: arrays[f"worker.{r}.params"] for r in range(workers)
                     if f"worker.{r}.params" in arrays},
                    {r: {k[len("sender."):]: arrays[k][r] for k in held}
-                    for r in range(workers)} if held else {}, saved)
+                    for r in range(workers)} if held else {}, saved,
+                   dict(meta.get("totals") or {}))
 
 
 def private_copies(strategy) -> bool:

@@ -1,9 +1,8 @@
 """The record of a run: loss curve rows, progress bar, divergence watch.
 
-The curve costs the run nothing it could notice. While the run goes, the
-engine calls ``record`` whenever ``due`` says so; that copies the
-parameters into a snapshot (a memcpy, plus a finite check by summation)
-and nothing else. ``finish`` evaluates every snapshot after the run, with
+The curve costs the run nothing it could notice: while the run goes,
+``record`` (whenever ``due`` says so) only copies the parameters into a
+snapshot and checks them finite. ``finish`` evaluates every snapshot after the run, with
 the same full-data objective for every strategy (``problem.loss``, or
 ``problem.evaluate`` where a problem reports more, such as accuracy), so
 evaluation never competes with the workers for the cores and serial and
@@ -15,9 +14,8 @@ bounded: at most ``max_bytes`` in all; when the pool is full every other
 snapshot is dropped and the interval doubles (their buffers take the next
 copies). Where the clock is real (``cost_aware``), snapshots are also at
 least ``COST_SPACING`` times their own measured cost apart (the recording
-thread's CPU time, and at least what their size says: memory touched for
-the first time can cost many times a copy), so a large model's copies take
-at most ~2% of the run however short it is.
+thread's CPU time, at least what their size says), so a large model's
+copies take at most ~2% of the run however short it is.
 
 Evaluating after the run costs the user wall time instead. Where the clock
 is real, it gets at most ``eval_share`` of the run's time (and at least
@@ -30,16 +28,15 @@ is one call where the problem has ``evaluate_many``. The monitor also hands
 
 Non-finite parameters, or more dropped updates than applied ones (over
 100), stop the run with advice; so do more dropped local steps than applied
-ones, where the workers take local steps (local SGD, EASGD: ``local``,
-counted in a unit of their own, a worker's step on its own copy, as the
-server's updates are counted in theirs); a non-finite loss after it marks it diverged, one above its
-start or a constant's is warned of (``worse_than_start``). ``target_loss``
+ones (local SGD, EASGD: ``local``, in their own unit). A non-finite loss
+after it marks it diverged; one above its start or a constant's is warned
+of (``worse_than_start``). ``target_loss``
 stops a run where an engine asks (``check_target``, ``target_met``;
 ``reached_target`` tells it from a divergence), and the run returns the
 parameters the check found there (``target_params``).
 
-``tol`` stops such a run once its best evaluated loss is below the best of an
-epoch earlier by less than ``tol`` of itself (MLlib's tol; ``converged``), from
+``tol`` stops a run once its best evaluated loss beats the best of an epoch
+earlier by less than ``tol`` of itself (MLlib's tol; ``converged``), from
 snapshots only: a line search's rejected trial (``target_met``) is no stall.
 """
 from __future__ import annotations

@@ -37,10 +37,12 @@ update per stopped worker that no uninterrupted run makes.
 can end the run: ``halt[0]`` set, ``halted()`` raises (``Halted``) before the
 worker's next op, unless that op lands a gradient already computed
 (``LANDING``: Apply, Push, LocalStep, LocalApply, and EASGD's Elastic,
-which ends the local step before it): a halted worker then stops between
-batches, every batch it counted applied, so a checkpoint's positions,
-taken from the examples counted, skip no batch whose update is missing
-(these ops never wait unboundedly). A program that fails or is halted is
+which ends the local step before it; and SSP's Clock, which ends the push
+period before it, so the period is counted where the resumed run skips
+it): a halted worker then stops between batches, every batch it counted
+applied, so a checkpoint's positions, taken from the examples counted,
+skip no batch whose update is missing (these ops never wait unboundedly:
+a Clock's wait for the bound leaves on the halt). A program that fails or is halted is
 closed. An op the
 engine does not carry out raises ConfigError (``Engine.check`` refuses such
 a strategy before the run; this is the backstop).
@@ -66,7 +68,7 @@ class Halted(Exception):
 
 OPS = (Gradient, Apply, Fetch, Push, Clock, LocalStep, AllReduce, Average, LocalApply, Elastic,
        SGDPass)
-LANDING = frozenset({Apply, Push, LocalStep, LocalApply, Elastic})  # a halt waits for them
+LANDING = frozenset({Apply, Push, LocalStep, LocalApply, Elastic, Clock})  # a halt waits for them
 
 
 class Worker:

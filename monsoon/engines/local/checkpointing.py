@@ -27,7 +27,11 @@ the end of an epoch, at most once per epoch; serial's are exact.
 Either way the checkpoint holds the counters (examples, updates, dropped;
 the local steps applied and dropped, where workers take them: in its meta,
 ``local_updates`` and ``dropped_local_updates``) and the recorder's rows up
-to it, so totals and the loss curve carry on.
+to it, so totals and the loss curve carry on. The final checkpoint of a
+stopped run also holds what the workers counted themselves and reported as
+they stopped (staleness counts, traffic, SSP's clocks: ``totals``, see
+``engines/tally.py``); a periodic one is written while those are still in
+the workers, and a run resumed from it counts them from there on.
 An exact checkpoint of a compressed run also holds each worker's sender
 state (``sender.<name>``, see ``save_sender`` and, for the final checkpoint
 of a stopped run, ``hand_over_sender`` below); a serial run's, the
@@ -121,9 +125,12 @@ class RunCheckpoints(checkpoints.Checkpointer):
 
     def write(self, *, params, state, counters: np.ndarray, positions, time_s: float, rows,
               reason: str, exact: bool, private: dict | None = None,
-              extra: dict | None = None, local: tuple[int, int] | None = None):
+              extra: dict | None = None, local: tuple[int, int] | None = None,
+              totals: dict | None = None):
         """``extra``: more arrays (the senders' ``sender.<name>``);
-        ``local``: the local steps applied and dropped (None: none taken)."""
+        ``local``: the local steps applied and dropped (None: none taken);
+        ``totals``: the tally's counts so far (``RunTally.totals``), which
+        only the final checkpoint has whole."""
         if not self.directory:
             return None
         t0 = time.perf_counter()
@@ -137,6 +144,8 @@ class RunCheckpoints(checkpoints.Checkpointer):
                 "exact": bool(exact), "reason": reason}
         if local is not None:
             meta["local_updates"], meta["dropped_local_updates"] = (int(v) for v in local)
+        if totals is not None:
+            meta["totals"] = totals
         self.save(updates + dropped, float(time_s), params, state, meta, arrays, rows)
         end = time.perf_counter()
         self.ready_at = end + COST_FACTOR * (end - t0)

@@ -236,6 +236,7 @@ class _InlineWatch:
         self.due = Due(recorder, every)
         self.due.plan_checkpoint(self.steps_done())
         self.watch = None
+        self.totals = dict  # the run's counts so far, for the final checkpoint (``_run_inline``)
 
     def steps_done(self) -> int:
         """The position a checkpoint records: epochs for a compiled pass, else steps."""
@@ -264,7 +265,8 @@ class _InlineWatch:
                           positions=[steps], time_s=self.resume.time_s + now,
                           rows=self.recorder.settled_rows(),
                           reason="interrupted" if sig else "periodic", exact=True,
-                          extra=self.checkpoint_extra())
+                          extra=self.checkpoint_extra(),
+                          totals=self.totals() if sig else None)
             self.due.plan_checkpoint(steps)
         if sig:
             raise Stopped()
@@ -507,6 +509,14 @@ class LocalEngine(Engine):
         if resume.senders.get(0) is not None:
             sender.restore(resume.senders[0])
         watch = _InlineWatch(self, store, problem, sender, recorder, ck, resume)
+
+        def tally():  # the run's counts so far: its checkpoint's, and this attempt's
+            counts = RunTally(1, self.compression)
+            counts.carry(resume.totals)
+            counts.add(0, {"staleness": runtime.staleness, "traffic": sender.stats()})
+            return counts
+
+        watch.totals = lambda: tally().totals()
         stopped = interrupted = None
         try:
             with _seeded_rng(problem, seed, 0):
@@ -519,10 +529,9 @@ class LocalEngine(Engine):
             stopped = recorder.stop_reason
         wall = time.perf_counter() - watch.t0
         ex, up, dropped, late = store.totals()
-        tally = RunTally(1, self.compression)
-        tally.add(0, {"staleness": runtime.staleness, "traffic": sender.stats()})
-        return tally.result(np.array(arrays.to_host(store.params), copy=True), 0.0, wall,
-                            int(ex), int(up), int(dropped), tally.extra(int(up)),
+        counts = tally()
+        return counts.result(np.array(arrays.to_host(store.params), copy=True), 0.0, wall,
+                            int(ex), int(up), int(dropped), counts.extra(int(up)),
                             late=int(late), stopped=stopped, interrupted=interrupted)
 
     # -- parallel: processes or threads --------------------------------------

@@ -43,6 +43,7 @@ class WorkerMonitor:
         self.exact = ck.exact
         self.tally = RunTally(workers, engine.compression)  # the workers' reports, at the end
         self.tally.params.update(resume.private)  # until the workers report their own copies
+        self.tally.carry(resume.totals)  # a resumed run counts on from its checkpoint's
         self.finished, self.failed = pool.finished, pool.failed
         self.startup = None  # seconds until every worker was ready, once they were
         self.wake = StopSignals.active.waitable() if StopSignals.active is not None else None
@@ -260,7 +261,7 @@ class WorkerMonitor:
         return reason
 
     # -- checkpoints ---------------------------------------------------------
-    def snapshot(self, reason: str, now: float, private=None) -> None:
+    def snapshot(self, reason: str, now: float, private=None, totals=None) -> None:
         """A checkpoint of the shared parameters as they are now (not at a
         step boundary: ``exact=False``)."""
         # parameters first: a worker counts a batch's examples before its
@@ -274,7 +275,8 @@ class WorkerMonitor:
                  positions=ck.snapshot_positions(self.strategy, counters, self.n,
                                                  self.batch_size, self.engine.kernel),
                  time_s=self.resume.time_s + now, rows=self.recorder.settled_rows(),
-                 reason=reason, exact=False, private=private, local=self.local_totals())
+                 reason=reason, exact=False, private=private, local=self.local_totals(),
+                 totals=totals)
 
     def buffer_filled(self) -> bool:
         """Whether the workers have left a checkpoint in the buffer."""
@@ -294,7 +296,7 @@ class WorkerMonitor:
         self.exact_checkpoint(step, params, state, "periodic", now, senders)
 
     def exact_checkpoint(self, step: int, params, state, reason: str, now: float,
-                         senders=False) -> None:
+                         senders=False, totals=None) -> None:
         """Written only where the workers' compressor state at ``step`` is at
         hand (``senders``, or ``checkpointing.read_senders``); else (a worker
         lost, whose state went with it) the newest one stands."""
@@ -309,7 +311,8 @@ class WorkerMonitor:
                                             self.batch_size,
                                             self.strategy.backup_workers),
                  positions=[step] * workers, time_s=self.resume.time_s + now,
-                 rows=self.recorder.settled_rows(), reason=reason, exact=True, extra=senders)
+                 rows=self.recorder.settled_rows(), reason=reason, exact=True, extra=senders,
+                 totals=totals)
 
     # -- the end -------------------------------------------------------------
     def finish(self, wall: float, up: int) -> np.ndarray:
@@ -322,13 +325,15 @@ class WorkerMonitor:
         params = np.array(arrays.to_host(store.params), copy=True)
         if self.buffer_filled():  # the last periodic one, filled after the last look
             self.take_buffer(wall)
-        if self.due.interrupted is not None:
+        if self.due.interrupted is not None:  # the workers have reported: the totals are whole
             if not self.exact:
-                self.snapshot("interrupted", wall, private=self.tally.params or None)
+                self.snapshot("interrupted", wall, private=self.tally.params or None,
+                              totals=self.tally.totals())
             elif self.at_one_boundary():  # each worker handed its sender over there
                 step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
                 self.exact_checkpoint(step, store.params, store.state, "interrupted", wall,
-                                      read_senders(store, step, self.every, stopped=True))
+                                      read_senders(store, step, self.every, stopped=True),
+                                      self.tally.totals())
         return params
 
     def at_one_boundary(self) -> bool:

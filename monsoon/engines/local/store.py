@@ -10,26 +10,19 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``versions[s]``: updates applied to shard s (a push is a locked in-place
   update of that shard, not a message); ``lock_owner``, ``lock_claims``:
   whose each lock is, for the monitor (``holding``, ``release_locks_of``);
-- ``slots[k]``: worker k's contribution to the current synchronous step and
-  ``slot_examples[k]`` the examples behind it; ``sync[STEP]`` counts completed
-  steps, ``sync[ARRIVED]``, ``sync[REDUCED]`` and ``sync[APPLIED]`` count
-  arrivals at the step's three barriers (reset when the step completes),
-  ``contributors`` lists the ranks that count, in arrival order, and
-  ``sync[BAD_STEP]`` marks a step whose summed gradient is not finite;
-  without backup workers, ``marks[b, k]`` instead: the steps worker k is
-  through at barrier b (arrived, summed, applied), raised by k alone;
-  ``sums.<i>`` (Average's runs whose inner rule keeps sums, AdaGrad's):
-  Local AdaAlter's shared sums S, one array per summed field, and
-  ``sum_slots.<i>[k]`` what worker k's steps added to them this round
-  (``server/summed.py``; ``synchronous.py`` takes their mean);
-- or, for replicated synchronous steps (small models, see
-  ``synchronous.py``), ``rep_slots[step % 2, k]`` and ``rep_examples``,
-  ``arrivals[k]`` (steps worker k has contributed to) and ``published``
-  (steps worker 0 has copied to ``params``); and ``snap.params[i]`` with
-  ``snap.meta[i]`` (clock, updates, examples, dropped): a ring of loss-curve
-  snapshots worker 0 writes every ``control[SNAP_EVERY]`` steps on its own,
-  so the monitor need not wake to ask for them (``control[SNAP_WRITTEN]``
-  written, ``control[SNAP_READ]`` read by the monitor; a full ring skips one);
+- ``slots[k]``, ``slot_examples[k]``: worker k's contribution to the current
+  synchronous step and its examples; ``sync[STEP]`` counts completed steps,
+  ``sync[ARRIVED|REDUCED|APPLIED]`` the arrivals at its three barriers,
+  ``contributors`` the ranks that count (arrival order), ``sync[BAD_STEP]`` a
+  step whose sum is not finite; without backup workers ``marks[b, k]``
+  instead: the steps worker k is through at barrier b, raised by k alone;
+- ``sums.<i>``, ``sum_slots.<i>[k]``: Local AdaAlter's shared sums S and what
+  worker k's steps added to them this round (``server/summed.py``);
+- replicated synchronous steps (small models, ``synchronous.py``):
+  ``rep_slots[step % 2, k]``, ``rep_examples``, ``arrivals[k]`` and
+  ``published``; ``snap.params[i]``, ``snap.meta[i]``: a ring of loss-curve
+  snapshots worker 0 writes every ``control[SNAP_EVERY]`` steps, read by the
+  monitor without asking (``control[SNAP_WRITTEN|SNAP_READ]``);
 - ``clocks[k]``: the SSP clocks worker k has finished (``clocks.py``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, ``local_counts[k]`` its local steps on its own copy

@@ -12,8 +12,8 @@ rule keeps sums, adds the mean of the workers' ``sum_slots`` to those
 shards of ``store.sums``: Local AdaAlter, ``server/summed.py``). Three
 barriers: all arrived (the first N count, later ones are late: backup
 workers); all shards summed and checked (a non-finite sum anywhere drops
-the whole step); all shards updated. Without backup workers the barriers need no lock: each worker
-raises its own mark (``store.marks``) and worker 0 closes the step. Two
+the whole step); all shards updated. Without backup workers the barriers
+need no lock: each worker raises its own mark (``store.marks``) and worker 0 closes the step. Two
 workers of equal batches sum, scale and check a shard in one compiled pass
 (``kernels.mean_of_two_finite``).
 
@@ -32,16 +32,12 @@ Invariants: a non-finite mean is never applied (the step counts in
 ``dropped``). Checkpoints and stops happen at step boundaries only, so a
 resumed run ends bit-identical to an uninterrupted one. Every
 ``checkpoint_every`` steps the parameters and rule state go to the store's
-checkpoint buffer (replicated: by worker 0; sharded: by the last worker
-through the step) once the monitor has taken the previous one (none is
-skipped). On ``STOP`` the first worker to see it at a boundary sets
-``STOP_AT`` and every worker stops there (``Stopped``): one waiting for the
-others to arrive leaves the wait (nothing of the step is applied yet), and
-none joins the step after. Each worker hands its compressor state at that
-boundary to the monitor (``checkpointing.hand_over_sender``: the state
-before its message of the step it left unapplied, where it had sent one),
-and the monitor then writes the final checkpoint.
-Every wait (barriers, the checkpoint buffer) has the run's timeout.
+checkpoint buffer (replicated: worker 0; sharded: the last worker through
+the step) once the monitor has taken the previous one. On ``STOP`` the
+first worker to see it at a boundary sets ``STOP_AT`` and every worker
+stops there (``Stopped``), handing its compressor state at that boundary to
+the monitor (``checkpointing.hand_over_sender``), which writes the final
+checkpoint. Every wait has the run's timeout.
 """
 from __future__ import annotations
 
@@ -150,8 +146,10 @@ class _Step:
         was for the step it left unapplied (a wait it left on the stop)."""
         sender = self.rt.sender
         if sender is not None:
-            hand_over_sender(self.store, sender, self.rank, self.step,
-                             before_last=self.sent == self.step)
+            unapplied = self.sent == self.step
+            hand_over_sender(self.store, sender, self.rank, self.step, before_last=unapplied)
+            if unapplied:  # the resumed run sends that message again: counted there
+                sender.uncount_last()
 
     def on_abort(self) -> None:
         """Called when the monitor aborts the run (the shared parameters are

@@ -19,11 +19,10 @@ How each op spends virtual time:
   happens when it is served); a fetch resumes when all replies are back, a
   push as soon as it is sent. A compressed ``Elastic`` (``--compress``) is a
   read of the centre, then the compressed difference sent like a push.
-- ``AllReduce`` / ``Average``: the contribution travels to the server; the
-  first N arrivals of a step count (the rest are late: dropped, counted),
-  the N-th triggers the update, and every worker of the step resumes when
-  the new parameters reach it. An inner rule's sums (AdaGrad's) travel
-  with Average's drift and come back synchronised (``server/summed.py``).
+- ``AllReduce`` / ``Average``: the contribution (and an inner rule's sums,
+  ``server/summed.py``) travels to the server; the first N arrivals of a
+  step count (later ones are dropped, counted), the N-th triggers the
+  update, and the step's workers resume when the result reaches them.
 
 Invariants (each has a test): events at equal times are taken in the order
 they were scheduled, and every random draw comes from the seed, so a seed

@@ -58,6 +58,7 @@ from ...server.averaging import TailAverage
 from ...strategies.batches import batches_in
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import next_checkpoint, staleness_arrays
+from ..tally import carry_traffic, traffic_totals
 from ...record.live import add_figures
 from ...monitor.due import Due
 from .sizing import JobTiming
@@ -171,6 +172,7 @@ class DriverServer:
             self.before = start.time_s
             self.core.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
                                            saved.arrays["staleness.counts"].tolist())))
+            carry_traffic(self.senders, saved.meta.get("totals"))  # the whole run's bytes
         self.next_ckpt = next_checkpoint(self.updates + self.core.dropped, ckpts.every)
 
     # -- a worker: a driver thread and its task's long job ----------------------
@@ -379,7 +381,8 @@ class DriverServer:
         params, state = self.core.copy()
         meta = {"applied": self.updates, "dropped": self.core.dropped, "reason": reason,
                 "examples": self.examples, "server_version": self.core.version,
-                "local_updates": self.local[0], "dropped_local_updates": self.local[1]}
+                "local_updates": self.local[0], "dropped_local_updates": self.local[1],
+                "totals": traffic_totals(self.senders)}  # the applied segments' bytes
         arrays = {"positions": np.array(self.positions, dtype=np.int64),
                   **staleness_arrays(self.core.staleness)}
         self.captured.append((done, time.perf_counter() - self.t0, params, state, meta, arrays))

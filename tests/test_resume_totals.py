@@ -1,0 +1,130 @@
+"""A resumed run's summary counts the whole run, not its last attempt.
+
+A run stopped by a signal writes a final checkpoint that carries the
+counts its workers kept themselves (staleness counts, traffic, SSP's
+clocks: ``RunTally.totals``); the resumed run's tally starts from them, so
+its summary.json and metrics.csv's ``bytes_sent`` column equal an
+uninterrupted run's. Synchronous runs replay exactly: every counted field
+is equal. Async and SSP carry on rather than replay: the totals the budget
+fixes (bytes sent per worker, gradients counted, clocks) are equal; how
+the staleness is spread is not deterministic. A checkpoint without totals
+(an older monsoon's) still resumes, counting from zero."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.errors import Interrupted
+from monsoon.record import checkpoints
+
+pytestmark = pytest.mark.slow
+
+EPOCHS = 150  # 2,400 updates on exp with 2 workers: the signal lands after update 200
+
+
+def interrupted_then_resumed(tmp_path, strategy, **options):
+    """(resumed summary and rows, uninterrupted summary): the run is stopped
+    by SIGTERM once its first checkpoint is written, then resumed."""
+    opts = dict(seed=0, evals=5, epochs=EPOCHS, progress=False, **options)
+    folder = tmp_path / "a"
+
+    def signal_once_going():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if list((folder / "checkpoints").glob("ckpt-*.npz")):
+                break
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_going, daemon=True).start()
+    with pytest.raises(Interrupted):
+        monsoon.train("exp", strategy, 2, out=folder, checkpoint_every=200, **opts)
+    return folder, opts
+
+
+def resume_and_compare(tmp_path, strategy, **options):
+    folder, opts = interrupted_then_resumed(tmp_path, strategy, **options)
+    resumed = monsoon.train("exp", strategy, 2, resume=str(folder), **opts)
+    whole = monsoon.train("exp", strategy, 2, **opts)
+    return resumed, whole
+
+
+def assert_bytes_column(result, per_update):
+    """metrics.csv's bytes_sent at each row: its updates at the whole run's rate."""
+    assert result.history and all(
+        row["bytes_sent"] == int(round(row["updates"] * per_update)) for row in result.history)
+
+
+@pytest.mark.parametrize("options", [dict(backend="threads"), dict(backend="processes"),
+                                     dict(backend="threads", compress="topk:0.1")],
+                         ids=["sync-threads", "sync-processes", "sync-topk"])
+def test_a_resumed_sync_run_counts_every_field_as_the_uninterrupted_one(tmp_path, options):
+    resumed, whole = resume_and_compare(tmp_path, "sync", **options)
+    assert np.array_equal(resumed.params, whole.params)
+    for key in ("updates", "examples", "bytes_sent", "bytes_received",
+                "bytes_sent_uncompressed", "bytes_sent_per_update", "bytes_sent_per_worker",
+                "bytes_received_per_worker", "compression_ratio", "residual_norm",
+                "staleness_counts", "late_gradients", "dropped_updates"):
+        assert resumed.summary[key] == whole.summary[key], key
+    assert_bytes_column(resumed, whole.summary["bytes_sent_per_update"])
+
+
+@pytest.mark.parametrize("strategy", ["async", "ssp"])
+def test_a_resumed_racing_run_counts_the_whole_runs_traffic_gradients_and_clocks(tmp_path,
+                                                                                strategy):
+    resumed, whole = resume_and_compare(tmp_path, strategy, backend="threads")
+    for key in ("updates", "examples", "bytes_sent", "bytes_sent_per_worker",
+                "bytes_sent_per_update", "dropped_updates"):
+        assert resumed.summary[key] == whole.summary[key], key
+    assert sum(resumed.summary["staleness_counts"].values()) == \
+        sum(whole.summary["staleness_counts"].values())
+    if strategy == "ssp":  # every worker finished every clock, once
+        assert resumed.summary["clocks"] == whole.summary["clocks"] == [EPOCHS * 8] * 2
+        assert sum(resumed.summary["clock_staleness_counts"].values()) == \
+            sum(whole.summary["clock_staleness_counts"].values())
+    assert_bytes_column(resumed, whole.summary["bytes_sent_per_update"])
+
+
+def test_a_checkpoint_without_totals_resumes_counting_from_zero(tmp_path):
+    folder, opts = interrupted_then_resumed(tmp_path, "sync", backend="threads")
+    newest = checkpoints.checkpoint_files(folder / "checkpoints")[0]
+    saved = checkpoints.read(newest)
+    assert saved.meta["totals"]["traffic"]
+    meta = {k: v for k, v in saved.meta.items() if k not in ("totals", "format", "version")}
+    checkpoints.save(folder / "checkpoints", meta["updates"], meta, saved.arrays)
+    resumed = monsoon.train("exp", "sync", 2, resume=str(folder), **opts)
+    assert resumed.summary["updates"] == EPOCHS * 16
+    # this attempt's traffic alone: 2 workers x 196 bytes a step after the checkpoint
+    left = EPOCHS * 16 - int(meta["updates"])
+    assert resumed.summary["bytes_sent"] == 2 * 196 * left
+
+
+def test_a_resume_with_a_smaller_budget_than_its_checkpoint_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    first = monsoon.train("exp", "sync", 2, epochs=4, seed=0, evals=0, progress=False,
+                          backend="threads", out=tmp_path / "a", checkpoint_every=48)
+    n = first.summary["n_examples"]
+    done = checkpoints.read(checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0])
+    assert done.meta["examples"] == 3 * n  # 16 updates an epoch: past what --epochs 2 asks
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "monsoon", "train", "--problem", "exp", "--strategy", "sync",
+         "--workers", "2", "--epochs", "2", "--seed", "0", "--backend", "threads",
+         "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"), "--quiet"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--epochs 2" in lines[0] and "--epochs 3 or more" in lines[0]
+    # nothing written (train's check that --out is writable leaves the folder, empty)
+    assert not (tmp_path / "b").exists() or not list((tmp_path / "b").iterdir())
+    # the same budget resumes (a finished run: nothing left to do)
+    again = monsoon.train("exp", "sync", 2, epochs=4, seed=0, evals=0, progress=False,
+                          backend="threads", resume=str(tmp_path / "a"))
+    assert again.summary["updates"] == 4 * 16
