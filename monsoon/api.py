@@ -271,15 +271,19 @@ def _start_folder(out: Path, resolved, w0) -> None:
     (``clear_results``) and checkpoints of another run
     (``checkpoints.remove_others``) are removed before any work starts, so
     that a run that fails never leaves its summary beside another run's
-    model, nor advice naming another run's checkpoint."""
+    model, nor advice naming another run's checkpoint. A damaged checkpoint
+    is never removed: resuming from this folder, ``load_latest`` names it
+    and the one used instead; otherwise it is moved aside, in one line."""
     engine = resolved.engine
     clear_results(out, resuming=bool(getattr(engine, "resume_dir", None)))
     folder = getattr(engine, "checkpoint_dir", None)
     if folder:
-        run = resolved.run
+        run, resume_dir = resolved.run, getattr(engine, "resume_dir", None)
+        resuming = bool(resume_dir) and Path(resume_dir).resolve() == Path(folder).resolve()
         _checkpoints.remove_others(folder, _checkpoints.identity(
             resolved.problem, resolved.strategy, resolved.rule, resolved.processes,
-            run["batch_size"], run["seed"], engine.name), _checkpoints.shapes(w0, resolved.rule))
+            run["batch_size"], run["seed"], engine.name), _checkpoints.shapes(w0, resolved.rule),
+            resuming=resuming)
 
 
 def _constant_loss(problem) -> float | None:

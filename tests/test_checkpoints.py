@@ -176,6 +176,35 @@ def test_a_damaged_newest_checkpoint_falls_back_to_an_older_good_one(tmp_path, c
     assert np.array_equal(resumed.params, whole.params)
 
 
+def test_a_damaged_newest_checkpoint_in_the_run_folder_is_named_not_dropped(tmp_path, capsys):
+    """--resume into the folder it resumes from (the command line's way):
+    the damaged newest checkpoint is named in one line with the one used
+    instead, and is not deleted before the resume could name it."""
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    files[-1].write_bytes(files[-1].read_bytes()[:1000])
+    capsys.readouterr()
+    resumed = monsoon.train("exp", "serial", epochs=3, seed=0, out=run, resume=str(run),
+                            evals=0, checkpoint_every=16)
+    assert resumed.summary["resumed_from"] == str(files[-2])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"{files[-1]} is corrupt or partial" in err[0] and files[-2].name in err[0], err
+    assert files[-1].exists()  # the damaged file is the user's to look at
+
+
+def test_a_new_run_moves_a_damaged_checkpoint_aside_in_one_line(tmp_path, capsys):
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    files[-1].write_bytes(files[-1].read_bytes()[:1000])
+    capsys.readouterr()
+    monsoon.train("exp", "serial", epochs=1, seed=0, out=run, evals=0)
+    err = capsys.readouterr().err.strip().splitlines()
+    aside = files[-1].with_name(files[-1].name + ".damaged")
+    assert len(err) == 1 and f"{files[-1]} is corrupt or partial" in err[0], err
+    assert aside.name in err[0] and aside.read_bytes() and not files[-1].exists()
+
+
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     run = _good_run(tmp_path)
     with pytest.raises(ConfigError, match="from another run: its problem is 'exp'"):

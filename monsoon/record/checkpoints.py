@@ -354,22 +354,53 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
                        shapes(w0, rule), warn=lambda line: None)
 
 
-def remove_others(directory, expect: dict, shapes: dict) -> list[Path]:
-    """Remove the checkpoints in ``directory`` that are not this run's
-    (unreadable, or another run's: ``check`` against ``expect`` and
-    ``shapes``), and return them. A new run in a used run folder starts
-    this way: otherwise a previous run's checkpoints would sit among its
-    own, outrank them (the newest ``KEEP`` by update count are kept), and
-    be named as where to carry on from. Those of this very run stay: a
-    torchrun restart resumes from them, and ``--resume`` reads them."""
+def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
+                  warn=None) -> list[Path]:
+    """Remove the checkpoints in ``directory`` that are another run's
+    (``check`` against ``expect`` and ``shapes`` refuses them), and return
+    them. A new run in a used run folder starts this way: otherwise a
+    previous run's checkpoints would sit among its own, outrank them, and be
+    named as where to carry on from. Those of this very run stay: a torchrun
+    restart resumes from them, and ``--resume`` reads them.
+
+    A damaged one (``read`` refuses it) is nobody's for sure, and is never
+    removed: where the run resumes from ``directory`` (``resuming``) it
+    stays, and ``load_latest`` names it with the checkpoint used instead;
+    otherwise it is moved aside to ``<name>.damaged`` (no longer a
+    checkpoint's name, so never read, counted or pruned again), and
+    ``warn`` (stderr by default) says so in one line."""
+    warn = warn or (lambda line: print(f"monsoon: warning: {line}", file=sys.stderr))
     removed = []
     for path in checkpoint_files(directory):
         try:
-            check(read(path), expect, shapes)
+            ckpt = read(path)
+        except CheckpointError as exc:
+            if not resuming:
+                aside = _move_aside(path)
+                warn(f"{exc}; moved it aside to {aside.name}" if aside else
+                     f"{exc}; left in place (it could not be moved aside)")
+            continue
+        try:
+            check(ckpt, expect, shapes)
         except CheckpointError:
             with_suppressed_unlink(path)
             removed.append(path)
     return removed
+
+
+def _move_aside(path: Path) -> Path | None:
+    """Rename a damaged checkpoint to a free ``<name>.damaged[.N]``; None
+    where it cannot be renamed."""
+    for n in range(1000):
+        aside = path.with_name(path.name + ".damaged" + (f".{n}" if n else ""))
+        if aside.exists():
+            continue
+        try:
+            os.replace(path, aside)
+        except OSError:
+            return None
+        return aside
+    return None
 
 
 def resume_refusal(engine, problem, strategy) -> str | None:
