@@ -64,6 +64,7 @@ class TorchEngine(Engine):
     ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
     keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
+    resumes_own_folder = True  # a restarted attempt resumes the run folder's newest
     backend_used = "torch.distributed"
     options = (
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
@@ -114,7 +115,7 @@ class TorchEngine(Engine):
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
         self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size,
-                                             seed, self.name)
+                                             seed, self.name, self.settings)
         if under_torchrun():
             from .rank import run_rank
 
