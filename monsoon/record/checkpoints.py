@@ -285,7 +285,7 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
     """Refuse a checkpoint of another run, written by another engine (each
     engine's meta is its own; one written before the engine was recorded
     passes), or with other shapes."""
-    refusal = _identity_refusal(ckpt.meta, expect)
+    refusal = _identity_refusal(ckpt.meta, {k: v for k, v in expect.items() if k != "settings"})
     if refusal is not None:
         raise CheckpointError(f"checkpoint {ckpt.path} {refusal}")
     for name, (shape, dtype) in shapes.items():
@@ -304,6 +304,16 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
             raise CheckpointError(f"checkpoint {ckpt.path}: {name} has shape {arr.shape} "
                                   f"{arr.dtype}, this run needs {tuple(shape)} "
                                   f"{np.dtype(dtype)}")
+    # the settings last: a missing array above says more (which options it was written with)
+    refusal = _identity_refusal(ckpt.meta, expect)
+    if refusal is None:
+        return
+    compress = (expect.get("settings") or {}).get("compress", "none")
+    written = (ckpt.meta.get("settings") or {}).get("compress", compress)
+    if written != compress != "none" and not any(k.startswith("sender.") for k in ckpt.arrays):
+        refusal = ("holds no compressor state (it was written without --compress, or by an "
+                   "older monsoon); resume with the options it was written with")
+    raise CheckpointError(f"checkpoint {ckpt.path} {refusal}")
 
 
 def _identity_refusal(meta: dict | None, expect: dict) -> str | None:
