@@ -110,6 +110,24 @@ class RunCheckpoints(checkpoints.Checkpointer):
             return [steps] * workers
         return checkpoints.positions_from_examples(counters[:, EXAMPLES], n, batch_size)
 
+    @staticmethod
+    def snapshot_counters(strategy, counters: np.ndarray, positions, n: int, batch_size: int,
+                          kernel: bool = False) -> np.ndarray:
+        """The counters a snapshot checkpoint holds, agreeing with its
+        ``positions``. Where every worker walks the global plan (synchronous:
+        local SGD), one stopped between averages may have counted local
+        steps past the common position, or not reached it; the resumed run
+        does every batch after that position, so the examples are those of
+        its first ``positions[0]`` batches (totals on row 0, as
+        ``exact_counters``), not the workers' own, or the totals would end
+        off an uninterrupted run's by the difference."""
+        if kernel or not strategy.synchronous:
+            return counters
+        out = counters.copy()
+        out[:, EXAMPLES] = 0
+        out[0, EXAMPLES] = examples_after(positions[0] if positions else 0, n, batch_size)
+        return out
+
     def exact_counters(self, step: int, workers: int, dropped: int, late: int, n: int,
                        batch_size: int, backups: int = 0) -> np.ndarray:
         """The counters after exactly ``step`` steps, totals on row 0.
