@@ -723,3 +723,5 @@ def test_an_interrupted_local_sgd_run_resumes_to_an_uninterrupted_runs_totals(tm
     resumed = monsoon.train("exp", "local-sgd", 2, resume=str(tmp_path / "a"), **opts)
     whole = monsoon.train("exp", "local-sgd", 2, **opts)
     assert resumed.summary["examples"] == whole.summary["examples"] == 50 * 256
+    # a local step on each worker's half of every batch
+    assert resumed.summary["local_updates"] == whole.summary["local_updates"] == 2 * 50 * 16

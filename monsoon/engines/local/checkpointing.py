@@ -128,6 +128,24 @@ class RunCheckpoints(checkpoints.Checkpointer):
         out[0, EXAMPLES] = examples_after(positions[0] if positions else 0, n, batch_size)
         return out
 
+    @staticmethod
+    def snapshot_local(strategy, local, positions, n: int, batch_size: int,
+                       kernel: bool = False):
+        """The local steps (applied, dropped) a snapshot checkpoint holds,
+        agreeing with its ``positions`` as ``snapshot_counters``'s examples
+        do: where every worker walks the global plan, each takes a local
+        step on its part of every batch (a part may be empty only in an
+        epoch's short last batch), so those of the first ``positions[0]``
+        batches, less the dropped ones."""
+        if local is None or kernel or not strategy.synchronous or not positions:
+            return local
+        workers, per_epoch = len(positions), -(-n // batch_size)
+        tail = min(n - (per_epoch - 1) * batch_size, workers)
+        full, rest = divmod(int(positions[0]), per_epoch)
+        taken = full * ((per_epoch - 1) * workers + tail) + rest * workers
+        applied, dropped = local
+        return max(0, taken - int(dropped)), int(dropped)
+
     def exact_counters(self, step: int, workers: int, dropped: int, late: int, n: int,
                        batch_size: int, backups: int = 0) -> np.ndarray:
         """The counters after exactly ``step`` steps, totals on row 0.

@@ -279,7 +279,9 @@ class WorkerMonitor:
                                                self.batch_size, kernel),
                  positions=positions, time_s=self.resume.time_s + now,
                  rows=self.recorder.settled_rows(),
-                 reason=reason, exact=False, private=private, local=self.local_totals(),
+                 reason=reason, exact=False, private=private,
+                 local=ck.snapshot_local(self.strategy, self.local_totals(), positions, self.n,
+                                         self.batch_size, kernel),
                  totals=totals)
 
     def buffer_filled(self) -> bool:
