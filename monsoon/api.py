@@ -275,15 +275,23 @@ def _start_folder(out: Path, resolved, w0) -> None:
     (``clear_results``) and checkpoints of another run
     (``checkpoints.remove_others``) are removed before any work starts, so
     that a run that fails never leaves its summary beside another run's
-    model, nor advice naming another run's checkpoint."""
+    model, nor advice naming another run's checkpoint; a new run that does
+    not resume from this folder removes an earlier run's even where its
+    settings are the same (an engine whose restarted attempt resumes the
+    folder, ``Engine.resumes_own_folder``, keeps those). A damaged checkpoint
+    is never removed: resuming from this folder, ``load_latest`` names it
+    and the one used instead; otherwise it is moved aside, in one line."""
     engine = resolved.engine
     clear_results(out, resuming=bool(getattr(engine, "resume_dir", None)))
     folder = getattr(engine, "checkpoint_dir", None)
     if folder:
-        run = resolved.run
+        run, resume_dir = resolved.run, getattr(engine, "resume_dir", None)
+        resuming = bool(resume_dir) and Path(resume_dir).resolve() == Path(folder).resolve()
         _checkpoints.remove_others(folder, _checkpoints.identity(
             resolved.problem, resolved.strategy, resolved.rule, resolved.processes,
-            run["batch_size"], run["seed"], engine.name), _checkpoints.shapes(w0, resolved.rule))
+            run["batch_size"], run["seed"], engine.name, engine.settings),
+            _checkpoints.shapes(w0, resolved.rule), resuming=resuming,
+            keep_mine=resuming or engine.resumes_own_folder)
 
 
 def _constant_loss(problem) -> float | None:

@@ -22,6 +22,7 @@ from .compressors import messages as _messages
 from .errors import ConfigError
 from .options import SEED_MAX, Option, at_least, declared, in_range, option_values, positive
 from .problems import PROBLEMS, Problem, problem_spec
+from .record.checkpoints import trajectory
 from .rules import RULES, Rule
 from .strategies import STRATEGIES, Budget, RunInfo
 
@@ -354,9 +355,11 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     device = _devices.choose(run["device"], instance, strat, engine, processes, rule=server_rule)
     if run["precision"] != "32":
         _devices.check_precision(run["precision"], instance)
-    return Resolved(run, values, instance, server_rule, strat, engine,
-                    Budget(epochs=run["epochs"], steps=run["steps"]), processes,
-                    _devices.plan(device, engine, processes))
+    resolved = Resolved(run, values, instance, server_rule, strat, engine,
+                        Budget(epochs=run["epochs"], steps=run["steps"]), processes,
+                        _devices.plan(device, engine, processes))
+    engine.settings = trajectory(resolved.config())  # what its checkpoints' identity holds
+    return resolved
 
 
 __all__ = ["RUN_OPTIONS", "Resolved", "resolve", "refuse_untaken", "for_strategy",

@@ -176,6 +176,114 @@ def test_a_damaged_newest_checkpoint_falls_back_to_an_older_good_one(tmp_path, c
     assert np.array_equal(resumed.params, whole.params)
 
 
+def test_a_damaged_newest_checkpoint_in_the_run_folder_is_named_not_dropped(tmp_path, capsys):
+    """--resume into the folder it resumes from (the command line's way):
+    the damaged newest checkpoint is named in one line with the one used
+    instead, and is not deleted before the resume could name it."""
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    files[-1].write_bytes(files[-1].read_bytes()[:1000])
+    capsys.readouterr()
+    resumed = monsoon.train("exp", "serial", epochs=3, seed=0, out=run, resume=str(run),
+                            evals=0, checkpoint_every=16)
+    assert resumed.summary["resumed_from"] == str(files[-2])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"{files[-1]} is corrupt or partial" in err[0] and files[-2].name in err[0], err
+    assert files[-1].exists()  # the damaged file is the user's to look at
+
+
+def test_a_new_run_moves_a_damaged_checkpoint_aside_in_one_line(tmp_path, capsys):
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    files[-1].write_bytes(files[-1].read_bytes()[:1000])
+    capsys.readouterr()
+    monsoon.train("exp", "serial", epochs=1, seed=0, out=run, evals=0)
+    err = capsys.readouterr().err.strip().splitlines()
+    aside = files[-1].with_name(files[-1].name + ".damaged")
+    assert len(err) == 1 and f"{files[-1]} is corrupt or partial" in err[0], err
+    assert aside.name in err[0] and aside.read_bytes() and not files[-1].exists()
+
+
+def _interrupt_after_first_checkpoint(folder: Path) -> None:
+    """SIGTERM to this process once ``folder`` holds a checkpoint newer than
+    those there now (the run is well under way), as a user's Ctrl-C."""
+    import signal
+    import threading
+
+    before = set((folder / "checkpoints").glob("ckpt-*.npz"))
+
+    def signal_once_going():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if set((folder / "checkpoints").glob("ckpt-*.npz")) - before:
+                break
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_going, daemon=True).start()
+
+
+@pytest.mark.parametrize("first_lr", [0.05, 0.01])  # another lr, and the very same settings
+def test_an_interrupted_run_resumes_its_own_checkpoint_not_an_earlier_runs(tmp_path,
+                                                                           first_lr):
+    """A finished run leaves later checkpoints in the folder than a second
+    run interrupted early: the second's checkpoint, which its message and
+    summary name, exists, and --resume carries on the second run."""
+    import json
+
+    from monsoon.errors import Interrupted
+
+    out = tmp_path / "ck"
+    opts = dict(seed=0, evals=10, checkpoint_every=50, out=out)
+    monsoon.train("exp", "serial", epochs=40, lr=first_lr, **opts)
+    first = sorted((out / "checkpoints").glob("ckpt-*.npz"))
+    _interrupt_after_first_checkpoint(out)
+    with pytest.raises(Interrupted) as info:
+        monsoon.train("exp", "serial", epochs=400, lr=0.01, **opts)
+    assert f"--resume {out}" in str(info.value)
+    named = Path(json.loads((out / "summary.json").read_text())["checkpoint"])
+    assert named.name < first[0].name  # interrupted before the first run's checkpoints
+    assert named.exists()
+    assert sorted((out / "checkpoints").glob("ckpt-*.npz"))[-1] == named
+    resumed = monsoon.train("exp", "serial", epochs=400, lr=0.01, resume=str(out), **opts)
+    assert resumed.summary["resumed_from"] == str(named)
+    whole = monsoon.train("exp", "serial", epochs=400, lr=0.01, seed=0, evals=10)
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+
+
+def test_a_checkpoint_with_other_trajectory_settings_is_refused(tmp_path):
+    """The rule's lr and schedule, the strategy's and the compressor's
+    options shape the run: a checkpoint records them, and --resume with
+    others is refused in one line naming the first that differs; the budget
+    may grow."""
+    run = _good_run(tmp_path)
+    with pytest.raises(ConfigError, match="its lr is 0.05, this run's is 0.02") as info:
+        monsoon.train("exp", "serial", epochs=3, seed=0, lr=0.02, resume=str(run))
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="its lr_schedule is 'constant', this run's is 'step'"):
+        monsoon.train("exp", "serial", epochs=3, seed=0, lr_schedule="step", resume=str(run))
+    resumed = monsoon.train("exp", "serial", epochs=6, seed=0, resume=str(run), evals=0,
+                            checkpoint_every=7, timeout=30)
+    assert resumed.summary["resumed_from"]
+
+
+def test_pruning_keeps_the_newest_of_this_run_only(tmp_path):
+    folder = tmp_path / "checkpoints"
+    arrays = {"params": np.zeros(3, dtype=np.float32)}
+    other = {"problem": "exp", "seed": 0, "settings": {"lr": 0.05}}
+    mine = {"problem": "exp", "seed": 0, "settings": {"lr": 0.01}}
+    for updates in (500, 600, 700, 800):
+        checkpoints.save(folder, updates, other, arrays)
+    (folder / "ckpt-000000000900.npz").write_bytes(b"damaged")
+    for updates in (10, 20, 30, 40):
+        path = checkpoints.save(folder, updates, mine, arrays)
+        assert path.exists()
+    names = sorted(p.name[5:17].lstrip("0") for p in checkpoints.checkpoint_files(folder))
+    assert names == ["20", "30", "40", "600", "700", "800", "900"]
+
+
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     run = _good_run(tmp_path)
     with pytest.raises(ConfigError, match="from another run: its problem is 'exp'"):
@@ -258,15 +366,16 @@ def test_the_command_line_refuses_another_engines_checkpoint_in_one_line(tmp_pat
 
 
 def _as_written_before(folder: Path) -> None:
-    """Rewrite each checkpoint of ``folder`` without the ``engine`` key, as
-    a monsoon that did not record it wrote them."""
+    """Rewrite each checkpoint of ``folder`` without the ``engine`` and
+    ``settings`` keys, as a monsoon that did not record them wrote them."""
     for f in sorted((folder / "checkpoints").glob("ckpt-*.npz")):
         ckpt = checkpoints.read(f)
         f.unlink()
         checkpoints.save(folder / "checkpoints", int(f.name[5:17]),
                          {k: v for k, v in ckpt.meta.items()
-                          if k not in ("format", "version", "engine")}, ckpt.arrays)
+                          if k not in ("format", "version", "engine", "settings")}, ckpt.arrays)
         assert "engine" not in checkpoints.read(f).meta
+        assert "settings" not in checkpoints.read(f).meta
 
 
 @pytest.mark.parametrize("engine,every", [("local", 10), ("sim", 10)])

@@ -694,3 +694,34 @@ def test_an_interrupted_compare_reports_what_ran_and_its_resume_carries_it_on(tm
     assert sync["status"] == "finished" and sync["updates"] == EPOCHS * 16
     assert sync["resumed_from"]
     assert "interrupted" not in (out / "report.md").read_text()
+
+
+def test_an_interrupted_local_sgd_run_resumes_to_an_uninterrupted_runs_totals(tmp_path):
+    """Local SGD: every worker walks the global plan, a local step on each
+    batch, and they average every 8. Worker 1 presses Ctrl-C from its 29th
+    gradient and pauses; worker 0 goes on to the average at 32 and waits
+    there, so they stop 3 batches apart. The checkpoint's examples are
+    those of its common position, and the resumed run ends with an
+    uninterrupted run's examples: none counted twice, none lost."""
+    from faulty import SignalOnce
+    from monsoon.errors import Interrupted
+    from monsoon.problems import make_problem
+
+    opts = dict(epochs=50, batch_size=16, seed=0, evals=0, timeout=20, progress=False)
+    stopper = SignalOnce(make_problem("exp"), os.getpid(), rank=1, after=29)
+    with pytest.raises(Interrupted):
+        monsoon.train(stopper, "local-sgd", 2, out=tmp_path / "a", checkpoint_every=0, **opts)
+    newest = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))[-1]
+    saved = checkpoints.read(newest)
+    meta = saved.meta
+    assert meta["reason"] == "interrupted"
+    step = meta["positions"][0]
+    assert meta["positions"] == [step, step] and 0 < step < 50 * 16, meta
+    # exp: 16 batches of 16 an epoch, so the first ``step`` batches hold 16 * step examples
+    assert meta["examples"] == int(saved.arrays["counters"][:, 0].sum()) == 16 * step, meta
+
+    resumed = monsoon.train("exp", "local-sgd", 2, resume=str(tmp_path / "a"), **opts)
+    whole = monsoon.train("exp", "local-sgd", 2, **opts)
+    assert resumed.summary["examples"] == whole.summary["examples"] == 50 * 256
+    # a local step on each worker's half of every batch
+    assert resumed.summary["local_updates"] == whole.summary["local_updates"] == 2 * 50 * 16

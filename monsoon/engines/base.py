@@ -149,6 +149,13 @@ class Engine:
     device_placement: str | None = None
     compresses = False   # carries out --compress (compressors/messages.py)
     compression = Compression()  # the run's --compress (none by default), set before ``run``
+    # The run's settings that shape its trajectory (``checkpoints.trajectory``,
+    # set by resolve): its checkpoints' identity holds them (None: not compared).
+    settings: dict | None = None
+    # True: a restarted attempt of a run (torchrun --max-restarts) starts it
+    # again, without --resume, and resumes its own folder's newest checkpoint,
+    # so a new run there keeps the checkpoints of its identity.
+    resumes_own_folder = False
 
     # The attributes ``describe`` reports (config.json and summary.json), in
     # order, each under its own name or the key ``SUMMARY_KEYS`` gives it.

@@ -5,7 +5,9 @@ the run folder's ``checkpoints/``: the arrays (``params``, ``state.<field>``
 of the rule, ``counters``, the workers' private copies ``worker.<k>.<what>``)
 and ``meta``, a JSON document stored as bytes beside them: which run it
 belongs to (problem, parameter count and dtype, strategy, rule, workers,
-batch size, seed) and the engine that wrote it (``engine``, its registry
+batch size, seed, and ``settings``: every option that shapes the run's
+trajectory, ``trajectory``; absent in checkpoints written before it was
+recorded) and the engine that wrote it (``engine``, its registry
 name; absent in checkpoints written before it was recorded), the position
 in the data order (``step``: batches done; ``positions``: per worker), the
 time and counters so far, and the recorder's rows, so the loss curve
@@ -25,7 +27,10 @@ Invariants:
   shapes) or written by another engine is refused in one line; the newest
   good one is used, and each refused one is named on stderr. None is ever
   half loaded: everything is read and checked before anything is returned.
-- The newest ``KEEP`` checkpoints are kept, older ones are removed.
+- The newest ``KEEP`` checkpoints of the run that writes one are kept,
+  its older ones are removed; another run's (another identity) and damaged
+  ones are not this save's to prune, and the one just written is never
+  removed: the checkpoint a message or summary names exists.
 """
 from __future__ import annotations
 
@@ -51,6 +56,18 @@ _NAME = re.compile(r"^ckpt-(\d{12})\.npz$")
 # What must match for a checkpoint to belong to this run.
 IDENTITY = ("problem", "n_params", "dtype", "strategy", "rule", "workers", "batch_size", "seed",
             "plan")
+# The run's options that a --resume may change: the budget and stopping
+# rules (the trajectory up to the checkpoint is the same under any), what is
+# recorded and where, timeouts, checkpoint spacing, where the cluster or
+# device is, and how the local engine runs its workers (threads or
+# processes: the same steps either way). Every other option (the rule's and
+# its lr and schedule, the strategy's, --compress, the problem's, the
+# engine's shards...) shapes the trajectory, and a checkpoint records it in
+# ``settings`` (``trajectory``).
+RESUMABLE = frozenset({
+    "epochs", "steps", "target_loss", "tol", "evals", "eval_share", "out", "progress",
+    "live_every", "tensorboard", "mlflow", "timeout", "checkpoint_every", "resume", "device",
+    "address", "run_name", "master", "max_restarts", "backend"})
 
 
 class CheckpointError(ConfigError):
@@ -153,17 +170,28 @@ def exact_checkpoints(strategy) -> bool:
     return strategy.single_worker or (strategy.synchronous and strategy.shared_params)
 
 
+def trajectory(config: dict) -> dict:
+    """The settings of a run (``Resolved.config()``) that shape its
+    trajectory: all but ``RESUMABLE``, as JSON keeps them (a checkpoint's
+    read back compares equal)."""
+    return json.loads(json.dumps({k: v for k, v in config.items() if k not in RESUMABLE},
+                                 default=str))
+
+
 def identity(problem, strategy, rule, workers: int, batch_size: int, seed: int,
-             engine: str | None = None) -> dict:
+             engine: str | None = None, settings: dict | None = None) -> dict:
     """What a checkpoint of this run records of it, and ``check`` compares;
     ``engine``: the registry name of the engine that writes and resumes it
-    (``Engine.name``), whose meta only that engine reads."""
+    (``Engine.name``), whose meta only that engine reads; ``settings``: the
+    run's ``trajectory`` (``Engine.settings``; None: not compared)."""
     ident = {"problem": problem.name, "n_params": int(problem.n_params),
              "dtype": str(np.dtype(problem.dtype)), "strategy": strategy.name,
              "rule": getattr(rule, "name", str(rule)), "workers": int(workers),
              "batch_size": int(batch_size), "seed": int(seed)}
     if engine is not None:
         ident["engine"] = str(engine)
+    if settings is not None:
+        ident["settings"] = dict(settings)
     return ident
 
 
@@ -199,9 +227,23 @@ def save(directory, updates: int, meta: dict, arrays: dict, keep: int = KEEP) ->
         with_suppressed_unlink(tmp)
         raise
     _fsync_dir(directory)
-    for old in checkpoint_files(directory)[keep:]:
-        with_suppressed_unlink(old)
+    mine = [p for p in checkpoint_files(directory)
+            if p == path or _identity_refusal(read_meta(p), doc) is None]
+    for old in mine[keep:]:
+        if old != path:
+            with_suppressed_unlink(old)
     return path
+
+
+def read_meta(path) -> dict | None:
+    """A checkpoint's meta alone (the other members are not read), or None
+    where it cannot be read: a damaged file, which no save prunes."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(z["meta"].tobytes().decode())
+    except Exception:  # noqa: BLE001 - unreadable: not this run's for sure
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
 
 
 def with_suppressed_unlink(path) -> None:
@@ -243,18 +285,9 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
     """Refuse a checkpoint of another run, written by another engine (each
     engine's meta is its own; one written before the engine was recorded
     passes), or with other shapes."""
-    wrote, mine = ckpt.meta.get("engine"), expect.get("engine")
-    if wrote is not None and mine is not None and wrote != mine:
-        raise CheckpointError(
-            f"checkpoint {ckpt.path} was written by the {wrote} engine, this run's is the "
-            f"{mine} engine; resume it with --engine {wrote}, or start a new run without "
-            "--resume")
-    for key in IDENTITY:
-        if key in expect and ckpt.meta.get(key) != expect[key]:
-            raise CheckpointError(
-                f"checkpoint {ckpt.path} is from another run: its {key} is "
-                f"{ckpt.meta.get(key)!r}, this run's is {expect[key]!r}; resume with the "
-                "same problem and settings, or start a new run without --resume")
+    refusal = _identity_refusal(ckpt.meta, {k: v for k, v in expect.items() if k != "settings"})
+    if refusal is not None:
+        raise CheckpointError(f"checkpoint {ckpt.path} {refusal}")
     for name, (shape, dtype) in shapes.items():
         arr = ckpt.arrays.get(name)
         if arr is None and name.startswith("buffer."):
@@ -271,6 +304,39 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
             raise CheckpointError(f"checkpoint {ckpt.path}: {name} has shape {arr.shape} "
                                   f"{arr.dtype}, this run needs {tuple(shape)} "
                                   f"{np.dtype(dtype)}")
+    # the settings last: a missing array above says more (which options it was written with)
+    refusal = _identity_refusal(ckpt.meta, expect)
+    if refusal is None:
+        return
+    compress = (expect.get("settings") or {}).get("compress", "none")
+    written = (ckpt.meta.get("settings") or {}).get("compress", compress)
+    if written != compress != "none" and not any(k.startswith("sender.") for k in ckpt.arrays):
+        refusal = ("holds no compressor state (it was written without --compress, or by an "
+                   "older monsoon); resume with the options it was written with")
+    raise CheckpointError(f"checkpoint {ckpt.path} {refusal}")
+
+
+def _identity_refusal(meta: dict | None, expect: dict) -> str | None:
+    """Why a checkpoint's ``meta`` is not of the run ``expect`` describes
+    (None: it is). The engine and each of ``settings`` are compared only
+    where both name them: a checkpoint written before they were recorded
+    resumes as it did then."""
+    if meta is None:
+        return "cannot be read"
+    wrote, mine = meta.get("engine"), expect.get("engine")
+    if wrote is not None and mine is not None and wrote != mine:
+        return (f"was written by the {wrote} engine, this run's is the {mine} engine; resume "
+                f"it with --engine {wrote}, or start a new run without --resume")
+    theirs, ours = meta.get("settings") or {}, expect.get("settings") or {}
+    differ = [(key, expect[key], meta.get(key)) for key in IDENTITY
+              if key in expect and meta.get(key) != expect[key]]
+    differ += [(key, ours[key], theirs[key]) for key in ours
+               if key in theirs and theirs[key] != ours[key]]
+    if not differ:
+        return None
+    key, this, its = differ[0]
+    return (f"is from another run: its {key} is {its!r}, this run's is {this!r}; resume with "
+            "the same problem and settings, or start a new run without --resume")
 
 
 def load_latest(directory, expect: dict, shapes: dict, warn=None) -> Checkpoint:
@@ -350,26 +416,63 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
     if STAGES in strategy.needs(workers):  # pipeline refuses checkpoints
         return None
     return load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed,
-                                           engine.name),
+                                           engine.name, getattr(engine, "settings", None)),
                        shapes(w0, rule), warn=lambda line: None)
 
 
-def remove_others(directory, expect: dict, shapes: dict) -> list[Path]:
-    """Remove the checkpoints in ``directory`` that are not this run's
-    (unreadable, or another run's: ``check`` against ``expect`` and
-    ``shapes``), and return them. A new run in a used run folder starts
-    this way: otherwise a previous run's checkpoints would sit among its
-    own, outrank them (the newest ``KEEP`` by update count are kept), and
-    be named as where to carry on from. Those of this very run stay: a
-    torchrun restart resumes from them, and ``--resume`` reads them."""
+def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
+                  warn=None, keep_mine: bool = True) -> list[Path]:
+    """Remove the checkpoints in ``directory`` that are another run's
+    (``check`` against ``expect`` and ``shapes`` refuses them), and return
+    them. A new run in a used run folder starts this way: otherwise a
+    previous run's checkpoints would sit among its own, outrank them, and be
+    named as where to carry on from. Those of this very run stay where
+    ``keep_mine``: a torchrun restart resumes from them, and ``--resume``
+    reads them; without it, those of an earlier run with the same identity
+    go too (the new run starts over, and its own must not be outranked).
+
+    A damaged one (``read`` refuses it) is nobody's for sure, and is never
+    removed: where the run resumes from ``directory`` (``resuming``) it
+    stays, and ``load_latest`` names it with the checkpoint used instead;
+    otherwise it is moved aside to ``<name>.damaged`` (no longer a
+    checkpoint's name, so never read, counted or pruned again), and
+    ``warn`` (stderr by default) says so in one line."""
+    warn = warn or (lambda line: print(f"monsoon: warning: {line}", file=sys.stderr))
     removed = []
     for path in checkpoint_files(directory):
         try:
-            check(read(path), expect, shapes)
+            ckpt = read(path)
+        except CheckpointError as exc:
+            if not resuming:
+                aside = _move_aside(path)
+                warn(f"{exc}; moved it aside to {aside.name}" if aside else
+                     f"{exc}; left in place (it could not be moved aside)")
+            continue
+        try:
+            check(ckpt, expect, shapes)
         except CheckpointError:
-            with_suppressed_unlink(path)
-            removed.append(path)
+            pass
+        else:
+            if keep_mine:
+                continue
+        with_suppressed_unlink(path)
+        removed.append(path)
     return removed
+
+
+def _move_aside(path: Path) -> Path | None:
+    """Rename a damaged checkpoint to a free ``<name>.damaged[.N]``; None
+    where it cannot be renamed."""
+    for n in range(1000):
+        aside = path.with_name(path.name + ".damaged" + (f".{n}" if n else ""))
+        if aside.exists():
+            continue
+        try:
+            os.replace(path, aside)
+        except OSError:
+            return None
+        return aside
+    return None
 
 
 def resume_refusal(engine, problem, strategy) -> str | None:
@@ -450,7 +553,8 @@ class Checkpointer:
     @classmethod
     def for_engine(cls, engine, problem, strategy, rule, workers, batch_size, seed, recorder):
         return cls(engine.checkpoint_dir, engine.checkpoint_every, engine.resume_dir,
-                   identity(problem, strategy, rule, workers, batch_size, seed, engine.name),
+                   identity(problem, strategy, rule, workers, batch_size, seed, engine.name,
+                            getattr(engine, "settings", None)),
                    recorder)
 
     def load(self, w0, rule, extra_shapes: dict | None = None):

@@ -11,33 +11,25 @@ Two kinds of checkpoint, by strategy:
   step, see ``strategies/batches.py``; no other random state is drawn).
 - snapshot (``async``, ``hogwild``, ``local-sgd``, ``easgd``): the shared
   parameters and rule state as the monitor reads them while workers run (a
-  racy read, as the loss curve's), each worker's position in its data plan
-  from the examples it has done, and the private copies the workers report
-  when they stop. A stopped worker stops between batches, every batch it
-  counted landed (``server/worker.py``'s ``LANDING``; a pushing worker
-  counts its batches when it pushes them, so an accrued sum a stop leaves
-  unpushed, ``--n-push`` > 1, is done again by the resumed run), so the final
-  checkpoint's positions and updates agree. These strategies are not deterministic on real workers,
-  so resuming carries the run on rather than replaying it.
+  racy read), each worker's position from the examples it has done, and the
+  private copies the workers report when they stop. A stopped worker lands
+  every batch it counted (``server/worker.py``'s ``LANDING``; a pushing
+  worker counts its batches when it pushes them), so the final checkpoint's
+  positions and updates agree. Resuming carries such a run on rather than
+  replaying it.
 
 Runs of a compiled per-example loop (sparse Hogwild!, serial) count their
 position in epochs (one op is one epoch's pass): they are checkpointed at
 the end of an epoch, at most once per epoch; serial's are exact.
 
-Either way the checkpoint holds the counters (examples, updates, dropped;
-the local steps applied and dropped, where workers take them: in its meta,
-``local_updates`` and ``dropped_local_updates``) and the recorder's rows up
-to it, so totals and the loss curve carry on. The final checkpoint of a
-stopped run also holds what the workers counted themselves and reported as
-they stopped (staleness counts, traffic, SSP's clocks: ``totals``, see
-``engines/tally.py``); a periodic one is written while those are still in
-the workers, and a run resumed from it counts them from there on.
-An exact checkpoint of a compressed run also holds each worker's sender
-state (``sender.<name>``, see ``save_sender`` and, for the final checkpoint
-of a stopped run, ``hand_over_sender`` below); a serial run's, the
-model's buffers (``buffer.<name>``: BatchNorm's statistics), since it runs
-on the problem itself (other workers' buffers are not at hand, and
-``--resume`` refuses them: ``checkpoints.check_resume``).
+Either way the checkpoint holds the counters (and, where workers take local
+steps, ``local_updates`` and ``dropped_local_updates``) and the recorder's
+rows up to it. The final checkpoint of a stopped run also holds what the
+workers counted themselves (staleness, traffic, SSP's clocks: ``totals``,
+``engines/tally.py``); a periodic one cannot, so a run resumed from it
+counts those from there on. An exact checkpoint of a compressed run also
+holds each worker's sender state (``save_sender``, ``hand_over_sender``); a
+serial run's, the model's buffers (``buffer.<name>``: BatchNorm's).
 
 Snapshot checkpoints, and serial's, cost at most about 5% of a run: after
 each write, the next waits at least 19 times as long as the write took (the
@@ -109,6 +101,42 @@ class RunCheckpoints(checkpoints.Checkpointer):
             steps = batches_in(int(counters[:, EXAMPLES].sum()), n, batch_size)
             return [steps] * workers
         return checkpoints.positions_from_examples(counters[:, EXAMPLES], n, batch_size)
+
+    @staticmethod
+    def snapshot_counters(strategy, counters: np.ndarray, positions, n: int, batch_size: int,
+                          kernel: bool = False) -> np.ndarray:
+        """The counters a snapshot checkpoint holds, agreeing with its
+        ``positions``. Where every worker walks the global plan (synchronous:
+        local SGD), one stopped between averages may have counted local
+        steps past the common position, or not reached it; the resumed run
+        does every batch after that position, so the examples are those of
+        its first ``positions[0]`` batches (totals on row 0, as
+        ``exact_counters``), not the workers' own, or the totals would end
+        off an uninterrupted run's by the difference."""
+        if kernel or not strategy.synchronous:
+            return counters
+        out = counters.copy()
+        out[:, EXAMPLES] = 0
+        out[0, EXAMPLES] = examples_after(positions[0] if positions else 0, n, batch_size)
+        return out
+
+    @staticmethod
+    def snapshot_local(strategy, local, positions, n: int, batch_size: int,
+                       kernel: bool = False):
+        """The local steps (applied, dropped) a snapshot checkpoint holds,
+        agreeing with its ``positions`` as ``snapshot_counters``'s examples
+        do: where every worker walks the global plan, each takes a local
+        step on its part of every batch (a part may be empty only in an
+        epoch's short last batch), so those of the first ``positions[0]``
+        batches, less the dropped ones."""
+        if local is None or kernel or not strategy.synchronous or not positions:
+            return local
+        workers, per_epoch = len(positions), -(-n // batch_size)
+        tail = min(n - (per_epoch - 1) * batch_size, workers)
+        full, rest = divmod(int(positions[0]), per_epoch)
+        taken = full * ((per_epoch - 1) * workers + tail) + rest * workers
+        applied, dropped = local
+        return max(0, taken - int(dropped)), int(dropped)
 
     def exact_counters(self, step: int, workers: int, dropped: int, late: int, n: int,
                        batch_size: int, backups: int = 0) -> np.ndarray:

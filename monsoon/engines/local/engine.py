@@ -439,7 +439,7 @@ class LocalEngine(Engine):
         self.backend_used = backend
         exact = checkpoints.exact_checkpoints(strategy)
         ident = checkpoints.identity(problem, strategy, rule, workers, batch_size, seed,
-                                     self.name)
+                                     self.name, self.settings)
         ident["plan"] = "epochs" if self.kernel else "batches"  # what a position counts
         ck = RunCheckpoints(self.checkpoint_dir, self.checkpoint_every, self.resume_dir, ident,
                             exact, recorder)

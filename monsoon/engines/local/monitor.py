@@ -271,11 +271,17 @@ class WorkerMonitor:
         store, ck = self.store, self.ck
         params = np.array(arrays.to_host(store.params))
         counters = store.counters.copy()
-        ck.write(params=params, state=store.state, counters=counters,
-                 positions=ck.snapshot_positions(self.strategy, counters, self.n,
-                                                 self.batch_size, self.engine.kernel),
-                 time_s=self.resume.time_s + now, rows=self.recorder.settled_rows(),
-                 reason=reason, exact=False, private=private, local=self.local_totals(),
+        kernel = self.engine.kernel
+        positions = ck.snapshot_positions(self.strategy, counters, self.n, self.batch_size,
+                                          kernel)
+        ck.write(params=params, state=store.state,
+                 counters=ck.snapshot_counters(self.strategy, counters, positions, self.n,
+                                               self.batch_size, kernel),
+                 positions=positions, time_s=self.resume.time_s + now,
+                 rows=self.recorder.settled_rows(),
+                 reason=reason, exact=False, private=private,
+                 local=ck.snapshot_local(self.strategy, self.local_totals(), positions, self.n,
+                                         self.batch_size, kernel),
                  totals=totals)
 
     def buffer_filled(self) -> bool:

@@ -75,6 +75,7 @@ class TorchEngine(Engine):
     virtual_time = False
     stops_on_signal = True  # SIGTERM/SIGINT: every rank stops at one step (rank.py)
     keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
+    resumes_own_folder = True  # a restarted attempt resumes the run folder's newest
     backend_used = "torch.distributed"
     options = (
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
@@ -125,7 +126,7 @@ class TorchEngine(Engine):
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
         self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size,
-                                             seed, self.name)
+                                             seed, self.name, self.settings)
         if under_torchrun():
             from .rank import run_rank
 
