@@ -10,42 +10,33 @@ segment), and ``advance(result)`` goes on from there (False).
 
 The handlers that need no transport are here, the same on every engine:
 ``Gradient`` (the problem's mean loss and gradient at the working
-parameters ``work``, times the op's weight, ``ops.weighted``; the engine
-counts it in ``count_gradient``), ``LocalStep`` (work -= lr grad) and
-``LocalApply`` (the inner rule's step with this worker's private state,
-``core.LocalUpdate``; a non-finite gradient is not applied; the engine
-counts each local step, applied or dropped, in ``count_local``:
-summary.json's ``local_updates`` and ``dropped_local_updates``, a unit of
-their own beside the server's ``updates`` and ``dropped_updates``). An
+parameters ``work``, times the op's weight; counted in ``count_gradient``),
+``LocalStep`` (work -= lr grad) and ``LocalApply`` (the inner rule's step
+with this worker's private state, ``core.LocalUpdate``; a non-finite
+gradient is not applied; each local step is counted in ``count_local``:
+``local_updates`` and ``dropped_local_updates``, a unit of their own). An
 engine subclasses ``Worker`` and adds the ops that travel (Apply, Fetch,
 Push, AllReduce, Average, Elastic, Clock): how a message reaches the server
-or the other workers is all it brings. At the run's end, ``report`` is what a worker sends its driver (``RunTally.add``).
+or the other workers is all it brings. ``report`` is what a worker sends
+its driver at the end (``RunTally.add``).
 
-A pushing program's gradients (one that yields ``Push``: Downpour, SSP)
-count their examples when the push that carries them is made, not when
-they are computed (``hold``, then ``release`` in the engine's Push): with
-``n_push`` > 1 a worker adds up gradients before it pushes, and until then
-its server, and so every checkpoint, holds none of them. A worker that
-stops with an accrued, unpushed sum has not counted those batches, so a
-checkpoint's positions (taken from the examples counted) leave them to the
-resumed run, which computes them again: its push periods are those of an
-uninterrupted run, and so are its totals (as Spark's segments, applied
-whole or not at all). Pushing the partial sum instead would add one short
-update per stopped worker that no uninterrupted run makes.
+A pushing program's gradients (Downpour, SSP) count their examples when the
+push that carries them is made (``hold``, then ``release`` in the engine's
+Push): a worker that stops with an accrued, unpushed sum (``n_push`` > 1)
+has not counted those batches, so the resumed run computes them again, and
+its push periods and totals are those of an uninterrupted run (pushing the
+partial sum would add a short update no uninterrupted run makes).
 
 ``halt``: where another party (the local engine's monitor; Ray's driver)
-can end the run: ``halt[0]`` set, ``halted()`` raises (``Halted``) before the
-worker's next op, unless that op lands a gradient already computed
-(``LANDING``: Apply, Push, LocalStep, LocalApply, and EASGD's Elastic,
-which ends the local step before it; and SSP's Clock, which ends the push
-period before it, so the period is counted where the resumed run skips
-it): a halted worker then stops between batches, every batch it counted
-applied, so a checkpoint's positions, taken from the examples counted,
-skip no batch whose update is missing (these ops never wait unboundedly:
-a Clock's wait for the bound leaves on the halt). A program that fails or is halted is
-closed. An op the
-engine does not carry out raises ConfigError (``Engine.check`` refuses such
-a strategy before the run; this is the backstop).
+can end the run: ``halt[0]`` set, ``halted()`` raises (``Halted``) before
+the worker's next op, unless that op lands a gradient already computed
+(``LANDING``: Apply, Push, LocalStep, LocalApply, EASGD's Elastic, and
+SSP's Clock, which ends the push period): a halted worker stops between
+batches with every batch it counted applied, so a checkpoint's positions
+skip no batch whose update is missing (a Clock's wait leaves on the halt).
+A program that fails or is halted is closed. An op the engine does not
+carry out raises ConfigError (``Engine.check`` refuses such a strategy
+before the run; this is the backstop).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A parameter-server shard for the Ray engine (run as a threaded Ray actor).
 
-It holds its slice of the parameters and the rule state for that slice,
-updated in place as NumPy arrays, and serves:
+It holds its slice of the parameters and its rule state, updated in place
+as NumPy arrays, and serves:
 
 - ``read(worker)``: the slice and its version (Downpour's fetch; the rule's
   ``on_read`` runs here, so delay-aware state never travels to workers);
@@ -14,28 +14,22 @@ updated in place as NumPy arrays, and serves:
   worker's own check), so a NaN in one slice never leaves the other slices
   stepped. With backup workers on several shards, shard 0 alone decides
   which arrivals count (``decide``); the others hold every part (``offer``)
-  until told whom it counted (``settle``; ``sync_step.py``), so all count
-  the same workers. Each shard still decides alone on a sum that overflows
-  in its slice only (finite inputs): settling that needs a round trip
-  between the shards after the sum, which this server does not make.
-  Every caller blocks (with a timeout) until the step is applied and gets the
-  new slice; a late caller is told how many steps it missed;
+  until told whom it counted (``settle``; ``sync_step.py``). A sum that
+  overflows in one slice only (finite inputs) is still decided by that
+  shard alone. Every caller blocks (with a timeout) until the step is
+  applied and gets the new slice; a late caller is told how many it missed;
 - ``regroup(gen, members)``: elastic sync: the step's workers changed; the
   step's contributions so far are dropped, and its callers and any caller
   of an older generation are answered ``("regroup", gen, members)``;
-- ``elastic(worker, alpha, x)``: EASGD's exchange with the centre;
-  ``difference(d)``: its compressed form, the centre += the decoded D.
+- ``elastic(worker, alpha, x)``: EASGD's exchange with the centre
+  (``difference(d)``: compressed, the centre += the decoded D).
 
-Local AdaAlter (``sums``: Average's runs whose inner rule keeps sums,
-AdaGrad's): the shard also holds its slice of the shared sums S; an
-Average's part is ``(drift, a_k's slice)``, a step applied adds the mean
-a_k to S (``server/summed.py``), and each caller gets ``(slice, S's
-slice)`` back.
+Local AdaAlter (``sums``): the shard also holds its slice of the shared
+sums S; an Average's part is ``(drift, a_k's slice)``, and each caller gets
+``(slice, S's slice)`` back (``server/summed.py``).
 
-Compressed runs (``--compress``): a push, a contribution or an elastic
-difference arrives as the worker's packed message (``messages.Sender.pack``,
-put once in Ray's object store and read by every shard); the shard decodes
-it (``messages.receive``) and takes its slice.
+Compressed runs: a message arrives packed (``messages.Sender.pack``, put
+once in Ray's object store); the shard decodes it and takes its slice.
 
 Checkpoints: every ``every`` versions (updates of this shard) the shard
 takes a copy of its slice, rule state and dropped count, inside its lock,

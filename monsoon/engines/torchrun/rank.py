@@ -1,11 +1,10 @@
 """One rank of the torch engine: it runs its strategy program (the one the
 local and Ray engines run) and carries out each op with torch.distributed.
 
-Every rank holds a replica of the server's parameters and of the server
-rule's state; every collective is one sum all-reduce of a buffer
-``[payload (n parameters), examples, active, stop, loss_0 .. loss_{N-1}]``
-(each rank writes its own last mini-batch loss, zeros the others': rank 0's
-live series get every rank's loss from the sum):
+Every rank holds a replica of the parameters and the server rule's state;
+every collective is one sum all-reduce of a buffer ``[payload (n
+parameters), examples, active, stop, loss_0 .. loss_{N-1}]`` (rank k writes
+its last loss in loss_k, so rank 0's live series get every rank's):
 
 - ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
   rescales by B / sum_k n_k where a batch is short, which gives the
@@ -15,37 +14,30 @@ live series get every rank's loss from the sum):
   problems the all-reduce runs in buckets during backward (``buckets.py``).
 - ``Average`` (local SGD, DiLoCo): payload n_k (theta - theta_k), the
   drift; the server's (outer) rule applies the mean drift to the replica,
-  and the working copy is reset to it. Where the inner rule keeps sums
-  (AdaGrad's), a round applied is followed by one all-gather of what each
-  rank's steps added to them and its examples, whose mean (in rank order)
-  every rank adds to its replica of the shared sums, and every rank starts
-  the next round from them (Local AdaAlter, ``server/summed.py``); a round
-  some rank sits out (its program ended) leaves the sums as they were.
+  and the working copy is reset to it. An inner rule's sums (AdaGrad's)
+  follow an applied round by one all-gather of each rank's additions,
+  whose rank-order mean every rank adds to its shared sums (Local
+  AdaAlter, ``server/summed.py``).
 - ``Elastic`` (EASGD, synchronous form of Zhang, Choromanska, LeCun 2015):
   payload d_k = alpha (x_k - x~); x_k -= d_k, x~ += sum_k d_k.
 - ``LocalApply``, ``Fetch``: local, no communication.
 
-``--compress``: every collective is one all-gather of each rank's packed
-message and flags instead (``RankWorker._gather``).
+``--compress``: one all-gather of packed messages instead (``_gather``).
 
 The arrays are tensors on the problem's device where the process group
-reduces tensors there (a GPU on NCCL; a ``resident`` problem's CPU on gloo,
-the tests' stand-in) and nothing reads the buffer on the host (compressor,
-shared-memory reduce): ``RankWorker.to_device``. Else NumPy arrays.
+reduces tensors there (NCCL; a ``resident`` problem on gloo) and nothing
+reads the buffer on the host: ``RankWorker.to_device``. Else NumPy arrays.
 
-``active`` makes programs of unequal length safe: a rank whose program has
-ended joins the others' collectives with zeros (weight 0) until none is
-active. ``stop`` is rank 0's (the recorder's verdict, a stop signal:
-``RankWorker``): every rank ends its program after that collective.
+``active``: a rank whose program has ended joins the others' collectives
+with zeros until none is active. ``stop`` is rank 0's (the recorder's
+verdict, a stop signal): every rank ends its program after that collective.
 
 Rank 0 records the loss curve from its replica (and stops a run whose own
-local steps are mostly dropped: the ranks share the parameters after every
-round, so one that diverges is every rank's; the summary counts every
-rank's local steps, gathered at the end) and, for sync, writes an
-exact checkpoint every ``checkpoint_every`` steps; a restarted attempt
-(``Collectives.attempt`` above 0, torchrun ``--max-restarts``) resumes from
-the run folder's newest one, which rank 0 reads and broadcasts, and ends
-bit-identical to an uninterrupted run.
+local steps are mostly dropped: the ranks share the parameters every
+round) and, for sync, writes an exact checkpoint every
+``checkpoint_every`` steps; a restarted attempt (torchrun
+``--max-restarts``) resumes from the newest one, which rank 0 reads and
+broadcasts, and ends bit-identical to an uninterrupted run.
 """
 from __future__ import annotations
 
