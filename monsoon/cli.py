@@ -152,8 +152,11 @@ def _train(args) -> None:
           f"{s['examples_per_s']:.4g} examples/s, {'simulated' if virtual else 'wall'} "
           f"{s['wall_time_s']:.3g} s (+{s['startup_s']:.2g} s start-up)")
     if "utilization" in s:
-        u = s["utilization"]
-        print(f"utilization: workers {u['workers']:.1%}, server shards {u['shards']:.1%}; "
+        # a part with no time (a run of no step) or no shards (the pipeline) is None
+        parts = [f"{name} {s['utilization'][key]:.1%}" for key, name in
+                 (("workers", "workers"), ("shards", "server shards"))
+                 if s["utilization"].get(key) is not None]
+        print(f"utilization: {', '.join(parts) or 'none measured'}; "
               f"simulated in {s['real_time_s']:.3g} s")
     if s["failed_workers"]:
         print("failed workers: " + json.dumps(s["failed_workers"]))

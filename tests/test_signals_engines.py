@@ -102,6 +102,16 @@ class Run:
             time.sleep(0.02)
         self.watch()
 
+    def interrupt(self, how: str) -> tuple[int, str]:
+        """Once the run has a checkpoint, ``stop`` it; whatever happens, the
+        run does not outlive the test."""
+        try:
+            self.wait_for_checkpoint()
+            return self.stop(how)
+        finally:
+            if self.proc.poll() is None:
+                self.kill()
+
     def stop(self, how: str) -> tuple[int, str]:
         if how == "SIGINT":
             os.killpg(self.proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
@@ -199,12 +209,7 @@ def test_ctrl_c_stops_a_sync_run_cleanly_and_it_resumes_bit_for_bit(engine, tmp_
     total = epochs * 16
     run = Run([sys.executable, *_command(engine, "sync", epochs, tmp_path / "run")],
               tmp_path / "run")
-    try:
-        run.wait_for_checkpoint()
-        code, err = run.stop("SIGINT")
-    finally:
-        if run.proc.poll() is None:
-            run.kill()
+    code, err = run.interrupt("SIGINT")
     meta = _checks(run, code, err, "SIGINT", total)
     assert meta["step"] == meta["updates"] and meta["examples"] == 16 * meta["updates"], meta
 
@@ -232,12 +237,7 @@ def test_sigterm_stops_an_async_run_with_every_counted_batch_applied(engine, tmp
     run = Run([sys.executable, *_command(engine, "async", epochs, tmp_path / "run",
                                          ["--n-push", str(push), "--n-fetch", str(push)])],
               tmp_path / "run")
-    try:
-        run.wait_for_checkpoint()
-        code, err = run.stop("SIGTERM")
-    finally:
-        if run.proc.poll() is None:
-            run.kill()
+    code, err = run.interrupt("SIGTERM")
     newest = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.npz"))[-1]
     positions = [int(p) for p in checkpoints.Start.at(
         checkpoints.read(newest), make_rule("sgd", 0.1), 2).positions]
@@ -265,12 +265,7 @@ def test_under_torchrun_ctrl_c_stops_every_rank_at_one_step(tmp_path):
     out = tmp_path / "run"
     run = Run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
                *_command("torch", "sync", epochs, out)], out)
-    try:
-        run.wait_for_checkpoint()
-        code, err = run.stop("SIGINT")
-    finally:
-        if run.proc.poll() is None:
-            run.kill()
+    code, err = run.interrupt("SIGINT")
     assert code != 0, err  # torchrun's own exit, after the ranks have ended
     ours = [line for line in err.splitlines() if line.startswith("monsoon:")]
     assert len(ours) == 1 and "interrupted by SIGINT" in ours[0], err
