@@ -567,8 +567,9 @@ def test_a_spark_run_given_tol_stops_once_an_epoch_gains_less(spark, clicks):
     """--tol: async stops, not diverged, once the best loss the recorder
     evaluated between its jobs fell by less than tol of itself over an epoch,
     well before its budget (the loss is evaluated every few seconds: this
-    small file's plateau comes within tens of epochs)."""
-    tol, epochs = 0.05, 400
+    small file's plateau comes within tens of epochs, and on a loaded machine
+    within about a hundred: the checks come by the clock, not by epoch)."""
+    tol, epochs = 0.05, 800
     run = monsoon.train(f"spark:{clicks}", "async", 2, engine="spark", dtype="float64",
                         epochs=epochs, tol=tol, progress=False)
     s = run.summary
