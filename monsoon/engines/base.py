@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..compressors.messages import Compression
-from ..errors import ConfigError, WorkerError
+from ..errors import ConfigError
 from ..strategies import ops as _ops
 from ..strategies.base import BACKUP_WORKERS, ELASTIC, SHARED_MEMORY, STAGES
 from .options import CHECKPOINT_EVERY, RESUME, checkpoint_paths, refuse_checkpoints
@@ -297,21 +297,3 @@ def replicates_bytes(strategy, nbytes: int) -> bool:
     """``replicates`` for parameters of ``nbytes`` bytes."""
     return (strategy.synchronous and strategy.shared_params
             and strategy.backup_workers == 0 and nbytes <= REPLICATE_MAX_BYTES)
-
-
-def lost_workers_error(failed: dict, strategy, workers: int):
-    """The one rule for when lost workers fail a run, on every engine that
-    carries on without some: when every worker failed, or when the strategy
-    needs every worker and more failed than its backup workers cover. Then
-    a ``WorkerError`` naming the lowest failed rank with the first line of
-    its reason (``failed``: rank -> reason; the whole text in
-    ``worker_traceback``); else None: the others carry on."""
-    if not failed or not (len(failed) == workers or (
-            strategy.needs_all_workers and len(failed) > strategy.backup_workers)):
-        return None
-    rank = min(failed)
-    why = "every worker failed" if len(failed) == workers else "this strategy needs every worker"
-    err = WorkerError(f"worker {rank} failed, and {why}: {failed[rank].splitlines()[0]}")
-    err.worker = rank
-    err.worker_traceback = failed[rank]
-    return err

@@ -2,6 +2,8 @@
 curve rows, live updates, checkpoints, the no-progress timeout and signal
 stops), ``lifecycle`` (no worker outlives its monitor; SIGTERM/SIGINT stop
 a run cleanly), ``waiting`` (every wait is bounded), ``processes`` and
-``heap`` (starting worker processes on this machine). It imports no
-engine (``processes.PRELOAD`` names, as strings, the worker modules its fork
-server loads once): engines import it, never the other way."""
+``heap`` (starting worker processes on this machine), ``pool`` (the worker
+pool a monitor starts, watches and joins, and the lost-worker rule of every
+engine). It imports no engine (``processes.PRELOAD`` names, as strings,
+the worker modules its fork server loads once): engines import it, never
+the other way."""

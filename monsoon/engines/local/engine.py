@@ -12,7 +12,7 @@ The calling process is the monitor (``monitor.py``): it starts the workers and w
 releases them together and, until they finish, snapshots the parameters
 for the loss curve (the recorder evaluates them after the run), drives the
 progress bar, and watches for failure. Between looks it sleeps on the
-workers' pipes and process sentinels (``inbox.py``), so a message or a death
+workers' pipes and process sentinels (``monitor/pool.py``), so a message or a death
 wakes it at once; otherwise it sleeps until the next row is due at the
 run's pace so far, or the next checkpoint is (workers fill its buffer,
 the monitor writes the file), and at most ``idle_s``. A worker
@@ -40,7 +40,6 @@ Nothing is lost, nothing is left behind:
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import sys
 import time
@@ -62,7 +61,7 @@ from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, hands_over_senders,
                             restore_buffers, sender_slots)
-from .inbox import WorkerPool, read_payload
+from ...monitor.pool import WorkerPool, read_payload, start_advice, start_timeout
 from ...compressors.messages import Sender, compressing
 from ... import arrays
 from .monitor import WorkerMonitor
@@ -206,7 +205,7 @@ def _seeded_rng(problem, seed: int, rank: int):
 
 
 def _process_main(reader, outbox, locks, sync_lock) -> None:
-    """A worker process (in ``inbox._worker_process``)."""
+    """A worker process (in ``pool._worker_process``)."""
     setup = read_payload(reader)
     setup.store.attach_locks(locks, sync_lock)
     limit_threads(setup.torch_threads)
@@ -536,16 +535,8 @@ class LocalEngine(Engine):
 
     # -- parallel: processes or threads --------------------------------------
     def _start_timeout(self, workers: int) -> float:
-        """Start-up grows with the processes each core must start (each
-        imports NumPy and torch: about a second of one core)."""
-        cores = os.cpu_count() or 1
-        if self.backend != "processes":
-            return self.start_timeout
-        if workers > 4 * cores:
-            print(f"monsoon: warning: {workers} worker processes on {cores} cores take a while "
-                  "to start and then share the cores; --backend threads, or fewer --workers, "
-                  "starts at once", file=sys.stderr)
-        return self.start_timeout * max(1.0, workers / (2 * cores))
+        """``pool.start_timeout`` for this engine's backend."""
+        return start_timeout(self.start_timeout, workers, self.backend == "processes")
 
     def _run_workers(self, store, ctx, problem, rule, strategy, workers, batch_size, seed,
                      budget, recorder, ck, resume):
@@ -594,8 +585,4 @@ class LocalEngine(Engine):
         pool.send_payloads()
         sharing.close()
 
-    def _start_advice(self, workers: int, waited: float) -> str:
-        cores = os.cpu_count() or 1
-        return (f"{workers} worker processes did not start within {waited:g} s on {cores} "
-                f"cores; use fewer --workers (at most {2 * cores} start quickly here) or "
-                "--backend threads")
+    _start_advice = staticmethod(start_advice)

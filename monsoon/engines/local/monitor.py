@@ -18,9 +18,10 @@ import numpy as np
 
 from ... import arrays
 from ...errors import WaitTimeout
-from ..base import EngineResult, lost_workers_error
+from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import StopSignals
+from ...monitor.pool import lost_workers_error
 from ..tally import RunTally
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
@@ -33,7 +34,7 @@ MAIN_HINT = ("; the problem refers to code in your script, which every worker pr
 
 class WorkerMonitor:
     """One parallel run's monitor, in the calling process, of the started
-    workers in ``pool`` (``inbox.WorkerPool``)."""
+    workers in ``pool`` (``monitor.pool.WorkerPool``)."""
 
     def __init__(self, engine, store, pool, problem, strategy, workers,
                  batch_size, recorder, ck, resume):

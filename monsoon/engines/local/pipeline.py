@@ -45,7 +45,7 @@ from ...monitor.processes import limit_threads, start_context, torch_threads_per
 from ...shared_memory import SharedArrays
 from ...monitor.waiting import Aborted, wait_until
 from .channels import Channel, boundary_bytes, largest_micro_batch
-from .inbox import WorkerPool, read_payload
+from ...monitor.pool import WorkerPool, read_payload
 
 ABORT, START, ASKED, STOP = 0, 1, 2, 3  # STOP: 1 + the step to stop before (0: none)
 
@@ -94,7 +94,7 @@ class Link:
 
 
 def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
-    """A stage's process (in ``inbox._worker_process``)."""
+    """A stage's process (in ``pool._worker_process``)."""
     worker = t0 = None
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the monitor stops the run (STOP)
     try:

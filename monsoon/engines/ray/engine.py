@@ -52,12 +52,13 @@ from ...options import Option
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine,
-                    lost_workers_error, shard_bounds, shard_count)
+from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine, shard_bounds,
+                    shard_count)
 from ...record.checkpoints import Checkpointer
 from ...server.summed import initial_sums
 from ...monitor.due import Due
 from ...monitor.lifecycle import reclaim_signals
+from ...monitor.pool import lost_workers_error
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..tally import RunTally, run_folder_extra, summed_staleness
 from .checkpointing import ShardCheckpoints

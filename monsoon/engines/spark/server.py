@@ -50,7 +50,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...errors import WaitTimeout
-from ..base import lost_workers_error
+from ...monitor.pool import lost_workers_error
 from ...strategies.ops import Clock, Elastic
 from ...server.clocks import PACE_PATIENCE_S, ClockTable, Pace, clock_extra
 from ...compressors.messages import Sender, receive, summarize
@@ -396,7 +396,7 @@ class DriverServer:
     # -- the monitor: the calling thread ------------------------------------------
 
     def _fail_if_lost(self) -> None:
-        """Every worker failed: the run fails (``base.lost_workers_error``;
+        """Every worker failed: the run fails (``monitor.pool.lost_workers_error``;
         the strategies run here carry on while one is left)."""
         err = lost_workers_error(self.failed, self.strategy, self.ctx.workers)
         if err is not None:

@@ -1,6 +1,10 @@
-"""The workers a monitor started (``WorkerPool``: the local engine's monitor
-and its pipeline runner start theirs, processes in ``_worker_process``, and
-watch them with it), how they report to it, and how it sleeps.
+"""The one worker pool of a monitor on this machine (``WorkerPool``: the
+local engine's monitor and its pipeline runner start theirs with it,
+processes in ``_worker_process``, and watch them with it): start the
+workers, wait until every one is ready (``await_ready``, within
+``start_timeout``, with ``start_advice`` when they do not start), take
+their reports, name the lost, and join them; and the one rule for when
+lost workers fail a run (``lost_workers_error``), on every engine.
 
 Every worker sends exactly one message when it stops: ``("done" | "aborted"
 | "stopped" | "failed", rank, payload)``; a pipeline stage first sends
@@ -21,14 +25,18 @@ the monitor reads it, which it does as soon as the pipe is readable.
 """
 from __future__ import annotations
 
+import os
 import pickle
 import queue
+import sys
 import threading
+import time
 from multiprocessing.connection import wait
 
-from ...monitor.heap import keep_freed_memory
-from ...monitor.lifecycle import worker_started
-from ...monitor.processes import blas_threads, join_or_kill, main_module_hidden
+from ..errors import WaitTimeout, WorkerError
+from .heap import keep_freed_memory
+from .lifecycle import worker_started
+from .processes import blas_threads, join_or_kill, main_module_hidden
 
 
 class Outbox:
@@ -196,6 +204,28 @@ class WorkerPool:
             else:
                 self.reports[rank] = (kind, payload)
 
+    def await_ready(self, ready, start_timeout: float, due, on_signal, check, advice: str,
+                    drain=None, block_s: float = 0.005) -> None:
+        """Wait until ``ready()`` (or every worker has finished), taking the
+        workers' messages meanwhile (``drain(block_s)``, ``self.drain`` if
+        none given) and calling ``check()`` after each (it raises for the
+        lost workers that fail the run). The first stop signal (``due.signal``)
+        calls ``on_signal()`` (stop the workers: nothing is done yet), and
+        the wait goes on until each has seen it. Past ``start_timeout``
+        seconds, ``WaitTimeout(advice)``; once stopped, the wait ends instead
+        (those still starting are killed at the end: ``join``)."""
+        deadline = time.monotonic() + start_timeout
+        drain = drain or self.drain
+        while not ready() and len(self.finished) < len(self.handles):
+            drain(block_s)
+            check()
+            if due.signal():
+                on_signal()
+            if time.monotonic() > deadline:
+                if due.interrupted is not None:
+                    return
+                raise WaitTimeout(advice)
+
     def join(self, wait_s: float) -> None:
         """Close the pipes (a worker still sending gets a broken pipe, not a
         wait), then join the workers, killing any alive after ``wait_s``."""
@@ -221,3 +251,45 @@ def read_payload(reader):
         return pickle.loads(reader.recv_bytes())
     finally:
         reader.close()
+
+
+def lost_workers_error(failed: dict, strategy, workers: int, who=None):
+    """The one rule for when lost workers fail a run, on every engine that
+    carries on without some: when every worker failed, or when the strategy
+    needs every worker and more failed than its backup workers cover. Then
+    a ``WorkerError`` naming the lowest failed rank with the first line of
+    its reason (``failed``: rank -> reason; the whole text in
+    ``worker_traceback``); else None: the others carry on. ``who(rank)``
+    names a worker (``worker {rank}`` if not given)."""
+    if not failed or not (len(failed) == workers or (
+            strategy.needs_all_workers and len(failed) > strategy.backup_workers)):
+        return None
+    rank = min(failed)
+    why = "every worker failed" if len(failed) == workers else "this strategy needs every worker"
+    name = who(rank) if who is not None else f"worker {rank}"
+    err = WorkerError(f"{name} failed, and {why}: {failed[rank].splitlines()[0]}")
+    err.worker = rank
+    err.worker_traceback = failed[rank]
+    return err
+
+
+def start_timeout(seconds: float, workers: int, processes: bool) -> float:
+    """How long ``workers`` may take to start: ``seconds``, more where
+    worker processes are many for the cores (each imports NumPy and torch:
+    about a second of one core), with a warning where they are very many."""
+    cores = os.cpu_count() or 1
+    if not processes:
+        return seconds
+    if workers > 4 * cores:
+        print(f"monsoon: warning: {workers} worker processes on {cores} cores take a while "
+              "to start and then share the cores; --backend threads, or fewer --workers, "
+              "starts at once", file=sys.stderr)
+    return seconds * max(1.0, workers / (2 * cores))
+
+
+def start_advice(workers: int, waited: float) -> str:
+    """What to do when ``workers`` worker processes did not start within ``waited`` s."""
+    cores = os.cpu_count() or 1
+    return (f"{workers} worker processes did not start within {waited:g} s on {cores} "
+            f"cores; use fewer --workers (at most {2 * cores} start quickly here) or "
+            "--backend threads")
