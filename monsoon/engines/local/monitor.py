@@ -17,7 +17,6 @@ import time
 import numpy as np
 
 from ... import arrays
-from ...errors import WaitTimeout
 from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import StopSignals
@@ -96,7 +95,10 @@ class WorkerMonitor:
             self.store.release_locks_of(rank)
 
     def check_failed(self) -> None:
-        """Fail the run if it has lost more workers than its strategy allows."""
+        """Fail the run if it has lost more workers than its strategy allows
+        (not once a stop signal is seen: the workers are stopping)."""
+        if self.due.interrupted is not None:
+            return
         err = lost_workers_error(self.failed, self.strategy, self.workers)
         if err is not None:
             raise err
@@ -104,26 +106,20 @@ class WorkerMonitor:
     # -- start-up ------------------------------------------------------------
     def await_ready(self, start_timeout: float) -> None:
         """Wait until every worker has imported, unpickled and is ready (or
-        finished), then unlink the shared memory every process has mapped.
-        A stop signal meanwhile aborts the workers (nothing is done yet),
-        and the wait goes on until each has mapped the memory and seen the
-        abort: one that had not would find it gone."""
+        finished: ``WorkerPool.await_ready``), then unlink the shared memory
+        every process has mapped. A stop signal meanwhile aborts the workers
+        (nothing is done yet), and the wait goes on until each has mapped
+        the memory and seen the abort: one that had not would find it gone."""
         store, workers = self.store, self.workers
-        deadline = time.monotonic() + start_timeout
-        while not all(store.status[r] == READY or r in self.finished for r in range(workers)):
-            self.drain()
-            if self.due.interrupted is None:
-                self.check_failed()
-            if len(self.finished) == workers:
-                break
-            if self.due.signal():  # stop the workers, then write the folder
-                self.stopped = self.due.stop_reason
-                store.abort()
-            if time.monotonic() > deadline:
-                if self.stopped is not None:
-                    break  # those still starting are killed at the end (``pool.join``)
-                raise WaitTimeout(self.engine._start_advice(workers, start_timeout))
-            time.sleep(0.005)
+
+        def stop():  # stop the workers, then write the folder
+            self.stopped = self.due.stop_reason
+            store.abort()
+
+        self.pool.await_ready(
+            lambda: all(store.status[r] == READY or r in self.finished for r in range(workers)),
+            start_timeout, self.due, stop, self.check_failed,
+            self.engine._start_advice(workers, start_timeout), drain=self.drain)
         if self.pool.ctx is not None:
             store.memory.unlink()  # every worker has mapped it: the kernel frees it last
             self.problem.unlink_shared()  # the problem's data block, likewise
@@ -149,8 +145,7 @@ class WorkerMonitor:
         store = self.store
         self.drain(self.sleep_s())
         self.on_signal()
-        if self.due.interrupted is None:
-            self.check_failed()
+        self.check_failed()
         now = time.perf_counter() - self.t0
         totals = ex, up, dropped, _ = store.totals()
         self.due.progress(ex)

@@ -35,7 +35,7 @@ import traceback
 
 import numpy as np
 
-from ...errors import ConfigError, WaitTimeout, WorkerError
+from ...errors import ConfigError, WaitTimeout
 from ...strategies.batches import budget_steps, global_batches
 from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ..base import EngineResult
@@ -45,7 +45,7 @@ from ...monitor.processes import limit_threads, start_context, torch_threads_per
 from ...shared_memory import SharedArrays
 from ...monitor.waiting import Aborted, wait_until
 from .channels import Channel, boundary_bytes, largest_micro_batch
-from ...monitor.pool import WorkerPool, read_payload
+from ...monitor.pool import WorkerPool, lost_workers_error, read_payload
 
 ABORT, START, ASKED, STOP = 0, 1, 2, 3  # STOP: 1 + the step to stop before (0: none)
 
@@ -207,16 +207,14 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
             channel.close()
 
 
-def _failure(pool, specs, control) -> WorkerError:
-    """Abort the others; the first failed stage's error."""
-    control[ABORT] = 1
-    rank = min(pool.failed)
-    text, stages = pool.failed[rank], len(specs)
-    err = WorkerError(f"pipeline worker {rank} (stage {rank % stages}, replica "
-                      f"{rank // stages}) failed, and a pipeline needs every stage: "
-                      f"{text.splitlines()[0]}")
-    err.worker, err.worker_traceback = rank, text
-    return err
+def _check(pool, strategy, specs) -> None:
+    """Fail the run on a lost stage (a pipeline needs every one), naming
+    its stage and replica (the others are aborted on the way out)."""
+    stages = len(specs)
+    err = lost_workers_error(pool.failed, strategy, len(pool.handles), lambda rank: (
+        f"pipeline worker {rank} (stage {rank % stages}, replica {rank // stages})"))
+    if err is not None:
+        raise err
 
 
 def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
@@ -225,24 +223,21 @@ def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
     control, counters, snap = shared["control"], shared["counters"], shared["snap"]
     workers = len(pool.handles)
     due = Due(recorder, timeout=engine.timeout)
-    deadline = time.monotonic() + engine.start_timeout
-    while len(pool.ready) < workers:
-        pool.drain(0.05)
-        if due.signal():  # stopped before the first step: released, they end at once
-            control[STOP] = 1
-        if pool.failed:
-            raise _failure(pool, specs, control)
-        if time.monotonic() > deadline:
-            control[ABORT] = 1
-            raise WaitTimeout(f"pipeline workers did not start within {engine.start_timeout:g} s")
+
+    def stop():  # stopped before the first step: released, they end at once
+        control[STOP] = 1
+
+    pool.await_ready(lambda: len(pool.ready) == workers, engine.start_timeout, due, stop,
+                     lambda: _check(pool, strategy, specs),
+                     f"pipeline workers did not start within {engine.start_timeout:g} s",
+                     block_s=0.05)
     startup = time.perf_counter() - t_begin
     recorder.start(snap)
     t0 = time.perf_counter()
     control[START] = 1
-    stopped = _watch(engine, pool, specs, shared, recorder, t0, due)
+    stopped = _watch(engine, strategy, pool, specs, shared, recorder, t0, due)
     wall = time.perf_counter() - t0
-    if pool.failed:
-        raise _failure(pool, specs, control)
+    _check(pool, strategy, specs)
     results = {r: payload for r, (kind, payload) in pool.reports.items() if kind == "done"}
     if stopped is not None and len(results) < workers:  # stopped early: the snapshot is the run
         params = np.array(snap, copy=True)
@@ -255,7 +250,7 @@ def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
                   int(counters[0]), stats, stopped, w0, interrupted=due.interrupted)
 
 
-def _watch(engine, pool, specs, shared, recorder, t0, due):
+def _watch(engine, strategy, pool, specs, shared, recorder, t0, due):
     """Until every stage has finished: ask replica 0's stages for a snapshot
     when a row is due (``Due``), record it once all have served, and stop the
     run on a failure, no progress, a diverged row or a stop signal (its
@@ -265,8 +260,7 @@ def _watch(engine, pool, specs, shared, recorder, t0, due):
     asked, stopped = False, due.stop_reason if due.interrupted else None
     while len(pool.finished) < len(pool.handles):
         pool.drain(0.002 if asked else min(0.05, engine.idle_s))
-        if pool.failed:
-            raise _failure(pool, specs, control)
+        _check(pool, strategy, specs)
         now = time.perf_counter() - t0
         # the steps applied: of the steps every stage has decided, those no
         # stage dropped (as ``finish`` counts them), so the curve never falls
