@@ -4,6 +4,8 @@ spawns them shares (the local engine's workers, its pipeline's stages).
 - ``torch_threads_per_worker``: workers x threads <= cores
   (oversubscription is a known 30x slowdown);
 - ``blas_threads``: the same share for the BLAS a spawned child loads;
+- ``single_torch_thread``, ``single_blas_thread``: one thread for the
+  monitor's torch, and for worker threads' shared BLAS;
 - ``main_module_hidden``: a spawned child does not re-run the parent's
   ``__main__`` script unless its payload needs it;
 - ``start_context``: workers are forked from a fork server that has
@@ -122,6 +124,35 @@ def blas_threads(threads: int):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def single_torch_thread():
+    """The monitor evaluates the loss while workers hold every core; with
+    more than one intra-op thread its evaluation would spin waiting for a
+    thread that cannot run."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@contextlib.contextmanager
+def single_blas_thread():
+    """Worker threads share the process's BLAS: one thread each. OpenBLAS
+    splits an axpy or asum of more than 10,000 elements over its own
+    threads, which then spin on the cores the workers need, slowing
+    Hogwild! and sync on dense models severalfold (bench/hogwild_vs_torch.py)."""
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def limit_threads(threads: int) -> None:

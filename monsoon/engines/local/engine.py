@@ -56,7 +56,8 @@ from ...server.summed import initial_sums
 from ...record import checkpoints
 from ...monitor.lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
-from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker
+from ...monitor.processes import (limit_threads, single_blas_thread, single_torch_thread,
+                                  start_context, torch_threads_per_worker)
 from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, hands_over_senders,
@@ -96,35 +97,6 @@ class WorkerSetup:
     work0: np.ndarray | None = None  # a resumed private copy
     compression: object = None     # messages.Compression (--compress)
     sender_state: dict | None = None  # a resumed worker's compressor state
-
-
-@contextlib.contextmanager
-def single_torch_thread():
-    """The monitor evaluates the loss while workers hold every core; with
-    more than one intra-op thread its evaluation would spin waiting for a
-    thread that cannot run."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
-@contextlib.contextmanager
-def single_blas_thread():
-    """Worker threads share the process's BLAS: one thread each. OpenBLAS
-    splits an axpy or asum of more than 10,000 elements over its own
-    threads, which then spin on the cores the workers need, slowing
-    Hogwild! and sync on dense models severalfold (bench/hogwild_vs_torch.py)."""
-    from threadpoolctl import threadpool_limits  # scikit-learn's dependency
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
 
 
 @contextlib.contextmanager
