@@ -6,6 +6,8 @@ It answers five questions, each cheap enough to ask between ops:
 
 - a curve row: ``row`` (the recorder's pace: evaluations over the budget),
   and ``seconds_to_row`` for how long a monitor may sleep without missing one;
+  ``asked_row`` where the workers copy the parameters for a row when asked
+  (``asking`` while a copy is awaited);
 - a live update: ``live`` hands the recorder the run's figures when its
   live writer is due; ``look`` asks both (a row, then a live update) for
   the loops that take no other action between them;
@@ -50,12 +52,26 @@ class Due:
         self.stops = stops
         self.next_checkpoint: int | None = None
         self.interrupted: int | None = None   # the stop signal, once seen
+        self.asking = False  # a copy of the parameters asked of the workers (``asked_row``)
         self.last_examples, self.last_progress = -1, time.monotonic()
 
     # -- curve rows and live updates -----------------------------------------
     def row(self, at: float, examples) -> bool:
         """Whether the next curve row is due at run time ``at``."""
         return self.recorder.due(at, examples)
+
+    def asked_row(self, at: float, examples, served, ask) -> bool:
+        """For the loops whose workers copy the parameters for a row at
+        their next step's end (the local engine's replicated synchronous
+        step, its pipeline's stages): True once the copy asked for is
+        ``served()`` (record it now); else, when a row is due, ``ask()`` for one."""
+        if self.asking:
+            self.asking = not served()
+            return not self.asking
+        if self.row(at, examples):
+            self.asking = True
+            ask()
+        return False
 
     def seconds_to_row(self, at: float) -> float:
         """How long until the next row is due, at the pace so far."""

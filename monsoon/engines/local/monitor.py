@@ -56,7 +56,6 @@ class WorkerMonitor:
         # do not fill a checkpoint buffer at step boundaries
         self.due = Due(recorder, 0 if self.exact else every, engine.timeout)
         self.stopped = None
-        self.asked = False  # a snapshot request to a replicated step is pending
         self.stop_deadline = None
         self.ring = False
 
@@ -178,7 +177,7 @@ class WorkerMonitor:
                 due_in = min(due_in, (self.every - done % self.every) * elapsed
                              / (done - self.updates_at_start))
         young = self.due.last_examples <= 0 and not self.ring  # no pace known yet
-        return 0.002 if young or self.asked or self.buffer_filled() else min(max(due_in, 0.001), self.engine.idle_s)
+        return 0.002 if young or self.due.asking or self.buffer_filled() else min(max(due_in, 0.001), self.engine.idle_s)
 
     def on_signal(self) -> None:
         """A stop signal stops the workers: synchronous ones at the next step
@@ -220,13 +219,14 @@ class WorkerMonitor:
             # worker 0 holds the parameters; ask it for a copy at its
             # next step's end, and record it once it has answered
             control = store.control
-            if self.asked and control[SNAP_SERVED] == control[SNAP_ASKED]:
-                self.asked = False
+
+            def ask():
+                control[SNAP_ASKED] += 1
+
+            if self.due.asked_row(at, ex, lambda: control[SNAP_SERVED] == control[SNAP_ASKED],
+                                  ask):
                 return recorder.record(at, int(up), int(ex), store.params, int(dropped),
                                        self.local_totals())
-            if not self.asked and self.due.row(at, ex):
-                self.asked = True
-                control[SNAP_ASKED] += 1
             return None
         if self.due.row(at, ex):
             return recorder.record(at, int(up), int(ex), store.params, int(dropped),

@@ -257,9 +257,13 @@ def _watch(engine, strategy, pool, specs, shared, recorder, t0, due):
     reason returned)."""
     control, served, counters, snap = (shared["control"], shared["served"],
                                        shared["counters"], shared["snap"])
-    asked, stopped = False, due.stop_reason if due.interrupted else None
+    stopped = due.stop_reason if due.interrupted else None
+
+    def ask():
+        control[ASKED] += 1
+
     while len(pool.finished) < len(pool.handles):
-        pool.drain(0.002 if asked else min(0.05, engine.idle_s))
+        pool.drain(0.002 if due.asking else min(0.05, engine.idle_s))
         _check(pool, strategy, specs)
         now = time.perf_counter() - t0
         # the steps applied: of the steps every stage has decided, those no
@@ -271,13 +275,12 @@ def _watch(engine, strategy, pool, specs, shared, recorder, t0, due):
         if due.signal():  # stop before step m + 2, which no stage has begun: 1 + (m + 2)
             stopped = due.stop_reason
             control[STOP] = int(counters[2 + len(specs):].max()) + 3
-        if asked and all(served[s] >= control[ASKED] for s in range(len(specs))):
-            asked = False
+        # no new copy asked for once stopped (one asked before is still recorded)
+        if (due.asking or not stopped) and due.asked_row(
+                now, ex, lambda: all(served[s] >= control[ASKED] for s in range(len(specs))),
+                ask):
             reason = recorder.record(now, up, ex, snap, dropped)
             if reason is not None:
                 stopped = reason
                 control[ABORT] = 1
-        elif not asked and due.row(now, ex) and not stopped:
-            control[ASKED] += 1
-            asked = True
     return stopped
