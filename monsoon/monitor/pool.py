@@ -31,6 +31,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from multiprocessing.connection import wait
 
 from ..errors import WaitTimeout, WorkerError
@@ -243,6 +244,12 @@ def _worker_process(name: str, conn, target, reader, *args) -> None:
     outbox = Outbox(conn)
     target(reader, outbox, *args)
     outbox.close()
+
+
+def failure(rank: int, exc: BaseException) -> tuple:
+    """The last message of a worker that ``exc`` ended (in its ``except``):
+    the error's type and text, then its traceback."""
+    return ("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
 
 
 def read_payload(reader):

@@ -43,7 +43,6 @@ import contextlib
 import pickle
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +61,7 @@ from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
 from .checkpointing import (RunCheckpoints, buffer_arrays, hands_over_senders,
                             restore_buffers, sender_slots)
-from ...monitor.pool import WorkerPool, read_payload, start_advice, start_timeout
+from ...monitor.pool import WorkerPool, failure, read_payload, start_advice, start_timeout
 from ...compressors.messages import Sender, compressing
 from ... import arrays
 from .monitor import WorkerMonitor
@@ -159,7 +158,7 @@ def _worker_body(messages, setup: WorkerSetup) -> None:
         report("aborted", ABORTED, params=True)
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor, by name
         store.status[rank] = FAILED
-        messages.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        messages.put(failure(rank, exc))
 
 
 @contextlib.contextmanager

@@ -31,7 +31,6 @@ from __future__ import annotations
 import pickle
 import signal
 import time
-import traceback
 
 import numpy as np
 
@@ -45,7 +44,7 @@ from ...monitor.processes import limit_threads, start_context, torch_threads_per
 from ...shared_memory import SharedArrays
 from ...monitor.waiting import Aborted, wait_until
 from .channels import Channel, boundary_bytes, largest_micro_batch
-from ...monitor.pool import WorkerPool, lost_workers_error, read_payload
+from ...monitor.pool import WorkerPool, failure, lost_workers_error, read_payload
 
 ABORT, START, ASKED, STOP = 0, 1, 2, 3  # STOP: 1 + the step to stop before (0: none)
 
@@ -134,7 +133,7 @@ def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
             "params": None, "stats": worker.stats(time.perf_counter() - t0)}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor
         shared["control"][ABORT] = 1
-        outbox.put(("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        outbox.put(failure(rank, exc))
 
 
 def _links(ctx, stages: int, replicas: int, boundary: list, rows: int, micro: int):
