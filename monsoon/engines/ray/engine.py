@@ -63,7 +63,7 @@ from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..tally import RunTally, run_folder_extra, summed_staleness
 from .checkpointing import ShardCheckpoints
 from .clock import ClockServer
-from .hosts import POOL, kill
+from .hosts import POOL, error_line, kill
 from .membership import Membership
 from .shard import Shard
 from .worker import RemoteWorker
@@ -346,10 +346,8 @@ class RayEngine(Engine):
                 raise WaitTimeout(f"Ray worker {rank} did not start within "
                                   f"{self.start_timeout:g} s") from exc
             except Exception as exc:  # noqa: BLE001 - reported by name, with Ray's reason
-                reason = [line for line in str(exc).splitlines() if "Error" in line][-1:]
-                err = WorkerError(f"Ray worker {rank} could not start: "
-                                  f"{reason[0].strip() if reason else exc} (every node needs "
-                                  "monsoon and the problem's code importable)")
+                err = WorkerError(f"Ray worker {rank} could not start: {error_line(exc)} "
+                                  "(every node needs monsoon and the problem's code importable)")
                 err.worker = rank
                 raise err from exc
 
@@ -369,34 +367,32 @@ class RayEngine(Engine):
                             local=tally.local_totals(strategy), stopped=stopped,
                             interrupted=interrupted)
 
+    def _ask(self, ray, live: dict, method: str, timeout: float, standing=None) -> dict:
+        """The answers of the ``live`` workers (rank -> actor) to ``method``
+        that come within ``timeout``, by rank; a worker that does not answer
+        in time, or died meanwhile, keeps what ``standing`` holds for it."""
+        answers = {r: standing[r] for r in live if standing and r in standing}
+        if not live:
+            return answers
+        refs = {getattr(a, method).remote(): r for r, a in live.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        for ref in ready:
+            try:
+                answers[refs[ref]] = ray.get(ref)
+            except Exception:  # noqa: BLE001 - a dead worker: its run() reports why
+                pass
+        return answers
+
     def _reports_now(self, ray, live: dict, seen: dict) -> dict:
         """The reports of the workers still running when the run stopped
         (``RemoteWorker.report_now``), by rank; a worker that does not answer
         in time counts its last progress figures (``seen``)."""
-        refs = {a.report_now.remote(): r for r, a in live.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.timeout)
-        reports = {r: seen[r] for r in live.values() if r in seen}
-        for ref in ready:
-            try:
-                reports[refs[ref]] = ray.get(ref)
-            except Exception:  # noqa: BLE001 - died meanwhile: its last figures stand
-                pass
-        return reports
+        return self._ask(ray, live, "report_now", self.timeout, seen)
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:
         examples, losses, updates, staleness), by rank."""
-        if not live:
-            return {}
-        refs = {a.progress.remote(): r for r, a in live.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=min(1.0, self.timeout))
-        figures = {}
-        for ref in ready:
-            try:
-                figures[refs[ref]] = ray.get(ref)
-            except Exception:  # noqa: BLE001 - a dead worker: its run() reports why
-                pass
-        return figures
+        return self._ask(ray, live, "progress", min(1.0, self.timeout))
 
     def _params(self, ray, shards, start, synchronous: bool):
         """The shards' parameters, the updates applied and the steps dropped,

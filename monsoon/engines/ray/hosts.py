@@ -246,3 +246,10 @@ POOL = Pool()
 def kill(ray, actor) -> None:
     """Kill a host (a ``Hosted``'s) or a plain actor."""
     POOL.kill(ray, actor)
+
+
+def error_line(exc) -> str:
+    """The line of a Ray error that names the actor's own error (Ray's text
+    around it is many lines), or the whole text where none does."""
+    lines = [line for line in str(exc).strip().splitlines() if "Error" in line]
+    return lines[-1].strip() if lines else str(exc)

@@ -30,7 +30,7 @@ from ...strategies.pipeline.schedules import dependency_order, schedule
 from ..base import EngineResult
 from ...monitor.due import Due
 from ..options import refuse_checkpoints
-from .hosts import POOL, kill
+from .hosts import POOL, error_line, kill
 
 
 class _OneOp:
@@ -142,9 +142,8 @@ def _get(ray, refs, timeout, actors, what):
     except GetTimeoutError as exc:
         raise WaitTimeout(f"pipeline stage actors did not {what} within {timeout:g} s") from exc
     except Exception as exc:  # noqa: BLE001 - an actor's error, reported in one line
-        lines = [line for line in str(exc).strip().splitlines() if "Error" in line]
         raise WorkerError(f"a pipeline stage actor failed, and a pipeline needs every stage: "
-                          f"{lines[-1].strip() if lines else exc}") from exc
+                          f"{error_line(exc)}") from exc
 
 
 def _submit_step(actors, S, R, t, batch, micro, name):
