@@ -4,7 +4,7 @@ processes in ``_worker_process``, and watch them with it): start the
 workers, wait until every one is ready (``await_ready``, within
 ``start_timeout``, with ``start_advice`` when they do not start), take
 their reports, name the lost, and join them; and the one rule for when
-lost workers fail a run (``lost_workers_error``), on every engine.
+lost workers fail a run (``fail_if_lost``), on every engine.
 
 Every worker sends exactly one message when it stops: ``("done" | "aborted"
 | "stopped" | "failed", rank, payload)``; a pipeline stage first sends
@@ -260,24 +260,24 @@ def read_payload(reader):
         reader.close()
 
 
-def lost_workers_error(failed: dict, strategy, workers: int, who=None):
+def fail_if_lost(failed: dict, strategy, workers: int, who=None) -> None:
     """The one rule for when lost workers fail a run, on every engine that
     carries on without some: when every worker failed, or when the strategy
     needs every worker and more failed than its backup workers cover. Then
-    a ``WorkerError`` naming the lowest failed rank with the first line of
-    its reason (``failed``: rank -> reason; the whole text in
-    ``worker_traceback``); else None: the others carry on. ``who(rank)``
-    names a worker (``worker {rank}`` if not given)."""
+    it raises a ``WorkerError`` naming the lowest failed rank with the first
+    line of its reason (``failed``: rank -> reason; the whole text in
+    ``worker_traceback``); else the others carry on. ``who(rank)`` names a
+    worker (``worker {rank}`` if not given)."""
     if not failed or not (len(failed) == workers or (
             strategy.needs_all_workers and len(failed) > strategy.backup_workers)):
-        return None
+        return
     rank = min(failed)
     why = "every worker failed" if len(failed) == workers else "this strategy needs every worker"
     name = who(rank) if who is not None else f"worker {rank}"
     err = WorkerError(f"{name} failed, and {why}: {failed[rank].splitlines()[0]}")
     err.worker = rank
     err.worker_traceback = failed[rank]
-    return err
+    raise err
 
 
 def start_timeout(seconds: float, workers: int, processes: bool) -> float:

@@ -20,7 +20,7 @@ from ... import arrays
 from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import StopSignals
-from ...monitor.pool import lost_workers_error
+from ...monitor.pool import fail_if_lost
 from ..tally import RunTally
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
@@ -96,11 +96,8 @@ class WorkerMonitor:
     def check_failed(self) -> None:
         """Fail the run if it has lost more workers than its strategy allows
         (not once a stop signal is seen: the workers are stopping)."""
-        if self.due.interrupted is not None:
-            return
-        err = lost_workers_error(self.failed, self.strategy, self.workers)
-        if err is not None:
-            raise err
+        if self.due.interrupted is None:
+            fail_if_lost(self.failed, self.strategy, self.workers)
 
     # -- start-up ------------------------------------------------------------
     def await_ready(self, start_timeout: float) -> None:

@@ -44,7 +44,7 @@ from ...monitor.processes import limit_threads, start_context, torch_threads_per
 from ...shared_memory import SharedArrays
 from ...monitor.waiting import Aborted, wait_until
 from .channels import Channel, boundary_bytes, largest_micro_batch
-from ...monitor.pool import WorkerPool, failure, lost_workers_error, read_payload
+from ...monitor.pool import WorkerPool, fail_if_lost, failure, read_payload
 
 ABORT, START, ASKED, STOP = 0, 1, 2, 3  # STOP: 1 + the step to stop before (0: none)
 
@@ -210,10 +210,8 @@ def _check(pool, strategy, specs) -> None:
     """Fail the run on a lost stage (a pipeline needs every one), naming
     its stage and replica (the others are aborted on the way out)."""
     stages = len(specs)
-    err = lost_workers_error(pool.failed, strategy, len(pool.handles), lambda rank: (
+    fail_if_lost(pool.failed, strategy, len(pool.handles), lambda rank: (
         f"pipeline worker {rank} (stage {rank % stages}, replica {rank // stages})"))
-    if err is not None:
-        raise err
 
 
 def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):

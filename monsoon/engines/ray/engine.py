@@ -58,7 +58,7 @@ from ...record.checkpoints import Checkpointer
 from ...server.summed import initial_sums
 from ...monitor.due import Due
 from ...monitor.lifecycle import reclaim_signals
-from ...monitor.pool import lost_workers_error
+from ...monitor.pool import fail_if_lost
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..tally import RunTally, run_folder_extra, summed_staleness
 from .checkpointing import ShardCheckpoints
@@ -291,9 +291,7 @@ class RayEngine(Engine):
             by_rank = {r: f["examples"] for r, f in figures.items()}
             ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, by_rank)
             if membership is None:  # elastic: Membership.lose decides
-                err = lost_workers_error(failed, strategy, workers)
-                if err is not None:
-                    raise err
+                fail_if_lost(failed, strategy, workers)
             now = time.perf_counter() - t0
             examples = start.examples + gone + sum(by_rank.values())
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")

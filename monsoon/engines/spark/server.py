@@ -50,7 +50,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...errors import WaitTimeout
-from ...monitor.pool import lost_workers_error
+from ...monitor.pool import fail_if_lost
 from ...strategies.ops import Clock, Elastic
 from ...server.clocks import PACE_PATIENCE_S, ClockTable, Pace, clock_extra
 from ...compressors.messages import Sender, receive, summarize
@@ -396,11 +396,9 @@ class DriverServer:
     # -- the monitor: the calling thread ------------------------------------------
 
     def _fail_if_lost(self) -> None:
-        """Every worker failed: the run fails (``monitor.pool.lost_workers_error``;
+        """Every worker failed: the run fails (``monitor.pool.fail_if_lost``;
         the strategies run here carry on while one is left)."""
-        err = lost_workers_error(self.failed, self.strategy, self.ctx.workers)
-        if err is not None:
-            raise err
+        fail_if_lost(self.failed, self.strategy, self.ctx.workers)
 
     def _cancel_stuck(self) -> None:
         """A worker whose job has run past the timeout is out: named in
