@@ -140,13 +140,13 @@ class WorkerPool:
         self.ready, self.finished, self.failed, self.reports = set(), set(), {}, {}
         self.needs_main, self.payloads = False, []
 
-    def start(self, target, args: tuple, payload: bytes = b"", threads: int = 1) -> None:
+    def start(self, target, args: tuple, payload=None, threads: int = 1) -> None:
         """Start the next rank's worker: a thread, ``target(outbox, *args)``,
         or a process (``_worker_process``), ``target(reader, outbox, *args)``,
         with as many BLAS ``threads`` as torch ones (a second one stalls for
         milliseconds while a neighbour holds the other core), the parent's
         ``__main__`` only where ``payload`` refers to it, and a pipe
-        (``reader``) it reads ``payload`` from once all have started
+        (``reader``) it reads ``payload`` from, pickled, once all have started
         (``send_payloads``; a large one passed to ``Process.start`` would
         hold the next start until this child had imported monsoon). Named
         ``name`` + rank."""
@@ -159,6 +159,9 @@ class WorkerPool:
             reader, writer = self.ctx.Pipe(duplex=False)
             h = self.ctx.Process(target=_worker_process, name=name, daemon=True,
                                  args=(name, outbox, target, reader, *args))
+            # Plain pickle, not multiprocessing's: torch's reducers would
+            # try to pass tensors as file descriptors.
+            payload = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
             needs_main = b"__main__" in payload
             self.needs_main = self.needs_main or needs_main
             with main_module_hidden(needs_main), blas_threads(threads):

@@ -40,7 +40,6 @@ Nothing is lost, nothing is left behind:
 from __future__ import annotations
 
 import contextlib
-import pickle
 import sys
 import time
 from dataclasses import dataclass
@@ -546,10 +545,7 @@ class LocalEngine(Engine):
                                 compression=self.compression,
                                 sender_state=resume.senders.get(rank))
             if ctx is not None:
-                # Plain pickle, not multiprocessing's: torch's reducers would
-                # try to pass tensors as file descriptors.
-                payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
-                pool.start(_process_main, (store.locks, store.sync_lock), payload,
+                pool.start(_process_main, (store.locks, store.sync_lock), setup,
                            setup.torch_threads)
             else:
                 pool.start(_worker_body, (setup,))

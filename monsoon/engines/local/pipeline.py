@@ -28,7 +28,6 @@ is the monitor's.
 """
 from __future__ import annotations
 
-import pickle
 import signal
 import time
 
@@ -186,10 +185,8 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
         payloads = stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size,
                                   seed, budget)
         for rank, payload in enumerate(payloads):
-            payload = pickle.dumps({**payload, "start_timeout": engine.start_timeout},
-                                   protocol=pickle.HIGHEST_PROTOCOL)
             pool.start(_stage_main, (conns[rank], shared, rank, engine.timeout, threads),
-                       payload, threads)
+                       {**payload, "start_timeout": engine.start_timeout}, threads)
         pool.send_payloads()
         for c in conns:  # the children hold their ends of the pipes now
             for key in ("replicas", "replica0"):
