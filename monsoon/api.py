@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 import uuid
@@ -183,6 +184,9 @@ def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     ``shared``: the options ``compare`` passes to every strategy."""
     given = {k: v for k, v in options.items() if v is not None}
     if out is not None:
+        if not isinstance(out, (str, os.PathLike)):
+            raise ConfigError(f"out={out!r}: give the run folder as a path (a str or a "
+                              "pathlib.Path)")
         given["out"] = str(out)
     return resolve(problem, strategy, workers, given, frozenset(shared))
 

@@ -184,3 +184,12 @@ def test_stage_times_for_another_count_of_stages_are_refused_before_the_run(tmp_
                 "--stage-compute-s", "0.1,0.2,0.3", "--epochs", "1", "--out", str(out)),
             "gives 3 stage time(s), but the pipeline has 2 stages")
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("out", [123, 1.5, ["runs"]])
+def test_an_out_that_is_not_a_path_is_refused_in_python(out):
+    import monsoon
+    from monsoon.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"give the run folder as a path"):
+        monsoon.train("exp", "serial", out=out, epochs=1)
