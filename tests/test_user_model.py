@@ -2,6 +2,7 @@
 initial weights, its buffers trained and returned, every reported figure in
 eval mode, validation and accuracy, the saved model."""
 import copy
+import re
 import json
 
 import numpy as np
@@ -194,3 +195,22 @@ def test_a_run_with_no_curve_plots_without_a_warning(tmp_path):
         warnings.simplefilter("error")
         assert plot_loss(tmp_path / "empty.png", {"sync": []}) == 0
     assert (tmp_path / "empty.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("module, words", [
+    ("class", "pass Net(), not the class Net"),
+    ("lambda", "not function"),
+])
+def test_a_module_that_is_not_an_instance_is_refused_in_one_line(module, words):
+    from monsoon.errors import ConfigError
+    from monsoon.problems import TorchProblem
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+    given = Net if module == "class" else (lambda: Net())
+    X, y = np.zeros((8, 4), np.float32), np.zeros(8, np.float32)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        TorchProblem(given, torch.nn.functional.mse_loss, X, y)
