@@ -25,6 +25,7 @@ from .config import resolve
 from .record import checkpoints as _checkpoints
 from .record.checkpoints import check_resume
 from .monitor.lifecycle import StopSignals, signal_name
+from .monitor.processes import leave_if_re_running_main
 from .compressors.messages import add_bytes_column
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
 from .problems import Problem
@@ -209,6 +210,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     on ``workers`` workers. ``options`` are the run's options and those the
     chosen strategy, rule, engine and problem declare (``monsoon options``
     lists them all); one that none of them takes is refused."""
+    leave_if_re_running_main()
     resolved = check(problem, strategy, workers, out=out, shared=shared, **options)
     run, problem, budget = resolved.run, resolved.problem, resolved.budget
     if out is not None:
