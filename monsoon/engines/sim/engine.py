@@ -58,6 +58,7 @@ from ...server.core import ServerCore, new_readers
 from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
+from ...record.progress import counts
 from ...monitor.lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
 from ..tally import run_folder_extra
@@ -96,13 +97,6 @@ class _Worker(Worker):
         column = 0 if applied else 1
         self.local[column] += 1
         self.sim.local[column] += 1
-
-
-def _jsonable_state(state):
-    """An RNG state as plain JSON values (NumPy ints become ints)."""
-    import json
-
-    return json.loads(json.dumps(state, default=int))
 
 
 class SimEngine(Engine):
@@ -341,8 +335,7 @@ class SimEngine(Engine):
         arrays = {"counters": np.array([[w.examples, w.updates, w.dropped, w.late]
                                         for w in self.workers], dtype=np.int64)}
         if not self.strategy.shared_params:
-            for w in self.workers:
-                arrays[f"worker.{w.rank}.params"] = w.work
+            arrays.update(checkpoints.private_arrays({w.rank: w.work for w in self.workers}))
         if self.sums is not None:  # not read at resume (the replay rebuilds them): checked
             for name, shared in zip(self.strategy.local_rule.summed_state, self.sums.sums):
                 arrays["sums." + name] = shared
@@ -350,22 +343,18 @@ class SimEngine(Engine):
 
     def _save(self, events: int, reason: str) -> None:
         total = self.total
-        meta = {"updates": total["updates"], "examples": total["examples"],
-                "dropped": total["dropped"], "late": total["late"], "events": events,
-                "exact": True, "reason": reason,
-                "positions": [w.examples for w in self.workers],
-                "rng": _jsonable_state(self.rng.bit_generator.state)}
+        meta = counts(reason, total["examples"], total["dropped"], updates=total["updates"],
+                      exact=True, positions=[w.examples for w in self.workers],
+                      late=total["late"], events=events,
+                      rng=checkpoints.jsonable(self.rng.bit_generator.state))
         self.keeper.save(total["updates"] + total["dropped"], self.now, self.params, self.state,
                          meta, self._arrays())
 
     def _check_replay(self) -> None:
         """The replay reached the checkpoint's event: it must be the checkpoint."""
         saved = self.resumed
-        mine = {"params": self.params, **checkpoints.state_arrays(self.state), **self._arrays()}
-        same = (_jsonable_state(self.rng.bit_generator.state) == saved.meta["rng"]
-                and all(k in saved.arrays and np.array_equal(v, saved.arrays[k], equal_nan=True)
-                        for k, v in mine.items()))
-        if not same:
+        if not saved.reproduced_by(self.params, self.state, self._arrays(),
+                                   rng=self.rng.bit_generator.state):
             raise checkpoints.CheckpointError(
                 f"replaying the simulation to checkpoint {saved.path} did not reproduce its "
                 "parameters (the problem, the delays or monsoon changed); start a new run "
