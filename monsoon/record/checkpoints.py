@@ -181,6 +181,17 @@ def private_arrays(private: dict) -> dict:
     return {PRIVATE.format(rank): copy for rank, copy in private.items()}
 
 
+def held_shapes(workers: int, sender: dict | None = None, buffers: dict | None = None) -> dict:
+    """More arrays a checkpoint holds, as ``shapes``'s ``extra``: each
+    worker's compressor state (``sender``: one worker's sender layout,
+    {name: (shape, dtype)}) as ``sender.<name>``, workers first, and the
+    model's buffers (``buffers``: ``buffer_arrays``)."""
+    extra = {"sender." + name: ((workers,) + tuple(shape), dtype)
+             for name, (shape, dtype) in (sender or {}).items()}
+    extra.update({name: (arr.shape, arr.dtype) for name, arr in (buffers or {}).items()})
+    return extra
+
+
 def buffer_arrays(problem) -> dict:
     """The model's buffers as a checkpoint's ``buffer.<name>`` arrays ({}: none);
     at least 1-d, as a checkpoint stores them (a counter is a 0-d tensor)."""

@@ -32,6 +32,12 @@ from ..strategies.batches import batches_in, part_bounds
 
 # the columns of a checkpoint's ``counters`` (one row a worker)
 EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
+COLUMNS = 4
+
+
+def counters_shapes(workers: int) -> dict:
+    """The ``counters`` array a checkpoint holds, as ``checkpoints.shapes``'s ``extra``."""
+    return {"counters": ((workers, COLUMNS), "int64")}
 
 
 def counts(reason: str, examples, dropped, *, step=None, updates=None, exact=None,
@@ -135,7 +141,7 @@ def exact_counters(step: int, workers: int, dropped: int, late: int, n: int,
     ``dropped`` and ``late`` are the totals when the checkpoint is written,
     workers may be steps on by then: at most one drop a step, and at most
     ``backups`` late gradients a step, are counted up to ``step``."""
-    counters = np.zeros((workers, 4), dtype=np.int64)
+    counters = np.zeros((workers, COLUMNS), dtype=np.int64)
     counters[0, EXAMPLES] = examples_after(step, n, batch_size)
     counters[0, DROPPED] = min(dropped, step)
     counters[0, UPDATES] = step - counters[0, DROPPED]

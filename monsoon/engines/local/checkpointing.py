@@ -46,7 +46,7 @@ import time
 import numpy as np
 
 from ...record import checkpoints
-from ...record.progress import counters_counts, counts
+from ...record.progress import counters_counts, counters_shapes, counts
 
 # After a write taking t seconds, the next waits COST_FACTOR * t: <= 5% of the run.
 COST_FACTOR = 19
@@ -71,11 +71,7 @@ class RunCheckpoints(checkpoints.Checkpointer):
               buffers: dict | None = None):
         """``sender``: one worker's sender layout, where checkpoints hold them;
         ``buffers``: the model's (``buffer_arrays``), where they hold them."""
-        extra = {"counters": ((workers, 4), "int64")}
-        for name, (shape, dtype) in (sender or {}).items():
-            extra["sender." + name] = ((workers,) + tuple(shape), dtype)
-        for name, arr in (buffers or {}).items():
-            extra[name] = (arr.shape, arr.dtype)
+        extra = {**counters_shapes(workers), **checkpoints.held_shapes(workers, sender, buffers)}
         return super().start(w0, rule, workers, extra)
 
     @staticmethod

@@ -58,7 +58,7 @@ from ...server.core import ServerCore, new_readers
 from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
-from ...record.progress import counts
+from ...record.progress import counters_shapes, counts
 from ...monitor.lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
 from ..tally import run_folder_extra
@@ -169,7 +169,7 @@ class SimEngine(Engine):
         self.keeper = checkpoints.Checkpointer.for_engine(self, problem, strategy, rule, workers,
                                                           batch_size, seed, recorder)
         # checked, and its loss curve handed to the recorder
-        self.resumed = self.keeper.load(w0, rule, {"counters": ((workers, 4), "int64")})
+        self.resumed = self.keeper.load(w0, rule, counters_shapes(workers))
         self.interrupted = None
         recorder.start(self.params)
         stopped = self._loop(recorder)
