@@ -15,6 +15,7 @@ carries on; where the engine's tally wrote them (the local engine's final
 checkpoint of a stopped run), ``totals``: the counts its workers kept
 themselves (staleness, traffic, SSP's clocks), which the resumed run's tally
 counts on from (``engines/tally.py``), so its summary counts the whole run.
+How the counts, positions and counters are reckoned is ``progress.py``'s.
 
 Invariants:
 
