@@ -332,6 +332,7 @@ class SimEngine(Engine):
     # -- checkpoints ----------------------------------------------------------
     def _arrays(self) -> dict:
         """What a checkpoint holds besides the parameters and the rule state."""
+        # in ``record/progress.py``'s columns: examples, updates, dropped, late
         arrays = {"counters": np.array([[w.examples, w.updates, w.dropped, w.late]
                                         for w in self.workers], dtype=np.int64)}
         if not self.strategy.shared_params:

@@ -49,7 +49,7 @@ from ...server.reduce import weighted_sum
 from ...server.core import ServerCore, new_readers
 from ...server.worker import WAIT, Worker
 from ...record.live import add_figures
-from ...record.progress import counts
+from ...record import progress
 from ...monitor.due import Due
 from ...monitor.lifecycle import signal_name
 from .jobs import share
@@ -311,5 +311,5 @@ class DriverPrograms:
         """The server's state after ``steps`` steps (programs on the server's
         parameters), written through ``ckpts`` (a rank's: by the driver)."""
         self.ckpts.save(self.updates + self.core.dropped, now, self.w, self.core.state,
-                        counts(reason, self.examples, self.core.dropped, step=self.steps,
-                               applied=self.updates))
+                        progress.counts(reason, self.examples, self.core.dropped,
+                                        step=self.steps, applied=self.updates))
