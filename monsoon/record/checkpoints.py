@@ -458,7 +458,7 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
 
 
 def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
-                  warn=None, keep_mine: bool = True) -> list[Path]:
+                  warn=None, keep_mine: bool = True, remove=None) -> list[Path]:
     """Remove the checkpoints in ``directory`` that are another run's
     (``check`` against ``expect`` and ``shapes`` refuses them), and return
     them. A new run in a used run folder starts this way: otherwise a
@@ -473,7 +473,8 @@ def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
     stays, and ``load_latest`` names it with the checkpoint used instead;
     otherwise it is moved aside to ``<name>.damaged`` (no longer a
     checkpoint's name, so never read, counted or pruned again), and
-    ``warn`` (stderr by default) says so in one line."""
+    ``warn`` (stderr by default) says so in one line. ``remove(path)``:
+    how another run's checkpoint goes (deleted, by default)."""
     warn = warn or (lambda line: print(f"monsoon: warning: {line}", file=sys.stderr))
     removed = []
     for path in checkpoint_files(directory):
@@ -492,7 +493,7 @@ def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
         else:
             if keep_mine:
                 continue
-        with_suppressed_unlink(path)
+        (remove or with_suppressed_unlink)(path)
         removed.append(path)
     return removed
 
