@@ -53,7 +53,7 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
-from ...server.reduce import finite, weighted_sum
+from ...server.reduce import step_sums
 from ...server.core import ServerCore, new_readers
 from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
@@ -592,15 +592,14 @@ class SimEngine(Engine):
     def _complete_step(self):
         ranks = sorted(self.arrivals)
         examples = [self.slot_examples[k] for k in ranks]
-        sums = [(s, weighted_sum(self.slots[:, a:b], ranks, examples, self.acc[a:b],
-                                 self.tmp[a:b])) for s, (a, b) in enumerate(self.bounds)]
-        if all(finite(acc) for _, acc in sums):
+        sums, ok = step_sums(self.slots, ranks, examples, self.bounds, self.acc, self.tmp)
+        if ok:
             if self.replicated:  # as the local engine: one update of the whole vector
                 self.server.apply_sum(self.acc, self.sync_step, ok=True)
                 for core in self.cores:
                     core.version += 1
             else:
-                for s, acc in sums:
+                for s, acc in enumerate(sums):
                     self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=True)
             if self.sums is not None:  # S += the mean a_k (the drift's scratch is free)
                 self.sums.add_mean(self.sum_slots, ranks, examples, self.acc, self.tmp)
