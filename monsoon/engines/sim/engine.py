@@ -76,13 +76,14 @@ class _Worker(Worker):
     return ``WAIT`` and schedule the event that resumes it (``_resume``)."""
     __slots__ = ("sim", "grad", "examples", "updates", "dropped", "late", "busy",
                  "others_at_read", "pending", "ticket", "sync_step", "done", "sender",
-                 "snapshot", "loss_sum", "loss_n", "local")
+                 "snapshot", "loss_sum", "loss_n", "local", "ssp")
     engine_name = "sim"
 
     def __init__(self, rank, sim, work):
         super().__init__(rank, sim.problem, sim.strategy, work)
         self.sim = sim
         self.handlers.update({op: partial(f, self) for op, f in sim.handlers.items()})
+        self.ssp = None if sim.ssp is None else sim.ssp.join(self)  # SSP's clock, around them
         self.examples = self.updates = self.dropped = self.late = 0
         self.busy = 0.0
         self.others_at_read = 0
@@ -164,7 +165,7 @@ class SimEngine(Engine):
         self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
                          Push: self._push, AllReduce: self._all_reduce, Average: self._average,
                          Elastic: self._elastic}
-        self.ssp = SimClocks(self).install(self.handlers) if Clock in strategy.uses else None
+        self.ssp = SimClocks(self) if Clock in strategy.uses else None
         self._set_up_workers(w0, batch_size, seed, budget)
         self.keeper = checkpoints.Checkpointer.for_engine(self, problem, strategy, rule, workers,
                                                           batch_size, seed, recorder)
