@@ -127,6 +127,22 @@ class Worker:
     def local_apply(self, op) -> None:
         self.count_local(self.local_rule(self.work, op.grad))
 
+    def drift(self, centre, slot, sums=None, sum_slots=None) -> None:
+        """An ``Average``'s contribution: the drift ``centre - work`` written
+        into ``slot`` as it reaches the others (through ``sender``, where
+        there is one: a compressed drift decoded), and where the inner
+        rule's sums are shared (``sums``: ``summed.SharedSums``) what this
+        worker's steps added to them into its rows of ``sum_slots``, their
+        traffic counted."""
+        arrays.namespace(slot).subtract(centre, self.work, out=slot)
+        if self.sender is not None:
+            sent = self.sender.send(slot)
+            if sent is not slot:
+                arrays.copyto(slot, sent)
+        if sums is not None:
+            sums.added(self.local_rule, self.work, [s[self.rank] for s in sum_slots])
+            sums.count(self.sender)
+
     # -- what an engine counts ------------------------------------------------------
     def hold(self, examples: int) -> int:
         """Of a gradient's ``examples``, those to count now: all of them,

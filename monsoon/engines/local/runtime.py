@@ -243,15 +243,8 @@ class WorkerRuntime(Worker):
 
     def average(self, op: Average) -> int:
         store, sums = self.store, self.shared_sums
-        slot = store.slots[self.rank]
-        arrays.namespace(slot).subtract(store.params, self.work, out=slot)
-        if self.sender is not None:
-            sent = self.sender.send(slot)
-            if sent is not slot:
-                arrays.copyto(slot, sent)
-        if sums is not None:  # a_k, for the step's mean (``ShardedStep._add_sums``)
-            sums.added(self.local_rule, self.work, [s[self.rank] for s in store.sum_slots])
-            sums.count(self.sender)
+        # a_k, where the sums are shared, for the step's mean (``ShardedStep._add_sums``)
+        self.drift(store.params, store.slots[self.rank], sums, store.sum_slots)
         behind = self._after_step(self._sync.contribute(op.examples))
         if sums is not None:
             sums.start(self.local_rule, self.work)

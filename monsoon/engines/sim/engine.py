@@ -221,8 +221,8 @@ class SimEngine(Engine):
         # Local AdaAlter's shared sums (``server/summed.py``) and each worker's a_k
         self.sums = (SharedSums.of(strategy.local_rule, n, w0.dtype)
                      if Average in strategy.uses else None)
-        if self.sums is not None:
-            self.sum_slots = [np.zeros((workers, n), dtype=s.dtype) for s in self.sums.sums]
+        self.sum_slots = None if self.sums is None else [
+            np.zeros((workers, n), dtype=s.dtype) for s in self.sums.sums]
 
     def _set_up_workers(self, w0, batch_size, seed, budget) -> None:
         """One simulated worker a rank: its (compressing) strategy program,
@@ -555,15 +555,9 @@ class SimEngine(Engine):
         return self._contribute(w, examples, 0 if op.grad is None else w.sender.last_nbytes)
 
     def _average(self, w, op):
-        slot = self.slots[w.rank]
-        np.subtract(self.params, w.work, out=slot)
-        sent = w.sender.send(slot)
-        if sent is not slot:
-            np.copyto(slot, sent)
+        w.drift(self.params, self.slots[w.rank], self.sums, self.sum_slots)
         nbytes = w.sender.last_nbytes
         if self.sums is not None:  # a_k travels with the drift, dense
-            self.sums.added(w.local_rule, w.work, [s[w.rank] for s in self.sum_slots])
-            self.sums.count(w.sender)
             nbytes += self.sums.nbytes
         return self._contribute(w, op.examples, nbytes)
 
