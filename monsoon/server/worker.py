@@ -143,6 +143,16 @@ class Worker:
             sums.added(self.local_rule, self.work, [s[self.rank] for s in sum_slots])
             sums.count(self.sender)
 
+    def elastic_difference(self, centre, alpha: float, packed: bool = False) -> tuple:
+        """EASGD's exchange with the difference compressed (Zhang et al.'s
+        asynchronous exchange): D = C(alpha (x_i - centre) + e) leaves
+        through ``sender`` and x_i -= D; the centre then takes x~ += D.
+        Returns (D's wire form where ``packed``, else None; D decoded)."""
+        v = alpha * (self.work - centre)
+        wire, sent = self.sender.exchange(v) if packed else (None, self.sender.send(v))
+        self.work -= sent
+        return wire, sent
+
     # -- what an engine counts ------------------------------------------------------
     def hold(self, examples: int) -> int:
         """Of a gradient's ``examples``, those to count now: all of them,

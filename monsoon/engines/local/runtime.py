@@ -263,12 +263,11 @@ class WorkerRuntime(Worker):
         if self.sender is not None and self.sender.compression.active:
             # Zhang et al.'s asynchronous exchange with the difference compressed:
             # read x~, send D = C(alpha (x_i - x~) + e); x~ += D, x_i -= D
-            sent = self.sender.send(op.alpha * (self.work - store.params))
+            _, sent = self.elastic_difference(store.params, op.alpha)
             for s, (a, b) in enumerate(store.bounds):
                 with store.holding(s, self.rank):
                     self.shards[s].add(sent[a:b])
                     store.versions[s] += 1
-            self.work -= sent
             self.counters[UPDATES] += 1
             return
         for s, (a, b) in enumerate(store.bounds):

@@ -518,8 +518,7 @@ class SimEngine(Engine):
         w.pending -= 1
         if w.pending:
             return
-        sent = w.sender.send(alpha * (w.work - centre))
-        w.work -= sent
+        _, sent = w.elastic_difference(centre, alpha)
         left = {"shards": self.S}
         for s in range(self.S):
             a, b = self.bounds[s]

@@ -412,8 +412,7 @@ class RankWorker(Worker):
     def elastic(self, op):
         self._flags(0)
         if self.compressed:
-            wire, sent = self.sender.exchange(op.alpha * (self.work - self.server))
-            self.work -= sent  # x_k -= D_k
+            wire, _ = self.elastic_difference(self.server, op.alpha, packed=True)  # x_k -= D_k
             self._gather(wire, f"exchange {self.step}", ACTIVE)
         else:
             self.xp.subtract(self.work, self.server, out=self.grad)
