@@ -587,22 +587,19 @@ class SimEngine(Engine):
         ranks = sorted(self.arrivals)
         examples = [self.slot_examples[k] for k in ranks]
         sums, ok = step_sums(self.slots, ranks, examples, self.bounds, self.acc, self.tmp)
+        # a dropped step: the rule is told (``apply_sum``), as the local engine's steps tell it
+        if self.replicated:  # as the local engine: one update of the whole vector
+            self.server.apply_sum(self.acc, self.sync_step, ok=ok)
+            for core in self.cores:
+                core.version += int(ok)
+        else:
+            for s, acc in enumerate(sums):
+                self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=ok)
         if ok:
-            if self.replicated:  # as the local engine: one update of the whole vector
-                self.server.apply_sum(self.acc, self.sync_step, ok=True)
-                for core in self.cores:
-                    core.version += 1
-            else:
-                for s, acc in enumerate(sums):
-                    self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=True)
             if self.sums is not None:  # S += the mean a_k (the drift's scratch is free)
                 self.sums.add_mean(self.sum_slots, ranks, examples, self.acc, self.tmp)
-            self.total["updates"] += 1
             self.staleness[0] += 1
-        else:  # the rule is told, as the local engine's steps tell it
-            for core in [self.server] if self.replicated else self.cores:
-                core.drop()
-            self.total["dropped"] += 1
+        self.total["updates" if ok else "dropped"] += 1
         self.shard_busy += self.delays.service_s
         reply = self.nbytes
         if self.compression.active:
