@@ -443,105 +443,102 @@ class SimEngine(Engine):
 
     # Downpour: fetch and push, shard by shard
     def _fetch(self, w, op):
-        w.pending = self.S
         w.ticket = np.empty(self.S, dtype=np.int64)
+        return self._read(w, w.work, self._fetched)
+
+    def _fetched(self, w):
+        self._resume(w, w.ticket.copy())
+
+    def _read(self, w, into, then, *args):
+        """A request to every shard for its slice of the parameters, copied
+        into ``into`` as each serves it (a fetch, ``w.ticket`` not None: its
+        version read too, into it); ``then(w, *args)`` once every reply is back."""
+        w.pending = self.S
         arrive = self.now + self._message(REQUEST_BYTES)
         for s in range(self.S):
-            self._at(arrive, self._shard_arrive, s, self._serve_read, w)
+            self._at(arrive, self._shard_arrive, s, self._serve_read, w, into, then, args)
         return WAIT
 
-    def _serve_read(self, s, w):
+    def _serve_read(self, s, w, into, then, args):
         a, b = self.bounds[s]
-        w.ticket[s] = self.cores[s].read(w.rank)
-        np.copyto(w.work[a:b], self.params[a:b])
-        reply = (self.now + self.delays.service_s
-                 + self._message((b - a) * self.params.itemsize))
-        self._at(reply, self._reply, w)
+        if w.ticket is not None:
+            w.ticket[s] = self.cores[s].read(w.rank)
+        np.copyto(into[a:b], self.params[a:b])
+        self._at(self._replied(a, b), self._reply, w, then, args)
 
-    def _reply(self, w):
+    def _replied(self, a: int, b: int) -> float:
+        """When a shard's reply of the slice [a, b) reaches its worker."""
+        return self.now + self.delays.service_s + self._message((b - a) * self.params.itemsize)
+
+    def _reply(self, w, then, args):
         w.pending -= 1
         if w.pending == 0:
-            self._resume(w, None if w.ticket is None else w.ticket.copy())
+            then(w, *args)
+
+    def _send(self, w, size: int, serve, *args) -> None:
+        """``w``'s message (``sender.last_nbytes``, the encoded size of a
+        vector of ``size``) to every shard, each its slice's share, served
+        there by ``serve(s, w, *args, left)``; ``w`` resumes once it is sent."""
+        nbytes, left = w.sender.last_nbytes, {"shards": self.S}
+        for s, (a, b) in enumerate(self.bounds):
+            arrive = self.now + self._message(nbytes * (b - a) // size)
+            self._at(arrive, self._shard_arrive, s, serve, w, *args, left)
+        send = nbytes / self.delays.bandwidth_Bps if self.delays.bandwidth_Bps else 0.0
+        self._at(self.now + send, self._resume, w, None)
+
+    def _landed(self, w, left) -> bool:
+        """A shard has applied ``w``'s message: whether it was the last."""
+        left["shards"] -= 1
+        if left["shards"]:
+            return False
+        self._updated(w)
+        return True
 
     def _push(self, w, op):
         if not self.server.admits(op.grad):  # the whole gradient, once
             self._dropped(w)
             return None
-        grad, ticket = op.grad.copy(), op.ticket
         if self.ssp is not None:
             self.ssp.pushing(w.rank)
-        push = {"left": self.S}
-        for s in range(self.S):
-            a, b = self.bounds[s]
-            arrive = self.now + self._message(w.sender.last_nbytes * (b - a) // grad.size)
-            self._at(arrive, self._shard_arrive, s, self._serve_push, w, grad, ticket, push)
-        sent = w.sender.last_nbytes  # the encoded size (--compress)
-        send = sent / self.delays.bandwidth_Bps if self.delays.bandwidth_Bps else 0.0
-        self._at(self.now + send, self._resume, w, None)
+        self._send(w, op.grad.size, self._serve_push, op.grad.copy(), op.ticket)
         return WAIT
 
-    def _serve_push(self, s, w, grad, ticket, push):
+    def _serve_push(self, s, w, grad, ticket, left):
         a, b = self.bounds[s]
         self.cores[s].push(w.rank, grad[a:b], int(ticket[s]), checked=True)
-        push["left"] -= 1
-        if push["left"] == 0:
-            self._updated(w)
-            if self.ssp is not None:  # this clock's tick may now be published
-                self.ssp.pushed(w.rank)
+        if self._landed(w, left) and self.ssp is not None:  # this clock's tick may be published
+            self.ssp.pushed(w.rank)
 
     def _elastic(self, w, op):
-        w.pending = self.S
         w.ticket = None
         if w.sender.compression.active:  # read the centre, then send the compressed difference
             centre = np.empty_like(w.work)
-            arrive = self.now + self._message(REQUEST_BYTES)
-            for s in range(self.S):
-                self._at(arrive, self._shard_arrive, s, self._serve_centre, w, centre, op.alpha)
-            return WAIT
+            return self._read(w, centre, self._centre_read, centre, op.alpha)
+        w.pending = self.S
         for s in range(self.S):
             a, b = self.bounds[s]
             arrive = self.now + self._message((b - a) * self.params.itemsize)
             self._at(arrive, self._shard_arrive, s, self._serve_elastic, w, op.alpha)
         return WAIT
 
-    def _serve_centre(self, s, w, centre, alpha):
-        a, b = self.bounds[s]
-        np.copyto(centre[a:b], self.params[a:b])
-        reply = (self.now + self.delays.service_s
-                 + self._message((b - a) * self.params.itemsize))
-        self._at(reply, self._centre_read, w, centre, alpha)
-
     def _centre_read(self, w, centre, alpha):
         """The whole centre has arrived: D = C(alpha (x_i - x~) + e) goes to
         every shard (x~ += D there) and x_i -= D (Zhang et al.'s asynchronous
         exchange, the difference compressed)."""
-        w.pending -= 1
-        if w.pending:
-            return
         _, sent = w.elastic_difference(centre, alpha)
-        left = {"shards": self.S}
-        for s in range(self.S):
-            a, b = self.bounds[s]
-            arrive = self.now + self._message(w.sender.last_nbytes * (b - a) // sent.size)
-            self._at(arrive, self._shard_arrive, s, self._serve_difference, w, sent, left)
-        send = w.sender.last_nbytes / self.delays.bandwidth_Bps \
-            if self.delays.bandwidth_Bps else 0.0
-        self._at(self.now + send, self._resume, w, None)
+        self._send(w, sent.size, self._serve_difference, sent)
 
     def _serve_difference(self, s, w, sent, left):
         a, b = self.bounds[s]
         self.cores[s].add(sent[a:b])
-        left["shards"] -= 1
-        if left["shards"] == 0:
-            self._updated(w)
+        self._landed(w, left)
 
     def _serve_elastic(self, s, w, alpha):
         a, b = self.bounds[s]
         w.work[a:b] -= self.cores[s].elastic(w.work[a:b], alpha)
         if s == self.S - 1:
             self._updated(w)
-        reply = self.now + self.delays.service_s + self._message((b - a) * self.params.itemsize)
-        self._at(reply, self._reply, w)
+        self._at(self._replied(a, b), self._reply, w, self._resume, (None,))
 
     # synchronous steps
     def _all_reduce(self, w, op):
