@@ -153,6 +153,15 @@ class Worker:
         self.work -= sent
         return wire, sent
 
+    def restart(self, params, sums=None) -> None:
+        """After a synchronous step: a private copy restarts from the step's
+        parameters ``params``, and the inner rule's sums from the shared ones
+        (``sums``: ``summed.SharedSums``, where there are)."""
+        if not self.strategy.shared_params:
+            arrays.copyto(self.work, params)
+        if sums is not None:
+            sums.start(self.local_rule, self.work)
+
     # -- what an engine counts ------------------------------------------------------
     def hold(self, examples: int) -> int:
         """Of a gradient's ``examples``, those to count now: all of them,

@@ -245,14 +245,10 @@ class WorkerRuntime(Worker):
         store, sums = self.store, self.shared_sums
         # a_k, where the sums are shared, for the step's mean (``ShardedStep._add_sums``)
         self.drift(store.params, store.slots[self.rank], sums, store.sum_slots)
-        behind = self._after_step(self._sync.contribute(op.examples))
-        if sums is not None:
-            sums.start(self.local_rule, self.work)
-        return behind
+        return self._after_step(self._sync.contribute(op.examples))
 
     def _after_step(self, behind: int) -> int:
-        if not self.strategy.shared_params:  # a private model restarts from the average
-            arrays.copyto(self.work, self.store.params)
+        self.restart(self.store.params, self.shared_sums)  # a private model: from the average
         return behind
 
     def count_local(self, applied: bool) -> None:

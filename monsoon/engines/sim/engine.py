@@ -619,8 +619,5 @@ class SimEngine(Engine):
         """``w`` contributed to ``step``; it joins the current step, skipping
         those the others completed without it (counted when it resumes)."""
         w.sync_step = self.sync_step
-        if not self.strategy.shared_params:
-            np.copyto(w.work, self.params)
-        if self.sums is not None:
-            self.sums.start(w.local_rule, w.work)
+        w.restart(self.params, self.sums)
         self._resume(w, self.sync_step - (step + 1))
