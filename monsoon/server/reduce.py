@@ -38,6 +38,18 @@ def finite(g: np.ndarray) -> bool:
     return math.isfinite(float(np.add.reduce(g, axis=None)))
 
 
+def into_slot(slot, grad) -> bool:
+    """An ``AllReduce``'s contribution written into its worker's ``slot``:
+    ``grad``, or zeros where the op has none (0 times a stale NaN would
+    still be NaN). Returns whether it had one."""
+    if grad is None:
+        slot[...] = 0
+        return False
+    if grad is not slot:  # not computed in place (a compressed message)
+        arrays.copyto(slot, grad)
+    return True
+
+
 class WeightedMean:
     """The weighted mean of fixed contribution arrays (``parts``, in rank
     order) into ``out``; ``tmp`` is scratch of the same shape. Checked once,

@@ -43,6 +43,7 @@ from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push,
                                SGDPass, weighted)
 from ...server.core import ServerCore
+from ...server.reduce import into_slot
 from ...server.summed import SharedSums
 from ...server.worker import Worker
 from ...monitor.waiting import HOT_TURNS, Aborted
@@ -234,11 +235,7 @@ class WorkerRuntime(Worker):
         examples = op.examples if grad is not None else 0
         if self.store.replicated:
             return self._sync.contribute(grad, examples)
-        slot = self._grad_out  # this worker's slot (``store.slots[rank]``), one view
-        if grad is None:
-            slot[...] = 0  # 0 * a stale NaN would still be NaN
-        elif grad is not slot:  # not computed in place (a compressed message)
-            arrays.copyto(slot, grad)
+        into_slot(self._grad_out, grad)  # this worker's slot (``store.slots[rank]``), one view
         return self._after_step(self._sync.contribute(examples))
 
     def average(self, op: Average) -> int:

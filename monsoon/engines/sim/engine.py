@@ -53,7 +53,7 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
-from ...server.reduce import step_sums
+from ...server.reduce import into_slot, step_sums
 from ...server.core import ServerCore, new_readers
 from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
@@ -542,13 +542,9 @@ class SimEngine(Engine):
 
     # synchronous steps
     def _all_reduce(self, w, op):
-        if op.grad is None:
-            self.slots[w.rank].fill(0)
-            examples = 0
-        else:
-            np.copyto(self.slots[w.rank], op.grad)
-            examples = op.examples
-        return self._contribute(w, examples, 0 if op.grad is None else w.sender.last_nbytes)
+        if into_slot(self.slots[w.rank], op.grad):
+            return self._contribute(w, op.examples, w.sender.last_nbytes)
+        return self._contribute(w, 0, 0)
 
     def _average(self, w, op):
         w.drift(self.params, self.slots[w.rank], self.sums, self.sum_slots)
