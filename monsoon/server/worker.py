@@ -17,8 +17,9 @@ gradient is not applied; each local step is counted in ``count_local``:
 ``local_updates`` and ``dropped_local_updates``, a unit of their own). An
 engine subclasses ``Worker`` and adds the ops that travel (Apply, Fetch,
 Push, AllReduce, Average, Elastic, Clock): how a message reaches the server
-or the other workers is all it brings. ``report`` is what a worker sends
-its driver at the end (``RunTally.add``).
+or the other workers is all it brings (``drift``, ``elastic_difference`` and
+``restart`` are their worker's side). ``report`` is what a worker sends its
+driver at the end (``RunTally.add``).
 
 A pushing program's gradients (Downpour, SSP) count their examples when the
 push that carries them is made (``hold``, then ``release`` in the engine's
