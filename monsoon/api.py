@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 import uuid
@@ -24,6 +25,7 @@ from .config import resolve
 from .record import checkpoints as _checkpoints
 from .record.checkpoints import check_resume
 from .monitor.lifecycle import StopSignals, signal_name
+from .monitor.processes import leave_if_re_running_main
 from .compressors.messages import add_bytes_column
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
 from .problems import Problem
@@ -32,7 +34,7 @@ from .record import Recorder, write_run_folder
 from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
                               worse_than_start)
 from .record.live import make_live
-from .record.run_folder import clear_results, save_model
+from .record.run_folder import SetAside, clear_results, save_model
 
 
 @dataclass
@@ -183,6 +185,9 @@ def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     ``shared``: the options ``compare`` passes to every strategy."""
     given = {k: v for k, v in options.items() if v is not None}
     if out is not None:
+        if not isinstance(out, (str, os.PathLike)):
+            raise ConfigError(f"out={out!r}: give the run folder as a path (a str or a "
+                              "pathlib.Path)")
         given["out"] = str(out)
     return resolve(problem, strategy, workers, given, frozenset(shared))
 
@@ -205,6 +210,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     on ``workers`` workers. ``options`` are the run's options and those the
     chosen strategy, rule, engine and problem declare (``monsoon options``
     lists them all); one that none of them takes is refused."""
+    leave_if_re_running_main()
     resolved = check(problem, strategy, workers, out=out, shared=shared, **options)
     run, problem, budget = resolved.run, resolved.problem, resolved.budget
     if out is not None:
@@ -231,8 +237,9 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     found = check_resume(engine, problem, strat, rule, w0, resolved.processes,
                          run['batch_size'], run['seed'])
     _check_resumed_budget(found, resolved.budget, problem, total)
+    aside = None
     if out is not None and getattr(engine, "writes_run_folder", True):
-        _start_folder(Path(out), resolved, w0)
+        aside = _start_folder(Path(out), resolved, w0)
     live = make_live(run, out, {**resolved.config(), **engine.describe()},
                      f"{run['problem']}-{run['strategy']}-x{run['workers']}",
                      bar=recorder.bar_enabled())
@@ -246,10 +253,20 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
             status = "KILLED" if isinstance(exc, (Interrupted, KeyboardInterrupt)) else "FAILED"
             live.finish(None if getattr(exc, "result", None) is None else recorder.rows,
                         folder, status)
+        _end_aside(aside, refused=isinstance(exc, ConfigError))
         raise
+    _end_aside(aside, refused=False)
     if live is not None:
         live.finish(result.history, result.run_dir, "FINISHED")
     return result
+
+
+def _end_aside(aside, refused: bool) -> None:
+    """A refused run gives the previous run's files back (its live writer
+    is closed by then, so its own TensorBoard file goes); any other end
+    leaves the folder to this run's files."""
+    if aside is not None:
+        aside.restore() if refused else aside.discard()
 
 
 def _check_resumed_budget(found, budget, problem, total: int) -> None:
@@ -270,7 +287,7 @@ def _check_resumed_budget(found, budget, problem, total: int) -> None:
         f"resume with {need} or more, or start a new run without --resume")
 
 
-def _start_folder(out: Path, resolved, w0) -> None:
+def _start_folder(out: Path, resolved, w0) -> SetAside:
     """The run folder holds this run alone: a previous run's results
     (``clear_results``) and checkpoints of another run
     (``checkpoints.remove_others``) are removed before any work starts, so
@@ -280,9 +297,12 @@ def _start_folder(out: Path, resolved, w0) -> None:
     settings are the same (an engine whose restarted attempt resumes the
     folder, ``Engine.resumes_own_folder``, keeps those). A damaged checkpoint
     is never removed: resuming from this folder, ``load_latest`` names it
-    and the one used instead; otherwise it is moved aside, in one line."""
+    and the one used instead; otherwise it is moved aside, in one line.
+    What is removed is set aside (returned) until the run ends: a run
+    refused once started gives it back (``_end_aside``)."""
     engine = resolved.engine
-    clear_results(out, resuming=bool(getattr(engine, "resume_dir", None)))
+    aside = SetAside(out)
+    clear_results(out, resuming=bool(getattr(engine, "resume_dir", None)), aside=aside)
     folder = getattr(engine, "checkpoint_dir", None)
     if folder:
         run, resume_dir = resolved.run, getattr(engine, "resume_dir", None)
@@ -291,7 +311,8 @@ def _start_folder(out: Path, resolved, w0) -> None:
             resolved.problem, resolved.strategy, resolved.rule, resolved.processes,
             run["batch_size"], run["seed"], engine.name, engine.settings),
             _checkpoints.shapes(w0, resolved.rule), resuming=resuming,
-            keep_mine=resuming or engine.resumes_own_folder)
+            keep_mine=resuming or engine.resumes_own_folder, remove=aside.keep)
+    return aside
 
 
 def _constant_loss(problem) -> float | None:

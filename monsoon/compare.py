@@ -47,6 +47,7 @@ from .config import (RUN, check_compare_compress, check_error_feedback, for_stra
 from .compressors.messages import by_strategy
 from .errors import ConfigError, Interrupted
 from .monitor.lifecycle import signal_name
+from .monitor.processes import leave_if_re_running_main
 from .record.checkpoints import checkpoint_files
 from .record.report import write_comparison
 from .record.run_folder import clear_results, read_metrics, to_json
@@ -62,6 +63,7 @@ class Comparison:
 
 def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), workers: int = 2,
             out="runs/compare", repeats: int = 1, **options) -> Comparison:
+    leave_if_re_running_main()  # a worker re-running an unguarded script clears nothing
     if isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
     if not strategies:

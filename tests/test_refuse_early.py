@@ -184,3 +184,68 @@ def test_stage_times_for_another_count_of_stages_are_refused_before_the_run(tmp_
                 "--stage-compute-s", "0.1,0.2,0.3", "--epochs", "1", "--out", str(out)),
             "gives 3 stage time(s), but the pipeline has 2 stages")
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("out", [123, 1.5, ["runs"]])
+def test_an_out_that_is_not_a_path_is_refused_in_python(out):
+    import monsoon
+    from monsoon.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"give the run folder as a path"):
+        monsoon.train("exp", "serial", out=out, epochs=1)
+
+
+def test_a_run_refused_once_started_gives_the_previous_folder_back(tmp_path):
+    """A stage that returns a tuple is found only when the pipeline measures
+    its activations, after the run folder was set up: the previous run's
+    results, TensorBoard file and another run's checkpoint are back as they
+    were, and nothing of the refused run is left."""
+    import numpy as np
+    import torch
+
+    import monsoon
+    from monsoon.errors import ConfigError
+    from monsoon.pipeline import staged
+    from monsoon.problems import TorchProblem
+
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return x, x
+
+    class First(torch.nn.Module):  # the whole model runs: a stage boundary does not
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, xs):
+            return self.lin(xs[0])
+
+    out = tmp_path / "run"
+    previous_run(out)
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "ckpt-00000010.npz").write_bytes(b"another run's checkpoint")
+    before = snapshot_bytes(out)
+    model = staged([torch.nn.Sequential(torch.nn.Linear(4, 4), Pair()),
+                                     First()])
+    X = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    problem = TorchProblem(model, torch.nn.functional.mse_loss, X, X[:, :1])
+    with pytest.raises(ConfigError, match="stage 0 returns a tuple"):
+        monsoon.train(problem, "pipeline", 2, out=out, epochs=1, tensorboard=True)
+    assert snapshot_bytes(out) == before
+
+
+def snapshot_bytes(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_the_previous_files_a_killed_run_set_aside_go_with_the_next_run(tmp_path):
+    """A run killed (SIGKILL) before its end leaves the previous run's files
+    set aside; the next run in the folder removes them, as it would have."""
+    out = tmp_path / "run"
+    stale = out / ".previous-abc"
+    stale.mkdir(parents=True)
+    (stale / "0").write_text("previous summary")
+    assert cli("train", "--epochs", "1", "--out", str(out)).returncode == 0
+    assert not list(out.glob(".previous-*"))
+    assert (out / "summary.json").exists()

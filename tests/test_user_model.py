@@ -2,6 +2,7 @@
 initial weights, its buffers trained and returned, every reported figure in
 eval mode, validation and accuracy, the saved model."""
 import copy
+import re
 import json
 
 import numpy as np
@@ -194,3 +195,58 @@ def test_a_run_with_no_curve_plots_without_a_warning(tmp_path):
         warnings.simplefilter("error")
         assert plot_loss(tmp_path / "empty.png", {"sync": []}) == 0
     assert (tmp_path / "empty.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("module, words", [
+    ("class", "pass Net(), not the class Net"),
+    ("lambda", "not function"),
+])
+def test_a_module_that_is_not_an_instance_is_refused_in_one_line(module, words):
+    from monsoon.errors import ConfigError
+    from monsoon.problems import TorchProblem
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+    given = Net if module == "class" else (lambda: Net())
+    X, y = np.zeros((8, 4), np.float32), np.zeros(8, np.float32)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        TorchProblem(given, torch.nn.functional.mse_loss, X, y)
+
+
+UNGUARDED = """
+import numpy as np, torch, monsoon
+from monsoon.problems import TorchProblem
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.lin(x).squeeze(-1)
+
+X = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+monsoon.train(TorchProblem(Net(), torch.nn.functional.mse_loss, X, X.sum(1)), "async", 2,
+              epochs=1, engine="local", backend="processes", timeout=60)
+"""
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_gets_one_error_not_a_traceback_per_worker(tmp_path):
+    """Each worker re-runs a script whose problem refers to its code; one
+    that reaches the unguarded call to monsoon leaves quietly, and the user
+    reads the parent's error alone, which says what to change."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode != 0
+    assert 'put the call to monsoon under `if __name__ == "__main__":`' in proc.stderr
+    assert proc.stderr.count("Traceback") == 1, proc.stderr
+    assert "bootstrapping phase" not in proc.stderr

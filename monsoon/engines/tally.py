@@ -43,6 +43,14 @@ def summed_staleness(reports) -> Counter:
     return staleness
 
 
+def clock_fields(reports: dict, workers: int) -> dict:
+    """SSP's result fields (``clocks.clock_extra``) from the workers' clock
+    reports (``WorkerClock.report``), by rank."""
+    return clock_extra(summed_staleness(reports.values()),
+                       {r: c["wait_s"] for r, c in reports.items()},
+                       {r: c["clocks"] for r, c in reports.items()}, workers)
+
+
 def merged(kept: dict | None, report: dict) -> dict:
     """One rank's traffic (``Sender.stats``) or SSP clock report
     (``clocks``, ``wait_s``, ``staleness``) after ``report`` is added to
@@ -151,10 +159,7 @@ class RunTally:
         extra = summarize([self.traffic[r] for r in sorted(self.traffic)], self.compression,
                           updates)
         if self.ssp or self.clocks:
-            reports = self.clocks
-            extra.update(clock_extra(summed_staleness(reports.values()),
-                                     {r: c["wait_s"] for r, c in reports.items()},
-                                     {r: c["clocks"] for r, c in reports.items()}, self.workers))
+            extra.update(clock_fields(self.clocks, self.workers))
         return extra
 
     def result(self, params, startup: float, wall: float, examples: int, updates: int,

@@ -7,7 +7,9 @@ spawns them shares (the local engine's workers, its pipeline's stages).
 - ``single_torch_thread``, ``single_blas_thread``: one thread for the
   monitor's torch, and for worker threads' shared BLAS;
 - ``main_module_hidden``: a spawned child does not re-run the parent's
-  ``__main__`` script unless its payload needs it;
+  ``__main__`` script unless its payload needs it, and one that does and
+  reaches a call to monsoon (no ``__main__`` guard) leaves quietly
+  (``leave_if_re_running_main``);
 - ``start_context``: workers are forked from a fork server that has
   imported monsoon (and torch, where the parent uses it) once, instead of
   each importing them anew.
@@ -86,6 +88,18 @@ def sigint_blocked():
 
 def torch_threads_per_worker(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
+
+
+def leave_if_re_running_main() -> None:
+    """Called where a run starts: a worker process that re-runs the user's
+    script (its ``__main__``, needed when the problem refers to code there)
+    and reaches a call to monsoon, unguarded by ``if __name__ ==
+    "__main__":``, exits at once and quietly, before it starts anything or
+    prints a traceback; the parent names the cause (the local monitor's
+    ``MAIN_HINT``). ``_inheriting`` is multiprocessing's own mark of a child
+    still importing its parent's main module."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise SystemExit(1)
 
 
 @contextlib.contextmanager

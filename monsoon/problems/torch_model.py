@@ -140,6 +140,8 @@ class TorchModel(Problem):
             raise ValueError(f"init must be 'module' (the module's own weights) or 'seed' "
                              f"(re-drawn from the run's seed), not {init!r}")
         self.init = init
+        if module is not None and not isinstance(module, torch.nn.Module):
+            raise ConfigError(_not_a_module(module))
         if dtype is None:
             dtype = _module_dtype(module)
         self.dtype = np.dtype(dtype)
@@ -786,3 +788,13 @@ def _first_line(exc: BaseException) -> str:
     """An exception as one line: its type and its message's first line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _not_a_module(module) -> str:
+    """The one line refusing a ``module`` that is not a ``torch.nn.Module``
+    instance: a Module class (``Net`` for ``Net()``) is the usual slip."""
+    if isinstance(module, type) and issubclass(module, torch.nn.Module):
+        return (f"module must be a torch.nn.Module instance: pass {module.__name__}(), "
+                f"not the class {module.__name__}")
+    return (f"module must be a torch.nn.Module instance (your model, e.g. "
+            f"torch.nn.Linear(8, 1)), not {type(module).__name__}")

@@ -15,6 +15,7 @@ carries on; where the engine's tally wrote them (the local engine's final
 checkpoint of a stopped run), ``totals``: the counts its workers kept
 themselves (staleness, traffic, SSP's clocks), which the resumed run's tally
 counts on from (``engines/tally.py``), so its summary counts the whole run.
+How the counts, positions and counters are reckoned is ``progress.py``'s.
 
 Invariants:
 
@@ -46,12 +47,12 @@ import numpy as np
 
 from ..arrays import to_host
 from ..errors import ConfigError
-from ..strategies.batches import batches_in, part_bounds
 from ..strategies.ops import Average, Elastic
 
 FORMAT = "monsoon-checkpoint"
 VERSION = 1
 KEEP = 3
+PRIVATE = "worker.{}.params"  # worker k's private copy
 _NAME = re.compile(r"^ckpt-(\d{12})\.npz$")
 # What must match for a checkpoint to belong to this run.
 IDENTITY = ("problem", "n_params", "dtype", "strategy", "rule", "workers", "batch_size", "seed",
@@ -80,6 +81,21 @@ class Checkpoint:
     meta: dict
     arrays: dict
 
+    def reproduced_by(self, params, state, arrays: dict, **meta) -> bool:
+        """Whether a run's ``params``, rule ``state``, other ``arrays`` and
+        ``meta`` values (as JSON keeps them, ``jsonable``) are this
+        checkpoint's, bit for bit (NaN as NaN): a replay that reached it."""
+        mine = {"params": params, **state_arrays(state), **arrays}
+        return (all(jsonable(v) == self.meta.get(k) for k, v in meta.items())
+                and all(k in self.arrays and np.array_equal(v, self.arrays[k], equal_nan=True)
+                        for k, v in mine.items()))
+
+
+def jsonable(value):
+    """``value`` as plain JSON values, as a checkpoint's meta reads back
+    (NumPy ints become ints): an RNG state."""
+    return json.loads(json.dumps(value, default=int))
+
 
 @dataclass
 class Start:
@@ -98,7 +114,9 @@ class Start:
     workers first) where the run keeps them; ``totals``, the counts of the
     run so far that its engine's tally carries on (``RunTally.carry``: the
     meta key ``totals``, where the checkpoint holds them; {}: count from
-    zero)."""
+    zero); ``local``, the local steps (applied, dropped) so far; ``updates``,
+    the updates applied so far (the meta's ``applied`` where its
+    ``updates`` counts dropped steps too: spark's server and driver)."""
     params: np.ndarray
     state: tuple | None          # the whole rule state (None: the rule's fresh one)
     step: int = 0
@@ -110,6 +128,8 @@ class Start:
     senders: dict = field(default_factory=dict)   # rank -> compressor state
     saved: Checkpoint | None = None
     totals: dict = field(default_factory=dict)
+    local: tuple = (0, 0)
+    updates: int = 0
 
     @property
     def path(self) -> str | None:
@@ -147,11 +167,46 @@ class Start:
         return cls(params, state, step,  # the load's own array: no copy
                    [int(p) for p in positions][:workers],
                    int(meta["examples"]), int(meta["dropped"]), float(meta["time_s"]),
-                   {r: arrays[f"worker.{r}.params"] for r in range(workers)
-                    if f"worker.{r}.params" in arrays},
+                   {r: arrays[PRIVATE.format(r)] for r in range(workers)
+                    if PRIVATE.format(r) in arrays},
                    {r: {k[len("sender."):]: arrays[k][r] for k in held}
                     for r in range(workers)} if held else {}, saved,
-                   dict(meta.get("totals") or {}))
+                   dict(meta.get("totals") or {}),
+                   (int(meta.get("local_updates", 0)), int(meta.get("dropped_local_updates", 0))),
+                   int(meta.get("applied", meta.get("updates", 0))))
+
+
+def private_arrays(private: dict) -> dict:
+    """Workers' private copies (rank -> copy) as a checkpoint's arrays
+    (``worker.<k>.params``, which ``Start.private`` reads back)."""
+    return {PRIVATE.format(rank): copy for rank, copy in private.items()}
+
+
+def held_shapes(workers: int, sender: dict | None = None, buffers: dict | None = None) -> dict:
+    """More arrays a checkpoint holds, as ``shapes``'s ``extra``: each
+    worker's compressor state (``sender``: one worker's sender layout,
+    {name: (shape, dtype)}) as ``sender.<name>``, workers first, and the
+    model's buffers (``buffers``: ``buffer_arrays``)."""
+    extra = {"sender." + name: ((workers,) + tuple(shape), dtype)
+             for name, (shape, dtype) in (sender or {}).items()}
+    extra.update({name: (arr.shape, arr.dtype) for name, arr in (buffers or {}).items()})
+    return extra
+
+
+def buffer_arrays(problem) -> dict:
+    """The model's buffers as a checkpoint's ``buffer.<name>`` arrays ({}: none);
+    at least 1-d, as a checkpoint stores them (a counter is a 0-d tensor)."""
+    state = problem.state()
+    return {"buffer." + k: np.atleast_1d(v) for k, v in (state or {}).items()}
+
+
+def restore_buffers(ckpt, problem) -> None:
+    """Load a checkpoint's ``buffer.<name>`` arrays into the model (none: nothing)."""
+    prefix = "buffer."
+    saved = {k[len(prefix):]: v for k, v in ckpt.arrays.items() if k.startswith(prefix)}
+    if saved:
+        shapes = {k: np.shape(v) for k, v in problem.state().items()}
+        problem.load_state({k: v.reshape(shapes[k]) for k, v in saved.items()})
 
 
 def private_copies(strategy) -> bool:
@@ -378,24 +433,6 @@ def next_checkpoint(position: int, every: int) -> int | None:
     return (int(position) // every + 1) * every if every else None
 
 
-def examples_after(steps: int, n: int, batch_size: int) -> int:
-    """Examples in the first ``steps`` batches of a global plan (an epoch's
-    last batch may be short)."""
-    per_epoch = -(-n // batch_size)
-    full, rest = divmod(int(steps), per_epoch)
-    return full * n + min(rest * batch_size, n)
-
-
-def positions_from_examples(examples, n: int, batch_size: int, before=None) -> list[int]:
-    """Each worker's batches done in its own part's plan, from the examples
-    it has done (worker k walks part k of ``len(examples)``), after its
-    ``before`` ones (a resumed attempt's ``Start.positions``; none: 0)."""
-    workers = len(examples)
-    return [p0 + batches_in(int(ex), b - a, batch_size)
-            for p0, ex, (a, b) in zip(before or [0] * workers, examples,
-                                      (part_bounds(n, workers, r) for r in range(workers)))]
-
-
 def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: int,
                  seed: int, directory=None):
     """Refuse, in one line and before the engine starts anything (Ray,
@@ -421,7 +458,7 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
 
 
 def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
-                  warn=None, keep_mine: bool = True) -> list[Path]:
+                  warn=None, keep_mine: bool = True, remove=None) -> list[Path]:
     """Remove the checkpoints in ``directory`` that are another run's
     (``check`` against ``expect`` and ``shapes`` refuses them), and return
     them. A new run in a used run folder starts this way: otherwise a
@@ -436,7 +473,8 @@ def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
     stays, and ``load_latest`` names it with the checkpoint used instead;
     otherwise it is moved aside to ``<name>.damaged`` (no longer a
     checkpoint's name, so never read, counted or pruned again), and
-    ``warn`` (stderr by default) says so in one line."""
+    ``warn`` (stderr by default) says so in one line. ``remove(path)``:
+    how another run's checkpoint goes (deleted, by default)."""
     warn = warn or (lambda line: print(f"monsoon: warning: {line}", file=sys.stderr))
     removed = []
     for path in checkpoint_files(directory):
@@ -455,7 +493,7 @@ def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
         else:
             if keep_mine:
                 continue
-        with_suppressed_unlink(path)
+        (remove or with_suppressed_unlink)(path)
         removed.append(path)
     return removed
 
@@ -528,6 +566,12 @@ def staleness_arrays(counts) -> dict:
     keys = sorted(counts)
     return {"staleness.values": np.array(keys, dtype=np.int64),
             "staleness.counts": np.array([counts[k] for k in keys], dtype=np.int64)}
+
+
+def staleness_counts(ckpt: Checkpoint) -> dict:
+    """The staleness counts ``staleness_arrays`` wrote, as {staleness: count}."""
+    return dict(zip(ckpt.arrays["staleness.values"].tolist(),
+                    ckpt.arrays["staleness.counts"].tolist()))
 
 
 class Checkpointer:

@@ -11,13 +11,18 @@ A folder holds one run: a new run in a used folder removes the previous
 run's results first (``clear_results``), so that a failed run's summary
 never sits beside another run's model; a resumed run keeps its TensorBoard
 files, which it carries on. The checkpoints are ``checkpoints.py``'s
-(``remove_others``).
+(``remove_others``). A run that starts sets those files aside
+(``SetAside``) rather than deleting them: a run refused once started (bad
+input found only then) gives them back, and the folder is as it was.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -84,19 +89,67 @@ RESULT_FILES = ("config.json", "metrics.csv", "summary.json", "loss.png", "stale
                 "model.pt", "params.npy")
 
 
-def clear_results(out: Path, resuming: bool) -> None:
+class SetAside:
+    """A previous run's files moved out of the way of a starting run, into a
+    hidden folder under ``out`` (the same file system: each move is a
+    rename), until the run ends: ``restore`` puts them back where the run
+    was refused, and removes the TensorBoard files it began; ``discard``
+    deletes them once the run stands on its own (finished, failed or
+    interrupted: its folder is its own then)."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        # a run killed before its end (SIGKILL) left its previous files aside
+        for stale in self.out.glob(".previous-*") if self.out.is_dir() else ():
+            shutil.rmtree(stale, ignore_errors=True)
+        self.folder: Path | None = None
+        self.moved: list[tuple[Path, Path]] = []  # (where it was, where it is)
+        self.tb_before = self._tb_files()
+
+    def _tb_files(self) -> set:
+        tb = self.out / "tb"
+        return set(tb.glob("events.out.tfevents.*")) if tb.is_dir() else set()
+
+    def keep(self, path: Path) -> None:
+        """Move ``path`` aside (a file under ``out``), if it exists."""
+        path = Path(path)
+        if not path.exists():
+            return
+        if self.folder is None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.folder = Path(tempfile.mkdtemp(prefix=".previous-", dir=self.out))
+        there = self.folder / str(len(self.moved))
+        os.replace(path, there)
+        self.moved.append((path, there))
+        self.tb_before.discard(path)
+
+    def restore(self) -> None:
+        for path in self._tb_files() - self.tb_before:  # the refused run's own
+            path.unlink(missing_ok=True)
+        for path, there in self.moved:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(there, path)
+        self.moved = []
+        self.discard()
+
+    def discard(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def clear_results(out: Path, resuming: bool, aside: SetAside | None = None) -> None:
     """Remove a previous run's results from ``out`` before a run starts
     there (``RESULT_FILES``; and its TensorBoard event files under tb/,
-    unless this run resumes it and carries its live series on)."""
+    unless this run resumes it and carries its live series on), or move
+    them ``aside``."""
     out = Path(out)
+    remove = aside.keep if aside is not None else (lambda p: p.unlink(missing_ok=True))
     for name in RESULT_FILES:
-        try:
-            (out / name).unlink()
-        except FileNotFoundError:
-            pass
+        remove(out / name)
     if not resuming and (out / "tb").is_dir():
-        for path in (out / "tb").glob("events.out.tfevents.*"):
-            path.unlink(missing_ok=True)
+        for path in sorted((out / "tb").glob("events.out.tfevents.*")):
+            remove(path)
 
 
 def write_run_folder(out: Path, config: dict, summary: dict, rows: list[dict]) -> Path:

@@ -25,6 +25,15 @@ import numpy as np
 from ..strategies.ops import Clock, Fetch, Gradient
 
 
+NOBODY = 1 << 62  # the floor when no worker is live: no bound holds anyone back
+
+
+def clock_floor(finished, live) -> int:
+    """Clocks every live worker has finished: ``finished[k]`` worker k's,
+    ``live[k]`` whether it still counts (NOBODY if none does)."""
+    return int(finished[live].min()) if live.any() else NOBODY
+
+
 class ClockTable:
     def __init__(self, workers: int):
         self.finished = np.zeros(workers, dtype=np.int64)
@@ -32,7 +41,7 @@ class ClockTable:
 
     def floor(self) -> int:
         """Clocks every live worker has finished (a huge number if none is live)."""
-        return int(self.finished[self.live].min()) if self.live.any() else 1 << 62
+        return clock_floor(self.finished, self.live)
 
     def allows(self, clock: int, bound: int) -> bool:
         """Whether a worker about to start clock ``clock`` (0-based: the

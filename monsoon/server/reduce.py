@@ -7,7 +7,10 @@ When every worker saw as many examples (the usual case), the mean is
 axpy with a = 1 and scal: y + 1 * x rounds once with or without FMA, so the
 bits are those of NumPy's add and multiply, whatever the slicing. BLAS is
 used because NumPy's ufunc machinery costs a visible share of a small
-model's step (bench/seed_overhead.py)."""
+model's step (bench/seed_overhead.py).
+
+``step_sums`` is that sum shard by shard, with the one check a step needs:
+a non-finite sum in any shard drops the whole step (every engine's rule)."""
 from __future__ import annotations
 
 import math
@@ -33,6 +36,18 @@ def finite(g: np.ndarray) -> bool:
     if asum is not None and g.flags.c_contiguous and g.size:
         return math.isfinite(asum(g))
     return math.isfinite(float(np.add.reduce(g, axis=None)))
+
+
+def into_slot(slot, grad) -> bool:
+    """An ``AllReduce``'s contribution written into its worker's ``slot``:
+    ``grad``, or zeros where the op has none (0 times a stale NaN would
+    still be NaN). Returns whether it had one."""
+    if grad is None:
+        slot[...] = 0
+        return False
+    if grad is not slot:  # not computed in place (a compressed message)
+        arrays.copyto(slot, grad)
+    return True
 
 
 class WeightedMean:
@@ -85,3 +100,15 @@ def weighted_sum(contributions, ranks: list[int], examples: list[int], out: np.n
     """Write the example-weighted mean of ``contributions[k]`` (k in
     ``ranks``, sorted) into ``out``; ``tmp`` is scratch of the same shape."""
     return WeightedMean([contributions[k] for k in ranks], out, tmp)(examples)
+
+
+def step_sums(contributions, ranks: list[int], examples: list[int], bounds, out, tmp
+              ) -> tuple[list, bool]:
+    """A synchronous step's sums: on each shard [a, b) of ``bounds``, the
+    weighted mean of ``contributions[k][a:b]`` (k in ``ranks``, sorted)
+    written into ``out[a:b]`` (``tmp``: scratch like ``out``). Returns those
+    views, in ``bounds``' order, and whether every one is finite (if not,
+    the step is dropped on every shard)."""
+    sums = [WeightedMean([contributions[k][a:b] for k in ranks], out[a:b], tmp[a:b])(examples)
+            for a, b in bounds]
+    return sums, all(finite(acc) for acc in sums)

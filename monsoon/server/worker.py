@@ -17,8 +17,9 @@ gradient is not applied; each local step is counted in ``count_local``:
 ``local_updates`` and ``dropped_local_updates``, a unit of their own). An
 engine subclasses ``Worker`` and adds the ops that travel (Apply, Fetch,
 Push, AllReduce, Average, Elastic, Clock): how a message reaches the server
-or the other workers is all it brings. ``report`` is what a worker sends
-its driver at the end (``RunTally.add``).
+or the other workers is all it brings (``drift``, ``elastic_difference`` and
+``restart`` are their worker's side). ``report`` is what a worker sends its
+driver at the end (``RunTally.add``).
 
 A pushing program's gradients (Downpour, SSP) count their examples when the
 push that carries them is made (``hold``, then ``release`` in the engine's
@@ -126,6 +127,41 @@ class Worker:
 
     def local_apply(self, op) -> None:
         self.count_local(self.local_rule(self.work, op.grad))
+
+    def drift(self, centre, slot, sums=None, sum_slots=None) -> None:
+        """An ``Average``'s contribution: the drift ``centre - work`` written
+        into ``slot`` as it reaches the others (through ``sender``, where
+        there is one: a compressed drift decoded), and where the inner
+        rule's sums are shared (``sums``: ``summed.SharedSums``) what this
+        worker's steps added to them into its rows of ``sum_slots``, their
+        traffic counted."""
+        arrays.namespace(slot).subtract(centre, self.work, out=slot)
+        if self.sender is not None:
+            sent = self.sender.send(slot)
+            if sent is not slot:
+                arrays.copyto(slot, sent)
+        if sums is not None:
+            sums.added(self.local_rule, self.work, [s[self.rank] for s in sum_slots])
+            sums.count(self.sender)
+
+    def elastic_difference(self, centre, alpha: float, packed: bool = False) -> tuple:
+        """EASGD's exchange with the difference compressed (Zhang et al.'s
+        asynchronous exchange): D = C(alpha (x_i - centre) + e) leaves
+        through ``sender`` and x_i -= D; the centre then takes x~ += D.
+        Returns (D's wire form where ``packed``, else None; D decoded)."""
+        v = alpha * (self.work - centre)
+        wire, sent = self.sender.exchange(v) if packed else (None, self.sender.send(v))
+        self.work -= sent
+        return wire, sent
+
+    def restart(self, params, sums=None) -> None:
+        """After a synchronous step: a private copy restarts from the step's
+        parameters ``params``, and the inner rule's sums from the shared ones
+        (``sums``: ``summed.SharedSums``, where there are)."""
+        if not self.strategy.shared_params:
+            arrays.copyto(self.work, params)
+        if sums is not None:
+            sums.start(self.local_rule, self.work)
 
     # -- what an engine counts ------------------------------------------------------
     def hold(self, examples: int) -> int:

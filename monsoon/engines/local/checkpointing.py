@@ -1,5 +1,5 @@
-"""What the local engine saves and restores (the file format is
-``record/checkpoints.py``).
+"""What the local engine saves and restores (the file format and counts
+are ``record/checkpoints.py``'s and ``record/progress.py``'s).
 
 Two kinds of checkpoint, by strategy:
 
@@ -45,10 +45,8 @@ import time
 
 import numpy as np
 
-from ...strategies.batches import batches_in, part_bounds
 from ...record import checkpoints
-from ...record.checkpoints import examples_after
-from .store import DROPPED, EXAMPLES, LATE, UPDATES
+from ...record.progress import counters_counts, counters_shapes, counts
 
 # After a write taking t seconds, the next waits COST_FACTOR * t: <= 5% of the run.
 COST_FACTOR = 19
@@ -73,84 +71,16 @@ class RunCheckpoints(checkpoints.Checkpointer):
               buffers: dict | None = None):
         """``sender``: one worker's sender layout, where checkpoints hold them;
         ``buffers``: the model's (``buffer_arrays``), where they hold them."""
-        extra = {"counters": ((workers, 4), "int64")}
-        for name, (shape, dtype) in (sender or {}).items():
-            extra["sender." + name] = ((workers,) + tuple(shape), dtype)
-        for name, arr in (buffers or {}).items():
-            extra[name] = (arr.shape, arr.dtype)
+        extra = {**counters_shapes(workers), **checkpoints.held_shapes(workers, sender, buffers)}
         return super().start(w0, rule, workers, extra)
 
     @staticmethod
     def restore(start, store) -> None:
         start.restore(store.params, store.state)
         store.counters[:] = start.saved.arrays["counters"]
-        meta = start.saved.meta  # the local steps' totals go on from worker 0's row
-        store.local_counts[0] = (meta.get("local_updates", 0), meta.get("dropped_local_updates", 0))
+        store.local_counts[0] = start.local  # the local steps' totals go on from worker 0's row
 
     # -- writing ----------------------------------------------------------
-    def snapshot_positions(self, strategy, counters: np.ndarray, n: int, batch_size: int,
-                           kernel: bool = False):
-        """Each worker's batches done (epochs, for a compiled loop), from its
-        examples (snapshot checkpoints)."""
-        workers = counters.shape[0]
-        if kernel:
-            return [int(counters[r, EXAMPLES]) // max(1, b - a)
-                    for r, (a, b) in enumerate(part_bounds(n, workers, r)
-                                               for r in range(workers))]
-        if strategy.synchronous:  # every worker walks the global plan
-            steps = batches_in(int(counters[:, EXAMPLES].sum()), n, batch_size)
-            return [steps] * workers
-        return checkpoints.positions_from_examples(counters[:, EXAMPLES], n, batch_size)
-
-    @staticmethod
-    def snapshot_counters(strategy, counters: np.ndarray, positions, n: int, batch_size: int,
-                          kernel: bool = False) -> np.ndarray:
-        """The counters a snapshot checkpoint holds, agreeing with its
-        ``positions``. Where every worker walks the global plan (synchronous:
-        local SGD), one stopped between averages may have counted local
-        steps past the common position, or not reached it; the resumed run
-        does every batch after that position, so the examples are those of
-        its first ``positions[0]`` batches (totals on row 0, as
-        ``exact_counters``), not the workers' own, or the totals would end
-        off an uninterrupted run's by the difference."""
-        if kernel or not strategy.synchronous:
-            return counters
-        out = counters.copy()
-        out[:, EXAMPLES] = 0
-        out[0, EXAMPLES] = examples_after(positions[0] if positions else 0, n, batch_size)
-        return out
-
-    @staticmethod
-    def snapshot_local(strategy, local, positions, n: int, batch_size: int,
-                       kernel: bool = False):
-        """The local steps (applied, dropped) a snapshot checkpoint holds,
-        agreeing with its ``positions`` as ``snapshot_counters``'s examples
-        do: where every worker walks the global plan, each takes a local
-        step on its part of every batch (a part may be empty only in an
-        epoch's short last batch), so those of the first ``positions[0]``
-        batches, less the dropped ones."""
-        if local is None or kernel or not strategy.synchronous or not positions:
-            return local
-        workers, per_epoch = len(positions), -(-n // batch_size)
-        tail = min(n - (per_epoch - 1) * batch_size, workers)
-        full, rest = divmod(int(positions[0]), per_epoch)
-        taken = full * ((per_epoch - 1) * workers + tail) + rest * workers
-        applied, dropped = local
-        return max(0, taken - int(dropped)), int(dropped)
-
-    def exact_counters(self, step: int, workers: int, dropped: int, late: int, n: int,
-                       batch_size: int, backups: int = 0) -> np.ndarray:
-        """The counters after exactly ``step`` steps, totals on row 0.
-        ``dropped`` and ``late`` are the totals when the monitor writes it,
-        workers may be steps on by then: at most one drop a step, and at most
-        ``backups`` late gradients a step, are counted up to ``step``."""
-        counters = np.zeros((workers, 4), dtype=np.int64)
-        counters[0, EXAMPLES] = examples_after(step, n, batch_size)
-        counters[0, DROPPED] = min(dropped, step)
-        counters[0, UPDATES] = step - counters[0, DROPPED]
-        counters[0, LATE] = min(late, step * backups)
-        return counters
-
     def write(self, *, params, state, counters: np.ndarray, positions, time_s: float, rows,
               reason: str, exact: bool, private: dict | None = None,
               extra: dict | None = None, local: tuple[int, int] | None = None,
@@ -162,37 +92,15 @@ class RunCheckpoints(checkpoints.Checkpointer):
         if not self.directory:
             return None
         t0 = time.perf_counter()
-        updates = int(counters[:, UPDATES].sum())
-        dropped = int(counters[:, DROPPED].sum())
-        arrays = {"counters": counters, **(extra or {})}
-        for rank, copy in (private or {}).items():
-            arrays[f"worker.{rank}.params"] = copy
-        meta = {"updates": updates, "examples": int(counters[:, EXAMPLES].sum()),
-                "dropped": dropped, "positions": [int(p) for p in positions],
-                "exact": bool(exact), "reason": reason}
-        if local is not None:
-            meta["local_updates"], meta["dropped_local_updates"] = (int(v) for v in local)
-        if totals is not None:
-            meta["totals"] = totals
-        self.save(updates + dropped, float(time_s), params, state, meta, arrays, rows)
+        arrays = {"counters": counters, **(extra or {}),
+                  **checkpoints.private_arrays(private or {})}
+        meta = counts(reason, **counters_counts(counters), exact=exact, positions=positions,
+                      local=local, totals=totals)
+        self.save(meta["updates"] + meta["dropped"], float(time_s), params, state, meta, arrays,
+                  rows)
         end = time.perf_counter()
         self.ready_at = end + COST_FACTOR * (end - t0)
         return self.last_path
-
-
-def buffer_arrays(problem) -> dict:
-    """The model's buffers as a checkpoint's ``buffer.<name>`` arrays ({}: none);
-    at least 1-d, as a checkpoint stores them (a counter is a 0-d tensor)."""
-    state = problem.state()
-    return {"buffer." + k: np.atleast_1d(v) for k, v in (state or {}).items()}
-
-
-def restore_buffers(ckpt, problem) -> None:
-    prefix = "buffer."
-    saved = {k[len(prefix):]: v for k, v in ckpt.arrays.items() if k.startswith(prefix)}
-    if saved:
-        shapes = {k: np.shape(v) for k, v in problem.state().items()}
-        problem.load_state({k: v.reshape(shapes[k]) for k, v in saved.items()})
 
 
 # -- compressed runs: each worker's sender (error-feedback residual, the

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import time
 
-from ...server.clocks import WorkerClock
+from ...server.clocks import WorkerClock, clock_floor
 from ...monitor.waiting import wait_until
 from .store import RUNNING
-
-NOBODY = 1 << 62
 
 
 class LocalClocks(WorkerClock):
@@ -30,8 +28,7 @@ class LocalClocks(WorkerClock):
 
     def floor(self) -> int:
         """Clocks every live worker has finished."""
-        live = self.store.status <= RUNNING
-        return int(self.store.clocks[live].min()) if live.any() else NOBODY
+        return clock_floor(self.store.clocks, self.store.status <= RUNNING)
 
     def tick(self, op) -> int:
         self.clock += 1

@@ -58,8 +58,7 @@ from ...monitor.processes import (limit_threads, single_blas_thread, single_torc
                                   start_context, torch_threads_per_worker)
 from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
-from .checkpointing import (RunCheckpoints, buffer_arrays, hands_over_senders,
-                            restore_buffers, sender_slots)
+from .checkpointing import RunCheckpoints, hands_over_senders, sender_slots
 from ...monitor.pool import WorkerPool, failure, read_payload, start_advice, start_timeout
 from ...compressors.messages import Sender, compressing
 from ... import arrays
@@ -217,7 +216,7 @@ class _InlineWatch:
     def checkpoint_extra(self) -> dict:
         """The model's buffers, and the sender's state where the run
         compresses (as a worker's)."""
-        out = buffer_arrays(self.problem)
+        out = checkpoints.buffer_arrays(self.problem)
         if self.sender.compression.stateful:
             n, dtype = self.store.params.size, self.store.params.dtype
             out.update({"sender." + k: v[None] for k, v in self.sender.state(n, dtype).items()})
@@ -416,7 +415,7 @@ class LocalEngine(Engine):
         senders = exact and compression.stateful  # checkpoints hold each worker's sender
         resume = ck.start(w0, rule, workers,  # checked before anything starts
                           compression.sender_layout(w0.size, w0.dtype) if senders else None,
-                          buffer_arrays(problem) if inline else None)
+                          checkpoints.buffer_arrays(problem) if inline else None)
         buffer = exact and not inline and bool(ck.directory) and self.checkpoint_every > 0
         ctx = start_context() if backend == "processes" else None
         device = self._array_device(problem, rule, backend)
@@ -438,7 +437,7 @@ class LocalEngine(Engine):
             ck.restore(resume, store)
             if not senders:  # a worker's compressor state, only where this run keeps it
                 resume.senders.clear()
-            restore_buffers(resume.saved, problem)  # serial's (the only ones held)
+            checkpoints.restore_buffers(resume.saved, problem)  # serial's (the only ones held)
             if strategy.synchronous:
                 store.sync[STEP] = resume.positions[0]
         if device is not None:  # the arrays live where the problem computes

@@ -21,6 +21,8 @@ from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import StopSignals
 from ...monitor.pool import fail_if_lost
+from ...record import progress
+from ...record.progress import EXAMPLES
 from ..tally import RunTally
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
@@ -265,16 +267,16 @@ class WorkerMonitor:
         params = np.array(arrays.to_host(store.params))
         counters = store.counters.copy()
         kernel = self.engine.kernel
-        positions = ck.snapshot_positions(self.strategy, counters, self.n, self.batch_size,
-                                          kernel)
+        positions = progress.snapshot_positions(self.strategy, counters[:, EXAMPLES], self.n,
+                                                self.batch_size, kernel)
         ck.write(params=params, state=store.state,
-                 counters=ck.snapshot_counters(self.strategy, counters, positions, self.n,
-                                               self.batch_size, kernel),
+                 counters=progress.snapshot_counters(self.strategy, counters, positions, self.n,
+                                                     self.batch_size, kernel),
                  positions=positions, time_s=self.resume.time_s + now,
                  rows=self.recorder.settled_rows(),
                  reason=reason, exact=False, private=private,
-                 local=ck.snapshot_local(self.strategy, self.local_totals(), positions, self.n,
-                                         self.batch_size, kernel),
+                 local=progress.snapshot_local(self.strategy, self.local_totals(), positions,
+                                               self.n, self.batch_size, kernel),
                  totals=totals)
 
     def buffer_filled(self) -> bool:
@@ -306,9 +308,8 @@ class WorkerMonitor:
             return
         _, _, dropped, late = store.totals()
         ck.write(params=params, state=state,
-                 counters=ck.exact_counters(step, workers, int(dropped), int(late), self.n,
-                                            self.batch_size,
-                                            self.strategy.backup_workers),
+                 counters=progress.exact_counters(step, workers, int(dropped), int(late), self.n,
+                                                  self.batch_size, self.strategy.backup_workers),
                  positions=[step] * workers, time_s=self.resume.time_s + now,
                  rows=self.recorder.settled_rows(), reason=reason, exact=True, extra=senders,
                  totals=totals)

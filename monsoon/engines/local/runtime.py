@@ -43,6 +43,7 @@ from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push,
                                SGDPass, weighted)
 from ...server.core import ServerCore
+from ...server.reduce import into_slot
 from ...server.summed import SharedSums
 from ...server.worker import Worker
 from ...monitor.waiting import HOT_TURNS, Aborted
@@ -234,32 +235,17 @@ class WorkerRuntime(Worker):
         examples = op.examples if grad is not None else 0
         if self.store.replicated:
             return self._sync.contribute(grad, examples)
-        slot = self._grad_out  # this worker's slot (``store.slots[rank]``), one view
-        if grad is None:
-            slot[...] = 0  # 0 * a stale NaN would still be NaN
-        elif grad is not slot:  # not computed in place (a compressed message)
-            arrays.copyto(slot, grad)
+        into_slot(self._grad_out, grad)  # this worker's slot (``store.slots[rank]``), one view
         return self._after_step(self._sync.contribute(examples))
 
     def average(self, op: Average) -> int:
         store, sums = self.store, self.shared_sums
-        slot = store.slots[self.rank]
-        arrays.namespace(slot).subtract(store.params, self.work, out=slot)
-        if self.sender is not None:
-            sent = self.sender.send(slot)
-            if sent is not slot:
-                arrays.copyto(slot, sent)
-        if sums is not None:  # a_k, for the step's mean (``ShardedStep._add_sums``)
-            sums.added(self.local_rule, self.work, [s[self.rank] for s in store.sum_slots])
-            sums.count(self.sender)
-        behind = self._after_step(self._sync.contribute(op.examples))
-        if sums is not None:
-            sums.start(self.local_rule, self.work)
-        return behind
+        # a_k, where the sums are shared, for the step's mean (``ShardedStep._add_sums``)
+        self.drift(store.params, store.slots[self.rank], sums, store.sum_slots)
+        return self._after_step(self._sync.contribute(op.examples))
 
     def _after_step(self, behind: int) -> int:
-        if not self.strategy.shared_params:  # a private model restarts from the average
-            arrays.copyto(self.work, self.store.params)
+        self.restart(self.store.params, self.shared_sums)  # a private model: from the average
         return behind
 
     def count_local(self, applied: bool) -> None:
@@ -270,12 +256,11 @@ class WorkerRuntime(Worker):
         if self.sender is not None and self.sender.compression.active:
             # Zhang et al.'s asynchronous exchange with the difference compressed:
             # read x~, send D = C(alpha (x_i - x~) + e); x~ += D, x_i -= D
-            sent = self.sender.send(op.alpha * (self.work - store.params))
+            _, sent = self.elastic_difference(store.params, op.alpha)
             for s, (a, b) in enumerate(store.bounds):
                 with store.holding(s, self.rank):
                     self.shards[s].add(sent[a:b])
                     store.versions[s] += 1
-            self.work -= sent
             self.counters[UPDATES] += 1
             return
         for s, (a, b) in enumerate(store.bounds):

@@ -48,10 +48,11 @@ import numpy as np
 
 from ...rules import Rule
 from ..base import shard_bounds
+from ...record.progress import DROPPED, EXAMPLES, LATE, UPDATES  # noqa: F401 - re-exported
 from ...shared_memory import SharedArrays
 
-# counters columns
-EXAMPLES, UPDATES, DROPPED, LATE = 0, 1, 2, 3
+# counters columns (EXAMPLES, UPDATES, DROPPED, LATE): a checkpoint's
+# ``counters`` layout (``record/progress.py``), which holds the store's as they are
 # local_counts columns
 LOCAL_APPLIED, LOCAL_DROPPED = 0, 1
 # sync columns

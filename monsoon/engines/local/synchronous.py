@@ -47,7 +47,7 @@ import numpy as np
 
 from ... import arrays
 from ...record.checkpoints import next_checkpoint
-from ...server.reduce import WeightedMean, finite, weighted_sum
+from ...server.reduce import WeightedMean, finite, step_sums
 from ...server.core import ServerCore
 from ...server.summed import SharedSums
 from ...monitor.waiting import Aborted, wait_until
@@ -502,17 +502,12 @@ class ShardedStep(_Step):
         compiled pass a shard (``kernels.mean_of_two_finite``, the same bits)."""
         store = self.store
         examples = [int(store.slot_examples[k]) for k in ranks]
-        sums, ok = [], True
+        bounds = [store.bounds[s] for s in shards]
         if self.two is not None and len(ranks) == 2 and examples[0] == examples[1] > 0:
             first, second = store.slots[ranks[0]], store.slots[ranks[1]]
-            for s in shards:
-                a, b = store.bounds[s]
+            sums, ok = [], True
+            for a, b in bounds:
                 ok &= bool(self.two(first[a:b], second[a:b], self.acc[a:b], self.half))
                 sums.append(self.acc[a:b])
             return sums, ok
-        for s in shards:
-            a, b = store.bounds[s]
-            acc = weighted_sum(store.slots[:, a:b], ranks, examples, self.acc[a:b], self.tmp[a:b])
-            sums.append(acc)
-            ok = ok and finite(acc)
-        return sums, ok
+        return step_sums(store.slots, ranks, examples, bounds, self.acc, self.tmp)

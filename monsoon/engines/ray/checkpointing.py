@@ -33,6 +33,7 @@ import numpy as np
 
 from ...record import checkpoints
 from ...record.checkpoints import Start, private_copies
+from ...record.progress import counts, examples_after, positions_from_examples
 
 
 class ShardCheckpoints:
@@ -107,14 +108,13 @@ class ShardCheckpoints:
                 whole[a:b] = arr
         if self.exact:  # every worker walks the global plan, one batch a step
             positions = [version] * self.workers
-            examples = checkpoints.examples_after(version, self.n, self.batch_size)
+            examples = examples_after(version, self.n, self.batch_size)
         else:  # batches before this attempt, and in it
             done = [int(examples_by_rank.get(r, 0)) for r in range(self.workers)]
-            positions = checkpoints.positions_from_examples(done, self.n, self.batch_size,
-                                                            self.start.positions)
+            positions = positions_from_examples(done, self.n, self.batch_size,
+                                                self.start.positions)
             examples = self.start.examples + sum(done)
-        meta = {"step": version, "examples": examples, "positions": positions,
-                "dropped": self.start.dropped + max(d for _, _, d in parts),
-                "exact": self.exact, "reason": reason}
+        meta = counts(reason, examples, self.start.dropped + max(d for _, _, d in parts),
+                      step=version, exact=self.exact, positions=positions)
         self.keeper.save(version, self.start.time_s + now, params, state, meta)
         self.written = version

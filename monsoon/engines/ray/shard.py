@@ -8,7 +8,7 @@ as NumPy arrays, and serves:
 - ``push(worker, grad, read_version)``: the rule, applied at once;
 - ``contribute(step, worker, grad, examples, gen, whole_finite)``: a
   synchronous step. The first ``counted`` contributions of a step count, and
-  the last of them sums them (``weighted_sum``, rank order, as every engine
+  the last of them sums them (``step_sums``, rank order, as every engine
   does) and applies the rule. A step is dropped on every shard when any
   counted worker's whole contribution was not finite (``whole_finite``, the
   worker's own check), so a NaN in one slice never leaves the other slices
@@ -45,7 +45,7 @@ import threading
 import numpy as np
 
 from ...compressors.messages import receive
-from ...server.reduce import finite, weighted_sum
+from ...server.reduce import step_sums
 from ...server.core import ServerCore, new_readers
 from ...server.summed import SharedSums
 
@@ -264,11 +264,11 @@ class Shard:
         examples = [self.arrivals[k][1] for k in ranks]
         grads = {k: self.arrivals[k][0] for k in ranks}
         acc, tmp = np.empty_like(self.params), np.empty_like(self.params)
-        weighted_sum(grads, ranks, examples, acc, tmp)
+        _, ok = step_sums(grads, ranks, examples, [(0, acc.size)], acc, tmp)
         if self.regroups:
             self.before = self.params.copy()
         whole = all(self.arrivals[k][2] for k in ranks)
-        if self.core.apply_sum(acc, self.step, ok=whole and finite(acc)) \
+        if self.core.apply_sum(acc, self.step, ok=whole and ok) \
                 and self.sums is not None:
             self.sums.add_mean([{k: self.arrivals[k][3][i] for k in ranks}
                                 for i in range(len(self.sums.sums))], ranks, examples, acc, tmp)

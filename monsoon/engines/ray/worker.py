@@ -251,10 +251,9 @@ class RemoteWorker(Worker):
             for (a, b), (values, _) in zip(self.bounds, self._get(
                     [sh.read.remote(self.rank) for sh in self.shards])):
                 centre[a:b] = values
-            wire, sent = self.sender.exchange(op.alpha * (self.work - centre))
+            wire, _ = self.elastic_difference(centre, op.alpha, packed=True)
             self._get([sh.difference.remote(part)
                        for sh, part in zip(self.shards, self._per_shard(wire))])
-            self.work -= sent
             return
         moves = self._get([sh.elastic.remote(self.rank, op.alpha, self.work[a:b])
                            for sh, (a, b) in zip(self.shards, self.bounds)])

@@ -7,19 +7,19 @@ tick, and every worker that ends, releases the waiters the bound now allows,
 each resuming one message later (the clock server's reply). A clock the
 bound allows at once costs no virtual time and no event, so with a bound
 the run never reaches, the run is async's event for event.
-A ``Fetch`` takes the clock floor when it is sent (its shards serve it
-later, so it holds at least those clocks); every ``Gradient`` records its
+Each worker's side is the shared ``WorkerClock`` (``server/clocks.py``): a
+``Fetch`` takes the clock floor when it is sent (its shards serve it later,
+so it holds at least those clocks); every ``Gradient`` records its
 staleness in clocks against the read its parameters came from.
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
-from ...strategies.ops import Clock, Fetch, Gradient
-from ...server.clocks import ClockTable, clock_extra
+from ...strategies.ops import Fetch, Gradient
+from ...server.clocks import ClockTable, WorkerClock
 from ...server.worker import WAIT
+from ..tally import clock_fields
 
 REQUEST_BYTES = 64
 
@@ -29,38 +29,23 @@ class SimClocks:
         self.engine = engine
         W = engine.W
         self.table = ClockTable(W)
-        self.clock = np.zeros(W, dtype=np.int64)       # ticks each worker asked for
-        self.read_floor = np.zeros(W, dtype=np.int64)  # the floor at its last read
         self.in_flight = np.zeros(W, dtype=np.int64)   # its pushes not yet fully applied
         self.owed = np.zeros(W, dtype=np.int64)        # ticks waiting for those pushes
-        self.wait_s = np.zeros(W)
         self.waiting: dict[int, tuple] = {}            # rank -> (worker, bound, since)
-        self.staleness = Counter()
-        self._fetch = engine.handlers[Fetch]
-        self._gradient = engine.handlers[Gradient]
 
-    def install(self, handlers: dict) -> "SimClocks":
-        handlers.update({Clock: self.tick, Fetch: self.fetch, Gradient: self.gradient})
-        return self
+    def join(self, w) -> "_Clock":
+        """Worker ``w``'s clock, installed in its handlers."""
+        return _Clock(self, w).install(w.handlers)
 
-    # -- ops ---------------------------------------------------------------------
-    def fetch(self, w, op):
-        self.read_floor[w.rank] = self.table.floor()
-        return self._fetch(w, op)
-
-    def gradient(self, w, op):
-        self.staleness[int(self.clock[w.rank] - self.read_floor[w.rank])] += 1
-        return self._gradient(w, op)
-
-    def tick(self, w, op: Clock):
-        r = w.rank
-        self.clock[r] += 1
+    def tick(self, w, op) -> int:
+        r, clock = w.rank, w.ssp
+        clock.clock += 1
         if self.in_flight[r]:
             self.owed[r] += 1
         else:
             self.table.tick(r)
             self._release()
-        if self.table.allows(int(self.clock[r]), op.bound):
+        if self.table.allows(clock.clock, op.bound):
             return self.table.floor()
         self.waiting[r] = (w, op.bound, self.engine.now)
         return WAIT
@@ -87,11 +72,25 @@ class SimClocks:
         floor = self.table.floor()
         for r in sorted(self.waiting):
             w, bound, since = self.waiting[r]
-            if self.table.allows(int(self.clock[r]), bound):
+            if self.table.allows(w.ssp.clock, bound):
                 del self.waiting[r]
-                self.wait_s[r] += e.now - since
+                w.ssp.wait_s += e.now - since
                 e._at(e.now + e._message(REQUEST_BYTES), e._resume, w, floor)
 
     def extra(self) -> dict:
-        return clock_extra(self.staleness, dict(enumerate(self.wait_s.tolist())),
-                           dict(enumerate(self.clock.tolist())), len(self.clock))
+        return clock_fields({w.rank: w.ssp.report() for w in self.engine.workers}, self.engine.W)
+
+
+class _Clock(WorkerClock):
+    """A virtual worker's side: the floor is the engine's table; a tick
+    publishes (or owes) and may wait in virtual time (``SimClocks.tick``)."""
+
+    def __init__(self, clocks: SimClocks, w):
+        super().__init__(w.handlers[Fetch], w.handlers[Gradient])
+        self.clocks, self.w = clocks, w
+
+    def floor(self) -> int:
+        return self.clocks.table.floor()
+
+    def tick(self, op) -> int:
+        return self.clocks.tick(self.w, op)

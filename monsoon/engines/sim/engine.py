@@ -53,11 +53,12 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
-from ...server.reduce import finite, weighted_sum
+from ...server.reduce import into_slot, step_sums
 from ...server.core import ServerCore, new_readers
 from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
+from ...record.progress import counters_shapes, counts
 from ...monitor.lifecycle import signal_name, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
 from ..tally import run_folder_extra
@@ -75,13 +76,14 @@ class _Worker(Worker):
     return ``WAIT`` and schedule the event that resumes it (``_resume``)."""
     __slots__ = ("sim", "grad", "examples", "updates", "dropped", "late", "busy",
                  "others_at_read", "pending", "ticket", "sync_step", "done", "sender",
-                 "snapshot", "loss_sum", "loss_n", "local")
+                 "snapshot", "loss_sum", "loss_n", "local", "ssp")
     engine_name = "sim"
 
     def __init__(self, rank, sim, work):
         super().__init__(rank, sim.problem, sim.strategy, work)
         self.sim = sim
         self.handlers.update({op: partial(f, self) for op, f in sim.handlers.items()})
+        self.ssp = None if sim.ssp is None else sim.ssp.join(self)  # SSP's clock, around them
         self.examples = self.updates = self.dropped = self.late = 0
         self.busy = 0.0
         self.others_at_read = 0
@@ -96,13 +98,6 @@ class _Worker(Worker):
         column = 0 if applied else 1
         self.local[column] += 1
         self.sim.local[column] += 1
-
-
-def _jsonable_state(state):
-    """An RNG state as plain JSON values (NumPy ints become ints)."""
-    import json
-
-    return json.loads(json.dumps(state, default=int))
 
 
 class SimEngine(Engine):
@@ -170,12 +165,12 @@ class SimEngine(Engine):
         self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
                          Push: self._push, AllReduce: self._all_reduce, Average: self._average,
                          Elastic: self._elastic}
-        self.ssp = SimClocks(self).install(self.handlers) if Clock in strategy.uses else None
+        self.ssp = SimClocks(self) if Clock in strategy.uses else None
         self._set_up_workers(w0, batch_size, seed, budget)
         self.keeper = checkpoints.Checkpointer.for_engine(self, problem, strategy, rule, workers,
                                                           batch_size, seed, recorder)
         # checked, and its loss curve handed to the recorder
-        self.resumed = self.keeper.load(w0, rule, {"counters": ((workers, 4), "int64")})
+        self.resumed = self.keeper.load(w0, rule, counters_shapes(workers))
         self.interrupted = None
         recorder.start(self.params)
         stopped = self._loop(recorder)
@@ -226,8 +221,8 @@ class SimEngine(Engine):
         # Local AdaAlter's shared sums (``server/summed.py``) and each worker's a_k
         self.sums = (SharedSums.of(strategy.local_rule, n, w0.dtype)
                      if Average in strategy.uses else None)
-        if self.sums is not None:
-            self.sum_slots = [np.zeros((workers, n), dtype=s.dtype) for s in self.sums.sums]
+        self.sum_slots = None if self.sums is None else [
+            np.zeros((workers, n), dtype=s.dtype) for s in self.sums.sums]
 
     def _set_up_workers(self, w0, batch_size, seed, budget) -> None:
         """One simulated worker a rank: its (compressing) strategy program,
@@ -338,11 +333,11 @@ class SimEngine(Engine):
     # -- checkpoints ----------------------------------------------------------
     def _arrays(self) -> dict:
         """What a checkpoint holds besides the parameters and the rule state."""
+        # in ``record/progress.py``'s columns: examples, updates, dropped, late
         arrays = {"counters": np.array([[w.examples, w.updates, w.dropped, w.late]
                                         for w in self.workers], dtype=np.int64)}
         if not self.strategy.shared_params:
-            for w in self.workers:
-                arrays[f"worker.{w.rank}.params"] = w.work
+            arrays.update(checkpoints.private_arrays({w.rank: w.work for w in self.workers}))
         if self.sums is not None:  # not read at resume (the replay rebuilds them): checked
             for name, shared in zip(self.strategy.local_rule.summed_state, self.sums.sums):
                 arrays["sums." + name] = shared
@@ -350,22 +345,18 @@ class SimEngine(Engine):
 
     def _save(self, events: int, reason: str) -> None:
         total = self.total
-        meta = {"updates": total["updates"], "examples": total["examples"],
-                "dropped": total["dropped"], "late": total["late"], "events": events,
-                "exact": True, "reason": reason,
-                "positions": [w.examples for w in self.workers],
-                "rng": _jsonable_state(self.rng.bit_generator.state)}
+        meta = counts(reason, total["examples"], total["dropped"], updates=total["updates"],
+                      exact=True, positions=[w.examples for w in self.workers],
+                      late=total["late"], events=events,
+                      rng=checkpoints.jsonable(self.rng.bit_generator.state))
         self.keeper.save(total["updates"] + total["dropped"], self.now, self.params, self.state,
                          meta, self._arrays())
 
     def _check_replay(self) -> None:
         """The replay reached the checkpoint's event: it must be the checkpoint."""
         saved = self.resumed
-        mine = {"params": self.params, **checkpoints.state_arrays(self.state), **self._arrays()}
-        same = (_jsonable_state(self.rng.bit_generator.state) == saved.meta["rng"]
-                and all(k in saved.arrays and np.array_equal(v, saved.arrays[k], equal_nan=True)
-                        for k, v in mine.items()))
-        if not same:
+        if not saved.reproduced_by(self.params, self.state, self._arrays(),
+                                   rng=self.rng.bit_generator.state):
             raise checkpoints.CheckpointError(
                 f"replaying the simulation to checkpoint {saved.path} did not reproduce its "
                 "parameters (the problem, the delays or monsoon changed); start a new run "
@@ -452,127 +443,113 @@ class SimEngine(Engine):
 
     # Downpour: fetch and push, shard by shard
     def _fetch(self, w, op):
-        w.pending = self.S
         w.ticket = np.empty(self.S, dtype=np.int64)
+        return self._read(w, w.work, self._fetched)
+
+    def _fetched(self, w):
+        self._resume(w, w.ticket.copy())
+
+    def _read(self, w, into, then, *args):
+        """A request to every shard for its slice of the parameters, copied
+        into ``into`` as each serves it (a fetch, ``w.ticket`` not None: its
+        version read too, into it); ``then(w, *args)`` once every reply is back."""
+        w.pending = self.S
         arrive = self.now + self._message(REQUEST_BYTES)
         for s in range(self.S):
-            self._at(arrive, self._shard_arrive, s, self._serve_read, w)
+            self._at(arrive, self._shard_arrive, s, self._serve_read, w, into, then, args)
         return WAIT
 
-    def _serve_read(self, s, w):
+    def _serve_read(self, s, w, into, then, args):
         a, b = self.bounds[s]
-        w.ticket[s] = self.cores[s].read(w.rank)
-        np.copyto(w.work[a:b], self.params[a:b])
-        reply = (self.now + self.delays.service_s
-                 + self._message((b - a) * self.params.itemsize))
-        self._at(reply, self._reply, w)
+        if w.ticket is not None:
+            w.ticket[s] = self.cores[s].read(w.rank)
+        np.copyto(into[a:b], self.params[a:b])
+        self._at(self._replied(a, b), self._reply, w, then, args)
 
-    def _reply(self, w):
+    def _replied(self, a: int, b: int) -> float:
+        """When a shard's reply of the slice [a, b) reaches its worker."""
+        return self.now + self.delays.service_s + self._message((b - a) * self.params.itemsize)
+
+    def _reply(self, w, then, args):
         w.pending -= 1
         if w.pending == 0:
-            self._resume(w, None if w.ticket is None else w.ticket.copy())
+            then(w, *args)
+
+    def _send(self, w, size: int, serve, *args) -> None:
+        """``w``'s message (``sender.last_nbytes``, the encoded size of a
+        vector of ``size``) to every shard, each its slice's share, served
+        there by ``serve(s, w, *args, left)``; ``w`` resumes once it is sent."""
+        nbytes, left = w.sender.last_nbytes, {"shards": self.S}
+        for s, (a, b) in enumerate(self.bounds):
+            arrive = self.now + self._message(nbytes * (b - a) // size)
+            self._at(arrive, self._shard_arrive, s, serve, w, *args, left)
+        send = nbytes / self.delays.bandwidth_Bps if self.delays.bandwidth_Bps else 0.0
+        self._at(self.now + send, self._resume, w, None)
+
+    def _landed(self, w, left) -> bool:
+        """A shard has applied ``w``'s message: whether it was the last."""
+        left["shards"] -= 1
+        if left["shards"]:
+            return False
+        self._updated(w)
+        return True
 
     def _push(self, w, op):
         if not self.server.admits(op.grad):  # the whole gradient, once
             self._dropped(w)
             return None
-        grad, ticket = op.grad.copy(), op.ticket
         if self.ssp is not None:
             self.ssp.pushing(w.rank)
-        push = {"left": self.S}
-        for s in range(self.S):
-            a, b = self.bounds[s]
-            arrive = self.now + self._message(w.sender.last_nbytes * (b - a) // grad.size)
-            self._at(arrive, self._shard_arrive, s, self._serve_push, w, grad, ticket, push)
-        sent = w.sender.last_nbytes  # the encoded size (--compress)
-        send = sent / self.delays.bandwidth_Bps if self.delays.bandwidth_Bps else 0.0
-        self._at(self.now + send, self._resume, w, None)
+        self._send(w, op.grad.size, self._serve_push, op.grad.copy(), op.ticket)
         return WAIT
 
-    def _serve_push(self, s, w, grad, ticket, push):
+    def _serve_push(self, s, w, grad, ticket, left):
         a, b = self.bounds[s]
         self.cores[s].push(w.rank, grad[a:b], int(ticket[s]), checked=True)
-        push["left"] -= 1
-        if push["left"] == 0:
-            self._updated(w)
-            if self.ssp is not None:  # this clock's tick may now be published
-                self.ssp.pushed(w.rank)
+        if self._landed(w, left) and self.ssp is not None:  # this clock's tick may be published
+            self.ssp.pushed(w.rank)
 
     def _elastic(self, w, op):
-        w.pending = self.S
         w.ticket = None
         if w.sender.compression.active:  # read the centre, then send the compressed difference
             centre = np.empty_like(w.work)
-            arrive = self.now + self._message(REQUEST_BYTES)
-            for s in range(self.S):
-                self._at(arrive, self._shard_arrive, s, self._serve_centre, w, centre, op.alpha)
-            return WAIT
+            return self._read(w, centre, self._centre_read, centre, op.alpha)
+        w.pending = self.S
         for s in range(self.S):
             a, b = self.bounds[s]
             arrive = self.now + self._message((b - a) * self.params.itemsize)
             self._at(arrive, self._shard_arrive, s, self._serve_elastic, w, op.alpha)
         return WAIT
 
-    def _serve_centre(self, s, w, centre, alpha):
-        a, b = self.bounds[s]
-        np.copyto(centre[a:b], self.params[a:b])
-        reply = (self.now + self.delays.service_s
-                 + self._message((b - a) * self.params.itemsize))
-        self._at(reply, self._centre_read, w, centre, alpha)
-
     def _centre_read(self, w, centre, alpha):
         """The whole centre has arrived: D = C(alpha (x_i - x~) + e) goes to
         every shard (x~ += D there) and x_i -= D (Zhang et al.'s asynchronous
         exchange, the difference compressed)."""
-        w.pending -= 1
-        if w.pending:
-            return
-        sent = w.sender.send(alpha * (w.work - centre))
-        w.work -= sent
-        left = {"shards": self.S}
-        for s in range(self.S):
-            a, b = self.bounds[s]
-            arrive = self.now + self._message(w.sender.last_nbytes * (b - a) // sent.size)
-            self._at(arrive, self._shard_arrive, s, self._serve_difference, w, sent, left)
-        send = w.sender.last_nbytes / self.delays.bandwidth_Bps \
-            if self.delays.bandwidth_Bps else 0.0
-        self._at(self.now + send, self._resume, w, None)
+        _, sent = w.elastic_difference(centre, alpha)
+        self._send(w, sent.size, self._serve_difference, sent)
 
     def _serve_difference(self, s, w, sent, left):
         a, b = self.bounds[s]
         self.cores[s].add(sent[a:b])
-        left["shards"] -= 1
-        if left["shards"] == 0:
-            self._updated(w)
+        self._landed(w, left)
 
     def _serve_elastic(self, s, w, alpha):
         a, b = self.bounds[s]
         w.work[a:b] -= self.cores[s].elastic(w.work[a:b], alpha)
         if s == self.S - 1:
             self._updated(w)
-        reply = self.now + self.delays.service_s + self._message((b - a) * self.params.itemsize)
-        self._at(reply, self._reply, w)
+        self._at(self._replied(a, b), self._reply, w, self._resume, (None,))
 
     # synchronous steps
     def _all_reduce(self, w, op):
-        if op.grad is None:
-            self.slots[w.rank].fill(0)
-            examples = 0
-        else:
-            np.copyto(self.slots[w.rank], op.grad)
-            examples = op.examples
-        return self._contribute(w, examples, 0 if op.grad is None else w.sender.last_nbytes)
+        if into_slot(self.slots[w.rank], op.grad):
+            return self._contribute(w, op.examples, w.sender.last_nbytes)
+        return self._contribute(w, 0, 0)
 
     def _average(self, w, op):
-        slot = self.slots[w.rank]
-        np.subtract(self.params, w.work, out=slot)
-        sent = w.sender.send(slot)
-        if sent is not slot:
-            np.copyto(slot, sent)
+        w.drift(self.params, self.slots[w.rank], self.sums, self.sum_slots)
         nbytes = w.sender.last_nbytes
         if self.sums is not None:  # a_k travels with the drift, dense
-            self.sums.added(w.local_rule, w.work, [s[w.rank] for s in self.sum_slots])
-            self.sums.count(w.sender)
             nbytes += self.sums.nbytes
         return self._contribute(w, op.examples, nbytes)
 
@@ -602,24 +579,20 @@ class SimEngine(Engine):
     def _complete_step(self):
         ranks = sorted(self.arrivals)
         examples = [self.slot_examples[k] for k in ranks]
-        sums = [(s, weighted_sum(self.slots[:, a:b], ranks, examples, self.acc[a:b],
-                                 self.tmp[a:b])) for s, (a, b) in enumerate(self.bounds)]
-        if all(finite(acc) for _, acc in sums):
-            if self.replicated:  # as the local engine: one update of the whole vector
-                self.server.apply_sum(self.acc, self.sync_step, ok=True)
-                for core in self.cores:
-                    core.version += 1
-            else:
-                for s, acc in sums:
-                    self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=True)
+        sums, ok = step_sums(self.slots, ranks, examples, self.bounds, self.acc, self.tmp)
+        # a dropped step: the rule is told (``apply_sum``), as the local engine's steps tell it
+        if self.replicated:  # as the local engine: one update of the whole vector
+            self.server.apply_sum(self.acc, self.sync_step, ok=ok)
+            for core in self.cores:
+                core.version += int(ok)
+        else:
+            for s, acc in enumerate(sums):
+                self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=ok)
+        if ok:
             if self.sums is not None:  # S += the mean a_k (the drift's scratch is free)
                 self.sums.add_mean(self.sum_slots, ranks, examples, self.acc, self.tmp)
-            self.total["updates"] += 1
             self.staleness[0] += 1
-        else:  # the rule is told, as the local engine's steps tell it
-            for core in [self.server] if self.replicated else self.cores:
-                core.drop()
-            self.total["dropped"] += 1
+        self.total["updates" if ok else "dropped"] += 1
         self.shard_busy += self.delays.service_s
         reply = self.nbytes
         if self.compression.active:
@@ -642,8 +615,5 @@ class SimEngine(Engine):
         """``w`` contributed to ``step``; it joins the current step, skipping
         those the others completed without it (counted when it resumes)."""
         w.sync_step = self.sync_step
-        if not self.strategy.shared_params:
-            np.copyto(w.work, self.params)
-        if self.sums is not None:
-            self.sums.start(w.local_rule, w.work)
+        w.restart(self.params, self.sums)
         self._resume(w, self.sync_step - (step + 1))

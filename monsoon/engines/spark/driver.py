@@ -49,6 +49,7 @@ from ...server.reduce import weighted_sum
 from ...server.core import ServerCore, new_readers
 from ...server.worker import WAIT, Worker
 from ...record.live import add_figures
+from ...record import progress
 from ...monitor.due import Due
 from ...monitor.lifecycle import signal_name
 from .jobs import share
@@ -240,7 +241,7 @@ class DriverPrograms:
                  if self.shared else None)
         if start is not None and start.saved is not None:
             start.restore(self.w, self.core.state)
-            self.steps, self.updates = start.step, start.saved.meta["applied"]
+            self.steps, self.updates = start.step, start.updates
             self.core.dropped, self.examples, before = start.dropped, start.examples, start.time_s
             self.core.staleness[0] = self.updates
         for k in range(ctx.workers):
@@ -310,6 +311,5 @@ class DriverPrograms:
         """The server's state after ``steps`` steps (programs on the server's
         parameters), written through ``ckpts`` (a rank's: by the driver)."""
         self.ckpts.save(self.updates + self.core.dropped, now, self.w, self.core.state,
-                        {"step": self.steps, "examples": self.examples,
-                         "dropped": self.core.dropped, "applied": self.updates,
-                         "reason": reason})
+                        progress.counts(reason, self.examples, self.core.dropped,
+                                        step=self.steps, applied=self.updates))

@@ -57,7 +57,8 @@ from ...compressors.messages import Sender, receive, summarize
 from ...server.averaging import TailAverage
 from ...strategies.batches import batches_in
 from ...server.core import LocalUpdate, ServerCore, new_readers
-from ...record.checkpoints import next_checkpoint, staleness_arrays
+from ...record.checkpoints import next_checkpoint, staleness_arrays, staleness_counts
+from ...record.progress import counts
 from ..tally import carry_traffic, traffic_totals
 from ...record.live import add_figures
 from ...monitor.due import Due
@@ -164,15 +165,12 @@ class DriverServer:
             self.positions = start.positions
             if self.pace is not None:
                 self.pace.done = list(self.positions)
-            saved = start.saved
-            self.updates, self.core.version = saved.meta["applied"], saved.meta["server_version"]
+            self.updates, self.core.version = start.updates, start.saved.meta["server_version"]
             self.core.dropped, self.examples = start.dropped, start.examples
-            self.local = [saved.meta.get("local_updates", 0),
-                          saved.meta.get("dropped_local_updates", 0)]
+            self.local = list(start.local)
             self.before = start.time_s
-            self.core.staleness.update(dict(zip(saved.arrays["staleness.values"].tolist(),
-                                           saved.arrays["staleness.counts"].tolist())))
-            carry_traffic(self.senders, saved.meta.get("totals"))  # the whole run's bytes
+            self.core.staleness.update(staleness_counts(start.saved))
+            carry_traffic(self.senders, start.totals)  # the whole run's bytes
         self.next_ckpt = next_checkpoint(self.updates + self.core.dropped, ckpts.every)
 
     # -- a worker: a driver thread and its task's long job ----------------------
@@ -379,10 +377,9 @@ class DriverServer:
             return
         self.next_ckpt = next_checkpoint(done, self.ckpts.every)
         params, state = self.core.copy()
-        meta = {"applied": self.updates, "dropped": self.core.dropped, "reason": reason,
-                "examples": self.examples, "server_version": self.core.version,
-                "local_updates": self.local[0], "dropped_local_updates": self.local[1],
-                "totals": traffic_totals(self.senders)}  # the applied segments' bytes
+        meta = counts(reason, self.examples, self.core.dropped, local=self.local,
+                      totals=traffic_totals(self.senders),  # the applied segments' bytes
+                      applied=self.updates, server_version=self.core.version)
         arrays = {"positions": np.array(self.positions, dtype=np.int64),
                   **staleness_arrays(self.core.staleness)}
         self.captured.append((done, time.perf_counter() - self.t0, params, state, meta, arrays))

@@ -53,6 +53,7 @@ from ...errors import ConfigError, WorkerError
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch
 from ...record import checkpoints
+from ...record.progress import counts
 from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import signal_name, stop_requested
@@ -125,7 +126,7 @@ class RankWorker(Worker):
         self.xp = np  # the arrays' functions (``arrays.namespace``)
         self.dflags = None  # the flags in a device buffer (``to_device``)
         self.step = start.step  # collectives done (sync: steps) since the run began
-        self.updates = self.updates_before = start.saved.meta["updates"] if start.saved else 0
+        self.updates = self.updates_before = start.updates
         self.dropped = start.dropped  # collective steps not applied (every rank's count)
         self.local = [0, 0]  # this rank's own local steps (LocalApply), applied and dropped
         self.examples = 0  # this rank's, this attempt
@@ -411,8 +412,7 @@ class RankWorker(Worker):
     def elastic(self, op):
         self._flags(0)
         if self.compressed:
-            wire, sent = self.sender.exchange(op.alpha * (self.work - self.server))
-            self.work -= sent  # x_k -= D_k
+            wire, _ = self.elastic_difference(self.server, op.alpha, packed=True)  # x_k -= D_k
             self._gather(wire, f"exchange {self.step}", ACTIVE)
         else:
             self.xp.subtract(self.work, self.server, out=self.grad)
@@ -460,10 +460,8 @@ class RankWorker(Worker):
     def save_checkpoint(self, reason: str = "periodic") -> None:
         now = self.time_before + time.perf_counter() - self.t0
         self.keeper.save(self.step, now, self.server, self.state,
-                         {"step": self.step, "updates": self.updates,
-                          "dropped": self.dropped,
-                          "examples": self.examples_before + self.examples * self.world,
-                          "exact": True, "reason": reason})
+                         counts(reason, self.examples_before + self.examples * self.world,
+                                self.dropped, step=self.step, updates=self.updates, exact=True))
 
 
 def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
