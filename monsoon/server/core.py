@@ -15,6 +15,7 @@ a simulated event, a Spark job), its locks and its clock.
 - ``push(worker, grad, read_version)``: the rule applied to ``grad`` with
   staleness tau = version now - ``read_version`` (ALGORITHMS.md, Downpour),
   the worker's reader and the step's loss; the version moves on by one.
+  ``push_delta``: a worker's own rule steps, taken off as they are (Spark).
 - ``apply_sum(acc, step)``: a synchronous step's summed gradient applied.
 - ``admits(grad)``: a non-finite gradient is dropped, never applied.
 - ``elastic(x, alpha)`` and ``add(d)``: EASGD's exchange with the centre
@@ -27,10 +28,10 @@ its sums (``Rule.summed_state``) are shared with the server's (Spark's
 delta pushes: ``start_from_sums``, ``add_sums_to``) or with the other
 workers' each round (Local AdaAlter: ``summed.py``).
 
-Invariants: not thread-safe (the engine calls it under its own lock, or
-from one thread); ``version`` counts the updates applied (``push``,
-``apply_sum``, ``elastic``, ``add``), so a dropped gradient does not move
-it; a dropped gradient is counted in ``dropped`` and the rule is told
+Invariants: not thread-safe (the engine calls it under its own lock, or from
+one thread); ``version`` counts the updates applied (``push``, ``push_delta``,
+``apply_sum``, ``elastic``, ``add``), so a dropped gradient does not move it;
+a dropped gradient is counted in ``dropped`` and the rule is told
 (``Rule.on_dropped``); ``UpdateInfo`` carries exactly the step, staleness,
 worker, reader and loss each engine gave before, so its updates stay
 bit-identical. An engine that keeps the version elsewhere (the local
@@ -105,6 +106,17 @@ class ServerCore:
                                    reader=None if readers is None else readers[worker],
                                    loss=loss))
         self.version = version + 1
+        self.staleness[staleness] += 1
+        return staleness
+
+    def push_delta(self, delta, read_version: int) -> int:
+        """A worker's own rule steps since it read version ``read_version``,
+        added as they are: params -= ``delta`` (DeepDist's descent: Spark's
+        delta pushes, ``pushes_deltas``), counted at its staleness, which it
+        returns. ``delta`` is finite (the worker sends none that is not)."""
+        staleness = self.version - read_version
+        self.params -= delta
+        self.version += 1
         self.staleness[staleness] += 1
         return staleness
 

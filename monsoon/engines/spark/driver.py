@@ -74,8 +74,7 @@ class _Program(Worker):
 
     def apply(self, op) -> None:
         d = self.driver
-        if d.core.apply_sum(op.grad, d.updates, worker=self.rank, loss=op.loss, counts=1):
-            d.updates += 1
+        d.core.apply_sum(op.grad, d.core.version, worker=self.rank, loss=op.loss, counts=1)
         d.steps += 1
 
     def fetch(self, op):
@@ -85,14 +84,11 @@ class _Program(Worker):
         return d.core.read(self.rank)
 
     def push(self, op) -> None:
-        d = self.driver
-        if d.core.push(self.rank, op.grad, int(op.ticket)) is not None:
-            d.updates += 1
+        self.driver.core.push(self.rank, op.grad, int(op.ticket))
 
     def elastic(self, op) -> None:
         d = self.driver
         self.work -= d.core.elastic(self.work, op.alpha)
-        d.updates += 1
         d.core.staleness[0] += 1
 
     def count_local(self, applied: bool) -> None:
@@ -103,7 +99,8 @@ class DriverPrograms:
     def __init__(self, ctx, rule, strategy, w0, ckpts):
         self.ctx, self.rule, self.strategy, self.ckpts = ctx, rule, strategy, ckpts
         self.w = np.array(w0, copy=True)
-        # the server's update (``server/core.py``): its version, dropped count and staleness
+        # the server's update (``server/core.py``): its version (the updates applied),
+        # dropped count and staleness
         self.core = ServerCore(self.w, rule, readers=new_readers(rule, ctx.workers, self.w.size,
                                                                  self.w.dtype))
         self.shared = strategy.shared_params
@@ -113,7 +110,7 @@ class DriverPrograms:
         self.acc, self.tmp = np.empty_like(self.w), np.empty_like(self.w)
         self.grads = {k: np.empty_like(self.w) for k in ranks}  # each worker's mean gradient
         self.programs, self.ops = {}, {}  # rank -> its _Program; -> the op it waits at
-        self.steps = self.updates = self.examples = 0
+        self.steps = self.examples = 0
         self.local = [0, 0]  # the programs' local steps (an inner rule): applied, dropped
         self.step_loss = None   # the last gradients' mean loss
         self.full_loss = None   # the full-data loss at w, when the last step was full-batch
@@ -220,9 +217,8 @@ class DriverPrograms:
             else:
                 acc = weighted_sum(parts, counted, [ops[k].examples for k in counted],
                                    self.acc, self.tmp)
-            if self.core.apply_sum(acc, self.updates, loss=self.step_loss,
-                                   counts=len(counted) if kinds == {Average} else 1):
-                self.updates += 1
+            self.core.apply_sum(acc, self.core.version, loss=self.step_loss,
+                                counts=len(counted) if kinds == {Average} else 1)
         self.steps += 1
         if not self.shared:  # every copy starts the next step from the server's parameters
             for k in ranks:
@@ -241,9 +237,9 @@ class DriverPrograms:
                  if self.shared else None)
         if start is not None and start.saved is not None:
             start.restore(self.w, self.core.state)
-            self.steps, self.updates = start.step, start.updates
+            self.steps, self.core.version = start.step, start.updates
             self.core.dropped, self.examples, before = start.dropped, start.examples, start.time_s
-            self.core.staleness[0] = self.updates
+            self.core.staleness[0] = self.core.version
         for k in range(ctx.workers):
             self.programs[k] = _Program(self, k, self.strategy.program(WorkerJob(
                 k, ctx.workers, ctx.n_examples, ctx.batch_size, ctx.seed, ctx.budget,
@@ -270,7 +266,7 @@ class DriverPrograms:
                     for k, reply in replies.items():
                         add_figures(live, k, float(reply[0]), 1, len(waiting[k].indices))
                     if self.full_loss is not None and recorder.target_met(
-                            self.full_loss, self.updates, self.core.dropped):
+                            self.full_loss, self.core.version, self.core.dropped):
                         stopped = recorder.target_reason  # the loss at w: no step more
                         break
                 elif self.ops:
@@ -280,12 +276,12 @@ class DriverPrograms:
                 now = time.perf_counter() - t0
                 stopped = due.look(
                     now, self.examples,
-                    lambda: (self.w, self.updates, self.core.dropped, self._local()),
-                    lambda: (self.examples, self.updates, self.core.dropped),
+                    lambda: (self.w, self.core.version, self.core.dropped, self._local()),
+                    lambda: (self.examples, self.core.version, self.core.dropped),
                     lambda: (live, self.core.staleness))
                 if stopped:
                     break
-                if self.shared and ckpts.due(self.updates + self.core.dropped):
+                if self.shared and ckpts.due(self.core.version + self.core.dropped):
                     self._checkpoint(now, "periodic")
         finally:
             for worker in self.programs.values():
@@ -295,7 +291,7 @@ class DriverPrograms:
         if self.shared and stopped is None:
             self.rule.finish(self.w, self.core.state)
         return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
-                "updates": self.updates, "dropped": self.core.dropped,
+                "updates": self.core.version, "dropped": self.core.dropped,
                 "local": self._local(), "staleness": self.core.staleness,
                 "failed": {}, "stopped": stopped, "interrupted": interrupted,
                 "worker_params": {} if self.shared else dict(self.work)}
@@ -310,6 +306,6 @@ class DriverPrograms:
     def _checkpoint(self, now: float, reason: str) -> None:
         """The server's state after ``steps`` steps (programs on the server's
         parameters), written through ``ckpts`` (a rank's: by the driver)."""
-        self.ckpts.save(self.updates + self.core.dropped, now, self.w, self.core.state,
+        self.ckpts.save(self.core.version + self.core.dropped, now, self.w, self.core.state,
                         progress.counts(reason, self.examples, self.core.dropped,
-                                        step=self.steps, applied=self.updates))
+                                        step=self.steps, applied=self.core.version))

@@ -51,10 +51,11 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     compression = ctx.compression
     senders = {k: Sender(compression, k) for k in range(ctx.workers)}
     ended = set()
-    updates = dropped = examples = 0
+    examples = 0
     local = [0, 0]  # the workers' local steps: applied, dropped
     staleness = Counter()
-    core = ServerCore(w, rule, staleness=staleness)  # the outer rule's update
+    # the outer rule's update: its version (the rounds applied) and dropped count
+    core = ServerCore(w, rule, staleness=staleness)
     live = {}  # each worker's losses and examples, for the live series
     stopped = None
     recorder.start(w)
@@ -101,27 +102,25 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             weighted_sum({k: receive(compression, res["drift"], w.size, w.dtype)
                           for k, res in avg}, [k for k, _ in avg],
                          [res["examples_behind"] for _, res in avg], acc, tmp)
-            if core.apply_sum(acc, updates, counts=len(avg)):
-                updates += 1
+            if core.apply_sum(acc, core.version, counts=len(avg)):
                 _end_round(shared, avg, w, acc, tmp)
-            else:
-                dropped += 1
             if average is not None:
                 average.update(w, sum(res["examples"] for _, res in results))
         r += 1
         model = w if average is None else average.params
         stopped = due.look(time.perf_counter() - t0, examples,
-                           lambda: (model, updates, dropped, _local(strategy, local)),
-                           lambda: (examples, updates, dropped), lambda: (live, staleness))
+                           lambda: (model, core.version, core.dropped, _local(strategy, local)),
+                           lambda: (examples, core.version, core.dropped),
+                           lambda: (live, staleness))
         if stopped:
             break
     return {"params": w if average is None else average.params,
             "wall": time.perf_counter() - t0, "examples": examples,
-            "updates": updates, "dropped": dropped, "local": _local(strategy, local),
+            "updates": core.version, "dropped": core.dropped, "local": _local(strategy, local),
             "staleness": staleness, "failed": {},
             "stopped": stopped, "timing": timing, "interrupted": due.interrupted,
             "extra": {**summarize([senders[k].stats() for k in range(ctx.workers)], compression,
-                                  updates),
+                                  core.version),
                       **({"averaged_epochs": ctx.average_epochs} if average else {})}}
 
 

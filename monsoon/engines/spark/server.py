@@ -123,7 +123,7 @@ class DriverServer:
                                                                  self.w.dtype))
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)  # SSP's waits, on the same lock
-        self.updates = self.examples = 0
+        self.examples = 0
         # the workers' local steps (applied, dropped): EASGD's inner rule, or
         # the rule steps of pushed deltas (``pushes_deltas``)
         self.local = [0, 0]
@@ -165,13 +165,13 @@ class DriverServer:
             self.positions = start.positions
             if self.pace is not None:
                 self.pace.done = list(self.positions)
-            self.updates, self.core.version = start.updates, start.saved.meta["server_version"]
+            self.core.version = start.saved.meta["server_version"]  # = "applied": every update
             self.core.dropped, self.examples = start.dropped, start.examples
             self.local = list(start.local)
             self.before = start.time_s
             self.core.staleness.update(staleness_counts(start.saved))
             carry_traffic(self.senders, start.totals)  # the whole run's bytes
-        self.next_ckpt = next_checkpoint(self.updates + self.core.dropped, ckpts.every)
+        self.next_ckpt = next_checkpoint(self.core.version + self.core.dropped, ckpts.every)
 
     # -- a worker: a driver thread and its task's long job ----------------------
     def worker(self, k: int) -> None:
@@ -329,8 +329,8 @@ class DriverServer:
             add_figures(self.live, k, res["loss"], res["steps"], res["examples"],
                         updates=int(res["op"] in ("push", "elastic")))
             if res["op"] == "push":
-                if res["grad"] is None:
-                    self.core.dropped += 1
+                if res["grad"] is None:  # not finite: the task sent none
+                    self.core.drop()
                 else:
                     self._push(k, res)
             elif res["op"] == "elastic":
@@ -339,7 +339,6 @@ class DriverServer:
                                           self.w.dtype))
                 else:
                     res["work"] -= self.core.elastic(res["work"], res["alpha"])
-                self.updates += 1
                 self.core.staleness[0] += 1
             if self.elastic and "work" in res:
                 self.own[k] = res["work"]
@@ -355,15 +354,12 @@ class DriverServer:
 
     def _push(self, k: int, res: dict) -> None:
         """Worker k's finite push (it sent None for a non-finite one)."""
-        core, ticket = self.core, int(res["ticket"])
+        ticket = int(res["ticket"])
         grad = receive(self.compression, res["grad"], self.w.size, self.w.dtype)
         if self.deltas:  # the worker's own rule steps, added as they are
-            self.w -= grad
-            core.staleness[core.version - ticket] += 1
-            core.version += 1
+            self.core.push_delta(grad, ticket)
         else:
-            core.push(k, grad, ticket, checked=True)
-        self.updates += 1
+            self.core.push(k, grad, ticket, checked=True)
 
     # -- checkpoints: captured where due, written by the monitor ----------------
     def _capture(self, reason: str = "periodic") -> None:
@@ -371,7 +367,7 @@ class DriverServer:
         of the server's state when a checkpoint is due, for the monitor to
         write (its rows are evaluated through the workers' tasks); or, once
         the workers have stopped (``reason`` "interrupted"), whenever."""
-        done = self.updates + self.core.dropped
+        done = self.core.version + self.core.dropped
         if self.elastic or reason == "periodic" and (self.next_ckpt is None
                                                      or done < self.next_ckpt):
             return
@@ -379,7 +375,7 @@ class DriverServer:
         params, state = self.core.copy()
         meta = counts(reason, self.examples, self.core.dropped, local=self.local,
                       totals=traffic_totals(self.senders),  # the applied segments' bytes
-                      applied=self.updates, server_version=self.core.version)
+                      applied=self.core.version, server_version=self.core.version)
         arrays = {"positions": np.array(self.positions, dtype=np.int64),
                   **staleness_arrays(self.core.staleness)}
         self.captured.append((done, time.perf_counter() - self.t0, params, state, meta, arrays))
@@ -456,7 +452,7 @@ class DriverServer:
         self._write_captured()  # due after the monitor's last look
         self._fail_if_lost()
         return {"params": self.model, "wall": wall, "examples": self.examples,
-                "updates": self.updates, "dropped": self.core.dropped,
+                "updates": self.core.version, "dropped": self.core.dropped,
                 "local": self._local(), "staleness": self.core.staleness,
                 "failed": dict(self.failed), "stopped": stopped, "interrupted": due.interrupted,
                 "worker_params": dict(self.own) if self.elastic else {},
@@ -464,12 +460,12 @@ class DriverServer:
                 "extra": {"spark_jobs": ctx.workers, **self._clock_extra(),
                           **({"averaged_epochs": ctx.average_epochs} if self.average else {}),
                           **summarize([self.senders[k].stats() for k in range(ctx.workers)],
-                                      self.compression, self.updates)}}
+                                      self.compression, self.core.version)}}
 
     # -- read together under the lock, for the curve and the live series -----
     def _snapshot(self):
         with self.lock:
-            return self.model.copy(), self.updates, self.core.dropped, self._local()
+            return self.model.copy(), self.core.version, self.core.dropped, self._local()
 
     def _local(self) -> tuple[int, int] | None:
         """The workers' local steps (applied, dropped), where they take any."""
@@ -485,7 +481,7 @@ class DriverServer:
 
     def _totals(self):
         with self.lock:
-            return self.examples, self.updates, self.core.dropped
+            return self.examples, self.core.version, self.core.dropped
 
     def _figures(self):
         with self.lock:
