@@ -86,6 +86,14 @@ def carry_traffic(senders: dict, totals: dict | None) -> None:
             senders[int(rank)].count_on(stats)
 
 
+def local_totals(strategy, applied: int, dropped: int, own_steps: bool = False):
+    """A run's local steps, ``(applied, dropped)``, where its workers take
+    any: they have an inner rule (``strategy.local_rule``), or ``own_steps``
+    (Spark's delta pushes: each worker's steps of the run's rule); else None
+    (the result then has no local fields)."""
+    return (applied, dropped) if strategy.local_rule is not None or own_steps else None
+
+
 def failed_list(failed: dict) -> list:
     """``failed_workers`` from ``{rank: reason}``: the error is the reason's
     first line (the whole of a one-line reason), the traceback all of it."""
@@ -183,4 +191,4 @@ class RunTally:
     def local_totals(self, strategy) -> tuple[int, int] | None:
         """The reports' local steps, (applied, dropped), where ``strategy``
         takes any (its workers have an inner rule); else None."""
-        return (self.local, self.local_dropped) if strategy.local_rule is not None else None
+        return local_totals(strategy, self.local, self.local_dropped)

@@ -52,6 +52,7 @@ from ...record.live import add_figures
 from ...record import progress
 from ...monitor.due import Due
 from ...monitor.lifecycle import signal_name
+from ..tally import local_totals
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum, step_union
 
@@ -225,10 +226,6 @@ class DriverPrograms:
                 self.work[k][...] = self.w
         return dict.fromkeys(ranks, None if kinds == {Average} else 0)
 
-    def _local(self) -> tuple[int, int] | None:
-        """The programs' local steps (applied, dropped), where they take any."""
-        return tuple(self.local) if self.strategy.local_rule is not None else None
-
     # -- the run ---------------------------------------------------------------------
     def run(self, recorder) -> dict:
         ctx, ckpts = self.ctx, self.ckpts
@@ -276,7 +273,8 @@ class DriverPrograms:
                 now = time.perf_counter() - t0
                 stopped = due.look(
                     now, self.examples,
-                    lambda: (self.w, self.core.version, self.core.dropped, self._local()),
+                    lambda: (self.w, self.core.version, self.core.dropped,
+                             local_totals(self.strategy, *self.local)),
                     lambda: (self.examples, self.core.version, self.core.dropped),
                     lambda: (live, self.core.staleness))
                 if stopped:
@@ -292,7 +290,8 @@ class DriverPrograms:
             self.rule.finish(self.w, self.core.state)
         return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
                 "updates": self.core.version, "dropped": self.core.dropped,
-                "local": self._local(), "staleness": self.core.staleness,
+                "local": local_totals(self.strategy, *self.local),
+                "staleness": self.core.staleness,
                 "failed": {}, "stopped": stopped, "interrupted": interrupted,
                 "worker_params": {} if self.shared else dict(self.work)}
 

@@ -38,6 +38,7 @@ from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore
 from ...server.summed import SharedSums
 from ...monitor.due import Due
+from ..tally import local_totals
 from .jobs import share
 from .sizing import JobTiming
 from .tasks import run_segment
@@ -54,8 +55,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     examples = 0
     local = [0, 0]  # the workers' local steps: applied, dropped
     staleness = Counter()
-    # the outer rule's update: its version (the rounds applied) and dropped count
-    core = ServerCore(w, rule, staleness=staleness)
+    core = ServerCore(w, rule, staleness=staleness)  # the outer rule's update (its counts)
     live = {}  # each worker's losses and examples, for the live series
     stopped = None
     recorder.start(w)
@@ -109,25 +109,21 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
         r += 1
         model = w if average is None else average.params
         stopped = due.look(time.perf_counter() - t0, examples,
-                           lambda: (model, core.version, core.dropped, _local(strategy, local)),
+                           lambda: (model, core.version, core.dropped,
+                                    local_totals(strategy, *local)),
                            lambda: (examples, core.version, core.dropped),
                            lambda: (live, staleness))
         if stopped:
             break
     return {"params": w if average is None else average.params,
             "wall": time.perf_counter() - t0, "examples": examples,
-            "updates": core.version, "dropped": core.dropped, "local": _local(strategy, local),
+            "updates": core.version, "dropped": core.dropped,
+            "local": local_totals(strategy, *local),
             "staleness": staleness, "failed": {},
             "stopped": stopped, "timing": timing, "interrupted": due.interrupted,
             "extra": {**summarize([senders[k].stats() for k in range(ctx.workers)], compression,
                                   core.version),
                       **({"averaged_epochs": ctx.average_epochs} if average else {})}}
-
-
-def _local(strategy, local) -> tuple[int, int] | None:
-    """The workers' local steps (applied, dropped), where the strategy
-    takes any (an inner rule); else None."""
-    return tuple(local) if strategy.local_rule is not None else None
 
 
 def _start_round(shared, inner, local_rules: dict, w) -> None:

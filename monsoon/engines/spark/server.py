@@ -59,7 +59,7 @@ from ...strategies.batches import batches_in
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import next_checkpoint, staleness_arrays, staleness_counts
 from ...record.progress import counts
-from ..tally import carry_traffic, traffic_totals
+from ..tally import carry_traffic, local_totals, traffic_totals
 from ...record.live import add_figures
 from ...monitor.due import Due
 from .sizing import JobTiming
@@ -453,7 +453,8 @@ class DriverServer:
         self._fail_if_lost()
         return {"params": self.model, "wall": wall, "examples": self.examples,
                 "updates": self.core.version, "dropped": self.core.dropped,
-                "local": self._local(), "staleness": self.core.staleness,
+                "local": local_totals(self.strategy, *self.local, self.deltas),
+                "staleness": self.core.staleness,
                 "failed": dict(self.failed), "stopped": stopped, "interrupted": due.interrupted,
                 "worker_params": dict(self.own) if self.elastic else {},
                 "timing": self.timing,
@@ -465,13 +466,8 @@ class DriverServer:
     # -- read together under the lock, for the curve and the live series -----
     def _snapshot(self):
         with self.lock:
-            return self.model.copy(), self.core.version, self.core.dropped, self._local()
-
-    def _local(self) -> tuple[int, int] | None:
-        """The workers' local steps (applied, dropped), where they take any."""
-        if self.strategy.local_rule is None and not self.deltas:
-            return None
-        return self.local[0], self.local[1]
+            return (self.model.copy(), self.core.version, self.core.dropped,
+                    local_totals(self.strategy, *self.local, self.deltas))
 
     @property
     def model(self):
