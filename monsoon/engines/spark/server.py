@@ -55,7 +55,7 @@ from ...strategies.ops import Clock, Elastic
 from ...server.clocks import PACE_PATIENCE_S, ClockTable, Pace, clock_extra
 from ...compressors.messages import Sender, receive, summarize
 from ...server.averaging import TailAverage
-from ...strategies.batches import batches_in
+from ...strategies.batches import budget_steps
 from ...server.core import LocalUpdate, ServerCore, new_readers
 from ...record.checkpoints import next_checkpoint, staleness_arrays, staleness_counts
 from ...record.progress import counts
@@ -105,13 +105,6 @@ def pushes_deltas(rule, strategy) -> bool:
     return not reader._fields and not rule.staleness_lr
 
 
-def _total_steps(job) -> int:
-    """The steps of a worker's program (its share of the run)."""
-    if job.budget.steps is not None:
-        return job.budget.steps
-    return batches_in(job.budget.epochs * job.n_examples, job.n_examples, job.batch_size)
-
-
 class DriverServer:
     def __init__(self, ctx, rule, strategy, w0, ckpts):
         self.ctx = ctx
@@ -146,8 +139,11 @@ class DriverServer:
         self.bounds = [0] * ctx.workers  # each worker's bound, from its last Clock op
         self.clock_staleness = Counter()
         self.wait_s = [0.0] * ctx.workers
+        # each worker's steps: its share of the run
+        jobs = [ctx.job(k) for k in range(ctx.workers)]
         self.pace = None if self.clocks is not None else Pace(
-            [_total_steps(ctx.job(k)) for k in range(ctx.workers)], strategy.period_steps() or 1)
+            [budget_steps(j.n_examples, j.batch_size, j.budget) for j in jobs],
+            strategy.period_steps() or 1)
         # the model the run returns: the last iterate, or a tail average (a push's
         # wander around the minimum cancelled); EASGD's centre is already an average
         self.average = (TailAverage(self.w, ctx.average_epochs * ctx.n_examples)
