@@ -110,8 +110,9 @@ class _Segment(Worker):
         # local, local_dropped: its local steps (the inner rule on its copy)
         self.out = {"op": None, "steps": 0, "examples": 0, "local": 0, "local_dropped": 0,
                     "local_rule": self.local_rule, "ended": False, "loss": 0.0, "sender": sender}
-        self.handlers.update({Fetch: self.fetch, Push: self.exchange, Average: self.exchange,
-                              Elastic: self.exchange})
+        # an exchange ends the segment: what it sends goes in ``out`` (``WAIT``)
+        self.handlers.update({Fetch: self.fetch, Push: self.push, Average: self.average,
+                              Elastic: self.elastic})
 
     def gradient(self, op):
         loss, grad = self.problem.gradient(self.work, self.block.rows_of(op.indices))
@@ -134,29 +135,39 @@ class _Segment(Worker):
     def count_local(self, applied: bool) -> None:
         self.out["local" if applied else "local_dropped"] += 1
 
-    def exchange(self, op):
-        """The exchange ``op`` (Push, Average or Elastic) that ends a segment:
-        puts in ``out`` what it sends to the driver, packed by the sender.
-        Compressed EASGD takes its sent difference off ``work`` here."""
-        out, work, anchor, sender = self.out, self.work, self.anchor, self.sender
-        send = sender.pack if sender is not None else (lambda v: v)
-        kind = type(op)
-        if kind is Push:
-            out["op"], out["ticket"] = "push", op.ticket
-            sent = anchor - work if self.deltas else op.grad
-            packed = send(sent)  # counted as sent even where not finite (``compressing``)
-            out["grad"] = np.array(packed, copy=True) if finite(sent) else None
-        elif kind is Average:
-            out["op"], out["drift"] = "average", send(anchor - work)
-            out["examples_behind"] = op.examples
-        else:
-            out["op"], out["alpha"] = "elastic", op.alpha
-            if sender is not None and sender.compression.active:
-                # read x~ at launch, send D = C(alpha (x_k - x~) + e), x_k -= D
-                out["difference"], sent = sender.exchange(op.alpha * (work - anchor))
-                work -= sent
-            elif sender is not None:
-                sender.dense(work.nbytes)  # x_k itself: the driver forms the difference
+    def pack(self, v):
+        """``v`` as the segment sends it: packed by the worker's sender
+        (``Sender.pack``, which counts it), or as it is where none."""
+        return v if self.sender is None else self.sender.pack(v)
+
+    def push(self, op):
+        """A Push ends the segment: it sends the accrued gradient, or with
+        ``deltas`` the delta of the worker's own steps; None where not finite."""
+        sent = self.anchor - self.work if self.deltas else op.grad
+        packed = self.pack(sent)  # counted as sent even where not finite (``compressing``)
+        self.out.update(op="push", ticket=op.ticket,
+                        grad=np.array(packed, copy=True) if finite(sent) else None)
+        return WAIT
+
+    def average(self, op):
+        """An Average ends the segment: it sends the drift server - copy and
+        the examples behind it."""
+        self.out.update(op="average", drift=self.pack(self.anchor - self.work),
+                        examples_behind=op.examples)
+        return WAIT
+
+    def elastic(self, op):
+        """EASGD's exchange ends the segment. Compressed, the worker sends
+        its difference and takes it off ``work`` here; else the driver forms
+        the difference from ``work``, which goes back whole."""
+        out, work, sender = self.out, self.work, self.sender
+        out.update(op="elastic", alpha=op.alpha)
+        if sender is not None and sender.compression.active:
+            # read x~ at launch, send D = C(alpha (x_k - x~) + e), x_k -= D
+            out["difference"], sent = sender.exchange(op.alpha * (work - self.anchor))
+            work -= sent
+        elif sender is not None:
+            sender.dense(work.nbytes)  # x_k itself: the driver forms the difference
         return WAIT
 
 
