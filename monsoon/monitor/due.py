@@ -32,7 +32,7 @@ import time
 
 from ..errors import WaitTimeout
 from ..record.checkpoints import next_checkpoint
-from .lifecycle import signal_name, stop_requested
+from .lifecycle import stop_reason, stop_requested
 
 
 def local_counts(local) -> tuple[int, int] | None:
@@ -141,4 +141,4 @@ class Due:
     @property
     def stop_reason(self) -> str:
         """Why the run stopped, for the result: the signal's name."""
-        return f"interrupted by {signal_name(self.interrupted)}"
+        return stop_reason(self.interrupted)

@@ -197,6 +197,11 @@ def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
+def stop_reason(signum: int) -> str:
+    """Why a run stopped on the stop signal ``signum``, for its result."""
+    return f"interrupted by {signal_name(signum)}"
+
+
 class StopSignals:
     """SIGTERM/SIGINT handlers for the duration of a run (a no-op outside the
     main thread, where Python cannot install handlers, and for engines that

@@ -51,7 +51,7 @@ from ...server.worker import WAIT, Worker
 from ...record.live import add_figures
 from ...record import progress
 from ...monitor.due import Due
-from ...monitor.lifecycle import signal_name
+from ...monitor.lifecycle import stop_reason
 from ..tally import local_totals
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum, step_union
@@ -256,7 +256,7 @@ class DriverPrograms:
                 waiting = {k: op for k, op in self.ops.items() if type(op) is Gradient}
                 signum = self._interrupted(due)
                 if signum and len(waiting) == len(self.ops):  # every gradient counted is applied
-                    interrupted, stopped = signum, f"interrupted by {signal_name(signum)}"
+                    interrupted, stopped = signum, stop_reason(signum)
                     break
                 if waiting:
                     replies = self._gradients(waiting)
