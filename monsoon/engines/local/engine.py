@@ -52,7 +52,7 @@ from ...strategies import WorkerJob
 from ...strategies.ops import Average
 from ...server.summed import initial_sums
 from ...record import checkpoints
-from ...monitor.lifecycle import signal_name, stop_requested
+from ...monitor.lifecycle import stop_reason, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ...monitor.processes import (limit_threads, single_blas_thread, single_torch_thread,
                                   start_context, torch_threads_per_worker)
@@ -492,7 +492,7 @@ class LocalEngine(Engine):
                             watch)
         except Stopped:
             interrupted = stop_requested()
-            stopped = f"interrupted by {signal_name(interrupted)}"
+            stopped = stop_reason(interrupted)
         except Aborted:
             stopped = recorder.stop_reason
         wall = time.perf_counter() - watch.t0

@@ -23,7 +23,7 @@ from ...monitor.lifecycle import StopSignals
 from ...monitor.pool import fail_if_lost
 from ...record import progress
 from ...record.progress import EXAMPLES
-from ..tally import RunTally
+from ..tally import RunTally, local_totals
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)
@@ -235,7 +235,7 @@ class WorkerMonitor:
     def local_totals(self) -> tuple[int, int] | None:
         """The workers' local steps so far, (applied, dropped), where the
         strategy takes any (an inner rule on private copies); else None."""
-        return self.store.local_totals() if self.strategy.local_rule is not None else None
+        return local_totals(self.strategy, *self.store.local_totals())
 
     def read_ring(self, final_updates: int | None = None):
         """Record the snapshots worker 0 wrote since the last read (those

@@ -60,7 +60,7 @@ from ...monitor.due import Due
 from ...monitor.lifecycle import reclaim_signals
 from ...monitor.pool import fail_if_lost
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
-from ..tally import RunTally, run_folder_extra, summed_staleness
+from ..tally import RunTally, local_totals, run_folder_extra, summed_staleness
 from .checkpointing import ShardCheckpoints
 from .clock import ClockServer
 from .hosts import POOL, error_line, kill
@@ -409,10 +409,8 @@ class RayEngine(Engine):
 def _local_totals(strategy, figures: dict) -> tuple | None:
     """The workers' local steps (applied, dropped) from their latest
     figures, where the strategy takes any; else None."""
-    if strategy.local_rule is None:
-        return None
-    return (sum(f.get("local", 0) for f in figures.values()),
-            sum(f.get("local_dropped", 0) for f in figures.values()))
+    return local_totals(strategy, sum(f.get("local", 0) for f in figures.values()),
+                        sum(f.get("local_dropped", 0) for f in figures.values()))
 
 
 def _totals(examples: int, figures: dict) -> tuple:

@@ -59,9 +59,9 @@ from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
 from ...record.progress import counters_shapes, counts
-from ...monitor.lifecycle import signal_name, stop_requested
+from ...monitor.lifecycle import stop_reason, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
-from ..tally import run_folder_extra
+from ..tally import local_totals, run_folder_extra
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
 from ...compressors.messages import Sender, compressing, summarize
@@ -304,10 +304,11 @@ class SimEngine(Engine):
             if events & 255 == 0 and stop_requested():
                 self.interrupted = stop_requested()
                 self._save(events, "interrupted")
-                return f"interrupted by {signal_name(self.interrupted)}"
+                return stop_reason(self.interrupted)
             if recorder.due(t, total["examples"]):
                 reason = recorder.record(t, total["updates"], total["examples"], self.params,
-                                         total["dropped"], self._local_totals())
+                                         total["dropped"],
+                                         local_totals(self.strategy, *self.local))
                 if reason is not None:
                     return reason
                 self._live(recorder, t)  # virtual seconds may hold the whole run
@@ -318,10 +319,6 @@ class SimEngine(Engine):
                 f"replaying the simulation ended before checkpoint {self.resumed.path} "
                 "(another run's?); start a new run without --resume")
         return None
-
-    def _local_totals(self):
-        """The workers' local steps (applied, dropped), where they take any."""
-        return tuple(self.local) if self.strategy.local_rule is not None else None
 
     def _live(self, recorder, t: float) -> None:
         figures = {w.rank: {"loss_sum": w.loss_sum, "loss_n": w.loss_n, "examples": w.examples,

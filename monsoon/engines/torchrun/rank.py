@@ -56,7 +56,7 @@ from ...record import checkpoints
 from ...record.progress import counts
 from ..base import EngineResult
 from ...monitor.due import Due
-from ...monitor.lifecycle import signal_name, stop_requested
+from ...monitor.lifecycle import stop_reason, stop_requested
 from ..tally import RunTally
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
@@ -451,7 +451,7 @@ class RankWorker(Worker):
                          None))
             signum = None if reason is not None or self.want_stop else self.stop()
             if signum:  # SIGTERM/SIGINT: every rank stops after the next collective
-                self.interrupted, reason = signum, f"interrupted by {signal_name(signum)}"
+                self.interrupted, reason = signum, stop_reason(signum)
             if reason is not None and not self.want_stop:
                 self.want_stop, self.stopped = True, reason
         if stop:
