@@ -15,7 +15,7 @@ a simulated event, a Spark job), its locks and its clock.
 - ``push(worker, grad, read_version)``: the rule applied to ``grad`` with
   staleness tau = version now - ``read_version`` (ALGORITHMS.md, Downpour),
   the worker's reader and the step's loss; the version moves on by one.
-  ``push_delta``: a worker's own rule steps, taken off as they are (Spark).
+  ``push_delta``: a worker's own rule steps, as they are (``pushes_deltas``).
 - ``apply_sum(acc, step)``: a synchronous step's summed gradient applied.
 - ``admits(grad)``: a non-finite gradient is dropped, never applied.
 - ``elastic(x, alpha)`` and ``add(d)``: EASGD's exchange with the centre
@@ -42,9 +42,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from .. import arrays
 from ..rules import UpdateInfo, slice_state
 from ..rules.local import LocalRule
+from ..strategies.ops import Push
 from .reduce import finite
 
 
@@ -54,6 +57,39 @@ def new_readers(rule, workers: int, size: int, dtype) -> list | None:
     if not rule.init_reader(1, dtype)._fields:
         return None
     return [rule.init_reader(size, dtype) for _ in range(workers)]
+
+
+def pushes_deltas(rule, strategy) -> bool:
+    """Whether a pushing program's pushes are deltas (``push_delta``; Spark's
+    async server, DeepDist, Neumann 2014: each partition's task trains a copy
+    of the model on its rows, and the driver's descent adds the difference
+    the task returns):
+
+        task k:  x = w (read at launch);  for each of its n batches:
+                     g = gradient(x, batch);  x <- rule_k(x, g)
+                 push delta = w - x
+        driver:  w <- w - delta
+
+    rule_k is the run's rule (``--rule``, ``--lr``) with worker k's own
+    state (momentum), kept on the driver between jobs and shipped with each
+    (``LocalUpdate``), as local SGD's inner rule is: every gradient takes
+    one rule step, as on the local engine. The rule's sums over gradients
+    (``Rule.summed_state``: AdaGrad's sums of squares) are the server's, one
+    for all workers: a task starts from them as they are at its launch, and
+    the driver adds what its applied steps added. (With a sum per worker,
+    each scales its gradients by its own statistics, and the run settles
+    where sum_k D_k grad f_k = 0, above the loss's minimum.) Pushing the
+    accrued sum of n gradients for one server step instead would make n
+    gradients one step: AdaGrad's first step on a coordinate is lr in size
+    whatever the gradient. With plain SGD the two are the same update.
+
+    Deltas when the push period is more than one step and the rule needs
+    nothing of the server at a push (no read record: dcasgd, adarevision;
+    no ``--staleness-lr``); else gradients, with the server's rule."""
+    if Push not in strategy.uses or (strategy.period_steps() or 1) <= 1:
+        return False
+    reader = rule.init_reader(1, np.float64)
+    return not reader._fields and not rule.staleness_lr
 
 
 class ServerCore:

@@ -56,7 +56,7 @@ from ...server.clocks import PACE_PATIENCE_S, ClockTable, Pace, clock_extra
 from ...compressors.messages import Sender, receive, summarize
 from ...server.averaging import TailAverage
 from ...strategies.batches import budget_steps
-from ...server.core import LocalUpdate, ServerCore, new_readers
+from ...server.core import LocalUpdate, ServerCore, new_readers, pushes_deltas
 from ...record.checkpoints import next_checkpoint, staleness_arrays, staleness_counts
 from ...record.progress import counts
 from ..tally import carry_traffic, local_totals, traffic_totals
@@ -69,40 +69,6 @@ from .stream import POLL_S, JobLink, Stopped, TaskLink
 
 class _Refused(Exception):
     """A worker's task cannot answer a loss request (it has left)."""
-
-
-def pushes_deltas(rule, strategy) -> bool:
-    """Whether a pushing program's pushes are deltas (DeepDist, Neumann 2014:
-    each partition's task trains a copy of the model on its rows, and the
-    driver's descent adds the difference the task returns):
-
-        task k:  x = w (read at launch);  for each of its n batches:
-                     g = gradient(x, batch);  x <- rule_k(x, g)
-                 push delta = w - x
-        driver:  w <- w - delta
-
-    rule_k is the run's rule (``--rule``, ``--lr``) with worker k's own
-    state (momentum), kept on the driver between jobs and shipped with each
-    (``LocalUpdate``), as local SGD's inner rule is: every gradient takes
-    one rule step, as on the local engine. The rule's sums over gradients
-    (``Rule.summed_state``: AdaGrad's sums of squares) are the server's, one
-    for all workers: a task starts from them as they are at its launch, and
-    the driver adds what its applied steps added. (With a sum per worker,
-    each scales its gradients by its own statistics, and the run settles
-    where sum_k D_k grad f_k = 0, above the loss's minimum.) Pushing the
-    accrued sum of n gradients for one server step instead would make n
-    gradients one step: AdaGrad's first step on a coordinate is lr in size
-    whatever the gradient. With plain SGD the two are the same update.
-
-    Deltas when the push period is more than one step and the rule needs
-    nothing of the server at a push (no read record: dcasgd, adarevision;
-    no ``--staleness-lr``); else gradients, with the server's rule."""
-    from ...strategies.ops import Push
-
-    if Push not in strategy.uses or (strategy.period_steps() or 1) <= 1:
-        return False
-    reader = rule.init_reader(1, np.float64)
-    return not reader._fields and not rule.staleness_lr
 
 
 class DriverServer:
