@@ -19,8 +19,10 @@ checkpoint without them (an older one, or a periodic one, written while the
 counts were still in the workers) counts from zero, as a fresh run does.
 
 What only the engine knows (the server's updates, counts in shared
-memory) it gives to ``result``. Spark's driver and the simulator apply every
-update themselves and count as they go: they use ``failed_list`` and
+memory) it gives to ``result``. Spark's async server and local SGD rounds
+add each applied segment's result as its worker's report (its examples and
+local steps). Spark's driver programs and the simulator apply every update
+themselves and count as they go: they use ``failed_list`` and
 ``run_folder_extra`` alone; Spark's async server keeps each worker's sender,
 whose counts its checkpoints carry (``traffic_totals``, ``carry_traffic``),
 and the simulator replays its run to the checkpoint, counting all again.
@@ -188,7 +190,8 @@ class RunTally:
                             dropped_local_updates=None if local is None else int(local[1]),
                             **fields)
 
-    def local_totals(self, strategy) -> tuple[int, int] | None:
+    def local_totals(self, strategy, own_steps: bool = False) -> tuple[int, int] | None:
         """The reports' local steps, (applied, dropped), where ``strategy``
-        takes any (its workers have an inner rule); else None."""
-        return local_totals(strategy, self.local, self.local_dropped)
+        takes any (its workers have an inner rule, or ``own_steps``: see
+        ``local_totals``); else None."""
+        return local_totals(strategy, self.local, self.local_dropped, own_steps)

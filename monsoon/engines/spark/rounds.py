@@ -38,7 +38,7 @@ from ...server.reduce import weighted_sum
 from ...server.core import LocalUpdate, ServerCore
 from ...server.summed import SharedSums
 from ...monitor.due import Due
-from ..tally import local_totals
+from ..tally import RunTally
 from .jobs import share
 from .sizing import JobTiming
 from .tasks import run_segment
@@ -52,8 +52,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     compression = ctx.compression
     senders = {k: Sender(compression, k) for k in range(ctx.workers)}
     ended = set()
-    examples = 0
-    local = [0, 0]  # the workers' local steps: applied, dropped
+    tally = RunTally(ctx.workers, ctx.compression)  # the segments' examples and local steps
     staleness = Counter()
     core = ServerCore(w, rule, staleness=staleness)  # the outer rule's update (its counts)
     live = {}  # each worker's losses and examples, for the live series
@@ -93,8 +92,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             local_rules[k] = res["local_rule"]
             senders[k] = res["sender"]
             positions[k] += res["steps"]
-            examples += res["examples"]
-            local[:] = local[0] + res["local"], local[1] + res["local_dropped"]
+            tally.add(k, res)
             add_figures(live, k, res["loss"], res["steps"], res["examples"])
             if res["ended"]:
                 ended.add(k)
@@ -108,17 +106,17 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                 average.update(w, sum(res["examples"] for _, res in results))
         r += 1
         model = w if average is None else average.params
-        stopped = due.look(time.perf_counter() - t0, examples,
+        stopped = due.look(time.perf_counter() - t0, tally.examples,
                            lambda: (model, core.version, core.dropped,
-                                    local_totals(strategy, *local)),
-                           lambda: (examples, core.version, core.dropped),
+                                    tally.local_totals(strategy)),
+                           lambda: (tally.examples, core.version, core.dropped),
                            lambda: (live, staleness))
         if stopped:
             break
     return {"params": w if average is None else average.params,
-            "wall": time.perf_counter() - t0, "examples": examples,
+            "wall": time.perf_counter() - t0, "examples": tally.examples,
             "updates": core.version, "dropped": core.dropped,
-            "local": local_totals(strategy, *local),
+            "local": tally.local_totals(strategy),
             "staleness": staleness, "failed": {},
             "stopped": stopped, "timing": timing, "interrupted": due.interrupted,
             "extra": {**summarize([senders[k].stats() for k in range(ctx.workers)], compression,

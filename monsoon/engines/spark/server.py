@@ -59,7 +59,7 @@ from ...strategies.batches import budget_steps
 from ...server.core import LocalUpdate, ServerCore, new_readers, pushes_deltas
 from ...record.checkpoints import next_checkpoint, staleness_arrays, staleness_counts
 from ...record.progress import counts
-from ..tally import carry_traffic, local_totals, traffic_totals
+from ..tally import RunTally, carry_traffic, traffic_totals
 from ...record.live import add_figures
 from ...monitor.due import Due
 from .sizing import JobTiming
@@ -82,10 +82,9 @@ class DriverServer:
                                                                  self.w.dtype))
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)  # SSP's waits, on the same lock
-        self.examples = 0
-        # the workers' local steps (applied, dropped): EASGD's inner rule, or
-        # the rule steps of pushed deltas (``pushes_deltas``)
-        self.local = [0, 0]
+        # the applied segments' examples and local steps (``RunTally.add``): the workers'
+        # local steps are EASGD's inner rule's, or the rule steps of pushed deltas
+        self.tally = RunTally(ctx.workers, ctx.compression)
         self.live = {}  # each worker's losses, examples, updates: for the live series
         self.failed: dict[int, str] = {}
         self.finished: set[int] = set()
@@ -128,8 +127,8 @@ class DriverServer:
             if self.pace is not None:
                 self.pace.done = list(self.positions)
             self.core.version = start.saved.meta["server_version"]  # = "applied": every update
-            self.core.dropped, self.examples = start.dropped, start.examples
-            self.local = list(start.local)
+            self.core.dropped, self.tally.examples = start.dropped, start.examples
+            self.tally.local, self.tally.local_dropped = start.local
             self.before = start.time_s
             self.core.staleness.update(staleness_counts(start.saved))
             carry_traffic(self.senders, start.totals)  # the whole run's bytes
@@ -285,9 +284,7 @@ class DriverServer:
                 self.cond.notify_all()
             self.local_rules[k] = res["local_rule"]
             self.senders[k] = res["sender"]
-            self.examples += res["examples"]
-            self.local[0] += res["local"]
-            self.local[1] += res["local_dropped"]
+            self.tally.add(k, res)
             add_figures(self.live, k, res["loss"], res["steps"], res["examples"],
                         updates=int(res["op"] in ("push", "elastic")))
             if res["op"] == "push":
@@ -335,7 +332,8 @@ class DriverServer:
             return
         self.next_ckpt = next_checkpoint(done, self.ckpts.every)
         params, state = self.core.copy()
-        meta = counts(reason, self.examples, self.core.dropped, local=self.local,
+        meta = counts(reason, self.tally.examples, self.core.dropped,
+                      local=(self.tally.local, self.tally.local_dropped),
                       totals=traffic_totals(self.senders),  # the applied segments' bytes
                       applied=self.core.version, server_version=self.core.version)
         arrays = {"positions": np.array(self.positions, dtype=np.int64),
@@ -387,11 +385,11 @@ class DriverServer:
                 time.sleep(poll_s)
                 self._fail_if_lost()
                 self._cancel_stuck()
-                due.progress(self.examples, f"no Spark worker returned for {2 * ctx.timeout:g} "
-                             "s; executors are stuck or lost (raise --timeout if a push "
-                             "period is genuinely that slow)")
-                stopped = due.look(time.perf_counter() - t0, self.examples, self._snapshot,
-                                   self._totals, self._figures)
+                due.progress(self.tally.examples, f"no Spark worker returned for "
+                             f"{2 * ctx.timeout:g} s; executors are stuck or lost (raise "
+                             "--timeout if a push period is genuinely that slow)")
+                stopped = due.look(time.perf_counter() - t0, self.tally.examples,
+                                   self._snapshot, self._totals, self._figures)
                 if not stopped and due.signal():  # SIGTERM/SIGINT: no result applied after
                     stopped = due.stop_reason
                 if stopped:
@@ -413,9 +411,9 @@ class DriverServer:
                 self._capture("interrupted")
         self._write_captured()  # due after the monitor's last look
         self._fail_if_lost()
-        return {"params": self.model, "wall": wall, "examples": self.examples,
+        return {"params": self.model, "wall": wall, "examples": self.tally.examples,
                 "updates": self.core.version, "dropped": self.core.dropped,
-                "local": local_totals(self.strategy, *self.local, self.deltas),
+                "local": self.tally.local_totals(self.strategy, self.deltas),
                 "staleness": self.core.staleness,
                 "failed": dict(self.failed), "stopped": stopped, "interrupted": due.interrupted,
                 "worker_params": dict(self.own) if self.elastic else {},
@@ -429,7 +427,7 @@ class DriverServer:
     def _snapshot(self):
         with self.lock:
             return (self.model.copy(), self.core.version, self.core.dropped,
-                    local_totals(self.strategy, *self.local, self.deltas))
+                    self.tally.local_totals(self.strategy, self.deltas))
 
     @property
     def model(self):
@@ -439,7 +437,7 @@ class DriverServer:
 
     def _totals(self):
         with self.lock:
-            return self.examples, self.core.version, self.core.dropped
+            return self.tally.examples, self.core.version, self.core.dropped
 
     def _figures(self):
         with self.lock:
