@@ -240,6 +240,18 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     aside = None
     if out is not None and getattr(engine, "writes_run_folder", True):
         aside = _start_folder(Path(out), resolved, w0)
+    try:
+        result = _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder)
+    except BaseException as exc:
+        _end_aside(aside, refused=isinstance(exc, ConfigError))
+        raise
+    _end_aside(aside, refused=False)
+    return result
+
+
+def _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Result:
+    """``_run`` with the live series (TensorBoard, MLflow) written as it goes."""
+    run, engine = resolved.run, resolved.engine
     live = make_live(run, out, {**resolved.config(), **engine.describe()},
                      f"{run['problem']}-{run['strategy']}-x{run['workers']}",
                      bar=recorder.bar_enabled())
@@ -253,9 +265,7 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
             status = "KILLED" if isinstance(exc, (Interrupted, KeyboardInterrupt)) else "FAILED"
             live.finish(None if getattr(exc, "result", None) is None else recorder.rows,
                         folder, status)
-        _end_aside(aside, refused=isinstance(exc, ConfigError))
         raise
-    _end_aside(aside, refused=False)
     if live is not None:
         live.finish(result.history, result.run_dir, "FINISHED")
     return result
@@ -264,9 +274,15 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
 def _end_aside(aside, refused: bool) -> None:
     """A refused run gives the previous run's files back (its live writer
     is closed by then, so its own TensorBoard file goes); any other end
-    leaves the folder to this run's files."""
-    if aside is not None:
+    leaves the folder to this run's files. A file system error here is a
+    warning: the run's own error, or its result, is what the user gets."""
+    if aside is None:
+        return
+    try:
         aside.restore() if refused else aside.discard()
+    except OSError as exc:
+        print(f"monsoon: warning: the previous run's files set aside in {aside.out} "
+              f"could not be {'given back' if refused else 'removed'}: {exc}", file=sys.stderr)
 
 
 def _check_resumed_budget(found, budget, problem, total: int) -> None:
@@ -290,18 +306,28 @@ def _check_resumed_budget(found, budget, problem, total: int) -> None:
 def _start_folder(out: Path, resolved, w0) -> SetAside:
     """The run folder holds this run alone: a previous run's results
     (``clear_results``) and checkpoints of another run
-    (``checkpoints.remove_others``) are removed before any work starts, so
+    (``checkpoints.remove_others``) are set aside before any work starts, so
     that a run that fails never leaves its summary beside another run's
     model, nor advice naming another run's checkpoint; a new run that does
     not resume from this folder removes an earlier run's even where its
     settings are the same (an engine whose restarted attempt resumes the
     folder, ``Engine.resumes_own_folder``, keeps those). A damaged checkpoint
     is never removed: resuming from this folder, ``load_latest`` names it
-    and the one used instead; otherwise it is moved aside, in one line.
-    What is removed is set aside (returned) until the run ends: a run
-    refused once started gives it back (``_end_aside``)."""
-    engine = resolved.engine
+    and the one used instead; otherwise it is moved to ``.damaged``, in one
+    line. What goes is set aside (``SetAside``, returned) until the run
+    ends: a run refused once started gives it back (``_end_aside``)."""
     aside = SetAside(out)
+    try:
+        _set_aside(out, resolved, w0, aside)
+    except BaseException:
+        aside.restore()
+        raise
+    aside.begins()
+    return aside
+
+
+def _set_aside(out: Path, resolved, w0, aside: SetAside) -> None:
+    engine = resolved.engine
     clear_results(out, resuming=bool(getattr(engine, "resume_dir", None)), aside=aside)
     folder = getattr(engine, "checkpoint_dir", None)
     if folder:
@@ -312,7 +338,6 @@ def _start_folder(out: Path, resolved, w0) -> SetAside:
             run["batch_size"], run["seed"], engine.name, engine.settings),
             _checkpoints.shapes(w0, resolved.rule), resuming=resuming,
             keep_mine=resuming or engine.resumes_own_folder, remove=aside.keep)
-    return aside
 
 
 def _constant_loss(problem) -> float | None:

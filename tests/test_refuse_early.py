@@ -243,9 +243,80 @@ def test_the_previous_files_a_killed_run_set_aside_go_with_the_next_run(tmp_path
     """A run killed (SIGKILL) before its end leaves the previous run's files
     set aside; the next run in the folder removes them, as it would have."""
     out = tmp_path / "run"
-    stale = out / ".previous-abc"
-    stale.mkdir(parents=True)
-    (stale / "0").write_text("previous summary")
+    (out / "checkpoints").mkdir(parents=True)
+    (out / ".aside-summary.json").write_text("previous summary")
+    (out / "checkpoints" / ".aside-ckpt-000000000010.npz").write_text("another run's")
     assert cli("train", "--epochs", "1", "--out", str(out)).returncode == 0
-    assert not list(out.glob(".previous-*"))
+    assert not list(out.rglob(".aside-*"))
     assert (out / "summary.json").exists()
+
+
+def test_a_refusal_of_the_live_series_gives_the_previous_folder_back(tmp_path, monkeypatch):
+    """MLflow that cannot be reached (or is not installed) is refused after
+    the folder was set up: the previous run's files are back, and no hidden
+    file is left. (The sink's refusal is made at once here: a real
+    unreachable server is refused after MLflow's own retries.)"""
+    import monsoon
+    from monsoon.errors import ConfigError
+    from monsoon.record import live
+
+    def unreachable(uri, *args, **kwargs):
+        raise ConfigError(f"--mlflow {uri}: cannot be reached")
+
+    monkeypatch.setattr(live, "MlflowSink", unreachable)
+    out = tmp_path / "run"
+    before = previous_run(out)
+    with pytest.raises(ConfigError, match="cannot be reached"):
+        monsoon.train("exp", "serial", out=out, epochs=1, mlflow="http://127.0.0.1:9",
+                      live_every=1)
+    assert snapshot(out) == before
+
+
+def test_checkpoints_on_another_disk_are_set_aside_where_they_are(tmp_path):
+    """A checkpoints folder linked to another file system (here /dev/shm):
+    another run's checkpoints are set aside in their own folder (a rename
+    across file systems would fail) and go once the new run stands."""
+    import os
+    import shutil
+    import tempfile
+
+    from monsoon.record import checkpoints
+
+    other = tempfile.mkdtemp(prefix="monsoon-test-", dir="/dev/shm")
+    try:
+        out = tmp_path / "run"
+        out.mkdir()
+        os.symlink(other, out / "checkpoints")
+        for seed in ("1", "2"):
+            proc = cli("train", "--epochs", "1", "--seed", seed, "--checkpoint-every", "5",
+                       "--out", str(out))
+            assert proc.returncode == 0, proc.stderr
+        names = sorted(os.listdir(other))
+        assert names and all(n.startswith("ckpt-") for n in names), names
+        assert {checkpoints.read(out / "checkpoints" / n).meta["seed"] for n in names} == {2}
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+
+
+def test_a_refused_run_takes_its_own_files_with_it(tmp_path):
+    """``SetAside.restore``: what the refused run wrote (a checkpoint, an
+    event file, a result) goes, and what was set aside comes back."""
+    from monsoon.record.run_folder import SetAside
+
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "tb").mkdir()
+    (out / "summary.json").write_text("previous")
+    (out / "checkpoints" / "ckpt-000000000010.npz").write_text("another run's")
+    (out / "checkpoints" / "ckpt-000000000020.npz.damaged").write_text("damaged")
+    aside = SetAside(out)
+    aside.keep(out / "summary.json")
+    aside.keep(out / "checkpoints" / "ckpt-000000000010.npz")
+    aside.begins()
+    (out / "checkpoints" / "ckpt-000000000010.npz").write_text("the refused run's")
+    (out / "tb" / "events.out.tfevents.2.refused").write_text("refused")
+    (out / "metrics.csv").write_text("refused")
+    aside.restore()
+    assert snapshot(out) == {"checkpoints/ckpt-000000000010.npz": "another run's",
+                             "checkpoints/ckpt-000000000020.npz.damaged": "damaged",
+                             "summary.json": "previous"}

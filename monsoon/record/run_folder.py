@@ -12,8 +12,9 @@ run's results first (``clear_results``), so that a failed run's summary
 never sits beside another run's model; a resumed run keeps its TensorBoard
 files, which it carries on. The checkpoints are ``checkpoints.py``'s
 (``remove_others``). A run that starts sets those files aside
-(``SetAside``) rather than deleting them: a run refused once started (bad
-input found only then) gives them back, and the folder is as it was.
+(``SetAside``) rather than deleting them until it ends: a run refused once
+started (bad input found only then) gives them back, and the folder is as
+it was.
 """
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ import csv
 import io
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -89,53 +88,57 @@ RESULT_FILES = ("config.json", "metrics.csv", "summary.json", "loss.png", "stale
                 "model.pt", "params.npy")
 
 
+ASIDE = ".aside-"  # the prefix of a file set aside in its own folder
+
+
 class SetAside:
-    """A previous run's files moved out of the way of a starting run, into a
-    hidden folder under ``out`` (the same file system: each move is a
-    rename), until the run ends: ``restore`` puts them back where the run
-    was refused, and removes the TensorBoard files it began; ``discard``
-    deletes them once the run stands on its own (finished, failed or
-    interrupted: its folder is its own then)."""
+    """A previous run's files moved out of the way of a starting run until
+    it ends: each is renamed in its own folder to ``.aside-NAME`` (a rename
+    on the same file system, whatever disk a folder such as ``checkpoints``
+    is on; no reader takes such a name for a result, a checkpoint or an
+    event file). ``restore`` gives them back where the run was refused,
+    after removing the result, TensorBoard and checkpoint files the refused
+    run wrote; ``discard`` deletes them once the run stands on its own
+    (finished, failed or interrupted). They take their disk space until
+    then. Files set aside by a run that was killed go with the next run."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, folders=("tb", "checkpoints")):
         self.out = Path(out)
-        # a run killed before its end (SIGKILL) left its previous files aside
-        for stale in self.out.glob(".previous-*") if self.out.is_dir() else ():
-            shutil.rmtree(stale, ignore_errors=True)
-        self.folder: Path | None = None
+        self.folders = [self.out, *(self.out / f for f in folders)]
+        for stale in self._files(ASIDE + "*"):  # a killed run's
+            stale.unlink(missing_ok=True)
         self.moved: list[tuple[Path, Path]] = []  # (where it was, where it is)
-        self.tb_before = self._tb_files()
+        self.before: set | None = None  # the files when the run began (``begins``)
 
-    def _tb_files(self) -> set:
-        tb = self.out / "tb"
-        return set(tb.glob("events.out.tfevents.*")) if tb.is_dir() else set()
+    def _files(self, pattern: str) -> list[Path]:
+        return [p for folder in self.folders if folder.is_dir()
+                for p in folder.glob(pattern) if p.is_file()]
 
     def keep(self, path: Path) -> None:
-        """Move ``path`` aside (a file under ``out``), if it exists."""
+        """Set ``path`` (a file in one of the folders) aside, if it exists."""
         path = Path(path)
-        if not path.exists():
-            return
-        if self.folder is None:
-            self.out.mkdir(parents=True, exist_ok=True)
-            self.folder = Path(tempfile.mkdtemp(prefix=".previous-", dir=self.out))
-        there = self.folder / str(len(self.moved))
-        os.replace(path, there)
-        self.moved.append((path, there))
-        self.tb_before.discard(path)
+        if path.is_file():
+            there = path.with_name(ASIDE + path.name)
+            os.replace(path, there)
+            self.moved.append((path, there))
+
+    def begins(self) -> None:
+        """The folder is set up (what goes is aside, a damaged checkpoint
+        moved to ``.damaged``): what appears from now on is the run's."""
+        self.before = set(self._files("*"))
 
     def restore(self) -> None:
-        for path in self._tb_files() - self.tb_before:  # the refused run's own
-            path.unlink(missing_ok=True)
+        if self.before is not None:
+            for path in set(self._files("*")) - self.before:  # the refused run's own
+                path.unlink(missing_ok=True)
         for path, there in self.moved:
-            path.parent.mkdir(parents=True, exist_ok=True)
             os.replace(there, path)
         self.moved = []
-        self.discard()
 
     def discard(self) -> None:
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
+        for _, there in self.moved:
+            there.unlink(missing_ok=True)
+        self.moved = []
 
 
 def clear_results(out: Path, resuming: bool, aside: SetAside | None = None) -> None:
