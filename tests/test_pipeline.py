@@ -324,6 +324,16 @@ def test_a_failing_stage_fails_the_run_naming_it(how, says):
     assert "stage 1" in str(info.value)
 
 
+def test_a_lost_stage_says_a_pipeline_needs_every_stage():
+    """One stage of two lost: the run fails because a pipeline cannot go on
+    without any of its stages (not because 'every worker failed')."""
+    from monsoon.errors import WorkerError
+
+    with pytest.raises(WorkerError, match="failed, and a pipeline needs every stage"):
+        monsoon.train(boom_problem("raise"), "pipeline", 2, cuts="1", steps=5, batch_size=8,
+                      micro_batches=2, evals=0, timeout=20)
+
+
 def test_balance_by_measured_time_cuts_and_still_equals_serial():
     from monsoon.strategies.pipeline.stages import plan
 

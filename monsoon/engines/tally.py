@@ -112,7 +112,8 @@ def run_folder_extra(checkpoint=None, resumed_from=None) -> dict:
 class RunTally:
     """The reports of a run of ``workers`` workers. ``ssp``: the run has
     SSP's clock, so its result has the clock fields even where no worker
-    reported (else only where one did)."""
+    reported (else only where one did). Not thread-safe: where several
+    threads add (Spark's driver threads), they add under their lock."""
 
     def __init__(self, workers: int, compression, ssp: bool = False):
         self.workers, self.compression, self.ssp = workers, compression, ssp

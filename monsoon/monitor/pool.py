@@ -209,7 +209,7 @@ class WorkerPool:
                 self.reports[rank] = (kind, payload)
 
     def await_ready(self, ready, start_timeout: float, due, on_signal, check, advice: str,
-                    drain=None, block_s: float = 0.005) -> None:
+                    drain=None, block_s: float = 0.005, ends_when_stopped: bool = True) -> None:
         """Wait until ``ready()`` (or every worker has finished), taking the
         workers' messages meanwhile (``drain(block_s)``, ``self.drain`` if
         none given) and calling ``check()`` after each (it raises for the
@@ -217,7 +217,9 @@ class WorkerPool:
         calls ``on_signal()`` (stop the workers: nothing is done yet), and
         the wait goes on until each has seen it. Past ``start_timeout``
         seconds, ``WaitTimeout(advice)``; once stopped, the wait ends instead
-        (those still starting are killed at the end: ``join``)."""
+        where ``ends_when_stopped`` (those still starting are killed at the
+        end: ``join``); a caller whose next wait needs every worker started
+        (the pipeline's stages) keeps the timeout."""
         deadline = time.monotonic() + start_timeout
         drain = drain or self.drain
         while not ready() and len(self.finished) < len(self.handles):
@@ -226,7 +228,7 @@ class WorkerPool:
             if due.signal():
                 on_signal()
             if time.monotonic() > deadline:
-                if due.interrupted is not None:
+                if ends_when_stopped and due.interrupted is not None:
                     return
                 raise WaitTimeout(advice)
 
@@ -263,19 +265,21 @@ def read_payload(reader):
         reader.close()
 
 
-def fail_if_lost(failed: dict, strategy, workers: int, who=None) -> None:
+def fail_if_lost(failed: dict, strategy, workers: int, who=None,
+                 needs: str = "this strategy needs every worker") -> None:
     """The one rule for when lost workers fail a run, on every engine that
     carries on without some: when every worker failed, or when the strategy
     needs every worker and more failed than its backup workers cover. Then
     it raises a ``WorkerError`` naming the lowest failed rank with the first
     line of its reason (``failed``: rank -> reason; the whole text in
     ``worker_traceback``); else the others carry on. ``who(rank)`` names a
-    worker (``worker {rank}`` if not given)."""
+    worker (``worker {rank}`` if not given); ``needs`` says why one lost
+    worker fails the run (a pipeline: every stage)."""
     if not failed or not (len(failed) == workers or (
             strategy.needs_all_workers and len(failed) > strategy.backup_workers)):
         return
     rank = min(failed)
-    why = "every worker failed" if len(failed) == workers else "this strategy needs every worker"
+    why = "every worker failed" if len(failed) == workers else needs
     name = who(rank) if who is not None else f"worker {rank}"
     err = WorkerError(f"{name} failed, and {why}: {failed[rank].splitlines()[0]}")
     err.worker = rank

@@ -208,7 +208,8 @@ def _check(pool, strategy, specs) -> None:
     its stage and replica (the others are aborted on the way out)."""
     stages = len(specs)
     fail_if_lost(pool.failed, strategy, len(pool.handles), lambda rank: (
-        f"pipeline worker {rank} (stage {rank % stages}, replica {rank // stages})"))
+        f"pipeline worker {rank} (stage {rank % stages}, replica {rank // stages})"),
+        needs="a pipeline needs every stage")
 
 
 def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
@@ -224,7 +225,7 @@ def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
     pool.await_ready(lambda: len(pool.ready) == workers, engine.start_timeout, due, stop,
                      lambda: _check(pool, strategy, specs),
                      f"pipeline workers did not start within {engine.start_timeout:g} s",
-                     block_s=0.05)
+                     block_s=0.05, ends_when_stopped=False)  # _watch waits for every stage
     startup = time.perf_counter() - t_begin
     recorder.start(snap)
     t0 = time.perf_counter()
