@@ -22,8 +22,8 @@ What only the engine knows (the server's updates, counts in shared
 memory) it gives to ``result``. Spark's async server and local SGD rounds
 add each applied segment's result as its worker's report (its examples and
 local steps). Spark's driver programs and the simulator apply every update
-themselves and count as they go: they use ``failed_list`` and
-``run_folder_extra`` alone; Spark's async server keeps each worker's sender,
+themselves and count as they go: they use ``failed_list``,
+``run_folder_extra`` and (the simulator's SSP) ``clock_fields``; Spark's async server keeps each worker's sender,
 whose counts its checkpoints carry (``traffic_totals``, ``carry_traffic``),
 and the simulator replays its run to the checkpoint, counting all again.
 """
