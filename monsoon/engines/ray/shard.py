@@ -8,8 +8,8 @@ as NumPy arrays, and serves:
 - ``push(worker, grad, read_version)``: the rule, applied at once;
 - ``contribute(step, worker, grad, examples, gen, whole_finite)``: a
   synchronous step. The first ``counted`` contributions of a step count, and
-  the last of them sums them (``step_sums``, rank order, as every engine
-  does) and applies the rule. A step is dropped on every shard when any
+  the last of them sums them and applies the rule (``collective.apply_mean``,
+  rank order, as every engine does). A step is dropped on every shard when any
   counted worker's whole contribution was not finite (``whole_finite``, the
   worker's own check), so a NaN in one slice never leaves the other slices
   stepped. With backup workers on several shards, shard 0 alone decides
@@ -45,7 +45,7 @@ import threading
 import numpy as np
 
 from ...compressors.messages import receive
-from ...server.reduce import step_sums
+from ...server.collective import apply_mean
 from ...server.core import ServerCore, new_readers
 from ...server.summed import SharedSums
 
@@ -263,15 +263,14 @@ class Shard:
         ranks = sorted(self.arrivals if ranks is None else ranks)
         examples = [self.arrivals[k][1] for k in ranks]
         grads = {k: self.arrivals[k][0] for k in ranks}
-        acc, tmp = np.empty_like(self.params), np.empty_like(self.params)
-        _, ok = step_sums(grads, ranks, examples, [(0, acc.size)], acc, tmp)
         if self.regroups:
             self.before = self.params.copy()
-        whole = all(self.arrivals[k][2] for k in ranks)
-        if self.core.apply_sum(acc, self.step, ok=whole and ok) \
-                and self.sums is not None:
-            self.sums.add_mean([{k: self.arrivals[k][3][i] for k in ranks}
-                                for i in range(len(self.sums.sums))], ranks, examples, acc, tmp)
+        sum_parts = None if self.sums is None else [  # each field's a_k slices
+            {k: self.arrivals[k][3][i] for k in ranks} for i in range(len(self.sums.sums))]
+        apply_mean([self.core], grads, ranks, examples, [(0, self.params.size)],
+                   np.empty_like(self.params), np.empty_like(self.params), self.step,
+                   ok=all(self.arrivals[k][2] for k in ranks), sums=self.sums,
+                   sum_parts=sum_parts)
         self.arrivals = {}
         self.counted_ranks = (self.step, tuple(ranks))
         self.core.version = self.step = self.step + 1

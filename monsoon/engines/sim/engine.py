@@ -53,7 +53,8 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
-from ...server.reduce import into_slot, step_sums
+from ...server.collective import apply_mean
+from ...server.reduce import into_slot
 from ...server.core import ServerCore, new_readers
 from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
@@ -576,18 +577,15 @@ class SimEngine(Engine):
     def _complete_step(self):
         ranks = sorted(self.arrivals)
         examples = [self.slot_examples[k] for k in ranks]
-        sums, ok = step_sums(self.slots, ranks, examples, self.bounds, self.acc, self.tmp)
-        # a dropped step: the rule is told (``apply_sum``), as the local engine's steps tell it
-        if self.replicated:  # as the local engine: one update of the whole vector
-            self.server.apply_sum(self.acc, self.sync_step, ok=ok)
+        # replicated, as the local engine: one update of the whole vector; a
+        # dropped step: the rule is told, as the local engine's steps tell it
+        ok = apply_mean([self.server] if self.replicated else self.cores, self.slots, ranks,
+                        examples, self.bounds, self.acc, self.tmp, self.sync_step,
+                        sums=self.sums, sum_parts=self.sum_slots)
+        if self.replicated:
             for core in self.cores:
                 core.version += int(ok)
-        else:
-            for s, acc in enumerate(sums):
-                self.cores[s].apply_sum(acc, self.sync_step, worker=s, ok=ok)
         if ok:
-            if self.sums is not None:  # S += the mean a_k (the drift's scratch is free)
-                self.sums.add_mean(self.sum_slots, ranks, examples, self.acc, self.tmp)
             self.staleness[0] += 1
         self.total["updates" if ok else "dropped"] += 1
         self.shard_busy += self.delays.service_s
