@@ -14,9 +14,9 @@ collective (``WAIT``). Each round, then:
   many; the driver weighs them by rows, in partition order, into k's mean
   over exactly its indices, and sends it into k's program;
 - once every live worker waits at the collective, the step runs: the
-  example-weighted mean of the contributions in rank order
-  (``weighted_sum``), and the rule applied ONCE (AllReduce); or the same of
-  the drifts server - copy (Average), the copies then reset to the server.
+  example-weighted mean of the contributions in rank order, and the rule
+  applied ONCE (AllReduce); or the same of the drifts server - copy
+  (Average), the copies then reset to the server (``collective.apply_mean``).
 
 A strategy whose gradients reach AllReduce unchanged (``raw_gradients``)
 is reduced where it is computed: each partition returns one sum over the
@@ -45,6 +45,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Apply, Average, Elastic, Fetch, Gradient, Push
+from ...server.collective import apply_mean
 from ...server.reduce import weighted_sum
 from ...server.core import ServerCore, new_readers
 from ...server.worker import WAIT, Worker
@@ -212,18 +213,16 @@ class DriverPrograms:
             parts = {k: self.w - self.work[k] for k in counted}
         else:
             parts = {k: ops[k].grad for k in counted}
-        if counted:
-            if self.raw and all(parts[k] is self.grads[0] for k in counted):
-                acc = self.grads[0]  # already the step's mean (``_reduced``)
-            else:
-                acc = weighted_sum(parts, counted, [ops[k].examples for k in counted],
-                                   self.acc, self.tmp)
-            self.core.apply_sum(acc, self.core.version, loss=self.step_loss,
-                                counts=len(counted) if kinds == {Average} else 1)
+        update = {"loss": self.step_loss, "counts": len(counted) if kinds == {Average} else 1}
+        if counted and self.raw and all(parts[k] is self.grads[0] for k in counted):
+            # already the step's mean (``_reduced``)
+            self.core.apply_sum(self.grads[0], self.core.version, **update)
+        elif counted:
+            apply_mean([self.core], parts, counted, [ops[k].examples for k in counted],
+                       [(0, self.w.size)], self.acc, self.tmp, self.core.version, **update)
         self.steps += 1
-        if not self.shared:  # every copy starts the next step from the server's parameters
-            for k in ranks:
-                self.work[k][...] = self.w
+        for k in ranks:  # a private copy starts the next step from the server's parameters
+            self.programs[k].restart(self.w)
         return dict.fromkeys(ranks, None if kinds == {Average} else 0)
 
     # -- the run ---------------------------------------------------------------------

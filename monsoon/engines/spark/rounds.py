@@ -34,7 +34,7 @@ import numpy as np
 from ...compressors.messages import Sender, receive, summarize
 from ...record.live import add_figures
 from ...server.averaging import TailAverage
-from ...server.reduce import weighted_sum
+from ...server.collective import apply_mean
 from ...server.core import LocalUpdate, ServerCore
 from ...server.summed import SharedSums
 from ...monitor.due import Due
@@ -97,11 +97,11 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             if res["ended"]:
                 ended.add(k)
         if avg:
-            weighted_sum({k: receive(compression, res["drift"], w.size, w.dtype)
-                          for k, res in avg}, [k for k, _ in avg],
-                         [res["examples_behind"] for _, res in avg], acc, tmp)
-            if core.apply_sum(acc, core.version, counts=len(avg)):
-                _end_round(shared, avg, w, acc, tmp)
+            apply_mean([core], {k: receive(compression, res["drift"], w.size, w.dtype)
+                                for k, res in avg}, [k for k, _ in avg],
+                       [res["examples_behind"] for _, res in avg], [(0, w.size)], acc, tmp,
+                       core.version, sums=shared, sum_parts=_added(shared, avg, w),
+                       counts=len(avg))
             if average is not None:
                 average.update(w, sum(res["examples"] for _, res in results))
         r += 1
@@ -134,13 +134,12 @@ def _start_round(shared, inner, local_rules: dict, w) -> None:
         shared.start(local_rules[k], w)
 
 
-def _end_round(shared, avg: list, w, acc, tmp) -> None:
-    """The shared sums take the example-weighted mean (the drifts' weights)
-    of what each averaging task's steps added (the round was applied, so
-    ``acc`` and ``tmp`` are free)."""
+def _added(shared, avg: list, w) -> list | None:
+    """What each averaging task's steps added to the shared sums (its
+    a_k, per field, by rank), for the round's mean; None where there are
+    none."""
     if shared is None:
-        return
+        return None
     added = {k: shared.added(res["local_rule"], w, [np.empty_like(s) for s in shared.sums])
              for k, res in avg}
-    shared.add_mean([{k: parts[i] for k, parts in added.items()} for i in range(len(shared.sums))],
-                    [k for k, _ in avg], [res["examples_behind"] for _, res in avg], acc, tmp)
+    return [{k: parts[i] for k, parts in added.items()} for i in range(len(shared.sums))]
