@@ -356,27 +356,24 @@ class RankWorker(Worker):
     def average(self, op):
         then = None if self.shared_sums is None else (
             lambda applied: self._sync_sums(applied, op.examples))
+        self._flags(op.examples)
         if self.compressed:
-            self._flags(op.examples)
             self._gather(self.sender.pack(self.server - self.work), f"round {self.step}",
                          EXAMPLES)
-            self._apply_mean(1, then)
-            self.work[:] = self.server
-            return 0
-        self.sender.dense(arrays.nbytes(self.server))  # the drift, into the all-reduce
-        self.xp.subtract(self.server, self.work, out=self.grad)
-        self.grad *= op.examples
-        self._flags(op.examples)
-        self._reduce(f"round {self.step}")
+        else:
+            self.sender.dense(arrays.nbytes(self.server))  # the drift, into the all-reduce
+            self.xp.subtract(self.server, self.work, out=self.grad)
+            self.grad *= op.examples
+            self._reduce(f"round {self.step}")
         self._apply_mean(1, then)
-        self.work[:] = self.server
+        self.restart(self.server, self.shared_sums)  # the copy and its sums, from the round's
         return 0
 
     def _sync_sums(self, applied: bool, examples: int) -> None:
         """Local AdaAlter (the module docstring): after a round applied on
         every rank (each sees the same flags), gather each rank's
-        [a_k, n_k], add their weighted mean to the shared sums; then this
-        rank's inner rule starts the next round from them."""
+        [a_k, n_k], add their weighted mean to the shared sums (this
+        rank's inner rule starts the next round from them: ``restart``)."""
         sums = self.shared_sums
         if applied and int(self.flags[ACTIVE]) == self.world:
             n, fields = self.n, len(sums.sums)
@@ -390,7 +387,6 @@ class RankWorker(Worker):
             acc, tmp = np.empty(n, dtype=row.dtype), np.empty(n, dtype=row.dtype)
             sums.add_mean([rows[:, i * n:(i + 1) * n] for i in range(fields)],
                           list(range(self.world)), [int(e) for e in rows[:, -1]], acc, tmp)
-        sums.start(self.local_rule, self.work)
 
     def _apply_mean(self, unit, then=None) -> None:
         """The buffer holds sum_k (n_k / unit) x_k: divide by sum_k n_k / unit
