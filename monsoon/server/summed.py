@@ -78,9 +78,11 @@ class SharedSums:
         for mine, shared in zip(local.sums(like), self.sums):
             arrays.copyto(mine, shared)
 
-    def added(self, local, like, out) -> list:
+    def added(self, local, like, out=None) -> list:
         """Write a_k = what ``local``'s steps added to S since ``start`` into
-        ``out`` (one array a field, of S's kind); returns it."""
+        ``out`` (one array a field, of S's kind; None: new ones); returns it."""
+        if out is None:
+            out = [arrays.empty_like(s) for s in self.sums]
         for mine, shared, o in zip(local.sums(like), self.sums, out):
             arrays.copyto(o, mine)
             o -= shared

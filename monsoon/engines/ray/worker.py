@@ -197,7 +197,7 @@ class RemoteWorker(Worker):
         packed, sums = self.sender.pack(moved), self.shared_sums
         if sums is None:
             return self._synchronous(packed, op.examples, finite(moved))
-        added = sums.added(self.local_rule, self.work, [np.empty_like(a) for a in sums.sums])
+        added = sums.added(self.local_rule, self.work)
         sums.count(self.sender)
         behind = self._synchronous(packed, op.examples, finite(moved), added)
         sums.start(self.local_rule, self.work)

@@ -140,6 +140,5 @@ def _added(shared, avg: list, w) -> list | None:
     none."""
     if shared is None:
         return None
-    added = {k: shared.added(res["local_rule"], w, [np.empty_like(s) for s in shared.sums])
-             for k, res in avg}
+    added = {k: shared.added(res["local_rule"], w) for k, res in avg}
     return [{k: parts[i] for k, parts in added.items()} for i in range(len(shared.sums))]
