@@ -240,7 +240,7 @@ class WorkerRuntime(Worker):
 
     def average(self, op: Average) -> int:
         store, sums = self.store, self.shared_sums
-        # a_k, where the sums are shared, for the step's mean (``ShardedStep._add_sums``)
+        # a_k, where the sums are shared, for the step's mean (``ShardedStep._apply``)
         self.drift(store.params, store.slots[self.rank], sums, store.sum_slots)
         return self._after_step(self._sync.contribute(op.examples))
 

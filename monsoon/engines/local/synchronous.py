@@ -384,10 +384,7 @@ class ShardedStep(_Step):
             sync[REDUCED] += 1
         self._wait_count(REDUCED, counted, step, "sum step")
         bad = sync[BAD_STEP] == step
-        for s, acc in zip(shards, sums):  # a dropped step: each shard's rule is told
-            if rt.shards[s].apply_sum(acc, step, self.rank, ok=not bad):
-                store.versions[s] += 1
-        self._add_sums(ranks, shards, bad)
+        self._apply(ranks, shards, sums, step, bad)
         with store.holding_sync(self.rank):
             sync[APPLIED] += 1
             if sync[APPLIED] == counted:  # the last one through opens the next step
@@ -427,10 +424,7 @@ class ShardedStep(_Step):
         self._publish(summed, rank, target)
         self._wait_marks(summed, target, step, "sum step")
         bad = store.sync[BAD_STEP] == step
-        for s, acc in zip(shards, sums):  # a dropped step: each shard's rule is told
-            if rt.shards[s].apply_sum(acc, step, rank, ok=not bad):
-                store.versions[s] += 1
-        self._add_sums(ranks, shards, bad)
+        self._apply(ranks, shards, sums, step, bad)
         self._publish(applied, rank, target)
         self._wait_marks(applied, target, step, "apply step")
         if rank == 0:
@@ -445,12 +439,18 @@ class ShardedStep(_Step):
             self._boundary()
         return 0
 
-    def _add_sums(self, ranks: list[int], shards: list[int], bad: bool) -> None:
-        """Local AdaAlter (``server/summed.py``): on this worker's shards, the
-        shared sums take the mean of what the counted workers' steps added
-        (``store.sum_slots``), unless the step was dropped. Between the
-        barriers: every a_k is in, and no worker reads S before all applied."""
+    def _apply(self, ranks: list[int], shards: list[int], means: list, step: int,
+               bad: bool) -> None:
+        """This worker's ``shards`` take their ``means`` as update ``step``,
+        unless it is ``bad`` (dropped: each shard's rule is told). Local
+        AdaAlter (``server/summed.py``): on those shards, the shared sums
+        then take the mean of what the counted workers' steps added
+        (``store.sum_slots``). Between the barriers: every a_k is in, and
+        no worker reads S before all applied."""
         sums, store = self.sums, self.store
+        for s, acc in zip(shards, means):
+            if self.rt.shards[s].apply_sum(acc, step, self.rank, ok=not bad):
+                store.versions[s] += 1
         if sums is None or bad:
             return
         examples = [int(store.slot_examples[k]) for k in ranks]
