@@ -335,23 +335,25 @@ class RankWorker(Worker):
                     self._landed()
         elif self.shm is not None:  # the contribution goes straight into its slot
             slot = self.shm.contribution()
-            if op.grad is None:
-                slot[:self.n].fill(0)
-            else:
-                np.multiply(op.grad, op.examples / self.unit, out=slot[:self.n])
+            self._contribution(op, slot[:self.n])
             self._flags(op.examples)
             slot[self.n:] = self.flags
             with self._collective(f"step {self.step}"):
                 self.shm.reduce(self.buf)
         else:
-            if op.grad is None:
-                _zero(self.grad)
-            else:
-                self.xp.multiply(op.grad, op.examples / self.unit, out=self.grad)
+            self._contribution(op, self.grad)
             self._flags(op.examples)
             self._reduce(f"step {self.step}")
         self._apply_mean(self.unit)
         return 0
+
+    def _contribution(self, op, out) -> None:
+        """Sync's contribution (n_k / B) g_k into ``out``, or zeros where the
+        op has none (0 times a stale NaN would still be NaN)."""
+        if op.grad is None:
+            _zero(out)
+        else:
+            self.xp.multiply(op.grad, op.examples / self.unit, out=out)
 
     def average(self, op):
         then = None if self.shared_sums is None else (
