@@ -17,16 +17,16 @@ gradient is not applied; each local step is counted in ``count_local``:
 ``local_updates`` and ``dropped_local_updates``, a unit of their own). An
 engine subclasses ``Worker`` and adds the ops that travel (Apply, Fetch,
 Push, AllReduce, Average, Elastic, Clock): how a message reaches the server
-or the other workers is all it brings (``drift``, ``elastic_difference`` and
-``restart`` are their worker's side). ``report`` is what a worker sends its
-driver at the end (``RunTally.add``).
+or the other workers is all it brings (``push``, ``drift``,
+``elastic_difference`` and ``restart`` are their worker's side).
+``report`` is what a worker sends its driver at the end (``RunTally.add``).
 
 A pushing program's gradients (Downpour, SSP) count their examples when the
-push that carries them is made (``hold``, then ``release`` in the engine's
-Push): a worker that stops with an accrued, unpushed sum (``n_push`` > 1)
-has not counted those batches, so the resumed run computes them again, and
-its push periods and totals are those of an uninterrupted run (pushing the
-partial sum would add a short update no uninterrupted run makes).
+push that carries them is made (``hold``, then ``release`` in ``push``): a
+worker that stops with an accrued, unpushed sum (``n_push`` > 1) has not
+counted those batches, so the resumed run computes them again, and its push
+periods and totals are those of an uninterrupted run (pushing the partial
+sum would add a short update no uninterrupted run makes).
 
 ``halt``: where another party (the local engine's monitor; Ray's driver)
 can end the run: ``halt[0]`` set, ``halted()`` raises (``Halted``) before
@@ -48,6 +48,7 @@ from ..errors import ConfigError
 from ..strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                               LocalApply, LocalStep, Push, SGDPass, weighted)
 from .core import LocalUpdate
+from .reduce import finite
 
 WAIT = object()  # a handler's result: the op's own result comes later (``advance``)
 
@@ -128,6 +129,32 @@ class Worker:
     def local_apply(self, op) -> None:
         self.count_local(self.local_rule(self.work, op.grad))
 
+    def push(self, op):
+        """A Push's worker side, the same on every engine that talks to a
+        server: the examples of the gradients it carries are counted before
+        it travels (``release``, ``count_examples``: a racing read never holds
+        an update whose batches are not counted, the snapshot's order,
+        ``monitor.snapshot``); a gradient that is not finite is dropped here,
+        whole (``admits``; ``count_dropped``), never sent; else
+        ``send_push``, the engine's transport, carries it to the server's
+        shards, and its result is the op's."""
+        grad = op.grad
+        self.count_examples(self.release())
+        if not self.admits(grad):
+            self.count_dropped()
+            return None
+        return self.send_push(grad, op.ticket)
+
+    def send_push(self, grad, ticket):
+        """The engine's transport of a finite push (``push``), read at ``ticket``."""
+        return self.cannot(Push(grad, ticket))
+
+    def admits(self, grad) -> bool:
+        """Whether a push's gradient is sent: it is finite (an engine whose
+        server core is at hand asks it, ``ServerCore.admits``, which also
+        counts the drop and tells the rule)."""
+        return finite(grad)
+
     def drift(self, centre, slot, sums=None, sum_slots=None) -> None:
         """An ``Average``'s contribution: the drift ``centre - work`` written
         into ``slot`` as it reaches the others (through ``sender``, where
@@ -180,6 +207,12 @@ class Worker:
         counted."""
         held, self.held = self.held, 0
         return held
+
+    def count_examples(self, examples: int) -> None:
+        """The examples of the gradients a push carries (``release``)."""
+
+    def count_dropped(self) -> None:
+        """A gradient dropped at the worker, not finite (``push``)."""
 
     def count_gradient(self, examples: int, loss) -> None:
         """A gradient over ``examples`` examples with mean loss ``loss``."""

@@ -100,6 +100,7 @@ class WorkerRuntime(Worker):
         self.server = ServerCore(store.params, rule, store.state, store.readers(),
                                  staleness=self.staleness)
         self.shards = self.server.shards(store.bounds)
+        self.admits = self.server.admits  # a push's check: the server's (counts the drop)
         if workers == 1:
             self.server.readers = None  # a lone worker's read is never stale
         # Spin in barriers only when every worker can own a core, and flat
@@ -183,7 +184,7 @@ class WorkerRuntime(Worker):
         server.version = int(self.store.counters[:, UPDATES].sum()) if self.workers > 1 else mine
         staleness = server.push(self.rank, op.grad, mine + self._others_at_read, op.loss)
         if staleness is None:
-            counters[DROPPED] += 1
+            self.count_dropped()
             return
         counters[UPDATES] += 1
         if self._live is not None:
@@ -209,13 +210,7 @@ class WorkerRuntime(Worker):
                 self.shards[s].read(self.rank)
         return ticket
 
-    def push(self, op: Push) -> None:
-        grad = op.grad
-        # its batches, before it lands (the snapshot's order: ``monitor.snapshot``)
-        self.counters[EXAMPLES] += self.release()
-        if not self.server.admits(grad):  # the whole gradient, once
-            self.counters[DROPPED] += 1
-            return
+    def send_push(self, grad, ticket) -> None:
         store = self.store
         shards = len(store.bounds)
         for i in range(shards):
@@ -224,7 +219,7 @@ class WorkerRuntime(Worker):
             core = self.shards[s]
             with store.holding(s, self.rank):
                 core.version = int(store.versions[s])  # the shard's, in shared memory
-                staleness = core.push(self.rank, grad[a:b], int(op.ticket[s]), checked=True)
+                staleness = core.push(self.rank, grad[a:b], int(ticket[s]), checked=True)
                 store.versions[s] = core.version
             if self._live is not None:
                 self._stale(staleness)
@@ -247,6 +242,12 @@ class WorkerRuntime(Worker):
     def _after_step(self, behind: int) -> int:
         self.restart(self.store.params, self.shared_sums)  # a private model: from the average
         return behind
+
+    def count_examples(self, examples: int) -> None:
+        self.counters[EXAMPLES] += examples
+
+    def count_dropped(self) -> None:
+        self.counters[DROPPED] += 1
 
     def count_local(self, applied: bool) -> None:
         self.local_counts[LOCAL_APPLIED if applied else LOCAL_DROPPED] += 1

@@ -154,7 +154,7 @@ class RemoteWorker(Worker):
 
     # -- ops (Gradient, LocalStep, LocalApply: ``server/worker.py``) ------------
     def count_gradient(self, examples, loss):
-        self.counts["examples"] += examples
+        self.count_examples(examples)
         self.counts["loss_sum"] += float(loss)
         self.counts["loss_n"] += 1
 
@@ -169,16 +169,18 @@ class RemoteWorker(Worker):
             ticket[s] = version
         return ticket
 
-    def push(self, op):
-        self.counts["examples"] += self.release()  # its gradients' (``server/worker.py``)
-        if not finite(op.grad):
-            self.counts["dropped"] += 1
-            return
+    def count_examples(self, examples):
+        self.counts["examples"] += examples
+
+    def count_dropped(self):
+        self.counts["dropped"] += 1
+
+    def send_push(self, grad, ticket):
         self._settle_pushes()
         # .remote() serializes its arguments at once: no copy needed here
         self.counts["updates"] += 1
-        self.pending = [sh.push.remote(self.rank, part, int(op.ticket[s]))
-                        for s, (sh, part) in enumerate(zip(self.shards, self._per_shard(op.grad)))]
+        self.pending = [sh.push.remote(self.rank, part, int(ticket[s]))
+                        for s, (sh, part) in enumerate(zip(self.shards, self._per_shard(grad)))]
 
     def _settle_pushes(self):
         if self.pending:

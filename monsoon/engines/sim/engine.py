@@ -84,6 +84,7 @@ class _Worker(Worker):
         super().__init__(rank, sim.problem, sim.strategy, work)
         self.sim = sim
         self.handlers.update({op: partial(f, self) for op, f in sim.handlers.items()})
+        self.handlers[Push] = self.push  # ``server/worker.py``'s, around ``sim._push``
         self.ssp = None if sim.ssp is None else sim.ssp.join(self)  # SSP's clock, around them
         self.examples = self.updates = self.dropped = self.late = 0
         self.busy = 0.0
@@ -94,6 +95,20 @@ class _Worker(Worker):
         self.snapshot = None
         self.loss_sum, self.loss_n = 0.0, 0  # its mini-batch losses, for the live series
         self.local = [0, 0]  # its local steps: applied, dropped
+
+    def admits(self, grad) -> bool:
+        return self.sim.server.admits(grad)
+
+    def send_push(self, grad, ticket):
+        return self.sim._push(self, grad, ticket)
+
+    def count_examples(self, examples: int) -> None:
+        self.examples += examples
+        self.sim.total["examples"] += examples
+
+    def count_dropped(self) -> None:
+        self.dropped += 1
+        self.sim.total["dropped"] += 1
 
     def count_local(self, applied: bool) -> None:
         column = 0 if applied else 1
@@ -164,7 +179,7 @@ class SimEngine(Engine):
         self._set_up_server(problem, rule, strategy, w0, workers, seed)
         # the ops that take virtual time, ``(worker, op)``; each worker binds them
         self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
-                         Push: self._push, AllReduce: self._all_reduce, Average: self._average,
+                         AllReduce: self._all_reduce, Average: self._average,
                          Elastic: self._elastic}
         self.ssp = SimClocks(self) if Clock in strategy.uses else None
         self._set_up_workers(w0, batch_size, seed, budget)
@@ -421,23 +436,18 @@ class SimEngine(Engine):
         np.multiply(grad, weight, out=w.grad)
         w.loss_sum += loss
         w.loss_n += 1
-        w.examples += examples
-        self.total["examples"] += examples
+        w.count_examples(examples)
 
     def _apply(self, w, op):
         self.server.version = self.total["updates"]
         if self.server.push(w.rank, op.grad, w.updates + w.others_at_read) is None:
-            self._dropped(w)
+            w.count_dropped()
         else:
             self._updated(w)
 
     def _updated(self, w):
         w.updates += 1
         self.total["updates"] += 1
-
-    def _dropped(self, w):
-        w.dropped += 1
-        self.total["dropped"] += 1
 
     # Downpour: fetch and push, shard by shard
     def _fetch(self, w, op):
@@ -492,13 +502,11 @@ class SimEngine(Engine):
         self._updated(w)
         return True
 
-    def _push(self, w, op):
-        if not self.server.admits(op.grad):  # the whole gradient, once
-            self._dropped(w)
-            return None
+    def _push(self, w, grad, ticket):
+        """A finite push's transport (``Worker.push``): sent to every shard."""
         if self.ssp is not None:
             self.ssp.pushing(w.rank)
-        self._send(w, op.grad.size, self._serve_push, op.grad.copy(), op.ticket)
+        self._send(w, grad.size, self._serve_push, grad.copy(), ticket)
         return WAIT
 
     def _serve_push(self, s, w, grad, ticket, left):

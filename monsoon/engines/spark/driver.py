@@ -85,8 +85,11 @@ class _Program(Worker):
             self.work[...] = d.w
         return d.core.read(self.rank)
 
-    def push(self, op) -> None:
-        self.driver.core.push(self.rank, op.grad, int(op.ticket))
+    def admits(self, grad) -> bool:
+        return self.driver.core.admits(grad)  # the server's check: it counts the drop
+
+    def send_push(self, grad, ticket) -> None:
+        self.driver.core.push(self.rank, grad, int(ticket), checked=True)
 
     def elastic(self, op) -> None:
         d = self.driver
