@@ -18,6 +18,7 @@ more than ``PACE_SHARE`` of its run, so none trains the run's end alone.
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import numpy as np
@@ -77,9 +78,10 @@ class WorkerClock:
     """One worker's side of SSP around its engine's ``Fetch`` and
     ``Gradient`` handlers: a Fetch reads the floor before it copies (the
     copy then holds those clocks), and every Gradient counts its staleness
-    in clocks against that floor. An engine gives ``floor`` (how it reads
-    the table) and ``tick`` (how it publishes one and waits for the bound),
-    which adds its waits to ``wait_s``."""
+    in clocks against that floor; a ``Clock`` counts the clock finished
+    (``tick``). An engine gives ``floor`` (how it reads the table) and
+    ``publish`` (how it publishes a tick and waits for the bound), which
+    adds its waits to ``wait_s`` (``timed``, where they take real time)."""
 
     def __init__(self, fetch, gradient):
         self.clock = 0         # clocks this worker has finished
@@ -96,7 +98,22 @@ class WorkerClock:
         raise NotImplementedError
 
     def tick(self, op: Clock) -> int:
+        """A Clock: one more clock finished, then published (``publish``);
+        returns the floor the engine's wait ends on (or ``WAIT``)."""
+        self.clock += 1
+        return self.publish(op.bound)
+
+    def publish(self, bound: int) -> int:
+        """The engine's: ``clock`` made known to the table; returns once the
+        staleness ``bound`` allows the next clock, with the floor."""
         raise NotImplementedError
+
+    def timed(self, wait):
+        """``wait()``'s result, the seconds it took added to ``wait_s``."""
+        start = time.monotonic()
+        out = wait()
+        self.wait_s += time.monotonic() - start
+        return out
 
     def fetch(self, op):
         self.read_floor = self.floor()  # before the copy: the copy holds these clocks

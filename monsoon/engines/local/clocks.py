@@ -12,8 +12,6 @@ records its staleness in clocks against that floor.
 """
 from __future__ import annotations
 
-import time
-
 from ...server.clocks import WorkerClock, clock_floor
 from ...monitor.waiting import wait_until
 from .store import RUNNING
@@ -30,15 +28,13 @@ class LocalClocks(WorkerClock):
         """Clocks every live worker has finished."""
         return clock_floor(self.store.clocks, self.store.status <= RUNNING)
 
-    def tick(self, op) -> int:
-        self.clock += 1
+    def publish(self, bound: int) -> int:
         self.store.clocks[self.rank] = self.clock  # after this clock's pushes
-        need = self.clock - op.bound
+        need = self.clock - bound
         if self.floor() < need:
             rt = self.runtime
-            start = time.monotonic()
-            wait_until(lambda: self.floor() >= need, rt.timeout, lambda: self.store.control[1],
-                       f"every worker to finish clock {need - 1} (staleness bound "
-                       f"{op.bound})", spin=rt._spin, hot_turns=rt._hot_turns)
-            self.wait_s += time.monotonic() - start
+            self.timed(lambda: wait_until(
+                lambda: self.floor() >= need, rt.timeout, lambda: self.store.control[1],
+                f"every worker to finish clock {need - 1} (staleness bound {bound})",
+                spin=rt._spin, hot_turns=rt._hot_turns))
         return self.floor()

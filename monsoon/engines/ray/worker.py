@@ -274,19 +274,13 @@ class RayClock(WorkerClock):
     def floor(self) -> int:
         return self.worker._get(self.server.floor.remote())
 
-    def tick(self, op):
-        import time
-
+    def publish(self, bound):
         import ray
 
         self.worker._settle_pushes()  # this clock's updates are in before its tick
-        self.clock += 1
-        start = time.monotonic()
         # the server raises after the run's timeout; this wait only backs it up
-        floor = ray.get(self.server.tick.remote(self.worker.rank, op.bound),
-                        timeout=2 * self.worker.timeout + 5)
-        self.wait_s += time.monotonic() - start
-        return floor
+        return self.timed(lambda: ray.get(self.server.tick.remote(self.worker.rank, bound),
+                                          timeout=2 * self.worker.timeout + 5))
 
     def retire(self):
         self.worker._get(self.server.retire.remote(self.worker.rank))

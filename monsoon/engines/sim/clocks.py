@@ -37,17 +37,16 @@ class SimClocks:
         """Worker ``w``'s clock, installed in its handlers."""
         return _Clock(self, w).install(w.handlers)
 
-    def tick(self, w, op) -> int:
+    def tick(self, w, bound: int) -> int:
         r, clock = w.rank, w.ssp
-        clock.clock += 1
         if self.in_flight[r]:
             self.owed[r] += 1
         else:
             self.table.tick(r)
             self._release()
-        if self.table.allows(clock.clock, op.bound):
+        if self.table.allows(clock.clock, bound):
             return self.table.floor()
-        self.waiting[r] = (w, op.bound, self.engine.now)
+        self.waiting[r] = (w, bound, self.engine.now)
         return WAIT
 
     # -- the engine's hooks ----------------------------------------------------
@@ -92,5 +91,5 @@ class _Clock(WorkerClock):
     def floor(self) -> int:
         return self.clocks.table.floor()
 
-    def tick(self, op) -> int:
-        return self.clocks.tick(self.w, op)
+    def publish(self, bound: int) -> int:
+        return self.clocks.tick(self.w, bound)
