@@ -162,10 +162,16 @@ class RemoteWorker(Worker):
         self.counts["local" if applied else "local_dropped"] += 1
 
     def fetch(self, op):
+        return self._read(self.work)
+
+    def _read(self, into):
+        """Every shard's slice of the server's parameters, copied into
+        ``into`` (a Fetch's working copy, a compressed elastic exchange's
+        centre); returns the versions read (a Fetch's ticket)."""
         replies = self._get([sh.read.remote(self.rank) for sh in self.shards])
         ticket = np.empty(len(self.shards), dtype=np.int64)
         for s, ((a, b), (values, version)) in enumerate(zip(self.bounds, replies)):
-            self.work[a:b] = values
+            into[a:b] = values
             ticket[s] = version
         return ticket
 
@@ -250,9 +256,7 @@ class RemoteWorker(Worker):
     def elastic(self, op):
         if self.compressed:
             centre = np.empty_like(self.work)
-            for (a, b), (values, _) in zip(self.bounds, self._get(
-                    [sh.read.remote(self.rank) for sh in self.shards])):
-                centre[a:b] = values
+            self._read(centre)
             wire, _ = self.elastic_difference(centre, op.alpha, packed=True)
             self._get([sh.difference.remote(part)
                        for sh, part in zip(self.shards, self._per_shard(wire))])
