@@ -22,7 +22,6 @@ import time
 import numpy as np
 
 from ...strategies.ops import Average, Clock, Elastic, Fetch, Push, weighted
-from ...server.reduce import finite
 from ...server.worker import WAIT, Worker
 
 
@@ -146,7 +145,7 @@ class _Segment(Worker):
         sent = self.anchor - self.work if self.deltas else op.grad
         packed = self.pack(sent)  # counted as sent even where not finite (``compressing``)
         self.out.update(op="push", ticket=op.ticket,
-                        grad=np.array(packed, copy=True) if finite(sent) else None)
+                        grad=np.array(packed, copy=True) if self.admits(sent) else None)
         return WAIT
 
     def average(self, op):
