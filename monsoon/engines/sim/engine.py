@@ -102,10 +102,6 @@ class _Worker(Worker):
     def send_push(self, grad, ticket):
         return self.sim._push(self, grad, ticket)
 
-    def count_examples(self, examples: int) -> None:
-        self.examples += examples
-        self.sim.total["examples"] += examples
-
     def count_dropped(self) -> None:
         self.dropped += 1
         self.sim.total["dropped"] += 1
@@ -436,7 +432,9 @@ class SimEngine(Engine):
         np.multiply(grad, weight, out=w.grad)
         w.loss_sum += loss
         w.loss_n += 1
-        w.count_examples(examples)
+        # counted when computed, none held for a push: a resumed simulation replays its run
+        w.examples += examples
+        self.total["examples"] += examples
 
     def _apply(self, w, op):
         self.server.version = self.total["updates"]
