@@ -262,12 +262,11 @@ class WorkerRuntime(Worker):
                 with store.holding(s, self.rank):
                     self.shards[s].add(sent[a:b])
                     store.versions[s] += 1
-            self.counters[UPDATES] += 1
-            return
-        for s, (a, b) in enumerate(store.bounds):
-            mine = self.work[a:b]
-            with store.holding(s, self.rank):
-                diff = self.shards[s].elastic(mine, op.alpha)
-                store.versions[s] += 1
-            mine -= diff
+        else:
+            for s, (a, b) in enumerate(store.bounds):
+                mine = self.work[a:b]
+                with store.holding(s, self.rank):
+                    diff = self.shards[s].elastic(mine, op.alpha)
+                    store.versions[s] += 1
+                mine -= diff
         self.counters[UPDATES] += 1
