@@ -10,8 +10,9 @@ state, what the rule remembers of each worker's last read (``readers``,
 counts. An engine brings the rest: how a request arrives (a call, an actor,
 a simulated event, a Spark job), its locks and its clock.
 
-- ``read(worker)``: a worker reads the parameters now; the rule fills that
-  worker's reader (``on_read``). Returns the version it read.
+- ``read(worker, into)``: a worker reads the parameters now (into its
+  working copy); the rule fills its reader (``on_read``). Returns the
+  version it read.
 - ``push(worker, grad, read_version)``: the rule applied to ``grad`` with
   staleness tau = version now - ``read_version`` (ALGORITHMS.md, Downpour),
   the worker's reader and the step's loss; the version moves on by one.
@@ -107,8 +108,11 @@ class ServerCore:
         self.dropped = 0
         self.staleness = Counter() if staleness is None else staleness
 
-    def read(self, worker: int) -> int:
-        """``worker`` reads the parameters now: its reader remembers them."""
+    def read(self, worker: int, into=None) -> int:
+        """``worker`` reads the parameters now (copied into ``into``, its
+        working copy, where given): its reader remembers them."""
+        if into is not None:
+            arrays.copyto(into, self.params)
         if self.readers is not None:
             self.rule.on_read(self.params, self.state, self.readers[worker])
         return self.version

@@ -206,8 +206,7 @@ class WorkerRuntime(Worker):
         for s, (a, b) in enumerate(store.bounds):
             with store.holding(s, self.rank):
                 ticket[s] = store.versions[s]
-                arrays.copyto(self.work[a:b], store.params[a:b])
-                self.shards[s].read(self.rank)
+                self.shards[s].read(self.rank, self.work[a:b])
         return ticket
 
     def send_push(self, grad, ticket) -> None:
