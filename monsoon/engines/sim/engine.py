@@ -268,8 +268,8 @@ class SimEngine(Engine):
                               worker_params={} if self.strategy.shared_params else
                               {w.rank: w.work.copy() for w in self.workers[:64]},
                               interrupted=self.interrupted)
-        if self.strategy.local_rule is not None:
-            result.local_updates, result.dropped_local_updates = self.local
+        result.local_updates, result.dropped_local_updates = (
+            local_totals(self.strategy, *self.local) or (None, None))
         busy = sum(w.busy for w in self.workers)
         result.extra = {
             "simulated_time_s": end, "real_time_s": time.perf_counter() - t_real,

@@ -57,7 +57,7 @@ from ...record.progress import counts
 from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import stop_reason, stop_requested
-from ..tally import RunTally
+from ..tally import RunTally, local_totals
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
 from ...server.core import ServerCore
@@ -427,7 +427,7 @@ class RankWorker(Worker):
     def own_local(self) -> tuple[int, int] | None:
         """This rank's local steps (applied, dropped), where the strategy
         takes any; else None."""
-        return tuple(self.local) if self.strategy.local_rule is not None else None
+        return local_totals(self.strategy, *self.local)
 
     def fetch(self, op):
         self.work[:] = self.server
