@@ -57,7 +57,7 @@ from ...compressors.messages import Sender, receive, summarize
 from ...server.averaging import TailAverage
 from ...strategies.batches import budget_steps
 from ...server.core import LocalUpdate, ServerCore, new_readers, pushes_deltas
-from ...record.checkpoints import next_checkpoint, staleness_arrays, staleness_counts
+from ...record.checkpoints import staleness_arrays, staleness_counts
 from ...record.progress import counts
 from ..tally import RunTally, carry_traffic, traffic_totals
 from ...record.live import add_figures
@@ -132,7 +132,7 @@ class DriverServer:
             self.before = start.time_s
             self.core.staleness.update(staleness_counts(start.saved))
             carry_traffic(self.senders, start.totals)  # the whole run's bytes
-        self.next_ckpt = next_checkpoint(self.core.version + self.core.dropped, ckpts.every)
+        self.due = None  # the run's schedule (``run``); ``_capture`` asks it under the lock
 
     # -- a worker: a driver thread and its task's long job ----------------------
     def worker(self, k: int) -> None:
@@ -327,10 +327,9 @@ class DriverServer:
         write (its rows are evaluated through the workers' tasks); or, once
         the workers have stopped (``reason`` "interrupted"), whenever."""
         done = self.core.version + self.core.dropped
-        if self.elastic or reason == "periodic" and (self.next_ckpt is None
-                                                     or done < self.next_ckpt):
+        if self.elastic or reason == "periodic" and not self.due.checkpoint(done):
             return
-        self.next_ckpt = next_checkpoint(done, self.ckpts.every)
+        self.due.plan_checkpoint(done)
         params, state = self.core.copy()
         meta = counts(reason, self.tally.examples, self.core.dropped,
                       local=(self.tally.local, self.tally.local_dropped),
@@ -367,7 +366,10 @@ class DriverServer:
     def run(self, recorder, poll_s: float = 0.05) -> dict:
         ctx = self.ctx
         recorder.start(self.w)
-        due = Due(recorder, timeout=ctx.timeout)  # rows, live updates, the no-progress backstop
+        # rows, live updates, the no-progress backstop; and the checkpoints,
+        # every ``every`` updates after those resumed from (``_capture``)
+        due = self.due = Due(recorder, every=self.ckpts.every, timeout=ctx.timeout)
+        due.plan_checkpoint(self.core.version + self.core.dropped)
         self.t0 = t0 = time.perf_counter() - self.before
         threads = [threading.Thread(target=self.worker, args=(k,), daemon=True,
                                     name=f"monsoon-spark-worker-{k}")
