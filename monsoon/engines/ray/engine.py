@@ -225,8 +225,8 @@ class RayEngine(Engine):
 
         actors = [spawn(rank) for rank in range(workers)]
         retired = []  # elastic: actors replaced, and restarts that did not start
-        membership = (Membership(ray, shards, workers, self.timeout, self.start_timeout, spawn,
-                                 cpus, gpus) if elastic else None)
+        membership = (Membership(ray, shards, strategy, workers, self.timeout,
+                                 self.start_timeout, spawn, cpus, gpus) if elastic else None)
         servers = shards + ([clock] if clock is not None else [])
         ended = False
         try:
@@ -290,7 +290,7 @@ class RayEngine(Engine):
             seen.update(figures)
             by_rank = {r: f["examples"] for r, f in figures.items()}
             ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, by_rank)
-            if membership is None:  # elastic: Membership.lose decides
+            if membership is None:  # elastic: Membership.lose asks it of the ranks out now
                 fail_if_lost(failed, strategy, workers)
             now = time.perf_counter() - t0
             examples = start.examples + gone + sum(by_rank.values())

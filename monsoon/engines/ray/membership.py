@@ -8,7 +8,8 @@ workers, so every step stays the full-batch mean gradient (Horovod
 Elastic's model). A lost rank is started again, as a new actor, once the
 cluster has room for it (its node came back, or another one joined); when
 it is ready the driver regroups the shards with it and it takes part from
-the earliest step a shard is on (``RemoteWorker.join``).
+the earliest step a shard is on (``RemoteWorker.join``). The run fails
+when every rank is out at once (``monitor.pool.fail_if_lost``).
 
 Invariants: the shards see the same generations in the same order (the
 driver is the only one to regroup, and waits for every shard each time);
@@ -20,19 +21,21 @@ from __future__ import annotations
 
 import time
 
-from ...errors import WorkerError
+from ...monitor.pool import fail_if_lost
 from .hosts import kill
 
 RETRY_S = 1.0  # how often a lost rank's new actor is tried where the cluster had no room
 
 
 class Membership:
-    def __init__(self, ray, shards, workers: int, timeout: float, start_timeout: float,
-                 spawn, cpus: float, gpus: float):
+    def __init__(self, ray, shards, strategy, workers: int, timeout: float,
+                 start_timeout: float, spawn, cpus: float, gpus: float):
         self.ray, self.shards, self.timeout = ray, shards, timeout
+        self.strategy, self.workers = strategy, workers
         self.start_timeout = start_timeout
         self.spawn, self.cpus, self.gpus = spawn, cpus, gpus
         self.members = list(range(workers))
+        self.out: dict = {}           # rank -> why, for each rank not a member now
         self.gen = 0
         self.events: list[dict] = []
         self.lost: list[int] = []     # ranks waiting for room to start again
@@ -48,10 +51,10 @@ class Membership:
         if rank not in self.members:
             return
         self.members.remove(rank)
-        if not self.members:
-            err = WorkerError(f"worker {rank} failed, and no worker is left: {reason}")
-            err.worker = rank
-            raise err
+        self.out[rank] = reason
+        # the one rule (an elastic strategy needs no rank in particular): the
+        # run fails once every rank is out, with no member left to regroup
+        fail_if_lost(self.out, self.strategy, self.workers)
         self._regroup("left", rank, reason)
         self.lost.append(rank)
 
@@ -80,6 +83,7 @@ class Membership:
                 self.lost.append(rank)
                 continue
             self.members = sorted(self.members + [rank])
+            del self.out[rank]
             self._regroup("joined", rank)
             retired.append(actors[rank])
             actors[rank] = actor
