@@ -142,6 +142,7 @@ def _get(ray, refs, timeout, actors, what):
     except GetTimeoutError as exc:
         raise WaitTimeout(f"pipeline stage actors did not {what} within {timeout:g} s") from exc
     except Exception as exc:  # noqa: BLE001 - an actor's error, reported in one line
+        # fail_if_lost's rule for a pipeline, said here: a get of many stages' refs names no rank
         raise WorkerError(f"a pipeline stage actor failed, and a pipeline needs every stage: "
                           f"{error_line(exc)}") from exc
 

@@ -67,7 +67,7 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
                     signals_left_to_the_run(), on_stop(lambda signum: write_stop(folder, signum)):
                 elastic_launch(config, entrypoint=rank_main)(str(folder), os.getpid(),
                                                              AgentStreams())
-        except ChildFailedError as exc:
+        except ChildFailedError as exc:  # any rank lost: the collectives need every one
             raise WorkerError(failure_message(exc, folder, engine)) from None
         finally:
             if saved is None:

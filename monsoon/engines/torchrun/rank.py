@@ -284,6 +284,7 @@ class RankWorker(Worker):
             self._failed(what, exc)
 
     def _failed(self, what: str, exc) -> None:
+        # not monitor.pool.fail_if_lost: a collective cannot go on without every rank
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         others = [r for r in range(self.world) if r != self.rank]
         who = (f"rank {others[0]}" if len(others) == 1 else
