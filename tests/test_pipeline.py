@@ -334,6 +334,69 @@ def test_a_lost_stage_says_a_pipeline_needs_every_stage():
                       micro_batches=2, evals=0, timeout=20)
 
 
+class SlowToStart(nn.Module):
+    """A parameter-free layer whose stage process takes a minute to set it
+    up (to unpickle it); elsewhere (the monitor's copies) it is at once."""
+
+    def __setstate__(self, state):
+        import multiprocessing
+
+        if multiprocessing.current_process().name.startswith("monsoon-stage"):
+            import time
+
+            time.sleep(60)
+        super().__setstate__(state)
+
+    def forward(self, x):
+        return x
+
+
+@pytest.mark.slow
+def test_a_stop_signal_while_a_stage_hangs_in_its_set_up_keeps_the_start_timeout(monkeypatch):
+    """SIGTERM while stage 1 is still setting up: the run does not wait for
+    it (its watch would wait for every stage), but fails when the start-up
+    time is up, in one line, and leaves no stage process behind."""
+    import functools
+    import os
+    import signal
+    import threading
+    import time
+
+    from monsoon.engines.local.engine import LocalEngine
+    from monsoon.errors import WaitTimeout, WorkerError
+    from monsoon.monitor.lifecycle import StopSignals
+    from test_interrupts import stages_of
+
+    start_s = 3.0
+    monkeypatch.setattr(LocalEngine, "__init__",
+                        functools.partialmethod(LocalEngine.__init__, start_timeout=start_s))
+    rng = np.random.default_rng(0)
+    problem = TorchProblem(nn.Sequential(nn.Linear(4, 4), SlowToStart(), nn.Linear(4, 1)),
+                           nn.MSELoss(), rng.standard_normal((64, 4)),
+                           rng.standard_normal((64, 1)), dtype="float64")
+    sent = []
+
+    def sigterm_once_the_stages_start():
+        deadline = time.monotonic() + 60
+        while not stages_of(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if StopSignals.active is not None:  # the run's handler takes it
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=sigterm_once_the_stages_start, daemon=True).start()
+    # the monitor's start-up wait ends, or stage 0's wait for the start (as long) first
+    with pytest.raises((WaitTimeout, WorkerError),
+                       match="did not start within 3 s|waited 3 s for the start signal") as info:
+        monsoon.train(problem, "pipeline", 2, cuts="1", steps=5, batch_size=8, micro_batches=2,
+                      evals=0, timeout=start_s)
+    assert sent, "the run ended before its stages started"
+    assert len(str(info.value).splitlines()) == 1
+    # the start-up time, then the pool's join (5 s) kills the stage still setting up
+    assert time.monotonic() - sent[0] < start_s + 5 + 15
+    assert stages_of(os.getpid()) == []
+
+
 def test_balance_by_measured_time_cuts_and_still_equals_serial():
     from monsoon.strategies.pipeline.stages import plan
 
