@@ -52,8 +52,7 @@ class Membership:
             return
         self.members.remove(rank)
         self.out[rank] = reason
-        # the one rule (an elastic strategy needs no rank in particular): the
-        # run fails once every rank is out, with no member left to regroup
+        # elastic needs no rank in particular: it fails once no member is left to regroup
         fail_if_lost(self.out, self.strategy, self.workers)
         self._regroup("left", rank, reason)
         self.lost.append(rank)
