@@ -114,7 +114,7 @@ def run_pipeline(engine, ray, strategy, problem, rule, w0, workers, batch_size, 
                                     {"num_cpus": 0, "max_concurrency": 1},
                                     name=f"monsoon-{engine.run_name}-stage-{rank}"
                                     if engine.named else None))
-        _get(ray, [a.ready.remote() for a in actors], engine.start_timeout, actors,
+        _get(ray, [a.ready.remote() for a in actors], engine.start_timeout,
              "start")
         startup = time.perf_counter() - t_begin
         result = _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed,
@@ -131,10 +131,10 @@ def run_pipeline(engine, ray, strategy, problem, rule, w0, workers, batch_size, 
 def _params(ray, engine, actors, S):
     """The stages' parameters, concatenated in stage order."""
     return np.concatenate(_get(ray, [actors[s].params.remote() for s in range(S)],
-                               engine.timeout, actors, "send parameters"))
+                               engine.timeout, "send parameters"))
 
 
-def _get(ray, refs, timeout, actors, what):
+def _get(ray, refs, timeout, what):
     from ray.exceptions import GetTimeoutError
 
     try:
@@ -179,7 +179,7 @@ def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, bud
                                        strategy.schedule), len(batch)))
         if len(in_flight) >= 2:
             refs, size = in_flight.pop(0)
-            dropped += any(_get(ray, refs, engine.timeout, actors, "finish a step"))
+            dropped += any(_get(ray, refs, engine.timeout, "finish a step"))
             steps, examples = steps + 1, examples + size
             now = time.perf_counter() - t0
             stopped = due.look(now, examples,
@@ -192,11 +192,11 @@ def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, bud
     # a step already submitted is finished, stopped or not, so that the steps
     # and examples counted are those the stages ran (``finish`` counts their drops)
     for refs, size in in_flight:
-        _get(ray, refs, engine.timeout, actors, "finish a step")
+        _get(ray, refs, engine.timeout, "finish a step")
         steps, examples = steps + 1, examples + size
     wall = time.perf_counter() - t0
     params = _params(ray, engine, actors, S)
-    stats = _get(ray, [a.stats.remote() for a in actors], engine.timeout, actors, "report")
+    stats = _get(ray, [a.stats.remote() for a in actors], engine.timeout, "report")
     result = finish(EngineResult, strategy, params, startup, wall, examples, steps, stats,
                     stopped, w0)
     result.interrupted = due.interrupted
