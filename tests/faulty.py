@@ -2,8 +2,9 @@
 
 It wraps a real problem and, on worker ``rank`` only (None: on every
 worker), after ``after`` gradient calls, raises, returns a NaN gradient,
-exits the process, hangs, or takes 0.1 s longer per gradient (a
-straggler); ``SignalOnce`` presses Ctrl-C on the run from inside a
+returns a finite gradient whose steps overflow the parameters (a
+diverging worker), exits the process, hangs, or takes 0.1 s longer per
+gradient (a straggler); ``SignalOnce`` presses Ctrl-C on the run from inside a
 gradient. It lives
 in an importable module because spawned workers unpickle it by name.
 """
@@ -52,6 +53,10 @@ class FaultyProblem(Problem):
             return loss, grad
         if self.mode == "nan":
             grad[0] = np.nan
+            return loss, grad
+        if self.mode == "overflow":  # finite, but a few steps of lr 0.5 take w[0] past the
+            grad[...] = 0           # dtype's largest value: the worker's copy turns -inf
+            grad[0] = np.finfo(grad.dtype).max / 2
             return loss, grad
         if self.mode == "raise":
             raise RuntimeError(f"injected failure on worker {self.rank}")

@@ -17,8 +17,8 @@ gradient is not applied; each local step is counted in ``count_local``:
 ``local_updates`` and ``dropped_local_updates``, a unit of their own). An
 engine subclasses ``Worker`` and adds the ops that travel (Apply, Fetch,
 Push, AllReduce, Average, Elastic, Clock): how a message reaches the server
-or the other workers is all it brings (``push``, ``drift``,
-``elastic_difference`` and ``restart`` are their worker's side).
+or the other workers is all it brings (``push``, ``drift``, ``elastic``
+(``elastic.py``) and ``restart`` are their worker's side).
 ``report`` is what a worker sends its driver at the end (``RunTally.add``).
 
 A pushing program's gradients (Downpour, SSP) count their examples when the
@@ -48,6 +48,7 @@ from ..errors import ConfigError
 from ..strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient,
                               LocalApply, LocalStep, Push, SGDPass, weighted)
 from .core import LocalUpdate
+from .elastic import exchange
 from .reduce import finite
 
 WAIT = object()  # a handler's result: the op's own result comes later (``advance``)
@@ -81,7 +82,7 @@ class Worker:
             else local_rule
         self.handlers = dict.fromkeys(OPS, self.cannot)
         self.handlers.update({Gradient: self.gradient, LocalStep: self.local_step,
-                              LocalApply: self.local_apply})
+                              LocalApply: self.local_apply, Elastic: self.elastic})
         # the examples of the gradients computed since the last push (None: the
         # program pushes nothing, and a gradient counts when it is computed)
         self.held = 0 if Push in strategy.uses else None
@@ -170,6 +171,24 @@ class Worker:
         if sums is not None:
             sums.added(self.local_rule, self.work, [s[self.rank] for s in sum_slots])
             sums.count(self.sender)
+
+    def elastic(self, op):
+        """An ``Elastic``'s worker side, the same on every engine: its
+        engine's exchange where the private copy is finite, else the
+        exchange dropped and the copy restarted from the centre
+        (``elastic.exchange``: the centre is always finite)."""
+        return exchange(self, op)
+
+    def send_elastic(self, op):
+        """The engine's transport of an exchange whose copy is finite
+        (``elastic``)."""
+        return self.cannot(op)
+
+    def skip_elastic(self, op):
+        """A dropped exchange (``elastic``): the worker restarts from the
+        centre, read as its program's first Fetch read it. An engine whose
+        exchange the other workers wait on replaces it."""
+        return self.handlers[Fetch](Fetch())
 
     def elastic_difference(self, centre, alpha: float, packed: bool = False) -> tuple:
         """EASGD's exchange with the difference compressed (Zhang et al.'s

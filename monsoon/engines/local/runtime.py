@@ -26,7 +26,8 @@ the loop before the next op. Op by op:
   + e), and both apply D: x~ += D shard by shard, x_i -= D).
 
 A non-finite gradient is never applied: it is counted in ``dropped`` (a
-local step's: in ``local_counts``, with the local steps applied).
+local step's: in ``local_counts``, with the local steps applied); nor is an
+exchange from a copy that is not finite (``server/elastic.py``).
 
 The arrays are the store's kind (``monsoon/arrays.py``): NumPy in shared
 memory, or tensors on the device the workers' problem computes on.
@@ -110,7 +111,7 @@ class WorkerRuntime(Worker):
         self.sender = None  # messages.Sender: compresses Average's drift
         self.handlers.update({Apply: self.apply, Fetch: self.fetch, Push: self.push,
                               AllReduce: self.all_reduce, Average: self.average,
-                              Elastic: self.elastic, SGDPass: self.sgd_pass})
+                              SGDPass: self.sgd_pass})
         self.ssp = LocalClocks(self).install(self.handlers) if Clock in strategy.uses else None
 
     # -- driving a program -------------------------------------------------
@@ -251,7 +252,7 @@ class WorkerRuntime(Worker):
     def count_local(self, applied: bool) -> None:
         self.local_counts[LOCAL_APPLIED if applied else LOCAL_DROPPED] += 1
 
-    def elastic(self, op: Elastic) -> None:
+    def send_elastic(self, op: Elastic) -> None:
         store = self.store
         if self.sender is not None and self.sender.compression.active:
             # Zhang et al.'s asynchronous exchange with the difference compressed:

@@ -42,7 +42,7 @@ from collections import Counter
 
 import numpy as np
 
-from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Push, Regroup
+from ...strategies.ops import AllReduce, Average, Fetch, Push, Regroup
 from ...compressors.messages import Compression, Sender, compressing
 from ...server.reduce import finite
 from ...server.clocks import WorkerClock
@@ -87,7 +87,7 @@ class RemoteWorker(Worker):
             self.shared_sums.start(self.local_rule, self.work)
         self.halt = [0]  # set by ``stop``, from the actor's second thread
         self.handlers.update({Fetch: self.fetch, Push: self.push, AllReduce: self.all_reduce,
-                              Average: self.average, Elastic: self.elastic})
+                              Average: self.average})
         if clock is not None:  # SSP: ticks and floors from the clock server
             self.ssp = RayClock(self, clock).install(self.handlers)
 
@@ -253,7 +253,7 @@ class RemoteWorker(Worker):
             raise Halted()
         return behind
 
-    def elastic(self, op):
+    def send_elastic(self, op):
         if self.compressed:
             centre = np.empty_like(self.work)
             self._read(centre)

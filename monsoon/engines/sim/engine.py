@@ -50,7 +50,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...strategies import WorkerJob
-from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
+from ...strategies.ops import AllReduce, Apply, Average, Clock, Fetch, Gradient, Push
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
                     replicates, shard_bounds, shard_count)
 from ...server.collective import apply_mean
@@ -101,6 +101,9 @@ class _Worker(Worker):
 
     def send_push(self, grad, ticket):
         return self.sim._push(self, grad, ticket)
+
+    def send_elastic(self, op):
+        return self.sim._elastic(self, op)
 
     def count_dropped(self) -> None:
         self.dropped += 1
@@ -175,8 +178,7 @@ class SimEngine(Engine):
         self._set_up_server(problem, rule, strategy, w0, workers, seed)
         # the ops that take virtual time, ``(worker, op)``; each worker binds them
         self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
-                         AllReduce: self._all_reduce, Average: self._average,
-                         Elastic: self._elastic}
+                         AllReduce: self._all_reduce, Average: self._average}
         self.ssp = SimClocks(self) if Clock in strategy.uses else None
         self._set_up_workers(w0, batch_size, seed, budget)
         self.keeper = checkpoints.Checkpointer.for_engine(self, problem, strategy, rule, workers,

@@ -44,7 +44,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...strategies import WorkerJob
-from ...strategies.ops import AllReduce, Apply, Average, Elastic, Fetch, Gradient, Push
+from ...strategies.ops import AllReduce, Apply, Average, Fetch, Gradient, Push
 from ...server.collective import apply_mean
 from ...server.reduce import weighted_sum
 from ...server.core import ServerCore, new_readers
@@ -67,8 +67,7 @@ class _Program(Worker):
         super().__init__(k, None, driver.strategy, driver.work[k])
         self.driver, self.program = driver, program
         self.handlers.update({Gradient: self.wait, AllReduce: self.wait, Average: self.wait,
-                              Apply: self.apply, Fetch: self.fetch, Push: self.push,
-                              Elastic: self.elastic})
+                              Apply: self.apply, Fetch: self.fetch, Push: self.push})
 
     def wait(self, op):
         self.driver.ops[self.rank] = op
@@ -89,7 +88,7 @@ class _Program(Worker):
     def send_push(self, grad, ticket) -> None:
         self.driver.core.push(self.rank, grad, int(ticket), checked=True)
 
-    def elastic(self, op) -> None:
+    def send_elastic(self, op) -> None:
         d = self.driver
         self.work -= d.core.elastic(self.work, op.alpha)
         d.core.staleness[0] += 1

@@ -292,6 +292,8 @@ class DriverServer:
                     self.core.drop()
                 else:
                     self._push(k, res)
+            elif res.get("dropped"):  # an exchange whose copy was not finite: nothing sent
+                self.core.drop()
             elif res["op"] == "elastic":
                 if "difference" in res:  # compressed: the centre takes the difference
                     self.core.add(receive(self.compression, res["difference"], self.w.size,

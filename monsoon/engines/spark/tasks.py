@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ...strategies.ops import Average, Clock, Elastic, Fetch, Push, weighted
+from ...strategies.ops import Average, Clock, Fetch, Push, weighted
 from ...server.worker import WAIT, Worker
 
 
@@ -110,8 +110,7 @@ class _Segment(Worker):
         self.out = {"op": None, "steps": 0, "examples": 0, "local": 0, "local_dropped": 0,
                     "local_rule": self.local_rule, "ended": False, "loss": 0.0, "sender": sender}
         # an exchange ends the segment: what it sends goes in ``out`` (``WAIT``)
-        self.handlers.update({Fetch: self.fetch, Push: self.push, Average: self.average,
-                              Elastic: self.elastic})
+        self.handlers.update({Fetch: self.fetch, Push: self.push, Average: self.average})
 
     def gradient(self, op):
         loss, grad = self.problem.gradient(self.work, self.block.rows_of(op.indices))
@@ -155,18 +154,26 @@ class _Segment(Worker):
                         examples_behind=op.examples)
         return WAIT
 
-    def elastic(self, op):
+    def send_elastic(self, op):
         """EASGD's exchange ends the segment. Compressed, the worker sends
         its difference and takes it off ``work`` here; else the driver forms
         the difference from ``work``, which goes back whole."""
-        out, work, sender = self.out, self.work, self.sender
-        out.update(op="elastic", alpha=op.alpha)
+        sender = self.sender
+        self.out.update(op="elastic", alpha=op.alpha)
         if sender is not None and sender.compression.active:
             # read x~ at launch, send D = C(alpha (x_k - x~) + e), x_k -= D
-            out["difference"], sent = sender.exchange(op.alpha * (work - self.anchor))
-            work -= sent
+            self.out["difference"], _ = self.elastic_difference(self.anchor, op.alpha,
+                                                                packed=True)
         elif sender is not None:
-            sender.dense(work.nbytes)  # x_k itself: the driver forms the difference
+            sender.dense(self.work.nbytes)  # x_k itself: the driver forms the difference
+        return WAIT
+
+    def skip_elastic(self, op):
+        """A dropped exchange (its copy not finite: ``server/elastic.py``)
+        ends the segment too, with nothing sent: the copy restarts from the
+        centre read at launch, and the driver counts the drop."""
+        self.work[...] = self.anchor
+        self.out.update(op="elastic", alpha=op.alpha, dropped=True)
         return WAIT
 
 

@@ -51,7 +51,7 @@ import numpy as np
 from ... import arrays
 from ...errors import ConfigError, WorkerError
 from ...strategies import WorkerJob
-from ...strategies.ops import AllReduce, Average, Elastic, Fetch
+from ...strategies.ops import AllReduce, Average, Fetch
 from ...record import checkpoints
 from ...record.progress import counts
 from ..base import EngineResult
@@ -168,7 +168,7 @@ class RankWorker(Worker):
         if self.shared_sums is not None:
             self.shared_sums.start(self.local_rule, self.work)
         self.handlers.update({AllReduce: self.all_reduce, Average: self.average,
-                              Elastic: self.elastic, Fetch: self.fetch})
+                              Fetch: self.fetch})
         self.t0 = time.perf_counter()
 
     def to_device(self, device) -> None:
@@ -408,19 +408,36 @@ class RankWorker(Worker):
             then(applied)
         self._after_collective()
 
-    def elastic(self, op):
-        self._flags(0)
-        if self.compressed:
+    def send_elastic(self, op, sends: bool = True):
+        """EASGD's exchange: every rank's d_k in one collective; nothing from
+        a rank whose copy is not finite (``skip_elastic``), which restarts
+        from the centre. The EXAMPLES flag counts the ranks that send (an
+        update each; every other active rank's exchange is dropped)."""
+        self._flags(int(sends))
+        wire = None  # compressed: this rank's packed D_k
+        if not sends:
+            _zero(self.grad)  # no d_k
+        elif self.compressed:
             wire, _ = self.elastic_difference(self.server, op.alpha, packed=True)  # x_k -= D_k
-            self._gather(wire, f"exchange {self.step}", ACTIVE)
         else:
             self.xp.subtract(self.work, self.server, out=self.grad)
             self.grad *= op.alpha
             self.work -= self.grad  # x_k -= d_k, before the buffer holds the sum
+        if self.compressed:
+            self._gather(wire, f"exchange {self.step}", EXAMPLES)
+        else:
             self._reduce(f"exchange {self.step}")
         self.server += self.grad  # x~ += sum_k d_k
-        self.updates += int(self.flags[ACTIVE])
+        self.updates += int(self.flags[EXAMPLES])
+        self.dropped += int(self.flags[ACTIVE] - self.flags[EXAMPLES])
+        if not sends:
+            self.fetch(op)
         self._after_collective()
+
+    def skip_elastic(self, op):
+        """This rank's copy is not finite (``server/elastic.py``): it joins
+        the exchange with nothing."""
+        self.send_elastic(op, False)
 
     def count_local(self, applied: bool):
         self.local[0 if applied else 1] += 1

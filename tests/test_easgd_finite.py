@@ -1,0 +1,86 @@
+"""EASGD's exchange keeps the centre finite on every engine that runs it.
+
+A worker whose private copy turns non-finite (here worker 1's gradients,
+finite, overflow its copy within a few steps of lr 0.5: ``faulty.py``'s
+"overflow") would pull the centre to -inf at its next exchange and, through
+the centre, every other worker. Its exchange is dropped instead, counted in
+dropped_updates as a dropped gradient is, and the worker restarts from the
+centre (``server/elastic.py``). The sim's virtual workers compute on one
+problem, and Spark's tasks on the whole problem shipped to each (none is
+told its worker): there every worker's copy overflows, every exchange is
+dropped, and the centre stays where it started. Ray, Spark and torch runs
+are a few seconds of training."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.problems import make_problem
+
+from faulty import FaultyProblem
+
+# tau 8: the copy is -inf by its fifth overflowing step, so each of worker 1's
+# exchanges finds it non-finite
+OPTIONS = dict(lr=0.5, easgd_tau=8, steps=128, seed=0, evals=4, progress=False,
+               raise_on_divergence=False)
+
+
+def overflowing(rank=1):
+    return FaultyProblem(make_problem("exp"), "overflow", rank=rank, after=0)
+
+
+def check(run, healthy: bool = True):
+    s = run.summary
+    assert np.isfinite(run.params).all()
+    assert s["dropped_updates"] > 0, s
+    start = make_problem("exp")
+    if healthy:  # worker 0's exchanges were applied, and the centre trained
+        assert s["updates"] > 0 and np.isfinite(s["final_loss"]), s
+        assert s["final_loss"] < start.loss(start.initial_params(0))
+    else:  # every worker's copy overflowed: no exchange was applied
+        assert s["updates"] == 0, s
+        np.testing.assert_array_equal(run.params, start.initial_params(0))
+
+
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+def test_a_worker_gone_non_finite_never_reaches_the_centre_local(compress):
+    check(monsoon.train(overflowing(), "easgd", 2, compress=compress, **OPTIONS))
+
+
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+def test_a_worker_gone_non_finite_never_reaches_the_centre_sim(compress):
+    run = monsoon.train(overflowing(None), "easgd", 2, engine="sim", compress=compress,
+                        **OPTIONS)
+    check(run, healthy=False)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("local_ray")
+def test_a_worker_gone_non_finite_never_reaches_the_centre_ray():
+    pytest.importorskip("ray")
+    check(monsoon.train(overflowing(), "easgd", 2, engine="ray", shards=1, **OPTIONS))
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    from spark_env import spark_session
+
+    with spark_session("local[2]") as session:
+        session.sparkContext.addPyFile(str(Path(__file__).parent / "faulty.py"))
+        yield session
+
+
+@pytest.mark.spark
+def test_a_worker_gone_non_finite_never_reaches_the_centre_spark(spark):
+    check(monsoon.train(overflowing(None), "easgd", 2, engine="spark", **OPTIONS),
+          healthy=False)
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+def test_a_worker_gone_non_finite_never_reaches_the_centre_torch(compress):
+    pytest.importorskip("torch")
+    check(monsoon.train(overflowing(), "easgd", 2, engine="torch", timeout=30,
+                        compress=compress, **OPTIONS))
