@@ -178,14 +178,16 @@ class ServerCore:
 
     def elastic(self, x, alpha: float):
         """EASGD: d = alpha (x - centre), centre += d; returns d (the worker
-        then takes x -= d)."""
+        then takes x -= d). ``x`` is finite (the worker sends none that is
+        not: ``elastic.py``), so the centre stays finite."""
         diff = arrays.namespace(x).subtract(x, self.params)
         diff *= alpha
         self.add(diff)
         return diff
 
     def add(self, d) -> None:
-        """The centre moves by ``d`` (a compressed elastic difference)."""
+        """The centre moves by ``d`` (a compressed elastic difference, from
+        a finite copy: ``elastic.py``)."""
         self.params += d
         self.version += 1
 

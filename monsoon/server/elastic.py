@@ -9,7 +9,8 @@ the worker's side of it checked once for every engine:
 Spark segment's result, a collective, events on a virtual clock); the
 centre's side is ``ServerCore.elastic`` and ``ServerCore.add``.
 
-Invariant: the centre is always finite. Nothing checks a worker's private
+Invariant: the centre is always finite (it starts finite, and no exchange
+from a copy that is not finite reaches it). Nothing checks a worker's private
 copy x_i between exchanges: its inner rule drops a non-finite gradient
 (``core.LocalUpdate``), but a finite one can still overflow x_i (a
 diverging learning rate, a bad batch). An exchange with such a copy would
@@ -26,8 +27,8 @@ did), so that its next exchange has a finite copy to send. An engine whose
 exchange is a collective (torch) joins it with nothing for that worker.
 
 With the centre finite and alpha in [0, 1], d is finite whenever x_i is,
-short of x_i - x~ overflowing (both within a factor of two of the dtype's
-largest value).
+short of x_i - x~ overflowing (|x_i| + |x~| past the dtype's largest value
+in some coordinate).
 """
 from __future__ import annotations
 
