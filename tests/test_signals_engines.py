@@ -12,6 +12,7 @@ goes to the process alone. Every process under it while it ran (Ray's
 raylet and workers, Spark's JVM and Python workers, torch's ranks and fork
 server) must be gone once it has exited. The resumed and the uninterrupted
 runs are made in this process, on the test session's Ray and Spark."""
+import contextlib
 import json
 import os
 import signal
@@ -112,17 +113,30 @@ class Run:
             if self.proc.poll() is None:
                 self.kill()
 
-    def stop(self, how: str) -> tuple[int, str]:
-        if how == "SIGINT":
+    def stop(self, how: str, pid: int | None = None) -> tuple[int, str]:
+        """Ctrl-C (SIGINT to the whole process group) or SIGTERM to the
+        process alone, or to ``pid`` alone where given (one of its own)."""
+        if how == "SIGINT" and pid is None:
             os.killpg(self.proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
         else:
-            os.kill(self.proc.pid, signal.SIGTERM)
+            os.kill(self.proc.pid if pid is None else pid, signal.Signals[how])
         try:
             _, err = self.proc.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"{how} did not end the run within 90 s")
         return self.proc.returncode, err
+
+    def rank_pid(self, rank: int) -> int:
+        """The pid of torchrun's rank ``rank``: its child whose environment
+        has RANK=``rank``."""
+        for pid, (parent, _) in _processes().items():
+            if parent == self.proc.pid:
+                with contextlib.suppress(OSError):
+                    if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes() \
+                            .split(b"\0"):
+                        return pid
+        raise AssertionError(f"torchrun has no rank {rank}")
 
     def left(self, timeout: float = 15.0) -> list:
         """The processes seen under the run that are still there after ``timeout``."""
@@ -275,6 +289,40 @@ def test_under_torchrun_ctrl_c_stops_every_rank_at_one_step(tmp_path):
     meta = checkpoints.read(sorted((out / "checkpoints").glob("ckpt-*.npz"))[-1]).meta
     assert meta["reason"] == "interrupted" and meta["updates"] == summary["updates"]
     assert not run.left(), "processes outlived the run"
+
+
+@pytest.mark.torchrun
+def test_under_torchrun_one_signal_to_a_rank_other_than_0_stops_the_run(tmp_path):
+    """A SIGTERM that reaches one rank of the user's torchrun alone (a
+    scheduler ending one process), not torchrun's agent: one signal stops
+    the run whichever rank it reaches. Rank 1 hands its signal to rank 0
+    with the next collective's flags, and rank 0 stops every rank as on a
+    signal of its own: the final checkpoint, the run folder, monsoon's one
+    line, torchrun's exit code as for a SIGTERM to rank 0, no rank left."""
+    pytest.importorskip("torch")
+    epochs = RUNS["torch"][1]
+    codes = {}
+    for rank in (0, 1):
+        out = tmp_path / f"rank{rank}"
+        run = Run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
+                   *_command("torch", "sync", epochs, out)], out)
+        try:
+            run.wait_for_checkpoint()
+            code, err = run.stop("SIGTERM", run.rank_pid(rank))
+        finally:
+            if run.proc.poll() is None:
+                run.kill()
+        codes[rank] = code
+        ours = [line for line in err.splitlines() if line.startswith("monsoon:")]
+        assert len(ours) == 1 and "interrupted by SIGTERM" in ours[0], (rank, code, err)
+        assert f"--resume {out}" in ours[0], err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and 0 < summary["updates"] < epochs * 16
+        meta = checkpoints.read(sorted((out / "checkpoints").glob("ckpt-*.npz"))[-1]).meta
+        assert meta["reason"] == "interrupted" and meta["updates"] == summary["updates"]
+        assert summary["checkpoint"] == str(sorted((out / "checkpoints").glob("ckpt-*.npz"))[-1])
+        assert not run.left(), "processes outlived the run"
+    assert codes[1] == codes[0] != 0, codes
 
 
 def test_a_stop_that_reaches_one_shard_mid_step_ends_every_worker_after_that_step():

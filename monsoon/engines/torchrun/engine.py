@@ -67,7 +67,8 @@ class TorchEngine(Engine):
     reaches torchrun's agent, which hands it to every rank (and kills those
     not ended within its shutdown timeout, 30 s by default); rank 0's stops
     the run, and torchrun then exits with its own ``SignalException``
-    traceback (docs/faults.md)."""
+    traceback (docs/faults.md). One that reaches a rank other than 0 alone
+    is handed to rank 0 with the next collective (``rank.py``)."""
     name = "torch"
     compresses = True  # an all-gather of every rank's packed message (rank.py)
     device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)

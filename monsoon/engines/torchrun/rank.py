@@ -3,8 +3,9 @@ local and Ray engines run) and carries out each op with torch.distributed.
 
 Every rank holds a replica of the parameters and the server rule's state;
 every collective is one sum all-reduce of a buffer ``[payload (n
-parameters), examples, active, stop, loss_0 .. loss_{N-1}]`` (rank k writes
-its last loss in loss_k, so rank 0's live series get every rank's):
+parameters), examples, active, stop, signalled, loss_0 .. loss_{N-1}]``
+(rank k writes its last loss in loss_k, so rank 0's live series get every
+rank's):
 
 - ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
   rescales by B / sum_k n_k where a batch is short, which gives the
@@ -23,7 +24,6 @@ its last loss in loss_k, so rank 0's live series get every rank's):
 - ``LocalApply``, ``Fetch``: local, no communication.
 
 ``--compress``: one all-gather of packed messages instead (``_gather``).
-
 The arrays are tensors on the problem's device where the process group
 reduces tensors there (NCCL; a ``resident`` problem on gloo) and nothing
 reads the buffer on the host: ``RankWorker.to_device``. Else NumPy arrays.
@@ -56,7 +56,7 @@ from ...record import checkpoints
 from ...record.progress import counts
 from ..base import EngineResult
 from ...monitor.due import Due
-from ...monitor.lifecycle import stop_reason, stop_requested
+from ...monitor.lifecycle import STOP_SIGNALS, stop_reason, stop_requested
 from ..tally import RunTally, local_totals
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
@@ -67,8 +67,8 @@ from .buckets import Buckets
 from .collectives import Collectives, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
 
-FLAGS = 3  # then one loss slot per rank
-EXAMPLES, ACTIVE, STOP, LOSS = 0, 1, 2, 3
+EXAMPLES, ACTIVE, STOP, SIGNALLED = 0, 1, 2, 3  # SIGNALLED: a slot per stop signal
+LOSS = FLAGS = SIGNALLED + len(STOP_SIGNALS)  # the flags, then one loss slot per rank
 
 
 def _zero(a) -> None:
@@ -96,13 +96,16 @@ class _Stop(Exception):
 class RankWorker(Worker):
     """This rank's interpreter of its program (the module docstring).
 
-    A stop signal (SIGTERM, SIGINT) is rank 0's to see (``stop``): under
+    A stop signal (SIGTERM, SIGINT) is rank 0's to act on (``stop``): under
     torchrun, its own (torchrun's agent hands the signal it gets to every
-    rank; a rank other than 0 goes on after its own, until rank 0's stop
-    reaches it); under monsoon's own agent (``launch.py``), the one the
-    agent writes to the job folder. Rank 0 then writes the final checkpoint
-    where every rank stopped (sync: exact, also with ``checkpoint_every``
-    0), and its result is marked ``interrupted``."""
+    rank), or one that reached another rank alone (a scheduler's SIGTERM to
+    one process), which that rank hands to rank 0 in the next collective's
+    flags (``signalled``: one slot per stop signal, each rank that got it
+    adds 1; rank 0 then stops every rank one collective later, as on its
+    own); under monsoon's own agent (``launch.py``), the one the agent
+    writes to the job folder. Rank 0 then writes the final checkpoint where
+    every rank stopped (sync: exact, also with ``checkpoint_every`` 0), and
+    its result is marked ``interrupted``."""
     engine_name = "torch"
 
     def __init__(self, comm, problem, rule, strategy, w0, job, recorder, engine, start,
@@ -301,7 +304,10 @@ class RankWorker(Worker):
         self.flags[EXAMPLES] = examples
         self.flags[ACTIVE] = 1
         self.flags[STOP] = 1 if self.want_stop else 0
-        self.flags[LOSS:] = 0
+        self.flags[SIGNALLED:] = 0
+        own = stop_requested() if self.rank else None  # this process's own, for rank 0
+        if own:
+            self.flags[SIGNALLED + STOP_SIGNALS.index(own)] = 1
         self.flags[LOSS + self.rank] = self.last_loss
         if self.dflags is not None:  # ordered before the collective on the device's stream
             self.dflags.copy_(self.readback[:-1], non_blocking=True)
@@ -465,13 +471,19 @@ class RankWorker(Worker):
                 lambda: (examples, self.updates, self.dropped),
                 lambda: ({k: {"loss": float(self.flags[LOSS + k])} for k in range(self.world)},
                          None))
-            signum = None if reason is not None or self.want_stop else self.stop()
+            signum = None if reason is not None or self.want_stop else \
+                self.stop() or self._signalled()
             if signum:  # SIGTERM/SIGINT: every rank stops after the next collective
                 self.interrupted, reason = signum, stop_reason(signum)
             if reason is not None and not self.want_stop:
                 self.want_stop, self.stopped = True, reason
         if stop:
             raise _Stop()
+
+    def _signalled(self) -> int | None:
+        """A stop signal another rank handed on with this collective's flags."""
+        return next((sig for i, sig in enumerate(STOP_SIGNALS)
+                     if self.flags[SIGNALLED + i] > 0), None)
 
     def save_checkpoint(self, reason: str = "periodic") -> None:
         now = self.time_before + time.perf_counter() - self.t0
