@@ -301,6 +301,27 @@ def test_a_non_finite_push_counts_as_sent_as_on_the_local_engine():
         assert summary["bytes_sent"] == pushes * inner.n_params * 8, (engine, summary)
 
 
+def test_async_pushes_dropped_at_the_worker_count_in_the_curve_rows_as_on_the_local_engine():
+    """Async: every worker's gradients are NaN after its second. Ray drops
+    such a push at the worker (``Worker.push``: its shards never see it),
+    the local engine's worker likewise; on both, the curve's rows count
+    those drops as summary.json does, so the recorder stops the run once
+    most of its updates are dropped (long before its budget), its message
+    saying the summary's counts."""
+    from monsoon.record.recorder import DROPPED
+
+    for engine in ("local", "ray"):
+        problem = FaultyProblem(make_problem("logistic", dtype="float64"), "nan", rank=None,
+                                after=2)
+        options = {"shards": 1} if engine == "ray" else {}
+        summary = monsoon.train(problem, "async", 2, engine=engine, steps=4000, seed=0,
+                                raise_on_divergence=False, **options).summary
+        assert summary["status"] == "diverged", (engine, summary)
+        assert summary["stopped"] == DROPPED.format(dropped=summary["dropped_updates"],
+                                                    updates=summary["updates"]), engine
+        assert summary["updates"] + summary["dropped_updates"] < 4000, (engine, summary)
+
+
 def test_sync_fails_fast_when_a_worker_actor_is_killed():
     thread, box = _train_in_background(problem="logistic", strategy="sync", workers=2,
                                        engine="ray", shards=1, steps=10 ** 6,

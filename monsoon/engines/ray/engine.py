@@ -296,7 +296,8 @@ class RayEngine(Engine):
             examples = start.examples + gone + sum(by_rank.values())
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
             stopped = due.look(now, examples,
-                               lambda: (*self._params(ray, shards, start, strategy.synchronous),
+                               lambda: (*self._params(ray, shards, start, strategy.synchronous,
+                                                      figures),
                                         _local_totals(strategy, figures)),
                                lambda: _totals(examples, figures),
                                lambda: (figures, summed_staleness(figures.values())))
@@ -357,10 +358,11 @@ class RayEngine(Engine):
         for rank, figures in results.items():
             tally.add(rank, figures)
         tally.failed.update(failed)
-        params, updates, dropped = self._params(ray, shards, start, strategy.synchronous)
+        params, updates, dropped = self._params(ray, shards, start, strategy.synchronous,
+                                                results)
         extra = {"membership": membership.events} if membership is not None else {}
         return tally.result(params, startup, wall, start.examples + gone + tally.examples,
-                            updates, dropped + tally.dropped,
+                            updates, dropped,
                             {**extra, **tally.extra(updates)},
                             local=tally.local_totals(strategy), stopped=stopped,
                             interrupted=interrupted)
@@ -392,18 +394,23 @@ class RayEngine(Engine):
         examples, losses, updates, staleness), by rank."""
         return self._ask(ray, live, "progress", min(1.0, self.timeout))
 
-    def _params(self, ray, shards, start, synchronous: bool):
-        """The shards' parameters, the updates applied and the steps dropped,
-        with those of the run this one resumed (for the curve's rows and the
-        result alike). A shard drops a synchronous step when any counted
-        contribution was not finite (``Shard._complete``), so the shards
-        agree and a step counts once; a shard's version counts its
-        synchronous steps, dropped ones too, so they are taken off it."""
+    def _params(self, ray, shards, start, synchronous: bool, figures: dict):
+        """The shards' parameters, the updates applied and the updates
+        dropped, with those of the run this one resumed (for the curve's rows
+        and the result alike). A shard drops a synchronous step when any
+        counted contribution was not finite (``Shard._complete``), so the
+        shards agree and a step counts once; a shard's version counts its
+        synchronous steps, dropped ones too, so they are taken off it. A
+        push that was not finite never reached a shard: its worker dropped
+        and counted it (``Worker.push``), and the workers' ``figures`` (by
+        rank: their progress or their reports) add those, as the local
+        engine's rows count its workers' drops."""
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
         version = parts[0][1]
         dropped = start.dropped + max(d for _, _, d in parts)
         return (np.concatenate([p for p, _, _ in parts]),
-                version - dropped if synchronous else version, dropped)
+                version - dropped if synchronous else version,
+                dropped + _workers_dropped(figures))
 
 
 def _local_totals(strategy, figures: dict) -> tuple | None:
@@ -413,9 +420,15 @@ def _local_totals(strategy, figures: dict) -> tuple | None:
                         sum(f.get("local_dropped", 0) for f in figures.values()))
 
 
+def _workers_dropped(figures: dict) -> int:
+    """The pushes the workers dropped themselves, from their latest figures
+    or reports (by rank)."""
+    return sum(f.get("dropped", 0) for f in figures.values())
+
+
 def _totals(examples: int, figures: dict) -> tuple:
     """(examples, updates, dropped) for a live report, from the workers'
     latest figures (by rank)."""
     return (examples, sum(f.get("updates", 0) for f in figures.values()),
-            sum(f["dropped"] for f in figures.values()))
+            _workers_dropped(figures))
 
