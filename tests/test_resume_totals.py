@@ -128,3 +128,50 @@ def test_a_resume_with_a_smaller_budget_than_its_checkpoint_is_refused_in_one_li
     again = monsoon.train("exp", "sync", 2, epochs=4, seed=0, evals=0, progress=False,
                           backend="threads", resume=str(tmp_path / "a"))
     assert again.summary["updates"] == 4 * 16
+
+
+def _keep_oldest(directory):
+    """Remove every checkpoint in ``directory`` but the oldest kept one (a
+    periodic one, early enough that a run resumed from it has work left),
+    as a run killed after writing it would have left it; returns its meta."""
+    files = checkpoints.checkpoint_files(directory)
+    for newer in files[:-1]:
+        newer.unlink()
+    return checkpoints.read(files[-1]).meta
+
+
+def test_a_serial_run_resumed_from_a_periodic_checkpoint_counts_the_whole_run(tmp_path):
+    """Serial's one worker runs in the thread that writes the checkpoints:
+    a periodic one holds every count at its step, so a run resumed from it
+    (a crashed run's newest) counts all of them."""
+    opts = dict(seed=0, evals=5, epochs=60, progress=False)
+    whole = monsoon.train("exp", "serial", 1, out=tmp_path / "a", checkpoint_every=100, **opts)
+    meta = _keep_oldest(tmp_path / "a" / "checkpoints")
+    assert meta["reason"] == "periodic" and 0 < meta["updates"] < whole.summary["updates"]
+    resumed = monsoon.train("exp", "serial", 1, resume=str(tmp_path / "a"), **opts)
+    for key in ("updates", "examples", "bytes_sent", "bytes_received", "staleness_counts"):
+        assert resumed.summary[key] == whole.summary[key], key
+    assert sum(resumed.summary["staleness_counts"].values()) == whole.summary["updates"]
+
+
+def test_a_periodic_checkpoint_of_a_resumed_run_keeps_what_it_carried(tmp_path):
+    """A run resumed from an interrupted run's final checkpoint (after
+    step s1) writes periodic checkpoints holding the counts it carried; a
+    run resumed from one of them (at step p2) counts the first attempt's
+    and its own: only the second attempt's running workers' counts up to
+    p2 restart (``engines/tally.py``)."""
+    first, opts = interrupted_then_resumed(tmp_path, "sync", backend="threads")
+    s1 = checkpoints.read(checkpoints.checkpoint_files(first / "checkpoints")[0]).meta["updates"]
+    monsoon.train("exp", "sync", 2, resume=str(first), out=tmp_path / "b", checkpoint_every=200,
+                  **opts)
+    meta = _keep_oldest(tmp_path / "b" / "checkpoints")
+    assert meta["reason"] == "periodic"
+    p2 = meta["updates"]
+    third = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "b"), **opts)
+    whole = monsoon.train("exp", "sync", 2, **opts)
+    lost = p2 - s1  # the second attempt's steps up to its periodic checkpoint
+    assert third.summary["updates"] == whole.summary["updates"] == EPOCHS * 16
+    per_step = sum(whole.summary["staleness_counts"].values()) // (EPOCHS * 16)
+    assert sum(third.summary["staleness_counts"].values()) == \
+        sum(whole.summary["staleness_counts"].values()) - per_step * lost
+    assert third.summary["bytes_sent"] == whole.summary["bytes_sent"] - 2 * 196 * lost

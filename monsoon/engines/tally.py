@@ -10,13 +10,20 @@ them (``RunTally.add``); the tally sums them, lists the lost workers
 (``failed``) and fills summary.json's traffic and clock fields, one way for
 all.
 
-A resumed run counts the whole run, not its last attempt: a checkpoint that
-a tally's run wrote at its end (an interrupted run's final one) holds the
-tally's ``totals`` so far (staleness counts, each rank's traffic and clock
-report, in its meta), and the resumed run's tally starts from them
-(``carry``); each report then adds to them, rank by rank (``merged``). A
-checkpoint without them (an older one, or a periodic one, written while the
-counts were still in the workers) counts from zero, as a fresh run does.
+A resumed run counts the whole run, not its last attempt: a checkpoint
+holds the ``totals`` its writer knows then (staleness counts, each rank's
+traffic and clock report, in its meta: ``run_totals``), the resumed run's
+tally starts from them (``carry``) and each report adds to them, rank by
+rank (``merged``). One written once the workers have reported (an
+interrupted run's final one; Ray's and torch's at an end) holds them all.
+A periodic one (a crashed or killed run's newest) holds those its attempt
+carried and those its writer counts itself: serial's (its one worker runs
+in the writing thread) and torch's staleness (rank 0's: 0, once a step);
+the counts the running workers keep (the local engine's parallel workers'
+and Ray's staleness, traffic and clocks; torch's traffic) restart at its
+step: the attempt's before it are lost (not its updates, examples and
+dropped updates: the counters hold them). A checkpoint without totals (an
+older one) counts from zero.
 
 What only the engine knows (the server's updates, counts in shared
 memory) it gives to ``result``. Spark's async server and local SGD rounds
@@ -88,6 +95,14 @@ def carry_traffic(senders: dict, totals: dict | None) -> None:
             senders[int(rank)].count_on(stats)
 
 
+def run_totals(carried: dict | None, reports: dict) -> dict:
+    """``RunTally.totals`` of a run that started from ``carried`` (its
+    checkpoint's totals; None or empty: zero) and has the ``reports``
+    (rank -> report, as ``RunTally.add`` reads them) so far: what a
+    checkpoint written now carries to a resumed run."""
+    return RunTally.resumed(len(reports), None, carried, reports).totals()
+
+
 def local_totals(strategy, applied: int, dropped: int, own_steps: bool = False):
     """A run's local steps, ``(applied, dropped)``, where its workers take
     any: they have an inner rule (``strategy.local_rule``), or ``own_steps``
@@ -122,6 +137,18 @@ class RunTally:
         self.local = self.local_dropped = 0  # local steps, applied and dropped
         self.params, self.states, self.traffic, self.clocks = {}, {}, {}, {}
         self.failed: dict[int, str] = {}  # rank -> why it was lost
+
+    @classmethod
+    def resumed(cls, workers: int, compression, carried: dict | None,
+                reports: dict | None = None, ssp: bool = False) -> "RunTally":
+        """The tally of a run that started from ``carried`` (its checkpoint's
+        ``totals``; None or empty: zero), the ``reports`` (rank -> report)
+        added."""
+        tally = cls(workers, compression, ssp)
+        tally.carry(carried)
+        for rank, report in (reports or {}).items():
+            tally.add(rank, report)
+        return tally
 
     def add(self, rank: int, report: dict) -> None:
         """Worker ``rank``'s report: any of ``staleness``, ``examples``,

@@ -11,10 +11,11 @@ recorded) and the engine that wrote it (``engine``, its registry
 name; absent in checkpoints written before it was recorded), the position
 in the data order (``step``: batches done; ``positions``: per worker), the
 time and counters so far, and the recorder's rows, so the loss curve
-carries on; where the engine's tally wrote them (the local engine's final
-checkpoint of a stopped run), ``totals``: the counts its workers kept
-themselves (staleness, traffic, SSP's clocks), which the resumed run's tally
-counts on from (``engines/tally.py``), so its summary counts the whole run.
+carries on; where the engine's tally wrote them, ``totals``: the counts its
+workers kept themselves (staleness, traffic, SSP's clocks) known when it was
+written (every one in a run's final checkpoint; ``engines/tally.py`` says
+which in a periodic one), which the resumed run's tally counts on from, so
+its summary counts the whole run.
 How the counts, positions and counters are reckoned is ``progress.py``'s.
 
 Invariants:

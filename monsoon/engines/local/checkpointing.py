@@ -24,10 +24,10 @@ the end of an epoch, at most once per epoch; serial's are exact.
 
 Either way the checkpoint holds the counters (and, where workers take local
 steps, ``local_updates`` and ``dropped_local_updates``) and the recorder's
-rows up to it. The final checkpoint of a stopped run also holds what the
-workers counted themselves (staleness, traffic, SSP's clocks: ``totals``,
-``engines/tally.py``); a periodic one cannot, so a run resumed from it
-counts those from there on. An exact checkpoint of a compressed run also
+rows up to it, and the ``totals`` known then (``engines/tally.py``): a
+stopped run's final one and every one of serial's hold what the workers
+counted themselves (staleness, traffic, SSP's clocks); a parallel run's
+periodic one, only those it carried. An exact checkpoint of a compressed run also
 holds each worker's sender state (``save_sender``, ``hand_over_sender``); a
 serial run's, the model's buffers (``buffer.<name>``: BatchNorm's).
 
@@ -87,8 +87,8 @@ class RunCheckpoints(checkpoints.Checkpointer):
               totals: dict | None = None):
         """``extra``: more arrays (the senders' ``sender.<name>``);
         ``local``: the local steps applied and dropped (None: none taken);
-        ``totals``: the tally's counts so far (``RunTally.totals``), which
-        only the final checkpoint has whole."""
+        ``totals``: the counts known so far (``tally.run_totals``), which
+        only the final checkpoint of a parallel run has whole."""
         if not self.directory:
             return None
         t0 = time.perf_counter()

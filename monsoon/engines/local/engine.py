@@ -234,7 +234,7 @@ class _InlineWatch:
                           rows=self.recorder.settled_rows(),
                           reason="interrupted" if sig else "periodic", exact=True,
                           extra=self.checkpoint_extra(),
-                          totals=self.totals() if sig else None)
+                          totals=self.totals())  # the one worker's counts are here
             self.due.plan_checkpoint(steps)
         if sig:
             raise Stopped()
@@ -479,10 +479,9 @@ class LocalEngine(Engine):
         watch = _InlineWatch(self, store, problem, sender, recorder, ck, resume)
 
         def tally():  # the run's counts so far: its checkpoint's, and this attempt's
-            counts = RunTally(1, self.compression)
-            counts.carry(resume.totals)
-            counts.add(0, {"staleness": runtime.staleness, "traffic": sender.stats()})
-            return counts
+            return RunTally.resumed(1, self.compression, resume.totals,
+                                    {0: {"staleness": runtime.staleness,
+                                         "traffic": sender.stats()}})
 
         watch.totals = lambda: tally().totals()
         stopped = interrupted = None

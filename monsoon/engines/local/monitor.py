@@ -23,7 +23,7 @@ from ...monitor.lifecycle import StopSignals
 from ...monitor.pool import fail_if_lost
 from ...record import progress
 from ...record.progress import EXAMPLES
-from ..tally import RunTally, local_totals
+from ..tally import RunTally, local_totals, run_totals
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)
@@ -43,9 +43,11 @@ class WorkerMonitor:
         self.problem, self.strategy, self.workers = problem, strategy, workers
         self.batch_size, self.recorder, self.ck, self.resume = batch_size, recorder, ck, resume
         self.exact = ck.exact
-        self.tally = RunTally(workers, engine.compression)  # the workers' reports, at the end
+        # the workers' reports, at the end; a resumed run counts on from its checkpoint's
+        self.tally = RunTally.resumed(workers, engine.compression, resume.totals)
         self.tally.params.update(resume.private)  # until the workers report their own copies
-        self.tally.carry(resume.totals)  # a resumed run counts on from its checkpoint's
+        # what a periodic checkpoint holds: the counts carried, not the running workers'
+        self.carried = run_totals(resume.totals, {})
         self.finished, self.failed = pool.finished, pool.failed
         self.startup = None  # seconds until every worker was ready, once they were
         self.wake = StopSignals.active.waitable() if StopSignals.active is not None else None
@@ -203,7 +205,7 @@ class WorkerMonitor:
         if self.buffer_filled():
             self.take_buffer(now)
         elif self.due.checkpoint(up) and self.due.interrupted is None and ck.allowed():
-            self.snapshot("periodic", now)
+            self.snapshot("periodic", now, totals=self.carried)
             self.due.plan_checkpoint(int(up))
 
     def record_if_due(self, at: float, ex, up, dropped):
@@ -294,7 +296,7 @@ class WorkerMonitor:
                                     for a in store.ckpt["state"]))
         senders = read_senders(store, step, self.engine.checkpoint_every)
         store.control[CKPT_STEP] = 0
-        self.exact_checkpoint(step, params, state, "periodic", now, senders)
+        self.exact_checkpoint(step, params, state, "periodic", now, senders, self.carried)
 
     def exact_checkpoint(self, step: int, params, state, reason: str, now: float,
                          senders=False, totals=None) -> None:
