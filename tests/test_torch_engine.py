@@ -281,6 +281,25 @@ def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
     assert len(local.worker_params) == 2
 
 
+def test_a_run_resumed_from_a_periodic_checkpoint_counts_every_steps_staleness(tmp_path):
+    """Rank 0 counts each step's update (staleness 0) itself: a periodic
+    checkpoint holds that count at its step, so a run resumed from it (a
+    crashed run's newest) counts the whole run's (``engines/tally.py``)."""
+    from monsoon.record import checkpoints
+
+    opts = dict(engine="torch", dtype="float64", steps=200, seed=0, evals=0, progress=False,
+                timeout=30)
+    whole = monsoon.train("exp", "sync", 2, out=tmp_path / "a", checkpoint_every=50, **opts)
+    files = checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")
+    for newer in files[:-1]:  # as a run killed after its oldest kept one left it
+        newer.unlink()
+    meta = checkpoints.read(files[-1]).meta
+    assert meta["reason"] == "periodic" and 0 < meta["updates"] < 200
+    resumed = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "a"), **opts)
+    assert resumed.summary["updates"] == 200
+    assert resumed.summary["staleness_counts"] == whole.summary["staleness_counts"] == {0: 200}
+
+
 def test_each_ranks_own_dropped_local_steps_are_counted():
     """Rank 1's gradient is NaN every fifth call: its LocalApply drops the
     step on its own copy. summary.json counts every rank's drops, as the

@@ -57,7 +57,7 @@ from ...record.progress import counts
 from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import STOP_SIGNALS, stop_reason, stop_requested
-from ..tally import RunTally, local_totals
+from ..tally import RunTally, local_totals, run_totals
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
 from ...server.core import ServerCore
@@ -134,6 +134,7 @@ class RankWorker(Worker):
         self.local = [0, 0]  # this rank's own local steps (LocalApply), applied and dropped
         self.examples = 0  # this rank's, this attempt
         self.examples_before = start.examples
+        self.carried = start.totals  # the counts of the run this one resumed (tally.py)
         self.time_before = start.time_s
         self.want_stop = False
         self.stopped = None
@@ -485,11 +486,22 @@ class RankWorker(Worker):
         return next((sig for i, sig in enumerate(STOP_SIGNALS)
                      if self.flags[SIGNALLED + i] > 0), None)
 
-    def save_checkpoint(self, reason: str = "periodic") -> None:
+    def counted(self) -> dict:
+        """What rank 0 counts for every rank, as a report: this attempt's
+        staleness, 0 for each update (every step reads the parameters of
+        the step before it); {} on the other ranks."""
+        return {"staleness": {0: self.updates - self.updates_before}} if self.rank == 0 else {}
+
+    def save_checkpoint(self, reason: str = "periodic", totals: dict | None = None) -> None:
+        """``totals``: the run's counts (``RunTally.totals``; None: those
+        known at this step, ``counted`` and the carried ones)."""
         now = self.time_before + time.perf_counter() - self.t0
+        if totals is None:
+            totals = run_totals(self.carried, {0: self.counted()})
         self.keeper.save(self.step, now, self.server, self.state,
                          counts(reason, self.examples_before + self.examples * self.world,
-                                self.dropped, step=self.step, updates=self.updates, exact=True))
+                                self.dropped, step=self.step, updates=self.updates, exact=True,
+                                totals=totals))
 
 
 def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
@@ -559,7 +571,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         worker.t0 = t0 = time.perf_counter()
         worker.run()
         wall = time.perf_counter() - t0
-        gathered = _finish(worker, comm)
+        tally = _finish(worker, comm)
     finally:
         if shm is not None:
             shm.close()
@@ -567,7 +579,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     if rank != 0:
         return EngineResult(arrays.to_host(worker.server), startup, wall, worker.examples,
                             worker.updates, worker.dropped, Counter(), follower=True)
-    return _run_result(engine, comm, worker, start, gathered, startup, wall, shm is not None)
+    return _run_result(engine, comm, worker, start, tally, startup, wall, shm is not None)
 
 
 def _join(engine, problem, workers):
@@ -596,31 +608,34 @@ def _join(engine, problem, workers):
     return env, comm
 
 
-def _finish(worker, comm) -> list:
-    """After the program: rank 0 writes the final checkpoint (for a later
-    ``--resume``) where the last periodic one is older, and an interrupted
-    run's where every rank stopped (with no periodic ones too); every
-    rank's figures, own parameters, problem state and traffic are gathered
-    on rank 0 (a list there, by rank)."""
-    if comm.rank == 0 and worker.interrupted and worker.exact:
-        worker.save_checkpoint("interrupted")
-    elif worker.every and comm.rank == 0 and worker.step % worker.every:
-        worker.save_checkpoint()
+def _finish(worker, comm) -> RunTally | None:
+    """After the program: every rank's figures, own parameters, problem
+    state and traffic are gathered on rank 0 and added to the resumed
+    run's counts (the tally, returned there; None on the other ranks);
+    rank 0 then writes the final checkpoint (for a later ``--resume``),
+    with them, where the last periodic one is older, and an interrupted
+    run's where every rank stopped (with no periodic ones too)."""
     gathered = comm.gather_object(worker.report(examples=worker.examples,
                                                 local=worker.local[0],
-                                                local_dropped=worker.local[1]))
+                                                local_dropped=worker.local[1],
+                                                **worker.counted()))
+    tally = None
+    if comm.rank == 0:
+        tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
+                                 dict(enumerate(gathered)))
+        if worker.interrupted and worker.exact:
+            worker.save_checkpoint("interrupted", tally.totals())
+        elif worker.every and worker.step % worker.every:
+            worker.save_checkpoint(totals=tally.totals())
     if worker.buckets is not None:
         worker.buckets.remove()
     comm.dist.barrier()
-    return gathered
+    return tally
 
 
-def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) -> EngineResult:
+def _run_result(engine, comm, worker, start, tally, startup, wall, shm_used) -> EngineResult:
     """Rank 0's result of the run: its replica, the ranks' gathered reports
-    added to the resumed run's, and how the ranks communicated."""
-    tally = RunTally(comm.world, engine.compression)
-    for rank, report in enumerate(gathered):
-        tally.add(rank, report)
+    added to the resumed run's (``tally``), and how the ranks communicated."""
     extra = {"world_size": comm.world, "dist_backend": comm.backend,
              "reduce_via": "shm" if shm_used else comm.backend,
              # every attempt after the first, and the agent's count of them
@@ -635,10 +650,9 @@ def _run_result(engine, comm, worker, start, gathered, startup, wall, shm_used) 
     if worker.keeper.last_path:
         extra["checkpoint"] = str(worker.keeper.last_path)
     # dropped: the collective steps (every rank's count, rank 0's taken); the
-    # local steps: each rank's own (its report); staleness 0: every step reads
-    # the parameters of the step before it
+    # local steps: each rank's own (its report); the staleness: rank 0's count
+    # (``RankWorker.counted``), on the resumed run's
     return tally.result(arrays.to_host(worker.server), startup, start.time_s + wall,
                         start.examples + tally.examples, worker.updates, worker.dropped,
-                        extra, staleness=Counter({0: worker.updates - worker.updates_before}),
-                        local=tally.local_totals(worker.strategy),
+                        extra, local=tally.local_totals(worker.strategy),
                         stopped=worker.stopped, interrupted=worker.interrupted)
