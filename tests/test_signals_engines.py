@@ -380,6 +380,29 @@ def test_a_stop_that_reaches_one_shard_mid_step_ends_every_worker_after_that_ste
     assert np.array_equal(params[0], params[1])
 
 
+@pytest.mark.parametrize("engine", [pytest.param("ray", marks=pytest.mark.ray),
+                                    pytest.param("torch", marks=pytest.mark.torchrun)])
+def test_a_sync_run_resumed_after_ctrl_c_counts_the_whole_runs_staleness_and_traffic(
+        engine, tmp_path, request):
+    """The final checkpoint of a stopped run holds what its workers counted
+    themselves (``engines/tally.py``: Ray's driver and torch's rank 0 add
+    their reports first): the resumed run's summary.json counts every
+    gradient's staleness and every byte of the whole run, as the
+    uninterrupted run's does."""
+    _here(engine, request)
+    epochs = RUNS[engine][1]
+    run = Run([sys.executable, *_command(engine, "sync", epochs, tmp_path / "run")],
+              tmp_path / "run")
+    code, err = run.interrupt("SIGINT")
+    assert code == 128 + signal.SIGINT, err
+    resumed = monsoon.train("exp", "sync", 2, engine=engine, epochs=epochs, **OPTIONS,
+                            resume=str(run.out))
+    whole = _uninterrupted(engine, "sync", epochs)
+    assert resumed.summary["updates"] == whole.summary["updates"] == epochs * 16
+    for key in ("staleness_counts", "bytes_sent", "bytes_received", "bytes_sent_per_worker"):
+        assert resumed.summary[key] == whole.summary[key], key
+
+
 @pytest.mark.parametrize("engine", [pytest.param(e, marks=RUNS[e][0]) for e in RUNS])
 def test_a_stopped_run_that_resume_would_refuse_says_why(engine, tmp_path, request):
     """local-sgd's workers keep copies of their own, which no ray, spark or

@@ -25,7 +25,8 @@ when a stop signal ended the workers (``engine.py``: sync at one step on
 every shard, the others between batches, their pushes in), it holds the
 state they stopped at, written also with ``every`` 0 (``reason``
 "interrupted"). Totals (updates, examples, dropped, time) and the loss
-curve carry on.
+curve carry on, and the workers' own counts (``totals``, ``engines/tally.py``
+says which a periodic checkpoint holds).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import numpy as np
 from ...record import checkpoints
 from ...record.checkpoints import Start, private_copies
 from ...record.progress import counts, examples_after, positions_from_examples
+from ..tally import run_totals
 
 
 class ShardCheckpoints:
@@ -58,6 +60,8 @@ class ShardCheckpoints:
         """The checkpoint to start from (checked; its curve handed to the
         recorder), or the beginning."""
         self.start = self.keeper.start(w0, self.rule, self.workers, needs=("step",))
+        # what a periodic checkpoint holds: the counts carried, not the running workers'
+        self.carried = run_totals(self.start.totals, {})
         if self.start.saved is not None:
             self.written = self.start.step
         return self.start
@@ -81,15 +85,16 @@ class ShardCheckpoints:
         for version in complete:
             parts = self.pending[version]
             self._write(version, [parts[s] for s in range(len(shards))], now, examples_by_rank,
-                        "periodic")
+                        "periodic", self.carried)
         if complete:  # an older version some shard has not handed in never will be
             self.pending = {v: p for v, p in self.pending.items() if v > complete[-1]}
 
     def final(self, ray, shards, timeout: float, now: float, examples_by_rank: dict,
-              reason: str = "final") -> None:
+              reason: str = "final", totals: dict | None = None) -> None:
         """Every worker has finished: the state they ended at, unless already
         written; or they stopped as asked (``reason`` "interrupted"): that
-        state, said so, also where a periodic one holds it."""
+        state, said so, also where a periodic one holds it. ``totals``: the
+        run's counts, the workers' reports added (``RunTally.totals``)."""
         if not (self.every or reason == "interrupted" and self.keeps):
             return
         self.collect(ray, shards, timeout, now, examples_by_rank)
@@ -97,10 +102,10 @@ class ShardCheckpoints:
         versions = {v for _, _, v, _ in wholes}
         if len(versions) == 1 and (versions != {self.written} or reason == "interrupted"):
             self._write(versions.pop(), [(p, st, d) for p, st, _, d in wholes], now,
-                        examples_by_rank, reason)
+                        examples_by_rank, reason, totals)
 
     def _write(self, version: int, parts, now: float, examples_by_rank: dict,
-               reason: str) -> None:
+               reason: str, totals: dict | None) -> None:
         params = np.concatenate([p for p, _, _ in parts])
         state = self.rule.init(params.size, params.dtype)
         for (a, b), (_, piece, _) in zip(self.bounds, parts):
@@ -115,6 +120,6 @@ class ShardCheckpoints:
                                                 self.start.positions)
             examples = self.start.examples + sum(done)
         meta = counts(reason, examples, self.start.dropped + max(d for _, _, d in parts),
-                      step=version, exact=self.exact, positions=positions)
+                      step=version, exact=self.exact, positions=positions, totals=totals)
         self.keeper.save(version, self.start.time_s + now, params, state, meta)
         self.written = version

@@ -308,17 +308,21 @@ class RayEngine(Engine):
                 break
         wall = time.perf_counter() - t0
         stopped = due.stop_reason if due.interrupted else stopped
+        ended = not running
         if running:  # stopped: the workers still running report what they did so far
             results.update(self._reports_now(ray, {r: actors[r] for r in running.values()},
                                              seen))
+        # the finished workers' reports, added to what the resumed run had counted
+        tally = RunTally.resumed(workers, self.compression, start.totals, results,
+                                 ssp=clock is not None)
         # an elastic run that lost workers still ran every step (Membership.lose
         # fails the run when no member is left)
-        elif (stopped is None or due.interrupted) and (not failed or membership is not None):
+        if ended and (stopped is None or due.interrupted) and \
+                (not failed or membership is not None):
             ckpts.final(ray, shards, self.timeout, wall,
                         {r: v["examples"] for r, v in results.items()},
-                        "interrupted" if due.interrupted else "final")
-        return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
-                            RunTally(workers, self.compression, ssp=clock is not None),
+                        "interrupted" if due.interrupted else "final", tally.totals())
+        return self._result(ray, shards, start, failed, gone, startup, wall, stopped, tally,
                             membership, strategy, due.interrupted)
 
     def _stop(self, ray, strategy, shards, live) -> None:
@@ -350,13 +354,11 @@ class RayEngine(Engine):
                 err.worker = rank
                 raise err from exc
 
-    def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped, tally,
+    def _result(self, ray, shards, start, failed, gone, startup, wall, stopped, tally,
                 membership, strategy, interrupted=None):
-        """The run's result: the shards' parameters, and the finished
-        workers' reports added to what the resumed run and the lost workers
-        had counted; each failed worker is listed with its error."""
-        for rank, figures in results.items():
-            tally.add(rank, figures)
+        """The run's result: the shards' parameters, and the ``tally`` of the
+        finished workers' reports and the resumed run's, with what the lost
+        workers had counted; each failed worker is listed with its error."""
         tally.failed.update(failed)
         params, updates, dropped = self._params(ray, shards, start, strategy.synchronous,
                                                 results)
