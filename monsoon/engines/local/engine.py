@@ -204,7 +204,7 @@ class _InlineWatch:
         self.due = Due(recorder, every)
         self.due.plan_checkpoint(self.steps_done())
         self.watch = None
-        self.totals = dict  # the run's counts so far, for the final checkpoint (``_run_inline``)
+        self.totals = dict  # the run's counts so far, for every checkpoint (``_run_inline``)
 
     def steps_done(self) -> int:
         """The position a checkpoint records: epochs for a compiled pass, else steps."""
