@@ -19,9 +19,9 @@ interrupted run's final one; Ray's and torch's at an end) holds them all.
 A periodic one (a crashed or killed run's newest) holds those its attempt
 carried and those its writer counts itself: serial's (its one worker runs
 in the writing thread) and torch's staleness (rank 0's: 0, once a step);
-the counts the running workers keep (the local engine's parallel workers'
-and Ray's staleness, traffic and clocks; torch's traffic) restart at its
-step: the attempt's before it are lost (not its updates, examples and
+the counts workers keep until they report (the local engine's parallel
+workers' and Ray's staleness, traffic and clocks; torch's traffic) restart
+at its step: the attempt's before it are lost (not its updates, examples and
 dropped updates: the counters hold them). A checkpoint without totals (an
 older one) counts from zero.
 
