@@ -322,8 +322,8 @@ class RayEngine(Engine):
             ckpts.final(ray, shards, self.timeout, wall,
                         {r: v["examples"] for r, v in results.items()},
                         "interrupted" if due.interrupted else "final", tally.totals())
-        return self._result(ray, shards, start, failed, gone, startup, wall, stopped, tally,
-                            membership, strategy, due.interrupted)
+        return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
+                            tally, membership, strategy, due.interrupted)
 
     def _stop(self, ray, strategy, shards, live) -> None:
         """Ask the run to stop at a clean point: a synchronous step's
@@ -354,11 +354,12 @@ class RayEngine(Engine):
                 err.worker = rank
                 raise err from exc
 
-    def _result(self, ray, shards, start, failed, gone, startup, wall, stopped, tally,
+    def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped, tally,
                 membership, strategy, interrupted=None):
         """The run's result: the shards' parameters, and the ``tally`` of the
-        finished workers' reports and the resumed run's, with what the lost
-        workers had counted; each failed worker is listed with its error."""
+        finished workers' reports (``results``) and the resumed run's, with
+        what the lost workers had counted; each failed worker is listed with
+        its error."""
         tally.failed.update(failed)
         params, updates, dropped = self._params(ray, shards, start, strategy.synchronous,
                                                 results)

@@ -614,23 +614,36 @@ def _finish(worker, comm) -> RunTally | None:
     run's counts (the tally, returned there; None on the other ranks);
     rank 0 then writes the final checkpoint (for a later ``--resume``),
     with them, where the last periodic one is older, and an interrupted
-    run's where every rank stopped (with no periodic ones too)."""
-    gathered = comm.gather_object(worker.report(examples=worker.examples,
-                                                local=worker.local[0],
-                                                local_dropped=worker.local[1],
-                                                **worker.counted()))
+    run's where every rank stopped (with no periodic ones too). Where the
+    gather fails (a rank lost at the very end), rank 0 still writes that
+    checkpoint, with the counts known at its step, before the error goes on."""
+    try:
+        gathered = comm.gather_object(worker.report(examples=worker.examples,
+                                                    local=worker.local[0],
+                                                    local_dropped=worker.local[1],
+                                                    **worker.counted()))
+    except BaseException:
+        if comm.rank == 0:
+            _final_checkpoint(worker, None)
+        raise
     tally = None
     if comm.rank == 0:
         tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
                                  dict(enumerate(gathered)))
-        if worker.interrupted and worker.exact:
-            worker.save_checkpoint("interrupted", tally.totals())
-        elif worker.every and worker.step % worker.every:
-            worker.save_checkpoint(totals=tally.totals())
+        _final_checkpoint(worker, tally.totals())
     if worker.buckets is not None:
         worker.buckets.remove()
     comm.dist.barrier()
     return tally
+
+
+def _final_checkpoint(worker, totals: dict | None) -> None:
+    """Rank 0's last checkpoint (``_finish``), holding ``totals`` (None:
+    those known at its step, ``RankWorker.save_checkpoint``)."""
+    if worker.interrupted and worker.exact:
+        worker.save_checkpoint("interrupted", totals)
+    elif worker.every and worker.step % worker.every:
+        worker.save_checkpoint(totals=totals)
 
 
 def _run_result(engine, comm, worker, start, tally, startup, wall, shm_used) -> EngineResult:
