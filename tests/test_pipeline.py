@@ -384,12 +384,17 @@ def test_a_stop_signal_while_a_stage_hangs_in_its_set_up_keeps_the_start_timeout
             sent.append(time.monotonic())
             os.kill(os.getpid(), signal.SIGTERM)
 
+    # a signal that lands just after the run put its handler back must not end pytest
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
     threading.Thread(target=sigterm_once_the_stages_start, daemon=True).start()
-    # the monitor's start-up wait ends, or stage 0's wait for the start (as long) first
-    with pytest.raises((WaitTimeout, WorkerError),
-                       match="did not start within 3 s|waited 3 s for the start signal") as info:
-        monsoon.train(problem, "pipeline", 2, cuts="1", steps=5, batch_size=8, micro_batches=2,
-                      evals=0, timeout=start_s)
+    try:
+        # the monitor's start-up wait ends, or stage 0's wait for the start (as long) first
+        with pytest.raises((WaitTimeout, WorkerError),
+                           match="did not start within 3 s|waited 3 s for the start signal") as info:
+            monsoon.train(problem, "pipeline", 2, cuts="1", steps=5, batch_size=8,
+                          micro_batches=2, evals=0, timeout=start_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert sent, "the run ended before its stages started"
     assert len(str(info.value).splitlines()) == 1
     # the start-up time, then the pool's join (5 s) kills the stage still setting up
