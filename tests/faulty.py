@@ -5,8 +5,9 @@ worker), after ``after`` gradient calls, raises, returns a NaN gradient,
 returns a finite gradient whose steps overflow the parameters (a
 diverging worker), exits the process, hangs, or takes 0.1 s longer per
 gradient (a straggler); ``SignalOnce`` presses Ctrl-C on the run from inside a
-gradient. It lives
-in an importable module because spawned workers unpickle it by name.
+gradient. ``TellsDrops`` is SGD that notes each dropped update it is told of
+in a file, wherever it runs (a Ray shard's process). They live in an
+importable module because spawned workers unpickle them by name.
 """
 import os
 import signal
@@ -14,7 +15,9 @@ import time
 
 import numpy as np
 
+from monsoon.options import Option
 from monsoon.problems import Problem
+from monsoon.rules.sgd import SGD
 
 
 class FaultyProblem(Problem):
@@ -138,3 +141,19 @@ class SignalOnce(FaultyProblem):
             os.kill(self.pid, signal.SIGINT)
             time.sleep(self.pause)
         return result
+
+
+class TellsDrops(SGD):
+    """SGD that appends a line to the file ``told_file`` each time it is
+    told of a dropped update (``Rule.on_dropped``): the size of the
+    parameters it was told on (a whole vector, or a shard's slice)."""
+    name = "tells-drops"
+    options = SGD.options + (Option("told_file", str, "", "the file each drop is noted in"),)
+
+    def __init__(self, schedule, told_file: str = "", **options):
+        super().__init__(schedule, **options)
+        self.told_file = told_file
+
+    def on_dropped(self, w, state):
+        with open(self.told_file, "a") as f:
+            f.write(f"{w.size}\n")

@@ -301,6 +301,33 @@ def test_a_non_finite_push_counts_as_sent_as_on_the_local_engine():
         assert summary["bytes_sent"] == pushes * inner.n_params * 8, (engine, summary)
 
 
+def test_a_push_dropped_at_the_worker_is_told_to_the_rule_as_on_the_local_engine(tmp_path,
+                                                                                  monkeypatch):
+    """Async: worker 1's every other gradient is NaN. The local engine's
+    server tells the rule of each drop (``ServerCore.admits``); Ray's worker
+    drops the push itself, and its shards' rules hear of it at the worker's
+    next call (a read or a push; the run's end for the last): on both, the
+    rule is told of every drop once, over the whole vector (shard by shard
+    on Ray's two shards)."""
+    from monsoon.rules import RULES
+
+    from faulty import TellsDrops
+
+    RULES._load()
+    monkeypatch.setitem(RULES._plugins, "tells-drops", TellsDrops)
+    inner = make_problem("logistic", dtype="float64")
+    for engine in ("local", "ray"):
+        told = tmp_path / f"{engine}.told"
+        told.write_text("")
+        problem = FaultyProblem(inner, "nan", rank=1, after=2, every=2)
+        options = {"shards": 2} if engine == "ray" else {}
+        summary = monsoon.train(problem, "async", 2, engine=engine, steps=60, seed=0,
+                                rule="tells-drops", told_file=str(told), **options).summary
+        sizes = [int(line) for line in told.read_text().split()]
+        assert summary["dropped_updates"] > 5, (engine, summary["dropped_updates"])
+        assert sum(sizes) == summary["dropped_updates"] * inner.n_params, (engine, sizes)
+
+
 def test_async_pushes_dropped_at_the_worker_count_in_the_curve_rows_as_on_the_local_engine():
     """Async: every worker's gradients are NaN after its second. Ray drops
     such a push at the worker (``Worker.push``: its shards never see it),

@@ -127,7 +127,15 @@ class ServerCore:
     def drop(self) -> None:
         """A non-finite gradient is not applied: counted, and the rule told."""
         self.dropped += 1
-        self.rule.on_dropped(self.params, self.state)
+        self.tell_dropped()
+
+    def tell_dropped(self, times: int = 1) -> None:
+        """The rule told of ``times`` dropped gradients (``Rule.on_dropped``).
+        Alone, without ``drop``'s count, where an engine counted them before
+        they could travel (a Ray worker's push: its shards hear of it at the
+        worker's next call)."""
+        for _ in range(times):
+            self.rule.on_dropped(self.params, self.state)
 
     def push(self, worker: int, grad, read_version: int, loss=None,
              checked: bool = False) -> int | None:

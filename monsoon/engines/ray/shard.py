@@ -5,7 +5,8 @@ as NumPy arrays, and serves:
 
 - ``read(worker)``: the slice and its version (Downpour's fetch; the rule's
   ``on_read`` runs here, so delay-aware state never travels to workers);
-- ``push(worker, grad, read_version)``: the rule, applied at once;
+- ``push(worker, grad, read_version)``: the rule, applied at once. Both
+  first tell the rule of the pushes the worker dropped since (``dropped``);
 - ``contribute(step, worker, grad, examples, gen, whole_finite)``: a
   synchronous step. The first ``counted`` contributions of a step count, and
   the last of them sums them and applies the rule (``collective.apply_mean``,
@@ -112,9 +113,15 @@ class Shard:
             self.core.version = self.step = int(resume["version"])
 
     # -- asynchronous ----------------------------------------------------------
-    def read(self, worker: int):
+    def read(self, worker: int, dropped: int = 0):
         with self.lock:
+            self.core.tell_dropped(dropped)
             return self.params.copy(), self.core.read(worker)
+
+    def told(self, dropped: int) -> None:
+        """The rule told of the pushes a worker dropped after its last call."""
+        with self.lock:
+            self.core.tell_dropped(dropped)
 
     def _take(self, message):
         """This shard's slice of a message (already a slice when uncompressed)."""
@@ -123,9 +130,10 @@ class Shard:
         return receive(self.compression, message, self.size, self.params.dtype)[
             self.start:self.end]
 
-    def push(self, worker: int, grad: np.ndarray, read_version: int) -> int:
+    def push(self, worker: int, grad: np.ndarray, read_version: int, dropped: int = 0) -> int:
         grad = self._take(grad)
         with self.lock:  # the worker dropped a non-finite gradient before sending it
+            self.core.tell_dropped(dropped)
             staleness = self.core.push(worker, grad, read_version, checked=True)
             self._taken()
             return staleness

@@ -7,6 +7,10 @@ Workers always compute on a private copy of the parameters (there is no
 shared memory across machines); ``AllReduce`` and ``Average`` return with the
 new parameters, ``Fetch`` refreshes them, and a ``Push`` runs in the
 background, one at a time (Downpour's "push may run in the background").
+A push that is not finite is dropped here, never sent (``Worker.push``);
+the shards' rules hear of it (``Rule.on_dropped``) with the worker's next
+read or push, which carry the drops since its last call, or at its end:
+no call of its own.
 
 Compressed runs (``--compress``): what the worker sends (a push, a
 contribution, a drift, EASGD's elastic difference) is its packed message
@@ -80,6 +84,7 @@ class RemoteWorker(Worker):
                        "updates": 0, "local": 0, "local_dropped": 0}
         self.staleness = Counter()
         self.pending = []
+        self.untold = 0  # pushes dropped here that the shards' rules have not heard of
         # Local AdaAlter: this worker's replica of the shared sums (``sums``: their start)
         self.shared_sums = None if sums is None else SharedSums(
             [np.array(a, copy=True) for a in sums])
@@ -130,6 +135,9 @@ class RemoteWorker(Worker):
         except Halted:  # stopped where the driver asked: what it counted stands
             pass
         self._settle_pushes()
+        if self.untold:  # its last pushes were dropped: no read or push told of them
+            told = self._told()
+            self._get([sh.told.remote(told) for sh in self.shards])
         if self.ssp is not None:
             self.ssp.retire()
         return self.report(staleness=dict(self.staleness), **self.counts)
@@ -168,7 +176,8 @@ class RemoteWorker(Worker):
         """Every shard's slice of the server's parameters, copied into
         ``into`` (a Fetch's working copy, a compressed elastic exchange's
         centre); returns the versions read (a Fetch's ticket)."""
-        replies = self._get([sh.read.remote(self.rank) for sh in self.shards])
+        told = self._told()
+        replies = self._get([sh.read.remote(self.rank, told) for sh in self.shards])
         ticket = np.empty(len(self.shards), dtype=np.int64)
         for s, ((a, b), (values, version)) in enumerate(zip(self.bounds, replies)):
             into[a:b] = values
@@ -180,12 +189,20 @@ class RemoteWorker(Worker):
 
     def count_dropped(self):
         self.counts["dropped"] += 1
+        self.untold += 1
+
+    def _told(self) -> int:
+        """The drops the shards' rules hear of with the call now made
+        (``count_dropped``); none is left untold."""
+        untold, self.untold = self.untold, 0
+        return untold
 
     def send_push(self, grad, ticket):
         self._settle_pushes()
         # .remote() serializes its arguments at once: no copy needed here
         self.counts["updates"] += 1
-        self.pending = [sh.push.remote(self.rank, part, int(ticket[s]))
+        told = self._told()
+        self.pending = [sh.push.remote(self.rank, part, int(ticket[s]), told)
                         for s, (sh, part) in enumerate(zip(self.shards, self._per_shard(grad)))]
 
     def _settle_pushes(self):
