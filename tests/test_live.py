@@ -169,6 +169,26 @@ def test_ray_writes_each_workers_series(tmp_path, local_ray, strategy):
         assert found.get("run/staleness_max")
 
 
+@pytest.mark.ray
+def test_ray_sync_live_dropped_updates_count_the_steps_its_shards_drop(tmp_path, local_ray):
+    """Sync on Ray: worker 1's every third gradient is NaN, so the shards
+    drop those steps (its workers drop none themselves). The live series'
+    run/dropped_updates counts them as the curve's rows do: never more than
+    the summary's, and more than none once a row has seen them."""
+    from monsoon.problems import make_problem
+
+    from faulty import FaultyProblem
+
+    out = tmp_path / "sync"
+    problem = FaultyProblem(make_problem("logistic", dtype="float64"), "nan", rank=1, after=0,
+                            every=3)
+    run = monsoon.train(problem, "sync", 2, engine="ray", shards=1, steps=300, seed=0, out=out,
+                        progress=False, live_every=0.02, evals=20)
+    dropped = [v for _, v in scalars(out / "tb")["run/dropped_updates"]]
+    assert run.summary["dropped_updates"] == 100
+    assert dropped == sorted(dropped) and 0 < dropped[-1] <= 100, dropped
+
+
 @pytest.fixture(scope="module")
 def spark():
     from spark_env import spark_session

@@ -270,6 +270,7 @@ class RayEngine(Engine):
         seen, gone = {}, 0  # each rank's last figures; the examples of actors that died
         due = Due(recorder, timeout=self.timeout)  # rows, live reports, the no-progress backstop
         stopped = stop_by = None
+        shards_dropped = {"at_row": start.dropped}  # the live reports' count between rows
         while running:
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=self.poll_s)
             for ref in done:
@@ -297,9 +298,9 @@ class RayEngine(Engine):
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
             stopped = due.look(now, examples,
                                lambda: (*self._params(ray, shards, start, strategy.synchronous,
-                                                      figures),
+                                                      figures, shards_dropped),
                                         _local_totals(strategy, figures)),
-                               lambda: _totals(examples, figures),
+                               lambda: _totals(examples, figures, shards_dropped["at_row"]),
                                lambda: (figures, summed_staleness(figures.values())))
             if due.signal():  # the workers stop at a clean point, then the checkpoint
                 stop_by = time.monotonic() + self.timeout
@@ -397,7 +398,7 @@ class RayEngine(Engine):
         examples, losses, updates, staleness), by rank."""
         return self._ask(ray, live, "progress", min(1.0, self.timeout))
 
-    def _params(self, ray, shards, start, synchronous: bool, figures: dict):
+    def _params(self, ray, shards, start, synchronous: bool, figures: dict, seen=None):
         """The shards' parameters, the updates applied and the updates
         dropped, with those of the run this one resumed (for the curve's rows
         and the result alike). A shard drops a synchronous step when any
@@ -407,10 +408,14 @@ class RayEngine(Engine):
         push that was not finite never reached a shard: its worker dropped
         and counted it (``Worker.push``), and the workers' ``figures`` (by
         rank: their progress or their reports) add those, as the local
-        engine's rows count its workers' drops."""
+        engine's rows count its workers' drops. ``seen["at_row"]`` (where
+        given) keeps the shards' count, which the live reports until the
+        next row add to the workers' (``_totals``: no call of their own)."""
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
         version = parts[0][1]
         dropped = start.dropped + max(d for _, _, d in parts)
+        if seen is not None:
+            seen["at_row"] = dropped
         return (np.concatenate([p for p, _, _ in parts]),
                 version - dropped if synchronous else version,
                 dropped + _workers_dropped(figures))
@@ -429,9 +434,11 @@ def _workers_dropped(figures: dict) -> int:
     return sum(f.get("dropped", 0) for f in figures.values())
 
 
-def _totals(examples: int, figures: dict) -> tuple:
+def _totals(examples: int, figures: dict, shards_dropped: int) -> tuple:
     """(examples, updates, dropped) for a live report, from the workers'
-    latest figures (by rank)."""
+    latest figures (by rank); the dropped ones as the rows count them, the
+    shards' (a synchronous step's: ``shards_dropped``, as of the last row)
+    and the workers' own."""
     return (examples, sum(f.get("updates", 0) for f in figures.values()),
-            _workers_dropped(figures))
+            shards_dropped + _workers_dropped(figures))
 
