@@ -211,6 +211,31 @@ def test_spark_writes_each_workers_series(tmp_path, spark, strategy):
     after_run(out, 2, ("loss", "examples_per_s"))
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_spark_live_series_count_a_dropped_push_as_dropped(tmp_path, spark):
+    """Async on Spark: every gradient is NaN, so a task sends no push and
+    the server drops each (``ServerCore.drop``). The live series count
+    those as dropped, as the local engine's do: each worker's updates stay
+    0 (they counted every push before), and the run's dropped_updates rise."""
+    from monsoon.problems import make_problem
+
+    from faulty import FaultyProblem
+
+    spark.sparkContext.addPyFile(str(Path(__file__).parent / "faulty.py"))
+    out = tmp_path / "async"
+    problem = FaultyProblem(make_problem("exp"), "nan", rank=None, after=0)
+    run = monsoon.train(problem, "async", 2, engine="spark", steps=200, batch_size=64, seed=0,
+                        out=out, progress=False, live_every=0.01, evals=5,
+                        raise_on_divergence=False)
+    found = scalars(out / "tb")
+    assert run.summary["dropped_updates"] > 0
+    for k in range(2):
+        assert {v for _, v in found[f"updates/worker-{k}"]} == {0.0}, k
+    assert found["run/dropped_updates"][-1][1] > 0
+
+
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_torch_writes_each_ranks_loss(tmp_path):

@@ -286,21 +286,7 @@ class DriverServer:
             self.senders[k] = res["sender"]
             self.tally.add(k, res)
             add_figures(self.live, k, res["loss"], res["steps"], res["examples"],
-                        updates=int(res["op"] in ("push", "elastic")))
-            if res["op"] == "push":
-                if res["grad"] is None:  # not finite: the task sent none
-                    self.core.drop()
-                else:
-                    self._push(k, res)
-            elif res.get("dropped"):  # an exchange whose copy was not finite: nothing sent
-                self.core.drop()
-            elif res["op"] == "elastic":
-                if "difference" in res:  # compressed: the centre takes the difference
-                    self.core.add(receive(self.compression, res["difference"], self.w.size,
-                                          self.w.dtype))
-                else:
-                    res["work"] -= self.core.elastic(res["work"], res["alpha"])
-                self.core.staleness[0] += 1
+                        updates=int(self._land(k, res)))
             if self.elastic and "work" in res:
                 self.own[k] = res["work"]
             elif self.average is not None:
@@ -312,6 +298,27 @@ class DriverServer:
                 self.clocks.tick(k)  # after its push is applied
                 self.cond.notify_all()
             self._capture()
+
+    def _land(self, k: int, res: dict) -> bool:
+        """Worker k's push or exchange, applied; whether it was (a dropped
+        one, not finite, is counted and the rule told: ``ServerCore.drop``)."""
+        op = res["op"]
+        # not finite, nothing sent: a push's gradient (None), an exchange's copy
+        if (op == "push" and res["grad"] is None) or res.get("dropped"):
+            self.core.drop()
+            return False
+        if op == "push":
+            self._push(k, res)
+            return True
+        if op != "elastic":
+            return False
+        if "difference" in res:  # compressed: the centre takes the difference
+            self.core.add(receive(self.compression, res["difference"], self.w.size,
+                                  self.w.dtype))
+        else:
+            res["work"] -= self.core.elastic(res["work"], res["alpha"])
+        self.core.staleness[0] += 1
+        return True
 
     def _push(self, k: int, res: dict) -> None:
         """Worker k's finite push (it sent None for a non-finite one)."""
