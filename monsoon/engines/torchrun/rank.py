@@ -609,40 +609,40 @@ def _join(engine, problem, workers):
 
 
 def _finish(worker, comm) -> RunTally | None:
-    """After the program: every rank's figures, own parameters, problem
-    state and traffic are gathered on rank 0 and added to the resumed
-    run's counts (the tally, returned there; None on the other ranks);
-    rank 0 then writes the final checkpoint (for a later ``--resume``),
-    with them, where the last periodic one is older, and an interrupted
-    run's where every rank stopped (with no periodic ones too). Where the
-    gather fails (a rank lost at the very end), rank 0 still writes that
-    checkpoint, with the counts known at its step, before the error goes on."""
-    try:
-        gathered = comm.gather_object(worker.report(examples=worker.examples,
-                                                    local=worker.local[0],
-                                                    local_dropped=worker.local[1],
-                                                    **worker.counted()))
-    except BaseException:
-        if comm.rank == 0:
-            _final_checkpoint(worker, None)
-        raise
+    """After the program: rank 0 writes the final checkpoint (for a later
+    ``--resume``) where the last periodic one is older, and an interrupted
+    run's where every rank stopped (with no periodic ones too), with the
+    counts known at its step, before anything else can fail. Then every
+    rank's figures, own parameters, problem state and traffic are gathered
+    on rank 0 and added to the resumed run's counts (the tally, returned
+    there; None on the other ranks), and the checkpoint at this step (that
+    one, or the periodic one the run ended on) is written again holding
+    them, where they add to what it holds."""
+    if comm.rank == 0:
+        _final_checkpoint(worker, None)
+    gathered = comm.gather_object(worker.report(examples=worker.examples,
+                                                local=worker.local[0],
+                                                local_dropped=worker.local[1],
+                                                **worker.counted()))
     tally = None
     if comm.rank == 0:
         tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
                                  dict(enumerate(gathered)))
-        _final_checkpoint(worker, tally.totals())
+        if tally.totals() != run_totals(worker.carried, {0: worker.counted()}):
+            _final_checkpoint(worker, tally.totals(), at_end=True)
     if worker.buckets is not None:
         worker.buckets.remove()
     comm.dist.barrier()
     return tally
 
 
-def _final_checkpoint(worker, totals: dict | None) -> None:
+def _final_checkpoint(worker, totals: dict | None, at_end: bool = False) -> None:
     """Rank 0's last checkpoint (``_finish``), holding ``totals`` (None:
-    those known at its step, ``RankWorker.save_checkpoint``)."""
+    those known at its step, ``RankWorker.save_checkpoint``); ``at_end``:
+    also where the run ended on a periodic one (written again, whole)."""
     if worker.interrupted and worker.exact:
         worker.save_checkpoint("interrupted", totals)
-    elif worker.every and worker.step % worker.every:
+    elif worker.every and (worker.step % worker.every or at_end):
         worker.save_checkpoint(totals=totals)
 
 
