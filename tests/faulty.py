@@ -1,7 +1,8 @@
 """A problem that misbehaves on purpose, for fault tests.
 
 It wraps a real problem and, on worker ``rank`` only (None: on every
-worker), after ``after`` gradient calls, raises, returns a NaN gradient,
+worker), after ``after`` gradient calls (and up to call ``until``, where
+given: its first faults only, then healthy again), raises, returns a NaN gradient,
 returns a finite gradient whose steps overflow the parameters (a
 diverging worker), exits the process, hangs, or takes 0.1 s longer per
 gradient (a straggler); ``SignalOnce`` presses Ctrl-C on the run from inside a
@@ -21,12 +22,14 @@ from monsoon.rules.sgd import SGD
 
 
 class FaultyProblem(Problem):
-    def __init__(self, inner: Problem, mode: str, rank: int = 1, after: int = 5, every: int = 0):
+    def __init__(self, inner: Problem, mode: str, rank: int = 1, after: int = 5, every: int = 0,
+                 until: int | None = None):
         self.inner = inner
         self.mode = mode
         self.fault_rank = rank
         self.after = after
         self.every = every
+        self.until = until
         self.rank = 0
         self.calls = 0
         self.name = inner.name
@@ -36,7 +39,7 @@ class FaultyProblem(Problem):
 
     def for_worker(self, rank, workers):
         clone = FaultyProblem(self.inner.for_worker(rank, workers), self.mode, self.fault_rank,
-                              self.after, self.every)
+                              self.after, self.every, self.until)
         clone.rank = rank
         return clone
 
@@ -50,6 +53,8 @@ class FaultyProblem(Problem):
         self.calls += 1
         loss, grad = self.inner.gradient(w, indices, out, accumulate)
         armed = self.fault_rank in (None, self.rank) and self.calls > self.after
+        if self.until is not None:
+            armed = armed and self.calls <= self.until
         if self.every:
             armed = armed and self.calls % self.every == 0
         if not armed:

@@ -8,8 +8,13 @@ dropped_updates as a dropped gradient is, and the worker restarts from the
 centre (``server/elastic.py``). The sim's virtual workers compute on one
 problem, and Spark's tasks on the whole problem shipped to each (none is
 told its worker): there every worker's copy overflows, every exchange is
-dropped, and the centre stays where it started. Ray, Spark and torch runs
-are a few seconds of training."""
+dropped, and the centre stays where it started.
+
+A worker whose copy overflowed only for a while (its first gradients)
+recovers: restarted from the centre with fresh inner-rule state (momentum's
+velocity, which overflowed with the copy, is not kept), its later exchanges
+are applied, and the counts are exact: every exchange is applied or dropped.
+Ray, Spark and torch runs are a few seconds of training."""
 from pathlib import Path
 
 import numpy as np
@@ -84,3 +89,71 @@ def test_a_worker_gone_non_finite_never_reaches_the_centre_torch(compress):
     pytest.importorskip("torch")
     check(monsoon.train(overflowing(), "easgd", 2, engine="torch", timeout=30,
                         compress=compress, **OPTIONS))
+
+
+# Recovery: worker 1's first 6 gradients overflow its copy (by its fifth step at
+# lr 0.5; momentum's velocity, at lr 0.05, by its third), the rest are healthy.
+# Its first exchange is dropped, it restarts from the centre with fresh inner-rule
+# state, and each of its later exchanges is applied: 128 steps of tau 8 are 16
+# exchanges, 15 applied and 1 dropped. Kept, an overflowed velocity would make
+# every later copy non-finite, every later exchange dropped.
+RULES = {"sgd": dict(rule="sgd", lr=0.5), "momentum": dict(rule="momentum", lr=0.05)}
+EXCHANGES = OPTIONS["steps"] // OPTIONS["easgd_tau"]
+
+
+def recovering(rank=1, until=6):
+    return FaultyProblem(make_problem("exp"), "overflow", rank=rank, after=0, until=until)
+
+
+def check_recovered(run, dropped: int):
+    s = run.summary
+    assert np.isfinite(run.params).all()
+    assert s["dropped_updates"] == dropped, s
+    assert s["updates"] + s["dropped_updates"] == EXCHANGES, s
+    start = make_problem("exp")
+    assert s["final_loss"] < start.loss(start.initial_params(0)), s
+
+
+def train_recovering(problem, rule, engine, **options):
+    return monsoon.train(problem, "easgd", 2, engine=engine, **{**OPTIONS, **RULES[rule],
+                                                                 **options})
+
+
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+@pytest.mark.parametrize("rule", RULES)
+def test_a_worker_restarted_from_the_centre_recovers_local(rule, compress):
+    check_recovered(train_recovering(recovering(), rule, "local", compress=compress), 1)
+
+
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+@pytest.mark.parametrize("rule", RULES)
+def test_a_worker_restarted_from_the_centre_recovers_sim(rule, compress):
+    # the sim's two workers share one problem and take turns: its first 16
+    # gradients are each worker's first 8, and each drops its first exchange
+    check_recovered(train_recovering(recovering(None, 16), rule, "sim", compress=compress), 2)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+@pytest.mark.parametrize("rule", RULES)
+def test_a_worker_restarted_from_the_centre_recovers_ray(rule, compress):
+    pytest.importorskip("ray")
+    check_recovered(train_recovering(recovering(), rule, "ray", shards=1, compress=compress), 1)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+@pytest.mark.parametrize("rule", RULES)
+def test_a_worker_restarted_from_the_centre_recovers_spark(spark, rule, compress):
+    # each worker's task counts its own gradients: each drops its first exchange
+    check_recovered(train_recovering(recovering(None), rule, "spark", compress=compress), 2)
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+@pytest.mark.parametrize("rule", RULES)
+def test_a_worker_restarted_from_the_centre_recovers_torch(rule, compress):
+    pytest.importorskip("torch")
+    check_recovered(train_recovering(recovering(), rule, "torch", timeout=30,
+                                     compress=compress), 1)

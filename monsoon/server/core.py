@@ -231,6 +231,11 @@ class LocalUpdate:
         self.local.apply(work, grad)
         return True
 
+    def reset(self) -> None:
+        """Start afresh: the next step builds new state (a restarted copy's
+        rule keeps nothing of the copy it restarts from, ``elastic.py``)."""
+        self.local = None
+
     def sums(self, like) -> list:
         """This copy's sums (``Rule.summed_state``), its state created where
         none is yet, for parameters like ``like`` (their size, kind and

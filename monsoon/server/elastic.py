@@ -21,9 +21,12 @@ check a push's gradient passes: where the engine's server core is at hand,
 ``ServerCore.admits`` also counts the drop and tells the rule). Else the
 exchange is dropped, as a non-finite push is: counted (``count_dropped``;
 summary.json's dropped_updates, beside the exchanges applied in updates),
-the centre not moved, and the worker restarts from the centre
-(``Worker.skip_elastic``: it reads the centre, as its program's first Fetch
-did), so that its next exchange has a finite copy to send. An engine whose
+the centre not moved, and the worker restarts from the centre with fresh
+inner-rule state (``Worker.skip_elastic``: it reads the centre, as its
+program's first Fetch did; ``LocalUpdate.reset``: a rule's state, momentum's
+velocity say, may have overflowed with the copy, and kept it would make the
+restarted copy non-finite at its first step, every later exchange dropped),
+so that its next exchange has a finite copy to send. An engine whose
 exchange is a collective (torch) joins it with nothing for that worker.
 
 With the centre finite and alpha in [0, 1], d is finite whenever x_i is,
@@ -37,8 +40,10 @@ def exchange(worker, op):
     """``worker``'s ``Elastic`` op (the module docstring): sent by its
     engine (``send_elastic``) where its private copy is finite; else
     dropped, counted, and the copy restarted from the centre
-    (``skip_elastic``). Returns what the engine's handler returns."""
+    (``skip_elastic``) with its inner rule's state fresh (``reset``).
+    Returns what the engine's handler returns."""
     if worker.admits(worker.work):
         return worker.send_elastic(op)
     worker.count_dropped()
+    worker.local_rule.reset()
     return worker.skip_elastic(op)
