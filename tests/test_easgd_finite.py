@@ -150,6 +150,32 @@ def test_a_worker_restarted_from_the_centre_recovers_spark(spark, rule, compress
     check_recovered(train_recovering(recovering(None), rule, "spark", compress=compress), 2)
 
 
+@pytest.mark.spark
+def test_a_dropped_exchange_restarts_from_the_current_centre_spark(spark, monkeypatch):
+    """Spark: the worker restarts from the centre as it is when its dropped
+    exchange is applied, not as its segment read it at launch (here moved
+    meanwhile, as another worker's exchange would move it); the drop is
+    counted once, by the server's core (none in the tally's ``dropped``,
+    a report's dropped gradients)."""
+    from monsoon.engines.spark.server import DriverServer
+
+    apply, restarts = DriverServer._apply, []
+
+    def moved(self, k, res, *args, **kwargs):
+        skipped = res["op"] == "elastic" and res.get("skipped")
+        if skipped:
+            with self.cond:
+                self.w += 1.0
+        apply(self, k, res, *args, **kwargs)
+        if skipped:  # one worker: no other exchange moves the centre meanwhile
+            restarts.append((np.array_equal(self.own[k], self.w), self.tally.dropped))
+
+    monkeypatch.setattr(DriverServer, "_apply", moved)
+    run = monsoon.train(recovering(None), "easgd", 1, engine="spark", **OPTIONS)
+    assert restarts == [(True, 0)], restarts
+    assert run.summary["dropped_updates"] == 1 and np.isfinite(run.params).all(), run.summary
+
+
 @pytest.mark.torchrun
 @pytest.mark.parametrize("compress", [None, "topk:0.5"])
 @pytest.mark.parametrize("rule", RULES)

@@ -275,7 +275,7 @@ class DriverServer:
 
     def _apply(self, k: int, res: dict, floor: int = 0, sums: dict | None = None) -> None:
         with self.cond:
-            if sums and res["op"] == "push" and res["grad"] is not None:
+            if sums and res["op"] == "push" and not res["skipped"]:
                 # what the applied steps added to the rule's shared sums
                 res["local_rule"].add_sums_to(self.core.state, sums)
             self.positions[k] += res["steps"]
@@ -301,11 +301,13 @@ class DriverServer:
 
     def _land(self, k: int, res: dict) -> bool:
         """Worker k's push or exchange, applied; whether it was (a dropped
-        one, not finite, is counted and the rule told: ``ServerCore.drop``)."""
+        one, not finite, is counted and the rule told: ``ServerCore.drop``;
+        a dropped exchange's copy restarts from the centre as it is now)."""
         op = res["op"]
-        # not finite, nothing sent: a push's gradient (None), an exchange's copy
-        if (op == "push" and res["grad"] is None) or res.get("dropped"):
+        if res.get("skipped"):  # not finite, nothing sent: a push's gradient, an exchange's copy
             self.core.drop()
+            if op == "elastic":
+                res["work"][...] = self.w
             return False
         if op == "push":
             self._push(k, res)

@@ -140,11 +140,13 @@ class _Segment(Worker):
 
     def push(self, op):
         """A Push ends the segment: it sends the accrued gradient, or with
-        ``deltas`` the delta of the worker's own steps; None where not finite."""
+        ``deltas`` the delta of the worker's own steps; None where not finite
+        (``"skipped"``)."""
         sent = self.anchor - self.work if self.deltas else op.grad
         packed = self.pack(sent)  # counted as sent even where not finite (``compressing``)
-        self.out.update(op="push", ticket=op.ticket,
-                        grad=np.array(packed, copy=True) if self.admits(sent) else None)
+        admitted = self.admits(sent)
+        self.out.update(op="push", ticket=op.ticket, skipped=not admitted,
+                        grad=np.array(packed, copy=True) if admitted else None)
         return WAIT
 
     def average(self, op):
@@ -169,11 +171,12 @@ class _Segment(Worker):
         return WAIT
 
     def skip_elastic(self, op):
-        """A dropped exchange (its copy not finite: ``server/elastic.py``)
-        ends the segment too, with nothing sent: the copy restarts from the
-        centre read at launch, and the driver counts the drop."""
-        self.work[...] = self.anchor
-        self.out.update(op="elastic", alpha=op.alpha, dropped=True)
+        """A dropped exchange (its copy not finite: ``server/elastic.py``,
+        whose reset of the inner rule goes back in ``"local_rule"``) ends
+        the segment too, with nothing sent (``"skipped"``): the driver
+        counts the drop and restarts the copy from the centre as it is when
+        the result is applied (``DriverServer._apply``)."""
+        self.out.update(op="elastic", alpha=op.alpha, skipped=True)
         return WAIT
 
 
