@@ -421,18 +421,17 @@ class RankWorker(Worker):
         from the centre. The EXAMPLES flag counts the ranks that send (an
         update each; every other active rank's exchange is dropped)."""
         self._flags(int(sends))
-        wire = None  # compressed: this rank's packed D_k
-        if not sends:
-            _zero(self.grad)  # no d_k
-        elif self.compressed:
-            wire, _ = self.elastic_difference(self.server, op.alpha, packed=True)  # x_k -= D_k
-        else:
-            self.xp.subtract(self.work, self.server, out=self.grad)
-            self.grad *= op.alpha
-            self.work -= self.grad  # x_k -= d_k, before the buffer holds the sum
-        if self.compressed:
+        if self.compressed:  # this rank's packed D_k (None: nothing), x_k -= D_k
+            wire = self.elastic_difference(self.server, op.alpha, packed=True)[0] if sends \
+                else None
             self._gather(wire, f"exchange {self.step}", EXAMPLES)
         else:
+            if sends:
+                self.xp.subtract(self.work, self.server, out=self.grad)
+                self.grad *= op.alpha
+                self.work -= self.grad  # x_k -= d_k, before the buffer holds the sum
+            else:
+                _zero(self.grad)  # no d_k (``_gather`` fills the buffer itself)
             self._reduce(f"exchange {self.step}")
         self.server += self.grad  # x~ += sum_k d_k
         self.updates += int(self.flags[EXAMPLES])
