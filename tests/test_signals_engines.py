@@ -438,3 +438,57 @@ def test_a_stopped_run_that_resume_would_refuse_says_why(engine, tmp_path, reque
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["updates"] < 400 * 16
     assert not list((out / "checkpoints").glob("ckpt-*.npz"))
+
+
+def _stopped_once_checkpointed(out: Path, how: str = "SIGINT") -> None:
+    """Sends ``how`` to this process once the run writing to ``out`` has
+    its first checkpoint (a thread of its own): a stop in mid-run."""
+    import threading
+
+    def stop_once_checkpointed():
+        deadline = time.monotonic() + 120
+        while not list((out / "checkpoints").glob("ckpt-*.npz")):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.Signals[how])
+
+    threading.Thread(target=stop_once_checkpointed, daemon=True).start()
+
+
+@pytest.mark.ray
+def test_a_ray_async_run_resumed_after_ctrl_c_counts_the_pushes_its_workers_dropped(
+        tmp_path, request):
+    """Worker 1's every third gradient is NaN: its worker drops the push
+    (``Worker.push``; the shards never see it) and counts it. The final
+    checkpoint of a run stopped by Ctrl-C holds those drops with the
+    shards' (the count the interrupted run's summary and rows show), so
+    the resumed run counts every push of the whole run once, applied or
+    dropped."""
+    from faulty import FaultyProblem
+    from monsoon.errors import Interrupted
+    from monsoon.problems import make_problem
+
+    _here("ray", request)
+    epochs, out = 50, tmp_path / "run"
+    opts = dict(engine="ray", epochs=epochs, batch_size=16, seed=0, evals=10, timeout=30,
+                progress=False)
+
+    def problem():
+        return FaultyProblem(make_problem("exp"), "nan", rank=1, after=2, every=3)
+
+    _stopped_once_checkpointed(out)
+    with pytest.raises(Interrupted):
+        monsoon.train(problem(), "async", 2, out=out, checkpoint_every=EVERY, **opts)
+    stopped = json.loads((out / "summary.json").read_text())
+    newest = sorted((out / "checkpoints").glob("ckpt-*.npz"))[-1]
+    meta = checkpoints.read(newest).meta
+    assert meta["reason"] == "interrupted" and stopped["dropped_updates"] > 0, stopped
+    assert meta["dropped"] == stopped["dropped_updates"], (meta, stopped["dropped_updates"])
+    assert meta["updates"] == stopped["updates"], (meta, stopped["updates"])
+
+    resumed = monsoon.train(problem(), "async", 2, resume=str(out), **opts).summary
+    assert resumed["examples"] == epochs * 256
+    assert resumed["updates"] + resumed["dropped_updates"] == epochs * 16  # every push, once
+    assert resumed["dropped_updates"] > stopped["dropped_updates"]
+

@@ -6,8 +6,10 @@ retention, fallback to an older good file, one-line refusals).
 Each shard takes a copy of its slice, rule state and dropped count every
 ``every`` versions, inside its lock (``shard.py``). The driver collects the
 copies as it watches the run and, once every shard has handed in version V,
-writes one checkpoint: the whole parameters and rule state, the counters,
-each worker's position in its data plan, and the loss curve so far.
+writes one checkpoint: the whole parameters and rule state, the counters
+(the dropped updates as the rows and the result count them: the shards'
+and the pushes the workers dropped themselves, ``dropped_so_far``), each
+worker's position in its data plan, and the loss curve so far.
 
 - sync: a shard's version V is its state after exactly V steps, so the
   checkpoint is exact: every worker resumes at step V and the run ends
@@ -36,6 +38,26 @@ from ...record import checkpoints
 from ...record.checkpoints import Start, private_copies
 from ...record.progress import counts, examples_after, positions_from_examples
 from ..tally import run_totals
+
+
+def workers_dropped(figures: dict) -> int:
+    """The pushes the workers dropped themselves, from their latest figures
+    or reports (by rank)."""
+    return sum(f.get("dropped", 0) for f in figures.values())
+
+
+def dropped_so_far(start: Start, parts, figures: dict) -> tuple[int, int]:
+    """The updates dropped so far, with those of the run this one resumed
+    (``start``): (the shards', all). A shard drops a synchronous step when
+    any counted contribution was not finite (``Shard._complete``), so the
+    shards agree and a step counts once (``parts``: one tuple a shard, its
+    dropped count last). A push that was not finite never reached a shard:
+    its worker dropped and counted it (``Worker.push``), and the workers'
+    ``figures`` (by rank: their progress or their reports) add those, as
+    the local engine's rows count its workers' drops. The curve's rows,
+    the result and the checkpoints count them so."""
+    shards = start.dropped + max(p[-1] for p in parts)
+    return shards, shards + workers_dropped(figures)
 
 
 class ShardCheckpoints:
@@ -73,8 +95,11 @@ class ShardCheckpoints:
         a, b = self.bounds[s]
         return {"version": self.start.step, "state": tuple(x[a:b] for x in self.start.state)}
 
-    def collect(self, ray, shards, timeout: float, now: float, examples_by_rank: dict) -> None:
-        """Take the shards' copies; write each version all have handed in, oldest first."""
+    def collect(self, ray, shards, timeout: float, now: float, figures: dict) -> None:
+        """Take the shards' copies; write each version all have handed in,
+        oldest first. ``figures``: the workers' latest (by rank: their
+        progress or their reports), whose examples place them and whose
+        dropped pushes count (``dropped_so_far``)."""
         if not self.every:
             return
         for s, copies in enumerate(ray.get([sh.taken.remote() for sh in shards],
@@ -84,27 +109,28 @@ class ShardCheckpoints:
         complete = sorted(v for v, parts in self.pending.items() if len(parts) == len(shards))
         for version in complete:
             parts = self.pending[version]
-            self._write(version, [parts[s] for s in range(len(shards))], now, examples_by_rank,
+            self._write(version, [parts[s] for s in range(len(shards))], now, figures,
                         "periodic", self.carried)
         if complete:  # an older version some shard has not handed in never will be
             self.pending = {v: p for v, p in self.pending.items() if v > complete[-1]}
 
-    def final(self, ray, shards, timeout: float, now: float, examples_by_rank: dict,
+    def final(self, ray, shards, timeout: float, now: float, figures: dict,
               reason: str = "final", totals: dict | None = None) -> None:
         """Every worker has finished: the state they ended at, unless already
         written; or they stopped as asked (``reason`` "interrupted"): that
-        state, said so, also where a periodic one holds it. ``totals``: the
-        run's counts, the workers' reports added (``RunTally.totals``)."""
+        state, said so, also where a periodic one holds it. ``figures``: the
+        workers' reports (by rank); ``totals``: the run's counts, the
+        workers' reports added (``RunTally.totals``)."""
         if not (self.every or reason == "interrupted" and self.keeps):
             return
-        self.collect(ray, shards, timeout, now, examples_by_rank)
+        self.collect(ray, shards, timeout, now, figures)
         wholes = ray.get([sh.whole.remote() for sh in shards], timeout=timeout)
         versions = {v for _, _, v, _ in wholes}
         if len(versions) == 1 and (versions != {self.written} or reason == "interrupted"):
             self._write(versions.pop(), [(p, st, d) for p, st, _, d in wholes], now,
-                        examples_by_rank, reason, totals)
+                        figures, reason, totals)
 
-    def _write(self, version: int, parts, now: float, examples_by_rank: dict,
+    def _write(self, version: int, parts, now: float, figures: dict,
                reason: str, totals: dict | None) -> None:
         params = np.concatenate([p for p, _, _ in parts])
         state = self.rule.init(params.size, params.dtype)
@@ -115,11 +141,11 @@ class ShardCheckpoints:
             positions = [version] * self.workers
             examples = examples_after(version, self.n, self.batch_size)
         else:  # batches before this attempt, and in it
-            done = [int(examples_by_rank.get(r, 0)) for r in range(self.workers)]
+            done = [int(figures.get(r, {}).get("examples", 0)) for r in range(self.workers)]
             positions = positions_from_examples(done, self.n, self.batch_size,
                                                 self.start.positions)
             examples = self.start.examples + sum(done)
-        meta = counts(reason, examples, self.start.dropped + max(d for _, _, d in parts),
+        meta = counts(reason, examples, dropped_so_far(self.start, parts, figures)[1],
                       step=version, exact=self.exact, positions=positions, totals=totals)
         self.keeper.save(version, self.start.time_s + now, params, state, meta)
         self.written = version

@@ -61,7 +61,7 @@ from ...monitor.lifecycle import reclaim_signals
 from ...monitor.pool import fail_if_lost
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ..tally import RunTally, local_totals, run_folder_extra, summed_staleness
-from .checkpointing import ShardCheckpoints
+from .checkpointing import ShardCheckpoints, dropped_so_far, workers_dropped
 from .clock import ClockServer
 from .hosts import POOL, error_line, kill
 from .membership import Membership
@@ -290,7 +290,7 @@ class RayEngine(Engine):
             figures = {**self._progress(ray, live), **results}  # finished: their final figures
             seen.update(figures)
             by_rank = {r: f["examples"] for r, f in figures.items()}
-            ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, by_rank)
+            ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, figures)
             if membership is None:  # elastic: Membership.lose asks it of the ranks out now
                 fail_if_lost(failed, strategy, workers)
             now = time.perf_counter() - t0
@@ -320,8 +320,7 @@ class RayEngine(Engine):
         # fails the run when no member is left)
         if ended and (stopped is None or due.interrupted) and \
                 (not failed or membership is not None):
-            ckpts.final(ray, shards, self.timeout, wall,
-                        {r: v["examples"] for r, v in results.items()},
+            ckpts.final(ray, shards, self.timeout, wall, results,
                         "interrupted" if due.interrupted else "final", tally.totals())
         return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
                             tally, membership, strategy, due.interrupted)
@@ -401,24 +400,20 @@ class RayEngine(Engine):
     def _params(self, ray, shards, start, synchronous: bool, figures: dict, seen=None):
         """The shards' parameters, the updates applied and the updates
         dropped, with those of the run this one resumed (for the curve's rows
-        and the result alike). A shard drops a synchronous step when any
-        counted contribution was not finite (``Shard._complete``), so the
-        shards agree and a step counts once; a shard's version counts its
-        synchronous steps, dropped ones too, so they are taken off it. A
-        push that was not finite never reached a shard: its worker dropped
-        and counted it (``Worker.push``), and the workers' ``figures`` (by
-        rank: their progress or their reports) add those, as the local
-        engine's rows count its workers' drops. ``seen["at_row"]`` (where
-        given) keeps the shards' count, which the live reports until the
-        next row add to the workers' (``_totals``: no call of their own)."""
+        and the result alike): the shards' drops and those of the workers'
+        ``figures`` (by rank: their progress or their reports), as the
+        checkpoints count them (``dropped_so_far``). A shard's version
+        counts its synchronous steps, dropped ones too, so the shards' drops
+        are taken off it. ``seen["at_row"]`` (where given) keeps the shards'
+        count, which the live reports until the next row add to the
+        workers' (``_totals``: no call of their own)."""
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
         version = parts[0][1]
-        dropped = start.dropped + max(d for _, _, d in parts)
+        shards_dropped, dropped = dropped_so_far(start, parts, figures)
         if seen is not None:
-            seen["at_row"] = dropped
+            seen["at_row"] = shards_dropped
         return (np.concatenate([p for p, _, _ in parts]),
-                version - dropped if synchronous else version,
-                dropped + _workers_dropped(figures))
+                version - shards_dropped if synchronous else version, dropped)
 
 
 def _local_totals(strategy, figures: dict) -> tuple | None:
@@ -428,17 +423,11 @@ def _local_totals(strategy, figures: dict) -> tuple | None:
                         sum(f.get("local_dropped", 0) for f in figures.values()))
 
 
-def _workers_dropped(figures: dict) -> int:
-    """The pushes the workers dropped themselves, from their latest figures
-    or reports (by rank)."""
-    return sum(f.get("dropped", 0) for f in figures.values())
-
-
 def _totals(examples: int, figures: dict, shards_dropped: int) -> tuple:
     """(examples, updates, dropped) for a live report, from the workers'
     latest figures (by rank); the dropped ones as the rows count them, the
     shards' (a synchronous step's: ``shards_dropped``, as of the last row)
     and the workers' own."""
     return (examples, sum(f.get("updates", 0) for f in figures.values()),
-            shards_dropped + _workers_dropped(figures))
+            shards_dropped + workers_dropped(figures))
 
