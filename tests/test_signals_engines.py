@@ -492,3 +492,34 @@ def test_a_ray_async_run_resumed_after_ctrl_c_counts_the_pushes_its_workers_drop
     assert resumed["updates"] + resumed["dropped_updates"] == epochs * 16  # every push, once
     assert resumed["dropped_updates"] > stopped["dropped_updates"]
 
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("strategy", ["async", "ssp"])
+def test_a_spark_run_resumed_after_ctrl_c_counts_the_whole_runs_staleness_traffic_and_clocks(
+        strategy, tmp_path, request):
+    """Spark's driver applies every segment itself and counts its staleness,
+    its bytes (each worker's sender) and SSP's clocks: a checkpoint holds
+    them all (``RunTally.totals``), so the run resumed after Ctrl-C counts
+    every update's staleness, every byte and every clock of the whole run,
+    as the uninterrupted run does."""
+    from monsoon.errors import Interrupted
+
+    _here("spark", request)
+    epochs, out = 50, tmp_path / "run"
+    opts = dict(engine="spark", epochs=epochs, n_push=2, n_fetch=2, **OPTIONS)
+    _stopped_once_checkpointed(out)
+    with pytest.raises(Interrupted):
+        monsoon.train("exp", strategy, 2, out=out, checkpoint_every=EVERY, **opts)
+    stopped = json.loads((out / "summary.json").read_text())
+    assert 0 < stopped["updates"] < epochs * 8, stopped
+
+    resumed = monsoon.train("exp", strategy, 2, resume=str(out), **opts).summary
+    whole = _uninterrupted("spark", strategy, epochs, n_push=2, n_fetch=2)
+    for key in ("updates", "examples", "bytes_sent", "bytes_sent_per_worker"):
+        assert resumed[key] == whole.summary[key], key
+    assert sum(resumed["staleness_counts"].values()) == resumed["updates"] == epochs * 8
+    if strategy == "ssp":  # every worker finished every clock, once
+        assert resumed["clocks"] == whole.summary["clocks"] == [epochs * 4] * 2
+        assert sum(resumed["clock_staleness_counts"].values()) == \
+            sum(whole.summary["clock_staleness_counts"].values()) == epochs * 16

@@ -284,7 +284,7 @@ def test_async_checkpoints_and_a_resumed_run_does_only_the_rest(spark, tmp_path)
 
 def test_an_async_run_resumed_from_a_checkpoint_counts_the_whole_runs_bytes(spark, tmp_path):
     """The checkpoint carries the applied segments' traffic (the driver's
-    senders, ``tally.traffic_totals``): the resumed run's bytes are the
+    senders, ``RunTally.totals``): the resumed run's bytes are the
     whole run's, not its last attempt's."""
     from monsoon.record import checkpoints
 

@@ -230,14 +230,6 @@ class Sender:
         self.residual = np.array(arrays["residual"], copy=True) if int(arrays["has"][0]) else None
         self.compressor.set_state(arrays)
 
-    def count_on(self, stats: dict) -> None:
-        """Add a previous attempt's counts (its ``stats()``) to this sender's:
-        a resumed run's traffic counts the whole run."""
-        self.sent_bytes += int(stats.get("sent", 0))
-        self.raw_bytes += int(stats.get("raw", 0))
-        self.received_bytes += int(stats.get("received", 0))
-        self.messages += int(stats.get("messages", 0))
-
     def uncount_last(self) -> None:
         """Take the last message (and what it received back) out of the
         counts: a synchronous worker's message of a step that a stop left

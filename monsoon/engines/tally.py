@@ -18,7 +18,8 @@ rank (``merged``). One written once the workers have reported (an
 interrupted run's final one; Ray's and torch's at an end) holds them all.
 A periodic one (a crashed or killed run's newest) holds those its attempt
 carried and those its writer counts itself: serial's (its one worker runs
-in the writing thread) and torch's staleness (rank 0's: 0, once a step);
+in the writing thread), Spark's async server's (it applies every segment
+and counts them) and torch's staleness (rank 0's: 0, once a step);
 the counts workers keep until they report (the local engine's parallel
 workers' and Ray's staleness, traffic and clocks; torch's traffic) restart
 at its step: the attempt's before it are lost (not its updates, examples and
@@ -28,11 +29,14 @@ older one) counts from zero.
 What only the engine knows (the server's updates, counts in shared
 memory) it gives to ``result``. Spark's async server and local SGD rounds
 add each applied segment's result as its worker's report (its examples and
-local steps). Spark's driver programs and the simulator apply every update
-themselves and count as they go: they use ``failed_list``,
-``run_folder_extra`` and (the simulator's SSP) ``clock_fields``; Spark's async server keeps each worker's sender,
-whose counts its checkpoints carry (``traffic_totals``, ``carry_traffic``),
-and the simulator replays its run to the checkpoint, counting all again.
+local steps); the async server's own counts (each worker's sender and SSP
+clock report, the server's staleness) added to those it carried
+(``RunTally.resumed``) are every checkpoint's totals and its result's.
+Spark's driver programs and the simulator apply every update themselves
+and count as they go: they use ``failed_list``, ``run_folder_extra`` and
+(the simulator's SSP) ``clock_fields``; the driver programs' staleness
+(one count a step) follows from a checkpoint's steps, and the simulator
+replays its run to the checkpoint, counting all again.
 """
 from __future__ import annotations
 
@@ -77,22 +81,6 @@ def merged(kept: dict | None, report: dict) -> dict:
         else:
             out[key] = kept.get(key, 0) + value
     return out
-
-
-def traffic_totals(senders: dict) -> dict:
-    """``RunTally.totals``'s traffic, from senders a driver keeps itself
-    (``{rank: Sender}``: Spark's async server counts every applied segment's)."""
-    return {"traffic": {str(r): {k: v.item() if hasattr(v, "item") else v
-                                 for k, v in senders[r].stats().items()}
-                        for r in sorted(senders)}}
-
-
-def carry_traffic(senders: dict, totals: dict | None) -> None:
-    """Start each of ``senders`` (``{rank: Sender}``) from the traffic in a
-    checkpoint's ``totals`` (none: from zero)."""
-    for rank, stats in ((totals or {}).get("traffic") or {}).items():
-        if int(rank) in senders:
-            senders[int(rank)].count_on(stats)
 
 
 def run_totals(carried: dict | None, reports: dict) -> dict:

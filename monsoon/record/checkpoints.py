@@ -563,18 +563,6 @@ def state_arrays(state) -> dict:
     return {"state." + name: arr for name, arr in zip(state._fields, state)}
 
 
-def staleness_arrays(counts) -> dict:
-    keys = sorted(counts)
-    return {"staleness.values": np.array(keys, dtype=np.int64),
-            "staleness.counts": np.array([counts[k] for k in keys], dtype=np.int64)}
-
-
-def staleness_counts(ckpt: Checkpoint) -> dict:
-    """The staleness counts ``staleness_arrays`` wrote, as {staleness: count}."""
-    return dict(zip(ckpt.arrays["staleness.values"].tolist(),
-                    ckpt.arrays["staleness.counts"].tolist()))
-
-
 class Checkpointer:
     """One run's checkpoints, as an engine's driver (or rank 0) keeps them:
     the identity of the run, where to write, how often, where to resume

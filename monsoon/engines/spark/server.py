@@ -52,14 +52,13 @@ import numpy as np
 from ...errors import WaitTimeout
 from ...monitor.pool import fail_if_lost
 from ...strategies.ops import Clock, Elastic
-from ...server.clocks import PACE_PATIENCE_S, ClockTable, Pace, clock_extra
-from ...compressors.messages import Sender, receive, summarize
+from ...server.clocks import PACE_PATIENCE_S, ClockTable, Pace
+from ...compressors.messages import Sender, receive
 from ...server.averaging import TailAverage
 from ...strategies.batches import budget_steps
 from ...server.core import LocalUpdate, ServerCore, new_readers, pushes_deltas
-from ...record.checkpoints import staleness_arrays, staleness_counts
 from ...record.progress import counts
-from ..tally import RunTally, carry_traffic, traffic_totals
+from ..tally import RunTally
 from ...record.live import add_figures
 from ...monitor.due import Due
 from .sizing import JobTiming
@@ -102,7 +101,9 @@ class DriverServer:
         self.timing = JobTiming("exchange")
         self.clocks = ClockTable(ctx.workers) if Clock in strategy.uses else None
         self.bounds = [0] * ctx.workers  # each worker's bound, from its last Clock op
-        self.clock_staleness = Counter()
+        # the counts of the run this one resumed (``_run_tally``): staleness, traffic, clocks
+        self.carried = {}
+        self.clock_staleness = {k: Counter() for k in range(ctx.workers)}  # by worker
         self.wait_s = [0.0] * ctx.workers
         # each worker's steps: its share of the run
         jobs = [ctx.job(k) for k in range(ctx.workers)]
@@ -130,8 +131,7 @@ class DriverServer:
             self.core.dropped, self.tally.examples = start.dropped, start.examples
             self.tally.local, self.tally.local_dropped = start.local
             self.before = start.time_s
-            self.core.staleness.update(staleness_counts(start.saved))
-            carry_traffic(self.senders, start.totals)  # the whole run's bytes
+            self.carried = start.totals
         self.due = None  # the run's schedule (``run``); ``_capture`` asks it under the lock
 
     # -- a worker: a driver thread and its task's long job ----------------------
@@ -293,7 +293,7 @@ class DriverServer:
                 self.average.update(self.w, res["examples"])
             if self.clocks is not None and res.get("clock") is not None:
                 # the segment's gradients were read at ``floor``, in clock ``finished[k]``
-                self.clock_staleness[int(self.clocks.finished[k]) - floor] += res["steps"]
+                self.clock_staleness[k][int(self.clocks.finished[k]) - floor] += res["steps"]
                 self.bounds[k] = res["clock"]
                 self.clocks.tick(k)  # after its push is applied
                 self.cond.notify_all()
@@ -344,10 +344,9 @@ class DriverServer:
         params, state = self.core.copy()
         meta = counts(reason, self.tally.examples, self.core.dropped,
                       local=(self.tally.local, self.tally.local_dropped),
-                      totals=traffic_totals(self.senders),  # the applied segments' bytes
+                      totals=self._run_tally().totals(),  # every count, at this state
                       applied=self.core.version, server_version=self.core.version)
-        arrays = {"positions": np.array(self.positions, dtype=np.int64),
-                  **staleness_arrays(self.core.staleness)}
+        arrays = {"positions": np.array(self.positions, dtype=np.int64)}
         self.captured.append((done, time.perf_counter() - self.t0, params, state, meta, arrays))
 
     def _write_captured(self) -> None:
@@ -424,17 +423,17 @@ class DriverServer:
                 self._capture("interrupted")
         self._write_captured()  # due after the monitor's last look
         self._fail_if_lost()
+        tally = self._run_tally()
         return {"params": self.model, "wall": wall, "examples": self.tally.examples,
                 "updates": self.core.version, "dropped": self.core.dropped,
                 "local": self.tally.local_totals(self.strategy, self.deltas),
-                "staleness": self.core.staleness,
+                "staleness": tally.staleness,
                 "failed": dict(self.failed), "stopped": stopped, "interrupted": due.interrupted,
                 "worker_params": dict(self.own) if self.elastic else {},
                 "timing": self.timing,
-                "extra": {"spark_jobs": ctx.workers, **self._clock_extra(),
+                "extra": {"spark_jobs": ctx.workers, **self._pace_extra(),
                           **({"averaged_epochs": ctx.average_epochs} if self.average else {}),
-                          **summarize([self.senders[k].stats() for k in range(ctx.workers)],
-                                      self.compression, self.core.version)}}
+                          **tally.extra(self.core.version)}}
 
     # -- read together under the lock, for the curve and the live series -----
     def _snapshot(self):
@@ -456,9 +455,27 @@ class DriverServer:
         with self.lock:
             return {k: dict(f) for k, f in self.live.items()}, Counter(self.core.staleness)
 
-    def _clock_extra(self) -> dict:
-        if self.clocks is None:  # seconds each worker waited for the others' pace
-            return {"pace_wait_s": [round(t, 3) for t in self.wait_s],
-                    "pace_dropped": sorted(self.pace.dropped)}
-        return clock_extra(self.clock_staleness, dict(enumerate(self.wait_s)),
-                           dict(enumerate(self.clocks.finished.tolist())), self.ctx.workers)
+    def _pace_extra(self) -> dict:
+        """Async's and EASGD's pace: the seconds each worker waited for the
+        others, and the workers dropped from it (SSP's clock fields come
+        from ``_run_tally``)."""
+        if self.clocks is not None:
+            return {}
+        return {"pace_wait_s": [round(t, 3) for t in self.wait_s],
+                "pace_dropped": sorted(self.pace.dropped)}
+
+    def _run_tally(self) -> RunTally:
+        """The whole run's counts so far (under the lock, or once the
+        workers have stopped): those of the checkpoint it resumed from
+        (``carried``) and this attempt's, which the driver counts itself
+        as each segment is applied: each worker's report (its sender's
+        traffic, SSP's clock report) and the server's staleness counts."""
+        ssp = self.clocks is not None
+        reports = {k: {"traffic": self.senders[k].stats(),
+                       "clocks": {"clocks": int(self.clocks.finished[k]),
+                                  "wait_s": self.wait_s[k],
+                                  "staleness": self.clock_staleness[k]} if ssp else None}
+                   for k in range(self.ctx.workers)}
+        tally = RunTally.resumed(self.ctx.workers, self.compression, self.carried, reports, ssp)
+        tally.staleness.update(self.core.staleness)
+        return tally
