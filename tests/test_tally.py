@@ -42,3 +42,15 @@ def test_run_folder_extra_names_what_there_is():
     assert run_folder_extra("a/ckpt.npz", "b") == {"checkpoint": "a/ckpt.npz",
                                                   "resumed_from": "b"}
     assert failed_list({}) == []
+
+
+def test_the_reported_late_gradients_travel_in_the_totals_and_older_totals_count_from_zero():
+    """A checkpoint's totals carry the late gradients the workers reported
+    (Ray's backup workers), so a resumed run's tally counts the earlier
+    attempt's too; totals written before they held them count from zero."""
+    first = RunTally(2, Compression())
+    first.add(0, {"late": 3, "staleness": {0: 5}})
+    resumed = RunTally.resumed(2, Compression(), first.totals(), {1: {"late": 2}})
+    assert resumed.late == 5 and resumed.staleness == Counter({0: 5})
+    older = {k: v for k, v in first.totals().items() if k != "late"}
+    assert RunTally.resumed(2, Compression(), older, {1: {"late": 2}}).late == 2

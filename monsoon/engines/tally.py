@@ -11,10 +11,10 @@ them (``RunTally.add``); the tally sums them, lists the lost workers
 all.
 
 A resumed run counts the whole run, not its last attempt: a checkpoint
-holds the ``totals`` its writer knows then (staleness counts, each rank's
-traffic and clock report, in its meta: ``run_totals``), the resumed run's
-tally starts from them (``carry``) and each report adds to them, rank by
-rank (``merged``). One written once the workers have reported (an
+holds the ``totals`` its writer knows then (staleness counts, reported late
+gradients, each rank's traffic and clock report, in its meta:
+``run_totals``), the resumed run's tally starts from them (``carry``) and
+each report adds to them, rank by rank (``merged``). One written once the workers have reported (an
 interrupted run's final one; Ray's and torch's at an end) holds them all.
 A periodic one (a crashed or killed run's newest) holds those its attempt
 carried and those its writer counts itself: serial's (its one worker runs
@@ -163,6 +163,7 @@ class RunTally:
         if not totals:
             return
         self.staleness.update(summed_staleness([totals]))
+        self.late += totals.get("late", 0)
         for key, kept in (("traffic", self.traffic), ("clocks", self.clocks)):
             for rank, figures in totals.get(key, {}).items():
                 kept[int(rank)] = merged(kept.get(int(rank)), figures)
@@ -175,7 +176,7 @@ class RunTally:
                         else v.item() if hasattr(v, "item") else v)
                     for k, v in figures.items()}
 
-        return {"staleness": plain(self.staleness),
+        return {"staleness": plain(self.staleness), **({"late": self.late} if self.late else {}),
                 "traffic": {str(r): plain(t) for r, t in sorted(self.traffic.items())},
                 "clocks": {str(r): plain(c) for r, c in sorted(self.clocks.items())}}
 

@@ -117,7 +117,7 @@ class ShardCheckpoints:
     def final(self, ray, shards, timeout: float, now: float, figures: dict,
               reason: str = "final", totals: dict | None = None) -> None:
         """Every worker has finished: the state they ended at, unless already
-        written; or they stopped as asked (``reason`` "interrupted"): that
+        written with these ``totals``; or they stopped as asked (``reason`` "interrupted"): that
         state, said so, also where a periodic one holds it. ``figures``: the
         workers' reports (by rank); ``totals``: the run's counts, the
         workers' reports added (``RunTally.totals``)."""
@@ -126,7 +126,11 @@ class ShardCheckpoints:
         self.collect(ray, shards, timeout, now, figures)
         wholes = ray.get([sh.whole.remote() for sh in shards], timeout=timeout)
         versions = {v for _, _, v, _ in wholes}
-        if len(versions) == 1 and (versions != {self.written} or reason == "interrupted"):
+        # the version written already holds the counts carried in: again, where
+        # the workers' reports add to them (a run that ended on a periodic one)
+        again = totals is not None and totals != self.carried
+        if len(versions) == 1 and (versions != {self.written} or reason == "interrupted"
+                                   or again):
             self._write(versions.pop(), [(p, st, d) for p, st, _, d in wholes], now,
                         figures, reason, totals)
 
