@@ -110,8 +110,7 @@ def test_a_damaged_newest_falls_back_and_the_resumed_run_ends_bit_identical(whol
     err = capfd.readouterr().err
     assert f"{files[-1]} is corrupt or partial" in err and f"using the older {files[-2].name}" \
         in err
-    if engine != "spark":  # today's spark engine does not name it in summary.json
-        assert resumed.summary["resumed_from"] == str(files[-2])
+    assert resumed.summary["resumed_from"] == str(files[-2])
     np.testing.assert_array_equal(resumed.params, run.params)
     assert resumed.summary["updates"] == run.summary["updates"]
     assert resumed.summary["examples"] == run.summary["examples"]

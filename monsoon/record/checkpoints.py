@@ -581,6 +581,7 @@ class Checkpointer:
         self.ident = ident
         self.recorder = recorder
         self.last_path = None
+        self.resumed_from = None  # the checkpoint ``load`` returned
         self.next_at = None
 
     @classmethod
@@ -594,6 +595,7 @@ class Checkpointer:
         if not self.resume_dir:
             return None
         ckpt = load_latest(self.resume_dir, self.ident, shapes(w0, rule, extra_shapes))
+        self.resumed_from = ckpt.path
         if self.recorder is not None:
             self.recorder.resume(ckpt.meta["rows"])
         return ckpt

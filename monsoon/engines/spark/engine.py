@@ -234,7 +234,7 @@ class SparkEngine(Engine):
             extra={"spark_master": master, "partitions": workers,
                    **(out["timing"].summary() if "timing" in out else {}),
                    **steps_per_exchange(strategy), **sizing, **out.get("extra", {}),
-                   **run_folder_extra(ckpts.last_path)})
+                   **run_folder_extra(ckpts.last_path, ckpts.resumed_from)})
 
     def _size_jobs(self, ctx, strategy, rule, w0) -> dict:
         """A strategy with an exchange period (``Strategy.period``: async's
