@@ -484,23 +484,3 @@ def test_elastic_is_refused_where_the_engine_cannot_regroup():
         monsoon.train("exp", "sync", 2, engine="local", elastic=True, steps=4)
     with pytest.raises(ConfigError, match="choose one"):
         monsoon.train("exp", "sync", 2, engine="ray", elastic=True, backup_workers=1, steps=4)
-
-
-def test_a_run_that_ends_on_a_periodic_checkpoint_carries_its_whole_counts_on(tmp_path):
-    """200 steps, a checkpoint every 50: the run ends on a version its
-    periodic checkpoint already holds, with the counts it carried in only.
-    The driver writes it again once the workers' reports are in, so a run
-    extended from it to 300 steps counts the staleness and traffic of all
-    300, as one 300-step run does."""
-    from monsoon.record import checkpoints
-
-    opts = dict(engine="ray", dtype="float64", seed=0, evals=0, progress=False, timeout=60)
-    whole = monsoon.train("logistic", "sync", 2, steps=300, **opts)
-    monsoon.train("logistic", "sync", 2, steps=200, out=tmp_path / "a", checkpoint_every=50,
-                  **opts)
-    newest = checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0]
-    assert checkpoints.read(newest).meta["updates"] == 200
-    extended = monsoon.train("logistic", "sync", 2, steps=300, resume=str(tmp_path / "a"),
-                             **opts)
-    for key in ("bytes_sent", "staleness_counts", "updates"):
-        assert extended.summary[key] == whole.summary[key], key

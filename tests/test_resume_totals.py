@@ -175,3 +175,28 @@ def test_a_periodic_checkpoint_of_a_resumed_run_keeps_what_it_carried(tmp_path):
     assert sum(third.summary["staleness_counts"].values()) == \
         sum(whole.summary["staleness_counts"].values()) - per_step * lost
     assert third.summary["bytes_sent"] == whole.summary["bytes_sent"] - 2 * 196 * lost
+
+
+@pytest.mark.parametrize("engine, problem", [
+    pytest.param("ray", "logistic", marks=pytest.mark.ray),
+    pytest.param("torch", "exp", marks=pytest.mark.torchrun)])
+def test_a_run_that_ends_on_a_periodic_checkpoint_carries_its_whole_counts_on(
+        engine, problem, tmp_path, request):
+    """200 steps, a checkpoint every 50: the run ends on a step its periodic
+    checkpoint already holds, with the counts it carried in only. Ray's
+    driver and torch's rank 0 write it again once the workers' reports are
+    in, so a run extended from it to 300 steps counts the staleness and
+    traffic of all 300, as one 300-step run does."""
+    if engine == "ray":
+        pytest.importorskip("ray")
+        request.getfixturevalue("local_ray")
+    else:
+        pytest.importorskip("torch")
+    opts = dict(engine=engine, dtype="float64", seed=0, evals=0, progress=False, timeout=60)
+    whole = monsoon.train(problem, "sync", 2, steps=300, **opts)
+    monsoon.train(problem, "sync", 2, steps=200, out=tmp_path / "a", checkpoint_every=50, **opts)
+    newest = checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0]
+    assert checkpoints.read(newest).meta["updates"] == 200
+    extended = monsoon.train(problem, "sync", 2, steps=300, resume=str(tmp_path / "a"), **opts)
+    for key in ("bytes_sent", "staleness_counts", "updates"):
+        assert extended.summary[key] == whole.summary[key], key

@@ -300,25 +300,6 @@ def test_a_run_resumed_from_a_periodic_checkpoint_counts_every_steps_staleness(t
     assert resumed.summary["staleness_counts"] == whole.summary["staleness_counts"] == {0: 200}
 
 
-def test_a_run_that_ends_on_a_periodic_checkpoint_carries_its_whole_counts_on(tmp_path):
-    """200 steps, a checkpoint every 50: the run ends on a periodic
-    checkpoint, written before the ranks' reports reach rank 0. It is
-    written again holding them, so a run extended from it to 300 steps
-    counts the traffic and staleness of all 300, as one 300-step run does."""
-    from monsoon.record import checkpoints
-
-    opts = dict(engine="torch", dtype="float64", seed=0, evals=0, progress=False, timeout=30)
-    whole = monsoon.train("exp", "sync", 2, steps=300, **opts)
-    monsoon.train("exp", "sync", 2, steps=200, out=tmp_path / "a", checkpoint_every=50,
-                  **opts)
-    newest = checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0]
-    assert checkpoints.read(newest).meta["updates"] == 200
-    extended = monsoon.train("exp", "sync", 2, steps=300, resume=str(tmp_path / "a"),
-                             **opts)
-    for key in ("bytes_sent", "staleness_counts", "updates"):
-        assert extended.summary[key] == whole.summary[key], key
-
-
 def test_each_ranks_own_dropped_local_steps_are_counted():
     """Rank 1's gradient is NaN every fifth call: its LocalApply drops the
     step on its own copy. summary.json counts every rank's drops, as the
