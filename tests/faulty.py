@@ -5,7 +5,9 @@ worker), after ``after`` gradient calls (and up to call ``until``, where
 given: its first faults only, then healthy again), raises, returns a NaN gradient,
 returns a finite gradient whose steps overflow the parameters (a
 diverging worker), exits the process, hangs, or takes 0.1 s longer per
-gradient (a straggler); ``SignalOnce`` presses Ctrl-C on the run from inside a
+gradient (a straggler); in mode "exit-at-end" it exits as the worker
+reports at the end of its run (a rank lost after its last step: the
+report reads the problem's ``state``); ``SignalOnce`` presses Ctrl-C on the run from inside a
 gradient. ``TellsDrops`` is SGD that notes each dropped update it is told of
 in a file, wherever it runs (a Ray shard's process). They live in an
 importable module because spawned workers unpickle them by name.
@@ -57,7 +59,7 @@ class FaultyProblem(Problem):
             armed = armed and self.calls <= self.until
         if self.every:
             armed = armed and self.calls % self.every == 0
-        if not armed:
+        if not armed or self.mode == "exit-at-end":
             return loss, grad
         if self.mode == "nan":
             grad[0] = np.nan
@@ -76,6 +78,11 @@ class FaultyProblem(Problem):
             time.sleep(0.1)
             return loss, grad
         raise ValueError(f"unknown fault mode {self.mode}")
+
+    def state(self):
+        if self.mode == "exit-at-end" and self.fault_rank in (None, self.rank):
+            os._exit(3)
+        return super().state()
 
 
 def _unavailable():

@@ -5,7 +5,9 @@
   becomes torchrun's elastic agent);
 - a rank killed mid-run fails the run within ``--timeout``, naming the rank;
   with ``--max-restarts 1`` and checkpoints the run completes, equal to an
-  uninterrupted one;
+  uninterrupted one; a rank lost after the last step (in the gather of
+  the ranks' reports) fails the run naming it, and rank 0's checkpoint
+  there resumes;
 - two torchrun invocations (``--nnodes 2``, c10d rendezvous on 127.0.0.1)
   train together, as two nodes would; with ``--max-restarts 1`` they carry
   on from the newest checkpoint when their agents' restart counts differ
@@ -298,6 +300,37 @@ def test_a_run_resumed_from_a_periodic_checkpoint_counts_every_steps_staleness(t
     resumed = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "a"), **opts)
     assert resumed.summary["updates"] == 200
     assert resumed.summary["staleness_counts"] == whole.summary["staleness_counts"] == {0: 200}
+
+
+@pytest.mark.slow
+def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resumes(tmp_path):
+    """Rank 1 exits after the last step, as it reports (``rank._finish``'s
+    gather): the run fails in one line naming rank 1, no rank is left
+    behind, and rank 0's checkpoint where every rank stopped (step 30, a
+    checkpoint every 20) resumes."""
+    import json
+
+    from faulty import FaultyProblem
+    from monsoon.errors import WorkerError
+    from monsoon.problems import make_problem
+    from monsoon.record import checkpoints
+    from test_kill_monitor import name
+
+    def problem(rank):  # rank -1: none exits
+        return FaultyProblem(make_problem("exp", "float64"), "exit-at-end", rank=rank)
+
+    opts = dict(engine="torch", seed=0, evals=0, progress=False, timeout=30,
+                checkpoint_every=20)
+    with pytest.raises(WorkerError) as caught:
+        monsoon.train(problem(1), "sync", 2, steps=30, out=tmp_path / "a", **opts)
+    assert str(caught.value).startswith("torch engine: rank 1 failed (exit code 3)")
+    assert not [pid for pid in _tree(os.getpid()) if name(pid).startswith("monsoon-rank")]
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert checkpoints.read(summary["checkpoint"]).meta["step"] == 30
+    resumed = monsoon.train(problem(-1), "sync", 2, steps=50, resume=str(tmp_path / "a"),
+                            out=tmp_path / "b", **opts).summary
+    assert resumed["resumed_at_step"] == 30 and resumed["updates"] == 50
 
 
 def test_each_ranks_own_dropped_local_steps_are_counted():

@@ -280,20 +280,20 @@ class RankWorker(Worker):
                     self._landed()
 
     @contextlib.contextmanager
-    def _collective(self, what: str):
+    def _collective(self, what: str, op: str = "all-reduce"):
         """A collective's gloo/NCCL error, said as what it means (``_failed``)."""
         try:
             yield
         except Exception as exc:  # noqa: BLE001
-            self._failed(what, exc)
+            self._failed(what, exc, op)
 
-    def _failed(self, what: str, exc) -> None:
+    def _failed(self, what: str, exc, op: str = "all-reduce") -> None:
         # not monitor.pool.fail_if_lost: a collective cannot go on without every rank
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         others = [r for r in range(self.world) if r != self.rank]
         who = (f"rank {others[0]}" if len(others) == 1 else
                "another rank (torchrun's report names one that died)")
-        err = WorkerError(f"rank {self.rank}: the all-reduce of {what} failed after "
+        err = WorkerError(f"rank {self.rank}: the {op} of {what} failed after "
                           f"{time.perf_counter() - self.t0:.1f} s ({msg}); {who} died, "
                           f"stalled or was cut off for longer than --timeout "
                           f"{self.engine.timeout:g} s")
@@ -611,18 +611,19 @@ def _finish(worker, comm) -> RunTally | None:
     """After the program: rank 0 writes the final checkpoint (for a later
     ``--resume``) where the last periodic one is older, and an interrupted
     run's where every rank stopped (with no periodic ones too), with the
-    counts known at its step, before anything else can fail. Then every
-    rank's figures, own parameters, problem state and traffic are gathered
-    on rank 0 and added to the resumed run's counts (the tally, returned
-    there; None on the other ranks), and the checkpoint at this step (that
-    one, or the periodic one the run ended on) is written again holding
-    them, where they add to what it holds."""
+    counts known at its step, before anything else can fail (a rank lost
+    in the gather fails the run, naming it: ``RankWorker._failed``). Then
+    every rank's figures, own parameters, problem state and traffic are
+    gathered on rank 0 and added to the resumed run's counts (the tally,
+    returned there; None on the other ranks), and the checkpoint at this
+    step (that one, or the periodic one the run ended on) is written again
+    holding them, where they add to what it holds."""
     if comm.rank == 0:
         _final_checkpoint(worker, None)
-    gathered = comm.gather_object(worker.report(examples=worker.examples,
-                                                local=worker.local[0],
-                                                local_dropped=worker.local[1],
-                                                **worker.counted()))
+    report = worker.report(examples=worker.examples, local=worker.local[0],
+                           local_dropped=worker.local[1], **worker.counted())
+    with worker._collective("the end-of-run reports", "gather"):
+        gathered = comm.gather_object(report)
     tally = None
     if comm.rank == 0:
         tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
