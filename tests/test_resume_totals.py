@@ -185,8 +185,8 @@ def test_a_run_that_ends_on_a_periodic_checkpoint_carries_its_whole_counts_on(
     """200 steps, a checkpoint every 50: the run ends on a step its periodic
     checkpoint already holds, with the counts it carried in only. Ray's
     driver and torch's rank 0 write it again once the workers' reports are
-    in, so a run extended from it to 300 steps counts the staleness and
-    traffic of all 300, as one 300-step run does."""
+    in (reason "final"), so a run extended from it to 300 steps counts the
+    staleness and traffic of all 300, as one 300-step run does."""
     if engine == "ray":
         pytest.importorskip("ray")
         request.getfixturevalue("local_ray")
@@ -197,6 +197,7 @@ def test_a_run_that_ends_on_a_periodic_checkpoint_carries_its_whole_counts_on(
     monsoon.train(problem, "sync", 2, steps=200, out=tmp_path / "a", checkpoint_every=50, **opts)
     newest = checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0]
     assert checkpoints.read(newest).meta["updates"] == 200
+    assert checkpoints.read(newest).meta["reason"] == "final"  # not "periodic": the run ended
     extended = monsoon.train(problem, "sync", 2, steps=300, resume=str(tmp_path / "a"), **opts)
     for key in ("bytes_sent", "staleness_counts", "updates"):
         assert extended.summary[key] == whole.summary[key], key

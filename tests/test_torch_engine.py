@@ -307,10 +307,12 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
     """Rank 1 exits after the last step, as it reports (``rank._finish``'s
     gather): the run fails in one line naming rank 1, no rank is left
     behind, and rank 0's checkpoint where every rank stopped (step 30, a
-    checkpoint every 20) resumes."""
+    checkpoint every 20) resumes. The resumed run's own final checkpoint
+    says it ended ("final", not "periodic") and holds its whole counts."""
     import json
 
     from faulty import FaultyProblem
+    from monsoon.engines.tally import RunTally
     from monsoon.errors import WorkerError
     from monsoon.problems import make_problem
     from monsoon.record import checkpoints
@@ -331,6 +333,11 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
     resumed = monsoon.train(problem(-1), "sync", 2, steps=50, resume=str(tmp_path / "a"),
                             out=tmp_path / "b", **opts).summary
     assert resumed["resumed_at_step"] == 30 and resumed["updates"] == 50
+    meta = checkpoints.read(resumed["checkpoint"]).meta
+    assert (meta["reason"], meta["step"]) == ("final", 50)
+    tally = RunTally.resumed(2, None, meta["totals"])
+    assert tally.staleness == resumed["staleness_counts"] == {0: 50}
+    assert sum(t["sent"] for t in tally.traffic.values()) == resumed["bytes_sent"] > 0
 
 
 def test_each_ranks_own_dropped_local_steps_are_counted():

@@ -608,42 +608,48 @@ def _join(engine, problem, workers):
 
 
 def _finish(worker, comm) -> RunTally | None:
-    """After the program: rank 0 writes the final checkpoint (for a later
-    ``--resume``) where the last periodic one is older, and an interrupted
-    run's where every rank stopped (with no periodic ones too), with the
-    counts known at its step, before anything else can fail (a rank lost
-    in the gather fails the run, naming it: ``RankWorker._failed``). Then
-    every rank's figures, own parameters, problem state and traffic are
-    gathered on rank 0 and added to the resumed run's counts (the tally,
-    returned there; None on the other ranks), and the checkpoint at this
-    step (that one, or the periodic one the run ended on) is written again
-    holding them, where they add to what it holds."""
-    if comm.rank == 0:
-        _final_checkpoint(worker, None)
-    report = worker.report(examples=worker.examples, local=worker.local[0],
-                           local_dropped=worker.local[1], **worker.counted())
-    with worker._collective("the end-of-run reports", "gather"):
-        gathered = comm.gather_object(report)
+    """After the program: every rank's figures, own parameters, problem
+    state and traffic are gathered on rank 0 and added to the resumed run's
+    counts (the tally, returned there; None on the other ranks), and rank 0
+    writes the final checkpoint, once, holding them (``_final_checkpoint``).
+    Where the gather fails (a rank lost at the end: the error names it,
+    ``RankWorker._failed``), rank 0 writes it with the counts known at its
+    step before the error leaves: the run resumes from where every rank
+    stopped."""
+    try:
+        report = worker.report(examples=worker.examples, local=worker.local[0],
+                               local_dropped=worker.local[1], **worker.counted())
+        with worker._collective("the end-of-run reports", "gather"):
+            gathered = comm.gather_object(report)
+    except BaseException:
+        if comm.rank == 0:
+            _final_checkpoint(worker, None)
+        raise
     tally = None
     if comm.rank == 0:
         tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
                                  dict(enumerate(gathered)))
-        if tally.totals() != run_totals(worker.carried, {0: worker.counted()}):
-            _final_checkpoint(worker, tally.totals(), at_end=True)
+        _final_checkpoint(worker, tally.totals())
     if worker.buckets is not None:
         worker.buckets.remove()
     comm.dist.barrier()
     return tally
 
 
-def _final_checkpoint(worker, totals: dict | None, at_end: bool = False) -> None:
-    """Rank 0's last checkpoint (``_finish``), holding ``totals`` (None:
-    those known at its step, ``RankWorker.save_checkpoint``); ``at_end``:
-    also where the run ended on a periodic one (written again, whole)."""
+def _final_checkpoint(worker, totals: dict | None) -> None:
+    """Rank 0's checkpoint where every rank stopped (``_finish``): an
+    interrupted run's (sync: exact, also with no periodic ones), else a run's
+    that writes periodic ones. ``totals``: the whole run's counts, reason
+    "interrupted" or "final" (as Ray's), also where a periodic one holds the
+    step (with the counts known then only); None: the gather failed, those
+    known at the step (``save_checkpoint``), as a periodic one holds them,
+    and none where a periodic one holds the step."""
     if worker.interrupted and worker.exact:
         worker.save_checkpoint("interrupted", totals)
-    elif worker.every and (worker.step % worker.every or at_end):
-        worker.save_checkpoint(totals=totals)
+    elif worker.every and totals is not None:
+        worker.save_checkpoint("final", totals)
+    elif worker.every and worker.step % worker.every:
+        worker.save_checkpoint()
 
 
 def _run_result(engine, comm, worker, start, tally, startup, wall, shm_used) -> EngineResult:
