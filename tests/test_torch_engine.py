@@ -340,6 +340,26 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
     assert sum(t["sent"] for t in tally.traffic.values()) == resumed["bytes_sent"] > 0
 
 
+def test_a_sync_step_with_a_nan_gradient_is_dropped_and_counted_as_on_the_local_engine():
+    """Rank 1's every fifth gradient after its third is NaN: the sum every
+    rank gets is NaN, and each drops the step (``RankWorker._apply_mean``)
+    and counts it, through shared memory (``auto`` on x86) and gloo alike,
+    as the local engine does (``server/reduce.py``), to the bit. (A sum of
+    finite gradients cannot overflow here: each rank sends (n_k / B) g_k.)"""
+    from faulty import FaultyProblem
+    from monsoon.problems import make_problem
+
+    problem = FaultyProblem(make_problem("exp"), "nan", rank=1, after=3, every=5)
+    opts = dict(steps=20, seed=0, evals=0, progress=False)
+    local = monsoon.train(problem, "sync", 2, backend="threads", **opts)
+    assert (local.summary["updates"], local.summary["dropped_updates"]) == (16, 4)
+    for via in ("auto", "backend"):
+        run = monsoon.train(problem, "sync", 2, engine="torch", reduce_via=via, timeout=30,
+                            **opts)
+        assert (run.summary["updates"], run.summary["dropped_updates"]) == (16, 4), via
+        np.testing.assert_array_equal(run.params, local.params)
+
+
 def test_each_ranks_own_dropped_local_steps_are_counted():
     """Rank 1's gradient is NaN every fifth call: its LocalApply drops the
     step on its own copy. summary.json counts every rank's drops, as the
