@@ -328,7 +328,7 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
     assert str(caught.value).startswith("torch engine: rank 1 failed (exit code 3)")
     assert not [pid for pid in _tree(os.getpid()) if name(pid).startswith("monsoon-rank")]
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
-    assert summary["status"] == "failed"
+    assert summary["status"] == "failed" and summary["failed_worker"] == 1
     assert checkpoints.read(summary["checkpoint"]).meta["step"] == 30
     resumed = monsoon.train(problem(-1), "sync", 2, steps=50, resume=str(tmp_path / "a"),
                             out=tmp_path / "b", **opts).summary

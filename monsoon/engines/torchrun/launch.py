@@ -68,7 +68,7 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
                 elastic_launch(config, entrypoint=rank_main)(str(folder), os.getpid(),
                                                              AgentStreams())
         except ChildFailedError as exc:  # any rank lost: the collectives need every one
-            raise WorkerError(failure_message(exc, folder, engine)) from None
+            raise failure_error(exc, folder, engine) from None
         finally:
             if saved is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
@@ -160,9 +160,10 @@ def remove_stale_folders() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def failure_message(exc, folder: Path, engine) -> str:
+def failure_error(exc, folder: Path, engine) -> WorkerError:
     """One line: the rank that died (a signal other than the agent's own
-    SIGTERM) or failed first, with its error, then the others."""
+    SIGTERM) or failed first, with its error, then the others; the error's
+    ``worker`` is that rank (summary.json's ``failed_worker``)."""
     failures = dict(exc.failures)
     parts = []
 
@@ -187,4 +188,6 @@ def failure_message(exc, folder: Path, engine) -> str:
         parts.append(why(rank, failures[rank]))
     restarts = (f" after {engine.max_restarts} restart(s)" if engine.max_restarts else
                 " (--max-restarts 0)")
-    return "torch engine: " + "; ".join(parts) + restarts
+    err = WorkerError("torch engine: " + "; ".join(parts) + restarts)
+    err.worker = order[0]
+    return err
