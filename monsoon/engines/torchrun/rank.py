@@ -632,7 +632,8 @@ def _finish(worker, comm) -> RunTally | None:
         _final_checkpoint(worker, tally.totals())
     if worker.buckets is not None:
         worker.buckets.remove()
-    comm.dist.barrier()
+    with worker._collective("the end of the run", "barrier"):  # a rank lost here: named too
+        comm.dist.barrier()
     return tally
 
 
