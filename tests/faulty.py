@@ -7,8 +7,8 @@ returns a finite gradient whose steps overflow the parameters (a
 diverging worker), exits the process, hangs, or takes 0.1 s longer per
 gradient (a straggler); in mode "exit-at-end" it exits as the worker
 reports at the end of its run (a rank lost after its last step: the
-report reads the problem's ``state``); ``SignalOnce`` presses Ctrl-C on the run from inside a
-gradient. ``TellsDrops`` is SGD that notes each dropped update it is told of
+report reads the problem's ``state``). ``SignalOnce`` presses Ctrl-C on
+the run from inside a gradient. ``TellsDrops`` is SGD that notes each dropped update it is told of
 in a file, wherever it runs (a Ray shard's process). They live in an
 importable module because spawned workers unpickle them by name.
 """
