@@ -7,7 +7,8 @@ returns a finite gradient whose steps overflow the parameters (a
 diverging worker), exits the process, hangs, or takes 0.1 s longer per
 gradient (a straggler); in mode "exit-at-end" it exits as the worker
 reports at the end of its run (a rank lost after its last step: the
-report reads the problem's ``state``). ``SignalOnce`` presses Ctrl-C on
+report reads the problem's ``state``), the other ranks reporting 0.5 s
+later. ``SignalOnce`` presses Ctrl-C on
 the run from inside a gradient. ``TellsDrops`` is SGD that notes each dropped update it is told of
 in a file, wherever it runs (a Ray shard's process). They live in an
 importable module because spawned workers unpickle them by name.
@@ -82,6 +83,8 @@ class FaultyProblem(Problem):
     def state(self):
         if self.mode == "exit-at-end" and self.fault_rank in (None, self.rank):
             os._exit(3)
+        if self.mode == "exit-at-end" and self.fault_rank is not None and self.fault_rank >= 0:
+            time.sleep(0.5)  # the others report late: the lost rank's exit comes first
         return super().state()
 
 

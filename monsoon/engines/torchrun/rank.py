@@ -49,7 +49,7 @@ from collections import Counter
 import numpy as np
 
 from ... import arrays
-from ...errors import ConfigError, WorkerError
+from ...errors import ConfigError, Interrupted, WorkerError
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Fetch
 from ...record import checkpoints
@@ -284,6 +284,8 @@ class RankWorker(Worker):
         """A collective's gloo/NCCL error, said as what it means (``_failed``)."""
         try:
             yield
+        except Interrupted:  # a second stop signal, raised inside the collective: as is
+            raise
         except Exception as exc:  # noqa: BLE001
             self._failed(what, exc, op)
 
@@ -608,23 +610,20 @@ def _join(engine, problem, workers):
 
 
 def _finish(worker, comm) -> RunTally | None:
-    """After the program: every rank's figures, own parameters, problem
-    state and traffic are gathered on rank 0 and added to the resumed run's
-    counts (the tally, returned there; None on the other ranks), and rank 0
-    writes the final checkpoint, once, holding them (``_final_checkpoint``).
-    Where the gather fails (a rank lost at the end: the error names it,
-    ``RankWorker._failed``), rank 0 writes it with the counts known at its
-    step before the error leaves: the run resumes from where every rank
-    stopped."""
-    try:
-        report = worker.report(examples=worker.examples, local=worker.local[0],
-                               local_dropped=worker.local[1], **worker.counted())
-        with worker._collective("the end-of-run reports", "gather"):
-            gathered = comm.gather_object(report)
-    except BaseException:
-        if comm.rank == 0:
-            _final_checkpoint(worker, None)
-        raise
+    """After the program: rank 0 first writes the checkpoint where every
+    rank stopped, with the counts known at its step (``_final_checkpoint``),
+    before anything else can fail: a rank lost in the gather that follows
+    is named (``RankWorker._failed``) and the agent may kill rank 0 at once,
+    so the run resumes from there. Then every rank's figures, own
+    parameters, problem state and traffic are gathered on rank 0 and added
+    to the resumed run's counts (the tally, returned there; None on the
+    other ranks), and rank 0 writes that checkpoint again, holding them."""
+    if comm.rank == 0:
+        _final_checkpoint(worker, None)
+    report = worker.report(examples=worker.examples, local=worker.local[0],
+                           local_dropped=worker.local[1], **worker.counted())
+    with worker._collective("the end-of-run reports", "gather"):
+        gathered = comm.gather_object(report)
     tally = None
     if comm.rank == 0:
         tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
@@ -640,17 +639,14 @@ def _finish(worker, comm) -> RunTally | None:
 def _final_checkpoint(worker, totals: dict | None) -> None:
     """Rank 0's checkpoint where every rank stopped (``_finish``): an
     interrupted run's (sync: exact, also with no periodic ones), else a run's
-    that writes periodic ones. ``totals``: the whole run's counts, reason
-    "interrupted" or "final" (as Ray's), also where a periodic one holds the
-    step (with the counts known then only); None: the gather failed, those
-    known at the step (``save_checkpoint``), as a periodic one holds them,
-    and none where a periodic one holds the step."""
-    if worker.interrupted and worker.exact:
-        worker.save_checkpoint("interrupted", totals)
-    elif worker.every and totals is not None:
-        worker.save_checkpoint("final", totals)
-    elif worker.every and worker.step % worker.every:
-        worker.save_checkpoint()
+    that writes periodic ones, with reason "interrupted" or "final" (as
+    Ray's). ``totals`` None: before the gather, the counts known at the step
+    (``save_checkpoint``), not written where a periodic one holds the step
+    (it holds the same); else the whole run's, written also where a periodic
+    one holds the step (it replaces that one)."""
+    if (worker.interrupted and worker.exact) or (
+            worker.every and (totals is not None or worker.step % worker.every)):
+        worker.save_checkpoint("interrupted" if worker.interrupted else "final", totals)
 
 
 def _run_result(engine, comm, worker, start, tally, startup, wall, shm_used) -> EngineResult:
