@@ -159,7 +159,7 @@ def test_a_periodic_checkpoint_of_a_resumed_run_keeps_what_it_carried(tmp_path):
     step s1) writes periodic checkpoints holding the counts it carried; a
     run resumed from one of them (at step p2) counts the first attempt's
     and its own: only the second attempt's running workers' counts up to
-    p2 restart (``engines/tally.py``)."""
+    p2 restart (``monitor/tally.py``)."""
     first, opts = interrupted_then_resumed(tmp_path, "sync", backend="threads")
     s1 = checkpoints.read(checkpoints.checkpoint_files(first / "checkpoints")[0]).meta["updates"]
     monsoon.train("exp", "sync", 2, resume=str(first), out=tmp_path / "b", checkpoint_every=200,

@@ -218,7 +218,7 @@ def test_ctrl_c_stops_a_sync_run_cleanly_and_it_resumes_bit_for_bit(engine, tmp_
     torch: every rank) stops after the same step, and the final checkpoint
     is exact there: the resumed run ends bit-identical to an uninterrupted
     one, with its totals. The final checkpoint holds what the workers
-    counted themselves (``engines/tally.py``: Ray's driver and torch's rank
+    counted themselves (``monitor/tally.py``: Ray's driver and torch's rank
     0 add their reports first), so the resumed run's summary.json counts
     every gradient's staleness and every byte of the whole run."""
     _here(engine, request)

@@ -1,10 +1,10 @@
-"""``engines/tally.py``: the workers' end reports summed into a run's result."""
+"""``monitor/tally.py``: the workers' end reports summed into a run's result."""
 from collections import Counter
 
 import numpy as np
 
 from monsoon.compressors.messages import Compression
-from monsoon.engines.tally import RunTally, failed_list, run_folder_extra
+from monsoon.monitor.tally import RunTally, failed_list, run_folder_extra
 
 
 def _traffic(sent):

@@ -286,7 +286,7 @@ def test_sync_equals_serial_and_ddp_and_local_sgd_h1(tmp_path):
 def test_a_run_resumed_from_a_periodic_checkpoint_counts_every_steps_staleness(tmp_path):
     """Rank 0 counts each step's update (staleness 0) itself: a periodic
     checkpoint holds that count at its step, so a run resumed from it (a
-    crashed run's newest) counts the whole run's (``engines/tally.py``)."""
+    crashed run's newest) counts the whole run's (``monitor/tally.py``)."""
     from monsoon.record import checkpoints
 
     opts = dict(engine="torch", dtype="float64", steps=200, seed=0, evals=0, progress=False,

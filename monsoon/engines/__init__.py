@@ -10,7 +10,8 @@ docs/extending.md.
 from __future__ import annotations
 
 from ..registry import Registry
-from .base import Engine, EngineResult
+from ..monitor.tally import EngineResult
+from .base import Engine
 from .local import BACKENDS, LocalEngine
 from .ray import RayEngine
 from .sim import DelayModel, SimEngine

@@ -33,20 +33,18 @@ ops: an engine that meets it runs the stages with its own runner
 (``pipeline.py`` in its package), handed over at the top of ``run``.
 
 Shared pieces live beside the contract, never in one engine's package:
-``EngineResult``, ``shard_bounds``, ``DEFAULT_MAX_SHARDS``, ``replicates``,
-``shared_memory.SharedArrays``, ``checkpoints``, ``reduce``, ``waiting``,
-``processes`` (spawning worker processes), ``tally`` (the result from the
-workers' end reports).
+``shard_bounds``, ``DEFAULT_MAX_SHARDS``, ``replicates``,
+``shared_memory.SharedArrays``, ``checkpoints``, ``reduce``, and under
+``monitor/``: ``waiting``, ``processes`` (spawning worker processes),
+``tally`` (``EngineResult``, the result from the workers' end reports).
 """
 from __future__ import annotations
-
-from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..compressors.messages import Compression
 from ..errors import ConfigError
+from ..monitor.tally import EngineResult
 from ..strategies import ops as _ops
 from ..strategies.base import BACKUP_WORKERS, ELASTIC, SHARED_MEMORY, STAGES
 from .options import CHECKPOINT_EVERY, RESUME, checkpoint_paths, refuse_checkpoints
@@ -88,31 +86,6 @@ DEFAULT_MAX_SHARDS = 8
 MIN_PROCESS_SHARD = 1 << 18
 # Synchronous steps replicate the parameters in every worker up to this size.
 REPLICATE_MAX_BYTES = 1 << 21
-
-
-@dataclass
-class EngineResult:
-    """What an engine returns to ``monsoon.train``."""
-    params: np.ndarray
-    startup_s: float
-    wall_time_s: float
-    examples: int
-    updates: int
-    dropped_updates: int   # in the unit of ``updates``: the server's updates not applied
-    staleness: Counter
-    failed_workers: list = field(default_factory=list)
-    late_gradients: int = 0
-    worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
-    worker_states: dict = field(default_factory=dict)  # each worker's buffers (BatchNorm)
-    extra: dict = field(default_factory=dict)          # engine-specific summary fields
-    stopped: str | None = None   # why the monitor stopped the run early, if it did
-    interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
-    follower: bool = False   # a rank other than 0 of the torch engine: rank 0 records the run
-    # the workers' local steps on their own copies (local SGD, EASGD), applied
-    # and dropped (a non-finite gradient), summed over the workers; None where
-    # the run takes none
-    local_updates: int | None = None
-    dropped_local_updates: int | None = None
 
 
 class Engine:

@@ -13,7 +13,7 @@ in the data order (``step``: batches done; ``positions``: per worker), the
 time and counters so far, and the recorder's rows, so the loss curve
 carries on; where the engine's tally wrote them, ``totals``: the counts its
 workers kept themselves (staleness, traffic, SSP's clocks) known when it was
-written (every one in a run's final checkpoint; ``engines/tally.py`` says
+written (every one in a run's final checkpoint; ``monitor/tally.py`` says
 which in a periodic one), which the resumed run's tally counts on from, so
 its summary counts the whole run.
 How the counts, positions and counters are reckoned is ``progress.py``'s.

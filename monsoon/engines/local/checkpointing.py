@@ -24,7 +24,7 @@ the end of an epoch, at most once per epoch; serial's are exact.
 
 Either way the checkpoint holds the counters (and, where workers take local
 steps, ``local_updates`` and ``dropped_local_updates``) and the recorder's
-rows up to it, and the ``totals`` known then (``engines/tally.py``): a
+rows up to it, and the ``totals`` known then (``monitor/tally.py``): a
 stopped run's final one and every one of serial's hold what the workers
 counted themselves (staleness, traffic, SSP's clocks); a parallel run's
 periodic one, only those it carried. An exact checkpoint of a compressed run also

@@ -68,7 +68,7 @@ from .store import (ABORTED, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING, ST
                     UPDATES, ParameterStore)
 from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, replicates,
                     replicates_bytes, shard_count)
-from ..tally import RunTally, run_folder_extra
+from ...monitor.tally import RunTally, run_folder_extra
 from .synchronous import Stopped
 
 BACKENDS = ("processes", "threads")

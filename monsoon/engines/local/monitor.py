@@ -17,13 +17,12 @@ import time
 import numpy as np
 
 from ... import arrays
-from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import StopSignals
 from ...monitor.pool import fail_if_lost
 from ...record import progress
 from ...record.progress import EXAMPLES
-from ..tally import RunTally, local_totals, run_totals
+from ...monitor.tally import EngineResult, RunTally, local_totals, run_totals
 from .checkpointing import read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)

@@ -36,7 +36,7 @@ import numpy as np
 from ...errors import ConfigError, WaitTimeout
 from ...strategies.batches import budget_steps, global_batches
 from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
-from ..base import EngineResult
+from ...monitor.tally import EngineResult
 from ...monitor.due import Due
 from ..options import refuse_checkpoints
 from ...monitor.processes import limit_threads, start_context, torch_threads_per_worker

@@ -27,7 +27,7 @@ when a stop signal ended the workers (``engine.py``: sync at one step on
 every shard, the others between batches, their pushes in), it holds the
 state they stopped at, written also with ``every`` 0 (``reason``
 "interrupted"). Totals (updates, examples, dropped, time) and the loss
-curve carry on, and the workers' own counts (``totals``, ``engines/tally.py``
+curve carry on, and the workers' own counts (``totals``, ``monitor/tally.py``
 says which a periodic checkpoint holds).
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 from ...record import checkpoints
 from ...record.checkpoints import Start, private_copies
 from ...record.progress import counts, examples_after, positions_from_examples
-from ..tally import run_totals
+from ...monitor.tally import run_totals
 
 
 def workers_dropped(figures: dict) -> int:

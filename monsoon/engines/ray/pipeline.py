@@ -27,7 +27,7 @@ from ...errors import WaitTimeout, WorkerError
 from ...strategies.batches import global_batches, part_bounds
 from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ...strategies.pipeline.schedules import dependency_order, schedule
-from ..base import EngineResult
+from ...monitor.tally import EngineResult
 from ...monitor.due import Due
 from ..options import refuse_checkpoints
 from .hosts import POOL, error_line, kill

@@ -19,7 +19,7 @@ import numpy as np
 from ...strategies.ops import Fetch, Gradient
 from ...server.clocks import ClockTable, WorkerClock
 from ...server.worker import WAIT
-from ..tally import clock_fields
+from ...monitor.tally import clock_fields
 
 REQUEST_BYTES = 64
 

@@ -51,7 +51,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Apply, Average, Clock, Fetch, Gradient, Push
-from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, EngineResult,
+from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine,
                     replicates, shard_bounds, shard_count)
 from ...server.collective import apply_mean
 from ...server.reduce import into_slot
@@ -62,7 +62,7 @@ from ...record import checkpoints
 from ...record.progress import counters_shapes, counts
 from ...monitor.lifecycle import stop_reason, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
-from ..tally import local_totals, run_folder_extra
+from ...monitor.tally import EngineResult, local_totals, run_folder_extra
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
 from ...compressors.messages import Sender, compressing, summarize

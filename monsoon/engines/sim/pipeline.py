@@ -49,7 +49,7 @@ import numpy as np
 from ...strategies.batches import global_batches
 from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ...strategies.pipeline.schedules import dependency_order, timeline
-from ..base import EngineResult
+from ...monitor.tally import EngineResult
 from ...monitor.due import Due
 from ..options import refuse_checkpoints
 

@@ -53,7 +53,7 @@ from ...record.live import add_figures
 from ...record import progress
 from ...monitor.due import Due
 from ...monitor.lifecycle import stop_reason
-from ..tally import local_totals
+from ...monitor.tally import local_totals
 from .jobs import share
 from .tasks import gradient_parts, gradient_sum, step_union
 

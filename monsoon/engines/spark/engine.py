@@ -53,9 +53,9 @@ from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch,
                                LocalApply, LocalStep, Push)
 from ...record.checkpoints import Checkpointer
 from ...monitor.lifecycle import reclaim_signals
-from ..base import Engine, EngineResult
+from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
-from ..tally import failed_list, run_folder_extra
+from ...monitor.tally import EngineResult, failed_list, run_folder_extra
 from .jobs import Jobs
 from .placement import check_segments, in_tasks, task_job
 

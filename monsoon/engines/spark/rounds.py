@@ -38,7 +38,7 @@ from ...server.collective import apply_mean
 from ...server.core import LocalUpdate, ServerCore
 from ...server.summed import SharedSums
 from ...monitor.due import Due
-from ..tally import RunTally
+from ...monitor.tally import RunTally
 from .jobs import share
 from .sizing import JobTiming
 from .tasks import run_segment

@@ -58,7 +58,7 @@ from ...server.averaging import TailAverage
 from ...strategies.batches import budget_steps
 from ...server.core import LocalUpdate, ServerCore, new_readers, pushes_deltas
 from ...record.progress import counts
-from ..tally import RunTally
+from ...monitor.tally import RunTally
 from ...record.live import add_figures
 from ...monitor.due import Due
 from .sizing import JobTiming

@@ -54,10 +54,9 @@ from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Fetch
 from ...record import checkpoints
 from ...record.progress import counts
-from ..base import EngineResult
 from ...monitor.due import Due
 from ...monitor.lifecycle import STOP_SIGNALS, stop_reason, stop_requested
-from ..tally import RunTally, local_totals, run_totals
+from ...monitor.tally import EngineResult, RunTally, local_totals, run_totals
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
 from ...server.core import ServerCore

@@ -1,4 +1,5 @@
-"""A run's tally: its workers' end reports, summed into its ``EngineResult``.
+"""A run's tally: its workers' end reports, summed into its ``EngineResult``
+(defined here: what every engine returns to ``monsoon.train``).
 
 A local, Ray or torch worker ends by reporting what it did
 (``Worker.report``): staleness counts, examples, dropped and late gradients,
@@ -41,10 +42,37 @@ replays its run to the checkpoint, counting all again.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..compressors.messages import summarize
 from ..server.clocks import clock_extra
-from .base import EngineResult
+
+
+@dataclass
+class EngineResult:
+    """What an engine returns to ``monsoon.train``."""
+    params: np.ndarray
+    startup_s: float
+    wall_time_s: float
+    examples: int
+    updates: int
+    dropped_updates: int   # in the unit of ``updates``: the server's updates not applied
+    staleness: Counter
+    failed_workers: list = field(default_factory=list)
+    late_gradients: int = 0
+    worker_params: dict = field(default_factory=dict)  # private copies (local SGD, EASGD)
+    worker_states: dict = field(default_factory=dict)  # each worker's buffers (BatchNorm)
+    extra: dict = field(default_factory=dict)          # engine-specific summary fields
+    stopped: str | None = None   # why the monitor stopped the run early, if it did
+    interrupted: int | None = None   # the signal (SIGTERM, SIGINT) that stopped it
+    follower: bool = False   # a rank other than 0 of the torch engine: rank 0 records the run
+    # the workers' local steps on their own copies (local SGD, EASGD), applied
+    # and dropped (a non-finite gradient), summed over the workers; None where
+    # the run takes none
+    local_updates: int | None = None
+    dropped_local_updates: int | None = None
 
 
 def summed_staleness(reports) -> Counter:
