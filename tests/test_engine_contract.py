@@ -322,7 +322,7 @@ def test_every_run_option_applies_to_a_built_problem(option, value, check):
 def test_a_shard_process_holds_at_least_its_minimum_of_parameters():
     """Shards default to one a worker, at most 8; where a shard is a process
     (ray), none holds fewer than MIN_PROCESS_SHARD parameters; asked for, as asked."""
-    from monsoon.engines.base import MIN_PROCESS_SHARD, shard_count
+    from monsoon.server.shards import MIN_PROCESS_SHARD, shard_count
 
     assert shard_count(None, 4, 4810) == 4  # local, sim: threads or simulated
     assert shard_count(None, 4, 4810, MIN_PROCESS_SHARD) == 1

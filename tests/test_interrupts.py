@@ -287,12 +287,12 @@ def test_an_interrupted_compressed_sync_run_checkpoints_where_it_stopped(
     checkpoint there with it; the resumed run ends bit-identical to an
     uninterrupted one."""
     from faulty import SignalOnce
-    from monsoon.engines import base as engine_base
+    from monsoon.server import shards
     from monsoon.errors import Interrupted
     from monsoon.problems import make_problem
 
     if sync_step == "sharded":  # every model counts as large
-        monkeypatch.setattr(engine_base, "REPLICATE_MAX_BYTES", 0)
+        monkeypatch.setattr(shards, "REPLICATE_MAX_BYTES", 0)
     run = tmp_path / "a"
     stopper = SignalOnce(make_problem("exp"), os.getpid(), rank=1, after=130)
     with pytest.raises(Interrupted) as info:

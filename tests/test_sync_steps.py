@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import monsoon
-from monsoon.engines import base as engine_base
+from monsoon.server import shards
 from monsoon.engines.local import synchronous
 from monsoon.errors import WorkerError
 from monsoon.problems import make_problem
@@ -17,7 +17,7 @@ from faulty import FaultyProblem
 @pytest.fixture(params=["replicated", "sharded"])
 def sync_step(request, monkeypatch):
     if request.param == "sharded":  # every model counts as large
-        monkeypatch.setattr(engine_base, "REPLICATE_MAX_BYTES", 0)
+        monkeypatch.setattr(shards, "REPLICATE_MAX_BYTES", 0)
     return request.param
 
 

@@ -32,15 +32,14 @@ A strategy that needs ``STAGES`` (``pipeline``) has no program of the
 ops: an engine that meets it runs the stages with its own runner
 (``pipeline.py`` in its package), handed over at the top of ``run``.
 
-Shared pieces live beside the contract, never in one engine's package:
-``shard_bounds``, ``DEFAULT_MAX_SHARDS``, ``replicates``,
-``shared_memory.SharedArrays``, ``checkpoints``, ``reduce``, and under
-``monitor/``: ``waiting``, ``processes`` (spawning worker processes),
-``tally`` (``EngineResult``, the result from the workers' end reports).
+Shared pieces live outside every engine's package, never in one of them:
+``shared_memory.SharedArrays``, ``record/checkpoints.py``; under
+``server/``: ``shards`` (``shard_bounds``, ``DEFAULT_MAX_SHARDS``,
+``replicates``), ``reduce``; under ``monitor/``: ``waiting``,
+``processes`` (spawning worker processes), ``tally`` (``EngineResult``,
+the result from the workers' end reports).
 """
 from __future__ import annotations
-
-import numpy as np
 
 from ..compressors.messages import Compression
 from ..errors import ConfigError
@@ -76,16 +75,6 @@ ALL_OPS = frozenset(OP_MEANING)
 
 # The keys of config.json and summary.json for engine attributes named otherwise.
 SUMMARY_KEYS = {"timeout": "timeout_s", "resume_dir": "resumed_from"}
-
-# Parameter-server shards default to one per worker, up to this many.
-DEFAULT_MAX_SHARDS = 8
-# Where a shard is a process of its own (ray), a run makes no shard of fewer
-# parameters than this (1 MiB of float32): a smaller one costs a process start
-# and one more call on every push and read, and moves too few bytes to gain
-# from the split.
-MIN_PROCESS_SHARD = 1 << 18
-# Synchronous steps replicate the parameters in every worker up to this size.
-REPLICATE_MAX_BYTES = 1 << 21
 
 
 class Engine:
@@ -236,37 +225,3 @@ def refusal(engine, strategy, workers: int) -> str | None:
                 f"{strategy.name} uses; engines that run {strategy.name}: {others}")
     return (f"the {engine.name} engine has no {item} ({NEEDS.get(item, item)}), which "
             f"{strategy.name} needs here; engines that run {strategy.name}: {others}")
-
-
-def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
-    """``shards`` contiguous slices of ``n`` parameters whose sizes differ by
-    at most one."""
-    base, extra = divmod(n, shards)
-    bounds, start = [], 0
-    for s in range(shards):
-        stop = start + base + (1 if s < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
-def shard_count(requested: int | None, workers: int, n_params: int,
-                min_shard: int = 1) -> int:
-    """The parameter-server shards a run uses: as asked, else one per
-    worker up to ``DEFAULT_MAX_SHARDS`` and none of fewer than ``min_shard``
-    parameters; never more than the parameters."""
-    default = min(workers, DEFAULT_MAX_SHARDS, -(-n_params // min_shard))
-    return max(1, min(requested or default, n_params))
-
-
-def replicates(strategy, params: np.ndarray) -> bool:
-    """Whether a run's synchronous steps are replicated: every worker keeps
-    its own copy of small parameters and applies the same mean itself
-    (``local/synchronous.py``), instead of one shared copy."""
-    return replicates_bytes(strategy, params.nbytes)
-
-
-def replicates_bytes(strategy, nbytes: int) -> bool:
-    """``replicates`` for parameters of ``nbytes`` bytes."""
-    return (strategy.synchronous and strategy.shared_params
-            and strategy.backup_workers == 0 and nbytes <= REPLICATE_MAX_BYTES)

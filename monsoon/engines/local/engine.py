@@ -66,8 +66,8 @@ from .monitor import WorkerMonitor
 from .runtime import WorkerRuntime
 from .store import (ABORTED, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING, START, STEP,
                     UPDATES, ParameterStore)
-from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine, replicates,
-                    replicates_bytes, shard_count)
+from ..base import ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine
+from ...server.shards import replicates, replicates_bytes, shard_count
 from ...monitor.tally import RunTally, run_folder_extra
 from .synchronous import Stopped
 

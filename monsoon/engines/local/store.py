@@ -47,7 +47,7 @@ import time
 import numpy as np
 
 from ...rules import Rule
-from ..base import shard_bounds
+from ...server.shards import shard_bounds
 from ...record.progress import DROPPED, EXAMPLES, LATE, UPDATES  # noqa: F401 - re-exported
 from ...shared_memory import SharedArrays
 

@@ -2,7 +2,7 @@
 is in its slot, and the weighted mean of the slots is applied once.
 
 Two ways to run one step, chosen per run by the model's size
-(``engines.base.replicates``):
+(``server/shards.py``'s ``replicates``):
 
 ``ShardedStep`` (large models; backup workers; local SGD's averaging), a
 reduce-scatter: the i-th of the N counted arrivals sums the shards
@@ -58,7 +58,7 @@ from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMP
                     STEP, STOP, STOP_AT, UPDATES)
 
 
-# The bound on replicated steps is engines/base.py's REPLICATE_MAX_BYTES: above
+# The bound on replicated steps is server/shards.py's REPLICATE_MAX_BYTES: above
 # it a full reduce + apply per worker costs more than the two barriers it saves
 # (see bench/sync_sweep.py).
 

@@ -52,8 +52,8 @@ from ...options import Option
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
                                LocalStep, Push)
-from ..base import (BACKUP_WORKERS, ELASTIC, MIN_PROCESS_SHARD, STAGES, Engine, shard_bounds,
-                    shard_count)
+from ..base import BACKUP_WORKERS, ELASTIC, STAGES, Engine
+from ...server.shards import MIN_PROCESS_SHARD, shard_bounds, shard_count
 from ...record.checkpoints import Checkpointer
 from ...server.summed import initial_sums
 from ...monitor.due import Due

@@ -51,11 +51,11 @@ import numpy as np
 from ...errors import ConfigError
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Apply, Average, Clock, Fetch, Gradient, Push
-from ..base import (ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine,
-                    replicates, shard_bounds, shard_count)
+from ..base import ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine
 from ...server.collective import apply_mean
 from ...server.reduce import into_slot
 from ...server.core import ServerCore, new_readers
+from ...server.shards import replicates, shard_bounds, shard_count
 from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
