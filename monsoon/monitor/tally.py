@@ -84,6 +84,13 @@ def summed_staleness(reports) -> Counter:
     return staleness
 
 
+def workers_dropped(figures: dict) -> int:
+    """The pushes the workers dropped themselves, from their latest figures
+    or reports (by rank): those ``RunTally.add`` counts in ``dropped``, also
+    while the workers run (their progress)."""
+    return sum(f.get("dropped", 0) for f in figures.values())
+
+
 def clock_fields(reports: dict, workers: int) -> dict:
     """SSP's result fields (``clocks.clock_extra``) from the workers' clock
     reports (``WorkerClock.report``), by rank."""

@@ -37,13 +37,7 @@ import numpy as np
 from ...record import checkpoints
 from ...record.checkpoints import Start, private_copies
 from ...record.progress import counts, examples_after, positions_from_examples
-from ...monitor.tally import run_totals
-
-
-def workers_dropped(figures: dict) -> int:
-    """The pushes the workers dropped themselves, from their latest figures
-    or reports (by rank)."""
-    return sum(f.get("dropped", 0) for f in figures.values())
+from ...monitor.tally import run_totals, workers_dropped
 
 
 def dropped_so_far(start: Start, parts, figures: dict) -> tuple[int, int]:

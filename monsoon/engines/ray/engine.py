@@ -60,8 +60,9 @@ from ...monitor.due import Due
 from ...monitor.lifecycle import reclaim_signals
 from ...monitor.pool import fail_if_lost
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
-from ...monitor.tally import RunTally, local_totals, run_folder_extra, summed_staleness
-from .checkpointing import ShardCheckpoints, dropped_so_far, workers_dropped
+from ...monitor.tally import (RunTally, local_totals, run_folder_extra, summed_staleness,
+                              workers_dropped)
+from .checkpointing import ShardCheckpoints, dropped_so_far
 from .clock import ClockServer
 from .hosts import POOL, error_line, kill
 from .membership import Membership
