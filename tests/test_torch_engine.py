@@ -312,7 +312,7 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
     import json
 
     from faulty import FaultyProblem
-    from monsoon.engines.tally import RunTally
+    from monsoon.monitor.tally import RunTally
     from monsoon.errors import WorkerError
     from monsoon.problems import make_problem
     from monsoon.record import checkpoints
