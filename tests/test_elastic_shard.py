@@ -2,7 +2,8 @@
 threads without Ray, through the orders a cluster produces only by
 chance: a regroup that lands while a step waits, a shard that applied a
 step the other shards regroup, a joiner's part for a step this shard has
-applied, and a contribution that arrives before the driver's regroup."""
+applied, and a contribution that arrives before the driver's regroup; and
+the run that loses its last member fails naming that one."""
 import threading
 import time
 
@@ -72,3 +73,25 @@ def test_a_part_of_a_newer_generation_waits_for_the_driver_and_times_out_in_word
     quick = _shard(timeout=0.1)
     with pytest.raises(TimeoutError, match="membership generation 2"):
         quick.contribute(0, 0, np.array([1.0, 1.0]), 1, 2)
+
+
+def test_the_run_fails_naming_the_rank_whose_loss_left_no_member():
+    """Worker 0 is lost (its new actor not started yet), then worker 1: the
+    run fails naming worker 1, the one lost last, with its reason."""
+    from monsoon.engines.ray.membership import Membership
+    from monsoon.errors import WorkerError
+    from monsoon.strategies import make_strategy
+
+    class NoRay:  # a call's reference is its answer
+        get = staticmethod(lambda refs, timeout=None: refs)
+
+    from types import SimpleNamespace
+
+    sh = _shard()
+    actor = SimpleNamespace(regroup=SimpleNamespace(remote=sh.regroup))  # called as Ray calls
+    members = Membership(NoRay(), [actor], make_strategy("sync", elastic=True), 2, 5.0, 5.0,
+                         spawn=None, cpus=1.0, gpus=0.0)
+    members.lose(0, "ActorDiedError: node 0 lost")
+    with pytest.raises(WorkerError, match="worker 1 failed.*node 1 lost") as caught:
+        members.lose(1, "ActorDiedError: node 1 lost")
+    assert caught.value.worker == 1

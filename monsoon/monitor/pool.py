@@ -266,19 +266,20 @@ def read_payload(reader):
 
 
 def fail_if_lost(failed: dict, strategy, workers: int, who=None,
-                 needs: str = "this strategy needs every worker") -> None:
+                 needs: str = "this strategy needs every worker", lost: int | None = None) -> None:
     """The one rule for when lost workers fail a run, on every engine that
     carries on without some: when every worker failed, or when the strategy
     needs every worker and more failed than its backup workers cover. Then
-    it raises a ``WorkerError`` naming the lowest failed rank with the first
-    line of its reason (``failed``: rank -> reason; the whole text in
+    it raises a ``WorkerError`` naming ``lost`` (the rank whose loss is
+    checked now; default: the lowest failed) with the first line of its
+    reason (``failed``: rank -> reason; the whole text in
     ``worker_traceback``); else the others carry on. ``who(rank)`` names a
     worker (``worker {rank}`` if not given); ``needs`` says why one lost
     worker fails the run (a pipeline: every stage)."""
     if not failed or not (len(failed) == workers or (
             strategy.needs_all_workers and len(failed) > strategy.backup_workers)):
         return
-    rank = min(failed)
+    rank = min(failed) if lost is None else lost
     why = "every worker failed" if len(failed) == workers else needs
     name = who(rank) if who is not None else f"worker {rank}"
     err = WorkerError(f"{name} failed, and {why}: {failed[rank].splitlines()[0]}")

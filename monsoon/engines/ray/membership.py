@@ -53,7 +53,7 @@ class Membership:
         self.members.remove(rank)
         self.out[rank] = reason
         # elastic needs no rank in particular: it fails once no member is left to regroup
-        fail_if_lost(self.out, self.strategy, self.workers)
+        fail_if_lost(self.out, self.strategy, self.workers, lost=rank)
         self._regroup("left", rank, reason)
         self.lost.append(rank)
 
