@@ -328,6 +328,46 @@ def test_a_push_dropped_at_the_worker_is_told_to_the_rule_as_on_the_local_engine
         assert sum(sizes) == summary["dropped_updates"] * inner.n_params, (engine, sizes)
 
 
+@pytest.mark.parametrize("end", ["lost", "stopped"])
+def test_the_drops_of_a_worker_that_never_reports_are_told_and_counted(tmp_path, monkeypatch,
+                                                                       end):
+    """Async, a push dropped at the worker: its shards hear of it with the
+    worker's next call, which a worker that does not end its run never
+    makes. "lost": worker 1 (every other gradient NaN) is killed mid-run
+    and the run carries on; "stopped": every gradient is NaN after the
+    second, and the recorder stops the run while both workers go on. Either
+    way the rule is told of every drop summary.json counts, and of no other."""
+    from monsoon.rules import RULES
+
+    from faulty import TellsDrops
+
+    RULES._load()
+    monkeypatch.setitem(RULES._plugins, "tells-drops", TellsDrops)
+    told = tmp_path / "told"
+    told.write_text("")
+    inner = make_problem("logistic", dtype="float64")
+    opts = dict(problem=FaultyProblem(inner, "nan", rank=1, after=2, every=2), steps=1200,
+                run_name="dropslost")
+    if end == "stopped":
+        opts = dict(problem=FaultyProblem(inner, "nan", rank=None, after=2), steps=4000,
+                    raise_on_divergence=False)
+    thread, box = _train_in_background(strategy="async", workers=2, engine="ray", shards=1,
+                                       seed=0, timeout=30, rule="tells-drops",
+                                       told_file=str(told), **opts)
+    if end == "lost":
+        _kill_worker_when_running("monsoon-dropslost-worker-1")
+    thread.join(120)
+    assert "error" not in box, box.get("error")
+    summary = box["result"].summary
+    if end == "lost":
+        assert [f["worker"] for f in summary["failed_workers"]] == [1]
+    else:
+        assert summary["status"] == "diverged"
+    sizes = [int(line) for line in told.read_text().split()]
+    assert summary["dropped_updates"] > 0
+    assert sum(sizes) == summary["dropped_updates"] * inner.n_params, (len(sizes), summary)
+
+
 def test_async_pushes_dropped_at_the_worker_count_in_the_curve_rows_as_on_the_local_engine():
     """Async: every worker's gradients are NaN after its second. Ray drops
     such a push at the worker (``Worker.push``: its shards never see it),

@@ -60,14 +60,17 @@ from ...monitor.due import Due
 from ...monitor.lifecycle import reclaim_signals
 from ...monitor.pool import fail_if_lost
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
-from ...monitor.tally import (RunTally, local_totals, run_folder_extra, summed_staleness,
-                              workers_dropped)
+from ...monitor.tally import (RunTally, local_totals, merged, run_folder_extra,
+                              summed_staleness, workers_dropped)
 from .checkpointing import ShardCheckpoints, dropped_so_far
 from .clock import ClockServer
 from .hosts import POOL, error_line, kill
 from .membership import Membership
 from .shard import Shard
 from .worker import RemoteWorker
+
+
+LOST = -1  # among the workers' figures, by rank: the lost workers' last ones, summed
 
 
 def import_ray():
@@ -268,7 +271,7 @@ class RayEngine(Engine):
         t0 = time.perf_counter() - start.time_s
         running = {a.run.remote(): rank for rank, a in enumerate(actors)}
         results, failed = {}, {}
-        seen, gone = {}, 0  # each rank's last figures; the examples of actors that died
+        seen = {}  # each rank's last figures
         due = Due(recorder, timeout=self.timeout)  # rows, live reports, the no-progress backstop
         stopped = stop_by = None
         shards_dropped = {"at_row": start.dropped}  # the live reports' count between rows
@@ -280,7 +283,8 @@ class RayEngine(Engine):
                     results[rank] = ray.get(ref, timeout=self.timeout)
                 except Exception as exc:  # noqa: BLE001 - a dead or failed worker, by name
                     failed[rank] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
-                    gone += seen.pop(rank, {}).get("examples", 0)
+                    results[LOST] = merged(results.get(LOST), self._told_drops(
+                        ray, shards, rank, seen.pop(rank, {})))
                     if clock is not None:  # it no longer holds the others to the bound
                         clock.retire.remote(rank)
                     if membership is not None:  # elastic sync: the others regroup
@@ -295,14 +299,15 @@ class RayEngine(Engine):
             if membership is None:  # elastic: Membership.lose asks it of the ranks out now
                 fail_if_lost(failed, strategy, workers)
             now = time.perf_counter() - t0
-            examples = start.examples + gone + sum(by_rank.values())
+            examples = start.examples + sum(by_rank.values())
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
             stopped = due.look(now, examples,
                                lambda: (*self._params(ray, shards, start, strategy.synchronous,
                                                       figures, shards_dropped),
                                         _local_totals(strategy, figures)),
                                lambda: _totals(examples, figures, shards_dropped["at_row"]),
-                               lambda: (figures, summed_staleness(figures.values())))
+                               lambda: ({r: f for r, f in figures.items() if r != LOST},
+                                        summed_staleness(figures.values())))
             if due.signal():  # the workers stop at a clean point, then the checkpoint
                 stop_by = time.monotonic() + self.timeout
                 self._stop(ray, strategy, shards, [actors[r] for r in running.values()])
@@ -312,8 +317,10 @@ class RayEngine(Engine):
         stopped = due.stop_reason if due.interrupted else stopped
         ended = not running
         if running:  # stopped: the workers still running report what they did so far
-            results.update(self._reports_now(ray, {r: actors[r] for r in running.values()},
-                                             seen))
+            reports = self._reports_now(ray, {r: actors[r] for r in running.values()}, seen)
+            for rank in running.values():  # ended before the drops they report are told
+                kill(ray, actors[rank])
+            results.update({r: self._told_drops(ray, shards, r, f) for r, f in reports.items()})
         # the finished workers' reports, added to what the resumed run had counted
         tally = RunTally.resumed(workers, self.compression, start.totals, results,
                                  ssp=clock is not None)
@@ -323,7 +330,7 @@ class RayEngine(Engine):
                 (not failed or membership is not None):
             ckpts.final(ray, shards, self.timeout, wall, results,
                         "interrupted" if due.interrupted else "final", tally.totals())
-        return self._result(ray, shards, start, results, failed, gone, startup, wall, stopped,
+        return self._result(ray, shards, start, results, failed, startup, wall, stopped,
                             tally, membership, strategy, due.interrupted)
 
     def _stop(self, ray, strategy, shards, live) -> None:
@@ -355,17 +362,17 @@ class RayEngine(Engine):
                 err.worker = rank
                 raise err from exc
 
-    def _result(self, ray, shards, start, results, failed, gone, startup, wall, stopped, tally,
+    def _result(self, ray, shards, start, results, failed, startup, wall, stopped, tally,
                 membership, strategy, interrupted=None):
         """The run's result: the shards' parameters, and the ``tally`` of the
-        finished workers' reports (``results``) and the resumed run's, with
-        what the lost workers had counted; each failed worker is listed with
+        finished workers' reports (``results``, with the lost workers' last
+        figures) and the resumed run's; each failed worker is listed with
         its error."""
         tally.failed.update(failed)
         params, updates, dropped = self._params(ray, shards, start, strategy.synchronous,
                                                 results)
         extra = {"membership": membership.events} if membership is not None else {}
-        return tally.result(params, startup, wall, start.examples + gone + tally.examples,
+        return tally.result(params, startup, wall, start.examples + tally.examples,
                             updates, dropped,
                             {**extra, **tally.extra(updates)},
                             local=tally.local_totals(strategy), stopped=stopped,
@@ -392,6 +399,16 @@ class RayEngine(Engine):
         (``RemoteWorker.report_now``), by rank; a worker that does not answer
         in time counts its last progress figures (``seen``)."""
         return self._ask(ray, live, "report_now", self.timeout, seen)
+
+    def _told_drops(self, ray, shards, rank: int, figures: dict) -> dict:
+        """The last ``figures`` of worker ``rank``, which ended without
+        telling its shards of its last drops (lost, or killed where the run
+        stopped): the shards are told of those its figures count
+        (``Shard.told``), and its ``dropped`` are all they were told of, so
+        the run counts the drops its rules heard of."""
+        told = ray.get([sh.told.remote(rank, figures.get("dropped", 0)) for sh in shards],
+                       timeout=self.timeout)
+        return {**figures, "dropped": max(told)}
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:

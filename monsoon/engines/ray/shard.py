@@ -6,7 +6,7 @@ as NumPy arrays, and serves:
 - ``read(worker)``: the slice and its version (Downpour's fetch; the rule's
   ``on_read`` runs here, so delay-aware state never travels to workers);
 - ``push(worker, grad, read_version)``: the rule, applied at once. Both
-  first tell the rule of the pushes the worker dropped since (``dropped``);
+  first tell the rule of the worker's drops it has not heard of (``told``);
 - ``contribute(step, worker, grad, examples, gen, whole_finite)``: a
   synchronous step. The first ``counted`` contributions of a step count, and
   the last of them sums them and applies the rule (``collective.apply_mean``,
@@ -105,6 +105,7 @@ class Shard:
         self.before = None  # elastic: the slice before the last step, for a joining worker
         # Local AdaAlter's shared sums on this slice (``server/summed.py``), or None
         self.sums = None if sums is None else SharedSums([np.array(a, copy=True) for a in sums])
+        self.told_drops: dict[int, int] = {}  # rank -> its drops the rule was told of
         self.stopping = False  # the driver asked the run to stop (``stop``)
         self.last_step = None  # then: the step reached when the first step completed after it
         if resume is not None:  # {"version": V, "state": the rule state's slice}
@@ -115,13 +116,24 @@ class Shard:
     # -- asynchronous ----------------------------------------------------------
     def read(self, worker: int, dropped: int = 0):
         with self.lock:
-            self.core.tell_dropped(dropped)
+            self._tell(worker, dropped)
             return self.params.copy(), self.core.read(worker)
 
-    def told(self, dropped: int) -> None:
-        """The rule told of the pushes a worker dropped after its last call."""
+    def told(self, worker: int, dropped: int) -> int:
+        """The rule told of the pushes ``worker`` dropped (``dropped``: all
+        it dropped so far) that it has not heard of: by the worker at its
+        end, or by the driver for a worker that ended without (lost, or
+        killed where the run stopped). Returns all it was told of."""
         with self.lock:
-            self.core.tell_dropped(dropped)
+            self._tell(worker, dropped)
+            return self.told_drops.get(worker, 0)
+
+    def _tell(self, worker: int, dropped: int) -> None:
+        # a count, not a difference: a late call or the driver's repeats none
+        new = dropped - self.told_drops.get(worker, 0)
+        if new > 0:
+            self.core.tell_dropped(new)
+            self.told_drops[worker] = dropped
 
     def _take(self, message):
         """This shard's slice of a message (already a slice when uncompressed)."""
@@ -133,7 +145,7 @@ class Shard:
     def push(self, worker: int, grad: np.ndarray, read_version: int, dropped: int = 0) -> int:
         grad = self._take(grad)
         with self.lock:  # the worker dropped a non-finite gradient before sending it
-            self.core.tell_dropped(dropped)
+            self._tell(worker, dropped)
             staleness = self.core.push(worker, grad, read_version, checked=True)
             self._taken()
             return staleness

@@ -8,9 +8,9 @@ shared memory across machines); ``AllReduce`` and ``Average`` return with the
 new parameters, ``Fetch`` refreshes them, and a ``Push`` runs in the
 background, one at a time (Downpour's "push may run in the background").
 A push that is not finite is dropped here, never sent (``Worker.push``);
-the shards' rules hear of it (``Rule.on_dropped``) with the worker's next
-read or push, which carry the drops since its last call, or at its end:
-no call of its own.
+its shards' rules hear of it with its next read or push, or its end, which
+carry its count of drops so far (``Shard.told``; a worker lost, or killed
+where the run stopped: the driver tells its last reported count).
 
 Compressed runs (``--compress``): what the worker sends (a push, a
 contribution, a drift, EASGD's elastic difference) is its packed message
@@ -84,7 +84,7 @@ class RemoteWorker(Worker):
                        "updates": 0, "local": 0, "local_dropped": 0}
         self.staleness = Counter()
         self.pending = []
-        self.untold = 0  # pushes dropped here that the shards' rules have not heard of
+        self.told = 0  # the pushes dropped here that the shards' rules have heard of
         # Local AdaAlter: this worker's replica of the shared sums (``sums``: their start)
         self.shared_sums = None if sums is None else SharedSums(
             [np.array(a, copy=True) for a in sums])
@@ -135,9 +135,9 @@ class RemoteWorker(Worker):
         except Halted:  # stopped where the driver asked: what it counted stands
             pass
         self._settle_pushes()
-        if self.untold:  # its last pushes were dropped: no read or push told of them
+        if self.counts["dropped"] > self.told:  # its last pushes were dropped: none told
             told = self._told()
-            self._get([sh.told.remote(told) for sh in self.shards])
+            self._get([sh.told.remote(self.rank, told) for sh in self.shards])
         if self.ssp is not None:
             self.ssp.retire()
         return self.report(staleness=dict(self.staleness), **self.counts)
@@ -189,13 +189,12 @@ class RemoteWorker(Worker):
 
     def count_dropped(self):
         self.counts["dropped"] += 1
-        self.untold += 1
 
     def _told(self) -> int:
-        """The drops the shards' rules hear of with the call now made
-        (``count_dropped``); none is left untold."""
-        untold, self.untold = self.untold, 0
-        return untold
+        """The drops the shards' rules hear of with the call now made: all
+        this worker's so far (``count_dropped``)."""
+        self.told = self.counts["dropped"]
+        return self.told
 
     def send_push(self, grad, ticket):
         self._settle_pushes()
