@@ -174,7 +174,9 @@ def test_ray_sync_live_dropped_updates_count_the_steps_its_shards_drop(tmp_path,
     """Sync on Ray: worker 1's every third gradient is NaN, so the shards
     drop those steps (its workers drop none themselves). The live series'
     run/dropped_updates counts them as the curve's rows do: never more than
-    the summary's, and more than none once a row has seen them."""
+    the summary's, and more than none once a row has seen them. Their
+    updates count each step applied once, as the local engine's do: the
+    run's, and the workers' summed, never more than the summary's."""
     from monsoon.problems import make_problem
 
     from faulty import FaultyProblem
@@ -184,9 +186,13 @@ def test_ray_sync_live_dropped_updates_count_the_steps_its_shards_drop(tmp_path,
                             every=3)
     run = monsoon.train(problem, "sync", 2, engine="ray", shards=1, steps=300, seed=0, out=out,
                         progress=False, live_every=0.02, evals=20)
-    dropped = [v for _, v in scalars(out / "tb")["run/dropped_updates"]]
+    found = scalars(out / "tb")
+    dropped = [v for _, v in found["run/dropped_updates"]]
     assert run.summary["dropped_updates"] == 100
     assert dropped == sorted(dropped) and 0 < dropped[-1] <= 100, dropped
+    updates = [v for _, v in found["run/updates"]]
+    assert updates == sorted(updates) and 0 < updates[-1] <= run.summary["updates"], updates
+    assert sum(found[f"updates/worker-{k}"][-1][1] for k in range(2)) <= run.summary["updates"]
 
 
 @pytest.fixture(scope="module")

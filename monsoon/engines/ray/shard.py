@@ -55,8 +55,11 @@ TAKEN = 4  # copies a shard keeps until the driver collects them
 
 class StepReply(tuple):
     """A synchronous step's reply, the tuple ``contribute``, ``decide`` and
-    ``settle`` document, and ``stop``: the worker ends its program after
-    this step.
+    ``settle`` document, with ``stop``: the worker ends its program after
+    this step; and ``applied``: its part completed the step, which was
+    applied (not dropped). That worker counts the step's update in its
+    live figures, so that theirs sum to the steps applied, as the local
+    engine's do (its first worker counts each).
 
     A stop (SIGTERM/SIGINT: ``Shard.stop`` from the driver): the first step
     a shard completes after it is the run's last there; its replies to that
@@ -66,13 +69,17 @@ class StepReply(tuple):
     step a shard names is fixed when it completes it, so every worker reads
     the same answer for a step."""
 
-    def __new__(cls, items, stop: bool = False):
+    def __new__(cls, items, stop: bool = False, applied: bool = False):
         reply = super().__new__(cls, items)
-        reply.stop = stop
+        reply.stop, reply.applied = stop, applied
         return reply
 
     def __reduce__(self):
-        return StepReply, (tuple(self), self.stop)
+        return StepReply, (tuple(self), self.stop, self.applied)
+
+    def less_ranks(self) -> "StepReply":
+        """``decide``'s reply without the workers counted: ``contribute``'s."""
+        return StepReply(self[:3], self.stop, self.applied)
 
 
 class Shard:
@@ -168,7 +175,7 @@ class Shard:
         """Returns (new slice, steps missed, counted?), or ("regroup", gen,
         members) when the step's workers changed (elastic)."""
         reply = self.decide(step, worker, grad, examples, gen, whole_finite)
-        return reply[:3] if isinstance(reply[0], str) else StepReply(reply[:3], reply.stop)
+        return reply[:3] if isinstance(reply[0], str) else reply.less_ranks()
 
     def decide(self, step: int, worker: int, grad, examples: int, gen: int = 0,
                whole_finite: bool = True):
@@ -176,10 +183,6 @@ class Shard:
         for ``settle`` on the other shards (shard 0 of several, with backup
         workers), or None once this shard has applied a later step too (then
         every shard has applied ``step``: the later one began after that)."""
-        reply = self._decide(step, worker, grad, examples, gen, whole_finite)
-        return reply if isinstance(reply[0], str) else self._reply(step, reply)
-
-    def _decide(self, step, worker, grad, examples, gen, whole_finite):
         part = self._part(grad, examples, whole_finite)
         with self.lock:
             if gen > self.gen:  # the driver's regroup is on its way here
@@ -190,10 +193,12 @@ class Shard:
                 return "regroup", self.gen, self.members
             if step < self.step or len(self.arrivals) >= self.counted:
                 self._wait_applied(step)
-                return self._slice(), self.step - (step + 1), False, self._counted_at(step)
+                return self._reply(step, (self._slice(), self.step - (step + 1), False,
+                                          self._counted_at(step)))
             self.arrivals[worker] = part
+            applied = False
             if len(self.arrivals) == self.counted:
-                self._complete()
+                applied = self._complete()
             else:
                 ok = self.lock.wait_for(lambda: self.step > step or self.gen != gen,
                                         self.timeout)
@@ -203,7 +208,7 @@ class Shard:
                     raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for "
                                        f"{self.counted} workers at step {step} (got "
                                        f"{len(self.arrivals)}); a worker is stuck or dead")
-            return self._slice(), 0, True, self._counted_at(step)
+            return self._reply(step, (self._slice(), 0, True, self._counted_at(step)), applied)
 
     def offer(self, step: int, worker: int, grad, examples: int, whole_finite: bool = True):
         """A shard other than 0 of several, with backup workers: holds the
@@ -252,14 +257,16 @@ class Shard:
             return self.params.copy()
         return self.params.copy(), [a.copy() for a in self.sums.sums]
 
-    def _reply(self, step: int, items: tuple) -> StepReply:
+    def _reply(self, step: int, items: tuple, applied: bool = False) -> StepReply:
         """The reply to a worker's part of ``step`` (``items``, whose second
-        is the steps it missed), and whether it stops there. ``last_step``
+        is the steps it missed), and whether it stops there (``applied``:
+        its part completed the step, applied). ``last_step``
         is set once, as a step completes, and only a later completion could
         set it after a reply's items were taken: then above the step reached,
         so read under the lock or not, the answer is the same."""
         reached = step + 1 + items[1]
-        return StepReply(items, self.last_step is not None and reached >= self.last_step)
+        return StepReply(items, self.last_step is not None and reached >= self.last_step,
+                         applied)
 
     def stop(self) -> int:
         """The driver asks the run to stop: the next step this shard
@@ -278,8 +285,9 @@ class Shard:
         applied, ranks = self.counted_ranks
         return ranks if applied == step else None
 
-    def _complete(self, ranks=None):
-        """Applies the step on the parts of ``ranks`` (default: every part held)."""
+    def _complete(self, ranks=None) -> bool:
+        """Applies the step on the parts of ``ranks`` (default: every part
+        held); whether it was applied (else dropped)."""
         ranks = sorted(self.arrivals if ranks is None else ranks)
         examples = [self.arrivals[k][1] for k in ranks]
         grads = {k: self.arrivals[k][0] for k in ranks}
@@ -287,10 +295,10 @@ class Shard:
             self.before = self.params.copy()
         sum_parts = None if self.sums is None else [  # each field's a_k slices
             {k: self.arrivals[k][3][i] for k in ranks} for i in range(len(self.sums.sums))]
-        apply_mean([self.core], grads, ranks, examples, [(0, self.params.size)],
-                   np.empty_like(self.params), np.empty_like(self.params), self.step,
-                   ok=all(self.arrivals[k][2] for k in ranks), sums=self.sums,
-                   sum_parts=sum_parts)
+        applied = apply_mean([self.core], grads, ranks, examples, [(0, self.params.size)],
+                             np.empty_like(self.params), np.empty_like(self.params), self.step,
+                             ok=all(self.arrivals[k][2] for k in ranks), sums=self.sums,
+                             sum_parts=sum_parts)
         self.arrivals = {}
         self.counted_ranks = (self.step, tuple(ranks))
         self.core.version = self.step = self.step + 1
@@ -298,6 +306,7 @@ class Shard:
             self.last_step = self.step
         self._taken()
         self.lock.notify_all()
+        return applied
 
     def regroup(self, gen: int, members: tuple) -> int:
         """Elastic sync: from now on the step's workers are ``members``;

@@ -28,14 +28,13 @@ while another regroups it is kept (``worker.py``).
 """
 from __future__ import annotations
 
-from .shard import StepReply
 
 
 def step_replies(call, shards, targets, step: int, rank: int, parts, examples: int, gen: int,
                  whole_finite: bool, backups: bool = False) -> dict:
     """Each target shard's reply to worker ``rank``'s part of ``step``,
-    by shard index: (slice, steps missed, counted?) with ``stop``
-    (``shard.StepReply``: the run stops after this step) or ("regroup",
+    by shard index: (slice, steps missed, counted?) with ``stop`` and
+    ``applied`` (``shard.StepReply``) or ("regroup",
     gen, members). ``targets``: the shards yet to apply the step (all but those
     that applied it while others regrouped); ``backups``: the step counts
     the first of more workers, which takes every shard."""
@@ -53,6 +52,5 @@ def _decided(call, shards, step, rank, parts, examples, gen, whole_finite) -> di
     first = call([(shards[0], "decide", (step, rank, parts[0], examples, gen, whole_finite))])[0]
     if isinstance(first[0], str):  # a regroup: no shard has applied the step
         return {0: first}
-    *reply, counted = first
-    settled = call([(shards[s], "settle", (step, rank, counted, reply[1])) for s in rest])
-    return {0: StepReply(reply, first.stop), **dict(zip(rest, settled))}
+    settled = call([(shards[s], "settle", (step, rank, first[3], first[1])) for s in rest])
+    return {0: first.less_ranks(), **dict(zip(rest, settled))}

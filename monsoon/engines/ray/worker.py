@@ -263,7 +263,7 @@ class RemoteWorker(Worker):
             self.counts["late"] += 1
         else:
             self.staleness[0] += 1
-            self.counts["updates"] += 1
+        self.counts["updates"] += replies[0].applied  # once a step (``StepReply``)
         self.sync_step += 1 + behind
         if any(reply.stop for reply in replies):  # the run's last step (``shard.py``)
             raise Halted()
