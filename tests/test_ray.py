@@ -94,6 +94,25 @@ def test_backup_workers_on_two_shards_count_the_same_workers_on_every_shard(faul
                                rtol=1e-9, atol=1e-12)
 
 
+def test_summary_json_counts_every_contribution_a_step_did_not_count_as_late(tmp_path):
+    """Sync with a backup worker (3 workers, each step counts the first 2):
+    each part a worker sends is counted (staleness 0) or late, so
+    summary.json's late_gradients are the parts sent that no step counted;
+    every part is the gradient of 16 examples (48 a step, split in 3) and
+    a dense vector."""
+    import json
+
+    inner = make_problem("logistic", dtype="float64")
+    monsoon.train(inner, "sync", 2, backup_workers=1, engine="ray", shards=1, steps=40,
+                  batch_size=48, dtype="float64", seed=0, evals=0, timeout=30, out=tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    parts = summary["examples"] / 16  # 48 examples a step, split among 3 workers
+    assert summary["staleness_counts"] == {"0": 2 * 40}
+    assert summary["late_gradients"] >= 1
+    assert summary["late_gradients"] == parts - 2 * 40
+    assert summary["bytes_sent"] == parts * inner.n_params * 8
+
+
 def _train_in_background(**kwargs):
     box = {}
 

@@ -201,3 +201,43 @@ def test_a_run_that_ends_on_a_periodic_checkpoint_carries_its_whole_counts_on(
     extended = monsoon.train(problem, "sync", 2, steps=300, resume=str(tmp_path / "a"), **opts)
     for key in ("bytes_sent", "staleness_counts", "updates"):
         assert extended.summary[key] == whole.summary[key], key
+
+
+@pytest.mark.ray
+def test_a_ray_run_resumed_from_a_periodic_checkpoint_counts_the_whole_run(tmp_path, request):
+    """Sync on Ray, every fifth step dropped (worker 1's NaN), a checkpoint
+    every 20 steps: a run resumed from a periodic one (a crashed run's
+    newest, at step v) ends bit-identical, and its summary.json counts the
+    whole run's updates, examples and dropped updates, which the shards'
+    copies hold at v. The counts the workers keep until they report
+    (staleness, traffic) restart at v, as ``engines/tally.py`` says: the
+    first attempt's before it are not in the checkpoint."""
+    import json
+
+    from faulty import FaultyProblem
+    from monsoon.problems import make_problem
+
+    pytest.importorskip("ray")
+    request.getfixturevalue("local_ray")
+
+    def problem():
+        return FaultyProblem(make_problem("logistic", dtype="float64"), "nan", rank=1, after=0,
+                             every=5)
+
+    opts = dict(engine="ray", dtype="float64", seed=0, evals=0, progress=False, timeout=60,
+                shards=2, steps=100, batch_size=64)
+    run = monsoon.train(problem(), "sync", 2, out=tmp_path / "a", checkpoint_every=20, **opts)
+    whole = run.summary
+    meta = _keep_oldest(tmp_path / "a" / "checkpoints")
+    v = meta["step"]
+    assert meta["reason"] == "periodic" and 0 < v < 100
+    resumed = monsoon.train(problem(), "sync", 2, resume=str(tmp_path / "a"),
+                            out=tmp_path / "b", **opts)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["dropped_updates"] == whole["dropped_updates"] == 20
+    for key in ("updates", "examples", "dropped_updates"):
+        assert summary[key] == whole[key], key
+    assert np.array_equal(resumed.params, run.params)
+    left = (100 - v) / 100  # the steps after the checkpoint
+    assert sum(summary["staleness_counts"].values()) == 2 * 100 * left
+    assert summary["bytes_sent"] == whole["bytes_sent"] * left
