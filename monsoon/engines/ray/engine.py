@@ -6,7 +6,8 @@ Parameter-server shards are threaded Ray actors, on the driver's node
 the strategy program, turning ops into calls on the shards
 (``worker.py``). The driver (this process) watches them: it evaluates the
 loss on the shards' parameters, counts progress, and names a worker actor
-that dies in ``failed_workers``. async, local-sgd's and easgd's others carry
+that dies in ``failed_workers`` (its last figures still count, its drops as
+its shards were told of them). async, local-sgd's and easgd's others carry
 on; sync carries on while its backup workers cover the loss, and otherwise
 fails fast with the worker's error. Every remote wait has a timeout.
 
