@@ -266,7 +266,8 @@ def read_payload(reader):
 
 
 def fail_if_lost(failed: dict, strategy, workers: int, who=None,
-                 needs: str = "this strategy needs every worker", lost: int | None = None) -> None:
+                 needs: str = "this strategy needs every worker",
+                 lost: int | None = None) -> None:
     """The one rule for when lost workers fail a run, on every engine that
     carries on without some: when every worker failed, or when the strategy
     needs every worker and more failed than its backup workers cover. Then

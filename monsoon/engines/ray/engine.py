@@ -319,7 +319,7 @@ class RayEngine(Engine):
         ended = not running
         if running:  # stopped: the workers still running report what they did so far
             reports = self._reports_now(ray, {r: actors[r] for r in running.values()}, seen)
-            for rank in running.values():  # ended before the drops they report are told
+            for rank in running.values():  # no drop of theirs is told after the count below
                 kill(ray, actors[rank])
             results.update({r: self._told_drops(ray, shards, r, f) for r, f in reports.items()})
         # the finished workers' reports, added to what the resumed run had counted

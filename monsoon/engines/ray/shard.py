@@ -136,7 +136,8 @@ class Shard:
             return self.told_drops.get(worker, 0)
 
     def _tell(self, worker: int, dropped: int) -> None:
-        # a count, not a difference: a late call or the driver's repeats none
+        # ``dropped`` counts all the worker's drops: a call that comes late, or
+        # the driver's for a worker that ended without, tells none twice
         new = dropped - self.told_drops.get(worker, 0)
         if new > 0:
             self.core.tell_dropped(new)
@@ -259,11 +260,11 @@ class Shard:
 
     def _reply(self, step: int, items: tuple, applied: bool = False) -> StepReply:
         """The reply to a worker's part of ``step`` (``items``, whose second
-        is the steps it missed), and whether it stops there (``applied``:
-        its part completed the step, applied). ``last_step``
-        is set once, as a step completes, and only a later completion could
-        set it after a reply's items were taken: then above the step reached,
-        so read under the lock or not, the answer is the same."""
+        is the steps it missed), whether it stops there, and ``applied``
+        (``StepReply``). ``last_step`` is set once, as a step completes, and
+        only a later completion could set it after a reply's items were
+        taken: then above the step reached, so read under the lock or not,
+        the answer is the same."""
         reached = step + 1 + items[1]
         return StepReply(items, self.last_step is not None and reached >= self.last_step,
                          applied)

@@ -29,15 +29,14 @@ while another regroups it is kept (``worker.py``).
 from __future__ import annotations
 
 
-
 def step_replies(call, shards, targets, step: int, rank: int, parts, examples: int, gen: int,
                  whole_finite: bool, backups: bool = False) -> dict:
     """Each target shard's reply to worker ``rank``'s part of ``step``,
     by shard index: (slice, steps missed, counted?) with ``stop`` and
-    ``applied`` (``shard.StepReply``) or ("regroup",
-    gen, members). ``targets``: the shards yet to apply the step (all but those
-    that applied it while others regrouped); ``backups``: the step counts
-    the first of more workers, which takes every shard."""
+    ``applied`` (``shard.StepReply``), or ("regroup", gen, members).
+    ``targets``: the shards yet to apply the step (all but those that
+    applied it while others regrouped); ``backups``: the step counts the
+    first of more workers, which takes every shard."""
     if backups and len(shards) > 1:
         return _decided(call, shards, step, rank, parts, examples, gen, whole_finite)
     replies = call([(shards[s], "contribute",
