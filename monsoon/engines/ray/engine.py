@@ -295,7 +295,7 @@ class RayEngine(Engine):
             live = {r: actors[r] for r in running.values()}
             figures = {**self._progress(ray, live), **results}  # finished: their final figures
             seen.update(figures)
-            by_rank = {r: f["examples"] for r, f in figures.items()}
+            by_rank = {r: f.get("examples", 0) for r, f in figures.items()}  # LOST may have none
             ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, figures)
             if membership is None:  # elastic: Membership.lose asks it of the ranks out now
                 fail_if_lost(failed, strategy, workers)
@@ -319,8 +319,6 @@ class RayEngine(Engine):
         ended = not running
         if running:  # stopped: the workers still running report what they did so far
             reports = self._reports_now(ray, {r: actors[r] for r in running.values()}, seen)
-            for rank in running.values():  # no drop of theirs is told after the count below
-                kill(ray, actors[rank])
             results.update({r: self._told_drops(ray, shards, r, f) for r, f in reports.items()})
         # the finished workers' reports, added to what the resumed run had counted
         tally = RunTally.resumed(workers, self.compression, start.totals, results,
@@ -407,7 +405,7 @@ class RayEngine(Engine):
         stopped): the shards are told of those its figures count
         (``Shard.told``), and its ``dropped`` are all they were told of, so
         the run counts the drops its rules heard of."""
-        told = ray.get([sh.told.remote(rank, figures.get("dropped", 0)) for sh in shards],
+        told = ray.get([sh.told.remote(rank, figures.get("dropped", 0), True) for sh in shards],
                        timeout=self.timeout)
         return {**figures, "dropped": max(told)}
 

@@ -113,6 +113,9 @@ class Shard:
         # Local AdaAlter's shared sums on this slice (``server/summed.py``), or None
         self.sums = None if sums is None else SharedSums([np.array(a, copy=True) for a in sums])
         self.told_drops: dict[int, int] = {}  # rank -> its drops the rule was told of
+        # the ranks whose last count the driver told (``told``); elastic sync,
+        # whose lost ranks come back, drops no push at a worker
+        self.told_last: set[int] = set()
         self.stopping = False  # the driver asked the run to stop (``stop``)
         self.last_step = None  # then: the step reached when the first step completed after it
         if resume is not None:  # {"version": V, "state": the rule state's slice}
@@ -126,20 +129,24 @@ class Shard:
             self._tell(worker, dropped)
             return self.params.copy(), self.core.read(worker)
 
-    def told(self, worker: int, dropped: int) -> int:
+    def told(self, worker: int, dropped: int, last: bool = False) -> int:
         """The rule told of the pushes ``worker`` dropped (``dropped``: all
         it dropped so far) that it has not heard of: by the worker at its
         end, or by the driver for a worker that ended without (lost, or
-        killed where the run stopped). Returns all it was told of."""
+        killed where the run stopped), ``last``: a call of the worker's that
+        arrives after it tells none (the worker may still run until killed).
+        Returns all it was told of."""
         with self.lock:
             self._tell(worker, dropped)
+            if last:
+                self.told_last.add(worker)
             return self.told_drops.get(worker, 0)
 
     def _tell(self, worker: int, dropped: int) -> None:
         # ``dropped`` counts all the worker's drops: a call that comes late, or
         # the driver's for a worker that ended without, tells none twice
         new = dropped - self.told_drops.get(worker, 0)
-        if new > 0:
+        if new > 0 and worker not in self.told_last:
             self.core.tell_dropped(new)
             self.told_drops[worker] = dropped
 
