@@ -254,7 +254,7 @@ class RankWorker(Worker):
         mine = self.gathered
         mine[:self.wire] = 0 if wire is None else wire
         mine[self.wire:] = self.flags.view(np.uint8)
-        with self._collective(what):
+        with self._collective(what, "all-gather"):
             rows = self.comm.all_gather(mine)
         dtype = self.server.dtype
         self.grad.fill(0)
@@ -392,7 +392,7 @@ class RankWorker(Worker):
             sums.added(self.local_rule, self.work,
                        [row[i * n:(i + 1) * n] for i in range(fields)])
             row[-1] = examples
-            with self._collective(f"the sums of round {self.step}"):
+            with self._collective(f"the sums of round {self.step}", "all-gather"):
                 rows = self.comm.all_gather(row)
             sums.count(self.sender)
             acc, tmp = np.empty(n, dtype=row.dtype), np.empty(n, dtype=row.dtype)
