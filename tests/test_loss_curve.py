@@ -119,19 +119,23 @@ def test_an_evaluation_that_gets_faster_still_thins_the_curve_evenly(monkeypatch
     machine that quiets down, or caches that warm): the time left then
     covers part of a level. Those points are spread over that level, and
     no finer level's point is added beside its gaps (gaps of 2 and 10
-    updates on one curve, in a full run; of 1 and 5 here)."""
-    import time
+    updates on one curve, in a full run; of 1 and 5 here). Their cost is
+    read off a clock only they advance, so a busy machine's own slowness
+    does not change which points are kept."""
+    import types
 
     from monsoon.record import recorder as rec_module
 
     monkeypatch.setattr(rec_module, "EVAL_MIN_S", 0.0)
+    clock = [0.0]
+    monkeypatch.setattr(rec_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     problem = make_problem("linear")
     w = problem.initial_params(0)
     slow, calls = problem.loss, []
 
     def loss(v):
         calls.append(1)
-        time.sleep(0.03 if len(calls) <= 3 else 0.003)
+        clock[0] += 0.03 if len(calls) <= 3 else 0.003
         return slow(v)
 
     monkeypatch.setattr(problem, "loss", loss)
