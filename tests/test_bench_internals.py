@@ -19,6 +19,7 @@ def test_the_benchmark_imports_what_it_uses(name):
     assert callable(module.main)
 
 
+@pytest.mark.slow
 def test_the_pipeline_benchmark_times_stages_and_channels():
     import pipeline
 

@@ -91,6 +91,7 @@ def test_the_cost_floor_spaces_checkpoints_of_fast_steps(tmp_path, monkeypatch):
     assert run.summary["updates"] == 80 and 1 <= len(writes) < 10
 
 
+@pytest.mark.slow
 def test_the_monitor_wakes_for_each_checkpoint_as_it_falls_due(tmp_path, monkeypatch):
     """Workers fill the checkpoint buffer, the monitor writes the file, and
     until it has taken it, the workers wait at the next checkpoint step. The
@@ -224,6 +225,7 @@ def _interrupt_after_first_checkpoint(folder: Path) -> None:
     threading.Thread(target=signal_once_going, daemon=True).start()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_lr", [0.05, 0.01])  # another lr, and the very same settings
 def test_an_interrupted_run_resumes_its_own_checkpoint_not_an_earlier_runs(tmp_path,
                                                                            first_lr):

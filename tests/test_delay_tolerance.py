@@ -87,6 +87,7 @@ def test_easgd_pulls_workers_together_and_trains():
     assert spread < np.abs(run.worker_params[0] - make_problem("exp").initial_params(0)).max()
 
 
+@pytest.mark.slow
 def test_delay_tolerant_rules_fix_async_sgd_at_a_high_rate():
     """digits, async, 8 workers, lr 0.25: serial SGD is fine at this rate, plain
     async SGD stalls (each gradient ~7 updates stale), AdaRevision and DC-ASGD-a

@@ -46,6 +46,7 @@ def test_async_and_hogwild_carry_on_without_a_failed_worker(strategy, mode):
     assert run.summary["final_loss"] < make_problem("exp").loss(make_problem("exp").initial_params(0))
 
 
+@pytest.mark.slow
 def test_sync_does_not_hang_when_a_worker_hangs():
     problem = FaultyProblem(make_problem("exp"), "hang", rank=1, after=3)
     t0 = time.monotonic()

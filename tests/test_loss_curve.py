@@ -52,6 +52,7 @@ def test_no_evaluation_happens_while_the_run_goes(monkeypatch, strategy, workers
     assert all(a["examples"] <= b["examples"] for a, b in zip(result.history, result.history[1:]))
 
 
+@pytest.mark.slow
 def test_replicated_sync_serves_snapshots_on_request():
     # long enough that the snapshots' cost spacing (50x a copy) leaves 10 rows under load
     result = monsoon.train("exp", "sync", 2, steps=4000, seed=0, progress=False, evals=50)

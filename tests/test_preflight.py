@@ -337,6 +337,7 @@ def test_the_fit_probe_leaves_the_model_as_it_was():
 @pytest.mark.parametrize("problem,strategy,engine", [
     ("linear", "serial", "local"), ("rcv1-like:rows=200,features=50", "serial", "local"),
     ("logistic", "async", "sim"), ("exp", "pipeline", "local")])
+@pytest.mark.slow
 def test_a_diverging_run_says_so_once_without_numpy_warnings(tmp_path, problem, strategy,
                                                               engine):
     """NumPy's RuntimeWarnings (overflow in matmul, invalid value in

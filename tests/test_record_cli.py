@@ -226,6 +226,7 @@ def test_api_refuses_unknown_options():
         monsoon.train("exp", "serial", learning_rate=0.1)
 
 
+@pytest.mark.slow
 def test_script_without_main_guard_can_use_processes(tmp_path):
     """Spawned workers must not re-run a user's unguarded script."""
     script = tmp_path / "train_exp.py"

@@ -43,6 +43,7 @@ from test_checkpoints import cut_after, every_checkpoint_due  # noqa: F401 (a fi
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_a_compressed_sync_run_killed_mid_way_resumes_bit_identical(tmp_path):
     run = tmp_path / "run"
     # long enough that the run is still going at its first checkpoint on a

@@ -195,6 +195,7 @@ def test_mf_gradient_is_the_objectives_derivative():
         assert g[j] == pytest.approx((p.loss(w + e) - p.loss(w - e)) / 2e-6, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_mf_hogwild_two_threads_reaches_serials_rmse():
     """Planted rank 5: Hogwild! with 2 threads within 5% of serial's RMSE."""
     # 200 ratings per user: enough that both leave the small random start

@@ -35,6 +35,7 @@ def test_one_worker_is_bit_identical_to_serial(strategy):
     assert np.array_equal(one.params, serial.params)
 
 
+@pytest.mark.slow
 def test_parabola_seed_script_sync_matches_serial():
     """Seed 000: 2000 full-batch steps at lr 0.01 reach a loss near the seed's 0.02-0.04."""
     opts = dict(lr=0.01, steps=2000, seed=0)
