@@ -43,7 +43,8 @@ def test_backup_worker_covers_a_failed_worker():
 
 
 def test_local_sgd_with_one_local_step_equals_sync():
-    opts = dict(epochs=3, batch_size=40, dtype="float64", seed=4, lr=0.05)
+    # threads: both strategies' values are the processes backend's to the bit
+    opts = dict(epochs=3, batch_size=40, dtype="float64", seed=4, lr=0.05, backend="threads")
     sync = monsoon.train("digits", "sync", 3, **opts)
     local = monsoon.train("digits", "local-sgd", 3, local_steps=1, **opts)
     # theta - (theta - lr g) is lr g up to the last bits: equal to rounding
