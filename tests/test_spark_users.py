@@ -523,7 +523,8 @@ def test_local_sgd_returns_the_tail_average_of_theta(spark, clicks, monkeypatch)
             self.last = np.array(w, copy=True)
 
     monkeypatch.setattr(rounds, "TailAverage", Kept)
-    kw = dict(engine="spark", dtype="float64", epochs=4, batch_size=32, local_steps=2,
+    # a job a round, about 10 rounds an epoch: 2 epochs, the second averaged
+    kw = dict(engine="spark", dtype="float64", epochs=2, batch_size=32, local_steps=2,
               evals=0, progress=False)
     averaged = monsoon.train(f"spark:{clicks}", "local-sgd", 2, **kw)
     assert averaged.summary["averaged_epochs"] == 1.0 and len(made) == 1
