@@ -176,7 +176,8 @@ def test_ray_sync_live_dropped_updates_count_the_steps_its_shards_drop(tmp_path,
     run/dropped_updates counts them as the curve's rows do: never more than
     the summary's, and more than none once a row has seen them. Their
     updates count each step applied once, as the local engine's do: the
-    run's, and the workers' summed, never more than the summary's."""
+    run's, and the workers' summed, never more than the summary's, each by
+    the lowest rank it counted (worker 0), whichever part completed it."""
     from monsoon.problems import make_problem
 
     from faulty import FaultyProblem
@@ -193,6 +194,8 @@ def test_ray_sync_live_dropped_updates_count_the_steps_its_shards_drop(tmp_path,
     updates = [v for _, v in found["run/updates"]]
     assert updates == sorted(updates) and 0 < updates[-1] <= run.summary["updates"], updates
     assert sum(found[f"updates/worker-{k}"][-1][1] for k in range(2)) <= run.summary["updates"]
+    assert found["updates/worker-0"][-1][1] > 0
+    assert all(v == 0 for _, v in found["updates/worker-1"])
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """One synchronous step on several Ray shards with backup workers: every
-shard applies the same workers' parts (``engines/ray/sync_step.py``).
+shard applies the same workers' parts (``engines/ray/sync_step.py``), and
+the step's update is credited to the lowest rank counted.
 
 Plain ``Shard`` objects (no Ray), driven from threads through the worker's
 own protocol (``step_replies``), with the arrivals in orders a cluster
@@ -251,3 +252,14 @@ def test_the_decided_steps_waits_time_out_in_words():
         sh.offer(2, 0, np.zeros(2), 1)
     with pytest.raises(TimeoutError, match="shard 1 waited 0.1 s for step 0 to complete"):
         sh.settle(0, 0, None)
+
+
+@pytest.mark.parametrize("workers, order", [(2, [0, 1]), (3, [1, 2, 0])])
+def test_the_lowest_counted_rank_counts_the_step_whichever_part_completed_it(workers, order):
+    """A step's update counts once in the workers' live figures, by the
+    lowest rank it counted (``StepReply.applied``), not by the worker whose
+    part came last: 2 workers, worker 1's part completes the step; 3 with a
+    backup, workers 1 and 2 counted, worker 2's part completes it."""
+    grads = [np.full(4, 10.0 ** w) for w in range(workers)]
+    replies = _run_workers(_shards(workers=workers, counted=2), [order, order], grads)
+    assert {r for r, reply in replies.items() if reply[0].applied} == {min(order[:2])}

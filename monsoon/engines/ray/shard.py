@@ -56,10 +56,11 @@ TAKEN = 4  # copies a shard keeps until the driver collects them
 class StepReply(tuple):
     """A synchronous step's reply, the tuple ``contribute``, ``decide`` and
     ``settle`` document, with ``stop``: the worker ends its program after
-    this step; and ``applied``: its part completed the step, which was
-    applied (not dropped). That worker counts the step's update in its
-    live figures, so that theirs sum to the steps applied, as the local
-    engine's do (its first worker counts each).
+    this step; and ``applied``: the step was applied (not dropped) and this
+    worker is the lowest rank it counted. That worker counts the step's
+    update in its live figures, so that theirs sum to the steps applied and
+    the same worker is credited whatever order the parts came in, as the
+    local engine's first worker counts each.
 
     A stop (SIGTERM/SIGINT: ``Shard.stop`` from the driver): the first step
     a shard completes after it is the run's last there; its replies to that
@@ -116,6 +117,8 @@ class Shard:
         # the ranks whose last count the driver told (``told``); elastic sync,
         # whose lost ranks come back, drops no push at a worker
         self.told_last: set[int] = set()
+        # rank -> the step applied that it counts in its live updates (``StepReply``)
+        self.credited: dict[int, int] = {}
         self.stopping = False  # the driver asked the run to stop (``stop``)
         self.last_step = None  # then: the step reached when the first step completed after it
         if resume is not None:  # {"version": V, "state": the rule state's slice}
@@ -204,9 +207,8 @@ class Shard:
                 return self._reply(step, (self._slice(), self.step - (step + 1), False,
                                           self._counted_at(step)))
             self.arrivals[worker] = part
-            applied = False
             if len(self.arrivals) == self.counted:
-                applied = self._complete()
+                self._complete()
             else:
                 ok = self.lock.wait_for(lambda: self.step > step or self.gen != gen,
                                         self.timeout)
@@ -216,7 +218,8 @@ class Shard:
                     raise TimeoutError(f"shard {self.index} waited {self.timeout:g} s for "
                                        f"{self.counted} workers at step {step} (got "
                                        f"{len(self.arrivals)}); a worker is stuck or dead")
-            return self._reply(step, (self._slice(), 0, True, self._counted_at(step)), applied)
+            return self._reply(step, (self._slice(), 0, True, self._counted_at(step)),
+                               self.credited.pop(worker, None) == step)
 
     def offer(self, step: int, worker: int, grad, examples: int, whole_finite: bool = True):
         """A shard other than 0 of several, with backup workers: holds the
@@ -293,9 +296,10 @@ class Shard:
         applied, ranks = self.counted_ranks
         return ranks if applied == step else None
 
-    def _complete(self, ranks=None) -> bool:
+    def _complete(self, ranks=None) -> None:
         """Applies the step on the parts of ``ranks`` (default: every part
-        held); whether it was applied (else dropped)."""
+        held); where applied (not dropped), the lowest of them is credited
+        with it (``StepReply``)."""
         ranks = sorted(self.arrivals if ranks is None else ranks)
         examples = [self.arrivals[k][1] for k in ranks]
         grads = {k: self.arrivals[k][0] for k in ranks}
@@ -307,6 +311,8 @@ class Shard:
                              np.empty_like(self.params), np.empty_like(self.params), self.step,
                              ok=all(self.arrivals[k][2] for k in ranks), sums=self.sums,
                              sum_parts=sum_parts)
+        if applied:
+            self.credited[ranks[0]] = self.step
         self.arrivals = {}
         self.counted_ranks = (self.step, tuple(ranks))
         self.core.version = self.step = self.step + 1
@@ -314,7 +320,6 @@ class Shard:
             self.last_step = self.step
         self._taken()
         self.lock.notify_all()
-        return applied
 
     def regroup(self, gen: int, members: tuple) -> int:
         """Elastic sync: from now on the step's workers are ``members``;
