@@ -355,7 +355,9 @@ def test_the_drops_of_a_worker_that_never_reports_are_told_and_counted(tmp_path,
     makes. "lost": worker 1 (every other gradient NaN) is killed mid-run
     and the run carries on; "stopped": every gradient is NaN after the
     second, and the recorder stops the run while both workers go on. Either
-    way the rule is told of every drop summary.json counts, and of no other."""
+    way every shard's rule (2 shards: a worker's last call may reach one
+    before the driver's tell and the other after it) is told of every drop
+    summary.json counts, and of no other."""
     from monsoon.rules import RULES
 
     from faulty import TellsDrops
@@ -370,7 +372,7 @@ def test_the_drops_of_a_worker_that_never_reports_are_told_and_counted(tmp_path,
     if end == "stopped":
         opts = dict(problem=FaultyProblem(inner, "nan", rank=None, after=2), steps=4000,
                     raise_on_divergence=False)
-    thread, box = _train_in_background(strategy="async", workers=2, engine="ray", shards=1,
+    thread, box = _train_in_background(strategy="async", workers=2, engine="ray", shards=2,
                                        seed=0, timeout=30, rule="tells-drops",
                                        told_file=str(told), **opts)
     if end == "lost":

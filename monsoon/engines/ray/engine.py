@@ -278,18 +278,20 @@ class RayEngine(Engine):
         shards_dropped = {"at_row": start.dropped}  # the live reports' count between rows
         while running:
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=self.poll_s)
+            gone = {}  # the ranks lost now: their last figures
             for ref in done:
                 rank = running.pop(ref)
                 try:
                     results[rank] = ray.get(ref, timeout=self.timeout)
                 except Exception as exc:  # noqa: BLE001 - a dead or failed worker, by name
                     failed[rank] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
-                    results[LOST] = merged(results.get(LOST), self._told_drops(
-                        ray, shards, rank, seen.pop(rank, {})))
+                    gone[rank] = seen.pop(rank, {})
                     if clock is not None:  # it no longer holds the others to the bound
                         clock.retire.remote(rank)
                     if membership is not None:  # elastic sync: the others regroup
                         membership.lose(rank, failed[rank], actors[rank])
+            for rank, last in self._told_drops(ray, shards, gone).items():
+                results[LOST] = merged(results.get(LOST), last)
             if membership is not None:
                 membership.rejoin(running, actors, retired)
             live = {r: actors[r] for r in running.values()}
@@ -318,8 +320,8 @@ class RayEngine(Engine):
         stopped = due.stop_reason if due.interrupted else stopped
         ended = not running
         if running:  # stopped: the workers still running report what they did so far
-            reports = self._reports_now(ray, {r: actors[r] for r in running.values()}, seen)
-            results.update({r: self._told_drops(ray, shards, r, f) for r, f in reports.items()})
+            results.update(self._told_drops(ray, shards, self._reports_now(
+                ray, {r: actors[r] for r in running.values()}, seen)))
         # the finished workers' reports, added to what the resumed run had counted
         tally = RunTally.resumed(workers, self.compression, start.totals, results,
                                  ssp=clock is not None)
@@ -399,15 +401,39 @@ class RayEngine(Engine):
         in time counts its last progress figures (``seen``)."""
         return self._ask(ray, live, "report_now", self.timeout, seen)
 
-    def _told_drops(self, ray, shards, rank: int, figures: dict) -> dict:
-        """The last ``figures`` of worker ``rank``, which ended without
-        telling its shards of its last drops (lost, or killed where the run
-        stopped): the shards are told of those its figures count
-        (``Shard.told``), and its ``dropped`` are all they were told of, so
-        the run counts the drops its rules heard of."""
-        told = ray.get([sh.told.remote(rank, figures.get("dropped", 0), True) for sh in shards],
-                       timeout=self.timeout)
-        return {**figures, "dropped": max(told)}
+    def _told_drops(self, ray, shards, figures: dict) -> dict:
+        """The last ``figures`` (by rank) of workers that ended without
+        telling their shards of their last drops (lost, or killed where the
+        run stopped), each with ``dropped`` as every shard's rule heard it:
+        the shards are told of those its figures count (``Shard.told``),
+        then those that heard fewer than another (the worker's own call
+        reached that one first) of the most any heard, so that every rule
+        hears the count the run reports, once. A shard that fails or does
+        not answer in time leaves the figures' own count: the run's error
+        (a lost worker's, a stopped run's result) is what the run reports."""
+        if not figures:
+            return {}
+        ranks = list(figures)
+        try:
+            heard = self._tell_shards(ray, shards, [
+                (r, s, figures[r].get("dropped", 0)) for r in ranks for s in range(len(shards))])
+            most = {r: max(heard[r]) for r in ranks}
+            self._tell_shards(ray, shards, [(r, s, most[r]) for r in ranks
+                                            for s, n in enumerate(heard[r]) if n < most[r]])
+        except Exception:  # noqa: BLE001 - a shard lost or stuck: its own error comes later
+            return figures
+        return {r: {**figures[r], "dropped": most[r]} for r in ranks}
+
+    def _tell_shards(self, ray, shards, tells) -> dict:
+        """Tells each shard ``s`` of worker ``r``'s ``dropped`` (``tells``:
+        (r, s, dropped)) in one wait; what each heard, by rank, in shard order."""
+        heard = {}
+        if tells:
+            answers = ray.get([shards[s].told.remote(r, n, True) for r, s, n in tells],
+                              timeout=self.timeout)
+            for (r, _, _), n in zip(tells, answers):
+                heard.setdefault(r, []).append(n)
+        return heard
 
     def _progress(self, ray, live: dict) -> dict:
         """The running workers' figures that answer (``RemoteWorker.progress``:

@@ -136,20 +136,21 @@ class Shard:
         """The rule told of the pushes ``worker`` dropped (``dropped``: all
         it dropped so far) that it has not heard of: by the worker at its
         end, or by the driver for a worker that ended without (lost, or
-        killed where the run stopped), ``last``: a call of the worker's that
-        arrives after it tells none (the worker may still run until killed).
-        Returns all it was told of."""
+        killed where the run stopped), ``last``: the driver's, after which a
+        call of the worker's tells none (the worker may still run until
+        killed); the driver's own are heard (``RayEngine._told_drops`` tells
+        each shard the most any heard). Returns all it was told of."""
         with self.lock:
-            self._tell(worker, dropped)
+            self._tell(worker, dropped, last)
             if last:
                 self.told_last.add(worker)
             return self.told_drops.get(worker, 0)
 
-    def _tell(self, worker: int, dropped: int) -> None:
+    def _tell(self, worker: int, dropped: int, driver: bool = False) -> None:
         # ``dropped`` counts all the worker's drops: a call that comes late, or
         # the driver's for a worker that ended without, tells none twice
         new = dropped - self.told_drops.get(worker, 0)
-        if new > 0 and worker not in self.told_last:
+        if new > 0 and (driver or worker not in self.told_last):
             self.core.tell_dropped(new)
             self.told_drops[worker] = dropped
 

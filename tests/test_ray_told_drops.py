@@ -1,0 +1,73 @@
+"""The Ray driver's counts of a worker that ends without reporting (lost,
+or killed where the run stopped), on plain ``Shard`` objects and
+``ShardCheckpoints`` without Ray, through the orders a cluster produces
+only by chance: the worker's last call that reaches one shard before the
+driver's tell and another after it, and a shard that fails while the
+driver tells."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from monsoon.engines.ray.engine import RayEngine
+from monsoon.engines.ray.shard import Shard
+from monsoon.rules import make_rule
+
+
+class NoRay:
+    """A call's reference is its answer; counts the waits."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def get(self, refs, timeout=None):
+        self.waits += 1
+        return refs
+
+
+def _handle(obj, *methods):
+    """``obj``'s ``methods`` called as Ray calls them (``.remote``)."""
+    return SimpleNamespace(**{m: SimpleNamespace(remote=getattr(obj, m)) for m in methods})
+
+
+def _shards(heard: list):
+    """Two shards whose rules count in ``heard`` the drops they hear of."""
+    shards = []
+    for s in range(2):
+        rule = make_rule("sgd", 1.0)
+        rule.on_dropped = lambda w, state, s=s: heard.__setitem__(s, heard[s] + 1)
+        shards.append(Shard(s, np.zeros(2), rule, workers=2, counted=2, timeout=5.0))
+    return shards
+
+
+def test_every_shard_hears_the_count_the_driver_reports_whichever_it_heard_first():
+    """Worker 1 dropped 7 pushes; the driver last saw 5. Its read telling 7
+    reaches shard 0 before the driver's tell and shard 1 after it (it runs
+    until killed): both rules hear 7, once, and the driver counts 7."""
+    heard = [0, 0]
+    shards = _shards(heard)
+    ray = NoRay()
+    shards[0].read(1, 7)
+    told = RayEngine(timeout=5.0)._told_drops(ray, [_handle(sh, "told") for sh in shards],
+                                              {1: {"dropped": 5, "examples": 80}})
+    shards[1].read(1, 7)
+    assert heard == [7, 7]
+    assert told == {1: {"dropped": 7, "examples": 80}}
+    shards[1].read(1, 9)  # a later call of the worker's tells none
+    assert heard == [7, 7] and ray.waits == 2
+
+
+def test_the_driver_tells_every_rank_in_one_wait_and_a_failing_shard_leaves_the_counts():
+    heard = [0, 0]
+    ray = NoRay()
+    handles = [_handle(sh, "told") for sh in _shards(heard)]
+    figures = {0: {"dropped": 2}, 1: {"dropped": 3}}
+    assert RayEngine(timeout=5.0)._told_drops(ray, handles, figures) == figures
+    assert heard == [5, 5] and ray.waits == 1
+
+    def dead(*args):
+        raise RuntimeError("RayActorError: the shard's actor died")
+
+    handles[1] = SimpleNamespace(told=SimpleNamespace(remote=dead))
+    assert RayEngine(timeout=5.0)._told_drops(ray, handles, {2: {"dropped": 4}}) == \
+        {2: {"dropped": 4}}
+
