@@ -2,15 +2,18 @@
 or killed where the run stopped), on plain ``Shard`` objects and
 ``ShardCheckpoints`` without Ray, through the orders a cluster produces
 only by chance: the worker's last call that reaches one shard before the
-driver's tell and another after it, and a shard that fails while the
-driver tells."""
+driver's tell and another after it, a shard that fails while the driver
+tells, and a checkpoint written after a worker was lost."""
 from types import SimpleNamespace
 
 import numpy as np
 
-from monsoon.engines.ray.engine import RayEngine
+from monsoon.engines.ray.checkpointing import ShardCheckpoints
+from monsoon.engines.ray.engine import LOST, RayEngine
 from monsoon.engines.ray.shard import Shard
+from monsoon.record.checkpoints import Checkpointer, read_meta
 from monsoon.rules import make_rule
+from monsoon.strategies import make_strategy
 
 
 class NoRay:
@@ -71,3 +74,19 @@ def test_the_driver_tells_every_rank_in_one_wait_and_a_failing_shard_leaves_the_
     assert RayEngine(timeout=5.0)._told_drops(ray, handles, {2: {"dropped": 4}}) == \
         {2: {"dropped": 4}}
 
+
+def test_an_async_checkpoint_places_a_lost_worker_after_the_batches_it_did(tmp_path):
+    """Async, 2 workers on 100 examples in batches of 10: worker 0 did 50
+    examples, worker 1 did 30 and was lost. The checkpoint counts both and
+    puts worker 1 at its fourth batch, not back at its first."""
+    rule = make_rule("sgd", 1.0)
+    keeper = Checkpointer(str(tmp_path), 4, None, {})
+    ckpts = ShardCheckpoints(keeper, rule, make_strategy("async"), [(0, 2)], 2, 100, 10)
+    ckpts.load(np.zeros(2))
+    copy = (np.zeros(2), tuple(rule.init(2, np.float64)), 0)
+    shard = SimpleNamespace(taken=SimpleNamespace(remote=lambda: {4: copy}))
+    last = {"examples": 30, "dropped": 1}
+    ckpts.collect(NoRay(), [shard], 5.0, 1.0, {0: {"examples": 50}, LOST: last}, {1: last})
+    meta = read_meta(keeper.last_path)
+    assert meta["positions"] == [5, 3]
+    assert (meta["examples"], meta["dropped"]) == (80, 1)

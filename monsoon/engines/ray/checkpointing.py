@@ -17,7 +17,8 @@ worker's position in its data plan, and the loss curve so far.
   the seed and the step; see ``strategies/batches.py``).
 - async: each shard's copy is taken after V pushes to it, and each worker's
   position comes from the examples it had done when the driver wrote (a
-  racy read, as the local engine's snapshot checkpoints): a resumed run
+  racy read, as the local engine's snapshot checkpoints; a lost worker's,
+  from its last figures, whose pushes the shards applied): a resumed run
   carries on from there rather than replaying the run.
 - strategies with private worker copies (local-sgd, easgd) write none and
   refuse ``--resume``.
@@ -89,11 +90,13 @@ class ShardCheckpoints:
         a, b = self.bounds[s]
         return {"version": self.start.step, "state": tuple(x[a:b] for x in self.start.state)}
 
-    def collect(self, ray, shards, timeout: float, now: float, figures: dict) -> None:
+    def collect(self, ray, shards, timeout: float, now: float, figures: dict,
+                lost: dict | None = None) -> None:
         """Take the shards' copies; write each version all have handed in,
         oldest first. ``figures``: the workers' latest (by rank: their
         progress or their reports), whose examples place them and whose
-        dropped pushes count (``dropped_so_far``)."""
+        dropped pushes count (``dropped_so_far``); ``lost``: the lost
+        workers' last ones, by rank, whose examples place them too."""
         if not self.every:
             return
         for s, copies in enumerate(ray.get([sh.taken.remote() for sh in shards],
@@ -104,7 +107,7 @@ class ShardCheckpoints:
         for version in complete:
             parts = self.pending[version]
             self._write(version, [parts[s] for s in range(len(shards))], now, figures,
-                        "periodic", self.carried)
+                        "periodic", self.carried, lost or {})
         if complete:  # an older version some shard has not handed in never will be
             self.pending = {v: p for v, p in self.pending.items() if v > complete[-1]}
 
@@ -129,7 +132,7 @@ class ShardCheckpoints:
                         figures, reason, totals)
 
     def _write(self, version: int, parts, now: float, figures: dict,
-               reason: str, totals: dict | None) -> None:
+               reason: str, totals: dict | None, lost: dict | None = None) -> None:
         params = np.concatenate([p for p, _, _ in parts])
         state = self.rule.init(params.size, params.dtype)
         for (a, b), (_, piece, _) in zip(self.bounds, parts):
@@ -138,8 +141,9 @@ class ShardCheckpoints:
         if self.exact:  # every worker walks the global plan, one batch a step
             positions = [version] * self.workers
             examples = examples_after(version, self.n, self.batch_size)
-        else:  # batches before this attempt, and in it
-            done = [int(figures.get(r, {}).get("examples", 0)) for r in range(self.workers)]
+        else:  # batches before this attempt, and in it (a lost worker's: before it was lost)
+            done = [int(figures.get(r, {}).get("examples", 0))
+                    + int((lost or {}).get(r, {}).get("examples", 0)) for r in range(self.workers)]
             positions = positions_from_examples(done, self.n, self.batch_size,
                                                 self.start.positions)
             examples = self.start.examples + sum(done)

@@ -272,7 +272,7 @@ class RayEngine(Engine):
         t0 = time.perf_counter() - start.time_s
         running = {a.run.remote(): rank for rank, a in enumerate(actors)}
         results, failed = {}, {}
-        seen = {}  # each rank's last figures
+        seen, lost = {}, {}  # each rank's last figures; the lost workers', by rank
         due = Due(recorder, timeout=self.timeout)  # rows, live reports, the no-progress backstop
         stopped = stop_by = None
         shards_dropped = {"at_row": start.dropped}  # the live reports' count between rows
@@ -291,6 +291,7 @@ class RayEngine(Engine):
                     if membership is not None:  # elastic sync: the others regroup
                         membership.lose(rank, failed[rank], actors[rank])
             for rank, last in self._told_drops(ray, shards, gone).items():
+                lost[rank] = merged(lost.get(rank), last)  # an elastic rank: each incarnation
                 results[LOST] = merged(results.get(LOST), last)
             if membership is not None:
                 membership.rejoin(running, actors, retired)
@@ -298,7 +299,7 @@ class RayEngine(Engine):
             figures = {**self._progress(ray, live), **results}  # finished: their final figures
             seen.update(figures)
             by_rank = {r: f.get("examples", 0) for r, f in figures.items()}  # LOST may have none
-            ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, figures)
+            ckpts.collect(ray, shards, self.timeout, time.perf_counter() - t0, figures, lost)
             if membership is None:  # elastic: Membership.lose asks it of the ranks out now
                 fail_if_lost(failed, strategy, workers)
             now = time.perf_counter() - t0
