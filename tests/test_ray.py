@@ -357,7 +357,8 @@ def test_the_drops_of_a_worker_that_never_reports_are_told_and_counted(tmp_path,
     second, and the recorder stops the run while both workers go on. Either
     way every shard's rule (2 shards: a worker's last call may reach one
     before the driver's tell and the other after it) is told of every drop
-    summary.json counts, and of no other."""
+    summary.json counts, and of no other; and the lost worker's examples
+    count: worker 0's whole share (600 batches) and at least a batch of its."""
     from monsoon.rules import RULES
 
     from faulty import TellsDrops
@@ -382,6 +383,7 @@ def test_the_drops_of_a_worker_that_never_reports_are_told_and_counted(tmp_path,
     summary = box["result"].summary
     if end == "lost":
         assert [f["worker"] for f in summary["failed_workers"]] == [1]
+        assert summary["examples"] >= (600 + 1) * summary["batch_size"]
     else:
         assert summary["status"] == "diverged"
     sizes = [int(line) for line in told.read_text().split()]
