@@ -407,9 +407,10 @@ class RayEngine(Engine):
         telling their shards of their last drops (lost, or killed where the
         run stopped), each with ``dropped`` as every shard's rule heard it:
         the shards are told of those its figures count (``Shard.told``),
-        then those that heard fewer than another (the worker's own call
-        reached that one first) of the most any heard, so that every rule
-        hears the count the run reports, once. A shard that fails or does
+        then each shard that heard fewer than another (the worker's own
+        last call reached the other before the driver's tell) is told the
+        most any heard, so that every rule hears the count the run reports,
+        once. A shard that fails or does
         not answer in time leaves the figures' own count: the run's error
         (a lost worker's, a stopped run's result) is what the run reports."""
         if not figures:
