@@ -127,9 +127,10 @@ def _train_in_background(**kwargs):
     return thread, box
 
 
-def _kill_worker_when_running(name: str, examples: int = 320):
+def _kill_worker_when_running(name: str, examples: int = 320, settle_s: float = 0.0):
     """Kill the named worker actor once it has trained on ``examples``
-    (so mid-run, however slowly the machine starts its actors)."""
+    (so mid-run, however slowly the machine starts its actors), and
+    ``settle_s`` later (time for the driver's polls, every 0.05 s, to see it)."""
     deadline = time.monotonic() + 120  # a worker process starts in seconds, minutes when busy
     while time.monotonic() < deadline:
         try:
@@ -143,6 +144,7 @@ def _kill_worker_when_running(name: str, examples: int = 320):
     while time.monotonic() < deadline and \
             ray.get(actor.ask.remote("progress"), timeout=30)["examples"] < examples:
         time.sleep(0.05)
+    time.sleep(settle_s)
     ray.kill(actor)
 
 
@@ -377,7 +379,7 @@ def test_the_drops_of_a_worker_that_never_reports_are_told_and_counted(tmp_path,
                                        seed=0, timeout=30, rule="tells-drops",
                                        told_file=str(told), **opts)
     if end == "lost":
-        _kill_worker_when_running("monsoon-dropslost-worker-1")
+        _kill_worker_when_running("monsoon-dropslost-worker-1", settle_s=0.15)
     thread.join(120)
     assert "error" not in box, box.get("error")
     summary = box["result"].summary

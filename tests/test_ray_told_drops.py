@@ -7,6 +7,7 @@ tells, and a checkpoint written after a worker was lost."""
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from monsoon.engines.ray.checkpointing import ShardCheckpoints
 from monsoon.engines.ray.engine import LOST, RayEngine
@@ -14,6 +15,8 @@ from monsoon.engines.ray.shard import Shard
 from monsoon.record.checkpoints import Checkpointer, read_meta
 from monsoon.rules import make_rule
 from monsoon.strategies import make_strategy
+
+RayActorError = pytest.importorskip("ray.exceptions").RayActorError
 
 
 class NoRay:
@@ -68,11 +71,32 @@ def test_the_driver_tells_every_rank_in_one_wait_and_a_failing_shard_leaves_the_
     assert heard == [5, 5] and ray.waits == 1
 
     def dead(*args):
-        raise RuntimeError("RayActorError: the shard's actor died")
+        raise RayActorError()
 
     handles[1] = SimpleNamespace(told=SimpleNamespace(remote=dead))
     assert RayEngine(timeout=5.0)._told_drops(ray, handles, {2: {"dropped": 4}}) == \
         {2: {"dropped": 4}}
+
+
+def test_a_shard_that_fails_the_second_tells_leaves_the_most_heard():
+    """Worker 1's read told shard 0 of 7 drops; the driver saw 5. Shard 1
+    fails only when told again: the tells of the first wait have landed,
+    and the driver counts the 7 shard 0 heard (its rule will hear them)."""
+    heard = [0, 0]
+    shards = _shards(heard)
+    shards[0].read(1, 7)
+    calls = []
+
+    def fails_twice(*args):
+        calls.append(args)
+        if len(calls) > 1:
+            raise RayActorError()
+        return shards[1].told(*args)
+
+    handles = [_handle(shards[0], "told"),
+               SimpleNamespace(told=SimpleNamespace(remote=fails_twice))]
+    told = RayEngine(timeout=5.0)._told_drops(NoRay(), handles, {1: {"dropped": 5}})
+    assert told == {1: {"dropped": 7}} and heard == [7, 5] and len(calls) == 2
 
 
 def test_an_async_checkpoint_places_a_lost_worker_after_the_batches_it_did(tmp_path):

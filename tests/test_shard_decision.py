@@ -111,15 +111,17 @@ def _step(shards, call, rank, grad, examples=1, backups=True):
     return step_replies(call, shards, [0, 1], 0, rank, parts, examples, 0, whole, backups)
 
 
-def _run_workers(shards, orders, grads, ranks=None):
+def _run_workers(shards, orders, grads, ranks=None, backups=True):
     """Each worker's step in a thread, its arrivals on shard s in ``orders[s]``
-    (or an ``Orders`` made before, already in use)."""
+    (or an ``Orders`` made before, already in use); ``backups`` False: the
+    plain protocol of a step that counts every worker."""
     gate = orders if isinstance(orders, Orders) else Orders(shards, orders)
     replies, errors = {}, []
 
     def worker(rank):
         try:
-            replies[rank] = _step(shards, gate.call_for(rank, shards), rank, grads[rank])
+            replies[rank] = _step(shards, gate.call_for(rank, shards), rank, grads[rank],
+                                  backups=backups)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -254,12 +256,16 @@ def test_the_decided_steps_waits_time_out_in_words():
         sh.settle(0, 0, None)
 
 
-@pytest.mark.parametrize("workers, order", [(2, [0, 1]), (3, [1, 2, 0])])
-def test_the_lowest_counted_rank_counts_the_step_whichever_part_completed_it(workers, order):
+@pytest.mark.parametrize("workers, order, backups", [(2, [0, 1], False), (2, [0, 1], True),
+                                                     (3, [1, 2, 0], True)])
+def test_the_lowest_counted_rank_counts_the_step_whichever_part_completed_it(workers, order,
+                                                                            backups):
     """A step's update counts once in the workers' live figures, by the
     lowest rank it counted (``StepReply.applied``), not by the worker whose
-    part came last: 2 workers, worker 1's part completes the step; 3 with a
-    backup, workers 1 and 2 counted, worker 2's part completes it."""
+    part came last: 2 workers, worker 1's part completes the step (the
+    plain protocol, and the one with backups); 3 with a backup, workers 1
+    and 2 counted, worker 2's part completes it."""
     grads = [np.full(4, 10.0 ** w) for w in range(workers)]
-    replies = _run_workers(_shards(workers=workers, counted=2), [order, order], grads)
+    replies = _run_workers(_shards(workers=workers, counted=2), [order, order], grads,
+                           backups=backups)
     assert {r for r, reply in replies.items() if reply[0].applied} == {min(order[:2])}

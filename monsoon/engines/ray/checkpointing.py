@@ -18,8 +18,8 @@ worker's position in its data plan, and the loss curve so far.
 - async: each shard's copy is taken after V pushes to it, and each worker's
   position comes from the examples it had done when the driver wrote (a
   racy read, as the local engine's snapshot checkpoints; a lost worker's,
-  from its last figures, whose pushes the shards applied): a resumed run
-  carries on from there rather than replaying the run.
+  from its last figures, which may count a push or two it never landed):
+  a resumed run carries on from there rather than replaying the run.
 - strategies with private worker copies (local-sgd, easgd) write none and
   refuse ``--resume``.
 

@@ -410,20 +410,26 @@ class RayEngine(Engine):
         then each shard that heard fewer than another (the worker's own
         last call reached the other before the driver's tell) is told the
         most any heard, so that every rule hears the count the run reports,
-        once. A shard that fails or does
-        not answer in time leaves the figures' own count: the run's error
-        (a lost worker's, a stopped run's result) is what the run reports."""
+        once. A shard that fails or does not answer the first tells in time
+        leaves the figures' own count (the run's error, a lost worker's or a
+        stopped run's result, is what the run reports); one that fails the
+        second leaves the most heard (the tells sent still land)."""
+        from ray.exceptions import RayError
+
         if not figures:
             return {}
         ranks = list(figures)
         try:
             heard = self._tell_shards(ray, shards, [
                 (r, s, figures[r].get("dropped", 0)) for r in ranks for s in range(len(shards))])
-            most = {r: max(heard[r]) for r in ranks}
+        except RayError:  # a shard lost or stuck: its own error comes later
+            return figures
+        most = {r: max(heard[r]) for r in ranks}
+        try:
             self._tell_shards(ray, shards, [(r, s, most[r]) for r in ranks
                                             for s, n in enumerate(heard[r]) if n < most[r]])
-        except Exception:  # noqa: BLE001 - a shard lost or stuck: its own error comes later
-            return figures
+        except RayError:
+            pass
         return {r: {**figures[r], "dropped": most[r]} for r in ranks}
 
     def _tell_shards(self, ray, shards, tells) -> dict:
