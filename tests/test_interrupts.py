@@ -727,3 +727,22 @@ def test_an_interrupted_local_sgd_run_resumes_to_an_uninterrupted_runs_totals(tm
     assert resumed.summary["examples"] == whole.summary["examples"] == 50 * 256
     # a local step on each worker's half of every batch
     assert resumed.summary["local_updates"] == whole.summary["local_updates"] == 2 * 50 * 16
+
+
+def test_a_sigterm_during_a_deferred_write_ends_the_process_once_the_write_is_done(tmp_path):
+    """torch's agent SIGTERMs every rank as soon as one is lost, and rank
+    0's last checkpoint is written under ``sigterm_deferred``: a SIGTERM
+    sent mid-write (its default action: death) waits for the write, then
+    ends the process as it would have, and nothing after the block runs."""
+    done, after = tmp_path / "done", tmp_path / "after"
+    code = (f"import os, signal, time\n"
+            f"from monsoon.monitor.lifecycle import sigterm_deferred\n"
+            f"signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+            f"with sigterm_deferred():\n"
+            f"    os.kill(os.getpid(), signal.SIGTERM)\n"
+            f"    time.sleep(0.2)\n"
+            f"    open({str(done)!r}, 'w').write('written')\n"
+            f"open({str(after)!r}, 'w').write('not reached')\n")
+    proc = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+    assert done.read_text() == "written" and not after.exists()

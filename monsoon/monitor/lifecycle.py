@@ -270,6 +270,28 @@ class StopSignals:
         return False
 
 
+@contextlib.contextmanager
+def sigterm_deferred():
+    """Hold off a SIGTERM that would kill this process (its default action)
+    while a write that must finish runs: a handler notes it, and it is
+    raised again, with its default action, when the block ends. torch's
+    agent SIGTERMs every rank as soon as one is lost, and rank 0's last
+    checkpoint must not be cut short (it waits 30 s before SIGKILL). A
+    handler set by someone else (``StopSignals``) is left as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if held:
+            signal.raise_signal(signal.SIGTERM)
+
+
 def stop_requested() -> int | None:
     """The signal that asked the current run to stop, if one did."""
     active = StopSignals.active

@@ -55,7 +55,7 @@ from ...strategies.ops import AllReduce, Average, Fetch
 from ...record import checkpoints
 from ...record.progress import counts
 from ...monitor.due import Due
-from ...monitor.lifecycle import STOP_SIGNALS, stop_reason, stop_requested
+from ...monitor.lifecycle import STOP_SIGNALS, sigterm_deferred, stop_reason, stop_requested
 from ...monitor.tally import EngineResult, RunTally, local_totals, run_totals
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
@@ -611,14 +611,17 @@ def _join(engine, problem, workers):
 def _finish(worker, comm) -> RunTally | None:
     """After the program: rank 0 first writes the checkpoint where every
     rank stopped, with the counts known at its step (``_final_checkpoint``),
-    before anything else can fail: a rank lost in the gather that follows
-    is named (``RankWorker._failed``) and the agent may kill rank 0 at once,
-    so the run resumes from there. Then every rank's figures, own
-    parameters, problem state and traffic are gathered on rank 0 and added
-    to the resumed run's counts (the tally, returned there; None on the
-    other ranks), and rank 0 writes that checkpoint again, holding them."""
+    before anything else can fail: a rank lost meanwhile or in the gather
+    that follows is named (``RankWorker._failed``), and the agent's SIGTERM
+    to rank 0 waits for the write (``sigterm_deferred``), so the run resumes
+    from there. Then every rank's figures, own parameters, problem state and
+    traffic are gathered on rank 0 and added to the resumed run's counts
+    (the tally, returned there; None on the other ranks), and rank 0 writes
+    that checkpoint again, holding them (a second write where the step was
+    not a periodic one's)."""
     if comm.rank == 0:
-        _final_checkpoint(worker, None)
+        with sigterm_deferred():  # the agent's SIGTERM, once another rank is lost
+            _final_checkpoint(worker, None)
     report = worker.report(examples=worker.examples, local=worker.local[0],
                            local_dropped=worker.local[1], **worker.counted())
     with worker._collective("the end-of-run reports", "gather"):
@@ -638,14 +641,16 @@ def _finish(worker, comm) -> RunTally | None:
 def _final_checkpoint(worker, totals: dict | None) -> None:
     """Rank 0's checkpoint where every rank stopped (``_finish``): an
     interrupted run's (sync: exact, also with no periodic ones), else a run's
-    that writes periodic ones, with reason "interrupted" or "final" (as
-    Ray's). ``totals`` None: before the gather, the counts known at the step
-    (``save_checkpoint``), not written where a periodic one holds the step
-    (it holds the same); else the whole run's, written also where a periodic
-    one holds the step (it replaces that one)."""
+    that writes periodic ones. ``totals`` None: before the gather, the
+    counts known at the step (``save_checkpoint``; reason "periodic" or
+    "interrupted"), not written where a periodic one holds the step (it
+    holds the same); else the whole run's (reason "final", as Ray's, or
+    "interrupted"), written also where a periodic one holds the step (it
+    replaces that one)."""
     if (worker.interrupted and worker.exact) or (
             worker.every and (totals is not None or worker.step % worker.every)):
-        worker.save_checkpoint("interrupted" if worker.interrupted else "final", totals)
+        worker.save_checkpoint("interrupted" if worker.interrupted
+                               else "final" if totals is not None else "periodic", totals)
 
 
 def _run_result(engine, comm, worker, start, tally, startup, wall, shm_used) -> EngineResult:
