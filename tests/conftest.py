@@ -53,9 +53,10 @@ def pytest_collection_modifyitems(config, items):
                 break
     # The tests of no group go one at a time to whichever xdist worker is
     # free, in this order: the modules that hold a slow test before the
-    # others (each module's tests still together, for its module-scoped
-    # fixtures), so the run ends on short tests and neither worker idles
-    # long at the end while the other finishes a slow one.
+    # others (the sort is stable: collection order otherwise), so the run
+    # ends on short tests and neither worker idles long at the end while
+    # the other finishes a slow one. (A module's tests may still run on both
+    # workers, each building the module's fixtures, as before.)
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None
                and item.path not in slow)
