@@ -41,13 +41,14 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _tree(pid: int) -> list[int]:
-    pids, todo = [], [pid]
+def _tree(pid: int) -> dict[int, int]:
+    """Every process under ``pid`` (itself included), with its depth below it."""
+    depth, todo = {}, [(pid, 0)]
     while todo:
-        p = todo.pop()
-        pids.append(p)
-        todo += _children(p)
-    return pids
+        p, d = todo.pop()
+        depth[p] = d
+        todo += [(c, d + 1) for c in _children(p)]
+    return depth
 
 
 def _pss(pid: int) -> int:
@@ -83,10 +84,12 @@ def measure(nbytes: int) -> dict:
     proc = subprocess.Popen([sys.executable, __file__, "--child", str(nbytes)])
     peak = training = 0
     while proc.poll() is None:
-        pids = _tree(proc.pid)
-        total = sum(_pss(p) for p in pids)
+        depth = _tree(proc.pid)
+        total = sum(_pss(p) for p in depth)
         peak = max(peak, total)
-        if len(pids) >= 3:  # the run's process and its two workers (at least)
+        # the workers are the fork server's children; the run's own children
+        # (the fork server, the resource tracker) start before the data moves
+        if sum(d >= 2 for d in depth.values()) >= 2:
             training = max(training, total)
         time.sleep(0.02)
     if proc.returncode:
