@@ -161,9 +161,6 @@ WHY = {
                                    "steps, so the gap shrinks as training goes on); which "
                                    "difference between the two PowerSGD implementations causes "
                                    "it is not yet measured.",
-    "dataset_memory": "The extra memory peaks while the workers are alive in every run, not "
-                      "only as the data moves into shared memory; whether a second copy lives "
-                      "on or the measuring window starts too early is not yet measured.",
     "live_overhead": "Only the quick start's shape misses, at 0.85-0.86x in both interleaved "
                      "turns with live series on (the two larger shapes are above 1.0); where "
                      "the writer's time goes on that small, fast-stepping model is not yet "
