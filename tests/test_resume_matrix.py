@@ -17,8 +17,9 @@
 - Runs that are not deterministic (async, hogwild; backup workers on real
   workers) meet their budget when resumed, and do no batch twice.
 - A state whose checkpoints cannot hold it is refused at ``--resume`` in
-  one line, before anything starts: a compressor state (local async, the
-  torch engine), a model's buffers (BatchNorm's statistics) where other
+  one line, before anything starts: a compressor state (local async; the
+  torch engine's sync checkpoints hold it: ``test_torch_sender_state.py``),
+  a model's buffers (BatchNorm's statistics) where other
   workers hold them; the sim (it replays its run) and the local engine's
   serial runs keep them.
 - ``--elastic`` (Ray only) holds no state a checkpoint needs: every step is
@@ -128,8 +129,7 @@ def test_a_resumed_run_carries_every_state_on(tmp_path, case, monkeypatch):
     assert np.array_equal(resumed.params, whole.params)
 
 
-@pytest.mark.parametrize("engine,strategy", [
-    ("local", "async"), pytest.param("torch", "sync", marks=pytest.mark.torchrun)])
+@pytest.mark.parametrize("engine,strategy", [("local", "async")])
 def test_a_compressor_state_that_is_not_saved_is_refused_at_resume(tmp_path, engine, strategy):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ConfigError) as err:

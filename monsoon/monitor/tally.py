@@ -15,17 +15,17 @@ A resumed run counts the whole run, not its last attempt: a checkpoint
 holds the ``totals`` its writer knows then (staleness counts, reported late
 gradients, each rank's traffic and clock report, in its meta:
 ``run_totals``), the resumed run's tally starts from them (``carry``) and
-each report adds to them, rank by rank (``merged``). One written once the workers have reported (an
-interrupted run's final one; Ray's and torch's at an end) holds them all.
-A periodic one (a crashed or killed run's newest) holds those its attempt
-carried and those its writer counts itself: serial's (its one worker runs
-in the writing thread), Spark's async server's (it applies every segment
-and counts them) and torch's staleness (rank 0's: 0, once a step);
-the counts workers keep until they report (the local engine's parallel
-workers' and Ray's staleness, traffic and clocks; torch's traffic) restart
-at its step: the attempt's before it are lost (not its updates, examples and
-dropped updates: the counters hold them). A checkpoint without totals (an
-older one) counts from zero.
+each report adds to them, rank by rank (``merged``). One written once the
+workers have reported (an interrupted run's final one; Ray's and torch's at
+an end) holds them all. A periodic one (a crashed or killed run's newest)
+holds those its attempt carried and those its writer counts itself:
+serial's (its one worker runs in the writing thread), Spark's async
+server's (it applies every segment), torch's staleness (rank 0's: 0, once
+a step) and traffic where it gathers the senders; the counts workers keep
+until they report (the local engine's parallel workers' and Ray's
+staleness, traffic and clocks; torch's other traffic) restart at its step:
+the attempt's before it are lost (not its updates, examples and dropped
+updates: the counters hold them). One without totals counts from zero.
 
 What only the engine knows (the server's updates, counts in shared
 memory) it gives to ``result``. Spark's async server and local SGD rounds

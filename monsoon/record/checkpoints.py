@@ -183,6 +183,14 @@ def private_arrays(private: dict) -> dict:
     return {PRIVATE.format(rank): copy for rank, copy in private.items()}
 
 
+def sender_arrays(states: list[dict]) -> dict:
+    """Every worker's sender state (``Sender.state``, in rank order) as a
+    checkpoint's ``sender.<name>`` arrays, workers first (``Start.senders``
+    reads them back)."""
+    return {"sender." + name: np.stack([state[name] for state in states])
+            for name in states[0]}
+
+
 def held_shapes(workers: int, sender: dict | None = None, buffers: dict | None = None) -> dict:
     """More arrays a checkpoint holds, as ``shapes``'s ``extra``: each
     worker's compressor state (``sender``: one worker's sender layout,
@@ -518,11 +526,12 @@ def resume_refusal(engine, problem, strategy) -> str | None:
     """Why ``engine``'s checkpoints of this run cannot be resumed (None: they
     can), whether or not a folder to resume is given: ``check_resume``
     refuses such a ``--resume``, and an interrupted or failed run does not
-    offer one.
+    offer one. ``inexact_resume`` gives the reason and what to do apart.
 
     A compressed run whose compressor state (error-feedback residuals,
     random streams, PowerSGD's Q) this engine's checkpoints of this strategy
-    do not hold (``engine.keeps_compressor_state``); a model with buffers
+    do not hold (``engine.keeps_compressor_state``: the local and torch
+    engines' exact ones, sync's, and the sim's); a model with buffers
     (BatchNorm's running statistics, ``Problem.state()``) on an engine whose
     checkpoints do not hold them (``engine.keeps_buffers(strategy)``: the
     sim, which replays its run, and the local engine's serial): the resumed
@@ -530,17 +539,25 @@ def resume_refusal(engine, problem, strategy) -> str | None:
     strategy with private worker copies (local SGD, EASGD) on an engine that
     does not checkpoint them (``engine.keeps_private_copies`` False: ray,
     spark, torch)."""
+    found = inexact_resume(engine, problem, strategy)
+    return None if found is None else "; ".join(found)
+
+
+def inexact_resume(engine, problem, strategy) -> tuple[str, str] | None:
+    """``resume_refusal``'s reason, as (what the checkpoints lack and what
+    follows, what to do instead), or None."""
     keeps_buffers = getattr(engine, "keeps_buffers", lambda strategy: False)
     if not keeps_buffers(strategy) and problem.state():
         return (f"the {engine.name} engine's checkpoints of {strategy.name} do not hold "
                 "the model's buffers (BatchNorm's running statistics), so the resumed model "
-                "would not end as this one; start a new run (the sim's checkpoints and "
-                "serial's on the local engine hold them; a checkpoint resumes on the engine "
-                "that wrote it)")
+                "would not end as this one",
+                "start a new run (the sim's checkpoints and serial's on the local engine hold "
+                "them; a checkpoint resumes on the engine that wrote it)")
     if private_copies(strategy) and not getattr(engine, "keeps_private_copies", True):
         return (f"the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
-                "private worker copies; start a new run (the local and sim engines' "
-                "checkpoints hold them; a checkpoint resumes on the engine that wrote it)")
+                "private worker copies",
+                "start a new run (the local and sim engines' checkpoints hold them; a "
+                "checkpoint resumes on the engine that wrote it)")
     compression = getattr(engine, "compression", None)
     keeps = getattr(engine, "keeps_compressor_state", None)
     if compression is not None and compression.stateful and \
@@ -548,8 +565,9 @@ def resume_refusal(engine, problem, strategy) -> str | None:
         return (f"the {engine.name} engine's checkpoints of {strategy.name} do not hold "
                 f"the workers' compressor state (--compress {compression.describe()}: "
                 "error-feedback residuals, random streams), so the resumed run would not "
-                "carry on as this one; start a new run (sync on the local engine, and every "
-                "strategy on the sim, keep it; a checkpoint resumes on the engine that wrote it)")
+                "carry on as this one",
+                "start a new run (sync on the local and torch engines, and every strategy "
+                "on the sim, keep it; a checkpoint resumes on the engine that wrote it)")
     return None
 
 

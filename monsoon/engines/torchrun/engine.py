@@ -111,6 +111,12 @@ class TorchEngine(Engine):
         self.resume_dir = resume_dir
         self.identity = {}
 
+    @staticmethod
+    def keeps_compressor_state(strategy) -> bool:
+        """Sync's exact checkpoints hold every rank's sender state, gathered
+        at each checkpoint step (``rank.RankWorker.gather_senders``)."""
+        return checkpoints.exact_checkpoints(strategy)
+
     @property
     def writes_run_folder(self) -> bool:
         """Under torchrun only rank 0 writes the run folder, a failed run's

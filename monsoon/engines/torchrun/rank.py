@@ -34,10 +34,10 @@ verdict, a stop signal): every rank ends its program after that collective.
 
 Rank 0 records the loss curve from its replica (and stops a run whose own
 local steps are mostly dropped: the ranks share the parameters every
-round) and, for sync, writes an exact checkpoint every
-``checkpoint_every`` steps; a restarted attempt (torchrun
-``--max-restarts``) resumes from the newest one, which rank 0 reads and
-broadcasts, and ends bit-identical to an uninterrupted run.
+round) and, for sync, writes an exact checkpoint every ``checkpoint_every``
+steps, with every rank's compressor state where it is stateful (one gather);
+a restarted attempt (``--max-restarts``) resumes from the newest one, which
+rank 0 reads and broadcasts, and ends bit-identical to an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -148,7 +148,11 @@ class RankWorker(Worker):
         self.keeper = checkpoints.Checkpointer(engine.checkpoint_dir, self.every, None,
                                                engine.identity, self.recorder)
         self.sender = Sender(engine.compression, self.rank)
+        if start.senders:  # this rank's compressor state at the checkpoint resumed
+            self.sender.restore(start.senders[self.rank])
         self.compressed = self.sender.compression.active
+        # every rank's sender goes into each checkpoint (``gather_senders``)
+        self.senders = self.exact and self.sender.compression.stateful
         if self.compressed:
             self.wire = self.sender.compression.wire_nbytes(n, w0.dtype)
             self.gathered = np.zeros(self.wire + self.flags.nbytes, dtype=np.uint8)
@@ -462,8 +466,10 @@ class RankWorker(Worker):
     def _after_collective(self) -> None:
         self.step += 1
         stop = self.flags[STOP] > 0
-        if self.every and self.step % self.every == 0 and self.rank == 0:
-            self.save_checkpoint()
+        if self.every and self.step % self.every == 0:
+            senders = self.gather_senders()  # every rank takes part
+            if self.rank == 0:
+                self.save_checkpoint(senders=senders)
         if self.due is not None:
             now = self.time_before + time.perf_counter() - self.t0
             examples = self.examples_before + self.examples * self.world
@@ -492,22 +498,52 @@ class RankWorker(Worker):
         the step before it); {} on the other ranks."""
         return {"staleness": {0: self.updates - self.updates_before}} if self.rank == 0 else {}
 
-    def save_checkpoint(self, reason: str = "periodic", totals: dict | None = None) -> None:
+    def gather_senders(self) -> tuple[dict, dict] | None:
+        """Where the run's checkpoints hold the senders (``self.senders``):
+        every rank's sender state and traffic (``Sender.stats``) now,
+        gathered on rank 0 in one collective that every rank takes part in,
+        as a checkpoint's ``sender.<name>`` arrays (ranks first) and
+        {rank: traffic}; None on the other ranks, and with no collective
+        where the checkpoints hold none. A stop rides in a step's collective
+        and that step is applied (``_after_collective``), so no rank has
+        encoded a message of a step that was not: the state is the one at
+        this step boundary (no ``before_last``)."""
+        if not self.senders:
+            return None
+        mine = (self.sender.state(self.n, self.server.dtype), self.sender.stats())
+        with self._collective(f"the compressor states of step {self.step}", "gather"):
+            rows = self.comm.gather_object(mine)
+        if rows is None:
+            return None
+        return (checkpoints.sender_arrays([state for state, _ in rows]),
+                {rank: traffic for rank, (_, traffic) in enumerate(rows)})
+
+    def save_checkpoint(self, reason: str = "periodic", totals: dict | None = None,
+                        senders: tuple[dict, dict] | None = None) -> None:
         """``totals``: the run's counts (``RunTally.totals``; None: those
-        known at this step, ``counted`` and the carried ones)."""
+        known at this step: ``counted``, the carried ones and, where
+        ``senders`` has it, every rank's traffic); ``senders``: what
+        ``gather_senders`` returned at this step (None: none held)."""
         now = self.time_before + time.perf_counter() - self.t0
+        arrays, traffic = senders or ({}, {})
         if totals is None:
-            totals = run_totals(self.carried, {0: self.counted()})
+            reports = {rank: {"traffic": figures} for rank, figures in traffic.items()}
+            reports[0] = {**reports.get(0, {}), **self.counted()}
+            totals = run_totals(self.carried, reports)
         self.keeper.save(self.step, now, self.server, self.state,
                          counts(reason, self.examples_before + self.examples * self.world,
                                 self.dropped, step=self.step, updates=self.updates, exact=True,
-                                totals=totals))
+                                totals=totals), arrays)
 
 
 def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
     """Rank 0 reads the checkpoint to start from (``--resume``, or the run
     folder's own after a restart), hands its rows to the recorder, and
-    broadcasts it (its parameters and rule state; not the file's arrays)."""
+    broadcasts it (its parameters, rule state and, where the compression is
+    stateful, every rank's sender state, of which each rank restores its
+    own; not the file's arrays). A stateful compression's checkpoint must
+    hold the senders: one that does not (an older monsoon's) is passed over,
+    named on stderr, for the newest that does (``checkpoints.load_latest``)."""
     directory = engine.resume_dir
     if directory is None and comm.attempt > 0 and engine.checkpoint_dir \
             and checkpoints.checkpoint_files(engine.checkpoint_dir):
@@ -522,7 +558,10 @@ def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Sta
     if comm.rank == 0:
         try:
             keeper = checkpoints.Checkpointer(None, 0, directory, engine.identity, recorder)
-            found = keeper.start(w0, rule, comm.world, needs=("step",))
+            layout = engine.compression.sender_layout(w0.size, w0.dtype) \
+                if engine.compression.stateful else None
+            found = keeper.start(w0, rule, comm.world, checkpoints.held_shapes(comm.world, layout),
+                                 needs=("step",))
             found.saved.arrays = {}  # sent as its params and state
         except ConfigError as exc:
             found = str(exc)
@@ -618,19 +657,25 @@ def _finish(worker, comm) -> RunTally | None:
     traffic are gathered on rank 0 and added to the resumed run's counts
     (the tally, returned there; None on the other ranks), and rank 0 writes
     that checkpoint again, holding them (a second write where the step was
-    not a periodic one's)."""
-    if comm.rank == 0:
+    not a periodic one's). Where the checkpoints hold every rank's sender
+    (``RankWorker.gather_senders``), they come with the reports, and the
+    first write is not made: without them it could not resume exactly, so a
+    rank lost before the gather leaves the newest periodic checkpoint."""
+    if comm.rank == 0 and not worker.senders:
         with sigterm_deferred():  # the agent's SIGTERM, once another rank is lost
             _final_checkpoint(worker, None)
     report = worker.report(examples=worker.examples, local=worker.local[0],
                            local_dropped=worker.local[1], **worker.counted())
+    state = worker.sender.state(worker.n, worker.server.dtype) if worker.senders else None
     with worker._collective("the end-of-run reports", "gather"):
-        gathered = comm.gather_object(report)
+        gathered = comm.gather_object((report, state))
     tally = None
     if comm.rank == 0:
         tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
-                                 dict(enumerate(gathered)))
-        _final_checkpoint(worker, tally.totals())
+                                 {rank: report for rank, (report, _) in enumerate(gathered)})
+        senders = (checkpoints.sender_arrays([s for _, s in gathered]), {}) \
+            if worker.senders else None
+        _final_checkpoint(worker, tally.totals(), senders)
     if worker.buckets is not None:
         worker.buckets.remove()
     with worker._collective("the end of the run", "barrier"):  # a rank lost here: named too
@@ -638,7 +683,7 @@ def _finish(worker, comm) -> RunTally | None:
     return tally
 
 
-def _final_checkpoint(worker, totals: dict | None) -> None:
+def _final_checkpoint(worker, totals: dict | None, senders=None) -> None:
     """Rank 0's checkpoint where every rank stopped (``_finish``): an
     interrupted run's (sync: exact, also with no periodic ones), else a run's
     that writes periodic ones. ``totals`` None: before the gather, the
@@ -646,11 +691,13 @@ def _final_checkpoint(worker, totals: dict | None) -> None:
     "interrupted"), not written where a periodic one holds the step (it
     holds the same); else the whole run's (reason "final", as Ray's, or
     "interrupted"), written also where a periodic one holds the step (it
-    replaces that one)."""
+    replaces that one); ``senders``: every rank's sender arrays, as
+    ``RankWorker.save_checkpoint`` takes them."""
     if (worker.interrupted and worker.exact) or (
             worker.every and (totals is not None or worker.step % worker.every)):
         worker.save_checkpoint("interrupted" if worker.interrupted
-                               else "final" if totals is not None else "periodic", totals)
+                               else "final" if totals is not None else "periodic", totals,
+                               senders)
 
 
 def _run_result(engine, comm, worker, start, tally, startup, wall, shm_used) -> EngineResult:
