@@ -2,11 +2,13 @@
 (``rank.RankWorker.gather_senders``): a run with error feedback, resumed
 with ``--resume`` from a periodic checkpoint or restarted after a rank
 dies (``--max-restarts``), ends bit-identical to the uninterrupted run,
-parameters and traffic alike."""
+parameters and traffic alike. Restarts that would resume inexactly (a model
+with buffers) are refused before any rank starts."""
 import numpy as np
 import pytest
 
 import monsoon
+from monsoon.errors import ConfigError
 from monsoon.problems import make_problem
 from monsoon.record import checkpoints
 
@@ -55,3 +57,35 @@ def test_a_restarted_compressed_run_ends_bit_identical(whole, tmp_path):
     assert run.summary["restarts"] == 1 and run.summary["resumed_at_step"] == 20
     _same_run(run, whole[1])
 
+
+@pytest.mark.parametrize("under_torchrun,every", [(False, 5), (True, 5), (False, 0)],
+                         ids=["max-restarts", "torchrun", "no-checkpoints"])
+def test_restarts_that_would_resume_a_models_buffers_inexactly_are_refused(
+        tmp_path, monkeypatch, under_torchrun, every):
+    """A restart resumes sync's newest checkpoint, which holds no BatchNorm
+    statistics: with restarts (monsoon's, or torchrun's, from its
+    environment) and checkpoints the run is refused before anything starts;
+    without checkpoints a restart starts over, and the run is taken."""
+    from monsoon import api
+    from test_resume_matrix import _torch_problem
+
+    restarts = {}
+    if under_torchrun:
+        for key, value in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                               TORCHELASTIC_MAX_RESTARTS="2").items():
+            monkeypatch.setenv(key, value)
+    else:
+        restarts = dict(max_restarts=1)
+    def check():
+        api.check(_torch_problem(batchnorm=True), "sync", 2, engine="torch", steps=4,
+                  out=tmp_path, checkpoint_every=every, **restarts)
+
+    if not every:
+        check()
+        return
+    with pytest.raises(ConfigError) as err:
+        check()
+    line = str(err.value)
+    option = "torchrun's --max-restarts 2" if under_torchrun else "--max-restarts 1"
+    assert "\n" not in line and line.startswith(f"{option}: a restarted attempt") \
+        and "buffers" in line and "--checkpoint-every 0" in line, line

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 
+from ...errors import ConfigError
 from ...options import Option
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from ...record import checkpoints
@@ -116,6 +117,35 @@ class TorchEngine(Engine):
         """Sync's exact checkpoints hold every rank's sender state, gathered
         at each checkpoint step (``rank.RankWorker.gather_senders``)."""
         return checkpoints.exact_checkpoints(strategy)
+
+    def restarts(self) -> tuple[int, str]:
+        """How often a failed attempt's ranks are started again, and the
+        option that says so: under torchrun its agent's
+        (TORCHELASTIC_MAX_RESTARTS), else ``--max-restarts``."""
+        if under_torchrun():
+            return (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0) or 0),
+                    "torchrun's --max-restarts")
+        return self.max_restarts, "--max-restarts"
+
+    def preflight(self, problem, strategy, workers: int, batch_size: int) -> None:
+        """Also refuses, in one line, restarts that would resume inexactly: a
+        restarted attempt resumes from the run folder's newest checkpoint
+        (sync's, every ``checkpoint_every`` steps) without asking
+        ``--resume``'s questions, so where ``checkpoints.resume_refusal``
+        would refuse that checkpoint (a model with buffers) the run must
+        not write one for a restart to resume. Under torchrun each rank
+        refuses as it starts (its agent may start it again: the same line)."""
+        super().preflight(problem, strategy, workers, batch_size)
+        restarts, option = self.restarts()
+        if not (restarts and self.checkpoint_dir and self.checkpoint_every
+                and checkpoints.exact_checkpoints(strategy)):
+            return
+        inexact = checkpoints.inexact_resume(self, problem, strategy)
+        if inexact is not None:
+            raise ConfigError(f"{option} {restarts}: a restarted attempt resumes from the "
+                              f"run's newest checkpoint, but {inexact[0]}; pass "
+                              "--checkpoint-every 0 (a restart then starts the run over) or "
+                              "run without restarts")
 
     @property
     def writes_run_folder(self) -> bool:
