@@ -530,8 +530,9 @@ def resume_refusal(engine, problem, strategy) -> str | None:
 
     A compressed run whose compressor state (error-feedback residuals,
     random streams, PowerSGD's Q) this engine's checkpoints of this strategy
-    do not hold (``engine.keeps_compressor_state``: the local and torch
-    engines' exact ones, sync's, and the sim's); a model with buffers
+    do not hold (``engine.keeps_compressor_state``: the sim's, and the
+    exact ones of the local engine, serial's and sync's, and of the torch
+    engine, sync's); a model with buffers
     (BatchNorm's running statistics, ``Problem.state()``) on an engine whose
     checkpoints do not hold them (``engine.keeps_buffers(strategy)``: the
     sim, which replays its run, and the local engine's serial): the resumed
