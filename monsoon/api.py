@@ -310,8 +310,8 @@ def _start_folder(out: Path, resolved, w0) -> SetAside:
     that a run that fails never leaves its summary beside another run's
     model, nor advice naming another run's checkpoint; a new run that does
     not resume from this folder removes an earlier run's even where its
-    settings are the same (an engine whose restarted attempt resumes the
-    folder, ``Engine.resumes_own_folder``, keeps those). A damaged checkpoint
+    settings are the same (a restarted attempt of a torchrun launch keeps
+    those its launch wrote, ``Engine.restarted_launch``). A damaged checkpoint
     is never removed: resuming from this folder, ``load_latest`` names it
     and the one used instead; otherwise it is moved to ``.damaged``, in one
     line. What goes is set aside (``SetAside``, returned) until the run
@@ -333,11 +333,12 @@ def _set_aside(out: Path, resolved, w0, aside: SetAside) -> None:
     if folder:
         run, resume_dir = resolved.run, getattr(engine, "resume_dir", None)
         resuming = bool(resume_dir) and Path(resume_dir).resolve() == Path(folder).resolve()
+        launch = None if resuming else engine.restarted_launch()
         _checkpoints.remove_others(folder, _checkpoints.identity(
             resolved.problem, resolved.strategy, resolved.rule, resolved.processes,
             run["batch_size"], run["seed"], engine.name, engine.settings),
             _checkpoints.shapes(w0, resolved.rule), resuming=resuming,
-            keep_mine=resuming or engine.resumes_own_folder, remove=aside.keep)
+            keep_mine=resuming or launch is not None, remove=aside.keep, launch=launch)
 
 
 def _constant_loss(problem) -> float | None:

@@ -4,6 +4,8 @@ with ``--resume`` from a periodic checkpoint or restarted after a rank
 dies (``--max-restarts``), ends bit-identical to the uninterrupted run,
 parameters and traffic alike. Restarts that would resume inexactly (a model
 with buffers) are refused before any rank starts."""
+import shutil
+
 import numpy as np
 import pytest
 
@@ -56,6 +58,40 @@ def test_a_restarted_compressed_run_ends_bit_identical(whole, tmp_path):
     run = monsoon.train(dying, "sync", 2, out=tmp_path / "r", max_restarts=1, **OPTS)
     assert run.summary["restarts"] == 1 and run.summary["resumed_at_step"] == 20
     _same_run(run, whole[1])
+
+
+def test_a_restart_never_resumes_an_earlier_runs_checkpoint(whole, tmp_path):
+    """A new run in an earlier run's folder, of the same identity (the
+    budget and checkpoint spacing are not in it), without checkpoints of
+    its own: its restart starts the run over, as a fresh run, and resumes
+    none of the earlier run's (only those of its own launch stay)."""
+    out = tmp_path / "x"
+    shutil.copytree(whole[0], out)
+    dying = ExitOnce(make_problem("exp", "float64"), tmp_path / "exited", rank=1, after=5)
+    run = monsoon.train(dying, "sync", 2, out=out, max_restarts=1,
+                        **{**OPTS, "checkpoint_every": 0})
+    assert run.summary["restarts"] == 1 and "resumed_from" not in run.summary
+    _same_run(run, whole[1])
+    assert checkpoints.checkpoint_files(out / "checkpoints") == []
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["its-launch", "another-launch"])
+def test_a_torchrun_restart_keeps_its_own_launchs_checkpoints_alone(whole, tmp_path,
+                                                                   monkeypatch, same):
+    """Under torchrun each attempt's rank 0 starts the run folder again
+    (``api._set_aside``): the checkpoints of its launch (the meta's
+    ``launch``, TORCHELASTIC_RUN_ID) stay, an earlier launch's go."""
+    from monsoon.engines.torchrun.engine import TorchEngine
+
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(whole[0] / "checkpoints", folder)
+    held = checkpoints.read(checkpoints.checkpoint_files(folder)[0]).meta
+    for key, value in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                           TORCHELASTIC_RUN_ID=held["launch"] if same else "other").items():
+        monkeypatch.setenv(key, value)
+    launch = TorchEngine.restarted_launch()
+    removed = checkpoints.remove_others(folder, held, {}, keep_mine=True, launch=launch)
+    assert bool(removed) != same and bool(checkpoints.checkpoint_files(folder)) == same
 
 
 @pytest.mark.parametrize("under_torchrun,every", [(False, 5), (True, 5), (False, 0)],

@@ -94,6 +94,17 @@ class Engine:
     def keeps_buffers(strategy) -> bool:
         return False
 
+    @staticmethod
+    def restarted_launch() -> str | None:
+        """The launch this process belongs to where a restarted attempt of it
+        (torchrun --max-restarts) starts the run again, without --resume,
+        and resumes its own folder's newest checkpoint: a new run there
+        keeps the checkpoints of its identity that this launch wrote (their
+        meta's ``launch``), and removes every other. None (every engine but
+        torch, and torch's own launcher before any rank starts): it keeps
+        none."""
+        return None
+
     name = "engine"
     options: tuple = ()
     virtual_time = False
@@ -114,10 +125,6 @@ class Engine:
     # The run's settings that shape its trajectory (``checkpoints.trajectory``,
     # set by resolve): its checkpoints' identity holds them (None: not compared).
     settings: dict | None = None
-    # True: a restarted attempt of a run (torchrun --max-restarts) starts it
-    # again, without --resume, and resumes its own folder's newest checkpoint,
-    # so a new run there keeps the checkpoints of its identity.
-    resumes_own_folder = False
 
     # The attributes ``describe`` reports (config.json and summary.json), in
     # order, each under its own name or the key ``SUMMARY_KEYS`` gives it.

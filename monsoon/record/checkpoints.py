@@ -467,15 +467,18 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
 
 
 def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
-                  warn=None, keep_mine: bool = True, remove=None) -> list[Path]:
+                  warn=None, keep_mine: bool = True, remove=None,
+                  launch: str | None = None) -> list[Path]:
     """Remove the checkpoints in ``directory`` that are another run's
     (``check`` against ``expect`` and ``shapes`` refuses them), and return
     them. A new run in a used run folder starts this way: otherwise a
     previous run's checkpoints would sit among its own, outrank them, and be
     named as where to carry on from. Those of this very run stay where
-    ``keep_mine``: a torchrun restart resumes from them, and ``--resume``
-    reads them; without it, those of an earlier run with the same identity
-    go too (the new run starts over, and its own must not be outranked).
+    ``keep_mine``: ``--resume`` reads them, and a torchrun restart resumes
+    from those its launch wrote (``launch``, not None: only those whose
+    meta's ``launch`` is it stay); without it, those of an earlier run with
+    the same identity go too (the new run starts over, and its own must not
+    be outranked).
 
     A damaged one (``read`` refuses it) is nobody's for sure, and is never
     removed: where the run resumes from ``directory`` (``resuming``) it
@@ -500,7 +503,7 @@ def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,
         except CheckpointError:
             pass
         else:
-            if keep_mine:
+            if keep_mine and launch in (None, ckpt.meta.get("launch")):
                 continue
         (remove or with_suppressed_unlink)(path)
         removed.append(path)

@@ -46,6 +46,14 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
+def launch_id() -> str | None:
+    """The id of the launch this rank belongs to, the same on every attempt
+    of it (TORCHELASTIC_RUN_ID: monsoon's launcher draws a fresh one per
+    launch, torchrun --standalone or on one node without an endpoint too;
+    otherwise torchrun's --rdzv-id, "none" by default); None outside one."""
+    return os.environ.get("TORCHELASTIC_RUN_ID")
+
+
 def rank_env() -> dict:
     """torchrun's variables, checked: rank, world_size, local_rank (ints),
     master_addr, master_port."""

@@ -49,7 +49,7 @@ from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, Loca
 from ...record import checkpoints
 from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
-from .collectives import under_torchrun
+from .collectives import launch_id, under_torchrun
 from .shm_reduce import REDUCE_VIA
 
 
@@ -77,7 +77,6 @@ class TorchEngine(Engine):
     virtual_time = False
     stops_on_signal = True  # SIGTERM/SIGINT: every rank stops at one step (rank.py)
     keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
-    resumes_own_folder = True  # a restarted attempt resumes the run folder's newest
     backend_used = "torch.distributed"
     options = (
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
@@ -117,6 +116,14 @@ class TorchEngine(Engine):
         """Sync's exact checkpoints hold every rank's sender state, gathered
         at each checkpoint step (``rank.RankWorker.gather_senders``)."""
         return checkpoints.exact_checkpoints(strategy)
+
+    @staticmethod
+    def restarted_launch() -> str | None:
+        """Under torchrun, its launch's id (``collectives.launch_id``), which
+        rank 0 writes in every checkpoint's meta; without torchrun, None:
+        the run's process clears the folder before its launcher starts the
+        ranks."""
+        return launch_id() if under_torchrun() else None
 
     def restarts(self) -> tuple[int, str]:
         """How often a failed attempt's ranks are started again, and the

@@ -63,7 +63,7 @@ from ...server.core import ServerCore
 from ...server.summed import SharedSums
 from ...server.worker import Worker
 from .buckets import Buckets
-from .collectives import Collectives, rank_env
+from .collectives import Collectives, launch_id, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
 
 EXAMPLES, ACTIVE, STOP, SIGNALLED = 0, 1, 2, 3  # SIGNALLED: a slot per stop signal
@@ -533,7 +533,7 @@ class RankWorker(Worker):
         self.keeper.save(self.step, now, self.server, self.state,
                          counts(reason, self.examples_before + self.examples * self.world,
                                 self.dropped, step=self.step, updates=self.updates, exact=True,
-                                totals=totals), arrays)
+                                totals=totals, launch=launch_id()), arrays)
 
 
 def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
