@@ -1,20 +1,23 @@
 """The torch engine's sync checkpoints hold every rank's compressor state
-(``rank.RankWorker.gather_senders``): a run with error feedback, resumed
-with ``--resume`` from a periodic checkpoint or restarted after a rank
-dies (``--max-restarts``), ends bit-identical to the uninterrupted run,
-parameters and traffic alike. Restarts that would resume inexactly (a model
-with buffers) are refused before any rank starts."""
+and every rank's traffic (``rank.RankWorker.gather_senders``): a run with
+error feedback, resumed with ``--resume`` from a periodic checkpoint or
+restarted after a rank dies (``--max-restarts``), ends bit-identical to the
+uninterrupted run, parameters and traffic alike, and so does an
+uncompressed one; a restart resumes only its own launch's checkpoints.
+Restarts that would resume inexactly (a model with buffers) are refused
+before any rank starts."""
+import os
 import shutil
 
 import numpy as np
 import pytest
 
 import monsoon
-from monsoon.errors import ConfigError
+from monsoon.errors import ConfigError, Interrupted
 from monsoon.problems import make_problem
 from monsoon.record import checkpoints
 
-from faulty import ExitOnce
+from faulty import ExitOnce, SignalOnce
 from test_checkpoints import cut_after
 
 pytestmark = pytest.mark.torchrun
@@ -26,10 +29,23 @@ TRAFFIC = ("bytes_sent", "bytes_received", "bytes_sent_per_worker",
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory):
-    """The uninterrupted run, and its folder."""
-    out = tmp_path_factory.mktemp("whole") / "a"
-    return out, monsoon.train("exp", "sync", 2, out=out, **OPTS)
+def runs(tmp_path_factory):
+    """The uninterrupted run of a --compress, and its folder (each run once)."""
+    done = {}
+
+    def whole(compress: str):
+        if compress not in done:
+            out = tmp_path_factory.mktemp("whole") / "a"
+            done[compress] = out, monsoon.train("exp", "sync", 2, out=out,
+                                                **dict(OPTS, compress=compress))
+        return done[compress]
+    return whole
+
+
+@pytest.fixture(scope="module")
+def whole(runs):
+    """The uninterrupted top-k run, and its folder."""
+    return runs(OPTS["compress"])
 
 
 def _same_run(run, whole) -> None:
@@ -51,13 +67,31 @@ def test_a_resumed_compressed_run_ends_bit_identical(whole, tmp_path):
     _same_run(resumed, run)
 
 
-def test_a_restarted_compressed_run_ends_bit_identical(whole, tmp_path):
+@pytest.mark.parametrize("compress", [OPTS["compress"], "none"])
+def test_a_restarted_run_ends_bit_identical(runs, tmp_path, compress):
     """Rank 1 exits after its 25th gradient; the restarted attempt resumes
-    from the step-20 checkpoint with every rank's sender."""
+    from the step-20 checkpoint with every rank's sender (top-k's
+    residuals) and traffic, which every sync run's checkpoints hold."""
     dying = ExitOnce(make_problem("exp", "float64"), tmp_path / "exited", rank=1, after=25)
-    run = monsoon.train(dying, "sync", 2, out=tmp_path / "r", max_restarts=1, **OPTS)
+    run = monsoon.train(dying, "sync", 2, out=tmp_path / "r", max_restarts=1,
+                        **dict(OPTS, compress=compress))
     assert run.summary["restarts"] == 1 and run.summary["resumed_at_step"] == 20
-    _same_run(run, whole[1])
+    _same_run(run, runs(compress)[1])
+
+
+def test_an_interrupted_run_without_periodic_checkpoints_resumes_bit_identical(whole, tmp_path):
+    """Ctrl-C mid-run, --checkpoint-every 0: rank 0 alone knows the run was
+    interrupted, and tells the others, whose states then come with their
+    end reports (``rank._writes_final``) into its one checkpoint."""
+    opts = dict(OPTS, checkpoint_every=0)
+    stopper = SignalOnce(make_problem("exp", "float64"), os.getpid(), rank=1, after=15,
+                         pause=0.3)
+    with pytest.raises(Interrupted):
+        monsoon.train(stopper, "sync", 2, out=tmp_path / "i", **opts)
+    resumed = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "i"), out=tmp_path / "b",
+                            **opts)
+    assert 15 <= resumed.summary["resumed_at_step"] < OPTS["steps"]
+    _same_run(resumed, whole[1])
 
 
 def test_a_restart_never_resumes_an_earlier_runs_checkpoint(whole, tmp_path):

@@ -21,11 +21,11 @@ an end) holds them all. A periodic one (a crashed or killed run's newest)
 holds those its attempt carried and those its writer counts itself:
 serial's (its one worker runs in the writing thread), Spark's async
 server's (it applies every segment), torch's staleness (rank 0's: 0, once
-a step) and traffic where it gathers the senders; the counts workers keep
-until they report (the local engine's parallel workers' and Ray's
-staleness, traffic and clocks; torch's other traffic) restart at its step:
-the attempt's before it are lost (not its updates, examples and dropped
-updates: the counters hold them). One without totals counts from zero.
+a step) and traffic (gathered at each of its checkpoint steps); the counts
+workers keep until they report (the local engine's parallel workers' and
+Ray's staleness, traffic and clocks) restart at its step: the attempt's
+before it are lost (not its updates, examples and dropped updates: the
+counters hold them). One without totals counts from zero.
 
 What only the engine knows (the server's updates, counts in shared
 memory) it gives to ``result``. Spark's async server and local SGD rounds

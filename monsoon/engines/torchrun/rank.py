@@ -151,7 +151,7 @@ class RankWorker(Worker):
         if start.senders:  # this rank's compressor state at the checkpoint resumed
             self.sender.restore(start.senders[self.rank])
         self.compressed = self.sender.compression.active
-        # every rank's sender goes into each checkpoint (``gather_senders``)
+        # every rank's sender state goes into each checkpoint (``gather_senders``)
         self.senders = self.exact and self.sender.compression.stateful
         if self.compressed:
             self.wire = self.sender.compression.wire_nbytes(n, w0.dtype)
@@ -499,23 +499,21 @@ class RankWorker(Worker):
         return {"staleness": {0: self.updates - self.updates_before}} if self.rank == 0 else {}
 
     def gather_senders(self) -> tuple[dict, dict] | None:
-        """Where the run's checkpoints hold the senders (``self.senders``):
-        every rank's sender state and traffic (``Sender.stats``) now,
-        gathered on rank 0 in one collective that every rank takes part in,
-        as a checkpoint's ``sender.<name>`` arrays (ranks first) and
-        {rank: traffic}; None on the other ranks, and with no collective
-        where the checkpoints hold none. A stop rides in a step's collective
-        and that step is applied (``_after_collective``), so no rank has
-        encoded a message of a step that was not: the state is the one at
-        this step boundary (no ``before_last``)."""
-        if not self.senders:
-            return None
-        mine = (self.sender.state(self.n, self.server.dtype), self.sender.stats())
-        with self._collective(f"the compressor states of step {self.step}", "gather"):
-            rows = self.comm.gather_object(mine)
+        """At a checkpoint step: every rank's traffic (``Sender.stats``) and,
+        where the checkpoints hold it (``self.senders``), its sender state
+        now, gathered on rank 0 in one collective that every rank takes part
+        in, as a checkpoint's ``sender.<name>`` arrays (ranks first; {}
+        where none are held) and {rank: traffic}; None on the other ranks.
+        A stop rides in a step's collective and that step is applied
+        (``_after_collective``), so no rank has encoded a message of a step
+        that was not: the state is the one at this step boundary (no
+        ``before_last``)."""
+        state = self.sender.state(self.n, self.server.dtype) if self.senders else None
+        with self._collective(f"the checkpoint of step {self.step}", "gather"):
+            rows = self.comm.gather_object((state, self.sender.stats()))
         if rows is None:
             return None
-        return (checkpoints.sender_arrays([state for state, _ in rows]),
+        return (checkpoints.sender_arrays([state for state, _ in rows]) if self.senders else {},
                 {rank: traffic for rank, (_, traffic) in enumerate(rows)})
 
     def save_checkpoint(self, reason: str = "periodic", totals: dict | None = None,
@@ -657,30 +655,44 @@ def _finish(worker, comm) -> RunTally | None:
     traffic are gathered on rank 0 and added to the resumed run's counts
     (the tally, returned there; None on the other ranks), and rank 0 writes
     that checkpoint again, holding them (a second write where the step was
-    not a periodic one's). Where the checkpoints hold every rank's sender
-    (``RankWorker.gather_senders``), they come with the reports, and the
-    first write is not made: without them it could not resume exactly, so a
-    rank lost before the gather leaves the newest periodic checkpoint."""
+    not a periodic one's), also under ``sigterm_deferred``. Where the
+    checkpoints hold every rank's sender state (``RankWorker.senders``),
+    the states come with the reports where that write is made
+    (``_writes_final``), and the first write is not made: without them it
+    could not resume exactly, so a rank lost before the gather leaves the
+    newest periodic checkpoint."""
     if comm.rank == 0 and not worker.senders:
         with sigterm_deferred():  # the agent's SIGTERM, once another rank is lost
             _final_checkpoint(worker, None)
     report = worker.report(examples=worker.examples, local=worker.local[0],
                            local_dropped=worker.local[1], **worker.counted())
-    state = worker.sender.state(worker.n, worker.server.dtype) if worker.senders else None
+    states = worker.senders and _writes_final(worker, comm)
+    state = worker.sender.state(worker.n, worker.server.dtype) if states else None
     with worker._collective("the end-of-run reports", "gather"):
         gathered = comm.gather_object((report, state))
     tally = None
     if comm.rank == 0:
         tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
                                  {rank: report for rank, (report, _) in enumerate(gathered)})
-        senders = (checkpoints.sender_arrays([s for _, s in gathered]), {}) \
-            if worker.senders else None
-        _final_checkpoint(worker, tally.totals(), senders)
+        senders = (checkpoints.sender_arrays([s for _, s in gathered]), {}) if states else None
+        with sigterm_deferred():
+            _final_checkpoint(worker, tally.totals(), senders)
     if worker.buckets is not None:
         worker.buckets.remove()
     with worker._collective("the end of the run", "barrier"):  # a rank lost here: named too
         comm.dist.barrier()
     return tally
+
+
+def _writes_final(worker, comm) -> bool:
+    """Whether rank 0 writes the checkpoint after the end-of-run gather
+    (``_final_checkpoint``, sync), on every rank: always where the run
+    writes periodic ones; else where it was interrupted, which rank 0 alone
+    knows and broadcasts (a stop signal may come with the last step)."""
+    if worker.every:
+        return True
+    with worker._collective("the end of the run", "broadcast"):
+        return bool(comm.broadcast_object(bool(worker.interrupted)))
 
 
 def _final_checkpoint(worker, totals: dict | None, senders=None) -> None:
