@@ -6,6 +6,7 @@ uninterrupted run, parameters and traffic alike, and so does an
 uncompressed one; a restart resumes only its own launch's checkpoints.
 Restarts that would resume inexactly (a model with buffers) are refused
 before any rank starts."""
+import json
 import os
 import shutil
 
@@ -77,6 +78,25 @@ def test_a_restarted_run_ends_bit_identical(runs, tmp_path, compress):
                         **dict(OPTS, compress=compress))
     assert run.summary["restarts"] == 1 and run.summary["resumed_at_step"] == 20
     _same_run(run, runs(compress)[1])
+
+
+def test_a_checkpoint_without_the_compressor_state_is_refused_before_any_rank_starts(
+        whole, tmp_path):
+    """An older monsoon's checkpoints of the same settings hold no sender
+    arrays: --resume refuses them in one line, before any rank starts
+    (``TorchEngine.checkpoint_shapes``), and says to start a new run."""
+    folder = tmp_path / "old" / "checkpoints"
+    shutil.copytree(whole[0] / "checkpoints", folder)
+    for path in checkpoints.checkpoint_files(folder):
+        held = checkpoints.read(path)
+        kept = {k: v for k, v in held.arrays.items() if not k.startswith("sender.")}
+        np.savez(path, meta=np.frombuffer(json.dumps(held.meta).encode(), np.uint8), **kept)
+    with pytest.raises(ConfigError) as err:
+        monsoon.train("exp", "sync", 2, resume=str(folder.parent), out=tmp_path / "b", **OPTS)
+    line = str(err.value)
+    assert "\n" not in line and "holds no compressor state" in line \
+        and "start a new run" in line, line
+    assert not (tmp_path / "b" / "summary.json").exists()
 
 
 def test_an_interrupted_run_without_periodic_checkpoints_resumes_bit_identical(whole, tmp_path):

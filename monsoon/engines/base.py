@@ -14,10 +14,9 @@ An engine carries out the ops of a strategy's worker program
   stop it;
 - ``stops_on_signal``: SIGTERM/SIGINT make it stop its workers, write a
   final checkpoint and return (``lifecycle.StopSignals``);
-- ``keeps_buffers(strategy)``, ``keeps_private_copies``: its checkpoints
-  hold the model's buffers (BatchNorm's statistics), the workers' private
-  copies (local SGD, EASGD); where not, ``--resume`` of such a run is
-  refused (``checkpoints.check_resume``);
+- ``keeps_buffers(strategy)``, ``keeps_private_copies``, ``checkpoint_shapes``:
+  what its checkpoints hold (BatchNorm's statistics, local SGD's and EASGD's
+  copies, more arrays); ``--resume`` without them is refused (``check_resume``);
 - ``ops``: the op classes it carries out, and ``meets``: the needs (below)
   it meets.
 
@@ -93,6 +92,14 @@ class Engine:
     @staticmethod
     def keeps_buffers(strategy) -> bool:
         return False
+
+    def checkpoint_shapes(self, problem, strategy, w0, workers: int) -> dict:
+        """The arrays this engine's checkpoints of this run hold besides the
+        parameters and rule state, as ``checkpoints.shapes``'s ``extra``
+        ({name: (shape, dtype)}; {} by default): ``--resume`` refuses a
+        checkpoint without them in one line (``checkpoints.check_resume``),
+        and the engine's own resume asks for them."""
+        return {}
 
     @staticmethod
     def restarted_launch() -> str | None:

@@ -358,9 +358,7 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
             raise CheckpointError(f"checkpoint {ckpt.path} holds no model buffers (it was "
                                   "written by an older monsoon); start a new run")
         if arr is None and name.startswith("sender."):
-            raise CheckpointError(f"checkpoint {ckpt.path} holds no compressor state (it was "
-                                  "written without --compress, or by an older monsoon); "
-                                  "resume with the options it was written with")
+            raise CheckpointError(f"checkpoint {ckpt.path} {_no_compressor_state(ckpt, expect)}")
         if arr is None:
             raise CheckpointError(f"checkpoint {ckpt.path} has no {name!r}; it was written by "
                                   "another strategy or rule")
@@ -375,9 +373,20 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
     compress = (expect.get("settings") or {}).get("compress", "none")
     written = (ckpt.meta.get("settings") or {}).get("compress", compress)
     if written != compress != "none" and not any(k.startswith("sender.") for k in ckpt.arrays):
-        refusal = ("holds no compressor state (it was written without --compress, or by an "
-                   "older monsoon); resume with the options it was written with")
+        refusal = _no_compressor_state(ckpt, expect)
     raise CheckpointError(f"checkpoint {ckpt.path} {refusal}")
+
+
+def _no_compressor_state(ckpt: Checkpoint, expect: dict) -> str:
+    """Why a checkpoint lacks the compressor state this run needs, and what
+    to do: written with this very --compress, an older monsoon wrote it
+    (it held no such state then), so only a new run is exact."""
+    compress = (expect.get("settings") or {}).get("compress")
+    if compress is not None and (ckpt.meta.get("settings") or {}).get("compress") == compress:
+        return (f"holds no compressor state, though it was written with --compress {compress} "
+                "(by an older monsoon, which kept none); start a new run without --resume")
+    return ("holds no compressor state (it was written without --compress, or by an older "
+            "monsoon); resume with the options it was written with")
 
 
 def _identity_refusal(meta: dict | None, expect: dict) -> str | None:
@@ -461,9 +470,11 @@ def check_resume(engine, problem, strategy, rule, w0, workers: int, batch_size: 
         raise CheckpointError(f"--resume: {refusal}")
     if STAGES in strategy.needs(workers):  # pipeline refuses checkpoints
         return None
+    held = getattr(engine, "checkpoint_shapes", None)
+    extra = held(problem, strategy, w0, workers) if held is not None else None
     return load_latest(directory, identity(problem, strategy, rule, workers, batch_size, seed,
                                            engine.name, getattr(engine, "settings", None)),
-                       shapes(w0, rule), warn=lambda line: None)
+                       shapes(w0, rule, extra), warn=lambda line: None)
 
 
 def remove_others(directory, expect: dict, shapes: dict, resuming: bool = False,

@@ -117,6 +117,14 @@ class TorchEngine(Engine):
         at each checkpoint step (``rank.RankWorker.gather_senders``)."""
         return checkpoints.exact_checkpoints(strategy)
 
+    def checkpoint_shapes(self, problem, strategy, w0, workers: int) -> dict:
+        """Sync's: every rank's sender state where the compression is
+        stateful (``sender.<name>``, ranks first)."""
+        compression = self.compression
+        layout = compression.sender_layout(w0.size, w0.dtype) \
+            if compression.stateful and checkpoints.exact_checkpoints(strategy) else None
+        return checkpoints.held_shapes(workers, layout)
+
     @staticmethod
     def restarted_launch() -> str | None:
         """Under torchrun, its launch's id (``collectives.launch_id``), which

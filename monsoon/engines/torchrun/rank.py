@@ -534,14 +534,16 @@ class RankWorker(Worker):
                                 totals=totals, launch=launch_id()), arrays)
 
 
-def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
+def _resume_point(engine, comm, problem, rule, strategy, w0, recorder) -> checkpoints.Start:
     """Rank 0 reads the checkpoint to start from (``--resume``, or the run
     folder's own after a restart), hands its rows to the recorder, and
     broadcasts it (its parameters, rule state and, where the compression is
     stateful, every rank's sender state, of which each rank restores its
-    own; not the file's arrays). A stateful compression's checkpoint must
-    hold the senders: one that does not (an older monsoon's) is passed over,
-    named on stderr, for the newest that does (``checkpoints.load_latest``)."""
+    own; not the file's arrays). It must hold the arrays the engine's
+    checkpoints of this run hold (``TorchEngine.checkpoint_shapes``): one
+    that does not (an older monsoon's) is passed over, named on stderr, for
+    the newest that does (``checkpoints.load_latest``); ``--resume`` of a
+    folder with none is refused before any rank starts (``check_resume``)."""
     directory = engine.resume_dir
     if directory is None and comm.attempt > 0 and engine.checkpoint_dir \
             and checkpoints.checkpoint_files(engine.checkpoint_dir):
@@ -556,9 +558,8 @@ def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Sta
     if comm.rank == 0:
         try:
             keeper = checkpoints.Checkpointer(None, 0, directory, engine.identity, recorder)
-            layout = engine.compression.sender_layout(w0.size, w0.dtype) \
-                if engine.compression.stateful else None
-            found = keeper.start(w0, rule, comm.world, checkpoints.held_shapes(comm.world, layout),
+            found = keeper.start(w0, rule, comm.world,
+                                 engine.checkpoint_shapes(problem, strategy, w0, comm.world),
                                  needs=("step",))
             found.saved.arrays = {}  # sent as its params and state
         except ConfigError as exc:
@@ -588,7 +589,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     env, comm = _join(engine, problem, workers)
     worker = shm = None
     try:
-        start = _resume_point(engine, comm, rule, strategy, w0, recorder)
+        start = _resume_point(engine, comm, problem, rule, strategy, w0, recorder)
         w = start.params
         comm.broadcast_array(w)  # every rank starts from rank 0's parameters, as DDP does
         rank = comm.rank
