@@ -20,8 +20,8 @@
   one line, before anything starts: a compressor state (local async; the
   torch engine's sync checkpoints hold it: ``test_torch_sender_state.py``),
   a model's buffers (BatchNorm's statistics) where other
-  workers hold them; the sim (it replays its run) and the local engine's
-  serial runs keep them.
+  workers hold them; the sim (it replays its run), the local engine's
+  serial runs and the torch engine's sync ones (every rank's) keep them.
 - ``--elastic`` (Ray only) holds no state a checkpoint needs: every step is
   the full batch whatever the membership, and a resumed run starts every
   worker again; ``test_ray.py`` resumes sync runs on Ray."""

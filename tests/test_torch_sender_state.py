@@ -1,11 +1,10 @@
 """The torch engine's sync checkpoints hold every rank's compressor state
-and every rank's traffic (``rank.RankWorker.gather_senders``): a run with
+and every rank's traffic (``rank.RankWorker.gather_ranks``): a run with
 error feedback, resumed with ``--resume`` from a periodic checkpoint or
 restarted after a rank dies (``--max-restarts``), ends bit-identical to the
 uninterrupted run, parameters and traffic alike, and so does an
-uncompressed one; a restart resumes only its own launch's checkpoints.
-Restarts that would resume inexactly (a model with buffers) are refused
-before any rank starts."""
+uncompressed one, and so does a BatchNorm model's, whose checkpoints hold
+every rank's buffers; a restart resumes only its own launch's checkpoints."""
 import json
 import os
 import shutil
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 import monsoon
+from monsoon import api
 from monsoon.errors import ConfigError, Interrupted
 from monsoon.problems import make_problem
 from monsoon.record import checkpoints
@@ -148,34 +148,30 @@ def test_a_torchrun_restart_keeps_its_own_launchs_checkpoints_alone(whole, tmp_p
     assert bool(removed) != same and bool(checkpoints.checkpoint_files(folder)) == same
 
 
-@pytest.mark.parametrize("under_torchrun,every", [(False, 5), (True, 5), (False, 0)],
-                         ids=["max-restarts", "torchrun", "no-checkpoints"])
-def test_restarts_that_would_resume_a_models_buffers_inexactly_are_refused(
-        tmp_path, monkeypatch, under_torchrun, every):
-    """A restart resumes sync's newest checkpoint, which holds no BatchNorm
-    statistics: with restarts (monsoon's, or torchrun's, from its
-    environment) and checkpoints the run is refused before anything starts;
-    without checkpoints a restart starts over, and the run is taken."""
-    from monsoon import api
+def test_a_batchnorm_run_resumes_bit_identical_every_ranks_buffers_included(tmp_path):
+    """BatchNorm's running statistics are each rank's own (from its
+    batches): sync's checkpoints hold every rank's (``buffer.<name>``,
+    ranks first), each resumed rank restores its own, and the resumed run
+    ends as the uninterrupted one: parameters, the model's buffers (rank
+    0's), the loss in eval mode and every rank's buffers in the final
+    checkpoint. A restart resumes the same way, so restarts are taken."""
     from test_resume_matrix import _torch_problem
 
-    restarts = {}
-    if under_torchrun:
-        for key, value in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                               TORCHELASTIC_MAX_RESTARTS="2").items():
-            monkeypatch.setenv(key, value)
-    else:
-        restarts = dict(max_restarts=1)
-    def check():
-        api.check(_torch_problem(batchnorm=True), "sync", 2, engine="torch", steps=4,
-                  out=tmp_path, checkpoint_every=every, **restarts)
-
-    if not every:
-        check()
-        return
-    with pytest.raises(ConfigError) as err:
-        check()
-    line = str(err.value)
-    option = "torchrun's --max-restarts 2" if under_torchrun else "--max-restarts 1"
-    assert "\n" not in line and line.startswith(f"{option}: a restarted attempt") \
-        and "buffers" in line and "--checkpoint-every 0" in line, line
+    opts = dict(OPTS, compress="none", lr=0.2, steps=12, checkpoint_every=4)
+    whole_problem, resumed_problem = _torch_problem(batchnorm=True), _torch_problem(batchnorm=True)
+    api.check(whole_problem, "sync", 2, out=tmp_path / "a", max_restarts=1, **opts)
+    whole = monsoon.train(whole_problem, "sync", 2, out=tmp_path / "a", **opts)
+    final = checkpoints.read(checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0])
+    assert final.arrays["buffer.1.running_mean"].shape == (2, 8)
+    assert not np.array_equal(*final.arrays["buffer.1.running_mean"])  # each rank's own
+    cut_after(tmp_path / "a", 1)
+    resumed = monsoon.train(resumed_problem, "sync", 2, resume=str(tmp_path / "a"),
+                            out=tmp_path / "b", **opts)
+    assert resumed.summary["resumed_at_step"] == 4
+    np.testing.assert_array_equal(resumed.params, whole.params)
+    for name, value in whole_problem.state().items():
+        assert np.array_equal(resumed_problem.state()[name], value), name
+    assert resumed.summary["final_loss"] == whole.summary["final_loss"]
+    again = checkpoints.read(checkpoints.checkpoint_files(tmp_path / "b" / "checkpoints")[0])
+    for name in (k for k in final.arrays if k.startswith("buffer.")):
+        assert np.array_equal(again.arrays[name], final.arrays[name]), name

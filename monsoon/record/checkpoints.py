@@ -112,7 +112,8 @@ class Start:
     as an array by spark's server, here ``[step] * workers`` where absent
     (every worker walks the global plan); the private copies
     (``worker.<k>.params``) and compressor states (``sender.<name>``,
-    workers first) where the run keeps them; ``totals``, the counts of the
+    workers first) where the run keeps them (``buffers``, each worker's
+    model buffers: the torch engine fills them itself); ``totals``, the counts of the
     run so far that its engine's tally carries on (``RunTally.carry``: the
     meta key ``totals``, where the checkpoint holds them; {}: count from
     zero); ``local``, the local steps (applied, dropped) so far; ``updates``,
@@ -127,6 +128,7 @@ class Start:
     time_s: float = 0.0
     private: dict = field(default_factory=dict)   # rank -> private copy
     senders: dict = field(default_factory=dict)   # rank -> compressor state
+    buffers: dict = field(default_factory=dict)   # rank -> model buffers, where each's is held
     saved: Checkpoint | None = None
     totals: dict = field(default_factory=dict)
     local: tuple = (0, 0)
@@ -164,14 +166,12 @@ class Start:
         step = int(meta.get("step", 0))
         positions = arrays["positions"] if "positions" in arrays else meta.get(
             "positions", [step] * workers)
-        held = [k for k in arrays if k.startswith("sender.")]
         return cls(params, state, step,  # the load's own array: no copy
                    [int(p) for p in positions][:workers],
                    int(meta["examples"]), int(meta["dropped"]), float(meta["time_s"]),
                    {r: arrays[PRIVATE.format(r)] for r in range(workers)
                     if PRIVATE.format(r) in arrays},
-                   {r: {k[len("sender."):]: arrays[k][r] for k in held}
-                    for r in range(workers)} if held else {}, saved,
+                   worker_rows(arrays, "sender.", workers), {}, saved,
                    dict(meta.get("totals") or {}),
                    (int(meta.get("local_updates", 0)), int(meta.get("dropped_local_updates", 0))),
                    int(meta.get("applied", meta.get("updates", 0))))
@@ -183,36 +183,58 @@ def private_arrays(private: dict) -> dict:
     return {PRIVATE.format(rank): copy for rank, copy in private.items()}
 
 
-def sender_arrays(states: list[dict]) -> dict:
-    """Every worker's sender state (``Sender.state``, in rank order) as a
-    checkpoint's ``sender.<name>`` arrays, workers first (``Start.senders``
-    reads them back)."""
-    return {"sender." + name: np.stack([state[name] for state in states])
-            for name in states[0]}
+def worker_arrays(rows: list[dict], prefix: str = "") -> dict:
+    """Every worker's arrays (``rows``, in rank order, {name: array}) as a
+    checkpoint's ``<prefix><name>`` arrays, workers first: the sender
+    states (``Sender.state``, prefix ``sender.``), the torch engine's
+    buffers (``held_buffers``). ``worker_rows`` reads them back."""
+    return {prefix + name: np.stack([row[name] for row in rows]) for name in rows[0]}
 
 
-def held_shapes(workers: int, sender: dict | None = None, buffers: dict | None = None) -> dict:
+def worker_rows(arrays: dict, prefix: str, workers: int) -> dict:
+    """A checkpoint's ``worker_arrays`` of ``prefix``, as {rank: {name: its
+    row}} ({}: none held)."""
+    held = [k for k in arrays if k.startswith(prefix)]
+    return {r: {k[len(prefix):]: arrays[k][r] for k in held}
+            for r in range(workers)} if held else {}
+
+
+def held_shapes(workers: int, sender: dict | None = None, buffers: dict | None = None,
+                per_worker: bool = False) -> dict:
     """More arrays a checkpoint holds, as ``shapes``'s ``extra``: each
     worker's compressor state (``sender``: one worker's sender layout,
     {name: (shape, dtype)}) as ``sender.<name>``, workers first, and the
-    model's buffers (``buffers``: ``buffer_arrays``)."""
+    model's buffers (``buffers``: ``buffer_arrays``), each worker's
+    (workers first) where ``per_worker``."""
     extra = {"sender." + name: ((workers,) + tuple(shape), dtype)
              for name, (shape, dtype) in (sender or {}).items()}
-    extra.update({name: (arr.shape, arr.dtype) for name, arr in (buffers or {}).items()})
+    lead = (workers,) if per_worker else ()
+    extra.update({name: (lead + arr.shape, arr.dtype) for name, arr in (buffers or {}).items()})
     return extra
 
 
 def buffer_arrays(problem) -> dict:
-    """The model's buffers as a checkpoint's ``buffer.<name>`` arrays ({}: none);
-    at least 1-d, as a checkpoint stores them (a counter is a 0-d tensor)."""
-    state = problem.state()
+    """The model's buffers as a checkpoint's ``buffer.<name>`` arrays ({}: none)."""
+    return held_buffers(problem.state())
+
+
+def held_buffers(state: dict | None) -> dict:
+    """A model's buffers (``Problem.state()``) as a checkpoint's
+    ``buffer.<name>`` arrays ({}: none); at least 1-d, as a checkpoint
+    stores them (a counter is a 0-d tensor)."""
     return {"buffer." + k: np.atleast_1d(v) for k, v in (state or {}).items()}
 
 
 def restore_buffers(ckpt, problem) -> None:
     """Load a checkpoint's ``buffer.<name>`` arrays into the model (none: nothing)."""
     prefix = "buffer."
-    saved = {k[len(prefix):]: v for k, v in ckpt.arrays.items() if k.startswith(prefix)}
+    load_buffers(problem, {k[len(prefix):]: v for k, v in ckpt.arrays.items()
+                           if k.startswith(prefix)})
+
+
+def load_buffers(problem, saved: dict) -> None:
+    """Load buffers as a checkpoint holds them ({name: at least 1-d array})
+    into the model, each in its own shape (none: nothing)."""
     if saved:
         shapes = {k: np.shape(v) for k, v in problem.state().items()}
         problem.load_state({k: v.reshape(shapes[k]) for k, v in saved.items()})
@@ -549,7 +571,8 @@ def resume_refusal(engine, problem, strategy) -> str | None:
     engine, sync's); a model with buffers
     (BatchNorm's running statistics, ``Problem.state()``) on an engine whose
     checkpoints do not hold them (``engine.keeps_buffers(strategy)``: the
-    sim, which replays its run, and the local engine's serial): the resumed
+    sim, which replays its run, the local engine's serial and the torch
+    engine's sync, every rank's): the resumed
     model would restart them and end unlike the uninterrupted one; a
     strategy with private worker copies (local SGD, EASGD) on an engine that
     does not checkpoint them (``engine.keeps_private_copies`` False: ray,
@@ -566,8 +589,9 @@ def inexact_resume(engine, problem, strategy) -> tuple[str, str] | None:
         return (f"the {engine.name} engine's checkpoints of {strategy.name} do not hold "
                 "the model's buffers (BatchNorm's running statistics), so the resumed model "
                 "would not end as this one",
-                "start a new run (the sim's checkpoints and serial's on the local engine hold "
-                "them; a checkpoint resumes on the engine that wrote it)")
+                "start a new run (the sim's checkpoints, serial's on the local engine and "
+                "sync's on the torch engine hold them; a checkpoint resumes on the engine "
+                "that wrote it)")
     if private_copies(strategy) and not getattr(engine, "keeps_private_copies", True):
         return (f"the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
                 "private worker copies",

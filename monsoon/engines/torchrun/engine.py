@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import os
 
-from ...errors import ConfigError
 from ...options import Option
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from ...record import checkpoints
@@ -110,20 +109,29 @@ class TorchEngine(Engine):
         self.checkpoint_every = checkpoint_every
         self.resume_dir = resume_dir
         self.identity = {}
+        self.held_shapes = {}  # ``checkpoint_shapes`` of the run, set by ``run``
 
     @staticmethod
     def keeps_compressor_state(strategy) -> bool:
         """Sync's exact checkpoints hold every rank's sender state, gathered
-        at each checkpoint step (``rank.RankWorker.gather_senders``)."""
+        at each checkpoint step (``rank.RankWorker.gather_ranks``)."""
+        return checkpoints.exact_checkpoints(strategy)
+
+    @staticmethod
+    def keeps_buffers(strategy) -> bool:
+        """And every rank's model buffers (BatchNorm's statistics)."""
         return checkpoints.exact_checkpoints(strategy)
 
     def checkpoint_shapes(self, problem, strategy, w0, workers: int) -> dict:
         """Sync's: every rank's sender state where the compression is
-        stateful (``sender.<name>``, ranks first)."""
+        stateful (``sender.<name>``) and model buffers (``buffer.<name>``),
+        ranks first."""
+        if not checkpoints.exact_checkpoints(strategy):
+            return {}
         compression = self.compression
-        layout = compression.sender_layout(w0.size, w0.dtype) \
-            if compression.stateful and checkpoints.exact_checkpoints(strategy) else None
-        return checkpoints.held_shapes(workers, layout)
+        layout = compression.sender_layout(w0.size, w0.dtype) if compression.stateful else None
+        return checkpoints.held_shapes(workers, layout, checkpoints.buffer_arrays(problem),
+                                       per_worker=True)
 
     @staticmethod
     def restarted_launch() -> str | None:
@@ -132,35 +140,6 @@ class TorchEngine(Engine):
         the run's process clears the folder before its launcher starts the
         ranks."""
         return launch_id() if under_torchrun() else None
-
-    def restarts(self) -> tuple[int, str]:
-        """How often a failed attempt's ranks are started again, and the
-        option that says so: under torchrun its agent's
-        (TORCHELASTIC_MAX_RESTARTS), else ``--max-restarts``."""
-        if under_torchrun():
-            return (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0) or 0),
-                    "torchrun's --max-restarts")
-        return self.max_restarts, "--max-restarts"
-
-    def preflight(self, problem, strategy, workers: int, batch_size: int) -> None:
-        """Also refuses, in one line, restarts that would resume inexactly: a
-        restarted attempt resumes from the run folder's newest checkpoint
-        (sync's, every ``checkpoint_every`` steps) without asking
-        ``--resume``'s questions, so where ``checkpoints.resume_refusal``
-        would refuse that checkpoint (a model with buffers) the run must
-        not write one for a restart to resume. Under torchrun each rank
-        refuses as it starts (its agent may start it again: the same line)."""
-        super().preflight(problem, strategy, workers, batch_size)
-        restarts, option = self.restarts()
-        if not (restarts and self.checkpoint_dir and self.checkpoint_every
-                and checkpoints.exact_checkpoints(strategy)):
-            return
-        inexact = checkpoints.inexact_resume(self, problem, strategy)
-        if inexact is not None:
-            raise ConfigError(f"{option} {restarts}: a restarted attempt resumes from the "
-                              f"run's newest checkpoint, but {inexact[0]}; pass "
-                              "--checkpoint-every 0 (a restart then starts the run over) or "
-                              "run without restarts")
 
     @property
     def writes_run_folder(self) -> bool:
@@ -179,6 +158,8 @@ class TorchEngine(Engine):
         self.check(strategy, workers)
         self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size,
                                              seed, self.name, self.settings)
+        if self.checkpoint_dir or self.resume_dir:  # the problem as given, not a rank's
+            self.held_shapes = self.checkpoint_shapes(problem, strategy, w0, workers)
         if under_torchrun():
             from .rank import run_rank
 

@@ -35,7 +35,7 @@ verdict, a stop signal): every rank ends its program after that collective.
 Rank 0 records the loss curve from its replica (and stops a run whose own
 local steps are mostly dropped: the ranks share the parameters every
 round) and, for sync, writes an exact checkpoint every ``checkpoint_every``
-steps, with every rank's compressor state where it is stateful (one gather);
+steps, with every rank's traffic, buffers and compressor state (one gather);
 a restarted attempt (``--max-restarts``) resumes from the newest one, which
 rank 0 reads and broadcasts, and ends bit-identical to an uninterrupted run.
 """
@@ -150,9 +150,12 @@ class RankWorker(Worker):
         self.sender = Sender(engine.compression, self.rank)
         if start.senders:  # this rank's compressor state at the checkpoint resumed
             self.sender.restore(start.senders[self.rank])
+        if start.buffers:  # and its model's buffers
+            checkpoints.load_buffers(problem, start.buffers[self.rank])
         self.compressed = self.sender.compression.active
-        # every rank's sender state goes into each checkpoint (``gather_senders``)
+        # every rank's sender state and buffers go into each checkpoint (``gather_ranks``)
         self.senders = self.exact and self.sender.compression.stateful
+        self.buffers = self.exact and any(k.startswith("buffer.") for k in engine.held_shapes)
         if self.compressed:
             self.wire = self.sender.compression.wire_nbytes(n, w0.dtype)
             self.gathered = np.zeros(self.wire + self.flags.nbytes, dtype=np.uint8)
@@ -467,9 +470,9 @@ class RankWorker(Worker):
         self.step += 1
         stop = self.flags[STOP] > 0
         if self.every and self.step % self.every == 0:
-            senders = self.gather_senders()  # every rank takes part
+            held = self.gather_ranks()  # every rank takes part
             if self.rank == 0:
-                self.save_checkpoint(senders=senders)
+                self.save_checkpoint(held=held)
         if self.due is not None:
             now = self.time_before + time.perf_counter() - self.t0
             examples = self.examples_before + self.examples * self.world
@@ -498,32 +501,42 @@ class RankWorker(Worker):
         the step before it); {} on the other ranks."""
         return {"staleness": {0: self.updates - self.updates_before}} if self.rank == 0 else {}
 
-    def gather_senders(self) -> tuple[dict, dict] | None:
+    def gather_ranks(self) -> tuple[dict, dict] | None:
         """At a checkpoint step: every rank's traffic (``Sender.stats``) and,
-        where the checkpoints hold it (``self.senders``), its sender state
-        now, gathered on rank 0 in one collective that every rank takes part
-        in, as a checkpoint's ``sender.<name>`` arrays (ranks first; {}
+        where the checkpoints hold them, its sender state (``self.senders``)
+        and model buffers (``self.buffers``) now, gathered on rank 0 in one
+        collective that every rank takes part in, as a checkpoint's
+        ``sender.<name>`` and ``buffer.<name>`` arrays (ranks first; {}
         where none are held) and {rank: traffic}; None on the other ranks.
         A stop rides in a step's collective and that step is applied
         (``_after_collective``), so no rank has encoded a message of a step
         that was not: the state is the one at this step boundary (no
         ``before_last``)."""
         state = self.sender.state(self.n, self.server.dtype) if self.senders else None
+        buffers = self.problem.state() if self.buffers else None
         with self._collective(f"the checkpoint of step {self.step}", "gather"):
-            rows = self.comm.gather_object((state, self.sender.stats()))
+            rows = self.comm.gather_object((state, buffers, self.sender.stats()))
         if rows is None:
             return None
-        return (checkpoints.sender_arrays([state for state, _ in rows]) if self.senders else {},
-                {rank: traffic for rank, (_, traffic) in enumerate(rows)})
+        return (self.held_arrays([row[0] for row in rows], [row[1] for row in rows]),
+                {rank: traffic for rank, (_, _, traffic) in enumerate(rows)})
+
+    def held_arrays(self, states: list, buffers: list) -> dict:
+        """Every rank's sender ``states`` and model ``buffers`` (in rank
+        order) as a checkpoint's arrays, those it holds (``gather_ranks``)."""
+        held = checkpoints.worker_arrays(states, "sender.") if self.senders else {}
+        if self.buffers:
+            held.update(checkpoints.worker_arrays([checkpoints.held_buffers(b) for b in buffers]))
+        return held
 
     def save_checkpoint(self, reason: str = "periodic", totals: dict | None = None,
-                        senders: tuple[dict, dict] | None = None) -> None:
+                        held: tuple[dict, dict] | None = None) -> None:
         """``totals``: the run's counts (``RunTally.totals``; None: those
         known at this step: ``counted``, the carried ones and, where
-        ``senders`` has it, every rank's traffic); ``senders``: what
-        ``gather_senders`` returned at this step (None: none held)."""
+        ``held`` has it, every rank's traffic); ``held``: what
+        ``gather_ranks`` returned at this step (None: nothing gathered)."""
         now = self.time_before + time.perf_counter() - self.t0
-        arrays, traffic = senders or ({}, {})
+        arrays, traffic = held or ({}, {})
         if totals is None:
             reports = {rank: {"traffic": figures} for rank, figures in traffic.items()}
             reports[0] = {**reports.get(0, {}), **self.counted()}
@@ -534,13 +547,13 @@ class RankWorker(Worker):
                                 totals=totals, launch=launch_id()), arrays)
 
 
-def _resume_point(engine, comm, problem, rule, strategy, w0, recorder) -> checkpoints.Start:
+def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
     """Rank 0 reads the checkpoint to start from (``--resume``, or the run
     folder's own after a restart), hands its rows to the recorder, and
-    broadcasts it (its parameters, rule state and, where the compression is
-    stateful, every rank's sender state, of which each rank restores its
-    own; not the file's arrays). It must hold the arrays the engine's
-    checkpoints of this run hold (``TorchEngine.checkpoint_shapes``): one
+    broadcasts it (its parameters, rule state and, where held, every rank's
+    sender state and model buffers, of which each rank restores its own;
+    not the file's arrays). It must hold the arrays the engine's
+    checkpoints of this run hold (``TorchEngine.held_shapes``): one
     that does not (an older monsoon's) is passed over, named on stderr, for
     the newest that does (``checkpoints.load_latest``); ``--resume`` of a
     folder with none is refused before any rank starts (``check_resume``)."""
@@ -558,9 +571,8 @@ def _resume_point(engine, comm, problem, rule, strategy, w0, recorder) -> checkp
     if comm.rank == 0:
         try:
             keeper = checkpoints.Checkpointer(None, 0, directory, engine.identity, recorder)
-            found = keeper.start(w0, rule, comm.world,
-                                 engine.checkpoint_shapes(problem, strategy, w0, comm.world),
-                                 needs=("step",))
+            found = keeper.start(w0, rule, comm.world, engine.held_shapes, needs=("step",))
+            found.buffers = checkpoints.worker_rows(found.saved.arrays, "buffer.", comm.world)
             found.saved.arrays = {}  # sent as its params and state
         except ConfigError as exc:
             found = str(exc)
@@ -589,7 +601,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
     env, comm = _join(engine, problem, workers)
     worker = shm = None
     try:
-        start = _resume_point(engine, comm, problem, rule, strategy, w0, recorder)
+        start = _resume_point(engine, comm, rule, strategy, w0, recorder)
         w = start.params
         comm.broadcast_array(w)  # every rank starts from rank 0's parameters, as DDP does
         rank = comm.rank
@@ -657,12 +669,12 @@ def _finish(worker, comm) -> RunTally | None:
     (the tally, returned there; None on the other ranks), and rank 0 writes
     that checkpoint again, holding them (a second write where the step was
     not a periodic one's), also under ``sigterm_deferred``. Where the
-    checkpoints hold every rank's sender state (``RankWorker.senders``),
-    the states come with the reports where that write is made
-    (``_writes_final``), and the first write is not made: without them it
-    could not resume exactly, so a rank lost before the gather leaves the
-    newest periodic checkpoint."""
-    if comm.rank == 0 and not worker.senders:
+    checkpoints hold every rank's sender state or buffers (``gather_ranks``),
+    the buffers come with the reports, the sender states too where that
+    write is made (``_writes_final``), and the first write is not made:
+    without them it could not resume exactly, so a rank lost before the
+    gather leaves the newest periodic checkpoint."""
+    if comm.rank == 0 and not (worker.senders or worker.buffers):
         with sigterm_deferred():  # the agent's SIGTERM, once another rank is lost
             _final_checkpoint(worker, None)
     report = worker.report(examples=worker.examples, local=worker.local[0],
@@ -675,9 +687,10 @@ def _finish(worker, comm) -> RunTally | None:
     if comm.rank == 0:
         tally = RunTally.resumed(comm.world, worker.engine.compression, worker.carried,
                                  {rank: report for rank, (report, _) in enumerate(gathered)})
-        senders = (checkpoints.sender_arrays([s for _, s in gathered]), {}) if states else None
+        held = (worker.held_arrays([s for _, s in gathered], [r["state"] for r, _ in gathered]),
+                {}) if states or not worker.senders else None
         with sigterm_deferred():
-            _final_checkpoint(worker, tally.totals(), senders)
+            _final_checkpoint(worker, tally.totals(), held)
     if worker.buckets is not None:
         worker.buckets.remove()
     with worker._collective("the end of the run", "barrier"):  # a rank lost here: named too
@@ -696,7 +709,7 @@ def _writes_final(worker, comm) -> bool:
         return bool(comm.broadcast_object(bool(worker.interrupted)))
 
 
-def _final_checkpoint(worker, totals: dict | None, senders=None) -> None:
+def _final_checkpoint(worker, totals: dict | None, held=None) -> None:
     """Rank 0's checkpoint where every rank stopped (``_finish``): an
     interrupted run's (sync: exact, also with no periodic ones), else a run's
     that writes periodic ones. ``totals`` None: before the gather, the
@@ -704,13 +717,13 @@ def _final_checkpoint(worker, totals: dict | None, senders=None) -> None:
     "interrupted"), not written where a periodic one holds the step (it
     holds the same); else the whole run's (reason "final", as Ray's, or
     "interrupted"), written also where a periodic one holds the step (it
-    replaces that one); ``senders``: every rank's sender arrays, as
+    replaces that one); ``held``: every rank's sender and buffer arrays, as
     ``RankWorker.save_checkpoint`` takes them."""
     if (worker.interrupted and worker.exact) or (
             worker.every and (totals is not None or worker.step % worker.every)):
         worker.save_checkpoint("interrupted" if worker.interrupted
                                else "final" if totals is not None else "periodic", totals,
-                               senders)
+                               held)
 
 
 def _run_result(engine, comm, worker, start, tally, startup, wall, shm_used) -> EngineResult:
