@@ -46,7 +46,7 @@ import time
 import numpy as np
 
 from ...record import checkpoints
-from ...record.progress import counters_counts, counters_shapes, counts
+from ...record.progress import counters_counts, counts
 
 # After a write taking t seconds, the next waits COST_FACTOR * t: <= 5% of the run.
 COST_FACTOR = 19
@@ -67,13 +67,6 @@ class RunCheckpoints(checkpoints.Checkpointer):
         return time.perf_counter() >= self.ready_at
 
     # -- reading ----------------------------------------------------------
-    def start(self, w0: np.ndarray, rule, workers: int, sender: dict | None = None,
-              buffers: dict | None = None):
-        """``sender``: one worker's sender layout, where checkpoints hold them;
-        ``buffers``: the model's (``buffer_arrays``), where they hold them."""
-        extra = {**counters_shapes(workers), **checkpoints.held_shapes(workers, sender, buffers)}
-        return super().start(w0, rule, workers, extra)
-
     @staticmethod
     def restore(start, store) -> None:
         start.restore(store.params, store.state)

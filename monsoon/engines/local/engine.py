@@ -52,6 +52,7 @@ from ...strategies import WorkerJob
 from ...strategies.ops import Average
 from ...server.summed import initial_sums
 from ...record import checkpoints
+from ...record.progress import counters_shapes
 from ...monitor.lifecycle import stop_reason, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ...monitor.processes import (limit_threads, single_blas_thread, single_torch_thread,
@@ -303,6 +304,14 @@ class LocalEngine(Engine):
         model's buffers (``buffer.<name>``); other workers' are not at hand."""
         return strategy.single_worker
 
+    def checkpoint_shapes(self, problem, strategy, w0, workers: int) -> dict:
+        """Every worker's counters; each worker's sender state where an exact
+        run's compression is stateful; serial's model buffers."""
+        stateful = self.compression.stateful and checkpoints.exact_checkpoints(strategy)
+        sender = self.compression.sender_layout(w0.size, w0.dtype) if stateful else None
+        buffers = checkpoints.buffer_arrays(problem) if strategy.single_worker else None
+        return {**counters_shapes(workers), **checkpoints.held_shapes(workers, sender, buffers)}
+
     device = "cpu"  # the run's --device (``from_options``)
 
     @classmethod
@@ -414,8 +423,7 @@ class LocalEngine(Engine):
         compression = self.compression
         senders = exact and compression.stateful  # checkpoints hold each worker's sender
         resume = ck.start(w0, rule, workers,  # checked before anything starts
-                          compression.sender_layout(w0.size, w0.dtype) if senders else None,
-                          checkpoints.buffer_arrays(problem) if inline else None)
+                          self.checkpoint_shapes(problem, strategy, w0, workers))
         buffer = exact and not inline and bool(ck.directory) and self.checkpoint_every > 0
         ctx = start_context() if backend == "processes" else None
         device = self._array_device(problem, rule, backend)
