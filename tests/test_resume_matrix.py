@@ -257,3 +257,16 @@ def test_buffers_the_checkpoints_do_not_hold_are_refused_at_resume(tmp_path, str
     line = str(err.value)
     assert "\n" not in line and f"checkpoints of {strategy} do not hold the model's buffers" \
         in line, line
+
+
+def test_a_checkpoint_of_a_stateless_compressor_names_the_setting_that_differs(tmp_path):
+    """Written with --no-error-feedback (no residual to keep), resumed with
+    it off: the refusal names that setting, not an older monsoon."""
+    opts = dict(epochs=2, seed=0, evals=0, backend="threads", progress=False,
+                compress="topk:0.1")
+    monsoon.train("exp", "sync", 2, out=tmp_path / "a", checkpoint_every=10,
+                  no_error_feedback=True, **opts)
+    with pytest.raises(ConfigError) as err:
+        monsoon.train("exp", "sync", 2, resume=str(tmp_path / "a"), **opts)
+    line = str(err.value)
+    assert "\n" not in line and "no_error_feedback" in line and "older monsoon" not in line, line

@@ -329,7 +329,8 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
     assert not [pid for pid in _tree(os.getpid()) if name(pid).startswith("monsoon-rank")]
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_worker"] == 1
-    assert checkpoints.read(summary["checkpoint"]).meta["step"] == 30
+    first = checkpoints.read(summary["checkpoint"]).meta
+    assert first["step"] == 30
     resumed = monsoon.train(problem(-1), "sync", 2, steps=50, resume=str(tmp_path / "a"),
                             out=tmp_path / "b", **opts).summary
     assert resumed["resumed_at_step"] == 30 and resumed["updates"] == 50
@@ -338,6 +339,10 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
     tally = RunTally.resumed(2, None, meta["totals"])
     assert tally.staleness == resumed["staleness_counts"] == {0: 50}
     assert sum(t["sent"] for t in tally.traffic.values()) == resumed["bytes_sent"] > 0
+    # the first attempt's 30 steps of traffic count too (every step sends alike)
+    sent = RunTally.resumed(2, None, first["totals"]).traffic
+    assert [3 * per for per in resumed["bytes_sent_per_worker"]] == \
+        [5 * sent[rank]["sent"] for rank in range(2)]
 
 
 def test_a_sync_step_with_a_nan_gradient_is_dropped_and_counted_as_on_the_local_engine():

@@ -401,10 +401,14 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
 
 def _no_compressor_state(ckpt: Checkpoint, expect: dict) -> str:
     """Why a checkpoint lacks the compressor state this run needs, and what
-    to do: written with this very --compress, an older monsoon wrote it
-    (it held no such state then), so only a new run is exact."""
+    to do: written with this very --compress and settings, an older
+    monsoon wrote it (it held no such state then), so only a new run is
+    exact; another setting that differs is named as for any checkpoint."""
     compress = (expect.get("settings") or {}).get("compress")
     if compress is not None and (ckpt.meta.get("settings") or {}).get("compress") == compress:
+        other = _identity_refusal(ckpt.meta, expect)
+        if other is not None:  # another setting (--no-error-feedback): it keeps no state
+            return other
         return (f"holds no compressor state, though it was written with --compress {compress} "
                 "(by an older monsoon, which kept none); start a new run without --resume")
     return ("holds no compressor state (it was written without --compress, or by an older "

@@ -48,9 +48,9 @@ def under_torchrun() -> bool:
 
 def launch_id() -> str | None:
     """The id of the launch this rank belongs to, the same on every attempt
-    of it (TORCHELASTIC_RUN_ID: monsoon's launcher draws a fresh one per
-    launch, torchrun --standalone or on one node without an endpoint too;
-    otherwise torchrun's --rdzv-id, "none" by default); None outside one."""
+    of it (TORCHELASTIC_RUN_ID: monsoon's launcher and torchrun --standalone
+    draw a fresh one per launch; otherwise torchrun's --rdzv-id, "none" by
+    default and under --master-port); None outside one."""
     return os.environ.get("TORCHELASTIC_RUN_ID")
 
 

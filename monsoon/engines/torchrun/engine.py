@@ -135,11 +135,16 @@ class TorchEngine(Engine):
 
     @staticmethod
     def restarted_launch() -> str | None:
-        """Under torchrun, its launch's id (``collectives.launch_id``), which
-        rank 0 writes in every checkpoint's meta; without torchrun, None:
-        the run's process clears the folder before its launcher starts the
-        ranks."""
-        return launch_id() if under_torchrun() else None
+        """In a restarted attempt under torchrun (its agent's
+        TORCHELASTIC_RESTART_COUNT > 0), its launch's id
+        (``collectives.launch_id``), which rank 0 writes in every
+        checkpoint's meta; else None: a launch's first attempt keeps no
+        earlier checkpoint (torchrun's id need not be unique: "none" under a
+        static rendezvous), and without torchrun the run's process clears
+        the folder before its launcher starts the ranks."""
+        if not under_torchrun() or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0) < 1:
+            return None
+        return launch_id()
 
     @property
     def writes_run_folder(self) -> bool:

@@ -660,7 +660,8 @@ def _join(engine, problem, workers):
 
 def _finish(worker, comm) -> RunTally | None:
     """After the program: rank 0 first writes the checkpoint where every
-    rank stopped, with the counts known at its step (``_final_checkpoint``),
+    rank stopped, with the counts known at its step (``_final_checkpoint``;
+    every rank's traffic taken as its own, the same in a sync step),
     before anything else can fail: a rank lost meanwhile or in the gather
     that follows is named (``RankWorker._failed``), and the agent's SIGTERM
     to rank 0 waits for the write (``sigterm_deferred``), so the run resumes
@@ -675,8 +676,11 @@ def _finish(worker, comm) -> RunTally | None:
     without them it could not resume exactly, so a rank lost before the
     gather leaves the newest periodic checkpoint."""
     if comm.rank == 0 and not (worker.senders or worker.buffers):
+        # every rank's traffic as rank 0's: a sync step sends and receives
+        # the same bytes on every rank
+        traffic = dict.fromkeys(range(comm.world), worker.sender.stats())
         with sigterm_deferred():  # the agent's SIGTERM, once another rank is lost
-            _final_checkpoint(worker, None)
+            _final_checkpoint(worker, None, ({}, traffic))
     report = worker.report(examples=worker.examples, local=worker.local[0],
                            local_dropped=worker.local[1], **worker.counted())
     states = worker.senders and _writes_final(worker, comm)
