@@ -55,6 +55,24 @@ def test_svmlight_malformed_line_names_file_and_line(tmp_path, text, line, messa
     assert f"{path}:{line}:" in str(info.value)
 
 
+@pytest.mark.parametrize("load,text,line,what", [
+    (load_svmlight, "1 1:1\n-1 2:1\n1 1:1e39\n", 3, "the value of feature 1 is 1e\\+39"),
+    (load_svmlight, "1 1:1\n-1e39 2:1\n", 2, "the label is -1e\\+39"),
+    (load_ratings, "1,2,3\n1,3,1e39\n", 2, "the rating is 1e\\+39"),
+])
+def test_a_value_float32_cannot_hold_is_named_by_its_line(tmp_path, load, text, line, what):
+    """As NaN is, and without numpy's overflow warning; float64 holds it."""
+    import warnings
+
+    path = write(tmp_path, "big.txt", text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataFileError, match=f"{what}, beyond float32's largest") as info:
+            load(path, dtype="float32")
+    assert str(info.value).startswith(f"{path}:{line}: ")
+    load(path, dtype="float64")
+
+
 def test_svmlight_missing_and_empty_files(tmp_path):
     with pytest.raises(DataFileError, match="no such file"):
         load_svmlight(tmp_path / "nope.svm")

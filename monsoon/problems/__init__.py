@@ -117,7 +117,7 @@ def _ratings(path: str, dtype: str = "float32"):
     from .files import load_ratings
     from .matrix_factorization import MatrixFactorization
 
-    data = load_ratings(path)
+    data = load_ratings(path, dtype)
     return MatrixFactorization(data["users"], data["items"], data["ratings"], dtype=dtype,
                                name=f"ratings:{path}")
 

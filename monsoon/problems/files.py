@@ -8,10 +8,12 @@
 
 A malformed line raises ``DataFileError`` naming the file and line number;
 so does a value that is not finite (NaN, Inf: it would make every loss NaN)
-and a feature index too large to allocate parameters for.
+or that the training dtype cannot hold (float32 beyond 3.4e38 would be
+Inf), and a feature index too large to allocate parameters for.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -41,11 +43,23 @@ def max_features() -> int:
     return max(1, memory // BYTES_PER_FEATURE)
 
 
-def _finite(value: float, what: str, where: str) -> float:
+def _finite(value: float, what: str, where: str, dtype=None) -> float:
+    """``value``, or a refusal naming ``where`` when it is NaN or Inf, or
+    would be Inf in ``dtype`` (float32 tops out near 3.4e38)."""
     if not math.isfinite(value):
         raise DataFileError(f"{where}: {what} is {value}; NaN and Inf cannot be trained on: "
                             "fix or remove this line")
+    if dtype is not None and abs(value) > _largest(dtype):
+        raise DataFileError(f"{where}: {what} is {value:g}, beyond {dtype}'s largest "
+                            f"({_largest(dtype):.3g}), so it would be Inf, which cannot be "
+                            "trained on: fix or remove this line, or train in float64 "
+                            "(--dtype float64)")
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def _largest(dtype: str) -> float:
+    return float(np.finfo(dtype).max)
 
 
 def _open_lines(path):
@@ -63,6 +77,7 @@ def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype=
     """Returns (X as CSR, y, qid or None)."""
     labels, qids, rows_idx, rows_val = [], [], [], []
     limit = max_features()
+    dtype = np.dtype(dtype).name
     for number, raw in _open_lines(path):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -73,7 +88,7 @@ def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype=
             labels.append(float(tokens[0]))
         except ValueError:
             raise DataFileError(f"{where}: the label {tokens[0]!r} is not a number") from None
-        _finite(labels[-1], "the label", where)
+        _finite(labels[-1], "the label", where, dtype)
         rest = tokens[1:]
         if rest and rest[0].startswith("qid:"):
             try:
@@ -96,7 +111,7 @@ def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype=
                 raise DataFileError(f"{where}: feature index {i} is too large: a model with "
                                     f"{i + 1} features would need {i * BYTES_PER_FEATURE / 2**30:.3g}"
                                     f" GiB; this machine fits at most {limit} features")
-            _finite(v, f"the value of feature {i}", where)
+            _finite(v, f"the value of feature {i}", where, dtype)
             if idx and i <= idx[-1]:
                 raise DataFileError(f"{where}: feature indices must increase ({idx[-1]} then {i})")
             idx.append(i)
@@ -131,9 +146,11 @@ def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype=
 _SEPARATOR = re.compile(r"::|,|\t")
 
 
-def load_ratings(path):
+def load_ratings(path, dtype="float64"):
     """Returns (users, items, ratings): users and items re-indexed 0..U-1 and
-    0..I-1 in order of first appearance, and the original ids of each."""
+    0..I-1 in order of first appearance, and the original ids of each; a
+    rating that ``dtype`` cannot hold is refused naming its line."""
+    dtype = np.dtype(dtype).name
     users, items, ratings = [], [], []
     for number, raw in _open_lines(path):
         line = raw.strip()
@@ -148,7 +165,7 @@ def load_ratings(path):
             if number == 1 and not users:  # a header line
                 continue
             raise DataFileError(f"{path}:{number}: the rating {fields[2]!r} is not a number") from None
-        _finite(rating, "the rating", f"{path}:{number}")
+        _finite(rating, "the rating", f"{path}:{number}", dtype)
         users.append(fields[0])
         items.append(fields[1])
         ratings.append(rating)
