@@ -102,3 +102,34 @@ def test_where_threads_race_in_ast_parse_a_process_reads_items_one_thread_at_a_t
     problem.loss(w)  # ...while this thread reads them all to evaluate
     problem.gradient(w, np.arange(16, 48))
     assert most[0] == 1
+
+
+class _Items(torch.utils.data.Dataset):
+    """Ten items of the form ``make(i)``."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return self.make(i)
+
+
+@pytest.mark.parametrize("make, got", [
+    (lambda i: {"x": torch.ones(6), "label": i % 2}, "a dict with keys 'x', 'label'"),
+    (lambda i: torch.ones(6), r"one tensor of shape \(1, 6\)"),
+], ids=["dict", "tensor"])
+def test_items_that_do_not_collate_into_inputs_and_targets_are_refused_in_one_line(make, got):
+    with pytest.raises(monsoon.ConfigError, match=f"items collate into {got}, not "
+                       r"\(inputs, targets\).*pass collate_fn=") as info:
+        TorchProblem.from_dataset(_Items(make), nn.Linear(6, 2), nn.CrossEntropyLoss())
+    assert "\n" not in str(info.value)
+
+    def pairs(items):  # what the message asks for
+        return torch.ones(len(items), 6), torch.zeros(len(items), dtype=torch.long)
+
+    problem = TorchProblem.from_dataset(_Items(make), nn.Linear(6, 2), nn.CrossEntropyLoss(),
+                                        collate_fn=pairs)
+    assert set(problem.evaluate(problem.initial_params(0))) == {"loss", "accuracy"}

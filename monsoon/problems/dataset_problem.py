@@ -4,7 +4,8 @@
 trains on ``dataset[i]`` items, batched by ``collate_fn`` (torch's
 ``default_collate`` by default) into ``(inputs, targets)``. Items are read
 when a batch needs them, so a lazy Dataset (files, memory maps, a transform
-per item) never has to fit in memory.
+per item) never has to fit in memory. Items that collate into anything
+else (a dict, one tensor) are refused in one line when the problem is built.
 
 Prefetching (seed 004: "a thread that fetches and pre-processes data while
 the model computes"): a strategy tells each ``Gradient`` op which examples
@@ -32,12 +33,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from .torch_model import TorchModel, is_classification, validation_split
+from ..errors import ConfigError
 
 _MAX_PENDING = 2
 
@@ -85,8 +88,7 @@ class DatasetProblem(TorchModel):
     def _load(self, dataset, indices):
         with _READS:
             batch = self.collate_fn([dataset[int(i)] for i in indices])
-        xb, yb = batch[0], batch[1]
-        xb, yb = torch.as_tensor(xb), torch.as_tensor(yb)
+        xb, yb = (torch.as_tensor(part) for part in _inputs_targets(batch))
         if xb.is_floating_point():
             xb = xb.to(self._tdtype)
         if yb.is_floating_point():
@@ -186,3 +188,25 @@ class DatasetProblem(TorchModel):
         state["_executor"] = None
         state["_pending"] = {}
         return state
+
+
+def _inputs_targets(batch):
+    """A collated batch's (inputs, targets); a batch of another form (a
+    dict, as items that are dicts collate into; one tensor) is refused in
+    one line naming what to pass."""
+    try:
+        if not isinstance(batch, (Mapping, torch.Tensor)):
+            return batch[0], batch[1]
+    except (IndexError, KeyError, TypeError):
+        pass
+    if isinstance(batch, Mapping):
+        got = "a dict with keys " + ", ".join(map(repr, batch))
+    elif isinstance(batch, torch.Tensor):
+        got = f"one tensor of shape {tuple(batch.shape)}"
+    elif isinstance(batch, (tuple, list)):
+        got = f"a {type(batch).__name__} of {len(batch)}"
+    else:
+        got = type(batch).__name__
+    raise ConfigError(f"the dataset's items collate into {got}, not (inputs, targets): make "
+                      "__getitem__ return (inputs, targets), or pass collate_fn= a function "
+                      "that batches a list of items into (inputs, targets)")
