@@ -168,6 +168,46 @@ def test_classification_runs_record_accuracy_and_validation(k, tmp_path):
     assert plot_loss(tmp_path / "plain.png", {"sync": plain}) == 0
 
 
+def _scored(kind, n):
+    """(module, loss, X, y, the share of y's entries the module's output
+    gets right, as torch computes it) for an accuracy of another shape."""
+    g = torch.Generator().manual_seed(n)
+    if kind in ("per-position", "positions-equal-classes"):  # output (N, C, L), y (N, L)
+        L = 7 if kind == "per-position" else 3
+        X = torch.randn(n, 4, L, generator=g)
+        return nn.Conv1d(4, 3, 1), nn.CrossEntropyLoss(), X, X[:, :3].argmax(1), \
+            lambda out, y: (out.argmax(1) == y).double().mean()
+    X = torch.randn(n, 6, generator=g)
+    if kind == "ignore-index":  # positions the loss skips are not scored
+        y = X[:, :3].argmax(1).masked_fill(X[:, 3] > 0.5, -100)
+        return nn.Linear(6, 3), nn.CrossEntropyLoss(), X, y, \
+            lambda out, y: (out.argmax(1) == y)[y != -100].double().mean()
+    if kind == "bce-probabilities":
+        return nn.Sequential(nn.Linear(6, 1), nn.Sigmoid()), nn.BCELoss(), X, \
+            (X[:, :1] > 0).float(), lambda out, y: ((out > 0.5).float() == y).double().mean()
+    return nn.Linear(6, 3), nn.BCEWithLogitsLoss(), X, (X[:, :3] > 0).float(), \
+        lambda out, y: ((out > 0).float() == y).double().mean()  # multi-label: (N, 3)
+
+
+@pytest.mark.parametrize("kind", ["per-position", "positions-equal-classes", "ignore-index",
+                                  "bce-probabilities", "multi-label"])
+def test_accuracy_scores_every_target_entry_by_the_losss_own_convention(kind):
+    """Cross-entropy's classes are dimension 1 (per-position targets score
+    each position), BCELoss thresholds probabilities at 0.5, BCEWithLogits
+    logits at 0, a multi-label row scores each label: accuracy and
+    val_accuracy are torch's own share of right entries, summed over
+    evaluation chunks."""
+    torch.manual_seed(3)
+    module, loss_fn, X, y, share = _scored(kind, 50)
+    _, _, vX, vy, _ = _scored(kind, 30)
+    problem = TorchProblem(module, loss_fn, X, y, val=(vX, vy), eval_batch=16)
+    figures = problem.evaluate(problem.initial_params(0))
+    with torch.no_grad():
+        expected = float(share(module(X), y)), float(share(module(vX), vy))
+    assert (figures["accuracy"], figures["val_accuracy"]) == pytest.approx(expected, abs=1e-12)
+    assert 0 < min(expected) and max(expected) < 1
+
+
 def test_saved_model_loads_weights_only_and_reproduces_the_result(tmp_path):
     X, _ = _digits()
     X, y = X[:300], _digits()[1][:300]

@@ -529,7 +529,7 @@ class TorchModel(Problem):
         self._use(w)
         was_training = self.module.training
         self.module.eval()
-        total = correct = None
+        total = correct = None  # correct: (hits, predictions scored)
         try:
             with torch.no_grad():
                 for xb, yb in chunks:
@@ -538,7 +538,7 @@ class TorchModel(Problem):
                         part = self.loss_fn(out, yb).double() * len(yb)
                     total = part if total is None else total + part
                     if accuracy:
-                        hits = count_correct(out, yb)
+                        hits = count_correct(out, yb, self.loss_fn)
                         correct = hits if correct is None else correct + hits
         finally:
             if was_training:
@@ -546,7 +546,10 @@ class TorchModel(Problem):
             if saved is not None and self._here(saved) and saved is not self._bound:
                 self._bind(saved)
         mean = float(total) / n if total is not None else float("nan")
-        return mean, (int(correct) / n if accuracy else None)
+        if not accuracy:
+            return mean, None
+        hits, scored = correct.tolist() if correct is not None else (0, 0)
+        return mean, (hits / scored if scored else float("nan"))
 
     # -- buffers: trained state beside the parameters ---------------------------
     def state(self) -> dict | None:
@@ -740,13 +743,22 @@ def is_classification(loss_fn, y) -> bool:
     return False
 
 
-def count_correct(out, y):
-    """The correct predictions in a batch, as a tensor where ``out`` is
-    (read back by the caller, once)."""
-    if out.ndim > 1 and out.shape[-1] > 1 and not y.is_floating_point():
-        return (out.argmax(-1) == y).sum()
-    pred = (out.reshape(y.shape) > 0).to(y.dtype)  # binary: logits (BCEWithLogits)
-    return (pred == y).sum()
+def count_correct(out, y, loss_fn):
+    """(correct predictions, predictions scored) in a batch, as one tensor
+    where ``out`` is (read back by the caller, once). Cross-entropy / NLL:
+    the classes are dimension 1 (torch's convention), so targets (N, d...)
+    against outputs (N, C, d...) score every position; a position whose
+    target is the loss's ``ignore_index`` is not scored, as the loss skips
+    it. BCE: every target element (multi-label (N, k) too) is scored, the
+    output thresholded at 0.5 (BCELoss: probabilities) or 0
+    (BCEWithLogitsLoss: logits)."""
+    if isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
+        scored = y != loss_fn.ignore_index
+        hits = (out.argmax(1) == y) & scored
+        return torch.stack([hits.sum(), scored.sum()])
+    threshold = 0.5 if isinstance(loss_fn, torch.nn.BCELoss) else 0.0
+    pred = (out.reshape(y.shape) > threshold).to(y.dtype)
+    return torch.stack([(pred == y).sum(), torch.tensor(y.numel(), device=y.device)])
 
 
 def _tensors(problem) -> dict:
