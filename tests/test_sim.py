@@ -149,3 +149,12 @@ def test_hogwild_reads_are_inconsistent_in_the_sim():
     assert len(torn) == 400
     assert 0.2 < sum(torn) / len(torn) < 1.0  # many reads torn, not all
     assert np.isfinite(run.summary["final_loss"])
+
+
+@pytest.mark.parametrize("workers,steps,service_s,shards", [(8, 200, 1e-2, 1), (4, 400, 1e-3, 2)])
+def test_a_shard_is_never_busy_past_the_simulations_end(workers, steps, service_s, shards):
+    """A request's service is counted up to the simulation's end: a saturated
+    shard is busy at most 100% of the simulated time."""
+    summary = monsoon.train("linear", "async", workers, engine="sim", steps=steps,
+                            sim_service_s=service_s, shards=shards, seed=0).summary
+    assert 0.9 < summary["utilization"]["shards"] <= 1.0

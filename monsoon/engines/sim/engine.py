@@ -276,7 +276,7 @@ class SimEngine(Engine):
         result.extra = {
             "simulated_time_s": end, "real_time_s": time.perf_counter() - t_real,
             "utilization": {"workers": busy / (workers * end) if end > 0 else None,
-                            "shards": float(self.shard_busy.sum() / (self.S * end))
+                            "shards": float(self._shard_busy_by(end).sum() / (self.S * end))
                             if end > 0 else None},
             "delays": self.delays.describe(),
             **summarize([w.sender.stats() for w in self.workers],
@@ -286,6 +286,14 @@ class SimEngine(Engine):
         resumed = self.resumed.path if self.resumed is not None else None
         result.extra.update(run_folder_extra(self.keeper.last_path, resumed))
         return result
+
+    def _shard_busy_by(self, end: float) -> np.ndarray:
+        """Each shard's service seconds up to ``end``: a request's service is
+        counted when it arrives, so the part that runs past the simulation's
+        end is taken off. Every request counted arrived by ``end``, so one
+        served after it starts as the one before it ends: the shard is busy
+        from ``end`` to ``shard_free`` without a gap."""
+        return self.shard_busy - np.maximum(self.shard_free - end, 0.0)
 
     # -- the event loop ----------------------------------------------------------
     def _at(self, t: float, fn, *args) -> None:
@@ -596,7 +604,8 @@ class SimEngine(Engine):
         if ok:
             self.staleness[0] += 1
         self.total["updates" if ok else "dropped"] += 1
-        self.shard_busy += self.delays.service_s
+        self.shard_busy += self.delays.service_s  # every shard serves the step
+        self.shard_free = np.maximum(self.shard_free, self.now + self.delays.service_s)
         reply = self.nbytes
         if self.compression.active:
             # the step's update travels back as the encoded contributions it
