@@ -129,6 +129,28 @@ def test_user_given_stages_are_the_cuts():
     np.testing.assert_allclose(got.params, want, rtol=1e-9, atol=1e-12)
 
 
+def batchnorm_mlp():
+    """Two BatchNorm layers, one in each of two stages (layers 1 and 4: the
+    second stage's own layer 1), on inputs far from mean 0 and variance 1."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((64, 6)) * 3 + 5
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 8),
+                        nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
+    return TorchProblem(net, nn.MSELoss(), X, np.tanh(X[:, :1] - 5), dtype="float64")
+
+
+def test_sizing_and_timing_the_stages_leave_the_models_buffers_alone():
+    """The channels' dry forward (one example: eval mode) and --balance time's
+    timing forwards move no running statistic the stages start from."""
+    problem = batchnorm_mlp()
+    before = {k: v.clone() for k, v in problem.module.state_dict().items()}
+    boundary_bytes(problem, plan(problem, 2, "time", batch_size=32))
+    assert problem.module.training and problem.module[1].training
+    for k, v in problem.module.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
 # -- the sim's time model -------------------------------------------------------
 
 SIM = dict(engine="sim", steps=2, batch_size=64, seed=0, lr=0.05, evals=0)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from ...strategies.pipeline.stages import layers_of
+from ...strategies.pipeline.stages import layers_of, untouched
 from ...shared_memory import SharedArrays
 from ...monitor.waiting import wait_until
 
@@ -93,10 +93,13 @@ class Channel:
 
 def boundary_bytes(problem, specs) -> list[int]:
     """Bytes per example of the activation leaving each stage but the last
-    (a dry forward of one example, no gradients)."""
+    (a dry forward of one example, no gradients, in eval mode: BatchNorm
+    takes one example then, and its running statistics stay as they were)."""
     layers = layers_of(problem)
     out = []
-    with torch.no_grad():
+    with untouched(layers), torch.no_grad():
+        for layer in layers:
+            layer.eval()
         x = problem.X[:1]
         for spec in specs[:-1]:
             for layer in layers[spec.layers[0]:spec.layers[1]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,23 +114,42 @@ def balanced_cuts(costs, stages: int) -> list[int]:
     return cuts[::-1]
 
 
+@contextmanager
+def untouched(layers):
+    """``layers`` as they were once the block ends (a dry forward, a timing):
+    their buffers (a training-mode forward moves BatchNorm's running
+    statistics, which the stages copy as their start) and their modes."""
+    saved = [(b, b.detach().clone()) for layer in layers for b in layer.buffers()]
+    modes = [(m, m.training) for layer in layers for m in layer.modules()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+        for module, training in modes:
+            module.train(training)
+
+
 def measured_costs(layers, problem, batch_size: int) -> list[float]:
-    """Each layer's forward + backward seconds on one batch (best of 3)."""
+    """Each layer's forward + backward seconds on one batch (best of 3), in
+    its own mode, the model left untouched."""
     x = problem.X[:max(1, min(batch_size, problem.n_examples))]
     costs = []
-    for layer in layers:
-        best = inf = float("inf")
-        inp = x.detach().requires_grad_(x.is_floating_point())
-        for _ in range(3):
-            t0 = time.perf_counter()
-            out = layer(inp)
-            if out.requires_grad:
-                out.backward(torch.ones_like(out))
-            best = min(best, time.perf_counter() - t0)
-        layer.zero_grad(set_to_none=True)
-        costs.append(best if best < inf else 0.0)
-        with torch.no_grad():
-            x = layer(x)
+    with untouched(layers):
+        for layer in layers:
+            best = inf = float("inf")
+            inp = x.detach().requires_grad_(x.is_floating_point())
+            for _ in range(3):
+                t0 = time.perf_counter()
+                out = layer(inp)
+                if out.requires_grad:
+                    out.backward(torch.ones_like(out))
+                best = min(best, time.perf_counter() - t0)
+            layer.zero_grad(set_to_none=True)
+            costs.append(best if best < inf else 0.0)
+            with torch.no_grad():
+                x = layer(x)
     return costs
 
 
