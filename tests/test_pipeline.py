@@ -140,6 +140,26 @@ def batchnorm_mlp():
     return TorchProblem(net, nn.MSELoss(), X, np.tanh(X[:, :1] - 5), dtype="float64")
 
 
+@pytest.mark.parametrize("engine", ["local", "sim"])
+def test_the_stages_batchnorm_statistics_are_the_models(engine, tmp_path):
+    """Each stage's forwards train its layers' running statistics; the run's
+    model (result.model, model.pt, the final loss) carries replica 0's. With
+    one micro-batch a stage sees serial's batches, so they are serial's."""
+    opts = dict(steps=3, batch_size=32, dtype="float64", seed=0, lr=0.05, evals=0)
+    got = monsoon.train(batchnorm_mlp(), "pipeline", 2, engine=engine, micro_batches=1,
+                        out=tmp_path, **opts)
+    want = monsoon.train(batchnorm_mlp(), "serial", **opts)
+    assert [st["param_bytes"] for st in got.summary["stages"]] == [72 * 8, 97 * 8]
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    for layer in (1, 4):
+        bn, ref = got.model[layer], want.model[layer]
+        assert int(bn.num_batches_tracked) == 3
+        for name in ("running_mean", "running_var"):
+            np.testing.assert_allclose(getattr(bn, name), getattr(ref, name), rtol=1e-9)
+            assert torch.equal(saved[f"{layer}.{name}"], getattr(bn, name))
+    assert got.summary["final_loss"] == pytest.approx(want.summary["final_loss"], rel=1e-9)
+
+
 def test_sizing_and_timing_the_stages_leave_the_models_buffers_alone():
     """The channels' dry forward (one example: eval mode) and --balance time's
     timing forwards move no running statistic the stages start from."""

@@ -15,6 +15,8 @@ The monitor (the calling process) starts the workers, releases them
 together, and for the loss curve asks replica 0's stages to copy their
 parameters into a shared snapshot vector at the end of a step (each copies
 only its own slice); the snapshot is recorded once every stage has served.
+At the end replica 0's stages report their parameters and their layers'
+buffers (BatchNorm's running statistics, ``runner.finish``).
 
 SIGTERM or SIGINT (``lifecycle.StopSignals``): the monitor sets ``STOP``,
 a step no stage has begun, and every stage ends before it, so all stop
@@ -126,10 +128,12 @@ def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
                 raise Aborted()
         wall = time.perf_counter() - t0
         outbox.put(("done", rank, {"params": worker.params if lead else None,
+                                   "state": worker.buffers() if lead else None,
                                    "stats": worker.stats(wall)}))
-    except Aborted:  # its stats still count (the steps it dropped)
+    except Aborted:  # its stats (the steps it dropped) and buffers still count
         outbox.put(("aborted", rank, None if t0 is None else {
-            "params": None, "stats": worker.stats(time.perf_counter() - t0)}))
+            "params": None, "state": worker.buffers() if worker.replica == 0 else None,
+            "stats": worker.stats(time.perf_counter() - t0)}))
     except BaseException as exc:  # noqa: BLE001 - reported to the monitor
         shared["control"][ABORT] = 1
         outbox.put(failure(rank, exc))
@@ -241,8 +245,10 @@ def _monitor(engine, strategy, shared, pool, specs, w0, recorder, t_begin):
     reports = {r: payload for r, (kind, payload) in pool.reports.items()
                if kind in ("done", "aborted") and payload}  # aborted: the steps it dropped
     stats = [reports[r]["stats"] for r in sorted(reports)]
+    states = [reports[s]["state"] for s in range(len(specs)) if s in reports]
     return finish(EngineResult, strategy, params, startup, wall, int(counters[1]),
-                  int(counters[0]), stats, stopped, w0, interrupted=due.interrupted)
+                  int(counters[0]), stats, stopped, w0, interrupted=due.interrupted,
+                  states=states)
 
 
 def _watch(engine, strategy, pool, specs, shared, recorder, t0, due):

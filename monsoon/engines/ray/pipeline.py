@@ -10,7 +10,8 @@ the tasks one caller submits in submission order, waiting for their
 arguments, which is exactly the schedule. After a step's last op, each
 stage's gradient (``gather``) goes, as a reference, to every replica of
 that stage, which sums them in rank order and applies its rule
-(``apply``): replicas apply the same bits.
+(``apply``): replicas apply the same bits. At the end the driver takes
+replica 0's stages' parameters and buffers (BatchNorm's, ``runner.finish``).
 
 The driver keeps at most two steps in flight, and every wait has the
 engine's timeout. SIGTERM/SIGINT stop the run at the next step boundary
@@ -93,6 +94,9 @@ class StageActor:
 
     def params(self):
         return self.worker.params
+
+    def buffers(self):
+        return self.worker.buffers()
 
     def stats(self):
         wall = (self.last_at - self.first_at) if self.first_at and self.last_at else 0.0
@@ -197,7 +201,9 @@ def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, bud
     wall = time.perf_counter() - t0
     params = _params(ray, engine, actors, S)
     stats = _get(ray, [a.stats.remote() for a in actors], engine.timeout, "report")
+    states = _get(ray, [actors[s].buffers.remote() for s in range(S)], engine.timeout,
+                  "send buffers")
     result = finish(EngineResult, strategy, params, startup, wall, examples, steps, stats,
-                    stopped, w0)
+                    stopped, w0, states=states)
     result.interrupted = due.interrupted
     return result

@@ -37,6 +37,7 @@ rented.
 
 The summary has ``simulated_time_s``, ``real_time_s``, ``utilization`` and
 the delays, as for every strategy; SIGTERM/SIGINT stop it after the step.
+Replica 0's stages' buffers (BatchNorm's) end in the problem, for every row.
 """
 from __future__ import annotations
 
@@ -139,8 +140,13 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
              "utilization": {"workers": sum(busy) / (len(ws) * now) if now > 0 else None,
                              "shards": None},
              "delays": delays.describe()}
-    return finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, steps, stats,
-                  stopped, w0, extra=extra, interrupted=due.interrupted)
+    result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, steps, stats,
+                    stopped, w0, extra=extra, interrupted=due.interrupted,
+                    states=[ws[s].buffers() for s in range(S)])
+    # the trained buffers left in the problem, as the sim's other strategies
+    # leave them: every curve row is evaluated with them
+    problem.load_state(result.worker_states.get(0))
+    return result
 
 
 def _params(ws, S):

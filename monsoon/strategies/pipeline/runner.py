@@ -1,7 +1,9 @@
 """What every engine's pipeline runner shares: the per-worker payloads, the
 replicas' gradient sum (in rank order, so that every engine gives the same
 bits) and the summary of a finished run (bubble fraction, per-stage time
-and memory).
+and memory) and its model's buffers: replica 0's stages' (BatchNorm's
+running statistics, as sync keeps rank 0's), one set of the whole model's
+names made of theirs.
 
 Worker ``rank`` is stage ``rank % S`` of replica ``rank // S``. A payload
 holds only that stage's layers and parameters, the data that stage reads
@@ -96,12 +98,14 @@ def dropped_steps(stats: list[dict], steps: int) -> int:
 
 
 def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, stopped, w0,
-           extra=None, interrupted=None):
+           extra=None, interrupted=None, states=()):
     """The run's result from its ``steps`` (each one batch, run by every
     stage) and the stages' ``stats``. As on every engine, ``updates`` are the
     steps applied and ``dropped_updates`` those that were not: a step that
     any stage dropped counts as dropped. ``interrupted``: the stop signal
-    that ended the run, if one did."""
+    that ended the run, if one did. ``states``: replica 0's stages' buffers
+    (``StageWorker.buffers``; None or {} for a stage without any), the
+    model's as one worker's state (``api`` loads it into the model)."""
     stages = strategy.stages_used
     dropped = dropped_steps(stats, steps)
     updates = steps - dropped
@@ -112,5 +116,7 @@ def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, 
                "model_param_bytes": int(w0.nbytes), **(extra or {})}
     from collections import Counter
 
+    buffers = {name: array for state in states for name, array in (state or {}).items()}
     return result_cls(params, startup, wall, examples, updates, dropped, Counter(), [],
-                      stopped=stopped, interrupted=interrupted, extra=summary)
+                      stopped=stopped, interrupted=interrupted, extra=summary,
+                      worker_states={0: buffers} if buffers else {})

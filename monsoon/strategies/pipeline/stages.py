@@ -16,7 +16,10 @@ Invariants: every stage holds at least one layer; a stage's parameters are
 one contiguous range ``[lo, hi)`` of the problem's flat parameter vector
 (``TorchProblem`` flattens ``module.parameters()`` in layer order), so the
 flat vector is the concatenation of the stages' vectors; a parameter shared
-by two stages (tied weights) is refused.
+by two stages (tied weights) is refused. A stage's layer ``i`` is the
+model's layer ``layers[0] + i``, so its buffers (BatchNorm's running
+statistics) take the model's names by that offset (``stage_buffers``), and
+the stages' sets never share a name.
 """
 from __future__ import annotations
 
@@ -226,3 +229,13 @@ def stage_module(problem, spec: StageSpec, w: np.ndarray) -> nn.Sequential:
         p.data = torch.from_numpy(np.array(w[offset:offset + size], copy=True)).view(shape)
         offset += size
     return module
+
+
+def stage_buffers(spec: StageSpec, module: nn.Sequential) -> dict:
+    """A copy of stage ``spec``'s ``module``'s buffers, each named as in the
+    whole model (its layer ``i`` is the model's ``spec.layers[0] + i``)."""
+    out = {}
+    for name, buffer in module.named_buffers():
+        layer, _, rest = name.partition(".")
+        out[f"{spec.layers[0] + int(layer)}.{rest}"] = buffer.detach().cpu().numpy().copy()
+    return out

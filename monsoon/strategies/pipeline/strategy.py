@@ -50,6 +50,7 @@ class Pipeline(Strategy):
     shared_params = False
     needs_all_workers = True
     uses = ()   # its stages exchange activations, not the shared ops
+    buffers = "rank0"   # replica 0's stages' (``runner.finish``), as sync keeps rank 0's
 
     def needs(self, workers):
         return {STAGES}

@@ -37,6 +37,7 @@ import torch
 from ...rules import UpdateInfo
 from ..batches import part_bounds
 from .schedules import peak_activations, schedule
+from .stages import stage_buffers
 
 
 class StageWorker:
@@ -178,6 +179,11 @@ class StageWorker:
             else:
                 self._grad_flat[offset:offset + size].copy_(g.reshape(-1))
             offset += size
+
+    def buffers(self) -> dict:
+        """Its layers' buffers (BatchNorm's running statistics, trained by its
+        forwards), named as in the whole model ({}: none)."""
+        return stage_buffers(self.spec, self.module)
 
     def stats(self, wall_s: float) -> dict:
         out = {"stage": self.spec.index, "replica": self.replica, "busy_s": self.busy_s,
