@@ -114,15 +114,23 @@ def _resumable(resolved, w0, folder) -> str | None:
     return None if found is None else str(found.path)
 
 
-def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None) -> MonsoonError:
+def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
+            res=None) -> MonsoonError:
     """The error the user sees when an engine fails mid-run: one line naming
     the worker or node (where the engine said), the reason, the run folder
     (written, with status "failed") and how to carry on: from a checkpoint
-    that ``--resume`` with this command would take, if there is one."""
+    that ``--resume`` with this command would take, if there is one. ``res``:
+    the engine's result where the run ended and the evaluation after it
+    failed; the folder then also holds its counts and trained model."""
     run, engine = resolved.run, resolved.engine
     reason = _first_line(exc)
     if not isinstance(exc, MonsoonError):
-        reason = f"the {run['engine']} engine failed: {type(exc).__name__}: {reason}"
+        what = f"the {run['engine']} engine" if res is None else "evaluating the trained model"
+        reason = f"{what} failed: {type(exc).__name__}: {reason}"
+    lost = [] if res is None else res.failed_workers
+    if lost:  # the evaluation may fail for the failed workers' reason: both are told
+        reason += "; " + ", ".join(f"worker {f['worker']} had failed: {f['error']}"
+                                   for f in lost)
     checkpoint = None
     folder = getattr(engine, "checkpoint_dir", None)
     if folder and w0 is not None and _checkpoints.checkpoint_files(folder):
@@ -143,9 +151,16 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None) ->
                    "final_loss": None, "updates": rows[-1]["updates"] if rows else 0,
                    "checkpoint": checkpoint, "total_time_s": elapsed,
                    "monsoon_version": __version__}
+        if res is not None:
+            summary.update(updates=res.updates, examples=res.examples,
+                           wall_time_s=res.wall_time_s,
+                           failed_workers=[{"worker": f["worker"], "error": f["error"]}
+                                           for f in lost])
         try:
             write_run_folder(Path(out), {**resolved.config(), **engine.describe()}, summary,
                              rows)
+            if res is not None:
+                _save_trained(Path(out), resolved, res)
             where = f"run folder {out}"
         except Exception as write_error:  # noqa: BLE001
             where = f"the run folder {out} could not be written ({_first_line(write_error)})"
@@ -159,6 +174,29 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None) ->
         err = RunFailed(message)
     err.run_dir = Path(out) if out is not None else None
     return err
+
+
+def _save_trained(out: Path, resolved, res) -> None:
+    """The run's final parameters, with its workers' buffers combined per
+    the strategy's policy, in ``out`` (``save_model``)."""
+    problem = resolved.problem
+    if res.worker_states:
+        problem.load_state(combine_buffers(res.worker_states, resolved.strategy.buffers))
+    save_model(out, problem, res.params)
+
+
+def _or_failed(call, resolved, recorder, out, t_start: float, w0, res=None):
+    """``call()``; any failure but a refusal or a stop asked for ends as
+    ``_failed`` says: one line and a run folder."""
+    try:
+        return call()
+    except (ConfigError, Interrupted, TrainingDiverged, KeyboardInterrupt):
+        raise  # refused before any work, or stopped on purpose: said as it is
+    except Exception as exc:  # noqa: BLE001 - any failure: one line and a run folder
+        err = _failed(exc, resolved, recorder, out, time.perf_counter() - t_start, w0, res)
+        if err is exc:
+            raise
+        raise err from exc
 
 
 def _resume_hint(resolved, out, what: str = "", checkpoint: bool = True) -> str:
@@ -350,18 +388,15 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     run, rule, strat, budget, engine = (resolved.run, resolved.rule, resolved.strategy,
                                         resolved.budget, resolved.engine)
     t_start = time.perf_counter()
-    try:
+
+    def train():
         # engines that stop cleanly on SIGTERM/SIGINT say so (every built-in one)
         with StopSignals(engine.stops_on_signal):
-            res = engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
-                             run['seed'], budget, recorder)
-    except (ConfigError, Interrupted, TrainingDiverged, KeyboardInterrupt):
-        raise  # refused before any work, or stopped on purpose: said as it is
-    except Exception as exc:  # noqa: BLE001 - any engine failure: one line and a run folder
-        err = _failed(exc, resolved, recorder, out, time.perf_counter() - t_start, w0)
-        if err is exc:
-            raise
-        raise err from exc
+            return engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
+                              run['seed'], budget, recorder)
+
+    try:
+        res = _or_failed(train, resolved, recorder, out, t_start, w0)
     finally:
         recorder.close()
     if res.follower:  # the torch engine's rank 0 records the run
@@ -369,13 +404,19 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     interrupted = res.interrupted
     if reached_target(res.stopped) and recorder.target_params is not None:
         res.params = recorder.target_params  # what met the target, not pushes landed after
-    # The curve's snapshots are evaluated now, after the run, off its clock
-    # (with the buffers the monitor's model has); the final row with the
-    # trained buffers, combined per the strategy's policy.
-    recorder.settled_rows(final_updates=res.updates)
-    if res.worker_states:
-        problem.load_state(combine_buffers(res.worker_states, strat.buffers))
-    final = recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
+
+    def evaluate():
+        # The curve's snapshots are evaluated now, after the run, off its clock
+        # (with the buffers the monitor's model has); the final row with the
+        # trained buffers, combined per the strategy's policy.
+        recorder.settled_rows(final_updates=res.updates)
+        if res.worker_states:
+            problem.load_state(combine_buffers(res.worker_states, strat.buffers))
+        return recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
+
+    # a failure here (a worker's bad data, met again over the whole set) ends
+    # as an engine's does, the folder also holding what the run trained
+    final = _or_failed(evaluate, resolved, recorder, out, t_start, w0, res)
     final_loss = final["loss"]
     at_target = res.stopped if reached_target(res.stopped) else None
     at_tol = res.stopped if converged(res.stopped) else None

@@ -143,3 +143,32 @@ def test_a_rerun_into_its_own_folder_resumes_from_its_checkpoints(tmp_path):
     run = monsoon.train("exp", "serial", epochs=3, checkpoint_every=10, out=out,
                         resume=str(out), progress=False)
     assert run.summary["resumed_from"] == str(saved[-1])
+
+
+@pytest.mark.parametrize("strategy", ["async", "ssp", "easgd"])
+def test_a_failing_evaluation_after_the_run_gives_one_line_and_a_failed_run_folder(
+        strategy, tmp_path):
+    """A label out of range fails one worker; the others carry on, and the
+    curve's evaluation after the run meets it again over the whole set.
+    Before: a bare IndexError and a folder without summary.json. Now: one
+    line naming both, and the folder holds the run's counts and model."""
+    import torch
+
+    from monsoon.errors import RunFailed
+
+    torch.manual_seed(0)
+    X, y = torch.randn(400, 4), torch.randint(0, 3, (400,))
+    y[300] = 9
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    out = tmp_path / "run"
+    with pytest.raises(RunFailed) as caught:
+        monsoon.train(monsoon.TorchProblem(model, torch.nn.CrossEntropyLoss(), X, y),
+                      strategy, 2, epochs=3, backend="threads", out=out, progress=False)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(
+        "evaluating the trained model failed: IndexError: Target 9 is out of bounds.")
+    assert "had failed: IndexError" in line and line.endswith(f"(run folder {out})")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["updates"] > 0
+    assert len(summary["failed_workers"]) == 1
+    assert (out / "model.pt").is_file() and (out / "metrics.csv").is_file()
