@@ -353,14 +353,32 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     # before the run folder is touched
     strat.preflight(instance, processes, run["batch_size"])
     engine.preflight(instance, strat, processes, run["batch_size"])
+    budget = Budget(epochs=run["epochs"], steps=run["steps"])
+    _check_beta(engine, instance, server_rule, strat, budget, given, shared)
     device = _devices.choose(run["device"], instance, strat, engine, processes, rule=server_rule)
     if run["precision"] != "32":
         _devices.check_precision(run["precision"], instance)
-    resolved = Resolved(run, values, instance, server_rule, strat, engine,
-                        Budget(epochs=run["epochs"], steps=run["steps"]), processes,
+    resolved = Resolved(run, values, instance, server_rule, strat, engine, budget, processes,
                         _devices.plan(device, engine, processes))
     engine.settings = trajectory(resolved.config())  # what its checkpoints' identity holds
     return resolved
+
+
+def _check_beta(engine, problem, rule, strategy, budget, given, shared) -> None:
+    """``--beta`` scales the step size of the compiled per-example loop
+    each epoch, and nothing else: given where the engine does not run that
+    loop (``uses_kernel``: the local engine's condition), it would be
+    recorded and have no effect, so it is refused, as ``--shards`` without
+    a server to split is (its default is not, nor a value ``compare`` gives
+    every strategy)."""
+    if "hogwild_beta" not in set(given) - set(shared):
+        return
+    uses_kernel = getattr(engine, "uses_kernel", None)
+    if uses_kernel is None or not uses_kernel(problem, rule, strategy, budget, frozenset(given)):
+        raise ConfigError("--beta scales the step size per epoch of the compiled per-example "
+                          "loop, which this run does not use (it needs the local engine, a "
+                          "sparse problem, plain sgd at one rate, an --epochs budget and no "
+                          "--batch-size): drop --beta")
 
 
 __all__ = ["RUN_OPTIONS", "Resolved", "resolve", "refuse_untaken", "for_strategy",

@@ -145,6 +145,7 @@ def test_the_default_micro_batches_are_cut_to_the_batch_and_reported(tmp_path):
      ["--outer-momentum", "add --diloco"]),
     (["--strategy", "sync", "--workers", "2", "--shards", "3"], ["drop --shards"]),
     (["--strategy", "serial", "--shards", "4"], ["drop --shards"]),
+    (["--strategy", "serial", "--beta", "0.1"], ["--beta", "drop --beta"]),
     (["--strategy", "async", "--workers", "2", "--shards", "100000"],
      ["--shards 100000", "use --shards 49 or fewer"]),
     (["--workers", "0"], ["--workers"]),
@@ -157,6 +158,25 @@ def test_an_option_that_would_do_nothing_is_refused(tmp_path, args, words):
     refused(cli("train", "--problem", "exp", *args, "--epochs", "1", "--out", str(out)),
             *words)
     assert not out.exists()
+
+
+SPARSE = "rcv1-like:rows=200,features=50,nnz=5"
+
+
+@pytest.mark.parametrize("problem,options", [
+    ("exp", {"epochs": 1}), (SPARSE, {"steps": 4}), (SPARSE, {"epochs": 1, "batch_size": 8}),
+    (SPARSE, {"epochs": 1, "rule": "adagrad"}), (SPARSE, {"epochs": 1, "engine": "sim"})])
+def test_beta_is_refused_where_the_compiled_loop_does_not_run(problem, options):
+    """--beta scales only the compiled per-example loop's steps: a dense
+    problem, a --steps budget, --batch-size, another rule or another engine
+    ran with it recorded in the summary and without effect."""
+    from monsoon.api import check
+    from monsoon.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drop --beta$"):
+        check(problem, "hogwild", 2, hogwild_beta=0.5, **options)
+    check(problem, "hogwild", 2, **options)  # its default is no refusal
+    check(SPARSE, "hogwild", 2, hogwild_beta=0.5, epochs=1)
 
 
 def test_compare_passes_shards_to_the_strategies_that_have_a_server(tmp_path):

@@ -14,7 +14,8 @@ converges at small step sizes but gains less (the theory's rho and Delta).
 On problems with a compiled per-example loop (sparse linear models), each
 worker runs its whole slice of an epoch in one call (``SGDPass``), and the
 step size is multiplied by ``beta`` (0.9) after every epoch, as in the
-paper's experiments. The epoch's order there is a random order of blocks of
+paper's experiments; a ``--beta`` given where that loop does not run is
+refused (``config``). The epoch's order there is a random order of blocks of
 512 consecutive rows (``block_permutation``) of data the problem shuffled
 once, so memory is read sequentially.
 
@@ -27,8 +28,9 @@ from .batches import (block_permutation, lookahead, part_bounds, skip, slice_bat
 from .ops import Apply, Gradient, SGDPass
 
 
-BETA = Option("hogwild_beta", float, 0.9, "on problems with a compiled loop (sparse): step "
-              "size factor per epoch", flag="--beta", label="beta", check=in_range(0, 1, low_open=True))
+BETA = Option("hogwild_beta", float, 0.9, "the compiled per-example loop's step size factor "
+              "per epoch (sparse problems; refused where that loop does not run)",
+              flag="--beta", label="beta", check=in_range(0, 1, low_open=True))
 
 
 class Hogwild(Strategy):
