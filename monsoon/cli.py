@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from . import __version__
@@ -68,8 +69,10 @@ def _common(p: argparse.ArgumentParser, problem: str, workers: int) -> None:
     names = registries()
     problems = ", ".join(spec.usage() for spec in names["problem"].all().values())
     p.add_argument("--problem", default=problem, help=f"one of: {problems} (default {problem})")
-    p.add_argument("--workers", type=int, default=workers,
-                   help=f"number of workers (default {workers}; serial always runs 1)")
+    # None where not given: a single-worker strategy refuses only a count asked for
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"number of workers (default {workers}; serial runs 1, and refuses more)")
+    p.set_defaults(default_workers=workers)
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--epochs", type=int, default=argparse.SUPPRESS,
                         help="passes over the training set (default: the problem's)")
@@ -126,11 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _given(args) -> dict:
-    skip = {"command", "problem", "strategy", "strategies", "workers", "out", "quiet"}
+    skip = {"command", "problem", "strategy", "strategies", "workers", "default_workers", "out",
+            "quiet"}
     options = {k: v for k, v in vars(args).items() if k not in skip}
     if args.quiet:
         options["progress"] = False
     return options
+
+
+def _workers(args) -> int:
+    """The --workers given, else the command's default, checked (--workers 0)."""
+    return RUN["workers"].value(args.default_workers if args.workers is None else args.workers)
+
+
+def _folder(problem: str) -> str:
+    """The problem's part of a default run folder's name: one folder, also
+    for a problem naming a file (``libsvm:data/d.svm``: ``libsvm_data_d.svm``),
+    every run of separators (':', '/', '\\') one '_'."""
+    return re.sub(r"[:/\\]+", "_", problem)
 
 
 def _train(args) -> None:
@@ -141,9 +157,10 @@ def _train(args) -> None:
     if args.command == "simulate":
         options["engine"], prefix = "sim", "runs/sim-"
     single = registries()["strategy"].get(args.strategy).single_worker
-    RUN["workers"].value(args.workers)  # checked even where serial runs one (--workers 0)
-    out = args.out or f"{prefix}{args.problem.replace(':', '_')}-{args.strategy}"
-    result = train(args.problem, args.strategy, 1 if single else args.workers, out=out, **options)
+    workers = _workers(args)  # serial's default is 1; a count given is train's to refuse
+    out = args.out or f"{prefix}{_folder(args.problem)}-{args.strategy}"
+    result = train(args.problem, args.strategy, 1 if single and args.workers is None else workers,
+                   out=out, **options)
     s = result.summary
     if s.get("follower"):  # a torch engine rank other than 0: rank 0 reports
         return
@@ -166,8 +183,8 @@ def _train(args) -> None:
 def _compare(args) -> None:
     from .compare import compare
 
-    out = args.out or f"runs/compare-{args.problem.replace(':', '_')}"
-    comparison = compare(args.problem, args.strategies, args.workers, out=out, **_given(args))
+    out = args.out or f"runs/compare-{_folder(args.problem)}"
+    comparison = compare(args.problem, args.strategies, _workers(args), out=out, **_given(args))
     print((comparison.out / "report.md").read_text())
     print(f"report: {comparison.out / 'report.md'}  plot: {comparison.out / 'comparison.png'}")
 

@@ -211,6 +211,9 @@ def test_cli_train_writes_run_folder(tmp_path):
     (["--problem", "parabola", "--strategy", "async", "--workers", "51"],
      "51 workers but only 50 training examples"),
     (["--engine", "nope"], "unknown engine 'nope'"),
+    # as monsoon.train refuses it (it ran 1 worker, silently); not given, serial runs 1
+    (["--strategy", "serial", "--workers", "3"],
+     "serial runs exactly 1 worker, not 3; drop --workers or pick another strategy"),
 ])
 def test_cli_refuses_bad_input_in_one_line(tmp_path, args, message):
     proc = run_cli("train", *args, "--out", str(tmp_path / "x"))
@@ -219,6 +222,23 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path, args, message):
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()  # refused before any work started
+
+
+@pytest.mark.parametrize("where", ["dd/d.svm", "{tmp}/dd/d.svm"])
+def test_a_problem_naming_a_file_gets_one_default_run_folder(tmp_path, monkeypatch, where):
+    """It was runs/libsvm_dd/d.svm-serial, and for an absolute path
+    runs/libsvm_/tmp/.../d.svm-serial: folders nested along the path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dd").mkdir()
+    (tmp_path / "dd" / "d.svm").write_text("".join(f"{1 - 2 * (i % 2):+d} {i % 5 + 1}:0.5\n"
+                                                   for i in range(20)))
+    proc = run_cli("train", "--problem", "libsvm:" + where.format(tmp=tmp_path), "--epochs", "1",
+                   "--evals", "2", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert (folder / "summary.json").is_file() and folder.name.endswith("dd_d.svm-serial")
+    if not where.startswith("{"):
+        assert folder.name == "libsvm_dd_d.svm-serial"
 
 
 def test_api_refuses_unknown_options():
