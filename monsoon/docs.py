@@ -23,7 +23,12 @@ def _cell(text: str) -> str:
 
 
 def _flag(option: Option) -> str:
-    return f"`{option.cli}`" if option.type is bool else f"`{option.cli} {option.metavar}`"
+    """The flag, and ``monsoon.train``'s keyword where it is not the flag's
+    name in lower case (``--beta``: ``hogwild_beta=``)."""
+    flag = f"`{option.cli}`" if option.type is bool else f"`{option.cli} {option.metavar}`"
+    if option.cli != "--" + option.name.replace("_", "-"):
+        flag += f" (`{option.name}=`)"
+    return flag
 
 
 def _meaning(option: Option) -> str:
@@ -49,7 +54,7 @@ def option_tables() -> str:
         if option.name == "workers":
             default = "2 (`monsoon.train`: 1)"
         lines.append(f"| {_flag(option)} | {default} | {meaning} |")
-    lines.append("| `--quiet` | off | no progress bar |")
+    lines.append("| `--quiet` (`progress=False`) | off | no progress bar |")
     for kind, registry in names.items():
         components = registry.all()
         rows = []
