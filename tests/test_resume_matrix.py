@@ -185,9 +185,10 @@ def test_a_resumed_run_meets_its_budget_and_does_no_batch_twice(tmp_path, strate
     assert resumed.summary["final_loss"] < 1.5 * first.summary["final_loss"] + 0.01
 
 
-def _torch_problem(folder=None, batchnorm=False):
+def _torch_problem(folder=None, batchnorm=False, dropout=False, rows=64):
     """A small TorchProblem: a lazy Dataset of .npy files (``folder``), or
-    in memory; with a BatchNorm layer, whose buffers are trained state."""
+    ``rows`` in memory; with a BatchNorm layer, whose buffers are trained
+    state; with Dropout, which draws random masks."""
     import torch
     from torch import nn
 
@@ -195,14 +196,14 @@ def _torch_problem(folder=None, batchnorm=False):
 
     torch.manual_seed(5)
     net = nn.Sequential(nn.Linear(6, 8), *([nn.BatchNorm1d(8)] if batchnorm else []), nn.Tanh(),
-                        nn.Linear(8, 1))
+                        *([nn.Dropout(0.5)] if dropout else []), nn.Linear(8, 1))
     if folder is not None:
         from lazy_dataset import NpyFolder, Standardise
 
         return TorchProblem.from_dataset(NpyFolder(folder, Standardise(0.5)), net, nn.MSELoss(),
                                          dtype="float64")
     g = torch.Generator().manual_seed(3)
-    X = torch.randn(64, 6, generator=g, dtype=torch.float64)
+    X = torch.randn(rows, 6, generator=g, dtype=torch.float64)
     return TorchProblem(net.double(), nn.MSELoss(), X, X[:, :1].sin(), dtype="float64")
 
 
@@ -244,6 +245,53 @@ def test_batchnorm_buffers_survive_the_resume(tmp_path, engine, strategy, worker
     for name in before:
         assert np.array_equal(after[name], before[name]), name
     assert resumed.summary["final_loss"] == whole.summary["final_loss"]  # eval mode: the buffers
+
+
+def test_a_dropout_model_resumes_bit_identical(tmp_path):
+    """Dropout draws a mask at every gradient: a worker seeds torch's
+    generator before each from (seed, rank, its gradients so far), so the
+    resumed run draws the masks the uninterrupted one drew after its
+    checkpoint (a generator seeded once would replay the first ones)."""
+    opts = dict(lr=0.2, steps=12, batch_size=16, seed=0, evals=0, progress=False)
+    whole = monsoon.train(_torch_problem(dropout=True), "serial", out=tmp_path / "a",
+                          checkpoint_every=4, **opts)
+    assert checkpoints.read(cut_after(tmp_path / "a", 1)[0]).meta["positions"][0] < 12
+    resumed = monsoon.train(_torch_problem(dropout=True), "serial", resume=str(tmp_path / "a"),
+                            **opts)
+    assert np.array_equal(resumed.params, whole.params)
+
+
+def test_a_resumed_sync_worker_draws_the_uninterrupted_workers_masks():
+    """Worker 1 of 2 on 65 rows in batches of 16 has an empty part of each
+    epoch's last batch (1 row), and computes no gradient there: resumed
+    after 6 steps (one such batch), it is seeded by the gradients its
+    program computed (``Strategy.gradients_before``: 5), and its next
+    gradient, Dropout mask and all, is the uninterrupted worker's."""
+    from monsoon.strategies.base import WorkerJob
+    from monsoon.strategies.batches import Budget
+    from monsoon.strategies.ops import AllReduce, Gradient
+    from monsoon.strategies.sync import Sync
+
+    problem, strategy = _torch_problem(dropout=True, rows=65), Sync()
+    w = problem.initial_params(0)
+
+    def first_gradient_after(start_step):
+        job = WorkerJob(1, 2, 65, 16, 0, Budget(steps=14), start_step=start_step)
+        worker = problem.for_worker(1, 2)
+        worker.seed_rng(0, 1, strategy.gradients_before(job))
+        program, result, steps = strategy.program(job), None, start_step
+        while True:
+            op = program.send(result)
+            if type(op) is AllReduce:
+                steps, result = steps + 1, 0
+            elif type(op) is Gradient:
+                result = worker.gradient(w, op.indices)
+                if steps == 6:
+                    return np.array(result[1], copy=True)
+
+    assert strategy.gradients_before(WorkerJob(1, 2, 65, 16, 0, Budget(steps=14),
+                                               start_step=6)) == 5
+    assert np.array_equal(first_gradient_after(6), first_gradient_after(0))
 
 
 @pytest.mark.parametrize("strategy", ["sync", "async"])

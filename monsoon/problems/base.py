@@ -28,7 +28,8 @@ default, so that engines and the recorder read them instead of probing:
 - Attributes that are None where a problem lacks the capability (a problem
   defines them as methods or values): ``prefetch`` (start loading a
   worker's next batch), ``seed_rng`` (seed the problem's random draws for a
-  worker: an engine forks torch's generator only for it), ``sgd_pass`` (a
+  worker, from its gradients done: an engine forks torch's generator only
+  for it), ``sgd_pass`` (a
   compiled per-example SGD loop, ``sgd_pass(w, order, lr) -> mean loss``),
   ``evaluate_many`` (``evaluate`` at many points in one pass over the data),
   ``constant_loss`` (the best constant predictor's loss),

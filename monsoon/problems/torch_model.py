@@ -19,7 +19,9 @@ asks for another; ``precision="bf16"`` runs forward and loss under
 ``bf16-mixed``). Buffers (BatchNorm's statistics) are trained state:
 ``state()`` / ``load_state()`` carry them to the caller, which combines the
 workers' by the strategy's rule (``buffers.py``). Everything reported
-(``loss``, ``evaluate``) runs in eval mode under no_grad.
+(``loss``, ``evaluate``) runs in eval mode under no_grad. A worker's random
+draws (Dropout) are seeded before each forward pass from (seed, rank, its
+passes so far: ``seed_rng``), so a resumed run draws an uninterrupted one's.
 
 Data reaches worker processes through shared memory (``shared_data()``:
 one block, mapped by every process), not a pickled copy per worker.
@@ -62,6 +64,7 @@ class TorchModel(Problem):
     worker_devices = None   # the run's device map (``devices.assign``)
     _target = None          # where it moves at its first computation
     precision = "32"        # or "bf16": autocast with float32 master weights
+    _rng = None             # (a worker's seed, its forward passes so far): ``seed_rng``
     # The parameters are torch tensors even on the CPU (``array_device``):
     # the tests run the device path this way on machines without a GPU.
     resident = False
@@ -437,6 +440,8 @@ class TorchModel(Problem):
                 p.grad = None
         if not self.module.training:  # evaluation restores the mode it found
             self.module.train()
+        if self._rng is not None:
+            self._reseed()
         xb, yb = self._rows(indices)
         with self._autocast():
             loss = self.loss_fn(self.module(xb), yb)
@@ -634,10 +639,33 @@ class TorchModel(Problem):
         finally:
             self._share_pickles = False
 
-    def seed_rng(self, seed: int, rank: int) -> None:
-        """Seed torch's generator for worker ``rank`` of a run seeded with
-        ``seed``: a seeded run draws the same Dropout masks every time."""
-        torch.manual_seed((seed * 1_000_003 + rank) % (1 << 63))
+    def seed_rng(self, seed: int | None, rank: int, done: int = 0) -> None:
+        """From now on, seed torch's generator before each forward pass of
+        this copy, worker ``rank``'s of a run seeded with ``seed``, from
+        (seed, rank, the passes it made: ``done`` before this attempt, a
+        resumed worker's position): a seeded run draws the same Dropout
+        masks every time, and a resumed one those the uninterrupted run drew
+        from there on, with no generator state in its checkpoint. Each pass
+        seeds the generator of the device it computes on alone
+        (``torch.manual_seed`` visits every backend, far slower).
+        ``seed`` None: draws come as they are again (after an inline run)."""
+        self._rng = None if seed is None else ((seed * 1_000_003 + rank) % (1 << 31), done)
+
+    def _reseed(self) -> None:
+        """Before a forward pass: seed the generators it may draw from (the
+        CPU's, and on a GPU that GPU's; another device: every backend's)."""
+        base, done = self._rng
+        self._rng = (base, done + 1)
+        seed = (base << 32) + done % (1 << 32)
+        torch.default_generator.manual_seed(seed)
+        if self.device == "cpu":
+            return
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            torch.manual_seed(seed)
+            return
+        index = torch.cuda.current_device() if device.index is None else device.index
+        torch.cuda.default_generators[index].manual_seed(seed)
 
     def unlink_shared(self) -> None:
         """Every worker has mapped the shared data: remove its file now, so

@@ -137,6 +137,18 @@ class Strategy:
             return n_examples
         return n_examples // workers
 
+    def gradients_before(self, job: WorkerJob) -> int:
+        """The gradients worker ``job.rank``'s program computed in the
+        ``job.start_step`` batches before it (a resumed worker's; a problem
+        seeds its random draws by them, ``seed_rng``): one a batch, but for
+        those of a global plan where its part was empty, in an epoch's last
+        batch with fewer examples than workers."""
+        steps, rows, size = job.start_step, job.n_examples, job.batch_size
+        tail = rows - (-(-rows // size) - 1) * size  # an epoch's last batch
+        if self.draws != GLOBAL or job.rank < tail:
+            return steps
+        return steps - steps // -(-rows // size)  # one empty part an epoch done
+
     def validate(self, workers: int, batch_size: int, n_examples: int) -> None:
         if workers > n_examples:
             raise ConfigError(f"{workers} workers but only {n_examples} training examples; "

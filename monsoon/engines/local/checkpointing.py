@@ -6,9 +6,9 @@ Two kinds of checkpoint, by strategy:
 - exact (``serial``; ``sync`` and the other strategies whose workers share
   the parameters and meet at every step): taken at a step boundary, so the
   parameters and the rule state are those after exactly ``step`` steps, and
-  a resumed run skips those steps' batches and ends bit-identical to an
-  uninterrupted one (the data order is a pure function of the seed and the
-  step, see ``strategies/batches.py``; no other random state is drawn).
+  a resumed run skips those steps' batches and ends bit-identical (the data
+  order is a pure function of the seed and the step, ``batches.py``; a
+  model's draws, Dropout's, of the seed, rank and gradients done: ``seed_rng``).
 - snapshot (``async``, ``hogwild``, ``local-sgd``, ``easgd``): the shared
   parameters and rule state as the monitor reads them while workers run (a
   racy read), each worker's position from the examples it has done, and the

@@ -161,17 +161,22 @@ def _worker_body(messages, setup: WorkerSetup) -> None:
 
 
 @contextlib.contextmanager
-def _seeded_rng(problem, seed: int, rank: int):
-    """Seed the problem's random draws (Dropout) for worker ``rank``, in the
-    caller's process: the caller's generator state comes back after."""
+def _seeded_rng(problem, seed: int, rank: int, done: int):
+    """Seed the problem's random draws (Dropout) for worker ``rank``, which
+    made ``done`` gradients before (resumed), in the caller's process: the
+    caller's generator state comes back after, and the problem draws as it
+    did before."""
     if problem.seed_rng is None:
         yield
         return
     import torch
 
     with torch.random.fork_rng(devices=[]):
-        problem.seed_rng(seed, rank)
-        yield
+        problem.seed_rng(seed, rank, done)
+        try:
+            yield
+        finally:
+            problem.seed_rng(None, rank)
 
 
 def _process_main(reader, outbox, locks, sync_lock) -> None:
@@ -180,7 +185,8 @@ def _process_main(reader, outbox, locks, sync_lock) -> None:
     setup.store.attach_locks(locks, sync_lock)
     limit_threads(setup.torch_threads)
     if setup.problem.seed_rng is not None:  # this process is the worker's own
-        setup.problem.seed_rng(setup.job.seed, setup.rank)
+        setup.problem.seed_rng(setup.job.seed, setup.rank,
+                               setup.strategy.gradients_before(setup.job))
     _worker_body(outbox, setup)
 
 
@@ -494,7 +500,7 @@ class LocalEngine(Engine):
         watch.totals = lambda: tally().totals()
         stopped = interrupted = None
         try:
-            with _seeded_rng(problem, seed, 0):
+            with _seeded_rng(problem, seed, 0, strategy.gradients_before(job)):
                 runtime.run(compressing(strategy.program(job), sender, arrays.nbytes(store.params)),
                             watch)
         except Stopped:

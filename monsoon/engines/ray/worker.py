@@ -66,7 +66,7 @@ class RemoteWorker(Worker):
         # the worker's own copy has writable buffers. Its data is loaded once.
         super().__init__(rank, copy.deepcopy(problem), strategy, np.array(w0, copy=True))
         if self.problem.seed_rng is not None:  # the actor's process is this worker's own
-            self.problem.seed_rng(job.seed, rank)
+            self.problem.seed_rng(job.seed, rank, strategy.gradients_before(job))
         self.job = job
         self.shards = shards
         self.bounds = bounds

@@ -605,10 +605,10 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         w = start.params
         comm.broadcast_array(w)  # every rank starts from rank 0's parameters, as DDP does
         rank = comm.rank
-        if problem.seed_rng is not None:
-            problem.seed_rng(seed, rank)
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                         start_step=start.step if checkpoints.exact_checkpoints(strategy) else 0)
+        if problem.seed_rng is not None:
+            problem.seed_rng(seed, rank, strategy.gradients_before(job))
         compressed = engine.compression.active
         if not compressed and uses_shm(engine.reduce_via, comm.backend, env):
             shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
