@@ -34,6 +34,9 @@ class WorkerJob:
     start_step: int = 0   # steps already done (a resumed run skips their batches)
     members: tuple | None = None  # elastic sync: the ranks sharing each batch (None: all)
     kernel: bool = False  # the problem has a compiled per-example SGD loop the engine can run
+    # a resumed run: the synchronous steps (local SGD's averages) its checkpoint applied,
+    # updates and dropped ones (None: not told)
+    synced: int | None = None
 
 
 @dataclass(frozen=True)

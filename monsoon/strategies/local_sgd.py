@@ -12,6 +12,10 @@ examples behind it, and the server applies its outer rule to the mean drift:
   mean drift as a gradient. The paper's claim: 8 workers match fully
   synchronous training while communicating 500x less.
 
+Rounds are counted on the global plan: a round ends after every
+``local_steps``-th batch. A worker resumed at a round's end whose average
+its checkpoint lacks (stopped between the two) makes that average first.
+
 Workers wait once per round, not once per step. Invariant (a test): with
 H = 1 and the outer sgd at lr 1, local SGD equals ``sync`` (float64, up to
 rounding: theta - (theta - lr g) is lr g to the last bit or two).
@@ -69,6 +73,8 @@ class LocalSGD(Strategy):
                        job.start_step)
         batch = next(batches, None)
         steps, examples = job.start_step, 0
+        if job.synced is not None and job.synced < steps // self.local_steps:
+            yield Average(self.round_examples(job))  # the round's average, still to make
         while batch is not None:
             mine = split(batch, job.workers, job.rank)
             if len(mine):
@@ -81,6 +87,14 @@ class LocalSGD(Strategy):
             if steps % self.local_steps == 0 or batch is None:
                 yield Average(examples)  # no backups here: never late
                 examples = 0
+
+    def round_examples(self, job: WorkerJob) -> int:
+        """The examples of worker ``job.rank``'s part of the round that ends
+        at ``job.start_step``: its Average's weight."""
+        plan = skip(global_batches(job.n_examples, job.batch_size, job.seed, job.budget),
+                    job.start_step - self.local_steps)
+        return sum(len(split(next(plan), job.workers, job.rank))
+                   for _ in range(self.local_steps))
 
     def validate(self, workers, batch_size, n_examples):
         super().validate(workers, batch_size, n_examples)

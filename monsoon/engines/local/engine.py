@@ -547,7 +547,8 @@ class LocalEngine(Engine):
             sharing.enter_context(problem.shared_data())
         for rank in range(workers):
             job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
-                            start_step=resume.positions[rank], kernel=self.kernel)
+                            start_step=resume.positions[rank], kernel=self.kernel,
+                            synced=resume.updates + resume.dropped)
             setup = WorkerSetup(rank, workers, store, problem.for_worker(rank, workers),
                                 rule if ctx is not None else copy.deepcopy(rule),
                                 strategy, job, self.timeout, start_timeout,
