@@ -2,7 +2,7 @@
 as a user gets it: the CLI with its defaults (loss curve on, progress off as
 in a pipe), the issue's command line:
 
-    monsoon train --problem exp --strategy serial|sync --workers 2 --lr 0.01 --steps 3000 --seed 0
+    monsoon train --problem exp --strategy serial|sync [--workers 2] --lr 0.01 --steps 3000 --seed 0
 
 Seed 001 found its data-parallel version "roughly twice as slow" as one CPU.
 Target: monsoon's ratio <= 1.1 (median of interleaved pairs). Start-up

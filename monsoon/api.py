@@ -159,11 +159,12 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
         try:
             write_run_folder(Path(out), {**resolved.config(), **engine.describe()}, summary,
                              rows)
-            if res is not None:
-                _save_trained(Path(out), resolved, res)
             where = f"run folder {out}"
         except Exception as write_error:  # noqa: BLE001
             where = f"the run folder {out} could not be written ({_first_line(write_error)})"
+        else:
+            if res is not None:
+                where += _save_trained(Path(out), resolved, res)
     hint = (_resume_hint(resolved, out, f"from {Path(checkpoint).name}")
             if checkpoint and out is not None else "")
     message = f"{reason} ({where}){hint}"
@@ -176,13 +177,27 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
     return err
 
 
-def _save_trained(out: Path, resolved, res) -> None:
+def _save_trained(out: Path, resolved, res) -> str:
     """The run's final parameters, with its workers' buffers combined per
-    the strategy's policy, in ``out`` (``save_model``)."""
+    the strategy's policy, in ``out`` (``save_model``); what to add to the
+    line where part of it could not be saved ("": all of it was). Buffers
+    that cannot be loaded (what may have failed the evaluation) leave the
+    parameters saved without them."""
     problem = resolved.problem
+    missing = ""
     if res.worker_states:
-        problem.load_state(combine_buffers(res.worker_states, resolved.strategy.buffers))
-    save_model(out, problem, res.params)
+        before = problem.state()
+        try:
+            problem.load_state(combine_buffers(res.worker_states, resolved.strategy.buffers))
+        except Exception as exc:  # noqa: BLE001 - the parameters are saved all the same
+            if before:
+                problem.load_state(before)  # not half of them
+            missing = f"; its model saved without the workers' buffers ({_first_line(exc)})"
+    try:
+        save_model(out, problem, res.params)
+    except Exception as exc:  # noqa: BLE001
+        return f"; its trained model could not be saved ({_first_line(exc)})"
+    return missing
 
 
 def _or_failed(call, resolved, recorder, out, t_start: float, w0, res=None):

@@ -13,6 +13,7 @@ divergence, a timeout) prints one line and exits with status 1.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -143,10 +144,16 @@ def _workers(args) -> int:
 
 
 def _folder(problem: str) -> str:
-    """The problem's part of a default run folder's name: one folder, also
-    for a problem naming a file (``libsvm:data/d.svm``: ``libsvm_data_d.svm``),
-    every run of separators (':', '/', '\\') one '_'."""
-    return re.sub(r"[:/\\]+", "_", problem)
+    """The problem's part of a default run folder's name, one folder: ':'
+    becomes '_'; a problem naming a file by a path is its kind, the file's
+    name and a short hash of the whole spec (``libsvm:data/d.svm``:
+    ``libsvm_d.svm-`` and 6 hex digits), so two files never share a folder."""
+    kind, _, rest = problem.partition(":")
+    parts = [p for p in re.split(r"[/\\]", rest) if p]
+    if len(parts) < 2 and not re.search(r"[/\\]", rest):
+        return problem.replace(":", "_")
+    digest = hashlib.sha1(problem.encode()).hexdigest()[:6]
+    return f"{kind}_{parts[-1] if parts else 'data'}-{digest}"
 
 
 def _train(args) -> None:

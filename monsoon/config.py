@@ -32,7 +32,7 @@ DTYPES = ("float32", "float64")
 RUN_OPTIONS = (
     Option("problem", str, "exp", "a named problem, or NAME:ARGUMENT"),
     Option("strategy", str, "serial", "how workers cooperate"),
-    Option("workers", int, 1, "number of workers (serial always runs 1)", check=at_least(1)),
+    Option("workers", int, 1, "number of workers (serial runs exactly 1)", check=at_least(1)),
     Option("engine", str, "local", "where the workers run"),
     Option("rule", str, "sgd", "the update rule"),
     Option("lr", float, None, "learning rate (default: the problem's)", check=positive,

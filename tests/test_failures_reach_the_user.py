@@ -10,6 +10,7 @@ a child process, into a rank's gradient.
 import json
 import re
 
+import numpy as np
 import pytest
 
 import monsoon
@@ -172,3 +173,27 @@ def test_a_failing_evaluation_after_the_run_gives_one_line_and_a_failed_run_fold
     assert summary["status"] == "failed" and summary["updates"] > 0
     assert len(summary["failed_workers"]) == 1
     assert (out / "model.pt").is_file() and (out / "metrics.csv").is_file()
+
+
+def test_buffers_that_cannot_be_loaded_leave_the_parameters_saved(tmp_path):
+    """The evaluation failed on the workers' buffers: the failed run's folder
+    still gets the trained parameters (without those buffers, unchanged),
+    and the line says what was left out."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from monsoon import api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    problem = monsoon.TorchProblem(model, torch.nn.MSELoss(), torch.randn(32, 4),
+                                   torch.randn(32, 3))
+    params = problem.initial_params(0) + 1.0
+    res = SimpleNamespace(params=params, worker_states=[{"9.running_mean": np.ones(3)}])
+    resolved = SimpleNamespace(problem=problem, strategy=SimpleNamespace(buffers="rank0"))
+    said = api._save_trained(tmp_path, resolved, res)
+    assert said.startswith("; its model saved without the workers' buffers"), said
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert torch.equal(saved["0.bias"], torch.as_tensor(params[12:15]))
+    assert torch.equal(saved["1.running_mean"], torch.zeros(3))

@@ -1,6 +1,8 @@
 """The pipeline strategy (monsoon/strategies/pipeline/, each engine's pipeline.py): schedules, stage cuts, equality
 with serial full-batch SGD on the local and sim engines, 2D replicas, memory
 per worker, and bad input."""
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 import torch
@@ -129,34 +131,39 @@ def test_user_given_stages_are_the_cuts():
     np.testing.assert_allclose(got.params, want, rtol=1e-9, atol=1e-12)
 
 
-def batchnorm_mlp():
+def batchnorm_mlp(named: bool = False):
     """Two BatchNorm layers, one in each of two stages (layers 1 and 4: the
-    second stage's own layer 1), on inputs far from mean 0 and variance 1."""
+    second stage's own layer 1), on inputs far from mean 0 and variance 1;
+    ``named``: the Sequential's layers named (``bn1``, ...), not numbered."""
     rng = np.random.default_rng(2)
     X = rng.standard_normal((64, 6)) * 3 + 5
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 8),
-                        nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
+    layers = [nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 8),
+              nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1)]
+    names = ["fc1", "bn1", "act1", "fc2", "bn2", "act2", "out"] if named else \
+        [str(i) for i in range(len(layers))]
+    net = nn.Sequential(OrderedDict(zip(names, layers)))
     return TorchProblem(net, nn.MSELoss(), X, np.tanh(X[:, :1] - 5), dtype="float64")
 
 
-@pytest.mark.parametrize("engine", ["local", "sim"])
-def test_the_stages_batchnorm_statistics_are_the_models(engine, tmp_path):
+@pytest.mark.parametrize("engine,named", [("local", False), ("sim", False), ("sim", True)])
+def test_the_stages_batchnorm_statistics_are_the_models(engine, named, tmp_path):
     """Each stage's forwards train its layers' running statistics; the run's
     model (result.model, model.pt, the final loss) carries replica 0's. With
-    one micro-batch a stage sees serial's batches, so they are serial's."""
+    one micro-batch a stage sees serial's batches, so they are serial's. The
+    layers' names in the model, numbers or names, are the buffers' too."""
     opts = dict(steps=3, batch_size=32, dtype="float64", seed=0, lr=0.05, evals=0)
-    got = monsoon.train(batchnorm_mlp(), "pipeline", 2, engine=engine, micro_batches=1,
+    got = monsoon.train(batchnorm_mlp(named), "pipeline", 2, engine=engine, micro_batches=1,
                         out=tmp_path, **opts)
-    want = monsoon.train(batchnorm_mlp(), "serial", **opts)
+    want = monsoon.train(batchnorm_mlp(named), "serial", **opts)
     assert [st["param_bytes"] for st in got.summary["stages"]] == [72 * 8, 97 * 8]
     saved = torch.load(tmp_path / "model.pt", weights_only=True)
-    for layer in (1, 4):
+    for layer, key in ((1, "bn1" if named else "1"), (4, "bn2" if named else "4")):
         bn, ref = got.model[layer], want.model[layer]
         assert int(bn.num_batches_tracked) == 3
         for name in ("running_mean", "running_var"):
             np.testing.assert_allclose(getattr(bn, name), getattr(ref, name), rtol=1e-9)
-            assert torch.equal(saved[f"{layer}.{name}"], getattr(bn, name))
+            assert torch.equal(saved[f"{key}.{name}"], getattr(bn, name))
     assert got.summary["final_loss"] == pytest.approx(want.summary["final_loss"], rel=1e-9)
 
 

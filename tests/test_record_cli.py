@@ -1,6 +1,7 @@
 """What a run leaves behind, and the command line a user meets first."""
 import csv
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -236,9 +237,20 @@ def test_a_problem_naming_a_file_gets_one_default_run_folder(tmp_path, monkeypat
                    "--evals", "2", "--quiet")
     assert proc.returncode == 0, proc.stderr
     (folder,) = (tmp_path / "runs").iterdir()
-    assert (folder / "summary.json").is_file() and folder.name.endswith("dd_d.svm-serial")
-    if not where.startswith("{"):
-        assert folder.name == "libsvm_dd_d.svm-serial"
+    assert (folder / "summary.json").is_file()
+    assert re.fullmatch(r"libsvm_d\.svm-[0-9a-f]{6}-serial", folder.name), folder.name
+
+
+def test_default_run_folders_of_two_files_never_meet():
+    """Flattening the path alone gave dd/d.svm and dd_d.svm, or /data/d.svm
+    and data/d.svm, one folder: the second run replaced the first's."""
+    from monsoon.cli import _folder
+
+    specs = ["libsvm:dd/d.svm", "libsvm:dd_d.svm", "libsvm:/data/d.svm", "libsvm:data/d.svm",
+             "ratings:a/b.csv", "ratings:a_b.csv", "exp", "libsvm:d.svm"]
+    names = [_folder(spec) for spec in specs]
+    assert len(set(names)) == len(names) and not any("/" in n or ":" in n for n in names)
+    assert names[-2:] == ["exp", "libsvm_d.svm"]
 
 
 def test_api_refuses_unknown_options():

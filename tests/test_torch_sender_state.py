@@ -141,11 +141,14 @@ def test_a_torchrun_restart_keeps_its_own_launchs_checkpoints_alone(whole, tmp_p
     shutil.copytree(whole[0] / "checkpoints", folder)
     held = checkpoints.read(checkpoints.checkpoint_files(folder)[0]).meta
     for key, value in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                           TORCHELASTIC_RUN_ID=held["launch"] if same else "other").items():
+                           TORCHELASTIC_RUN_ID="none").items():
         monkeypatch.setenv(key, value)
-    # a launch's first attempt keeps none: torchrun's id need not be unique
+    # torchrun's default id is no launch's own: a first attempt keeps none
     assert TorchEngine.restarted_launch() is None
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert TorchEngine.restarted_launch() == "none"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", held["launch"] if same else "other")
     launch = TorchEngine.restarted_launch()
     removed = checkpoints.remove_others(folder, held, {}, keep_mine=True, launch=launch)
     assert bool(removed) != same and bool(checkpoints.checkpoint_files(folder)) == same

@@ -135,16 +135,17 @@ class TorchEngine(Engine):
 
     @staticmethod
     def restarted_launch() -> str | None:
-        """In a restarted attempt under torchrun (its agent's
-        TORCHELASTIC_RESTART_COUNT > 0), its launch's id
-        (``collectives.launch_id``), which rank 0 writes in every
-        checkpoint's meta; else None: a launch's first attempt keeps no
-        earlier checkpoint (torchrun's id need not be unique: "none" under a
-        static rendezvous), and without torchrun the run's process clears
-        the folder before its launcher starts the ranks."""
-        if not under_torchrun() or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0) < 1:
+        """Under torchrun, its launch's id (``collectives.launch_id``), which
+        rank 0 writes in every checkpoint's meta; but torchrun's default id,
+        "none" (a static rendezvous, --master-port), is no launch's own, so
+        with it only a restarted attempt (its agent's
+        TORCHELASTIC_RESTART_COUNT > 0) keeps it, and a first attempt keeps
+        no earlier checkpoint. None without torchrun: the run's process
+        clears the folder before its launcher starts the ranks."""
+        launch = launch_id() if under_torchrun() else None
+        if launch == "none" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0) < 1:
             return None
-        return launch_id()
+        return launch
 
     @property
     def writes_run_folder(self) -> bool:

@@ -16,15 +16,16 @@ Invariants: every stage holds at least one layer; a stage's parameters are
 one contiguous range ``[lo, hi)`` of the problem's flat parameter vector
 (``TorchProblem`` flattens ``module.parameters()`` in layer order), so the
 flat vector is the concatenation of the stages' vectors; a parameter shared
-by two stages (tied weights) is refused. A stage's layer ``i`` is the
-model's layer ``layers[0] + i``, so its buffers (BatchNorm's running
-statistics) take the model's names by that offset (``stage_buffers``), and
-the stages' sets never share a name.
+by two stages (tied weights) is refused. A stage's layers keep their names in
+the model (``stage_module``), so its buffers (BatchNorm's running
+statistics) are named as there (``stage_buffers``), and the stages' sets
+never share a name.
 """
 from __future__ import annotations
 
 import copy
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -211,14 +212,18 @@ def check_plan(problem, stages: int, cuts: str | None = None):
 
 def stage_module(problem, spec: StageSpec, w: np.ndarray) -> nn.Sequential:
     """A standalone copy of stage ``spec``'s layers holding ``w[lo:hi]``
-    (only this stage's parameters are copied)."""
-    layers = layers_of(problem)[spec.layers[0]:spec.layers[1]]
+    (only this stage's parameters are copied), each under its name in the
+    whole model (``"2"``, or ``"bn"`` in a Sequential of named layers), so
+    its buffers are named as there."""
+    a, b = spec.layers
+    layers = layers_of(problem)[a:b]
+    names = [name for name, _ in problem.module.named_children()][a:b]
     params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
     saved = [p.data for p in params]
     try:
         for p in params:  # deep-copy no parameter data: it is set from w below
             p.data = torch.empty(0, dtype=p.dtype)
-        module = copy.deepcopy(nn.Sequential(*layers))
+        module = copy.deepcopy(nn.Sequential(OrderedDict(zip(names, layers))))
     finally:
         for p, data in zip(params, saved):
             p.data = data
@@ -232,10 +237,6 @@ def stage_module(problem, spec: StageSpec, w: np.ndarray) -> nn.Sequential:
 
 
 def stage_buffers(spec: StageSpec, module: nn.Sequential) -> dict:
-    """A copy of stage ``spec``'s ``module``'s buffers, each named as in the
-    whole model (its layer ``i`` is the model's ``spec.layers[0] + i``)."""
-    out = {}
-    for name, buffer in module.named_buffers():
-        layer, _, rest = name.partition(".")
-        out[f"{spec.layers[0] + int(layer)}.{rest}"] = buffer.detach().cpu().numpy().copy()
-    return out
+    """A copy of stage ``spec``'s ``module``'s buffers, named as in the
+    whole model (``stage_module`` keeps its layers' names)."""
+    return {name: buffer.detach().cpu().numpy().copy() for name, buffer in module.named_buffers()}
