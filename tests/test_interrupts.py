@@ -702,8 +702,8 @@ def test_an_interrupted_local_sgd_run_resumes_to_an_uninterrupted_runs_totals(tm
     """Local SGD: every worker walks the global plan, a local step on each
     batch, and they average every 8. Worker 1 presses Ctrl-C from its 29th
     gradient and pauses; worker 0 goes on to the average at 32 and waits
-    there for worker 1, and both stop after it. The checkpoint's examples
-    are those of its common position, and the resumed run ends with an
+    there, so they stop 3 batches apart. The checkpoint's examples are
+    those of its common position, and the resumed run ends with an
     uninterrupted run's examples: none counted twice, none lost."""
     from faulty import SignalOnce
     from monsoon.errors import Interrupted
@@ -729,42 +729,28 @@ def test_an_interrupted_local_sgd_run_resumes_to_an_uninterrupted_runs_totals(tm
     assert resumed.summary["local_updates"] == whole.summary["local_updates"] == 2 * 50 * 16
 
 
-@pytest.mark.parametrize("cut_short", [False, True])
 def test_local_sgd_stopped_after_a_rounds_last_local_step_resumes_into_the_same_rounds(
-        tmp_path, monkeypatch, cut_short):
+        tmp_path):
     """Ctrl-C from worker 1's last gradient of round 2 (local steps 4): the
-    workers stop after that round's average, never between its last local
-    step and the average. A round cut short there all the same (one that
-    outlasts --timeout: the workers are stopped between batches) leaves a
-    checkpoint without that average, which the resumed workers make first
-    (they folded the round into the next: one average fewer). Either way
-    the resumed run makes the uninterrupted run's averages and ends on its
-    parameters, bit for bit."""
+    workers stop at once, between that round's last local step and its
+    average, which the checkpoint lacks; the resumed workers make it first
+    (they folded the round into the next: one average fewer), so the resumed
+    run makes the uninterrupted run's averages and ends on its parameters,
+    bit for bit."""
     from faulty import SignalOnce
-    from monsoon.engines.local.monitor import WorkerMonitor
     from monsoon.errors import Interrupted
     from monsoon.problems import make_problem
-
-    def abort_at_once(self):  # what the monitor does once the stop has taken --timeout
-        if self.due.signal():
-            self.stopped = self.due.stop_reason
-            self.store.abort()
 
     opts = dict(epochs=20, batch_size=16, seed=0, evals=0, timeout=20, progress=False,
                 local_steps=4, backend="threads")
     # the pause outlasts the monitor's longest sleep between looks (threads: 1 s)
     stopper = SignalOnce(make_problem("exp"), os.getpid(), rank=1, after=8, pause=1.2)
-    with monkeypatch.context() as patch:
-        if cut_short:
-            patch.setattr(WorkerMonitor, "on_signal", abort_at_once)
-        with pytest.raises(Interrupted):
-            monsoon.train(stopper, "local-sgd", 2, out=tmp_path / "a", checkpoint_every=0,
-                          **opts)
+    with pytest.raises(Interrupted):
+        monsoon.train(stopper, "local-sgd", 2, out=tmp_path / "a", checkpoint_every=0, **opts)
     meta = checkpoints.read(sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))[-1]).meta
     step = meta["positions"][0]
     assert meta["positions"] == [step, step] and 0 < step < 20 * 16, meta
-    # at a round's end, its average made (asked to stop) or not (cut short)
-    assert step % 4 == 0 and meta["updates"] == step // 4 - cut_short, meta
+    assert step % 4 == 0 and meta["updates"] == step // 4 - 1, meta  # at a round's end
 
     resumed = monsoon.train("exp", "local-sgd", 2, resume=str(tmp_path / "a"), **opts)
     whole = monsoon.train("exp", "local-sgd", 2, **opts)

@@ -150,3 +150,36 @@ def test_user_torch_module_trains_and_returns_model():
     assert run.summary["final_loss"] < 1e-3
     model = run.model
     np.testing.assert_allclose(model.weight.detach().numpy(), [[1.0, -2.0, 0.5]], atol=0.02)
+
+
+@pytest.mark.parametrize("local_steps", [3, 4])
+def test_a_local_sgd_worker_resumed_before_a_rounds_average_makes_it_first(local_steps):
+    """A checkpoint at a round's end whose average it lacks (the workers
+    stopped between the round's last local step and its average, the run's
+    last, shorter round's too): the resumed program makes that average
+    first, with the uninterrupted program's weight, then its ops."""
+    from monsoon.strategies.base import WorkerJob
+    from monsoon.strategies.batches import Budget
+    from monsoon.strategies.local_sgd import LocalSGD
+    from monsoon.strategies.ops import Average, Gradient
+
+    def ops(job):
+        program, out = LocalSGD(local_steps=local_steps).program(job), []
+        try:
+            op = next(program)
+            while True:
+                out.append(("A", op.examples) if isinstance(op, Average) else
+                           ("G", len(op.indices)) if isinstance(op, Gradient) else None)
+                op = program.send((0.0, None) if isinstance(op, Gradient) else
+                                  0 if isinstance(op, Average) else None)
+        except StopIteration:
+            return [o for o in out if o is not None]
+
+    n, batch, workers, budget = 100, 16, 3, Budget(epochs=2)  # 14 batches, the last of 4 rows
+    for rank in range(workers):
+        whole = ops(WorkerJob(rank, workers, n, batch, 0, budget))
+        ends = [i for i, o in enumerate(whole) if o[0] == "A"]
+        for k, end in enumerate(ends):  # stopped before average k + 1
+            at = min((k + 1) * local_steps, 14)
+            resumed = ops(WorkerJob(rank, workers, n, batch, 0, budget, start_step=at, synced=k))
+            assert resumed == whole[end:], (rank, k)

@@ -290,3 +290,30 @@ def test_a_script_without_a_main_guard_gets_one_error_not_a_traceback_per_worker
     assert 'put the call to monsoon under `if __name__ == "__main__":`' in proc.stderr
     assert proc.stderr.count("Traceback") == 1, proc.stderr
     assert "bootstrapping phase" not in proc.stderr
+
+
+def test_a_problems_two_argument_seed_rng_is_still_called():
+    """monsoon's older ``seed_rng(seed, rank)``: called as such (never with
+    None), where the three-argument form gets the gradients done too."""
+    import torch
+
+    from monsoon.problems.base import seed_worker
+
+    calls = []
+
+    class Old(monsoon.TorchProblem):
+        def seed_rng(self, seed, rank):
+            calls.append((seed, rank))
+
+    class New(monsoon.TorchProblem):
+        def seed_rng(self, seed, rank, done):
+            calls.append((seed, rank, done))
+
+    X, y = torch.randn(40, 3), torch.randn(40, 1)
+    run = monsoon.train(Old(torch.nn.Linear(3, 1), torch.nn.MSELoss(), X, y), "serial",
+                        epochs=1, seed=5, evals=0, progress=False)
+    assert run.summary["status"] == "finished" and calls == [(5, 0)]
+    new = New(torch.nn.Linear(3, 1), torch.nn.MSELoss(), X, y)
+    seed_worker(new, 5, 1, 7)
+    seed_worker(new, None, 1)
+    assert calls[1:] == [(5, 1, 7), (None, 1, 0)]

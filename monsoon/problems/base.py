@@ -41,6 +41,7 @@ default, so that engines and the recorder read them instead of probing:
 """
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -149,3 +150,23 @@ class SharedDataProblem(Problem):
         clone = copy.copy(self)
         clone._grad = np.zeros_like(self._grad)
         return clone
+
+
+def seed_worker(problem, seed: int | None, rank: int, done: int = 0) -> None:
+    """Seed ``problem``'s random draws for worker ``rank`` (``seed_rng``),
+    which made ``done`` gradients before (a resumed worker), where it has
+    any. A plug-in's ``seed_rng(seed, rank)`` of two arguments (monsoon's
+    older form) is called as such: its resumed runs draw anew, and ``seed``
+    None (stop seeding, after an inline run) is not passed to it."""
+    fn = problem.seed_rng
+    if fn is None:
+        return
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the current form
+        params = None
+    if params is None or len(params) >= 3 or any(
+            p.kind is p.VAR_POSITIONAL for p in params):
+        fn(seed, rank, done)
+    elif seed is not None:
+        fn(seed, rank)

@@ -73,8 +73,10 @@ class LocalSGD(Strategy):
                        job.start_step)
         batch = next(batches, None)
         steps, examples = job.start_step, 0
-        if job.synced is not None and job.synced < steps // self.local_steps:
-            yield Average(self.round_examples(job))  # the round's average, still to make
+        last = 0 if batch is not None else steps % self.local_steps  # a shorter last round
+        if job.synced is not None and job.synced < steps // self.local_steps + bool(last):
+            # the round's average, still to make
+            yield Average(self.round_examples(job, last or self.local_steps))
         while batch is not None:
             mine = split(batch, job.workers, job.rank)
             if len(mine):
@@ -88,13 +90,13 @@ class LocalSGD(Strategy):
                 yield Average(examples)  # no backups here: never late
                 examples = 0
 
-    def round_examples(self, job: WorkerJob) -> int:
-        """The examples of worker ``job.rank``'s part of the round that ends
-        at ``job.start_step``: its Average's weight."""
+    def round_examples(self, job: WorkerJob, length: int) -> int:
+        """The examples of worker ``job.rank``'s part of the round of
+        ``length`` steps that ends at ``job.start_step``: its Average's
+        weight."""
         plan = skip(global_batches(job.n_examples, job.batch_size, job.seed, job.budget),
-                    job.start_step - self.local_steps)
-        return sum(len(split(next(plan), job.workers, job.rank))
-                   for _ in range(self.local_steps))
+                    job.start_step - length)
+        return sum(len(split(next(plan), job.workers, job.rank)) for _ in range(length))
 
     def validate(self, workers, batch_size, n_examples):
         super().validate(workers, batch_size, n_examples)

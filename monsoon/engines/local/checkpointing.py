@@ -14,9 +14,9 @@ Two kinds of checkpoint, by strategy:
   racy read), each worker's position from the examples it has done, and the
   private copies the workers report when they stop. A stopped worker lands
   every batch it counted (``server/worker.py``'s ``LANDING``; a pushing
-  worker counts its batches when it pushes them; local SGD's stop after a
-  round's average, no copy kept: each is the average), so the final
-  checkpoint's positions and updates agree. Resuming carries such a run on.
+  worker counts its batches when it pushes them), so the final checkpoint's
+  positions and updates agree. Resuming carries such a run on rather than
+  replaying it.
 
 Runs of a compiled per-example loop (sparse Hogwild!, serial) count their
 position in epochs (one op is one epoch's pass): they are checkpointed at

@@ -48,6 +48,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...options import Option
+from ...problems.base import seed_worker
 from ...strategies import WorkerJob
 from ...strategies.ops import Average
 from ...server.summed import initial_sums
@@ -172,11 +173,11 @@ def _seeded_rng(problem, seed: int, rank: int, done: int):
     import torch
 
     with torch.random.fork_rng(devices=[]):
-        problem.seed_rng(seed, rank, done)
+        seed_worker(problem, seed, rank, done)
         try:
             yield
         finally:
-            problem.seed_rng(None, rank)
+            seed_worker(problem, None, rank)
 
 
 def _process_main(reader, outbox, locks, sync_lock) -> None:
@@ -184,9 +185,9 @@ def _process_main(reader, outbox, locks, sync_lock) -> None:
     setup = read_payload(reader)
     setup.store.attach_locks(locks, sync_lock)
     limit_threads(setup.torch_threads)
-    if setup.problem.seed_rng is not None:  # this process is the worker's own
-        setup.problem.seed_rng(setup.job.seed, setup.rank,
-                               setup.strategy.gradients_before(setup.job))
+    # this process is the worker's own
+    seed_worker(setup.problem, setup.job.seed, setup.rank,
+                setup.strategy.gradients_before(setup.job))
     _worker_body(outbox, setup)
 
 

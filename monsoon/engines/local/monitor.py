@@ -182,14 +182,11 @@ class WorkerMonitor:
     def on_signal(self) -> None:
         """A stop signal stops the workers: synchronous ones at the next step
         boundary (``synchronous.py``; aborted if that takes over ``timeout``),
-        the others at once. Local SGD's next step boundary is its round's
-        average: stopped anywhere else, a worker could have taken the
-        round's last local step without its average, which its resumed
-        program, counting rounds on the global plan, would not make."""
+        the others at once."""
         store = self.store
         if self.due.signal():
             self.stopped = self.due.stop_reason
-            if self.strategy.synchronous:
+            if self.exact:
                 store.control[STOP] = 1
                 self.stop_deadline = time.monotonic() + self.engine.timeout
             else:
@@ -330,10 +327,8 @@ class WorkerMonitor:
         if self.buffer_filled():  # the last periodic one, filled after the last look
             self.take_buffer(wall)
         if self.due.interrupted is not None:  # the workers have reported: the totals are whole
-            if not self.exact:  # at local SGD's round boundary every copy is the average
-                at_average = self.strategy.synchronous and self.at_one_boundary()
-                self.snapshot("interrupted", wall,
-                              private=None if at_average else self.tally.params or None,
+            if not self.exact:
+                self.snapshot("interrupted", wall, private=self.tally.params or None,
                               totals=self.tally.totals())
             elif self.at_one_boundary():  # each worker handed its sender over there
                 step = int(store.published[0]) if store.replicated else int(store.sync[STEP])

@@ -47,6 +47,7 @@ from collections import Counter
 import numpy as np
 
 from ...strategies.ops import AllReduce, Average, Fetch, Push, Regroup
+from ...problems.base import seed_worker
 from ...compressors.messages import Compression, Sender, compressing
 from ...server.reduce import finite
 from ...server.clocks import WorkerClock
@@ -65,8 +66,8 @@ class RemoteWorker(Worker):
         # Ray hands arrays over read-only (zero copy from its object store);
         # the worker's own copy has writable buffers. Its data is loaded once.
         super().__init__(rank, copy.deepcopy(problem), strategy, np.array(w0, copy=True))
-        if self.problem.seed_rng is not None:  # the actor's process is this worker's own
-            self.problem.seed_rng(job.seed, rank, strategy.gradients_before(job))
+        # the actor's process is this worker's own
+        seed_worker(self.problem, job.seed, rank, strategy.gradients_before(job))
         self.job = job
         self.shards = shards
         self.bounds = bounds

@@ -50,6 +50,7 @@ import numpy as np
 
 from ... import arrays
 from ...errors import ConfigError, Interrupted, WorkerError
+from ...problems.base import seed_worker
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Fetch
 from ...record import checkpoints
@@ -607,8 +608,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         rank = comm.rank
         job = WorkerJob(rank, workers, problem.n_examples, batch_size, seed, budget,
                         start_step=start.step if checkpoints.exact_checkpoints(strategy) else 0)
-        if problem.seed_rng is not None:
-            problem.seed_rng(seed, rank, strategy.gradients_before(job))
+        seed_worker(problem, seed, rank, strategy.gradients_before(job))
         compressed = engine.compression.active
         if not compressed and uses_shm(engine.reduce_via, comm.backend, env):
             shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
