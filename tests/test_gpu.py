@@ -171,3 +171,21 @@ def test_torch_engine_on_nccl_with_one_rank_equals_serial_on_the_gpu(bucket_mb):
     assert rank.summary["bucket_count"] == (1 if bucket_mb else None)
     assert rank.summary["devices"] == ["cuda:0"]
     _same(rank, serial)
+
+
+def test_a_dropout_model_on_the_gpu_resumes_bit_identical(tmp_path):
+    """Dropout's masks on the GPU come from the GPU's generator, seeded
+    before each forward pass from (seed, rank, passes so far): a resumed
+    run draws the uninterrupted run's masks there too."""
+    from test_checkpoints import cut_after
+    from test_resume_matrix import _torch_problem
+
+    from monsoon.record import checkpoints
+
+    opts = dict(lr=0.2, steps=12, batch_size=16, seed=0, evals=0, progress=False, device="cuda")
+    whole = monsoon.train(_torch_problem(dropout=True), "serial", out=tmp_path / "a",
+                          checkpoint_every=4, **opts)
+    assert checkpoints.read(cut_after(tmp_path / "a", 1)[0]).meta["positions"][0] < 12
+    resumed = monsoon.train(_torch_problem(dropout=True), "serial", resume=str(tmp_path / "a"),
+                            **opts)
+    assert np.array_equal(resumed.params, whole.params)
