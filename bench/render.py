@@ -158,10 +158,6 @@ WHY = {
                                    "steps, so the gap shrinks as training goes on); which "
                                    "difference between the two PowerSGD implementations causes "
                                    "it is not yet measured.",
-    "live_overhead": "Only the quick start's shape misses, at 0.85-0.86x in both interleaved "
-                     "turns with live series on (the two larger shapes are above 1.0); where "
-                     "the writer's time goes on that small, fast-stepping model is not yet "
-                     "measured.",
     "ssp_sweep": "An S > 0 reaches the target loss 1.3x sooner than BSP on every problem and "
                  "rate, but no rate tried made async 5% worse than BSP, so the second "
                  "criterion is untested and counts as not met.",
