@@ -138,8 +138,6 @@ NEEDS = {"gpu": "a CUDA device"}
 # what misses and the measured cause, or that the cause is not yet measured. A
 # record's own summary["why"] wins over these.
 WHY = {
-    "sync_sweep": "Only mlp1024-b512 against one process misses, its runs straddling the "
-                  "target; where sync loses the difference on that shape is not yet measured.",
     "hogwild_vs_torch": "Monsoon's two Hogwild! workers run fewer examples/s than PyTorch's "
                         "`share_memory()` processes in every run; where monsoon's step spends "
                         "the difference is not yet measured.",

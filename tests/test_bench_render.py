@@ -227,13 +227,13 @@ def test_every_committed_not_met_row_says_why():
 def test_a_records_own_why_wins_over_the_benchmarks_sentence(sandbox):
     results, readme, page = sandbox
     _verdict_record(results, "async_local_vs_ray", 0.5, False, ">= 0.9", why="Its own reason.")
-    _verdict_record(results, "sync_sweep", 0.5, False, ">= 0.9")
+    _verdict_record(results, "hogwild_sweep", 0.5, False, ">= 0.9")
     render.render(results, readme, page)
     lines = _readme_list(readme.read_text())
     assert any(line.endswith("**not met**: Its own reason.") for line in lines)
     assert render.WHY["async_local_vs_ray"] not in readme.read_text() + page.read_text()
-    assert any(line.endswith(f"**not met**: {render.WHY['sync_sweep']}") for line in lines)
-    assert f"| **not met**: {render.WHY['sync_sweep']} |" in page.read_text()
+    assert any(line.endswith(f"**not met**: {render.WHY['hogwild_sweep']}") for line in lines)
+    assert f"| **not met**: {render.WHY['hogwild_sweep']} |" in page.read_text()
 
 
 def test_a_record_names_the_machine_its_loads_and_the_peers(sandbox, monkeypatch):
