@@ -181,3 +181,28 @@ def test_a_batchnorm_run_resumes_bit_identical_every_ranks_buffers_included(tmp_
     again = checkpoints.read(checkpoints.checkpoint_files(tmp_path / "b" / "checkpoints")[0])
     for name in (k for k in final.arrays if k.startswith("buffer.")):
         assert np.array_equal(again.arrays[name], final.arrays[name]), name
+
+
+def test_a_restarted_rank_that_cannot_see_the_folder_follows_rank_0(tmp_path):
+    """Another node, no shared file system: rank 1 sees no checkpoint in its
+    run folder, rank 0 does. Rank 1 must enter the same broadcasts as rank 0
+    (it returned a fresh start and met rank 0's checkpoint broadcast with
+    its own parameters' one) and start where rank 0's checkpoint says."""
+    from types import SimpleNamespace
+
+    from monsoon.engines.torchrun.rank import _resume_point
+    from monsoon.strategies.sync import Sync
+
+    found = object()  # rank 0's checkpoint, as its broadcast hands it over
+    sent = [True, found]  # what rank 0 broadcasts, in order
+
+    class Rank1:
+        rank, world, attempt = 1, 2, 1
+
+        def broadcast_object(self, obj):
+            assert obj is None  # rank 1 sends nothing of its own
+            return sent.pop(0)
+
+    engine = SimpleNamespace(resume_dir=None, checkpoint_dir=str(tmp_path / "none-here"))
+    start = _resume_point(engine, Rank1(), None, Sync(), np.zeros(3), None)
+    assert start is found and not sent

@@ -549,8 +549,9 @@ class RankWorker(Worker):
 
 
 def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
-    """Rank 0 reads the checkpoint to start from (``--resume``, or the run
-    folder's own after a restart), hands its rows to the recorder, and
+    """Rank 0 reads the checkpoint to start from (``--resume``, or after a
+    restart the run folder's own where rank 0 sees one: a rank on another
+    node without the folder follows it), hands its rows to the recorder, and
     broadcasts it (its parameters, rule state and, where held, every rank's
     sender state and model buffers, of which each rank restores its own;
     not the file's arrays). It must hold the arrays the engine's
@@ -559,9 +560,12 @@ def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Sta
     the newest that does (``checkpoints.load_latest``); ``--resume`` of a
     folder with none is refused before any rank starts (``check_resume``)."""
     directory = engine.resume_dir
-    if directory is None and comm.attempt > 0 and engine.checkpoint_dir \
-            and checkpoints.checkpoint_files(engine.checkpoint_dir):
-        directory = engine.checkpoint_dir
+    if directory is None and comm.attempt > 0 and engine.checkpoint_dir:
+        # rank 0's folder decides for every rank: another node may not see it
+        held = bool(checkpoints.checkpoint_files(engine.checkpoint_dir)) if comm.rank == 0 \
+            else None
+        if comm.broadcast_object(held):
+            directory = engine.checkpoint_dir
     if directory is None:
         return checkpoints.Start.fresh(w0, comm.world)
     if not checkpoints.exact_checkpoints(strategy):
