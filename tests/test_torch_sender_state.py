@@ -206,3 +206,17 @@ def test_a_restarted_rank_that_cannot_see_the_folder_follows_rank_0(tmp_path):
     engine = SimpleNamespace(resume_dir=None, checkpoint_dir=str(tmp_path / "none-here"))
     start = _resume_point(engine, Rank1(), None, Sync(), np.zeros(3), None)
     assert start is found and not sent
+
+
+def test_a_restart_after_a_resume_of_another_folder_resumes_its_own(whole, tmp_path):
+    """--resume A (its oldest kept checkpoint: step 20) --out B, rank 1 lost
+    at step 35: the restart resumes B's step-30 checkpoint (this launch's),
+    not A's step 20 again."""
+    shutil.copytree(whole[0] / "checkpoints", tmp_path / "a" / "checkpoints")
+    cut_after(tmp_path / "a", 1)
+    dying = ExitOnce(make_problem("exp", "float64"), tmp_path / "exited", rank=1, after=15)
+    run = monsoon.train(dying, "sync", 2, resume=str(tmp_path / "a"), out=tmp_path / "b",
+                        max_restarts=1, **OPTS)
+    assert run.summary["restarts"] == 1 and run.summary["resumed_at_step"] == 30
+    assert run.summary["resumed_from"].startswith(str(tmp_path / "b"))
+    _same_run(run, whole[1])

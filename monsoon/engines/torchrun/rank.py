@@ -549,9 +549,10 @@ class RankWorker(Worker):
 
 
 def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
-    """Rank 0 reads the checkpoint to start from (``--resume``, or after a
-    restart the run folder's own where rank 0 sees one: a rank on another
-    node without the folder follows it), hands its rows to the recorder, and
+    """Rank 0 reads the checkpoint to start from (``--resume``; after a
+    restart the run folder's own where rank 0 sees one, also after a
+    ``--resume`` of another folder: a rank on another node without the
+    folder follows it), hands its rows to the recorder, and
     broadcasts it (its parameters, rule state and, where held, every rank's
     sender state and model buffers, of which each rank restores its own;
     not the file's arrays). It must hold the arrays the engine's
@@ -560,8 +561,9 @@ def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Sta
     the newest that does (``checkpoints.load_latest``); ``--resume`` of a
     folder with none is refused before any rank starts (``check_resume``)."""
     directory = engine.resume_dir
-    if directory is None and comm.attempt > 0 and engine.checkpoint_dir:
-        # rank 0's folder decides for every rank: another node may not see it
+    if comm.attempt > 0 and engine.checkpoint_dir:
+        # this launch's own checkpoints, newer than --resume's; rank 0's
+        # folder decides for every rank: another node may not see it
         held = bool(checkpoints.checkpoint_files(engine.checkpoint_dir)) if comm.rank == 0 \
             else None
         if comm.broadcast_object(held):
