@@ -318,3 +318,19 @@ def test_a_checkpoint_of_a_stateless_compressor_names_the_setting_that_differs(t
         monsoon.train("exp", "sync", 2, resume=str(tmp_path / "a"), **opts)
     line = str(err.value)
     assert "\n" not in line and "no_error_feedback" in line and "older monsoon" not in line, line
+
+
+@pytest.mark.parametrize("strategy,rule", [("local-sgd", "momentum"), ("easgd", "adagrad")])
+def test_an_inner_rules_state_that_is_not_saved_is_refused_at_resume(tmp_path, strategy, rule):
+    """The local engine's checkpoints hold each private copy, not its inner
+    rule's state (momentum, AdaGrad's sums): --resume of such a run is
+    refused in one line; the sim replays it, and plain sgd keeps none."""
+    (tmp_path / "checkpoints").mkdir()
+    opts = dict(steps=10, resume=str(tmp_path), backend="threads", progress=False)
+    with pytest.raises(ConfigError) as err:
+        monsoon.train("exp", strategy, 2, rule=rule, **opts)
+    line = str(err.value)
+    assert "\n" not in line and "inner rule state" in line and f"--rule {rule}" in line, line
+    with pytest.raises(ConfigError) as err:  # sgd: nothing to lose, so the folder's emptiness
+        monsoon.train("exp", strategy, 2, **opts)
+    assert "inner rule state" not in str(err.value)

@@ -117,6 +117,10 @@ class Engine:
     virtual_time = False
     stops_on_signal = False
     keeps_private_copies = True
+    # Its checkpoints hold the private copies' inner rule state (momentum,
+    # AdaGrad's sums, a schedule's step count): False, a stateful inner rule's
+    # --resume is refused (``checkpoints.resume_refusal``).
+    keeps_inner_state = True
     shared: frozenset = frozenset()  # those of them compare passes to every strategy
     given: frozenset = frozenset()  # the options the user set (resolve fills it in): an
     #                                 engine may pick its own value for the others

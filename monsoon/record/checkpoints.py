@@ -580,7 +580,8 @@ def resume_refusal(engine, problem, strategy) -> str | None:
     model would restart them and end unlike the uninterrupted one; a
     strategy with private worker copies (local SGD, EASGD) on an engine that
     does not checkpoint them (``engine.keeps_private_copies`` False: ray,
-    spark, torch)."""
+    spark, torch), or not their inner rule's state where it has any
+    (``engine.keeps_inner_state`` False: the local engine)."""
     found = inexact_resume(engine, problem, strategy)
     return None if found is None else "; ".join(found)
 
@@ -596,6 +597,14 @@ def inexact_resume(engine, problem, strategy) -> tuple[str, str] | None:
                 "start a new run (the sim's checkpoints, serial's on the local engine and "
                 "sync's on the torch engine hold them; a checkpoint resumes on the engine "
                 "that wrote it)")
+    inner = getattr(strategy, "local_rule", None)
+    if private_copies(strategy) and inner is not None and _stateful(inner) \
+            and not getattr(engine, "keeps_inner_state", True):
+        return (f"the {engine.name} engine's checkpoints of {strategy.name} do not hold its "
+                f"workers' inner rule state (--rule {inner.name}: its state or learning-rate "
+                "schedule), so the resumed run would not carry on as this one",
+                "start a new run (the sim's checkpoints hold it; plain sgd at a constant rate "
+                "keeps none)")
     if private_copies(strategy) and not getattr(engine, "keeps_private_copies", True):
         return (f"the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
                 "private worker copies",
@@ -612,6 +621,12 @@ def inexact_resume(engine, problem, strategy) -> tuple[str, str] | None:
                 "start a new run (sync on the local and torch engines, and every strategy "
                 "on the sim, keep it; a checkpoint resumes on the engine that wrote it)")
     return None
+
+
+def _stateful(rule) -> bool:
+    """Whether ``rule`` carries state from one step to the next: arrays
+    (momentum, AdaGrad's sums) or a schedule that counts its steps."""
+    return bool(rule.init(1, np.float64)) or rule.schedule.kind != "constant"
 
 
 def restore_state(ckpt: Checkpoint, state) -> None:

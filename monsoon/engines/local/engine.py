@@ -311,6 +311,8 @@ class LocalEngine(Engine):
         model's buffers (``buffer.<name>``); other workers' are not at hand."""
         return strategy.single_worker
 
+    keeps_inner_state = False  # a private copy's inner rule state is not checkpointed
+
     def checkpoint_shapes(self, problem, strategy, w0, workers: int) -> dict:
         """Every worker's counters; each worker's sender state where an exact
         run's compression is stateful; serial's model buffers."""
