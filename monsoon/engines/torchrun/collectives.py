@@ -54,6 +54,12 @@ def launch_id() -> str | None:
     return os.environ.get("TORCHELASTIC_RUN_ID")
 
 
+def agent_restarts() -> int:
+    """This rank's agent's restart count (TORCHELASTIC_RESTART_COUNT; 0
+    outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
+
+
 def rank_env() -> dict:
     """torchrun's variables, checked: rank, world_size, local_rank (ints),
     master_addr, master_port."""

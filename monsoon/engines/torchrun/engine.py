@@ -48,7 +48,7 @@ from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, Loca
 from ...record import checkpoints
 from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
-from .collectives import launch_id, under_torchrun
+from .collectives import agent_restarts, launch_id, under_torchrun
 from .shm_reduce import REDUCE_VIA
 
 
@@ -143,7 +143,7 @@ class TorchEngine(Engine):
         no earlier checkpoint. None without torchrun: the run's process
         clears the folder before its launcher starts the ranks."""
         launch = launch_id() if under_torchrun() else None
-        if launch == "none" and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0) < 1:
+        if launch == "none" and agent_restarts() < 1:
             return None
         return launch
 

@@ -64,7 +64,7 @@ from ...server.core import ServerCore
 from ...server.summed import SharedSums
 from ...server.worker import Worker
 from .buckets import Buckets
-from .collectives import Collectives, launch_id, rank_env
+from .collectives import Collectives, agent_restarts, launch_id, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
 
 EXAMPLES, ACTIVE, STOP, SIGNALLED = 0, 1, 2, 3  # SIGNALLED: a slot per stop signal
@@ -587,13 +587,6 @@ def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Sta
     if isinstance(found, str):
         raise ConfigError(found)
     return found
-
-
-def agent_restarts() -> int:
-    """This rank's agent's restart count (TORCHELASTIC_RESTART_COUNT)."""
-    import os
-
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder,
