@@ -549,3 +549,28 @@ def test_elastic_is_refused_where_the_engine_cannot_regroup():
         monsoon.train("exp", "sync", 2, engine="local", elastic=True, steps=4)
     with pytest.raises(ConfigError, match="choose one"):
         monsoon.train("exp", "sync", 2, engine="ray", elastic=True, backup_workers=1, steps=4)
+
+
+TWO_RUNS = """
+import monsoon, ray
+for i in range(2):
+    run = monsoon.train("logistic", "async", 2, engine="ray", steps=40, progress=False)
+    print(run.summary["status"], ray.is_initialized(), flush=True)
+"""
+
+
+def test_a_second_run_in_one_process_starts_its_own_ray_again(tmp_path):
+    """Where no Ray runs, each run starts a local instance and shuts it down
+    at its end. The next run's instance numbers its job as the last one did:
+    the pool must not lend it the idle hosts of the instance that is gone
+    (it did: "Can't find actor ... from a different cluster"), as a notebook
+    or ``monsoon compare --engine ray`` on a laptop trains twice."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    proc = subprocess.run([sys.executable, "-c", TWO_RUNS], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["finished", "False"] * 2, proc.stdout

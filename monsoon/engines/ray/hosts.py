@@ -24,9 +24,11 @@ Invariants:
   a new host that holds resources (a worker's CPU or GPU) and the idle one
   is of another shape (other resources, placement or concurrency); a new
   host that holds none (a shard's, a clock's) ends no idle host;
-- the pool belongs to the driver's Ray job: after a new ``ray.init`` the old
-  handles are forgotten, and the driver's exit ends its hosts (Ray ends a
-  job's actors with it);
+- the pool belongs to the driver's Ray job on one Ray instance: after a new
+  ``ray.init`` the old handles are forgotten (a new local instance numbers
+  its first job as the last one did, so the job is told by its id and the
+  driver's node's, which is new with each instance), and the driver's exit
+  ends its hosts (Ray ends a job's actors with it);
 - a named run (``run_name``) gets hosts of its own, named
   ``monsoon-NAME-worker-K`` and so on, found by name in the dashboard or
   with ``ray.get_actor`` (``host.ask.remote("progress")`` calls the object it
@@ -126,7 +128,8 @@ class Pool:
         self.gens = itertools.count(1)
 
     def _same_job(self, ray) -> None:
-        job = ray.get_runtime_context().get_job_id()
+        context = ray.get_runtime_context()
+        job = (context.get_job_id(), context.get_node_id())
         if job != self.job:  # a new ray.init: the old handles are gone with their job
             self.job, self.idle, self.lent = job, [], {}
 
