@@ -422,8 +422,9 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
 
     def evaluate():
         # The curve's snapshots are evaluated now, after the run, off its clock
-        # (with the buffers the monitor's model has); the final row with the
-        # trained buffers, combined per the strategy's policy.
+        # (each with the buffers the engine took with it, else those the
+        # monitor's model has); the final row with the trained buffers,
+        # combined per the strategy's policy.
         recorder.settled_rows(final_updates=res.updates)
         if res.worker_states:
             problem.load_state(combine_buffers(res.worker_states, strat.buffers))

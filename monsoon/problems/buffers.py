@@ -28,6 +28,11 @@ The ``sim`` engine computes every virtual worker's gradient on one module,
 so its buffers follow every worker's batches in virtual-time order; the
 serial strategy on the local engine runs on the problem itself. Both leave
 the buffers in the problem, and no combining is needed.
+
+The local engine's curve rows: each worker copies its buffers (``flat``)
+into a shared slot after each gradient, and the monitor combines the slots
+by the same rule when it takes a row; the recorder evaluates the row with
+them (``Recorder.settled_rows``).
 """
 from __future__ import annotations
 
@@ -53,4 +58,24 @@ def combine(states: dict, rule: str) -> dict | None:
             out[name] = np.mean(values, axis=0).astype(first.dtype)
         else:
             out[name] = np.max(values, axis=0)
+    return out
+
+
+def flat(state: dict | None) -> np.ndarray | None:
+    """``state``'s buffers end to end, as float64 (exact for float32 and
+    for counters below 2**53): the form a worker's shared slot holds (the
+    local engine's curve rows, ``store.py``); None for no buffers."""
+    if not state:
+        return None
+    return np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in state.values()])
+
+
+def unflat(row: np.ndarray, template: dict) -> dict:
+    """The buffers ``row`` (``flat``'s form) holds, named and shaped as
+    ``template``'s."""
+    out, at = {}, 0
+    for name, like in template.items():
+        like = np.asarray(like)
+        out[name] = row[at:at + like.size].reshape(like.shape).astype(like.dtype)
+        at += like.size
     return out

@@ -2,9 +2,10 @@
 
 The curve costs the run nothing it could notice: while the run goes,
 ``record`` (whenever ``due`` says so) only copies the parameters into a
-snapshot and checks them finite. ``finish`` evaluates every snapshot after the run, with
-the same full-data objective for every strategy (``problem.loss``, or
-``problem.evaluate`` where a problem reports more, such as accuracy), so
+snapshot and checks them finite. ``finish`` evaluates every snapshot after
+the run, with the same full-data objective for every strategy
+(``problem.loss``, or ``problem.evaluate`` where a problem reports more,
+such as accuracy; with the buffers the engine took with it, if any), so
 evaluation never competes with the workers for the cores and serial and
 parallel runs are timed the same way.
 
@@ -30,10 +31,9 @@ Non-finite parameters, or more dropped updates than applied ones (over
 100), stop the run with advice; so do more dropped local steps than applied
 ones (local SGD, EASGD: ``local``, in their own unit). A non-finite loss
 after it marks it diverged; one above its start or a constant's is warned
-of (``worse_than_start``). ``target_loss``
-stops a run where an engine asks (``check_target``, ``target_met``;
-``reached_target`` tells it from a divergence), and the run returns the
-parameters the check found there (``target_params``).
+of (``worse_than_start``). ``target_loss`` stops a run where an engine asks
+(``check_target``, ``target_met``; ``reached_target`` tells it from a
+divergence), returning the parameters found there (``target_params``).
 
 ``tol`` stops a run once its best evaluated loss beats the best of an epoch
 earlier by less than ``tol`` of itself (MLlib's tol; ``converged``), from
@@ -189,13 +189,14 @@ class Recorder:
         self._known: dict[tuple[int, int], float] = {}
         self._known_next: tuple[tuple[int, int], float] | None = None  # its snapshot is next
         self._snapshot_keys: dict[tuple, tuple[int, int]] = {}  # snapshot[:3] -> (updates, dropped)
+        self._buffers: dict[tuple, dict] = {}  # snapshot[:3] -> the buffers it is evaluated with
 
     # -- during the run ----------------------------------------------------
-    def start(self, params) -> None:
+    def start(self, params, buffers: dict | None = None) -> None:
         self._open_bar()
         self._next = 0.0
         if not self.rows:  # a resumed run's curve already starts
-            self.record(0.0, 0, 0, params)
+            self.record(0.0, 0, 0, params, buffers=buffers)
 
     def resume(self, rows: list[dict]) -> None:
         """Carry on a checkpointed run's curve: its rows come first."""
@@ -256,13 +257,17 @@ class Recorder:
         return row
 
     def record(self, now: float, updates: int, examples: int, params, dropped: int = 0,
-               local: tuple[int, int] | None = None):
+               local: tuple[int, int] | None = None, buffers: dict | None = None):
         """Snapshot ``params`` (copied: the caller may go on writing them).
         ``local``: the workers' local steps so far, (applied, dropped), where
-        the run takes any (None: none)."""
+        the run takes any (None: none). ``buffers``: the model's buffers to
+        evaluate the snapshot with (``Problem.state()``'s form; None: those
+        the problem holds then), where the workers train copies of them."""
         began = time.thread_time()
         if self.evals > 0 or not self.snapshots:
             self._snapshot_keys[(now, updates, examples)] = (updates, dropped)
+            if buffers is not None:
+                self._buffers[(now, updates, examples)] = buffers
             self._keep(now, updates, examples, self._copy(params))
         evals = max(self.evals, 1)
         self._next = now + self._stride * max(self.min_interval_s, now / evals)
@@ -388,6 +393,8 @@ class Recorder:
             first, *rest = self.snapshots
             self.snapshots = [first] + rest[1::2]
             self._spares = [s[3] for s in rest[0::2]]  # the next snapshots' buffers
+            for s in rest[0::2]:
+                self._buffers.pop(s[:3], None)
             self._stride *= 2
 
     # -- after the run -----------------------------------------------------
@@ -428,7 +435,7 @@ class Recorder:
                         level = [level[(2 * j + 1) * len(level) // (2 * can)]
                                  for j in range(can)]
                         last = True
-            for i, metrics in zip(level, self.evaluate_all([snaps[i][3] for i in level])):
+            for i, metrics in zip(level, self._evaluate_snapshots([snaps[i] for i in level])):
                 done[i] = metrics
             calls += 1
             points += len(level)
@@ -436,10 +443,29 @@ class Recorder:
             if last:
                 break
         self.rows_dropped += len(snaps) - len(done)
+        for snap in snaps:
+            self._buffers.pop(snap[:3], None)
         for i in sorted(done):
             t, up, ex, _ = snaps[i]
             self.add_row(t, up, ex, done[i])
         return self.rows
+
+    def _evaluate_snapshots(self, snaps: list) -> list[dict]:
+        """``evaluate_all`` at the snapshots' parameters, each with the
+        buffers it was taken with (``record``), one at a time where any has
+        them; the problem holds its own buffers again after."""
+        states = [self._buffers.get(snap[:3]) for snap in snaps]
+        if all(state is None for state in states):
+            return self.evaluate_all([snap[3] for snap in snaps])
+        held = self.problem.state()
+        try:
+            out = []
+            for snap, state in zip(snaps, states):
+                self.problem.load_state(held if state is None else state)
+                out.append(self.evaluate(snap[3]))
+            return out
+        finally:
+            self.problem.load_state(held)
 
     def _fill_known(self, snaps, done) -> None:
         """Rows for the snapshots whose loss a full-batch step already

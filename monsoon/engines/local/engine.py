@@ -49,6 +49,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...options import Option
 from ...problems.base import seed_worker
+from ...problems.buffers import flat as flat_buffers
 from ...strategies import WorkerJob
 from ...strategies.ops import Average
 from ...server.summed import initial_sums
@@ -448,7 +449,10 @@ class LocalEngine(Engine):
                                              if senders and ck.directory and not inline
                                              else None),
                                sums=initial_sums(strategy.local_rule, w0.size, w0.dtype)
-                               if Average in strategy.uses else None)
+                               if Average in strategy.uses else None,
+                               # each curve row is evaluated with the workers' buffers
+                               buffers=None if inline or recorder.evals <= 0
+                               else flat_buffers(problem.state()))
         self.shards_used = shards
         if resume.saved is not None:
             ck.restore(resume, store)

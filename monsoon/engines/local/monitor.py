@@ -8,7 +8,9 @@ shared parameters), records the curve (from worker 0's snapshot ring, on
 request from a replicated synchronous step, or from the shared parameters)
 and hands the live writer the workers' figures. When each of these is due,
 and the no-progress timeout and a stop signal, it asks one ``Due``
-(``monitor/due.py``), the object the inline path asks too.
+(``monitor/due.py``), the object the inline path asks too. A curve row
+keeps the workers' model buffers (``problems/buffers.py``) as they are
+when the monitor takes it (a ring row: when worker 0 wrote it).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ... import arrays
 from ...monitor.due import Due
 from ...monitor.lifecycle import StopSignals
 from ...monitor.pool import fail_if_lost
+from ...problems.buffers import combine as combine_buffers, unflat
 from ...record import progress
 from ...record.progress import EXAMPLES
 from ...monitor.tally import EngineResult, RunTally, local_totals, run_totals
@@ -61,6 +64,8 @@ class WorkerMonitor:
         self.stopped = None
         self.stop_deadline = None
         self.ring = False
+        # the buffers' names and shapes, where the workers keep them in slots
+        self.template = problem.state() if store.buffers is not None else None
 
     def run(self, t_begin: float, start_timeout: float) -> EngineResult:
         """Watch the workers to the end; whatever goes wrong, they are
@@ -126,7 +131,7 @@ class WorkerMonitor:
     def release(self) -> None:
         """Start the curve, and the workers together."""
         store, recorder = self.store, self.recorder
-        recorder.start(store.params)
+        recorder.start(store.params, self.row_buffers())
         self.ring = store.replicated and store.snap_params is not None
         if self.ring:  # worker 0 snapshots every so many steps on its own (synchronous.py)
             rows_every = recorder.total_examples / recorder.evals / self.batch_size
@@ -226,12 +231,23 @@ class WorkerMonitor:
             if self.due.asked_row(at, ex, lambda: control[SNAP_SERVED] == control[SNAP_ASKED],
                                   ask):
                 return recorder.record(at, int(up), int(ex), store.params, int(dropped),
-                                       self.local_totals())
+                                       self.local_totals(), self.row_buffers())
             return None
         if self.due.row(at, ex):
             return recorder.record(at, int(up), int(ex), store.params, int(dropped),
-                                   self.local_totals())
+                                   self.local_totals(), self.row_buffers())
         return None
+
+    def row_buffers(self, ring: int | None = None) -> dict | None:
+        """The workers' buffers for a curve row, combined by the strategy's
+        rule (``problems/buffers.py``): their slots as they are now, or as
+        worker 0 copied them into ring row ``ring``; the lost workers'
+        left out. None where the model has none."""
+        if self.template is None:
+            return None
+        slots = self.store.buffers if ring is None else self.store.snap_buffers[ring]
+        return combine_buffers({k: unflat(slots[k], self.template) for k in range(self.workers)
+                                if k not in self.failed}, self.strategy.buffers)
 
     def local_totals(self) -> tuple[int, int] | None:
         """The workers' local steps so far, (applied, dropped), where the
@@ -252,7 +268,7 @@ class WorkerMonitor:
                 break
             reason = reason or self.recorder.record(self.resume.time_s + float(clock) - self.t0,
                                                     int(up), int(ex), store.snap_params[i],
-                                                    int(dropped))
+                                                    int(dropped), buffers=self.row_buffers(i))
         control[SNAP_READ] = written  # the slots are free again
         return reason
 

@@ -7,7 +7,8 @@ the loop before the next op. Op by op:
 
 - ``Gradient``: the problem computes at the working parameters (the shared
   ones for shared strategies: zero copy). Sync workers write straight into
-  their gradient slot (the replicated step's alternate with the step).
+  their gradient slot (the replicated step's alternate with the step). A
+  model's buffers go to the worker's slot after it, for the curve rows.
 - ``Apply``: the rule on the whole shared vector, no lock (Hogwild!).
 - ``Fetch`` / ``Push``: per shard, under that shard's lock. A push counts
   the examples of the gradients it carries (``Worker.release``): an accrued
@@ -40,6 +41,7 @@ from collections import Counter
 import numpy as np
 
 from ... import arrays
+from ...problems.buffers import flat as flat_buffers
 from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push,
                                SGDPass, weighted)
@@ -72,6 +74,8 @@ class WorkerRuntime(Worker):
         self.local_counts = store.local_counts[rank]
         # with live series: this worker's losses and staleness, for the monitor
         self._live = store.live[rank] if store.live is not None else None
+        # this worker's buffer slot, for the curve rows (None: no buffers or no curve)
+        self._buffers = store.buffers[rank] if store.buffers is not None else None
         self.staleness = Counter()
         self._sync = None
         self._grad_out = None
@@ -160,6 +164,8 @@ class WorkerRuntime(Worker):
         if op.next is not None and self._prefetch is not None:
             self._prefetch(op.next)  # a Dataset problem loads it while this one computes
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
+        if self._buffers is not None:  # the forward moved them (BatchNorm's statistics)
+            self._buffers[:] = flat_buffers(self.problem.state())
         grad = weighted(grad, op.weight)
         if self.held is None:
             self.counters[EXAMPLES] += len(op.indices)

@@ -23,6 +23,8 @@ Everything workers share lives in one ``SharedArrays`` block:
   ``published``; ``snap.params[i]``, ``snap.meta[i]``: a ring of loss-curve
   snapshots worker 0 writes every ``control[SNAP_EVERY]`` steps, read by the
   monitor without asking (``control[SNAP_WRITTEN|SNAP_READ]``);
+- ``buffers[k]``: worker k's model buffers after its last gradient, for
+  the curve rows (``problems/buffers.py``; ``snap.buffers[i]``: the ring's);
 - ``clocks[k]``: the SSP clocks worker k has finished (``clocks.py``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, ``local_counts[k]`` its local steps on its own copy
@@ -30,8 +32,7 @@ Everything workers share lives in one ``SharedArrays`` block:
   ``live[k]`` (loss sum and count, staleness sum, count, max; the monitor
   resets the max), written by worker k only: no lock;
 - ``status[k]``, ``control``: life-cycle flags, the monitor's snapshot requests;
-- ``ckpt.*`` (with checkpoints, synchronous runs): the parameters and rule
-  state of one step boundary, for the monitor to write out.
+- ``ckpt.*`` (synchronous checkpoints): one step boundary's parameters and rule state.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
 threads. After a lock-free wait on a counter, a reader takes and releases the
@@ -80,8 +81,10 @@ class ParameterStore:
                  sync_slots: bool, backend: str, mp_context=None, replicated: bool = False,
                  checkpoint_buffer: bool = False, snapshot_ring: bool = False,
                  live: bool = False, extra_layout: dict | None = None,
-                 sums: list | None = None):
-        """``sums``: the initial shared sums (``summed.initial_sums``), or None."""
+                 sums: list | None = None, buffers: np.ndarray | None = None):
+        """``sums``: the initial shared sums (``summed.initial_sums``), or None;
+        ``buffers``: the model's starting buffers, flat, for every worker's
+        slot (None: no slots)."""
         n = w0.size
         dtype = str(w0.dtype)
         template = rule.init(n, w0.dtype)
@@ -113,6 +116,8 @@ class ParameterStore:
                 ring = max(2, min(SNAP_RING, SNAP_RING_BYTES // max(w0.nbytes, 1)))
                 layout["snap.params"] = ((ring, n), dtype)
                 layout["snap.meta"] = ((ring, 4), "float64")
+                if buffers is not None:
+                    layout["snap.buffers"] = ((ring, workers, buffers.size), "float64")
         elif sync_slots:
             layout["slots"] = ((workers, n), dtype)
             layout["marks"] = ((3, workers), "int64")  # steps each worker is through, per barrier
@@ -123,11 +128,15 @@ class ParameterStore:
         for i, arr in enumerate(sums or ()):
             layout[f"sums.{i}"] = (arr.shape, str(arr.dtype))
             layout[f"sum_slots.{i}"] = ((workers,) + arr.shape, str(arr.dtype))
+        if buffers is not None:
+            layout["buffers"] = ((workers, buffers.size), "float64")
         layout.update(extra_layout or {})  # e.g. the senders' checkpoint slots (checkpointing.py)
         self.memory = SharedArrays(layout, in_process=(backend != "processes"))
         self.memory["params"][:] = w0
         for i, arr in enumerate(sums or ()):
             self.memory[f"sums.{i}"][:] = arr
+        if buffers is not None:
+            self.memory["buffers"][:] = buffers
         for field, arr in zip(template._fields, template):
             self.memory["state." + field][:] = arr
         self.memory["sync"][BAD_STEP] = -1
@@ -171,6 +180,8 @@ class ParameterStore:
         self.sum_slots = [m[f"sum_slots.{i}"] for i in range(count)] if count else None
         self.snap_params = m.arrays.get("snap.params")
         self.snap_meta = m.arrays.get("snap.meta")
+        self.buffers = m.arrays.get("buffers")
+        self.snap_buffers = m.arrays.get("snap.buffers")
         self.state = self.state_type(*(m["state." + f] for f in self.state_type._fields))
         self.ckpt = None
         if "ckpt.params" in m.arrays:
@@ -330,6 +341,6 @@ class ParameterStore:
         for name in ("_readers", "params", "versions", "counters", "local_counts", "status",
                      "clocks", "control", "sync", "contributors", "slot_examples", "slots", "marks", "state",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
-                     "snap_params", "snap_meta", "live", "sums", "sum_slots"):
+                     "snap_params", "snap_meta", "snap_buffers", "buffers", "live", "sums", "sum_slots"):
             self.__dict__.pop(name, None)
         self.memory.close()

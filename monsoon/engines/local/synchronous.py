@@ -24,9 +24,9 @@ barrier per step is enough. Slots are double-buffered by step parity (a
 worker is at most one step ahead of the slowest reader). Summing in rank
 order keeps the replicas bit-identical; worker 0 publishes its replica when
 the monitor asks for a snapshot, and when it ends however it ends (done,
-stopped, aborted), and copies it into the snapshot ring every
-``control[SNAP_EVERY]`` steps (unless the ring is full, or the copy would
-take over ``SNAP_SHARE`` of worker 0's time), so the curve costs no wake-ups.
+stopped, aborted), and copies it and the buffer slots into the snapshot
+ring every ``control[SNAP_EVERY]`` steps (unless the ring is full, or the
+copy would take over ``SNAP_SHARE`` of its time): no wake-ups.
 
 Invariants: a non-finite mean is never applied (the step counts in
 ``dropped``). Checkpoints and stops happen at step boundaries only, so a
@@ -272,6 +272,8 @@ class ReplicatedStep(_Step):
             return
         i = written % len(ring)
         np.copyto(ring[i], self.params)
+        if store.snap_buffers is not None:  # its own: this step's; the others': as they are
+            np.copyto(store.snap_buffers[i], store.buffers)
         counters = store.counters
         store.snap_meta[i] = (time.perf_counter(), counters[0, UPDATES],
                               counters[:, EXAMPLES].sum(), counters[0, DROPPED])
