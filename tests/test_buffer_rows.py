@@ -44,8 +44,8 @@ def test_mid_rows_are_evaluated_with_the_workers_buffers(strategy, backend, epoc
     total = rows[-1]["examples"]
     later = [r for r in rows[1:-1] if r["examples"] >= total / 4]
     assert later, rows
-    # with the starting buffers these rows read about the targets' variance
-    # (measured before the fix: 9 to 20), with the workers' well below it
+    # with the starting buffers these rows would read about the targets'
+    # variance; with the workers' they read well below it
     for row in later + [rows[-1]]:
         assert row["loss"] < spread / 3, (strategy, rows)
     # the monitor's model keeps its own buffers: the final ones, as before
