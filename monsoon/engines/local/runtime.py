@@ -8,7 +8,8 @@ the loop before the next op. Op by op:
 - ``Gradient``: the problem computes at the working parameters (the shared
   ones for shared strategies: zero copy). Sync workers write straight into
   their gradient slot (the replicated step's alternate with the step). A
-  model's buffers go to the worker's slot after it, for the curve rows.
+  model's buffers go to the worker's slot after it, for the curve rows, at
+  most every ``BUFFERS_EVERY_S`` (on a GPU each copy waits for the device).
 - ``Apply``: the rule on the whole shared vector, no lock (Hogwild!).
 - ``Fetch`` / ``Push``: per shard, under that shard's lock. A push counts
   the examples of the gradients it carries (``Worker.release``): an accrued
@@ -36,6 +37,7 @@ memory, or tensors on the device the workers' problem computes on.
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 
 import numpy as np
@@ -54,6 +56,8 @@ from .clocks import LocalClocks
 from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, LOSS_N, LOSS_SUM,
                     STALE_MAX, STALE_N, STALE_SUM, UPDATES, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
+
+BUFFERS_EVERY_S = 0.02  # the most often a worker copies its buffers for the curve rows
 
 
 class WorkerRuntime(Worker):
@@ -76,6 +80,7 @@ class WorkerRuntime(Worker):
         self._live = store.live[rank] if store.live is not None else None
         # this worker's buffer slot, for the curve rows (None: no buffers or no curve)
         self._buffers = store.buffers[rank] if store.buffers is not None else None
+        self._buffers_due = 0.0  # perf_counter time of the next copy
         self.staleness = Counter()
         self._sync = None
         self._grad_out = None
@@ -164,8 +169,8 @@ class WorkerRuntime(Worker):
         if op.next is not None and self._prefetch is not None:
             self._prefetch(op.next)  # a Dataset problem loads it while this one computes
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
-        if self._buffers is not None:  # the forward moved them (BatchNorm's statistics)
-            self._buffers[:] = flat_buffers(self.problem.state())
+        if self._buffers is not None and time.perf_counter() >= self._buffers_due:
+            self.publish_buffers()  # the forward moved them (BatchNorm's statistics)
         grad = weighted(grad, op.weight)
         if self.held is None:
             self.counters[EXAMPLES] += len(op.indices)
@@ -182,6 +187,11 @@ class WorkerRuntime(Worker):
         live[STALE_N] += 1
         if staleness > live[STALE_MAX]:
             live[STALE_MAX] = staleness
+
+    def publish_buffers(self) -> None:
+        """Copy the model's buffers into this worker's slot (the curve rows)."""
+        self._buffers[:] = flat_buffers(self.problem.state())
+        self._buffers_due = time.perf_counter() + BUFFERS_EVERY_S
 
     def apply(self, op: Apply) -> None:
         counters, server = self.counters, self.server

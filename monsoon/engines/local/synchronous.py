@@ -273,6 +273,7 @@ class ReplicatedStep(_Step):
         i = written % len(ring)
         np.copyto(ring[i], self.params)
         if store.snap_buffers is not None:  # its own: this step's; the others': as they are
+            self.rt.publish_buffers()
             np.copyto(store.snap_buffers[i], store.buffers)
         counters = store.counters
         store.snap_meta[i] = (time.perf_counter(), counters[0, UPDATES],
