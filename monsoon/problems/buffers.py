@@ -30,9 +30,10 @@ serial strategy on the local engine runs on the problem itself. Both leave
 the buffers in the problem, and no combining is needed.
 
 The local engine's curve rows: each worker copies its buffers (``flat``)
-into a shared slot after a gradient (at most every 20 ms), and the monitor
-combines the slots by the same rule when it takes a row; the recorder
-evaluates the row with them (``Recorder.settled_rows``).
+into a shared slot after a gradient (at most every
+``runtime.BUFFERS_EVERY_S``), and the monitor combines the slots by the
+same rule when it takes a row; the recorder evaluates the row with them
+(``Recorder.settled_rows``).
 """
 from __future__ import annotations
 
