@@ -1,14 +1,15 @@
 """Bad gradients, failing and dying workers, divergence: nothing hangs or is lost."""
+import os
 import time
 
 import numpy as np
 import pytest
 
 import monsoon
-from monsoon.errors import TrainingDiverged, WorkerError
+from monsoon.errors import Interrupted, TrainingDiverged, WorkerError
 from monsoon.problems import make_problem
 
-from faulty import FaultyProblem
+from faulty import FaultyProblem, SignalOnce
 
 
 @pytest.mark.parametrize("strategy,workers", [("serial", 1), ("sync", 2), ("async", 2),
@@ -86,6 +87,19 @@ def test_an_idle_monitor_wakes_when_a_worker_dies(sleepy_monitor):
     with pytest.raises(WorkerError, match="worker 1 failed.*exit code 3"):
         monsoon.train(problem, "sync", 2, epochs=50, evals=0, timeout=60)
     assert time.monotonic() - t0 < 40
+
+
+def test_an_idle_monitor_of_threads_wakes_on_a_stop_signal(sleepy_monitor):
+    """Worker 1 sends the run SIGINT from its 500th gradient: the monitor of
+    threads, asleep for up to 60 s, wakes on it and stops the workers long
+    before the budget (32,000 updates) is done. It slept through it before,
+    in a lock wait that a signal does not end, and the run went to the end."""
+    stopper = SignalOnce(make_problem("exp"), os.getpid(), rank=1, after=500, pause=0)
+    with pytest.raises(Interrupted) as info:
+        monsoon.train(stopper, "async", 2, epochs=2000, evals=0, seed=0, timeout=20,
+                      backend="threads", progress=False)
+    assert info.value.exit_code == 130
+    assert 500 <= info.value.result.summary["updates"] < 8000
 
 
 def test_divergence_stops_with_advice(tmp_path):

@@ -743,7 +743,7 @@ def test_local_sgd_stopped_after_a_rounds_last_local_step_resumes_into_the_same_
 
     opts = dict(epochs=20, batch_size=16, seed=0, evals=0, timeout=20, progress=False,
                 local_steps=4, backend="threads")
-    # the pause outlasts the monitor's longest sleep between looks (threads: 1 s)
+    # a generous pause: the signal wakes the monitor, which stops the workers meanwhile
     stopper = SignalOnce(make_problem("exp"), os.getpid(), rank=1, after=8, pause=1.2)
     with pytest.raises(Interrupted):
         monsoon.train(stopper, "local-sgd", 2, out=tmp_path / "a", checkpoint_every=0, **opts)

@@ -18,7 +18,10 @@ Every worker sends exactly one message when it stops: ``("done" | "aborted"
   just to look preempts a worker on a machine whose cores the workers
   hold, and its peer waits at the barrier (``bench/seed_overhead.py``).
 - Threads (``QueueInbox``): one queue; a thread cannot die without its
-  ``finally`` sending the message.
+  ``finally`` sending the message. Each message also rings a socket (the
+  doorbell), so the monitor waits on it and on the stop signals' wake-up
+  socket in the same ``wait`` as on the pipes: a signal wakes it at once
+  on either backend (a lock wait would sleep the signal through).
 
 A large message (local SGD's private parameters) blocks its sender until
 the monitor reads it, which it does as soon as the pipe is readable.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import socket
 import sys
 import threading
 import time
@@ -87,10 +91,7 @@ class PipeInbox:
         messages = []
         for ready in wait(list(watched) + ([wake] if wake is not None else []), timeout):
             if ready is wake:
-                try:
-                    wake.recv(64)
-                except OSError:
-                    pass
+                _empty(wake)
                 continue
             if ready is self.receivers[watched[ready]]:
                 try:
@@ -105,24 +106,62 @@ class PipeInbox:
 
 
 class QueueInbox:
+    """The worker threads' queue (each thread's outbox is this inbox), and
+    its doorbell: a socket pair, rung after each message is queued and
+    emptied before the queue is looked at, so that a message queued while
+    the monitor waits wakes it. The lock keeps a ring off a closed socket."""
+
     def __init__(self):
         self.queue = queue.Queue()
+        self.bell, self.ringer = socket.socketpair()
+        for s in (self.bell, self.ringer):
+            s.setblocking(False)
+        self.lock = threading.Lock()
 
     def outbox(self, rank: int):
-        return self.queue
+        return self
+
+    def put(self, message) -> None:
+        """A worker thread's message."""
+        with self.lock:
+            self.queue.put(message)
+            if self.ringer.fileno() >= 0:  # else closed: nobody is left to tell
+                try:
+                    self.ringer.send(b"\0")
+                except BlockingIOError:
+                    pass  # a full buffer rings already
 
     def receive(self, timeout: float, finished: set, wake=None) -> list:
+        """The messages queued now or, if none, within ``timeout`` seconds
+        (returning early on the first, or when ``wake`` is readable)."""
+        _empty(self.bell)
+        messages = self._queued()
+        if not messages and timeout > 0:
+            if wake in wait([self.bell] + ([wake] if wake is not None else []), timeout):
+                _empty(wake)
+            messages = self._queued()
+        return messages
+
+    def _queued(self) -> list:
         messages = []
         try:
-            messages.append(self.queue.get(timeout=timeout) if timeout > 0
-                            else self.queue.get_nowait())
             while True:
                 messages.append(self.queue.get_nowait())
         except queue.Empty:
-            pass
-        return messages
+            return messages
 
     def close(self) -> None:
+        with self.lock:
+            self.bell.close()
+            self.ringer.close()
+
+
+def _empty(sock) -> None:
+    """Read what a wake-up socket holds, so that it waits again."""
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:  # nothing left (BlockingIOError), or closed
         pass
 
 

@@ -12,10 +12,11 @@ The calling process is the monitor (``monitor.py``): it starts the workers and w
 releases them together and, until they finish, snapshots the parameters
 for the loss curve (the recorder evaluates them after the run), drives the
 progress bar, and watches for failure. Between looks it sleeps on the
-workers' pipes and process sentinels (``monitor/pool.py``), so a message or a death
-wakes it at once; otherwise it sleeps until the next row is due at the
-run's pace so far, or the next checkpoint is (workers fill its buffer,
-the monitor writes the file), and at most ``idle_s``. A worker
+workers' pipes and process sentinels (``monitor/pool.py``; threads: their
+queue's doorbell), so a message, a death or a stop signal wakes it at
+once; otherwise it sleeps until the next row is due at the run's pace so
+far, or the next checkpoint is (workers fill its buffer, the monitor
+writes the file), and at most ``idle_s``. A worker
 that raises or dies is named in ``failed_workers``; if the strategy needs
 all workers (sync) the others are aborted and the run fails with that
 worker's error. If no worker makes progress for twice ``timeout``
