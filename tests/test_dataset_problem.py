@@ -119,7 +119,7 @@ class _Items(torch.utils.data.Dataset):
 
 @pytest.mark.parametrize("make, got", [
     (lambda i: {"x": torch.ones(6), "label": i % 2}, "a dict with keys 'x', 'label'"),
-    (lambda i: torch.ones(6), r"one tensor of shape \(1, 6\)"),
+    (lambda i: torch.ones(6), r"one tensor of shape \(2, 6\)"),  # the first two, collated
 ], ids=["dict", "tensor"])
 def test_items_that_do_not_collate_into_inputs_and_targets_are_refused_in_one_line(make, got):
     with pytest.raises(monsoon.ConfigError, match=f"items collate into {got}, not "
@@ -133,3 +133,20 @@ def test_items_that_do_not_collate_into_inputs_and_targets_are_refused_in_one_li
     problem = TorchProblem.from_dataset(_Items(make), nn.Linear(6, 2), nn.CrossEntropyLoss(),
                                         collate_fn=pairs)
     assert set(problem.evaluate(problem.initial_params(0))) == {"loss", "accuracy"}
+
+
+def test_a_module_that_does_not_fit_the_items_is_refused_when_built():
+    """It failed inside a worker, after the run had started, with a traceback."""
+    items = _Items(lambda i: (torch.ones(7), torch.zeros(1)))
+    with pytest.raises(monsoon.ConfigError) as info:
+        TorchProblem.from_dataset(items, nn.Linear(5, 1), nn.MSELoss())
+    line = str(info.value)
+    assert "\n" not in line and "2x7 and 5x1" in line
+    assert "fit rows of shape (7,), or reshape the dataset's inputs" in line
+    with pytest.raises(monsoon.ConfigError, match=r"loss_fn does not take the module's output "
+                                                  r"of shape \(2, 3\)"):
+        TorchProblem.from_dataset(items, nn.Linear(7, 3), nn.CrossEntropyLoss())
+    with pytest.raises(monsoon.ConfigError, match="the validation set's inputs"):
+        TorchProblem.from_dataset(items, nn.Linear(7, 1), nn.MSELoss(),
+                                  val=_Items(lambda i: (torch.ones(5), torch.zeros(1))))
+    TorchProblem.from_dataset(items, nn.Linear(7, 1), nn.MSELoss(), val=items)  # fits

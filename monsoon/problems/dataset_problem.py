@@ -5,7 +5,9 @@ trains on ``dataset[i]`` items, batched by ``collate_fn`` (torch's
 ``default_collate`` by default) into ``(inputs, targets)``. Items are read
 when a batch needs them, so a lazy Dataset (files, memory maps, a transform
 per item) never has to fit in memory. Items that collate into anything
-else (a dict, one tensor) are refused in one line when the problem is built.
+else (a dict, one tensor) are refused in one line when the problem is built,
+as is a module or loss that does not fit the first two items (those of a
+validation Dataset too: ``TorchModel._probe``).
 
 Prefetching (seed 004: "a thread that fetches and pre-processes data while
 the model computes"): a strategy tells each ``Gradient`` op which examples
@@ -80,9 +82,13 @@ class DatasetProblem(TorchModel):
         self._executor = None
         self._pending = {}
         self.n_examples = int(n if not val_fraction else len(dataset))
-        _, y0 = self._load(self.dataset, [0])
+        x0, y0 = self._load(self.dataset, range(min(2, self.n_examples)))
         self.classification = is_classification(loss_fn, y0)
         self._setup_module(module)
+        # a module or loss that does not fit the items: refused now, not in a worker
+        self._probe("the dataset's inputs", x0, y0)
+        if val is not None and len(val):
+            self._probe("the validation set's inputs", *self._load(val, range(min(2, len(val)))))
 
     # -- reading the data ------------------------------------------------------
     def _load(self, dataset, indices):

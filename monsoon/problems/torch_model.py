@@ -100,7 +100,8 @@ class TorchModel(Problem):
 
     def _probe(self, label: str, xb, yb) -> None:
         """One forward pass and loss on two rows, in eval mode under no_grad
-        (no buffer changes), when a user's problem is built (``TorchProblem``):
+        (no buffer changes), when a user's problem is built (``TorchProblem``;
+        ``DatasetProblem``, on its first two items):
         a module that does not fit the data is refused there, naming both
         shapes, rather than by a worker after the run has started. A Spark
         partition's rows are not probed: the driver compares the partitions'
