@@ -73,3 +73,19 @@ def test_the_recorder_evaluates_each_snapshot_with_its_buffers_then_restores_the
     assert abs(with_held - with_trained) > 0.1
     assert [r["loss"] for r in rows] == [with_trained, with_held]
     assert all(np.array_equal(v, held[k]) for k, v in problem.state().items())
+
+
+def test_the_snapshot_ring_counts_the_buffers_in_its_bound():
+    """A small model with a large buffer (a positional table): the ring of
+    sync snapshots keeps within its bound with the buffers it holds."""
+    from monsoon.engines.local.store import SNAP_RING_BYTES, ParameterStore
+    from monsoon.rules import make_rule
+
+    store = ParameterStore(np.zeros(50_000, np.float32), make_rule("sgd", 0.1), 4, 1,
+                           sync_slots=True, backend="threads", replicated=True,
+                           snapshot_ring=True, buffers=np.zeros(160_000))
+    try:
+        ring = store.snap_params.nbytes + store.snap_buffers.nbytes
+        assert ring <= SNAP_RING_BYTES + store.snap_params[0].nbytes + store.snap_buffers[0].nbytes
+    finally:
+        store.close()

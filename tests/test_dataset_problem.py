@@ -150,3 +150,25 @@ def test_a_module_that_does_not_fit_the_items_is_refused_when_built():
         TorchProblem.from_dataset(items, nn.Linear(7, 1), nn.MSELoss(),
                                   val=_Items(lambda i: (torch.ones(5), torch.zeros(1))))
     TorchProblem.from_dataset(items, nn.Linear(7, 1), nn.MSELoss(), val=items)  # fits
+
+
+class _Growing(torch.utils.data.Dataset):
+    """Item i is a sequence of length 4 + i: no two collate into one batch."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.ones(1, 4 + i), torch.tensor([float(i)])
+
+
+def test_items_of_different_sizes_still_build_and_train_one_at_a_time():
+    """The build-time probe reads the first two items; where they do not
+    collate (a sequence, an image of its own size) it probes the first one
+    alone, and such a set still trains with batch_size=1 (it was refused
+    with the collate's traceback)."""
+    module = nn.Sequential(nn.Conv1d(1, 2, 3), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+                           nn.Linear(2, 1))
+    problem = TorchProblem.from_dataset(_Growing(), module, nn.MSELoss(), eval_batch=1)
+    run = monsoon.train(problem, "serial", steps=4, batch_size=1, progress=False)
+    assert run.summary["status"] == "finished" and run.summary["updates"] == 4

@@ -155,3 +155,27 @@ def test_a_diverged_sync_run_returns_the_parameters_it_reached(tmp_path, backend
         assert (f"diverged: {summary['dropped_updates']} updates had non-finite gradients "
                 f"and were dropped (only {summary['updates']} applied)") in summary["stopped"]
     assert summary["stopped"] in str(info.value)
+
+
+def test_a_worker_that_cannot_be_set_up_leaves_no_thread_and_no_socket(monkeypatch):
+    """A threads run whose worker 1 fails to start: worker 0, started
+    already, ends with the run, and the inbox's sockets close (they stayed
+    open, and worker 0 ran on against a closed store)."""
+    import threading
+
+    problem = make_problem("exp")
+    made = type(problem).for_worker
+
+    def for_worker(self, rank, workers):
+        if rank == 1:
+            raise RuntimeError("cannot copy")
+        return made(self, rank, workers)
+
+    monkeypatch.setattr(type(problem), "for_worker", for_worker)
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    for _ in range(3):
+        with pytest.raises(monsoon.MonsoonError):
+            monsoon.train(problem, "async", 2, steps=10_000, backend="threads",
+                          progress=False, evals=0)
+    assert threading.active_count() == threads
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -66,7 +66,7 @@ def flat(state: dict | None) -> np.ndarray | None:
     """``state``'s buffers end to end, as float64 (exact for float32 and
     for counters below 2**53): the form a worker's shared slot holds (the
     local engine's curve rows, ``store.py``); None for no buffers."""
-    if not state:
+    if not state or not isinstance(state, dict):  # a plug-in's other form: no slots
         return None
     return np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in state.values()])
 

@@ -82,15 +82,28 @@ class DatasetProblem(TorchModel):
         self._executor = None
         self._pending = {}
         self.n_examples = int(n if not val_fraction else len(dataset))
-        x0, y0 = self._load(self.dataset, range(min(2, self.n_examples)))
+        x0, y0 = self._first_items(self.dataset)
         self.classification = is_classification(loss_fn, y0)
         self._setup_module(module)
         # a module or loss that does not fit the items: refused now, not in a worker
         self._probe("the dataset's inputs", x0, y0)
         if val is not None and len(val):
-            self._probe("the validation set's inputs", *self._load(val, range(min(2, len(val)))))
+            self._probe("the validation set's inputs", *self._first_items(val))
 
     # -- reading the data ------------------------------------------------------
+    def _first_items(self, dataset):
+        """The first two items as a batch, for the build-time probe; the
+        first alone where two do not collate (items of different sizes,
+        trained with ``batch_size=1``)."""
+        if len(dataset) > 1:
+            try:
+                return self._load(dataset, range(2))
+            except ConfigError:  # items of a form no batch takes: said as it is
+                raise
+            except Exception:  # noqa: BLE001 - the first item alone is tried next
+                pass
+        return self._load(dataset, range(1))
+
     def _load(self, dataset, indices):
         with _READS:
             batch = self.collate_fn([dataset[int(i)] for i in indices])

@@ -404,7 +404,7 @@ class Recorder:
         snapshot taken at ``final_updates`` is dropped: the final row is that point."""
         if (final_updates is not None and len(self.snapshots) > 1
                 and self.snapshots[-1][1] == final_updates):
-            self.snapshots.pop()
+            self._buffers.pop(self.snapshots.pop()[:3], None)
         snaps, self.snapshots = self.snapshots, []
         if not snaps:
             return self.rows

@@ -58,6 +58,7 @@ from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, LOSS
 from .synchronous import ReplicatedStep, ShardedStep
 
 BUFFERS_EVERY_S = 0.02  # the most often a worker copies its buffers for the curve rows
+BUFFERS_SHARE = 0.02    # and the most of its time those copies take (large buffers)
 
 
 class WorkerRuntime(Worker):
@@ -189,9 +190,13 @@ class WorkerRuntime(Worker):
             live[STALE_MAX] = staleness
 
     def publish_buffers(self) -> None:
-        """Copy the model's buffers into this worker's slot (the curve rows)."""
+        """Copy the model's buffers into this worker's slot (the curve rows);
+        the next copy comes after ``BUFFERS_EVERY_S``, or later where copies
+        would take over ``BUFFERS_SHARE`` of the worker's time."""
+        began = time.perf_counter()
         self._buffers[:] = flat_buffers(self.problem.state())
-        self._buffers_due = time.perf_counter() + BUFFERS_EVERY_S
+        now = time.perf_counter()
+        self._buffers_due = now + max(BUFFERS_EVERY_S, (now - began) / BUFFERS_SHARE)
 
     def apply(self, op: Apply) -> None:
         counters, server = self.counters, self.server

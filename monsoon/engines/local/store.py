@@ -113,7 +113,8 @@ class ParameterStore:
             layout["arrivals"] = ((workers,), "int64")
             layout["published"] = ((1,), "int64")
             if snapshot_ring:
-                ring = max(2, min(SNAP_RING, SNAP_RING_BYTES // max(w0.nbytes, 1)))
+                row = w0.nbytes + (0 if buffers is None else workers * buffers.size * 8)
+                ring = max(2, min(SNAP_RING, SNAP_RING_BYTES // max(row, 1)))
                 layout["snap.params"] = ((ring, n), dtype)
                 layout["snap.meta"] = ((ring, 4), "float64")
                 if buffers is not None:
