@@ -179,3 +179,28 @@ def test_a_worker_that_cannot_be_set_up_leaves_no_thread_and_no_socket(monkeypat
                           progress=False, evals=0)
     assert threading.active_count() == threads
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+START_METHOD = """
+import multiprocessing as mp
+import monsoon
+if __name__ == "__main__":
+    monsoon.train("exp", "async", 2, steps=40, progress=False, evals=0)
+    mp.set_start_method("spawn")
+    print(mp.get_start_method())
+"""
+
+
+def test_a_run_on_processes_leaves_the_start_method_to_the_user(tmp_path):
+    """Starting the fork server fixed the process's default start method,
+    so a script's own ``set_start_method`` after a run raised "context has
+    already been set"."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(START_METHOD)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "spawn"

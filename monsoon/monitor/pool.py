@@ -41,7 +41,7 @@ from multiprocessing.connection import wait
 from ..errors import WaitTimeout, WorkerError
 from .heap import keep_freed_memory
 from .lifecycle import worker_started
-from .processes import blas_threads, join_or_kill, main_module_hidden
+from .processes import blas_threads, join_or_kill, main_module_hidden, start_method_kept
 
 
 class Outbox:
@@ -203,7 +203,7 @@ class WorkerPool:
             payload = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
             needs_main = b"__main__" in payload
             self.needs_main = self.needs_main or needs_main
-            with main_module_hidden(needs_main), blas_threads(threads):
+            with main_module_hidden(needs_main), blas_threads(threads), start_method_kept():
                 h.start()
             reader.close()  # the child's end
             self.payloads.append((writer, payload))

@@ -63,11 +63,26 @@ def start_context():
         # the resource tracker first: starting it unblocks SIGINT afterwards
         # (it blocks and unblocks it around its own start, as here)
         resource_tracker.ensure_running()
-        with sigint_blocked():
+        with sigint_blocked(), start_method_kept():
             forkserver.ensure_running()
     finally:
         os.environ.pop(FORK_SERVER_ENV, None)
     return ctx
+
+
+@contextlib.contextmanager
+def start_method_kept():
+    """Starting a process (or the fork server) asks multiprocessing for the
+    default start method, which fixes it as a side effect; where the user
+    had set none, none is set after, so their own
+    ``multiprocessing.set_start_method`` still works after a run."""
+    default = mp.context._default_context
+    unset = default._actual_context is None
+    try:
+        yield
+    finally:
+        if unset:
+            default._actual_context = None
 
 
 @contextlib.contextmanager
