@@ -172,13 +172,15 @@ def test_a_worker_that_cannot_be_set_up_leaves_no_thread_and_no_socket(monkeypat
         return made(self, rank, workers)
 
     monkeypatch.setattr(type(problem), "for_worker", for_worker)
-    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    # Counted as "no more than before": a thread or file another test left
+    # may end meanwhile; a leak adds at least one per run, three runs here.
+    fds, threads = len(os.listdir("/proc/self/fd")), set(threading.enumerate())
     for _ in range(3):
         with pytest.raises(monsoon.MonsoonError):
             monsoon.train(problem, "async", 2, steps=10_000, backend="threads",
                           progress=False, evals=0)
-    assert threading.active_count() == threads
-    assert len(os.listdir("/proc/self/fd")) == fds
+    assert set(threading.enumerate()) <= threads
+    assert len(os.listdir("/proc/self/fd")) <= fds
 
 
 START_METHOD = """
