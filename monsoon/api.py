@@ -506,6 +506,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         summary["staleness_lr"] = True
     if summary.get("bytes_sent_per_update"):  # metrics.csv's bytes_sent column
         add_bytes_column(recorder.rows, summary["bytes_sent_per_update"])
+    problem.keep_trained(res.params)  # the user's module ends trained, as serial's does
     result = Result(summary, recorder.rows, res.params, problem,
                     worker_params=res.worker_params or None,
                     state=problem.state())

@@ -139,6 +139,49 @@ def test_the_modules_own_weights_are_the_start_and_seed_redraws_them():
     assert np.array_equal(seeded.initial_params(0), seeded.initial_params(0))
 
 
+@pytest.mark.parametrize("name", ["parabola", "exp", "digits"])
+def test_a_catalog_module_is_the_same_at_every_call_and_leaves_the_users_generator(name):
+    """``--init module`` gives a catalog problem its network's own weights:
+    drawn from a generator of their own, not from the user's (two calls
+    differed, and each moved the user's draws)."""
+    from monsoon.problems import make_problem
+
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    first = make_problem(name, init="module").initial_params(0)
+    assert torch.equal(torch.rand(3), expected)
+    assert np.array_equal(make_problem(name, init="module").initial_params(0), first)
+
+
+@pytest.mark.parametrize("strategy, options", [
+    ("serial", {}), ("sync", {"workers": 2, "backend": "threads"}),
+    ("async", {"workers": 2, "backend": "processes"}), ("sync", {"workers": 2, "engine": "sim"})],
+    ids=["serial", "sync-threads", "async-processes", "sync-sim"])
+def test_the_users_module_ends_trained_whichever_strategy_ran(strategy, options):
+    """The user's module holds the run's final weights and buffers (serial and
+    the sim trained it in place; the others left its starting weights beside
+    trained BatchNorm statistics), it no longer shares memory with
+    ``result.params``, and a second run starts from the weights the problem
+    was built with."""
+    torch.manual_seed(3)
+    module = _bn().double()
+    X, y = _regression()
+    problem = TorchProblem(module, nn.MSELoss(), X, y, dtype="float64")
+    start = problem.initial_params(0)
+    flat = lambda: torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy()  # noqa: E731
+    first = monsoon.train(problem, strategy, epochs=2, seed=0, progress=False, **options)
+    assert np.array_equal(flat(), first.params) and not np.array_equal(flat(), start)
+    trained = first.model
+    for name, value in trained.named_buffers():
+        assert torch.equal(dict(module.named_buffers())[name], value), name
+    with torch.no_grad():
+        next(module.parameters()).add_(1.0)
+    assert not np.array_equal(flat(), first.params)  # a copy, not the result's array
+    again = monsoon.train(problem, strategy, epochs=2, seed=0, progress=False, **options)
+    assert again.history[0]["loss"] == first.history[0]["loss"]
+
+
 def _classes(k, n=240):
     g = torch.Generator().manual_seed(k)
     X = torch.randn(n, 6, generator=g)

@@ -118,6 +118,12 @@ class Problem(ABC):
     def load_state(self, state) -> None:
         """Take back what ``state()`` gave; a problem without any has nothing to load."""
 
+    def keep_trained(self, w) -> None:
+        """Leave the problem's own model, if it has one, holding the run's
+        final parameters ``w`` (a copy): called once a run ends, so a
+        user's model ends trained whichever strategy and engine ran. A
+        problem without a model keeps nothing."""
+
     def array_device(self):
         """Where an engine whose workers share this process keeps the
         parameters, gradients and rule state: None for NumPy arrays in host

@@ -11,7 +11,8 @@ NAME`` work with no other flag.
   validation set (``--val-fraction``).
 
 The torch problems start from weights re-drawn from the run's seed
-(``--init seed``), so results published with earlier versions stay the same;
+(``--init seed``), so results published with earlier versions stay the same
+(``--init module``: the network as built, from torch's generator seeded 0);
 a user's own ``TorchProblem`` starts from its module's weights.
 - ``linear`` / ``logistic``: a planted linear model (16384 examples, 20
   features) in plain NumPy: microsecond steps, for simulating big clusters.
@@ -20,6 +21,7 @@ a user's own ``TorchProblem`` starts from its module's weights.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,18 @@ INIT = Option("init", str, None, "initial weights: 'seed' (re-drawn from the run
 TORCH_OPTIONS = (VAL_FRACTION, INIT)
 
 
+@contextlib.contextmanager
+def _own_generator():
+    """Build a catalog network from torch's generator seeded 0, then give
+    the caller's generator back: its weights (``--init module``) are the
+    same at every call, and the user's own draws do not move."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        yield
+
+
 def _normal_init(module):
     for p in module.parameters():
         p.normal_(0.0, 1.0)
@@ -88,7 +102,8 @@ def parabola(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
 
     x = np.linspace(-2, 2, 50)[:, None]
     y = np.square(x)
-    net = nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 1))
+    with _own_generator():
+        net = nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 1))
     return TorchProblem(net, nn.MSELoss(), x, y, dtype=dtype, name="parabola",
                         init_fn=_normal_init, init=init or "seed",
                         val_fraction=val_fraction or 0.0)
@@ -109,7 +124,8 @@ def exp(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
 
     x = np.linspace(-1, 1, 256)[:, None]
     y = np.exp(x)
-    net = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
+    with _own_generator():
+        net = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
     return TorchProblem(net, nn.MSELoss(), x, y, dtype=dtype, name="exp", init_fn=_exp_init,
                         init=init or "seed", val_fraction=val_fraction or 0.0)
 
@@ -141,7 +157,8 @@ def digits(dtype="float32", val_fraction=None, init=None) -> TorchProblem:
     images, labels = digits_arrays()
     X = images / 16.0
     y = torch.as_tensor(labels, dtype=torch.long)
-    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    with _own_generator():
+        net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     return TorchProblem(net, nn.CrossEntropyLoss(), X, y, dtype=dtype, name="digits",
                         init=init or "seed",
                         val_fraction=0.2 if val_fraction is None else val_fraction)

@@ -574,6 +574,17 @@ class TorchModel(Problem):
             for k, v in state.items():
                 named[k].copy_(torch.from_numpy(np.array(v)))  # Ray hands arrays read-only
 
+    def keep_trained(self, w) -> None:
+        """Point the module's parameters at a copy of ``w``, where they are
+        now (host or device): the user's module ends trained, and neither
+        it nor ``w`` changes the other afterwards. A new run still starts
+        from the weights the problem was built with (``initial_params``)."""
+        fresh = np.array(arrays.to_host(w), dtype=self.dtype, copy=True)
+        if arrays.is_tensor(self._bound):
+            self._bind(torch.from_numpy(fresh).to(self._bound.device))
+        else:
+            self._bind(fresh)
+
     def model_at(self, w: np.ndarray) -> torch.nn.Module:
         """A standalone copy of the module holding parameters ``w``."""
         self._check(w)
