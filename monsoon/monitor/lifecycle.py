@@ -23,8 +23,9 @@ Workers and pipeline stages (``worker_started``, first thing in each):
   from its first import on (``tie_fork_server`` says why).
 - ``parent_alive()`` is checked in every wait of a worker
   (``waiting.wait_until``), a further guard where there is no ``prctl``.
-- SIGINT is ignored: Ctrl-C reaches the whole process group, and it is the
-  monitor's to handle (it stops the workers itself, at a step boundary).
+- SIGINT and SIGTERM are ignored: Ctrl-C, ``timeout`` and a batch
+  scheduler signal the whole process group, and it is the monitor's to
+  handle (it stops the workers itself, at a step boundary).
 
 Torch engine ranks that the monitor starts as torchrun's agent
 (``torchrun/launch.py``) are forked from the same fork server and call
@@ -82,15 +83,21 @@ def name_process(name: str) -> None:
         pass
 
 
-def worker_started(monitor_pid: int | None = None, name: str | None = None) -> None:
+def worker_started(monitor_pid: int | None = None, name: str | None = None,
+                   ignore_sigterm: bool = True) -> None:
     """Called first in a worker process: die with the monitor, whoever the
-    parent is; leave Ctrl-C to the monitor. ``monitor_pid`` defaults to the
-    process that created this one's ``Process`` object."""
+    parent is; leave Ctrl-C, and SIGTERM unless ``ignore_sigterm`` is
+    False, to the monitor. ``monitor_pid`` defaults to the process that
+    created this one's ``Process`` object."""
     global _parent_pid
     _parent_pid = os.getppid()
     set_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the fork server's SIG_IGN
+    # A SIGTERM to the process group (``timeout``, a batch scheduler) reaches
+    # the workers too: dead of it, a sync worker would take its trained
+    # replica with it before the monitor stopped the run at a step boundary.
+    # A torch rank takes the default back: its agent stops ranks by SIGTERM.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_sigterm else signal.SIG_DFL)
     if name:
         name_process(name)
     parent = multiprocessing.parent_process()
@@ -159,8 +166,8 @@ def tie_fork_server() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # SIGTERM to the process group likewise: dead of it, the fork server would
     # take every worker it forked with it (their PR_SET_PDEATHSIG) before the
-    # monitor stopped them at a step boundary. A worker takes the default
-    # back (``worker_started``); the pipeline's stages keep ignoring it.
+    # monitor stopped them at a step boundary. Workers and stages keep
+    # ignoring it; a torch rank takes the default back (``worker_started``).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -30,7 +30,6 @@ is the monitor's.
 """
 from __future__ import annotations
 
-import signal
 import time
 
 import numpy as np
@@ -96,7 +95,6 @@ class Link:
 def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
     """A stage's process (in ``pool._worker_process``)."""
     worker = t0 = None
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the monitor stops the run (STOP)
     try:
         setup = read_payload(reader)  # imports torch: a stage runs a torch module
         limit_threads(threads)

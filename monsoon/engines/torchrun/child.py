@@ -56,7 +56,7 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
     """The rank's whole life (``streams``: unpickled, ``AgentStreams`` has
     already put the agent's output and error in place)."""
     rank = int(os.environ.get("RANK", -1))
-    worker_started(agent_pid, f"monsoon-rank{rank}")  # SIGINT ignored: the agent's to handle
+    worker_started(agent_pid, f"monsoon-rank{rank}", ignore_sigterm=False)  # SIGINT ignored: the agent's to handle
     # the agent's share of the cores; torch and BLAS were loaded before it was set
     limit_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     folder = Path(folder)
