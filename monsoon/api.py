@@ -81,10 +81,12 @@ def staleness_stats(counts: Counter) -> dict:
     return {"mean": mean, "p50": quantile(0.5), "p99": quantile(0.99), "max": values[-1]}
 
 
-def check_writable(out: Path) -> None:
-    """The run folder can be created and written, before any worker starts.
-    The probe's name is this check's own: every torchrun rank checks the
-    folder, and on one machine or a shared file system it is the same one."""
+def check_writable(out: Path) -> list[Path]:
+    """The run folder can be created and written, before any worker starts;
+    returns the folders this made, innermost first. The probe's name is
+    this check's own: every torchrun rank checks the folder, and on one
+    machine or a shared file system it is the same one."""
+    made = [p for p in (out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".monsoon-write-test-{uuid.uuid4().hex}"
@@ -93,6 +95,17 @@ def check_writable(out: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot write the run folder {out}: {exc.strerror or exc}; "
                           "choose another --out") from None
+    return made
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (innermost first) where they are still empty: a
+    run refused before it began leaves no folder it made."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another process's files), or gone
+            return
 
 
 def _first_line(exc: BaseException) -> str:
@@ -266,8 +279,7 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     leave_if_re_running_main()
     resolved = check(problem, strategy, workers, out=out, shared=shared, **options)
     run, problem, budget = resolved.run, resolved.problem, resolved.budget
-    if out is not None:
-        check_writable(Path(out))
+    made = check_writable(Path(out)) if out is not None else []
 
     w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
     total = (budget.epochs * problem.n_examples if budget.epochs is not None
@@ -276,6 +288,9 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     _devices.assign(problem, resolved.devices, run["precision"])
     try:
         return _train(resolved, problem, w0, total, out, raise_on_divergence)
+    except ConfigError:  # refused (a --resume that does not fit): no folder left behind
+        _remove_empty(made)
+        raise
     finally:
         _devices.release(problem)  # back to the CPU: results do not depend on the device
 

@@ -20,7 +20,7 @@ import sys
 
 from . import __version__
 from .config import RUN, RUN_OPTIONS, registries
-from .errors import Interrupted, MonsoonError, TrainingDiverged
+from .errors import ConfigError, Interrupted, MonsoonError, TrainingDiverged
 from .options import Option, declared
 
 __all__ = ["main", "build_parser", "option_groups"]
@@ -162,6 +162,10 @@ def _train(args) -> None:
     options = _given(args)
     prefix = "runs/"
     if args.command == "simulate":
+        if options.get("engine") not in (None, "sim"):
+            raise ConfigError(f"monsoon simulate runs on the sim engine, not --engine "
+                              f"{options['engine']}: drop --engine, or run "
+                              f"'monsoon train --engine {options['engine']}'")
         options["engine"], prefix = "sim", "runs/sim-"
     single = registries()["strategy"].get(args.strategy).single_worker
     workers = _workers(args)  # serial's default is 1; a count given is train's to refuse
@@ -172,8 +176,10 @@ def _train(args) -> None:
     if s.get("follower"):  # a torch engine rank other than 0: rank 0 reports
         return
     virtual = registries()["engine"].get(s["engine"]).virtual_time
+    rate = s["examples_per_s"]  # None where the run took no time (the sim at no cost)
     print(f"{s['problem']} {s['strategy']} x{s['workers']}: final_loss {s['final_loss']:.6g}, "
-          f"{s['examples_per_s']:.4g} examples/s, {'simulated' if virtual else 'wall'} "
+          f"{'-' if rate is None else format(rate, '.4g')} examples/s, "
+          f"{'simulated' if virtual else 'wall'} "
           f"{s['wall_time_s']:.3g} s (+{s['startup_s']:.2g} s start-up)")
     if "utilization" in s:
         # a part with no time (a run of no step) or no shards (the pipeline) is None

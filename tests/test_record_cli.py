@@ -225,6 +225,39 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path, args, message):
     assert not (tmp_path / "x").exists()  # refused before any work started
 
 
+def test_simulate_refuses_another_engine_in_one_line(tmp_path):
+    """``monsoon simulate --engine local`` ran on the sim, saying nothing."""
+    proc = run_cli("simulate", "--engine", "local", "--problem", "parabola", "--steps", "10",
+                   "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("monsoon: error: monsoon simulate runs on the sim engine, "
+                                   "not --engine local: drop --engine, or run "
+                                   "'monsoon train --engine local'")
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_refused_resume_leaves_no_folder_it_made(tmp_path):
+    """``--resume`` of a folder with no checkpoint is refused in one line,
+    and the new ``--out`` (and a parent it made) is not left behind empty."""
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    out = tmp_path / "new" / "run"
+    proc = run_cli("train", "--problem", "parabola", "--strategy", "sync", "--workers", "2",
+                   "--steps", "20", "--out", str(out), "--resume", str(tmp_path / "empty"))
+    assert proc.returncode == 2 and "nothing to resume from" in proc.stderr, proc.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_sim_run_that_takes_no_time_prints_its_line(tmp_path):
+    """``--compute-s 0``: no simulated time, no examples/s (None), and the
+    line printed without a traceback (it formatted None)."""
+    out = tmp_path / "run"
+    proc = run_cli("train", "--engine", "sim", "--problem", "parabola", "--strategy", "hogwild",
+                   "--workers", "2", "--steps", "20", "--compute-s", "0", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "- examples/s" in proc.stdout
+    assert json.loads((out / "summary.json").read_text())["examples_per_s"] is None
+
+
 @pytest.mark.parametrize("where", ["dd/d.svm", "{tmp}/dd/d.svm"])
 def test_a_problem_naming_a_file_gets_one_default_run_folder(tmp_path, monkeypatch, where):
     """It was runs/libsvm_dd/d.svm-serial, and for an absolute path
