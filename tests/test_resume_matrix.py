@@ -20,8 +20,9 @@
   one line, before anything starts: a compressor state (local async; the
   torch engine's sync checkpoints hold it: ``test_torch_sender_state.py``),
   a model's buffers (BatchNorm's statistics) where other
-  workers hold them; the sim (it replays its run), the local engine's
-  serial runs and the torch engine's sync ones (every rank's) keep them.
+  workers hold them (ray, spark); the sim (it replays its run), the local
+  engine (``test_checkpoint_buffers.py``) and the torch engine's sync runs
+  (every rank's) keep them.
 - ``--elastic`` (Ray only) holds no state a checkpoint needs: every step is
   the full batch whatever the membership, and a resumed run starts every
   worker again; ``test_ray.py`` resumes sync runs on Ray."""
@@ -294,14 +295,15 @@ def test_a_resumed_sync_worker_draws_the_uninterrupted_workers_masks():
     assert np.array_equal(first_gradient_after(6), first_gradient_after(0))
 
 
-@pytest.mark.parametrize("strategy", ["sync", "async"])
-def test_buffers_the_checkpoints_do_not_hold_are_refused_at_resume(tmp_path, strategy):
-    """Other local strategies' workers hold their own buffers, which no
-    checkpoint has: --resume refuses the model in one line."""
+@pytest.mark.parametrize("engine,strategy", [("ray", "sync"), ("spark", "async")])
+def test_buffers_the_checkpoints_do_not_hold_are_refused_at_resume(tmp_path, engine, strategy):
+    """Ray's and Spark's workers hold their own buffers, which no checkpoint
+    has: --resume refuses the model in one line, before anything starts
+    (the local engine's checkpoints hold them: test_checkpoint_buffers.py)."""
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ConfigError) as err:
-        monsoon.train(_torch_problem(batchnorm=True), strategy, 2, steps=12, batch_size=16,
-                      resume=str(tmp_path), progress=False)
+        monsoon.train(_torch_problem(batchnorm=True), strategy, 2, engine=engine, steps=12,
+                      batch_size=16, resume=str(tmp_path), progress=False)
     line = str(err.value)
     assert "\n" not in line and f"checkpoints of {strategy} do not hold the model's buffers" \
         in line, line

@@ -33,7 +33,8 @@ The local engine's curve rows: each worker copies its buffers (``flat``)
 into a shared slot after a gradient (at most every
 ``runtime.BUFFERS_EVERY_S``), and the monitor combines the slots by the
 same rule when it takes a row; the recorder evaluates the row with them
-(``Recorder.settled_rows``).
+(``Recorder.settled_rows``). Its checkpoints hold them combined by the
+same rule too (``engines/local/checkpointing.py``).
 """
 from __future__ import annotations
 

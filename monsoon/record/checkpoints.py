@@ -575,8 +575,8 @@ def resume_refusal(engine, problem, strategy) -> str | None:
     engine, sync's); a model with buffers
     (BatchNorm's running statistics, ``Problem.state()``) on an engine whose
     checkpoints do not hold them (``engine.keeps_buffers(strategy)``: the
-    sim, which replays its run, the local engine's serial and the torch
-    engine's sync, every rank's): the resumed
+    sim, which replays its run, the local engine, every strategy's, and the
+    torch engine's sync, every rank's): the resumed
     model would restart them and end unlike the uninterrupted one; a
     strategy with private worker copies (local SGD, EASGD) on an engine that
     does not checkpoint them (``engine.keeps_private_copies`` False: ray,
@@ -594,9 +594,9 @@ def inexact_resume(engine, problem, strategy) -> tuple[str, str] | None:
         return (f"the {engine.name} engine's checkpoints of {strategy.name} do not hold "
                 "the model's buffers (BatchNorm's running statistics), so the resumed model "
                 "would not end as this one",
-                "start a new run (the sim's checkpoints, serial's on the local engine and "
-                "sync's on the torch engine hold them; a checkpoint resumes on the engine "
-                "that wrote it)")
+                "start a new run (the local engine's and the sim's checkpoints, and sync's "
+                "on the torch engine, hold them; a checkpoint resumes on the engine that "
+                "wrote it)")
     inner = getattr(strategy, "local_rule", None)
     if private_copies(strategy) and inner is not None and _stateful(inner) \
             and not getattr(engine, "keeps_inner_state", True):

@@ -28,8 +28,8 @@ rows up to it, and the ``totals`` known then (``monitor/tally.py``): a
 stopped run's final one and every one of serial's hold what the workers
 counted themselves (staleness, traffic, SSP's clocks); a parallel run's
 periodic one, only those it carried. An exact checkpoint of a compressed run also
-holds each worker's sender state (``save_sender``, ``hand_over_sender``); a
-serial run's, the model's buffers (``buffer.<name>``: BatchNorm's).
+holds each worker's sender state (``save_sender``, ``hand_over_sender``); every
+one, the model's buffers (``buffer.<name>``, BatchNorm's; which ones: below).
 
 Snapshot checkpoints, and serial's, cost at most about 5% of a run: after
 each write, the next waits at least 19 times as long as the write took (the
@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 
+from ...problems.buffers import combine, flat, unflat
 from ...record import checkpoints
 from ...record.progress import counters_counts, counts
 
@@ -184,3 +185,59 @@ def read_senders(store, step: int, every: int, stopped: bool = False) -> dict | 
     out = {k.replace("ckpt.", "", 1): np.array(v[row], copy=True) for k, v in arrays.items()
            if k.startswith("ckpt.sender.") and k != TAG}
     return out if (tags == step).all() else None
+
+
+# -- a model's buffers (BatchNorm's running statistics) ---------------------
+#
+# An exact run's periodic checkpoint holds the buffers of the strategy's
+# rule (``strategy.buffers``; sync: worker 0's) at its step. Every worker
+# copies its buffers (``buffers.flat``) into its row of ``ckpt.buffers``
+# where it writes its sender's state (``save_sender``: at checkpoint step s,
+# before it arrives there, once the monitor has taken the previous
+# checkpoint), tagged with s (-1 while written); the monitor combines the
+# rows tagged s, of the workers that reached s, with the step's parameters.
+# A worker whose stop leaves its step unapplied puts back the buffers it
+# kept from before that step's forward pass (``synchronous.py``), so its
+# report, and the final checkpoint that combines the reports as the
+# result does, hold them at the stop's boundary. The rows exist wherever
+# an exact parallel run has a folder and its model has buffers; their
+# presence tells the workers to keep them (``keeps_step_buffers``).
+
+BUFFERS, BUFFERS_TAG = "ckpt.buffers", "ckpt.buffers.tag"
+
+
+def buffer_slots(buffers: np.ndarray, workers: int) -> dict:
+    """The store's extra layout for the buffers' checkpoint rows
+    (``buffers``: the model's, flat)."""
+    return {BUFFERS: ((workers, buffers.size), "float64"), BUFFERS_TAG: ((workers,), "int64")}
+
+
+def keeps_step_buffers(store) -> bool:
+    """Whether a worker keeps its buffers from before each step's forward
+    pass (the store has the buffers' checkpoint rows)."""
+    return BUFFERS in store.memory.arrays
+
+
+def save_buffers(store, problem, rank: int, step: int) -> None:
+    """In a worker, at checkpoint step ``step``: its model's buffers into its row."""
+    arrays = store.memory.arrays
+    if BUFFERS in arrays:
+        tags = arrays[BUFFERS_TAG]
+        tags[rank] = -1
+        arrays[BUFFERS][rank] = flat(problem.state())
+        tags[rank] = step
+
+
+def read_buffers(store, step: int, template: dict | None, rule: str) -> dict | None:
+    """In the monitor: the buffers at checkpoint step ``step``, combined by
+    ``rule`` over the rows tagged ``step`` (``template``: the buffers'
+    names and shapes), as a checkpoint's ``buffer.<name>`` arrays; {} where
+    the run keeps none; None where no row holds that step (with backup
+    workers, every worker may have skipped it)."""
+    arrays = store.memory.arrays
+    if BUFFERS not in arrays:
+        return {}
+    tags = arrays[BUFFERS_TAG]
+    rows = {k: unflat(arrays[BUFFERS][k], template) for k in np.flatnonzero(tags == step)}
+    rows = {int(k): row for k, row in rows.items() if tags[k] == step}  # none rewritten meanwhile
+    return checkpoints.held_buffers(combine(rows, rule)) if rows else None

@@ -62,7 +62,7 @@ from ...monitor.processes import (limit_threads, single_blas_thread, single_torc
                                   start_context, torch_threads_per_worker)
 from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
-from .checkpointing import RunCheckpoints, hands_over_senders, sender_slots
+from .checkpointing import RunCheckpoints, buffer_slots, hands_over_senders, sender_slots
 from ...monitor.pool import WorkerPool, failure, read_payload, start_advice, start_timeout
 from ...compressors.messages import Sender, compressing
 from ... import arrays
@@ -309,19 +309,21 @@ class LocalEngine(Engine):
 
     @staticmethod
     def keeps_buffers(strategy) -> bool:
-        """Serial runs on the problem itself: its checkpoints hold the
-        model's buffers (``buffer.<name>``); other workers' are not at hand."""
-        return strategy.single_worker
+        """Every checkpoint holds the model's buffers (``buffer.<name>``):
+        serial's, the problem's; an exact run's, those of the strategy's
+        rule at the step; a snapshot's, the workers' combined
+        (``checkpointing.py``)."""
+        return True
 
     keeps_inner_state = False  # a private copy's inner rule state is not checkpointed
 
     def checkpoint_shapes(self, problem, strategy, w0, workers: int) -> dict:
         """Every worker's counters; each worker's sender state where an exact
-        run's compression is stateful; serial's model buffers."""
+        run's compression is stateful; the model's buffers."""
         stateful = self.compression.stateful and checkpoints.exact_checkpoints(strategy)
         sender = self.compression.sender_layout(w0.size, w0.dtype) if stateful else None
-        buffers = checkpoints.buffer_arrays(problem) if strategy.single_worker else None
-        return {**counters_shapes(workers), **checkpoints.held_shapes(workers, sender, buffers)}
+        return {**counters_shapes(workers),
+                **checkpoints.held_shapes(workers, sender, checkpoints.buffer_arrays(problem))}
 
     device = "cpu"  # the run's --device (``from_options``)
 
@@ -431,10 +433,12 @@ class LocalEngine(Engine):
         ident["plan"] = "epochs" if self.kernel else "batches"  # what a position counts
         ck = RunCheckpoints(self.checkpoint_dir, self.checkpoint_every, self.resume_dir, ident,
                             exact, recorder)
-        compression = self.compression
-        senders = exact and compression.stateful  # checkpoints hold each worker's sender
+        senders = exact and self.compression.stateful  # checkpoints hold each worker's sender
         resume = ck.start(w0, rule, workers,  # checked before anything starts
                           self.checkpoint_shapes(problem, strategy, w0, workers))
+        if resume.saved is not None:  # every worker starts from its buffers (serial: the problem)
+            checkpoints.restore_buffers(resume.saved, problem)
+        held = None if inline else flat_buffers(problem.state())  # the model's, flat (None: none)
         buffer = exact and not inline and bool(ck.directory) and self.checkpoint_every > 0
         ctx = start_context() if backend == "processes" else None
         device = self._array_device(problem, rule, backend)
@@ -445,21 +449,17 @@ class LocalEngine(Engine):
                                checkpoint_buffer=buffer,
                                snapshot_ring=recorder.evals > 0 and bool(recorder.total_examples),
                                live=recorder.live_writer is not None,
-                               # with a folder: the final checkpoint of a stop holds them too
-                               extra_layout=(sender_slots(compression, w0.size, w0.dtype, workers)
-                                             if senders and ck.directory and not inline
-                                             else None),
+                               extra_layout=self._slots(strategy, w0, workers,
+                                                        bool(ck.directory), held),
                                sums=initial_sums(strategy.local_rule, w0.size, w0.dtype)
                                if Average in strategy.uses else None,
-                               # each curve row is evaluated with the workers' buffers
-                               buffers=None if inline or recorder.evals <= 0
-                               else flat_buffers(problem.state()))
+                               # curve rows and snapshot checkpoints: the workers' buffers
+                               buffers=held if recorder.evals > 0 or ck.directory else None)
         self.shards_used = shards
         if resume.saved is not None:
             ck.restore(resume, store)
             if not senders:  # a worker's compressor state, only where this run keeps it
                 resume.senders.clear()
-            checkpoints.restore_buffers(resume.saved, problem)  # serial's (the only ones held)
             if strategy.synchronous:
                 store.sync[STEP] = resume.positions[0]
         if device is not None:  # the arrays live where the problem computes
@@ -486,6 +486,21 @@ class LocalEngine(Engine):
         if self.kernel:  # what ran: one update per example
             res.extra.update(batch_size=1, per_example_loop=True)
         return res
+
+    def _slots(self, strategy, w0, workers: int, folder: bool, held) -> dict | None:
+        """The store's extra layout of an exact parallel run with a folder
+        (a stop's final checkpoint holds them too, not only periodic ones):
+        each worker's sender state where the compression is stateful, and
+        its model's buffers (``held``, flat; None: none) at checkpoint steps
+        (``checkpointing.py``)."""
+        if not folder or strategy.single_worker or not checkpoints.exact_checkpoints(strategy):
+            return None
+        out = {}
+        if self.compression.stateful:
+            out.update(sender_slots(self.compression, w0.size, w0.dtype, workers))
+        if held is not None:
+            out.update(buffer_slots(held, workers))
+        return out or None
 
     # -- serial: in the calling thread --------------------------------------
     def _run_inline(self, store, problem, rule, strategy, batch_size, seed, budget, recorder,

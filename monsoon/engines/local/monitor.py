@@ -10,7 +10,8 @@ and hands the live writer the workers' figures. When each of these is due,
 and the no-progress timeout and a stop signal, it asks one ``Due``
 (``monitor/due.py``), the object the inline path asks too. A curve row
 keeps the workers' model buffers (``problems/buffers.py``) as they are
-when the monitor takes it (a ring row: when worker 0 wrote it).
+when the monitor takes it (a ring row: when worker 0 wrote it); a
+checkpoint, as ``checkpointing.py`` says.
 """
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ from ...monitor.due import Due
 from ...monitor.lifecycle import StopSignals
 from ...monitor.pool import fail_if_lost
 from ...problems.buffers import combine as combine_buffers, unflat
-from ...record import progress
+from ...record import checkpoints, progress
 from ...record.progress import EXAMPLES
 from ...monitor.tally import EngineResult, RunTally, local_totals, run_totals
-from .checkpointing import read_senders
+from .checkpointing import read_buffers, read_senders
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)
 
@@ -249,6 +250,11 @@ class WorkerMonitor:
         return combine_buffers({k: unflat(slots[k], self.template) for k in range(self.workers)
                                 if k not in self.failed}, self.strategy.buffers)
 
+    def final_buffers(self) -> dict | None:
+        """The buffers the workers reported as they ended, combined by the
+        strategy's rule, as the run's result combines them (``api.py``)."""
+        return combine_buffers(self.tally.states, self.strategy.buffers)
+
     def local_totals(self) -> tuple[int, int] | None:
         """The workers' local steps so far, (applied, dropped), where the
         strategy takes any (an inner rule on private copies); else None."""
@@ -273,9 +279,11 @@ class WorkerMonitor:
         return reason
 
     # -- checkpoints ---------------------------------------------------------
-    def snapshot(self, reason: str, now: float, private=None, totals=None) -> None:
+    def snapshot(self, reason: str, now: float, private=None, totals=None,
+                 buffers=False) -> None:
         """A checkpoint of the shared parameters as they are now (not at a
-        step boundary: ``exact=False``)."""
+        step boundary: ``exact=False``), with the model's ``buffers`` (by
+        default the workers' slots as they are now)."""
         # parameters first: a worker counts a batch's examples before its
         # update, so every update in the copy is counted and never redone
         # (a compiled pass counts its epoch after it: one in progress is
@@ -283,6 +291,8 @@ class WorkerMonitor:
         store, ck = self.store, self.ck
         params = np.array(arrays.to_host(store.params))
         counters = store.counters.copy()
+        if buffers is False:
+            buffers = self.row_buffers()
         kernel = self.engine.kernel
         positions = progress.snapshot_positions(self.strategy, counters[:, EXAMPLES], self.n,
                                                 self.batch_size, kernel)
@@ -292,6 +302,7 @@ class WorkerMonitor:
                  positions=positions, time_s=self.resume.time_s + now,
                  rows=self.recorder.settled_rows(),
                  reason=reason, exact=False, private=private,
+                 extra=checkpoints.held_buffers(buffers),
                  local=progress.snapshot_local(self.strategy, self.local_totals(), positions,
                                                self.n, self.batch_size, kernel),
                  totals=totals)
@@ -310,26 +321,29 @@ class WorkerMonitor:
         state = type(store.state)(*(np.array(arrays.to_host(a), copy=True)
                                     for a in store.ckpt["state"]))
         senders = read_senders(store, step, self.engine.checkpoint_every)
+        buffers = read_buffers(store, step, self.template, self.strategy.buffers)
         store.control[CKPT_STEP] = 0
-        self.exact_checkpoint(step, params, state, "periodic", now, senders, self.carried)
+        self.exact_checkpoint(step, params, state, "periodic", now, senders, self.carried,
+                              buffers)
 
     def exact_checkpoint(self, step: int, params, state, reason: str, now: float,
-                         senders=False, totals=None) -> None:
+                         senders=False, totals=None, buffers=None) -> None:
         """Written only where the workers' compressor state at ``step`` is at
-        hand (``senders``, or ``checkpointing.read_senders``); else (a worker
-        lost, whose state went with it) the newest one stands."""
+        hand (``senders``, or ``checkpointing.read_senders``), and the
+        model's ``buffers`` there (``buffer.<name>`` arrays, {}: none); else
+        (a worker lost, whose state went with it) the newest one stands."""
         store, ck, workers = self.store, self.ck, self.workers
         if senders is False:
             senders = read_senders(store, step, self.engine.checkpoint_every)
-        if senders is None:
+        if senders is None or buffers is None:
             return
         _, _, dropped, late = store.totals()
         ck.write(params=params, state=state,
                  counters=progress.exact_counters(step, workers, int(dropped), int(late), self.n,
                                                   self.batch_size, self.strategy.backup_workers),
                  positions=[step] * workers, time_s=self.resume.time_s + now,
-                 rows=self.recorder.settled_rows(), reason=reason, exact=True, extra=senders,
-                 totals=totals)
+                 rows=self.recorder.settled_rows(), reason=reason, exact=True,
+                 extra={**senders, **buffers}, totals=totals)
 
     # -- the end -------------------------------------------------------------
     def finish(self, wall: float, up: int) -> np.ndarray:
@@ -345,12 +359,13 @@ class WorkerMonitor:
         if self.due.interrupted is not None:  # the workers have reported: the totals are whole
             if not self.exact:
                 self.snapshot("interrupted", wall, private=self.tally.params or None,
-                              totals=self.tally.totals())
+                              totals=self.tally.totals(), buffers=self.final_buffers())
             elif self.at_one_boundary():  # each worker handed its sender over there
                 step = int(store.published[0]) if store.replicated else int(store.sync[STEP])
                 self.exact_checkpoint(step, store.params, store.state, "interrupted", wall,
                                       read_senders(store, step, self.every, stopped=True),
-                                      self.tally.totals())
+                                      self.tally.totals(),
+                                      checkpoints.held_buffers(self.final_buffers()))
         return params
 
     def at_one_boundary(self) -> bool:

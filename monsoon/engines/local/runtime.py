@@ -8,8 +8,10 @@ the loop before the next op. Op by op:
 - ``Gradient``: the problem computes at the working parameters (the shared
   ones for shared strategies: zero copy). Sync workers write straight into
   their gradient slot (the replicated step's alternate with the step). A
-  model's buffers go to the worker's slot after it, for the curve rows, at
-  most every ``BUFFERS_EVERY_S`` (on a GPU each copy waits for the device).
+  model's buffers go to the worker's slot after it, for the curve rows and
+  snapshot checkpoints, at most every ``BUFFERS_EVERY_S`` (on a GPU each
+  copy waits for the device); an exact run with a folder keeps them from
+  before it too, for a stop (``checkpointing.py``).
 - ``Apply``: the rule on the whole shared vector, no lock (Hogwild!).
 - ``Fetch`` / ``Push``: per shard, under that shard's lock. A push counts
   the examples of the gradients it carries (``Worker.release``): an accrued
@@ -52,6 +54,7 @@ from ...server.reduce import into_slot
 from ...server.summed import SharedSums
 from ...server.worker import Worker
 from ...monitor.waiting import HOT_TURNS, Aborted
+from .checkpointing import keeps_step_buffers
 from .clocks import LocalClocks
 from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, LOSS_N, LOSS_SUM,
                     STALE_MAX, STALE_N, STALE_SUM, UPDATES, ParameterStore)
@@ -82,6 +85,10 @@ class WorkerRuntime(Worker):
         # this worker's buffer slot, for the curve rows (None: no buffers or no curve)
         self._buffers = store.buffers[rank] if store.buffers is not None else None
         self._buffers_due = 0.0  # perf_counter time of the next copy
+        # an exact run's buffers from before this step's forward pass, for a
+        # stop that leaves the step unapplied (None: not kept)
+        self.step_buffers = None
+        self._keep_step_buffers = keeps_step_buffers(store)
         self.staleness = Counter()
         self._sync = None
         self._grad_out = None
@@ -169,6 +176,8 @@ class WorkerRuntime(Worker):
                 self.server.read(self.rank)  # Hogwild!: this gradient reads them now
         if op.next is not None and self._prefetch is not None:
             self._prefetch(op.next)  # a Dataset problem loads it while this one computes
+        if self._keep_step_buffers:
+            self.step_buffers = self.problem.state()
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
         if self._buffers is not None and time.perf_counter() >= self._buffers_due:
             self.publish_buffers()  # the forward moved them (BatchNorm's statistics)
@@ -197,6 +206,14 @@ class WorkerRuntime(Worker):
         self._buffers[:] = flat_buffers(self.problem.state())
         now = time.perf_counter()
         self._buffers_due = now + max(BUFFERS_EVERY_S, (now - began) / BUFFERS_SHARE)
+
+    def undo_step_buffers(self) -> None:
+        """A stop left this worker's step unapplied: its model's buffers go
+        back to those kept from before that step's forward pass."""
+        if self.step_buffers is not None:
+            self.problem.load_state(self.step_buffers)
+            if self._buffers is not None:
+                self.publish_buffers()
 
     def apply(self, op: Apply) -> None:
         counters, server = self.counters, self.server

@@ -52,7 +52,7 @@ from ...server.core import ServerCore
 from ...server.summed import SharedSums
 from ...monitor.waiting import Aborted, wait_until
 from ...shared_memory import NEEDS_FENCE  # where set, the store's lock fences a counter
-from .checkpointing import hand_over_sender, save_sender
+from .checkpointing import hand_over_sender, save_buffers, save_sender
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,
                     READY, REDUCED, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN,
                     STEP, STOP, STOP_AT, UPDATES)
@@ -143,10 +143,13 @@ class _Step:
     def _hand_over(self) -> None:
         """This worker's compressor state where it stopped or ended, for the
         monitor's final checkpoint: from before its last message where that
-        was for the step it left unapplied (a wait it left on the stop)."""
+        was for the step it left unapplied (a wait it left on the stop), and
+        then its buffers from before that step (``checkpointing.py``)."""
+        unapplied = self.sent == self.step
+        if unapplied:
+            self.rt.undo_step_buffers()
         sender = self.rt.sender
         if sender is not None:
-            unapplied = self.sent == self.step
             hand_over_sender(self.store, sender, self.rank, self.step, before_last=unapplied)
             if unapplied:  # the resumed run sends that message again: counted there
                 sender.uncount_last()
@@ -160,15 +163,16 @@ class _Step:
         has taken the previous checkpoint out of the buffer (it takes each
         one as it falls due, so this wait is over at once unless it fell a
         whole interval behind), so that no checkpoint is skipped; then this
-        worker's compressor state goes to the store
-        (``checkpointing.save_sender``). Nothing of the step is applied yet:
-        a stop may end the wait."""
+        worker's compressor state and model buffers go to the store
+        (``checkpointing.save_sender``, ``save_buffers``). Nothing of the
+        step is applied yet: a stop may end the wait."""
         control = self.control
         if control[CKPT_STEP]:
             self._wait(lambda: control[CKPT_STEP] == 0,
                        f"the monitor to write the checkpoint of step {int(control[CKPT_STEP])}",
                        may_stop=True)
         save_sender(self.store, self.rt.sender, self.rank, step, self.every)
+        save_buffers(self.store, self.rt.problem, self.rank, step)
 
     def _boundary(self) -> None:
         """A checkpoint is due, or a stop was asked for (see the module doc)."""
