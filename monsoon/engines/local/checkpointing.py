@@ -202,6 +202,9 @@ def read_senders(store, step: int, every: int, stopped: bool = False) -> dict | 
 # result does, hold them at the stop's boundary. The rows exist wherever
 # an exact parallel run has a folder and its model has buffers; their
 # presence tells the workers to keep them (``keeps_step_buffers``).
+# Serial's hold the problem's own; a snapshot, the workers' curve slots
+# (``store.buffers``) combined as the monitor reads them, and a stopped
+# run's final one, the buffers the workers reported, combined.
 
 BUFFERS, BUFFERS_TAG = "ckpt.buffers", "ckpt.buffers.tag"
 

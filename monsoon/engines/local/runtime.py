@@ -82,7 +82,8 @@ class WorkerRuntime(Worker):
         self.local_counts = store.local_counts[rank]
         # with live series: this worker's losses and staleness, for the monitor
         self._live = store.live[rank] if store.live is not None else None
-        # this worker's buffer slot, for the curve rows (None: no buffers or no curve)
+        # this worker's buffer slot, for curve rows and snapshot checkpoints
+        # (None: no buffers, or neither a curve nor a folder)
         self._buffers = store.buffers[rank] if store.buffers is not None else None
         self._buffers_due = 0.0  # perf_counter time of the next copy
         # an exact run's buffers from before this step's forward pass, for a

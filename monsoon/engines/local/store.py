@@ -24,7 +24,7 @@ Everything workers share lives in one ``SharedArrays`` block:
   snapshots worker 0 writes every ``control[SNAP_EVERY]`` steps, read by the
   monitor without asking (``control[SNAP_WRITTEN|SNAP_READ]``);
 - ``buffers[k]``: worker k's model buffers after its last gradient, for
-  the curve rows (``problems/buffers.py``; ``snap.buffers[i]``: the ring's);
+  curve rows and snapshot checkpoints (``snap.buffers[i]``: the ring's);
 - ``clocks[k]``: the SSP clocks worker k has finished (``clocks.py``);
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, ``local_counts[k]`` its local steps on its own copy
