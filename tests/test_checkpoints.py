@@ -183,7 +183,8 @@ def test_a_damaged_newest_checkpoint_in_the_run_folder_is_named_not_dropped(tmp_
     instead, and is not deleted before the resume could name it."""
     run = _good_run(tmp_path)
     files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
-    files[-1].write_bytes(files[-1].read_bytes()[:1000])
+    damaged = files[-1].read_bytes()[:1000]
+    files[-1].write_bytes(damaged)
     capsys.readouterr()
     resumed = monsoon.train("exp", "serial", epochs=3, seed=0, out=run, resume=str(run),
                             evals=0, checkpoint_every=16)
@@ -191,7 +192,10 @@ def test_a_damaged_newest_checkpoint_in_the_run_folder_is_named_not_dropped(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert f"{files[-1]} is corrupt or partial" in err[0] and files[-2].name in err[0], err
-    assert files[-1].exists()  # the damaged file is the user's to look at
+    # the resumed run wrote that step again: its own checkpoint, and the
+    # damaged file moved aside, the user's to look at (it was written over)
+    checkpoints.read(files[-1])
+    assert files[-1].with_name(files[-1].name + ".damaged").read_bytes() == damaged
 
 
 def test_a_new_run_moves_a_damaged_checkpoint_aside_in_one_line(tmp_path, capsys):

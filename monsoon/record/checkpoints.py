@@ -31,7 +31,8 @@ Invariants:
   half loaded: everything is read and checked before anything is returned.
 - The newest ``KEEP`` checkpoints of the run that writes one are kept,
   its older ones are removed; another run's (another identity) and damaged
-  ones are not this save's to prune, and the one just written is never
+  ones are not this save's to prune (nor to write over: a damaged one is
+  moved aside to ``<name>.damaged``), and the one just written is never
   removed: the checkpoint a message or summary names exists.
 """
 from __future__ import annotations
@@ -308,6 +309,7 @@ def save(directory, updates: int, meta: dict, arrays: dict, keep: int = KEEP) ->
             np.savez(f, **members)
             f.flush()
             os.fsync(f.fileno())
+        _keep_if_damaged(path)
         os.replace(tmp, path)
     except BaseException:
         with_suppressed_unlink(tmp)
@@ -319,6 +321,17 @@ def save(directory, updates: int, meta: dict, arrays: dict, keep: int = KEEP) ->
         if old != path:
             with_suppressed_unlink(old)
     return path
+
+
+def _keep_if_damaged(path: Path) -> None:
+    """A damaged checkpoint where a save is about to write (a resumed run
+    reaching the step of the one it skipped) is moved aside, never replaced."""
+    if not path.exists():
+        return
+    try:
+        read(path)
+    except CheckpointError:
+        _move_aside(path)
 
 
 def read_meta(path) -> dict | None:
