@@ -116,7 +116,13 @@ class Problem(ABC):
         return None
 
     def load_state(self, state) -> None:
-        """Take back what ``state()`` gave; a problem without any has nothing to load."""
+        """Take back what ``state()`` or ``kept_state()`` gave; a problem
+        without any has nothing to load."""
+
+    def kept_state(self):
+        """A copy of ``state()`` to put back later with ``load_state``,
+        taken where the state lives (a device: no wait for it); None if none."""
+        return self.state()
 
     def keep_trained(self, w) -> None:
         """Leave the problem's own model, if it has one, holding the run's

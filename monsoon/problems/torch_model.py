@@ -565,14 +565,23 @@ class TorchModel(Problem):
             return None
         return {k: v.detach().cpu().numpy().copy() for k, v in named.items()}
 
+    def kept_state(self) -> dict | None:
+        """The module's buffers, cloned where they are (on a GPU: queued,
+        not waited for), or None if it has none."""
+        named = dict(self.module.named_buffers())
+        return {k: v.detach().clone() for k, v in named.items()} or None
+
     def load_state(self, state: dict | None) -> None:
-        """Copy buffers from ``state`` into the module (in place)."""
+        """Copy buffers from ``state`` (arrays, or ``kept_state``'s tensors)
+        into the module (in place)."""
         if not state:
             return
         named = dict(self.module.named_buffers())
         with torch.no_grad():
             for k, v in state.items():
-                named[k].copy_(torch.from_numpy(np.array(v)))  # Ray hands arrays read-only
+                if not isinstance(v, torch.Tensor):
+                    v = torch.from_numpy(np.array(v))  # Ray hands arrays read-only
+                named[k].copy_(v)
 
     def keep_trained(self, w) -> None:
         """Point the module's parameters at a copy of ``w``, where they are

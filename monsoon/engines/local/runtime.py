@@ -178,7 +178,7 @@ class WorkerRuntime(Worker):
         if op.next is not None and self._prefetch is not None:
             self._prefetch(op.next)  # a Dataset problem loads it while this one computes
         if self._keep_step_buffers:
-            self.step_buffers = self.problem.state()
+            self.step_buffers = self.problem.kept_state()  # a GPU's: not waited for
         loss, grad = self.problem.gradient(self.work, op.indices, self._grad_out)
         if self._buffers is not None and time.perf_counter() >= self._buffers_due:
             self.publish_buffers()  # the forward moved them (BatchNorm's statistics)
