@@ -15,6 +15,8 @@ In float64, a GPU run equals its reference to 1e-9:
   with two train;
 - a float64 module trains in float64; bf16 autocast keeps float32 weights
   and lands near the float32 run.
+- a BatchNorm sync run cut after a checkpoint resumes bit-identical, and
+  the user's module ends holding the run's weights.
 
 The parameters of in-process runs live on the GPU for the whole run
 (checked: the store's tensor is the one the module computes on).
@@ -189,3 +191,34 @@ def test_a_dropout_model_on_the_gpu_resumes_bit_identical(tmp_path):
     resumed = monsoon.train(_torch_problem(dropout=True), "serial", resume=str(tmp_path / "a"),
                             **opts)
     assert np.array_equal(resumed.params, whole.params)
+
+
+def test_a_batchnorm_sync_run_on_the_gpu_resumes_bit_identical(tmp_path):
+    """Two towers on the GPU (threads), cut after a checkpoint: the
+    checkpoint holds worker 0's buffers at its step (each worker keeps its
+    step's buffers as GPU clones), and the resumed run ends bit-identical,
+    parameters and buffers."""
+    from test_checkpoints import cut_after
+    from test_resume_matrix import _torch_problem
+
+    opts = dict(steps=24, batch_size=16, seed=0, evals=0, backend="threads", progress=False,
+                device="cuda")
+    whole = monsoon.train(_torch_problem(batchnorm=True), "sync", 2, out=tmp_path / "a",
+                          checkpoint_every=10, **opts)
+    cut_after(tmp_path / "a", 1)
+    resumed = monsoon.train(_torch_problem(batchnorm=True), "sync", 2,
+                            resume=str(tmp_path / "a"), **opts)
+    assert np.array_equal(resumed.params, whole.params)
+    for name, value in whole.state.items():
+        assert np.array_equal(resumed.state[name], value), name
+
+
+def test_the_users_module_ends_trained_on_the_gpu():
+    """After a GPU run the user's module holds the run's final weights
+    (a copy), whichever strategy ran."""
+    for strategy, workers in (("serial", 1), ("sync", 2)):
+        problem = _problem(batchnorm=True)
+        run = monsoon.train(problem, strategy, workers, device="cuda", backend="threads",
+                            **COMMON)
+        weights = torch.cat([p.detach().reshape(-1).cpu() for p in problem.module.parameters()])
+        assert np.array_equal(weights.numpy(), run.params), strategy
