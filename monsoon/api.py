@@ -153,10 +153,10 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
     elif not getattr(engine, "writes_run_folder", True):
         where = f"rank 0, if it is alive, writes the run folder {out}"
     else:
-        try:
-            rows = list(recorder.rows)
+        try:  # the curve's snapshots so far, evaluated now (as a finished run's are)
+            rows = list(recorder.settled_rows())
         except Exception:  # noqa: BLE001 - the folder matters more than the curve
-            rows = []
+            rows = list(recorder.rows)
         summary = {"problem": run["problem"], "strategy": run["strategy"],
                    "engine": run["engine"], "workers": run["workers"], "seed": run["seed"],
                    "status": "failed", "error": reason,

@@ -32,6 +32,22 @@ def test_sync_fails_fast_with_the_workers_error():
     assert time.monotonic() - t0 < 20
 
 
+def test_a_failed_sync_run_keeps_the_curve_it_drew(tmp_path):
+    """A worker's failure mid-run: the run folder's curve holds the rows
+    taken before it, evaluated then (the snapshots were dropped unevaluated:
+    metrics.csv had its header alone and summary.json 0 updates)."""
+    import json
+
+    problem = FaultyProblem(make_problem("exp"), "raise", rank=1, after=600)
+    with pytest.raises(WorkerError, match="worker 1 failed"):
+        monsoon.train(problem, "sync", 2, steps=2000, evals=40, timeout=20, progress=False,
+                      out=tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = (tmp_path / "run" / "metrics.csv").read_text().strip().splitlines()[1:]
+    assert summary["status"] == "failed" and len(rows) >= 2
+    assert 0 < summary["updates"] <= 600 and summary["updates"] == int(rows[-1].split(",")[1])
+
+
 @pytest.mark.parametrize("strategy", ["async", "hogwild"])
 @pytest.mark.parametrize("mode", ["raise", "exit"])
 def test_async_and_hogwild_carry_on_without_a_failed_worker(strategy, mode):
