@@ -7,8 +7,11 @@ its summary.json and metrics.csv's ``bytes_sent`` column equal an
 uninterrupted run's. Synchronous runs replay exactly: every counted field
 is equal. Async and SSP carry on rather than replay: the totals the budget
 fixes (bytes sent per worker, gradients counted, clocks) are equal; how
-the staleness is spread is not deterministic. A checkpoint without totals
-(an older monsoon's) still resumes, counting from zero."""
+the staleness is spread is not deterministic. A sync run's periodic
+checkpoint carries every count at its step too; a snapshot strategy's
+cannot (its workers hold them), so a run resumed from one counts from
+there on and says so (``counted_from_update``), as from a checkpoint
+without totals (an older monsoon's); no figure mixes two attempts."""
 import os
 import signal
 import threading
@@ -89,7 +92,7 @@ def test_a_resumed_racing_run_counts_the_whole_runs_traffic_gradients_and_clocks
     assert_bytes_column(resumed, whole.summary["bytes_sent_per_update"])
 
 
-def test_a_checkpoint_without_totals_resumes_counting_from_zero(tmp_path):
+def test_a_checkpoint_without_totals_resumes_counting_from_its_step(tmp_path):
     folder, opts = interrupted_then_resumed(tmp_path, "sync", backend="threads")
     newest = checkpoints.checkpoint_files(folder / "checkpoints")[0]
     saved = checkpoints.read(newest)
@@ -98,9 +101,14 @@ def test_a_checkpoint_without_totals_resumes_counting_from_zero(tmp_path):
     checkpoints.save(folder / "checkpoints", meta["updates"], meta, saved.arrays)
     resumed = monsoon.train("exp", "sync", 2, resume=str(folder), **opts)
     assert resumed.summary["updates"] == EPOCHS * 16
-    # this attempt's traffic alone: 2 workers x 196 bytes a step after the checkpoint
+    # this attempt's traffic alone: 2 workers x 196 bytes a step after the
+    # checkpoint, and the figures per update over those steps, not the run's
     left = EPOCHS * 16 - int(meta["updates"])
     assert resumed.summary["bytes_sent"] == 2 * 196 * left
+    assert resumed.summary["counted_from_update"] == meta["updates"]
+    assert resumed.summary["bytes_sent_per_update"] == 2 * 196
+    assert resumed.summary["staleness_counts"] == {0: left}
+    assert_bytes_column(resumed, 2 * 196)
 
 
 def test_a_resume_with_a_smaller_budget_than_its_checkpoint_is_refused_in_one_line(tmp_path):
@@ -154,27 +162,71 @@ def test_a_serial_run_resumed_from_a_periodic_checkpoint_counts_the_whole_run(tm
     assert sum(resumed.summary["staleness_counts"].values()) == whole.summary["updates"]
 
 
-def test_a_periodic_checkpoint_of_a_resumed_run_keeps_what_it_carried(tmp_path):
-    """A run resumed from an interrupted run's final checkpoint (after
-    step s1) writes periodic checkpoints holding the counts it carried; a
-    run resumed from one of them (at step p2) counts the first attempt's
-    and its own: only the second attempt's running workers' counts up to
-    p2 restart (``monitor/tally.py``)."""
+SYNC_COUNTS = ("updates", "examples", "bytes_sent", "bytes_received", "bytes_sent_per_update",
+               "bytes_sent_per_worker", "bytes_received_per_worker", "compression_ratio",
+               "staleness_counts")
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_a_sync_runs_periodic_checkpoint_carries_every_count_at_its_step(tmp_path, backend):
+    """A sync run killed after a periodic checkpoint (the newest one left)
+    resumes counting the whole run: the workers' byte counts at the
+    checkpoint's step are in it (``checkpointing.save_traffic``)."""
+    opts = dict(seed=0, evals=5, epochs=60, progress=False, backend=backend)
+    whole = monsoon.train("exp", "sync", 2, out=tmp_path / "a", checkpoint_every=200, **opts)
+    meta = _keep_oldest(tmp_path / "a" / "checkpoints")
+    assert meta["reason"] == "periodic" and 0 < meta["updates"] < whole.summary["updates"]
+    assert meta["totals"]["staleness"] == {"0": meta["updates"]}
+    resumed = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "a"), **opts)
+    for key in SYNC_COUNTS:
+        assert resumed.summary[key] == whole.summary[key], key
+    assert "counted_from_update" not in resumed.summary
+    assert_bytes_column(resumed, whole.summary["bytes_sent_per_update"])
+
+
+def test_a_periodic_checkpoint_of_a_resumed_sync_run_carries_both_attempts_counts(tmp_path):
+    """A run resumed from an interrupted run's final checkpoint writes
+    periodic checkpoints holding what it carried and its own counts at
+    their step: a run resumed from one of them counts the whole run."""
     first, opts = interrupted_then_resumed(tmp_path, "sync", backend="threads")
-    s1 = checkpoints.read(checkpoints.checkpoint_files(first / "checkpoints")[0]).meta["updates"]
     monsoon.train("exp", "sync", 2, resume=str(first), out=tmp_path / "b", checkpoint_every=200,
                   **opts)
     meta = _keep_oldest(tmp_path / "b" / "checkpoints")
     assert meta["reason"] == "periodic"
-    p2 = meta["updates"]
     third = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "b"), **opts)
     whole = monsoon.train("exp", "sync", 2, **opts)
-    lost = p2 - s1  # the second attempt's steps up to its periodic checkpoint
-    assert third.summary["updates"] == whole.summary["updates"] == EPOCHS * 16
-    per_step = sum(whole.summary["staleness_counts"].values()) // (EPOCHS * 16)
-    assert sum(third.summary["staleness_counts"].values()) == \
-        sum(whole.summary["staleness_counts"].values()) - per_step * lost
-    assert third.summary["bytes_sent"] == whole.summary["bytes_sent"] - 2 * 196 * lost
+    for key in SYNC_COUNTS:
+        assert third.summary[key] == whole.summary[key], key
+
+
+def test_a_finished_sync_run_resumed_keeps_its_figures(tmp_path):
+    """Resumed from the periodic checkpoint it ended on, a finished run has
+    nothing left to do: its summary and bytes column stay as they were
+    (they were zeros and nulls: the checkpoint held no counts)."""
+    opts = dict(seed=0, evals=5, steps=400, progress=False, backend="threads")
+    first = monsoon.train("exp", "sync", 2, out=tmp_path / "a", checkpoint_every=100, **opts)
+    again = monsoon.train("exp", "sync", 2, resume=str(tmp_path / "a"), out=tmp_path / "a",
+                          **opts)
+    for key in SYNC_COUNTS:
+        assert again.summary[key] == first.summary[key], key
+    assert first.summary["bytes_sent"] == 400 * 2 * 196
+    assert_bytes_column(again, 2 * 196)
+
+
+def test_a_snapshot_checkpoint_restarts_the_counts_and_the_summary_says_where(tmp_path):
+    """An async run's periodic checkpoint is a snapshot while its workers
+    hold their counts: a run resumed from it counts from its updates on,
+    says so, and its per-update figures are over those updates only."""
+    opts = dict(seed=0, evals=5, epochs=60, progress=False, backend="threads")
+    whole = monsoon.train("exp", "async", 2, out=tmp_path / "a", checkpoint_every=200, **opts)
+    meta = _keep_oldest(tmp_path / "a" / "checkpoints")
+    assert meta["totals"] == {"from_update": meta["updates"]}
+    resumed = monsoon.train("exp", "async", 2, resume=str(tmp_path / "a"), **opts)
+    counted = resumed.summary["updates"] - meta["updates"]
+    assert resumed.summary["counted_from_update"] == meta["updates"]
+    assert resumed.summary["bytes_sent_per_update"] == whole.summary["bytes_sent_per_update"]
+    assert resumed.summary["bytes_sent"] == counted * whole.summary["bytes_sent_per_update"]
+    assert_bytes_column(resumed, whole.summary["bytes_sent_per_update"])
 
 
 @pytest.mark.parametrize("engine, problem", [

@@ -295,7 +295,8 @@ def compressing(program, sender: Sender, nbytes: int, packed: bool = False,
 
 
 def summarize(stats: list[dict], compression: Compression, updates: int) -> dict:
-    """summary.json's fields from each worker's ``Sender.stats()``."""
+    """summary.json's fields from each worker's ``Sender.stats()``;
+    ``updates``: those the counts cover (a resumed run's may not be all)."""
     sent = sum(s["sent"] for s in stats)
     raw = sum(s["raw"] for s in stats)
     received = sum(s["received"] for s in stats)

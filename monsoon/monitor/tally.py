@@ -8,8 +8,7 @@ its own parameters and buffers where it keeps them, its traffic
 (``Sender.stats``) and SSP's clock report. The local monitor, the Ray driver
 and torch's rank 0 gather the reports through their own transports and add
 them (``RunTally.add``); the tally sums them, lists the lost workers
-(``failed``) and fills summary.json's traffic and clock fields, one way for
-all.
+(``failed``) and fills summary.json's traffic and clock fields, one way.
 
 A resumed run counts the whole run, not its last attempt: a checkpoint
 holds the ``totals`` its writer knows then (staleness counts, reported late
@@ -19,13 +18,14 @@ each report adds to them, rank by rank (``merged``). One written once the
 workers have reported (an interrupted run's final one; Ray's and torch's at
 an end) holds them all. A periodic one (a crashed or killed run's newest)
 holds those its attempt carried and those its writer counts itself:
-serial's (its one worker runs in the writing thread), Spark's async
-server's (it applies every segment), torch's staleness (rank 0's: 0, once
-a step) and traffic (gathered at each of its checkpoint steps); the counts
-workers keep until they report (the local engine's parallel workers' and
-Ray's staleness, traffic and clocks) restart at its step: the attempt's
-before it are lost (not its updates, examples and dropped updates: the
-counters hold them). One without totals counts from zero.
+serial's, the local sync workers' (traffic written at each checkpoint
+step, staleness one count a step), Spark's async server's, torch's
+staleness and traffic; Ray's workers keep theirs until they report: those
+restart at its step. The local engine's snapshot ones hold ``from_update``
+(``restarted``): counts restart there, the carried ones dropped, so a
+resumed run's figures cover one span of updates (per update over those),
+said in summary.json (``counted_from_update``); one without counts (an
+older monsoon's) counts from its step.
 
 What only the engine knows (the server's updates, counts in shared
 memory) it gives to ``result``. Spark's async server and local SGD rounds
@@ -126,6 +126,24 @@ def run_totals(carried: dict | None, reports: dict) -> dict:
     return RunTally.resumed(len(reports), None, carried, reports).totals()
 
 
+def restarted(updates: int) -> dict:
+    """The ``totals`` of a checkpoint written after ``updates`` updates while
+    the counts since its attempt began are in the workers: a run resumed
+    from it counts from there on, and says so (``counted_from_update``)."""
+    return {"from_update": int(updates)} if updates else {}
+
+
+def counted_from(totals: dict | None, updates: int) -> int:
+    """The update from which a run resumed from a checkpoint written after
+    ``updates`` updates, with ``totals``, counts staleness and traffic: the
+    totals' ``from_update``; the checkpoint's own where it holds no counts
+    (none, or an older monsoon's periodic one); else 0 (the whole run)."""
+    if totals and (totals.get("from_update") or totals.get("staleness")
+                   or totals.get("traffic")):
+        return int(totals.get("from_update", 0))
+    return int(updates)
+
+
 def local_totals(strategy, applied: int, dropped: int, own_steps: bool = False):
     """A run's local steps, ``(applied, dropped)``, where its workers take
     any: they have an inner rule (``strategy.local_rule``), or ``own_steps``
@@ -160,6 +178,7 @@ class RunTally:
         self.local = self.local_dropped = 0  # local steps, applied and dropped
         self.params, self.states, self.traffic, self.clocks = {}, {}, {}, {}
         self.failed: dict[int, str] = {}  # rank -> why it was lost
+        self.from_update = 0  # the counts hold the updates from this one on (0: all)
 
     @classmethod
     def resumed(cls, workers: int, compression, carried: dict | None,
@@ -197,6 +216,7 @@ class RunTally:
         the run that wrote it; None or empty: from zero)."""
         if not totals:
             return
+        self.from_update = int(totals.get("from_update", 0))
         self.staleness.update(summed_staleness([totals]))
         self.late += totals.get("late", 0)
         for key, kept in (("traffic", self.traffic), ("clocks", self.clocks)):
@@ -212,14 +232,19 @@ class RunTally:
                     for k, v in figures.items()}
 
         return {"staleness": plain(self.staleness), **({"late": self.late} if self.late else {}),
+                **({"from_update": self.from_update} if self.from_update else {}),
                 "traffic": {str(r): plain(t) for r, t in sorted(self.traffic.items())},
                 "clocks": {str(r): plain(c) for r, c in sorted(self.clocks.items())}}
 
     def extra(self, updates: int) -> dict:
-        """summary.json's traffic fields (``messages.summarize``, by rank)
-        and, for SSP, its clock fields (``clocks.clock_extra``)."""
+        """summary.json's traffic fields (``messages.summarize``, by rank:
+        per update over the updates counted) and, for SSP, its clock fields
+        (``clocks.clock_extra``); ``counted_from_update`` where the counts
+        restarted at a checkpoint (``from_update``)."""
         extra = summarize([self.traffic[r] for r in sorted(self.traffic)], self.compression,
-                          updates)
+                          updates - self.from_update)
+        if self.from_update:
+            extra["counted_from_update"] = self.from_update
         if self.ssp or self.clocks:
             extra.update(clock_fields(self.clocks, self.workers))
         return extra

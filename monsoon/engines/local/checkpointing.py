@@ -26,8 +26,8 @@ Either way the checkpoint holds the counters (and, where workers take local
 steps, ``local_updates`` and ``dropped_local_updates``) and the recorder's
 rows up to it, and the ``totals`` known then (``monitor/tally.py``): a
 stopped run's final one and every one of serial's hold what the workers
-counted themselves (staleness, traffic, SSP's clocks); a parallel run's
-periodic one, only those it carried. An exact checkpoint of a compressed run also
+counted themselves (staleness, traffic, SSP's clocks); sync's periodic
+ones too (``save_traffic``); a snapshot, none (``tally.restarted``). An exact checkpoint of a compressed run also
 holds each worker's sender state (``save_sender``, ``hand_over_sender``); every
 one, the model's buffers (``buffer.<name>``, BatchNorm's; which ones: below).
 
@@ -185,6 +185,57 @@ def read_senders(store, step: int, every: int, stopped: bool = False) -> dict | 
     out = {k.replace("ckpt.", "", 1): np.array(v[row], copy=True) for k, v in arrays.items()
            if k.startswith("ckpt.sender.") and k != TAG}
     return out if (tags == step).all() else None
+
+
+# -- the senders' byte counts at checkpoint steps (exact runs) -------------
+#
+# A periodic checkpoint carries the run's totals so far (``monitor/tally.py``)
+# where they are at hand: each worker writes its sender's counts
+# (``Sender.stats``) beside its sender state (``save_sender``: at checkpoint
+# step s, before it arrives there, its message of step s-1 counted), into
+# row s // every % 2, tagged with s (-1 while written); the monitor reads
+# them with the step's parameters. sync's staleness needs no slot: one
+# count at 0 per applied step. Rows that do not all hold s (a backup worker
+# skipped the step, a worker lost) leave the checkpoint's counts restarting
+# there.
+
+TRAFFIC, TRAFFIC_TAG = "ckpt.traffic", "ckpt.traffic.tag"
+TRAFFIC_FIELDS = ("sent", "raw", "received", "messages", "residual_norm")
+
+
+def traffic_slots(workers: int) -> dict:
+    """The store's extra layout for the senders' counts at checkpoint steps."""
+    return {TRAFFIC: ((2, workers, len(TRAFFIC_FIELDS)), "float64"),
+            TRAFFIC_TAG: ((2, workers), "int64")}
+
+
+def save_traffic(store, sender, rank: int, step: int, every: int) -> None:
+    """In a worker, at checkpoint step ``step``: its sender's counts into its row."""
+    arrays = store.memory.arrays
+    if TRAFFIC in arrays:
+        row, stats = step // every % 2, sender.stats()
+        arrays[TRAFFIC_TAG][row, rank] = -1
+        arrays[TRAFFIC][row, rank] = [stats[k] for k in TRAFFIC_FIELDS]
+        arrays[TRAFFIC_TAG][row, rank] = step
+
+
+def read_traffic(store, step: int, every: int) -> dict | None:
+    """In the monitor: every worker's sender counts at checkpoint step
+    ``step``, {rank: ``Sender.stats``}; None where the rows do not all hold
+    that step (or the run keeps none)."""
+    arrays = store.memory.arrays
+    if TRAFFIC not in arrays or not every or step % every:
+        return None
+    row = step // every % 2
+    tags = arrays[TRAFFIC_TAG][row]
+    if not (tags == step).all():
+        return None
+    rows = np.array(arrays[TRAFFIC][row], copy=True)
+    if not (tags == step).all():
+        return None
+    return {rank: {k: (float(v) if k == "residual_norm" else int(v))
+                   for k, v in zip(TRAFFIC_FIELDS, values)}
+            for rank, values in enumerate(rows)}
 
 
 # -- a model's buffers (BatchNorm's running statistics) ---------------------

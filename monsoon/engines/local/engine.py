@@ -62,7 +62,8 @@ from ...monitor.processes import (limit_threads, single_blas_thread, single_torc
                                   start_context, torch_threads_per_worker)
 from ...monitor.due import Due
 from ...monitor.waiting import Aborted, wait_until
-from .checkpointing import RunCheckpoints, buffer_slots, hands_over_senders, sender_slots
+from .checkpointing import (RunCheckpoints, buffer_slots, hands_over_senders, sender_slots,
+                            traffic_slots)
 from ...monitor.pool import WorkerPool, failure, read_payload, start_advice, start_timeout
 from ...compressors.messages import Sender, compressing
 from ... import arrays
@@ -490,17 +491,17 @@ class LocalEngine(Engine):
     def _slots(self, strategy, w0, workers: int, folder: bool, held) -> dict | None:
         """The store's extra layout of an exact parallel run with a folder
         (a stop's final checkpoint holds them too, not only periodic ones):
-        each worker's sender state where the compression is stateful, and
-        its model's buffers (``held``, flat; None: none) at checkpoint steps
-        (``checkpointing.py``)."""
+        each worker's byte counts (periodic ones), its sender state where the
+        compression is stateful, and its model's buffers (``held``, flat;
+        None: none) at checkpoint steps (``checkpointing.py``)."""
         if not folder or strategy.single_worker or not checkpoints.exact_checkpoints(strategy):
             return None
-        out = {}
+        out = traffic_slots(workers)
         if self.compression.stateful:
             out.update(sender_slots(self.compression, w0.size, w0.dtype, workers))
         if held is not None:
             out.update(buffer_slots(held, workers))
-        return out or None
+        return out
 
     # -- serial: in the calling thread --------------------------------------
     def _run_inline(self, store, problem, rule, strategy, batch_size, seed, budget, recorder,

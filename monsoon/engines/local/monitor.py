@@ -26,8 +26,8 @@ from ...monitor.pool import fail_if_lost
 from ...problems.buffers import combine as combine_buffers, unflat
 from ...record import checkpoints, progress
 from ...record.progress import EXAMPLES
-from ...monitor.tally import EngineResult, RunTally, local_totals, run_totals
-from .checkpointing import read_buffers, read_senders
+from ...monitor.tally import EngineResult, RunTally, counted_from, local_totals, restarted
+from .checkpointing import read_buffers, read_senders, read_traffic
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)
 
@@ -49,8 +49,6 @@ class WorkerMonitor:
         # the workers' reports, at the end; a resumed run counts on from its checkpoint's
         self.tally = RunTally.resumed(workers, engine.compression, resume.totals)
         self.tally.params.update(resume.private)  # until the workers report their own copies
-        # what a periodic checkpoint holds: the counts carried, not the running workers'
-        self.carried = run_totals(resume.totals, {})
         self.finished, self.failed = pool.finished, pool.failed
         self.startup = None  # seconds until every worker was ready, once they were
         self.wake = StopSignals.active.waitable() if StopSignals.active is not None else None
@@ -139,6 +137,7 @@ class WorkerMonitor:
             store.control[SNAP_EVERY] = max(1, round(rows_every))
         self.t0 = time.perf_counter()
         self.updates_at_start = int(store.totals()[1])  # a resumed run's count goes on
+        self.tally.from_update = counted_from(self.resume.totals, self.updates_at_start)
         store.control[START] = 1
         if self.due.every:
             self.due.plan_checkpoint(int(store.totals()[1]))
@@ -210,7 +209,7 @@ class WorkerMonitor:
         if self.buffer_filled():
             self.take_buffer(now)
         elif self.due.checkpoint(up) and self.due.interrupted is None and ck.allowed():
-            self.snapshot("periodic", now, totals=self.carried)
+            self.snapshot("periodic", now)
             self.due.plan_checkpoint(int(up))
 
     def record_if_due(self, at: float, ex, up, dropped):
@@ -283,7 +282,9 @@ class WorkerMonitor:
                  buffers=False) -> None:
         """A checkpoint of the shared parameters as they are now (not at a
         step boundary: ``exact=False``), with the model's ``buffers`` (by
-        default the workers' slots as they are now)."""
+        default the workers' slots as they are now) and ``totals`` (by
+        default none: the workers hold this attempt's counts, so a run
+        resumed from it counts from its updates on: ``tally.restarted``)."""
         # parameters first: a worker counts a batch's examples before its
         # update, so every update in the copy is counted and never redone
         # (a compiled pass counts its epoch after it: one in progress is
@@ -296,9 +297,11 @@ class WorkerMonitor:
         kernel = self.engine.kernel
         positions = progress.snapshot_positions(self.strategy, counters[:, EXAMPLES], self.n,
                                                 self.batch_size, kernel)
-        ck.write(params=params, state=store.state,
-                 counters=progress.snapshot_counters(self.strategy, counters, positions, self.n,
-                                                     self.batch_size, kernel),
+        counters = progress.snapshot_counters(self.strategy, counters, positions, self.n,
+                                              self.batch_size, kernel)
+        if totals is None:
+            totals = restarted(progress.counters_counts(counters)["updates"])
+        ck.write(params=params, state=store.state, counters=counters,
                  positions=positions, time_s=self.resume.time_s + now,
                  rows=self.recorder.settled_rows(),
                  reason=reason, exact=False, private=private,
@@ -322,28 +325,49 @@ class WorkerMonitor:
                                     for a in store.ckpt["state"]))
         senders = read_senders(store, step, self.engine.checkpoint_every)
         buffers = read_buffers(store, step, self.template, self.strategy.buffers)
+        traffic = read_traffic(store, step, self.engine.checkpoint_every)
         store.control[CKPT_STEP] = 0
-        self.exact_checkpoint(step, params, state, "periodic", now, senders, self.carried,
-                              buffers)
+        self.exact_checkpoint(step, params, state, "periodic", now, senders, None, buffers,
+                              traffic)
 
     def exact_checkpoint(self, step: int, params, state, reason: str, now: float,
-                         senders=False, totals=None, buffers=None) -> None:
+                         senders=False, totals=None, buffers=None, traffic=None) -> None:
         """Written only where the workers' compressor state at ``step`` is at
         hand (``senders``, or ``checkpointing.read_senders``), and the
         model's ``buffers`` there (``buffer.<name>`` arrays, {}: none); else
-        (a worker lost, whose state went with it) the newest one stands."""
+        (a worker lost, whose state went with it) the newest one stands.
+        ``totals`` (None: ``boundary_totals`` of the workers' ``traffic``
+        at ``step``)."""
         store, ck, workers = self.store, self.ck, self.workers
         if senders is False:
             senders = read_senders(store, step, self.engine.checkpoint_every)
         if senders is None or buffers is None:
             return
         _, _, dropped, late = store.totals()
-        ck.write(params=params, state=state,
-                 counters=progress.exact_counters(step, workers, int(dropped), int(late), self.n,
-                                                  self.batch_size, self.strategy.backup_workers),
+        counters = progress.exact_counters(step, workers, int(dropped), int(late), self.n,
+                                           self.batch_size, self.strategy.backup_workers)
+        if totals is None:
+            totals = self.boundary_totals(progress.counters_counts(counters)["updates"], traffic)
+        ck.write(params=params, state=state, counters=counters,
                  positions=[step] * workers, time_s=self.resume.time_s + now,
                  rows=self.recorder.settled_rows(), reason=reason, exact=True,
                  extra={**senders, **buffers}, totals=totals)
+
+    def boundary_totals(self, updates: int, traffic: dict | None) -> dict:
+        """The totals of a step-boundary checkpoint after ``updates``
+        updates: those carried, the workers' byte counts there (``traffic``,
+        ``checkpointing.read_traffic``) and sync's staleness (one count at 0
+        per applied step); where the counts are not all at hand, a run
+        resumed from it counts from there on (``tally.restarted``)."""
+        if traffic is None:
+            return restarted(updates)
+        reports = {rank: {"traffic": figures} for rank, figures in traffic.items()}
+        done = updates - self.updates_at_start
+        reports[0]["staleness"] = {0: done} if done else {}
+        tally = RunTally.resumed(self.workers, self.engine.compression, self.resume.totals,
+                                 reports)
+        tally.from_update = self.tally.from_update
+        return tally.totals()
 
     # -- the end -------------------------------------------------------------
     def finish(self, wall: float, up: int) -> np.ndarray:

@@ -52,7 +52,7 @@ from ...server.core import ServerCore
 from ...server.summed import SharedSums
 from ...monitor.waiting import Aborted, wait_until
 from ...shared_memory import NEEDS_FENCE  # where set, the store's lock fences a counter
-from .checkpointing import hand_over_sender, save_buffers, save_sender
+from .checkpointing import hand_over_sender, save_buffers, save_sender, save_traffic
 from .store import (ABORT, APPLIED, ARRIVED, BAD_STEP, CKPT_STEP, DROPPED, EXAMPLES, LATE,
                     READY, REDUCED, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED, SNAP_WRITTEN,
                     STEP, STOP, STOP_AT, UPDATES)
@@ -163,8 +163,8 @@ class _Step:
         has taken the previous checkpoint out of the buffer (it takes each
         one as it falls due, so this wait is over at once unless it fell a
         whole interval behind), so that no checkpoint is skipped; then this
-        worker's compressor state and model buffers go to the store
-        (``checkpointing.save_sender``, ``save_buffers``). Nothing of the
+        worker's compressor state, byte counts and model buffers go to the
+        store (``checkpointing.save_sender``, ``save_traffic``, ``save_buffers``). Nothing of the
         step is applied yet: a stop may end the wait."""
         control = self.control
         if control[CKPT_STEP]:
@@ -172,6 +172,7 @@ class _Step:
                        f"the monitor to write the checkpoint of step {int(control[CKPT_STEP])}",
                        may_stop=True)
         save_sender(self.store, self.rt.sender, self.rank, step, self.every)
+        save_traffic(self.store, self.rt.sender, self.rank, step, self.every)
         save_buffers(self.store, self.rt.problem, self.rank, step)
 
     def _boundary(self) -> None:
