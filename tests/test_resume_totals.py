@@ -30,8 +30,8 @@ EPOCHS = 150  # 2,400 updates on exp with 2 workers: the signal lands after upda
 
 
 def interrupted_then_resumed(tmp_path, strategy, **options):
-    """(resumed summary and rows, uninterrupted summary): the run is stopped
-    by SIGTERM once its first checkpoint is written, then resumed."""
+    """(folder, options, the stopped run's result): the run is stopped by
+    SIGTERM once its first checkpoint is written."""
     opts = dict(seed=0, evals=5, epochs=EPOCHS, progress=False, **options)
     folder = tmp_path / "a"
 
@@ -44,16 +44,30 @@ def interrupted_then_resumed(tmp_path, strategy, **options):
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=signal_once_going, daemon=True).start()
-    with pytest.raises(Interrupted):
+    with pytest.raises(Interrupted) as stopped:
         monsoon.train("exp", strategy, 2, out=folder, checkpoint_every=200, **opts)
-    return folder, opts
+    return folder, opts, stopped.value.result
 
 
 def resume_and_compare(tmp_path, strategy, **options):
-    folder, opts = interrupted_then_resumed(tmp_path, strategy, **options)
+    folder, opts, _ = interrupted_then_resumed(tmp_path, strategy, **options)
     resumed = monsoon.train("exp", strategy, 2, resume=str(folder), **opts)
     whole = monsoon.train("exp", strategy, 2, **opts)
     return resumed, whole
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_an_interrupted_sync_runs_summary_counts_the_examples_of_its_applied_steps(tmp_path,
+                                                                                 backend):
+    """A sync worker counts a batch's examples at its gradient; one that the
+    stop leaves with its step unapplied takes them out again, so the
+    summary and the last row count what the final checkpoint does."""
+    folder, _, stopped = interrupted_then_resumed(tmp_path, "sync", backend=backend)
+    final = checkpoints.read(checkpoints.checkpoint_files(folder / "checkpoints")[0]).meta
+    assert final["reason"] == "interrupted"
+    assert stopped.summary["updates"] == final["updates"] == stopped.history[-1]["updates"]
+    assert stopped.summary["examples"] == final["examples"] == stopped.history[-1]["examples"]
+    assert stopped.summary["epochs"] * stopped.summary["n_examples"] == final["examples"]
 
 
 def assert_bytes_column(result, per_update):
@@ -93,7 +107,7 @@ def test_a_resumed_racing_run_counts_the_whole_runs_traffic_gradients_and_clocks
 
 
 def test_a_checkpoint_without_totals_resumes_counting_from_its_step(tmp_path):
-    folder, opts = interrupted_then_resumed(tmp_path, "sync", backend="threads")
+    folder, opts, _ = interrupted_then_resumed(tmp_path, "sync", backend="threads")
     newest = checkpoints.checkpoint_files(folder / "checkpoints")[0]
     saved = checkpoints.read(newest)
     assert saved.meta["totals"]["traffic"]
@@ -188,7 +202,7 @@ def test_a_periodic_checkpoint_of_a_resumed_sync_run_carries_both_attempts_count
     """A run resumed from an interrupted run's final checkpoint writes
     periodic checkpoints holding what it carried and its own counts at
     their step: a run resumed from one of them counts the whole run."""
-    first, opts = interrupted_then_resumed(tmp_path, "sync", backend="threads")
+    first, opts, _ = interrupted_then_resumed(tmp_path, "sync", backend="threads")
     monsoon.train("exp", "sync", 2, resume=str(first), out=tmp_path / "b", checkpoint_every=200,
                   **opts)
     meta = _keep_oldest(tmp_path / "b" / "checkpoints")

@@ -90,6 +90,7 @@ class WorkerRuntime(Worker):
         # stop that leaves the step unapplied (None: not kept)
         self.step_buffers = None
         self._keep_step_buffers = keeps_step_buffers(store)
+        self.step_examples = 0  # the examples the last gradient counted (``undo_step``)
         self.staleness = Counter()
         self._sync = None
         self._grad_out = None
@@ -185,6 +186,7 @@ class WorkerRuntime(Worker):
         grad = weighted(grad, op.weight)
         if self.held is None:
             self.counters[EXAMPLES] += len(op.indices)
+            self.step_examples = len(op.indices)
         else:  # a pushing program's: counted with the push (``server/worker.py``)
             self.held += len(op.indices)
         if self._live is not None:
@@ -208,9 +210,13 @@ class WorkerRuntime(Worker):
         now = time.perf_counter()
         self._buffers_due = now + max(BUFFERS_EVERY_S, (now - began) / BUFFERS_SHARE)
 
-    def undo_step_buffers(self) -> None:
-        """A stop left this worker's step unapplied: its model's buffers go
-        back to those kept from before that step's forward pass."""
+    def undo_step(self) -> None:
+        """A stop left this worker's step unapplied: the examples its
+        gradient counted are taken out (the resumed run counts them), and
+        its model's buffers go back to those kept from before that step's
+        forward pass."""
+        self.counters[EXAMPLES] -= self.step_examples
+        self.step_examples = 0
         if self.step_buffers is not None:
             self.problem.load_state(self.step_buffers)
             if self._buffers is not None:

@@ -144,10 +144,11 @@ class _Step:
         """This worker's compressor state where it stopped or ended, for the
         monitor's final checkpoint: from before its last message where that
         was for the step it left unapplied (a wait it left on the stop), and
-        then its buffers from before that step (``checkpointing.py``)."""
+        then its buffers from before that step (``checkpointing.py``), and
+        that step's examples uncounted (the summary's are the applied steps')."""
         unapplied = self.sent == self.step
         if unapplied:
-            self.rt.undo_step_buffers()
+            self.rt.undo_step()
         sender = self.rt.sender
         if sender is not None:
             hand_over_sender(self.store, sender, self.rank, self.step, before_last=unapplied)
