@@ -63,7 +63,9 @@ RUN_OPTIONS = (
            check=_messages.check_spec),
     Option("no_error_feedback", bool, False, "send compressed messages without carrying "
            "the residual to the next one (with --compress; refused without it)"),
-    Option("evals", int, 100, "points on the loss curve (0: none)",
+    Option("evals", int, 100, "loss-curve points: one each 1/EVALS of the example budget, "
+           "and one whenever max(0.5 s, 1/EVALS of the time so far) passes without one, so "
+           "about EVALS or more (0: none)",
            check=lambda v: None if v >= 0 else "0 or more"),
     Option("eval_share", float, 0.5, "the loss curve is evaluated after the run in at most "
            "this share of the run's time (and at least 5 s); past it, rows are thinned evenly",

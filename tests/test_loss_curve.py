@@ -221,6 +221,26 @@ def test_snapshots_are_copies():
     assert rec.rows[0]["loss"] == loss0 != rec.rows[1]["loss"]
 
 
+@pytest.mark.parametrize("settled", [False, True], ids=["two-snapshots", "settled-by-a-checkpoint"])
+def test_the_final_row_is_the_one_row_at_its_update_count(settled):
+    """Snapshots at the final update count (two taken there; or one already
+    settled into a row, as an interrupted run's final checkpoint does) give
+    way to the final row, with the final parameters."""
+    problem = make_problem("linear")
+    w = problem.initial_params(0)
+    rec = Recorder(problem, total_examples=1000, evals=10, progress=False)
+    rec.start(w)
+    rec.record(0.5, 50, 500, w + 1.0)
+    rec.record(0.9, 100, 1000, w + 2.0)
+    if settled:
+        rec.settled_rows()
+    else:
+        rec.record(0.95, 100, 1000, w + 2.0)
+    rec.finish(1.0, 100, 1000, w + 3.0)
+    assert [r["updates"] for r in rec.rows] == [0, 50, 100]
+    assert rec.rows[-1]["time_s"] == 1.0 and rec.rows[-1]["loss"] == problem.loss(w + 3.0)
+
+
 def test_non_finite_parameters_stop_the_run_as_diverged():
     with pytest.raises(monsoon.TrainingDiverged, match="lower the learning rate"):
         monsoon.train("linear", "sync", 2, epochs=2, lr=1e6, backend="threads", seed=0,

@@ -486,9 +486,14 @@ class Recorder:
                 done[i] = {"loss": loss}
 
     def finish(self, now: float, updates: int, examples: int, params) -> dict:
-        """Evaluate every snapshot and the final parameters; returns the final row."""
+        """Evaluate every snapshot and the final parameters; returns the final
+        row, the one row at ``updates``: rows already settled there (by a
+        checkpoint, a resumed run's, the monitor's last snapshots) give way
+        to it, which holds the final parameters and buffers."""
         self._spares = []  # no more copies: their memory goes back
         self.settled_rows(final_updates=updates)
+        while self.rows and self.rows[-1]["updates"] == updates:
+            self.rows.pop()
         final = self.evaluate(params)
         self.add_row(now, updates, examples, final)
         return self.rows[-1]
