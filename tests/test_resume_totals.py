@@ -176,6 +176,35 @@ def test_a_serial_run_resumed_from_a_periodic_checkpoint_counts_the_whole_run(tm
     assert sum(resumed.summary["staleness_counts"].values()) == whole.summary["updates"]
 
 
+def test_a_run_that_ends_on_its_newest_snapshot_writes_it_again_with_its_counts(tmp_path,
+                                                                               monkeypatch):
+    """An async run whose last periodic snapshot holds its final state (the
+    monitor's last look came after the last update) writes it again once
+    the workers have reported, with their counts (reason "final"): resumed,
+    the finished run has nothing to do and keeps its figures, rather than
+    counting from its end (bytes 0, no per-update rate)."""
+    from monsoon.engines.local.monitor import WorkerMonitor
+
+    finish = WorkerMonitor.finish
+
+    def last_look_writes_a_snapshot(self, wall, up):
+        self.snapshot("periodic", wall)
+        return finish(self, wall, up)
+
+    monkeypatch.setattr(WorkerMonitor, "finish", last_look_writes_a_snapshot)
+    opts = dict(seed=0, evals=5, epochs=20, progress=False, backend="threads")
+    first = monsoon.train("exp", "async", 2, out=tmp_path / "a", checkpoint_every=200, **opts)
+    monkeypatch.undo()
+    newest = checkpoints.read(checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0])
+    assert newest.meta["reason"] == "final"
+    assert newest.meta["updates"] == first.summary["updates"]
+    again = monsoon.train("exp", "async", 2, resume=str(tmp_path / "a"), **opts)
+    for key in ("updates", "examples", "bytes_sent", "bytes_sent_per_update",
+                "bytes_sent_per_worker", "staleness_counts"):
+        assert again.summary[key] == first.summary[key], key
+    assert "counted_from_update" not in again.summary
+
+
 SYNC_COUNTS = ("updates", "examples", "bytes_sent", "bytes_received", "bytes_sent_per_update",
                "bytes_sent_per_worker", "bytes_received_per_worker", "compression_ratio",
                "staleness_counts")

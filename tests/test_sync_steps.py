@@ -216,7 +216,8 @@ def test_a_worker_stopped_before_its_step_hands_over_its_sender_from_before_that
         sender.keep_previous = checkpointing.hands_over_senders(store)
         runtime = SimpleNamespace(store=store, rank=1, workers=2, start_step=5,
                                   checkpoint_every=0, timeout=1.0, _spin=False, _hot_turns=0,
-                                  sender=sender, strategy=SimpleNamespace(backup_workers=0))
+                                  sender=sender, strategy=SimpleNamespace(backup_workers=0),
+                                  undo_step=lambda: None)
         step = synchronous.ShardedStep(runtime)
         rng = np.random.default_rng(0)
         sender.send(rng.standard_normal(n))  # step 4's message, applied

@@ -15,8 +15,8 @@ holds the ``totals`` its writer knows then (staleness counts, reported late
 gradients, each rank's traffic and clock report, in its meta:
 ``run_totals``), the resumed run's tally starts from them (``carry``) and
 each report adds to them, rank by rank (``merged``). One written once the
-workers have reported (an interrupted run's final one; Ray's and torch's at
-an end) holds them all. A periodic one (a crashed or killed run's newest)
+workers have reported (an interrupted run's final one; Ray's, torch's and
+a local snapshot's at an end) holds them all. A periodic one (a crashed or killed run's newest)
 holds those its attempt carried and those its writer counts itself:
 serial's, the local sync workers' (traffic written at each checkpoint
 step, staleness one count a step), Spark's async server's, torch's

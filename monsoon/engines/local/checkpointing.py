@@ -24,12 +24,12 @@ the end of an epoch, at most once per epoch; serial's are exact.
 
 Either way the checkpoint holds the counters (and, where workers take local
 steps, ``local_updates`` and ``dropped_local_updates``) and the recorder's
-rows up to it, and the ``totals`` known then (``monitor/tally.py``): a
-stopped run's final one and every one of serial's hold what the workers
-counted themselves (staleness, traffic, SSP's clocks); sync's periodic
-ones too (``save_traffic``); a snapshot, none (``tally.restarted``). An exact checkpoint of a compressed run also
-holds each worker's sender state (``save_sender``, ``hand_over_sender``); every
-one, the model's buffers (``buffer.<name>``, BatchNorm's; which ones: below).
+rows up to it, and the ``totals`` known then (``monitor/tally.py``): the
+workers' own counts (staleness, traffic, SSP's clocks) in a stopped run's
+final one, serial's, sync's periodic ones (``save_traffic``) and a snapshot
+a run ended on (written again); other snapshots, none (``tally.restarted``).
+An exact one of a compressed run holds each worker's sender state too
+(``save_sender``, ``hand_over_sender``); all, the buffers (below).
 
 Snapshot checkpoints, and serial's, cost at most about 5% of a run: after
 each write, the next waits at least 19 times as long as the write took (the

@@ -49,6 +49,8 @@ class WorkerMonitor:
         # the workers' reports, at the end; a resumed run counts on from its checkpoint's
         self.tally = RunTally.resumed(workers, engine.compression, resume.totals)
         self.tally.params.update(resume.private)  # until the workers report their own copies
+        self.tally.from_update = counted_from(resume.totals, int(store.totals()[1]))
+        self.newest = None  # (updates, dropped) of the newest snapshot checkpoint written
         self.finished, self.failed = pool.finished, pool.failed
         self.startup = None  # seconds until every worker was ready, once they were
         self.wake = StopSignals.active.waitable() if StopSignals.active is not None else None
@@ -137,7 +139,6 @@ class WorkerMonitor:
             store.control[SNAP_EVERY] = max(1, round(rows_every))
         self.t0 = time.perf_counter()
         self.updates_at_start = int(store.totals()[1])  # a resumed run's count goes on
-        self.tally.from_update = counted_from(self.resume.totals, self.updates_at_start)
         store.control[START] = 1
         if self.due.every:
             self.due.plan_checkpoint(int(store.totals()[1]))
@@ -299,8 +300,10 @@ class WorkerMonitor:
                                                 self.batch_size, kernel)
         counters = progress.snapshot_counters(self.strategy, counters, positions, self.n,
                                               self.batch_size, kernel)
+        counted = progress.counters_counts(counters)
+        self.newest = (counted["updates"], counted["dropped"])
         if totals is None:
-            totals = restarted(progress.counters_counts(counters)["updates"])
+            totals = restarted(counted["updates"])
         ck.write(params=params, state=store.state, counters=counters,
                  positions=positions, time_s=self.resume.time_s + now,
                  rows=self.recorder.settled_rows(),
@@ -373,14 +376,21 @@ class WorkerMonitor:
     def finish(self, wall: float, up: int) -> np.ndarray:
         """The final parameters; the ring's last rows are recorded, a
         periodic checkpoint still in the buffer and an interrupted run's
-        final checkpoint are written."""
+        final checkpoint are written, and a snapshot the run ended on again
+        with the workers' counts."""
         store = self.store
         if self.ring and self.stopped is None:  # what worker 0 wrote after the last wake
             self.stopped = self.read_ring(up)
         params = np.array(arrays.to_host(store.params), copy=True)
         if self.buffer_filled():  # the last periodic one, filled after the last look
             self.take_buffer(wall)
-        if self.due.interrupted is not None:  # the workers have reported: the totals are whole
+        if self.due.interrupted is None:
+            if not self.exact and self.newest == (up, int(store.totals()[2])):
+                # the run ended on its newest snapshot, written without the
+                # workers' counts: again, with them (a resumed run keeps them)
+                self.snapshot("final", wall, private=self.tally.params or None,
+                              totals=self.tally.totals(), buffers=self.final_buffers())
+        else:  # the workers have reported: the totals are whole
             if not self.exact:
                 self.snapshot("interrupted", wall, private=self.tally.params or None,
                               totals=self.tally.totals(), buffers=self.final_buffers())
