@@ -152,6 +152,32 @@ def test_user_torch_module_trains_and_returns_model():
     np.testing.assert_allclose(model.weight.detach().numpy(), [[1.0, -2.0, 0.5]], atol=0.02)
 
 
+@pytest.mark.parametrize("n,batch,workers", [(100, 16, 3), (64, 16, 2), (10, 16, 3),
+                                               (97, 8, 8)])
+def test_a_local_sgd_workers_position_is_the_batches_its_examples_fill(n, batch, workers):
+    """A snapshot places each local SGD worker from its own examples: the
+    fewest batches of the global plan whose parts hold them (an epoch's
+    short last batch has smaller parts, some empty), as walking the plan
+    finds; and the local steps it records are those positions' non-empty
+    parts."""
+    from monsoon.record.progress import part_batches_in, snapshot_local
+    from monsoon.strategies.batches import Budget, global_batches, split
+    from monsoon.strategies.local_sgd import LocalSGD
+
+    plan = list(global_batches(n, batch, 0, Budget(epochs=3)))
+    for rank in range(workers):
+        done, steps = 0, 0
+        for k, b in enumerate(plan + [None]):
+            if b is None or len(split(b, workers, rank)):  # the fewest batches holding done
+                assert part_batches_in(done, n, batch, workers, rank) == k, (rank, k)
+            if b is not None:
+                done += len(split(b, workers, rank))
+    positions = [min(p, len(plan)) for p in [len(plan) - 1, 5, 3][:workers]] + [0] * (workers - 3)
+    taken = sum(sum(1 for b in plan[:p] if len(split(b, workers, r)))
+                for r, p in enumerate(positions))
+    assert snapshot_local(LocalSGD(), (99, 2), positions, n, batch) == (taken - 2, 2)
+
+
 @pytest.mark.parametrize("local_steps", [3, 4])
 def test_a_local_sgd_worker_resumed_before_a_rounds_average_makes_it_first(local_steps):
     """A checkpoint at a round's end whose average it lacks (the workers

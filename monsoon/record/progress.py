@@ -18,10 +18,12 @@ position in its data plan, and the ``counters`` array.
 - A snapshot checkpoint (taken while workers run) places each worker from
   the examples it has done (``snapshot_positions``): worker k walks part k
   of the data; where every worker walks the global plan (synchronous:
-  local SGD), all are at the batches the examples fill, and the counts it
-  records are those of that position (``snapshot_counters``,
-  ``snapshot_local``), so a resumed run does every batch once and ends with
-  an uninterrupted run's totals. A compiled per-example loop counts its
+  local SGD), worker k takes part k of each batch, and its position is the
+  batches whose parts hold its examples (``part_batches_in``): workers
+  stopped between two averages may be steps apart, and each resumes at its
+  own batch, so a resumed run does every batch once and ends with an
+  uninterrupted run's totals (the local steps it records agree with those
+  positions, ``snapshot_local``). A compiled per-example loop counts its
   position in epochs of its part.
 """
 from __future__ import annotations
@@ -95,42 +97,55 @@ def snapshot_positions(strategy, examples, n: int, batch_size: int,
         return [int(ex) // max(1, b - a)
                 for ex, (a, b) in zip(examples, (part_bounds(n, workers, r)
                                                  for r in range(workers)))]
-    if strategy.synchronous:  # every worker walks the global plan
-        return [batches_in(int(np.sum(examples)), n, batch_size)] * workers
+    if strategy.synchronous:  # every worker walks the global plan, its part of each batch
+        return [part_batches_in(int(ex), n, batch_size, workers, r)
+                for r, ex in enumerate(examples)]
     return positions_from_examples(examples, n, batch_size)
 
 
-def snapshot_counters(strategy, counters: np.ndarray, positions, n: int, batch_size: int,
-                      kernel: bool = False) -> np.ndarray:
-    """The counters a snapshot checkpoint holds, agreeing with its
-    ``positions``. Where every worker walks the global plan (synchronous:
-    local SGD), one stopped between averages may have counted local
-    steps past the common position, or not reached it; the resumed run
-    does every batch after that position, so the examples are those of
-    its first ``positions[0]`` batches (totals on row 0, as
-    ``exact_counters``), not the workers' own, or the totals would end
-    off an uninterrupted run's by the difference."""
-    if kernel or not strategy.synchronous:
-        return counters
-    out = counters.copy()
-    out[:, EXAMPLES] = 0
-    out[0, EXAMPLES] = examples_after(positions[0] if positions else 0, n, batch_size)
-    return out
+def _parts(n: int, batch_size: int, workers: int, rank: int) -> tuple[int, int, int]:
+    """The global plan's batches an epoch, and rank's part of a full batch
+    and of the epoch's last (short where ``batch_size`` does not divide ``n``)."""
+    per_epoch = -(-n // batch_size)
+    tail = n - (per_epoch - 1) * batch_size
+    full = part_bounds(batch_size, workers, rank)
+    last = part_bounds(tail, workers, rank)
+    return per_epoch, full[1] - full[0], last[1] - last[0]
+
+
+def part_batches_in(examples: int, n: int, batch_size: int, workers: int, rank: int) -> int:
+    """How many batches of the global plan rank's parts of its first
+    ``examples`` examples fill (``split``): the fewest that hold them, so a
+    worker past a batch whose part was empty (nothing to compute) is placed
+    before it and passes it again for nothing."""
+    per_epoch, full, last = _parts(n, batch_size, workers, rank)
+    epoch = (per_epoch - 1) * full + last
+    if n <= 0 or epoch <= 0:
+        return 0
+    done, rest = divmod(int(examples), epoch)
+    if rest == 0:
+        within = 0
+    elif rest <= (per_epoch - 1) * full:
+        within = -(-rest // full)
+    else:  # into the epoch's last batch
+        within = per_epoch
+    return done * per_epoch + within
 
 
 def snapshot_local(strategy, local, positions, n: int, batch_size: int, kernel: bool = False):
     """The local steps (applied, dropped) a snapshot checkpoint holds,
-    agreeing with its ``positions`` as ``snapshot_counters``'s examples
-    do: where every worker walks the global plan, each takes a local
-    step on its part of every batch (a part may be empty only in an
-    epoch's short last batch), so those of the first ``positions[0]``
-    batches, less the dropped ones."""
+    agreeing with its ``positions``: where every worker walks the global
+    plan, each takes a local step on its part of every batch it has done
+    (a part may be empty only in an epoch's short last batch), so those of
+    each worker's first ``positions[k]`` batches, less the dropped ones (a
+    racing read may see a gradient counted whose local step is not yet)."""
     if local is None or kernel or not strategy.synchronous or not positions:
         return local
-    workers, per_epoch = len(positions), -(-n // batch_size)
-    tail = min(n - (per_epoch - 1) * batch_size, workers)
-    full, rest = divmod(int(positions[0]), per_epoch)
-    taken = full * ((per_epoch - 1) * workers + tail) + rest * workers
+    workers, taken = len(positions), 0
+    for rank, position in enumerate(positions):
+        per_epoch, _, last = _parts(n, batch_size, workers, rank)
+        done, rest = divmod(int(position), per_epoch)
+        taken += done * (per_epoch - 1 + (last > 0)) + rest
     applied, dropped = local
     return max(0, taken - int(dropped)), int(dropped)
 

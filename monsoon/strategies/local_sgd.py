@@ -14,7 +14,11 @@ examples behind it, and the server applies its outer rule to the mean drift:
 
 Rounds are counted on the global plan: a round ends after every
 ``local_steps``-th batch. A worker resumed at a round's end whose average
-its checkpoint lacks (stopped between the two) makes that average first.
+its checkpoint lacks (stopped between the two) makes that average first;
+one resumed within a round weighs its drift by its part of the whole
+round's batches, as the uninterrupted run does. Workers stopped between
+two averages may be batches apart: each resumes at its own batch, with its
+private copy, so the resumed run makes the uninterrupted run's averages.
 
 Workers wait once per round, not once per step. Invariant (a test): with
 H = 1 and the outer sgd at lr 1, local SGD equals ``sync`` (float64, up to
@@ -77,6 +81,9 @@ class LocalSGD(Strategy):
         if job.synced is not None and job.synced < steps // self.local_steps + bool(last):
             # the round's average, still to make
             yield Average(self.round_examples(job, last or self.local_steps))
+        elif batch is not None and steps % self.local_steps:
+            # resumed within a round: its part of the round's batches so far
+            examples = self.round_examples(job, steps % self.local_steps)
         while batch is not None:
             mine = split(batch, job.workers, job.rank)
             if len(mine):

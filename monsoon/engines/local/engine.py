@@ -99,6 +99,9 @@ class WorkerSetup:
     work0: np.ndarray | None = None  # a resumed private copy
     compression: object = None     # messages.Compression (--compress)
     sender_state: dict | None = None  # a resumed worker's compressor state
+    # the synchronous step every worker joins first, the same for all (a resumed
+    # local SGD run's workers may be batches apart: ``progress.snapshot_positions``)
+    sync_step: int = 0
 
 
 @contextlib.contextmanager
@@ -138,7 +141,7 @@ def _worker_body(messages, setup: WorkerSetup) -> None:
     try:
         runtime = WorkerRuntime(rank, setup.workers, store, setup.problem, setup.rule,
                                 setup.strategy, setup.timeout, setup.live,
-                                start_step=setup.job.start_step,
+                                start_step=setup.sync_step,
                                 checkpoint_every=setup.checkpoint_every, work0=setup.work0)
         sender = runtime.sender = Sender(setup.compression, rank)
         sender.keep_previous = hands_over_senders(store)  # for a stop mid-step (synchronous.py)
@@ -462,7 +465,7 @@ class LocalEngine(Engine):
             if not senders:  # a worker's compressor state, only where this run keeps it
                 resume.senders.clear()
             if strategy.synchronous:
-                store.sync[STEP] = resume.positions[0]
+                store.sync[STEP] = min(resume.positions)
         if device is not None:  # the arrays live where the problem computes
             store.to_device(device)
         try:
@@ -585,7 +588,8 @@ class LocalEngine(Engine):
                                 checkpoint_every=self.checkpoint_every if store.ckpt else 0,
                                 work0=resume.private.get(rank),
                                 compression=self.compression,
-                                sender_state=resume.senders.get(rank))
+                                sender_state=resume.senders.get(rank),
+                                sync_step=min(resume.positions))
             if ctx is not None:
                 pool.start(_process_main, (store.locks, store.sync_lock), setup,
                            setup.torch_threads)

@@ -298,8 +298,6 @@ class WorkerMonitor:
         kernel = self.engine.kernel
         positions = progress.snapshot_positions(self.strategy, counters[:, EXAMPLES], self.n,
                                                 self.batch_size, kernel)
-        counters = progress.snapshot_counters(self.strategy, counters, positions, self.n,
-                                              self.batch_size, kernel)
         counted = progress.counters_counts(counters)
         self.newest = (counted["updates"], counted["dropped"])
         if totals is None:
