@@ -475,6 +475,42 @@ def test_ctrl_c_during_start_up_prints_one_line_and_leaves_nothing(tmp_path, whe
     assert not any(os.path.exists(s.replace(" (deleted)", "")) for s in segments)
 
 
+IMPORT_INTERRUPTED = """
+import os, signal, sys
+
+class CtrlCOnNumpy:  # Ctrl-C the moment the package starts loading NumPy
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlCOnNumpy())
+sys.argv = ["monsoon", "train", "--problem", "exp", "--steps", "10", "--out", sys.argv[1]]
+from {module} import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("entry", ["monsoon_cli", "monsoon.cli"])
+def test_ctrl_c_while_the_command_loads_ends_in_one_line_having_run_nothing(tmp_path, entry):
+    """The ``monsoon`` command's entry (``monsoon_cli``, outside the package)
+    holds a Ctrl-C that arrives while the package imports NumPy and the
+    rest: one line, exit code 130, no run folder. Entered through the
+    package itself, the same Ctrl-C lands inside NumPy's import: a
+    traceback (NumPy's "bad install" message, on some versions)."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", IMPORT_INTERRUPTED.format(module=entry),
+                           str(out)], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    if entry == "monsoon.cli":
+        assert "Traceback" in proc.stderr and proc.returncode != 0, proc.stderr
+        return
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "monsoon: interrupted while starting; nothing ran", proc.stderr
+    assert not out.exists()
+
+
 def _die_holding(store, shard):
     """A worker's push, cut short: the lock taken and marked, then death."""
     store.locks[shard].acquire()
