@@ -24,7 +24,7 @@ from . import devices as _devices
 from .config import resolve
 from .record import checkpoints as _checkpoints
 from .record.checkpoints import check_resume
-from .monitor.lifecycle import StopSignals, signal_name
+from .monitor.lifecycle import StopSignals, on_stop, signal_name
 from .monitor.processes import leave_if_re_running_main
 from .compressors.messages import add_bytes_column
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
@@ -431,6 +431,20 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         recorder.close()
     if res.follower:  # the torch engine's rank 0 records the run
         return Result({"follower": True}, [], res.params, problem)
+    # a stop while the curve is evaluated and the folder written: the curve's
+    # ends only (``Recorder.hurry``), and the folder written whole
+    with StopSignals() as late, on_stop(recorder.hurry):
+        return _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_divergence,
+                       late)
+
+
+def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_divergence,
+            late) -> Result:
+    """After the engine returned: the curve evaluated, the summary, the run
+    folder and the result; an interrupted run, a divergence (where asked),
+    and a stop asked for meanwhile (``late``: ``StopSignals``) are raised
+    once the folder is written."""
+    run, rule, strat, engine = resolved.run, resolved.rule, resolved.strategy, resolved.engine
     interrupted = res.interrupted
     if reached_target(res.stopped) and recorder.target_params is not None:
         res.params = recorder.target_params  # what met the target, not pushes landed after
@@ -540,6 +554,14 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         raise err
     if res.stopped and raise_on_divergence:
         err = TrainingDiverged(res.stopped + (f" (run folder: {out})" if out else ""))
+        err.result = result
+        raise err
+    if late.signum is not None:  # the run is whole: the stop cut its curve short at most
+        where = f"run folder {out}" if out is not None else "no run folder (give --out)"
+        cut = (f" ({recorder.rows_dropped} points of its curve not evaluated)"
+               if recorder.rows_dropped else "")
+        err = Interrupted(f"interrupted by {signal_name(late.signum)} after the run had "
+                          f"finished: {where}{cut}", late.signum, result.run_dir)
         err.result = result
         raise err
     return result

@@ -475,6 +475,49 @@ def test_ctrl_c_during_start_up_prints_one_line_and_leaves_nothing(tmp_path, whe
     assert not any(os.path.exists(s.replace(" (deleted)", "")) for s in segments)
 
 
+class CtrlCOnTheCurve:
+    """The exp problem, which presses Ctrl-C at the first loss evaluated
+    after its ``steps`` gradients: while the curve of a finished run is
+    evaluated."""
+
+    def __new__(cls, steps: int):
+        from faulty import FaultyProblem
+        from monsoon.problems import make_problem
+
+        class Late(FaultyProblem):
+            def loss(self, w):
+                if self.calls >= steps and not self.pressed:
+                    self.pressed = True
+                    os.kill(os.getpid(), signal.SIGINT)
+                return self.inner.loss(w)
+
+        problem = Late(make_problem("exp"), "nan", rank=None, after=10 ** 9)  # never armed
+        problem.pressed = False
+        return problem
+
+
+def test_ctrl_c_while_a_finished_runs_curve_is_evaluated_still_writes_its_folder(tmp_path):
+    """Training is over and the curve's snapshots are being evaluated when
+    Ctrl-C comes: the curve keeps its ends and drops the points not yet
+    evaluated, and the run folder is written whole (summary, metrics, params)
+    before the run ends as interrupted (exit code 130). Before, the
+    KeyboardInterrupt left a folder without a summary or model."""
+    from monsoon.errors import Interrupted
+
+    problem = CtrlCOnTheCurve(300)
+    with pytest.raises(Interrupted) as info:
+        monsoon.train(problem, "serial", 1, steps=300, batch_size=16, evals=50,
+                      out=tmp_path / "run", progress=False)
+    assert problem.pressed
+    assert info.value.exit_code == 130 and "after the run had finished" in str(info.value)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["updates"] == 300, summary
+    assert summary["curve_rows_dropped"] > 0, summary
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]
+    assert 3 <= len(rows) < 50 and rows[-1].split(",")[1] == "300", rows
+    assert (tmp_path / "run" / "params.npy").exists()  # the trained model (exp: NumPy)
+
+
 IMPORT_INTERRUPTED = """
 import os, signal, sys
 

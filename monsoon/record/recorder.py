@@ -175,6 +175,7 @@ class Recorder:
         self.cost_aware = cost_aware  # real time: snapshots keep clear of their own cost
         self.eval_share = eval_share  # of the run's time, for evaluating the curve
         self.rows_dropped = 0  # snapshots left unevaluated when that time ran out
+        self.hurried = False  # a stop after the run: the curve's ends only (``hurry``)
         self._earliest = 0.0  # no snapshot before this (cost_aware)
         self._spares: list[np.ndarray] = []  # buffers of thinned snapshots, for reuse
         self.live_writer = None  # live series (``live.py``), where the run has any
@@ -420,6 +421,8 @@ class Recorder:
             if not level:
                 continue
             last = False
+            if self.hurried and {0, len(snaps) - 1} <= done.keys():
+                break
             if {0, len(snaps) - 1} <= done.keys() and budget < math.inf:  # the ends always are
                 spent = time.perf_counter() - began
                 if batched:
@@ -449,6 +452,12 @@ class Recorder:
             t, up, ex, _ = snaps[i]
             self.add_row(t, up, ex, done[i])
         return self.rows
+
+    def hurry(self, signum=None) -> None:
+        """A stop asked for after the run (Ctrl-C while its curve is
+        evaluated): the snapshots not yet evaluated, but the curve's ends,
+        are dropped (``rows_dropped``), so that the folder is written soon."""
+        self.hurried = True
 
     def _evaluate_snapshots(self, snaps: list) -> list[dict]:
         """``evaluate_all`` at the snapshots' parameters, each with the
