@@ -101,6 +101,24 @@ def component_options() -> dict[str, Option]:
     return found
 
 
+# the command line's flags and other libraries' names that monsoon spells otherwise
+API_SPELLINGS = {"quiet": "progress=False", "no_progress": "progress=False", "learning_rate": "lr",
+                 "n_epochs": "epochs", "max_iter": "epochs"}
+
+
+def _spellings(name: str, valid: list[str]) -> list[str]:
+    """What an unknown option ``name`` may have meant: the API's spelling of
+    a command-line flag, or the valid names it is close to or part of
+    (``beta``: ``hogwild_beta``)."""
+    import difflib
+
+    if name in API_SPELLINGS:
+        return [API_SPELLINGS[name]]
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.75)
+    close += [v for v in valid if v not in close and name in v.split("_")]
+    return close[:3]
+
+
 def refuse_untaken(given, chosen: dict[str, list[str]]) -> None:
     """Refuse an option that is unknown, or that no chosen component takes.
     ``chosen`` maps each kind to the names chosen (compare chooses several
@@ -108,8 +126,14 @@ def refuse_untaken(given, chosen: dict[str, list[str]]) -> None:
     known = component_options()
     unknown = sorted(set(given) - set(RUN) - set(known))
     if unknown:
+        valid = sorted(set(RUN) | set(known))
+        hints = {name: _spellings(name, valid) for name in unknown}
+        if any(hints.values()):
+            said = ", ".join(f"{name} (did you mean {' or '.join(hints[name])}?)"
+                             if hints[name] else name for name in unknown)
+            raise ConfigError(f"unknown option(s) {said}; `monsoon options` lists them all")
         raise ConfigError(f"unknown option(s) {', '.join(unknown)}; valid options: "
-                          f"{', '.join(sorted(set(RUN) | set(known)))}")
+                          f"{', '.join(valid)}")
     for name in given:
         if name in RUN:
             continue

@@ -291,6 +291,21 @@ def test_api_refuses_unknown_options():
         monsoon.train("exp", "serial", learning_rate=0.1)
 
 
+@pytest.mark.parametrize("given,meant", [("quiet", "progress=False"), ("learning_rate", "lr"),
+                                         ("beta", "hogwild_beta"), ("epoch", "epochs"),
+                                         ("num_workers", "workers")])
+def test_an_unknown_option_names_what_it_may_have_meant(given, meant):
+    """One short line with the likely spelling (the command line's --quiet
+    is progress=False here), not the list of every option; the list where
+    nothing is close."""
+    with pytest.raises(monsoon.ConfigError) as info:
+        monsoon.train("exp", "serial", **{given: 1})
+    assert f"{given} (did you mean {meant}?)" in str(info.value), info.value
+    assert len(str(info.value)) < 120, info.value
+    with pytest.raises(monsoon.ConfigError, match="valid options: address, "):
+        monsoon.train("exp", "serial", zzz=1)
+
+
 @pytest.mark.slow
 def test_script_without_main_guard_can_use_processes(tmp_path):
     """Spawned workers must not re-run a user's unguarded script."""
