@@ -487,6 +487,36 @@ def test_async_resumes_from_its_workers_positions(tmp_path):
     assert resumed.summary["final_loss"] < 2 * first.summary["final_loss"] + 0.05
 
 
+def test_a_resumed_runs_checkpoints_count_the_time_before_it_once(tmp_path):
+    """A run resumed from a periodic checkpoint written at time_s T carries
+    its clock on from T, once: its final checkpoint's time_s is its
+    summary's wall time (which counts T), and its curve's rows run from T to
+    it. (Counted twice, the checkpoint said T more, and a run resumed from
+    it counted T twice in its wall time, its rows and examples_per_s.)"""
+    import csv
+
+    from monsoon.record import checkpoints
+
+    opts = dict(steps=20, batch_size=64, shards=1, seed=0, timeout=30, evals=10)
+    monsoon.train("logistic", "sync", 2, engine="ray", out=tmp_path / "a", checkpoint_every=5,
+                  **opts)
+    files = checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")  # newest first
+    for newer in files[:-1]:  # as a run killed after its oldest kept one left it
+        newer.unlink()
+    before = checkpoints.read(files[-1]).meta
+    assert before["reason"] == "periodic" and before["step"] < 20 and before["time_s"] > 0
+    resumed = monsoon.train("logistic", "sync", 2, engine="ray", resume=str(tmp_path / "a"),
+                            out=tmp_path / "b", checkpoint_every=5, **opts)
+    wall = resumed.summary["wall_time_s"]
+    final = checkpoints.read(checkpoints.checkpoint_files(tmp_path / "b" / "checkpoints")[0]).meta
+    assert final["reason"] == "final" and final["step"] == 20
+    assert final["time_s"] == pytest.approx(wall, abs=1e-6) and wall > before["time_s"]
+    with open(tmp_path / "b" / "metrics.csv") as f:
+        times = [float(row["time_s"]) for row in csv.DictReader(f)]
+    after = [t for t in times if t > before["time_s"]]
+    assert after and after == sorted(after) and after[-1] == pytest.approx(wall, abs=1e-5)
+
+
 def test_resuming_private_copies_is_refused_before_ray_starts(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ConfigError, match="the ray engine keeps no checkpoints of local-sgd's "

@@ -93,7 +93,8 @@ class ShardCheckpoints:
     def collect(self, ray, shards, timeout: float, now: float, figures: dict,
                 lost: dict | None = None) -> None:
         """Take the shards' copies; write each version all have handed in,
-        oldest first. ``figures``: the workers' latest (by rank: their
+        oldest first. ``now``: the run's time, the resumed runs' included
+        (the curve's clock). ``figures``: the workers' latest (by rank: their
         progress or their reports), whose examples place them and whose
         dropped pushes count (``dropped_so_far``); ``lost``: the lost
         workers' last ones, by rank, whose examples place them too."""
@@ -149,5 +150,5 @@ class ShardCheckpoints:
             examples = self.start.examples + sum(done)
         meta = counts(reason, examples, dropped_so_far(self.start, parts, figures)[1],
                       step=version, exact=self.exact, positions=positions, totals=totals)
-        self.keeper.save(version, self.start.time_s + now, params, state, meta)
+        self.keeper.save(version, now, params, state, meta)
         self.written = version

@@ -269,6 +269,8 @@ class RayEngine(Engine):
         self._await_ready(ray, actors)
         startup = time.perf_counter() - t_begin
         recorder.start(start.params)
+        # the run's clock carries on from the resumed checkpoint's time: the rows,
+        # the checkpoints and the wall time each count the earlier attempts once
         t0 = time.perf_counter() - start.time_s
         running = {a.run.remote(): rank for rank, a in enumerate(actors)}
         results, failed = {}, {}
