@@ -26,6 +26,38 @@ def cluster():
     c.shutdown()
 
 
+def test_an_address_where_no_cluster_answers_fails_in_one_line(tmp_path):
+    """--address at a closed port of this machine: the run ends with one
+    line that says no cluster answered there and what to change, before
+    ray.init (which retries such an address for minutes, saying only Ray's
+    own warnings); the wall limit is a generous bound on "minutes", not a
+    speed claim."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    closed = socket.socket()  # bound, never listening: a connect to it is refused
+    closed.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{closed.getsockname()[1]}"
+    root = Path(__file__).resolve().parents[1]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "monsoon", "train", "--engine", "ray", "--address", address,
+             "--timeout", "10", "--problem", "logistic", "--strategy", "async", "--workers",
+             "2", "--epochs", "1", "--out", str(tmp_path / "x"), "--quiet"],
+            capture_output=True, text=True, timeout=90,
+            env={**os.environ, "PYTHONPATH": str(root)})
+    finally:
+        closed.close()
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()  # no Ray warnings: ray.init never ran
+    assert len(lines) == 1, proc.stderr
+    assert f"no Ray cluster answered at --address {address}" in lines[0]
+    assert "ray start --head" in lines[0] and "omit --address" in lines[0]
+
+
 def test_two_nodes_sync_equals_serial(cluster):
     """Sync x4 across the two nodes equals serial on the full batch."""
     opts = dict(steps=12, batch_size=16384, dtype="float64", seed=2, lr=0.5)  # every example

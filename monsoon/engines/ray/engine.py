@@ -82,6 +82,29 @@ def import_ray():
     return ray
 
 
+def check_address(address: str, timeout: float) -> None:
+    """Refuses in one line, within ``timeout`` seconds, an ``address``
+    where no Ray cluster answers: ``ray.init`` retries a dead one for
+    minutes, saying only Ray's own warnings. The probe is a TCP connect to
+    where ``ray.init`` would go (``auto`` and a local host resolved as Ray
+    resolves them; a ``ray://`` client address as given); a port that
+    accepts it is left to ``ray.init``."""
+    import socket
+
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        target = (address.split("://", 1)[1] if "://" in address
+                  else canonicalize_bootstrap_address(address))
+        host, _, port = target.rpartition(":")
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:  # refused, no answer, no such host, no cluster found
+        why = getattr(exc, "strerror", None) or str(exc).split(".")[0]
+        raise ConfigError(f"no Ray cluster answered at --address {address} within {timeout:g} s "
+                          f"({why}): start one with `ray start --head` and pass its address, "
+                          "fix --address, or omit --address for a local Ray instance") from exc
+
+
 def on_driver_node(ray):
     """Where the server's actors (shards, SSP's clock) live: on the driver's
     own node, never only on a node the run can lose. A worker node that is
@@ -179,6 +202,8 @@ class RayEngine(Engine):
         ray = import_ray()
         started = not ray.is_initialized()
         if started:
+            if self.address:  # a dead address fails here, not after minutes in ray.init
+                check_address(self.address, self.timeout)
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING,  # no INFO lines among monsoon's
                      num_cpus=None if self.address else os.cpu_count())
