@@ -96,6 +96,8 @@ def check_address(address: str, timeout: float) -> None:
     try:
         target = (address.split("://", 1)[1] if "://" in address
                   else canonicalize_bootstrap_address(address))
+        if target is None:  # "local": ray.init starts a new instance here
+            return
         host, _, port = target.rpartition(":")
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except (OSError, ValueError) as exc:  # refused, no answer, no such host, no cluster found
