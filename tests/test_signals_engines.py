@@ -113,11 +113,12 @@ class Run:
             if self.proc.poll() is None:
                 self.kill()
 
-    def stop(self, how: str, pid: int | None = None) -> tuple[int, str]:
+    def stop(self, how: str, pid: int | None = None, group: bool = False) -> tuple[int, str]:
         """Ctrl-C (SIGINT to the whole process group) or SIGTERM to the
-        process alone, or to ``pid`` alone where given (one of its own)."""
-        if how == "SIGINT" and pid is None:
-            os.killpg(self.proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+        process alone (to the whole group where ``group``: ``timeout``, a
+        batch scheduler), or to ``pid`` alone where given (one of its own)."""
+        if (how == "SIGINT" or group) and pid is None:
+            os.killpg(self.proc.pid, signal.Signals[how])  # the whole process group
         else:
             os.kill(self.proc.pid if pid is None else pid, signal.Signals[how])
         try:
@@ -271,6 +272,43 @@ def test_sigterm_stops_an_async_run_with_every_counted_batch_applied(engine, tmp
                             n_fetch=push, **OPTIONS, resume=str(run.out))
     assert resumed.summary["examples"] == epochs * 256
     assert resumed.summary["updates"] + resumed.summary["dropped_updates"] == total
+
+
+def _program(pid: int) -> bytes:
+    """The program process ``pid`` runs (b"" where it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return b""
+
+
+@pytest.mark.spark
+def test_a_sigterm_to_the_whole_group_stops_a_spark_run_cleanly(tmp_path, request):
+    """``timeout``, SLURM, systemd and ``kill -- -PGID`` signal the whole
+    process group. The Spark JVM that monsoon starts runs in a session of
+    its own, so the SIGTERM reaches monsoon alone, which stops the run as a
+    SIGTERM to its own process does: exit 143, the final checkpoint, the
+    line with --resume, no process left. (The JVM got it too before, and,
+    where it died of it first, the run ended as a failure: Py4JNetworkError,
+    no checkpoint.)"""
+    _here("spark", request)
+    epochs, push = 100, 4
+    run = Run([sys.executable, *_command("spark", "async", epochs, tmp_path / "run",
+                                         ["--n-push", str(push), "--n-fetch", str(push)])],
+              tmp_path / "run")
+    try:
+        run.wait_for_checkpoint()
+        jvms = [pid for pid, _ in run.seen if pid != run.proc.pid and
+                _program(pid).endswith(b"java")]
+        assert jvms, "no Spark JVM under the run"
+        # out of the group's reach: whether the JVM outlives a group SIGTERM
+        # long enough to break the run is a race, its session is not
+        assert all(os.getsid(pid) != os.getsid(run.proc.pid) for pid in jvms)
+        code, err = run.stop("SIGTERM", group=True)
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    _checks(run, code, err, "SIGTERM", epochs * 16 // push)
 
 
 @pytest.mark.torchrun

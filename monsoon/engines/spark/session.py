@@ -52,7 +52,26 @@ def start_session(master: str, app_name: str = "monsoon", conf: dict | None = No
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
+    _launch_own_jvm(master, app_name, {**settings, **(conf or {})})
     return builder.getOrCreate()
+
+
+def _launch_own_jvm(master: str, app_name: str, settings: dict) -> None:
+    """Start Spark's JVM, where this process has none yet, in a session of
+    its own (and so its Python workers on a local master): a SIGTERM to
+    monsoon's process group (``timeout``, a batch scheduler, ``kill --
+    -PGID``) then reaches monsoon alone, which stops the run cleanly and
+    the session with it, instead of killing the JVM under the run (PySpark
+    keeps only SIGINT from it). The JVM still ends with this process: it
+    exits when its stdin, a pipe from here, closes."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return  # a JVM is up already (an earlier session, spark-submit's): it is used
+    conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    SparkContext._gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    SparkContext._jvm = SparkContext._gateway.jvm
 
 
 def session_for(master: str | None, workers: int):
