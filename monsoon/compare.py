@@ -28,7 +28,11 @@ SIGINT during a strategy's run (``Interrupted``) ends the compare with the
 report of what ran, that strategy marked interrupted; ``resume`` (the
 compare's own folder, ``--resume OUT``) then keeps each run that ended
 under the same settings, resumes the interrupted one from its checkpoint
-(where its strategy writes them; else it runs again) and runs the rest.
+(where its strategy writes them; else it runs again) and runs the rest. A
+strategy whose run fails (a lost worker sync needs: ``_failed_run``) is
+marked failed with its reason and the others still run; the compare then
+writes the report and raises ``RunFailed`` naming it, and ``--resume OUT``
+runs it again (from the checkpoint its failure named, if any).
 """
 from __future__ import annotations
 
@@ -41,11 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import Result, check, train
+from .api import Result, _first_line, check, train
 from .config import (RUN, check_compare_compress, check_error_feedback, for_strategy,
                      refuse_untaken, resolve)
 from .compressors.messages import by_strategy
-from .errors import ConfigError, Interrupted
+from .errors import ConfigError, Interrupted, MonsoonError, RunFailed
 from .monitor.lifecycle import signal_name
 from .monitor.processes import leave_if_re_running_main
 from .record.checkpoints import checkpoint_files
@@ -96,7 +100,7 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
         check(problem, s, counts[s], out=out / s, shared=shared, **for_strategy(options, s))
     if resume is None:  # bad options were refused above, before anything is removed
         _clear_previous(out)
-    results, turns = {}, {s: [] for s in strategies}
+    results, turns, failed = {}, {s: [] for s in strategies}, {}
     try:
         for turn in range(int(repeats)):
             for s in strategies:
@@ -107,14 +111,23 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
                           else None)
                 if result is None:
                     again = resume is not None and _resumable(folder)
-                    result = train(problem, strategy=s, workers=n, out=folder,
-                                   raise_on_divergence=False, shared=shared,
-                                   **given, **({"resume": str(folder)} if again else {}))
+                    try:
+                        result = train(problem, strategy=s, workers=n, out=folder,
+                                       raise_on_divergence=False, shared=shared,
+                                       **given, **({"resume": str(folder)} if again else {}))
+                    except (ConfigError, Interrupted):
+                        raise
+                    except MonsoonError as err:  # this strategy failed: the others go on
+                        result = _failed_run(err, folder, problem, s, n)
+                        failed.setdefault(s, result.summary)
                 results.setdefault(s, result)
                 turns[s].append(result.summary)
     except Interrupted as err:
-        raise _interrupted(err, out, strategies, results, turns, options) from None
-    return Comparison(results, _write(out, strategies, results, turns, options), out)
+        raise _interrupted(err, out, strategies, results, turns, options, failed) from None
+    comparison = Comparison(results, _write(out, strategies, results, turns, options), out)
+    if failed:
+        raise _failures(comparison, strategies, turns, failed)
+    return comparison
 
 
 def _write(out: Path, strategies, results, turns, options) -> list[dict]:
@@ -126,9 +139,9 @@ def _write(out: Path, strategies, results, turns, options) -> list[dict]:
                             target=options.get("target_loss"))
 
 
-def _interrupted(err: Interrupted, out: Path, strategies, results, turns, options):
+def _interrupted(err: Interrupted, out: Path, strategies, results, turns, options, failed):
     """The compare's Interrupted: the report of what ran (the interrupted
-    run marked), and the command that carries it on."""
+    run marked, and any that failed), and the command that carries it on."""
     stopped = getattr(err, "result", None)
     if stopped is None:  # stopped before its run folder was written: nothing to add
         return err
@@ -141,29 +154,77 @@ def _interrupted(err: Interrupted, out: Path, strategies, results, turns, option
     left = [x for x in strategies if not turns[x]]
     message = (f"interrupted by {signal_name(err.signum)} during {s}, after "
                f"{stopped.summary['updates']} updates: {out / 'report.md'} has "
-               f"{', '.join(x for x in strategies if turns[x])} ({s} interrupted)"
+               f"{', '.join(x for x in strategies if turns[x])} ({s} interrupted"
+               f"{''.join(f', {f} failed' for f in failed)})"
                f"{'; not run: ' + ', '.join(left) if left else ''}; to carry on, run the same "
-               f"command with --resume {out} (the runs that ended are kept, {s} {again})")
+               f"command with --resume {out} (the runs that ended are kept, {s} {again}"
+               f"{''.join(f', {f} {_again(x)}' for f, x in failed.items())})")
     new = Interrupted(message, err.signum, out)
     new.result = stopped
     return new
+
+
+def _again(summary: dict) -> str:
+    """What ``--resume`` does with a failed run: the failure wrote a
+    checkpoint there only where ``--resume`` takes it."""
+    return ("resumes from its checkpoint" if summary.get("checkpoint")
+            else "runs again from the start")
+
+
+def _failed_run(err: MonsoonError, folder: Path, problem, strategy: str, workers: int):
+    """A strategy's failed run as a ``Result``: its folder's (status
+    "failed", the reason, the curve so far), or the reason alone where the
+    failure wrote no folder."""
+    result = _read_run(folder)
+    if result is not None and result.summary.get("status") == "failed":
+        return result
+    summary = {"problem": getattr(problem, "name", problem), "strategy": strategy,
+               "workers": workers, "status": "failed", "error": _first_line(err),
+               "final_loss": None, "updates": 0, "checkpoint": None}
+    return Result(summary, [], None, None)
+
+
+def _failures(comparison: Comparison, strategies, turns, failed: dict) -> RunFailed:
+    """The compare's error once every run has had its turn: which failed
+    and why, the report of them all, and the command that runs them again."""
+    out = comparison.out
+    err = RunFailed("; ".join(f"{f} failed: {x.get('error')}" for f, x in failed.items())
+                    + f": {out / 'report.md'} has "
+                    f"{', '.join(s for s in strategies if turns[s])} ({', '.join(failed)} "
+                    f"failed); to carry on, run the same command with --resume {out} (the "
+                    "runs that ended are kept, "
+                    + ", ".join(f"{f} {_again(x)}" for f, x in failed.items()) + ")")
+    err.run_dir = out
+    err.comparison = comparison  # what the compare would have returned
+    return err
 
 
 ENDED = ("finished", "reached target", "converged", "diverged")
 COSMETIC = ("progress", "resume", "resumed_from")  # they do not change a run's result
 
 
+def _read_run(folder: Path):
+    """The run in ``folder`` (its summary, curve and parameters) as a
+    ``Result``; None where it holds none that can be read."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        history = read_metrics(folder / "metrics.csv")
+    except (OSError, ValueError):
+        return None
+    params = np.load(folder / "params.npy") if (folder / "params.npy").exists() else None
+    return Result(summary, history, params, None, run_dir=folder)
+
+
 def _ended(folder: Path, problem, strategy: str, workers: int, given: dict, shared):
     """The run in ``folder`` as a ``Result``, if it ended (``ENDED``) with the
     settings this command gives it (config.json against a fresh ``resolve``);
     else None (it runs, or resumes)."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-        config = json.loads((folder / "config.json").read_text())
-        history = read_metrics(folder / "metrics.csv")
-    except (OSError, ValueError):
+    run = _read_run(folder)
+    if run is None or run.summary.get("status") not in ENDED:
         return None
-    if summary.get("status") not in ENDED:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
         return None
     resolved = resolve(problem, strategy, workers, {**given, "out": str(folder)}, shared)
     # as ``train`` writes config.json: the settings, with what the strategy
@@ -172,17 +233,20 @@ def _ended(folder: Path, problem, strategy: str, workers: int, given: dict, shar
                                  **resolved.engine.describe()}))
     if any(config.get(k) != v for k, v in wanted.items() if k not in COSMETIC):
         return None
-    params = np.load(folder / "params.npy") if (folder / "params.npy").exists() else None
-    return Result(summary, history, params, None, run_dir=folder)
+    return run
 
 
 def _resumable(folder: Path) -> bool:
-    """An interrupted run whose checkpoint ``--resume`` takes (train checks it)."""
+    """An interrupted run, or a failed one whose failure found a checkpoint
+    ``--resume`` takes (its summary names it), with checkpoints there
+    (train checks them)."""
     try:
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError):
         return False
-    return summary.get("status") == "interrupted" and bool(checkpoint_files(folder / "checkpoints"))
+    status = summary.get("status")
+    return ((status == "interrupted" or status == "failed" and bool(summary.get("checkpoint")))
+            and bool(checkpoint_files(folder / "checkpoints")))
 
 
 COMPARE_FILES = ("comparison.csv", "comparison.png", "report.md", "staleness.png")

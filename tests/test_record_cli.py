@@ -365,7 +365,7 @@ def test_the_report_of_diverged_runs_names_no_winner_and_no_harmless_staleness()
                   status="diverged", staleness={"mean": 0.8, "max": 11}, examples=350)]]
     text = report_markdown("exp", comparison_rows(runs), None)
     assert "Lowest final loss" not in text and "Highest throughput" not in text
-    assert "No strategy finished with a finite loss" in text
+    assert "No strategy ran to the end of its budget with a finite loss" in text
     assert "did not hurt" not in text and "nanx" not in text and "infx" not in text
     assert "ran slower than serial" not in text  # speeds of runs that stopped explain nothing
     for name in ("serial", "sync", "async"):
@@ -410,3 +410,69 @@ def test_a_new_compare_clears_what_an_earlier_compare_wrote_and_nothing_else(tmp
     assert (tmp_path / "sync" / "summary.json").exists()
     with open(tmp_path / "comparison.csv") as f:
         assert [r["strategy"] for r in csv.DictReader(f)] == ["serial", "sync"]
+
+
+def test_a_failed_strategy_is_reported_the_others_run_and_resume_carries_it_on(tmp_path):
+    """sync fails (worker 1 raises): the compare still runs serial after it,
+    writes report.md and comparison.csv with sync marked failed and its
+    reason, then fails naming sync and the compare's own folder to resume;
+    ``--resume OUT`` keeps serial's run and resumes sync from the
+    checkpoint its failure named."""
+    from faulty import FaultyProblem
+    from monsoon.errors import RunFailed
+    from monsoon.problems import make_problem
+
+    out = tmp_path / "cmp"
+    opts = dict(workers=2, epochs=5, seed=0, timeout=20, progress=False, checkpoint_every=10)
+    faulty = FaultyProblem(make_problem("exp"), "raise", rank=1, after=40)  # of 80 steps
+    faulty.defaults = faulty.inner.defaults  # it trains as exp does: serial's run is exp's
+    with pytest.raises(RunFailed) as info:
+        monsoon.compare(faulty, "sync,serial", out=out, **opts)
+    message = str(info.value)
+    assert message.startswith("sync failed: worker 1") and "injected failure" in message
+    assert f"--resume {out} " in message and f"--resume {out / 'sync'}" not in message
+    assert "sync resumes from its checkpoint" in message
+    assert json.loads((out / "serial" / "summary.json").read_text())["status"] == "finished"
+    with open(out / "comparison.csv") as f:
+        rows = {r["strategy"]: r for r in csv.DictReader(f)}
+    assert rows["sync"]["status"] == "failed" and rows["serial"]["status"] == "finished"
+    assert rows["sync"]["examples_per_s"] == ""  # a failed run's speed counts nowhere
+    report = (out / "report.md").read_text()
+    assert "| sync | 2 | — |" in report and "- **sync failed, after" in report and "injected failure on worker 1" in report
+    assert "Lowest final loss: **serial**" in report
+    assert info.value.comparison.results["serial"].summary["status"] == "finished"
+    serial = (out / "serial" / "summary.json").read_text()
+
+    done = monsoon.compare("exp", "sync,serial", out=out, resume=str(out), **opts)
+    assert (out / "serial" / "summary.json").read_text() == serial  # kept, not run again
+    resumed = done.results["sync"].summary
+    assert resumed["status"] == "finished" and resumed["resumed_from"]
+    assert resumed["updates"] == 80
+    assert "failed" not in (out / "report.md").read_text()
+
+
+def test_the_report_counts_only_the_turns_that_ran_to_their_end():
+    """An interrupted or failed turn counts in no median or range and is
+    named; a failed run's row says why; a report whose only run was
+    interrupted with a finite loss says it did not run to its end."""
+    from monsoon.record.report import comparison_rows, report_markdown
+
+    serial = [_summary("serial", 100.0)] * 3
+    sync = [_summary("sync", 90.0), dict(_summary("sync", 10.0), status="interrupted"),
+            _summary("sync", 110.0)]
+    failed = {"strategy": "async", "workers": 2, "status": "failed", "final_loss": None,
+              "updates": 4, "error": "worker 1 failed: RuntimeError: boom"}
+    rows = comparison_rows([serial, sync, [failed]])
+    assert rows[1]["examples_per_s"] == 100.0  # the median of 90 and 110, not of 10 too
+    assert (rows[1]["examples_per_s_min"], rows[1]["examples_per_s_max"]) == (90.0, 110.0)
+    assert (rows[1]["speedup_min"], rows[1]["speedup_max"]) == (0.9, 1.1)
+    assert rows[2]["examples_per_s"] is None and rows[2]["staleness_mean"] is None
+    text = report_markdown("exp", rows, None)
+    assert "- **sync: turn 2 interrupted (of 3)**: its speeds are of the other 2 turns." in text
+    assert "- **async failed, after 4 updates**: worker 1 failed: RuntimeError: boom." in text
+    assert "processed the same budget" not in text
+    alone = comparison_rows([[dict(_summary("serial", 100.0), final_loss=0.6931,
+                                   status="interrupted")]])
+    text = report_markdown("exp", alone, None)
+    assert "No strategy ran to the end of its budget with a finite loss" in text
+    assert "**serial was interrupted before its budget, after 100 updates**" in text

@@ -3,8 +3,10 @@
 Each strategy comes as the summaries of its turns (``compare``'s repeats,
 first turn first). Its speed is the median of its turns' examples/s, and
 its speedup the median of each turn's ratio to serial's run of that turn;
-both with their ranges. Every other column is the first turn's, whose
-curves are plotted."""
+both with their ranges, over the turns that ran to their end: an
+interrupted or failed turn (``UNFINISHED``) counts in neither, and the
+report names it. Every other column is the first turn's, whose curves are
+plotted; a failed first turn's row says so, with its reason."""
 from __future__ import annotations
 
 import csv
@@ -22,7 +24,10 @@ CSV_COLUMNS = ("strategy", "workers", "final_loss", "wall_time_s", "startup_s", 
                "speedup_max", "staleness_p50", "staleness_p99", "staleness_bound",
                "clock_staleness_mean", "clock_staleness_p50", "clock_staleness_p99",
                "clock_staleness_max", "clock_wait_s_total", "clock_wait_s_max",
-               "compress", "bytes_sent", "compression_ratio", "residual_norm", "rule")
+               "compress", "bytes_sent", "compression_ratio", "residual_norm", "rule",
+               "status")
+
+UNFINISHED = ("interrupted", "failed")  # stopped from outside, or broken: no speed to count
 
 
 SHORT_RUN_S = 10.0  # below this, one run's speed says little on a busy machine
@@ -42,19 +47,24 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
     rows = []
     for turns in runs:
         s = turns[0]
-        speed = _spread([t["examples_per_s"] for t in turns])
+        done = [_counts(t) for t in turns]
+        speed = _spread([t.get("examples_per_s") for t, ok in zip(turns, done) if ok])
         ratios = [t["examples_per_s"] / b["examples_per_s"]
-                  for t, b in zip(turns, base or []) if t["examples_per_s"] and b["examples_per_s"]]
+                  for t, b, ok in zip(turns, base or [], done)
+                  if ok and _counts(b) and t["examples_per_s"] and b["examples_per_s"]]
         speedup = _spread(ratios)
+        stale = s.get("staleness") or {}  # a failed run's summary has no counts
         rows.append({"strategy": s["strategy"], "workers": s["workers"], "rule": s.get("rule"),
-                     "final_loss": s["final_loss"], "wall_time_s": s["wall_time_s"],
-                     "startup_s": s["startup_s"], "examples": s["examples"],
+                     "final_loss": s["final_loss"], "wall_time_s": s.get("wall_time_s"),
+                     "startup_s": s.get("startup_s"), "examples": s.get("examples"),
                      "examples_per_s": speed[0], "speedup_vs_serial": speedup[0],
-                     "updates": s["updates"], "staleness_mean": s["staleness"]["mean"],
-                     "staleness_max": s["staleness"]["max"],
-                     "dropped_updates": s["dropped_updates"],
-                     "failed_workers": len(s["failed_workers"]),
-                     "time_to_target_s": s["time_to_target_s"], "repeats": len(turns),
+                     "updates": s["updates"], "staleness_mean": stale.get("mean"),
+                     "staleness_max": stale.get("max"),
+                     "dropped_updates": s.get("dropped_updates"),
+                     "failed_workers": len(s.get("failed_workers") or []),
+                     "time_to_target_s": s.get("time_to_target_s"), "repeats": len(turns),
+                     "unfinished_turns": [(k + 1, t.get("status"))
+                                          for k, (t, ok) in enumerate(zip(turns, done)) if not ok],
                      "examples_per_s_min": speed[1], "examples_per_s_max": speed[2],
                      "speedup_min": speedup[1], "speedup_max": speedup[2],
                      "simulated": "simulated_time_s" in s,  # the sim engine's clock
@@ -63,8 +73,14 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                                               "residual_norm", "warning", "stopped",
                                               "stopped_at_target", "stopped_converged",
                                               "batch_size", "per_example_loop", "status",
-                                              "late_gradients", "backup_workers")}})
+                                              "late_gradients", "backup_workers",
+                                              "error")}})
     return rows
+
+
+def _counts(turn: dict) -> bool:
+    """Whether a turn's speed counts: it ran to its end (not ``UNFINISHED``)."""
+    return turn.get("status") not in UNFINISHED
 
 
 def _staleness_columns(s: dict) -> dict:
@@ -130,19 +146,20 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
     lines += ["| strategy | workers | final loss | wall time (s) | examples/s | speedup vs serial "
               "| time to target (s) | staleness (mean / max) | dropped |",
               "|---|---|---|---|---|---|---|---|---|"]
-    mixed = len({r.get("rule") for r in rows}) > 1  # per-strategy defaults (spark: lbfgs)
+    # per-strategy defaults (spark: lbfgs); a run that failed early names none
+    mixed = len({r.get("rule") for r in rows if r.get("rule")}) > 1
     for r in rows:
         speed = _with_range(r, "examples_per_s", "examples_per_s_min", "examples_per_s_max", 4)
         speedup = _with_range(r, "speedup_vs_serial", "speedup_min", "speedup_max", 3)
-        name = f"{r['strategy']} ({r.get('rule')})" if mixed else r["strategy"]
+        name = f"{r['strategy']} ({r['rule']})" if mixed and r.get("rule") else r["strategy"]
         lines.append(f"| {name} | {r['workers']} | {_fmt(r['final_loss'])} "
                      f"| {_fmt(r['wall_time_s'], 3)} | {speed} | {speedup} "
                      f"| {_fmt(r['time_to_target_s'], 3)} "
                      f"| {_fmt(r['staleness_mean'], 3)} / {_fmt(r['staleness_max'])} "
-                     f"| {r['dropped_updates']} |")
+                     f"| {_fmt(r['dropped_updates'])} |")
     lines.append("")
-    # a run that stopped (diverged, interrupted) or ended with a non-finite
-    # loss wins nothing: its loss and speed are not a finished run's
+    # a run that stopped (diverged, interrupted, failed) or ended with a
+    # non-finite loss wins nothing: its loss and speed are not a finished run's
     finite = [r for r in rows if _finished(r)]
     if finite:
         best = min(finite, key=lambda r: r["final_loss"])
@@ -159,12 +176,15 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
             else:
                 lines.append(f"- No strategy reached the target loss {target}.")
     else:
-        lines.append("- **No strategy finished with a finite loss**: none is the lowest or "
-                     "the fastest.")
+        lines.append("- **No strategy ran to the end of its budget with a finite loss**: "
+                     "none is the lowest or the fastest.")
     for r in rows:  # a run that stopped or ended worse than it began says so
         if r.get("status") == "interrupted":
             lines.append(f"- **{r['strategy']} was interrupted before its budget, after "
                          f"{r['updates']} updates** ({r.get('stopped') or 'interrupted'}).")
+        elif r.get("status") == "failed":
+            lines.append(f"- **{r['strategy']} failed, after {r['updates']} updates**: "
+                         f"{r.get('error')}.")
         elif r.get("stopped"):
             lines.append(f"- **{r['strategy']} stopped before its budget: {r['stopped']}**")
         elif r.get("warning"):
@@ -172,6 +192,10 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
         elif r.get("stopped_at_target") or r.get("stopped_converged"):
             lines.append(f"- {r['strategy']} stopped before its budget: "
                          f"{r.get('stopped_at_target') or r['stopped_converged']}.")
+        if r["repeats"] > 1 and r["unfinished_turns"]:
+            which = ", ".join(f"turn {k} {status}" for k, status in r["unfinished_turns"])
+            lines.append(f"- **{r['strategy']}: {which} (of {r['repeats']})**: its speeds are "
+                         f"of the other {r['repeats'] - len(r['unfinished_turns'])} turns.")
     sent = [r for r in rows if r.get("bytes_sent")]
     if any(r.get("compress") not in (None, "none") for r in sent):
         lines.append("- Bytes the workers sent (docs/compression.md): " + "; ".join(
@@ -180,7 +204,7 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
             f"{_fmt(r['compression_ratio'], 3)}x fewer than dense" for r in sent) + ".")
     lines += explain(rows)
     early = any(r.get("stopped_at_target") or r.get("stopped_converged") or r.get("stopped")
-                or r.get("status") == "interrupted" for r in rows)
+                or r.get("status") in UNFINISHED for r in rows)
     same = len({r["examples"] for r in rows}) == 1
     lines += ["", ("Every strategy processed the same budget of examples" if same and not early
                    else "Every strategy had the same budget of examples (a run that stopped "
@@ -197,8 +221,8 @@ def explain(rows: list[dict]) -> list[str]:
     """Why the winners won: plain-language readings of the numbers."""
     out = []
     base = next((r for r in rows if r["strategy"] == "serial"), None)
-    if base is None or not base["updates"]:
-        return out
+    if base is None or not base["updates"] or base["wall_time_s"] is None:
+        return out  # no serial run that measured its time (it failed): nothing to read
     step_s = base["wall_time_s"] / base["updates"]
     turns = base["repeats"]
     others = [r for r in rows if r["strategy"] != "serial" and r["speedup_vs_serial"]]
@@ -272,10 +296,10 @@ def _same_steps(row: dict, base: dict) -> bool:
 
 def _finished(row: dict) -> bool:
     """The run ended its budget (or met its target) with a finite loss: not
-    diverged, not interrupted."""
+    diverged, not interrupted, not failed."""
     loss = row["final_loss"]
     return (loss is not None and math.isfinite(loss) and not row.get("stopped")
-            and row.get("status") != "interrupted")
+            and row.get("status") not in UNFINISHED)
 
 
 def _duration(seconds: float) -> str:
