@@ -119,7 +119,7 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
                         raise
                     except MonsoonError as err:  # this strategy failed: the others go on
                         result = _failed_run(err, folder, problem, s, n)
-                        failed.setdefault(s, result.summary)
+                        failed[s if turn == 0 else f"{s} (turn {turn + 1})"] = result.summary
                 results.setdefault(s, result)
                 turns[s].append(result.summary)
     except Interrupted as err:

@@ -438,7 +438,8 @@ def test_a_failed_strategy_is_reported_the_others_run_and_resume_carries_it_on(t
     assert rows["sync"]["status"] == "failed" and rows["serial"]["status"] == "finished"
     assert rows["sync"]["examples_per_s"] == ""  # a failed run's speed counts nowhere
     report = (out / "report.md").read_text()
-    assert "| sync | 2 | — |" in report and "- **sync failed, after" in report and "injected failure on worker 1" in report
+    assert "| sync | 2 | — |" in report and "- **sync failed, after" in report
+    assert "injected failure on worker 1" in report
     assert "Lowest final loss: **serial**" in report
     assert info.value.comparison.results["serial"].summary["status"] == "finished"
     serial = (out / "serial" / "summary.json").read_text()
@@ -468,9 +469,12 @@ def test_the_report_counts_only_the_turns_that_ran_to_their_end():
     assert (rows[1]["speedup_min"], rows[1]["speedup_max"]) == (0.9, 1.1)
     assert rows[2]["examples_per_s"] is None and rows[2]["staleness_mean"] is None
     text = report_markdown("exp", rows, None)
-    assert "- **sync: turn 2 interrupted (of 3)**: its speeds are of the other 2 turns." in text
+    assert "- **sync: turn 2 interrupted (of 3)**: its speeds are of the other 2." in text
     assert "- **async failed, after 4 updates**: worker 1 failed: RuntimeError: boom." in text
     assert "processed the same budget" not in text
+    twice = comparison_rows([serial[:2], [failed, dict(failed, updates=2)]])
+    assert "- **async: turn 1 failed, turn 2 failed (of 2)**: no turn ran to its end, so it " \
+        "has no speed." in report_markdown("exp", twice, None)
     alone = comparison_rows([[dict(_summary("serial", 100.0), final_loss=0.6931,
                                    status="interrupted")]])
     text = report_markdown("exp", alone, None)

@@ -194,8 +194,10 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
                          f"{r.get('stopped_at_target') or r['stopped_converged']}.")
         if r["repeats"] > 1 and r["unfinished_turns"]:
             which = ", ".join(f"turn {k} {status}" for k, status in r["unfinished_turns"])
-            lines.append(f"- **{r['strategy']}: {which} (of {r['repeats']})**: its speeds are "
-                         f"of the other {r['repeats'] - len(r['unfinished_turns'])} turns.")
+            counted = r["repeats"] - len(r["unfinished_turns"])
+            lines.append(f"- **{r['strategy']}: {which} (of {r['repeats']})**: "
+                         + (f"its speeds are of the other {counted}." if counted else
+                            "no turn ran to its end, so it has no speed."))
     sent = [r for r in rows if r.get("bytes_sent")]
     if any(r.get("compress") not in (None, "none") for r in sent):
         lines.append("- Bytes the workers sent (docs/compression.md): " + "; ".join(
