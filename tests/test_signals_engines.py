@@ -212,6 +212,7 @@ def _uninterrupted(engine: str, strategy: str, epochs: int, **extra):
     return _whole[key]
 
 
+@pytest.mark.timeout(300)  # three runs on a cluster engine (94 s on CI's machine), when busy
 @pytest.mark.parametrize("engine", [pytest.param(e, marks=RUNS[e][0]) for e in RUNS])
 def test_ctrl_c_stops_a_sync_run_cleanly_and_it_resumes_bit_for_bit(engine, tmp_path,
                                                                       request):
