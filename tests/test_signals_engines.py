@@ -275,6 +275,41 @@ def test_sigterm_stops_an_async_run_with_every_counted_batch_applied(engine, tmp
     assert resumed.summary["updates"] + resumed.summary["dropped_updates"] == total
 
 
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("starting", [b"raylet", b"ray::IDLE"])
+def test_a_sigterm_while_ray_starts_stops_the_run_cleanly(starting, tmp_path):
+    """A SIGTERM while ``ray.init`` is still starting Ray's processes: once
+    the raylet runs (Ray's Python handler exited at once, status 15, without
+    a word, and Ray's dashboard and runtime-env agents lived on for a
+    minute or more), or once a Ray worker process waits (the driver's core
+    worker's C++ handler: a stack dump, then abort). Now it stops the run
+    as a SIGTERM later would: exit 143, one line, the folder with status
+    "interrupted" and its final checkpoint, no process left."""
+    pytest.importorskip("ray")
+    out = tmp_path / "run"
+    run = Run([sys.executable, *_command("ray", "async", 100, out)], out)
+    try:
+        deadline = time.monotonic() + 90
+        while not any(starting in _program(pid) for pid, _ in run.seen):
+            assert run.proc.poll() is None, run.proc.communicate()
+            assert time.monotonic() < deadline, f"no {starting} within 90 s"
+            run.watch()
+            time.sleep(0.01)
+        assert not (out / "summary.json").exists()  # still starting: nothing recorded yet
+        code, err = run.stop("SIGTERM")
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    assert code == 143, err
+    assert err.strip().splitlines()[-1].startswith("monsoon: interrupted by SIGTERM"), err
+    assert "Traceback" not in err and "***" not in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary
+    assert checkpoints.read(Path(summary["checkpoint"])).meta["updates"] == summary["updates"]
+    assert not run.left(), "processes outlived the run"
+
+
 def _program(pid: int) -> bytes:
     """The program process ``pid`` runs (b"" where it has ended)."""
     try:

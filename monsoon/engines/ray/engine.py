@@ -36,8 +36,8 @@ workers' positions, and refuses another run's checkpoint in one line.
 
 SIGTERM/SIGINT: the driver asks the workers to stop at a clean point
 (``_stop``), writes the final checkpoint where they stopped and returns the
-result marked ``interrupted`` (docs/faults.md); ``ray.init``'s own SIGTERM
-handler is replaced by the run's again (``reclaim_signals``).
+result marked ``interrupted`` (docs/faults.md), also where the signal
+came while Ray was starting (``start_ray`` keeps the run's handlers).
 """
 from __future__ import annotations
 
@@ -105,6 +105,42 @@ def check_address(address: str, timeout: float) -> None:
         raise ConfigError(f"no Ray cluster answered at --address {address} within {timeout:g} s "
                           f"({why}): start one with `ray start --head` and pass its address, "
                           "fix --address, or omit --address for a local Ray instance") from exc
+
+
+def start_ray(ray, address) -> None:
+    """``ray.init`` with the run's SIGTERM handler kept while Ray starts.
+
+    ``ray.init`` first installs a handler that exits at once (status 15,
+    silently, before anything that started can be shut down: Ray's agents
+    then live on for a minute or more). With the run's handler kept, a
+    SIGTERM during start-up only marks the run stopped, and the run stops
+    as it would at its first step, Ray shut down by the engine. Whatever
+    the start-up raises, what it started is shut down. Afterwards the
+    run's handlers replace those Ray installed (``reclaim_signals``)."""
+    private = getattr(ray, "_private", None)
+    # Private hooks, each left alone where a Ray version lacks it: Ray's
+    # Python SIGTERM handler, and the C++ failure-signal handler of the
+    # driver's core worker (a stack dump and abort on SIGTERM; Ray's
+    # documented RAY_DISABLE_FAILURE_SIGNAL_HANDLER, for this process only)
+    hooks = [(getattr(private, "utils", None), "set_sigterm_handler", lambda handler: None),
+             (getattr(private, "ray_constants", None), "RAY_DISABLE_FAILURE_SIGNAL_HANDLER",
+              True)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in hooks
+             if hasattr(owner, name)]
+    for owner, name, value in hooks:
+        if hasattr(owner, name):
+            setattr(owner, name, value)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING,  # no INFO lines among monsoon's
+                 num_cpus=None if address else os.cpu_count())
+    except BaseException:
+        ray.shutdown()
+        raise
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+        reclaim_signals()  # over any handler Ray installed all the same
 
 
 def on_driver_node(ray):
@@ -206,10 +242,7 @@ class RayEngine(Engine):
         if started:
             if self.address:  # a dead address fails here, not after minutes in ray.init
                 check_address(self.address, self.timeout)
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING,  # no INFO lines among monsoon's
-                     num_cpus=None if self.address else os.cpu_count())
-            reclaim_signals()  # Ray's own SIGTERM handler aborts the driver
+            start_ray(ray, self.address)
         try:
             if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
                 from .pipeline import run_pipeline
