@@ -76,6 +76,17 @@ def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
     _save_png(fig, path)
 
 
+def staleness_shares(counts: dict) -> tuple[list[int], list[float]]:
+    """Every staleness from the least to the most seen, and the share of
+    updates at each: 0 where none was, so that a step line does not draw
+    the level of one staleness across values no update had (on the log
+    axis a 0 is a gap in the line)."""
+    values = {int(t): int(v) for t, v in counts.items()}
+    total = sum(values.values())
+    taus = list(range(min(values), max(values) + 1))
+    return taus, [values.get(t, 0) / total for t in taus]
+
+
 def plot_staleness_by_strategy(path: Path, rows: list[dict], title: str = "") -> None:
     """Side by side, one curve per strategy: the share of updates by their
     staleness in updates (left) and, for strategies with a clock (ssp), the
@@ -89,11 +100,9 @@ def plot_staleness_by_strategy(path: Path, rows: list[dict], title: str = "") ->
                            (by_clocks, r["clock_staleness_counts"])):
             if not counts:
                 continue
-            taus = sorted(int(t) for t in counts)
-            values = {int(t): int(v) for t, v in counts.items()}
-            total = sum(values.values())
-            ax.plot(taus, [values[t] / total for t in taus], drawstyle="steps-mid",
-                    marker="o", markersize=3, color=color, label=label)
+            taus, shares = staleness_shares(counts)
+            ax.plot(taus, shares, drawstyle="steps-mid", marker="o", markersize=3,
+                    color=color, label=label)
         if r["clock_staleness_counts"] and r.get("staleness_bound") is not None:
             by_clocks.axvline(r["staleness_bound"], color=color, linestyle=":", alpha=0.7)
     by_updates.set_xlabel("staleness in updates (applied between read and push)")
@@ -105,7 +114,7 @@ def plot_staleness_by_strategy(path: Path, rows: list[dict], title: str = "") ->
     for ax in (by_updates, by_clocks):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if ax.lines:
-            ax.set_yscale("log")
+            ax.set_yscale("log", nonpositive="mask")
             ax.legend()
         else:
             ax.text(0.5, 0.5, "no strategy with a clock", ha="center", va="center",
