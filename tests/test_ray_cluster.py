@@ -26,12 +26,13 @@ def cluster():
     c.shutdown()
 
 
-def test_an_address_where_no_cluster_answers_fails_in_one_line(tmp_path):
-    """--address at a closed port of this machine: the run ends with one
-    line that says no cluster answered there and what to change, before
-    ray.init (which retries such an address for minutes, saying only Ray's
-    own warnings); the wall limit is a generous bound on "minutes", not a
-    speed claim."""
+@pytest.mark.parametrize("given", ["--address", "RAY_ADDRESS"])
+def test_an_address_where_no_cluster_answers_fails_in_one_line(given, tmp_path):
+    """--address (or Ray's RAY_ADDRESS, which ray.init joins without one)
+    at a closed port of this machine: the run ends with one line that says
+    no cluster answered there and what to change, before ray.init (which
+    retries such an address for minutes, saying only Ray's own warnings);
+    the wall limit is a generous bound on "minutes", not a speed claim."""
     import os
     import socket
     import subprocess
@@ -42,20 +43,27 @@ def test_an_address_where_no_cluster_answers_fails_in_one_line(tmp_path):
     closed.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{closed.getsockname()[1]}"
     root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    argv = [sys.executable, "-m", "monsoon", "train", "--engine", "ray", "--timeout", "10",
+            "--problem", "logistic", "--strategy", "async", "--workers", "2", "--epochs", "1",
+            "--out", str(tmp_path / "x"), "--quiet"]
+    if given == "--address":
+        argv += ["--address", address]
+    else:
+        env["RAY_ADDRESS"] = address
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "monsoon", "train", "--engine", "ray", "--address", address,
-             "--timeout", "10", "--problem", "logistic", "--strategy", "async", "--workers",
-             "2", "--epochs", "1", "--out", str(tmp_path / "x"), "--quiet"],
-            capture_output=True, text=True, timeout=90,
-            env={**os.environ, "PYTHONPATH": str(root)})
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=90, env=env)
     finally:
         closed.close()
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()  # no Ray warnings: ray.init never ran
     assert len(lines) == 1, proc.stderr
-    assert f"no Ray cluster answered at --address {address}" in lines[0]
-    assert "ray start --head" in lines[0] and "omit --address" in lines[0]
+    if given == "--address":
+        assert f"no Ray cluster answered at --address {address}" in lines[0]
+        assert "ray start --head" in lines[0] and "omit --address" in lines[0]
+    else:
+        assert f"no Ray cluster answered at RAY_ADDRESS={address}" in lines[0]
+        assert "unset RAY_ADDRESS" in lines[0]
 
 
 def test_two_nodes_sync_equals_serial(cluster):
@@ -69,6 +77,17 @@ def test_two_nodes_sync_equals_serial(cluster):
                         timeout=60, **opts)
     np.testing.assert_allclose(run.params, serial.params, rtol=1e-6, atol=1e-12)
     assert not ray.is_initialized()  # monsoon joined, and left, the cluster
+
+
+def test_ray_address_in_the_environment_joins_that_cluster(cluster, monkeypatch):
+    """Without --address, a RAY_ADDRESS set in the environment (as on a
+    Ray cluster's nodes) is the cluster ray.init joins; the run used to fail
+    there ("num_cpus ... must not be provided"), asking Ray for a local
+    instance's CPUs."""
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    run = monsoon.train("logistic", "async", 2, engine="ray", steps=20, seed=0, timeout=60)
+    assert run.summary["status"] == "finished" and run.summary["examples"] > 0
+    assert not ray.is_initialized()  # joined, and left, the cluster
 
 
 def test_two_nodes_async_reaches_serial_loss(cluster):

@@ -82,13 +82,20 @@ def import_ray():
     return ray
 
 
-def check_address(address: str, timeout: float) -> None:
+def check_address(address: str | None, timeout: float) -> None:
     """Refuses in one line, within ``timeout`` seconds, an ``address``
     where no Ray cluster answers: ``ray.init`` retries a dead one for
-    minutes, saying only Ray's own warnings. The probe is a TCP connect to
-    where ``ray.init`` would go (``auto`` and a local host resolved as Ray
-    resolves them; a ``ray://`` client address as given); a port that
-    accepts it is left to ``ray.init``."""
+    minutes, saying only Ray's own warnings. Without ``address``, Ray's own
+    ``RAY_ADDRESS`` is probed, where set (``ray.init`` joins it). The probe
+    is a TCP connect to where ``ray.init`` would go (``auto`` and a local
+    host resolved as Ray resolves them; a ``ray://`` client address as
+    given); a port that accepts it is left to ``ray.init``."""
+    named = f"--address {address}"
+    if not address:
+        address = os.environ.get("RAY_ADDRESS")
+        if not address:
+            return  # ray.init starts a new local instance
+        named = f"RAY_ADDRESS={address} (Ray's variable, set in the environment)"
     import socket
 
     from ray._private.services import canonicalize_bootstrap_address
@@ -102,9 +109,11 @@ def check_address(address: str, timeout: float) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except (OSError, ValueError) as exc:  # refused, no answer, no such host, no cluster found
         why = getattr(exc, "strerror", None) or str(exc).split(".")[0]
-        raise ConfigError(f"no Ray cluster answered at --address {address} within {timeout:g} s "
+        fix = ("fix --address, or omit --address" if named.startswith("--") else
+               "fix or unset RAY_ADDRESS")
+        raise ConfigError(f"no Ray cluster answered at {named} within {timeout:g} s "
                           f"({why}): start one with `ray start --head` and pass its address, "
-                          "fix --address, or omit --address for a local Ray instance") from exc
+                          f"{fix} for a local Ray instance") from exc
 
 
 def start_ray(ray, address) -> None:
@@ -133,7 +142,8 @@ def start_ray(ray, address) -> None:
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.WARNING,  # no INFO lines among monsoon's
-                 num_cpus=None if address else os.cpu_count())
+                 # joining a cluster (also by RAY_ADDRESS) takes its CPUs as they are
+                 num_cpus=None if address or os.environ.get("RAY_ADDRESS") else os.cpu_count())
     except BaseException:
         ray.shutdown()
         raise
@@ -240,8 +250,7 @@ class RayEngine(Engine):
         ray = import_ray()
         started = not ray.is_initialized()
         if started:
-            if self.address:  # a dead address fails here, not after minutes in ray.init
-                check_address(self.address, self.timeout)
+            check_address(self.address, self.timeout)  # a dead one fails here, not in ray.init
             start_ray(ray, self.address)
         try:
             if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
