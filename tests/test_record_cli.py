@@ -135,6 +135,25 @@ def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
         assert "sync ran slower than serial" in text and "--repeats" not in text
 
 
+def test_the_report_says_when_a_speedup_over_serial_on_spark_is_its_jobs_saved():
+    """On Spark, serial runs one Spark job a step and sync one barrier stage:
+    a speedup beyond the workers is then the jobs saved, and the report
+    says so; a speedup the workers can give, or one where serial ran no
+    more jobs, gets no such line."""
+    from monsoon.record.report import comparison_rows, explain
+
+    serial = dict(_summary("serial", 100.0), spark_jobs=200)
+    rows = comparison_rows([[serial], [dict(_summary("sync", 3870.0), spark_jobs=1)],
+                            [dict(_summary("async", 150.0), spark_jobs=2)]])
+    text = "\n".join(explain(rows))
+    assert ("- sync (38.7x, 2 workers) outran serial by more than their workers can" in text
+            and "serial ran 200 Spark jobs (one a step" in text and "and sync 1, so" in text)
+    assert "async (" not in text  # 1.5x: within what two workers give
+    for base in (_summary("serial", 100.0), dict(serial, spark_jobs=1)):
+        assert "Spark jobs" not in "\n".join(explain(comparison_rows(
+            [[base], [dict(_summary("sync", 3870.0), spark_jobs=1)]])))
+
+
 def test_the_report_reads_staleness_from_the_figures_not_the_strategys_name():
     """Every strategy whose updates came stale gets the staleness reading
     (ssp, a plug-in's), and one whose updates never did gets none."""

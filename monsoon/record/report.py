@@ -74,7 +74,7 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                                               "stopped_at_target", "stopped_converged",
                                               "batch_size", "per_example_loop", "status",
                                               "late_gradients", "backup_workers",
-                                              "error")}})
+                                              "error", "spark_jobs")}})
     return rows
 
 
@@ -254,6 +254,7 @@ def explain(rows: list[dict]) -> list[str]:
                    "(barriers, locks, contention for memory and cores) costs about as much as "
                    "it saves. Parallel strategies pay off when an update costs milliseconds "
                    "(a larger model or batch) or when gradients are sparse (Hogwild!).")
+    out += _spark_jobs(others, base)
     for r in rows:
         if r["staleness_mean"]:  # any strategy whose updates came stale, by its figures
             out.append(f"- {r['strategy']}: updates were computed on parameters "
@@ -266,6 +267,26 @@ def explain(rows: list[dict]) -> list[str]:
                        "split among its workers), so its curve against epochs overlays "
                        "serial's: it differs from serial only in speed.")
     return out
+
+
+def _spark_jobs(others: list[dict], base: dict) -> list[str]:
+    """Where strategies outran serial by more than their workers can on
+    Spark because serial ran many more Spark jobs (one a step, from the
+    driver) than they did: the ratio is then Spark's cost per job."""
+    if not base.get("spark_jobs"):
+        return []
+    fast = [r for r in others if r.get("spark_jobs") and base["spark_jobs"] > r["spark_jobs"]
+            and r["speedup_vs_serial"] > 1.5 * r["workers"]]
+    if not fast:
+        return []
+    names = ", ".join(f"{r['strategy']} ({_fmt(r['speedup_vs_serial'], 3)}x, {r['workers']} "
+                      "workers)" for r in fast)
+    jobs = ", ".join(f"{r['strategy']} {r['spark_jobs']}" for r in fast)
+    return [f"- {names} outran serial by more than their workers can: on Spark, serial ran "
+            f"{base['spark_jobs']} Spark jobs (one a step: the driver sends the parameters "
+            f"and sums the partitions' gradients each step) and {jobs}, so the ratio measures "
+            "Spark's cost per job more than parallel speed. Compare the other strategies "
+            "with each other."]
 
 
 def _staleness_verdict(r: dict, base: dict) -> str:

@@ -113,6 +113,7 @@ class DriverPrograms:
         self.grads = {k: np.empty_like(self.w) for k in ranks}  # each worker's mean gradient
         self.programs, self.ops = {}, {}  # rank -> its _Program; -> the op it waits at
         self.steps = self.examples = 0
+        self.jobs = 0  # Spark jobs run: one per round of gradients
         self.local = [0, 0]  # the programs' local steps (an inner rule): applied, dropped
         self.step_loss = None   # the last gradients' mean loss
         self.full_loss = None   # the full-data loss at w, when the last step was full-batch
@@ -129,6 +130,7 @@ class DriverPrograms:
     def _gradients(self, waiting: dict) -> dict:
         ranks = sorted(waiting)
         self.examples += sum(len(waiting[k].indices) for k in ranks)
+        self.jobs += 1
         if self.raw:
             replies = self._reduced(waiting, ranks)
             self.step_loss = next(iter(replies.values()))[0] if replies else None
@@ -292,7 +294,8 @@ class DriverPrograms:
                 "local": local_totals(self.strategy, *self.local),
                 "staleness": self.core.staleness,
                 "failed": {}, "stopped": stopped, "interrupted": interrupted,
-                "worker_params": {} if self.shared else dict(self.work)}
+                "worker_params": {} if self.shared else dict(self.work),
+                "extra": {"spark_jobs": self.jobs}}
 
     def _interrupted(self, due) -> int | None:
         """The stop signal (SIGTERM, SIGINT) this run has seen, if one came:
