@@ -66,6 +66,39 @@ def test_an_address_where_no_cluster_answers_fails_in_one_line(given, tmp_path):
         assert "unset RAY_ADDRESS" in lines[0]
 
 
+def test_a_port_that_answers_but_is_no_ray_cluster_is_refused_in_time(cluster):
+    """A port that accepts connections but is no Ray cluster (Ray's
+    dashboard or another HTTP/1 server; a port nothing reads) is refused
+    in one line within --timeout: ray.init retried such a port for over
+    200 s, heeding neither --timeout nor SIGTERM. The cluster's own GCS
+    passes the same check."""
+    import http.server
+    import socket
+    import threading
+    import time
+
+    from monsoon.engines.ray.address import check_address
+    from monsoon.errors import ConfigError
+
+    check_address(cluster.address, 5)  # Ray's GCS speaks gRPC
+    web = http.server.ThreadingHTTPServer(("0.0.0.0", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    silent = socket.socket()  # listens, never reads
+    silent.bind(("0.0.0.0", 0))
+    silent.listen(4)
+    try:
+        for port in (web.server_address[1], silent.getsockname()[1]):
+            t0 = time.monotonic()
+            with pytest.raises(ConfigError, match="but it is no Ray cluster") as err:
+                check_address(f"127.0.0.1:{port}", 3)
+            assert time.monotonic() - t0 < 3 + 2  # --timeout, not Ray's minutes
+            assert "6379 unless set" in str(err.value) and "fix --address" in str(err.value)
+    finally:
+        web.shutdown()
+        web.server_close()
+        silent.close()
+
+
 def test_two_nodes_sync_equals_serial(cluster):
     """Sync x4 across the two nodes equals serial on the full batch."""
     opts = dict(steps=12, batch_size=16384, dtype="float64", seed=2, lr=0.5)  # every example

@@ -64,6 +64,7 @@ from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
 from ...monitor.tally import (RunTally, local_totals, merged, run_folder_extra,
                               summed_staleness, workers_dropped)
 from .checkpointing import ShardCheckpoints, dropped_so_far
+from .address import check_address
 from .clock import ClockServer
 from .hosts import POOL, error_line, kill
 from .membership import Membership
@@ -80,40 +81,6 @@ def import_ray():
     except ImportError as exc:
         raise ConfigError("the ray engine needs Ray: pip install 'monsoon[ray]'") from exc
     return ray
-
-
-def check_address(address: str | None, timeout: float) -> None:
-    """Refuses in one line, within ``timeout`` seconds, an ``address``
-    where no Ray cluster answers: ``ray.init`` retries a dead one for
-    minutes, saying only Ray's own warnings. Without ``address``, Ray's own
-    ``RAY_ADDRESS`` is probed, where set (``ray.init`` joins it). The probe
-    is a TCP connect to where ``ray.init`` would go (``auto`` and a local
-    host resolved as Ray resolves them; a ``ray://`` client address as
-    given); a port that accepts it is left to ``ray.init``."""
-    named = f"--address {address}"
-    if not address:
-        address = os.environ.get("RAY_ADDRESS")
-        if not address:
-            return  # ray.init starts a new local instance
-        named = f"RAY_ADDRESS={address} (Ray's variable, set in the environment)"
-    import socket
-
-    from ray._private.services import canonicalize_bootstrap_address
-
-    try:
-        target = (address.split("://", 1)[1] if "://" in address
-                  else canonicalize_bootstrap_address(address))
-        if target is None:  # "local": ray.init starts a new instance here
-            return
-        host, _, port = target.rpartition(":")
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except (OSError, ValueError) as exc:  # refused, no answer, no such host, no cluster found
-        why = getattr(exc, "strerror", None) or str(exc).split(".")[0]
-        fix = ("fix --address, or omit --address" if named.startswith("--") else
-               "fix or unset RAY_ADDRESS")
-        raise ConfigError(f"no Ray cluster answered at {named} within {timeout:g} s "
-                          f"({why}): start one with `ray start --head` and pass its address, "
-                          f"{fix} for a local Ray instance") from exc
 
 
 def start_ray(ray, address) -> None:
