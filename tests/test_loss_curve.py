@@ -314,6 +314,22 @@ def test_the_monitor_sleeps_through_a_snapshots_cost_spacing():
     assert virtual.seconds_to_due(1e-3, 50) == 0.0
 
 
+def test_a_young_runs_pace_is_not_trusted_for_a_long_sleep():
+    """A run's first batch (16 examples at 10 ms, the workers' start in it)
+    says next to nothing of its pace: the monitor sleeps no longer than the
+    run has lasted, and so wakes again in time for the first rows. It slept
+    half a second on that pace, and a short async run's curve had its
+    second row with 60% of the budget done (time_to_target_s 12x late).
+    Once the run has a pace, the row's time at that pace is the sleep."""
+    problem = make_problem("linear")
+    rec = Recorder(problem, total_examples=131_072, evals=100, progress=False)
+    rec.record(0.0, 0, 0, problem.initial_params(0))
+    assert rec.seconds_to_due(0.0104, 16) == pytest.approx(0.0104)
+    assert rec.seconds_to_due(0.2, 400) == pytest.approx(0.2)  # the pace says 0.46 s
+    # 1,111 examples in 0.4 s: the row due at 1,310.72 examples is 0.072 s away
+    assert rec.seconds_to_due(0.4, 1_111) == pytest.approx((1310.72 - 1111) * 0.4 / 1111)
+
+
 def test_serial_runs_a_small_model_on_one_torch_thread():
     import torch
 

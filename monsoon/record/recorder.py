@@ -213,12 +213,17 @@ class Recorder:
     def seconds_to_due(self, now: float, examples: int) -> float:
         """How long until the next row is due, at the run's pace so far and
         after the last snapshot's cost spacing: an engine's monitor may sleep
-        that long without missing a row."""
+        that long without missing a row. Never longer than the run has
+        lasted: a young run's pace, from its first batch or two (and the
+        workers' start), is no pace, and a sleep on it missed most of a short
+        run's curve (its first rows came at half a second, 60% of its budget
+        done). The monitor's sleeps then at most double while it learns the
+        pace, a few wake-ups more in all."""
         live = (max(self.live_writer.next - now, 0.0) if self.live_writer is not None
                 else math.inf)
         if self.evals <= 0:
             return live
-        wait = self._next - now
+        wait = min(self._next - now, now)
         if self.total_examples and examples > 0 and now > 0:
             wait = min(wait, (self._next_examples - examples) * now / examples)
         # not before the last copy's cost allows either: a row held back by
