@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from ...errors import ConfigError, WaitTimeout
+from ...errors import ConfigError
 from ...strategies.batches import budget_steps, global_batches
 from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ...monitor.tally import EngineResult
@@ -83,12 +83,8 @@ class Link:
             grad[...] = self._recv_on(self.conns["replica0"], 0)
 
     def _recv_on(self, conn, who):
-        deadline = time.monotonic() + self.timeout
-        while not conn.poll(0.05):
-            if self.control[ABORT]:
-                raise Aborted()
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"waited {self.timeout:g} s for replica {who}'s gradient")
+        wait_until(lambda: conn.poll(0.05), self.timeout, lambda: self.control[ABORT],
+                   f"replica {who}'s gradient", spin=False)
         return conn.recv()[1]
 
 
