@@ -16,6 +16,8 @@ Invariants:
 - ``Option.value`` returns the checked value or raises ``ConfigError`` with
   one line that names the flag: ``--n-push must be a whole number of at
   least 1, got 0``.
+- A float option's value is finite: nan and inf are refused before its
+  check, so a check need not test for them.
 """
 from __future__ import annotations
 
@@ -80,9 +82,14 @@ class Option:
         if kind is float:
             if isinstance(raw, bool) or not isinstance(raw, (int, float)):
                 raise ConfigError(f"{self.words} must be a number, got {raw!r}; fix {self.cli}")
-            if math.isnan(raw):
-                raise ConfigError(f"{self.words} must be a number, got nan; fix {self.cli}")
-            return float(raw)
+            try:
+                value = float(raw)
+            except OverflowError:  # an int past float's range
+                value = math.inf
+            if not math.isfinite(value):  # no option means anything by nan or inf
+                raise ConfigError(f"{self.words} must be a finite number, got {value}; "
+                                  f"fix {self.cli}")
+            return value
         if not isinstance(raw, kind):
             raise ConfigError(f"{self.words} must be a {kind.__name__}, got {raw!r}; fix {self.cli}")
         return raw

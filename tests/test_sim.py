@@ -108,6 +108,40 @@ def test_bad_delay_model_is_refused():
         monsoon.train("linear", "async", 4, engine="sim", steps=10, sim_straggler_p=2.0)
 
 
+@pytest.mark.parametrize("flag,value,words", [
+    ("--latency-s", "inf", "latency must be a finite number, got inf"),
+    ("--compute-s", "inf", "compute time must be a finite number, got inf"),
+    ("--compute-s", "1e400", "compute time must be a finite number, got inf"),
+    ("--service-s", "inf", "service time must be a finite number, got inf"),
+    ("--straggler-factor", "inf", "straggler factor must be a finite number, got inf"),
+    ("--compute-sigma", "inf", "compute sigma must be a finite number, got inf"),
+    ("--compute-sigma", "nan", "compute sigma must be a finite number, got nan"),
+    ("--compute-sigma", "50", "compute sigma must be in [0, 3]"),
+    ("--compute-sigma", "3.01", "compute sigma must be in [0, 3]"),
+])
+def test_a_delay_without_a_finite_meaning_is_refused_in_one_line(tmp_path, capsys, flag,
+                                                                 value, words):
+    """--latency-s inf simulated "inf s" and wrote rows of inf; --compute-sigma 50
+    "0 s" (every draw underflowed): each is now refused before the run."""
+    out = tmp_path / "run"
+    assert cli_main(["simulate", "--problem", "linear", "--strategy", "async", "--workers",
+                     "4", "--steps", "200", "--quiet", "--out", str(out), flag, value]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and flag in lines[0], lines
+    assert not out.exists()
+
+
+def test_the_delay_model_itself_refuses_what_has_no_finite_meaning():
+    from monsoon.engines.sim.delays import DelayModel
+
+    for field in ("compute_s", "latency_s", "bandwidth_Bps", "service_s", "straggler_factor"):
+        with pytest.raises(ConfigError, match="finite"):
+            DelayModel(**{field: float("inf")})
+    with pytest.raises(ConfigError, match=r"in \[0, 3\]"):
+        DelayModel(compute_sigma=50.0)
+    DelayModel(compute_sigma=3.0)  # the largest spread taken
+
+
 def test_each_delay_option_sets_its_own_field_of_the_delay_model():
     """``delay_model`` hands the options over in the order of the fields."""
     from dataclasses import fields

@@ -27,6 +27,22 @@ from ...options import Option, at_least, in_range
 
 _NOT_NEGATIVE = lambda v: None if v >= 0 else "0 or more"  # noqa: E731
 
+# The largest --compute-sigma. A lognormal draw keeps its mean at compute_s
+# only through rare long draws: its median is exp(-sigma**2 / 2) of the mean,
+# and half the mean rests on draws more than sigma deviations above the median.
+# At sigma 3 (median 1% of compute_s, such draws 1 in 740) the mean compute
+# time of 10,000 steps is 0.89 of compute_s in the median run; at 4, 0.56; at
+# 10 every draw is below 1e-20 of it (at 39, 0): the simulated time no longer
+# has the mean it was given.
+SIGMA_MAX = 3.0
+
+
+def _sigma_check(v):
+    if 0 <= v <= SIGMA_MAX:
+        return None
+    return (f"in [0, {SIGMA_MAX:g}] (past {SIGMA_MAX:g} a lognormal's mean rests on draws "
+            f"too rare for a run to meet, so steps would take far less than --compute-s)")
+
 
 def parse_stage_times(text: str) -> tuple[float, ...]:
     """``"0.02,0.03"`` -> (0.02, 0.03); ConfigError naming the flag otherwise."""
@@ -49,8 +65,9 @@ def _stage_check(text: str):
 OPTIONS = (
     Option("sim_compute_s", float, 1e-3, "seconds per gradient", flag="--compute-s",
            label="compute time", check=_NOT_NEGATIVE),
-    Option("sim_compute_sigma", float, 0.0, "lognormal spread of compute time (0: constant)",
-           flag="--compute-sigma", label="compute sigma", check=_NOT_NEGATIVE),
+    Option("sim_compute_sigma", float, 0.0, "lognormal spread of compute time (0: constant; "
+           "at most 3, past which a run rarely meets the draws that keep the mean)",
+           flag="--compute-sigma", label="compute sigma", check=_sigma_check),
     Option("sim_straggler_p", float, 0.0, "probability that a step is --straggler-factor times "
            "slower", flag="--straggler-p", label="straggler probability", check=in_range(0, 1)),
     Option("sim_straggler_factor", float, 10.0, "how much slower a straggler is",
@@ -90,12 +107,17 @@ class DelayModel:
 
     def __post_init__(self):
         for name in ("compute_s", "compute_sigma", "latency_s", "bandwidth_Bps", "service_s"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ConfigError(f"{name} must be a finite number, 0 or more, "
+                                  f"got {getattr(self, name)}")
+        if not self.compute_sigma <= SIGMA_MAX:
+            raise ConfigError(f"compute_sigma must be {_sigma_check(self.compute_sigma)}, "
+                              f"got {self.compute_sigma}")
         if not 0 <= self.straggler_p <= 1 or not 0 <= self.slow_fraction <= 1:
             raise ConfigError("straggler probability and slow fraction must be in [0, 1]")
-        if not self.straggler_factor >= 1:
-            raise ConfigError(f"straggler factor must be at least 1, got {self.straggler_factor}")
+        if not 1 <= self.straggler_factor < math.inf:
+            raise ConfigError(f"straggler factor must be a finite number, at least 1, "
+                              f"got {self.straggler_factor}")
         if self.stage_compute_s is not None:
             parse_stage_times(self.stage_compute_s)
 
