@@ -106,6 +106,30 @@ def test_n_jobs_reads_as_scikit_learns():
         assert _jobs(HogwildClassifier()) == 2
 
 
+def test_n_jobs_0_does_what_sgdclassifier_does():
+    """scikit-learn fits two classes without joblib, so n_jobs=0 fits them
+    (on one thread here); its one-vs-rest fit hands 0 to joblib, which
+    refuses it. Ours raised joblib's ValueError on every fit."""
+    X, y = make_classification(400, 6, random_state=0)
+    ours = HogwildClassifier(n_jobs=0, random_state=0).fit(X, y)
+    theirs = SGDClassifier(n_jobs=0, random_state=0).fit(X, y)
+    np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=1e-9, atol=1e-9)
+    y3 = np.arange(len(y)) % 3
+    refusals = []
+    for cls in (HogwildClassifier, SGDClassifier):
+        with pytest.raises(ValueError) as exc:
+            cls(n_jobs=0, random_state=0).fit(X, y3)
+        refusals.append(str(exc.value))
+    assert refusals[0] == refusals[1], refusals
+    rng = np.random.default_rng(0)
+    Xr = rng.standard_normal((300, 4))
+    yr = Xr @ np.arange(1.0, 5.0)
+    np.testing.assert_allclose(HogwildRegressor(n_jobs=0, random_state=3).fit(Xr, yr).coef_,
+                               SGDRegressor(random_state=3).fit(Xr, yr).coef_,
+                               rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("params", [dict(), dict(loss="log_loss", penalty="elasticnet"),

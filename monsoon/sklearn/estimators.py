@@ -55,11 +55,16 @@ def _learning_rate_code(learning_rate):
     return LEARNING_RATES[learning_rate]
 
 
-def _jobs(est):
+def _jobs(est, one_vs_rest: bool = False):
     """Threads for a fit: a positive ``n_jobs`` as it is (without joblib's
-    backend lookup); None and negative counts as joblib reads them."""
+    backend lookup); None and negative counts as joblib reads them. 0 is one
+    thread for one problem (two classes, a regression), where scikit-learn
+    fits without joblib; its one-vs-rest fit hands 0 to joblib, which refuses
+    it, and so does ours."""
     if isinstance(est.n_jobs, Integral) and est.n_jobs > 0:
         return int(est.n_jobs)
+    if est.n_jobs == 0 and not one_vs_rest:
+        return 1
     return max(1, int(effective_n_jobs(est.n_jobs)))
 
 
@@ -153,7 +158,7 @@ class HogwildClassifier(_AdaGrad, SGDClassifier):
                               self._expanded_class_weight[i], 1.0, sample_weight,
                               validation_mask=validation_mask, random_state=seeds[i], n_jobs=1)
 
-        with ThreadPoolExecutor(min(_jobs(self), len(self.classes_))) as pool:
+        with ThreadPoolExecutor(min(_jobs(self, one_vs_rest=True), len(self.classes_))) as pool:
             result = list(pool.map(one, range(len(self.classes_))))
         n_iter = 0
         for i, (_, intercept, n_iter_i) in enumerate(result):
