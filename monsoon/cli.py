@@ -19,7 +19,7 @@ import re
 import sys
 
 from . import __version__
-from .config import RUN, RUN_OPTIONS, registries
+from .config import RUN, RUN_OPTIONS, SIMULATE_DEFAULTS, registries
 from .errors import ConfigError, Interrupted, MonsoonError, TrainingDiverged
 from .options import Option, declared
 
@@ -54,20 +54,30 @@ def _help(option: Option) -> str:
     return option.help + choices + default
 
 
-def _add(group, option: Option) -> None:
+def _add(group, option: Option, hidden: bool = False) -> None:
     if option.type is bool:
         group.add_argument(option.cli, dest=option.name, action="store_true",
-                           default=argparse.SUPPRESS, help=option.help)
+                           default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS if hidden else option.help)
     else:
         # choices are checked by the option itself, in one line that names the flag
         optional = {} if option.const is None else {"nargs": "?", "const": option.const}
         group.add_argument(option.cli, dest=option.name, type=option.type,
-                           default=argparse.SUPPRESS, help=_help(option),
+                           default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS if hidden else _help(option),
                            metavar=option.metavar, **optional)
 
 
-def _common(p: argparse.ArgumentParser, problem: str, workers: int) -> None:
+def _common(p: argparse.ArgumentParser, problem: str, workers: int,
+            engine: str | None = None) -> None:
+    """The flags every command takes; with ``engine``, the command runs on that
+    engine only: its help offers neither --engine nor other engines' flags,
+    which are still parsed, so that the run refuses them in its own words
+    (``--backend applies to --engine local only``)."""
     names = registries()
+    others = set() if engine is None else {
+        o.name for o in names["engine"].options().values()
+        if o not in declared(names["engine"].get(engine))}
     problems = ", ".join(spec.usage() for spec in names["problem"].all().values())
     p.add_argument("--problem", default=problem, help=f"one of: {problems} (default {problem})")
     # None where not given: a single-worker strategy refuses only a count asked for
@@ -85,12 +95,13 @@ def _common(p: argparse.ArgumentParser, problem: str, workers: int) -> None:
             if option.name in ("engine", "rule"):
                 extra = f": {', '.join(names[option.name].names())}"
             _add(p, Option(option.name, option.type, option.default, option.help + extra,
-                           option.flag, const=option.const))
+                           option.flag, const=option.const),
+                 hidden=option.name == "engine" and engine is not None)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for title, options in option_groups():
         group = p.add_argument_group(title)
         for option in options:
-            _add(group, option)
+            _add(group, option, hidden=option.name in others)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(train, "exp", 2)
     simulate = sub.add_parser("simulate", help="train on the sim engine: a virtual cluster "
                               "(time is simulated, the math is real)")
-    simulate.add_argument("--strategy", default="async", help=f"one of: {', '.join(strategies)}")
+    sim = SIMULATE_DEFAULTS
+    simulate.add_argument("--strategy", default=sim["strategy"],
+                          help=f"one of: {', '.join(strategies)} (default {sim['strategy']})")
     simulate.add_argument("--out", default=None, help="run folder (default runs/sim-PROBLEM-STRATEGY)")
-    _common(simulate, "logistic", 64)  # clusters want more examples
+    _common(simulate, sim["problem"], sim["workers"], engine=sim["engine"])
     compare = sub.add_parser("compare", help="the same problem under several strategies")
     compare.add_argument("--strategies", default="serial,sync,async,hogwild",
                          help="comma-separated (default serial,sync,async,hogwild)")
@@ -162,11 +175,12 @@ def _train(args) -> None:
     options = _given(args)
     prefix = "runs/"
     if args.command == "simulate":
-        if options.get("engine") not in (None, "sim"):
-            raise ConfigError(f"monsoon simulate runs on the sim engine, not --engine "
+        engine = SIMULATE_DEFAULTS["engine"]
+        if options.get("engine") not in (None, engine):
+            raise ConfigError(f"monsoon simulate runs on the {engine} engine, not --engine "
                               f"{options['engine']}: drop --engine, or run "
                               f"'monsoon train --engine {options['engine']}'")
-        options["engine"], prefix = "sim", "runs/sim-"
+        options["engine"], prefix = engine, "runs/sim-"
     single = registries()["strategy"].get(args.strategy).single_worker
     workers = _workers(args)  # serial's default is 1; a count given is train's to refuse
     out = args.out or f"{prefix}{_folder(args.problem)}-{args.strategy}"

@@ -85,6 +85,10 @@ RUN_OPTIONS = (
            "(pip install 'monsoon[mlflow]')", const="auto", label="MLflow tracking URI"),
 )
 RUN = {o.name: o for o in RUN_OPTIONS}
+# `monsoon simulate`'s own defaults, where they are not the run's (a virtual
+# cluster wants more workers, and more examples to share among them); it
+# runs on the sim engine only, so its help shows no --engine.
+SIMULATE_DEFAULTS = {"engine": "sim", "strategy": "async", "problem": "logistic", "workers": 64}
 
 
 def registries() -> dict:

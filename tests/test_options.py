@@ -168,6 +168,39 @@ def test_readme_option_tables_match_train_help():
     assert in_help == in_readme
 
 
+def test_simulate_help_offers_only_what_simulate_takes(tmp_path):
+    """simulate's help listed --engine ENGINE (default local), which it
+    refuses, and the other engines' flags (--backend, --address, --master):
+    it now offers the sim engine's only and says its own defaults, as
+    docs/options.md does; the flags it does not offer are still refused in
+    the run's words."""
+    from monsoon.config import SIMULATE_DEFAULTS as sim
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    help_text = commands["simulate"].format_help()
+    flags = set(re.findall(r"(--[a-z][a-z-]*)", help_text))
+    engines = registries()["engine"]
+    sims = {o.cli for o in engines.get("sim").options}
+    others = {o.cli for o in engines.options().values()} - sims
+    assert "--engine" not in flags and not flags & others, flags & (others | {"--engine"})
+    assert sims <= flags and {"--backend", "--address", "--master"} <= others
+    assert "--engine" in commands["train"].format_help()
+    args = commands["simulate"].parse_args([])
+    assert (args.strategy, args.problem, args.default_workers) == (
+        sim["strategy"], sim["problem"], sim["workers"])
+    for word in ("strategy", "problem", "workers"):
+        assert f"(default {sim[word]}" in " ".join(help_text.split())
+    tables = _readme_tables()
+    assert f"| serial (`simulate`: {sim['strategy']}) |" in tables
+    assert f"| exp (`simulate`: {sim['problem']}) |" in tables
+    assert f"| 2 (`simulate`: {sim['workers']}; " in tables
+    assert f"| local (`simulate`: {sim['engine']}) |" in tables
+    assert _main(["simulate", "--backend", "threads", "--out", str(tmp_path / "r")]) == (
+        2, "monsoon: error: --backend applies to --engine local only; --engine sim does not "
+           "take it")
+    assert not (tmp_path / "r").exists()
+
+
 def test_no_component_name_is_compared_in_config_cli_or_api():
     names = [n for r in ("strategy", "rule", "engine") for n in registries()[r].names()]
     alternatives = "|".join(re.escape(n) for n in names)
