@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -73,14 +74,17 @@ class Option:
             if isinstance(raw, bool):
                 return raw
             raise ConfigError(f"{self.words} is a switch: pass True or False, not {raw!r} ({self.cli})")
+        # NumPy's scalars count as the numbers they are (a sweep over
+        # np.arange or np.float32 values), as Python's own
         if kind is int:
-            if isinstance(raw, bool) or not isinstance(raw, int):
-                if isinstance(raw, float) and raw.is_integer():
+            if isinstance(raw, bool) or not isinstance(raw, numbers.Integral):
+                if isinstance(raw, numbers.Real) and not isinstance(raw, bool) \
+                        and float(raw).is_integer():
                     return int(raw)
                 raise ConfigError(f"{self.words} must be a whole number, got {raw!r}; fix {self.cli}")
-            return raw
+            return int(raw)
         if kind is float:
-            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            if isinstance(raw, bool) or not isinstance(raw, numbers.Real):
                 raise ConfigError(f"{self.words} must be a number, got {raw!r}; fix {self.cli}")
             try:
                 value = float(raw)

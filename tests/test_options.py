@@ -238,3 +238,22 @@ def test_a_rule_that_is_not_a_Rule_is_refused_in_one_line(monkeypatch):
     monkeypatch.setitem(RULES._plugins, "bare", Bare)
     with pytest.raises(monsoon.ConfigError, match="rule 'bare' does not follow the rule contract"):
         monsoon.train("logistic", "serial", 1, rule="bare", steps=2, progress=False)
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_are():
+    """A sweep's values are often NumPy scalars (np.arange, np.float32
+    arrays): they were refused ("learning rate must be a number, got
+    np.float32(0.1)", "batch size must be a whole number, got np.int64(32)").
+    They are the numbers they hold; what is no number, or not whole where
+    a whole one is needed, is still refused."""
+    run = monsoon.train("exp", "sync", np.int64(2), lr=np.float32(0.25),
+                        batch_size=np.int64(32), steps=4, seed=np.uint32(3), evals=0,
+                        progress=False)
+    assert run.summary["workers"] == 2 and type(run.summary["workers"]) is int
+    assert run.summary["lr"] == float(np.float32(0.25)) and run.summary["batch_size"] == 32
+    assert run.summary["seed"] == 3
+    for kwargs, message in [(dict(lr=np.True_), "must be a number"),
+                            (dict(batch_size=np.float32(32.5)), "must be a whole number"),
+                            (dict(lr=np.float32("inf")), "must be a finite number")]:
+        with pytest.raises(monsoon.ConfigError, match=message):
+            monsoon.train("exp", "serial", steps=4, progress=False, **kwargs)
