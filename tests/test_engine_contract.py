@@ -360,5 +360,6 @@ def test_an_engine_is_built_and_described_from_its_declared_options(tmp_path):
     assert engine.describe() == {"engine": "declared", "lanes": 2, "timeout_s": 5.0,
                                  "checkpoint_every": CHECKPOINT_EVERY.default,
                                  "resumed_from": str(tmp_path / "before" / "checkpoints")}
-    with pytest.raises(ConfigError, match="no checkpoints folder"):
-        Declared.from_options(run, resume=str(tmp_path / "now"))
+    sync = SimpleNamespace(name="sync", uses=(), needs=lambda workers: set())
+    with pytest.raises(ConfigError, match="no checkpoints folder"):  # before anything starts
+        Declared.from_options(run, resume=str(tmp_path / "now")).preflight(None, sync, 2, 1)

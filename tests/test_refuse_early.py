@@ -69,6 +69,41 @@ def test_a_refusal_of_the_run_leaves_the_previous_folder_as_it_was(tmp_path, com
     assert snapshot(out) == before
 
 
+@pytest.mark.parametrize("engine", ["torch", "ray", "spark"])
+@pytest.mark.parametrize("strategy", ["easgd", "local-sgd"])
+def test_checkpoints_asked_of_a_run_that_writes_none_are_refused_before_it_starts(
+        tmp_path, monkeypatch, engine, strategy):
+    """ray, spark and torch keep no checkpoint of local SGD's and EASGD's
+    private worker copies, and write none: ``--engine torch --strategy easgd
+    --checkpoint-every 20 --out OUT`` ran, exit 0, with no checkpoints
+    folder, and ``--resume OUT`` then said only 'no checkpoints folder
+    there'. Both are refused in one line that says why, before the engine
+    starts (its run is never called), the previous folder left as it was;
+    asked at the default interval too. The default interval alone checks."""
+    from monsoon.api import check
+    from monsoon.engines import ENGINES
+
+    def started(*args, **kwargs):
+        raise AssertionError("the engine started")
+
+    monkeypatch.setattr(ENGINES.get(engine), "run", started)
+    out = tmp_path / "run"
+    before = previous_run(out)
+    why = f"the {engine} engine keeps no checkpoints of {strategy}'s private worker copies"
+    instead = f"or run {strategy} on the local or sim engine"
+    args = ("--engine", engine, "--strategy", strategy, "--workers", "2", "--problem", "digits",
+            "--steps", "100", "--out", str(out))
+    for every in ("20", "1000"):
+        refused(cli("train", *args, "--checkpoint-every", every),
+                f"--checkpoint-every {every}: {why}, so this run writes none",
+                f"drop --checkpoint-every, {instead}")
+    refused(cli("train", *args, "--resume", str(out)),
+            f"--resume {out}: {why}, so this run cannot resume", f"drop --resume, {instead}")
+    assert snapshot(out) == before
+    check("digits", strategy, 2, engine=engine, steps=100, out=out)
+    check("digits", strategy, 2, steps=100, out=out, checkpoint_every=20)  # the local engine's
+
+
 def test_the_pipeline_on_auto_threads_runs_its_stages_in_processes():
     """--backend auto picks threads on a GPU; the stage runner has only
     processes: auto then means processes, where --backend threads is refused."""

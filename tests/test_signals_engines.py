@@ -468,7 +468,8 @@ def test_a_stopped_run_that_resume_would_refuse_says_why(engine, tmp_path, reque
     stops the run cleanly, with its run folder, and its line says why
     ``--resume`` would refuse it instead of offering it; no checkpoint is
     written. (In this process: the signal comes once the run's handlers are
-    in place.)"""
+    in place.) ``--checkpoint-every`` is refused for it: the run folder's
+    default interval alone."""
     import threading
 
     from monsoon.errors import Interrupted
@@ -487,8 +488,7 @@ def test_a_stopped_run_that_resume_would_refuse_says_why(engine, tmp_path, reque
     threading.Thread(target=stop_once_handled, daemon=True).start()
     out = tmp_path / "run"
     with pytest.raises(Interrupted) as info:
-        monsoon.train("exp", "local-sgd", 2, engine=engine, epochs=400, out=out,
-                      checkpoint_every=EVERY, **OPTIONS)
+        monsoon.train("exp", "local-sgd", 2, engine=engine, epochs=400, out=out, **OPTIONS)
     line = str(info.value)
     assert info.value.exit_code == 130 and "interrupted by SIGINT" in line, line
     assert "cannot be carried on" in line and "private worker copies" in line, line

@@ -193,10 +193,11 @@ class Engine:
         once the run has started: ``config.resolve`` calls it (after
         ``check``), before the run folder is touched, so that a refused run
         writes nothing and leaves a previous run's folder as it was. By
-        default: checkpoint options asked of a stage runner, which writes
-        none. An engine adds its own checks here."""
-        if STAGES in strategy.needs(workers):
-            refuse_checkpoints(self, f"the {strategy.name} strategy")
+        default: checkpoint options asked of a run that writes none, on
+        every engine alike (``refuse_checkpoints``), and a ``--resume``
+        folder with no checkpoints folder. An engine adds its own checks
+        here."""
+        refuse_checkpoints(self, strategy, workers)
         shards = getattr(self, "shards", None)
         if shards and "shards" in self.given and shards > problem.n_params:
             raise ConfigError(f"--shards {shards}: {problem.name} has {problem.n_params} "

@@ -12,28 +12,49 @@ SHARDS = Option("shards", int, None, "parameter-server shards (default: workers,
                 "on ray, at most one per 262,144 parameters)", check=at_least(1))
 CHECKPOINT_EVERY = Option("checkpoint_every", int, 1000, "write a checkpoint every K updates into "
                           "OUT/checkpoints, when there is a run folder (0: only when "
-                          "interrupted)",
+                          "interrupted); refused for a run that writes none: pipeline, and "
+                          "local-sgd and easgd on ray, spark and torch",
                           check=lambda v: None if v >= 0 else "0 or more")
 RESUME = Option("resume", str, None, "continue from the checkpoints of this run folder")
 
 
 def checkpoint_paths(out: str | None, checkpoint_every: int, resume: str | None) -> dict:
     """``checkpoint_dir``, ``checkpoint_every`` and ``resume_dir`` for an
-    engine, from the run folder and the two options, checked. With no run
-    folder there is nowhere to write checkpoints: ``checkpoint_dir`` is None."""
-    resume_dir = os.path.join(resume, "checkpoints") if resume else None
-    if resume_dir and not os.path.isdir(resume_dir):
-        raise ConfigError(f"--resume {resume}: no checkpoints folder there")
+    engine, from the run folder and the two options. With no run folder
+    there is nowhere to write checkpoints: ``checkpoint_dir`` is None. The
+    folder to resume is checked by ``refuse_checkpoints`` (the engine's
+    ``preflight``), which knows the strategy and so can say why a run that
+    writes none has no checkpoints there."""
     return {"checkpoint_dir": os.path.join(out, "checkpoints") if out else None,
-            "checkpoint_every": checkpoint_every, "resume_dir": resume_dir}
+            "checkpoint_every": checkpoint_every,
+            "resume_dir": os.path.join(resume, "checkpoints") if resume else None}
 
 
-def refuse_checkpoints(engine, what: str) -> None:
+def refuse_checkpoints(engine, strategy, workers: int) -> None:
     """Refuse, in one line, checkpoint options for a run that writes none
-    (``what``, e.g. "the pipeline strategy"). A run folder turns checkpoints
-    on by default: only what the user asked for explicitly is refused."""
-    asked = getattr(engine, "checkpoint_every", CHECKPOINT_EVERY.default)
-    if getattr(engine, "resume_dir", None) or (getattr(engine, "checkpoint_dir", None)
-                                               and asked != CHECKPOINT_EVERY.default):
-        raise ConfigError(f"{what} does not write or resume checkpoints yet; drop "
-                          "--checkpoint-every and --resume")
+    (``checkpoints.writes_none`` says why: the same rule on every engine),
+    and a ``--resume`` folder without a checkpoints folder. A run folder
+    turns checkpoints on by default: only a ``--checkpoint-every`` the user
+    gave (``engine.given``, also through compare, which asks it of every
+    strategy; an engine built without them: another value than the
+    default) is refused."""
+    from ..record.checkpoints import writes_none
+
+    resume_dir = getattr(engine, "resume_dir", None)
+    resume = os.path.dirname(resume_dir) if resume_dir else None
+    none = writes_none(engine, strategy, workers)
+    every = getattr(engine, "checkpoint_every", CHECKPOINT_EVERY.default)
+    given = getattr(engine, "given", frozenset())
+    asked = "checkpoint_every" in given if given else every != CHECKPOINT_EVERY.default
+    if none is not None:
+        why, keepers = none
+        instead = (f", or run {strategy.name} on {keepers}, whose checkpoints hold them"
+                   if keepers else "")
+        if resume:
+            raise ConfigError(f"--resume {resume}: {why}, so this run cannot resume; drop "
+                              f"--resume{instead}")
+        if asked and getattr(engine, "checkpoint_dir", None):
+            raise ConfigError(f"--checkpoint-every {every}: {why}, so this run writes none; "
+                              f"drop --checkpoint-every{instead}")
+    if resume and not os.path.isdir(resume_dir):
+        raise ConfigError(f"--resume {resume}: no checkpoints folder there")

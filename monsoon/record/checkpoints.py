@@ -618,9 +618,9 @@ def inexact_resume(engine, problem, strategy) -> tuple[str, str] | None:
                 "schedule), so the resumed run would not carry on as this one",
                 "start a new run (the sim's checkpoints hold it; plain sgd at a constant rate "
                 "keeps none)")
-    if private_copies(strategy) and not getattr(engine, "keeps_private_copies", True):
-        return (f"the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
-                "private worker copies",
+    lost = _copies_not_kept(engine, strategy)
+    if lost is not None:
+        return (lost,
                 "start a new run (the local and sim engines' checkpoints hold them; a "
                 "checkpoint resumes on the engine that wrote it)")
     compression = getattr(engine, "compression", None)
@@ -633,6 +633,33 @@ def inexact_resume(engine, problem, strategy) -> tuple[str, str] | None:
                 "carry on as this one",
                 "start a new run (sync on the local and torch engines, and every strategy "
                 "on the sim, keep it; a checkpoint resumes on the engine that wrote it)")
+    return None
+
+
+def writes_none(engine, strategy, workers: int) -> tuple[str, str] | None:
+    """Why ``engine`` writes no checkpoint at all of ``strategy`` on
+    ``workers`` workers, and the engines whose checkpoints would hold the
+    run ("" where none would), or None where it writes them; the same rule
+    on every engine: a strategy run in pipeline stages (no engine
+    checkpoints them yet), or one with private worker copies (local SGD,
+    EASGD) on an engine that does not keep them
+    (``engine.keeps_private_copies`` False: ray, spark, torch).
+    ``engines.options.refuse_checkpoints`` refuses ``--checkpoint-every``
+    and ``--resume`` for such a run."""
+    from ..strategies.base import STAGES
+
+    if STAGES in strategy.needs(workers):
+        return f"the {strategy.name} strategy does not write or resume checkpoints yet", ""
+    lost = _copies_not_kept(engine, strategy)
+    return None if lost is None else (lost, "the local or sim engine")
+
+
+def _copies_not_kept(engine, strategy) -> str | None:
+    """That ``engine``'s checkpoints do not hold ``strategy``'s private
+    worker copies, in words; None where they do or it has none."""
+    if private_copies(strategy) and not getattr(engine, "keeps_private_copies", True):
+        return (f"the {engine.name} engine keeps no checkpoints of {strategy.name}'s "
+                "private worker copies")
     return None
 
 

@@ -155,7 +155,7 @@ def _links(ctx, stages: int, replicas: int, boundary: list, rows: int, micro: in
 def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget,
                  recorder):
     """Run ``strategy`` (one that needs ``STAGES``) on the local ``engine``."""
-    refuse_checkpoints(engine, "the pipeline strategy")
+    refuse_checkpoints(engine, strategy, workers)
     if engine.backend == "threads":
         raise ConfigError("the pipeline runs each stage in its own process on the local engine; "
                           "drop --backend threads")

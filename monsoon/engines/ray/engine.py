@@ -165,7 +165,7 @@ class RayEngine(Engine):
     device_placement = "assigned"  # --device cuda: Ray gives each worker actor its GPU
     virtual_time = False
     stops_on_signal = True  # SIGTERM/SIGINT: the workers stop cleanly, a final checkpoint
-    keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
+    keeps_private_copies = False  # local SGD, EASGD: none written (refuse_checkpoints)
     backend_used = "actors"
     options = (
         Option("address", str, None, "join this Ray cluster (auto or HOST:PORT); default: start "

@@ -107,7 +107,7 @@ def run_pipeline(engine, ray, strategy, problem, rule, w0, workers, batch_size, 
                  recorder):
     """Run ``strategy`` (one that needs ``STAGES``) on the ray ``engine``,
     whose Ray session (``ray``) is up."""
-    refuse_checkpoints(engine, "the pipeline strategy")
+    refuse_checkpoints(engine, strategy, workers)
     specs, S, R = strategy.layout(problem, workers, batch_size)
     actors, result = [], None
     try:

@@ -82,7 +82,7 @@ class _Link:
 def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed, budget,
                  recorder):
     """Run ``strategy`` (one that needs ``STAGES``) on the sim ``engine``."""
-    refuse_checkpoints(engine, "the pipeline strategy")
+    refuse_checkpoints(engine, strategy, workers)
     t_real = time.perf_counter()
     specs, S, R = strategy.layout(problem, workers, batch_size)
     payloads = stage_payloads(strategy, problem, rule, specs, R, w0, batch_size, seed, budget)

@@ -120,7 +120,7 @@ class SparkEngine(Engine):
                      Elastic, Clock})
     virtual_time = False
     stops_on_signal = True  # SIGTERM/SIGINT: the driver stops where its state is exact
-    keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
+    keeps_private_copies = False  # local SGD, EASGD: none written (refuse_checkpoints)
     backend_used = "spark tasks"
     compresses = True  # tasks return packed messages (tasks.py); not sync: see below
     options = (

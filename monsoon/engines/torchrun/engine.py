@@ -75,7 +75,7 @@ class TorchEngine(Engine):
     ops = frozenset({Gradient, AllReduce, Average, Elastic, LocalApply, Fetch})
     virtual_time = False
     stops_on_signal = True  # SIGTERM/SIGINT: every rank stops at one step (rank.py)
-    keeps_private_copies = False  # local SGD, EASGD: --resume is refused (check_resume)
+    keeps_private_copies = False  # local SGD, EASGD: none written (refuse_checkpoints)
     backend_used = "torch.distributed"
     options = (
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
