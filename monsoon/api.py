@@ -34,6 +34,7 @@ from .record import Recorder, write_run_folder
 from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
                               worse_than_start)
 from .record.live import make_live
+from .record.folder_lock import FolderLock
 from .record.run_folder import SetAside, clear_results, save_model
 
 
@@ -280,19 +281,25 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     resolved = check(problem, strategy, workers, out=out, shared=shared, **options)
     run, problem, budget = resolved.run, resolved.problem, resolved.budget
     made = check_writable(Path(out)) if out is not None else []
-
-    w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
-    total = (budget.epochs * problem.n_examples if budget.epochs is not None
-             else budget.steps * run['batch_size'])
-    # placed lazily, where each worker computes
-    _devices.assign(problem, resolved.devices, run["precision"])
+    # the run holds its folder until it is written whole; another run's is refused
+    lock = FolderLock(Path(out) if out is not None and getattr(
+        resolved.engine, "writes_run_folder", True) else None)
     try:
-        return _train(resolved, problem, w0, total, out, raise_on_divergence)
-    except ConfigError:  # refused (a --resume that does not fit): no folder left behind
-        _remove_empty(made)
-        raise
+        w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
+        total = (budget.epochs * problem.n_examples if budget.epochs is not None
+                 else budget.steps * run['batch_size'])
+        # placed lazily, where each worker computes
+        _devices.assign(problem, resolved.devices, run["precision"])
+        try:
+            return _train(resolved, problem, w0, total, out, raise_on_divergence)
+        except ConfigError:  # refused (a --resume that does not fit): no folder left behind
+            lock.release()
+            _remove_empty(made)
+            raise
+        finally:
+            _devices.release(problem)  # back to the CPU: results do not depend on the device
     finally:
-        _devices.release(problem)  # back to the CPU: results do not depend on the device
+        lock.release()
 
 
 def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:

@@ -23,7 +23,9 @@ bench/quick_start.py measures how much for the quick start's report.
 
 A new compare in a folder an earlier one wrote first removes what that one
 wrote (the run folders its comparison.csv names, their repeats, its report
-and plots: ``_clear_previous``), never other files there. SIGTERM or
+and plots: ``_clear_previous``), never other files there. A compare holds
+its folder while it runs (``FolderLock``, as each strategy's run holds
+``OUT/STRATEGY``): a second compare on it is refused in one line. SIGTERM or
 SIGINT during a strategy's run (``Interrupted``) ends the compare with the
 report of what ran, that strategy marked interrupted; ``resume`` (the
 compare's own folder, ``--resume OUT``) then keeps each run that ended
@@ -45,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import Result, _first_line, check, train
+from .api import Result, _first_line, _remove_empty as _remove_made, check, check_writable, train
 from .config import (RUN, check_compare_compress, check_error_feedback, for_strategy,
                      refuse_untaken, resolve)
 from .compressors.messages import by_strategy
@@ -53,6 +55,7 @@ from .errors import ConfigError, Interrupted, MonsoonError, RunFailed
 from .monitor.lifecycle import signal_name
 from .monitor.processes import leave_if_re_running_main
 from .record.checkpoints import checkpoint_files
+from .record.folder_lock import FolderLock
 from .record.report import write_comparison
 from .record.run_folder import clear_results, read_metrics, to_json
 from .strategies import STRATEGIES
@@ -98,11 +101,26 @@ def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), wo
     shared = frozenset(k for k, v in options.items() if v is not None)
     for s in strategies:  # every strategy's run checked before any starts
         check(problem, s, counts[s], out=out / s, shared=shared, **for_strategy(options, s))
+    made = check_writable(out)
+    lock = FolderLock(out, "compare")  # its own files; each run holds OUT/STRATEGY
+    try:
+        return _run_all(problem, strategies, counts, out, resume, int(repeats), options, shared)
+    except ConfigError:  # refused: no folder left behind that this compare made
+        lock.release()
+        _remove_made(made)
+        raise
+    finally:
+        lock.release()
+
+
+def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, options,
+             shared) -> Comparison:
+    """Every strategy's turns, then the report; ``out`` is held."""
     if resume is None:  # bad options were refused above, before anything is removed
         _clear_previous(out)
     results, turns, failed = {}, {s: [] for s in strategies}, {}
     try:
-        for turn in range(int(repeats)):
+        for turn in range(repeats):
             for s in strategies:
                 folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
                 n = counts[s]

@@ -73,7 +73,7 @@ RUN_OPTIONS = (
     Option("out", str, None, "run folder (the command line's default: runs/PROBLEM-STRATEGY; "
            "monsoon.train writes none unless given); a run there replaces the previous run's "
            "results, and checkpoints of another run (set aside when it starts, given back "
-           "if it is refused)"),
+           "if it is refused); a folder another run is using is refused (exit 2)"),
     Option("progress", bool, None, "show a progress bar (default: on a terminal)"),
     Option("live_every", float, 1.0, "write live series (each worker's mini-batch loss, "
            "examples/s, staleness) at most this often, in seconds (0: none); docs/live.md",

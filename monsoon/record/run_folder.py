@@ -14,7 +14,9 @@ files, which it carries on. The checkpoints are ``checkpoints.py``'s
 (``remove_others``). A run that starts sets those files aside
 (``SetAside``) rather than deleting them until it ends: a run refused once
 started (bad input found only then) gives them back, and the folder is as
-it was.
+it was. Only one run at a time does any of this: a run holds its folder
+(``folder_lock.py``), so the files it sets aside, or finds set aside by a
+killed run, are never another live run's.
 """
 from __future__ import annotations
 
