@@ -3,6 +3,7 @@ for bit where the run is deterministic, and refused in one line when they
 are damaged or belong to another run (an older good one is then used)."""
 import contextlib
 import io
+import json
 import os
 import time
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 import monsoon
 from monsoon.cli import main
 from monsoon.record import checkpoints
-from monsoon.errors import ConfigError
+from monsoon.errors import ConfigError, RunFailed
+from monsoon.record import recorder as recorder_module
 
 
 
@@ -208,6 +210,72 @@ def test_a_new_run_moves_a_damaged_checkpoint_aside_in_one_line(tmp_path, capsys
     aside = files[-1].with_name(files[-1].name + ".damaged")
     assert len(err) == 1 and f"{files[-1]} is corrupt or partial" in err[0], err
     assert aside.name in err[0] and aside.read_bytes() and not files[-1].exists()
+
+
+def _without(path: Path, key: str) -> None:
+    """Rewrite the checkpoint ``path`` without its meta key or array ``key``,
+    as a hand edit, or a writer that left it out, would."""
+    members = dict(np.load(path, allow_pickle=False))
+    meta = json.loads(members["meta"].tobytes().decode())
+    del (meta if key in meta else members)[key]
+    members["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **members)
+
+
+@pytest.mark.parametrize("key", ["positions", "rows", "counters"])
+def test_an_incomplete_checkpoint_is_passed_over_as_a_damaged_one(tmp_path, capsys, key):
+    """A checkpoint without a meta key or array its writer always writes
+    (a missing ``positions`` started every worker at step 0, past the
+    budget; a missing ``rows`` failed the run with a KeyError) is not whole:
+    the older good one is used, named with it in one line, and the resumed
+    run moves it aside when it writes that step again."""
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    _without(files[-1], key)
+    capsys.readouterr()
+    resumed = monsoon.train("exp", "serial", epochs=3, seed=0, out=run, resume=str(run),
+                            evals=0, checkpoint_every=16)
+    assert resumed.summary["resumed_from"] == str(files[-2])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{files[-1]} is incomplete" in err[0], err
+    assert key in err[0] and files[-2].name in err[0], err
+    assert files[-1].with_name(files[-1].name + ".damaged").exists()
+    whole = monsoon.train("exp", "serial", epochs=3, seed=0, evals=0)
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"]
+    assert resumed.summary["examples"] == whole.summary["examples"]
+
+
+@pytest.mark.parametrize("key", ["positions", "rows"])
+def test_the_command_line_refuses_an_incomplete_checkpoint_in_one_line(tmp_path, capsys, key):
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    for f in files[:-1]:
+        f.unlink()
+    _without(files[-1], key)
+    capsys.readouterr()
+    code = main(["train", "--strategy", "serial", "--epochs", "3", "--seed", "0", "--quiet",
+                 "--evals", "0", "--checkpoint-every", "16", "--resume", str(run),
+                 "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{files[-1]} is incomplete (it holds no {key!r})" in err, err
+    assert "--resume" not in err  # no offer to carry on from it
+
+
+def test_a_failed_run_offers_to_carry_on_only_from_a_whole_checkpoint(tmp_path, monkeypatch):
+    run = _good_run(tmp_path)
+    files = sorted((run / "checkpoints").glob("ckpt-*.npz"))
+    _without(files[-1], "positions")
+    def record(self, *args, **kwargs):  # the resumed run fails at its first row
+        raise RuntimeError("injected monitor fault")
+
+    monkeypatch.setattr(recorder_module.Recorder, "record", record)
+    with pytest.raises(RunFailed) as info:
+        monsoon.train("exp", "serial", epochs=3, seed=0, out=run, resume=str(run), evals=10,
+                      checkpoint_every=1000)
+    assert f"to carry on from {files[-2].name}, run the same command" in str(info.value)
 
 
 def _interrupt_after_first_checkpoint(folder: Path) -> None:

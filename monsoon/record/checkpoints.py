@@ -25,8 +25,9 @@ Invariants:
 - Loading unpickles nothing (``allow_pickle=False``; the metadata is JSON).
   Every member is read in full, so the zip's CRC-32 catches a corrupt
   file, and a partial one has no central directory.
-- A checkpoint that is unreadable, from another run (another problem, other
-  shapes) or written by another engine is refused in one line; the newest
+- A checkpoint that is unreadable or incomplete (``ALWAYS``, ``WRITES``),
+  from another run (another problem, other shapes) or written by another
+  engine is refused in one line; the newest
   good one is used, and each refused one is named on stderr. None is ever
   half loaded: everything is read and checked before anything is returned.
 - The newest ``KEEP`` checkpoints of the run that writes one are kept,
@@ -71,6 +72,23 @@ RESUMABLE = frozenset({
     "epochs", "steps", "target_loss", "tol", "evals", "eval_share", "out", "progress",
     "live_every", "tensorboard", "mlflow", "timeout", "checkpoint_every", "resume", "device",
     "address", "run_name", "master", "max_restarts", "backend"})
+
+
+# The meta keys every checkpoint of this version holds (besides format and
+# version): the run's identity (``identity``), how far it got
+# (``progress.counts``: every engine's writer), its time and rows
+# (``Checkpointer.save``). ``engine``, ``settings`` and ``plan`` are compared
+# where present (older checkpoints lack them); the rest are an engine's own:
+ALWAYS = ("problem", "n_params", "dtype", "strategy", "rule", "workers", "batch_size", "seed",
+          "updates", "time_s", "examples", "dropped", "reason", "rows")
+# the meta keys and arrays each engine (the meta's ``engine``) always writes
+# besides; and every checkpoint says where its workers are: ``step`` (every
+# worker walks the global plan) or ``positions`` (in its meta or arrays).
+WRITES = {"local": (("exact", "positions"), ("counters",)),
+          "sim": (("exact", "positions", "events", "late", "rng"), ("counters",)),
+          "ray": (("exact", "step", "positions"), ()),
+          "torch": (("exact", "step"), ()),
+          "spark": (("applied",), ())}
 
 
 class CheckpointError(ConfigError):
@@ -377,7 +395,25 @@ def read(path) -> Checkpoint:
     if meta.get("version") != VERSION:
         raise CheckpointError(f"checkpoint {path} has format version {meta.get('version')}, "
                               f"this monsoon reads version {VERSION}")
+    missing = _missing(meta, arrays)
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete (it holds no {missing})")
     return Checkpoint(path, meta, arrays)
+
+
+def _missing(meta: dict, arrays: dict) -> str | None:
+    """What a checkpoint's ``meta`` and ``arrays`` lack of what its writer
+    always writes (``ALWAYS``, ``WRITES``; the workers' private copies: all
+    of them or none), in words; None: it is whole."""
+    keys, held = WRITES.get(meta.get("engine"), ((), ()))
+    lacks = [repr(k) for k in ALWAYS + keys if k not in meta]
+    if not lacks and not {"step", "positions"} & {*meta, *arrays}:
+        lacks.append("'step' or 'positions'")
+    workers = meta.get("workers") if any(k.startswith("worker.") for k in arrays) else 0
+    held = ("params",) + held + tuple(
+        PRIVATE.format(r) for r in range(workers if isinstance(workers, int) else 0))
+    lacks += [f"array {k!r}" for k in held if k not in arrays]
+    return ", ".join(lacks) or None
 
 
 def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
