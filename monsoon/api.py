@@ -330,7 +330,7 @@ def _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder) 
     live = make_live(run, out, {**resolved.config(), **engine.describe()},
                      f"{run['problem']}-{run['strategy']}-x{run['workers']}",
                      bar=recorder.bar_enabled())
-    recorder.live_writer = live
+    recorder.live_writer = live if live is not None and live.series else None
     try:
         result = _run(resolved, problem, w0, total, out, raise_on_divergence, recorder)
     except BaseException as exc:

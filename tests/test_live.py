@@ -139,6 +139,18 @@ def test_no_run_folder_no_files_and_live_every_zero_writes_none(tmp_path):
     assert not (out / "tb").exists()
 
 
+def test_live_every_zero_with_tensorboard_writes_the_post_run_curve_alone(tmp_path):
+    """--live-every 0 writes no live series; --tensorboard asked for then
+    still gets the objective/ curve, written when the run ends (it wrote no
+    tb/ at all)."""
+    out = tmp_path / "curve"
+    monsoon.train("exp", "serial", steps=50, progress=False, out=out, live_every=0,
+                  tensorboard=True)
+    found = scalars(out / "tb")
+    assert found and all(tag.startswith("objective/") for tag in found), sorted(found)
+    objective_is_the_csv(out)
+
+
 def test_bad_live_options_are_refused_in_one_line():
     with pytest.raises(monsoon.ConfigError, match="--live-every"):
         monsoon.train("exp", "sync", 2, epochs=1, live_every=-1)

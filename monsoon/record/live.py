@@ -156,6 +156,12 @@ class LiveWriter:
         self._prev: dict | None = None
         self._tb = None
 
+    @property
+    def series(self) -> bool:
+        """Whether it writes live series (``every`` above 0), or only the
+        post-run curve."""
+        return self.every > 0
+
     def __getstate__(self):
         self.flush()
         state = dict(self.__dict__)
@@ -271,13 +277,16 @@ class LiveWriter:
 
 def make_live(run: dict, out, config: dict, label: str, bar: bool = False) -> LiveWriter | None:
     """The run's live writer, or None when nothing would read it (no run
-    folder, no MLflow, no progress bar, or ``live_every`` 0)."""
+    folder, no MLflow, no progress bar, or ``live_every`` 0). With
+    ``live_every`` 0 and ``tensorboard`` asked for, a writer of no live
+    series (``series`` False): only the post-run ``objective/`` curve."""
     every = run.get("live_every") or 0.0
+    want_tb = run.get("tensorboard")
     if every <= 0:
         if run.get("mlflow") is not None:
             raise ConfigError("--mlflow logs the live series: give --live-every above 0")
-        return None
-    want_tb = run.get("tensorboard")
+        if not want_tb:
+            return None
     tb_dir = None
     if out is not None and want_tb is not False:
         tb_dir = Path(out) / "tb"
