@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "the median speeds and their ranges (default 1)")
     _common(compare, "exp", 2)
     sub.add_parser("options", help="print every option as Markdown tables, by component")
+    parser.commands = sub.choices  # name -> its parser, for refusals in its name
     return parser
 
 
@@ -217,7 +218,10 @@ def _compare(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # refused by the command's parser: its help is where to look
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "options":
         from .docs import option_tables
 

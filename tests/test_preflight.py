@@ -264,6 +264,9 @@ def test_a_bad_compressor_reads_as_one_sentence(tmp_path, spec, message):
 @pytest.mark.parametrize("args,message", [
     (["--steps", "3", "--epochs", "2"], "argument --epochs: not allowed with argument --steps"),
     (["--epochs", "0.5"], "argument --epochs: invalid int value: '0.5'"),
+    # refused by the command's own parser, whose help lists its flags (the
+    # top parser's line said "monsoon: error: ...; see monsoon --help")
+    (["--n-pushes", "4"], "unrecognized arguments: --n-pushes 4"),
 ])
 def test_argparse_refusals_are_one_line_not_the_usage(tmp_path, args, message):
     """argparse's own refusals printed the whole usage (38 lines) before."""
