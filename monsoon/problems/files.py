@@ -6,6 +6,8 @@
 - ratings (``user, item, rating[, timestamp]``), as MovieLens ships them:
   comma-, tab- or ``::``-separated, with an optional header line.
 
+Either may be compressed with gzip, bzip2 or xz (told by its first bytes).
+
 A malformed line raises ``DataFileError`` naming the file and line number;
 so does a value that is not finite (NaN, Inf: it would make every loss NaN)
 or that the training dtype cannot hold (float32 beyond 3.4e38 would be
@@ -62,15 +64,29 @@ def _largest(dtype: str) -> float:
     return float(np.finfo(dtype).max)
 
 
+# A compressed file's first bytes, and the module that reads it: the LIBSVM
+# site ships its data sets as .bz2 and .xz, others as .gz
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "lzma"))
+
+
 def _open_lines(path):
     path = Path(path)
     if path.is_dir():
         raise DataFileError(f"{path} is a directory; give the data file in it")
     if not path.is_file():
         raise DataFileError(f"{path}: no such file")
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            yield number, line
+    with open(path, "rb") as f:
+        head = f.read(6)
+    opener = open
+    for magic, module in _COMPRESSED:  # by content, whatever the name says
+        if head.startswith(magic):
+            opener = __import__(module).open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        try:
+            for number, line in enumerate(f, start=1):
+                yield number, line
+        except (OSError, EOFError) as exc:  # a damaged or cut compressed file
+            raise DataFileError(f"{path}: cannot be decompressed ({exc})") from exc
 
 
 def load_svmlight(path, n_features: int | None = None, zero_based="auto", dtype="float64"):
