@@ -292,6 +292,20 @@ def test_unreadable_spark_data_is_refused_in_one_line(spark, name, says):
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_an_empty_libsvm_file_is_told_to_be_fixed_not_renamed(spark, tmp_path):
+    """A file already ending in .svm that Spark cannot read as libsvm (here
+    empty) was told to be 'a libsvm file ending in .libsvm, .svm, .txt'."""
+    empty = tmp_path / "empty.svm"
+    empty.write_text("")
+    with pytest.raises(ConfigError) as info:
+        monsoon.train(f"spark:{empty}", engine="spark", **FULL)
+    message = str(info.value)
+    assert "\n" not in message and f"Spark cannot read {empty} as libsvm" in message, message
+    assert "fix the file" in message and "ending in" not in message, message
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_libsvm_file_spark_cannot_parse_prints_no_java_stack(spark, tmp_path, capfd):
     """A qid: field failed Spark's reading task, whose Java stack (~60
     lines, from the executor's and the scheduler's loggers) came before the

@@ -194,9 +194,11 @@ class SparkSource:
         except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
             from .jobs import short_error
 
-            raise ConfigError(f"Spark cannot read {path} as {fmt} ({short_error(exc)}); give a "
-                              f"Parquet folder or a libsvm file ending in "
-                              f"{', '.join(suffixes)}") from None
+            fix = ("fix the file: Spark's libsvm reader takes lines of 'label index:value "
+                   "...' with 1-based indices, and at least one" if fmt == "libsvm" else
+                   f"give a Parquet folder or a libsvm file ending in {', '.join(suffixes)}")
+            raise ConfigError(f"Spark cannot read {path} as {fmt} ({short_error(exc)}); "
+                              f"{fix}") from None
 
     def table(self, name: str):
         """The DataFrame of the Spark table ``name`` (the session as ``read``'s)."""
