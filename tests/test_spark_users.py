@@ -292,6 +292,22 @@ def test_unreadable_spark_data_is_refused_in_one_line(spark, name, says):
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_a_libsvm_path_is_told_by_the_same_suffixes_from_python(spark, clicks, tmp_path):
+    """``SparkData(PATH)`` tells a libsvm file as ``--problem spark:PATH``
+    does (.libsvm, .svm, .txt, any case): a .txt or .SVM path was read as
+    Parquet and refused."""
+    from monsoon.engines.spark import SparkData
+
+    for name in ("clicks.txt", "clicks.SVM"):
+        copy = tmp_path / name
+        copy.write_bytes(clicks.read_bytes())
+        run = monsoon.train(SparkData(str(copy), dtype="float64", repartition=True),
+                            engine="spark", **FULL)
+        assert run.summary["examples"] > 0 and np.isfinite(run.summary["final_loss"])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_an_empty_libsvm_file_is_told_to_be_fixed_not_renamed(spark, tmp_path):
     """A file already ending in .svm that Spark cannot read as libsvm (here
     empty) was told to be 'a libsvm file ending in .libsvm, .svm, .txt'."""

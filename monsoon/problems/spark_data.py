@@ -9,7 +9,7 @@ problem on such data shares (``SparkHeld``).
 columns, and a label column), an RDD of ``(features, label)`` rows or of
 ``(X, y)`` array blocks (a dense 2-D array or a SciPy sparse matrix and
 its labels), or a path Spark reads (Parquet; libsvm by ``fmt="libsvm"`` or
-a .libsvm/.svm extension). The model is a linear one on sparse rows
+a .libsvm, .svm or .txt extension, as ``spark:PATH``). The model is a linear one on sparse rows
 (``SparseLinear``: logistic, hinge or squared loss with its degree-split
 L2 term, weights then bias).
 

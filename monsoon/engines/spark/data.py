@@ -59,14 +59,10 @@ class SparkSource:
         ``partitions``: that many (a DataFrame is repartitioned in the JVM)."""
         source = problem.source
         problem._via_arrow = False
-        if isinstance(source, str):
-            from pyspark.sql import SparkSession
+        if isinstance(source, str):  # read as ``spark:PATH`` reads it: the same
+            from ...problems import LIBSVM_SUFFIXES  # suffixes, one line if it fails
 
-            spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-            fmt = problem.fmt or ("libsvm" if source.rstrip("/").endswith((".libsvm", ".svm"))
-                                  else "parquet")
-            source = (spark.read.format("libsvm").load(source) if fmt == "libsvm"
-                      else spark.read.parquet(source))
+            source = self.read(source, LIBSVM_SUFFIXES, problem.fmt)
         if hasattr(source, "rdd") and hasattr(source, "columns"):  # a DataFrame
             features, label = problem.features, problem.label
             cols = [features] if isinstance(features, str) else list(features)
@@ -180,13 +176,13 @@ class SparkSource:
         finally:
             bc.unpersist()
 
-    def read(self, path: str, suffixes: tuple):
-        """The DataFrame of a Parquet folder, or a libsvm file (by one of
-        ``suffixes``), read by the running session (else one started on
-        local[CPUS], left running: the run uses it, and it ends with the
-        process)."""
+    def read(self, path: str, suffixes: tuple, fmt: str | None = None):
+        """The DataFrame of a Parquet folder, or a libsvm file (``fmt``, else
+        by one of ``suffixes``), read by the running session (else one
+        started on local[CPUS], left running: the run uses it, and it ends
+        with the process)."""
         spark = _session()
-        fmt = "libsvm" if path.rstrip("/").lower().endswith(suffixes) else "parquet"
+        fmt = fmt or ("libsvm" if path.rstrip("/").lower().endswith(suffixes) else "parquet")
         try:
             with _quiet_task_errors(spark):  # the one line below says what failed
                 return (spark.read.format("libsvm").load(path) if fmt == "libsvm"
