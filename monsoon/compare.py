@@ -294,12 +294,18 @@ def _clear_previous(out: Path) -> None:
 
 def _remove_run(folder: Path) -> None:
     """A run folder's own files (``clear_results``, its checkpoints), then the
-    folder if nothing else is left in it."""
+    folder if nothing else is left in it. Held while it is cleared
+    (``FolderLock``): a run using it (a ``monsoon train --out`` of its own)
+    refuses the compare in one line, and a killed run's lock file goes."""
     if not (folder / "summary.json").exists():
         return
-    clear_results(folder, resuming=False)
-    for path in checkpoint_files(folder / "checkpoints"):
-        path.unlink(missing_ok=True)
+    lock = FolderLock(folder)
+    try:
+        clear_results(folder, resuming=False)
+        for path in checkpoint_files(folder / "checkpoints"):
+            path.unlink(missing_ok=True)
+    finally:
+        lock.release()
     for sub in ("checkpoints", "tb", ""):
         _remove_empty(folder / sub if sub else folder)
 

@@ -126,6 +126,25 @@ def test_a_second_compare_on_a_folder_in_use_is_refused(tmp_path):
     assert json.loads((out / "serial" / "summary.json").read_text())["updates"] == 3000
 
 
+def test_a_compare_clears_an_old_strategys_folder_only_when_no_run_holds_it(tmp_path):
+    """A compare removes the folders of strategies an earlier compare there
+    ran: one a run still holds (its own ``monsoon train --out``) refuses the
+    compare in one line, nothing removed; one whose run was killed (its
+    lock file left) is removed, lock file and all."""
+    out = tmp_path / "cmp"
+    monsoon.compare("parabola", ["serial", "sync"], 2, steps=20, out=out, progress=False)
+    held = FolderLock(out / "sync")  # a run of its own in the old sync folder
+    try:
+        with pytest.raises(ConfigError, match="in use by another run"):
+            monsoon.compare("parabola", ["serial"], 2, steps=20, out=out, progress=False)
+        assert (out / "sync" / "summary.json").is_file()
+    finally:
+        held.release()
+    (out / "sync" / LOCK_NAME).write_text("12345\nmonsoon train\n")  # as kill -9 leaves it
+    monsoon.compare("parabola", ["serial"], 2, steps=20, out=out, progress=False)
+    assert not (out / "sync").exists()
+
+
 def test_the_api_is_refused_on_a_folder_in_use_and_touches_nothing(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # a previous run's, still being written
     lock = FolderLock(tmp_path)
