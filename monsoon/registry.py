@@ -11,12 +11,16 @@ a Python entry point, the convention pytest and others use, in its
 The groups are ``monsoon.strategies``, ``monsoon.rules``,
 ``monsoon.engines``, ``monsoon.problems`` and ``monsoon.compressors``.
 Entry points are read the first time a registry is asked for its names,
-and again after ``reload()``. A built-in name cannot be replaced; a
-plug-in that fails to import is reported when it is asked for, by name
-and entry point.
+and again after ``reload()``. A built-in name cannot be replaced (a
+plug-in that has one is skipped with a warning); a plug-in that fails to
+import, or names something other than its kind's class (a ``Strategy``
+subclass, a ``ProblemSpec``...), is reported in one line when it is asked
+for, by name and entry point, and the other commands run. A problem is
+known by its entry point's name, whatever its spec's ``name``.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from importlib.metadata import entry_points
 
@@ -25,10 +29,14 @@ from .options import Option, declared
 
 
 class Registry:
-    def __init__(self, kind: str, group: str, builtins: dict):
+    def __init__(self, kind: str, group: str, builtins: dict, base: type | None = None,
+                 instances: bool = False):
         self.kind = kind            # "strategy", "rule", "engine", "problem", "compressor"
         self.group = group
         self._builtins = dict(builtins)
+        # what a plug-in's entry point must name: a subclass of ``base``, or
+        # with ``instances`` an instance of it (a ProblemSpec)
+        self._base, self._instances = base, instances
         self._plugins: dict | None = None
         self._broken: dict[str, str] = {}
 
@@ -49,13 +57,29 @@ class Registry:
         if self._plugins is None:
             self._plugins, self._broken = {}, {}
             for ep in entry_points(group=self.group):
-                if ep.name in self._builtins or ep.name in self._plugins:
+                if ep.name in self._builtins:
+                    print(f"monsoon: warning: the {self.kind} plug-in {ep.name!r} ({ep.value}) "
+                          f"is not used: {ep.name} is monsoon's own {self.kind}, which a "
+                          "plug-in cannot replace; register it under another name",
+                          file=sys.stderr)
+                    continue
+                if ep.name in self._plugins:
                     continue
                 try:
                     component = ep.load()
                 except Exception as exc:  # noqa: BLE001 - named when asked for
-                    self._broken[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
+                    self._broken[ep.name] = (
+                        f"the {self.kind} {ep.name!r} could not be loaded ({ep.value}: "
+                        f"{type(exc).__name__}: {exc}); reinstall the package that provides it")
                     continue
+                misfit = self._misfit(component)
+                if misfit is not None:
+                    self._broken[ep.name] = (
+                        f"the {self.kind} plug-in {ep.name!r} ({ep.value}) is {misfit}: fix "
+                        "its entry point in the package that provides it (docs/extending.md)")
+                    continue
+                if self._instances and getattr(component, "name", None) != ep.name:
+                    component = dataclasses.replace(component, name=ep.name)
                 if getattr(component, "name", None) in (None, "strategy", "rule", "engine"):
                     try:
                         component.name = ep.name
@@ -63,6 +87,22 @@ class Registry:
                         pass
                 self._plugins[ep.name] = component
         return {**self._builtins, **self._plugins}
+
+    def _misfit(self, component) -> str | None:
+        """What ``component`` is, where it is not what this registry holds."""
+        if self._base is None:
+            return None
+        if self._instances:
+            if isinstance(component, self._base):
+                return None
+            want = f"a {self.group}.{self._base.__name__}"
+        else:
+            if isinstance(component, type) and issubclass(component, self._base):
+                return None
+            want = f"a subclass of {self.group}.{self._base.__name__}"
+        got = f"the class {component.__name__}" if isinstance(component, type) else \
+            f"a {type(component).__name__}"
+        return f"{got}, not {want}"
 
     def all(self) -> dict:
         return self._load()
@@ -82,8 +122,7 @@ class Registry:
         if name in components:
             return components[name]
         if name in self._broken:
-            raise ConfigError(f"the {self.kind} {name!r} could not be loaded ({self._broken[name]}); "
-                              "reinstall the package that provides it")
+            raise ConfigError(self._broken[name])
         raise ConfigError(f"unknown {self.kind} {name!r}; choose one of: "
                           f"{', '.join(self.names())}")
 

@@ -257,3 +257,110 @@ def test_numpy_scalars_are_taken_as_the_numbers_they_are():
                             (dict(lr=np.float32("inf")), "must be a finite number")]:
         with pytest.raises(monsoon.ConfigError, match=message):
             monsoon.train("exp", "serial", steps=4, progress=False, **kwargs)
+
+
+# -- plug-ins that break the contract: one line each, and nothing else breaks -------
+
+@pytest.fixture
+def hand_plugin(tmp_path):
+    """``hand_plugin(source, entry_points)`` installs, by hand, a package
+    ``monsoon_hand_plugin`` of that source whose dist-info holds those
+    entry points (entry_points.txt), on the path for this test only."""
+    import importlib
+    import sys
+    import textwrap
+
+    from conftest import _reload
+
+    site = tmp_path / "site"
+
+    def install(source: str, entry_points: str) -> Path:
+        info = site / "monsoon_hand_plugin-0.1.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: monsoon-hand-plugin\n"
+                                       "Version: 0.1\n")
+        (info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
+        (site / "monsoon_hand_plugin.py").write_text(textwrap.dedent(source))
+        sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
+        _reload()
+        return site
+
+    yield install
+    if str(site) in sys.path:
+        sys.path.remove(str(site))
+    sys.modules.pop("monsoon_hand_plugin", None)
+    _reload()
+
+
+MISFITS = """
+    import numpy as np
+    from monsoon.problems import ProblemSpec
+    from monsoon.strategies.sync import Sync
+
+    def build(dtype="float32"):
+        from monsoon.problems.linear import synthetic
+        return synthetic("squared", n=256, features=4, dtype=dtype)
+
+    SPEC = ProblemSpec("its-own-name", build, "a problem named otherwise by its entry point",
+                       defaults={"lr": 0.1, "epochs": 1})
+
+    class Plain:
+        pass
+
+    class Shadow(Sync):
+        name = "sync"
+"""
+
+
+def test_a_plugin_that_names_the_wrong_kind_is_refused_in_one_line_and_nothing_else_breaks(
+        hand_plugin, tmp_path):
+    """A problem entry point naming a build function, not a ProblemSpec,
+    broke every command, ``monsoon --help`` and runs of built-in problems
+    included ("'function' object has no attribute 'usage'"); a strategy
+    naming a plain class failed with "no attribute 'single_worker'". Each
+    is refused in one line naming the plug-in, when it is asked for; a
+    problem is listed by its entry point's name; a plug-in named like a
+    built-in is skipped with a warning."""
+    hand_plugin(MISFITS, """
+        [monsoon.problems]
+        plain-build = monsoon_hand_plugin:build
+        renamed = monsoon_hand_plugin:SPEC
+        [monsoon.strategies]
+        plain = monsoon_hand_plugin:Plain
+        sync = monsoon_hand_plugin:Shadow
+        [monsoon.rules]
+        plain-rule = monsoon_hand_plugin:Plain
+        [monsoon.engines]
+        plain-engine = monsoon_hand_plugin:Plain
+        [monsoon.compressors]
+        plain-compressor = monsoon_hand_plugin:Plain
+    """)
+    helped = cli("train", "--help")
+    assert helped.returncode == 0, helped.stderr
+    listed = " ".join(helped.stdout.split())
+    assert "renamed" in listed and "its-own-name" not in listed and "plain-build" not in listed
+    assert helped.stderr.count("warning") == 1
+    assert ("the strategy plug-in 'sync' (monsoon_hand_plugin:Shadow) is not used: sync is "
+            "monsoon's own strategy") in helped.stderr
+    ran = cli("train", "--problem", "exp", "--epochs", "1", "--quiet", "--out", str(tmp_path / "r"))
+    assert ran.returncode == 0, ran.stderr
+    renamed = cli("train", "--problem", "renamed", "--out", str(tmp_path / "n"), "--quiet")
+    assert renamed.returncode == 0 and renamed.stdout.startswith("renamed serial"), renamed
+    for args, kind, name, what in [
+            (["--problem", "plain-build"], "problem", "plain-build",
+             "monsoon_hand_plugin:build) is a function, not a monsoon.problems.ProblemSpec"),
+            (["--strategy", "plain"], "strategy", "plain",
+             "is the class Plain, not a subclass of monsoon.strategies.Strategy"),
+            (["--rule", "plain-rule"], "rule", "plain-rule", "not a subclass of monsoon.rules.Rule"),
+            (["--engine", "plain-engine"], "engine", "plain-engine",
+             "not a subclass of monsoon.engines.Engine"),
+            (["--compress", "plain-compressor"], "compressor", "plain-compressor",
+             "not a subclass of monsoon.compressors.Compressor")]:
+        out = tmp_path / name
+        refused = cli("train", *args, "--epochs", "1", "--out", str(out))
+        line = refused.stderr.splitlines()[-1]
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+        assert line.startswith(f"monsoon: error: the {kind} plug-in {name!r} ("), line
+        assert what in line and "docs/extending.md" in line, line
+        assert not out.exists()

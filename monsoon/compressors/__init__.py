@@ -21,7 +21,7 @@ from .topk import TopK
 
 COMPRESSORS = Registry("compressor", "monsoon.compressors", {
     "none": Compressor, "topk": TopK, "randk": RandK, "qsgd": QSGD, "sign": Sign,
-    "powersgd": PowerSGD})
+    "powersgd": PowerSGD}, base=Compressor)
 
 __all__ = ["COMPRESSORS", "Compressor", "Encoded", "PowerSGD", "QSGD", "RandK", "Sign", "TopK",
            "need", "parse"]

@@ -23,7 +23,7 @@ __all__ = ["ENGINES", "Engine", "EngineResult", "BACKENDS", "DelayModel", "Local
 
 ENGINES = Registry("engine", "monsoon.engines",
                    {"local": LocalEngine, "sim": SimEngine, "ray": RayEngine,
-                    "spark": SparkEngine, "torch": TorchEngine})
+                    "spark": SparkEngine, "torch": TorchEngine}, base=Engine)
 
 
 def engine_names() -> list[str]:

@@ -163,7 +163,7 @@ PROBLEMS = Registry("problem", "monsoon.problems", {
     "ratings": ProblemSpec("ratings", _ratings, "your rating file (user, item, rating rows), "
                            "factored at rank 10", MF_DEFAULTS, argument="PATH",
                            argument_required=True),
-})
+}, base=ProblemSpec, instances=True)
 
 
 def problem_names() -> list[str]:

@@ -20,7 +20,7 @@ from .sgd import SGD
 RULES = Registry("rule", "monsoon.rules", dict(sorted({
     "sgd": SGD, "momentum": Momentum, "nesterov": Nesterov, "adagrad": Adagrad,
     "adam": Adam, "lbfgs": Lbfgs, "adarevision": AdaRevision, "dcasgd": DCASGD,
-    "dcasgd-a": DCASGDAdaptive}.items())))
+    "dcasgd-a": DCASGDAdaptive}.items())), base=Rule)
 DELAY_TOLERANT = ("adarevision", "dcasgd", "dcasgd-a")
 
 __all__ = ["Rule", "Schedule", "UpdateInfo", "slice_state", "make_rule", "rule_names", "RULES"]

@@ -20,7 +20,7 @@ from .sync import Sync
 STRATEGIES = Registry("strategy", "monsoon.strategies", {
     "serial": Serial, "sync": Sync, "async": Downpour, "hogwild": Hogwild,
     "local-sgd": LocalSGD, "easgd": EASGD, "ssp": SSP,
-    "pipeline": Pipeline})
+    "pipeline": Pipeline}, base=Strategy)
 
 __all__ = ["Strategy", "WorkerJob", "RunInfo", "Budget", "make_strategy", "strategy_names",
            "STRATEGIES"]
