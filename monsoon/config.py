@@ -253,6 +253,18 @@ def _standardize(problem, name: str, rules) -> None:
         r.precondition(metric)
 
 
+def check_rule(name: str, rule) -> None:
+    """Refuse, in one line and before any worker starts, a rule class that
+    the engines could not run: one that is not a ``Rule``, or that lacks
+    its ``apply``."""
+    broken = f"rule {name!r} does not follow the rule contract: "
+    if not (isinstance(rule, type) and issubclass(rule, Rule)):
+        raise ConfigError(broken + "its class must subclass monsoon.rules.Rule (docs/extending.md)")
+    if rule.apply is Rule.apply:
+        raise ConfigError(broken + f"its class {rule.__name__} must define apply(w, g, state, "
+                          "info), the update (docs/extending.md)")
+
+
 def resolve(problem, strategy: str, workers: int, given: dict,
             shared: frozenset = frozenset()) -> Resolved:
     """Check the options, fill in defaults and build the run's components.
@@ -299,9 +311,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     if spec is not None:
         components["problem"], chosen["problem"] = spec, [spec.name]
     refuse_untaken(given, chosen)
-    if not (isinstance(components["rule"], type) and issubclass(components["rule"], Rule)):
-        raise ConfigError(f"rule {run['rule']!r} does not follow the rule contract: its class "
-                          "must subclass monsoon.rules.Rule (docs/extending.md)")
+    check_rule(run["rule"], components["rule"])
     values = {kind: option_values(c, given) for kind, c in components.items()}
     if run["rule"] == defaults.get("rule"):  # the problem's rule: its values for its options
         values["rule"].update({k: v for k, v in defaults.items()

@@ -364,3 +364,33 @@ def test_a_plugin_that_names_the_wrong_kind_is_refused_in_one_line_and_nothing_e
         assert line.startswith(f"monsoon: error: the {kind} plug-in {name!r} ("), line
         assert what in line and "docs/extending.md" in line, line
         assert not out.exists()
+
+
+def test_a_plugin_rule_without_apply_is_refused_before_any_worker_starts(hand_plugin, tmp_path):
+    """A Rule subclass without ``apply`` ran its workers into Rule.apply's
+    bare NotImplementedError: "worker 1 failed, and this strategy needs
+    every worker: NotImplementedError:" and a failed run folder. It is
+    refused in one line before any worker or folder, and Rule.apply's own
+    error, where a rule is called otherwise, says what is missing."""
+    hand_plugin("""
+        from monsoon.rules import Rule
+
+        class NoApply(Rule):
+            name = "no-apply"
+    """, """
+        [monsoon.rules]
+        no-apply = monsoon_hand_plugin:NoApply
+    """)
+    for strategy in ("sync", "serial"):
+        out = tmp_path / strategy
+        refused = cli("train", "--strategy", strategy, "--rule", "no-apply", "--epochs", "1",
+                      "--backend", "threads", "--out", str(out))
+        assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
+        assert refused.stderr.startswith(
+            "monsoon: error: rule 'no-apply' does not follow the rule contract: its class NoApply "
+            "must define apply(w, g, state, info)"), refused.stderr
+        assert not out.exists()
+    from monsoon_hand_plugin import NoApply
+
+    with pytest.raises(NotImplementedError, match="the rule 'no-apply' .NoApply. does not define apply"):
+        NoApply.from_options(0.1).apply(np.zeros(2), np.ones(2), None, None)

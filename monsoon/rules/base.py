@@ -153,7 +153,9 @@ class Rule:
         return lr
 
     def apply(self, w: np.ndarray, g: np.ndarray, state: NamedTuple, info: UpdateInfo) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"the rule {self.name!r} ({type(self).__name__}) does not "
+                                  "define apply(w, g, state, info), which every rule must "
+                                  "(docs/extending.md)")
 
     def scratch(self, like: np.ndarray) -> np.ndarray:
         """A per-rule work buffer shaped like ``like``, so the hot path does not
