@@ -255,14 +255,27 @@ def _standardize(problem, name: str, rules) -> None:
 
 def check_rule(name: str, rule) -> None:
     """Refuse, in one line and before any worker starts, a rule class that
-    the engines could not run: one that is not a ``Rule``, or that lacks
-    its ``apply``."""
+    the engines could not run: one that is not a ``Rule``, that lacks its
+    ``apply``, or whose ``__init__`` does not take what
+    ``Rule.from_options`` gives it."""
     broken = f"rule {name!r} does not follow the rule contract: "
     if not (isinstance(rule, type) and issubclass(rule, Rule)):
         raise ConfigError(broken + "its class must subclass monsoon.rules.Rule (docs/extending.md)")
     if rule.apply is Rule.apply:
         raise ConfigError(broken + f"its class {rule.__name__} must define apply(w, g, state, "
                           "info), the update (docs/extending.md)")
+    if getattr(rule.from_options, "__func__", None) is Rule.from_options.__func__:
+        import inspect
+
+        common = {o.name for o in Rule.options}
+        own = {o.name: o.default for o in declared(rule) if o.name not in common}
+        try:  # what Rule.from_options calls it with
+            inspect.signature(rule).bind(None, staleness_lr=False, **own)
+        except TypeError as exc:
+            raise ConfigError(broken + f"its __init__(schedule, ...) must take **common (the "
+                              "options every rule takes, such as staleness_lr) and hand them "
+                              "to Rule.__init__, and a keyword for each option of its own "
+                              f"({exc}); see docs/extending.md") from None
 
 
 def resolve(problem, strategy: str, workers: int, given: dict,

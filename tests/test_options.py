@@ -394,3 +394,68 @@ def test_a_plugin_rule_without_apply_is_refused_before_any_worker_starts(hand_pl
 
     with pytest.raises(NotImplementedError, match="the rule 'no-apply' .NoApply. does not define apply"):
         NoApply.from_options(0.1).apply(np.zeros(2), np.ones(2), None, None)
+
+
+def test_a_plugins_build_or_rule_init_mistake_is_one_line_naming_it(hand_plugin, tmp_path):
+    """Contract mistakes that printed tracebacks: a problem build without
+    ``dtype`` (TypeError), one returning a torch module (AttributeError
+    'sgd_pass'), one raising its own error (a data file missing: the
+    user's RuntimeError traceback), a rule whose __init__ lacks **common
+    (TypeError 'staleness_lr' from Rule.from_options). Each is one line
+    that names the plug-in and what to change; a well-formed one runs."""
+    hand_plugin("""
+        from monsoon.options import Option
+        from monsoon.problems import ProblemSpec
+        from monsoon.problems.linear import synthetic
+        from monsoon.rules import Rule
+
+        def no_dtype(size=64):
+            return synthetic("squared", n=size, features=3)
+
+        def module(dtype="float32"):
+            import torch
+            return torch.nn.Linear(3, 1)
+
+        def raises(dtype="float32"):
+            raise RuntimeError("cannot open my data file /nope/data.npy\\nsecond line")
+
+        NO_DTYPE = ProblemSpec("no-dtype", no_dtype, options=(Option("size", int, 64, "rows"),))
+        MODULE = ProblemSpec("module", module)
+        RAISES = ProblemSpec("raises", raises)
+
+        class NoCommon(Rule):
+            options = Rule.options + (Option("nc_beta", float, 0.9, "beta"),)
+            def __init__(self, schedule, nc_beta=0.9):
+                super().__init__(schedule)
+            def apply(self, w, g, state, info):
+                w -= self.learning_rate(info) * g
+
+        class Common(NoCommon):
+            def __init__(self, schedule, nc_beta=0.9, **common):
+                Rule.__init__(self, schedule, **common)
+    """, """
+        [monsoon.problems]
+        no-dtype = monsoon_hand_plugin:NO_DTYPE
+        module = monsoon_hand_plugin:MODULE
+        raises = monsoon_hand_plugin:RAISES
+        [monsoon.rules]
+        no-common = monsoon_hand_plugin:NoCommon
+        common = monsoon_hand_plugin:Common
+    """)
+    for args, line in [
+            (["--problem", "no-dtype"], "the problem plug-in 'no-dtype' cannot be built: its build "
+             "function must take dtype, size (got an unexpected keyword argument 'dtype')"),
+            (["--problem", "module"], "the problem plug-in 'module' cannot be built: its build "
+             "function returned a Linear, not a monsoon.problems.Problem"),
+            (["--problem", "raises"], "the problem plug-in 'raises' failed to build: RuntimeError: "
+             "cannot open my data file /nope/data.npy"),
+            (["--rule", "no-common"], "rule 'no-common' does not follow the rule contract: its "
+             "__init__(schedule, ...) must take **common")]:
+        out = tmp_path / "run"
+        refused = cli("train", *args, "--epochs", "1", "--out", str(out))
+        assert refused.returncode != 0 and refused.stderr.count("\n") == 1, refused.stderr
+        assert refused.stderr.startswith(f"monsoon: error: {line}"), refused.stderr
+        assert not out.exists()
+    ran = cli("train", "--rule", "common", "--nc-beta", "0.5", "--epochs", "1", "--quiet",
+              "--out", str(tmp_path / "common"))
+    assert ran.returncode == 0, ran.stderr

@@ -7,9 +7,11 @@ catalog, the ones named with an argument (``libsvm:PATH``,
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MonsoonError
 from ..options import SEED_MAX, Option, at_least, in_range, non_negative, option_values
 from ..registry import Registry
 from .base import Problem
@@ -197,7 +199,38 @@ def make_problem(name: str, dtype: str = "float32", **options) -> Problem:
     """Build the named problem; ``options`` are the values of its spec's options."""
     spec, arg = problem_spec(name)
     values = option_values(spec, options)
-    problem = spec.build(arg, dtype=dtype, **values) if spec.argument else \
-        spec.build(dtype=dtype, **values)
+    args = (arg,) if spec.argument else ()
+    if spec.name in PROBLEMS.builtins:
+        problem = spec.build(*args, dtype=dtype, **values)
+    else:
+        problem = _plugin_build(spec, args, dtype, values)
     problem.defaults = dict(spec.defaults)
+    return problem
+
+
+def _plugin_build(spec: ProblemSpec, args: tuple, dtype: str, values: dict) -> Problem:
+    """A plug-in's problem, built; a build that does not take what it is
+    given, fails, or returns no ``Problem`` is refused in one line that
+    names the plug-in (its own error's first line, where it raised one)."""
+    plugin = f"the problem plug-in {spec.name!r}"
+    try:
+        inspect.signature(spec.build).bind(*args, dtype=dtype, **values)
+    except TypeError as exc:
+        given = ", ".join([*(["ARGUMENT"] if args else []), "dtype", *values])
+        raise ConfigError(f"{plugin} cannot be built: its build function must take {given} "
+                          f"({exc}); see docs/extending.md") from None
+    except ValueError:  # no signature to read (a built-in function): it is called
+        pass
+    try:
+        problem = spec.build(*args, dtype=dtype, **values)
+    except MonsoonError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the plug-in's own error, in one line
+        first = next(iter(str(exc).splitlines()), "")
+        raise ConfigError(f"{plugin} failed to build: {type(exc).__name__}: {first}") from exc
+    if not isinstance(problem, Problem):
+        raise ConfigError(f"{plugin} cannot be built: its build function returned a "
+                          f"{type(problem).__name__}, not a "
+                          "monsoon.problems.Problem (a torch module goes in a TorchProblem; "
+                          "see docs/extending.md)")
     return problem
