@@ -405,6 +405,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     # what the strategy and engine would refuse once started, refused now,
     # before the run folder is touched
     strat.preflight(instance, processes, run["batch_size"])
+    _check_fewest_rows(instance, strat, processes, run)
     engine.preflight(instance, strat, processes, run["batch_size"])
     budget = Budget(epochs=run["epochs"], steps=run["steps"])
     _check_beta(engine, instance, server_rule, strat, budget, given, shared)
@@ -415,6 +416,35 @@ def resolve(problem, strategy: str, workers: int, given: dict,
                         _devices.plan(device, engine, processes))
     engine.settings = trajectory(resolved.config())  # what its checkpoints' identity holds
     return resolved
+
+
+def _check_fewest_rows(problem, strategy, workers: int, run: dict) -> None:
+    """A model that cannot take a forward pass of one example in training
+    (BatchNorm: ``fewest_rows``) is refused, in one line naming a batch
+    size that works, where the strategy's plan would hand a worker one (an
+    epoch's short last batch, or a batch cut among the workers): it failed
+    in a worker after an epoch. The plan is never changed for it."""
+    if problem.fewest_rows is None:
+        return
+    need, why = problem.fewest_rows()
+    n, size, steps = problem.n_examples, run["batch_size"], run["steps"]
+
+    def fewest(b):
+        return min(strategy.pass_sizes(workers, b, n, steps), default=need)
+
+    if need < 2 or fewest(size) >= need:
+        return
+    largest = min(strategy.largest_batch(workers, n), n)
+    candidates = sorted(range(1, largest + 1), key=lambda b: (abs(b - size), -b))
+    fits = next((b for b in candidates if fewest(b) >= need), None)
+    advice = (f"use --batch-size {fits}, where every pass takes {need} or more" if fits else
+              f"no batch size gives every pass {need} or more with {workers} workers: use "
+              "fewer workers")
+    raise ConfigError(f"the model cannot train on a forward pass of {fewest(size)} example "
+                      f"({why}; torch needs {need} or more in training), and {strategy.name} "
+                      f"with {workers} worker{'s' if workers > 1 else ''} at batch size {size} "
+                      f"on {n} examples gives a worker one (an epoch's short last batch, or a "
+                      f"batch cut among the workers); {advice}")
 
 
 def _check_beta(engine, problem, rule, strategy, budget, given, shared) -> None:

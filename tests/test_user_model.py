@@ -360,3 +360,50 @@ def test_a_problems_two_argument_seed_rng_is_still_called():
     seed_worker(new, 5, 1, 7)
     seed_worker(new, None, 1)
     assert calls[1:] == [(5, 1, 7), (None, 1, 0)]
+
+
+def _bn_problem(n, module=None, X=None):
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, 8, generator=g) if X is None else X
+    return TorchProblem(module or _bn(), nn.MSELoss(), X, torch.randn(n, 1, generator=g))
+
+
+@pytest.mark.parametrize("n, strategy, workers, batch_size, fits", [
+    (33, "serial", 1, 32, "--batch-size 33"),    # an epoch's last batch of 1
+    (34, "sync", 2, 32, "--batch-size 34"),      # a last batch of 2, cut in two
+    (10, "sync", 3, 4, "--batch-size 10"),       # every batch of 4 cut in three
+    (66, "hogwild", 2, 32, "--batch-size 33"),   # each worker's slice of 33 ends in 1
+])
+def test_a_batchnorm_model_is_refused_where_a_pass_would_hold_one_example(
+        tmp_path, n, strategy, workers, batch_size, fits):
+    """BatchNorm cannot train on one example ("Expected more than 1 value per
+    channel when training"): a worker failed with it after an epoch, the
+    run folder written. Refused before, naming a batch size that works, and
+    that one trains."""
+    from monsoon.errors import ConfigError
+
+    problem, out = _bn_problem(n), tmp_path / "run"
+    with pytest.raises(ConfigError) as info:
+        monsoon.train(problem, strategy, workers, batch_size=batch_size, epochs=1,
+                      backend="threads", out=out)
+    line = str(info.value)
+    assert "\n" not in line and "BatchNorm layer '1'" in line and fits in line, line
+    assert not out.exists()
+    size = int(fits.split()[-1])
+    run = monsoon.train(problem, strategy, workers, batch_size=size, epochs=2,
+                        backend="threads", evals=0, progress=False)
+    assert run.summary["status"] == "finished"
+
+
+def test_a_model_one_example_trains_is_not_refused():
+    """Only what torch refuses is: BatchNorm2d over an image of 2x2 has 4
+    values per channel of one example; a step budget that ends before the
+    short batch never takes it; a model without BatchNorm takes any batch."""
+    conv = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 1))
+    for problem, options in [
+            (_bn_problem(33, conv, torch.randn(33, 1, 2, 2)), {"epochs": 1}),
+            (_bn_problem(33), {"steps": 1}),
+            (_bn_problem(33, _mlp()), {"epochs": 1})]:
+        run = monsoon.train(problem, "serial", batch_size=32, evals=0, progress=False,
+                            **options)
+        assert run.summary["status"] == "finished"

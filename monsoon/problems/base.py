@@ -29,15 +29,15 @@ default, so that engines and the recorder read them instead of probing:
   defines them as methods or values): ``prefetch`` (start loading a
   worker's next batch), ``seed_rng`` (seed the problem's random draws for a
   worker, from its gradients done: an engine forks torch's generator only
-  for it), ``sgd_pass`` (a
-  compiled per-example SGD loop, ``sgd_pass(w, order, lr) -> mean loss``),
-  ``evaluate_many`` (``evaluate`` at many points in one pass over the data),
-  ``constant_loss`` (the best constant predictor's loss),
-  ``inverse_variance`` (1 / each feature's variance: L-BFGS's metric, MLlib's
-  standardization), and the torch
-  model's: ``model_at`` (the module at ``w``), ``module``, ``place``
+  for it), ``sgd_pass`` (a compiled per-example SGD loop, ``sgd_pass(w,
+  order, lr) -> mean loss``), ``evaluate_many`` (``evaluate`` at many
+  points in one pass over the data), ``constant_loss`` (the best constant
+  predictor's loss), ``inverse_variance`` (1 / each feature's variance:
+  L-BFGS's metric, MLlib's standardization), and the torch model's:
+  ``model_at`` (the module at ``w``), ``module``, ``place``
   (``devices.py``), ``worker_devices``, ``matrix_slices`` (PowerSGD),
-  ``backward`` (the torch engine's gradient buckets).
+  ``backward`` (the torch engine's gradient buckets), ``fewest_rows``
+  (the fewest examples one training pass takes: ``config.py`` checks it).
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class Problem(ABC):
     # Capabilities, None where a problem has none (the module's docstring);
     # a subclass defines them as methods or values.
     prefetch = seed_rng = sgd_pass = evaluate_many = constant_loss = inverse_variance = None
-    model_at = module = place = worker_devices = matrix_slices = backward = None
+    model_at = module = place = worker_devices = matrix_slices = backward = fewest_rows = None
 
     def evaluate(self, w) -> dict:
         """Every reported figure at ``w``; here the loss alone."""

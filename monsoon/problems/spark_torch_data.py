@@ -132,6 +132,8 @@ class SparkTorchData(SparkHeld, TorchModel):
     """``module`` under ``loss_fn`` on data held in Spark (see the module doc)."""
 
     _needs_torch = True
+    # not checked before the run: Spark's partitions, not the plan alone, cut its passes
+    fewest_rows = None
 
     def _dense_names(self):
         many = not isinstance(self.features, str)

@@ -46,6 +46,7 @@ import weakref
 
 import numpy as np
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from .base import Problem, check_finite
 
@@ -65,6 +66,7 @@ class TorchModel(Problem):
     _target = None          # where it moves at its first computation
     precision = "32"        # or "bf16": autocast with float32 master weights
     _rng = None             # (a worker's seed, its forward passes so far): ``seed_rng``
+    _norm_values = {}       # BatchNorm layer -> values per channel of one example (``_probe``)
     # The parameters are torch tensors even on the CPU (``array_device``):
     # the tests run the device path this way on machines without a GPU.
     resident = False
@@ -108,6 +110,11 @@ class TorchModel(Problem):
         widths first, and a retried task must not call the loss twice."""
         was_training = self.module.training
         self.module.eval()
+        values = {}  # BatchNorm layer -> values per channel of one example (``fewest_rows``)
+        hooks = [layer.register_forward_pre_hook(
+                     lambda _, args, name=name: values.__setitem__(
+                         name, min(values.get(name, math.inf), math.prod(args[0].shape[2:]))))
+                 for name, layer in self.module.named_modules() if isinstance(layer, _BatchNorm)]
         try:
             with torch.no_grad():
                 try:
@@ -127,12 +134,30 @@ class TorchModel(Problem):
                         f"with targets y of shape {tuple(yb.shape)} ({_first_line(exc)}); "
                         "make the module's output and y fit the loss") from None
         finally:
+            for hook in hooks:
+                hook.remove()
             if was_training:
                 self.module.train()
+        self._norm_values = {**self._norm_values, **values}
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
             got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ConfigError(f"loss_fn must return one number, the mean over the batch; it "
                               f"returned {got}: use reduction='mean' (torch's default)")
+
+    def fewest_rows(self) -> tuple[int, str | None]:
+        """The fewest examples one training forward pass may take, and why:
+        2 where a BatchNorm layer normalises over the batch in training
+        (``training``, or no running statistics) and an example gives it
+        one value per channel (``_probe`` saw its input; unseen: assumed),
+        which torch refuses for a batch of 1 ("Expected more than 1 value
+        per channel when training"); else (1, None). A module handed over
+        in eval mode trains every layer (``_backward``)."""
+        all_train = not self.module.training
+        for name, layer in self.module.named_modules():
+            if (isinstance(layer, _BatchNorm) and self._norm_values.get(name, 1) == 1
+                    and (all_train or layer.training or layer.running_mean is None)):
+                return 2, f"its BatchNorm layer {name!r} normalises one value per channel"
+        return 1, None
 
     def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch, module=None):
         """The settings every torch problem has; returns the torch dtype:

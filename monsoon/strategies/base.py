@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .batches import Budget
+from .batches import Budget, chunk_sizes, part_bounds
 
 # What a strategy may need of an engine beyond its ops (``Strategy.needs``);
 # engines declare the ones they meet (``engines/base.py``).
@@ -139,6 +139,22 @@ class Strategy:
         if self.draws == GLOBAL or not 1 < workers <= n_examples:
             return n_examples
         return n_examples // workers
+
+    def pass_sizes(self, workers: int, batch_size: int, n_examples: int,
+                   steps: int | None = None) -> set:
+        """The sizes of the example sets one gradient's forward pass takes
+        in this strategy's plan (``draws``) over ``n_examples`` with
+        ``workers`` programs, for an epoch budget (``steps`` None) or a step
+        budget: a GLOBAL plan's batches, each cut among the workers; a SHARD
+        or SLICE plan's batches of each worker's part of the data."""
+        if self.draws == GLOBAL:
+            return {len(range(*part_bounds(size, workers, k)))
+                    for size in chunk_sizes(n_examples, batch_size, steps)
+                    for k in range(min(workers, size))}
+        budget = Budget(steps=steps)
+        return set().union(*(chunk_sizes(len(range(*part_bounds(n_examples, workers, k))),
+                                         batch_size, budget.steps_for(k, workers))
+                             for k in range(workers)))
 
     def gradients_before(self, job: WorkerJob) -> int:
         """The gradients worker ``job.rank``'s program computed in the

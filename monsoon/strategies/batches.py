@@ -88,6 +88,18 @@ def tail_weight(size: int, batch_size: int, rows: int) -> float:
     return size / full if size < full else 1.0
 
 
+def chunk_sizes(rows: int, batch_size: int, steps: int | None = None) -> set:
+    """The sizes of the batches ``_run`` cuts from epochs of ``rows``
+    examples: ``batch_size``, and the short last batch of an epoch where the
+    plan reaches it (``steps`` None: whole epochs; else that many batches)."""
+    if rows <= 0 or steps == 0:
+        return set()
+    sizes = {batch_size} if rows >= batch_size else set()
+    if rows % batch_size and (steps is None or steps >= -(-rows // batch_size)):
+        sizes.add(rows % batch_size)
+    return sizes
+
+
 def _chunks(order: np.ndarray, batch_size: int):
     for start in range(0, len(order), batch_size):
         yield order[start:start + batch_size]

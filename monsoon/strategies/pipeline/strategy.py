@@ -23,6 +23,7 @@ from __future__ import annotations
 from ...errors import ConfigError
 from ...options import Option, at_least
 from ..base import STAGES, Strategy
+from ..batches import part_bounds
 from .schedules import SCHEDULES
 
 OPTIONS = (
@@ -93,6 +94,16 @@ class Pipeline(Strategy):
                                   f"{batch_size}); use --micro-batches {rows} or fewer, or a "
                                   "larger --batch-size")
             self.micro_batches = rows  # the default, cut to what a batch holds
+
+    def pass_sizes(self, workers, batch_size, n_examples, steps=None) -> set:
+        """A micro-batch's sizes: each batch cut among the replicas, each
+        replica's part into at most ``micro_batches`` (``worker.py``)."""
+        sizes = set()
+        for part in super().pass_sizes(workers // self.stages_for(workers), batch_size,
+                                       n_examples, steps):
+            micro = min(self.micro_batches, part)
+            sizes |= {len(range(*part_bounds(part, micro, m))) for m in range(micro)}
+        return sizes
 
     def preflight(self, problem, workers: int, batch_size: int) -> None:
         """The model's cut checked (``stages.check_plan``) before the run starts."""
