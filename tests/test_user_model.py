@@ -407,3 +407,31 @@ def test_a_model_one_example_trains_is_not_refused():
         run = monsoon.train(problem, "serial", batch_size=32, evals=0, progress=False,
                             **options)
         assert run.summary["status"] == "finished"
+
+
+def test_a_validation_dataset_is_the_same_as_its_tensors():
+    """``val=Dataset``, offered by docs/your-model.md, failed when built
+    ("only one element tensors can be converted to Python scalars")."""
+    from torch.utils.data import Dataset, TensorDataset
+
+    from monsoon.errors import ConfigError
+
+    class Pairs(Dataset):
+        def __init__(self, X, y):
+            self.X, self.y = X, y
+
+        def __len__(self):
+            return len(self.X)
+
+        def __getitem__(self, i):
+            return self.X[i], self.y[i]
+
+    X, y = _regression()
+    Xv, yv = _regression(16)
+    w = TorchProblem(_mlp().double(), nn.MSELoss(), X, y).initial_params(0)
+    losses = [TorchProblem(_mlp().double(), nn.MSELoss(), X, y, val=val).evaluate(w)["val_loss"]
+              for val in [(Xv, yv), TensorDataset(Xv, yv), Pairs(Xv, yv)]]
+    assert losses[0] == losses[1] == losses[2]
+    with pytest.raises(ConfigError, match="val must be .* not a TensorDataset whose items "
+                                          "collate into list"):
+        TorchProblem(_mlp().double(), nn.MSELoss(), X, y, val=TensorDataset(Xv))

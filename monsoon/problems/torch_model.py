@@ -90,7 +90,7 @@ class TorchModel(Problem):
         self.y = y.to(tdtype) if y.is_floating_point() else y
         self.val = None
         if val is not None:
-            vX, vy = (torch.as_tensor(v) for v in val)
+            vX, vy = val_tensors(val)
             if len(vX) != len(vy):
                 raise ValueError(f"val X has {len(vX)} rows but val y has {len(vy)}: "
                                  "they must match")
@@ -805,6 +805,28 @@ def validation_split(n: int, fraction: float, val=None, seed: int = 0):
                           f"{n - 1} of them")
     order = np.random.default_rng(seed).permutation(n)
     return np.sort(order[held:]), np.sort(order[:held])
+
+
+def val_tensors(val) -> tuple:
+    """A validation set as (X, y) tensors: from a pair of tensors or arrays,
+    or a map-style Dataset of (input, target) items (a TensorDataset's own
+    tensors; any other's items stacked by ``default_collate``). Anything
+    else is refused in one line."""
+    from torch.utils.data import Dataset, TensorDataset, default_collate
+
+    if isinstance(val, TensorDataset) and len(val.tensors) == 2:
+        pair = val.tensors
+    elif isinstance(val, Dataset) and hasattr(val, "__len__"):
+        pair = default_collate([val[i] for i in range(len(val))]) if len(val) else ()
+    else:
+        pair = val
+    if isinstance(pair, (tuple, list)) and len(pair) == 2:
+        return tuple(torch.as_tensor(v) for v in pair)
+    got = type(val).__name__
+    if pair is not val:
+        got += f" whose items collate into {type(pair).__name__}" if pair else " of no items"
+    raise ConfigError(f"val must be (X_val, y_val), or a map-style Dataset of (input, target) "
+                      f"items, not a {got}")
 
 
 def is_classification(loss_fn, y) -> bool:
