@@ -435,3 +435,19 @@ def test_a_validation_dataset_is_the_same_as_its_tensors():
     with pytest.raises(ConfigError, match="val must be .* not a TensorDataset whose items "
                                           "collate into list"):
         TorchProblem(_mlp().double(), nn.MSELoss(), X, y, val=TensorDataset(Xv))
+
+
+def test_data_that_requires_grad_is_taken_as_data():
+    """X that requires grad failed in the processes backend, mid-run ("Can't
+    call numpy() on Tensor that requires grad", moving it to shared memory),
+    and every threads step's backward reached it. Detached when built."""
+    import pickle
+
+    X, y = _regression()
+    X, Xv = X.clone().requires_grad_(True), X[:8].clone().requires_grad_(True)
+    problem = TorchProblem(_mlp().double(), nn.MSELoss(), X, y, val=(Xv, y[:8]))
+    with problem.shared_data():  # what the processes backend sends its workers
+        copy_ = pickle.loads(pickle.dumps(problem))
+    assert torch.equal(copy_.X, X.detach()) and torch.equal(copy_.val[0], Xv.detach())
+    run = monsoon.train(problem, "serial", epochs=1, evals=0, progress=False)
+    assert run.summary["status"] == "finished" and X.grad is None

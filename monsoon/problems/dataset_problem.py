@@ -107,7 +107,7 @@ class DatasetProblem(TorchModel):
     def _load(self, dataset, indices):
         with _READS:
             batch = self.collate_fn([dataset[int(i)] for i in indices])
-        xb, yb = (torch.as_tensor(part) for part in _inputs_targets(batch))
+        xb, yb = (torch.as_tensor(part).detach() for part in _inputs_targets(batch))
         if xb.is_floating_point():
             xb = xb.to(self._tdtype)
         if yb.is_floating_point():

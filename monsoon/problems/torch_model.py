@@ -76,8 +76,10 @@ class TorchModel(Problem):
                  init: str = "module", val=None, val_fraction: float = 0.0,
                  val_seed: int = 0):
         tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch, module)
-        X = torch.as_tensor(X)
-        y = torch.as_tensor(y)
+        # data, not part of a graph: a tensor that requires grad would have
+        # every step's backward reach it, and cannot be moved to shared memory
+        X = torch.as_tensor(X).detach()
+        y = torch.as_tensor(y).detach()
         if len(X) != len(y):
             raise ValueError(f"X has {len(X)} rows but y has {len(y)}: they must match")
         if len(X) == 0:
@@ -821,7 +823,7 @@ def val_tensors(val) -> tuple:
     else:
         pair = val
     if isinstance(pair, (tuple, list)) and len(pair) == 2:
-        return tuple(torch.as_tensor(v) for v in pair)
+        return tuple(torch.as_tensor(v).detach() for v in pair)
     got = type(val).__name__
     if pair is not val:
         got += f" whose items collate into {type(pair).__name__}" if pair else " of no items"
