@@ -318,6 +318,10 @@ def test_a_model_that_does_not_fit_its_data_is_refused_when_built():
         TorchProblem(torch.nn.Linear(7, 3), torch.nn.CrossEntropyLoss(), X, y)
     with pytest.raises(ConfigError, match="loss_fn must return one number"):
         TorchProblem(torch.nn.Linear(7, 1), torch.nn.MSELoss(reduction="none"), X, y)
+    # one number, but N times the mean: it trained with steps N times too large
+    with pytest.raises(ConfigError, match="the mean over the batch .* its reduction is 'sum'"):
+        TorchProblem(torch.nn.Linear(7, 1), torch.nn.MSELoss(reduction="sum"), X, y)
+    TorchProblem(torch.nn.Linear(7, 1), torch.nn.KLDivLoss(reduction="batchmean"), X, y)
     with pytest.raises(ConfigError, match="the validation set's X"):
         TorchProblem(torch.nn.Linear(7, 1), torch.nn.MSELoss(), X, y,
                      val=(torch.randn(8, 5), torch.randn(8, 1)))

@@ -173,6 +173,11 @@ class TorchModel(Problem):
         self.init = init
         if module is not None and not isinstance(module, torch.nn.Module):
             raise ConfigError(_not_a_module(module))
+        reduction = getattr(loss_fn, "reduction", "mean")
+        if reduction not in ("mean", "batchmean"):  # batchmean: KLDivLoss's mean per example
+            raise ConfigError(f"loss_fn must return one number, the mean over the batch (a "
+                              f"step's gradient is a mean); its reduction is {reduction!r}: "
+                              "use reduction='mean' (torch's default)")
         if dtype is None:
             dtype = _module_dtype(module)
         self.dtype = np.dtype(dtype)
