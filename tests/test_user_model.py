@@ -451,3 +451,19 @@ def test_data_that_requires_grad_is_taken_as_data():
     assert torch.equal(copy_.X, X.detach()) and torch.equal(copy_.val[0], Xv.detach())
     run = monsoon.train(problem, "serial", epochs=1, evals=0, progress=False)
     assert run.summary["status"] == "finished" and X.grad is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_module_is_refused_and_left_as_it_was(dtype):
+    """It trained in float32 without a word, the user's module converted in
+    place, where docs/gpu.md says a module trains in its own dtype."""
+    from monsoon.errors import ConfigError
+
+    X, y = _regression()
+    module = _mlp().to(dtype)
+    with pytest.raises(ConfigError, match=r"parameters are \w+16, which monsoon does not "
+                                          r"train in: .*module.float\(\).*precision='bf16'"):
+        TorchProblem(module, nn.MSELoss(), X.float(), y.float())
+    assert all(p.dtype == dtype for p in module.parameters())
+    problem = TorchProblem(module, nn.MSELoss(), X.float(), y.float(), dtype="float32")
+    assert problem.dtype == np.float32  # asked for: converted

@@ -763,12 +763,18 @@ def _resolved(device) -> torch.device:
 
 def _module_dtype(module) -> str:
     """The dtype a module trains in by default: its first floating
-    parameter's, where that is float32 or float64; else float32."""
-    for p in module.parameters():
-        if p.is_floating_point():
-            name = str(p.dtype).replace("torch.", "")
-            return name if name in ("float32", "float64") else "float32"
-    return "float32"
+    parameter's (float32 for a module without any). A module with
+    parameters in a dtype monsoon does not train (float16, bfloat16) is
+    refused in one line, before anything converts it."""
+    names = [str(p.dtype).replace("torch.", "") for p in module.parameters()
+             if p.is_floating_point()]
+    other = sorted(set(names) - {"float32", "float64"})
+    if other:
+        raise ConfigError(f"the module's parameters are {' and '.join(other)}, which monsoon "
+                          "does not train in: convert the module to float32 (module.float()), "
+                          "and for bfloat16 compute train with precision='bf16' (--precision "
+                          "bf16: autocast, float32 master weights)")
+    return names[0] if names else "float32"
 
 
 def _module_without_buffers(module, params):
