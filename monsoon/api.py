@@ -32,7 +32,7 @@ from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
 from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
-                              worse_than_start)
+                              not_finite_at_start, worse_than_start)
 from .record.live import make_live
 from .record.folder_lock import FolderLock
 from .record.run_folder import SetAside, clear_results, save_model
@@ -480,6 +480,8 @@ def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_diverge
     res.stopped = recorder.restate(res.stopped, res.updates, res.dropped_updates, local)
     if res.stopped is None and not math.isfinite(final_loss):
         res.stopped = DIVERGED.format(loss=final_loss, updates=res.updates)
+    if res.stopped:  # a divergence: from the start, no lower learning rate helps
+        res.stopped = not_finite_at_start(recorder.rows) or res.stopped
     summary = {
         "problem": run["problem"],
         "strategy": run["strategy"],

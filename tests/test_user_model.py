@@ -467,3 +467,20 @@ def test_a_half_precision_module_is_refused_and_left_as_it_was(dtype):
     assert all(p.dtype == dtype for p in module.parameters())
     problem = TorchProblem(module, nn.MSELoss(), X.float(), y.float(), dtype="float32")
     assert problem.dtype == np.float32  # asked for: converted
+
+
+def test_a_loss_not_finite_at_the_start_says_so_not_to_lower_the_learning_rate(tmp_path):
+    """Every target equal to ignore_index: the loss is nan before any
+    update, and the run said "diverged ... after 10 updates; lower the
+    learning rate (--lr)", which no learning rate fixes."""
+    X = torch.randn(40, 3)
+    problem = TorchProblem(nn.Linear(3, 2), nn.CrossEntropyLoss(), X,
+                           torch.full((40,), -100))
+    with pytest.raises(monsoon.TrainingDiverged) as info:
+        monsoon.train(problem, "serial", epochs=1, batch_size=4, progress=False,
+                      out=tmp_path / "run")
+    line = str(info.value)
+    assert "the loss is nan at the starting weights, before any update" in line, line
+    assert "ignore_index" in line and "--lr" not in line
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["stopped"] in line

@@ -86,6 +86,20 @@ NOT_CONVERGED = ("did not converge: the loss ended at {final:.6g}, above {what} 
                  "lower the learning rate (--lr){more}")
 
 
+NOT_FINITE_AT_START = ("diverged: the loss is {loss} at the starting weights, before any "
+                       "update; check the model, the loss and the targets (a mean over no "
+                       "target, every one equal to the loss's ignore_index, is nan)")
+
+
+def not_finite_at_start(rows: list[dict]) -> str | None:
+    """A divergence's message where the curve's first row (the loss at the
+    starting parameters) is already not finite: no learning rate helps."""
+    start = rows[0]["loss"] if rows and rows[0].get("updates") == 0 else None
+    if start is None or math.isfinite(start):
+        return None
+    return NOT_FINITE_AT_START.format(loss=start)
+
+
 def worse_than_start(rows: list[dict], final: float, constant: float | None) -> str | None:
     """The warning for a run whose final loss is above its first row's (the
     loss at its starting parameters) or above the best constant predictor's
