@@ -172,3 +172,27 @@ def test_items_of_different_sizes_still_build_and_train_one_at_a_time():
     problem = TorchProblem.from_dataset(_Growing(), module, nn.MSELoss(), eval_batch=1)
     run = monsoon.train(problem, "serial", steps=4, batch_size=1, progress=False)
     assert run.summary["status"] == "finished" and run.summary["updates"] == 4
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __len__(self):
+        return 10
+
+    def __iter__(self):
+        return iter([(torch.ones(7), torch.zeros(1))] * 10)
+
+
+def test_a_dataloader_or_an_iterable_dataset_is_refused_naming_what_to_pass():
+    """Both failed with a raw TypeError from len() or an item's index."""
+    items = _Items(lambda i: (torch.ones(7), torch.zeros(1)))
+    loader = torch.utils.data.DataLoader(items, batch_size=4)
+    with pytest.raises(monsoon.ConfigError, match="dataset is a DataLoader; pass its Dataset, "
+                                                  "loader.dataset"):
+        TorchProblem.from_dataset(loader, nn.Linear(7, 1), nn.MSELoss())
+    with pytest.raises(monsoon.ConfigError, match="val is a DataLoader"):
+        TorchProblem.from_dataset(items, nn.Linear(7, 1), nn.MSELoss(), val=loader)
+    with pytest.raises(monsoon.ConfigError, match="dataset must be a map-style torch Dataset "
+                                                  r".*not an IterableDataset _Stream; .*"
+                                                  r"TorchProblem\(module, loss_fn, X, y\)"):
+        TorchProblem.from_dataset(_Stream(), nn.Linear(7, 1), nn.MSELoss())
+    TorchProblem.from_dataset(loader.dataset, nn.Linear(7, 1), nn.MSELoss())  # as told

@@ -66,6 +66,9 @@ class DatasetProblem(TorchModel):
         from torch.utils.data import Subset, TensorDataset, default_collate
 
         self._tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch, module)
+        _check_map_style(dataset, "dataset")
+        if val is not None and not isinstance(val, (tuple, list)):
+            _check_map_style(val, "val")
         n = len(dataset)
         if n == 0:
             raise ValueError("the training set is empty")
@@ -207,6 +210,23 @@ class DatasetProblem(TorchModel):
         state["_executor"] = None
         state["_pending"] = {}
         return state
+
+
+def _check_map_style(dataset, what: str) -> None:
+    """Refuse, in one line naming what to pass, a ``dataset`` that is not
+    map-style (items by index, and a length): a DataLoader (its Dataset is
+    what to pass), an IterableDataset, anything else."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if isinstance(dataset, DataLoader):
+        raise ConfigError(f"{what} is a DataLoader; pass its Dataset, loader.dataset: monsoon "
+                          "cuts the batches itself (batch_size=, collate_fn=)")
+    if isinstance(dataset, IterableDataset) or not (
+            hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        kind = "an IterableDataset" if isinstance(dataset, IterableDataset) else "a"
+        raise ConfigError(f"{what} must be a map-style torch Dataset (items by index, and "
+                          f"__len__), not {kind} {type(dataset).__name__}; load its items into "
+                          "tensors and pass TorchProblem(module, loss_fn, X, y)")
 
 
 def _inputs_targets(batch):
