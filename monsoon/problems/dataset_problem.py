@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .torch_model import TorchModel, is_classification, validation_split
+from .torch_model import TorchModel, data_tensor, is_classification, validation_split
 from ..errors import ConfigError
 
 _MAX_PENDING = 2
@@ -110,7 +110,7 @@ class DatasetProblem(TorchModel):
     def _load(self, dataset, indices):
         with _READS:
             batch = self.collate_fn([dataset[int(i)] for i in indices])
-        xb, yb = (torch.as_tensor(part).detach() for part in _inputs_targets(batch))
+        xb, yb = (data_tensor(part) for part in _inputs_targets(batch))
         if xb.is_floating_point():
             xb = xb.to(self._tdtype)
         if yb.is_floating_point():

@@ -78,8 +78,8 @@ class TorchModel(Problem):
         tdtype = self._setup(name, dtype, init_fn, init, loss_fn, eval_batch, module)
         # data, not part of a graph: a tensor that requires grad would have
         # every step's backward reach it, and cannot be moved to shared memory
-        X = torch.as_tensor(X).detach()
-        y = torch.as_tensor(y).detach()
+        X = data_tensor(X)
+        y = data_tensor(y)
         if len(X) != len(y):
             raise ValueError(f"X has {len(X)} rows but y has {len(y)}: they must match")
         if len(X) == 0:
@@ -751,6 +751,13 @@ def _as_tensor(a):
     return torch.from_numpy(a if a.flags.writeable else np.array(a))
 
 
+def data_tensor(a) -> torch.Tensor:
+    """``a`` as a tensor of data: the user's own tensor where it is one (no
+    copy), detached from its graph where it requires grad."""
+    t = torch.as_tensor(a)
+    return t.detach() if t.requires_grad else t
+
+
 def _resolved(device) -> torch.device:
     """``device`` as a torch device with its index (``cuda`` is the current GPU)."""
     dev = torch.device(device)
@@ -834,7 +841,7 @@ def val_tensors(val) -> tuple:
     else:
         pair = val
     if isinstance(pair, (tuple, list)) and len(pair) == 2:
-        return tuple(torch.as_tensor(v).detach() for v in pair)
+        return tuple(data_tensor(v) for v in pair)
     got = type(val).__name__
     if pair is not val:
         got += f" whose items collate into {type(pair).__name__}" if pair else " of no items"
