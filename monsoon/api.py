@@ -132,7 +132,8 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
             res=None) -> MonsoonError:
     """The error the user sees when an engine fails mid-run: one line naming
     the worker or node (where the engine said), the reason, the run folder
-    (written, with status "failed") and how to carry on: from a checkpoint
+    (written, with status "failed"; a resumed run's keeps the previous
+    run's results, ``_keeps_previous``) and how to carry on: from a checkpoint
     that ``--resume`` with this command would take, if there is one. ``res``:
     the engine's result where the run ended and the evaluation after it
     failed; the folder then also holds its counts and trained model."""
@@ -153,6 +154,8 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
         where = "no run folder (give --out to keep one)"
     elif not getattr(engine, "writes_run_folder", True):
         where = f"rank 0, if it is alive, writes the run folder {out}"
+    elif res is None and _keeps_previous(resolved):
+        where = f"run folder {out}, which keeps the previous run's results"
     else:
         try:  # the curve's snapshots so far, evaluated now (as a finished run's are)
             rows = list(recorder.settled_rows())
@@ -318,9 +321,9 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     try:
         result = _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder)
     except BaseException as exc:
-        _end_aside(aside, refused=isinstance(exc, ConfigError))
+        _end_aside(aside, _ending(exc, resolved, out))
         raise
-    _end_aside(aside, refused=False)
+    _end_aside(aside, "discard")
     return result
 
 
@@ -346,18 +349,43 @@ def _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder) 
     return result
 
 
-def _end_aside(aside, refused: bool) -> None:
-    """A refused run gives the previous run's files back (its live writer
-    is closed by then, so its own TensorBoard file goes); any other end
-    leaves the folder to this run's files. A file system error here is a
-    warning: the run's own error, or its result, is what the user gets."""
+def _end_aside(aside, how: str) -> None:
+    """A refused run gives the previous run's files back (``how``
+    "restore"; its live writer is closed by then, so its own TensorBoard
+    file goes); a resumed run that ended without results of its own gives
+    back the previous run's and keeps its checkpoints ("give_back",
+    ``_keeps_previous``); any other end leaves the folder to this run's
+    files ("discard"). A file system error here is a warning: the run's own
+    error, or its result, is what the user gets."""
     if aside is None:
         return
     try:
-        aside.restore() if refused else aside.discard()
+        getattr(aside, how)()
     except OSError as exc:
         print(f"monsoon: warning: the previous run's files set aside in {aside.out} "
-              f"could not be {'given back' if refused else 'removed'}: {exc}", file=sys.stderr)
+              f"could not be {'removed' if how == 'discard' else 'given back'}: {exc}",
+              file=sys.stderr)
+
+
+def _keeps_previous(resolved) -> bool:
+    """Whether a run's folder keeps the previous run's results where the
+    run ends without results of its own: a resumed run's (a failure before
+    its engine returned then writes no summary, ``_failed``), whose
+    previous results are those of the run it carries on, as a rule."""
+    return bool(getattr(resolved.engine, "resume_dir", None))
+
+
+def _ending(exc: BaseException, resolved, out) -> str:
+    """``_end_aside``'s ``how`` for a run that raised ``exc``: "restore"
+    where it was refused; "give_back" where ``_keeps_previous`` and it
+    wrote no summary (a failure, or a stop the engine did not catch);
+    else "discard"."""
+    if isinstance(exc, ConfigError):
+        return "restore"
+    if out is not None and _keeps_previous(resolved) and \
+            not (Path(out) / "summary.json").exists():
+        return "give_back"
+    return "discard"
 
 
 def _check_resumed_budget(found, budget, problem, total: int) -> None:
@@ -390,7 +418,8 @@ def _start_folder(out: Path, resolved, w0) -> SetAside:
     is never removed: resuming from this folder, ``load_latest`` names it
     and the one used instead; otherwise it is moved to ``.damaged``, in one
     line. What goes is set aside (``SetAside``, returned) until the run
-    ends: a run refused once started gives it back (``_end_aside``)."""
+    ends: a run refused once started gives it back, as does a resumed run
+    that ends without results of its own (``_end_aside``)."""
     aside = SetAside(out)
     try:
         _set_aside(out, resolved, w0, aside)

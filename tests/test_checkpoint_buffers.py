@@ -5,7 +5,10 @@ running statistics) hold them for every strategy, so its runs resume:
   after a checkpoint, or stopped by SIGTERM, and resumed ends bit-identical
   to the uninterrupted one, parameters and buffers (worker 0's, as DDP's);
 - async's checkpoints hold the workers' buffers combined (the mean; the
-  largest batch count), and its resumed run carries on.
+  largest batch count), and its resumed run carries on;
+- a checkpoint of a model whose buffers differ (BatchNorm with and without
+  running statistics: the same parameters) is refused in one line, about
+  the model, before anything starts or the folder is touched.
 """
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ import monsoon
 from monsoon.errors import Interrupted
 from monsoon.record import checkpoints
 
-from test_checkpoints import _interrupt_after_first_checkpoint, cut_after
+from test_checkpoints import _interrupt_after_first_checkpoint, _without, cut_after
 from test_checkpoints import every_checkpoint_due  # noqa: F401 (a fixture)
 from test_resume_matrix import _torch_problem
 
@@ -101,3 +104,40 @@ def test_async_with_buffers_carries_on_from_the_checkpoints_buffers(tmp_path):
     state = resumed.state
     assert all(np.isfinite(state[name]).all() for name in state)
     assert not np.array_equal(state["1.running_mean"], start["1.running_mean"])
+
+
+@pytest.mark.parametrize("wrote,resumes,told", [
+    (True, "untracked", "this model has none, the checkpoint holds 3: "),
+    ("untracked", True, "the checkpoint holds none, this model has 3: "),
+], ids=["buffers-dropped", "buffers-added"])
+@pytest.mark.parametrize("older", [False, True], ids=["", "older"])
+def test_a_checkpoint_of_a_model_whose_buffers_differ_is_refused_before_anything(
+        tmp_path, wrote, resumes, told, older):
+    """Resuming into a model without the checkpoint's buffers failed
+    mid-start ('NoneType' object has no attribute 'items'), lost the
+    previous run's model.pt and offered the same checkpoint again; one with
+    buffers the checkpoint lacks was blamed on an older monsoon. ``older``:
+    a checkpoint written before its meta named the model's buffers, told
+    by its arrays (one holding none may be an older monsoon's, and says
+    so)."""
+    out = tmp_path / "a"
+    opts = dict(batch_size=16, seed=0, evals=0, backend="threads", progress=False)
+    monsoon.train(_torch_problem(batchnorm=wrote), "sync", 2, out=out, checkpoint_every=10,
+                  steps=20, **opts)
+    for path in out.glob("checkpoints/ckpt-*.npz"):
+        if older:
+            _without(path, "buffers")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(checkpoints.CheckpointError) as info:
+        monsoon.train(_torch_problem(batchnorm=resumes), "sync", 2, out=out, resume=str(out),
+                      checkpoint_every=10, steps=40, **opts)
+    line = str(info.value)
+    assert "\n" not in line, line
+    if older and wrote == "untracked":
+        assert "holds no model buffers and this model has 3 " in line, line
+        assert "written for a model without them" in line, line
+    else:
+        assert "written for another model: its buffers differ from this model's" in line, line
+        assert told + "1.num_batches_tracked, 1.running_mean, 1.running_var" in line, line
+        assert "older monsoon" not in line, line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

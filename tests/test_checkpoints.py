@@ -278,6 +278,35 @@ def test_a_failed_run_offers_to_carry_on_only_from_a_whole_checkpoint(tmp_path, 
     assert f"to carry on from {files[-2].name}, run the same command" in str(info.value)
 
 
+def test_a_resumed_run_that_fails_gives_the_previous_runs_results_back(tmp_path, monkeypatch):
+    """The previous run's results were set aside when a resumed run
+    started, and went with it when it failed (its model.pt lost, the
+    summary a failed one's). They come back, whole; the checkpoints the
+    failed run wrote stay, and its line names the newest to carry on from."""
+    run = _good_run(tmp_path)
+    results = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
+    seen = []
+    record = recorder_module.Recorder.record
+
+    def fail_late(self, *args, **kwargs):  # the resumed run fails well under way
+        seen.append(args)
+        if len(seen) > 5:
+            raise RuntimeError("injected monitor fault")
+        return record(self, *args, **kwargs)
+
+    monkeypatch.setattr(recorder_module.Recorder, "record", fail_late)
+    with pytest.raises(RunFailed) as info:
+        monsoon.train("exp", "serial", epochs=6, seed=0, out=run, resume=str(run), evals=20,
+                      checkpoint_every=16)
+    line, now = str(info.value), sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
+    assert now.name > newest.name  # its own checkpoints are kept
+    assert f"(run folder {run}, which keeps the previous run's results); to carry on from " \
+           f"{now.name}, run the same command with --resume {run}" in line, line
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == results
+    assert not list(run.rglob(".aside-*"))
+
+
 def _interrupt_after_first_checkpoint(folder: Path) -> None:
     """SIGTERM to this process once ``folder`` holds a checkpoint newer than
     those there now (the run is well under way), as a user's Ctrl-C."""

@@ -189,14 +189,16 @@ def test_a_resumed_run_meets_its_budget_and_does_no_batch_twice(tmp_path, strate
 def _torch_problem(folder=None, batchnorm=False, dropout=False, rows=64):
     """A small TorchProblem: a lazy Dataset of .npy files (``folder``), or
     ``rows`` in memory; with a BatchNorm layer, whose buffers are trained
-    state; with Dropout, which draws random masks."""
+    state (``batchnorm="untracked"``: track_running_stats=False, the same
+    parameters and no buffers); with Dropout, which draws random masks."""
     import torch
     from torch import nn
 
     from monsoon.problems import TorchProblem
 
     torch.manual_seed(5)
-    net = nn.Sequential(nn.Linear(6, 8), *([nn.BatchNorm1d(8)] if batchnorm else []), nn.Tanh(),
+    norm = [nn.BatchNorm1d(8, track_running_stats=batchnorm != "untracked")] if batchnorm else []
+    net = nn.Sequential(nn.Linear(6, 8), *norm, nn.Tanh(),
                         *([nn.Dropout(0.5)] if dropout else []), nn.Linear(8, 1))
     if folder is not None:
         from lazy_dataset import NpyFolder, Standardise

@@ -4,9 +4,10 @@ One checkpoint is one ``.npz`` file, ``ckpt-<updates, 12 digits>.npz``, in
 the run folder's ``checkpoints/``: the arrays (``params``, ``state.<field>``
 of the rule, ``counters``, the workers' private copies ``worker.<k>.<what>``)
 and ``meta``, a JSON document stored as bytes beside them: which run it
-belongs to (problem, parameter count and dtype, strategy, rule, workers,
-batch size, seed, and ``settings``: every option that shapes the run's
-trajectory, ``trajectory``; absent in checkpoints written before it was
+belongs to (problem, parameter count and dtype, the model's buffers'
+names and shapes, ``buffers``, strategy, rule, workers, batch size, seed,
+and ``settings``: every option that shapes the run's trajectory,
+``trajectory``; these two absent in checkpoints written before they were
 recorded) and the engine that wrote it (``engine``, its registry
 name; absent in checkpoints written before it was recorded), the position
 in the data order (``step``: batches done; ``positions``: per worker), the
@@ -26,8 +27,8 @@ Invariants:
   Every member is read in full, so the zip's CRC-32 catches a corrupt
   file, and a partial one has no central directory.
 - A checkpoint that is unreadable or incomplete (``ALWAYS``, ``WRITES``),
-  from another run (another problem, other shapes) or written by another
-  engine is refused in one line; the newest
+  from another run (another problem, other shapes, a model with other
+  buffers) or written by another engine is refused in one line; the newest
   good one is used, and each refused one is named on stderr. None is ever
   half loaded: everything is read and checked before anything is returned.
 - The newest ``KEEP`` checkpoints of the run that writes one are kept,
@@ -237,6 +238,14 @@ def buffer_arrays(problem) -> dict:
     return held_buffers(problem.state())
 
 
+def model_buffers(problem) -> dict:
+    """The model's buffers as every checkpoint's meta records them
+    (``buffers``: {name: shape as stored}; {}: none), whether or not its
+    engine's checkpoints hold their values: ``check`` refuses a checkpoint
+    of a model whose buffers differ."""
+    return {k[len("buffer."):]: list(v.shape) for k, v in buffer_arrays(problem).items()}
+
+
 def held_buffers(state: dict | None) -> dict:
     """A model's buffers (``Problem.state()``) as a checkpoint's
     ``buffer.<name>`` arrays ({}: none); at least 1-d, as a checkpoint
@@ -292,7 +301,8 @@ def identity(problem, strategy, rule, workers: int, batch_size: int, seed: int,
     ident = {"problem": problem.name, "n_params": int(problem.n_params),
              "dtype": str(np.dtype(problem.dtype)), "strategy": strategy.name,
              "rule": getattr(rule, "name", str(rule)), "workers": int(workers),
-             "batch_size": int(batch_size), "seed": int(seed)}
+             "batch_size": int(batch_size), "seed": int(seed),
+             "buffers": model_buffers(problem)}
     if engine is not None:
         ident["engine"] = str(engine)
     if settings is not None:
@@ -420,14 +430,12 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
     """Refuse a checkpoint of another run, written by another engine (each
     engine's meta is its own; one written before the engine was recorded
     passes), or with other shapes."""
-    refusal = _identity_refusal(ckpt.meta, {k: v for k, v in expect.items() if k != "settings"})
+    refusal = (_identity_refusal(ckpt.meta, {k: v for k, v in expect.items() if k != "settings"})
+               or _buffers_refusal(ckpt, expect, shapes))
     if refusal is not None:
         raise CheckpointError(f"checkpoint {ckpt.path} {refusal}")
     for name, (shape, dtype) in shapes.items():
         arr = ckpt.arrays.get(name)
-        if arr is None and name.startswith("buffer."):
-            raise CheckpointError(f"checkpoint {ckpt.path} holds no model buffers (it was "
-                                  "written by an older monsoon); start a new run")
         if arr is None and name.startswith("sender."):
             raise CheckpointError(f"checkpoint {ckpt.path} {_no_compressor_state(ckpt, expect)}")
         if arr is None:
@@ -446,6 +454,42 @@ def check(ckpt: Checkpoint, expect: dict, shapes: dict) -> None:
     if written != compress != "none" and not any(k.startswith("sender.") for k in ckpt.arrays):
         refusal = _no_compressor_state(ckpt, expect)
     raise CheckpointError(f"checkpoint {ckpt.path} {refusal}")
+
+
+def _buffers_refusal(ckpt: Checkpoint, expect: dict, shapes: dict) -> str | None:
+    """Why ``ckpt`` was written for a model whose buffers (names and
+    shapes) are not this one's (None: they are, or nothing says): its meta's
+    ``buffers`` against this model's (``identity``); in a checkpoint written
+    before the meta recorded them, its ``buffer.<name>`` arrays against
+    those ``shapes`` asks for, or any at all where this model has none."""
+    prefix = "buffer."
+    theirs, mine = ckpt.meta.get("buffers"), expect.get("buffers")
+    if theirs is None:  # an older checkpoint: its arrays say what it holds
+        theirs = {k[len(prefix):]: list(v.shape) for k, v in ckpt.arrays.items()
+                  if k.startswith(prefix)}
+        wanted = {k[len(prefix):]: list(shape) for k, (shape, _) in shapes.items()
+                  if k.startswith(prefix)}
+        if wanted and not theirs:
+            return (f"holds no model buffers and this model has {len(wanted)} "
+                    f"({', '.join(sorted(wanted))}): it was written for a model without "
+                    "them, or by an older monsoon that kept none; resume with the model it "
+                    "was written for, or start a new run without --resume")
+        mine = wanted if wanted or mine == {} else None  # None: not told, not compared
+    if mine is None or theirs == mine:
+        return None
+    if not theirs or not mine:
+        how = (f"this model has none, the checkpoint holds {len(theirs)}: " if theirs else
+               f"the checkpoint holds none, this model has {len(mine)}: ")
+        how += ", ".join(sorted(theirs or mine))
+    else:
+        differ = sorted(name for name in {*theirs, *mine} if theirs.get(name) != mine.get(name))
+        first = differ[0]
+        shown = {k: "absent" if v is None else f"shape {tuple(v)}"
+                 for k, v in (("checkpoint", theirs.get(first)), ("model", mine.get(first)))}
+        how = (f"{first}: {shown['checkpoint']} in the checkpoint, {shown['model']} in this "
+               f"model" + (f"; {len(differ) - 1} more differ" if len(differ) > 1 else ""))
+    return (f"was written for another model: its buffers differ from this model's ({how}); "
+            "resume with the model it was written for, or start a new run without --resume")
 
 
 def _no_compressor_state(ckpt: Checkpoint, expect: dict) -> str:

@@ -100,8 +100,9 @@ class SetAside:
     is on; no reader takes such a name for a result, a checkpoint or an
     event file). ``restore`` gives them back where the run was refused,
     after removing the result, TensorBoard and checkpoint files the refused
-    run wrote; ``discard`` deletes them once the run stands on its own
-    (finished, failed or interrupted). They take their disk space until
+    run wrote, and ``give_back`` where a run that started left no results
+    of its own; ``discard`` deletes them once the run stands on its own
+    (finished, failed or interrupted, its results written). They take their disk space until
     then. Files set aside by a run that was killed go with the next run."""
 
     def __init__(self, out: Path, folders=("tb", "checkpoints")):
@@ -135,6 +136,23 @@ class SetAside:
                 path.unlink(missing_ok=True)
         for path, there in self.moved:
             os.replace(there, path)
+        self.moved = []
+
+    def give_back(self) -> None:
+        """A run that started but left no results of its own (a resumed run
+        that failed) gives the previous run's back, in place of any result
+        file (``RESULT_FILES``) it began to write; the rest of what it wrote
+        stays (its checkpoints: the line names the newest to carry on
+        from), and a file set aside whose place one of them took (another
+        run's checkpoint of the same step) goes."""
+        for path in set(self._files("*")) - (self.before or set()):
+            if path.parent == self.out and path.name in RESULT_FILES:
+                path.unlink(missing_ok=True)
+        for path, there in self.moved:
+            if path.exists():
+                there.unlink(missing_ok=True)
+            else:
+                os.replace(there, path)
         self.moved = []
 
     def discard(self) -> None:
