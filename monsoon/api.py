@@ -445,6 +445,17 @@ def _set_aside(out: Path, resolved, w0, aside: SetAside) -> None:
             keep_mine=resuming or launch is not None, remove=aside.keep, launch=launch)
 
 
+def _model_declares(problem) -> dict:
+    """What the model computes per worker, beside its parameters, as its
+    problem declares it: ``buffers``, how many it has (BatchNorm's running
+    statistics: ``Problem.state()``); ``random_draws``, where its problem
+    seeds random draws (``seed_rng``: a torch model's Dropout). The report
+    tells by them whether sync's steps can equal serial's."""
+    state = problem.state()
+    return {**({"buffers": len(state)} if state else {}),
+            **({"random_draws": True} if problem.seed_rng is not None else {})}
+
+
 def _constant_loss(problem) -> float | None:
     """The best constant predictor's loss, where the problem knows it."""
     return None if problem.constant_loss is None else problem.constant_loss()
@@ -546,6 +557,7 @@ def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_diverge
         "shards": engine.shards_used,
         "n_params": problem.n_params,
         "n_examples": problem.n_examples,
+        **_model_declares(problem),
         "status": "interrupted" if interrupted else "diverged" if res.stopped else
                   "reached target" if at_target else "converged" if at_tol else "finished",
         "total_time_s": time.perf_counter() - t_start,

@@ -353,6 +353,43 @@ def test_the_report_says_sync_overlays_serial_only_where_both_took_the_same_step
         assert claim not in "\n".join(explain(rows))
 
 
+def test_the_report_claims_sync_overlays_serial_only_where_its_model_computes_alike():
+    """A model with buffers (BatchNorm: each worker's batch statistics) or
+    random draws (Dropout: each worker's masks) gives sync other gradients
+    than serial's on the same batches (serial 0.2451, sync 0.2532), which
+    the report called an overlay differing only in speed. The claim now
+    holds where the model declares neither, or the final losses agree to
+    the digits shown; otherwise the report says why they differ."""
+    from monsoon.record.report import comparison_rows, explain
+
+    claim = "sync computes the same gradient per step as serial"
+    for model in ({"buffers": 3, "random_draws": True}, {"random_draws": True}):
+        serial = dict(_summary("serial", 100.0), final_loss=0.2451, **model)
+        sync = dict(_summary("sync", 90.0), final_loss=0.2532, **model)
+        text = "\n".join(explain(comparison_rows([[serial], [sync]])))
+        assert claim not in text and "overlays" not in text, text
+        assert "its final loss (0.2532) is not serial's (0.2451)" in text, text
+        assert ("BatchNorm" in text) == ("buffers" in model) and "Dropout" in text, text
+        same = dict(sync, final_loss=0.24510004)  # equal to the digits shown
+        assert claim in "\n".join(explain(comparison_rows([[serial], [same]])))
+    plain = dict(_summary("sync", 90.0), final_loss=0.51)  # declares neither
+    assert claim in "\n".join(explain(comparison_rows([[_summary("serial", 100.0)], [plain]])))
+
+
+def test_a_summary_declares_the_models_buffers_and_random_draws():
+    """What the report reads: a torch model's buffers and random draws
+    (its problem seeds them), none of either for a NumPy problem."""
+    from test_resume_matrix import _torch_problem
+
+    opts = dict(steps=2, batch_size=16, evals=0, progress=False)
+    summary = monsoon.train(_torch_problem(batchnorm=True), "serial", **opts).summary
+    assert summary["buffers"] == 3 and summary["random_draws"] is True
+    summary = monsoon.train("exp", "serial", **opts).summary
+    assert "buffers" not in summary and summary["random_draws"] is True
+    summary = monsoon.train("linear", "serial", **opts).summary
+    assert "buffers" not in summary and "random_draws" not in summary
+
+
 def test_the_report_claims_no_overlay_where_backup_workers_left_gradients_out():
     """sync with backup workers leaves each step's late gradients out: its
     steps are not serial's, and the report must not say they are."""

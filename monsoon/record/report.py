@@ -74,7 +74,8 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                                               "stopped_at_target", "stopped_converged",
                                               "batch_size", "per_example_loop", "status",
                                               "late_gradients", "backup_workers",
-                                              "error", "spark_jobs")}})
+                                              "error", "spark_jobs", "buffers",
+                                              "random_draws")}})
     return rows
 
 
@@ -263,10 +264,32 @@ def explain(rows: list[dict]) -> list[str]:
         if r["strategy"] == "sync" and base["final_loss"] is not None \
                 and r.get("compress") in (None, "none") \
                 and _same_steps(r, base):  # compressed, or other steps: its gradients differ
-            out.append("- sync computes the same gradient per step as serial (each batch "
-                       "split among its workers), so its curve against epochs overlays "
-                       "serial's: it differs from serial only in speed.")
+            out.append(_sync_against_serial(r, base))
     return out
+
+
+def _sync_against_serial(r: dict, base: dict) -> str:
+    """What sync's steps are against serial's, which took the same batches:
+    the same gradients where its model computes them alike split among
+    workers (no buffers, no random draws: the summary's ``buffers`` and
+    ``random_draws``, the problem's own declarations) or the final losses
+    agree to the digits the table shows; else why they differ."""
+    loss, serial = r["final_loss"], base["final_loss"]
+    if not (r.get("buffers") or r.get("random_draws")) or _fmt(loss) == _fmt(serial):
+        return ("- sync computes the same gradient per step as serial (each batch split "
+                "among its workers), so its curve against epochs overlays serial's: it "
+                "differs from serial only in speed.")
+    why = []
+    if r.get("buffers"):
+        why.append(f"a layer with buffers (the model has {r['buffers']}) such as BatchNorm "
+                   "normalises each worker's share of a batch by that share's statistics, "
+                   "serial the whole batch by its own")
+    if r.get("random_draws"):
+        why.append("random layers (Dropout), where the model has any, draw each worker's "
+                   "own masks")
+    return (f"- sync splits each of serial's batches among its workers, yet its final loss "
+            f"({_fmt(loss)}) is not serial's ({_fmt(serial)}): {'; '.join(why)}. So its "
+            "gradients are not serial's, and its curve does not overlay serial's.")
 
 
 def _spark_jobs(others: list[dict], base: dict) -> list[str]:
