@@ -467,22 +467,27 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     t_start = time.perf_counter()
 
     def train():
-        # engines that stop cleanly on SIGTERM/SIGINT say so (every built-in one)
-        with StopSignals(engine.stops_on_signal):
-            return engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
-                              run['seed'], budget, recorder)
+        return engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
+                          run['seed'], budget, recorder)
 
-    try:
-        res = _or_failed(train, resolved, recorder, out, t_start, w0)
-    finally:
-        recorder.close()
-    if res.follower:  # the torch engine's rank 0 records the run
-        return Result({"follower": True}, [], res.params, problem)
-    # a stop while the curve is evaluated and the folder written: the curve's
-    # ends only (``Recorder.hurry``), and the folder written whole
-    with StopSignals() as late, on_stop(recorder.hurry):
-        return _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_divergence,
-                       late)
+    # engines that stop cleanly on SIGTERM/SIGINT say so (every built-in one);
+    # ``late`` is entered inside, so no moment after the engine returns is left
+    # to the default handlers, and the stop's repeats (``REPEAT_S``) stay its own
+    with StopSignals(engine.stops_on_signal) as during:
+        try:
+            res = _or_failed(train, resolved, recorder, out, t_start, w0)
+        finally:
+            recorder.close()
+        if res.follower:  # the torch engine's rank 0 records the run
+            return Result({"follower": True}, [], res.params, problem)
+        # a stop while the curve is evaluated and the folder written: the curve's
+        # ends only (``Recorder.hurry``), and the folder written whole
+        with StopSignals() as late:
+            if not res.interrupted:  # one that came after the engine returned
+                late.signum = during.signum
+            with on_stop(recorder.hurry):
+                return _settle(resolved, problem, res, recorder, out, t_start, w0,
+                               raise_on_divergence, late)
 
 
 def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_divergence,

@@ -475,6 +475,56 @@ def test_ctrl_c_during_start_up_prints_one_line_and_leaves_nothing(tmp_path, whe
     assert not any(os.path.exists(s.replace(" (deleted)", "")) for s in segments)
 
 
+@pytest.mark.parametrize("when", ["fork-server", "running"])
+def test_timeouts_sigterm_to_the_run_then_its_group_is_one_stop(tmp_path, when):
+    """GNU ``timeout`` on expiry signals the command, then its whole group
+    (the command again), here 10 ms apart, while the fork server starts or
+    mid-run: one stop, not a second one: the run ends interrupted in one
+    line with its folder and a final checkpoint, and no process of it is
+    left. Before, the repeat was taken for a second signal ("SIGTERM again:
+    stopped at once, without a checkpoint", no folder), and at start-up the
+    fork server died of it ("EOFError", status failed)."""
+    run = tmp_path / "run"
+    proc = start(run, strategy="async", extra=("--epochs", "5000"))
+    deadline = time.monotonic() + 60
+    while when == "fork-server" and not fork_servers(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.002)
+    if when == "running":
+        wait_running(proc, run, 2)
+    servers = fork_servers(proc.pid)
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert len(err.strip().splitlines()) == 1 and "interrupted by SIGTERM after" in err, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["failed_workers"] == [], summary
+    assert checkpoints.checkpoint_files(run / "checkpoints")
+    assert (run / "metrics.csv").exists() and (run / "config.json").exists()
+    wait_gone(servers)
+    assert not children(proc.pid)
+
+
+def test_a_second_signal_after_the_first_stops_at_once_and_a_repeat_does_not():
+    """In the run's handlers: a stop signal again within ``REPEAT_S`` of the
+    first is that stop (ignored); one later is a second signal, which
+    raises ``Interrupted`` at once."""
+    from monsoon.errors import Interrupted
+    from monsoon.monitor.lifecycle import REPEAT_S, StopSignals
+
+    with StopSignals() as stops:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # from the terminal and from timeout
+        assert stops.signum == signal.SIGTERM
+        time.sleep(REPEAT_S + 0.1)
+        with pytest.raises(Interrupted, match="SIGTERM again: stopped at once") as info:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler raises in this thread
+    assert info.value.exit_code == 143
+
+
 class CtrlCOnTheCurve:
     """The exp problem, which presses Ctrl-C at the first loss evaluated
     after its ``steps`` gradients: while the curve of a finished run is
@@ -521,11 +571,11 @@ def test_ctrl_c_while_a_finished_runs_curve_is_evaluated_still_writes_its_folder
 IMPORT_INTERRUPTED = """
 import os, signal, sys
 
-class CtrlCOnNumpy:  # Ctrl-C the moment the package starts loading NumPy
+class CtrlCOnNumpy:  # Ctrl-C (or SIGTERM) the moment the package starts loading NumPy
     def find_spec(self, name, path=None, target=None):
         if name == "numpy":
             sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.{sig})
         return None
 
 sys.meta_path.insert(0, CtrlCOnNumpy())
@@ -535,21 +585,24 @@ sys.exit(main())
 """
 
 
-@pytest.mark.parametrize("entry", ["monsoon_cli", "monsoon.cli"])
-def test_ctrl_c_while_the_command_loads_ends_in_one_line_having_run_nothing(tmp_path, entry):
+@pytest.mark.parametrize("entry, sig", [("monsoon_cli", "SIGINT"), ("monsoon.cli", "SIGINT"),
+                                        ("monsoon_cli", "SIGTERM")])
+def test_ctrl_c_while_the_command_loads_ends_in_one_line_having_run_nothing(tmp_path, entry,
+                                                                              sig):
     """The ``monsoon`` command's entry (``monsoon_cli``, outside the package)
     holds a Ctrl-C that arrives while the package imports NumPy and the
-    rest: one line, exit code 130, no run folder. Entered through the
-    package itself, the same Ctrl-C lands inside NumPy's import: a
-    traceback (NumPy's "bad install" message, on some versions)."""
+    rest: one line, exit code 130, no run folder; a SIGTERM likewise (143;
+    before, the process ended with no word). Entered through the package
+    itself, the same Ctrl-C lands inside NumPy's import: a traceback
+    (NumPy's "bad install" message, on some versions)."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-c", IMPORT_INTERRUPTED.format(module=entry),
+    proc = subprocess.run([sys.executable, "-c", IMPORT_INTERRUPTED.format(module=entry, sig=sig),
                            str(out)], capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if entry == "monsoon.cli":
         assert "Traceback" in proc.stderr and proc.returncode != 0, proc.stderr
         return
-    assert proc.returncode == 130, proc.stderr
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
     assert proc.stderr.strip() == "monsoon: interrupted while starting; nothing ran", proc.stderr
     assert not out.exists()
 

@@ -19,25 +19,25 @@ Workers and pipeline stages (``worker_started``, first thing in each):
   the starting thread), and a thread blocked on a pidfd of the monitor.
   The resource tracker, which unlinks what a killed monitor left in
   /dev/shm, exits once every process holding its pipe has.
-  The fork server starts with SIGINT blocked and ignores it, and SIGTERM,
-  from its first import on (``tie_fork_server`` says why).
+  The fork server (and, of its own, the resource tracker) starts with
+  SIGINT and SIGTERM blocked, and ignores them (``tie_fork_server``).
 - ``parent_alive()`` is checked in every wait of a worker
   (``waiting.wait_until``), a further guard where there is no ``prctl``.
 - SIGINT and SIGTERM are ignored: Ctrl-C, ``timeout`` and a batch
   scheduler signal the whole process group, and it is the monitor's to
   handle (it stops the workers itself, at a step boundary).
 
-Torch engine ranks that the monitor starts as torchrun's agent
-(``torchrun/launch.py``) are forked from the same fork server and call
-``worker_started`` like the local workers.
+Torch ranks that the monitor starts as torchrun's agent (``torchrun/
+launch.py``) are forked from that fork server, calling ``worker_started``.
 
 The monitor (``StopSignals``, around a run, main thread only): the first
 SIGTERM or SIGINT sets ``requested`` (and wakes the monitor through a
 wake-up pipe); the engine then stops its workers, writes a final checkpoint
 and returns what it has, and ``monsoon.train`` writes the run folder with
-status "interrupted" before raising ``Interrupted``. A second signal raises
-``Interrupted`` at once. ``reclaim_signals`` takes them back from a library
-(Ray, Spark); ``on_stop`` hands the first on.
+status "interrupted" before raising ``Interrupted``. A repeat within
+``REPEAT_S`` is that stop; a second signal later raises ``Interrupted`` at
+once. ``reclaim_signals`` takes them back from a library (Ray, Spark);
+``on_stop`` hands the first on.
 """
 from __future__ import annotations
 
@@ -50,12 +50,20 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 from ..errors import Interrupted
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# One stop often arrives more than once, milliseconds apart: GNU ``timeout``
+# (and a batch scheduler, a container runtime) signals the command, then its
+# whole process group, the command again; under ``timeout`` a Ctrl-C comes
+# from the terminal and again from ``timeout``. A stop signal this soon after
+# the first is that stop again, not a second one (which stops at once, without
+# a checkpoint): a person's deliberate second Ctrl-C comes later.
+REPEAT_S = 1.0
 
 _parent_pid = None
 
@@ -161,8 +169,8 @@ def tie_fork_server() -> None:
     # Ctrl-C reaches the whole process group; multiprocessing's fork server
     # ignores it only once it has imported its preload (torch: seconds), and
     # would die of it mid-import, with a traceback. It is the monitor's. The
-    # monitor started this process with SIGINT blocked (``processes.
-    # start_context``): ignored now, it may be unblocked.
+    # monitor started this process with SIGINT and SIGTERM blocked
+    # (``processes.start_context``): ignored now, they may be unblocked.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # SIGTERM to the process group likewise: dead of it, the fork server would
     # take every worker it forked with it (their PR_SET_PDEATHSIG) before the
@@ -170,7 +178,7 @@ def tie_fork_server() -> None:
     # ignoring it; a torch rank takes the default back (``worker_started``).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
     if main_thread:
         set_death_signal()
     try:
@@ -212,13 +220,17 @@ def stop_reason(signum: int) -> str:
 class StopSignals:
     """SIGTERM/SIGINT handlers for the duration of a run (a no-op outside the
     main thread, where Python cannot install handlers, and for engines that
-    do not watch for them: ``enabled=False`` leaves the defaults)."""
+    do not watch for them: ``enabled=False`` leaves the defaults). One may
+    be nested in another: it hands the signals back to it at its end, and a
+    repeat of the outer one's stop is not its first."""
 
     active: "StopSignals | None" = None
+    first_at = None  # when the current stop's first signal came (time.monotonic)
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.signum = None
+        self._outer = None  # the StopSignals this one is nested in, if any
         self._saved = {}
         self._wakeup = None
         self._saved_fd = None
@@ -233,9 +245,14 @@ class StopSignals:
         return self._wakeup[0] if self._wakeup else None
 
     def _handle(self, signum, frame):
+        now = time.monotonic()
+        first = StopSignals.first_at
+        if first is not None and now - first < REPEAT_S:
+            return  # the stop under way, delivered again (``REPEAT_S``)
         if self.signum is not None:  # a second signal: stop now
             raise Interrupted(f"{signal_name(signum)} again: stopped at once, without a "
                               "checkpoint", signum)
+        StopSignals.first_at = now
         self.signum = signum
         for callback in list(self._callbacks):
             callback(signum)
@@ -260,11 +277,15 @@ class StopSignals:
             self._saved_fd = None
         for sig in STOP_SIGNALS:
             self._saved[sig] = signal.signal(sig, self._handle)
+        self._outer = StopSignals.active
+        if self._outer is None:  # a stop of an earlier run is not this one's
+            StopSignals.first_at = None
         StopSignals.active = self
         return self
 
     def __exit__(self, *exc):
-        StopSignals.active = None
+        if StopSignals.active is self:  # a nested one hands back to the one around it
+            StopSignals.active, self._outer = self._outer, None
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         self._saved.clear()

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from .lifecycle import STOP_SIGNALS
+
 # What the fork server imports before it forks any worker; with torch
 # where the parent has it (the pipeline's stages run torch modules).
 PRELOAD = ("monsoon.monitor.fork_server", "monsoon.engines.local.engine")
@@ -63,7 +65,7 @@ def start_context():
         # the resource tracker first: starting it unblocks SIGINT afterwards
         # (it blocks and unblocks it around its own start, as here)
         resource_tracker.ensure_running()
-        with sigint_blocked(), start_method_kept():
+        with stop_signals_blocked(), start_method_kept():
             forkserver.ensure_running()
     finally:
         os.environ.pop(FORK_SERVER_ENV, None)
@@ -86,15 +88,16 @@ def start_method_kept():
 
 
 @contextlib.contextmanager
-def sigint_blocked():
-    """SIGINT blocked in this thread meanwhile (one that arrives is
-    delivered after): a process started from it inherits the blocked
-    signal, so Ctrl-C cannot kill the fork server while its interpreter
-    starts, before it can ignore SIGINT itself (``lifecycle.tie_fork_server``)."""
+def stop_signals_blocked():
+    """SIGINT and SIGTERM blocked in this thread meanwhile (one that arrives
+    is delivered after): a process started from it inherits the blocked
+    signals, so Ctrl-C or a SIGTERM to the process group (``timeout``)
+    cannot kill the fork server while its interpreter starts, before it can
+    ignore them itself (``lifecycle.tie_fork_server``)."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    saved = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    saved = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
     try:
         yield
     finally:
