@@ -347,6 +347,31 @@ def test_a_sigterm_to_the_whole_group_stops_a_spark_run_cleanly(tmp_path, reques
     _checks(run, code, err, "SIGTERM", epochs * 16 // push)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=RUNS[e][0]) for e in RUNS])
+def test_timeouts_sigterm_to_the_run_then_its_group_is_one_stop(engine, tmp_path, request):
+    """What GNU ``timeout`` does on expiry: SIGTERM to the run, then to its
+    whole process group 10 ms later. One stop on every engine (the run's
+    handler takes the repeat for the same stop, ``lifecycle.REPEAT_S``):
+    the final checkpoint, the folder, one line. Before, the repeat stopped
+    the run at once without them, and the torch engine's ranks, in the
+    run's group and taking SIGTERM by default, died of it (the run failed:
+    "rank 0 died (SIGTERM)"): they now run in sessions of their own."""
+    _here(engine, request)
+    epochs = RUNS[engine][1]
+    run = Run([sys.executable, *_command(engine, "sync", epochs, tmp_path / "run")],
+              tmp_path / "run")
+    try:
+        run.wait_for_checkpoint()
+        os.kill(run.proc.pid, signal.SIGTERM)
+        time.sleep(0.01)
+        code, err = run.stop("SIGTERM", group=True)
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+    _checks(run, code, err, "SIGTERM", epochs * 16)
+
+
 @pytest.mark.torchrun
 def test_under_torchrun_ctrl_c_stops_every_rank_at_one_step(tmp_path):
     """Under a torchrun of the user's, Ctrl-C reaches torchrun's agent,

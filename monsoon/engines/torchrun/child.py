@@ -8,9 +8,10 @@ takes its share of the cores, loads the pickled run, runs its part
 (``rank.run_rank``) and, as rank 0, writes the result back; a failure is
 written to ``FOLDER/error-RANK.txt`` and the process exits with status 1.
 
-Ctrl-C reaches the ranks too (the fork server's process group is the
-terminal's): a rank ignores SIGINT, as a local worker does, and the agent's
-process, the run's monitor, stops the run: it writes the signal's number to
+A rank runs in a session of its own (``leave_the_process_group``): Ctrl-C
+or a SIGTERM to the run's process group reaches the agent's process, the
+run's monitor, alone (a rank ignores SIGINT too, as a local worker does),
+which stops the run: it writes the signal's number to
 ``FOLDER/stop`` (``launch.py``), which rank 0 reads between collectives
 (``StopFile``) and hands on to every rank in the next one."""
 from __future__ import annotations
@@ -56,6 +57,7 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
     """The rank's whole life (``streams``: unpickled, ``AgentStreams`` has
     already put the agent's output and error in place)."""
     rank = int(os.environ.get("RANK", -1))
+    leave_the_process_group()
     worker_started(agent_pid, f"monsoon-rank{rank}", ignore_sigterm=False)  # SIGINT ignored: the agent's to handle
     # the agent's share of the cores; torch and BLAS were loaded before it was set
     limit_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
@@ -75,6 +77,18 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
         if getattr(exc, "after_peer", False):
             time.sleep(AFTER_PEER_S)
         sys.exit(1)
+
+
+def leave_the_process_group() -> None:
+    """A session of its own, as torchrun starts a rank: a SIGTERM to the
+    monitor's process group (``timeout``, a batch scheduler), which the rank
+    must take by default from its agent (``worker_started``), would kill it
+    before the agent's process stopped the run. Forked from the fork server,
+    it ignores SIGTERM until here. (Not a group leader: always allowed.)"""
+    try:
+        os.setsid()
+    except OSError:  # already a session's leader
+        pass
 
 
 class StopFile:
