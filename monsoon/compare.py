@@ -57,7 +57,7 @@ from .monitor.processes import leave_if_re_running_main
 from .record.checkpoints import checkpoint_files
 from .record.folder_lock import FolderLock
 from .record.report import write_comparison
-from .record.run_folder import clear_results, read_metrics, to_json
+from .record.run_folder import clear_results, read_metrics, read_summary, to_json
 from .strategies import STRATEGIES
 
 
@@ -225,7 +225,7 @@ def _read_run(folder: Path):
     """The run in ``folder`` (its summary, curve and parameters) as a
     ``Result``; None where it holds none that can be read."""
     try:
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = read_summary(folder)  # a diverged run's "inf" loss as the float it was
         history = read_metrics(folder / "metrics.csv")
     except (OSError, ValueError):
         return None
@@ -259,7 +259,7 @@ def _resumable(folder: Path) -> bool:
     ``--resume`` takes (its summary names it), with checkpoints there
     (train checks them)."""
     try:
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = read_summary(folder)
     except (OSError, ValueError):
         return False
     status = summary.get("status")

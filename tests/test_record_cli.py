@@ -536,3 +536,29 @@ def test_the_report_counts_only_the_turns_that_ran_to_their_end():
     text = report_markdown("exp", alone, None)
     assert "No strategy ran to the end of its budget with a finite loss" in text
     assert "**serial was interrupted before its budget, after 100 updates**" in text
+
+
+def test_compare_resume_keeps_a_diverged_run_and_writes_the_same_report(tmp_path):
+    """A diverged run's summary.json says "inf" (NaN: null): ``--resume``
+    reads it back as the float it was, keeps the run, and writes the report
+    the compare wrote, where it raised TypeError in the report."""
+    from monsoon.record.run_folder import read_summary, to_json
+
+    opts = dict(workers=2, lr=5.0, steps=400, out=tmp_path, backend="threads")
+    monsoon.compare("exp", "serial,sync", **opts)
+    assert json.loads((tmp_path / "serial" / "summary.json").read_text())["final_loss"] == "inf"
+    report = (tmp_path / "report.md").read_text()
+    kept = (tmp_path / "serial" / "summary.json").read_text()
+    done = monsoon.compare("exp", "serial,sync", resume=str(tmp_path), **opts)
+    assert (tmp_path / "serial" / "summary.json").read_text() == kept  # not run again
+    assert done.results["serial"].summary["final_loss"] == float("inf")
+    assert (tmp_path / "report.md").read_text() == report
+    (tmp_path / "n").mkdir()
+    (tmp_path / "n" / "summary.json").write_text(to_json(
+        {"status": "diverged", "final_loss": float("nan"), "staleness": {"mean": float("-inf")},
+         "checkpoint": None}))
+    back = read_summary(tmp_path / "n")
+    assert np.isnan(back["final_loss"]) and back["staleness"]["mean"] == float("-inf")
+    assert back["checkpoint"] is None
+    (tmp_path / "n" / "summary.json").write_text(to_json({"status": "failed", "final_loss": None}))
+    assert read_summary(tmp_path / "n")["final_loss"] is None  # a failed run has none

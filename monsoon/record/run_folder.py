@@ -48,6 +48,32 @@ def to_json(obj) -> str:
     return json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n"
 
 
+NON_FINITE = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+
+
+def read_summary(folder) -> dict:
+    """A run folder's summary.json as the run had it: ``_jsonable`` wrote a
+    non-finite number as "inf" or "-inf" (a diverged run's loss) and NaN as
+    null, which read back as the floats they were (a null final loss is
+    NaN but in a failed run, which has none); OSError or ValueError where
+    there is none to read."""
+    summary = json.loads((Path(folder) / "summary.json").read_text())
+    if not isinstance(summary, dict):
+        raise ValueError("summary.json holds no summary")
+    summary = _finite_back(summary)
+    if summary.get("final_loss", 0) is None and summary.get("status") != "failed":
+        summary["final_loss"] = float("nan")
+    return summary
+
+
+def _finite_back(value):
+    if isinstance(value, dict):
+        return {k: _finite_back(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_back(v) for v in value]
+    return NON_FINITE.get(value, value) if isinstance(value, str) else value
+
+
 def metrics_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     present = {k for row in rows for k in row}
