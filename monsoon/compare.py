@@ -23,9 +23,10 @@ bench/quick_start.py measures how much for the quick start's report.
 
 A new compare in a folder an earlier one wrote first removes what that one
 wrote (the run folders its comparison.csv names, their repeats, its report
-and plots: ``_clear_previous``), never other files there. A compare holds
-its folder while it runs (``FolderLock``, as each strategy's run holds
-``OUT/STRATEGY``): a second compare on it is refused in one line. SIGTERM or
+and plots: ``_clear_previous``; where one of those folders cannot be
+written, nothing: it is refused in one line), never other files there. A
+compare holds its folder while it runs (``FolderLock``, as each strategy's
+run holds ``OUT/STRATEGY``): a second compare on it is refused in one line. SIGTERM or
 SIGINT during a strategy's run (``Interrupted``) ends the compare with the
 report of what ran, that strategy marked interrupted; ``resume`` (the
 compare's own folder, ``--resume OUT``) then keeps each run that ended
@@ -273,23 +274,40 @@ COMPARE_FILES = ("comparison.csv", "comparison.png", "report.md", "staleness.png
 def _clear_previous(out: Path) -> None:
     """Remove what an earlier compare wrote in ``out``: the run folders its
     comparison.csv names (their results and checkpoints; a folder is removed
-    only once empty, so a user's files stay), its repeats, report and plots."""
+    only once empty, so a user's files stay), its repeats, report and plots.
+    Every folder to clear is checked writable first (``check_writable``):
+    one that is not refuses the compare in one line, nothing removed."""
+    folders = _previous_runs(out)
+    if folders is None:  # no earlier compare's table: nothing here is known to be its
+        return
+    for folder in folders:
+        for sub in (folder, folder / "checkpoints", folder / "tb"):
+            if sub.is_dir():
+                check_writable(sub)
+    for folder in folders:
+        _remove_run(folder)
+    _remove_empty(out / "repeats")
+    for name in COMPARE_FILES:
+        (out / name).unlink(missing_ok=True)
+
+
+def _previous_runs(out: Path) -> list[Path] | None:
+    """The run folders an earlier compare's comparison.csv names, with its
+    repeats', that hold a run (``_remove_run`` clears those); None where
+    there is no comparison.csv to read."""
     try:
         with open(out / "comparison.csv") as f:
             rows = list(csv.DictReader(f))
     except (OSError, csv.Error):
-        return
+        return None
+    folders = []
     for row in rows:
         name = row.get("strategy") or ""
         if not name or "/" in name or name.startswith("."):
             continue
-        folders = [out / name] + [out / "repeats" / f"{name}-{k}"
-                                  for k in range(2, int(row.get("repeats") or 1) + 1)]
-        for folder in folders:
-            _remove_run(folder)
-    _remove_empty(out / "repeats")
-    for name in COMPARE_FILES:
-        (out / name).unlink(missing_ok=True)
+        folders += [out / name] + [out / "repeats" / f"{name}-{k}"
+                                   for k in range(2, int(row.get("repeats") or 1) + 1)]
+    return [f for f in folders if (f / "summary.json").exists()]
 
 
 def _remove_run(folder: Path) -> None:

@@ -562,3 +562,37 @@ def test_compare_resume_keeps_a_diverged_run_and_writes_the_same_report(tmp_path
     assert back["checkpoint"] is None
     (tmp_path / "n" / "summary.json").write_text(to_json({"status": "failed", "final_loss": None}))
     assert read_summary(tmp_path / "n")["final_loss"] is None  # a failed run has none
+
+
+def _unwritable(folder):
+    """``folder`` made unwritable, also for root (chattr +i); the call that
+    makes it writable again. Skips where neither works."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return lambda: folder.chmod(0o755)
+    if shutil.which("chattr") is None or subprocess.run(
+            ["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("root, and chattr +i does not work here: no folder root cannot write")
+    return lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_compare_over_one_whose_run_folder_cannot_be_written_removes_nothing(tmp_path):
+    """An earlier compare's sync folder cannot be written: the new compare
+    is refused in one line naming it, before serial's folder (cleared
+    first before) or anything else of the earlier compare is removed."""
+    monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path, steps=20, backend="threads")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    writable = _unwritable(tmp_path / "sync")
+    try:
+        proc = run_cli("compare", "--problem", "exp", "--strategies", "serial,sync",
+                       "--steps", "20", "--out", str(tmp_path))
+    finally:
+        writable()
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"monsoon: error: cannot write the run folder {tmp_path / 'sync'}: ")
+    assert line.endswith("; choose another --out")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
