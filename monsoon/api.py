@@ -282,15 +282,13 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     lists them all); one that none of them takes is refused."""
     leave_if_re_running_main()
     resolved = check(problem, strategy, workers, out=out, shared=shared, **options)
-    run, problem, budget = resolved.run, resolved.problem, resolved.budget
+    run, problem = resolved.run, resolved.problem
     made = check_writable(Path(out)) if out is not None else []
     # the run holds its folder until it is written whole; another run's is refused
     lock = FolderLock(Path(out) if out is not None and getattr(
         resolved.engine, "writes_run_folder", True) else None)
     try:
-        w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
-        total = (budget.epochs * problem.n_examples if budget.epochs is not None
-                 else budget.steps * run['batch_size'])
+        w0, total = _start_point(resolved)
         # placed lazily, where each worker computes
         _devices.assign(problem, resolved.devices, run["precision"])
         try:
@@ -306,15 +304,13 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
 
 
 def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
-    run, rule, strat, engine = resolved.run, resolved.rule, resolved.strategy, resolved.engine
+    run, engine = resolved.run, resolved.engine
     virtual = engine.virtual_time
     recorder = Recorder(problem, total, run['target_loss'], evals=run['evals'],
                         progress=run['progress'], cost_aware=not virtual,
                         eval_share=run['eval_share'], tol=run['tol'],
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
-    found = check_resume(engine, problem, strat, rule, w0, resolved.processes,
-                         run['batch_size'], run['seed'])
-    _check_resumed_budget(found, resolved.budget, problem, total)
+    _checked_resume(resolved, w0, total)
     aside = None
     if out is not None and getattr(engine, "writes_run_folder", True):
         aside = _start_folder(Path(out), resolved, w0)
@@ -386,6 +382,37 @@ def _ending(exc: BaseException, resolved, out) -> str:
             not (Path(out) / "summary.json").exists():
         return "give_back"
     return "discard"
+
+
+def _start_point(resolved) -> tuple[np.ndarray, int]:
+    """The run's initial parameters and its budget in examples."""
+    run, problem, budget = resolved.run, resolved.problem, resolved.budget
+    w0 = problem.initial_params(run['seed']).astype(problem.dtype, copy=False)
+    total = (budget.epochs * problem.n_examples if budget.epochs is not None
+             else budget.steps * run['batch_size'])
+    return w0, total
+
+
+def _checked_resume(resolved, w0, total: int):
+    """The checkpoint the run's ``--resume`` takes (None: it resumes
+    nothing), or its refusal in one line (``CheckpointError``): another
+    run's, or more done than the budget holds."""
+    run = resolved.run
+    found = check_resume(resolved.engine, resolved.problem, resolved.strategy, resolved.rule,
+                         w0, resolved.processes, run['batch_size'], run['seed'])
+    _check_resumed_budget(found, resolved.budget, resolved.problem, total)
+    return found
+
+
+def check_resume_of(problem="exp", strategy: str = "serial", workers: int = 1, *, out,
+                    shared=frozenset(), **options):
+    """What ``train(..., out=out, resume=out)`` would resume from, checked
+    as ``train`` checks it before it starts (the checkpoint, or None), or
+    its one-line refusal, with nothing started or written: ``compare
+    --resume`` checks every run it would resume before any runs."""
+    resolved = check(problem, strategy, workers, out=out, shared=shared,
+                     **{**options, "resume": str(out)})
+    return _checked_resume(resolved, *_start_point(resolved))
 
 
 def _check_resumed_budget(found, budget, problem, total: int) -> None:

@@ -31,7 +31,8 @@ SIGINT during a strategy's run (``Interrupted``) ends the compare with the
 report of what ran, that strategy marked interrupted; ``resume`` (the
 compare's own folder, ``--resume OUT``) then keeps each run that ended
 under the same settings, resumes the interrupted one from its checkpoint
-(where its strategy writes them; else it runs again) and runs the rest. A
+(where its strategy writes them; else it runs again; one of other settings
+is refused before any run: ``_check_resumes``) and runs the rest. A
 strategy whose run fails (a lost worker sync needs: ``_failed_run``) is
 marked failed with its reason and the others still run; the compare then
 writes the report and raises ``RunFailed`` naming it, and ``--resume OUT``
@@ -48,7 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import Result, _first_line, _remove_empty as _remove_made, check, check_writable, train
+from .api import (Result, _first_line, _remove_empty as _remove_made, check, check_resume_of,
+                  check_writable, train)
 from .config import (RUN, check_compare_compress, check_error_feedback, for_strategy,
                      refuse_untaken, resolve)
 from .compressors.messages import by_strategy
@@ -119,11 +121,13 @@ def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, optio
     """Every strategy's turns, then the report; ``out`` is held."""
     if resume is None:  # bad options were refused above, before anything is removed
         _clear_previous(out)
+    else:  # a checkpoint this command cannot resume is refused before any run
+        _check_resumes(problem, strategies, counts, out, repeats, options, shared)
     results, turns, failed = {}, {s: [] for s in strategies}, {}
     try:
         for turn in range(repeats):
             for s in strategies:
-                folder = out / s if turn == 0 else out / "repeats" / f"{s}-{turn + 1}"
+                folder = _folder(out, s, turn)
                 n = counts[s]
                 given = for_strategy(options, s)
                 result = (_ended(folder, problem, s, n, given, shared) if resume is not None
@@ -147,6 +151,26 @@ def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, optio
     if failed:
         raise _failures(comparison, strategies, turns, failed)
     return comparison
+
+
+def _folder(out: Path, strategy: str, turn: int) -> Path:
+    """The run folder of ``strategy``'s turn ``turn`` (0: the first)."""
+    return out / strategy if turn == 0 else out / "repeats" / f"{strategy}-{turn + 1}"
+
+
+def _check_resumes(problem, strategies, counts, out: Path, repeats: int, options,
+                   shared) -> None:
+    """Every run ``--resume`` would carry on from its checkpoint
+    (``_resumable``) checked as its ``train`` will check it
+    (``check_resume_of``): one taken with other settings is refused in one
+    line before any run (else the runs before it would run again first, and
+    the report be left out of step with their folders)."""
+    for turn in range(repeats):
+        for s in strategies:
+            folder = _folder(out, s, turn)
+            if _resumable(folder):
+                check_resume_of(problem, s, counts[s], out=folder, shared=shared,
+                                **for_strategy(options, s))
 
 
 def _write(out: Path, strategies, results, turns, options) -> list[dict]:
@@ -305,8 +329,7 @@ def _previous_runs(out: Path) -> list[Path] | None:
         name = row.get("strategy") or ""
         if not name or "/" in name or name.startswith("."):
             continue
-        folders += [out / name] + [out / "repeats" / f"{name}-{k}"
-                                   for k in range(2, int(row.get("repeats") or 1) + 1)]
+        folders += [_folder(out, name, k) for k in range(int(row.get("repeats") or 1))]
     return [f for f in folders if (f / "summary.json").exists()]
 
 

@@ -596,3 +596,23 @@ def test_a_compare_over_one_whose_run_folder_cannot_be_written_removes_nothing(t
     assert line.startswith(f"monsoon: error: cannot write the run folder {tmp_path / 'sync'}: ")
     assert line.endswith("; choose another --out")
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_compare_resume_refuses_a_checkpoint_of_other_settings_before_any_run(tmp_path):
+    """sync's run was interrupted with checkpoints at lr 0.05; ``--resume``
+    at lr 0.02 is refused in one line naming the lr, before serial (ended
+    under other settings) runs again: serial's folder and the report stay
+    as they were."""
+    opts = dict(workers=2, steps=40, checkpoint_every=10, backend="threads", progress=False)
+    monsoon.compare("exp", "serial,sync", out=tmp_path, lr=0.05, **opts)
+    summary = json.loads((tmp_path / "sync" / "summary.json").read_text())
+    (tmp_path / "sync" / "summary.json").write_text(json.dumps(dict(summary,
+                                                                    status="interrupted")))
+    kept = {p: p.read_bytes() for p in (tmp_path / "serial" / "summary.json",
+                                        tmp_path / "report.md")}
+    with pytest.raises(monsoon.ConfigError) as info:
+        monsoon.compare("exp", "serial,sync", out=tmp_path, lr=0.02, resume=str(tmp_path),
+                        **opts)
+    assert "is from another run: its lr is 0.05, this run's is 0.02" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert {p: p.read_bytes() for p in kept} == kept
