@@ -616,3 +616,16 @@ def test_compare_resume_refuses_a_checkpoint_of_other_settings_before_any_run(tm
     assert "is from another run: its lr is 0.05, this run's is 0.02" in str(info.value)
     assert "\n" not in str(info.value)
     assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_compare_refuses_a_strategy_named_twice_in_compress(tmp_path):
+    """``--compress sync=topk:0.1,sync=sign`` is refused in one line, as
+    ``--strategies sync,sync`` is, before anything is written (the last
+    spec was taken silently)."""
+    proc = run_cli("compare", "--problem", "linear", "--strategies", "sync,async", "--compress",
+                   "sync=topk:0.1,sync=sign", "--steps", "2", "--out", str(tmp_path / "c"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "monsoon: error: --compress names sync twice (sync=topk:0.1,sync=sign); give each "
+        "strategy one spec, e.g. --compress sync=topk:0.01,async=sign"]
+    assert not (tmp_path / "c").exists()

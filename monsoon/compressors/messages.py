@@ -46,12 +46,16 @@ from ..server.reduce import finite
 
 def by_strategy(spec) -> dict | None:
     """``monsoon compare``'s ``--compress STRATEGY=SPEC,...`` as {strategy: spec};
-    None for one spec that every strategy takes."""
+    None for one spec that every strategy takes. A strategy named twice is
+    refused in one line, as ``--strategies sync,sync`` is."""
     if not isinstance(spec, str) or "=" not in spec:
         return None
     out = {}
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, _, one = part.partition("=")
+        if name.strip() in out:
+            raise ConfigError(f"--compress names {name.strip()} twice ({spec}); give each "
+                              "strategy one spec, e.g. --compress sync=topk:0.01,async=sign")
         out[name.strip()] = one.strip()
     return out
 
