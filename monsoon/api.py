@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import sys
 import time
 import uuid
@@ -244,7 +245,8 @@ def _resume_hint(resolved, out, what: str = "", checkpoint: bool = True) -> str:
         return f"; it cannot be carried on: {refusal}"
     if not checkpoint:
         return ""
-    return f"; to carry on{' ' + what if what else ''}, run the same command with --resume {out}"
+    return (f"; to carry on{' ' + what if what else ''}, run the same command with "
+            f"--resume {shlex.quote(str(out))}")  # a path with spaces pastes whole
 
 
 def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,

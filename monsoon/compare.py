@@ -43,6 +43,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
@@ -200,7 +201,8 @@ def _interrupted(err: Interrupted, out: Path, strategies, results, turns, option
                f"{', '.join(x for x in strategies if turns[x])} ({s} interrupted"
                f"{''.join(f', {f} failed' for f in failed)})"
                f"{'; not run: ' + ', '.join(left) if left else ''}; to carry on, run the same "
-               f"command with --resume {out} (the runs that ended are kept, {s} {again}"
+               f"command with --resume {shlex.quote(str(out))} (the runs that ended are kept, "
+               f"{s} {again}"
                f"{''.join(f', {f} {_again(x)}' for f, x in failed.items())})")
     new = Interrupted(message, err.signum, out)
     new.result = stopped
@@ -234,8 +236,8 @@ def _failures(comparison: Comparison, strategies, turns, failed: dict) -> RunFai
     err = RunFailed("; ".join(f"{f} failed: {x.get('error')}" for f, x in failed.items())
                     + f": {out / 'report.md'} has "
                     f"{', '.join(s for s in strategies if turns[s])} ({', '.join(failed)} "
-                    f"failed); to carry on, run the same command with --resume {out} (the "
-                    "runs that ended are kept, "
+                    f"failed); to carry on, run the same command with --resume "
+                    f"{shlex.quote(str(out))} (the runs that ended are kept, "
                     + ", ".join(f"{f} {_again(x)}" for f, x in failed.items()) + ")")
     err.run_dir = out
     err.comparison = comparison  # what the compare would have returned

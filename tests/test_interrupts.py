@@ -804,7 +804,7 @@ def test_an_interrupted_compare_reports_what_ran_and_its_resume_carries_it_on(tm
     from monsoon.errors import Interrupted
     from monsoon.monitor.lifecycle import StopSignals
 
-    out = tmp_path / "cmp"
+    out = tmp_path / "my cmp"  # a space: the command it names quotes the folder
     opts = dict(workers=2, epochs=EPOCHS, seed=0, evals=20, timeout=20, checkpoint_every=100,
                 progress=False)
 
@@ -821,8 +821,8 @@ def test_an_interrupted_compare_reports_what_ran_and_its_resume_carries_it_on(tm
     with pytest.raises(Interrupted) as info:
         monsoon.compare("exp", "serial,sync", out=out, **opts)
     message = str(info.value)
-    assert info.value.exit_code == 130 and f"--resume {out}" in message
-    assert f"--resume {out / 'sync'}" not in message and "during sync" in message
+    assert info.value.exit_code == 130 and f"--resume '{out}' (the runs" in message
+    assert f"{out / 'sync'}'" not in message and "during sync" in message
     report = (out / "report.md").read_text()
     assert "| serial | 1 |" in report and "| sync | 2 |" in report
     assert "**sync was interrupted before its budget" in report

@@ -478,7 +478,7 @@ def test_a_failed_strategy_is_reported_the_others_run_and_resume_carries_it_on(t
     from monsoon.errors import RunFailed
     from monsoon.problems import make_problem
 
-    out = tmp_path / "cmp"
+    out = tmp_path / "my cmp"  # a space: the command it names quotes the folder
     opts = dict(workers=2, epochs=5, seed=0, timeout=20, progress=False, checkpoint_every=10)
     faulty = FaultyProblem(make_problem("exp"), "raise", rank=1, after=40)  # of 80 steps
     faulty.defaults = faulty.inner.defaults  # it trains as exp does: serial's run is exp's
@@ -486,7 +486,7 @@ def test_a_failed_strategy_is_reported_the_others_run_and_resume_carries_it_on(t
         monsoon.compare(faulty, "sync,serial", out=out, **opts)
     message = str(info.value)
     assert message.startswith("sync failed: worker 1") and "injected failure" in message
-    assert f"--resume {out} " in message and f"--resume {out / 'sync'}" not in message
+    assert f"--resume '{out}' (the runs" in message and f"{out / 'sync'}'" not in message
     assert "sync resumes from its checkpoint" in message
     assert json.loads((out / "serial" / "summary.json").read_text())["status"] == "finished"
     with open(out / "comparison.csv") as f:
@@ -629,3 +629,16 @@ def test_compare_refuses_a_strategy_named_twice_in_compress(tmp_path):
         "monsoon: error: --compress names sync twice (sync=topk:0.1,sync=sign); give each "
         "strategy one spec, e.g. --compress sync=topk:0.01,async=sign"]
     assert not (tmp_path / "c").exists()
+
+
+def test_the_command_that_carries_a_run_on_quotes_its_folder():
+    """A stopped run's "run the same command with --resume OUT" pastes
+    whole into a shell where OUT has spaces or quotes."""
+    from monsoon.api import _resume_hint, check
+
+    for out in ("runs/x", "my runs/x", "it's"):
+        hint = _resume_hint(check("exp", "serial", 1), out)
+        assert hint.startswith("; to carry on, run the same command with --resume ")
+        pasted = subprocess.run(["sh", "-c", "printf '%s|' " + hint.rpartition("--resume ")[2]],
+                                capture_output=True, text=True).stdout
+        assert pasted == out + "|"  # one word, the folder
