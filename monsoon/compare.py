@@ -22,11 +22,12 @@ Short single runs vary from one to the next on a busy machine;
 bench/quick_start.py measures how much for the quick start's report.
 
 A new compare in a folder an earlier one wrote first removes what that one
-wrote (the run folders its comparison.csv names, their repeats, its report
-and plots: ``_clear_previous``; where one of those folders cannot be
-written, nothing: it is refused in one line), never other files there. A
-compare holds its folder while it runs (``FolderLock``, as each strategy's
-run holds ``OUT/STRATEGY``): a second compare on it is refused in one line. SIGTERM or
+wrote (its run folders, also those a ``--resume`` with fewer strategies left
+out of comparison.csv, kept in ``RUNS``; its report and plots:
+``_clear_previous``; where one of those folders cannot be written, nothing:
+it is refused in one line), never other files there. A compare holds its
+folder while it runs (``FolderLock``; each strategy's run holds
+``OUT/STRATEGY``): a second compare on it is refused in one line. SIGTERM or
 SIGINT during a strategy's run (``Interrupted``) ends the compare with the
 report of what ran, that strategy marked interrupted; ``resume`` (the
 compare's own folder, ``--resume OUT``) then keeps each run that ended
@@ -59,6 +60,7 @@ from .errors import ConfigError, Interrupted, MonsoonError, RunFailed
 from .monitor.lifecycle import signal_name
 from .monitor.processes import leave_if_re_running_main
 from .record.checkpoints import checkpoint_files
+from .record.atomic import atomic_write
 from .record.folder_lock import FolderLock
 from .record.report import write_comparison
 from .record.run_folder import clear_results, read_metrics, read_summary, to_json
@@ -125,10 +127,13 @@ def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, optio
     else:  # a checkpoint this command cannot resume is refused before any run
         _check_resumes(problem, strategies, counts, out, repeats, options, shared)
     results, turns, failed = {}, {s: [] for s in strategies}, {}
+    # a --resume with fewer strategies keeps the others' in RUNS, for a later compare to clear
+    written = (_written(out) or {}) if resume is not None else {}
     try:
         for turn in range(repeats):
             for s in strategies:
                 folder = _folder(out, s, turn)
+                _note_written(out, written, s, turn)
                 n = counts[s]
                 given = for_strategy(options, s)
                 result = (_ended(folder, problem, s, n, given, shared) if resume is not None
@@ -294,18 +299,23 @@ def _resumable(folder: Path) -> bool:
             and bool(checkpoint_files(folder / "checkpoints")))
 
 
-COMPARE_FILES = ("comparison.csv", "comparison.png", "report.md", "staleness.png")
+RUNS = ".compare-runs.json"  # every run folder the compare in OUT wrote, resumes included
+COMPARE_FILES = ("comparison.csv", "comparison.png", "report.md", "staleness.png", RUNS)
 
 
 def _clear_previous(out: Path) -> None:
-    """Remove what an earlier compare wrote in ``out``: the run folders its
-    comparison.csv names (their results and checkpoints; a folder is removed
-    only once empty, so a user's files stay), its repeats, report and plots.
-    Every folder to clear is checked writable first (``check_writable``):
-    one that is not refuses the compare in one line, nothing removed."""
-    folders = _previous_runs(out)
-    if folders is None:  # no earlier compare's table: nothing here is known to be its
+    """Remove what an earlier compare wrote in ``out``: the run folders it
+    wrote (``_written``: those its comparison.csv names, and those of
+    strategies a ``--resume`` with fewer left out of it; their results and
+    checkpoints; a folder is removed only once empty, so a user's files
+    stay), its repeats, report and plots. Every folder to clear is checked
+    writable first (``check_writable``): one that is not refuses the
+    compare in one line, nothing removed."""
+    written = _written(out)
+    if written is None:  # no earlier compare's table: nothing here is known to be its
         return
+    folders = [_folder(out, name, k) for name, turns in written.items() for k in range(turns)]
+    folders = [f for f in folders if (f / "summary.json").exists()]
     for folder in folders:
         for sub in (folder, folder / "checkpoints", folder / "tb"):
             if sub.is_dir():
@@ -317,22 +327,40 @@ def _clear_previous(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def _previous_runs(out: Path) -> list[Path] | None:
-    """The run folders an earlier compare's comparison.csv names, with its
-    repeats', that hold a run (``_remove_run`` clears those); None where
-    there is no comparison.csv to read."""
+def _written(out: Path) -> dict[str, int] | None:
+    """The strategies an earlier compare in ``out`` ran, each with its
+    number of turns: those its comparison.csv names and those ``RUNS``
+    keeps; None where there is neither."""
+    runs, seen = [], False
     try:
         with open(out / "comparison.csv") as f:
-            rows = list(csv.DictReader(f))
+            runs += [(r.get("strategy"), r.get("repeats")) for r in csv.DictReader(f)]
+        seen = True
     except (OSError, csv.Error):
+        pass
+    try:
+        runs += list(json.loads((out / RUNS).read_text()).items())
+        seen = True
+    except (OSError, ValueError, AttributeError):
+        pass
+    if not seen:
         return None
-    folders = []
-    for row in rows:
-        name = row.get("strategy") or ""
-        if not name or "/" in name or name.startswith("."):
-            continue
-        folders += [_folder(out, name, k) for k in range(int(row.get("repeats") or 1))]
-    return [f for f in folders if (f / "summary.json").exists()]
+    found = {}
+    for name, turns in runs:
+        if isinstance(name, str) and name and "/" not in name and not name.startswith("."):
+            try:
+                found[name] = max(found.get(name, 1), int(turns or 1))
+            except (TypeError, ValueError):
+                found.setdefault(name, 1)
+    return found
+
+
+def _note_written(out: Path, written: dict, strategy: str, turn: int) -> None:
+    """``strategy``'s turn ``turn`` (0: the first) added to ``RUNS``, before
+    its run writes its folder."""
+    if written.get(strategy, 0) < turn + 1:
+        written[strategy] = turn + 1
+        atomic_write(out / RUNS, json.dumps(written) + "\n")
 
 
 def _remove_run(folder: Path) -> None:

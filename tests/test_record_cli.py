@@ -642,3 +642,20 @@ def test_the_command_that_carries_a_run_on_quotes_its_folder():
         pasted = subprocess.run(["sh", "-c", "printf '%s|' " + hint.rpartition("--resume ")[2]],
                                 capture_output=True, text=True).stdout
         assert pasted == out + "|"  # one word, the folder
+
+
+def test_a_strategy_a_resume_left_out_is_cleared_by_the_next_compare(tmp_path):
+    """serial,sync,hogwild, then ``--resume`` with serial,sync (comparison.csv
+    then names those two): a later compare there still clears hogwild's
+    folder, which the first compare wrote; a folder no compare wrote stays."""
+    opts = dict(workers=2, steps=20, backend="threads", progress=False)
+    monsoon.compare("exp", "serial,sync,hogwild", out=tmp_path, **opts)
+    monsoon.compare("exp", "serial,sync", out=tmp_path, resume=str(tmp_path), **opts)
+    with open(tmp_path / "comparison.csv") as f:
+        assert [r["strategy"] for r in csv.DictReader(f)] == ["serial", "sync"]
+    assert (tmp_path / "hogwild" / "summary.json").exists()
+    monsoon.train("exp", "async", 2, steps=20, backend="threads", out=tmp_path / "async")
+    monsoon.compare("exp", "serial", out=tmp_path, **opts)
+    assert not (tmp_path / "hogwild").exists() and not (tmp_path / "sync").exists()
+    assert (tmp_path / "async" / "summary.json").exists()  # a train of the user's own
+    assert (tmp_path / "serial" / "summary.json").exists()
