@@ -19,7 +19,8 @@ import re
 import sys
 
 from . import __version__
-from .config import RUN, RUN_OPTIONS, SIMULATE_DEFAULTS, registries
+from .config import (COMPARE_DEFAULTS, REPEATS_HELP, RUN, RUN_OPTIONS, SIMULATE_DEFAULTS,
+                     registries)
 from .errors import ConfigError, Interrupted, MonsoonError, TrainingDiverged
 from .options import Option, declared
 
@@ -131,12 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--out", default=None, help="run folder (default runs/sim-PROBLEM-STRATEGY)")
     _common(simulate, sim["problem"], sim["workers"], engine=sim["engine"])
     compare = sub.add_parser("compare", help="the same problem under several strategies")
-    compare.add_argument("--strategies", default="serial,sync,async,hogwild",
-                         help="comma-separated (default serial,sync,async,hogwild)")
+    strategies = ",".join(COMPARE_DEFAULTS["strategies"])
+    compare.add_argument("--strategies", default=strategies,
+                         help=f"comma-separated (default {strategies})")
     compare.add_argument("--out", default=None, help="output folder (default runs/compare-PROBLEM)")
-    compare.add_argument("--repeats", type=int, default=1,
-                         help="run every strategy this many times, in rotation, and report "
-                              "the median speeds and their ranges (default 1)")
+    compare.add_argument("--repeats", type=int, default=COMPARE_DEFAULTS["repeats"],
+                         help=f"{REPEATS_HELP} (default {COMPARE_DEFAULTS['repeats']})")
     _common(compare, "exp", 2)
     sub.add_parser("options", help="print every option as Markdown tables, by component")
     parser.commands = sub.choices  # name -> its parser, for refusals in its name

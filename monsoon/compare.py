@@ -53,8 +53,8 @@ import numpy as np
 
 from .api import (Result, _first_line, _remove_empty as _remove_made, check, check_resume_of,
                   check_writable, train)
-from .config import (RUN, check_compare_compress, check_error_feedback, for_strategy,
-                     refuse_untaken, resolve)
+from .config import (COMPARE_DEFAULTS, RUN, check_compare_compress, check_error_feedback,
+                     for_strategy, refuse_untaken, resolve)
 from .compressors.messages import by_strategy
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed
 from .monitor.lifecycle import signal_name
@@ -74,8 +74,9 @@ class Comparison:
     out: Path
 
 
-def compare(problem="exp", strategies=("serial", "sync", "async", "hogwild"), workers: int = 2,
-            out="runs/compare", repeats: int = 1, **options) -> Comparison:
+def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: int = 2,
+            out="runs/compare", repeats: int = COMPARE_DEFAULTS["repeats"],
+            **options) -> Comparison:
     leave_if_re_running_main()  # a worker re-running an unguarded script clears nothing
     if isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]

@@ -71,6 +71,8 @@ RUN_OPTIONS = (
            "this share of the run's time (and at least 5 s); past it, rows are thinned evenly",
            check=positive),
     Option("out", str, None, "run folder (the command line's default: runs/PROBLEM-STRATEGY; "
+           "simulate: runs/sim-PROBLEM-STRATEGY; compare: its own folder, "
+           "runs/compare-PROBLEM, with each strategy's run in OUT/STRATEGY; "
            "monsoon.train writes none unless given); a run there replaces the previous run's "
            "results, and checkpoints of another run (set aside when it starts, given back "
            "if it is refused); a folder another run is using is refused (exit 2)"),
@@ -89,6 +91,10 @@ RUN = {o.name: o for o in RUN_OPTIONS}
 # cluster wants more workers, and more examples to share among them); it
 # runs on the sim engine only, so its help shows no --engine.
 SIMULATE_DEFAULTS = {"engine": "sim", "strategy": "async", "problem": "logistic", "workers": 64}
+# ``monsoon compare``'s own: its --strategies and --repeats (docs/options.md lists them)
+COMPARE_DEFAULTS = {"strategies": ("serial", "sync", "async", "hogwild"), "repeats": 1}
+REPEATS_HELP = ("run every strategy this many times, in rotation, and report the median "
+                "speeds and their ranges")
 
 
 def registries() -> dict:

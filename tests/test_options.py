@@ -162,10 +162,21 @@ def test_readme_option_tables_are_current():
 
 
 def test_readme_option_tables_match_train_help():
-    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
-    in_help = set(re.findall(r"(--[a-z][a-z-]*)", help_text)) - {"--help"}
-    in_readme = set(re.findall(r"`(--[a-z][a-z-]*)", _readme_tables())) - {"--strategies"}
-    assert in_help == in_readme
+    """Every flag of train's help and of compare's, and no other, is in
+    the tables (compare's own, --strategies and --repeats, with its defaults)."""
+    commands = build_parser()._subparsers._group_actions[0].choices
+
+    def flags(command):
+        return set(re.findall(r"(--[a-z][a-z-]*)", commands[command].format_help())) - {"--help"}
+
+    compare_only = flags("compare") - flags("train")
+    assert compare_only == {"--strategies", "--repeats"}
+    in_readme = set(re.findall(r"`(--[a-z][a-z-]*)", _readme_tables()))
+    assert flags("train") | compare_only == in_readme
+    assert "`compare`: serial,sync,async,hogwild) |" in _readme_tables()
+    assert "| `--repeats REPEATS` (`compare` only) | 1 |" in _readme_tables()
+    args = commands["compare"].parse_args([])
+    assert (args.strategies, args.repeats) == ("serial,sync,async,hogwild", 1)
 
 
 def test_simulate_help_offers_only_what_simulate_takes(tmp_path):
@@ -191,7 +202,7 @@ def test_simulate_help_offers_only_what_simulate_takes(tmp_path):
     for word in ("strategy", "problem", "workers"):
         assert f"(default {sim[word]}" in " ".join(help_text.split())
     tables = _readme_tables()
-    assert f"| serial (`simulate`: {sim['strategy']}) |" in tables
+    assert f"| serial (`simulate`: {sim['strategy']}; " in tables
     assert f"| exp (`simulate`: {sim['problem']}) |" in tables
     assert f"| 2 (`simulate`: {sim['workers']}; " in tables
     assert f"| local (`simulate`: {sim['engine']}) |" in tables
