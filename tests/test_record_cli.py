@@ -659,3 +659,33 @@ def test_a_strategy_a_resume_left_out_is_cleared_by_the_next_compare(tmp_path):
     assert not (tmp_path / "hogwild").exists() and not (tmp_path / "sync").exists()
     assert (tmp_path / "async" / "summary.json").exists()  # a train of the user's own
     assert (tmp_path / "serial" / "summary.json").exists()
+
+
+def test_the_report_without_serial_keeps_the_notes_that_do_not_need_it():
+    """A compare of sync and async with repeats: the report still says its
+    speeds are medians and how stale async's updates were (it said
+    neither without a serial row), and nothing against serial; with
+    serial, the throughput line says it is a median of examples/s and the
+    medians note that a speedup is the median of each turn's ratio."""
+    from monsoon.record.report import comparison_rows, explain, report_markdown
+
+    sync = [_summary("sync", v) for v in (90.0, 110.0)]
+    stale = {"mean": 0.8, "max": 11}
+    async_ = [dict(_summary("async", v), staleness=stale) for v in (80.0, 120.0)]
+    text = "\n".join(explain(comparison_rows([sync, async_])))
+    assert "- Speeds are medians over 2 turns of every strategy" in text
+    assert "- async: updates were computed on parameters 0.8 updates old on average (max " \
+        "11)." in text
+    assert "serial" not in text
+    one = "\n".join(explain(comparison_rows([sync[:1], async_[:1]])))
+    assert "Speeds come from one short run of each strategy" in one and "serial" not in one
+    # hogwild's median speed is serial's times 1.1, its speedup the median of
+    # its turns' ratios (1.1, 0.917, 0.875): both said, each for what it is
+    serial = [_summary("serial", v) for v in (100.0, 120.0, 80.0)]
+    hogwild = [_summary("hogwild", v) for v in (110.0, 110.0, 70.0)]
+    rows = comparison_rows([serial, hogwild])
+    assert rows[1]["examples_per_s"] == 110.0 and rows[1]["speedup_vs_serial"] < 1
+    report = report_markdown("exp", rows, None)
+    assert "- Highest throughput: **hogwild** (median over 3 turns: 110 examples/s)." in report
+    assert "Each speedup is the median of its turns' ratios to serial's run of the same " \
+        "turn" in report

@@ -166,8 +166,9 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
         best = min(finite, key=lambda r: r["final_loss"])
         fastest = max(finite, key=lambda r: r["examples_per_s"] or 0)
         lines.append(f"- Lowest final loss: **{best['strategy']}** ({_fmt(best['final_loss'])}).")
+        median = f"median over {fastest['repeats']} turns: " if fastest["repeats"] > 1 else ""
         lines.append(f"- Highest throughput: **{fastest['strategy']}** "
-                     f"({_fmt(fastest['examples_per_s'], 4)} examples/s).")
+                     f"({median}{_fmt(fastest['examples_per_s'], 4)} examples/s).")
         reached = [r for r in finite if r["time_to_target_s"] is not None]
         if target is not None:
             if reached:
@@ -221,24 +222,30 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
 
 
 def explain(rows: list[dict]) -> list[str]:
-    """Why the winners won: plain-language readings of the numbers."""
+    """Why the winners won: plain-language readings of the numbers. Those
+    against serial need a serial run that measured its time; the others
+    (medians, short runs, staleness) are read without one."""
     out = []
     base = next((r for r in rows if r["strategy"] == "serial"), None)
-    if base is None or not base["updates"] or base["wall_time_s"] is None:
-        return out  # no serial run that measured its time (it failed): nothing to read
-    step_s = base["wall_time_s"] / base["updates"]
-    turns = base["repeats"]
+    if base is not None and (not base["updates"] or base["wall_time_s"] is None):
+        base = None  # a serial run that measured no time (it failed): nothing to read against
+    turns = max((r["repeats"] for r in rows), default=1)
     others = [r for r in rows if r["strategy"] != "serial" and r["speedup_vs_serial"]]
     if turns > 1:  # a range that holds 1.0 is a tie
         slower = [r["strategy"] for r in others if r["speedup_max"] < 1.0]
         ties = [r["strategy"] for r in others if r["speedup_min"] <= 1.0 <= r["speedup_max"]]
         out.append(f"- Speeds are medians over {turns} turns of every strategy, run in "
                    "rotation (their ranges in brackets); the other columns and the curves "
-                   "are the first turn's.")
+                   "are the first turn's."
+                   + (" Each speedup is the median of its turns' ratios to serial's run of "
+                      "the same turn, so it can differ from the ratio of the median speeds."
+                      if others else ""))
     else:
         slower = [r["strategy"] for r in others if r["speedup_vs_serial"] < 1.0]
         ties = []
-        if not base["simulated"] and base["wall_time_s"] < SHORT_RUN_S:
+        timed = [r for r in rows if r["wall_time_s"] is not None]
+        ref = base or max(timed, key=lambda r: r["wall_time_s"], default=None)
+        if ref is not None and not ref["simulated"] and ref["wall_time_s"] < SHORT_RUN_S:
             out.append("- Speeds come from one short run of each strategy: on a busy machine, "
                        "runs of a second or two can differ by 20-30% from one to the next. "
                        "`--repeats 3` runs each three times in rotation and reports medians "
@@ -246,22 +253,23 @@ def explain(rows: list[dict]) -> list[str]:
     if ties:
         out.append(f"- {', '.join(ties)}: as fast as serial within the range of {turns} turns "
                    "(a tie on this machine).")
-    if slower and _finished(base):  # a stopped serial's speed explains nothing
+    if slower and base is not None and _finished(base):  # a stopped serial: nothing to read
         what = (" (one example: sparse serial's per-example loop)"
                 if base.get("per_example_loop") else "")
         out.append(f"- {', '.join(slower)} ran slower than serial. One serial update{what} "
-                   f"costs {_duration(step_s)} here, too little work to share: coordinating "
-                   "workers "
+                   f"costs {_duration(base['wall_time_s'] / base['updates'])} here, too little "
+                   "work to share: coordinating workers "
                    "(barriers, locks, contention for memory and cores) costs about as much as "
                    "it saves. Parallel strategies pay off when an update costs milliseconds "
                    "(a larger model or batch) or when gradients are sparse (Hogwild!).")
-    out += _spark_jobs(others, base)
+    out += _spark_jobs(others, base) if base is not None else []
     for r in rows:
         if r["staleness_mean"]:  # any strategy whose updates came stale, by its figures
             out.append(f"- {r['strategy']}: updates were computed on parameters "
                        f"{r['staleness_mean']:.2g} updates old on average (max "
-                       f"{r['staleness_max']}){_staleness_verdict(r, base)}.")
-        if r["strategy"] == "sync" and base["final_loss"] is not None \
+                       f"{r['staleness_max']})"
+                       f"{_staleness_verdict(r, base) if base is not None else ''}.")
+        if r["strategy"] == "sync" and base is not None and base["final_loss"] is not None \
                 and r.get("compress") in (None, "none") \
                 and _same_steps(r, base):  # compressed, or other steps: its gradients differ
             out.append(_sync_against_serial(r, base))
