@@ -17,8 +17,31 @@ def test_sim_sync_equals_local_sync_and_serial():
     sim = monsoon.train("exp", "sync", 3, engine="sim", **opts)
     assert np.array_equal(sim.params, local.params)
     np.testing.assert_allclose(sim.params, serial.params, rtol=1e-9, atol=1e-12)
-    assert sim.summary["wall_time_s"] == pytest.approx(20 * 1e-3)  # 20 steps of 1 ms
-    assert sim.summary["utilization"]["workers"] == pytest.approx(1.0)
+    # 20 steps, each as long as the largest slice (86 of 256 examples) of 1 ms
+    assert sim.summary["wall_time_s"] == pytest.approx(20 * 1e-3 * 86 / 256)
+    assert sim.summary["utilization"]["workers"] == pytest.approx(256 / (3 * 86))
+
+
+def test_a_gradient_costs_compute_s_times_its_share_of_the_batch():
+    """``--compute-s`` is a gradient over ``--batch-size`` examples. Every
+    gradient cost all of it, so a sync worker's 1/8 slice took as long as
+    serial's whole batch: ``compare --engine sim --problem linear --strategies
+    serial,sync,async --workers 8`` gave sync x8 a speedup of exactly 1 (async
+    7.94). Now sync on N workers takes 1/N of serial's time; async, whose
+    workers each take a whole batch, is unchanged."""
+    from monsoon.engines.sim.delays import DelayModel
+
+    opts = dict(engine="sim", steps=40, batch_size=256, seed=0, sim_compute_s=2e-3)
+    serial = monsoon.train("linear", "serial", **opts).summary["simulated_time_s"]
+    sync = monsoon.train("linear", "sync", 8, **opts).summary["simulated_time_s"]
+    asynchronous = monsoon.train("linear", "async", 8, **opts).summary["simulated_time_s"]
+    assert serial == pytest.approx(40 * 2e-3)
+    assert sync == pytest.approx(serial / 8)
+    assert asynchronous == pytest.approx(40 / 8 * 2e-3)  # 5 whole batches each
+    # the lognormal draw is kept as it was, scaled by the share
+    model = DelayModel(compute_sigma=0.5)
+    whole = model.compute_time(np.random.default_rng(1), 0, 4)
+    assert model.compute_time(np.random.default_rng(1), 0, 4, 0.25) == pytest.approx(whole / 4)
 
 
 @pytest.mark.parametrize("strategy,options", [
@@ -41,13 +64,16 @@ def test_same_seed_same_run(tmp_path, strategy, options):
 
 
 def test_adarevision_beats_adagrad_at_delays_of_a_thousand_updates():
-    """McMahan & Streeter 2014: with 1000 asynchronous workers each gradient
+    """McMahan & Streeter 2014: with 1024 asynchronous workers each gradient
     is ~1000 updates stale; AdaGrad applied to stale gradients falls behind.
     (8,000 updates: the mean staleness is past 900 once the first thousand,
-    less stale, are a small part of the run.)"""
+    less stale, are a small part of the run. 1024 workers: each holds 16 of
+    the 16,384 examples, one whole batch; 1000 hold 16 or 17, a batch of 16
+    and one of 1, which costs 1/16 of a gradient, so fewer updates land
+    while it is computed.)"""
     common = dict(engine="sim", steps=8000, lr=0.3, seed=0, sim_compute_sigma=0.3, shards=1)
-    adagrad = monsoon.train("logistic", "async", 1000, rule="adagrad", **common).summary
-    adarevision = monsoon.train("logistic", "async", 1000, rule="adarevision", **common).summary
+    adagrad = monsoon.train("logistic", "async", 1024, rule="adagrad", **common).summary
+    adarevision = monsoon.train("logistic", "async", 1024, rule="adarevision", **common).summary
     assert adagrad["staleness"]["mean"] > 900
     assert adarevision["final_loss"] < 0.8 * adagrad["final_loss"]
 

@@ -1,7 +1,9 @@
 """The sim engine's model of a cluster's time.
 
-- Compute: each gradient takes ``compute_s`` seconds, constant or lognormal
-  (``compute_sigma`` > 0, the spread of log-time, mean kept at compute_s).
+- Compute: ``compute_s`` is the time of one gradient over a whole batch
+  (``--batch-size`` examples); a gradient over k examples takes ``compute_s
+  * k / batch_size`` (a sync worker's 1/N slice, 1/N of it), constant or
+  lognormal (``compute_sigma`` > 0, the spread of log-time, mean kept).
   Stragglers: with probability ``straggler_p`` a step is
   ``straggler_factor`` times slower, and a fraction ``slow_fraction`` of the
   workers (the highest ranks) are always that much slower.
@@ -63,7 +65,9 @@ def _stage_check(text: str):
 
 # The delay model's options: keyword sim_X, flag --X (sim_bandwidth: --bandwidth).
 OPTIONS = (
-    Option("sim_compute_s", float, 1e-3, "seconds per gradient", flag="--compute-s",
+    Option("sim_compute_s", float, 1e-3, "seconds of one gradient over --batch-size examples "
+           "(a gradient over k examples takes k / --batch-size of it: a sync worker's slice "
+           "of N, 1/N)", flag="--compute-s",
            label="compute time", check=_NOT_NEGATIVE),
     Option("sim_compute_sigma", float, 0.0, "lognormal spread of compute time (0: constant; "
            "at most 3, past which a run rarely meets the draws that keep the mean)",
@@ -135,8 +139,11 @@ class DelayModel:
     def slow_workers(self, workers: int) -> int:
         return int(round(self.slow_fraction * workers))
 
-    def compute_time(self, rng: np.random.Generator, rank: int, workers: int) -> float:
-        t = self.compute_s
+    def compute_time(self, rng: np.random.Generator, rank: int, workers: int,
+                     share: float = 1.0) -> float:
+        """Seconds of one gradient of worker ``rank``: ``compute_s`` times
+        ``share`` (its examples over the batch size), drawn and slowed."""
+        t = self.compute_s * share
         if self.compute_sigma > 0:  # lognormal with mean compute_s
             s = self.compute_sigma
             t *= math.exp(rng.normal(-0.5 * s * s, s))

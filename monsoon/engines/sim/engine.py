@@ -9,10 +9,10 @@ otherwise), so staleness effects are exact. Time is simulated by
 bandwidth, and parameter-server shards that serve one request at a time.
 
 How each op spends virtual time:
-- ``Gradient``: computed now, the worker resumes after its compute time.
-  A Hogwild! worker instead reads the shared vector shard by shard over its
-  compute time (inconsistent reads: others' writes land mid-read) and takes
-  the gradient on what it read.
+- ``Gradient``: computed now, resumed after k / batch_size of ``--compute-s``
+  for k examples. A Hogwild! worker instead reads the shared vector shard by
+  shard over that time (inconsistent reads: others' writes land mid-read)
+  and takes the gradient on what it read.
 - ``Apply`` (Hogwild!): applied to the shared parameters now.
 - ``Fetch`` / ``Push`` / ``Elastic``: a message to every shard; each shard
   queues requests and serves them in arrival order (the read or the update
@@ -175,6 +175,7 @@ class SimEngine(Engine):
             raise ConfigError(f"--stage-compute-s gives pipeline stages' times; the "
                               f"{strategy.name} strategy has no stages: use --compute-s")
         t_real = time.perf_counter()
+        self.batch_size = batch_size  # --compute-s is a gradient over this many examples
         self._set_up_server(problem, rule, strategy, w0, workers, seed)
         # the ops that take virtual time, ``(worker, op)``; each worker binds them
         self.handlers = {Gradient: self._gradient, Apply: self._apply, Fetch: self._fetch,
@@ -409,16 +410,22 @@ class SimEngine(Engine):
                 return self._inconsistent_read(w, op)
         loss, grad = self.problem.gradient(w.work, op.indices)
         self._took(w, loss, grad, len(op.indices), op.weight)
-        dt = self.delays.compute_time(self.rng, w.rank, self.W)
+        dt = self._compute_time(w, op)
         w.busy += dt
         self._at(self.now + dt, self._resume, w, (loss, w.grad))
         return WAIT
+
+    def _compute_time(self, w, op) -> float:
+        """``op``'s compute seconds: ``--compute-s`` is a gradient over
+        ``--batch-size`` examples, so a slice of k costs k / batch_size of it."""
+        return self.delays.compute_time(self.rng, w.rank, self.W,
+                                        len(op.indices) / self.batch_size)
 
     def _inconsistent_read(self, w, op):
         """Hogwild!: the worker reads the shared vector while it computes, so
         shard s is read at t + dt * s / S and other workers' writes land in
         the middle of its read; the gradient is taken on what it read."""
-        dt = self.delays.compute_time(self.rng, w.rank, self.W)
+        dt = self._compute_time(w, op)
         w.busy += dt
         if w.snapshot is None:
             w.snapshot = np.empty_like(self.params)
