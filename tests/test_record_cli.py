@@ -135,6 +135,44 @@ def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
         assert "sync ran slower than serial" in text and "--repeats" not in text
 
 
+def test_the_report_explains_a_simulated_slowdown_by_the_delay_model():
+    """The docs' sim compare (64 workers, batch 256, --straggler-p 0.05) said
+    "sync ran slower than serial. One serial update costs 1.47 ms here, too
+    little work to share: coordinating workers (barriers, locks, contention
+    for memory and cores)...": the sim has no locks or cores. A simulated
+    run is now explained by its delay model, as its summary records it."""
+    from monsoon.record.report import comparison_rows, explain
+
+    delays = {"compute_s": 1e-3, "compute_sigma": 0.0, "straggler_p": 0.05,
+              "straggler_factor": 10.0, "slow_fraction": 0.0, "latency_s": 2e-4,
+              "bandwidth_Bps": 0.0, "service_s": 0.0, "stage_compute_s": None}
+    sim = dict(simulated_time_s=0.147, wall_time_s=0.147, batch_size=256, delays=delays)
+    rows = comparison_rows([[dict(_summary("serial", 100.0), **sim)],
+                            [dict(_summary("sync", 68.0), workers=64, **sim)]])
+    text = "\n".join(explain(rows))
+    assert "- sync ran slower than serial in this simulation" in text
+    assert "one serial update costs 1.47 ms of simulated time" in text
+    for figure in ("whole batch of 256 examples takes 1 ms (--compute-s)",
+                   "0.05 of steps are 10x slower (--straggler-p)", "all of 64 workers",
+                   "96% of steps", "every message takes 200 us (--latency-s)"):
+        assert figure in text, figure
+    for word in ("locks", "cores", "barriers", "--service-s", "--bandwidth"):
+        assert word not in text, word
+
+
+def test_the_local_slowdown_names_no_threshold_below_the_cost_it_names():
+    """A 1.22 ms serial update was "too little work to share", and the next
+    sentence said parallel strategies "pay off when an update costs
+    milliseconds": the threshold is now said against the cost named."""
+    from monsoon.record.report import comparison_rows, explain
+
+    serial = dict(_summary("serial", 100.0), wall_time_s=0.122)
+    text = "\n".join(explain(comparison_rows([[serial], [_summary("sync", 95.0)]])))
+    assert "One serial update costs 1.22 ms here, too little work to share" in text
+    assert "pay off when an update costs many times that" in text
+    assert "costs milliseconds" not in text
+
+
 def test_the_report_says_when_a_speedup_over_serial_on_spark_is_its_jobs_saved():
     """On Spark, serial runs one Spark job a step and sync one barrier stage:
     a speedup beyond the workers is then the jobs saved, and the report

@@ -75,7 +75,7 @@ def comparison_rows(runs: list[list[dict]]) -> list[dict]:
                                               "batch_size", "per_example_loop", "status",
                                               "late_gradients", "backup_workers",
                                               "error", "spark_jobs", "buffers",
-                                              "random_draws")}})
+                                              "random_draws", "delays")}})
     return rows
 
 
@@ -253,15 +253,20 @@ def explain(rows: list[dict]) -> list[str]:
     if ties:
         out.append(f"- {', '.join(ties)}: as fast as serial within the range of {turns} turns "
                    "(a tie on this machine).")
-    if slower and base is not None and _finished(base):  # a stopped serial: nothing to read
+    read = slower and base is not None and _finished(base)  # a stopped serial: nothing to read
+    step_s = base["wall_time_s"] / base["updates"] if read else None
+    if read and base["simulated"]:  # the delay model's time
+        workers = max(r["workers"] for r in others if r["strategy"] in slower)
+        out.append(_simulated_slower(slower, base, step_s, workers))
+    elif read:
         what = (" (one example: sparse serial's per-example loop)"
                 if base.get("per_example_loop") else "")
         out.append(f"- {', '.join(slower)} ran slower than serial. One serial update{what} "
-                   f"costs {_duration(base['wall_time_s'] / base['updates'])} here, too little "
+                   f"costs {_duration(step_s)} here, too little "
                    "work to share: coordinating workers "
                    "(barriers, locks, contention for memory and cores) costs about as much as "
-                   "it saves. Parallel strategies pay off when an update costs milliseconds "
-                   "(a larger model or batch) or when gradients are sparse (Hogwild!).")
+                   "it saves. Parallel strategies pay off when an update costs many times "
+                   "that (a larger model or batch) or when gradients are sparse (Hogwild!).")
     out += _spark_jobs(others, base) if base is not None else []
     for r in rows:
         if r["staleness_mean"]:  # any strategy whose updates came stale, by its figures
@@ -274,6 +279,46 @@ def explain(rows: list[dict]) -> list[str]:
                 and _same_steps(r, base):  # compressed, or other steps: its gradients differ
             out.append(_sync_against_serial(r, base))
     return out
+
+
+def _simulated_slower(slower: list[str], base: dict, step_s: float, workers: int) -> str:
+    """Why strategies ran slower than serial on the sim engine: by the delay
+    model its summary records (``delays``), not by this machine's costs."""
+    d = base.get("delays") or {}
+    batch = f"of {base['batch_size']} examples" if base.get("batch_size") else ""
+    terms = []
+    if d.get("compute_s") is not None:
+        terms.append(f"a gradient over a whole batch{' ' + batch if batch else ''} takes "
+                     f"{_duration(d['compute_s'])} (--compute-s), a worker's slice of it its "
+                     "share" + (f", spread lognormally (--compute-sigma {d['compute_sigma']:g})"
+                                if d.get("compute_sigma") else ""))
+    factor = d.get("straggler_factor", 10.0)
+    if d.get("straggler_p"):
+        p = d["straggler_p"]
+        terms.append(f"{p:g} of steps are {factor:g}x slower (--straggler-p): an update that "
+                     f"waits for all of {workers} workers waits for one in "
+                     f"{1 - (1 - p) ** workers:.0%} of steps")
+    if d.get("slow_fraction"):
+        terms.append(f"{d['slow_fraction']:g} of the workers are always {factor:g}x slower "
+                     "(--slow-fraction), and an update that waits for every worker waits "
+                     "for them")
+    message = ([f"{_duration(d['latency_s'])} (--latency-s)"] if d.get("latency_s") else []) \
+        + ([f"its bytes at {d['bandwidth_Bps']:g} B/s (--bandwidth)"]
+           if d.get("bandwidth_Bps") else [])
+    if message:
+        terms.append(f"every message takes {' plus '.join(message)}, and a parallel update "
+                     "needs one each way")
+    if d.get("service_s"):
+        terms.append(f"a server shard spends {_duration(d['service_s'])} on each request "
+                     "(--service-s), and requests queue")
+    model = f"In that model {'; '.join(terms)}. " if terms else ""
+    return (f"- {', '.join(slower)} ran slower than serial in this simulation, whose time "
+            f"comes from its delay model (summary.json's `delays`), not from this machine: "
+            f"one serial update costs {_duration(step_s)} of simulated time here. {model}A "
+            "parallel update shares the compute among its workers but pays the other delays, "
+            "and here they cost more than the sharing saves; it pays off when the compute per "
+            "update is large against them (a larger --compute-s or batch, a shorter "
+            "--latency-s, fewer stragglers).")
 
 
 def _sync_against_serial(r: dict, base: dict) -> str:
