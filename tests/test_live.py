@@ -297,6 +297,34 @@ def test_mlflow_gets_the_config_the_series_and_the_run_folder(tmp_path, monkeypa
     assert {"metrics.csv", "summary.json", "config.json", "tb"} <= names
 
 
+def test_mlflow_with_no_server_there_is_one_line_within_seconds(tmp_path, capsys,
+                                                                 monkeypatch):
+    """``--mlflow http://127.0.0.1:9`` (nothing listening) waited about 4
+    minutes in silence, through MLflow's retries and backoff, before its
+    one line. The first contact now retries little, briefly; the settings
+    are the user's again after it (and a user's own are kept)."""
+    import socket
+
+    from monsoon.cli import main as cli_main
+
+    pytest.importorskip("mlflow")
+    with socket.socket() as s:  # a port that was free: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")  # the user's: kept
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    code = cli_main(["train", "--problem", "linear", "--strategy", "serial", "--steps", "10",
+                     "--quiet", "--out", str(out), "--mlflow", f"http://127.0.0.1:{port}"])
+    took = time.monotonic() - t0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and took < 30, (code, took)
+    assert len(lines) == 1 and f"--mlflow http://127.0.0.1:{port}" in lines[0], lines
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "120"
+
+
 def test_the_progress_bar_shows_loss_speed_and_worst_staleness():
     from collections import Counter
 

@@ -24,7 +24,9 @@ Sinks:
   present) is the exact full-data curve of ``metrics.csv``.
 - MLflow (``--mlflow [URI]``): the run's config as parameters, the same
   series as metrics (batched, at most ``MLFLOW_BATCH`` a call, flushed every
-  ``MLFLOW_FLUSH_S``) and the run folder as artifacts at the end.
+  ``MLFLOW_FLUSH_S``) and the run folder as artifacts at the end. The first
+  contact retries little, briefly (``MLFLOW_FIRST_CONTACT``): no server, one
+  line within seconds, not after MLflow's minutes of retries.
 
 Per-worker series stop at ``PER_WORKER_MAX`` workers (the sim runs
 thousands); the run's series cover every worker. A writer is pickled (the
@@ -33,7 +35,9 @@ opens them again where it next writes.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,6 +49,13 @@ PER_WORKER_MAX = 64
 MLFLOW_BATCH = 1000   # MLflow's cap on the metrics of one log_batch call
 MLFLOW_PARAMS = 100   # and on its parameters
 MLFLOW_FLUSH_S = 5.0
+# The sink's first request to the tracking server, where the user has not set
+# these: MLflow's defaults (7 retries with backoff, 120 s each) held a refused
+# connection about 4 minutes in silence; these give up within about 20 s at
+# worst (3 tries of 5 s), a refused connection within seconds.
+MLFLOW_FIRST_CONTACT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 OBJECTIVE = ("loss", "accuracy", "val_loss", "val_accuracy")
 
 
@@ -70,6 +81,19 @@ def _stale_window(now, before) -> tuple[float | None, float | None]:
     return (total - prev_total) / n, float(biggest)
 
 
+@contextlib.contextmanager
+def _first_contact():
+    """``MLFLOW_FIRST_CONTACT`` in the environment, each where the user has
+    not set it, for the time of one request (MLflow reads them at each)."""
+    unset = [k for k in MLFLOW_FIRST_CONTACT if k not in os.environ]
+    os.environ.update({k: MLFLOW_FIRST_CONTACT[k] for k in unset})
+    try:
+        yield
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
+
+
 class MlflowSink:
     """One MLflow run: parameters at the start, metrics in batches, the run
     folder as artifacts at the end."""
@@ -89,7 +113,8 @@ class MlflowSink:
 
             self.uri = uri or get_tracking_uri()
             client = MlflowClient(tracking_uri=self.uri)
-            found = client.get_experiment_by_name("monsoon")
+            with _first_contact():
+                found = client.get_experiment_by_name("monsoon")
             experiment = found.experiment_id if found else client.create_experiment("monsoon")
             run = client.create_run(experiment, run_name=name, tags=tags or {})
         except Exception as exc:  # noqa: BLE001 - MLflow's reason, in one line
