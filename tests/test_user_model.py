@@ -335,6 +335,42 @@ def test_a_script_without_a_main_guard_gets_one_error_not_a_traceback_per_worker
     assert "bootstrapping phase" not in proc.stderr
 
 
+class _LambdaNet(torch.nn.Module):
+    """A module that holds a lambda: its problem cannot be pickled for a worker."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+        self.act = lambda x: x
+
+    def forward(self, x):
+        return self.act(self.lin(x)).squeeze(-1)
+
+
+def test_a_run_whose_workers_fail_to_start_leaves_nothing_in_dev_shm():
+    """Worker processes that cannot start (the module holds a lambda): the
+    run fails, and the block of shared memory its data was moved into is
+    gone, not left in /dev/shm until this process exits (the monitor
+    unlinked it only once every worker was ready)."""
+    import os
+    from monsoon.errors import RunFailed
+
+    def segments():  # the files of /dev/shm this process maps that are still there
+        maps = [line.split() for line in open("/proc/self/maps")]
+        return {m[5] for m in maps if len(m) == 6 and m[5].startswith("/dev/shm/monsoon-")
+                and os.path.exists(m[5])}
+
+    X = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    before = segments()
+    for _ in range(2):
+        problem = TorchProblem(_LambdaNet(), torch.nn.functional.mse_loss, X, X.sum(1))
+        with pytest.raises(RunFailed, match="pickle"):
+            monsoon.train(problem, "sync", 2, steps=5, engine="local", backend="processes",
+                          progress=False)
+        assert problem._shm is not None  # its data was moved to shared memory
+        assert segments() <= before
+
+
 def test_a_problems_two_argument_seed_rng_is_still_called():
     """monsoon's older ``seed_rng(seed, rank)``: called as such (never with
     None), where the three-argument form gets the gradients done too."""

@@ -109,7 +109,8 @@ class Problem(ABC):
         return contextlib.nullcontext()
 
     def unlink_shared(self) -> None:
-        """Remove the shared data's file once every worker mapped it; here none."""
+        """Remove the shared data's file once every worker mapped it (or the
+        start failed); here none."""
 
     def state(self):
         """Trained state beside the parameters (BatchNorm buffers), or None."""

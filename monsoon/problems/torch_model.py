@@ -721,9 +721,10 @@ class TorchModel(Problem):
         torch.cuda.default_generators[index].manual_seed(seed)
 
     def unlink_shared(self) -> None:
-        """Every worker has mapped the shared data: remove its file now, so
-        nothing is left in /dev/shm however the run ends (the memory goes
-        with the last mapping; a later run shares the data again)."""
+        """Every worker has mapped the shared data (or the start failed and
+        none will): remove its file now, so nothing is left in /dev/shm
+        however the run ends (the memory goes with the last mapping; a later
+        run shares the data again)."""
         shm = getattr(self, "_shm", None)
         if shm is not None:
             shm.unlink()

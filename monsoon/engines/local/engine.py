@@ -555,15 +555,19 @@ class LocalEngine(Engine):
         pool = WorkerPool(ctx, workers, "monsoon-w")
         start_timeout = self._start_timeout(workers)
         try:
-            self._start_workers(store, pool, problem, rule, strategy, workers, batch_size,
-                                seed, budget, recorder, resume, start_timeout)
-            monitor = WorkerMonitor(self, store, pool, problem, strategy, workers, batch_size,
-                                    recorder, ck, resume)
-        except BaseException:  # the workers started so far end, and the inbox closes
-            store.abort()
-            pool.join(max(5.0, min(self.timeout, 30.0)))
-            raise
-        return monitor.run(t_begin, start_timeout)
+            try:
+                self._start_workers(store, pool, problem, rule, strategy, workers, batch_size,
+                                    seed, budget, recorder, resume, start_timeout)
+                monitor = WorkerMonitor(self, store, pool, problem, strategy, workers,
+                                        batch_size, recorder, ck, resume)
+            except BaseException:  # the workers started so far end, and the inbox closes
+                store.abort()
+                pool.join(max(5.0, min(self.timeout, 30.0)))
+                raise
+            return monitor.run(t_begin, start_timeout)
+        finally:  # the workers are joined: a start that failed leaves no data in /dev/shm
+            if ctx is not None:  # (once every worker is ready the monitor unlinked it)
+                problem.unlink_shared()
 
     def _start_workers(self, store, pool, problem, rule, strategy, workers, batch_size,
                        seed, budget, recorder, resume, start_timeout):
