@@ -106,6 +106,34 @@ def test_many_worker_processes_get_advice_and_time_to_start(capsys):
     assert LocalEngine(backend="threads")._start_timeout(64 * cores) == 120.0
 
 
+def _train_in_a_pool_worker(backend):
+    """Train in this daemonic process (a Pool worker): the backend the run
+    used, or the error's type and line."""
+    import monsoon
+
+    try:
+        result = monsoon.train("exp", "sync", 2, steps=10, lr=0.05, progress=False,
+                               backend=backend)
+    except Exception as e:  # what a user of the Pool would get back
+        return type(e).__name__, str(e)
+    return "ok", result.summary["backend"]
+
+
+def test_a_run_in_a_pool_worker_uses_threads_and_refuses_processes():
+    """A multiprocessing.Pool worker is daemonic and may start no process:
+    "auto" trains on threads there, and backend="processes" is refused in
+    one line that says what to use (it failed with "daemonic processes are
+    not allowed to have children", its data left in /dev/shm)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        auto, processes = pool.map(_train_in_a_pool_worker, ["auto", "processes"])
+    assert auto == ("ok", "threads")
+    kind, line = processes
+    assert kind == "ConfigError" and "\n" not in line, processes
+    assert "daemonic process" in line and "backend='threads'" in line, line
+
+
 def test_ranks_that_share_a_run_folder_check_it_at_once(tmp_path):
     """Every torchrun rank checks --out before it starts (on one machine or a
     shared file system, the same folder): one rank's probe is not another's

@@ -41,6 +41,7 @@ Nothing is lost, nothing is left behind:
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import sys
 import time
 from dataclasses import dataclass
@@ -289,6 +290,12 @@ class _InlineWatch:
             self.due.live(at, store.totals, lambda: store.live_figures(1))
 
 
+def _daemonic() -> bool:
+    """Whether this process is daemonic (a ``multiprocessing.Pool`` worker):
+    it may start no child process, so no worker process either."""
+    return multiprocessing.current_process().daemon
+
+
 class LocalEngine(Engine):
     name = "local"
     virtual_time = False
@@ -299,8 +306,8 @@ class LocalEngine(Engine):
     device_placement = "index"  # worker k's problem copy computes on cuda:(k mod GPUs)
     options = (
         Option("backend", str, "auto", "processes, threads, or auto: threads for problems with "
-               "a compiled GIL-free loop (sparse) and on GPUs (the towers share the device's "
-               "arrays), else processes",
+               "a compiled GIL-free loop (sparse), on GPUs (the towers share the device's "
+               "arrays) and inside a daemonic process (a Pool worker), else processes",
                choices=("auto",) + BACKENDS),
         TIMEOUT, SHARDS, CHECKPOINT_EVERY, RESUME)
     described = ("backend", "timeout", "checkpoint_every", "resume_dir")
@@ -343,7 +350,8 @@ class LocalEngine(Engine):
         if args["backend"] == "auto":  # compiled loops release the GIL: threads share the
             # data; GPU towers in one process share the parameters on the device (seed 002)
             gpu = str(getattr(run, "device", "cpu")).startswith("cuda")
-            args["backend"] = "threads" if run.problem.sgd_pass is not None or gpu else "processes"
+            threads = run.problem.sgd_pass is not None or gpu or _daemonic()
+            args["backend"] = "threads" if threads else "processes"
         return args
 
     def __init__(self, backend: str = "processes", timeout: float = 60.0,
@@ -392,7 +400,8 @@ class LocalEngine(Engine):
 
     def preflight(self, problem, strategy, workers, batch_size) -> None:
         """The stage runner runs each stage in its own process: --backend
-        threads is refused; "auto"'s choice of threads becomes processes."""
+        threads is refused; "auto"'s choice of threads becomes processes.
+        Inside a daemonic process, worker processes are refused."""
         super().preflight(problem, strategy, workers, batch_size)
         if "shards" in self.given - self.shared and self._no_shards(problem, strategy):
             raise ConfigError(f"--shards splits the server's parameters; {strategy.name} here "
@@ -403,6 +412,12 @@ class LocalEngine(Engine):
                 raise ConfigError("the pipeline runs each stage in its own process on the "
                                   "local engine; drop --backend threads")
             self.backend = "processes"
+        if self.backend == "processes" and not strategy.single_worker and _daemonic():
+            fix = ("run the pipeline outside it: its stages are processes"
+                   if STAGES in strategy.needs(workers) else
+                   "use backend='threads' (--backend threads), or train outside it")
+            raise ConfigError("inside a daemonic process (a Pool worker) worker processes "
+                              f"cannot start; {fix}")
 
     def _no_shards(self, problem, strategy) -> str | None:
         """Why this run has no server shards, or None: one worker in this
