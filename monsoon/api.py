@@ -257,11 +257,22 @@ def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     ``shared``: the options ``compare`` passes to every strategy."""
     given = {k: v for k, v in options.items() if v is not None}
     if out is not None:
-        if not isinstance(out, (str, os.PathLike)):
-            raise ConfigError(f"out={out!r}: give the run folder as a path (a str or a "
-                              "pathlib.Path)")
-        given["out"] = str(out)
+        given["out"] = folder_path(out)
     return resolve(problem, strategy, workers, given, frozenset(shared))
+
+
+def folder_path(out) -> str:
+    """``out``, a run (or compare) folder, as a str: refused in one line
+    where it is no path, or an empty one (it would be the current
+    directory, whose own config.json and metrics.csv a run overwrites)."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise ConfigError(f"out={out!r}: give the run folder as a path (a str or a "
+                          "pathlib.Path)")
+    if not str(out).strip():
+        raise ConfigError(f"out={str(out)!r} names no folder (an empty one would be the "
+                          "current directory, its own files overwritten): give the run "
+                          "folder, e.g. out='runs/mine' (--out runs/mine)")
+    return str(out)
 
 
 def _no_checkpoint(resolved) -> str:

@@ -185,7 +185,8 @@ def _train(args) -> None:
         options["engine"], prefix = engine, "runs/sim-"
     single = registries()["strategy"].get(args.strategy).single_worker
     workers = _workers(args)  # serial's default is 1; a count given is train's to refuse
-    out = args.out or f"{prefix}{_folder(args.problem)}-{args.strategy}"
+    default = f"{prefix}{_folder(args.problem)}-{args.strategy}"
+    out = default if args.out is None else args.out  # --out "" is refused, not the default
     result = train(args.problem, args.strategy, 1 if single and args.workers is None else workers,
                    out=out, **options)
     s = result.summary
@@ -212,7 +213,7 @@ def _train(args) -> None:
 def _compare(args) -> None:
     from .compare import compare
 
-    out = args.out or f"runs/compare-{_folder(args.problem)}"
+    out = f"runs/compare-{_folder(args.problem)}" if args.out is None else args.out
     comparison = compare(args.problem, args.strategies, _workers(args), out=out, **_given(args))
     print((comparison.out / "report.md").read_text())
     print(f"report: {comparison.out / 'report.md'}  plot: {comparison.out / 'comparison.png'}")

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from .api import (Result, _first_line, _remove_empty as _remove_made, check, check_resume_of,
-                  check_writable, train)
+                  check_writable, folder_path, train)
 from .config import (COMPARE_DEFAULTS, RUN, check_compare_compress, check_error_feedback,
                      for_strategy, refuse_untaken, resolve)
 from .compressors.messages import by_strategy
@@ -98,7 +98,7 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
                           f"({', '.join(strategies)}); give STRATEGY=SPEC for those listed")
     check_compare_compress(options.get("compress"), list(strategies))
     check_error_feedback(options.get("compress"), options.get("no_error_feedback"))
-    out = Path(out)
+    out = Path(folder_path(out))
     resume = options.pop("resume", None)
     if resume is not None and Path(resume).resolve() != out.resolve():
         raise ConfigError(f"compare --resume {resume}: give the compare's own folder, the "

@@ -134,6 +134,37 @@ def test_a_run_in_a_pool_worker_uses_threads_and_refuses_processes():
     assert "daemonic process" in line and "backend='threads'" in line, line
 
 
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_is_refused_and_the_current_directory_is_left_alone(tmp_path,
+                                                                         monkeypatch, out):
+    """out="" was the current directory: train wrote its run there, over the
+    user's own config.json and metrics.csv, and the command line's --out ""
+    was taken for the default folder. Now train, compare and both commands
+    refuse an empty (or blank) out in one line, and nothing there changes."""
+    import contextlib
+    import io
+
+    import monsoon
+    from monsoon.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text("mine")
+    (tmp_path / "metrics.csv").write_text("mine")
+    for call in (lambda: monsoon.train("exp", "serial", steps=5, progress=False, out=out),
+                 lambda: monsoon.compare("exp", "serial,sync", 2, steps=5, out=out)):
+        with pytest.raises(ConfigError, match="names no folder") as info:
+            call()
+        assert "\n" not in str(info.value)
+    for command in ("train", "compare"):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main([command, "--quiet", "--steps", "5", "--out", out])
+        refused(subprocess.CompletedProcess([], code, "", err.getvalue()), "names no folder",
+                "--out runs/mine")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "metrics.csv"]
+    assert {(tmp_path / n).read_text() for n in ("config.json", "metrics.csv")} == {"mine"}
+
+
 def test_ranks_that_share_a_run_folder_check_it_at_once(tmp_path):
     """Every torchrun rank checks --out before it starts (on one machine or a
     shared file system, the same folder): one rank's probe is not another's
