@@ -41,6 +41,13 @@ from .record.run_folder import SetAside, clear_results, save_model
 
 @dataclass
 class Result:
+    """One run's outcome: ``summary`` (summary.json's fields: status, final
+    loss, speed, counts), ``history`` (the loss curve's rows, as
+    metrics.csv), ``params`` (the trained parameter vector), ``problem``
+    (the problem trained), ``run_dir`` (its run folder, if any),
+    ``worker_params`` (each worker's own copy, where workers keep one) and
+    ``state`` (a torch model's trained buffers); ``model`` rebuilds the
+    trained torch module."""
     summary: dict
     history: list[dict]
     params: np.ndarray

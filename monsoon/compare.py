@@ -69,6 +69,10 @@ from .strategies import STRATEGIES
 
 @dataclass
 class Comparison:
+    """What a compare ran: ``results``, each strategy's first run (its
+    ``Result``, by strategy name); ``rows``, comparison.csv's rows (one per
+    strategy: speeds, losses, speedups over serial where it ran); ``out``,
+    the folder with the report, plots and each strategy's run folder."""
     results: dict[str, Result]
     rows: list[dict]
     out: Path
@@ -77,6 +81,17 @@ class Comparison:
 def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: int = 2,
             out="runs/compare", repeats: int = COMPARE_DEFAULTS["repeats"],
             **options) -> Comparison:
+    """Train ``problem`` (a name or a ``Problem``) under each of
+    ``strategies`` (a list, or "a,b,c") on ``workers`` workers (serial on
+    one), with the same ``options`` (``train``'s; each strategy gets those
+    it takes, and one that none takes is refused) and budget; ``repeats``
+    runs of each, in turns. Writes each run in ``out/STRATEGY`` and the
+    report (report.md, comparison.csv, comparison.png) in ``out``; note
+    that ``out`` defaults to runs/compare, where the command line's is
+    runs/compare-PROBLEM. ``resume=out`` carries an interrupted or failed
+    compare on. Returns a ``Comparison``; raises ``ConfigError`` before any
+    run, ``Interrupted``, or ``RunFailed`` once the others have run (its
+    ``comparison`` holds what they gave)."""
     leave_if_re_running_main()  # a worker re-running an unguarded script clears nothing
     if isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
