@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -252,20 +253,29 @@ def _resume_hint(resolved, out, what: str = "", checkpoint: bool = True) -> str:
         return f"; it cannot be carried on: {refusal}"
     if not checkpoint:
         return ""
-    return (f"; to carry on{' ' + what if what else ''}, run the same command with "
-            f"--resume {shlex.quote(str(out))}")  # a path with spaces pastes whole
+    return f"; to carry on{' ' + what if what else ''}, {_carry_on(out, resolved.cli, 'train')}"
+
+
+def _carry_on(out, cli: bool, call: str) -> str:
+    """How to carry a stopped run (or compare) in ``out`` on: the same command
+    with ``--resume OUT``, or, from Python, ``call`` (train, compare) with
+    ``resume="OUT"``."""
+    if cli:  # a path with spaces pastes whole
+        return f"run the same command with --resume {shlex.quote(str(out))}"
+    return f"call {call} again with the same arguments and resume={json.dumps(str(out))}"
 
 
 def check(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
-          shared=frozenset(), **options):
+          shared=frozenset(), cli: bool = False, **options):
     """``train``'s configuration resolved and checked (``config.resolve``,
     the strategy's and engine's pre-flight included), with nothing started
     or written: what ``compare`` checks of every strategy before any runs.
-    ``shared``: the options ``compare`` passes to every strategy."""
+    ``shared``: the options ``compare`` passes to every strategy; ``cli``:
+    given on the command line (refusals name flags, not keywords)."""
     given = {k: v for k, v in options.items() if v is not None}
     if out is not None:
         given["out"] = folder_path(out)
-    return resolve(problem, strategy, workers, given, frozenset(shared))
+    return resolve(problem, strategy, workers, given, frozenset(shared), cli)
 
 
 def folder_path(out) -> str:
@@ -295,13 +305,16 @@ def _no_checkpoint(resolved) -> str:
 
 
 def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None,
-          raise_on_divergence: bool = True, shared=frozenset(), **options) -> Result:
+          raise_on_divergence: bool = True, shared=frozenset(), cli: bool = False,
+          **options) -> Result:
     """Train ``problem`` (a problem's name or a ``Problem``) with ``strategy``
     on ``workers`` workers. ``options`` are the run's options and those the
     chosen strategy, rule, engine and problem declare (``monsoon options``
-    lists them all); one that none of them takes is refused."""
+    lists them all); one that none of them takes is refused, in one line
+    that names the keyword (``cli``, which the ``monsoon`` command sets:
+    the flag)."""
     leave_if_re_running_main()
-    resolved = check(problem, strategy, workers, out=out, shared=shared, **options)
+    resolved = check(problem, strategy, workers, out=out, shared=shared, cli=cli, **options)
     run, problem = resolved.run, resolved.problem
     made = check_writable(Path(out)) if out is not None else []
     # the run holds its folder until it is written whole; another run's is refused
@@ -425,12 +438,12 @@ def _checked_resume(resolved, w0, total: int):
 
 
 def check_resume_of(problem="exp", strategy: str = "serial", workers: int = 1, *, out,
-                    shared=frozenset(), **options):
+                    shared=frozenset(), cli: bool = False, **options):
     """What ``train(..., out=out, resume=out)`` would resume from, checked
     as ``train`` checks it before it starts (the checkpoint, or None), or
     its one-line refusal, with nothing started or written: ``compare
     --resume`` checks every run it would resume before any runs."""
-    resolved = check(problem, strategy, workers, out=out, shared=shared,
+    resolved = check(problem, strategy, workers, out=out, shared=shared, cli=cli,
                      **{**options, "resume": str(out)})
     return _checked_resume(resolved, *_start_point(resolved))
 

@@ -188,7 +188,7 @@ def _train(args) -> None:
     default = f"{prefix}{_folder(args.problem)}-{args.strategy}"
     out = default if args.out is None else args.out  # --out "" is refused, not the default
     result = train(args.problem, args.strategy, 1 if single and args.workers is None else workers,
-                   out=out, **options)
+                   out=out, cli=True, **options)
     s = result.summary
     if s.get("follower"):  # a torch engine rank other than 0: rank 0 reports
         return
@@ -214,7 +214,8 @@ def _compare(args) -> None:
     from .compare import compare
 
     out = f"runs/compare-{_folder(args.problem)}" if args.out is None else args.out
-    comparison = compare(args.problem, args.strategies, _workers(args), out=out, **_given(args))
+    comparison = compare(args.problem, args.strategies, _workers(args), out=out, cli=True,
+                         **_given(args))
     print((comparison.out / "report.md").read_text())
     print(f"report: {comparison.out / 'report.md'}  plot: {comparison.out / 'comparison.png'}")
 

@@ -44,15 +44,14 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shlex
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 
 import numpy as np
 
-from .api import (Result, _first_line, _remove_empty as _remove_made, check, check_resume_of,
-                  check_writable, folder_path, train)
+from .api import (Result, _carry_on, _first_line, _remove_empty as _remove_made, check,
+                  check_resume_of, check_writable, folder_path, train)
 from .config import (COMPARE_DEFAULTS, RUN, check_compare_compress, check_error_feedback,
                      for_strategy, refuse_untaken, resolve)
 from .compressors.messages import by_strategy
@@ -79,7 +78,7 @@ class Comparison:
 
 
 def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: int = 2,
-            out="runs/compare", repeats: int = COMPARE_DEFAULTS["repeats"],
+            out="runs/compare", repeats: int = COMPARE_DEFAULTS["repeats"], cli: bool = False,
             **options) -> Comparison:
     """Train ``problem`` (a name or a ``Problem``) under each of
     ``strategies`` (a list, or "a,b,c") on ``workers`` workers (serial on
@@ -98,12 +97,12 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
     if not strategies:
         raise ConfigError("no strategies given; e.g. --strategies serial,sync,async,hogwild")
     classes = {s: STRATEGIES.get(s) for s in strategies}  # an unknown name lists the valid ones
-    RUN["workers"].value(workers)  # checked even where every strategy runs one worker
+    RUN["workers"].value(workers, cli)  # checked even where every strategy runs one worker
     if len(set(strategies)) != len(strategies):
         raise ConfigError("a strategy is listed twice in --strategies")
     # an option is refused only when none of the strategies takes it
     refuse_untaken({k: v for k, v in options.items() if STRATEGIES.takers(k)},
-                   {"strategy": list(strategies)})
+                   {"strategy": list(strategies)}, cli)
     if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
         raise ConfigError(f"repeats must be a whole number >= 1 (got {repeats!r}); "
                           "e.g. --repeats 3")
@@ -116,17 +115,21 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
     out = Path(folder_path(out))
     resume = options.pop("resume", None)
     if resume is not None and Path(resume).resolve() != out.resolve():
-        raise ConfigError(f"compare --resume {resume}: give the compare's own folder, the "
-                          f"--out it wrote (here {out}); it keeps the runs that ended there")
+        given, wrote = ((f"compare --resume {resume}", "--out") if cli else
+                        (f"resume={json.dumps(str(resume))}", "out="))
+        raise ConfigError(f"{given}: give the compare's own folder, the {wrote} it wrote (here "
+                          f"{out}); it keeps the runs that ended there")
     counts = {s: 1 if classes[s].single_worker else workers for s in strategies}
     # passed to every strategy: one that has no use for an option (serial, --shards) takes it
     shared = frozenset(k for k, v in options.items() if v is not None)
     for s in strategies:  # every strategy's run checked before any starts
-        check(problem, s, counts[s], out=out / s, shared=shared, **for_strategy(options, s))
+        check(problem, s, counts[s], out=out / s, shared=shared, cli=cli,
+              **for_strategy(options, s))
     made = check_writable(out)
     lock = FolderLock(out, "compare")  # its own files; each run holds OUT/STRATEGY
     try:
-        return _run_all(problem, strategies, counts, out, resume, int(repeats), options, shared)
+        return _run_all(problem, strategies, counts, out, resume, int(repeats), options, shared,
+                        cli)
     except ConfigError:  # refused: no folder left behind that this compare made
         lock.release()
         _remove_made(made)
@@ -136,12 +139,13 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
 
 
 def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, options,
-             shared) -> Comparison:
-    """Every strategy's turns, then the report; ``out`` is held."""
+             shared, cli: bool) -> Comparison:
+    """Every strategy's turns, then the report; ``out`` is held; ``cli``:
+    called by the command line (messages name its flags)."""
     if resume is None:  # bad options were refused above, before anything is removed
         _clear_previous(out)
     else:  # a checkpoint this command cannot resume is refused before any run
-        _check_resumes(problem, strategies, counts, out, repeats, options, shared)
+        _check_resumes(problem, strategies, counts, out, repeats, options, shared, cli)
     results, turns, failed = {}, {s: [] for s in strategies}, {}
     # a --resume with fewer strategies keeps the others' in RUNS, for a later compare to clear
     written = (_written(out) or {}) if resume is not None else {}
@@ -152,13 +156,13 @@ def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, optio
                 _note_written(out, written, s, turn)
                 n = counts[s]
                 given = for_strategy(options, s)
-                result = (_ended(folder, problem, s, n, given, shared) if resume is not None
-                          else None)
+                result = (_ended(folder, problem, s, n, given, shared, cli)
+                          if resume is not None else None)
                 if result is None:
                     again = resume is not None and _resumable(folder)
                     try:
                         result = train(problem, strategy=s, workers=n, out=folder,
-                                       raise_on_divergence=False, shared=shared,
+                                       raise_on_divergence=False, shared=shared, cli=cli,
                                        **given, **({"resume": str(folder)} if again else {}))
                     except (ConfigError, Interrupted):
                         raise
@@ -168,10 +172,11 @@ def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, optio
                 results.setdefault(s, result)
                 turns[s].append(result.summary)
     except Interrupted as err:
-        raise _interrupted(err, out, strategies, results, turns, options, failed) from None
+        raise _interrupted(err, out, strategies, results, turns, options, failed,
+                           cli) from None
     comparison = Comparison(results, _write(out, strategies, results, turns, options), out)
     if failed:
-        raise _failures(comparison, strategies, turns, failed)
+        raise _failures(comparison, strategies, turns, failed, cli)
     return comparison
 
 
@@ -181,7 +186,7 @@ def _folder(out: Path, strategy: str, turn: int) -> Path:
 
 
 def _check_resumes(problem, strategies, counts, out: Path, repeats: int, options,
-                   shared) -> None:
+                   shared, cli: bool) -> None:
     """Every run ``--resume`` would carry on from its checkpoint
     (``_resumable``) checked as its ``train`` will check it
     (``check_resume_of``): one taken with other settings is refused in one
@@ -191,7 +196,7 @@ def _check_resumes(problem, strategies, counts, out: Path, repeats: int, options
         for s in strategies:
             folder = _folder(out, s, turn)
             if _resumable(folder):
-                check_resume_of(problem, s, counts[s], out=folder, shared=shared,
+                check_resume_of(problem, s, counts[s], out=folder, shared=shared, cli=cli,
                                 **for_strategy(options, s))
 
 
@@ -204,7 +209,8 @@ def _write(out: Path, strategies, results, turns, options) -> list[dict]:
                             target=options.get("target_loss"))
 
 
-def _interrupted(err: Interrupted, out: Path, strategies, results, turns, options, failed):
+def _interrupted(err: Interrupted, out: Path, strategies, results, turns, options, failed,
+                 cli: bool):
     """The compare's Interrupted: the report of what ran (the interrupted
     run marked, and any that failed), and the command that carries it on."""
     stopped = getattr(err, "result", None)
@@ -221,8 +227,8 @@ def _interrupted(err: Interrupted, out: Path, strategies, results, turns, option
                f"{stopped.summary['updates']} updates: {out / 'report.md'} has "
                f"{', '.join(x for x in strategies if turns[x])} ({s} interrupted"
                f"{''.join(f', {f} failed' for f in failed)})"
-               f"{'; not run: ' + ', '.join(left) if left else ''}; to carry on, run the same "
-               f"command with --resume {shlex.quote(str(out))} (the runs that ended are kept, "
+               f"{'; not run: ' + ', '.join(left) if left else ''}; to carry on, "
+               f"{_carry_on(out, cli, 'compare')} (the runs that ended are kept, "
                f"{s} {again}"
                f"{''.join(f', {f} {_again(x)}' for f, x in failed.items())})")
     new = Interrupted(message, err.signum, out)
@@ -250,15 +256,15 @@ def _failed_run(err: MonsoonError, folder: Path, problem, strategy: str, workers
     return Result(summary, [], None, None)
 
 
-def _failures(comparison: Comparison, strategies, turns, failed: dict) -> RunFailed:
+def _failures(comparison: Comparison, strategies, turns, failed: dict, cli: bool) -> RunFailed:
     """The compare's error once every run has had its turn: which failed
     and why, the report of them all, and the command that runs them again."""
     out = comparison.out
     err = RunFailed("; ".join(f"{f} failed: {x.get('error')}" for f, x in failed.items())
                     + f": {out / 'report.md'} has "
                     f"{', '.join(s for s in strategies if turns[s])} ({', '.join(failed)} "
-                    f"failed); to carry on, run the same command with --resume "
-                    f"{shlex.quote(str(out))} (the runs that ended are kept, "
+                    f"failed); to carry on, {_carry_on(out, cli, 'compare')} (the runs that "
+                    "ended are kept, "
                     + ", ".join(f"{f} {_again(x)}" for f, x in failed.items()) + ")")
     err.run_dir = out
     err.comparison = comparison  # what the compare would have returned
@@ -281,7 +287,8 @@ def _read_run(folder: Path):
     return Result(summary, history, params, None, run_dir=folder)
 
 
-def _ended(folder: Path, problem, strategy: str, workers: int, given: dict, shared):
+def _ended(folder: Path, problem, strategy: str, workers: int, given: dict, shared,
+           cli: bool):
     """The run in ``folder`` as a ``Result``, if it ended (``ENDED``) with the
     settings this command gives it (config.json against a fresh ``resolve``);
     else None (it runs, or resumes)."""
@@ -292,7 +299,7 @@ def _ended(folder: Path, problem, strategy: str, workers: int, given: dict, shar
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    resolved = resolve(problem, strategy, workers, {**given, "out": str(folder)}, shared)
+    resolved = resolve(problem, strategy, workers, {**given, "out": str(folder)}, shared, cli)
     # as ``train`` writes config.json: the settings, with what the strategy
     # and the engine resolved (a backend "auto" is the one it chose)
     wanted = json.loads(to_json({**resolved.config(), **resolved.strategy.describe(),

@@ -8,8 +8,8 @@ component by name: each builds itself from its options' values with
 
 Invariants: an option that none of the chosen components takes is refused
 in one line that names the components that do; every check names the flag
-to change; the learning rate, the batch size and the budget default to the
-problem's suggestions.
+to change (from Python, the keyword: ``resolve``'s ``cli``); the learning
+rate, the batch size and the budget default to the problem's suggestions.
 """
 from __future__ import annotations
 
@@ -129,10 +129,21 @@ def _spellings(name: str, valid: list[str]) -> list[str]:
     return close[:3]
 
 
-def refuse_untaken(given, chosen: dict[str, list[str]]) -> None:
+def _chosen(kind: str, names, cli: bool) -> str:
+    """Components of ``kind`` as the caller chooses them: ``--strategy
+    serial, hogwild`` on the command line, ``strategy="serial", "hogwild"``
+    in Python."""
+    if cli:
+        return f"{registries()[kind].flag} {', '.join(names)}"
+    return f"{kind}=" + ", ".join(f'"{n}"' for n in names)
+
+
+def refuse_untaken(given, chosen: dict[str, list[str]], cli: bool = True) -> None:
     """Refuse an option that is unknown, or that no chosen component takes.
     ``chosen`` maps each kind to the names chosen (compare chooses several
-    strategies; a Problem instance is no named problem)."""
+    strategies; a Problem instance is no named problem); ``cli``: the
+    options came from the command line (the refusal names flags), else from
+    Python (keywords)."""
     known = component_options()
     unknown = sorted(set(given) - set(RUN) - set(known))
     if unknown:
@@ -151,10 +162,10 @@ def refuse_untaken(given, chosen: dict[str, list[str]]) -> None:
         if any(set(chosen.get(kind, ())) & set(names) for kind, names in takers.items()):
             continue
         kind, names = next((k, n) for k, n in takers.items() if n)
-        flag = registries()[kind].flag
-        mine = ", ".join(chosen.get(kind, ())) or "given here"
-        raise ConfigError(f"{known[name].cli} applies to {flag} {', '.join(names)} only; "
-                          f"{flag} {mine} does not take it")
+        mine = (_chosen(kind, chosen[kind], cli) if chosen.get(kind) else
+                f"{registries()[kind].flag} given here" if cli else f"the {kind} given here")
+        raise ConfigError(f"{known[name].named(cli)} applies to {_chosen(kind, names, cli)} "
+                          f"only; {mine} does not take it")
 
 
 def for_strategy(options: dict, strategy: str) -> dict:
@@ -222,6 +233,7 @@ class Resolved:
     budget: Budget
     processes: int           # workers the engine starts (backups included)
     devices: list | None = None   # each worker's device (``devices.plan``)
+    cli: bool = True         # given on the command line (messages name flags), else in Python
 
     def config(self) -> dict:
         """Every setting of the run, flat: what config.json records."""
@@ -285,11 +297,13 @@ def check_rule(name: str, rule) -> None:
 
 
 def resolve(problem, strategy: str, workers: int, given: dict,
-            shared: frozenset = frozenset()) -> Resolved:
+            shared: frozenset = frozenset(), cli: bool = True) -> Resolved:
     """Check the options, fill in defaults and build the run's components.
     ``problem`` is a name or a ``Problem``; ``shared``: the given options
     that are passed to several runs at once (``compare``), which a run that
-    has no use for them takes without refusing them. Raises ConfigError."""
+    has no use for them takes without refusing them; ``cli``: they came
+    from the command line, else from Python (``Option.value``). Raises
+    ConfigError."""
     instance = problem if isinstance(problem, Problem) else None
     if instance is None and not isinstance(problem, str):
         raise ConfigError("problem must be a problem's name or a Problem instance")
@@ -297,7 +311,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     for name, raw in {**given, "problem": problem if instance is None else instance.name,
                       "strategy": strategy, "workers": workers}.items():
         if name in RUN and raw is not None:
-            run[name] = RUN[name].value(raw)
+            run[name] = RUN[name].value(raw, cli)
     if instance is not None:  # a built problem trains in its own precision
         import numpy as np
 
@@ -329,9 +343,9 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     chosen = {kind: [run[kind]] for kind in components}
     if spec is not None:
         components["problem"], chosen["problem"] = spec, [spec.name]
-    refuse_untaken(given, chosen)
+    refuse_untaken(given, chosen, cli)
     check_rule(run["rule"], components["rule"])
-    values = {kind: option_values(c, given) for kind, c in components.items()}
+    values = {kind: option_values(c, given, cli) for kind, c in components.items()}
     if run["rule"] == defaults.get("rule"):  # the problem's rule: its values for its options
         values["rule"].update({k: v for k, v in defaults.items()
                                if k in values["rule"] and given.get(k) is None})
@@ -419,7 +433,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     if run["precision"] != "32":
         _devices.check_precision(run["precision"], instance)
     resolved = Resolved(run, values, instance, server_rule, strat, engine, budget, processes,
-                        _devices.plan(device, engine, processes))
+                        _devices.plan(device, engine, processes), cli)
     engine.settings = trajectory(resolved.config())  # what its checkpoints' identity holds
     return resolved
 

@@ -14,8 +14,9 @@ Invariants:
   command-line spelling. Several components may declare the same option
   only with the same ``Option`` object (one meaning, one default).
 - ``Option.value`` returns the checked value or raises ``ConfigError`` with
-  one line that names the flag: ``--n-push must be a whole number of at
-  least 1, got 0``.
+  one line that names the flag (``n push must be a whole number of at least
+  1, got 0; fix --n-push``), or, for a value given in Python (``cli=False``),
+  the keyword (``fix n_push=``): a caller of ``monsoon.train`` typed no flag.
 - A float option's value is finite: nan and inf are refused before its
   check, so a check need not test for them.
 """
@@ -54,26 +55,35 @@ class Option:
     def words(self) -> str:
         return self.label or self.name.replace("_", " ")
 
-    def value(self, raw):
-        """``raw`` converted to this option's type and checked."""
+    def named(self, cli: bool = True) -> str:
+        """How a message names it: its flag on the command line, its keyword
+        in Python (``--beta``: ``hogwild_beta=``)."""
+        return self.cli if cli else f"{self.name}="
+
+    def value(self, raw, cli: bool = True):
+        """``raw`` converted to this option's type and checked; ``cli``: it
+        came from the command line (a refusal names the flag), else from
+        Python (it names the keyword)."""
         if raw is None:
             return None
-        value = self._convert(raw)
+        name = self.named(cli)
+        value = self._convert(raw, name)
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"unknown {self.words} {value!r}; choose one of: "
-                              f"{', '.join(map(str, self.choices))} ({self.cli})")
+                              f"{', '.join(map(str, self.choices))} ({name})")
         if self.check is not None:
             need = self.check(value)
             if need:
-                raise ConfigError(f"{self.words} must be {need}, got {raw!r}; fix {self.cli}")
+                raise ConfigError(f"{self.words} must be {need}, got {raw!r}; fix {name}")
         return value
 
-    def _convert(self, raw):
+    def _convert(self, raw, name: str):
+        """``raw`` as this option's type; ``name``: how a refusal names it."""
         kind = self.type
         if kind is bool:
             if isinstance(raw, bool):
                 return raw
-            raise ConfigError(f"{self.words} is a switch: pass True or False, not {raw!r} ({self.cli})")
+            raise ConfigError(f"{self.words} is a switch: pass True or False, not {raw!r} ({name})")
         # NumPy's scalars count as the numbers they are (a sweep over
         # np.arange or np.float32 values), as Python's own
         if kind is int:
@@ -81,21 +91,21 @@ class Option:
                 if isinstance(raw, numbers.Real) and not isinstance(raw, bool) \
                         and float(raw).is_integer():
                     return int(raw)
-                raise ConfigError(f"{self.words} must be a whole number, got {raw!r}; fix {self.cli}")
+                raise ConfigError(f"{self.words} must be a whole number, got {raw!r}; fix {name}")
             return int(raw)
         if kind is float:
             if isinstance(raw, bool) or not isinstance(raw, numbers.Real):
-                raise ConfigError(f"{self.words} must be a number, got {raw!r}; fix {self.cli}")
+                raise ConfigError(f"{self.words} must be a number, got {raw!r}; fix {name}")
             try:
                 value = float(raw)
             except OverflowError:  # an int past float's range
                 value = math.inf
             if not math.isfinite(value):  # no option means anything by nan or inf
                 raise ConfigError(f"{self.words} must be a finite number, got {value}; "
-                                  f"fix {self.cli}")
+                                  f"fix {name}")
             return value
         if not isinstance(raw, kind):
-            raise ConfigError(f"{self.words} must be a {kind.__name__}, got {raw!r}; fix {self.cli}")
+            raise ConfigError(f"{self.words} must be a {kind.__name__}, got {raw!r}; fix {name}")
         return raw
 
     def describe_default(self) -> str:
@@ -143,7 +153,8 @@ def declared(component) -> tuple[Option, ...]:
     return tuple(getattr(component, "options", ()) or ())
 
 
-def option_values(component, given: dict) -> dict:
-    """Every option of ``component``: the given value (checked) or its default."""
-    return {o.name: o.value(given[o.name]) if given.get(o.name) is not None else o.default
+def option_values(component, given: dict, cli: bool = True) -> dict:
+    """Every option of ``component``: the given value (checked, ``cli`` as
+    ``Option.value``'s) or its default."""
+    return {o.name: o.value(given[o.name], cli) if given.get(o.name) is not None else o.default
             for o in declared(component)}

@@ -275,7 +275,7 @@ def test_a_failed_run_offers_to_carry_on_only_from_a_whole_checkpoint(tmp_path, 
     with pytest.raises(RunFailed) as info:
         monsoon.train("exp", "serial", epochs=3, seed=0, out=run, resume=str(run), evals=10,
                       checkpoint_every=1000)
-    assert f"to carry on from {files[-2].name}, run the same command" in str(info.value)
+    assert f"to carry on from {files[-2].name}, call train again" in str(info.value)
 
 
 def test_a_resumed_run_that_fails_gives_the_previous_runs_results_back(tmp_path, monkeypatch):
@@ -302,7 +302,8 @@ def test_a_resumed_run_that_fails_gives_the_previous_runs_results_back(tmp_path,
     line, now = str(info.value), sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
     assert now.name > newest.name  # its own checkpoints are kept
     assert f"(run folder {run}, which keeps the previous run's results); to carry on from " \
-           f"{now.name}, run the same command with --resume {run}" in line, line
+           f"{now.name}, call train again with the same arguments and resume=\"{run}\"" \
+        in line, line
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == results
     assert not list(run.rglob(".aside-*"))
 

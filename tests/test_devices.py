@@ -147,9 +147,9 @@ def test_a_torch_rank_computes_on_its_groups_gpu_or_its_local_ranks():
 
 # -- refused before any worker starts ---------------------------------------------
 
-def test_bad_device_spelling_is_refused_naming_the_flag():
+def test_bad_device_spelling_is_refused_naming_the_keyword():
     with pytest.raises(ConfigError, match="device must be auto, cpu, cuda or cuda:N, "
-                                          "got 'gpu'; fix --device"):
+                                          "got 'gpu'; fix device="):
         monsoon.train(_problem(), "serial", steps=1, device="gpu", progress=False)
 
 

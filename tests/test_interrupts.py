@@ -797,14 +797,15 @@ def test_a_signal_stops_a_sim_pipeline_after_the_step_under_way(tmp_path):
 
 def test_an_interrupted_compare_reports_what_ran_and_its_resume_carries_it_on(tmp_path):
     """SIGINT during sync, serial done: report.md has serial and sync (marked
-    interrupted); the advice, ``--resume OUT``, keeps serial's run and
+    interrupted); the advice, ``resume="OUT"`` (the keyword: it was called
+    from Python, where it said ``--resume OUT``), keeps serial's run and
     resumes sync from its checkpoint to the budget."""
     import threading
 
     from monsoon.errors import Interrupted
     from monsoon.monitor.lifecycle import StopSignals
 
-    out = tmp_path / "my cmp"  # a space: the command it names quotes the folder
+    out = tmp_path / "my cmp"  # a space: the call it names quotes the folder
     opts = dict(workers=2, epochs=EPOCHS, seed=0, evals=20, timeout=20, checkpoint_every=100,
                 progress=False)
 
@@ -821,8 +822,10 @@ def test_an_interrupted_compare_reports_what_ran_and_its_resume_carries_it_on(tm
     with pytest.raises(Interrupted) as info:
         monsoon.compare("exp", "serial,sync", out=out, **opts)
     message = str(info.value)
-    assert info.value.exit_code == 130 and f"--resume '{out}' (the runs" in message
-    assert f"{out / 'sync'}'" not in message and "during sync" in message
+    assert info.value.exit_code == 130 and "--resume" not in message
+    assert f"call compare again with the same arguments and resume=\"{out}\" (the runs" \
+        in message
+    assert f"{out / 'sync'}\"" not in message and "during sync" in message
     report = (out / "report.md").read_text()
     assert "| serial | 1 |" in report and "| sync | 2 |" in report
     assert "**sync was interrupted before its budget" in report

@@ -85,7 +85,7 @@ def test_plugin_components_through_monsoon_train_and_compare(plugin, tmp_path):
     assert np.abs(clipped.params - sync.params).max() > 1e-3  # the clip bites
     other_data = run("sync", noise=2.0)
     assert other_data.summary["final_loss"] > 2 * sync.summary["final_loss"]
-    with pytest.raises(monsoon.ConfigError, match="fix --signum-beta"):
+    with pytest.raises(monsoon.ConfigError, match="fix signum_beta="):
         run("sync", rule="signum", signum_beta=-1.0)
 
     comparison = monsoon.compare("noisy-line", "serial,clipped-sync", workers=2,
@@ -98,28 +98,66 @@ def test_plugin_components_through_monsoon_train_and_compare(plugin, tmp_path):
 
 def test_problem_option_is_refused_for_another_problem(plugin):
     with pytest.raises(monsoon.ConfigError,
-                       match="--noise applies to --problem noisy-line only; --problem exp "
-                             "does not take it"):
+                       match='noise= applies to problem="noisy-line" only; problem="exp" '
+                             'does not take it'):
         monsoon.train("exp", "serial", noise=0.1)
 
 
 # -- options the chosen components do not take -----------------------------------
 
-@pytest.mark.parametrize("kwargs,message", [
+@pytest.mark.parametrize("kwargs,message,python", [
     ({"strategy": "sync", "n_push": 4},
-     "--n-push applies to --strategy async, ssp only; --strategy sync does not take it"),
+     "--n-push applies to --strategy async, ssp only; --strategy sync does not take it",
+     'n_push= applies to strategy="async", "ssp" only; strategy="sync" does not take it'),
     ({"strategy": "serial", "momentum": 0.5},
-     "--momentum applies to --rule momentum, nesterov only; --rule sgd does not take it"),
+     "--momentum applies to --rule momentum, nesterov only; --rule sgd does not take it",
+     'momentum= applies to rule="momentum", "nesterov" only; rule="sgd" does not take it'),
     ({"strategy": "sync", "address": "auto"},
-     "--address applies to --engine ray only; --engine local does not take it"),
+     "--address applies to --engine ray only; --engine local does not take it",
+     'address= applies to engine="ray" only; engine="local" does not take it'),
     ({"strategy": "async", "engine": "sim", "timeout": 5.0},
-     "does not take it"),
+     "does not take it", "does not take it"),
 ])
-def test_an_option_no_chosen_component_takes_is_refused(kwargs, message):
+def test_an_option_no_chosen_component_takes_is_refused(kwargs, message, python):
+    """The command line's refusal names flags (``cli``, which ``monsoon``
+    sets); monsoon.train's named them too, flags its caller never typed."""
     strategy = kwargs.pop("strategy")
+    for cli, said in ((True, message), (False, python)):
+        with pytest.raises(monsoon.ConfigError) as info:
+            monsoon.train("exp", strategy, 1 if strategy == "serial" else 2, epochs=1, cli=cli,
+                          **kwargs)
+        assert said in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    # there is no --progress flag at all
+    ({"progress": "no"}, "progress is a switch: pass True or False, not 'no' (progress=)"),
+    ({"engine": "sim", "strategy": "async", "workers": 2, "sim_compute_s": -1},
+     "compute time must be 0 or more, got -1; fix sim_compute_s="),
+    ({"lr": "0.1"}, "learning rate must be a number, got '0.1'; fix lr="),
+    ({"strategy": "sync", "workers": 2, "hogwild_beta": 0.5},
+     'hogwild_beta= applies to strategy="serial", "hogwild" only; strategy="sync" does not '
+     'take it'),
+])
+def test_python_refusals_name_the_keyword_not_a_flag(tmp_path, kwargs, message):
+    """monsoon.train's refusals named command-line flags its caller never
+    typed (--compute-s, --beta, --strategy sync), and one that does not
+    exist (--progress)."""
     with pytest.raises(monsoon.ConfigError) as info:
-        monsoon.train("exp", strategy, 1 if strategy == "serial" else 2, epochs=1, **kwargs)
-    assert message in str(info.value) and "\n" not in str(info.value)
+        monsoon.train("exp", steps=3, out=tmp_path / "r", **kwargs)
+    assert str(info.value) == message
+    assert not (tmp_path / "r").exists()
+
+
+def test_compare_refusals_from_python_name_the_keyword(tmp_path):
+    with pytest.raises(monsoon.ConfigError) as info:
+        monsoon.compare("exp", "serial,sync", out=tmp_path / "c", resume=str(tmp_path / "x"),
+                        steps=3)
+    assert str(info.value).startswith(f'resume="{tmp_path / "x"}": give the compare\'s own '
+                                      "folder, the out= it wrote")
+    with pytest.raises(monsoon.ConfigError, match="fix sim_compute_s="):
+        monsoon.compare("exp", "serial,async", out=tmp_path / "c", engine="sim", steps=3,
+                        sim_compute_s=-1)
 
 
 def test_cli_refuses_an_engine_option_in_one_line(tmp_path):
@@ -134,8 +172,8 @@ def test_compare_refuses_only_what_no_strategy_takes(tmp_path):
     result = monsoon.compare("exp", "serial,async", workers=2, out=tmp_path, epochs=1,
                              n_push=2)
     assert result.results["async"].summary["n_push"] == 2
-    with pytest.raises(monsoon.ConfigError, match="--n-push applies to --strategy async, ssp only; "
-                                                  "--strategy serial, sync does not take it"):
+    with pytest.raises(monsoon.ConfigError, match='n_push= applies to strategy="async", "ssp" '
+                                                  'only; strategy="serial", "sync" does not'):
         monsoon.compare("exp", "serial,sync", workers=2, out=tmp_path / "b", epochs=1, n_push=2)
 
 
@@ -231,7 +269,7 @@ def test_plugin_engine_runs_strategies_with_its_own_option(plugin):
     assert two.summary["final_loss"] < serial.history[0]["loss"]
     with pytest.raises(monsoon.ConfigError, match="round-robin engine cannot carry out AllReduce .*, which sync uses; engines that run sync: local"):
         monsoon.train("exp", "sync", 2, engine="round-robin", epochs=1)
-    with pytest.raises(monsoon.ConfigError, match="--quantum applies to --engine round-robin only"):
+    with pytest.raises(monsoon.ConfigError, match='quantum= applies to engine="round-robin" only'):
         monsoon.train("exp", "hogwild", 2, quantum=3, epochs=1)
 
 

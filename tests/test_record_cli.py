@@ -516,7 +516,7 @@ def test_a_failed_strategy_is_reported_the_others_run_and_resume_carries_it_on(t
     from monsoon.errors import RunFailed
     from monsoon.problems import make_problem
 
-    out = tmp_path / "my cmp"  # a space: the command it names quotes the folder
+    out = tmp_path / "my cmp"  # a space: the call it names quotes the folder
     opts = dict(workers=2, epochs=5, seed=0, timeout=20, progress=False, checkpoint_every=10)
     faulty = FaultyProblem(make_problem("exp"), "raise", rank=1, after=40)  # of 80 steps
     faulty.defaults = faulty.inner.defaults  # it trains as exp does: serial's run is exp's
@@ -524,7 +524,7 @@ def test_a_failed_strategy_is_reported_the_others_run_and_resume_carries_it_on(t
         monsoon.compare(faulty, "sync,serial", out=out, **opts)
     message = str(info.value)
     assert message.startswith("sync failed: worker 1") and "injected failure" in message
-    assert f"--resume '{out}' (the runs" in message and f"{out / 'sync'}'" not in message
+    assert f"resume=\"{out}\" (the runs" in message and f"{out / 'sync'}\"" not in message
     assert "sync resumes from its checkpoint" in message
     assert json.loads((out / "serial" / "summary.json").read_text())["status"] == "finished"
     with open(out / "comparison.csv") as f:
@@ -675,7 +675,7 @@ def test_the_command_that_carries_a_run_on_quotes_its_folder():
     from monsoon.api import _resume_hint, check
 
     for out in ("runs/x", "my runs/x", "it's"):
-        hint = _resume_hint(check("exp", "serial", 1), out)
+        hint = _resume_hint(check("exp", "serial", 1, cli=True), out)
         assert hint.startswith("; to carry on, run the same command with --resume ")
         pasted = subprocess.run(["sh", "-c", "printf '%s|' " + hint.rpartition("--resume ")[2]],
                                 capture_output=True, text=True).stdout
