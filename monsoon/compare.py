@@ -90,7 +90,8 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
     runs/compare-PROBLEM. ``resume=out`` carries an interrupted or failed
     compare on. Returns a ``Comparison``; raises ``ConfigError`` before any
     run, ``Interrupted``, or ``RunFailed`` once the others have run (its
-    ``comparison`` holds what they gave)."""
+    ``comparison`` holds what they gave). ``cli``: the ``monsoon`` command
+    sets it (messages name flags)."""
     leave_if_re_running_main()  # a worker re-running an unguarded script clears nothing
     if isinstance(strategies, str):
         strategies = [s.strip() for s in strategies.split(",") if s.strip()]
