@@ -345,7 +345,7 @@ def test_an_interrupted_run_resumes_its_own_checkpoint_not_an_earlier_runs(tmp_p
     _interrupt_after_first_checkpoint(out)
     with pytest.raises(Interrupted) as info:
         monsoon.train("exp", "serial", epochs=400, lr=0.01, **opts)
-    assert f"--resume {out}" in str(info.value)
+    assert f"resume={json.dumps(str(out))}" in str(info.value)  # from Python: the keyword
     named = Path(json.loads((out / "summary.json").read_text())["checkpoint"])
     assert named.name < first[0].name  # interrupted before the first run's checkpoints
     assert named.exists()
@@ -611,7 +611,7 @@ def test_sigterm_in_process_writes_the_folder_and_resumes_bit_identical(tmp_path
     with pytest.raises(Interrupted) as info:
         monsoon.train(problem, strategy, workers, out=tmp_path / "a", checkpoint_every=200,
                       **opts)
-    assert info.value.exit_code == 143 and f"--resume {tmp_path / 'a'}" in str(info.value)
+    assert info.value.exit_code == 143 and f"resume={json.dumps(str(tmp_path / 'a'))}" in str(info.value)
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["checkpoint"]
     resumed = monsoon.train(problem, strategy, workers, resume=str(tmp_path / "a"), **opts)
