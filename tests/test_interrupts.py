@@ -306,7 +306,7 @@ def test_an_interrupted_compressed_sync_run_checkpoints_where_it_stopped(
     stopper = SignalOnce(make_problem("exp"), os.getpid(), rank=1, after=130)
     with pytest.raises(Interrupted) as info:
         monsoon.train(stopper, "sync", 2, out=run, checkpoint_every=every, **COMPRESSED)
-    assert f"--resume {run}" in str(info.value)
+    assert f"resume=\"{run}\"" in str(info.value)  # from Python: the keyword
     summary = json.loads((run / "summary.json").read_text())
     assert summary["sync_step"] == sync_step and 0 < summary["updates"] < 40 * 16
     newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
