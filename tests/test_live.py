@@ -152,7 +152,7 @@ def test_live_every_zero_with_tensorboard_writes_the_post_run_curve_alone(tmp_pa
 
 
 def test_bad_live_options_are_refused_in_one_line():
-    with pytest.raises(monsoon.ConfigError, match="--live-every"):
+    with pytest.raises(monsoon.ConfigError, match="fix live_every=$"):
         monsoon.train("exp", "sync", 2, epochs=1, live_every=-1)
     with pytest.raises(monsoon.ConfigError, match="--tensorboard writes under the run folder"):
         monsoon.train("exp", "sync", 2, epochs=1, tensorboard=True, progress=False)
