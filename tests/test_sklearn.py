@@ -1,6 +1,9 @@
 """monsoon.sklearn: scikit-learn's own estimator checks, the drop-in promise
 (every SGDClassifier parameter, same scores), and real use."""
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +20,8 @@ from monsoon.problems.sparse_linear import rcv1_like
 from monsoon.sklearn import HogwildClassifier, HogwildRegressor
 from monsoon.sklearn import plain_sgd
 from monsoon.sklearn.plain_sgd import REPROBE, LayoutChooser, run_epoch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # the checks scikit-learn itself expects SGDClassifier/SGDRegressor to fail
 _XFAIL = {HogwildClassifier: _get_expected_failed_checks(SGDClassifier()),
@@ -92,6 +97,32 @@ def test_defaults_are_sklearns():
     assert HogwildClassifier().get_params() == SGDClassifier().get_params()
     ours, theirs = HogwildRegressor().get_params(), SGDRegressor().get_params()
     assert ours.pop("n_jobs") is None and ours == theirs
+
+
+OLD_SKLEARN = """
+import sklearn
+sklearn.__version__ = "1.7.2"  # what an older install reports
+import monsoon.sklearn
+"""
+
+
+def test_an_older_scikit_learn_is_refused_on_import_in_one_line():
+    """The estimators override private methods whose arguments changed in
+    scikit-learn 1.8; under 1.7 every fit failed mid-fit
+    (``_fit_binary() got an unexpected keyword argument 'C'``), though
+    pyproject.toml allowed 1.3. Now the import refuses, naming the version
+    and the pip command."""
+    proc = subprocess.run([sys.executable, "-c", OLD_SKLEARN], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ImportError: monsoon.sklearn needs scikit-learn >= 1.8, and 1.7.2 is installed: "
+        "pip install 'scikit-learn>=1.8'")
+    from monsoon.sklearn import require_sklearn
+    with pytest.raises(ImportError, match="1.3.0 is installed"):
+        require_sklearn("1.3.0")
+    for version in ("1.8.0", "1.8.dev0", "1.10.1", "2.0rc1"):
+        require_sklearn(version)
 
 
 def test_n_jobs_reads_as_scikit_learns():

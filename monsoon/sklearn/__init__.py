@@ -22,7 +22,32 @@ Invariants: ``n_jobs=1`` runs scikit-learn's update sequence in its
 order (its shuffle, from the same seed: the fitted coefficients equal
 SGDClassifier's to rounding); the data are read in place (CSR float64/float32 or C-ordered
 dense), never copied, converted or re-sorted by the fit.
+
+Needs scikit-learn 1.8 or newer; an older one is refused on import, in
+one line (``require_sklearn``).
 """
-from .estimators import HogwildClassifier, HogwildRegressor
+import re
+
+import sklearn
+
+# the scikit-learn whose private methods ``estimators`` overrides
+# (``_fit_binary``, ``_fit_regressor``, ``_prepare_fit_binary``) take the
+# arguments they are written for
+SKLEARN_NEEDED = (1, 8)
+
+
+def require_sklearn(version: str) -> None:
+    """Refuse a scikit-learn older than ``SKLEARN_NEEDED`` in one line, on
+    import: its fits would call the overrides with other arguments and fail
+    mid-fit with a TypeError."""
+    if tuple(int(part) for part in re.findall(r"\d+", version)[:2]) < SKLEARN_NEEDED:
+        needed = ".".join(map(str, SKLEARN_NEEDED))
+        raise ImportError(f"monsoon.sklearn needs scikit-learn >= {needed}, and {version} is "
+                          f"installed: pip install 'scikit-learn>={needed}'")
+
+
+require_sklearn(sklearn.__version__)
+
+from .estimators import HogwildClassifier, HogwildRegressor  # noqa: E402
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
