@@ -125,6 +125,32 @@ def test_an_older_scikit_learn_is_refused_on_import_in_one_line():
         require_sklearn(version)
 
 
+@pytest.mark.parametrize("ours, theirs", [(HogwildClassifier, SGDClassifier),
+                                           (HogwildRegressor, SGDRegressor)])
+def test_fit_routes_sample_weight_as_scikit_learns(ours, theirs):
+    """``fit`` takes scikit-learn's parameters by name, so metadata routing
+    finds them: ``set_fit_request(sample_weight=True)`` raised "Unexpected
+    args: {'sample_weight'} in fit" (``fit(self, X, y, *args, **kwargs)``,
+    with no docstring). A routed grid search scores as scikit-learn's."""
+    import inspect
+
+    import sklearn
+    X, y = make_classification(600, 8, random_state=0)
+    if ours is HogwildRegressor:
+        y = X @ np.arange(1.0, 9.0) + np.random.default_rng(0).standard_normal(600)
+    weights = np.random.RandomState(0).rand(600)
+    assert inspect.signature(ours.fit) == inspect.signature(theirs.fit)
+    assert ours.fit.__doc__ == theirs.fit.__doc__
+    best = []
+    with sklearn.config_context(enable_metadata_routing=True):
+        for cls in (ours, theirs):
+            est = cls(random_state=0).set_fit_request(sample_weight=True)
+            search = GridSearchCV(est.set_score_request(sample_weight=False),
+                                  {"alpha": [1e-4, 1e-3]}, cv=3)
+            best.append(search.fit(X, y, sample_weight=weights).best_score_)
+    assert best[0] == pytest.approx(best[1], rel=1e-9, abs=1e-12), best
+
+
 def test_n_jobs_reads_as_scikit_learns():
     """A positive count is the threads; None and negative counts as joblib
     reads them, a ``parallel_config`` included."""

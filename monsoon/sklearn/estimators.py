@@ -104,20 +104,29 @@ def fit_binary(est, i, X, y, alpha, learning_rate, max_iter, pos_weight, neg_wei
     return coef, intercept, n_iter
 
 
+def _fit(base):
+    """``base.fit``, under its parameters (scikit-learn's metadata routing
+    reads them: ``set_fit_request``) and its docstring, starting the
+    'adagrad' sums again unless ``warm_start``."""
+    def fit(self, X, y, coef_init=None, intercept_init=None, sample_weight=None):
+        if not self.warm_start:
+            self._adagrad = {}
+        return base.fit(self, X, y, coef_init=coef_init, intercept_init=intercept_init,
+                        sample_weight=sample_weight)
+
+    fit.__doc__ = base.fit.__doc__
+    return fit
+
+
 class _AdaGrad:
     """The 'adagrad' learning rate beside scikit-learn's: accepted by the
     parameter checks; its per-feature sums go on across ``partial_fit``
-    calls and start again at each ``fit`` (unless ``warm_start``)."""
+    calls and start again at each ``fit`` (unless ``warm_start``: ``_fit``)."""
 
     def _get_learning_rate_type(self, learning_rate):
         if learning_rate == "adagrad":
             return K.ADAGRAD
         return super()._get_learning_rate_type(learning_rate)
-
-    def fit(self, X, y, *args, **kwargs):
-        if not self.warm_start:
-            self._adagrad = {}
-        return super().fit(X, y, *args, **kwargs)
 
 
 class HogwildClassifier(_AdaGrad, SGDClassifier):
@@ -127,6 +136,7 @@ class HogwildClassifier(_AdaGrad, SGDClassifier):
 
     _parameter_constraints = {**SGDClassifier._parameter_constraints,
                               "learning_rate": _LR_CONSTRAINT}
+    fit = _fit(SGDClassifier)
 
     def _fit_binary(self, X, y, alpha, sample_weight, learning_rate, max_iter):
         n_jobs, info = _jobs(self), {}
@@ -197,6 +207,7 @@ class HogwildRegressor(_AdaGrad, SGDRegressor):
 
     _parameter_constraints = {**SGDRegressor._parameter_constraints, "n_jobs": [None, Integral],
                               "learning_rate": _LR_CONSTRAINT}
+    fit = _fit(SGDRegressor)
 
     def _fit_regressor(self, X, y, alpha, loss, learning_rate, sample_weight, max_iter):
         if not hasattr(self, "t_"):
