@@ -285,6 +285,36 @@ def test_partial_fit_continues_and_threads_agree(text_data):
     assert abs(parallel.score(X_test, y_test) - serial.score(X_test, y_test)) < 0.02
 
 
+@pytest.mark.parametrize("cls", [HogwildClassifier, HogwildRegressor])
+def test_partial_fit_calls_go_on_with_one_layout_chooser(monkeypatch, cls):
+    """Each ``partial_fit`` call made a new LayoutChooser and ran as a fit's
+    epoch 0, on one thread: at ``n_jobs=2`` the threads never ran, however
+    many calls (docs/sklearn.md advises ``n_jobs=2`` with ``partial_fit``).
+    Now the calls go on with one chooser (its epochs, time and probes);
+    ``fit`` and ``clone`` start it afresh, as they do the 'adagrad' sums."""
+    from sklearn.base import clone
+
+    from sklearn_data import power_law
+    layouts, original = [], plain_sgd.run_epoch
+
+    def spy(layout, *args, **kwargs):
+        layouts.append(layout)
+        return original(layout, *args, **kwargs)
+    monkeypatch.setattr(plain_sgd, "run_epoch", spy)
+    monkeypatch.setattr(plain_sgd, "PROBE_AFTER", 0.0)  # a probe once epoch 0 has run
+    X, y = power_law(4000, 1000, 10)
+    extra = dict(classes=[0, 1]) if cls is HogwildClassifier else {}
+    est = cls(learning_rate="adagrad", eta0=1.0, alpha=1e-7, tol=None, n_jobs=2,
+              random_state=0)
+    for _ in range(3):
+        est.partial_fit(X, y, **extra)
+    assert layouts == ["one", "probe", est.layout_]
+    layouts.clear()
+    clone(est).partial_fit(X, y, **extra)
+    est.set_params(max_iter=2).fit(X, y)
+    assert layouts == ["one", "one", "probe"]
+
+
 def test_two_threads_reach_one_threads_loss_on_power_law_features(monkeypatch):
     """Power-law features (some in most rows, written by both threads at
     nearly every example): the two threads' model, forced to run every epoch

@@ -80,7 +80,7 @@ def _run(est, X, y, sample_weight, coef, intercept, average_coef, average_interc
         est.tol if est.tol is not None else -np.inf, int(est.fit_intercept), int(est.verbose),
         int(est.shuffle), seed, pos_weight, neg_weight, _learning_rate_code(learning_rate),
         est.eta0, est.power_t, est.t_, est.average, n_jobs=n_jobs, info=info,
-        adagrad=est.__dict__.setdefault("_adagrad", {}).setdefault(key, {}))
+        carried=est.__dict__.setdefault("_carried", {}).setdefault(key, {}))
 
 
 def fit_binary(est, i, X, y, alpha, learning_rate, max_iter, pos_weight, neg_weight,
@@ -106,11 +106,12 @@ def fit_binary(est, i, X, y, alpha, learning_rate, max_iter, pos_weight, neg_wei
 
 def _fit(base):
     """``base.fit``, under its parameters (scikit-learn's metadata routing
-    reads them: ``set_fit_request``) and its docstring, starting the
-    'adagrad' sums again unless ``warm_start``."""
+    reads them: ``set_fit_request``) and its docstring, starting what
+    ``partial_fit`` calls carry on (the 'adagrad' sums, the layout chooser:
+    ``plain_sgd``'s ``carried``) again unless ``warm_start``."""
     def fit(self, X, y, coef_init=None, intercept_init=None, sample_weight=None):
         if not self.warm_start:
-            self._adagrad = {}
+            self._carried = {}
         return base.fit(self, X, y, coef_init=coef_init, intercept_init=intercept_init,
                         sample_weight=sample_weight)
 

@@ -25,8 +25,8 @@ ceiling, and a fit measures which way is faster on its own data
 (``LayoutChooser``): once its epochs have taken ``PROBE_AFTER`` seconds it
 runs half an epoch on one thread and the rest on the threads, judged as
 they go (``run_epoch``, ``kernel.sgd_run``), runs later epochs the faster
-way and measures again ``REPROBE`` epochs later. A fit too short to probe
-runs exactly as with ``n_jobs=1``. See bench/hogwild_sweep.py.
+way and measures again ``REPROBE`` epochs later; ``partial_fit``'s calls go
+on with one chooser. A fit too short to probe runs as with ``n_jobs=1``. See bench/hogwild_sweep.py.
 
 Where the epochs run on one thread, a helper sums the log-loss of the
 epoch before (``log_loss_sum``) while the next runs: an epoch whose
@@ -180,7 +180,11 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
               penalty_type, alpha, l1_ratio, X, y, sample_weight, intercept_decay,
               validation_mask, early_stopping, validation_score_cb, n_iter_no_change, max_iter,
               tol, fit_intercept, verbose, shuffle, seed, weight_pos, weight_neg, learning_rate,
-              eta0, power_t, t=1.0, average=0, n_jobs=1, info=None, adagrad=None):
+              eta0, power_t, t=1.0, average=0, n_jobs=1, info=None, carried=None):
+    """``carried``: what goes on from one call to the next (``partial_fit``
+    hands the same dict to each): the 'adagrad' sums and the
+    ``LayoutChooser``, its epochs and probes."""
+    carried = {} if carried is None else carried
     n_samples, n_features = X.shape
     indptr, indices, data, cols = _arrays(X)
     y = np.ascontiguousarray(y, dtype=data.dtype)
@@ -207,10 +211,9 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     shared_b = np.array([intercept, 0.0], dtype=np.float64)
     gsq = np.zeros(1)
     if learning_rate == K.ADAGRAD:  # per-feature sums of squared slopes, kept across calls
-        adagrad = {} if adagrad is None else adagrad
-        if adagrad.get("gsq") is None or len(adagrad["gsq"]) != n_features:
-            adagrad["gsq"], adagrad["gb"] = np.zeros(n_features), 0.0
-        gsq, shared_b[1] = adagrad["gsq"], adagrad["gb"]
+        if carried.get("gsq") is None or len(carried["gsq"]) != n_features:
+            carried["gsq"], carried["gb"] = np.zeros(n_features), 0.0
+        gsq, shared_b[1] = carried["gsq"], carried["gb"]
 
     keep_loss = verbose or not early_stopping  # scikit-learn's: the stopping rule or the log
     loss_mode = (K.LOSS_LATER if loss_code == K.LOG else K.LOSS_NOW) if keep_loss else 0
@@ -260,7 +263,8 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
     best_objective, best_score, no_improvement = math.inf, -math.inf, 0
     t_start = time.time()
     pool = None  # helper threads: started by the first probe or shared log-loss, if any
-    chooser = LayoutChooser(threads=jobs > 1)
+    chooser = carried.setdefault("chooser", LayoutChooser(threads=jobs > 1))
+    chooser.threads = jobs > 1  # this call's (its rows, n_jobs and first step)
 
     def run_part(layout, lo, hi, judge=0.0):
         """Positions ``order[lo:hi]`` of the epoch, on one thread or on all
@@ -370,7 +374,7 @@ def plain_sgd(weights, intercept, average_weights, average_intercept, loss_code,
             pool.close()  # they exit once idle (a sum taken back is a no-op there)
     reset_wscale(state)
     if learning_rate == K.ADAGRAD:
-        adagrad["gb"] = float(shared_b[1])
+        carried["gb"] = float(shared_b[1])
     if info is not None:  # what the fit chose (``LayoutChooser``)
         info["layout"] = chooser.best
     return (weights, state[K.S_INTERCEPT], average_weights, state[K.S_AVG_INTERCEPT],
