@@ -217,6 +217,28 @@ def test_regressor_one_thread_is_sklearns(loss):
     np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("ours, theirs", [(HogwildRegressor, SGDRegressor),
+                                           (HogwildClassifier, SGDClassifier)])
+def test_a_random_state_instance_goes_on_as_scikit_learns(ours, theirs):
+    """A RandomState instance is drawn from by every fit: the regressor took
+    only the epochs' seed, not the draw scikit-learn's ``make_dataset``
+    takes after it, so from the second ``partial_fit`` on its seeds, and
+    its model, were another's (0.18 apart in a coefficient)."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((600, 8))
+    y = X @ np.arange(1.0, 9.0) + 0.1 * rng.standard_normal(600)
+    extra = {}
+    if ours is HogwildClassifier:
+        y, extra = (y > 0).astype(int), {"classes": [0, 1]}
+    mine = ours(random_state=np.random.RandomState(0), n_jobs=1)
+    reference = theirs(random_state=np.random.RandomState(0))
+    for _ in range(4):
+        mine.partial_fit(X, y, **extra)
+        reference.partial_fit(X, y, **extra)
+    np.testing.assert_allclose(mine.coef_, reference.coef_, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(mine.intercept_, reference.intercept_, rtol=1e-9, atol=1e-9)
+
+
 def test_a_value_it_cannot_honour_is_refused():
     X, y = make_classification(100, 5, random_state=0)
     with pytest.raises(ValueError, match="learning_rate"):

@@ -83,13 +83,21 @@ def _run(est, X, y, sample_weight, coef, intercept, average_coef, average_interc
         carried=est.__dict__.setdefault("_carried", {}).setdefault(key, {}))
 
 
+def _dataset_draw(random_state):
+    """The draw scikit-learn's ``make_dataset`` takes from the fit's
+    RandomState (its dataset's seed, unused here), taken where scikit-learn
+    takes it: a RandomState instance shared by the fits then goes on as
+    scikit-learn's, and so do the seeds drawn after it."""
+    random_state.randint(1, np.iinfo(np.int32).max)
+
+
 def fit_binary(est, i, X, y, alpha, learning_rate, max_iter, pos_weight, neg_weight,
                sample_weight, validation_mask=None, random_state=None, n_jobs=1, info=None):
     """scikit-learn's ``fit_binary`` (class i against the rest) on ``plain_sgd``."""
     y_i, coef, intercept, average_coef, average_intercept = _prepare_fit_binary(
         est, y, i, input_dtype=X.dtype, label_encode=est.loss == "log_loss")
     random_state = check_random_state(random_state)
-    random_state.randint(1, np.iinfo(np.int32).max)  # make_dataset's draw: scikit-learn's seed next
+    _dataset_draw(random_state)  # before the seed, as scikit-learn's fit_binary
     if validation_mask is None:
         validation_mask = est._make_validation_split(y_i, sample_mask=sample_weight > 0)
     validation_score_cb = est._make_validation_score_cb(
@@ -216,7 +224,9 @@ class HogwildRegressor(_AdaGrad, SGDRegressor):
         validation_mask = self._make_validation_split(y, sample_mask=sample_weight > 0)
         validation_score_cb = self._make_validation_score_cb(validation_mask, X, y,
                                                              sample_weight)
-        seed = check_random_state(self.random_state).randint(0, MAX_INT)
+        random_state = check_random_state(self.random_state)
+        seed = random_state.randint(0, MAX_INT)
+        _dataset_draw(random_state)  # after the seed, as scikit-learn's _fit_regressor
         if self.average:
             coef, intercept = self._standard_coef, self._standard_intercept
             average_coef, average_intercept = self._average_coef, self._average_intercept
