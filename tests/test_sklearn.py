@@ -294,6 +294,19 @@ def test_multiclass_one_vs_rest_on_digits():
     assert clf.predict_proba(X_test).shape == (len(X_test), 10)
 
 
+def test_layout_is_set_by_every_fit_one_vs_rest_too():
+    """``layout_`` was set only by a fit of one problem: missing after a
+    multi-class fit or partial_fit, and a binary fit's after a multi-class
+    refit. One-vs-rest shares the classes out, each on one thread."""
+    X, y = make_classification(600, 8, n_classes=3, n_informative=4, random_state=0)
+    clf = HogwildClassifier(n_jobs=2, random_state=0)
+    assert clf.fit(X, y == 0).layout_ in ("one", "threads")
+    assert clf.fit(X, y).layout_ == "one-vs-rest"
+    assert clf.fit(X, y == 0).layout_ in ("one", "threads")
+    fresh = HogwildClassifier(n_jobs=2, random_state=0).partial_fit(X, y, classes=[0, 1, 2])
+    assert fresh.layout_ == "one-vs-rest"
+
+
 def test_partial_fit_continues_and_threads_agree(text_data):
     X_train, X_test, y_train, y_test = text_data
     clf = HogwildClassifier(random_state=0)

@@ -13,7 +13,8 @@ Recht, Re and Wright, "Hogwild!", NIPS 2011), sharing
 the intercept and the average weights without races (``kernel``'s module
 doc says which state is raced and which is not). ``n_jobs`` is a ceiling: a
 fit times an epoch on the threads against one on a single thread and runs
-the faster (``plain_sgd.LayoutChooser``; ``layout_`` says which it chose),
+the faster (``plain_sgd.LayoutChooser``; ``layout_`` says which it chose;
+"one-vs-rest" beyond two classes, each class on one thread),
 because on power-law data threads that write the same hot weights can be
 slower than one. A parameter value they cannot honour is refused with a
 message saying so.

@@ -179,6 +179,7 @@ class HogwildClassifier(_AdaGrad, SGDClassifier):
 
         with ThreadPoolExecutor(min(_jobs(self, one_vs_rest=True), len(self.classes_))) as pool:
             result = list(pool.map(one, range(len(self.classes_))))
+        self.layout_ = "one-vs-rest"  # the classes shared out, each fit on one thread
         n_iter = 0
         for i, (_, intercept, n_iter_i) in enumerate(result):
             self.intercept_[i] = intercept
