@@ -25,8 +25,9 @@ ceiling, and a fit measures which way is faster on its own data
 (``LayoutChooser``): once its epochs have taken ``PROBE_AFTER`` seconds it
 runs half an epoch on one thread and the rest on the threads, judged as
 they go (``run_epoch``, ``kernel.sgd_run``), runs later epochs the faster
-way and measures again ``REPROBE`` epochs later; ``partial_fit``'s calls go
-on with one chooser. A fit too short to probe runs as with ``n_jobs=1``. See bench/hogwild_sweep.py.
+way and measures again ``REPROBE`` epochs later (later still after a probe
+the threads clearly lost); ``partial_fit``'s calls go on with one chooser.
+A fit too short to probe runs as with ``n_jobs=1``. See bench/hogwild_sweep.py.
 
 Where the epochs run on one thread, a helper sums the log-loss of the
 epoch before (``log_loss_sum``) while the next runs: an epoch whose
