@@ -121,6 +121,9 @@ def test_an_older_scikit_learn_is_refused_on_import_in_one_line():
     from monsoon.sklearn import require_sklearn
     with pytest.raises(ImportError, match="1.3.0 is installed"):
         require_sklearn("1.3.0")
+    with pytest.raises(ImportError, match=r"installed: scikit-learn 1.8 needs Python 3.11 or "
+                                          r"newer, and this is Python 3.10$"):
+        require_sklearn("1.7.2", python=(3, 10))  # where pip cannot install 1.8
     for version in ("1.8.0", "1.8.dev0", "1.10.1", "2.0rc1"):
         require_sklearn(version)
 

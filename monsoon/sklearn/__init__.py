@@ -28,6 +28,7 @@ Needs scikit-learn 1.8 or newer; an older one is refused on import, in
 one line (``require_sklearn``).
 """
 import re
+import sys
 
 import sklearn
 
@@ -35,16 +36,21 @@ import sklearn
 # (``_fit_binary``, ``_fit_regressor``, ``_prepare_fit_binary``) take the
 # arguments they are written for
 SKLEARN_NEEDED = (1, 8)
+SKLEARN_PYTHON = (3, 11)  # the oldest Python scikit-learn 1.8 installs on
 
 
-def require_sklearn(version: str) -> None:
+def require_sklearn(version: str, python: tuple = sys.version_info[:2]) -> None:
     """Refuse a scikit-learn older than ``SKLEARN_NEEDED`` in one line, on
     import: its fits would call the overrides with other arguments and fail
-    mid-fit with a TypeError."""
+    mid-fit with a TypeError. The fix it names: the pip command, or on a
+    Python older than scikit-learn 1.8 supports, a newer Python."""
     if tuple(int(part) for part in re.findall(r"\d+", version)[:2]) < SKLEARN_NEEDED:
         needed = ".".join(map(str, SKLEARN_NEEDED))
+        fix = (f"pip install 'scikit-learn>={needed}'" if python >= SKLEARN_PYTHON else
+               f"scikit-learn {needed} needs Python {'.'.join(map(str, SKLEARN_PYTHON))} or "
+               f"newer, and this is Python {'.'.join(map(str, python))}")
         raise ImportError(f"monsoon.sklearn needs scikit-learn >= {needed}, and {version} is "
-                          f"installed: pip install 'scikit-learn>={needed}'")
+                          f"installed: {fix}")
 
 
 require_sklearn(sklearn.__version__)
