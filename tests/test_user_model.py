@@ -520,3 +520,26 @@ def test_a_loss_not_finite_at_the_start_says_so_not_to_lower_the_learning_rate(t
     assert "ignore_index" in line and "--lr" not in line
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["stopped"] in line
+
+
+@pytest.mark.parametrize("loss_fn", [nn.BCEWithLogitsLoss(), nn.BCELoss()])
+def test_binary_cross_entropy_targets_outside_0_1_are_refused_when_built(loss_fn):
+    """Labels -1/+1 under BCE trained a loss that fell without bound (-54
+    after 50 epochs) and the run said "finished". Refused in one line with
+    the fix, for y, a validation set's y and a Dataset's targets."""
+    from monsoon.errors import ConfigError
+
+    X = torch.randn(20, 3)
+    pm = torch.where(X[:, :1] > 0, 1.0, -1.0)
+    module = nn.Sequential(nn.Linear(3, 1), nn.Sigmoid()) if isinstance(
+        loss_fn, nn.BCELoss) else nn.Linear(3, 1)
+    words = re.escape(f"{type(loss_fn).__name__} takes targets in [0, 1]") + ".*{} holds -1 to 1" \
+        + re.escape(": its loss would fall without bound; for labels -1/+1 give (y + 1) / 2")
+    with pytest.raises(ConfigError, match=words.format("but y")):
+        TorchProblem(module, loss_fn, X, pm)
+    with pytest.raises(ConfigError, match=words.format("the validation set's y")):
+        TorchProblem(module, loss_fn, X, (pm + 1) / 2, val=(X, pm))
+    with pytest.raises(ConfigError, match=words.format("the dataset's first targets")):
+        TorchProblem.from_dataset(torch.utils.data.TensorDataset(X, pm), module, loss_fn)
+    problem = TorchProblem(module, loss_fn, X, (pm + 1) / 2)  # what the line says to give
+    assert "accuracy" in problem.evaluate(problem.initial_params(0))

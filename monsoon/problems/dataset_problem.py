@@ -41,7 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .torch_model import TorchModel, data_tensor, is_classification, validation_split
+from .torch_model import (TorchModel, check_targets, data_tensor, is_classification,
+                          validation_split)
 from ..errors import ConfigError
 
 _MAX_PENDING = 2
@@ -86,12 +87,15 @@ class DatasetProblem(TorchModel):
         self._pending = {}
         self.n_examples = int(n if not val_fraction else len(dataset))
         x0, y0 = self._first_items(self.dataset)
+        check_targets(loss_fn, y0, "the dataset's first targets")
         self.classification = is_classification(loss_fn, y0)
         self._setup_module(module)
         # a module or loss that does not fit the items: refused now, not in a worker
         self._probe("the dataset's inputs", x0, y0)
         if val is not None and len(val):
-            self._probe("the validation set's inputs", *self._first_items(val))
+            vx, vy = self._first_items(val)
+            check_targets(loss_fn, vy, "the validation set's first targets")
+            self._probe("the validation set's inputs", vx, vy)
 
     # -- reading the data ------------------------------------------------------
     def _first_items(self, dataset):

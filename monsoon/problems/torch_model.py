@@ -98,6 +98,9 @@ class TorchModel(Problem):
                                  "they must match")
             self.val = (vX.to(tdtype) if vX.is_floating_point() else vX,
                         vy.to(tdtype) if vy.is_floating_point() else vy)
+        check_targets(loss_fn, self.y)
+        if self.val is not None:
+            check_targets(loss_fn, self.val[1], "the validation set's y")
         self.classification = is_classification(loss_fn, self.y)
         self.n_examples = int(len(self.X))
         self._setup_module(module)
@@ -848,6 +851,20 @@ def val_tensors(val) -> tuple:
         got += f" whose items collate into {type(pair).__name__}" if pair else " of no items"
     raise ConfigError(f"val must be (X_val, y_val), or a map-style Dataset of (input, target) "
                       f"items, not a {got}")
+
+
+def check_targets(loss_fn, y, label: str = "y") -> None:
+    """Refuse, in one line, targets that ``loss_fn`` takes but cannot mean:
+    binary cross-entropy's outside [0, 1] (labels -1/+1), whose loss falls
+    without bound as the logits grow, so the run "finishes" having learned
+    nothing."""
+    if isinstance(loss_fn, (torch.nn.BCEWithLogitsLoss, torch.nn.BCELoss)) and len(y):
+        low, high = float(y.min()), float(y.max())
+        if low < 0 or high > 1:
+            raise ConfigError(
+                f"{type(loss_fn).__name__} takes targets in [0, 1] (the probability of "
+                f"class 1), but {label} holds {low:g} to {high:g}: its loss would fall "
+                f"without bound; for labels -1/+1 give (y + 1) / 2")
 
 
 def is_classification(loss_fn, y) -> bool:
