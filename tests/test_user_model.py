@@ -543,3 +543,30 @@ def test_binary_cross_entropy_targets_outside_0_1_are_refused_when_built(loss_fn
         TorchProblem.from_dataset(torch.utils.data.TensorDataset(X, pm), module, loss_fn)
     problem = TorchProblem(module, loss_fn, X, (pm + 1) / 2)  # what the line says to give
     assert "accuracy" in problem.evaluate(problem.initial_params(0))
+
+
+@pytest.mark.parametrize("loss_fn, name", [
+    (nn.MSELoss(), "MSELoss"), (nn.L1Loss(), "L1Loss"), (nn.HuberLoss(), "HuberLoss"),
+    (nn.BCEWithLogitsLoss(), "BCEWithLogitsLoss"),
+    (torch.nn.functional.mse_loss, "F.mse_loss")])
+def test_an_elementwise_loss_whose_targets_differ_from_the_output_in_shape_is_refused(
+        loss_fn, name):
+    """MSELoss on nn.Linear(5, 1)'s (N, 1) output with y of shape (N,) passed
+    the build-time check and trained a wrong model (torch broadcasts to
+    (N, N), a UserWarning at most): final loss 4.7 where y[:, None] gets
+    0.008. Refused in one line naming both shapes and the fix."""
+    from monsoon.errors import ConfigError
+
+    X = torch.randn(20, 5)
+    y = (X[:, 0] > 0).float()
+    words = (f"{name} compares the module's output and the targets element by element, but "
+             "on the first rows of {} the output has shape (2, 1) and the targets (2,), which "
+             "torch broadcasts to (2, 2): make them one shape, y[:, None] (y.reshape(-1, 1)) "
+             "for an output of one column, or squeeze the module's output")
+    with pytest.raises(ConfigError, match=re.escape(words.format("X"))):
+        TorchProblem(nn.Linear(5, 1), loss_fn, X, y)
+    with pytest.raises(ConfigError, match=re.escape(words.format("the validation set's X"))):
+        TorchProblem(nn.Linear(5, 1), loss_fn, X, y[:, None], val=(X, y))
+    with pytest.raises(ConfigError, match=re.escape(words.format("the dataset's inputs"))):
+        TorchProblem.from_dataset(torch.utils.data.TensorDataset(X, y), nn.Linear(5, 1), loss_fn)
+    TorchProblem(nn.Linear(5, 1), loss_fn, X, y[:, None])  # as the line says

@@ -46,6 +46,7 @@ import weakref
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .base import Problem, check_finite
@@ -130,6 +131,7 @@ class TorchModel(Problem):
                         f"of shape {tuple(xb.shape)} fails ({_first_line(exc)}); make the "
                         f"module's input fit rows of shape {tuple(xb.shape[1:])}, or reshape "
                         f"{label}") from None
+                check_shapes(self.loss_fn, out, yb, label)
                 try:
                     loss = self.loss_fn(out, yb)
                 except Exception as exc:  # noqa: BLE001
@@ -851,6 +853,38 @@ def val_tensors(val) -> tuple:
         got += f" whose items collate into {type(pair).__name__}" if pair else " of no items"
     raise ConfigError(f"val must be (X_val, y_val), or a map-style Dataset of (input, target) "
                       f"items, not a {got}")
+
+
+# losses that compare output and target element by element (torch's
+# documented "same shape as the input"), each with its functional form;
+# most broadcast other shapes, with a warning at most
+_ELEMENTWISE = {torch.nn.MSELoss: F.mse_loss, torch.nn.L1Loss: F.l1_loss,
+                torch.nn.SmoothL1Loss: F.smooth_l1_loss, torch.nn.HuberLoss: F.huber_loss,
+                torch.nn.BCELoss: F.binary_cross_entropy,
+                torch.nn.BCEWithLogitsLoss: F.binary_cross_entropy_with_logits,
+                torch.nn.SoftMarginLoss: F.soft_margin_loss,
+                torch.nn.PoissonNLLLoss: F.poisson_nll_loss, torch.nn.KLDivLoss: F.kl_div,
+                torch.nn.MultiLabelSoftMarginLoss: F.multilabel_soft_margin_loss}
+
+
+def check_shapes(loss_fn, out, y, label: str) -> None:
+    """Refuse, in one line, an element-wise loss's output and targets of
+    different shapes: torch broadcasts (N, 1) against (N,) to (N, N), and the
+    run trains a wrong model with only a UserWarning to show for it."""
+    name = next((kind.__name__ if isinstance(loss_fn, kind) else f"F.{fn.__name__}"
+                 for kind, fn in _ELEMENTWISE.items()
+                 if isinstance(loss_fn, kind) or loss_fn is fn), None)
+    if name is None or not isinstance(out, torch.Tensor) or out.shape == y.shape:
+        return
+    try:
+        wrong = f", which torch broadcasts to {tuple(torch.broadcast_shapes(out.shape, y.shape))}"
+    except RuntimeError:
+        wrong = ""
+    raise ConfigError(
+        f"{name} compares the module's output and the targets element by element, but on "
+        f"the first rows of {label} the output has shape {tuple(out.shape)} and the targets "
+        f"{tuple(y.shape)}{wrong}: make them one shape, y[:, None] (y.reshape(-1, 1)) for "
+        "an output of one column, or squeeze the module's output")
 
 
 def check_targets(loss_fn, y, label: str = "y") -> None:
