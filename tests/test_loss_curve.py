@@ -395,6 +395,27 @@ def test_the_constant_predictors_loss_is_the_bias_alone_at_its_best():
     assert worse_than_start(rows, float("nan"), 0.61) is None  # marked diverged instead
 
 
+@pytest.mark.parametrize("kind, label", [("logistic", 1.0), ("logistic", 0.0),
+                                         ("hinge", 1.0), ("squared", 0.1)])
+def test_labels_all_one_value_have_no_constant_predictor_to_beat(kind, label, tmp_path):
+    """A libsvm file of one class warned on every run "did not converge: the
+    loss ended at 0.25, above a constant predictor's (-0)": that bar is the
+    labels' entropy, 0, reached only as the bias grows without bound. No
+    comparison where the labels are all one value (squared: float32 ones
+    too), and no "-0" in any warning."""
+    import scipy.sparse as sp
+
+    from monsoon.problems.sparse_linear import SparseLinear
+    from monsoon.record.recorder import worse_than_start
+
+    X = sp.csr_matrix(np.array([[0.5, 0.0], [0.0, 1.0], [0.3, 0.0]]))
+    problem = SparseLinear(X, np.full(3, label), kind, dtype="float32")
+    assert problem.constant_loss() is None
+    run = monsoon.train(problem, "serial", epochs=5, progress=False, out=tmp_path / "run")
+    assert "warning" not in run.summary, run.summary["warning"]
+    assert "(0)" in worse_than_start([], 0.25, -0.0)
+
+
 def test_tol_stops_once_the_best_loss_gains_less_than_tol_over_an_epoch():
     """``tol`` (an engine that evaluates while it runs: ``check_target``):
     the stop comes only once an epoch of examples separates two evaluations,

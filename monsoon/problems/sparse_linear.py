@@ -147,10 +147,10 @@ class SparseLinear(SharedDataProblem):
             return total / self.n_examples + 0.5 * self.lam * float(
                 w[:-1][seen] @ w[:-1][seen]) / self.n_examples
 
-    def constant_loss(self) -> float:
+    def constant_loss(self) -> float | None:
         """The loss of the best constant prediction (``constant_loss``)."""
-        return constant_loss(self.kind, len(self.y), float(self.y.sum()),
-                             float(self.y @ self.y))
+        y = self.y.astype(np.float64)  # float32 sums leave all-equal labels a variance
+        return constant_loss(self.kind, len(y), float(y.sum()), float(np.sum(y * y)))
 
     def inverse_variance(self) -> np.ndarray:
         """1 / each feature's variance (then 1 for the bias): lbfgs's H_0."""
@@ -160,17 +160,24 @@ class SparseLinear(SharedDataProblem):
         return self.X @ w[:-1] + w[-1]
 
 
-def constant_loss(kind: str, n: int, y_sum: float, y_sq_sum: float) -> float:
+def constant_loss(kind: str, n: int, y_sum: float, y_sq_sum: float) -> float | None:
     """The mean loss of the best constant prediction (weights 0, the bias
     alone) for labels with ``n`` rows, sum ``y_sum`` and sum of squares
     ``y_sq_sum``: logistic, the labels' entropy H(p) (the bias logit(p));
-    hinge, 2 min(p, 1 - p) (the bias +-1); squared, half their variance."""
+    hinge, 2 min(p, 1 - p) (the bias +-1); squared, half their variance.
+    None where the labels are all one value (to rounding): that bar is 0,
+    which logistic reaches only as the bias grows without bound and a run
+    of the others ends a rounding or an L2 term above, so every run would
+    read as worse than a constant."""
     mean = y_sum / max(n, 1)
     if kind == "squared":
-        return 0.5 * max(y_sq_sum / max(n, 1) - mean * mean, 0.0)
+        var = y_sq_sum / max(n, 1) - mean * mean
+        return None if var <= 1e-9 * y_sq_sum / max(n, 1) else 0.5 * var
+    if not 0.0 < mean < 1.0:
+        return None
     if kind == "hinge":
         return 2.0 * min(mean, 1.0 - mean)
-    return float(-sum(q * np.log(q) for q in (mean, 1.0 - mean) if q > 0))
+    return float(-sum(q * np.log(q) for q in (mean, 1.0 - mean)))
 
 
 def rcv1_like(rows: int = 200_000, features: int = 47_236, nnz: int = 50,

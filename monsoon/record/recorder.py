@@ -113,8 +113,8 @@ def worse_than_start(rows: list[dict], final: float, constant: float | None) -> 
     if start is not None and math.isfinite(start) and final > start:
         return NOT_CONVERGED.format(final=final, what="its starting loss", ref=start, more="")
     if constant is not None and math.isfinite(constant) and final > constant:
-        return NOT_CONVERGED.format(final=final, what="a constant predictor's", ref=constant,
-                                    more=", or train longer")
+        return NOT_CONVERGED.format(final=final, what="a constant predictor's",
+                                    ref=constant + 0.0, more=", or train longer")  # never "-0"
     return None
 
 
