@@ -102,6 +102,28 @@ def test_a_compressed_data_file_reads_as_the_plain_one(tmp_path, module):
         load_svmlight(tmp_path / "cut.data")
 
 
+@pytest.mark.parametrize("module", [None, "gzip"])
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path, module):
+    """A file saved with a BOM (Windows editors, Excel's "CSV UTF-8") was
+    refused: "the label '\\ufeff1' is not a number"; a ratings file's first
+    user became a user of its own, '\\ufeffu1'. Read as without it, plain or
+    compressed."""
+    import importlib
+
+    def bom(name, text):
+        data = b"\xef\xbb\xbf" + text.encode()
+        (tmp_path / name).write_bytes(importlib.import_module(module).compress(data)
+                                      if module else data)
+        return tmp_path / name
+
+    text = "1 1:0.5 3:1\n-1 2:1.5\n"
+    X, y, _ = load_svmlight(bom("a.svm", text))
+    plain = load_svmlight(write(tmp_path, "plain.svm", text))
+    assert (X != plain[0]).nnz == 0 and list(y) == list(plain[1]) == [1, -1]
+    data = load_ratings(bom("r.csv", "u1,m9,4.0\nu2,m9,3.5\nu1,m3,5\n"))
+    assert list(data["user_ids"][data["users"]]) == ["u1", "u2", "u1"]
+
+
 @pytest.mark.parametrize("sep", [",", "\t", "::"])
 def test_ratings_separators_and_header(tmp_path, sep):
     header = sep.join(["userId", "movieId", "rating", "timestamp"]) + "\n" if sep == "," else ""

@@ -6,7 +6,8 @@
 - ratings (``user, item, rating[, timestamp]``), as MovieLens ships them:
   comma-, tab- or ``::``-separated, with an optional header line.
 
-Either may be compressed with gzip, bzip2 or xz (told by its first bytes).
+Either may be compressed with gzip, bzip2 or xz (told by its first bytes),
+and start with a UTF-8 byte-order mark (skipped, as a BOM-less file reads).
 
 A malformed line raises ``DataFileError`` naming the file and line number;
 so does a value that is not finite (NaN, Inf: it would make every loss NaN)
@@ -81,7 +82,7 @@ def _open_lines(path):
     for magic, module in _COMPRESSED:  # by content, whatever the name says
         if head.startswith(magic):
             opener = __import__(module).open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+    with opener(path, "rt", encoding="utf-8-sig", errors="replace") as f:  # a BOM skipped
         try:
             for number, line in enumerate(f, start=1):
                 yield number, line
