@@ -209,3 +209,18 @@ def test_a_local_sgd_worker_resumed_before_a_rounds_average_makes_it_first(local
             at = min((k + 1) * local_steps, 14)
             resumed = ops(WorkerJob(rank, workers, n, batch, 0, budget, start_step=at, synced=k))
             assert resumed == whole[end:], (rank, k)
+
+
+@pytest.mark.parametrize("rows, line", [
+    (1, "2 workers but only 1 training example; use at most 1 worker"),
+    (2, "3 workers but only 2 training examples; use at most 2 workers")])
+def test_more_workers_than_examples_is_refused_in_a_grammatical_line(rows, line):
+    """It said "only 1 training examples; use at most 1 workers"."""
+    import scipy.sparse as sp
+
+    from monsoon.problems.sparse_linear import SparseLinear
+
+    problem = SparseLinear(sp.csr_matrix(np.ones((rows, 2))), np.arange(rows) % 2)
+    with pytest.raises(monsoon.ConfigError) as info:
+        monsoon.train(problem, "async", rows + 1, epochs=1, progress=False)
+    assert str(info.value) == line

@@ -170,8 +170,10 @@ class Strategy:
 
     def validate(self, workers: int, batch_size: int, n_examples: int) -> None:
         if workers > n_examples:
-            raise ConfigError(f"{workers} workers but only {n_examples} training examples; "
-                              f"use at most {n_examples} workers")
+            s = "" if n_examples == 1 else "s"
+            raise ConfigError(f"{workers} worker{'' if workers == 1 else 's'} but only "
+                              f"{n_examples} training example{s}; use at most {n_examples} "
+                              f"worker{s}")
 
     def preflight(self, problem, workers: int, batch_size: int) -> None:
         """Refuse, in one line (ConfigError), a run this strategy cannot
