@@ -402,6 +402,20 @@ def test_the_per_engine_tables_name_every_engine():
         assert sorted(r[0] for r in rows) == names, page
 
 
+def test_the_spark_page_states_the_spark_data_defaults():
+    """docs/engines/spark.md said "--tol 0.0002 with at most 20 epochs" in
+    one place and 100 in another; SPARK_DEFAULTS has 100. Every "at most N
+    epochs" and "--tol T" it states is the default."""
+    from monsoon.problems.spark_data import SPARK_DEFAULTS
+
+    text = (ROOT / "docs" / "engines" / "spark.md").read_text()
+    epochs = re.findall(r"at most\s+(\d+)\s+epochs", text)
+    tols = re.findall(r"--tol\s+([\d.]+)", text)
+    assert epochs and tols
+    assert {int(e) for e in epochs} == {SPARK_DEFAULTS["epochs"]}
+    assert {float(t) for t in tols} == {SPARK_DEFAULTS["tol"]}
+
+
 # -- the README's Python -------------------------------------------------------------
 
 def _python_blocks(page: Path) -> list[tuple[int, str]]:
