@@ -121,6 +121,39 @@ def test_bad_specs_are_refused_in_one_line(spec, words):
         M.parse(spec)
 
 
+def test_qsgd_refuses_more_levels_than_a_level_carries_and_the_most_round_trip(tmp_path):
+    """Issue: S >= 2**31 wrapped in the int32 levels (qsgd:4294967296 decoded
+    1.0 as -0.5) and a huge S trained nothing, silently. Now S is refused past
+    2**31 - 1, in one line naming that bound; that S itself travels exactly."""
+    import contextlib
+    import io
+
+    from monsoon.cli import main
+
+    most = M.QSGD(2**31 - 1)
+    for v in (np.array([1.0, 0.001, -0.002]), np.array([0.0, -1.0, 0.0])):
+        enc = most.encode(v)
+        wire = most.pack(enc, v.dtype)
+        assert wire.nbytes == enc.nbytes == 8 + math.ceil(3 * 32 / 8)
+        back = most.unpack(wire, v.size, v.dtype)
+        np.testing.assert_array_equal(back.arrays["levels"], enc.arrays["levels"])
+        np.testing.assert_array_equal(most.decode(back, v.dtype), most.decode(enc, v.dtype))
+        np.testing.assert_allclose(most.decode(enc, v.dtype), v, rtol=0, atol=1e-9)
+    words = "compress must be qsgd:LEVELS with a whole number from 1 to 2147483647"
+    for s in (2**31, 2**32, 10**20):
+        with pytest.raises(ConfigError, match=f"{words}, e.g. qsgd:4, got 'qsgd:{s}'; fix compress="):
+            monsoon.train("linear", "sync", 2, compress=f"qsgd:{s}", steps=2, evals=0)
+        with pytest.raises(ConfigError, match=r"levels must be in \[1, 2147483647\]"):
+            M.QSGD(s)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train", "--problem", "linear", "--strategy", "sync", "--workers", "2",
+                     "--compress", "qsgd:4294967296", "--steps", "2", "--out", str(tmp_path / "r")])
+    assert (code, err.getvalue().strip()) == (2, f"monsoon: error: {words}, e.g. qsgd:4, got "
+                                                 "'qsgd:4294967296'; fix --compress")
+    assert not (tmp_path / "r").exists()
+
+
 def test_powersgd_needs_matrices():
     with pytest.raises(ConfigError, match="matrix-shaped"):
         monsoon.train("linear", "sync", 2, compress="powersgd:2", steps=4, evals=0)

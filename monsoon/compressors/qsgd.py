@@ -1,24 +1,29 @@
 """``qsgd:S``: Q_s(v)_i = ||v||_2 sign(v_i) xi_i, xi_i = l/s or (l+1)/s
 with P[(l+1)/s] = s|v_i|/||v||_2 - l (Alistarh et al. 2017, eq. 1,
 unbiased); counted at fixed width: ceil(log2(s+1)) + 1 bits a coordinate,
-and one norm."""
+and one norm. S is at most ``LEVELS_MAX`` (2**31 - 1): a level travels as
+an int32 before it is packed, so a larger S is refused, not wrapped."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from ..options import Option, at_least
+from ..options import Option, in_range
 from .base import Compressor, Encoded, Reader, pack_uints, to_bytes, unpack_uints
+
+
+LEVELS_MAX = 2**31 - 1  # the largest level an int32 holds
 
 
 class QSGD(Compressor):
     name = "qsgd"
-    argument = Option("levels", int, None, "a whole number of at least 1", check=at_least(1))
+    argument = Option("levels", int, None, f"a whole number from 1 to {LEVELS_MAX}",
+                      check=in_range(1, LEVELS_MAX))
     example = "4"
 
     def __init__(self, levels: int, seed: int = 0):
-        self.levels = levels
+        self.levels = self.argument.value(levels, cli=False)
         self.rng = np.random.default_rng(seed)
 
     @classmethod
@@ -34,7 +39,8 @@ class QSGD(Compressor):
         else:
             r = np.abs(v.astype(np.float64)) / norm * s
             low = np.floor(r)
-            level = (low + (u < r - low)).astype(np.int32)
+            # at most s: |v_i| <= ||v|| but the division may round up
+            level = np.minimum(low + (u < r - low), s).astype(np.int32)
         norm = float(v.dtype.type(norm))  # as it travels: one value of v's dtype
         return Encoded("qsgd", v.size, {"norm": norm, "signs": np.signbit(v), "levels": level},
                        v.itemsize + math.ceil(v.size * self.bits / 8))
