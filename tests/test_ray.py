@@ -604,3 +604,63 @@ def test_a_second_run_in_one_process_starts_its_own_ray_again(tmp_path):
                           cwd=tmp_path, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["finished", "False"] * 2, proc.stdout
+
+
+def test_a_run_without_an_address_starts_its_own_ray_beside_a_recorded_cluster(tmp_path):
+    """A ``ray start`` on this machine records its address in
+    RAY_TMPDIR/ray/ray_current_cluster, and ray.init(address=None) joins it:
+    a run without --address (or RAY_ADDRESS) failed ("When connecting to an
+    existing cluster, num_cpus and num_gpus must not be provided"). It starts
+    a private instance, as promised, and stops it at its end. The recorded
+    cluster is a fake one in a private RAY_TMPDIR (short: Ray's socket paths
+    live under it), so nothing shared is touched."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))
+    try:
+        (tmp / "ray").mkdir()
+        (tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:6390\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(RAY_TMPDIR=str(tmp), PYTHONPATH=str(root))
+        proc = subprocess.run([sys.executable, "-m", "monsoon", "train", "--engine", "ray",
+                               "--problem", "logistic", "--strategy", "sync", "--workers", "2",
+                               "--steps", "10", "--out", str(tmp_path / "run"), "--quiet"],
+                              capture_output=True, text=True, env=env, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads((tmp_path / "run" / "summary.json").read_text())["updates"] == 10
+        assert any((tmp / "ray").glob("session_*"))  # its own instance, under RAY_TMPDIR
+        left = _processes_naming(str(tmp))
+        deadline = time.monotonic() + 30
+        while left and time.monotonic() < deadline:  # Ray's daemons end a moment after
+            time.sleep(0.5)
+            left = _processes_naming(str(tmp))
+        for pid in left:  # stop what the run left, then say so
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        assert not left, f"the run left Ray's processes {left}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _processes_naming(text: str) -> list[int]:
+    """The pids of the processes whose command line holds ``text``."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found

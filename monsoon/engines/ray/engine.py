@@ -21,8 +21,8 @@ where Ray was up before the run (a notebook, a sweep), the next run of the
 driver reuses the processes of one that ended normally instead of
 starting new ones.
 
-``address=None`` starts a local Ray instance (and stops it after the run);
-``"auto"`` or ``"HOST:PORT"`` joins a running cluster::
+``address=None`` starts a local Ray instance, even beside a ``ray start``
+here, and stops it after the run; ``"auto"`` or ``"HOST:PORT"`` joins one::
 
     ray start --head --port 6379                 # on the head node
     ray start --address HEAD_IP:6379             # on every other node
@@ -106,11 +106,15 @@ def start_ray(ray, address) -> None:
     for owner, name, value in hooks:
         if hasattr(owner, name):
             setattr(owner, name, value)
+    # joining a cluster (also by RAY_ADDRESS, which ray.init joins for None)
+    # takes its CPUs as they are; else "local", as ray.init's None would join
+    # the cluster a `ray start` on this machine recorded (ray_current_cluster)
+    joins = bool(address or os.environ.get("RAY_ADDRESS"))
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+        ray.init(address=address if joins else "local", include_dashboard=False,
+                 log_to_driver=False,
                  logging_level=logging.WARNING,  # no INFO lines among monsoon's
-                 # joining a cluster (also by RAY_ADDRESS) takes its CPUs as they are
-                 num_cpus=None if address or os.environ.get("RAY_ADDRESS") else os.cpu_count())
+                 num_cpus=None if joins else os.cpu_count())
     except BaseException:
         ray.shutdown()
         raise
