@@ -85,9 +85,9 @@ def test_backup_workers_on_two_shards_count_the_same_workers_on_every_shard(faul
     assert summary["shards"] == 2 and summary["backup_workers"] == 1
     assert summary["updates"] + summary["dropped_updates"] == steps
     assert (summary["dropped_updates"] > 0) == bool(fault), summary["dropped_updates"]
-    # each step counts two workers (the third is late, or skips the step), and
-    # each counted worker is told so by shard 0, whether the step is dropped or not
-    assert summary["staleness_counts"] == {0: 2 * steps}
+    # each step counts two workers (the third is late, or skips the step); the
+    # staleness histogram counts each update applied once, a dropped step not
+    assert summary["staleness_counts"] == {0: summary["updates"]}
     assert 1 <= summary["late_gradients"] <= steps
     assert np.isfinite(run.params).all()
     np.testing.assert_allclose(run.params, target * (1 - (1 - lr) ** summary["updates"]),
@@ -96,10 +96,10 @@ def test_backup_workers_on_two_shards_count_the_same_workers_on_every_shard(faul
 
 def test_summary_json_counts_every_contribution_a_step_did_not_count_as_late(tmp_path):
     """Sync with a backup worker (3 workers, each step counts the first 2):
-    each part a worker sends is counted (staleness 0) or late, so
-    summary.json's late_gradients are the parts sent that no step counted;
-    every part is the gradient of 16 examples (48 a step, split in 3) and
-    a dense vector."""
+    each part a worker sends is counted by a step or late, so summary.json's
+    late_gradients are the parts sent that no step counted (the staleness
+    histogram counts each step's update once, at 0); every part is the
+    gradient of 16 examples (48 a step, split in 3) and a dense vector."""
     import json
 
     inner = make_problem("logistic", dtype="float64")
@@ -107,7 +107,7 @@ def test_summary_json_counts_every_contribution_a_step_did_not_count_as_late(tmp
                   batch_size=48, dtype="float64", seed=0, evals=0, timeout=30, out=tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     parts = summary["examples"] / 16  # 48 examples a step, split among 3 workers
-    assert summary["staleness_counts"] == {"0": 2 * 40}
+    assert summary["staleness_counts"] == {"0": 40}
     assert summary["late_gradients"] >= 1
     assert summary["late_gradients"] == parts - 2 * 40
     assert summary["bytes_sent"] == parts * inner.n_params * 8
@@ -533,6 +533,14 @@ def test_a_worker_that_cannot_start_is_named():
 def test_hogwild_is_refused_on_ray():
     with pytest.raises(ConfigError, match="the ray engine cannot carry out Apply .*engines that run hogwild: local, sim$"):
         monsoon.train("exp", "hogwild", 2, engine="ray", epochs=1)
+
+
+def test_a_push_to_two_shards_counts_its_staleness_once():
+    """Each shard's reply to a push carries its slice's staleness; the
+    histogram counts the push once (its stalest slice's), not once a shard."""
+    s = monsoon.train("logistic", "async", 2, engine="ray", shards=2, steps=40, evals=0, seed=0,
+                      timeout=60).summary
+    assert s["shards"] == 2 and sum(s["staleness_counts"].values()) == s["updates"] == 40
 
 
 def test_cli_trains_on_the_ray_engine(tmp_path):

@@ -211,8 +211,7 @@ def test_every_strategy_trains_and_a_retried_task_counts_once(failing, classes, 
         s = r.summary
         assert s["updates"] == updates and s["failed_workers"] == []
         assert s["examples"] == KW["steps"] * KW["batch_size"]
-        assert sum(s["staleness_counts"].values()) == updates * (2 if strategy == "local-sgd"
-                                                                 else 1)
+        assert sum(s["staleness_counts"].values()) == updates  # one count an update
         assert s["final_loss"] < r.history[0]["loss"]
 
 

@@ -120,6 +120,31 @@ def test_staleness_lr_composes_with_the_bound():
     assert s["staleness_lr"] is True and s["clock_staleness"]["max"] <= 1
 
 
+@pytest.mark.parametrize("engine", ["local", "sim"])
+@pytest.mark.parametrize("strategy", ["async", "ssp"])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_the_staleness_histogram_counts_each_update_once_on_any_shards(engine, strategy,
+                                                                        shards):
+    """Issue: with several shards each shard counted its slice of a push
+    (ssp, 4 workers, digits: 480 updates, 1920 counts), where sync and
+    hogwild count each update once. A push now counts once, at its stalest
+    slice's staleness, so staleness_counts sums to the updates and the
+    staleness figures are the histogram's."""
+    from collections import Counter
+
+    from monsoon.api import staleness_stats
+
+    extra = {"backend": "threads"} if engine == "local" else {}
+    if strategy == "ssp":
+        extra["staleness_bound"] = 1
+    s = monsoon.train("logistic", strategy, 3, engine=engine, shards=shards, steps=60, evals=0,
+                      seed=0, progress=False, **extra).summary
+    counts = Counter({int(k): v for k, v in s["staleness_counts"].items()})
+    assert s["shards"] == shards and s["dropped_updates"] == 0
+    assert sum(counts.values()) == s["updates"] == 60
+    assert s["staleness"] == staleness_stats(counts)
+
+
 @pytest.mark.parametrize("backend, mode", [("processes", "exit"), ("threads", "raise")])
 def test_a_dead_worker_stops_counting_toward_the_bound_on_local(backend, mode):
     # bound 0: a barrier every clock; worker 1 dies early and the others go on

@@ -76,7 +76,7 @@ class EngineResult:
 
 
 def summed_staleness(reports) -> Counter:
-    """The staleness counts (staleness -> gradients) of several reports,
+    """The staleness counts (staleness -> updates) of several reports,
     summed, keyed by int (a report's keys may be strings)."""
     staleness = Counter()
     for report in reports:

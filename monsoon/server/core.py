@@ -138,11 +138,13 @@ class ServerCore:
             self.rule.on_dropped(self.params, self.state)
 
     def push(self, worker: int, grad, read_version: int, loss=None,
-             checked: bool = False) -> int | None:
+             checked: bool = False, count: bool = True) -> int | None:
         """Apply ``worker``'s ``grad``, computed on the parameters of version
         ``read_version``; its staleness, or None when it was dropped.
         ``checked``: the caller has already admitted it (a sharded push
-        checks the whole gradient once)."""
+        checks the whole gradient once). ``count``: the staleness is counted
+        here; a sharded push's slices are not, its sender counts the push
+        once, at the largest of its slices' staleness (one count an update)."""
         if not checked and not finite(grad):
             self.drop()
             return None
@@ -154,7 +156,8 @@ class ServerCore:
                                    reader=None if readers is None else readers[worker],
                                    loss=loss))
         self.version = version + 1
-        self.staleness[staleness] += 1
+        if count:
+            self.staleness[staleness] += 1
         return staleness
 
     def push_delta(self, delta, read_version: int) -> int:
@@ -172,8 +175,9 @@ class ServerCore:
                   counts: int = 0) -> bool:
         """A synchronous step: apply the summed gradient ``acc`` as update
         ``step`` (staleness 0), unless it is not finite (``ok``: already
-        checked by the caller's reduction). ``counts`` contributions are
-        counted at staleness 0. Whether it was applied."""
+        checked by the caller's reduction). ``counts``: the counts it adds at
+        staleness 0 (1 where this core counts the step: one count an
+        update, not one a contribution). Whether it was applied."""
         if not (finite(acc) if ok is None else ok):
             self.drop()
             return False
@@ -201,7 +205,7 @@ class ServerCore:
 
     def shards(self, bounds) -> list:
         """A core per shard [a, b): views of the parameters, state and readers,
-        versions from 0, the staleness counted here."""
+        versions from 0, the staleness counted here (a push's once: ``push``)."""
         readers = self.readers
         return [ServerCore(self.params[a:b], self.rule, slice_state(self.state, a, b),
                            None if readers is None else [slice_state(r, a, b) for r in readers],

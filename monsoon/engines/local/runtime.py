@@ -258,16 +258,19 @@ class WorkerRuntime(Worker):
     def send_push(self, grad, ticket) -> None:
         store = self.store
         shards = len(store.bounds)
+        worst = 0  # the push's staleness: its stalest slice's (``ServerCore.push``)
         for i in range(shards):
             s = (i + self.rank) % shards  # start at different shards: less lock contention
             a, b = store.bounds[s]
             core = self.shards[s]
             with store.holding(s, self.rank):
                 core.version = int(store.versions[s])  # the shard's, in shared memory
-                staleness = core.push(self.rank, grad[a:b], int(ticket[s]), checked=True)
+                worst = max(worst, core.push(self.rank, grad[a:b], int(ticket[s]),
+                                             checked=True, count=False))
                 store.versions[s] = core.version
-            if self._live is not None:
-                self._stale(staleness)
+        self.staleness[worst] += 1
+        if self._live is not None:
+            self._stale(worst)
         self.counters[UPDATES] += 1
 
     def all_reduce(self, op: AllReduce) -> int:

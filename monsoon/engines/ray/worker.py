@@ -206,8 +206,8 @@ class RemoteWorker(Worker):
                         for s, (sh, part) in enumerate(zip(self.shards, self._per_shard(grad)))]
 
     def _settle_pushes(self):
-        if self.pending:
-            self.staleness.update(self._get(self.pending))
+        if self.pending:  # one count a push: its stalest slice's (``ServerCore.push``)
+            self.staleness[max(self._get(self.pending))] += 1
             self.pending = []
 
     def all_reduce(self, op):
@@ -262,9 +262,9 @@ class RemoteWorker(Worker):
         _, behind, counted = replies[0]
         if not counted:
             self.counts["late"] += 1
-        else:
+        if replies[0].applied:  # once a step (``StepReply``): one count an update
+            self.counts["updates"] += 1
             self.staleness[0] += 1
-        self.counts["updates"] += replies[0].applied  # once a step (``StepReply``)
         self.sync_step += 1 + behind
         if any(reply.stop for reply in replies):  # the run's last step (``shard.py``)
             raise Halted()

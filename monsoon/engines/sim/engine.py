@@ -526,9 +526,12 @@ class SimEngine(Engine):
 
     def _serve_push(self, s, w, grad, ticket, left):
         a, b = self.bounds[s]
-        self.cores[s].push(w.rank, grad[a:b], int(ticket[s]), checked=True)
-        if self._landed(w, left) and self.ssp is not None:  # this clock's tick may be published
-            self.ssp.pushed(w.rank)
+        tau = self.cores[s].push(w.rank, grad[a:b], int(ticket[s]), checked=True, count=False)
+        left["worst"] = max(left.get("worst", 0), tau)  # the push's: its stalest slice's
+        if self._landed(w, left):
+            self.staleness[left["worst"]] += 1
+            if self.ssp is not None:  # this clock's tick may be published
+                self.ssp.pushed(w.rank)
 
     def _elastic(self, w, op):
         w.ticket = None

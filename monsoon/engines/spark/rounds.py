@@ -101,7 +101,7 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                                 for k, res in avg}, [k for k, _ in avg],
                        [res["examples_behind"] for _, res in avg], [(0, w.size)], acc, tmp,
                        core.version, sums=shared, sum_parts=_added(shared, avg, w),
-                       counts=len(avg))
+                       counts=1)  # one count an update
             if average is not None:
                 average.update(w, sum(res["examples"] for _, res in results))
         r += 1
