@@ -24,6 +24,7 @@ from .options import SEED_MAX, Option, at_least, declared, in_range, option_valu
 from .problems import PROBLEMS, Problem, problem_spec
 from .record.checkpoints import trajectory
 from .rules import RULES, Rule
+from .rules.sgd import SGD
 from .strategies import STRATEGIES, Budget, RunInfo
 
 FALLBACK = {"lr": 0.01, "epochs": 10, "batch_size": 32}
@@ -362,7 +363,8 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         defaults = {k: v for k, v in defaults.items() if k not in ("steps", "batch_size", "tol")}
         defaults.update(getattr(components["rule"], "defaults", {}))
         _check_full_batch(run, components["engine"])
-    if run["lr"] is None:
+    lr_given = run["lr"] is not None
+    if not lr_given:
         run["lr"] = defaults.get("lr", FALLBACK["lr"])
     if run["batch_size"] is None and not full_batch:
         run["batch_size"] = defaults.get("batch_size", FALLBACK["batch_size"])
@@ -379,9 +381,12 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         else:
             run["epochs"] = defaults.get("epochs", FALLBACK["epochs"])
 
-    info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"])
-    rule = components["rule"].from_options(run["lr"], **values["rule"])
-    strat, server_rule = components["strategy"].from_options(info, rule, **values["strategy"])
+    def build(lr):  # the rule and the strategy at learning rate lr
+        rule = components["rule"].from_options(lr, **values["rule"])
+        info = RunInfo(workers=run["workers"], lr=lr, out=run["out"])
+        return (rule, *components["strategy"].from_options(info, rule, **values["strategy"]))
+
+    rule, strat, server_rule = build(run["lr"])
     if instance is None:
         from .problems import make_problem
 
@@ -393,6 +398,15 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         run["batch_size"] = instance.n_examples
         if instance.inverse_variance is not None:  # MLlib's standardization, as H_0
             server_rule.precondition(instance.inverse_variance())
+    processes = run["workers"] + strat.backup_workers
+    largest = strat.largest_batch(processes, instance.n_examples)
+    if run["batch_size"] > largest and given.get("batch_size") is None:
+        run["batch_size"] = largest  # a default batch larger than the data a worker draws from
+    budget = Budget(epochs=run["epochs"], steps=run["steps"])
+    if (not lr_given and defaults.get("lr_per_example") and isinstance(rule, SGD)
+            and not _loop_runs(components["engine"], instance, rule, strat, budget, given)):
+        run["lr"] *= run["batch_size"]  # the per-example step, over a batch's mean gradient
+        rule, strat, server_rule = build(run["lr"])
     _standardize(instance, run["rule"], (server_rule, rule, strat.local_rule))
     info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance,
                    device=run["device"])
@@ -402,16 +416,12 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     engine = components["engine"].from_options(info, **values["engine"])
     engine.given = frozenset(given)
     engine.shared = frozenset(shared)
-    processes = run["workers"] + strat.backup_workers
     engine.compression = _messages.Compression.from_run(run["compress"],
                                                         run["no_error_feedback"], instance)
     if engine.compression.active:
         _messages.check_strategy(run["compress"], strat, STRATEGIES.all())
         _messages.check_engine(engine, strat)
     engine.check(strat, processes)  # refused in one line before any work starts
-    largest = strat.largest_batch(processes, instance.n_examples)
-    if run["batch_size"] > largest and given.get("batch_size") is None:
-        run["batch_size"] = largest  # a default batch larger than the data a worker draws from
     strat.validate(processes, run["batch_size"], instance.n_examples)
     if run["batch_size"] > instance.n_examples:
         raise ConfigError(f"batch size {run['batch_size']} is larger than the "
@@ -427,7 +437,6 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     strat.preflight(instance, processes, run["batch_size"])
     _check_fewest_rows(instance, strat, processes, run)
     engine.preflight(instance, strat, processes, run["batch_size"])
-    budget = Budget(epochs=run["epochs"], steps=run["steps"])
     _check_beta(engine, instance, server_rule, strat, budget, given, shared)
     device = _devices.choose(run["device"], instance, strat, engine, processes, rule=server_rule)
     if run["precision"] != "32":
@@ -467,6 +476,14 @@ def _check_fewest_rows(problem, strategy, workers: int, run: dict) -> None:
                       f"batch cut among the workers); {advice}")
 
 
+def _loop_runs(engine, problem, rule, strategy, budget, given) -> bool:
+    """Whether the engine runs the problem's compiled per-example loop
+    (``uses_kernel``: the local engine's condition) instead of mini-batches."""
+    uses_kernel = getattr(engine, "uses_kernel", None)
+    return uses_kernel is not None and uses_kernel(problem, rule, strategy, budget,
+                                                   frozenset(given))
+
+
 def _check_beta(engine, problem, rule, strategy, budget, given, shared) -> None:
     """``--beta`` scales the step size of the compiled per-example loop
     each epoch, and nothing else: given where the engine does not run that
@@ -476,8 +493,7 @@ def _check_beta(engine, problem, rule, strategy, budget, given, shared) -> None:
     every strategy)."""
     if "hogwild_beta" not in set(given) - set(shared):
         return
-    uses_kernel = getattr(engine, "uses_kernel", None)
-    if uses_kernel is None or not uses_kernel(problem, rule, strategy, budget, frozenset(given)):
+    if not _loop_runs(engine, problem, rule, strategy, budget, given):
         raise ConfigError("--beta scales the step size per epoch of the compiled per-example "
                           "loop, which this run does not use (it needs the local engine, a "
                           "sparse problem, plain sgd at one rate, an --epochs budget and no "

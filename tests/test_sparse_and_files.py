@@ -272,6 +272,32 @@ def test_mf_hogwild_two_threads_reaches_serials_rmse():
     assert p.rmse(sync.params) < p.rmse(p.initial_params(0))  # mini-batch path works too
 
 
+def test_mf_defaults_train_with_mini_batch_steps_too():
+    """A matrix factorization's lr (0.05) is a per-example step: a batch's
+    mean gradient moves a row 1/64 of it, so sync and async at the
+    defaults barely moved (ratings:ml.csv: 6.397 from 6.421, the mean
+    rating 0.456). They start at lr x batch size and end well below the
+    constant predictor (the mean rating), from a name or a problem built in
+    Python; the per-example loop keeps 0.05; a given lr is used as given,
+    and a run left above the mean rating's loss is warned of."""
+    from monsoon.problems.matrix_factorization import MatrixFactorization
+
+    name = "mf-synthetic:users=60,items=40,ratings=3000,rank=3"
+    planted = make_problem(name, "float64")
+    p = MatrixFactorization(planted.users, planted.items, planted.ratings + 3.0, rank=4)
+    assert p.constant_loss() == pytest.approx(0.5 * np.var(p.ratings), rel=1e-12)
+    for problem, strategy in ((name, "sync"), (p, "async")):
+        run = monsoon.train(problem, strategy, 2, seed=0, progress=False)
+        assert run.summary["lr"] == pytest.approx(0.05 * 64), strategy
+        assert run.summary["final_loss"] < 0.1 * p.constant_loss(), strategy
+        assert "warning" not in run.summary, strategy
+    hog = monsoon.train(p, "hogwild", 2, seed=0, progress=False)
+    assert hog.summary["per_example_loop"] and hog.summary["lr"] == 0.05
+    assert hog.summary["final_loss"] < 0.1 * p.constant_loss()
+    slow = monsoon.train(p, "sync", 2, lr=0.05, seed=0, progress=False)
+    assert slow.summary["lr"] == 0.05 and "a constant predictor's" in slow.summary["warning"]
+
+
 def test_ratings_file_trains_from_the_cli(tmp_path):
     rng = np.random.default_rng(1)
     lines = ["userId,movieId,rating,timestamp"]

@@ -16,6 +16,7 @@ from ..options import SEED_MAX, Option, at_least, in_range, non_negative, option
 from ..registry import Registry
 from .base import Problem
 from .catalog import CATALOG, ProblemSpec
+from .matrix_factorization import MF_DEFAULTS
 from .spark_data import SPARK_DEFAULTS, SparkData, SparkHeld
 
 __all__ = ["Problem", "TorchProblem", "ProblemSpec", "CATALOG", "PROBLEMS", "SPARK_DEFAULTS",
@@ -33,7 +34,6 @@ def __getattr__(name):
 
 
 SPARSE_DEFAULTS = {"lr": 0.25, "epochs": 5, "batch_size": 64}
-MF_DEFAULTS = {"lr": 0.05, "epochs": 10, "batch_size": 64}
 
 
 def _options(arg: str, kind: str, declared: tuple[Option, ...]) -> dict:

@@ -74,6 +74,8 @@ class Problem(ABC):
     name: str = "problem"
     # training defaults (lr, batch_size, epochs or steps) that suit this
     # problem; catalog problems carry their entry's, instances keep them
+    # ("lr_per_example": lr is sgd_pass's step, times the batch size for
+    # mini-batch SGD: ``config.resolve``)
     defaults: dict = {}
     dtype: np.dtype
     n_params: int

@@ -9,6 +9,16 @@ degree (d_u ratings by user u, d_i ratings of item i), per-example SGD is
 
 The objective is mean_r (r - L_u.R_i)^2 / 2 + (lam / 2n)(sum |L_u|^2 + sum |R_i|^2).
 Parameters are L then R, flattened row by row.
+
+The learning rate is that per-example step (``MF_DEFAULTS``: lr 0.05, the
+compiled loop's). A mini-batch gradient is the batch's mean, so a row the
+batch touches once moves 1/m of that step: a run of plain SGD that takes
+mini-batch steps (sync, async, ...) at the default lr starts at lr x batch
+size instead (``"lr_per_example"``; ``config.resolve``), and each rating
+moves its rows as one per-example step does (the linear scaling rule, exact
+for a row a batch touches once). A given ``--lr`` is used as given, and
+another rule takes 0.05 (AdaGrad's and Adam's steps do not grow with the
+gradient). ``constant_loss``: predicting the mean rating, half its variance.
 """
 from __future__ import annotations
 
@@ -16,8 +26,13 @@ import numpy as np
 
 from .base import SharedDataProblem
 
+# lr: the per-example step, taken by mini-batch SGD times the batch size
+MF_DEFAULTS = {"lr": 0.05, "epochs": 10, "batch_size": 64, "lr_per_example": True}
+
 
 class MatrixFactorization(SharedDataProblem):
+    defaults = MF_DEFAULTS  # a problem built here trains with them too
+
     def __init__(self, users, items, ratings, rank: int = 10, lam: float = 0.05,
                  dtype="float64", name: str = "matrix-factorization", init_scale: float = 0.1):
         users = np.asarray(users, dtype=np.int64)
@@ -57,6 +72,12 @@ class MatrixFactorization(SharedDataProblem):
     def rmse(self, w) -> float:
         err = self.ratings - self.predict(w, self.users, self.items)
         return float(np.sqrt(np.mean(err * err)))
+
+    def constant_loss(self) -> float:
+        """The loss of predicting the mean rating for every pair, half the
+        ratings' variance (``constant_loss``; factors that predict it add
+        their L2 term on top)."""
+        return float(0.5 * np.var(self.ratings, dtype=np.float64))
 
     def loss(self, w) -> float:
         err = self.ratings - self.predict(w, self.users, self.items)
