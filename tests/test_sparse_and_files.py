@@ -144,6 +144,36 @@ def test_ratings_malformed_line_names_file_and_line(tmp_path):
         load_ratings(write(tmp_path, "short.csv", "1,2\n"))
 
 
+def test_rating_ids_in_order_of_first_appearance_none_empty_saved_beside_the_factors(tmp_path):
+    """Users and items are numbered in order of first appearance, as the
+    loader says (users 7, 10, 2 were sorted as strings: 10, 2, 7); an empty
+    id is refused naming its line (it became an entity); and a run writes
+    each factor row's id beside params.npy (the ids were dropped: the
+    trained factors could not be mapped back). A next run in the folder
+    leaves none of them behind."""
+    path = write(tmp_path, "r.csv", "userId,movieId,rating\n7,b,4\n10,a,3\n2,b,5\n7,c,1\n")
+    data = load_ratings(path)
+    assert list(data["user_ids"]) == ["7", "10", "2"] and list(data["users"]) == [0, 1, 2, 0]
+    assert list(data["item_ids"]) == ["b", "a", "c"] and list(data["items"]) == [0, 1, 0, 2]
+    for text, what in (("userId,movieId,rating\n1,10,4\n,10,5\n2,11,2\n", "user"),
+                       ("1,10,4\n2,11,2\n2,,3\n", "item")):
+        bad = write(tmp_path, "missing_ids.csv", text)
+        with pytest.raises(DataFileError) as info:
+            load_ratings(bad)
+        assert str(info.value).startswith(f"{bad}:3: the {what} id is empty")
+        assert len(str(info.value).splitlines()) == 1
+    out = tmp_path / "run"
+    assert cli_main(["train", "--problem", f"ratings:{path}", "--strategy", "serial",
+                     "--epochs", "1", "--out", str(out), "--quiet"]) == 0
+    assert (out / "user_ids.txt").read_text() == "7\n10\n2\n"
+    assert (out / "item_ids.txt").read_text() == "b\na\nc\n"
+    L, R = make_problem(f"ratings:{path}").factors(np.load(out / "params.npy"))
+    assert L.shape == (3, 10) and R.shape == (3, 10)
+    assert cli_main(["train", "--problem", "mf-synthetic:users=5,items=4,ratings=40",
+                     "--strategy", "serial", "--epochs", "1", "--out", str(out), "--quiet"]) == 0
+    assert not (out / "user_ids.txt").exists() and not (out / "item_ids.txt").exists()
+
+
 @pytest.mark.parametrize("loss", ["logistic", "hinge", "squared"])
 def test_sparse_gradient_is_the_objectives_derivative(loss):
     p = rcv1_like(rows=500, features=200, nnz=10, loss=loss, lam=0.1)

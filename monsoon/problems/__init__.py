@@ -121,7 +121,8 @@ def _ratings(path: str, dtype: str = "float32"):
 
     data = load_ratings(path, dtype)
     return MatrixFactorization(data["users"], data["items"], data["ratings"], dtype=dtype,
-                               name=f"ratings:{path}")
+                               name=f"ratings:{path}", user_ids=data["user_ids"],
+                               item_ids=data["item_ids"])
 
 
 LIBSVM_SUFFIXES = (".libsvm", ".svm", ".txt")

@@ -33,11 +33,11 @@ default, so that engines and the recorder read them instead of probing:
   order, lr) -> mean loss``), ``evaluate_many`` (``evaluate`` at many
   points in one pass over the data), ``constant_loss`` (the best constant
   predictor's loss), ``inverse_variance`` (1 / each feature's variance:
-  L-BFGS's metric, MLlib's standardization), and the torch model's:
-  ``model_at`` (the module at ``w``), ``module``, ``place``
-  (``devices.py``), ``worker_devices``, ``matrix_slices`` (PowerSGD),
-  ``backward`` (the torch engine's gradient buckets), ``fewest_rows``
-  (the fewest examples one training pass takes: ``config.py`` checks it).
+  L-BFGS's metric, MLlib's standardization), ``row_ids`` (the data's ids
+  of the model's rows, saved beside it), and the torch model's: ``model_at``
+  (the module at ``w``), ``module``, ``place`` (``devices.py``),
+  ``worker_devices``, ``matrix_slices`` (PowerSGD), ``backward`` (the torch
+  engine's gradient buckets), ``fewest_rows`` (a pass's fewest examples).
 """
 from __future__ import annotations
 
@@ -97,6 +97,7 @@ class Problem(ABC):
     # Capabilities, None where a problem has none (the module's docstring);
     # a subclass defines them as methods or values.
     prefetch = seed_rng = sgd_pass = evaluate_many = constant_loss = inverse_variance = None
+    row_ids = None
     model_at = module = place = worker_devices = matrix_slices = backward = fewest_rows = None
 
     def evaluate(self, w) -> dict:

@@ -165,10 +165,12 @@ _SEPARATOR = re.compile(r"::|,|\t")
 
 def load_ratings(path, dtype="float64"):
     """Returns (users, items, ratings): users and items re-indexed 0..U-1 and
-    0..I-1 in order of first appearance, and the original ids of each; a
-    rating that ``dtype`` cannot hold is refused naming its line."""
+    0..I-1 in order of first appearance, and the original ids of each
+    (``user_ids[k]`` is user k's); an empty id, or a rating that ``dtype``
+    cannot hold, is refused naming its line."""
     dtype = np.dtype(dtype).name
     users, items, ratings = [], [], []
+    user_index, item_index = {}, {}  # id -> its index, in order of first appearance
     for number, raw in _open_lines(path):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -183,12 +185,15 @@ def load_ratings(path, dtype="float64"):
                 continue
             raise DataFileError(f"{path}:{number}: the rating {fields[2]!r} is not a number") from None
         _finite(rating, "the rating", f"{path}:{number}", dtype)
-        users.append(fields[0])
-        items.append(fields[1])
+        for what, value in (("user", fields[0]), ("item", fields[1])):
+            if not value:
+                raise DataFileError(f"{path}:{number}: the {what} id is empty; every line "
+                                    f"needs user, item, rating: fix or remove this line")
+        users.append(user_index.setdefault(fields[0], len(user_index)))
+        items.append(item_index.setdefault(fields[1], len(item_index)))
         ratings.append(rating)
     if not ratings:
         raise DataFileError(f"{path}: no ratings in the file")
-    user_ids, user_index = np.unique(users, return_inverse=True)
-    item_ids, item_index = np.unique(items, return_inverse=True)
-    return {"users": user_index.astype(np.int64), "items": item_index.astype(np.int64),
-            "ratings": np.array(ratings), "user_ids": user_ids, "item_ids": item_ids}
+    return {"users": np.array(users, dtype=np.int64), "items": np.array(items, dtype=np.int64),
+            "ratings": np.array(ratings), "user_ids": np.array(list(user_index)),
+            "item_ids": np.array(list(item_index))}

@@ -34,7 +34,8 @@ class MatrixFactorization(SharedDataProblem):
     defaults = MF_DEFAULTS  # a problem built here trains with them too
 
     def __init__(self, users, items, ratings, rank: int = 10, lam: float = 0.05,
-                 dtype="float64", name: str = "matrix-factorization", init_scale: float = 0.1):
+                 dtype="float64", name: str = "matrix-factorization", init_scale: float = 0.1,
+                 user_ids=None, item_ids=None):
         users = np.asarray(users, dtype=np.int64)
         items = np.asarray(items, dtype=np.int64)
         ratings = np.asarray(ratings, dtype=dtype)
@@ -51,10 +52,21 @@ class MatrixFactorization(SharedDataProblem):
         self.dtype = self.ratings.dtype
         self.n_examples = len(ratings)
         self.n_params = (self.n_users + self.n_items) * self.rank
+        # the data's own ids of each user's and item's row (a rating file's), or None
+        self.user_ids = _ids("user", user_ids, self.n_users)
+        self.item_ids = _ids("item", item_ids, self.n_items)
         self.inv_user_degree = 1.0 / np.maximum(np.bincount(self.users, minlength=self.n_users), 1)
         self.inv_item_degree = 1.0 / np.maximum(np.bincount(self.items, minlength=self.n_items), 1)
         self._grad = np.zeros(self.n_params, dtype=self.dtype)
         self._kernel_ready = False
+
+    def row_ids(self) -> dict:
+        """The data's ids of the factors' rows, by file name (``row_ids``):
+        line k of user_ids.txt is the user of L's row k, of item_ids.txt
+        the item of R's row k; none for data without ids (mf-synthetic)."""
+        return {f"{kind}_ids.txt": ids for kind, ids in (("user", self.user_ids),
+                                                          ("item", self.item_ids))
+                if ids is not None}
 
     def factors(self, w):
         split = self.n_users * self.rank
@@ -117,6 +129,18 @@ class MatrixFactorization(SharedDataProblem):
         if not self._kernel_ready:
             self.sgd_pass(self.initial_params(0), np.empty(0, dtype=np.int64), 0.0)
             self._kernel_ready = True
+
+
+def _ids(kind: str, ids, count: int):
+    """``ids`` as a list of strings, one a row, or None; refused unless
+    there is one for each of the ``count`` rows."""
+    if ids is None:
+        return None
+    ids = [str(i) for i in ids]
+    if len(ids) != count:
+        raise ValueError(f"{kind}_ids must hold one id for each of the {count} {kind}s "
+                         f"(index 0..{count - 1}), not {len(ids)}")
+    return ids
 
 
 def mf_synthetic(users: int = 2000, items: int = 1000, ratings: int = 200_000, rank: int = 5,

@@ -2,7 +2,8 @@
 staleness.png where updates were stale (async, Hogwild!); the trained
 model: ``model.pt`` for torch problems (a ``state_dict``, buffers included,
 that ``torch.load(path, weights_only=True)`` reads without unpickling code),
-``params.npy`` (the flat parameters) for the others.
+``params.npy`` (the flat parameters) for the others, with a rating file's
+``user_ids.txt`` and ``item_ids.txt`` (each factor row's id).
 
 Files are written to a temporary name and renamed, so a folder never holds a
 half-written file.
@@ -94,7 +95,11 @@ def read_metrics(path) -> list[dict]:
 
 def save_model(out: Path, problem, params) -> Path:
     """The trained model in ``out``: ``model.pt`` (a weights-only state_dict)
-    for a problem with a torch model, else ``params.npy``."""
+    for a problem with a torch model, else ``params.npy``, and beside it the
+    data's ids of the model's rows where the problem has them (``row_ids``:
+    a rating file's user_ids.txt and item_ids.txt, one id a line)."""
+    for name, ids in (problem.row_ids() if problem.row_ids is not None else {}).items():
+        atomic_write(Path(out) / name, "".join(f"{i}\n" for i in ids).encode())
     out = Path(out)
     if problem.model_at is not None:
         import torch
@@ -113,7 +118,7 @@ def save_model(out: Path, problem, params) -> Path:
 
 # What a finished (or failed) run writes into its folder, besides checkpoints/.
 RESULT_FILES = ("config.json", "metrics.csv", "summary.json", "loss.png", "staleness.png",
-                "model.pt", "params.npy")
+                "model.pt", "params.npy", "user_ids.txt", "item_ids.txt")
 
 
 ASIDE = ".aside-"  # the prefix of a file set aside in its own folder
