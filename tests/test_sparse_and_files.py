@@ -144,6 +144,17 @@ def test_ratings_malformed_line_names_file_and_line(tmp_path):
         load_ratings(write(tmp_path, "short.csv", "1,2\n"))
 
 
+def test_a_ratings_header_after_leading_comments_is_a_header(tmp_path):
+    """The header is the first line that is not blank or a comment (after
+    '# my ratings' it was refused: "the rating 'rating' is not a number");
+    a second such line is still refused, naming it."""
+    path = write(tmp_path, "c.csv", "# my ratings\n\nuser,item,rating\n1,2,3\n1,3,4\n")
+    np.testing.assert_allclose(load_ratings(path)["ratings"], [3.0, 4.0])
+    twice = write(tmp_path, "twice.csv", "# my ratings\nuser,item,rating\nuser,item,rating\n")
+    with pytest.raises(DataFileError, match=rf"{twice}:3: the rating 'rating' is not a number"):
+        load_ratings(twice)
+
+
 def test_rating_ids_in_order_of_first_appearance_none_empty_saved_beside_the_factors(tmp_path):
     """Users and items are numbered in order of first appearance, as the
     loader says (users 7, 10, 2 were sorted as strings: 10, 2, 7); an empty

@@ -4,7 +4,8 @@
   real RCV1 is distributed: indices one-based (the format's convention) or
   zero-based, detected as scikit-learn does (any index 0 means zero-based).
 - ratings (``user, item, rating[, timestamp]``), as MovieLens ships them:
-  comma-, tab- or ``::``-separated, with an optional header line.
+  comma-, tab- or ``::``-separated, with an optional header line (the
+  first that is not blank or a ``#`` comment).
 
 Either may be compressed with gzip, bzip2 or xz (told by its first bytes),
 and start with a UTF-8 byte-order mark (skipped, as a BOM-less file reads).
@@ -171,6 +172,7 @@ def load_ratings(path, dtype="float64"):
     dtype = np.dtype(dtype).name
     users, items, ratings = [], [], []
     user_index, item_index = {}, {}  # id -> its index, in order of first appearance
+    first = True  # the first line that is not blank or a comment: it may be a header
     for number, raw in _open_lines(path):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -178,10 +180,11 @@ def load_ratings(path, dtype="float64"):
         fields = [f.strip() for f in _SEPARATOR.split(line)]
         if len(fields) < 3:
             raise DataFileError(f"{path}:{number}: expected user, item, rating; got {line!r}")
+        header, first = first, False
         try:
             rating = float(fields[2])
         except ValueError:
-            if number == 1 and not users:  # a header line
+            if header:
                 continue
             raise DataFileError(f"{path}:{number}: the rating {fields[2]!r} is not a number") from None
         _finite(rating, "the rating", f"{path}:{number}", dtype)
