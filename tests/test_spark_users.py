@@ -318,6 +318,7 @@ def test_an_empty_libsvm_file_is_told_to_be_fixed_not_renamed(spark, tmp_path):
     message = str(info.value)
     assert "\n" not in message and f"Spark cannot read {empty} as libsvm" in message, message
     assert "fix the file" in message and "ending in" not in message, message
+    assert message.endswith("with 1-based indices, and at least one such line"), message
 
 
 @pytest.mark.spark
@@ -344,6 +345,58 @@ def test_a_libsvm_file_spark_cannot_parse_prints_no_java_stack(spark, tmp_path, 
     err = capfd.readouterr().err
     assert "\tat " not in err and "ERROR Executor" not in err, err
     assert loggers() == before
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_label_that_is_not_a_number_is_one_line_with_no_stack(spark, tmp_path, monkeypatch):
+    """spark:PATH with a string label failed the conversion job on the
+    executors: ~130 lines of Python and Java stacks, then a line that did
+    not name the column; a null label the same. The string is refused on
+    the driver before any job, naming the column (the check
+    TorchProblem.from_spark makes); the null by the conversion job, which
+    runs with the loggers of a failed task's stacks silenced (as reading
+    a file does), and gives them their levels back after."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from monsoon.engines.spark.data import TASK_ERROR_LOGGERS, SparkSource
+    from monsoon.errors import MonsoonError
+    from monsoon.problems.spark_data import _rows_to_arrays
+
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+
+    def levels():
+        return [str(log4j.LogManager.getLogger(n).getLevel()) for n in TASK_ERROR_LOGGERS]
+
+    during, job = {}, SparkSource.job
+
+    def watched(self, problem, rdd, func, what):
+        during.setdefault(what, levels())
+        return job(self, problem, rdd, func, what)
+
+    monkeypatch.setattr(SparkSource, "job", watched)
+    before = levels()
+    features = [[float(i % 3), 1.0] for i in range(40)]
+    cases = (("str", ["yes", "no"] * 20, ConfigError,
+              "the label column 'label' holds string; it must be numeric"),
+             ("null", [1.0, None] * 20, MonsoonError,
+              "column 'label' holds a null: drop or fill those rows first"))
+    for name, labels, kind, says in cases:
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"features": features, "label": labels}), path)
+        with pytest.raises(kind) as info:
+            monsoon.train(f"spark:{path}", engine="spark", **FULL)
+        message = str(info.value)
+        assert "\n" not in message and says in message, message
+        assert "Traceback" not in message and "at org." not in message, message
+        if name == "str":
+            assert during == {}, during  # refused before any job
+    converting = during["converting the Spark data on the executors"]
+    assert converting == ["OFF"] * len(TASK_ERROR_LOGGERS), converting
+    assert levels() == before
+    with pytest.raises(ValueError, match="column 'label' holds a null"):  # without Arrow
+        _rows_to_arrays([([1.0, 2.0], 1.0), ([1.0, 0.0], None)], "features", "label", None)
 
 
 # -- job overhead: measured, reported, and the work per job it asks for ------

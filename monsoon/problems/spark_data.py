@@ -19,7 +19,9 @@ persisted; one small job returns each partition's row count and feature
 degrees (for the global L2 split), and the blocks are then rebuilt with
 their global ids and persisted. The full-data loss the recorder reports
 is a Spark job too: each partition returns its loss sum. Call
-``unpersist()`` to free the cached blocks.
+``unpersist()`` to free the cached blocks. A DataFrame's label or features
+that are not numbers are refused in one line before any job
+(``check_columns``, which ``SparkTorchData`` shares); a null, by the job.
 
 Layers: this module is the problem side (what a partition's rows become,
 the model's math); reading the source, the jobs that convert and persist
@@ -56,6 +58,47 @@ SPARK_DEFAULTS = {"rule": "adagrad", "standardize_below": 0.01, "lr": 1.0, "batc
                   "by_strategy": {"sync": {"rule": "lbfgs"}}}
 
 
+def holds_null(column: str) -> str:
+    """What is wrong with a column that holds a null (on the executors)."""
+    return f"column {column!r} holds a null: drop or fill those rows first (df.na.drop())"
+
+
+def column_kind(field) -> str:
+    """"numeric", "array" (of numbers), "vector", or the column's type."""
+    from pyspark.sql.types import ArrayType, BooleanType, NumericType
+
+    dt = field.dataType
+    if isinstance(dt, (NumericType, BooleanType)):
+        return "numeric"
+    if isinstance(dt, ArrayType) and isinstance(dt.elementType, (NumericType, BooleanType)):
+        return "array"
+    if type(dt).__name__ == "VectorUDT":
+        return "vector"
+    return dt.simpleString()
+
+
+def check_columns(df, cols: list, features, label: str, label_takes: str) -> dict:
+    """Each of ``cols`` (the features) and ``label``'s kind (``column_kind``),
+    read from ``df``'s schema on the driver, before any job: a label that
+    is not numeric (it takes ``label_takes``), or features that are not
+    numbers, refused in one line naming the column."""
+    fields = {f.name: f for f in df.schema.fields}
+    kind = {c: column_kind(fields[c]) for c in cols + [label]}
+    if kind[label] != "numeric":
+        raise ConfigError(f"the label column {label!r} holds {kind[label]}; it must be "
+                          f"numeric ({label_takes})")
+    if not isinstance(features, str):
+        bad = [f"{c!r} ({kind[c]})" for c in cols if kind[c] != "numeric"]
+        if bad:
+            raise ConfigError(f"feature column(s) {', '.join(bad)} are not numeric; a "
+                              "list of features names numeric columns")
+    elif kind[features] not in ("vector", "array", "numeric"):
+        raise ConfigError(f"the features column {features!r} holds {kind[features]}; give a "
+                          "column of arrays of numbers, a Vector column, or numeric columns "
+                          "(features=[...])")
+    return kind
+
+
 def _rows_to_arrays(rows, features, label, n_features):
     """One partition's rows -> (CSR X, y), on the executor."""
     import scipy.sparse as sp
@@ -80,6 +123,8 @@ def _rows_to_arrays(rows, features, label, n_features):
             width = max(width, len(val))
             idx = np.flatnonzero(val)
             val = val[idx]
+        if y is None:
+            raise ValueError(holds_null(label))
         data.append(val)
         indices.append(idx)
         indptr.append(indptr[-1] + len(idx))
@@ -145,6 +190,7 @@ class SparkHeld:
     streams = None
     _needs_torch = False
     _via_arrow = False
+    label_takes = "0/1 or -1/+1 classes, or a float target for a squared loss"
 
     def _load(self, partitions: int | None = None) -> None:
         self.transport.load(self, partitions)
@@ -155,7 +201,9 @@ class SparkHeld:
         return None
 
     def _select(self, df, cols):
-        """The DataFrame's feature and label columns, in that order."""
+        """The DataFrame's feature and label columns, in that order, their
+        types checked first (``check_columns``)."""
+        check_columns(df, cols, self.features, self.label, self.label_takes)
         return df.select(*cols, self.label)
 
     def _built(self) -> None:

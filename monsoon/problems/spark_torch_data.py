@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .spark_data import DenseChunk, SparkHeld
+from .spark_data import DenseChunk, SparkHeld, check_columns, holds_null
 from .torch_model import TorchModel
 
 
@@ -56,20 +56,6 @@ def class_index_loss(loss_fn) -> bool:
 
     return (isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
             or loss_fn in (F.cross_entropy, F.nll_loss))
-
-
-def column_kind(field) -> str:
-    """"numeric", "array" (of numbers), "vector", or the column's type."""
-    from pyspark.sql.types import ArrayType, BooleanType, NumericType
-
-    dt = field.dataType
-    if isinstance(dt, (NumericType, BooleanType)):
-        return "numeric"
-    if isinstance(dt, ArrayType) and isinstance(dt.elementType, (NumericType, BooleanType)):
-        return "array"
-    if type(dt).__name__ == "VectorUDT":
-        return "vector"
-    return dt.simpleString()
 
 
 def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
@@ -97,8 +83,7 @@ def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
     if not ys:  # an empty partition
         return np.zeros((0, 0), dtype=dtype), np.zeros(0)
     if any(x is None for x in xs) or any(v is None for v in ys):
-        where = label if any(v is None for v in ys) else features
-        return f"column {where!r} holds a null: drop or fill those rows first (df.na.drop())"
+        return holds_null(label if any(v is None for v in ys) else features)
     if not many and not np.isscalar(xs[0]):  # one numeric column: one feature a row
         lengths = sorted({len(x) for x in xs})
         if len(lengths) > 1:
@@ -132,6 +117,7 @@ class SparkTorchData(SparkHeld, TorchModel):
     """``module`` under ``loss_fn`` on data held in Spark (see the module doc)."""
 
     _needs_torch = True
+    label_takes = "class numbers, or a float target"
     # not checked before the run: Spark's partitions, not the plan alone, cut its passes
     fewest_rows = None
 
@@ -155,29 +141,13 @@ class SparkTorchData(SparkHeld, TorchModel):
     def _select(self, df, cols):
         from pyspark.sql import functions as F
 
-        fields = {f.name: f for f in df.schema.fields}
-        kind = {c: column_kind(fields[c]) for c in cols + [self.label]}
-        if kind[self.label] != "numeric":
-            raise ConfigError(f"the label column {self.label!r} holds {kind[self.label]}; it "
-                              "must be numeric (class numbers, or a float target)")
-        if not isinstance(self.features, str):
-            bad = [f"{c!r} ({kind[c]})" for c in cols if kind[c] != "numeric"]
-            if bad:
-                raise ConfigError(f"feature column(s) {', '.join(bad)} are not numeric; a "
-                                  "list of features names numeric columns")
-            return df.select(*cols, self.label)
+        kind = check_columns(df, cols, self.features, self.label, self.label_takes)
         c = self.features
-        if kind[c] == "vector":
-            from pyspark.ml.functions import vector_to_array
+        if not isinstance(c, str) or kind[c] != "vector":
+            return df.select(*cols, self.label)
+        from pyspark.ml.functions import vector_to_array
 
-            column = vector_to_array(F.col(c))
-        elif kind[c] in ("array", "numeric"):
-            column = F.col(c)
-        else:
-            raise ConfigError(f"the features column {c!r} holds {kind[c]}; give a column of "
-                              "arrays of numbers, a Vector column, or numeric columns "
-                              "(features=[...])")
-        return df.select(column.alias(c), self.label)
+        return df.select(vector_to_array(F.col(c)).alias(c), self.label)
 
     def _convert(self):
         many, names = not isinstance(self.features, str), self._dense_names()

@@ -25,7 +25,7 @@ import pickle
 
 import numpy as np
 
-from ...problems.spark_data import DenseChunk
+from ...problems.spark_data import DenseChunk, holds_null
 
 
 def usable(df) -> bool:
@@ -62,8 +62,7 @@ def dense_chunk(batch, many: bool, names: tuple) -> DenseChunk:
     columns = batch.columns
     if columns[-1].null_count or any(c.null_count for c in columns[:-1]):
         where = label if columns[-1].null_count else features
-        return DenseChunk(error=f"column {where!r} holds a null: drop or fill those rows "
-                                "first (df.na.drop())")
+        return DenseChunk(error=holds_null(where))
     y = np.asarray(columns[-1].to_numpy(zero_copy_only=False), dtype=float)
     if many or not _is_list(columns[0].type):
         X = np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), dtype=float)
@@ -96,8 +95,7 @@ def batch_arrays(batch, many: bool):
         return sp.csr_matrix(X), y
     col = features[0]
     if col.null_count:
-        raise ValueError(f"column {name!r} holds a null: drop or fill those rows first "
-                         "(df.na.drop())")
+        raise ValueError(holds_null(name))
     if _is_list(col.type):  # an array of numbers a row: dense
         values, lengths = _flat(col)
         return _csr(values, None, lengths, np.ones(n, dtype=bool), int(lengths.max(initial=0)),
@@ -123,8 +121,7 @@ def _is_list(t) -> bool:
 
 def _numbers(col, name) -> np.ndarray:
     if col.null_count:
-        raise ValueError(f"column {name!r} holds a null: drop or fill those rows first "
-                         "(df.na.drop())")
+        raise ValueError(holds_null(name))
     return np.asarray(col.to_numpy(zero_copy_only=False), dtype=float)
 
 

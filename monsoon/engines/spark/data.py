@@ -97,9 +97,10 @@ class SparkSource:
         convert = problem._convert()
         raw = rdd.mapPartitionsWithIndex(lambda k, rows: [(k, *convert(rows))]).persist()
         try:
-            stats = sorted(self.job(problem, raw, lambda it: [(k, s) for k, _, s in it],
-                                    "converting the Spark data on the executors"),
-                           key=lambda s: s[0])
+            with _quiet_task_errors(problem._sc):  # a failed task: the job's one line says it
+                stats = sorted(self.job(problem, raw, lambda it: [(k, s) for k, _, s in it],
+                                        "converting the Spark data on the executors"),
+                               key=lambda s: s[0])
             build = problem._builder([s for _, s in stats])
         except BaseException:
             raw.unpersist()
@@ -116,8 +117,9 @@ class SparkSource:
 
         problem._blocks = raw.mapPartitionsWithIndex(blocks).persist()
         try:
-            self.job(problem, problem._blocks, lambda it: [sum(1 for _ in it)],
-                     "caching the converted partitions")
+            with _quiet_task_errors(problem._sc):
+                self.job(problem, problem._blocks, lambda it: [sum(1 for _ in it)],
+                         "caching the converted partitions")
         finally:
             raw.unpersist()
             problem._built()
@@ -191,7 +193,7 @@ class SparkSource:
             from .jobs import short_error
 
             fix = ("fix the file: Spark's libsvm reader takes lines of 'label index:value "
-                   "...' with 1-based indices, and at least one" if fmt == "libsvm" else
+                   "...' with 1-based indices, and at least one such line" if fmt == "libsvm" else
                    f"give a Parquet folder or a libsvm file ending in {', '.join(suffixes)}")
             raise ConfigError(f"Spark cannot read {path} as {fmt} ({short_error(exc)}); "
                               f"{fix}") from None
@@ -214,14 +216,18 @@ class SparkSource:
         return max(1, EVAL_BYTES // max(1, point_bytes))
 
 
-# The loggers that print a failed task's Java stack (in local mode, in this
-# process's terminal) before the driver's exception reaches ``read``.
+# The loggers that print a failed task's Java stack and Python traceback (in
+# local mode, in this process's terminal; the block manager's, for a task
+# that was filling a persisted partition) before the driver's exception
+# reaches ``read`` or ``load``.
 TASK_ERROR_LOGGERS = ("org.apache.spark.executor.Executor",
-                      "org.apache.spark.scheduler.TaskSetManager")
+                      "org.apache.spark.scheduler.TaskSetManager",
+                      "org.apache.spark.storage.BlockManager")
 
 
 class _quiet_task_errors:
-    """Silence ``TASK_ERROR_LOGGERS`` (log4j 2) while reading, and leave the
+    """Silence ``TASK_ERROR_LOGGERS`` (log4j 2) while reading or converting
+    (``spark``: the session, or its SparkContext), and leave the
     log configuration as it was after: a logger configured on its own gets
     its level back, and the configuration made for one that was not is
     removed again (it follows its parent, as before). Best effort: where
@@ -232,7 +238,8 @@ class _quiet_task_errors:
 
     def __enter__(self):
         try:
-            log4j = self.spark.sparkContext._jvm.org.apache.logging.log4j
+            jvm = getattr(self.spark, "sparkContext", self.spark)._jvm
+            log4j = jvm.org.apache.logging.log4j
             self.context = log4j.LogManager.getContext(False)
             config = self.context.getConfiguration()
             for name in TASK_ERROR_LOGGERS:
