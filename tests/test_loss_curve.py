@@ -1,8 +1,11 @@
 """The loss curve is recorded from snapshots and evaluated after the run."""
+import time
+
 import numpy as np
 import pytest
 
 import monsoon
+from monsoon.engines.local.monitor import WorkerMonitor
 from monsoon.problems import make_problem
 from monsoon.record import Recorder
 
@@ -52,6 +55,36 @@ def test_no_evaluation_happens_while_the_run_goes(monkeypatch, strategy, workers
     assert all(a["examples"] <= b["examples"] for a, b in zip(result.history, result.history[1:]))
 
 
+@pytest.mark.parametrize("strategy", ["async", "hogwild"])
+def test_a_row_taken_after_a_slow_checkpoint_has_the_counts_of_its_parameters(
+        monkeypatch, tmp_path, strategy):
+    """The monitor copies the live parameters for a row; a checkpoint
+    written in the same wake (made slow here) must not leave the row with
+    the time and counts read before it: a hogwild row once held the final
+    parameters labelled 8 epochs early."""
+    ends, rows = [], []  # each checkpoint's end (time, examples); each row's
+    snapshot, record = WorkerMonitor.snapshot, Recorder.record
+
+    def slow(self, *args, **kwargs):  # the workers go on meanwhile
+        snapshot(self, *args, **kwargs)
+        time.sleep(0.1)
+        ends.append((time.perf_counter() - self.t0, int(self.store.totals()[0])))
+
+    def noting(self, now, updates, examples, *args, **kwargs):
+        rows.append((len(ends), now, examples))
+        return record(self, now, updates, examples, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerMonitor, "snapshot", slow)
+    monkeypatch.setattr(Recorder, "record", noting)
+    monkeypatch.setattr(Recorder, "due", lambda self, now, examples: True)  # a row every wake
+    monsoon.train("linear", strategy, 2, epochs=8, backend="threads", seed=0, progress=False,
+                  out=str(tmp_path / "run"), checkpoint_every=100)
+    after = [(ends[k - 1], now, ex) for k, now, ex in rows if k]
+    assert after and ends[0][1] < 8 * 16384  # a checkpoint mid-run, and rows after it
+    for (end_s, end_ex), now, ex in after:
+        assert now >= end_s and ex >= end_ex
+
+
 @pytest.mark.slow
 def test_replicated_sync_serves_snapshots_on_request():
     # long enough that the snapshots' cost spacing (50x a copy) leaves 10 rows under load
@@ -89,7 +122,6 @@ def test_a_slow_evaluation_thins_the_curve_evenly_within_its_share(monkeypatch):
     (0.2 s) the curve keeps about 10 of its 41 snapshots, the first and the
     last among them and evenly spread, and says how many it dropped; on a
     simulated clock every snapshot is evaluated."""
-    import time
 
     from monsoon.record import recorder as rec_module
 
@@ -154,7 +186,6 @@ def test_a_problem_that_evaluates_many_points_at_once_is_budgeted_per_call(monke
     whatever its size. With 50 ms a call and a 0.36 s share, the curve keeps
     whole levels (6 or 7 calls: 33 rows or more), where a per-point estimate
     thins the later levels (about 26 rows), within the share."""
-    import time
 
     from monsoon.record import recorder as rec_module
 

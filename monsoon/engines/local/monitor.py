@@ -151,11 +151,14 @@ class WorkerMonitor:
         self.drain(self.sleep_s())
         self.on_signal()
         self.check_failed()
-        now = time.perf_counter() - self.t0
-        totals = ex, up, dropped, _ = store.totals()
+        ex, up = store.totals()[:2]
         self.due.progress(ex)
-        self.checkpoint_if_due(now, up)
-        at = self.resume.time_s + now
+        self.checkpoint_if_due(time.perf_counter() - self.t0, up)
+        # the row's time and counts are read after the checkpoint, which can
+        # take long (it evaluates the curve's rows and writes): the workers
+        # went on meanwhile, and a row's copy of the parameters must match them
+        at = self.resume.time_s + time.perf_counter() - self.t0
+        totals = ex, up, dropped, _ = store.totals()
         reason = self.record_if_due(at, ex, up, dropped)
         # the workers' figures, from shared memory
         self.due.live(at, lambda: totals, lambda: store.live_figures(self.workers))
