@@ -398,6 +398,44 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         monsoon.train("exp", "serial", epochs=3, seed=1, resume=str(run))
 
 
+def _svm_file(path: Path, rows: int, flip: bool = False) -> None:
+    """A small svmlight file: ``rows`` examples (``flip``: the labels
+    flipped), the same values for the same rows."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((rows, 5))
+    y = (X[:, 0] > 0) != flip
+    path.write_text("".join(f"{int(label)} " + " ".join(f"{j + 1}:{v:.4f}" for j, v in
+                                                           enumerate(x)) + "\n"
+                            for x, label in zip(X, y)))
+
+
+def test_a_changed_data_file_is_refused_at_resume_and_the_same_one_resumes_from_anywhere(
+        tmp_path, monkeypatch):
+    """A checkpoint records the data it trained on: --resume on a file that
+    has fewer rows, or the same rows with other labels, is refused in one
+    line before the folder is touched; the same file named from another
+    directory resumes (it was refused as another problem)."""
+    (tmp_path / "d").mkdir()
+    data, run = tmp_path / "d" / "data.svm", tmp_path / "d" / "run"
+    _svm_file(data, 200)
+    opts = dict(strategy="sync", workers=2, backend="threads", seed=0, evals=0, progress=False)
+    monkeypatch.chdir(tmp_path / "d")
+    monsoon.train("libsvm:data.svm", epochs=2, out="run", checkpoint_every=5, **opts)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for rows, flip, how in [(100, False, "it trained on 200 examples, this run's data has 100"),
+                            (200, True, "as many examples, other values")]:
+        _svm_file(data, rows, flip)
+        with pytest.raises(ConfigError, match="the data differ from the checkpoint's") as info:
+            monsoon.train("libsvm:data.svm", epochs=4, out="run", resume="run", **opts)
+        assert how in str(info.value) and "\n" not in str(info.value)
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    _svm_file(data, 200)
+    monkeypatch.chdir(tmp_path)
+    resumed = monsoon.train("libsvm:d/data.svm", epochs=4, out="d/run", resume="d/run", **opts)
+    assert resumed.summary["resumed_from"]
+    assert resumed.summary["examples"] == 4 * 200
+
+
 def test_an_engine_that_counts_steps_refuses_a_checkpoint_without_them(tmp_path):
     """The local engine's checkpoints count updates, not steps; ray, torch
     and spark's sync driver resume at a step (``needs=("step",)``) and
@@ -470,16 +508,17 @@ def test_the_command_line_refuses_another_engines_checkpoint_in_one_line(tmp_pat
 
 
 def _as_written_before(folder: Path) -> None:
-    """Rewrite each checkpoint of ``folder`` without the ``engine`` and
-    ``settings`` keys, as a monsoon that did not record them wrote them."""
+    """Rewrite each checkpoint of ``folder`` without the ``engine``,
+    ``settings`` and data (``n_examples``, ``data``) keys, as a monsoon that
+    did not record them wrote them."""
     for f in sorted((folder / "checkpoints").glob("ckpt-*.npz")):
         ckpt = checkpoints.read(f)
         f.unlink()
         checkpoints.save(folder / "checkpoints", int(f.name[5:17]),
                          {k: v for k, v in ckpt.meta.items()
-                          if k not in ("format", "version", "engine", "settings")}, ckpt.arrays)
-        assert "engine" not in checkpoints.read(f).meta
-        assert "settings" not in checkpoints.read(f).meta
+                          if k not in ("format", "version", "engine", "settings",
+                                       *checkpoints.DATA)}, ckpt.arrays)
+        assert not {"engine", "settings", *checkpoints.DATA} & set(checkpoints.read(f).meta)
 
 
 @pytest.mark.parametrize("engine,every", [("local", 10), ("sim", 10)])

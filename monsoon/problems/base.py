@@ -155,6 +155,22 @@ class Problem(ABC):
         return {"name": self.name, "n_params": int(self.n_params),
                 "n_examples": int(self.n_examples), "dtype": str(np.dtype(self.dtype))}
 
+    # the attributes that hold the data trained on (arrays, or a SciPy sparse
+    # matrix), which ``data_digest`` digests; none by default
+    data_fields: tuple = ()
+
+    def data_digest(self) -> str | None:
+        """A digest (SHA-256, hex) of the data trained on, its
+        ``data_fields``' dtypes, shapes and bytes, which a checkpoint records
+        so that ``--resume`` refuses data that changed; None where the
+        problem names none (a torch model's: its ``n_examples`` alone is
+        compared). Taken once: the data is read-only."""
+        if not self.data_fields:
+            return None
+        if self.__dict__.get("_data_digest") is None:
+            self._data_digest = digest_arrays(getattr(self, f) for f in self.data_fields)
+        return self._data_digest
+
 
 class SharedDataProblem(Problem):
     """A NumPy problem whose data is read-only: workers share it and own only
@@ -166,6 +182,26 @@ class SharedDataProblem(Problem):
         clone = copy.copy(self)
         clone._grad = np.zeros_like(self._grad)
         return clone
+
+
+def digest_arrays(values) -> str:
+    """SHA-256 (hex) of ``values``: NumPy arrays, or SciPy sparse matrices
+    (their CSR parts), each with its dtype and shape."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for value in values:
+        if hasattr(value, "tocsr"):  # a sparse matrix: its shape, then its parts
+            csr = value.tocsr()
+            digest.update(repr(csr.shape).encode())
+            parts = (csr.data, csr.indices, csr.indptr)
+        else:
+            parts = (value,)
+        for arr in parts:
+            arr = np.ascontiguousarray(arr)
+            digest.update(f"{arr.dtype.str}{arr.shape}".encode())
+            digest.update(arr.reshape(-1).view(np.uint8))
+    return digest.hexdigest()
 
 
 def seed_worker(problem, seed: int | None, rank: int, done: int = 0) -> None:

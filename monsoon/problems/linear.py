@@ -18,6 +18,8 @@ LOSSES = ("squared", "logistic")
 
 
 class DenseLinear(SharedDataProblem):
+    data_fields = ("X", "y")
+
     def __init__(self, X, y, loss: str = "squared", dtype="float64", name: str = "linear"):
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose one of: {', '.join(LOSSES)}")

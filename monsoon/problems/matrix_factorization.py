@@ -32,6 +32,7 @@ MF_DEFAULTS = {"lr": 0.05, "epochs": 10, "batch_size": 64, "lr_per_example": Tru
 
 class MatrixFactorization(SharedDataProblem):
     defaults = MF_DEFAULTS  # a problem built here trains with them too
+    data_fields = ("users", "items", "ratings")
 
     def __init__(self, users, items, ratings, rank: int = 10, lam: float = 0.05,
                  dtype="float64", name: str = "matrix-factorization", init_scale: float = 0.1,

@@ -52,6 +52,8 @@ def inverse_variance(total, total_sq, n: int) -> np.ndarray:
 
 
 class SparseLinear(SharedDataProblem):
+    data_fields = ("X", "y")
+
     def __init__(self, X, y, loss: str = "logistic", lam: float = 1e-4, dtype="float64",
                  name: str = "sparse-linear", shuffle: bool = True, start=None):
         if loss not in LOSSES:

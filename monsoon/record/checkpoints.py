@@ -4,11 +4,13 @@ One checkpoint is one ``.npz`` file, ``ckpt-<updates, 12 digits>.npz``, in
 the run folder's ``checkpoints/``: the arrays (``params``, ``state.<field>``
 of the rule, ``counters``, the workers' private copies ``worker.<k>.<what>``)
 and ``meta``, a JSON document stored as bytes beside them: which run it
-belongs to (problem, parameter count and dtype, the model's buffers'
-names and shapes, ``buffers``, strategy, rule, workers, batch size, seed,
-and ``settings``: every option that shapes the run's trajectory,
-``trajectory``; these two absent in checkpoints written before they were
-recorded) and the engine that wrote it (``engine``, its registry
+belongs to (problem, a file by its absolute path, parameter count and
+dtype, the model's buffers' names and shapes, ``buffers``, strategy, rule,
+workers, batch size, seed, and ``settings``: every option that shapes the
+run's trajectory, ``trajectory``; the data trained on, ``n_examples`` and
+``data``, a digest of it where the problem gives one, ``data_identity``;
+these absent in checkpoints written before they were recorded, which
+resume as they did) and the engine that wrote it (``engine``, its registry
 name; absent in checkpoints written before it was recorded), the position
 in the data order (``step``: batches done; ``positions``: per worker), the
 time and counters so far, and the recorder's rows, so the loss curve
@@ -40,6 +42,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import sys
@@ -61,6 +64,9 @@ _NAME = re.compile(r"^ckpt-(\d{12})\.npz$")
 # What must match for a checkpoint to belong to this run.
 IDENTITY = ("problem", "n_params", "dtype", "strategy", "rule", "workers", "batch_size", "seed",
             "plan")
+# What must match of the data trained on (``data_identity``), where the
+# checkpoint records it (older ones do not: they resume as they did).
+DATA = ("n_examples", "data")
 # The run's options that a --resume may change: the budget and stopping
 # rules (the trajectory up to the checkpoint is the same under any), what is
 # recorded and where, timeouts, checkpoint spacing, where the cluster or
@@ -298,16 +304,50 @@ def identity(problem, strategy, rule, workers: int, batch_size: int, seed: int,
     ``engine``: the registry name of the engine that writes and resumes it
     (``Engine.name``), whose meta only that engine reads; ``settings``: the
     run's ``trajectory`` (``Engine.settings``; None: not compared)."""
-    ident = {"problem": problem.name, "n_params": int(problem.n_params),
+    ident = {"problem": problem_key(problem.name), "n_params": int(problem.n_params),
              "dtype": str(np.dtype(problem.dtype)), "strategy": strategy.name,
              "rule": getattr(rule, "name", str(rule)), "workers": int(workers),
              "batch_size": int(batch_size), "seed": int(seed),
-             "buffers": model_buffers(problem)}
+             "buffers": model_buffers(problem), **data_identity(problem)}
     if engine is not None:
         ident["engine"] = str(engine)
     if settings is not None:
         ident["settings"] = dict(settings)
+        if "problem" in settings:
+            ident["settings"]["problem"] = problem_key(settings["problem"])
     return ident
+
+
+def problem_file(name) -> str | None:
+    """The file a problem's name names after its colon (``libsvm:PATH``),
+    where it exists here: its absolute path, links resolved; else None."""
+    kind, sep, arg = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if sep and arg and "://" not in arg and os.path.exists(arg):
+        return os.path.realpath(arg)
+    return None
+
+
+def problem_key(name):
+    """A problem's name as a checkpoint records and compares it: a file it
+    names by its absolute path (``problem_file``), so that the same file
+    named from another directory is the same problem; any other as it is."""
+    path = problem_file(name)
+    return name if path is None else f"{name.partition(':')[0]}:{path}"
+
+
+def data_identity(problem) -> dict:
+    """What a checkpoint records of the data the run trains on (``DATA``):
+    the number of examples, and the problem's ``data_digest`` where it
+    gives one; a size not known yet (data Spark has not loaded) is left out."""
+    out = {}
+    n = getattr(problem, "n_examples", None)
+    if isinstance(n, (int, np.integer)):
+        out["n_examples"] = int(n)
+    digest = getattr(problem, "data_digest", None)
+    digest = digest() if callable(digest) else None
+    if digest is not None:
+        out["data"] = digest
+    return out
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -520,15 +560,33 @@ def _identity_refusal(meta: dict | None, expect: dict) -> str | None:
         return (f"was written by the {wrote} engine, this run's is the {mine} engine; resume "
                 f"it with --engine {wrote}, or start a new run without --resume")
     theirs, ours = meta.get("settings") or {}, expect.get("settings") or {}
+    same = {"problem": lambda a, b: problem_key(a) == problem_key(b)}
     differ = [(key, expect[key], meta.get(key)) for key in IDENTITY
-              if key in expect and meta.get(key) != expect[key]]
+              if key in expect and not same.get(key, operator.eq)(meta.get(key), expect[key])]
     differ += [(key, ours[key], theirs[key]) for key in ours
-               if key in theirs and theirs[key] != ours[key]]
+               if key in theirs and not same.get(key, operator.eq)(theirs[key], ours[key])]
     if not differ:
-        return None
+        return _data_refusal(meta, expect)
     key, this, its = differ[0]
     return (f"is from another run: its {key} is {its!r}, this run's is {this!r}; resume with "
             "the same problem and settings, or start a new run without --resume")
+
+
+def _data_refusal(meta: dict, expect: dict) -> str | None:
+    """Why a checkpoint of this problem was written on other data than this
+    run's (``DATA``; None: the same, or nothing says: each is compared
+    only where both record it)."""
+    differ = [key for key in DATA if key in meta and key in expect and meta[key] != expect[key]]
+    if not differ:
+        return None
+    if differ[0] == "n_examples":
+        how = (f"it trained on {meta['n_examples']} examples, this run's data has "
+               f"{expect['n_examples']}")
+    else:
+        how = (f"as many examples, other values: its data digest is {meta['data'][:12]}, "
+               f"this run's {expect['data'][:12]}")
+    return (f"was written on other data: the data differ from the checkpoint's ({how}); "
+            "resume with the data it was written on, or start a new run without --resume")
 
 
 def load_latest(directory, expect: dict, shapes: dict, warn=None) -> Checkpoint:
