@@ -37,7 +37,8 @@ from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_tar
                               not_finite_at_start, worse_than_start)
 from .record.live import make_live
 from .record.folder_lock import FolderLock
-from .record.run_folder import SetAside, clear_results, save_model
+from .record.run_folder import (RESULT_FILES, SetAside, clear_results, refuse_writing_over,
+                                save_model)
 
 
 @dataclass
@@ -292,6 +293,19 @@ def folder_path(out) -> str:
     return str(out)
 
 
+def check_out(out: Path, names, problem: str, cli: bool, who: str = "a run",
+              folder: Path | None = None) -> None:
+    """Refuse ``who`` in ``out`` (or in ``folder``, a compare's run folder
+    in it) that would write over a file monsoon did not write there, or
+    the problem's own data file (``problem``: its name), in one line naming
+    --out or out= (``cli``), before anything is written
+    (``run_folder.refuse_writing_over``)."""
+    given = f"--out {shlex.quote(str(out))}" if cli else f"out={str(out)!r}"
+    if folder is not None:
+        given += f": its run folder {folder}"
+    refuse_writing_over(folder or out, names, _checkpoints.problem_file(problem), given, who)
+
+
 def _no_checkpoint(resolved) -> str:
     """The end of an interrupted run's line where it wrote no checkpoint:
     why, where the strategy writes none (the pipeline's stages keep their
@@ -316,6 +330,8 @@ def train(problem="exp", strategy: str = "serial", workers: int = 1, *, out=None
     leave_if_re_running_main()
     resolved = check(problem, strategy, workers, out=out, shared=shared, cli=cli, **options)
     run, problem = resolved.run, resolved.problem
+    if out is not None and getattr(resolved.engine, "writes_run_folder", True):
+        check_out(Path(out), RESULT_FILES, run["problem"], cli)
     made = check_writable(Path(out)) if out is not None else []
     # the run holds its folder until it is written whole; another run's is refused
     lock = FolderLock(Path(out) if out is not None and getattr(

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from .api import (Result, _carry_on, _first_line, _remove_empty as _remove_made, check,
-                  check_resume_of, check_writable, folder_path, train)
+                  check_out, check_resume_of, check_writable, folder_path, train)
 from .config import (COMPARE_DEFAULTS, RUN, check_compare_compress, check_error_feedback,
                      for_strategy, refuse_untaken, resolve)
 from .compressors.messages import by_strategy
@@ -62,7 +62,9 @@ from .record.checkpoints import checkpoint_files
 from .record.atomic import atomic_write
 from .record.folder_lock import FolderLock
 from .record.report import write_comparison
-from .record.run_folder import clear_results, read_metrics, read_summary, to_json
+from .record.run_folder import COMPARE_RUNS as RUNS  # every run folder it wrote, resumes too
+from .record.run_folder import (COMPARE_FILES, RESULT_FILES, clear_results, read_metrics,
+                                read_summary, to_json)
 from .strategies import STRATEGIES
 
 
@@ -126,6 +128,11 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
     for s in strategies:  # every strategy's run checked before any starts
         check(problem, s, counts[s], out=out / s, shared=shared, cli=cli,
               **for_strategy(options, s))
+    name = getattr(problem, "name", problem)
+    check_out(out, COMPARE_FILES, name, cli, "the compare")
+    for s in strategies:
+        for turn in range(int(repeats)):
+            check_out(out, RESULT_FILES, name, cli, folder=_folder(out, s, turn))
     made = check_writable(out)
     lock = FolderLock(out, "compare")  # its own files; each run holds OUT/STRATEGY
     try:
@@ -321,10 +328,6 @@ def _resumable(folder: Path) -> bool:
     status = summary.get("status")
     return ((status == "interrupted" or status == "failed" and bool(summary.get("checkpoint")))
             and bool(checkpoint_files(folder / "checkpoints")))
-
-
-RUNS = ".compare-runs.json"  # every run folder the compare in OUT wrote, resumes included
-COMPARE_FILES = ("comparison.csv", "comparison.png", "report.md", "staleness.png", RUNS)
 
 
 def _clear_previous(out: Path) -> None:

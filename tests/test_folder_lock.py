@@ -146,7 +146,8 @@ def test_a_compare_clears_an_old_strategys_folder_only_when_no_run_holds_it(tmp_
 
 
 def test_the_api_is_refused_on_a_folder_in_use_and_touches_nothing(tmp_path):
-    (tmp_path / "config.json").write_text("{}")  # a previous run's, still being written
+    (tmp_path / "config.json").write_text(  # a previous run's
+        '{"problem": "exp", "strategy": "serial", "workers": 1}')
     lock = FolderLock(tmp_path)
     try:
         before = _files(tmp_path)

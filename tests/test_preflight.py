@@ -1,6 +1,7 @@
 """Checks before any worker starts: bad data and a bad run folder are refused
 in one line (exit 2, no traceback, nothing started); too many worker
 processes get advice up front and a start-up timeout to match."""
+import json
 import os
 import subprocess
 import sys
@@ -163,6 +164,50 @@ def test_an_empty_out_is_refused_and_the_current_directory_is_left_alone(tmp_pat
                 "--out runs/mine")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "metrics.csv"]
     assert {(tmp_path / n).read_text() for n in ("config.json", "metrics.csv")} == {"mine"}
+
+
+def test_a_folder_monsoon_did_not_write_is_refused_where_a_run_would_write_over_its_files(
+        tmp_path, monkeypatch):
+    """--out . in a folder of the user's own config.json and data wrote the
+    run over their config.json; --out w with the data saved as
+    w/metrics.csv wrote the run's metrics over the data. Now a run (or a
+    compare) that would write over a file in a folder monsoon did not
+    write is refused in one line, nothing touched, and the problem's data
+    file is never written over; a folder with other files only, and an
+    earlier run's, take runs as before."""
+    import monsoon
+
+    monkeypatch.chdir(tmp_path)
+    data = "1 1:0.5 2:1\n0 1:0.25\n1 2:2 3:1\n0 3:0.5\n"
+    (tmp_path / "d.svm").write_text(data)
+    (tmp_path / "config.json").write_text('{"mine": 1}')
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "metrics.csv").write_text(data)
+    train = ("--problem", "libsvm:d.svm", "--strategy", "serial", "--steps", "5")
+    refused(cli(*train, "--out", ".")[0], "--out . holds config.json, not written by monsoon")
+    refused(cli("--problem", "libsvm:w/metrics.csv", "--strategy", "serial", "--steps", "5",
+                "--out", "w")[0], "--out w: metrics.csv there is the problem's data file")
+    with pytest.raises(ConfigError, match=r"^out='\.' holds config.json") as info:
+        monsoon.train("libsvm:d.svm", "serial", steps=5, progress=False, out=".")
+    assert "--out" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"^out='\.': its run folder sync holds "):
+        (tmp_path / "sync").mkdir()
+        (tmp_path / "sync" / "loss.png").write_text("mine")
+        monsoon.compare("libsvm:d.svm", "serial,sync", 2, steps=5, out=".")
+    assert (tmp_path / "config.json").read_text() == '{"mine": 1}'
+    assert (tmp_path / "w" / "metrics.csv").read_text() == data
+    assert (tmp_path / "sync" / "loss.png").read_text() == "mine"
+    assert not list(tmp_path.rglob(".monsoon*"))
+    # other files only, then the run's own folder again: as before
+    (tmp_path / "config.json").unlink()
+    for _ in range(2):
+        assert cli(*train, "--out", ".")[0].returncode == 0
+    assert json.loads((tmp_path / "config.json").read_text())["problem"] == "libsvm:d.svm"
+    # the data file in a run folder, under a name the run writes: still refused
+    (tmp_path / "metrics.csv").write_text(data)
+    refused(cli("--problem", "libsvm:metrics.csv", "--strategy", "serial", "--steps", "5",
+                "--out", ".")[0], "metrics.csv there is the problem's data file")
+    assert (tmp_path / "metrics.csv").read_text() == data
 
 
 def test_ranks_that_share_a_run_folder_check_it_at_once(tmp_path):

@@ -36,10 +36,13 @@ def refused(proc, *words):
 
 def previous_run(folder):
     """A previous run's results in ``folder`` (each file clear_results
-    removes, and a TensorBoard file); returns every file's content."""
+    removes, and a TensorBoard file; its config.json names a run, as
+    monsoon's does); returns every file's content."""
     (folder / "tb").mkdir(parents=True)
     for name in RESULT_FILES:
         (folder / name).write_text(f"previous {name}")
+    (folder / "config.json").write_text('{"problem": "previous", "strategy": "serial", '
+                                        '"workers": 1}')
     (folder / "tb" / "events.out.tfevents.1.previous").write_text("previous events")
     return snapshot(folder)
 

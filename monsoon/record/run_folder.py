@@ -17,7 +17,10 @@ files, which it carries on. The checkpoints are ``checkpoints.py``'s
 started (bad input found only then) gives them back, and the folder is as
 it was. Only one run at a time does any of this: a run holds its folder
 (``folder_lock.py``), so the files it sets aside, or finds set aside by a
-killed run, are never another live run's.
+killed run, are never another live run's. Nor the user's: before anything is
+written, a run (or compare) is refused where it would write over a file in a
+folder monsoon did not write (``monsoon_folder``), or over the problem's own
+data file (``refuse_writing_over``).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ConfigError
 from .atomic import atomic_write
 from .recorder import COLUMNS, OPTIONAL_COLUMNS
 
@@ -119,6 +123,66 @@ def save_model(out: Path, problem, params) -> Path:
 # What a finished (or failed) run writes into its folder, besides checkpoints/.
 RESULT_FILES = ("config.json", "metrics.csv", "summary.json", "loss.png", "staleness.png",
                 "model.pt", "params.npy", "user_ids.txt", "item_ids.txt")
+# What a compare writes in its own folder (``compare.py``), the table of the
+# run folders it wrote included
+COMPARE_RUNS = ".compare-runs.json"
+COMPARE_FILES = ("comparison.csv", "comparison.png", "report.md", "staleness.png", COMPARE_RUNS)
+RUN_KEYS = ("problem", "strategy", "workers")  # a run's config.json and summary.json hold them
+
+
+def monsoon_folder(out: Path) -> bool:
+    """Whether ``out`` is a folder monsoon wrote: a run's (its config.json
+    or summary.json holds ``RUN_KEYS``, checkpoints/ a monsoon checkpoint,
+    or a run there holds its lock, or left it when killed), or a compare's
+    (its table of run folders, or a comparison.csv with the compare's
+    columns: ``report.CSV_COLUMNS``)."""
+    from .checkpoints import checkpoint_files, read_meta
+    from .folder_lock import LOCK_NAME
+
+    out = Path(out)
+    for name in ("config.json", "summary.json"):
+        try:
+            doc = json.loads((out / name).read_text())
+        except (OSError, ValueError):  # none, or not JSON (UnicodeDecodeError too)
+            continue
+        if isinstance(doc, dict) and all(key in doc for key in RUN_KEYS):
+            return True
+    if (out / LOCK_NAME).is_file() or (out / COMPARE_RUNS).is_file():
+        return True
+    if any(read_meta(p) is not None for p in checkpoint_files(out / "checkpoints")):
+        return True
+    try:
+        with open(out / "comparison.csv") as f:
+            return f.readline().startswith("strategy,workers,final_loss")
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_writing_over(out: Path, names, data_file: str | None, given: str,
+                        who: str = "a run") -> None:
+    """Refuse, in one line (``ConfigError``) and before anything is
+    written, ``who`` in ``out`` (``given``: how the caller named it, --out
+    or out=) that would write over or remove a file not monsoon's:
+    ``data_file`` (the problem's own input, never) among ``names`` (in
+    ``out``), or any of them where ``out`` is not a folder monsoon wrote
+    (``monsoon_folder``). A new or empty folder, or one monsoon wrote,
+    passes. TensorBoard's event files under tb/ are not asked about: each
+    has a name of its own, and under torchrun the other ranks' may be there
+    before rank 0 looks."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    found = [out / name for name in names if (out / name).is_file()]
+    for path in found:
+        if data_file is not None and os.path.samefile(path, data_file):
+            raise ConfigError(f"{given}: {path.relative_to(out)} there is the problem's data "
+                              f"file, which {who} there would write over; give another folder")
+    if found and not monsoon_folder(out):
+        shown = ", ".join(str(p.relative_to(out)) for p in found[:3])
+        shown += f" and {len(found) - 3} more" if len(found) > 3 else ""
+        raise ConfigError(f"{given} holds {shown}, not written by monsoon (no run or compare of "
+                          f"its is there), which {who} there would write over; give a new or "
+                          "empty folder, or one monsoon wrote")
 
 
 ASIDE = ".aside-"  # the prefix of a file set aside in its own folder
