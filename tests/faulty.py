@@ -9,7 +9,8 @@ gradient (a straggler); in mode "exit-at-end" it exits as the worker
 reports at the end of its run (a rank lost after its last step: the
 report reads the problem's ``state``), the other ranks reporting 0.5 s
 later. ``SignalOnce`` presses Ctrl-C on
-the run from inside a gradient. ``TellsDrops`` is SGD that notes each dropped update it is told of
+the run from inside a gradient; ``ReportsLoss`` says the mini-batch loss it is
+told to. ``TellsDrops`` is SGD that notes each dropped update it is told of
 in a file, wherever it runs (a Ray shard's process). They live in an
 importable module because spawned workers unpickle them by name.
 """
@@ -156,6 +157,28 @@ class SignalOnce(FaultyProblem):
             os.kill(self.pid, signal.SIGINT)
             time.sleep(self.pause)
         return result
+
+
+class ReportsLoss(FaultyProblem):
+    """Trains as the inner problem does, but says its mini-batch loss is
+    ``first`` for a worker's first ``count`` gradients, then ``then``: what
+    the live series show of them can be checked exactly."""
+
+    def __init__(self, inner: Problem, first: float, count: int = 1, then: float = 1.0):
+        super().__init__(inner, "none", rank=-1)
+        self.first, self.count, self.then = first, count, then
+        self.defaults = inner.defaults
+
+    def for_worker(self, rank, workers):
+        clone = ReportsLoss(self.inner.for_worker(rank, workers), self.first, self.count,
+                            self.then)
+        clone.rank = rank
+        return clone
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        self.calls += 1
+        _, grad = self.inner.gradient(w, indices, out, accumulate)
+        return (self.first if self.calls <= self.count else self.then), grad
 
 
 class TellsDrops(SGD):

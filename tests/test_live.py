@@ -98,6 +98,56 @@ def test_the_objective_curve_in_the_event_files_equals_metrics_csv(tmp_path, str
     worker_tags(found, workers, "updates")
 
 
+@pytest.mark.parametrize("engine,backend,first", [
+    ("local", "threads", 1e30), ("local", "processes", 1e30), ("sim", None, 1e30),
+    ("local", "threads", float("nan")), ("sim", None, float("nan"))])
+def test_a_huge_or_non_finite_loss_spoils_only_the_row_it_falls_in(tmp_path, engine, backend,
+                                                                   first):
+    """Each worker's first mini-batch loss is 1e30 (or NaN; the sim's workers
+    share one problem: the run's first), every later one 1.0: the rows after
+    the one it falls in read exactly 1.0. The workers
+    added their losses to running totals and a row took the difference of
+    two: after a huge loss every later row read 0.0 (after a NaN, NaN)."""
+    from faulty import ReportsLoss
+
+    from monsoon.problems import make_problem
+
+    out = tmp_path / "run"
+    monsoon.train(ReportsLoss(make_problem("exp"), first), "async", 2, engine=engine, epochs=40,
+                  seed=0, out=out, progress=False, live_every=0.02,
+                  **({"backend": backend} if backend else {}))
+    found = scalars(out / "tb")
+    for tag, spoilt in (("loss/worker-0", 1), ("loss/worker-1", 1), ("run/minibatch_loss", 2)):
+        values = [v for _, v in found[tag]]
+        assert 1.0 in values, (tag, values)
+        k = values.index(1.0)  # the rows before: each one the first loss fell in
+        assert k <= spoilt and all(not abs(v) < 1e20 for v in values[:k]), (tag, values)
+        assert values[k:] == [1.0] * (len(values) - k) and len(values) - k >= 3, (tag, values)
+        assert k or tag != "run/minibatch_loss", values
+
+
+def test_spark_figures_keep_each_rows_losses_after_a_huge_one():
+    """Spark's driver adds its tasks' loss sums (``add_figures``) to the
+    figures a row reads: after a task's huge one, the next row still has
+    the next tasks' mean, and a copy of the figures taken for a row keeps
+    its own (the server's copies them under its lock)."""
+    from monsoon.record.live import LiveWriter, add_figures
+
+    writer, workers = LiveWriter(every=0.1), {}
+    add_figures(workers, 0, 1e30, 1, 10)
+    first = writer.write(0.0, 10, 1, {k: dict(f) for k, f in workers.items()})
+    kept = {k: dict(f) for k, f in workers.items()}
+    add_figures(workers, 0, 3.0, 2, 20)  # one task's two steps
+    add_figures(workers, 0, float("inf"), 1, 10)
+    add_figures(workers, 0, 1.0, 1, 10)
+    second = writer.write(1.0, 50, 5, workers)
+    add_figures(workers, 0, 1.0, 1, 10)
+    third = writer.write(2.0, 60, 6, workers)
+    assert first["loss/worker-0"] == 1e30 and kept[0]["losses"] != workers[0]["losses"]
+    assert second["loss/worker-0"] == float("inf") and third["loss/worker-0"] == 1.0
+    assert third["run/minibatch_loss"] == 1.0
+
+
 def test_the_sim_writes_against_virtual_time(tmp_path):
     out = tmp_path / "sim"
     result = monsoon.train("digits", "async", 4, engine="sim", epochs=1, seed=0, out=out,

@@ -59,6 +59,54 @@ MLFLOW_FIRST_CONTACT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
 OBJECTIVE = ("loss", "accuracy", "val_loss", "val_accuracy")
 
 
+# A worker's mini-batch losses as the live series read them, cumulative (a
+# list, or a row of shared memory, of ``LOSS_CELLS``; ``add_loss``): the
+# finite ones' sum and the low part that sum lost (Neumaier's compensation:
+# a huge loss does not swallow the later ones, and a row's window of the
+# totals is still its losses' mean), how many losses in all, and how many
+# were +Inf, -Inf, NaN (kept out of the sum: they poison their row alone).
+LOSS_CELLS = 6
+LOSS_SUM, LOSS_COMP, LOSS_N = 0, 1, 2
+_NON_FINITE = ((3, math.inf), (4, -math.inf), (5, math.nan))
+
+
+def add_loss(cells, loss, n: int = 1) -> None:
+    """Add ``loss``, the sum of ``n`` mini-batch losses, to ``cells``."""
+    loss = float(loss)
+    cells[LOSS_N] += n
+    if not math.isfinite(loss):
+        cells[3 if loss > 0 else 4 if loss < 0 else 5] += 1
+        return
+    total = float(cells[LOSS_SUM])
+    added = total + loss
+    cells[LOSS_COMP] += ((total - added) + loss if abs(total) >= abs(loss)
+                         else (loss - added) + total)
+    cells[LOSS_SUM] = added
+
+
+def _losses(fig: dict) -> tuple | None:
+    """A worker's cumulative losses in ``add_loss``'s cells (a copy), from
+    ``losses`` or a plain ``loss_sum`` and ``loss_n``; None: neither."""
+    if "losses" in fig:
+        return tuple(float(v) for v in fig["losses"])
+    if "loss_n" in fig:
+        return (float(fig["loss_sum"]), 0.0, float(fig["loss_n"]), 0.0, 0.0, 0.0)
+    return None
+
+
+def _loss_window(now: tuple, before: tuple | None) -> tuple[float, float] | None:
+    """(sum, count) of the losses between two cumulative readings (the sum
+    +Inf, -Inf or NaN where one of them was); None: none."""
+    before = before or (0.0,) * LOSS_CELLS
+    n = now[LOSS_N] - before[LOSS_N]
+    if n <= 0:
+        return None
+    bad = [value for i, value in _NON_FINITE if now[i] > before[i]]
+    if bad:
+        return sum(bad), n
+    return (now[LOSS_SUM] - before[LOSS_SUM]) + (now[LOSS_COMP] - before[LOSS_COMP]), n
+
+
 def _stale_window(now, before) -> tuple[float | None, float | None]:
     """Mean and max staleness of the updates between two cumulative
     readings: ``Counter`` (staleness -> count) or ``(sum, count, max since
@@ -200,8 +248,9 @@ class LiveWriter:
     def write(self, now: float, examples: int, updates: int, workers: dict | None = None,
               staleness=None, dropped: int | None = None, bytes_sent: int | None = None) -> dict:
         """One row from cumulative figures: ``workers`` maps a rank to any of
-        ``loss_sum`` and ``loss_n`` (cumulative: the row has their mean since
-        the last row) or ``loss`` (a recent value), ``examples``, ``updates``;
+        ``losses`` (``add_loss``'s cells), or ``loss_sum`` and ``loss_n``
+        (cumulative: the row has their mean since the last row), or ``loss``
+        (a recent value), ``examples``, ``updates``;
         ``staleness`` is a Counter or ``(sum, count, max since last)``."""
         self.next = now + self.every
         prev = self._prev or {"now": 0.0, "examples": 0, "workers": {}, "staleness": None}
@@ -221,12 +270,12 @@ class LiveWriter:
         for rank, fig in sorted((workers or {}).items())[:PER_WORKER_MAX]:
             was = prev["workers"].get(rank, {})
             tag = f"worker-{rank}"
-            if "loss_n" in fig:
-                n = fig["loss_n"] - was.get("loss_n", 0)
-                if n > 0:
-                    s = fig["loss_sum"] - was.get("loss_sum", 0.0)
-                    values[f"loss/{tag}"] = s / n
-                    loss_sum, loss_n = loss_sum + s, loss_n + n
+            losses = _losses(fig)
+            if losses is not None:
+                window = _loss_window(losses, was.get("losses"))
+                if window is not None:
+                    values[f"loss/{tag}"] = window[0] / window[1]
+                    loss_sum, loss_n = loss_sum + window[0], loss_n + window[1]
             elif fig.get("loss") is not None and math.isfinite(fig["loss"]):
                 values[f"loss/{tag}"] = fig["loss"]
                 loss_sum, loss_n = loss_sum + fig["loss"], loss_n + 1
@@ -234,7 +283,7 @@ class LiveWriter:
                 values[f"examples_per_s/{tag}"] = (fig["examples"] - was.get("examples", 0)) / dt
             if "updates" in fig:
                 values[f"updates/{tag}"] = fig["updates"]
-            seen[rank] = dict(fig)
+            seen[rank] = dict(fig, **({"losses": losses} if losses is not None else {}))
         if loss_n:
             values["run/minibatch_loss"] = loss_sum / loss_n
         self._prev = {"now": now, "examples": examples, "workers": seen,
@@ -330,9 +379,10 @@ def add_figures(workers: dict, rank: int, loss_sum: float, loss_n: int, examples
                 updates: int | None = None) -> None:
     """Add to worker ``rank``'s cumulative figures in ``workers``, the form
     ``LiveWriter.write`` reads (``updates``: where the engine counts them)."""
-    fig = workers.setdefault(rank, {"loss_sum": 0.0, "loss_n": 0, "examples": 0})
-    fig["loss_sum"] += loss_sum
-    fig["loss_n"] += loss_n
+    fig = workers.setdefault(rank, {"losses": [0.0] * LOSS_CELLS, "examples": 0})
+    losses = list(fig["losses"])  # a new list: a copy of ``workers`` read meanwhile keeps its own
+    add_loss(losses, loss_sum, loss_n)
+    fig["losses"] = losses
     fig["examples"] += examples
     if updates is not None:
         fig["updates"] = fig.get("updates", 0) + updates

@@ -54,10 +54,11 @@ from ...server.reduce import into_slot
 from ...server.summed import SharedSums
 from ...server.worker import Worker
 from ...monitor.waiting import HOT_TURNS, Aborted
+from ...record.live import add_loss
 from .checkpointing import keeps_step_buffers
 from .clocks import LocalClocks
-from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, LOSS_N, LOSS_SUM,
-                    STALE_MAX, STALE_N, STALE_SUM, UPDATES, ParameterStore)
+from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, STALE_MAX, STALE_N,
+                    STALE_SUM, UPDATES, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
 
 BUFFERS_EVERY_S = 0.02  # the most often a worker copies its buffers for the curve rows
@@ -190,8 +191,7 @@ class WorkerRuntime(Worker):
         else:  # a pushing program's: counted with the push (``server/worker.py``)
             self.held += len(op.indices)
         if self._live is not None:
-            self._live[LOSS_SUM] += loss
-            self._live[LOSS_N] += 1
+            add_loss(self._live, loss)
         return loss, grad
 
     def _stale(self, staleness: int) -> None:
@@ -241,8 +241,7 @@ class WorkerRuntime(Worker):
         loss = self.problem.sgd_pass(self.store.params, op.indices, lr)
         self.counters[EXAMPLES] += len(op.indices)
         if self._live is not None:
-            self._live[LOSS_SUM] += loss
-            self._live[LOSS_N] += 1
+            add_loss(self._live, loss)
         self.counters[UPDATES] += len(op.indices)
         return loss
 

@@ -29,8 +29,8 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, ``local_counts[k]`` its local steps on its own copy
   (local SGD, EASGD: applied, and dropped for a non-finite gradient), and
-  ``live[k]`` (loss sum and count, staleness sum, count, max; the monitor
-  resets the max), written by worker k only: no lock;
+  ``live[k]`` (its losses, ``record/live.py``'s ``add_loss`` cells; staleness
+  sum, count, max: the monitor resets the max), written by worker k only: no lock;
 - ``status[k]``, ``control``: life-cycle flags, the monitor's snapshot requests;
 - ``ckpt.*`` (synchronous checkpoints): one step boundary's parameters and rule state.
 
@@ -47,6 +47,7 @@ import time
 
 import numpy as np
 
+from ...record.live import LOSS_CELLS
 from ...rules import Rule
 from ...server.shards import shard_bounds
 from ...record.progress import DROPPED, EXAMPLES, LATE, UPDATES  # noqa: F401 - re-exported
@@ -68,8 +69,8 @@ STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
  SNAP_READ) = range(10)
 # the ring holds at most this many snapshots, and at most this many bytes
 SNAP_RING, SNAP_RING_BYTES = 64, 16 << 20
-# live columns (``live[k]``, with live series)
-LOSS_SUM, LOSS_N, STALE_SUM, STALE_N, STALE_MAX = range(5)
+# live columns (``live[k]``, with live series): the losses' cells, then staleness
+STALE_SUM, STALE_N, STALE_MAX = range(LOSS_CELLS, LOSS_CELLS + 3)
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 # how long the monitor watches an owner-less lock a dead worker claimed
@@ -106,7 +107,7 @@ class ParameterStore:
         for field, arr in zip(reader._fields, reader):
             layout["reader." + field] = ((workers,) + arr.shape, str(arr.dtype))
         if live:
-            layout["live"] = ((workers, 5), "float64")
+            layout["live"] = ((workers, LOSS_CELLS + 3), "float64")
         if sync_slots and replicated:
             layout["rep_slots"] = ((2, workers, n), dtype)
             layout["rep_examples"] = ((2, workers), "int64")
@@ -331,7 +332,7 @@ class ParameterStore:
         """Each worker's cumulative figures for ``Recorder.live``, and the
         staleness (sum, count, max since the last call)."""
         live, counters = self.live, self.counters
-        figures = {k: {"loss_sum": float(live[k, LOSS_SUM]), "loss_n": int(live[k, LOSS_N]),
+        figures = {k: {"losses": live[k, :LOSS_CELLS].tolist(),
                        "examples": int(counters[k, EXAMPLES]),
                        "updates": int(counters[k, UPDATES])} for k in range(workers)}
         biggest = float(live[:, STALE_MAX].max())

@@ -59,6 +59,7 @@ from ...server.shards import replicates, shard_bounds, shard_count
 from ...server.summed import SharedSums
 from ...server.worker import WAIT, Worker
 from ...record import checkpoints
+from ...record.live import LOSS_CELLS, add_loss
 from ...record.progress import counters_shapes, counts
 from ...monitor.lifecycle import stop_reason, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
@@ -77,7 +78,7 @@ class _Worker(Worker):
     return ``WAIT`` and schedule the event that resumes it (``_resume``)."""
     __slots__ = ("sim", "grad", "examples", "updates", "dropped", "late", "busy",
                  "others_at_read", "pending", "ticket", "sync_step", "done", "sender",
-                 "snapshot", "loss_sum", "loss_n", "local", "ssp")
+                 "snapshot", "losses", "local", "ssp")
     engine_name = "sim"
 
     def __init__(self, rank, sim, work):
@@ -93,7 +94,7 @@ class _Worker(Worker):
         self.sync_step = 0
         self.done = False
         self.snapshot = None
-        self.loss_sum, self.loss_n = 0.0, 0  # its mini-batch losses, for the live series
+        self.losses = [0.0] * LOSS_CELLS  # its mini-batch losses, for the live series
         self.local = [0, 0]  # its local steps: applied, dropped
 
     def admits(self, grad) -> bool:
@@ -344,7 +345,7 @@ class SimEngine(Engine):
         return None
 
     def _live(self, recorder, t: float) -> None:
-        figures = {w.rank: {"loss_sum": w.loss_sum, "loss_n": w.loss_n, "examples": w.examples,
+        figures = {w.rank: {"losses": w.losses, "examples": w.examples,
                             "updates": w.updates} for w in self.workers[:recorder.live_workers]}
         total = self.total
         recorder.live(t, total["examples"], total["updates"], figures, self.staleness,
@@ -447,8 +448,7 @@ class SimEngine(Engine):
         """A gradient computed: kept in the worker's buffer times its
         ``weight`` (``ops.Gradient``), and counted."""
         np.multiply(grad, weight, out=w.grad)
-        w.loss_sum += loss
-        w.loss_n += 1
+        add_loss(w.losses, loss)
         # counted when computed, none held for a push: a resumed simulation replays its run
         w.examples += examples
         self.total["examples"] += examples
