@@ -1,5 +1,6 @@
 """Live series (monsoon/record/live.py): TensorBoard event files under OUT/tb,
 read back with TensorBoard's own EventAccumulator; MLflow through its client."""
+import json
 import os
 import signal
 import time
@@ -148,6 +149,22 @@ def test_spark_figures_keep_each_rows_losses_after_a_huge_one():
     assert third["run/minibatch_loss"] == 1.0
 
 
+@pytest.mark.parametrize("engine,strategy,workers", [
+    ("local", "async", 2), ("local", "serial", 1), ("sim", "async", 2)])
+def test_the_live_series_end_with_the_runs_final_counts(tmp_path, engine, strategy, workers):
+    """docs/live.md's example, a run shorter than --live-every's second,
+    wrote its step-0 row alone (run/updates 0, no losses); longer runs
+    ended at the last row due. The run's last row now comes when it ends:
+    summary.json's counts, and the losses since the row before."""
+    out = tmp_path / engine
+    monsoon.train("digits", strategy, workers, engine=engine, epochs=1, seed=0, out=out,
+                  progress=False, **({"backend": "threads"} if engine == "local" else {}))
+    found = scalars(out / "tb")
+    ends_with_the_summarys_counts(out, found)
+    worker_tags(found, workers)
+    assert found["run/minibatch_loss"][-1][0] == found["run/updates"][-1][0]
+
+
 def test_the_sim_writes_against_virtual_time(tmp_path):
     out = tmp_path / "sim"
     result = monsoon.train("digits", "async", 4, engine="sim", epochs=1, seed=0, out=out,
@@ -208,11 +225,19 @@ def test_bad_live_options_are_refused_in_one_line():
         monsoon.train("exp", "sync", 2, epochs=1, tensorboard=True, progress=False)
 
 
+def ends_with_the_summarys_counts(out: Path, found: dict) -> None:
+    """The live series' last row holds the run's final counts, summary.json's."""
+    summary = json.loads((out / "summary.json").read_text())
+    assert found["run/updates"][-1] == (summary["examples"], summary["updates"])
+    assert found["run/examples"][-1] == (summary["examples"], summary["examples"])
+
+
 def after_run(out: Path, workers: int, per_worker=("loss",)) -> dict:
     found = scalars(out / "tb")
     for kind in per_worker:
         worker_tags(found, workers, kind)
     assert found.get("run/examples_per_s") and found.get("run/updates")
+    ends_with_the_summarys_counts(out, found)
     objective_is_the_csv(out)
     return found
 

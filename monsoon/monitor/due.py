@@ -9,8 +9,9 @@ It answers five questions, each cheap enough to ask between ops:
   ``asked_row`` where the workers copy the parameters for a row when asked
   (``asking`` while a copy is awaited);
 - a live update: ``live`` hands the recorder the run's figures when its
-  live writer is due; ``look`` asks both (a row, then a live update) for
-  the loops that take no other action between them;
+  live writer is due (and, ``final``, once the run's loop has ended);
+  ``look`` asks both (a row, then a live update) for the loops that take
+  no other action between them;
 - a checkpoint: every ``every`` positions (steps, updates or epochs, as the
   caller counts them), ``plan_checkpoint`` sets the next one after a
   position, ``checkpoint`` says whether it is reached;
@@ -77,11 +78,13 @@ class Due:
         """How long until the next row is due, at the pace so far."""
         return self.recorder.seconds_to_due(at, self.last_examples)
 
-    def live(self, at: float, totals, figures) -> bool:
+    def live(self, at: float, totals, figures, final: bool = False) -> bool:
         """Hand the recorder a live update if one is due (True if so):
         ``totals()`` gives (examples, updates, dropped, ...), ``figures()``
-        the workers' figures and staleness; both are read only then."""
-        if not self.recorder.live_due(at):
+        the workers' figures and staleness; both are read only then.
+        ``final``: the run's last row, due or not (its loop has ended: the
+        run's final counts, and the losses since the last row)."""
+        if not self.recorder.live_due(at, final):
             return False
         ex, up, dropped = totals()[:3]
         workers, stale = figures()

@@ -5,7 +5,8 @@ Every worker already computes its mini-batch loss; each engine carries it
 memory counters (local), actor replies (ray), the collective's buffer
 (torch), task results (spark), the event loop's state (sim). The monitor
 (the driver, rank 0) hands those cumulative figures to ``LiveWriter.write``
-at most every ``every`` seconds (``Recorder.live``); the writer turns them
+at most every ``every`` seconds (``Recorder.live``), and once more when its
+loop ends (``Due.live``'s ``final``: the run's final counts); the writer turns them
 into one row: per worker, the mean mini-batch loss since the last row (the
 smoothed loss), examples/s and updates; for the run, examples/s, updates,
 dropped updates, staleness (mean and max since the last row) and bytes

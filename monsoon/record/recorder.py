@@ -252,9 +252,10 @@ class Recorder:
 
         return PER_WORKER_MAX
 
-    def live_due(self, now: float) -> bool:
-        """Whether a row of live series is due (cheap: one comparison)."""
-        return self.live_writer is not None and now >= self.live_writer.next
+    def live_due(self, now: float, final: bool = False) -> bool:
+        """Whether a row of live series is due (cheap: one comparison);
+        ``final``: whether the run's last row is wanted (any live series)."""
+        return self.live_writer is not None and (final or now >= self.live_writer.next)
 
     def live(self, now: float, examples: int, updates: int, workers: dict | None = None,
              staleness=None, dropped: int | None = None, bytes_sent: int | None = None):

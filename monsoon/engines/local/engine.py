@@ -552,6 +552,8 @@ class LocalEngine(Engine):
             stopped = recorder.stop_reason
         wall = time.perf_counter() - watch.t0
         ex, up, dropped, late = store.totals()
+        watch.due.live(resume.time_s + wall, store.totals,  # the run's last row
+                       lambda: store.live_figures(1), final=True)
         counts = tally()
         return counts.result(np.array(arrays.to_host(store.params), copy=True), 0.0, wall,
                             int(ex), int(up), int(dropped), counts.extra(int(up)),

@@ -80,6 +80,8 @@ class WorkerMonitor:
                 self.look()
             wall = time.perf_counter() - self.t0
             totals = store.totals()
+            self.due.live(self.resume.time_s + wall, lambda: totals,  # the run's last row
+                          lambda: store.live_figures(self.workers), final=True)
             for rank, (_, report) in pool.reports.items():
                 self.tally.add(rank, report)
             self.tally.failed.update(self.failed)

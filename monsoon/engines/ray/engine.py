@@ -365,6 +365,7 @@ class RayEngine(Engine):
         if running:  # stopped: the workers still running report what they did so far
             results.update(self._told_drops(ray, shards, self._reports_now(
                 ray, {r: actors[r] for r in running.values()}, seen)))
+        _last_live(due, wall, start.examples, results, shards_dropped["at_row"])
         # the finished workers' reports, added to what the resumed run had counted
         tally = RunTally.resumed(workers, self.compression, start.totals, results,
                                  ssp=clock is not None)
@@ -514,6 +515,15 @@ def _local_totals(strategy, figures: dict) -> tuple | None:
     figures, where the strategy takes any; else None."""
     return local_totals(strategy, sum(f.get("local", 0) for f in figures.values()),
                         sum(f.get("local_dropped", 0) for f in figures.values()))
+
+
+def _last_live(due, wall: float, examples_before: int, results: dict,
+               shards_dropped: int) -> None:
+    """The run's last live row, from every worker's final report (``results``)."""
+    examples = examples_before + sum(f.get("examples", 0) for f in results.values())
+    due.live(wall, lambda: _totals(examples, results, shards_dropped),
+             lambda: ({r: f for r, f in results.items() if r != LOST},
+                      summed_staleness(results.values())), final=True)
 
 
 def _totals(examples: int, figures: dict, shards_dropped: int) -> tuple:

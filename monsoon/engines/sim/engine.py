@@ -190,6 +190,7 @@ class SimEngine(Engine):
         self.interrupted = None
         recorder.start(self.params)
         stopped = self._loop(recorder)
+        self._live(recorder, self.now)  # the run's last row
         blocked = [w.rank for w in self.workers if not w.done]
         if blocked and stopped is None:
             raise RuntimeError(f"simulation ended with workers {blocked[:10]} still waiting "

@@ -183,8 +183,10 @@ class RankRecorder:
                 target=self.target_loss, loss=loss, updates=updates)
         return self.target_reason is not None
 
-    def live_due(self, now: float) -> bool:
-        return self._live
+    def live_due(self, now: float, final: bool = False) -> bool:
+        """Due when the driver said so; the last row (``final``) is rank 0's
+        to send: the driver's recorder writes it where it has live series."""
+        return self._live or (final and self.sock is not None)
 
     def live(self, now, examples, updates, workers=None, staleness=None, dropped=None):
         self._live = False

@@ -285,6 +285,9 @@ class DriverPrograms:
         finally:
             for worker in self.programs.values():
                 worker.program.close()
+        due.live(time.perf_counter() - t0, lambda: (self.examples, self.core.version,
+                                                    self.core.dropped),
+                 lambda: (live, self.core.staleness), final=True)  # the run's last row
         if self.shared and interrupted:  # where the programs stopped: a step boundary
             self._checkpoint(time.perf_counter() - t0, "interrupted")
         if self.shared and stopped is None:

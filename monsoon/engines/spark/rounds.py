@@ -113,6 +113,8 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
                            lambda: (live, staleness))
         if stopped:
             break
+    due.live(time.perf_counter() - t0, lambda: (tally.examples, core.version, core.dropped),
+             lambda: (live, staleness), final=True)  # the run's last row
     return {"params": w if average is None else average.params,
             "wall": time.perf_counter() - t0, "examples": tally.examples,
             "updates": core.version, "dropped": core.dropped,

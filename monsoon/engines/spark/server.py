@@ -418,6 +418,7 @@ class DriverServer:
                 link.close(0.0)
             ctx.jobs.cancel(workers=ctx.workers)
         wall = time.perf_counter() - t0
+        due.live(wall, self._totals, self._figures, final=True)  # the run's last row
         if due.interrupted:  # the state after the last result applied: exact
             with self.lock:
                 self._capture("interrupted")

@@ -124,6 +124,7 @@ class RankWorker(Worker):
         self.work = self.server if strategy.shared_params else np.array(w0, copy=True)
         self.buf = np.zeros(n + FLAGS + self.world, dtype=w0.dtype)
         self.last_loss = 0.0
+        self.losses_seen = None  # rank 0: every rank's loss, as the last step's flags had them
         self.grad, self.flags = self.buf[:n], self.buf[n:]
         self.whole = comm.tensor(self.buf)
         self.xp = np  # the arrays' functions (``arrays.namespace``)
@@ -475,13 +476,11 @@ class RankWorker(Worker):
             if self.rank == 0:
                 self.save_checkpoint(held=held)
         if self.due is not None:
-            now = self.time_before + time.perf_counter() - self.t0
-            examples = self.examples_before + self.examples * self.world
+            self.losses_seen = self.flags[LOSS:].copy()  # (the end's drain zeroes the flags)
+            now, examples = self._now()
             reason = self.due.look(  # every rank's loss came with the collective
                 now, examples, lambda: (self.server, self.updates, self.dropped, self.own_local()),
-                lambda: (examples, self.updates, self.dropped),
-                lambda: ({k: {"loss": float(self.flags[LOSS + k])} for k in range(self.world)},
-                         None))
+                lambda: (examples, self.updates, self.dropped), self._losses)
             signum = None if reason is not None or self.want_stop else \
                 self.stop() or self._signalled()
             if signum:  # SIGTERM/SIGINT: every rank stops after the next collective
@@ -490,6 +489,23 @@ class RankWorker(Worker):
                 self.want_stop, self.stopped = True, reason
         if stop:
             raise _Stop()
+
+    def _now(self) -> tuple[float, int]:
+        """The run's time and examples so far (a resumed run's included)."""
+        return (self.time_before + time.perf_counter() - self.t0,
+                self.examples_before + self.examples * self.world)
+
+    def _losses(self) -> tuple[dict, None]:
+        """Every rank's last loss, as the last collective's flags carried it."""
+        seen = [] if self.losses_seen is None else self.losses_seen
+        return {k: {"loss": float(loss)} for k, loss in enumerate(seen)}, None
+
+    def last_live(self) -> None:
+        """Rank 0: the run's last live row, once its program has ended."""
+        if self.due is not None:
+            now, examples = self._now()
+            self.due.live(now, lambda: (examples, self.updates, self.dropped), self._losses,
+                          final=True)
 
     def _signalled(self) -> int | None:
         """A stop signal another rank handed on with this collective's flags."""
@@ -620,6 +636,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         worker.t0 = t0 = time.perf_counter()
         worker.run()
         wall = time.perf_counter() - t0
+        worker.last_live()
         tally = _finish(worker, comm)
     finally:
         if shm is not None:
