@@ -17,8 +17,9 @@ Sinks:
 - TensorBoard event files under ``OUT/tb/`` (``events.py``: the file format,
   written with no dependency; ``pip install tensorboard`` to view them).
   One event per row holds all its tags (one record, one checksum). Tags
-  group so TensorBoard overlays the workers: ``loss/worker-K``,
-  ``examples_per_s/worker-K``, ``updates/worker-K``, ``run/...``. The step
+  group by prefix (TensorBoard: one chart per tag, in a section per
+  prefix): ``loss/worker-K``, ``examples_per_s/worker-K``,
+  ``updates/worker-K``, ``run/...``. The step
   is the run's examples so far, the event's time the run's start plus its
   clock (virtual time in the sim: TensorBoard's "relative" axis shows it).
   After the run, ``objective/loss`` (and accuracy, validation columns where
