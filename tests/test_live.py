@@ -165,6 +165,21 @@ def test_the_live_series_end_with_the_runs_final_counts(tmp_path, engine, strate
     assert found["run/minibatch_loss"][-1][0] == found["run/updates"][-1][0]
 
 
+@pytest.mark.parametrize("engine,backend", [
+    ("local", "threads"), ("local", "processes"), ("sim", None)])
+def test_the_live_series_count_the_bytes_sent(tmp_path, engine, backend):
+    """The live series carry the bytes sent (DESIGN.md); the local engine
+    wrote none: run/bytes_sent now rises with the run to summary.json's."""
+    out = tmp_path / engine
+    monsoon.train("digits", "sync", 2, engine=engine, epochs=2, seed=0, out=out, progress=False,
+                  compress="topk:0.1", live_every=0.02,
+                  **({"backend": backend} if backend else {}))
+    found = scalars(out / "tb")
+    ends_with_the_summarys_counts(out, found)
+    sent = [v for _, v in found["run/bytes_sent"]]
+    assert any(0 < v < sent[-1] for v in sent), sent  # counted as the run goes
+
+
 def test_the_sim_writes_against_virtual_time(tmp_path):
     out = tmp_path / "sim"
     result = monsoon.train("digits", "async", 4, engine="sim", epochs=1, seed=0, out=out,
@@ -230,6 +245,9 @@ def ends_with_the_summarys_counts(out: Path, found: dict) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert found["run/updates"][-1] == (summary["examples"], summary["updates"])
     assert found["run/examples"][-1] == (summary["examples"], summary["examples"])
+    if "run/bytes_sent" in found:  # where the engine counts them as they go
+        sent = [v for _, v in found["run/bytes_sent"]]
+        assert sent == sorted(sent) and sent[-1] == np.float32(summary["bytes_sent"]), sent
 
 
 def after_run(out: Path, workers: int, per_worker=("loss",)) -> dict:

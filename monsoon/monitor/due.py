@@ -81,14 +81,15 @@ class Due:
     def live(self, at: float, totals, figures, final: bool = False) -> bool:
         """Hand the recorder a live update if one is due (True if so):
         ``totals()`` gives (examples, updates, dropped, ...), ``figures()``
-        the workers' figures and staleness; both are read only then.
+        the workers' figures and staleness (and the bytes they have sent,
+        where the engine counts them as they go); both are read only then.
         ``final``: the run's last row, due or not (its loop has ended: the
         run's final counts, and the losses since the last row)."""
         if not self.recorder.live_due(at, final):
             return False
         ex, up, dropped = totals()[:3]
-        workers, stale = figures()
-        self.recorder.live(at, ex, up, workers, stale, int(dropped))
+        workers, stale, *sent = figures()
+        self.recorder.live(at, ex, up, workers, stale, int(dropped), *sent)
         return True
 
     def look(self, at: float, examples, snapshot, totals=None, figures=None) -> str | None:

@@ -84,6 +84,12 @@ def summed_staleness(reports) -> Counter:
     return staleness
 
 
+def bytes_sent(traffic: dict) -> int:
+    """The bytes sent in ``traffic`` (rank -> ``Sender.stats``): summary.json's
+    ``bytes_sent`` where it is the run's whole traffic."""
+    return int(sum(t.get("sent", 0) for t in traffic.values()))
+
+
 def workers_dropped(figures: dict) -> int:
     """The pushes the workers dropped themselves, from their latest figures
     or reports (by rank): those ``RunTally.add`` counts in ``dropped``, also

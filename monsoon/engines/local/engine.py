@@ -74,7 +74,7 @@ from .store import (ABORTED, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING, ST
                     UPDATES, ParameterStore)
 from ..base import ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine
 from ...server.shards import replicates, replicates_bytes, shard_count
-from ...monitor.tally import RunTally, run_folder_extra
+from ...monitor.tally import RunTally, bytes_sent, run_folder_extra
 from .synchronous import Stopped
 
 BACKENDS = ("processes", "threads")
@@ -287,7 +287,11 @@ class _InlineWatch:
             # evaluate in the monitor, off the workers' clock.
             self.t0 += time.perf_counter() - self.t0 - now
         else:
-            self.due.live(at, store.totals, lambda: store.live_figures(1))
+            self.due.live(at, store.totals, self.live_figures)
+
+    def live_figures(self) -> tuple:
+        """The one worker's figures for a live row, and the run's bytes sent."""
+        return (*self.store.live_figures(1), bytes_sent(self.totals()["traffic"]))
 
 
 def _daemonic() -> bool:
@@ -552,8 +556,8 @@ class LocalEngine(Engine):
             stopped = recorder.stop_reason
         wall = time.perf_counter() - watch.t0
         ex, up, dropped, late = store.totals()
-        watch.due.live(resume.time_s + wall, store.totals,  # the run's last row
-                       lambda: store.live_figures(1), final=True)
+        watch.due.live(resume.time_s + wall, store.totals, watch.live_figures,
+                       final=True)  # the run's last row
         counts = tally()
         return counts.result(np.array(arrays.to_host(store.params), copy=True), 0.0, wall,
                             int(ex), int(up), int(dropped), counts.extra(int(up)),

@@ -26,7 +26,8 @@ from ...monitor.pool import fail_if_lost
 from ...problems.buffers import combine as combine_buffers, unflat
 from ...record import checkpoints, progress
 from ...record.progress import EXAMPLES
-from ...monitor.tally import EngineResult, RunTally, counted_from, local_totals, restarted
+from ...monitor.tally import (EngineResult, RunTally, bytes_sent, counted_from, local_totals,
+                              restarted)
 from .checkpointing import read_buffers, read_senders, read_traffic
 from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ, SNAP_SERVED,
                     SNAP_WRITTEN, START, STEP, STOP)
@@ -80,11 +81,11 @@ class WorkerMonitor:
                 self.look()
             wall = time.perf_counter() - self.t0
             totals = store.totals()
-            self.due.live(self.resume.time_s + wall, lambda: totals,  # the run's last row
-                          lambda: store.live_figures(self.workers), final=True)
             for rank, (_, report) in pool.reports.items():
                 self.tally.add(rank, report)
             self.tally.failed.update(self.failed)
+            self.due.live(self.resume.time_s + wall, lambda: totals,  # the run's last row
+                          lambda: self.live_figures(reported=True), final=True)
             params = self.finish(wall, int(totals[1]))
         except BaseException:
             store.abort()
@@ -163,10 +164,18 @@ class WorkerMonitor:
         totals = ex, up, dropped, _ = store.totals()
         reason = self.record_if_due(at, ex, up, dropped)
         # the workers' figures, from shared memory
-        self.due.live(at, lambda: totals, lambda: store.live_figures(self.workers))
+        self.due.live(at, lambda: totals, self.live_figures)
         if reason is not None:
             self.stopped = reason
             store.abort()
+
+    def live_figures(self, reported: bool = False) -> tuple:
+        """The workers' figures for a live row, and the bytes sent: the
+        resumed run's and, until the workers have reported theirs
+        (``reported``), those each wrote beside its losses."""
+        figures, stale = self.store.live_figures(self.workers)
+        return figures, stale, bytes_sent(self.tally.traffic) + (
+            0 if reported else self.store.sent())
 
     def sleep_s(self) -> float:
         """How long the monitor may sleep. Poll fast while the run is young

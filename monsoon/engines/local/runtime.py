@@ -57,8 +57,8 @@ from ...monitor.waiting import HOT_TURNS, Aborted
 from ...record.live import add_loss
 from .checkpointing import keeps_step_buffers
 from .clocks import LocalClocks
-from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, STALE_MAX, STALE_N,
-                    STALE_SUM, UPDATES, ParameterStore)
+from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, SENT, STALE_MAX,
+                    STALE_N, STALE_SUM, UPDATES, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
 
 BUFFERS_EVERY_S = 0.02  # the most often a worker copies its buffers for the curve rows
@@ -192,6 +192,7 @@ class WorkerRuntime(Worker):
             self.held += len(op.indices)
         if self._live is not None:
             add_loss(self._live, loss)
+            self._live[SENT] = self.sender.sent_bytes  # its messages before this gradient
         return loss, grad
 
     def _stale(self, staleness: int) -> None:

@@ -29,8 +29,8 @@ Everything workers share lives in one ``SharedArrays`` block:
 - ``counters[k]``: worker k's examples, updates, dropped updates and late
   (backup) gradients, ``local_counts[k]`` its local steps on its own copy
   (local SGD, EASGD: applied, and dropped for a non-finite gradient), and
-  ``live[k]`` (its losses, ``record/live.py``'s ``add_loss`` cells; staleness
-  sum, count, max: the monitor resets the max), written by worker k only: no lock;
+  ``live[k]`` (losses: ``live.add_loss``'s cells; staleness sum, count, max,
+  the monitor resets it; bytes sent), written by worker k only: no lock;
 - ``status[k]``, ``control``: life-cycle flags, the monitor's snapshot requests;
 - ``ckpt.*`` (synchronous checkpoints): one step boundary's parameters and rule state.
 
@@ -69,8 +69,8 @@ STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
  SNAP_READ) = range(10)
 # the ring holds at most this many snapshots, and at most this many bytes
 SNAP_RING, SNAP_RING_BYTES = 64, 16 << 20
-# live columns (``live[k]``, with live series): the losses' cells, then staleness
-STALE_SUM, STALE_N, STALE_MAX = range(LOSS_CELLS, LOSS_CELLS + 3)
+# live columns (``live[k]``, with live series): the losses' cells, staleness, bytes sent
+STALE_SUM, STALE_N, STALE_MAX, SENT = range(LOSS_CELLS, LOSS_CELLS + 4)
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 # how long the monitor watches an owner-less lock a dead worker claimed
@@ -107,7 +107,7 @@ class ParameterStore:
         for field, arr in zip(reader._fields, reader):
             layout["reader." + field] = ((workers,) + arr.shape, str(arr.dtype))
         if live:
-            layout["live"] = ((workers, LOSS_CELLS + 3), "float64")
+            layout["live"] = ((workers, LOSS_CELLS + 4), "float64")
         if sync_slots and replicated:
             layout["rep_slots"] = ((2, workers, n), dtype)
             layout["rep_examples"] = ((2, workers), "int64")
@@ -338,6 +338,10 @@ class ParameterStore:
         biggest = float(live[:, STALE_MAX].max())
         live[:, STALE_MAX] = 0  # a worker's max written meanwhile is lost: a live figure
         return figures, (float(live[:, STALE_SUM].sum()), int(live[:, STALE_N].sum()), biggest)
+
+    def sent(self) -> int:
+        """The bytes the workers' senders had sent at their last gradients."""
+        return int(self.live[:, SENT].sum())
 
     def close(self) -> None:
         for name in ("_readers", "params", "versions", "counters", "local_counts", "status",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
@@ -56,6 +57,8 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
     staleness = Counter()
     core = ServerCore(w, rule, staleness=staleness)  # the outer rule's update (its counts)
     live = {}  # each worker's losses and examples, for the live series
+    totals, figures = (lambda: (tally.examples, core.version, core.dropped),  # the live rows'
+                       partial(_live_figures, live, staleness, senders))
     stopped = None
     recorder.start(w)
     due = Due(recorder, stops=True)  # SIGTERM/SIGINT: after the round under way
@@ -109,12 +112,10 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
         stopped = due.look(time.perf_counter() - t0, tally.examples,
                            lambda: (model, core.version, core.dropped,
                                     tally.local_totals(strategy)),
-                           lambda: (tally.examples, core.version, core.dropped),
-                           lambda: (live, staleness))
+                           totals, figures)
         if stopped:
             break
-    due.live(time.perf_counter() - t0, lambda: (tally.examples, core.version, core.dropped),
-             lambda: (live, staleness), final=True)  # the run's last row
+    due.live(time.perf_counter() - t0, totals, figures, final=True)  # the run's last row
     return {"params": w if average is None else average.params,
             "wall": time.perf_counter() - t0, "examples": tally.examples,
             "updates": core.version, "dropped": core.dropped,
@@ -124,6 +125,11 @@ def run_rounds(ctx, rule, strategy, w0, recorder):
             "extra": {**summarize([senders[k].stats() for k in range(ctx.workers)], compression,
                                   core.version),
                       **({"averaged_epochs": ctx.average_epochs} if average else {})}}
+
+
+def _live_figures(live: dict, staleness: Counter, senders: dict) -> tuple:
+    """A live row's figures: the workers' losses, the staleness, the bytes sent."""
+    return live, staleness, sum(s.sent_bytes for s in senders.values())
 
 
 def _start_round(shared, inner, local_rules: dict, w) -> None:

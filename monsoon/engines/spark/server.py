@@ -58,7 +58,7 @@ from ...server.averaging import TailAverage
 from ...strategies.batches import budget_steps
 from ...server.core import LocalUpdate, ServerCore, new_readers, pushes_deltas
 from ...record.progress import counts
-from ...monitor.tally import RunTally
+from ...monitor.tally import RunTally, bytes_sent
 from ...record.live import add_figures
 from ...monitor.due import Due
 from .sizing import JobTiming
@@ -454,7 +454,8 @@ class DriverServer:
 
     def _figures(self):
         with self.lock:
-            return {k: dict(f) for k, f in self.live.items()}, Counter(self.core.staleness)
+            return ({k: dict(f) for k, f in self.live.items()}, Counter(self.core.staleness),
+                    bytes_sent(self._run_tally().traffic))
 
     def _pace_extra(self) -> dict:
         """Async's and EASGD's pace: the seconds each worker waited for the
