@@ -58,7 +58,7 @@ from ...record.live import add_loss
 from .checkpointing import keeps_step_buffers
 from .clocks import LocalClocks
 from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, SENT, STALE_MAX,
-                    STALE_N, STALE_SUM, UPDATES, ParameterStore)
+                    STALE_N, STALE_SUM, UPDATES, WRITING, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
 
 BUFFERS_EVERY_S = 0.02  # the most often a worker copies its buffers for the curve rows
@@ -191,9 +191,18 @@ class WorkerRuntime(Worker):
         else:  # a pushing program's: counted with the push (``server/worker.py``)
             self.held += len(op.indices)
         if self._live is not None:
-            add_loss(self._live, loss)
-            self._live[SENT] = self.sender.sent_bytes  # its messages before this gradient
+            self._count_loss(loss)
         return loss, grad
+
+    def _count_loss(self, loss) -> None:
+        """The loss into this worker's live row (its ``WRITING`` mark odd
+        meanwhile: the monitor reads the cells whole), and the bytes its
+        sender has sent (its messages before this gradient)."""
+        live = self._live
+        live[WRITING] += 1
+        add_loss(live, loss)
+        live[WRITING] += 1
+        live[SENT] = self.sender.sent_bytes
 
     def _stale(self, staleness: int) -> None:
         live = self._live
@@ -242,7 +251,7 @@ class WorkerRuntime(Worker):
         loss = self.problem.sgd_pass(self.store.params, op.indices, lr)
         self.counters[EXAMPLES] += len(op.indices)
         if self._live is not None:
-            add_loss(self._live, loss)
+            self._count_loss(loss)
         self.counters[UPDATES] += len(op.indices)
         return loss
 

@@ -69,8 +69,10 @@ STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
  SNAP_READ) = range(10)
 # the ring holds at most this many snapshots, and at most this many bytes
 SNAP_RING, SNAP_RING_BYTES = 64, 16 << 20
-# live columns (``live[k]``, with live series): the losses' cells, staleness, bytes sent
-STALE_SUM, STALE_N, STALE_MAX, SENT = range(LOSS_CELLS, LOSS_CELLS + 4)
+# live columns (``live[k]``, with live series): the losses' cells, staleness, bytes
+# sent, and WRITING, odd while worker k writes its losses (``live_figures`` reads them whole)
+STALE_SUM, STALE_N, STALE_MAX, SENT, WRITING = range(LOSS_CELLS, LOSS_CELLS + 5)
+LIVE_TRIES = 100  # readings of a worker's losses before its last whole one stands in
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
 # how long the monitor watches an owner-less lock a dead worker claimed
@@ -107,7 +109,7 @@ class ParameterStore:
         for field, arr in zip(reader._fields, reader):
             layout["reader." + field] = ((workers,) + arr.shape, str(arr.dtype))
         if live:
-            layout["live"] = ((workers, LOSS_CELLS + 4), "float64")
+            layout["live"] = ((workers, LOSS_CELLS + 5), "float64")
         if sync_slots and replicated:
             layout["rep_slots"] = ((2, workers, n), dtype)
             layout["rep_examples"] = ((2, workers), "int64")
@@ -332,12 +334,26 @@ class ParameterStore:
         """Each worker's cumulative figures for ``Recorder.live``, and the
         staleness (sum, count, max since the last call)."""
         live, counters = self.live, self.counters
-        figures = {k: {"losses": live[k, :LOSS_CELLS].tolist(),
+        figures = {k: {"losses": self._losses(k),
                        "examples": int(counters[k, EXAMPLES]),
                        "updates": int(counters[k, UPDATES])} for k in range(workers)}
         biggest = float(live[:, STALE_MAX].max())
         live[:, STALE_MAX] = 0  # a worker's max written meanwhile is lost: a live figure
         return figures, (float(live[:, STALE_SUM].sum()), int(live[:, STALE_N].sum()), biggest)
+
+    def _losses(self, k: int) -> list:
+        """Worker k's loss cells, read whole: its ``WRITING`` mark even (no
+        write under way) and the same after the reading; where a worker
+        paused mid-write keeps it odd, its last whole reading stands in."""
+        row, kept = self.live[k], self.__dict__.setdefault("_losses_read", {})
+        for _ in range(LIVE_TRIES):
+            mark = row[WRITING]
+            if not mark % 2:
+                cells = row[:LOSS_CELLS].tolist()
+                if row[WRITING] == mark:
+                    kept[k] = cells
+                    return cells
+        return kept.get(k, [0.0] * LOSS_CELLS)
 
     def sent(self) -> int:
         """The bytes the workers' senders had sent at their last gradients."""
