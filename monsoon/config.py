@@ -84,7 +84,8 @@ RUN_OPTIONS = (
            "examples/s, staleness) at most this often, in seconds (0: none); docs/live.md",
            check=lambda v: None if v >= 0 and v == v and v != float("inf") else "0 or more"),
     Option("tensorboard", bool, None, "write TensorBoard event files under OUT/tb (default: "
-           "yes where there is a run folder; pip install tensorboard to view them)"),
+           "yes where there is a run folder; pip install tensorboard to view them)",
+           shown_default="on where there is a run folder"),
     Option("mlflow", str, None, "log the run to MLflow: its config, the live series, the run "
            "folder; the bare flag uses MLFLOW_TRACKING_URI or MLflow's default "
            "(pip install 'monsoon[mlflow]')", const="auto", label="MLflow tracking URI"),

@@ -41,6 +41,7 @@ class Option:
     choices: tuple | None = None
     label: str | None = None  # how messages call it (default: the name, in words)
     const: object = None      # the value of the bare flag, where its argument is optional
+    shown_default: str | None = None  # the default in words, where the run decides it
 
     @property
     def cli(self) -> str:
@@ -109,6 +110,8 @@ class Option:
         return raw
 
     def describe_default(self) -> str:
+        if self.shown_default is not None:
+            return self.shown_default
         if self.type is bool:
             return "off" if not self.default else "on"
         return "—" if self.default is None else str(self.default)

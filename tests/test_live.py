@@ -249,6 +249,18 @@ def test_no_run_folder_no_files_and_live_every_zero_writes_none(tmp_path):
     assert not (out / "tb").exists()
 
 
+def test_options_md_gives_tensorboards_default_as_a_run_has_it(tmp_path):
+    """docs/options.md's --tensorboard row said its default was "off"; a run
+    with a folder writes tb/ unasked."""
+    from monsoon.docs import option_tables
+
+    row = next(line for line in option_tables().splitlines()
+               if line.startswith("| `--tensorboard`"))
+    assert row.split("|")[2].strip() == "on where there is a run folder", row
+    monsoon.train("exp", "serial", steps=20, progress=False, out=tmp_path / "run")
+    assert (tmp_path / "run" / "tb").is_dir()
+
+
 def test_live_every_zero_with_tensorboard_writes_the_post_run_curve_alone(tmp_path):
     """--live-every 0 writes no live series; --tensorboard asked for then
     still gets the objective/ curve, written when the run ends (it wrote no
