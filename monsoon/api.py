@@ -23,7 +23,7 @@ import numpy as np
 
 from . import __version__
 from . import devices as _devices
-from .config import resolve
+from .config import RUN, resolve
 from .record import checkpoints as _checkpoints
 from .record.checkpoints import check_resume
 from .monitor.lifecycle import StopSignals, on_stop, signal_name
@@ -377,7 +377,7 @@ def _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder) 
     run, engine = resolved.run, resolved.engine
     live = make_live(run, out, {**resolved.config(), **engine.describe()},
                      f"{run['problem']}-{run['strategy']}-x{run['workers']}",
-                     bar=recorder.bar_enabled())
+                     lambda name: RUN[name].named(resolved.cli), bar=recorder.bar_enabled())
     recorder.live_writer = live if live is not None and live.series else None
     try:
         result = _run(resolved, problem, w0, total, out, raise_on_divergence, recorder)

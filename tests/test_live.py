@@ -273,11 +273,25 @@ def test_live_every_zero_with_tensorboard_writes_the_post_run_curve_alone(tmp_pa
     objective_is_the_csv(out)
 
 
-def test_bad_live_options_are_refused_in_one_line():
+def test_bad_live_options_are_refused_in_one_line(capsys):
+    """From Python the refusals name the keywords (they named the flags:
+    "give --out" to a caller of monsoon.train); the command line's name
+    the flags."""
+    from monsoon.cli import main as cli_main
+
     with pytest.raises(monsoon.ConfigError, match="fix live_every=$"):
         monsoon.train("exp", "sync", 2, epochs=1, live_every=-1)
-    with pytest.raises(monsoon.ConfigError, match="--tensorboard writes under the run folder"):
+    with pytest.raises(monsoon.ConfigError,
+                       match="^tensorboard= writes under the run folder: give out=$"):
         monsoon.train("exp", "sync", 2, epochs=1, tensorboard=True, progress=False)
+    with pytest.raises(monsoon.ConfigError,
+                       match="^mlflow= logs the live series: give live_every= above 0$"):
+        monsoon.train("exp", "sync", 2, epochs=1, mlflow="", live_every=0, progress=False)
+    code = cli_main(["train", "--problem", "exp", "--strategy", "sync", "--epochs", "1",
+                     "--quiet", "--mlflow", "--live-every", "0"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--mlflow logs the live series: give --live-every above 0")
 
 
 def ends_with_the_summarys_counts(out: Path, found: dict) -> None:
@@ -456,6 +470,9 @@ def test_mlflow_with_no_server_there_is_one_line_within_seconds(tmp_path, capsys
     assert len(lines) == 1 and f"--mlflow http://127.0.0.1:{port}" in lines[0], lines
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "120"
+    with pytest.raises(monsoon.ConfigError, match=f"^mlflow='http://127.0.0.1:{port}': "):
+        monsoon.train("linear", "serial", steps=10, progress=False,
+                      mlflow=f"http://127.0.0.1:{port}")  # from Python: the keyword
 
 
 def test_the_progress_bar_shows_loss_speed_and_worst_staleness():

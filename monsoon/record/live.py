@@ -148,12 +148,14 @@ class MlflowSink:
     """One MLflow run: parameters at the start, metrics in batches, the run
     folder as artifacts at the end."""
 
-    def __init__(self, uri: str | None, name: str, params: dict, tags: dict | None = None):
+    def __init__(self, uri: str | None, name: str, params: dict, tags: dict | None = None,
+                 flag: str = "--mlflow"):
+        """``flag``: how a refusal names the option (``mlflow=`` from Python)."""
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:
-            raise ConfigError("--mlflow needs MLflow: pip install 'monsoon[mlflow]' "
-                              "(or drop --mlflow)") from None
+            raise ConfigError(f"{flag} needs MLflow: pip install 'monsoon[mlflow]' "
+                              f"(or drop {flag})") from None
         self.uri = uri
         try:
             # the bare flag: MLFLOW_TRACKING_URI or MLflow's default, resolved
@@ -169,8 +171,11 @@ class MlflowSink:
             run = client.create_run(experiment, run_name=name, tags=tags or {})
         except Exception as exc:  # noqa: BLE001 - MLflow's reason, in one line
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            where = uri or f"(MLflow default: {self.uri})"
-            raise ConfigError(f"--mlflow {where}: {reason}") from None
+            if not uri:
+                where = f" (MLflow default: {self.uri})"
+            else:  # from Python, the keyword and its value: mlflow='http://...'
+                where = repr(uri) if flag.endswith("=") else " " + uri
+            raise ConfigError(f"{flag}{where}: {reason}") from None
         self.run_id = run.info.run_id
         self._client = client
         self._pending: list = []
@@ -351,27 +356,33 @@ class LiveWriter:
             self._tb = None
 
 
-def make_live(run: dict, out, config: dict, label: str, bar: bool = False) -> LiveWriter | None:
+def make_live(run: dict, out, config: dict, label: str, named, bar: bool = False
+              ) -> LiveWriter | None:
     """The run's live writer, or None when nothing would read it (no run
     folder, no MLflow, no progress bar, or ``live_every`` 0). With
     ``live_every`` 0 and ``tensorboard`` asked for, a writer of no live
-    series (``series`` False): only the post-run ``objective/`` curve."""
+    series (``series`` False): only the post-run ``objective/`` curve.
+    ``named(name)``: how a refusal names an option (``Option.named``: its
+    flag, or from Python its keyword)."""
     every = run.get("live_every") or 0.0
     want_tb = run.get("tensorboard")
     if every <= 0:
         if run.get("mlflow") is not None:
-            raise ConfigError("--mlflow logs the live series: give --live-every above 0")
+            raise ConfigError(f"{named('mlflow')} logs the live series: give "
+                              f"{named('live_every')} above 0")
         if not want_tb:
             return None
     tb_dir = None
     if out is not None and want_tb is not False:
         tb_dir = Path(out) / "tb"
     elif want_tb and out is None:
-        raise ConfigError("--tensorboard writes under the run folder: give --out")
+        raise ConfigError(f"{named('tensorboard')} writes under the run folder: "
+                          f"give {named('out')}")
     sink = None
     if run.get("mlflow") is not None:
         uri = None if run["mlflow"] in ("", "auto") else run["mlflow"]
-        sink = MlflowSink(uri, label, config, tags={"monsoon.out": str(out or "")})
+        sink = MlflowSink(uri, label, config, tags={"monsoon.out": str(out or "")},
+                          flag=named("mlflow"))
     if tb_dir is None and sink is None and not bar:
         return None
     return LiveWriter(every, tb_dir, sink).open()
