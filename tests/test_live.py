@@ -442,6 +442,8 @@ def test_mlflow_gets_the_config_the_series_and_the_run_folder(tmp_path, monkeypa
     assert [(m.step, m.value) for m in curve] == [(r["examples"], r["loss"]) for r in rows]
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"metrics.csv", "summary.json", "config.json", "tb"} <= names
+    assert client.list_artifacts(run.info.run_id, "tb")  # a folder, with its files
+    assert ".monsoon.lock" not in names  # the folder's lock (pid, command): held, not the run's
 
 
 def test_mlflow_with_no_server_there_is_one_line_within_seconds(tmp_path, capsys,

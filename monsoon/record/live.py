@@ -46,6 +46,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .events import EventFile
+from .folder_lock import LOCK_NAME
 
 PER_WORKER_MAX = 64
 MLFLOW_BATCH = 1000   # MLflow's cap on the metrics of one log_batch call
@@ -214,10 +215,19 @@ class MlflowSink:
         self._flushed = time.monotonic()
 
     def finish(self, folder: Path | None, status: str) -> None:
+        """The run folder as artifacts, but its lock (``folder_lock``: held
+        now, it says which process runs there, not what the run made)."""
         self.flush()
+        client = self.client()
         if folder is not None and Path(folder).is_dir():
-            self.client().log_artifacts(self.run_id, str(folder))
-        self.client().set_terminated(self.run_id, status)
+            for entry in sorted(Path(folder).iterdir()):
+                if entry.name == LOCK_NAME:
+                    continue
+                if entry.is_dir():
+                    client.log_artifacts(self.run_id, str(entry), entry.name)
+                else:
+                    client.log_artifact(self.run_id, str(entry))
+        client.set_terminated(self.run_id, status)
 
 
 class LiveWriter:
