@@ -117,7 +117,12 @@ def test_a_huge_or_non_finite_loss_spoils_only_the_row_it_falls_in(tmp_path, eng
     monsoon.train(ReportsLoss(make_problem("exp"), first), "async", 2, engine=engine, epochs=40,
                   seed=0, out=out, progress=False, live_every=0.02,
                   **({"backend": backend} if backend else {}))
-    found = scalars(out / "tb")
+    only_the_first_rows_spoilt(scalars(out / "tb"))
+
+
+def only_the_first_rows_spoilt(found: dict) -> None:
+    """Each worker's first loss (huge or not finite) spoils the row it falls
+    in; every other row reads exactly 1.0."""
     for tag in ("loss/worker-0", "loss/worker-1", "run/minibatch_loss"):
         values = [v for _, v in found[tag]]
         spoilt = [i for i, v in enumerate(values) if v != 1.0]  # the rows a first loss fell in
@@ -127,6 +132,20 @@ def test_a_huge_or_non_finite_loss_spoils_only_the_row_it_falls_in(tmp_path, eng
             assert 1 <= len(spoilt) <= 2, values
         else:  # a worker's first row (the sim's worker 1 has none)
             assert spoilt in ([0], []), (tag, values)
+
+
+@pytest.mark.ray
+def test_a_huge_loss_on_ray_spoils_only_the_row_it_falls_in(tmp_path, local_ray):
+    """Ray's workers kept a plain running sum of their losses: after one of
+    1e30 every later row read 0.0."""
+    from faulty import ReportsLoss
+
+    from monsoon.problems import make_problem
+
+    out = tmp_path / "run"
+    monsoon.train(ReportsLoss(make_problem("exp"), 1e30), "async", 2, engine="ray", shards=1,
+                  epochs=40, seed=0, out=out, progress=False, live_every=0.05)
+    only_the_first_rows_spoilt(scalars(out / "tb"))
 
 
 def test_the_monitor_reads_a_local_workers_losses_whole():

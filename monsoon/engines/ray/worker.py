@@ -49,6 +49,7 @@ import numpy as np
 from ...strategies.ops import AllReduce, Average, Fetch, Push, Regroup
 from ...problems.base import seed_worker
 from ...compressors.messages import Compression, Sender, compressing
+from ...record.live import LOSS_CELLS, add_loss
 from ...server.reduce import finite
 from ...server.clocks import WorkerClock
 from ...server.summed import SharedSums
@@ -79,9 +80,10 @@ class RemoteWorker(Worker):
         self.gen = 0        # elastic: the membership generation this worker cuts its parts for
         # elastic: the replies of shards that applied the step while others regroup it
         self.applied = {}
-        # loss_sum, loss_n, updates: this worker's figures for the live series;
+        # losses (``add_loss``'s cells: a huge or non-finite loss spoils no
+        # later row), updates: this worker's figures for the live series;
         # local, local_dropped: its local steps (local SGD, EASGD), for the recorder
-        self.counts = {"examples": 0, "dropped": 0, "late": 0, "loss_sum": 0.0, "loss_n": 0,
+        self.counts = {"examples": 0, "dropped": 0, "late": 0, "losses": [0.0] * LOSS_CELLS,
                        "updates": 0, "local": 0, "local_dropped": 0}
         self.staleness = Counter()
         self.pending = []
@@ -164,8 +166,7 @@ class RemoteWorker(Worker):
     # -- ops (Gradient, LocalStep, LocalApply: ``server/worker.py``) ------------
     def count_gradient(self, examples, loss):
         self.count_examples(examples)
-        self.counts["loss_sum"] += float(loss)
-        self.counts["loss_n"] += 1
+        add_loss(self.counts["losses"], loss)
 
     def count_local(self, applied: bool):
         self.counts["local" if applied else "local_dropped"] += 1
