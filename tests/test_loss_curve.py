@@ -426,6 +426,27 @@ def test_the_constant_predictors_loss_is_the_bias_alone_at_its_best():
     assert worse_than_start(rows, float("nan"), 0.61) is None  # marked diverged instead
 
 
+def test_above_a_constant_predictor_the_advice_follows_the_curve():
+    """Above a constant predictor's loss, "lower the learning rate" was the
+    advice even for a run whose loss was still falling at its end (MF with
+    a small lr: 4.84 against 0.43, a step too small, not too large). A curve
+    that ends at its lowest says train longer or raise the rate; one that was
+    lower before and rose again still says lower it."""
+    from monsoon.record.recorder import worse_than_start
+
+    falling = [{"updates": u, "loss": v} for u, v in ((0, 9.0), (10, 7.0), (20, 5.0))]
+    warning = worse_than_start(falling, 5.0, 0.4)
+    assert "still falling" in warning and "raise the learning rate (--lr)" in warning
+    assert "lower the learning rate" not in warning
+    rose = [{"updates": u, "loss": v} for u, v in ((0, 9.0), (10, 0.5), (20, 0.9))]
+    warning = worse_than_start(rose, 0.9, 0.4)
+    assert "lower the learning rate (--lr)" in warning and "still falling" not in warning
+    assert worse_than_start(falling, 0.3, 0.4) is None
+    mf = monsoon.train("mf-synthetic:users=60,items=40,ratings=3000,rank=3", "sync", 2,
+                       lr=0.002, seed=0, progress=False, epochs=2)
+    assert "still falling" in mf.summary["warning"], mf.summary.get("warning")
+
+
 @pytest.mark.parametrize("kind, label", [("logistic", 1.0), ("logistic", 0.0),
                                          ("hinge", 1.0), ("squared", 0.1)])
 def test_labels_all_one_value_have_no_constant_predictor_to_beat(kind, label, tmp_path):

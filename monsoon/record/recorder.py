@@ -84,6 +84,10 @@ def converged(reason) -> bool:
 
 NOT_CONVERGED = ("did not converge: the loss ended at {final:.6g}, above {what} ({ref:.6g}); "
                  "lower the learning rate (--lr){more}")
+STILL_FALLING = ("did not converge: the loss ended at {final:.6g}, above a constant "
+                 "predictor's ({ref:.6g}), and was still falling: train longer (--epochs) "
+                 "or raise the learning rate (--lr)")
+FALLING_TOL = 1e-3  # a final loss within this share of the curve's lowest is still falling
 
 
 NOT_FINITE_AT_START = ("diverged: the loss is {loss} at the starting weights, before any "
@@ -103,8 +107,10 @@ def not_finite_at_start(rows: list[dict]) -> str | None:
 def worse_than_start(rows: list[dict], final: float, constant: float | None) -> str | None:
     """The warning for a run whose final loss is above its first row's (the
     loss at its starting parameters) or above the best constant predictor's
-    (``problem.constant_loss()``, where the problem has one), with the
-    divergence advice; None when neither, or when the loss is not finite
+    (``problem.constant_loss()``, where the problem has one), with advice:
+    lower the learning rate, unless a curve above the constant predictor's
+    was still falling at its end (``still_falling``: train longer or raise
+    it); None when neither, or when the loss is not finite
     (that run is marked diverged instead). The API puts it in the summary
     and on stderr, on every engine."""
     if not math.isfinite(final):
@@ -113,9 +119,21 @@ def worse_than_start(rows: list[dict], final: float, constant: float | None) -> 
     if start is not None and math.isfinite(start) and final > start:
         return NOT_CONVERGED.format(final=final, what="its starting loss", ref=start, more="")
     if constant is not None and math.isfinite(constant) and final > constant:
+        if still_falling(rows, final):  # too small a step or too short a run, not too large
+            return STILL_FALLING.format(final=final, ref=constant + 0.0)  # never "-0"
         return NOT_CONVERGED.format(final=final, what="a constant predictor's",
-                                    ref=constant + 0.0, more=", or train longer")  # never "-0"
+                                    ref=constant + 0.0, more=", or train longer")
     return None
+
+
+def still_falling(rows: list[dict], final: float) -> bool:
+    """Whether ``final`` is (within ``FALLING_TOL``) the lowest loss of a
+    curve that fell: the run ended on its way down, where a loss that had
+    been lower before and rose again (or bounced) points at too large a step."""
+    losses = [float(r["loss"]) for r in rows if r.get("loss") is not None]
+    losses = [v for v in losses if math.isfinite(v)]
+    return bool(losses) and max(losses) > final and final <= min(losses) + FALLING_TOL * abs(
+        min(losses))
 
 
 # written where the problem reports them (``problem.evaluate``): torch
