@@ -356,12 +356,12 @@ def test_a_label_that_is_not_a_number_is_one_line_with_no_stack(spark, tmp_path,
     the driver before any job, naming the column (the check
     TorchProblem.from_spark makes); the null by the conversion job, which
     runs with the loggers of a failed task's stacks silenced (as reading
-    a file does), and gives them their levels back after."""
+    a file does), and gives them their levels back after. The null is a
+    ConfigError too (exit 2, a bad input): it exited 1, as a failed run."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from monsoon.engines.spark.data import TASK_ERROR_LOGGERS, SparkSource
-    from monsoon.errors import MonsoonError
     from monsoon.problems.spark_data import _rows_to_arrays
 
     log4j = spark.sparkContext._jvm.org.apache.logging.log4j
@@ -380,7 +380,7 @@ def test_a_label_that_is_not_a_number_is_one_line_with_no_stack(spark, tmp_path,
     features = [[float(i % 3), 1.0] for i in range(40)]
     cases = (("str", ["yes", "no"] * 20, ConfigError,
               "the label column 'label' holds string; it must be numeric"),
-             ("null", [1.0, None] * 20, MonsoonError,
+             ("null", [1.0, None] * 20, ConfigError,  # exit 2, as the string's
               "column 'label' holds a null: drop or fill those rows first"))
     for name, labels, kind, says in cases:
         path = tmp_path / f"{name}.parquet"

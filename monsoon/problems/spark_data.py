@@ -63,6 +63,12 @@ def holds_null(column: str) -> str:
     return f"column {column!r} holds a null: drop or fill those rows first (df.na.drop())"
 
 
+class NullCell(ValueError):
+    """A partition's rows hold a null where a number is needed (raised on
+    the executors with ``holds_null``'s words; the driver refuses the data
+    with them: ``SparkData._builder``)."""
+
+
 def column_kind(field) -> str:
     """"numeric", "array" (of numbers), "vector", or the column's type."""
     from pyspark.sql.types import ArrayType, BooleanType, NumericType
@@ -106,6 +112,8 @@ def _rows_to_arrays(rows, features, label, n_features):
     data, indices, indptr, ys, width = [], [], [0], [], n_features or 0
     chunks = []
     for row in rows:
+        if isinstance(row, NullCell):  # an Arrow batch's (engines/spark/arrow.py)
+            raise row
         if isinstance(row, tuple) and len(row) == 2 and _is_block(row[0]):
             chunks.append((sp.csr_matrix(row[0]), np.asarray(row[1], dtype=float).reshape(-1)))
             continue
@@ -124,7 +132,7 @@ def _rows_to_arrays(rows, features, label, n_features):
             idx = np.flatnonzero(val)
             val = val[idx]
         if y is None:
-            raise ValueError(holds_null(label))
+            raise NullCell(holds_null(label))
         data.append(val)
         indices.append(idx)
         indptr.append(indptr[-1] + len(idx))
@@ -259,7 +267,10 @@ class SparkData(SparkHeld, Problem):
         n_features = self._n_features
 
         def convert(rows):
-            X, y = _rows_to_arrays(rows, features, label, n_features)
+            try:
+                X, y = _rows_to_arrays(rows, features, label, n_features)
+            except NullCell as exc:  # the driver refuses the data, naming the column
+                return None, {"rows": 0, "error": str(exc)}
             if kind in ("logistic", "hinge"):
                 y = (y > 0).astype(float)
             X, y = X.astype(dtype), y.astype(dtype)
@@ -273,6 +284,9 @@ class SparkData(SparkHeld, Problem):
         return convert
 
     def _builder(self, stats):
+        for k, s in enumerate(stats):
+            if s.get("error"):
+                raise ConfigError(f"partition {k}: {s['error']}")
         width = max([s["width"] for s in stats] + [self._n_features or 0])
         if width == 0 or sum(s["rows"] for s in stats) == 0:
             raise ConfigError("the Spark data set is empty (no rows, or no features)")

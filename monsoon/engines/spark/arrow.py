@@ -25,7 +25,7 @@ import pickle
 
 import numpy as np
 
-from ...problems.spark_data import DenseChunk, holds_null
+from ...problems.spark_data import DenseChunk, NullCell, holds_null
 
 
 def usable(df) -> bool:
@@ -43,16 +43,22 @@ def chunks(df, n_feature_columns: int, dense_names: tuple | None = None):
     """An RDD of ``(CSR X, y)`` chunks of ``df`` (its feature column(s),
     then its label), partition by partition as ``df``'s; with
     ``dense_names`` (the features' and the label's names, for messages),
-    of ``DenseChunk``s instead."""
+    of ``DenseChunk``s instead. A batch with a null where a number is
+    needed comes as the ``NullCell`` naming the column, for the conversion
+    to report (``SparkData._builder``)."""
     def run(batches, many=n_feature_columns > 1, names=dense_names):
         import pyarrow as pa
 
         for batch in batches:
-            if batch.num_rows:
+            if not batch.num_rows:
+                continue
+            try:
                 chunk = batch_arrays(batch, many) if names is None else \
                     dense_chunk(batch, many, names)
-                blob = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
-                yield pa.RecordBatch.from_arrays([pa.array([blob], pa.binary())], ["chunk"])
+            except NullCell as exc:  # sent as the chunk: the conversion reports it
+                chunk = exc
+            blob = pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL)
+            yield pa.RecordBatch.from_arrays([pa.array([blob], pa.binary())], ["chunk"])
 
     return df.mapInArrow(run, "chunk binary").rdd.map(lambda row: pickle.loads(row[0]))
 
@@ -95,7 +101,7 @@ def batch_arrays(batch, many: bool):
         return sp.csr_matrix(X), y
     col = features[0]
     if col.null_count:
-        raise ValueError(holds_null(name))
+        raise NullCell(holds_null(name))
     if _is_list(col.type):  # an array of numbers a row: dense
         values, lengths = _flat(col)
         return _csr(values, None, lengths, np.ones(n, dtype=bool), int(lengths.max(initial=0)),
@@ -121,7 +127,7 @@ def _is_list(t) -> bool:
 
 def _numbers(col, name) -> np.ndarray:
     if col.null_count:
-        raise ValueError(holds_null(name))
+        raise NullCell(holds_null(name))
     return np.asarray(col.to_numpy(zero_copy_only=False), dtype=float)
 
 
