@@ -44,7 +44,8 @@ def _worker(rank, world, port, make_model, make_data, loss_fn, batch, lr, steps,
     if powersgd_rank:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-        # from the second step (the earliest the hook allows with error feedback)
+        # from the third step (the earliest the hook allows with error feedback:
+        # steps 0 and 1, iter < start_powerSGD_iter, are plain all-reduces)
         state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=powersgd_rank,
                                             start_powerSGD_iter=2, use_error_feedback=True,
                                             warm_start=True, random_seed=0)
