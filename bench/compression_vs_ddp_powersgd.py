@@ -4,7 +4,8 @@ own PowerSGD communication hook (issue 33, acceptance 4).
 Both train the same MLP (784-512-512-10, from ``torch.manual_seed(0)``: the
 same start) on the same teacher-labelled random data (8192 examples) with
 plain SGD, 2 ranks on gloo, one torch thread each, the same global batch
-and number of steps (but the peer's warm-up, below):
+and number of steps, each walking the data in a fresh permutation an
+epoch (a different one: ours is monsoon's seeded order):
 
 - ours: ``monsoon.train(problem, "sync", 2, engine="torch",
   compress="powersgd:2")``, error feedback on (the default): each rank
@@ -16,9 +17,8 @@ and number of steps (but the peer's warm-up, below):
 - the peer: DDP with ``powerSGD_hook`` (``PowerSGDState``:
   ``matrix_approximation_rank=2``, error feedback, warm start,
   ``start_powerSGD_iter=2``, the earliest it allows: its first two steps
-  are plain all-reduces), ``ddp_peer.py``; examples/s after 3 warm-up
-  steps, which train too (the peer takes steps + 3), on batches drawn
-  each step (``rng.choice``), where ours are epoch permutations.
+  are plain all-reduces), ``ddp_peer.py``; examples/s after its first 3
+  steps.
   The whole gradient is one DDP bucket: with several buckets on gloo the
   hook aborted here (torch 2.13: "Received data size doesn't match
   expected size"; likely its callbacks' all-reduces racing the next
@@ -29,13 +29,9 @@ examples/s at least 1.0x the peer's (medians of ``--repeats``
 interleaved runs). Also printed: uncompressed sync's final loss and the
 bytes monsoon's ranks sent, with and without compression.
 
-The loss gap is the benchmark's, not PowerSGD's (measured at 5aaa219 by
-replaying both in one process, which reproduced each run's final loss
-to 0.2%): the peer's 3 extra steps lower its loss 0.7% at 150 steps and
-3.8% at 300; our batch order ends 0.8% higher at 150, 2.6% lower at
-300; on the same batches and steps monsoon's powersgd:2 ends 0.07% (150)
-and 0.27% (300) above the hook's algorithm, the hook's two uncompressed
-first steps all of the 0.07%.
+On the same batches and steps (both replayed in one process) monsoon's
+powersgd:2 ends within 0.3% of the hook's algorithm; the two batch
+orders alone move the final loss by up to 2.6% at 300 steps, either way.
 
     python bench/compression_vs_ddp_powersgd.py [--repeats 3] [--steps 300]
 """

@@ -2,8 +2,9 @@
 
 ``ddp_examples_per_s(make_model, make_data, ...)`` trains ``make_model()`` on
 ``make_data() -> (X, y)`` with plain SGD for ``steps`` steps of a global batch
-split evenly among ``world`` processes (one torch thread each), after a few
-warm-up steps, and returns examples per second. ``make_model`` and
+split evenly among ``world`` processes (one torch thread each), and returns
+examples per second over the steps after the first few (the warm-up steps
+train too: ``steps`` in all, as monsoon's runs take). ``make_model`` and
 ``make_data`` must be module-level functions (spawned processes import them).
 ``ddp_run`` is the same with its final loss on all of ``make_data()`` too,
 and optionally PyTorch's own PowerSGD communication hook
@@ -20,6 +21,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
+
+
+def epoch_batches(n: int, batch: int, rng):
+    """Batches of ``batch`` indices walking a fresh permutation of ``n``
+    each epoch (what ``DistributedSampler(shuffle=True)`` gives a DDP
+    user, and how monsoon's runs walk the data), forever."""
+    while True:
+        order = rng.permutation(n)
+        for a in range(0, n - batch + 1, batch):
+            yield torch.from_numpy(order[a:a + batch])
 
 
 def _free_port() -> int:
@@ -51,25 +62,23 @@ def _worker(rank, world, port, make_model, make_data, loss_fn, batch, lr, steps,
                                             warm_start=True, random_seed=0)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    rng = np.random.default_rng(0)
+    batches = epoch_batches(len(X), batch, np.random.default_rng(0))
     per = batch // world
 
     def step():
-        chosen = torch.from_numpy(rng.choice(len(X), batch, replace=False))
-        mine = chosen[rank * per:(rank + 1) * per]
+        mine = next(batches)[rank * per:(rank + 1) * per]
         opt.zero_grad(set_to_none=False)
         loss_fn(model(X[mine]), y[mine]).backward()
         opt.step()
 
-    for _ in range(warmup):
-        step()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+    for i in range(steps):  # the warm-up steps train too: ``steps`` in all, as monsoon's
+        if i == warmup:
+            dist.barrier()
+            t0 = time.perf_counter()
         step()
     dist.barrier()
     if rank == 0:
-        speed = steps * batch / (time.perf_counter() - t0)
+        speed = (steps - warmup) * batch / (time.perf_counter() - t0)
         with torch.no_grad():
             final = float(loss_fn(model.module(X), y))
         out.put({"examples_per_s": speed, "final_loss": final})
@@ -103,7 +112,7 @@ def ddp_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, st
 def one_process_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: float, steps: int,
                                threads: int, warmup: int = 3) -> float:
     """The other peer: one process, ``threads`` torch threads, plain SGD on
-    random batches of ``batch``; examples per second after ``warmup`` steps."""
+    ``epoch_batches`` of ``batch``; examples per second after ``warmup`` steps."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -112,14 +121,14 @@ def one_process_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: f
         torch.manual_seed(0)
         model = make_model()
         opt = torch.optim.SGD(model.parameters(), lr=lr)
-        rng = np.random.default_rng(0)
-        for i in range(steps + warmup):
+        batches = epoch_batches(len(X), batch, np.random.default_rng(0))
+        for i in range(steps):
             if i == warmup:
                 t0 = time.perf_counter()
-            chosen = torch.from_numpy(rng.choice(len(X), batch, replace=False))
+            chosen = next(batches)
             opt.zero_grad()
             loss_fn(model(X[chosen]), y[chosen]).backward()
             opt.step()
-        return steps * batch / (time.perf_counter() - t0)
+        return (steps - warmup) * batch / (time.perf_counter() - t0)
     finally:
         torch.set_num_threads(before)
