@@ -8,8 +8,12 @@ rule on its own data shard. Every tau steps it exchanges with the centre x~
     d = alpha (x_i - x~);   x~ += d;   x_i -= d
 
 an elastic force that pulls the workers and the centre towards each other
-(alpha = eta rho in the paper's notation). The centre is the result. With
-alpha = 0 the workers never interact (a test), and the centre stays put.
+(alpha = eta rho in the paper's notation). A worker whose steps run out
+between two exchanges makes one more (a shorter last period, as local SGD's
+last round), so no local step is lost; one resumed with no steps left made
+it before it stopped (an Elastic lands before a halt). The centre is the
+result. With alpha = 0 the workers never interact (a test), and the centre
+stays put.
 Workers wait only on a shard's lock; a failed worker does not stop the rest.
 """
 from ..errors import ConfigError
@@ -56,12 +60,17 @@ class EASGD(Strategy):
         batches = skip(shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
                                      job.rank, job.workers), job.start_step)
         start, stop = part_bounds(job.n_examples, job.workers, job.rank)  # the shard's rows
+        since = 0  # local steps since this run's last exchange
         for step, (batch, following) in enumerate(lookahead(batches), start=job.start_step + 1):
             _, grad = yield Gradient(batch, following,
                                      tail_weight(len(batch), job.batch_size, stop - start))
             yield LocalApply(grad)
+            since += 1
             if step % self.tau == 0:
                 yield Elastic(self.alpha)
+                since = 0
+        if since:  # a shorter last period: its steps reach the centre too
+            yield Elastic(self.alpha)
 
     def describe(self):
         return {"strategy": self.name, "alpha": self.alpha, "tau": self.tau,
