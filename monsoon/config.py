@@ -26,6 +26,7 @@ from .record.checkpoints import trajectory
 from .rules import RULES, Rule
 from .rules.sgd import SGD
 from .strategies import STRATEGIES, Budget, RunInfo
+from .strategies.ops import Apply, Push
 
 FALLBACK = {"lr": 0.01, "epochs": 10, "batch_size": 32}
 DTYPES = ("float32", "float64")
@@ -260,6 +261,36 @@ def _check_full_batch(run: dict, engine) -> None:
                           f"{run['engine']} does not give it to {strategy}: use {options}")
 
 
+def _check_delays(rule, strategy, run: dict, given, shared, cli: bool) -> None:
+    """``--staleness-lr`` and a rule that keeps each worker's read
+    (``Rule.init_reader``: dcasgd, adarevision) act on stale updates. A
+    strategy whose rule runs on each worker's private copy
+    (``Strategy.local_rule``: local SGD, EASGD; its server's rule is its
+    own) applies it with staleness 0 and no read: they would change
+    nothing yet be recorded, so they are refused, but where ``compare``
+    gives them to every strategy (``shared``), as ``--beta`` is."""
+    import numpy as np
+
+    if strategy.local_rule is None:
+        return
+    mine = set(given) - set(shared)
+    if rule.staleness_lr and "staleness_lr" in mine:
+        flag = component_options()["staleness_lr"].named(cli)
+        what, instead = f"{flag} divides the rate by an update's staleness", f"drop {flag}"
+    elif rule.init_reader(1, np.float64)._fields and "rule" in mine:
+        what = f"rule {run['rule']} adjusts each gradient's step for its delay"
+        instead = "use another rule"
+    else:
+        return
+    stale = {Push, Apply}  # the ops that apply an update a worker read before others
+    *some, last = sorted(name for name, cls in STRATEGIES.all().items()
+                         if stale & set(cls.uses) and not cls.single_worker)
+    where = f"{', '.join(some)} or {last}" if some else last
+    raise ConfigError(f"{what}, but {run['strategy']} applies the rule to each worker's "
+                      "private copy, where no update is stale, so it would change nothing: "
+                      f"{instead}, or train with --strategy {where}")
+
+
 def _standardize(problem, name: str, rules) -> None:
     """Give each rule that asks for it (``Rule.wants_metric``: AdaGrad's
     standardize_below) the problem's inverse feature variances."""
@@ -390,6 +421,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         return (rule, *components["strategy"].from_options(info, rule, **values["strategy"]))
 
     rule, strat, server_rule = build(run["lr"])
+    _check_delays(rule, strat, run, given, shared, cli)
     if instance is None:
         from .problems import make_problem
 

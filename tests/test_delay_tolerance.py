@@ -130,6 +130,13 @@ def test_staleness_lr_is_recorded_with_a_staleness_histogram(tmp_path):
     (["--strategy", "sync", "--workers", "2", "--backup-workers", "-1"], "backup workers must be"),
     (["--strategy", "local-sgd", "--local-steps", "0"], "local steps must be"),
     (["--strategy", "easgd", "--easgd-alpha", "2"], "easgd alpha must be in [0, 1]"),
+    # the rule runs on each worker's private copy, never stale: nothing for these to do
+    (["--strategy", "easgd", "--workers", "2", "--staleness-lr"],
+     "--staleness-lr divides the rate by an update's staleness, but easgd applies"),
+    (["--strategy", "local-sgd", "--diloco", "--workers", "2", "--rule", "dcasgd-a"],
+     "rule dcasgd-a adjusts each gradient's step for its delay, but local-sgd applies"),
+    (["--strategy", "local-sgd", "--workers", "2", "--rule", "adarevision"],
+     "use another rule, or train with --strategy async, hogwild or ssp"),
 ])
 def test_cli_refuses_bad_delay_options(args, message):
     from monsoon.cli import main
@@ -140,6 +147,13 @@ def test_cli_refuses_bad_delay_options(args, message):
     with contextlib.redirect_stderr(err):
         code = main(["train", "--problem", "exp", *args])
     assert code == 2 and message in err.getvalue()
+
+
+def test_staleness_options_are_refused_from_python_where_no_update_is_stale():
+    with pytest.raises(monsoon.ConfigError, match="drop staleness_lr=, or train with --strategy "
+                       "async, hogwild or ssp"):
+        monsoon.train("exp", "easgd", 2, staleness_lr=True, epochs=1)
+    assert monsoon.train("exp", "easgd", 2, staleness_lr=False, epochs=1).summary["updates"]
 
 
 def test_delay_tolerant_options_from_the_cli_and_in_compare(tmp_path, capsys):

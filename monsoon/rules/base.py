@@ -112,7 +112,7 @@ class Rule:
         Option("lr_gamma", float, 0.1, "step schedule: decay factor", check=in_range(0, 1, low_open=True)),
         Option("lr_step_size", int, 1000, "step schedule: updates per decay", check=at_least(1)),
         Option("staleness_lr", bool, False, "divide the learning rate by each update's staleness "
-               "(Zhang et al. 2016)"),
+               "(Zhang et al. 2016; async, hogwild, ssp: local-sgd and easgd refuse it)"),
     )
 
     @classmethod
