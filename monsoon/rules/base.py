@@ -110,7 +110,8 @@ class Rule:
         Option("lr_schedule", str, "constant", "constant, or step: lr * gamma^floor(t / step size)",
                choices=SCHEDULES, label="lr schedule"),
         Option("lr_gamma", float, 0.1, "step schedule: decay factor", check=in_range(0, 1, low_open=True)),
-        Option("lr_step_size", int, 1000, "step schedule: updates per decay", check=at_least(1)),
+        Option("lr_step_size", int, 1000, "step schedule: updates per decay (local-sgd, easgd: each worker's own "
+               "local steps)", check=at_least(1)),
         Option("staleness_lr", bool, False, "divide the learning rate by each update's staleness "
                "(Zhang et al. 2016; async, hogwild, ssp: local-sgd and easgd refuse it)"),
     )

@@ -1,11 +1,17 @@
 """Asynchronous SGD with a parameter server: Downpour (Dean et al., NIPS 2012).
 
-Worker loop (the paper's appendix), each worker on its own data shard:
+Worker loop, each worker on its own data shard (step counts from 0):
 
-    every n_fetch steps:  w_local = fetch()        # a read ticket: shard versions
+    if step % n_fetch == 0:  w_local = fetch()     # a read ticket: shard versions
     g = gradient(w_local, next mini-batch)
     accrued += g;  w_local -= lr * g                # local step between fetches
-    every n_push steps:   push(accrued); accrued = 0
+    after every n_push gradients:  push(accrued); accrued = 0
+
+The local step is plain SGD at the run's initial --lr (``local_lr``),
+whatever the rule and its schedule, which run on the server alone; none is
+taken with n_fetch = 1. The paper's appendix pushes where step % n_push ==
+0, so its first push carries one gradient and each later one comes a step
+after this loop's; here every push carries n_push gradients.
 
 The server is split into shards, each with its own lock, version and rule
 state; a push is applied shard by shard the moment it arrives, so shards do
@@ -36,7 +42,8 @@ class Downpour(Strategy):
     uses = (Fetch, Gradient, Push, LocalStep)
     period, period_options = "n_push", ("n_push", "n_fetch")
     options = (
-        Option("n_fetch", int, 1, "steps between fetches of the parameters", check=at_least(1)),
+        Option("n_fetch", int, 1, "steps between fetches of the parameters (between them, "
+               "plain sgd steps at --lr on the worker's copy)", check=at_least(1)),
         Option("n_push", int, 1, "steps between pushes of the accrued gradient",
                check=at_least(1)),
     )

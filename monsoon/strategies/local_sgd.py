@@ -21,8 +21,10 @@ two averages may be batches apart: each resumes at its own batch, with its
 private copy, so the resumed run makes the uninterrupted run's averages.
 
 Workers wait once per round, not once per step. Invariant (a test): with
-H = 1 and the outer sgd at lr 1, local SGD equals ``sync`` (float64, up to
-rounding: theta - (theta - lr g) is lr g to the last bit or two).
+H = 1, the inner rule sgd and the outer sgd at lr 1, local SGD equals
+``sync`` (float64, up to rounding: theta - (theta - lr g) is lr g to the
+last bit or two); a stateful inner rule (momentum, Adam) keeps each
+worker's own state, so it does not.
 """
 from ..errors import ConfigError
 from ..options import Option, at_least, positive
