@@ -311,3 +311,34 @@ def test_metrics_csv_carries_the_bytes_sent_at_each_row(tmp_path):
     plain = monsoon.train("linear", "sync", 2, epochs=2, seed=0, backend="threads")
     assert plain.summary["bytes_sent"] > sent[-1] * 3
     assert plain.summary["compression_ratio"] == 1.0
+
+
+def test_a_late_message_that_backup_workers_drop_leaves_its_senders_residual_as_before(
+        monkeypatch):
+    """Sync with a backup worker on the sim: each step takes the first 2 of
+    3 contributions, and worker 2's arrives last every step. Its messages
+    are dropped, so error feedback must not keep their residual (the
+    residual of a message nobody applied would lose what it withheld): its
+    sender ends as it began, no residual and its random stream unmoved,
+    though its bytes stay counted."""
+    from monsoon.engines.sim import engine as sim
+
+    senders = {}
+
+    class Kept(M.Sender):
+        def __init__(self, compression, rank=0):
+            super().__init__(compression, rank)
+            senders[rank] = self
+
+    monkeypatch.setattr(sim, "Sender", Kept)
+    run = monsoon.train("logistic", "sync", 2, backup_workers=1, engine="sim", steps=20,
+                        batch_size=30, compress="randk:0.2", lr=0.5, seed=2, dtype="float64",
+                        evals=0)
+    assert run.summary["late_gradients"] == 20 and senders[2].messages == 20
+    late, fresh = senders[2], M.Sender(senders[2].compression, 2)
+    assert late.residual is None
+    for name, value in fresh.compressor.state().items():
+        assert np.array_equal(late.compressor.state()[name], value), name
+    assert all(np.linalg.norm(senders[k].residual) > 0 for k in (0, 1))
+    assert run.summary["residual_norm"] == pytest.approx(
+        math.hypot(*(np.linalg.norm(senders[k].residual) for k in (0, 1))))

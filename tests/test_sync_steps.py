@@ -239,13 +239,13 @@ def test_a_worker_stopped_before_its_step_hands_over_its_sender_from_before_that
         store.close()
 
 
-def _backup_step(store, rank=2):
+def _backup_step(store, rank=2, sender=None):
     """Worker ``rank``'s sharded step of a run with one backup worker."""
     from types import SimpleNamespace
 
     runtime = SimpleNamespace(store=store, rank=rank, workers=3, start_step=5,
                               checkpoint_every=0, timeout=5.0, _spin=False, _hot_turns=0,
-                              counters=store.counters[rank],
+                              counters=store.counters[rank], sender=sender,
                               strategy=SimpleNamespace(backup_workers=1))
     return synchronous.ShardedStep(runtime)
 
@@ -277,6 +277,41 @@ def test_a_worker_late_to_an_open_step_joins_the_next_whatever_its_wake_up():
         step.step = 7
         assert step.contribute(5) == 1 and step.step == 9  # step 8 done without it: skipped
         assert store.counters[2, LATE] == 3
+    finally:
+        timer.cancel()
+        timer.join()
+        store.close()
+
+
+def test_a_late_worker_takes_its_dropped_message_back_from_its_sender():
+    """Compressed sync with a backup worker: the step is full when worker 2
+    arrives, so its message is dropped; its sender's residual and random
+    stream go back to before that message (error feedback keeps nothing of
+    a message no one applied), not on to what applying it would leave."""
+    import threading
+
+    from monsoon.compressors.messages import Compression, Sender
+    from monsoon.engines.local.store import ARRIVED, LATE, STEP, ParameterStore
+
+    n = 8
+    store = ParameterStore(np.zeros(n), SGD(0.1), 3, 1, sync_slots=True, backend="threads")
+    sender = Sender(Compression("randk", 0.5), 2)
+    sender.keep_previous = True  # as the local engine sets it with backup workers
+    rng = np.random.default_rng(0)
+    sender.send(rng.standard_normal(n))  # step 4's message, applied
+    before = sender.state(n, np.float64)
+    sender.send(rng.standard_normal(n))  # step 5's, late
+    timer = threading.Timer(0.05, lambda: store.sync.__setitem__(STEP, 6))
+    try:
+        step = _backup_step(store, sender=sender)
+        store.sync[STEP] = 5
+        store.sync[ARRIVED], store.contributors[:2] = 2, (0, 1)  # the counted two
+        timer.start()
+        assert step.contribute(4) == 0 and store.counters[2, LATE] == 1
+        after = sender.state(n, np.float64)
+        for name, value in before.items():
+            assert np.array_equal(after[name], value), name
+        assert sender.messages == 2  # its bytes stay counted
     finally:
         timer.cancel()
         timer.join()

@@ -14,7 +14,8 @@ e' = v + e - D(C(v + e)). Invariant (tested): sent + e' == v + e.
 (random stream, PowerSGD's Q), which a checkpoint holds (``stateful``);
 with ``keep_previous`` set, also as they were before the last message (a
 synchronous worker that stops before the step its message was for is
-applied hands that state over: the resumed run sends the message again).
+applied hands that state over: the resumed run sends the message again;
+``take_back``: a late one that a step with backup workers dropped).
 
 Wire form: the compressor's ``pack`` writes an ``Encoded`` as exactly
 ``nbytes`` bytes (uint8, bit-packed); invariant (tested): ``receive`` of it
@@ -220,10 +221,7 @@ class Sender:
         there is one) and the compressor's state; ``before_last``: as they
         were before the last message (``keep_previous`` must be set)."""
         if before_last:
-            if self.previous is None:
-                raise RuntimeError("the sender kept no state from before its last message "
-                                   "(keep_previous unset); please report this bug")
-            residual, kept = self.previous
+            residual, kept = self._previous()
         else:
             residual, kept = self.residual, self.compressor.state()
         has = residual is not None
@@ -233,6 +231,22 @@ class Sender:
     def restore(self, arrays: dict) -> None:
         self.residual = np.array(arrays["residual"], copy=True) if int(arrays["has"][0]) else None
         self.compressor.set_state(arrays)
+
+    def take_back(self) -> None:
+        """The last message was dropped unapplied (a backup worker's late
+        contribution to a synchronous step): the residual and the
+        compressor's state go back to before it, as if it was never sent
+        (``keep_previous`` must be set); its bytes stay counted."""
+        if not self.compression.active:
+            return
+        self.residual, kept = self._previous()  # never changed in place: no copy
+        self.compressor.set_state(kept)
+
+    def _previous(self) -> tuple:
+        if self.previous is None:
+            raise RuntimeError("the sender kept no state from before its last message "
+                               "(keep_previous unset); please report this bug")
+        return self.previous
 
     def uncount_last(self) -> None:
         """Take the last message (and what it received back) out of the

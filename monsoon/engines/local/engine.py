@@ -145,7 +145,8 @@ def _worker_body(messages, setup: WorkerSetup) -> None:
                                 start_step=setup.sync_step,
                                 checkpoint_every=setup.checkpoint_every, work0=setup.work0)
         sender = runtime.sender = Sender(setup.compression, rank)
-        sender.keep_previous = hands_over_senders(store)  # for a stop mid-step (synchronous.py)
+        # for a stop mid-step, and a late message a step drops (synchronous.py)
+        sender.keep_previous = hands_over_senders(store) or setup.strategy.backup_workers > 0
         if setup.sender_state is not None:
             sender.restore(setup.sender_state)
         program = compressing(setup.strategy.program(setup.job), sender,

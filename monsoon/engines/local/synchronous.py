@@ -492,8 +492,11 @@ class ShardedStep(_Step):
         meanwhile (it would otherwise skip batches for no slowness of its
         own, the last one included); one that arrived after the step was
         applied was slower than a whole step, and joins the current step.
-        Returns the steps skipped."""
+        Returns the steps skipped. Its message of the step, if it sent one,
+        is dropped: its sender goes back to before it (``Sender.take_back``)."""
         self.rt.counters[LATE] += 1
+        if self.sent == step and self.rt.sender is not None:
+            self.rt.sender.take_back()
         self._wait_count(STEP, step + 1, step, "apply step", may_stop=True)
         current = step + 1 if open_step else int(self.store.sync[STEP])
         self.step = current

@@ -75,6 +75,7 @@ class RemoteWorker(Worker):
         self.anchor = np.array(w0, copy=True)  # the server's parameters at the last sync
         self.timeout = timeout
         self.sender = Sender(compression or Compression(), rank)
+        self.sender.keep_previous = strategy.backup_workers > 0  # a late message: taken back
         self.compressed = self.sender.compression.active
         self.sync_step = job.start_step
         self.gen = 0        # elastic: the membership generation this worker cuts its parts for
@@ -261,8 +262,10 @@ class RemoteWorker(Worker):
             self.work[a:b] = values
         self.anchor[:] = self.work
         _, behind, counted = replies[0]
-        if not counted:
+        if not counted:  # late (backup workers): its message is dropped, as never sent
             self.counts["late"] += 1
+            if contribution is not None and self.sender.keep_previous:
+                self.sender.take_back()
         if replies[0].applied:  # once a step (``StepReply``): one count an update
             self.counts["updates"] += 1
             self.staleness[0] += 1

@@ -251,6 +251,7 @@ class SimEngine(Engine):
             w = _Worker(rank, self, self.params if strategy.shared_params
                         else np.array(w0, copy=True))
             w.sender = Sender(self.compression, rank)
+            w.sender.keep_previous = strategy.backup_workers > 0  # a late message: ``_late``
             w.program = compressing(strategy.program(WorkerJob(
                 rank, self.W, self.problem.n_examples, batch_size, seed, budget)), w.sender,
                 self.nbytes)
@@ -585,11 +586,11 @@ class SimEngine(Engine):
 
     def _sync_arrive(self, w, step, examples):
         if step < self.sync_step:  # the step was applied without it
-            self._late(w)
+            self._late(w, examples)
             self._at(self.now + self._message(self.nbytes), self._sync_resume, w, step)
             return
         if len(self.arrivals) >= self.counted:  # the step is full: wait for its update
-            self._late(w)
+            self._late(w, examples)
             self.waiting_late.append(w)
             return
         self.arrivals.append(w.rank)
@@ -597,9 +598,15 @@ class SimEngine(Engine):
         if len(self.arrivals) == self.counted:
             self._complete_step()
 
-    def _late(self, w):
+    def _late(self, w, examples):
+        """``w``'s contribution came too late and is dropped; one that carried
+        a message (``examples``) leaves its sender as before that message
+        (``Sender.take_back``: error feedback keeps no residual of a message
+        nobody applied)."""
         w.late += 1
         self.total["late"] += 1
+        if examples:
+            w.sender.take_back()
 
     def _complete_step(self):
         ranks = sorted(self.arrivals)
