@@ -222,3 +222,21 @@ def test_a_run_on_processes_leaves_the_start_method_to_the_user(tmp_path):
                           cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-1] == "spawn"
+
+
+def test_a_lost_workers_traffic_and_staleness_stay_counted():
+    """Worker 1's process exits at its 51st gradient, after 50 pushes: the
+    async run goes on without it, and its summary counts those 50 pushes'
+    bytes and staleness beside worker 0's, one entry per worker. Before,
+    only the workers that reported at the end were summed: staleness
+    counts short of the updates, one byte entry for two workers, and a
+    bytes_sent_per_update below any message's size."""
+    problem = FaultyProblem(make_problem("exp"), "exit", rank=1, after=50)
+    run = monsoon.train(problem, "async", 2, epochs=20, seed=0, timeout=20, progress=False)
+    s = run.summary
+    assert [f["worker"] for f in s["failed_workers"]] == [1]
+    push = problem.n_params * np.dtype(problem.dtype).itemsize
+    assert sum(s["staleness_counts"].values()) == s["updates"]
+    assert s["bytes_sent_per_worker"] == [(s["updates"] - 50) * push, 50 * push]
+    assert s["bytes_sent"] == s["updates"] * push
+    assert s["bytes_sent_per_update"] == push

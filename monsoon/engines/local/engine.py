@@ -69,7 +69,7 @@ from ...monitor.pool import WorkerPool, failure, read_payload, start_advice, sta
 from ...compressors.messages import Sender, compressing
 from ... import arrays
 from .monitor import WorkerMonitor
-from .runtime import WorkerRuntime
+from .runtime import SharedSender, WorkerRuntime
 from .store import (ABORTED, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING, START, STEP,
                     UPDATES, ParameterStore)
 from ..base import ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine
@@ -144,7 +144,7 @@ def _worker_body(messages, setup: WorkerSetup) -> None:
                                 setup.strategy, setup.timeout, setup.live,
                                 start_step=setup.sync_step,
                                 checkpoint_every=setup.checkpoint_every, work0=setup.work0)
-        sender = runtime.sender = Sender(setup.compression, rank)
+        sender = runtime.sender = SharedSender(setup.compression, rank, store.sent_counts[rank])
         # for a stop mid-step, and a late message a step drops (synchronous.py)
         sender.keep_previous = hands_over_senders(store) or setup.strategy.backup_workers > 0
         if setup.sender_state is not None:

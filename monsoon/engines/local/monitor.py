@@ -83,6 +83,8 @@ class WorkerMonitor:
             totals = store.totals()
             for rank, (_, report) in pool.reports.items():
                 self.tally.add(rank, report)
+            for rank in sorted(set(self.failed) - set(pool.reports)):  # lost: their counts so far
+                self.tally.add(rank, store.lost_report(rank))
             self.tally.failed.update(self.failed)
             self.due.live(self.resume.time_s + wall, lambda: totals,  # the run's last row
                           lambda: self.live_figures(reported=True), final=True)

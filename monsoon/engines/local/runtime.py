@@ -49,6 +49,7 @@ from ...problems.buffers import flat as flat_buffers
 from ...rules import UpdateInfo
 from ...strategies.ops import (AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push,
                                SGDPass, weighted)
+from ...compressors.messages import Sender
 from ...server.core import ServerCore
 from ...server.reduce import into_slot
 from ...server.summed import SharedSums
@@ -57,12 +58,40 @@ from ...monitor.waiting import HOT_TURNS, Aborted
 from ...record.live import add_loss
 from .checkpointing import keeps_step_buffers
 from .clocks import LocalClocks
-from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, SENT, STALE_MAX,
+from .store import (ABORT, DROPPED, EXAMPLES, LOCAL_APPLIED, LOCAL_DROPPED, STALE_MAX,
                     STALE_N, STALE_SUM, UPDATES, WRITING, ParameterStore)
 from .synchronous import ReplicatedStep, ShardedStep
 
 BUFFERS_EVERY_S = 0.02  # the most often a worker copies its buffers for the curve rows
 BUFFERS_SHARE = 0.02    # and the most of its time those copies take (large buffers)
+
+
+class SharedCounts(Counter):
+    """A worker's staleness counts, kept in its row of the store's
+    ``stale_counts`` too as they change (``ParameterStore.lost_report``)."""
+
+    def __init__(self, row):
+        super().__init__()
+        self.row = row
+
+    def __setitem__(self, staleness, count) -> None:
+        self.row[min(int(staleness), len(self.row) - 1)] += count - self.get(staleness, 0)
+        super().__setitem__(staleness, count)
+
+
+def _shared_count(column: int) -> property:
+    return property(lambda self: int(self.row[column]),
+                    lambda self, value: self.row.__setitem__(column, value))
+
+
+class SharedSender(Sender):
+    """A worker's sender whose byte and message counts are its row of the
+    store's ``sent_counts`` (``ParameterStore.lost_report``)."""
+    sent_bytes, raw_bytes, received_bytes, messages = map(_shared_count, range(4))
+
+    def __init__(self, compression, rank: int, row):
+        self.row = row
+        super().__init__(compression, rank)
 
 
 class WorkerRuntime(Worker):
@@ -92,7 +121,7 @@ class WorkerRuntime(Worker):
         self.step_buffers = None
         self._keep_step_buffers = keeps_step_buffers(store)
         self.step_examples = 0  # the examples the last gradient counted (``undo_step``)
-        self.staleness = Counter()
+        self.staleness = SharedCounts(store.stale_counts[rank])
         self._sync = None
         self._grad_out = None
         if store.replicated:
@@ -196,13 +225,11 @@ class WorkerRuntime(Worker):
 
     def _count_loss(self, loss) -> None:
         """The loss into this worker's live row (its ``WRITING`` mark odd
-        meanwhile: the monitor reads the cells whole), and the bytes its
-        sender has sent (its messages before this gradient)."""
+        meanwhile: the monitor reads the cells whole)."""
         live = self._live
         live[WRITING] += 1
         add_loss(live, loss)
         live[WRITING] += 1
-        live[SENT] = self.sender.sent_bytes
 
     def _stale(self, staleness: int) -> None:
         live = self._live

@@ -30,8 +30,8 @@ Everything workers share lives in one ``SharedArrays`` block:
   (backup) gradients, ``local_counts[k]`` its local steps on its own copy
   (local SGD, EASGD: applied, and dropped for a non-finite gradient), and
   ``live[k]`` (losses: ``live.add_loss``'s cells; staleness sum, count, max,
-  the monitor resets it; bytes sent), written by worker k only: no lock;
-- ``status[k]``, ``control``: life-cycle flags, the monitor's snapshot requests;
+  the monitor resets it), ``sent_counts[k]``, ``stale_counts[k]`` (its sender's and
+  staleness counts: ``lost_report``), by worker k only: no lock; ``status``, ``control``;
 - ``ckpt.*`` (synchronous checkpoints): one step boundary's parameters and rule state.
 
 Locks are ``multiprocessing`` locks for processes, ``threading`` locks for
@@ -69,9 +69,13 @@ STEP, ARRIVED, REDUCED, APPLIED, BAD_STEP = 0, 1, 2, 3, 4
  SNAP_READ) = range(10)
 # the ring holds at most this many snapshots, and at most this many bytes
 SNAP_RING, SNAP_RING_BYTES = 64, 16 << 20
-# live columns (``live[k]``, with live series): the losses' cells, staleness, bytes
-# sent, and WRITING, odd while worker k writes its losses (``live_figures`` reads them whole)
-STALE_SUM, STALE_N, STALE_MAX, SENT, WRITING = range(LOSS_CELLS, LOSS_CELLS + 5)
+# live columns (``live[k]``, with live series): the losses' cells, staleness, and
+# WRITING, odd while worker k writes its losses (``live_figures`` reads them whole)
+STALE_SUM, STALE_N, STALE_MAX, WRITING = range(LOSS_CELLS, LOSS_CELLS + 4)
+# ``sent_counts[k]`` columns: worker k's ``Sender`` counts (``runtime.SharedSender``);
+# ``stale_counts[k, s]``: its pushes of staleness s (the last cell: that and over)
+SENT_FIELDS = ("sent", "raw", "received", "messages")
+STALE_BINS = 1024
 LIVE_TRIES = 100  # readings of a worker's losses before its last whole one stands in
 # status values
 STARTING, READY, RUNNING, DONE, FAILED, ABORTED = range(6)
@@ -98,6 +102,8 @@ class ParameterStore:
                   "lock_claims": ((workers,), "int64"),
                   "counters": ((workers, 4), "int64"),
                   "local_counts": ((workers, 2), "int64"),
+                  "sent_counts": ((workers, len(SENT_FIELDS)), "int64"),
+                  "stale_counts": ((workers, STALE_BINS), "int64"),
                   "status": ((workers,), "int64"),
                   "clocks": ((workers,), "int64"),
                   "control": ((10,), "int64"),
@@ -109,7 +115,7 @@ class ParameterStore:
         for field, arr in zip(reader._fields, reader):
             layout["reader." + field] = ((workers,) + arr.shape, str(arr.dtype))
         if live:
-            layout["live"] = ((workers, LOSS_CELLS + 5), "float64")
+            layout["live"] = ((workers, LOSS_CELLS + 4), "float64")
         if sync_slots and replicated:
             layout["rep_slots"] = ((2, workers, n), dtype)
             layout["rep_examples"] = ((2, workers), "int64")
@@ -164,6 +170,7 @@ class ParameterStore:
         self.lock_claims = m["lock_claims"]
         self.counters = m["counters"]
         self.local_counts = m["local_counts"]
+        self.sent_counts, self.stale_counts = m["sent_counts"], m["stale_counts"]
         self.status = m["status"]
         self.clocks = m["clocks"]
         self.control = m["control"]
@@ -356,11 +363,23 @@ class ParameterStore:
         return kept.get(k, [0.0] * LOSS_CELLS)
 
     def sent(self) -> int:
-        """The bytes the workers' senders had sent at their last gradients."""
-        return int(self.live[:, SENT].sum())
+        """The bytes the workers' senders have sent (a lost worker's until it was lost)."""
+        return int(self.sent_counts[:, 0].sum())
+
+    def lost_report(self, rank: int) -> dict:
+        """What worker ``rank``, lost without a report, counted until then,
+        as ``RunTally.add`` reads a report: its staleness counts (those of
+        ``STALE_BINS - 1`` and over at that one) and its sender's counts (no
+        residual: it went with the worker). Its examples and updates are in
+        ``counters``."""
+        stale = self.stale_counts[rank]
+        return {"staleness": {int(s): int(stale[s]) for s in np.flatnonzero(stale)},
+                "traffic": {**{k: int(v) for k, v in zip(SENT_FIELDS, self.sent_counts[rank])},
+                            "residual_norm": 0.0}}
 
     def close(self) -> None:
-        for name in ("_readers", "params", "versions", "counters", "local_counts", "status",
+        for name in ("_readers", "params", "versions", "counters", "local_counts", "sent_counts",
+                     "stale_counts", "status",
                      "clocks", "control", "sync", "contributors", "slot_examples", "slots", "marks", "state",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
                      "snap_params", "snap_meta", "snap_buffers", "buffers", "live", "sums", "sum_slots"):
