@@ -106,6 +106,24 @@ class UnshippableProblem(FaultyProblem):
         return (_unavailable, ())
 
 
+class RefusedInRanks(FaultyProblem):
+    """Refused (a ConfigError) as a torch rank (RANK set) makes its
+    worker's instance; each refusal's rank is noted in the file ``log``."""
+
+    def __init__(self, inner, log):
+        super().__init__(inner, "none", rank=-1)
+        self.log = str(log)
+
+    def for_worker(self, rank, workers):
+        if "RANK" not in os.environ:
+            return self
+        from monsoon.errors import ConfigError
+
+        with open(self.log, "a") as f:
+            f.write(f"{rank}\n")
+        raise ConfigError(f"problem refused in rank {rank}")
+
+
 class ExitOnce(FaultyProblem):
     """"exit" on worker ``rank`` after ``after`` gradients, in its first
     process only: the file ``flag`` (made just before the exit) tells a

@@ -72,6 +72,21 @@ def test_a_refusal_of_the_run_leaves_the_previous_folder_as_it_was(tmp_path, com
     assert snapshot(out) == before
 
 
+def test_nccl_without_cuda_is_refused_before_any_rank_starts(tmp_path):
+    """Every rank refused it once started: the previous run's folder
+    wiped, and the run failed as "rank 0 failed" (restarted too)."""
+    from monsoon.devices import cuda_count
+
+    if cuda_count():
+        pytest.skip("CUDA is available here: nccl runs")
+    out = tmp_path / "run"
+    before = previous_run(out)
+    refused(cli("train", "--engine", "torch", "--strategy", "sync", "--workers", "2",
+                "--dist-backend", "nccl", "--max-restarts", "1", "--steps", "5",
+                "--out", str(out)), "--dist-backend nccl needs CUDA", "use gloo")
+    assert snapshot(out) == before
+
+
 @pytest.mark.parametrize("engine", ["torch", "ray", "spark"])
 @pytest.mark.parametrize("strategy", ["easgd", "local-sgd"])
 def test_checkpoints_asked_of_a_run_that_writes_none_are_refused_before_it_starts(

@@ -413,6 +413,25 @@ def test_local_steps_are_counted_in_their_own_unit_and_stop_a_diverging_run():
     assert diverging["examples"] < 20_000 * make_problem("exp").n_examples
 
 
+def test_a_ranks_refusal_is_the_runs_not_restarted_and_the_folder_given_back(tmp_path):
+    """A rank's ConfigError (every rank refuses the problem as it builds
+    its instance) is raised as it is, once: no attempt is restarted under
+    --max-restarts (each would be refused alike), and the previous run's
+    folder is given back as it was. It failed as "rank 0 failed", after
+    two restarts, the previous results wiped."""
+    from faulty import RefusedInRanks
+    from monsoon.problems import make_problem
+    from test_refuse_early import previous_run, snapshot
+
+    out, log = tmp_path / "run", tmp_path / "refusals.txt"
+    before = previous_run(out)
+    with pytest.raises(ConfigError, match="^problem refused in rank [01]$"):
+        monsoon.train(RefusedInRanks(make_problem("exp"), log), "sync", 2, engine="torch",
+                      max_restarts=2, steps=5, timeout=30, progress=False, out=out)
+    assert sorted(log.read_text().split()) == ["0", "1"]
+    assert snapshot(out) == before
+
+
 def test_refusals_name_the_engine_to_use():
     for strategy, advice in (("async", "cannot carry out Push .*engines that run async: local, sim, ray"),
                              ("hogwild", "cannot carry out Apply .*engines that run hogwild: local")):

@@ -7,6 +7,10 @@ process, whoever its parent is (``lifecycle.worker_started``:
 takes its share of the cores, loads the pickled run, runs its part
 (``rank.run_rank``) and, as rank 0, writes the result back; a failure is
 written to ``FOLDER/error-RANK.txt`` and the process exits with status 1.
+A refusal (ConfigError: the same on every attempt) is written to
+``FOLDER/refused`` instead and the rank exits with status 0, so that the
+agent does not restart the ranks for it (a rank of a later attempt, after
+another rank failed, finds it and exits at once); ``launch.py`` raises it.
 
 A rank runs in a session of its own (``leave_the_process_group``): Ctrl-C
 or a SIGTERM to the run's process group reaches the agent's process, the
@@ -22,11 +26,13 @@ import sys
 import time
 from pathlib import Path
 
+from ...errors import ConfigError
 from ...monitor.lifecycle import worker_started
 from ...monitor.processes import limit_threads
 from .rank import run_rank
 
 STOP_FILE = "stop"  # the agent's stop signal, for rank 0 (``StopFile``)
+REFUSED_FILE = "refused"  # a rank's ConfigError, for the agent's process (``refusal``)
 RECORDER_SKIP = ("problem", "_bar", "live_writer")  # the driver keeps its own writer
 # A rank whose collective failed because another rank died waits this long
 # before it exits: the agent reports the first exit it sees, and that
@@ -62,6 +68,8 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
     # the agent's share of the cores; torch and BLAS were loaded before it was set
     limit_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     folder = Path(folder)
+    if refusal(folder) is not None:  # an earlier attempt's: this one would be refused too
+        sys.exit(0)
     try:
         with open(folder / "job.pkl", "rb") as f:
             job = pickle.load(f)
@@ -71,6 +79,9 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
         recorder.close()
         if rank == 0:
             write_result(folder, result, recorder)
+    except ConfigError as exc:  # refused: no restart would change it (``refusal``)
+        write_refusal(folder, exc)
+        sys.exit(0)
     except BaseException as exc:  # noqa: BLE001 - reported through the folder, then raised
         child_failed(folder, rank, exc)
         print(f"monsoon: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -122,6 +133,21 @@ def child_failed(folder: Path, rank: int, exc: BaseException) -> None:
     msg = str(exc).strip().splitlines()
     (folder / f"error-{rank}.txt").write_text(f"{type(exc).__name__}: "
                                              f"{msg[0] if msg else ''}")
+
+
+def write_refusal(folder: Path, exc: ConfigError) -> None:
+    """A rank's ConfigError, whole at once (every rank may write it)."""
+    tmp = folder / f"{REFUSED_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(str(exc).strip())
+    os.replace(tmp, folder / REFUSED_FILE)
+
+
+def refusal(folder: Path) -> ConfigError | None:
+    """The ConfigError a rank of this run wrote (``write_refusal``), or None."""
+    try:
+        return ConfigError((folder / REFUSED_FILE).read_text())
+    except OSError:
+        return None
 
 
 def write_result(folder: Path, result, recorder) -> None:

@@ -48,7 +48,7 @@ from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, Loca
 from ...record import checkpoints
 from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
-from .collectives import agent_restarts, launch_id, under_torchrun
+from .collectives import agent_restarts, launch_id, pick_backend, under_torchrun
 from .shm_reduce import REDUCE_VIA
 
 
@@ -159,6 +159,12 @@ class TorchEngine(Engine):
             return ("--compress sends each rank's packed message through the backend's "
                     "all-gather, not the shared-memory reduce; drop --reduce-via shm")
         return None
+
+    def preflight(self, problem, strategy, workers: int, batch_size: int) -> None:
+        """Also ``--dist-backend nccl`` without CUDA here, which every rank
+        would refuse once started (``collectives.pick_backend``)."""
+        super().preflight(problem, strategy, workers, batch_size)
+        pick_backend(self.dist_backend)
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

@@ -12,7 +12,9 @@ c10d rendezvous on a free local port, as ``torchrun --standalone`` does).
 Rank 0 pickles its EngineResult and its recorder's state back; a rank that
 fails writes its error there, and the agent's ChildFailedError is turned
 into one ``WorkerError`` naming the rank that died first (by a signal) or
-failed. With ``max_restarts`` the agent restarts every rank after a failure.
+failed. With ``max_restarts`` the agent restarts every rank after a failure;
+not after a rank's refusal (a ConfigError: ``child.refusal``), which is
+raised as it is, once.
 The folder is removed in every case; one whose agent was killed with
 ``kill -9`` is removed by the next launch (``remove_stale_folders``).
 
@@ -44,7 +46,7 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
 
     from ...monitor.lifecycle import on_stop
     from ...monitor.processes import main_module_hidden, torch_threads_per_worker
-    from .child import AgentStreams, rank_main, write_stop
+    from .child import AgentStreams, rank_main, refusal, write_stop
 
     remove_stale_folders()
     folder = Path(tempfile.mkdtemp(prefix=f"monsoon-torch-{os.getpid()}-"))
@@ -68,10 +70,13 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
                 elastic_launch(config, entrypoint=rank_main)(str(folder), os.getpid(),
                                                              AgentStreams())
         except ChildFailedError as exc:  # any rank lost: the collectives need every one
-            raise failure_error(exc, folder, engine) from None
+            raise refusal(folder) or failure_error(exc, folder, engine) from None
         finally:
             if saved is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
+        refused = refusal(folder)
+        if refused is not None:
+            raise refused
         with open(folder / "result.pkl", "rb") as f:
             out = pickle.load(f)
     finally:
