@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from monsoon.record.run_folder import RESULT_FILES
+from monsoon.shared_memory import NEEDS_FENCE
 
 
 def cli(command, *args):
@@ -193,6 +194,11 @@ def test_the_default_micro_batches_are_cut_to_the_batch_and_reported(tmp_path):
     assert max(st["peak_micro_batches_in_flight"] for st in run.summary["stages"]) == 2
 
 
+TORCH_SYNC = ["--engine", "torch", "--strategy", "sync", "--workers", "2"]
+# --reduce-via auto picks shared memory only where the CPU keeps stores in order
+X86_ONLY = pytest.mark.skipif(NEEDS_FENCE, reason="no shared-memory reduce on this CPU")
+
+
 @pytest.mark.parametrize("args,words", [
     (["--strategy", "local-sgd", "--workers", "2", "--outer-momentum", "0.5"],
      ["--outer-momentum", "add --diloco"]),
@@ -203,10 +209,22 @@ def test_the_default_micro_batches_are_cut_to_the_batch_and_reported(tmp_path):
      ["--shards 100000", "use --shards 49 or fewer"]),
     (["--workers", "0"], ["--workers"]),
     (["--workers", "-3"], ["--workers"]),
+    pytest.param(TORCH_SYNC + ["--bucket-mb", "1"],
+                 ["--bucket-mb 1", "--reduce-via auto", "add --reduce-via backend"],
+                 marks=X86_ONLY),
+    pytest.param(TORCH_SYNC + ["--bucket-mb", "1", "--reduce-via", "shm"],
+                 ["--reduce-via shm", "add --reduce-via backend"], marks=X86_ONLY),
+    (TORCH_SYNC + ["--bucket-mb", "1", "--reduce-via", "backend", "--strategy", "local-sgd"],
+     ["strategy local-sgd", "drop --bucket-mb"]),
+    (TORCH_SYNC + ["--bucket-mb", "1", "--reduce-via", "backend", "--problem", "linear"],
+     ["problem linear", "drop --bucket-mb"]),
+    (TORCH_SYNC + ["--bucket-mb", "1", "--reduce-via", "backend", "--compress", "topk:0.5"],
+     ["--compress", "drop --bucket-mb"]),
 ])
 def test_an_option_that_would_do_nothing_is_refused(tmp_path, args, words):
     """Each ran, recorded the option in config.json and did not use it
-    (serial x1 for --workers 0; 49 shards for 100000)."""
+    (serial x1 for --workers 0; 49 shards for 100000; the torch engine's
+    --bucket-mb where no bucket runs: bucket_count null)."""
     out = tmp_path / "run"
     refused(cli("train", "--problem", "exp", *args, "--epochs", "1", "--out", str(out)),
             *words)

@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import os
 
+from ...errors import ConfigError
 from ...options import Option
 from ...strategies.ops import AllReduce, Average, Elastic, Fetch, Gradient, LocalApply
 from ...record import checkpoints
 from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
-from .collectives import agent_restarts, launch_id, pick_backend, under_torchrun
-from .shm_reduce import REDUCE_VIA
+from .collectives import agent_restarts, launch_id, pick_backend, rank_env, under_torchrun
+from .shm_reduce import REDUCE_VIA, uses_shm
 
 
 
@@ -82,7 +83,8 @@ class TorchEngine(Engine):
         Option("dist_backend", str, "auto", "torch.distributed backend (auto: nccl where CUDA "
                "is available, else gloo)", choices=("auto", "gloo", "nccl")),
         Option("bucket_mb", float, 25.0, "sync on torch problems, through the backend: all-reduce the gradient in "
-               "buckets of this many MB while backward runs (0: one all-reduce after it)",
+               "buckets of this many MB while backward runs (0: one all-reduce after it); "
+               "refused where no bucket runs (shared memory, --compress)",
                check=lambda v: None if v >= 0 else "0 or more"),
         Option("reduce_via", str, "auto", "how the ranks sum their buffers: shm (through shared "
                "memory; every rank on one machine), backend (the process group's all-reduce), "
@@ -164,7 +166,35 @@ class TorchEngine(Engine):
         """Also ``--dist-backend nccl`` without CUDA here, which every rank
         would refuse once started (``collectives.pick_backend``)."""
         super().preflight(problem, strategy, workers, batch_size)
-        pick_backend(self.dist_backend)
+        backend = pick_backend(self.dist_backend)
+        reason = self.buckets_refused(problem, strategy, workers, backend)
+        if reason:
+            raise ConfigError(reason)
+
+    def buckets_refused(self, problem, strategy, workers: int, backend: str) -> str | None:
+        """Why a ``--bucket-mb`` given would do nothing, or None: the ranks
+        all-reduce in buckets only sync's gradient of a torch model, through
+        the backend's all-reduce, uncompressed (``rank.RankWorker``)."""
+        if "bucket_mb" not in self.given or not self.bucket_mb:
+            return None
+        given = f"--bucket-mb {self.bucket_mb:g}"
+        if not strategy.raw_gradients:
+            return (f"{given}: buckets carry sync's gradient during backward; strategy "
+                    f"{strategy.name} all-reduces none: drop --bucket-mb")
+        if problem.backward is None:
+            return (f"{given}: buckets are filled by a torch model's backward, and problem "
+                    f"{problem.name} has none: drop --bucket-mb")
+        if self.compression.active:
+            return (f"{given}: --compress all-gathers each rank's packed message after "
+                    "backward, not in buckets: drop --bucket-mb")
+        env = rank_env() if under_torchrun() else {"world_size": workers,
+                                                   "local_world_size": workers}
+        if not uses_shm(self.reduce_via, backend, env):
+            return None
+        how = ("--reduce-via shm" if self.reduce_via == "shm" else
+               "--reduce-via auto here (every rank on this machine, on gloo)")
+        return (f"{given}: the ranks sum through shared memory under {how}, after backward, "
+                "not in buckets; add --reduce-via backend, or drop --bucket-mb")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
