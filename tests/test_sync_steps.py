@@ -1,6 +1,8 @@
 """The local engine's two synchronous steps (engines/local/synchronous.py):
 replicated (small models, one barrier) and sharded (three barriers) compute
 the same update; replicas that drift apart fail the run."""
+import time
+
 import numpy as np
 import pytest
 
@@ -344,3 +346,21 @@ def test_backup_workers_start_the_first_step_together():
         timer.cancel()
         timer.join()
         store.close()
+
+
+def test_curve_rows_count_the_examples_of_the_steps_applied(monkeypatch):
+    """Worker 0 copies a step's parameters into the snapshot ring after the
+    other worker may have counted its next batch: the row's examples are
+    still those of the steps applied, updates x batch."""
+    snapshot = synchronous.ReplicatedStep._snapshot
+
+    def late(self, *args, **kwargs):
+        time.sleep(0.005)  # the other worker counts its next batch meanwhile
+        return snapshot(self, *args, **kwargs)
+
+    monkeypatch.setattr(synchronous.ReplicatedStep, "_snapshot", late)
+    run = monsoon.train("logistic", "sync", 2, steps=200, batch_size=16, seed=0, evals=20,
+                        backend="threads", progress=False)
+    assert run.summary["sync_step"] == "replicated" and len(run.history) > 10
+    assert [row["examples"] for row in run.history] == \
+        [16 * row["updates"] for row in run.history]

@@ -215,6 +215,9 @@ class ReplicatedStep(_Step):
 
         self.equal_mean_finite = equal_mean_finite_for(acc.dtype)
         self._snap_at, self._snap_cost = -np.inf, 0.0  # the last snapshot: when, how long
+        # worker 0: the examples of the steps applied so far (a resumed run's
+        # are its counters', restored before any worker starts)
+        self._applied_examples = int(store.counters[:, EXAMPLES].sum())
 
     def contribute(self, grad, examples: int) -> int:
         """Write ``grad`` (None: nothing) to this step's slot, wait for the
@@ -249,6 +252,8 @@ class ReplicatedStep(_Step):
         ok = self.core.apply_sum(acc, step, self.rank, ok=bool(ok), counts=int(self.rank == 0))
         if self.rank == 0:
             rt.counters[UPDATES if ok else DROPPED] += 1
+            if rt.live:
+                self._applied_examples += int(counts.sum())
             control = self.control
             every = control[SNAP_EVERY]
             if every and target % every == 0 and rt.live:
@@ -282,8 +287,10 @@ class ReplicatedStep(_Step):
             self.rt.publish_buffers()
             np.copyto(store.snap_buffers[i], store.buffers)
         counters = store.counters
+        # the examples of the steps applied (the others may have counted
+        # their next batch already)
         store.snap_meta[i] = (time.perf_counter(), counters[0, UPDATES],
-                              counters[:, EXAMPLES].sum(), counters[0, DROPPED])
+                              self._applied_examples, counters[0, DROPPED])
         self._publish(control, SNAP_WRITTEN, written + 1)
         self._snap_at, self._snap_cost = began, time.perf_counter() - began
 
