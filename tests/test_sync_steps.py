@@ -1,6 +1,11 @@
 """The local engine's two synchronous steps (engines/local/synchronous.py):
 replicated (small models, one barrier) and sharded (three barriers) compute
 the same update; replicas that drift apart fail the run."""
+import csv
+import json
+import os
+import signal
+import threading
 import time
 
 import numpy as np
@@ -364,3 +369,32 @@ def test_curve_rows_count_the_examples_of_the_steps_applied(monkeypatch):
     assert run.summary["sync_step"] == "replicated" and len(run.history) > 10
     assert [row["examples"] for row in run.history] == \
         [16 * row["updates"] for row in run.history]
+
+
+def test_a_long_runs_curve_has_a_row_every_half_second_from_the_start(monkeypatch, tmp_path):
+    """Worker 0's ring rows come every 1/evals of the budget in steps; a
+    row the clock makes due (max(0.5 s, 1/evals of the time so far)) is
+    asked of it too: a run of two million steps stopped 3 s after its
+    workers start has rows every half second, not only its first and last."""
+    from monsoon.engines.local.monitor import WorkerMonitor
+    from monsoon.errors import Interrupted
+
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    release = WorkerMonitor.release
+
+    def release_then_time(self):
+        release(self)
+        timer.start()
+
+    monkeypatch.setattr(WorkerMonitor, "release", release_then_time)
+    try:
+        with pytest.raises(Interrupted):
+            monsoon.train("logistic", "sync", 2, steps=2_000_000, batch_size=16, seed=0,
+                          progress=False, out=str(tmp_path / "run"))
+    finally:
+        timer.cancel()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["sync_step"] == "replicated" and summary["updates"] > 0
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        times = [float(row["time_s"]) for row in csv.DictReader(f)]
+    assert len(times) >= 4 and max(np.diff(times[:-1])) < 1.5, times

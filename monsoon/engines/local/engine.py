@@ -471,7 +471,7 @@ class LocalEngine(Engine):
                                replicated=(not inline and device is None
                                            and replicates(strategy, w0)),
                                checkpoint_buffer=buffer,
-                               snapshot_ring=recorder.evals > 0 and bool(recorder.total_examples),
+                               snapshot_ring=recorder.evals > 0,
                                live=recorder.live_writer is not None,
                                extra_layout=self._slots(strategy, w0, workers,
                                                         bool(ck.directory), held),

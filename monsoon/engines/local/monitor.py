@@ -4,9 +4,9 @@
 waits until every one is ready, releases them together, and until they
 finish collects their reports, names the lost (``failed``), writes
 checkpoints (from the workers' step-boundary buffer, or a snapshot of the
-shared parameters), records the curve (from worker 0's snapshot ring, on
-request from a replicated synchronous step, or from the shared parameters)
-and hands the live writer the workers' figures. When each of these is due,
+shared parameters), records the curve (from worker 0's snapshot ring, which
+a replicated synchronous step fills every so many steps and when asked, or
+from the shared parameters) and hands the live writer the workers' figures. When each of these is due,
 and the no-progress timeout and a stop signal, it asks one ``Due``
 (``monitor/due.py``), the object the inline path asks too. A curve row
 keeps the workers' model buffers (``problems/buffers.py``) as they are
@@ -139,7 +139,8 @@ class WorkerMonitor:
         store, recorder = self.store, self.recorder
         recorder.start(store.params, self.row_buffers())
         self.ring = store.replicated and store.snap_params is not None
-        if self.ring:  # worker 0 snapshots every so many steps on its own (synchronous.py)
+        if self.ring and recorder.total_examples:
+            # worker 0 snapshots every so many steps on its own (synchronous.py)
             rows_every = recorder.total_examples / recorder.evals / self.batch_size
             store.control[SNAP_EVERY] = max(1, round(rows_every))
         self.t0 = time.perf_counter()
@@ -188,11 +189,11 @@ class WorkerMonitor:
         peers then wait for it at the barrier. With a snapshot ring, wake in
         time to read it before it fills."""
         store, elapsed = self.store, time.perf_counter() - self.t0
+        due_in = self.due.seconds_to_row(self.resume.time_s + elapsed)
         if self.ring:
             written = int(store.control[SNAP_WRITTEN])
-            due_in = len(store.snap_params) / 2 * elapsed / written if written else 0.05
-        else:
-            due_in = self.due.seconds_to_row(self.resume.time_s + elapsed)
+            due_in = min(due_in, len(store.snap_params) / 2 * elapsed / written
+                         if written else 0.05)
         if self.every:  # and for the next checkpoint, at the pace so far
             done = int(store.totals()[1])
             if done > self.updates_at_start:
@@ -230,30 +231,31 @@ class WorkerMonitor:
             self.due.plan_checkpoint(int(up))
 
     def record_if_due(self, at: float, ex, up, dropped):
-        """Record a due curve row, one of three ways; the reason to stop, if
+        """Record a due curve row, one of two ways; the reason to stop, if
         the row diverged."""
         store, recorder = self.store, self.recorder
         if self.due.interrupted is not None:
             return None
         if self.ring:
-            return self.read_ring()
-        if store.replicated and self.strategy.synchronous:
-            # worker 0 holds the parameters; ask it for a copy at its
-            # next step's end, and record it once it has answered
-            control = store.control
-
-            def ask():
-                control[SNAP_ASKED] += 1
-
-            if self.due.asked_row(at, ex, lambda: control[SNAP_SERVED] == control[SNAP_ASKED],
-                                  ask):
-                return recorder.record(at, int(up), int(ex), store.params, int(dropped),
-                                       self.local_totals(), self.row_buffers())
-            return None
+            return self.ask_ring(at, ex)
         if self.due.row(at, ex):
             return recorder.record(at, int(up), int(ex), store.params, int(dropped),
                                    self.local_totals(), self.row_buffers())
         return None
+
+    def ask_ring(self, at: float, ex):
+        """Record the ring's new rows (the reason to stop, if one diverged);
+        a row the clock makes due (the example count's come every
+        ``SNAP_EVERY`` steps on their own), worker 0 is asked to copy
+        into the ring at its next step's end: read at a later wake."""
+        control, reason = self.store.control, self.read_ring()
+
+        def ask():
+            control[SNAP_ASKED] += 1
+
+        self.due.asked_row(at, 0 if control[SNAP_EVERY] else ex,
+                           lambda: control[SNAP_SERVED] == control[SNAP_ASKED], ask)
+        return reason
 
     def row_buffers(self, ring: int | None = None) -> dict | None:
         """The workers' buffers for a curve row, combined by the strategy's

@@ -22,11 +22,11 @@ without backups): as after DDP's all-reduce, every worker holds a replica
 of the parameters and rule state and applies the same mean to it, so one
 barrier per step is enough. Slots are double-buffered by step parity (a
 worker is at most one step ahead of the slowest reader). Summing in rank
-order keeps the replicas bit-identical; worker 0 publishes its replica when
-the monitor asks for a snapshot, and when it ends however it ends (done,
-stopped, aborted), and copies it and the buffer slots into the snapshot
-ring every ``control[SNAP_EVERY]`` steps (unless the ring is full, or the
-copy would take over ``SNAP_SHARE`` of its time): no wake-ups.
+order keeps the replicas bit-identical; worker 0 publishes its replica as
+it ends (done, stopped, aborted), and copies it, the buffer slots and the
+applied steps' counts into the snapshot ring every ``control[SNAP_EVERY]``
+steps (unless the ring is full, or the copy takes over ``SNAP_SHARE`` of
+its time) and, once the ring has room, after the monitor asks for a row.
 
 Invariants: a non-finite mean is never applied (the step counts in
 ``dropped``). Checkpoints and stops happen at step boundaries only, so a
@@ -254,33 +254,33 @@ class ReplicatedStep(_Step):
             rt.counters[UPDATES if ok else DROPPED] += 1
             if rt.live:
                 self._applied_examples += int(counts.sum())
-            control = self.control
-            every = control[SNAP_EVERY]
-            if every and target % every == 0 and rt.live:
-                self._snapshot(control)
-            asked = control[SNAP_ASKED]
-            if rt.live and asked != control[SNAP_SERVED]:
-                # the monitor asked for a snapshot: publish, then say so
-                self._publish_params(target)
-                self._publish(control, SNAP_SERVED, asked)
+                control = self.control
+                every, asked = control[SNAP_EVERY], control[SNAP_ASKED]
+                if asked != control[SNAP_SERVED]:  # a row the monitor's clock made due
+                    if self._snapshot(control, asked=True):
+                        self._publish(control, SNAP_SERVED, asked)
+                elif every and target % every == 0:
+                    self._snapshot(control)
         self.step = target
         rt._grad_out = self.slot[target & 1]  # the next gradient lands in the next slot
         if target == self.next_ckpt or self.control[STOP]:
             self._boundary()
         return 0
 
-    def _snapshot(self, control) -> None:
+    def _snapshot(self, control, asked: bool = False) -> bool:
         """Worker 0: this step's parameters into the snapshot ring, unless it
-        is full, or the last copy took more than ``SNAP_SHARE`` of the time
-        since it was made (the others wait for worker 0 at the next step)."""
+        is full, or (not ``asked`` by the monitor, whose rows keep clear of
+        their cost) the last copy took more than ``SNAP_SHARE`` of the time
+        since it was made (the others wait for worker 0 at the next step).
+        Whether it was written."""
         store = self.store
         ring = store.snap_params
         written = int(control[SNAP_WRITTEN])
         if ring is None or written - control[SNAP_READ] >= len(ring):
-            return
+            return False
         began = time.perf_counter()
-        if (began - self._snap_at) * SNAP_SHARE < self._snap_cost:
-            return
+        if not asked and (began - self._snap_at) * SNAP_SHARE < self._snap_cost:
+            return False
         i = written % len(ring)
         np.copyto(ring[i], self.params)
         if store.snap_buffers is not None:  # its own: this step's; the others': as they are
@@ -293,6 +293,7 @@ class ReplicatedStep(_Step):
                               self._applied_examples, counters[0, DROPPED])
         self._publish(control, SNAP_WRITTEN, written + 1)
         self._snap_at, self._snap_cost = began, time.perf_counter() - began
+        return True
 
     def _save_checkpoint(self) -> None:
         ckpt = self.store.ckpt
