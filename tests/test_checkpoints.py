@@ -603,6 +603,30 @@ def test_sim_resumes_every_strategy_bit_identical(tmp_path, strategy):
         assert np.array_equal(resumed.worker_params[rank], copy)
 
 
+# A run's last checkpoint is where its workers stopped: the replay of a run
+# with a larger budget reaches that update after other events (workers not
+# done fetch and compute on), so it is found by its update, not its event.
+@pytest.mark.parametrize("strategy,workers,steps,every", [("async", 4, 400, 400),
+                                                         ("serial", 1, 20, 5)])
+def test_sim_resumes_its_last_checkpoint_with_a_larger_budget(tmp_path, strategy, workers,
+                                                              steps, every):
+    opts = dict(engine="sim", seed=0, evals=0)
+    monsoon.train("logistic", strategy, workers, out=tmp_path / "a", steps=steps,
+                  checkpoint_every=every, **opts)
+    last = sorted((tmp_path / "a" / "checkpoints").glob("ckpt-*.npz"))[-1]
+    assert last.name == f"ckpt-{steps:012d}.npz"
+    whole = monsoon.train("logistic", strategy, workers, steps=2 * steps, **opts)
+    resumed = monsoon.train("logistic", strategy, workers, steps=2 * steps,
+                            resume=str(tmp_path / "a"), **opts)
+    assert resumed.summary["resumed_from"] == str(last)
+    assert np.array_equal(resumed.params, whole.params)
+    assert resumed.summary["updates"] == whole.summary["updates"] == 2 * steps
+    assert resumed.summary["examples"] == whole.summary["examples"]
+    assert resumed.summary["wall_time_s"] == whole.summary["wall_time_s"]  # virtual time
+    for rank, copy in (whole.worker_params or {}).items():
+        assert np.array_equal(resumed.worker_params[rank], copy)
+
+
 def test_sim_refuses_a_checkpoint_its_replay_does_not_reproduce(tmp_path):
     opts = dict(engine="sim", steps=200, seed=3, evals=0)
     monsoon.train("logistic", "async", 4, out=tmp_path / "a", checkpoint_every=40, **opts)

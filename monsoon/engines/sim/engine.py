@@ -35,9 +35,9 @@ and on SIGTERM/SIGINT) hold the parameters, rule state, private copies,
 counters, the delays' RNG state, the virtual time, the events taken and
 the loss curve. In-flight messages and program positions live in the event
 queue and in generators, which cannot be saved: ``--resume`` replays the
-simulation from the seed to the checkpoint's event silently, checks that
-it reproduces the checkpoint bit for bit (else refuses it), and carries
-on: a resumed run ends bit-identical to an uninterrupted one.
+simulation from the seed to the checkpoint's update (an interrupted one's
+event), checks that it is the checkpoint (else refuses it, ``_check_replay``)
+and carries on, ending bit-identical to an uninterrupted run of its budget.
 """
 from __future__ import annotations
 
@@ -307,13 +307,13 @@ class SimEngine(Engine):
     def _loop(self, recorder):
         heap, total = self.heap, self.total
         events = 0
-        replay_to = int(self.resumed.meta["events"]) if self.resumed is not None else 0
+        replaying = self.resumed is not None
         keeper = self.keeper
         # a diverging run says so through its status, not NumPy's warnings
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return self._events(heap, total, events, replay_to, keeper, recorder)
+            return self._events(heap, total, events, replaying, keeper, recorder)
 
-    def _events(self, heap, total, events, replay_to, keeper, recorder):
+    def _events(self, heap, total, events, replaying, keeper, recorder):
         """Carry out the events in time order (``_loop``): the reason the run
         stopped early, or None."""
         while heap:
@@ -321,9 +321,10 @@ class SimEngine(Engine):
             self.now = t
             fn(*args)
             events += 1
-            if events <= replay_to:  # replaying up to the checkpoint: silently
-                if events == replay_to:
+            if replaying:  # replaying up to the checkpoint: silently
+                if self._replayed(events):
                     self._check_replay()
+                    replaying = False
                 continue
             if keeper.every and keeper.due(total["updates"] + total["dropped"]):
                 self._save(events, "periodic")
@@ -340,7 +341,7 @@ class SimEngine(Engine):
                 self._live(recorder, t)  # virtual seconds may hold the whole run
             elif recorder.live_due(t):  # against virtual time
                 self._live(recorder, t)
-        if events < replay_to:
+        if replaying:
             raise checkpoints.CheckpointError(
                 f"replaying the simulation ended before checkpoint {self.resumed.path} "
                 "(another run's?); start a new run without --resume")
@@ -375,15 +376,45 @@ class SimEngine(Engine):
         self.keeper.save(total["updates"] + total["dropped"], self.now, self.params, self.state,
                          meta, self._arrays())
 
+    def _replayed(self, events: int) -> bool:
+        """Whether the replay has reached the checkpoint: a periodic one at
+        its update (updates and dropped ones, as ``_save`` counts them), an
+        interrupted one at its event. Not a periodic one's event: near the
+        end of a run, how many events lead to an update depends on the budget
+        (workers done schedule no more), and a run may resume with a larger one."""
+        meta = self.resumed.meta
+        if meta.get("reason") == "periodic":
+            return (self.total["updates"] + self.total["dropped"]
+                    >= int(meta["updates"]) + int(meta["dropped"]))
+        return events >= int(meta["events"])
+
     def _check_replay(self) -> None:
-        """The replay reached the checkpoint's event: it must be the checkpoint."""
+        """The replay reached the checkpoint: it must be the checkpoint, or
+        (``_ahead_of``) the same model with workers gone on past it."""
         saved = self.resumed
-        if not saved.reproduced_by(self.params, self.state, self._arrays(),
-                                   rng=self.rng.bit_generator.state):
+        arrays = self._arrays()
+        if not (saved.reproduced_by(self.params, self.state, arrays,
+                                    rng=self.rng.bit_generator.state)
+                or self._ahead_of(saved, arrays)):
             raise checkpoints.CheckpointError(
                 f"replaying the simulation to checkpoint {saved.path} did not reproduce its "
-                "parameters (the problem, the delays or monsoon changed); start a new run "
-                "without --resume")
+                "parameters (the problem, the delays or monsoon changed, or it is the last "
+                "of a run with a smaller budget whose workers, with varying compute times, "
+                "stopped in another order); start a new run without --resume")
+
+    def _ahead_of(self, saved, arrays: dict) -> bool:
+        """Whether the replay holds ``saved``'s model (parameters, rule state,
+        private copies, shared sums) and each worker's updates, dropped and
+        late steps, having computed more gradients than it: the checkpoint
+        ended a run with a smaller budget whose workers, done, began no more
+        (so the delays drew fewer compute times too); this run's go on."""
+        counters = arrays.pop("counters")
+        theirs = saved.arrays["counters"]
+        return (counters.shape == theirs.shape
+                and np.array_equal(counters[:, 1:], theirs[:, 1:])
+                and bool((counters[:, 0] >= theirs[:, 0]).all())
+                and bool((counters[:, 0] > theirs[:, 0]).any())
+                and saved.reproduced_by(self.params, self.state, arrays))
 
     def _resume(self, w: _Worker, value) -> None:
         """Run ``w``'s program until an op has to wait for virtual time."""
