@@ -727,3 +727,16 @@ def test_private_copies_are_refused_at_resume_before_the_engine_starts(tmp_path,
                                           "local-sgd's private worker copies"):
         monsoon.train("exp", "local-sgd", 2, engine=engine, epochs=1, resume=str(tmp_path),
                       progress=False)
+
+
+def test_the_cost_floor_is_documented_where_checkpoint_every_is():
+    """On fast steps the floor, not --checkpoint-every, spaces the local
+    engine's checkpoints: the option's help and the engine's page say so,
+    with the code's factor."""
+    from monsoon.engines.local.checkpointing import COST_FACTOR
+    from monsoon.engines.options import CHECKPOINT_EVERY
+
+    said = f"waits {COST_FACTOR} times as long as the previous one took to write"
+    page = " ".join((Path(__file__).parents[1] / "docs" / "engines" / "local.md")
+                    .read_text().split())
+    assert said in CHECKPOINT_EVERY.help and said in page

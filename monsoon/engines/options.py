@@ -12,8 +12,12 @@ SHARDS = Option("shards", int, None, "parameter-server shards (default: workers,
                 "on ray, at most one per 262,144 parameters)", check=at_least(1))
 CHECKPOINT_EVERY = Option("checkpoint_every", int, 1000, "write a checkpoint every K updates into "
                           "OUT/checkpoints, when there is a run folder (0: only when "
-                          "interrupted); refused for a run that writes none: pipeline, and "
-                          "local-sgd and easgd on ray, spark and torch",
+                          "interrupted); on the local engine K is a floor for every strategy "
+                          "but sync: a checkpoint also waits 19 times as long as the previous "
+                          "one took to write (about a twentieth of the run at most), so on "
+                          "fast steps they come further apart and not on multiples of K; "
+                          "refused for a run that writes none: pipeline, and local-sgd and "
+                          "easgd on ray, spark and torch",
                           check=lambda v: None if v >= 0 else "0 or more")
 RESUME = Option("resume", str, None, "continue from the checkpoints of this run folder")
 
