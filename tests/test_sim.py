@@ -218,3 +218,27 @@ def test_a_shard_is_never_busy_past_the_simulations_end(workers, steps, service_
     summary = monsoon.train("linear", "async", workers, engine="sim", steps=steps,
                             sim_service_s=service_s, shards=shards, seed=0).summary
     assert 0.9 < summary["utilization"]["shards"] <= 1.0
+
+
+@pytest.mark.parametrize("strategy,options", [
+    ("sync", dict(batch_size=2048, steps=6)),
+    ("async", dict(batch_size=16, steps=40)),
+    ("ssp", dict(batch_size=16, steps=40)),
+    ("hogwild", dict(batch_size=16, steps=40)),
+])
+def test_a_rows_examples_are_those_of_the_steps_it_holds(strategy, options):
+    """A row paired the parameters after k updates with the examples of
+    k + 1 steps: a gradient's examples were counted when it was computed.
+    ``train --engine sim --problem logistic --strategy sync --workers 2
+    --steps 6 --batch-size 16384`` had rows (0 updates, 16384 examples,
+    epoch 1.0, the initial loss) and (5, 98304, epoch 6.0); async's first
+    rows were (0, 16), (0, 32). Now a row counts the examples of the
+    gradients the server has taken: a step still gathering, or a push in
+    flight, is not counted until it lands."""
+    delays = dict(sim_compute_sigma=0.5, sim_latency_s=2e-4, sim_service_s=1e-4)
+    res = monsoon.train("logistic", strategy, 2, engine="sim", seed=1, **delays, **options)
+    rows = res.history
+    assert len(rows) > 4
+    for row in rows:
+        assert row["examples"] == row["updates"] * options["batch_size"], row
+    assert res.summary["examples"] == rows[-1]["examples"]

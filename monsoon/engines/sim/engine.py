@@ -78,7 +78,7 @@ class _Worker(Worker):
     return ``WAIT`` and schedule the event that resumes it (``_resume``)."""
     __slots__ = ("sim", "grad", "examples", "updates", "dropped", "late", "busy",
                  "others_at_read", "pending", "ticket", "sync_step", "done", "sender",
-                 "snapshot", "losses", "local", "ssp")
+                 "snapshot", "losses", "local", "ssp", "held_losses", "sending")
     engine_name = "sim"
 
     def __init__(self, rank, sim, work):
@@ -88,6 +88,9 @@ class _Worker(Worker):
         self.handlers[Push] = self.push  # ``server/worker.py``'s, around ``sim._push``
         self.ssp = None if sim.ssp is None else sim.ssp.join(self)  # SSP's clock, around them
         self.examples = self.updates = self.dropped = self.late = 0
+        # its gradients' examples and losses the server has not taken yet
+        # (``SimEngine._took``), and those of the push it is sending
+        self.held, self.held_losses, self.sending = 0, [], None
         self.busy = 0.0
         self.others_at_read = 0
         self.pending = 0
@@ -106,9 +109,23 @@ class _Worker(Worker):
     def send_elastic(self, op):
         return self.sim._elastic(self, op)
 
+    def release(self) -> tuple:
+        """The examples and losses of the gradients held since the last
+        message (``SimEngine._taken`` counts them)."""
+        parcel = (self.held, self.held_losses)
+        self.held, self.held_losses = 0, []
+        return parcel
+
+    def count_examples(self, parcel) -> None:
+        self.sending = parcel  # a push's (``Worker.push``): counted when it lands
+
     def count_dropped(self) -> None:
         self.dropped += 1
         self.sim.total["dropped"] += 1
+        self.sim._taken(self, self.release())  # dropped: taken now
+        if self.sending is not None:
+            self.sim._taken(self, self.sending)
+            self.sending = None
 
     def count_local(self, applied: bool) -> None:
         column = 0 if applied else 1
@@ -420,6 +437,7 @@ class SimEngine(Engine):
         """Run ``w``'s program until an op has to wait for virtual time."""
         if w.advance(value):
             w.done = True
+            self._taken(w, w.release())  # none: every program ends with its message
             if self.ssp is not None:  # it no longer counts toward the bound
                 self.ssp.retire(w)
 
@@ -479,18 +497,31 @@ class SimEngine(Engine):
 
     def _took(self, w, loss, grad, examples: int, weight: float) -> None:
         """A gradient computed: kept in the worker's buffer times its
-        ``weight`` (``ops.Gradient``), and counted."""
+        ``weight`` (``ops.Gradient``); its examples held until the server
+        takes the message that carries it (``_taken``)."""
         np.multiply(grad, weight, out=w.grad)
-        add_loss(w.losses, loss)
-        # counted when computed, none held for a push: a resumed simulation replays its run
+        w.held += examples
+        w.held_losses.append(loss)
+
+    def _taken(self, w, parcel) -> None:
+        """The server took ``w``'s message carrying ``parcel`` (``release``:
+        its gradients' examples and losses): applied (the step, the push's
+        last slice, the exchange) or dropped (not finite, late). A row's
+        examples are those of the parameters it holds, and a live row's
+        losses those of its examples: a push in flight, or a step still
+        gathering, is not counted yet."""
+        examples, losses = parcel
         w.examples += examples
         self.total["examples"] += examples
+        for loss in losses:
+            add_loss(w.losses, loss)
 
     def _apply(self, w, op):
         self.server.version = self.total["updates"]
         if self.server.push(w.rank, op.grad, w.updates + w.others_at_read) is None:
             w.count_dropped()
         else:
+            self._taken(w, w.release())
             self._updated(w)
 
     def _updated(self, w):
@@ -531,11 +562,12 @@ class SimEngine(Engine):
         if w.pending == 0:
             then(w, *args)
 
-    def _send(self, w, size: int, serve, *args) -> None:
+    def _send(self, w, size: int, parcel, serve, *args) -> None:
         """``w``'s message (``sender.last_nbytes``, the encoded size of a
-        vector of ``size``) to every shard, each its slice's share, served
-        there by ``serve(s, w, *args, left)``; ``w`` resumes once it is sent."""
-        nbytes, left = w.sender.last_nbytes, {"shards": self.S}
+        vector of ``size``) carrying ``parcel`` (``release``) to every shard,
+        each its slice's share, served there by ``serve(s, w, *args, left)``;
+        ``w`` resumes once it is sent."""
+        nbytes, left = w.sender.last_nbytes, {"shards": self.S, "parcel": parcel}
         for s, (a, b) in enumerate(self.bounds):
             arrive = self.now + self._message(nbytes * (b - a) // size)
             self._at(arrive, self._shard_arrive, s, serve, w, *args, left)
@@ -547,6 +579,7 @@ class SimEngine(Engine):
         left["shards"] -= 1
         if left["shards"]:
             return False
+        self._taken(w, left["parcel"])
         self._updated(w)
         return True
 
@@ -554,7 +587,8 @@ class SimEngine(Engine):
         """A finite push's transport (``Worker.push``): sent to every shard."""
         if self.ssp is not None:
             self.ssp.pushing(w.rank)
-        self._send(w, grad.size, self._serve_push, grad.copy(), ticket)
+        parcel, w.sending = w.sending, None
+        self._send(w, grad.size, parcel, self._serve_push, grad.copy(), ticket)
         return WAIT
 
     def _serve_push(self, s, w, grad, ticket, left):
@@ -583,7 +617,7 @@ class SimEngine(Engine):
         every shard (x~ += D there) and x_i -= D (Zhang et al.'s asynchronous
         exchange, the difference compressed)."""
         _, sent = w.elastic_difference(centre, alpha)
-        self._send(w, sent.size, self._serve_difference, sent)
+        self._send(w, sent.size, w.release(), self._serve_difference, sent)
 
     def _serve_difference(self, s, w, sent, left):
         a, b = self.bounds[s]
@@ -594,6 +628,7 @@ class SimEngine(Engine):
         a, b = self.bounds[s]
         w.work[a:b] -= self.cores[s].elastic(w.work[a:b], alpha)
         if s == self.S - 1:
+            self._taken(w, w.release())
             self._updated(w)
         self._at(self._replied(a, b), self._reply, w, self._resume, (None,))
 
@@ -636,6 +671,7 @@ class SimEngine(Engine):
         nobody applied)."""
         w.late += 1
         self.total["late"] += 1
+        self._taken(w, w.release())  # dropped: taken now
         if examples:
             w.sender.take_back()
 
@@ -650,6 +686,8 @@ class SimEngine(Engine):
         if self.replicated:
             for core in self.cores:
                 core.version += int(ok)
+        for k in ranks:
+            self._taken(self.workers[k], self.workers[k].release())
         if ok:
             self.staleness[0] += 1
         self.total["updates" if ok else "dropped"] += 1
