@@ -77,6 +77,24 @@ def test_more_workers_than_slots_run_sync_on_the_driver(spark):
     np.testing.assert_allclose(sync.params, serial.params, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("workers", [2, 3])  # the barrier stage; on the driver
+def test_a_rows_examples_are_those_of_the_steps_it_holds(spark, workers):
+    """A row paired the parameters after k steps with the examples of k + 1
+    (counted when the gradients were computed, before the step): ``train
+    --engine spark --problem logistic --strategy sync --workers 2 --steps 6
+    --batch-size 16384`` had rows (1 update, 32768 examples, epoch 2.0),
+    then (5, 98304, epoch 6.0). Now a step's examples count when it is
+    applied."""
+    kw = dict(KW, epochs=None, steps=6)
+    sync = monsoon.train("digits", strategy="sync", workers=workers, engine="spark",
+                         evals=6, **kw)
+    assert ("spark_sync" in sync.summary) == (workers == 2)
+    assert len(sync.history) >= 4
+    for row in sync.history:
+        assert row["examples"] == row["updates"] * kw["batch_size"], row
+    assert sync.summary["examples"] == 6 * kw["batch_size"]
+
+
 def test_the_driver_writes_the_stages_checkpoints_and_resume_is_exact(spark, tmp_path):
     kw = dict(strategy="sync", workers=2, engine="spark", evals=0, **KW)
     whole = monsoon.train("digits", **kw)

@@ -66,6 +66,7 @@ class _Program(Worker):
     def __init__(self, driver, k: int, program):
         super().__init__(k, None, driver.strategy, driver.work[k])
         self.driver, self.program = driver, program
+        self.held = 0  # its gradients' examples, counted when the server takes them (``taken``)
         self.handlers.update({Gradient: self.wait, AllReduce: self.wait, Average: self.wait,
                               Apply: self.apply, Fetch: self.fetch, Push: self.push})
 
@@ -73,8 +74,18 @@ class _Program(Worker):
         self.driver.ops[self.rank] = op
         return WAIT
 
+    def taken(self) -> None:
+        """The server took (applied or dropped) the message carrying this
+        worker's gradients since the last: their examples count now, so a
+        row's examples are those of the parameters it holds."""
+        self.count_examples(self.release())
+
+    def count_examples(self, examples: int) -> None:
+        self.driver.examples += examples  # a push's (``Worker.push``): applied at once
+
     def apply(self, op) -> None:
         d = self.driver
+        self.taken()
         d.core.apply_sum(op.grad, d.core.version, worker=self.rank, loss=op.loss, counts=1)
         d.steps += 1
 
@@ -90,6 +101,7 @@ class _Program(Worker):
 
     def send_elastic(self, op) -> None:
         d = self.driver
+        self.taken()
         self.work -= d.core.elastic(self.work, op.alpha)
         d.core.staleness[0] += 1
 
@@ -124,12 +136,13 @@ class DriverPrograms:
         it waits again (``ops[k]``) or its program ends."""
         del self.ops[k]
         if self.programs[k].advance(reply):
-            del self.programs[k]
+            self.programs.pop(k).taken()  # none left: every program ends with its message
 
     # -- gradients: one job --------------------------------------------------------
     def _gradients(self, waiting: dict) -> dict:
         ranks = sorted(waiting)
-        self.examples += sum(len(waiting[k].indices) for k in ranks)
+        for k in ranks:  # counted once the step or push that carries them is taken
+            self.programs[k].held += len(waiting[k].indices)
         self.jobs += 1
         if self.raw:
             replies = self._reduced(waiting, ranks)
@@ -224,6 +237,7 @@ class DriverPrograms:
                        [(0, self.w.size)], self.acc, self.tmp, self.core.version, **update)
         self.steps += 1
         for k in ranks:  # a private copy starts the next step from the server's parameters
+            self.programs[k].taken()
             self.programs[k].restart(self.w)
         return dict.fromkeys(ranks, None if kinds == {Average} else 0)
 
