@@ -348,6 +348,22 @@ def test_ray_writes_each_workers_series(tmp_path, local_ray, strategy):
 
 
 @pytest.mark.ray
+@pytest.mark.parametrize("compress", [None, "topk:0.5"])
+def test_ray_easgd_live_series_count_its_elastic_exchanges(tmp_path, local_ray, compress):
+    """EASGD on Ray: every live row read run/updates 0 and updates/worker-K
+    0, the last row too, while summary.json counted its exchanges (its
+    workers never counted an elastic exchange). The last row now holds the
+    summary's updates, each worker's its own exchanges."""
+    out = tmp_path / "easgd"
+    run = monsoon.train("logistic", "easgd", 2, engine="ray", shards=1, steps=200, seed=0,
+                        out=out, progress=False, live_every=0.05, compress=compress)
+    found = scalars(out / "tb")
+    ends_with_the_summarys_counts(out, found)
+    assert run.summary["updates"] > 0
+    assert sum(found[f"updates/worker-{k}"][-1][1] for k in range(2)) == run.summary["updates"]
+
+
+@pytest.mark.ray
 def test_ray_sync_live_dropped_updates_count_the_steps_its_shards_drop(tmp_path, local_ray):
     """Sync on Ray: worker 1's every third gradient is NaN, so the shards
     drop those steps (its workers drop none themselves). The live series'

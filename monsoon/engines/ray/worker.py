@@ -281,11 +281,12 @@ class RemoteWorker(Worker):
             wire, _ = self.elastic_difference(centre, op.alpha, packed=True)
             self._get([sh.difference.remote(part)
                        for sh, part in zip(self.shards, self._per_shard(wire))])
-            return
-        moves = self._get([sh.elastic.remote(self.rank, op.alpha, self.work[a:b])
-                           for sh, (a, b) in zip(self.shards, self.bounds)])
-        for (a, b), d in zip(self.bounds, moves):
-            self.work[a:b] -= d
+        else:
+            moves = self._get([sh.elastic.remote(self.rank, op.alpha, self.work[a:b])
+                               for sh, (a, b) in zip(self.shards, self.bounds)])
+            for (a, b), d in zip(self.bounds, moves):
+                self.work[a:b] -= d
+        self.counts["updates"] += 1  # one exchange, one update (the local engine's send_elastic)
 
 
 class RayClock(WorkerClock):
