@@ -348,6 +348,22 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
         [5 * sent[rank]["sent"] for rank in range(2)]
 
 
+def test_startup_counts_the_launchers_agent_and_rendezvous(monkeypatch):
+    """startup_s counted from each rank's entry: a run whose launch took 12 s
+    said "+0.12 s start-up" (the agent's start, its rendezvous and the ranks'
+    forks left out), where the other engines count their workers' start.
+    The launcher's work before the agent (here made 1.5 s longer) counts now."""
+    from monsoon.engines.torchrun import launch
+
+    slow = launch.remove_stale_folders
+    monkeypatch.setattr(launch, "remove_stale_folders", lambda: (time.sleep(1.5), slow()))
+    t = time.perf_counter()
+    run = monsoon.train("logistic", "sync", 2, engine="torch", steps=5, seed=0, evals=0,
+                        progress=False, timeout=30)
+    took = time.perf_counter() - t
+    assert 1.5 < run.summary["startup_s"] < took - run.summary["wall_time_s"]
+
+
 def test_a_sync_step_with_a_nan_gradient_is_dropped_and_counted_as_on_the_local_engine():
     """Rank 1's every fifth gradient after its third is NaN: the sum every
     rank gets is NaN, and each drops the step (``RankWorker._apply_mean``)

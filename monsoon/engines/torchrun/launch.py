@@ -34,6 +34,7 @@ import pickle
 import shutil
 import signal
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -48,13 +49,15 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
     from ...monitor.processes import main_module_hidden, torch_threads_per_worker
     from .child import AgentStreams, rank_main, refusal, write_stop
 
+    launched_at = time.time()  # the ranks' start-up counts from here (``rank.run_rank``)
     remove_stale_folders()
     folder = Path(tempfile.mkdtemp(prefix=f"monsoon-torch-{os.getpid()}-"))
     try:
         job = pickle.dumps({"engine": engine, "problem": problem, "rule": rule,
                             "strategy": strategy, "w0": w0, "workers": workers,
                             "batch_size": batch_size, "seed": seed, "budget": budget,
-                            "recorder": recorder}, protocol=pickle.HIGHEST_PROTOCOL)
+                            "recorder": recorder, "launched_at": launched_at},
+                           protocol=pickle.HIGHEST_PROTOCOL)
         (folder / "job.pkl").write_bytes(job)
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=workers,
                               run_id=uuid.uuid4().hex[:12], rdzv_backend="c10d",

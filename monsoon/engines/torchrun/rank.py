@@ -606,13 +606,18 @@ def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Sta
 
 
 def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder,
-             stop=None):
+             stop=None, launched_at=None):
     """This process's part of the run; rank 0 returns the run's EngineResult,
     the others one marked ``follower``. ``stop``: rank 0's source of a stop
-    signal (``RankWorker``; default this process's own)."""
-    import torch  # noqa: F401 - imported before the clock: startup counts joining, not this
+    signal (``RankWorker``; default this process's own). ``launched_at``:
+    when monsoon's launcher started (``launch.launch``, time.time()): its
+    agent's start, rendezvous and forks count in the first attempt's
+    startup, as the other engines count their workers' start."""
+    import torch  # noqa: F401 - before the rank's own clock: it counts joining, not this
 
     t_begin = time.perf_counter()
+    if launched_at is not None and agent_restarts() == 0:
+        t_begin -= max(0.0, time.time() - launched_at)
     problem = problem.for_worker(rank_env()["rank"], workers)  # the instance a worker uses
     env, comm = _join(engine, problem, workers)
     worker = shm = None
