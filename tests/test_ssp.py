@@ -254,6 +254,18 @@ def test_no_gradient_is_more_clocks_stale_than_the_bound_on_spark(spark, S):
 
 
 @pytest.mark.spark
+def test_the_last_short_period_counts_its_gradients_on_spark(spark):
+    """21 steps a worker, pushes every 2: its last period has one step.
+    clock_staleness_counts (one count a gradient, docs/ssp.md) summed to 60,
+    the last periods' gradients left out (no clock ticks after them); the
+    local engine and the sim count all 63."""
+    s = _spark_run(1, steps=63)
+    counts = {int(k): v for k, v in s["clock_staleness_counts"].items()}
+    assert sum(counts.values()) == 63 and max(counts) <= 1
+    assert s["clocks"] == [10, 10, 10] and s["updates"] == 33
+
+
+@pytest.mark.spark
 def test_a_lost_partition_stops_counting_toward_the_bound_on_spark(spark):
     problem = synthetic("logistic", n=1200, features=10, dtype="float64")
     problem.__class__ = _Partition1Fails

@@ -291,9 +291,11 @@ class DriverServer:
                 self.own[k] = res["work"]
             elif self.average is not None:
                 self.average.update(self.w, res["examples"])
-            if self.clocks is not None and res.get("clock") is not None:
+            if self.clocks is not None and res["steps"]:
                 # the segment's gradients were read at ``floor``, in clock ``finished[k]``
+                # (the last one too: a short period that ends the worker, no tick after it)
                 self.clock_staleness[k][int(self.clocks.finished[k]) - floor] += res["steps"]
+            if self.clocks is not None and res.get("clock") is not None:
                 self.bounds[k] = res["clock"]
                 self.clocks.tick(k)  # after its push is applied
                 self.cond.notify_all()
