@@ -202,7 +202,10 @@ def test_the_live_series_end_with_the_runs_final_counts(tmp_path, engine, strate
     """docs/live.md's example, a run shorter than --live-every's second,
     wrote its step-0 row alone (run/updates 0, no losses); longer runs
     ended at the last row due. The run's last row now comes when it ends:
-    summary.json's counts, and the losses since the row before."""
+    summary.json's counts, and the losses since the row before. The sim's
+    last row, written once its last messages had landed, with no example
+    trained since the row before, read run/examples_per_s 0: a drop to 0 at
+    the end of every chart; it writes no rate now."""
     out = tmp_path / engine
     monsoon.train("digits", strategy, workers, engine=engine, epochs=1, seed=0, out=out,
                   progress=False, **({"backend": "threads"} if engine == "local" else {}))
@@ -210,6 +213,7 @@ def test_the_live_series_end_with_the_runs_final_counts(tmp_path, engine, strate
     ends_with_the_summarys_counts(out, found)
     worker_tags(found, workers)
     assert found["run/minibatch_loss"][-1][0] == found["run/updates"][-1][0]
+    assert found["run/examples_per_s"][-1][1] > 0, found["run/examples_per_s"][-3:]
 
 
 @pytest.mark.parametrize("engine,backend", [

@@ -204,10 +204,10 @@ class SimEngine(Engine):
                                                           batch_size, seed, recorder)
         # checked, and its loss curve handed to the recorder
         self.resumed = self.keeper.load(w0, rule, counters_shapes(workers))
-        self.interrupted = None
+        self.interrupted, self.live_row = None, None
         recorder.start(self.params)
         stopped = self._loop(recorder)
-        self._live(recorder, self.now)  # the run's last row
+        self._live(recorder, self.now, final=True)  # the run's last row
         blocked = [w.rank for w in self.workers if not w.done]
         if blocked and stopped is None:
             raise RuntimeError(f"simulation ended with workers {blocked[:10]} still waiting "
@@ -364,10 +364,15 @@ class SimEngine(Engine):
                 "(another run's?); start a new run without --resume")
         return None
 
-    def _live(self, recorder, t: float) -> None:
+    def _live(self, recorder, t: float, final: bool = False) -> None:
         figures = {w.rank: {"losses": w.losses, "examples": w.examples,
                             "updates": w.updates} for w in self.workers[:recorder.live_workers]}
         total = self.total
+        if final and self.live_row is not None and self.live_row[1] == total["examples"]:
+            # nothing trained since the last row (the last messages landing): the row's
+            # time is that row's, so it writes no rate rather than a drop to 0
+            t = self.live_row[0]
+        self.live_row = (t, total["examples"])
         recorder.live(t, total["examples"], total["updates"], figures, self.staleness,
                       total["dropped"], sum(w.sender.sent_bytes for w in self.workers))
 
