@@ -364,6 +364,34 @@ def test_startup_counts_the_launchers_agent_and_rendezvous(monkeypatch):
     assert 1.5 < run.summary["startup_s"] < took - run.summary["wall_time_s"]
 
 
+@pytest.mark.parametrize("waited,why", [
+    (0.0, "rank 1 died or its connection closed"),
+    (2.0, "rank 1 died, stalled or was cut off for longer than --timeout 3 s")])
+def test_a_failed_collective_says_how_long_it_waited_and_what_that_means(monkeypatch, waited,
+                                                                        why):
+    """A peer that exited 2.1 s into a run said "the all-reduce of step 3547
+    failed after 2.1 s (... has exited); rank 1 died, stalled or was cut off
+    for longer than --timeout 60 s": the time the run's, and a timeout that
+    never came. The line now gives the collective's own wait, and names the
+    timeout only where the wait reached half of it."""
+    from types import SimpleNamespace
+
+    from monsoon.engines.torchrun import rank as rank_module
+    from monsoon.errors import WorkerError
+
+    worker = rank_module.RankWorker.__new__(rank_module.RankWorker)
+    worker.rank, worker.world, worker.engine = 0, 2, SimpleNamespace(timeout=3.0)
+    worker.t0 = time.perf_counter() - 100  # the run started 100 s ago
+    clock = iter([10.0, 10.0 + waited])
+    monkeypatch.setattr(rank_module.time, "perf_counter", lambda: next(clock))
+    with pytest.raises(WorkerError) as failed:
+        with worker._collective("step 3547"):
+            raise RuntimeError("Connection closed by peer: rank 1 has exited")
+    assert str(failed.value) == (f"rank 0: the all-reduce of step 3547 failed after {waited:.1f} s "
+                                 f"(Connection closed by peer: rank 1 has exited); {why}")
+    assert failed.value.worker == 1
+
+
 def test_a_sync_step_with_a_nan_gradient_is_dropped_and_counted_as_on_the_local_engine():
     """Rank 1's every fifth gradient after its third is NaN: the sum every
     rank gets is NaN, and each drops the step (``RankWorker._apply_mean``)

@@ -290,23 +290,28 @@ class RankWorker(Worker):
     @contextlib.contextmanager
     def _collective(self, what: str, op: str = "all-reduce"):
         """A collective's gloo/NCCL error, said as what it means (``_failed``)."""
+        began = time.perf_counter()
         try:
             yield
         except Interrupted:  # a second stop signal, raised inside the collective: as is
             raise
         except Exception as exc:  # noqa: BLE001
-            self._failed(what, exc, op)
+            self._failed(what, exc, op, time.perf_counter() - began)
 
-    def _failed(self, what: str, exc, op: str = "all-reduce") -> None:
+    def _failed(self, what: str, exc, op: str = "all-reduce", waited: float = 0.0) -> None:
+        """``waited``: the seconds the collective ran. Well within --timeout,
+        the other side went (it exited, its connection closed); else it may
+        also have stalled or been cut off past the timeout."""
         # not monitor.pool.fail_if_lost: a collective cannot go on without every rank
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         others = [r for r in range(self.world) if r != self.rank]
         who = (f"rank {others[0]}" if len(others) == 1 else
                "another rank (torchrun's report names one that died)")
-        err = WorkerError(f"rank {self.rank}: the {op} of {what} failed after "
-                          f"{time.perf_counter() - self.t0:.1f} s ({msg}); {who} died, "
-                          f"stalled or was cut off for longer than --timeout "
-                          f"{self.engine.timeout:g} s")
+        timeout = self.engine.timeout
+        why = (f"{who} died or its connection closed" if waited < timeout / 2 else
+               f"{who} died, stalled or was cut off for longer than --timeout {timeout:g} s")
+        err = WorkerError(f"rank {self.rank}: the {op} of {what} failed after {waited:.1f} s "
+                          f"({msg}); {why}")
         err.worker = others[0] if len(others) == 1 else None
         err.after_peer = True  # a consequence of another rank's failure (child.rank_main)
         raise err from exc
