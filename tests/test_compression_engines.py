@@ -83,8 +83,11 @@ def test_spark_tasks_return_the_packed_message(spark, strategy, kw):  # noqa: F8
 
 
 @pytest.mark.spark
-def test_spark_refuses_to_compress_sync_whose_workers_run_on_the_driver(spark):  # noqa: F811
+def test_spark_refuses_to_compress_sync_whose_workers_send_no_message(spark):  # noqa: F811
+    """The refusal said sync's workers ran on the driver; its default path is
+    a barrier stage whose tasks all-reduce their partitions' sums."""
     from monsoon.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="on the driver"):
+    with pytest.raises(ConfigError, match="all-reduced among their tasks in one barrier stage "
+                                          r"\(or gathered on the driver"):
         monsoon.train("linear", "sync", 2, engine="spark", compress="topk:0.1", steps=2)

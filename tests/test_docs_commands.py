@@ -244,8 +244,9 @@ SENDS = {"sync", "async", "ssp", "local-sgd", "easgd"}
 
 def counted(summary: dict) -> None:
     """Every engine counts the bytes its workers send (docs/live.md,
-    docs/compression.md); spark's sync workers run on the driver and send
-    none (docs/compression.md)."""
+    docs/compression.md); spark's sync workers send none: a step's gradient
+    is the partitions' sums, all-reduced in a barrier stage or gathered on
+    the driver (docs/compression.md)."""
     if summary["strategy"] not in SENDS or summary["workers"] < 2:
         return
     if (summary["engine"], summary["strategy"]) == ("spark", "sync"):

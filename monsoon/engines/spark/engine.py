@@ -160,10 +160,13 @@ class SparkEngine(Engine):
 
     def compression_refused(self, strategy) -> str | None:
         if not in_tasks(strategy):
-            return (f"the spark engine runs {strategy.name}'s workers on the driver, each "
-                    "gradient summed there from every partition's part, so no worker "
-                    "message exists to compress; use async, ssp, local-sgd or easgd on spark, "
-                    "or --engine ray or torch for compressed sync")
+            return (f"on the spark engine {strategy.name}'s workers send no message of their "
+                    "own: each step's gradient is summed from every partition's rows of the "
+                    "step's batch, the partitions' sums all-reduced among their tasks in one "
+                    "barrier stage (or gathered on the driver, where the executors lack a slot "
+                    "for every partition at once), so no worker message exists to compress; "
+                    "use async, ssp, local-sgd or easgd on spark, or --engine ray or torch for "
+                    "compressed sync")
         return None
 
     def check(self, strategy, workers) -> None:
