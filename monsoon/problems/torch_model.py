@@ -395,11 +395,13 @@ class TorchModel(Problem):
     def initial_params(self, seed: int) -> np.ndarray:
         """The module's own parameters (``init="module"``), or parameters
         re-drawn from ``seed`` (``init="seed"``): by ``init_fn(module)`` when
-        one was given, else by each layer's own ``reset_parameters``."""
+        one was given, else by each layer's own ``reset_parameters``. The
+        draws are made in float32 and cast, since torch's draws differ by
+        dtype: a float64 run starts where a float32 run of the seed does."""
         self.load_state(self._initial_state)  # a new run starts from the given buffers
         if self.init == "module":
             return self._initial.copy()
-        fresh = self.model_at(self._initial)
+        fresh = self.model_at(self._initial).to(torch.float32)
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:
