@@ -291,6 +291,23 @@ def _check_delays(rule, strategy, run: dict, given, shared, cli: bool) -> None:
                       f"{instead}, or train with --strategy {where}")
 
 
+def _check_schedule(values: dict, given, shared, cli: bool) -> None:
+    """``--lr-gamma`` and ``--lr-step-size`` shape the step schedule: with
+    a constant one they would change nothing yet be recorded, so they are
+    refused, but where ``compare`` gives them to every strategy
+    (``shared``), as ``--beta`` is."""
+    if values.get("lr_schedule", "constant") != "constant":
+        return
+    mine = set(given) - set(shared)
+    unused = [k for k in ("lr_gamma", "lr_step_size") if k in mine and given[k] is not None]
+    if unused:
+        known = component_options()
+        flags = " and ".join(known[k].named(cli) for k in unused)
+        step = "--lr-schedule step" if cli else 'lr_schedule="step"'
+        raise ConfigError(f"{flags} shape{'s' if len(unused) == 1 else ''} the step schedule, "
+                          f"but the learning rate is constant here: add {step}, or drop {flags}")
+
+
 def _standardize(problem, name: str, rules) -> None:
     """Give each rule that asks for it (``Rule.wants_metric``: AdaGrad's
     standardize_below) the problem's inverse feature variances."""
@@ -384,6 +401,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
     if run["rule"] == defaults.get("rule"):  # the problem's rule: its values for its options
         values["rule"].update({k: v for k, v in defaults.items()
                                if k in values["rule"] and given.get(k) is None})
+    _check_schedule(values["rule"], given, shared, cli)
     # the problem's values for the engine's options (spark: data's average_epochs)
     values["engine"].update({k: v for k, v in defaults.items()
                              if k in values["engine"] and given.get(k) is None})

@@ -205,6 +205,10 @@ X86_ONLY = pytest.mark.skipif(NEEDS_FENCE, reason="no shared-memory reduce on th
     (["--strategy", "sync", "--workers", "2", "--shards", "3"], ["drop --shards"]),
     (["--strategy", "serial", "--shards", "4"], ["drop --shards"]),
     (["--strategy", "serial", "--beta", "0.1"], ["--beta", "drop --beta"]),
+    (["--strategy", "serial", "--lr-gamma", "0.5"],
+     ["--lr-gamma shapes the step schedule", "add --lr-schedule step"]),
+    (["--strategy", "serial", "--lr-step-size", "3", "--lr-gamma", "0.5"],
+     ["--lr-gamma and --lr-step-size", "drop --lr-gamma and --lr-step-size"]),
     (["--strategy", "async", "--workers", "2", "--shards", "100000"],
      ["--shards 100000", "use --shards 49 or fewer"]),
     (["--workers", "0"], ["--workers"]),
@@ -258,6 +262,20 @@ def test_compare_passes_shards_to_the_strategies_that_have_a_server(tmp_path):
     comparison = monsoon.compare("exp", ["serial", "async"], 2, out=tmp_path / "cmp", steps=4,
                                  shards=2, evals=0, progress=False)
     assert comparison.results["async"].summary["shards"] == 2
+
+
+def test_a_step_schedule_takes_its_gamma_and_step_size(tmp_path):
+    import monsoon
+
+    import json
+
+    monsoon.train("exp", "serial", lr_schedule="step", lr_gamma=0.5, lr_step_size=2, steps=4,
+                  evals=0, progress=False, out=tmp_path / "run")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["lr_gamma"], config["lr_step_size"]) == (0.5, 2)
+    # compare passes them to every strategy, as --beta: a run without a step schedule takes them
+    monsoon.compare("exp", ["serial", "sync"], 2, out=tmp_path / "cmp", steps=2, evals=0,
+                    lr_gamma=0.5, progress=False)
 
 
 def test_diloco_takes_its_outer_momentum():
