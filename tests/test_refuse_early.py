@@ -205,6 +205,10 @@ X86_ONLY = pytest.mark.skipif(NEEDS_FENCE, reason="no shared-memory reduce on th
     (["--strategy", "sync", "--workers", "2", "--shards", "3"], ["drop --shards"]),
     (["--strategy", "serial", "--shards", "4"], ["drop --shards"]),
     (["--strategy", "serial", "--beta", "0.1"], ["--beta", "drop --beta"]),
+    (["--engine", "spark", "--strategy", "serial", "--average-epochs", "1"],
+     ["--average-epochs", "(async, local-sgd, ssp)", "drop --average-epochs"]),
+    (["--engine", "spark", "--strategy", "easgd", "--workers", "2", "--average-epochs", "1"],
+     ["--average-epochs", "easgd keeps no such average"]),
     (["--strategy", "serial", "--lr-gamma", "0.5"],
      ["--lr-gamma shapes the step schedule", "add --lr-schedule step"]),
     (["--strategy", "serial", "--lr-step-size", "3", "--lr-gamma", "0.5"],
@@ -276,6 +280,17 @@ def test_a_step_schedule_takes_its_gamma_and_step_size(tmp_path):
     # compare passes them to every strategy, as --beta: a run without a step schedule takes them
     monsoon.compare("exp", ["serial", "sync"], 2, out=tmp_path / "cmp", steps=2, evals=0,
                     lr_gamma=0.5, progress=False)
+
+
+def test_spark_takes_average_epochs_where_it_keeps_an_average():
+    from monsoon.api import check
+
+    for strategy in ("async", "ssp", "local-sgd"):
+        assert check("exp", strategy, 2, engine="spark", average_epochs=1.0,
+                     epochs=1).engine.average_epochs == 1.0
+    # compare passes it to every strategy: sync, which keeps none, takes it
+    check("exp", "sync", 2, engine="spark", average_epochs=1.0, epochs=1,
+          shared={"average_epochs"})
 
 
 def test_diloco_takes_its_outer_momentum():

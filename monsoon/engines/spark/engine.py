@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import ConfigError
 from ...options import Option
 from ...strategies import Budget, WorkerJob
 from ...strategies.base import SHARD
@@ -57,7 +58,7 @@ from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
 from ...monitor.tally import EngineResult, failed_list, run_folder_extra
 from .jobs import Jobs
-from .placement import check_segments, in_tasks, task_job
+from .placement import averages, check_segments, in_tasks, task_job
 
 
 @dataclass
@@ -173,6 +174,22 @@ class SparkEngine(Engine):
         super().check(strategy, workers)
         if in_tasks(strategy):
             check_segments(strategy)
+
+    def preflight(self, problem, strategy, workers, batch_size) -> None:
+        """A given ``--average-epochs`` where the run keeps no average
+        (``placement.averages``: the driver's programs, EASGD's centre)
+        would change nothing yet be recorded: refused, but where compare
+        gives it to every strategy."""
+        super().preflight(problem, strategy, workers, batch_size)
+        if (self.average_epochs and "average_epochs" in self.given - self.shared
+                and not averages(strategy)):
+            from ...strategies import STRATEGIES
+
+            where = ", ".join(sorted(name for name, cls in STRATEGIES.all().items()
+                                     if cls is not None and averages(cls)))
+            raise ConfigError(f"--average-epochs averages the server's parameters of a run "
+                              f"whose workers run in Spark tasks and push or average ({where}); "
+                              f"{strategy.name} keeps no such average: drop --average-epochs")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

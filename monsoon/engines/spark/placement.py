@@ -15,6 +15,8 @@ declarations (never its name):
   budget (one job per round keeps the data where it lives). Every other
   program runs on the driver (``driver.py``): exact, one job per batch of
   gradients.
+- ``averages``: the programs whose server's parameters ``--average-epochs``
+  tail-averages: those in tasks but EASGD's (its centre is an average).
 - ``task_job``: the WorkerJob a task runs: the program as a single worker
   over the partition's rows 0..n_k-1 (``Block.rows_of`` maps them back).
 - ``check_segments``: a task reads the parameters once, at its start. A dry
@@ -39,6 +41,13 @@ def in_tasks(strategy) -> bool:
     if strategy.shared_params or AllReduce in strategy.uses or Apply in strategy.uses:
         return False
     return strategy.draws == SHARD or Average in strategy.uses
+
+
+def averages(strategy) -> bool:
+    """Whether the run's model can be the server's tail average
+    (``--average-epochs``; ``server.py``, ``rounds.py``): a program in tasks
+    whose server holds no elastic centre."""
+    return in_tasks(strategy) and Elastic not in strategy.uses
 
 
 def task_job(strategy, k: int, rows: int, workers: int, batch_size: int, seed: int,
