@@ -209,6 +209,17 @@ X86_ONLY = pytest.mark.skipif(NEEDS_FENCE, reason="no shared-memory reduce on th
      ["--average-epochs", "(async, local-sgd, ssp)", "drop --average-epochs"]),
     (["--engine", "spark", "--strategy", "easgd", "--workers", "2", "--average-epochs", "1"],
      ["--average-epochs", "easgd keeps no such average"]),
+    (["--engine", "sim", "--strategy", "serial", "--shards", "3"], ["drop --shards"]),
+    (["--engine", "sim", "--strategy", "sync", "--workers", "2", "--shards", "2"],
+     ["each apply the mean to their own copy", "drop --shards"]),
+    (["--engine", "sim", "--strategy", "pipeline", "--workers", "2", "--shards", "2"],
+     ["each stage updates its own parameters", "drop --shards"]),
+    (["--engine", "sim", "--strategy", "serial", "--service-s", "1", "--latency-s", "1"],
+     ["--latency-s, --service-s: in serial no message is sent", "drop --latency-s, --service-s"]),
+    (["--engine", "sim", "--strategy", "hogwild", "--workers", "2", "--bandwidth", "10"],
+     ["--bandwidth: in hogwild", "drop --bandwidth"]),
+    (["--engine", "sim", "--strategy", "pipeline", "--workers", "2", "--service-s", "1"],
+     ["--service-s: in pipeline stages exchange activations with no server"]),
     (["--strategy", "serial", "--lr-gamma", "0.5"],
      ["--lr-gamma shapes the step schedule", "add --lr-schedule step"]),
     (["--strategy", "serial", "--lr-step-size", "3", "--lr-gamma", "0.5"],
@@ -291,6 +302,17 @@ def test_spark_takes_average_epochs_where_it_keeps_an_average():
     # compare passes it to every strategy: sync, which keeps none, takes it
     check("exp", "sync", 2, engine="spark", average_epochs=1.0, epochs=1,
           shared={"average_epochs"})
+
+
+def test_sim_takes_shards_and_delays_where_a_server_serves_messages():
+    from monsoon.api import check
+
+    check("exp", "async", 2, engine="sim", shards=2, sim_service_s=1.0, sim_bandwidth=10.0,
+          epochs=1)
+    check("exp", "pipeline", 2, engine="sim", sim_latency_s=1.0, epochs=1)
+    # compare passes them to every strategy: serial takes them without refusing
+    check("exp", "serial", 1, engine="sim", shards=2, sim_latency_s=1.0, epochs=1,
+          shared={"shards", "sim_latency_s"})
 
 
 def test_diloco_takes_its_outer_momentum():

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..options import Option, at_least, positive
+from ..server.shards import replicates_bytes
+from ..strategies.base import STAGES
 
 TIMEOUT = Option("timeout", float, 60.0, "seconds any wait may last", check=positive)
 SHARDS = Option("shards", int, None, "parameter-server shards (default: workers, at most 8; "
@@ -20,6 +24,29 @@ CHECKPOINT_EVERY = Option("checkpoint_every", int, 1000, "write a checkpoint eve
                           "easgd on ray, spark and torch",
                           check=lambda v: None if v >= 0 else "0 or more")
 RESUME = Option("resume", str, None, "continue from the checkpoints of this run folder")
+
+
+def refuse_unused_shards(engine, problem, strategy, device: str = "cpu") -> None:
+    """Refuse, in one line, a given ``--shards`` (but compare's, given to
+    every strategy) where the run has no server shards (``no_shards``)."""
+    why = no_shards(problem, strategy, device)
+    if "shards" in engine.given - engine.shared and why:
+        raise ConfigError(f"--shards splits the server's parameters; {strategy.name} here "
+                          f"has no server to split ({why}): drop --shards")
+
+
+def no_shards(problem, strategy, device: str = "cpu") -> str | None:
+    """Why a run has no server shards, or None: one worker in this process,
+    stages, or a replicated synchronous step (small parameters, on the CPU:
+    every worker applies the mean to its own copy)."""
+    if strategy.single_worker:
+        return "its one worker updates the parameters itself"
+    if STAGES in strategy.needs(2):
+        return "each stage updates its own parameters"
+    itemsize = np.dtype(problem.dtype).itemsize
+    if device == "cpu" and replicates_bytes(strategy, problem.n_params * itemsize):
+        return "its workers each apply the mean to their own copy of the parameters"
+    return None
 
 
 def checkpoint_paths(out: str | None, checkpoint_every: int, resume: str | None) -> dict:

@@ -58,7 +58,7 @@ from ...server.summed import initial_sums
 from ...record import checkpoints
 from ...record.progress import counters_shapes
 from ...monitor.lifecycle import stop_reason, stop_requested
-from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, refuse_unused_shards
 from ...monitor.processes import (limit_threads, single_blas_thread, single_torch_thread,
                                   start_context, torch_threads_per_worker)
 from ...monitor.due import Due
@@ -73,7 +73,7 @@ from .runtime import SharedSender, WorkerRuntime
 from .store import (ABORTED, DONE, DROPPED, EXAMPLES, FAILED, READY, RUNNING, START, STEP,
                     UPDATES, ParameterStore)
 from ..base import ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine
-from ...server.shards import replicates, replicates_bytes, shard_count
+from ...server.shards import replicates, shard_count
 from ...monitor.tally import RunTally, bytes_sent, run_folder_extra
 from .synchronous import Stopped
 
@@ -408,10 +408,7 @@ class LocalEngine(Engine):
         threads is refused; "auto"'s choice of threads becomes processes.
         Inside a daemonic process, worker processes are refused."""
         super().preflight(problem, strategy, workers, batch_size)
-        if "shards" in self.given - self.shared and self._no_shards(problem, strategy):
-            raise ConfigError(f"--shards splits the server's parameters; {strategy.name} here "
-                              f"has no server to split ({self._no_shards(problem, strategy)}): "
-                              "drop --shards")
+        refuse_unused_shards(self, problem, strategy, self.device)
         if STAGES in strategy.needs(workers) and self.backend == "threads":
             if "backend" in self.given:
                 raise ConfigError("the pipeline runs each stage in its own process on the "
@@ -423,19 +420,6 @@ class LocalEngine(Engine):
                    "use backend='threads' (--backend threads), or train outside it")
             raise ConfigError("inside a daemonic process (a Pool worker) worker processes "
                               f"cannot start; {fix}")
-
-    def _no_shards(self, problem, strategy) -> str | None:
-        """Why this run has no server shards, or None: one worker in this
-        process, or a replicated synchronous step (small parameters, on
-        the CPU: every worker applies the mean to its own copy)."""
-        if strategy.single_worker:
-            return "its one worker updates the parameters itself"
-        if STAGES in strategy.needs(2):
-            return "each stage updates its own parameters"
-        itemsize = np.dtype(problem.dtype).itemsize
-        if self.device == "cpu" and replicates_bytes(strategy, problem.n_params * itemsize):
-            return "its workers each apply the mean to their own copy of the parameters"
-        return None
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

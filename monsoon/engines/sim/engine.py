@@ -50,7 +50,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...strategies import WorkerJob
-from ...strategies.ops import AllReduce, Apply, Average, Clock, Fetch, Gradient, Push
+from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
 from ..base import ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine
 from ...server.collective import apply_mean
 from ...server.reduce import into_slot
@@ -62,7 +62,7 @@ from ...record import checkpoints
 from ...record.live import LOSS_CELLS, add_loss
 from ...record.progress import counters_shapes, counts
 from ...monitor.lifecycle import stop_reason, stop_requested
-from ..options import CHECKPOINT_EVERY, RESUME, SHARDS
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, refuse_unused_shards
 from ...monitor.tally import EngineResult, local_totals, run_folder_extra
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
@@ -133,6 +133,23 @@ class _Worker(Worker):
         self.sim.local[column] += 1
 
 
+MESSAGES = (Push, Fetch, AllReduce, Average, Elastic)  # the ops that reach the server
+
+
+def unused_delay(name: str, strategy) -> str | None:
+    """Why the delay option ``name`` has no effect on ``strategy``'s run,
+    or None: without messages (in-memory updates: one worker, shared
+    memory), latency, bandwidth and service time; pipeline stages send
+    messages to each other and have no server."""
+    if name not in ("sim_latency_s", "sim_bandwidth", "sim_service_s"):
+        return None
+    if STAGES in strategy.needs(2):
+        return "stages exchange activations with no server" if name == "sim_service_s" else None
+    if not set(MESSAGES) & set(strategy.uses):
+        return "no message is sent and no server serves (updates are made in memory)"
+    return None
+
+
 class SimEngine(Engine):
     name = "sim"
     ops = ALL_OPS
@@ -175,7 +192,19 @@ class SimEngine(Engine):
         return {"engine": self.name, **{f"sim_{k}": v for k, v in self.delays.describe().items()}}
 
     def preflight(self, problem, strategy, workers, batch_size) -> None:
+        """Refuse what would change nothing yet be recorded: ``--shards``
+        where the local engine refuses it, and a message or server delay
+        where no message or server is (``unused_delays``)."""
         super().preflight(problem, strategy, workers, batch_size)
+        refuse_unused_shards(self, problem, strategy)
+        unused = [o for o in DELAY_OPTIONS
+                  if o.name in self.given - self.shared and unused_delay(o.name, strategy)]
+        if unused:
+            flags = ", ".join(o.cli for o in unused)
+            they = "it" if len(unused) == 1 else "they"
+            raise ConfigError(f"{flags}: in {strategy.name} "
+                              f"{unused_delay(unused[0].name, strategy)}, so {they} would "
+                              f"change nothing: drop {flags}")
         if STAGES in strategy.needs(workers):  # one stage time per stage
             self.delays.stage_times(getattr(strategy, "stages_for", lambda w: w)(workers))
         elif self.delays.stage_compute_s is not None:
