@@ -291,6 +291,12 @@ def _check_delays(rule, strategy, run: dict, given, shared, cli: bool) -> None:
                       f"{instead}, or train with --strategy {where}")
 
 
+def _mine(given, shared) -> set:
+    """The options given to this run alone (not by ``compare`` to every
+    strategy), and not as None."""
+    return {k for k in set(given) - set(shared) if given[k] is not None}
+
+
 def _check_schedule(values: dict, given, shared, cli: bool) -> None:
     """``--lr-gamma`` and ``--lr-step-size`` shape the step schedule: with
     a constant one they would change nothing yet be recorded, so they are
@@ -298,14 +304,43 @@ def _check_schedule(values: dict, given, shared, cli: bool) -> None:
     (``shared``), as ``--beta`` is."""
     if values.get("lr_schedule", "constant") != "constant":
         return
-    mine = set(given) - set(shared)
-    unused = [k for k in ("lr_gamma", "lr_step_size") if k in mine and given[k] is not None]
+    mine = _mine(given, shared)
+    unused = [k for k in ("lr_gamma", "lr_step_size") if k in mine]
     if unused:
         known = component_options()
         flags = " and ".join(known[k].named(cli) for k in unused)
         step = "--lr-schedule step" if cli else 'lr_schedule="step"'
         raise ConfigError(f"{flags} shape{'s' if len(unused) == 1 else ''} the step schedule, "
                           f"but the learning rate is constant here: add {step}, or drop {flags}")
+
+
+# options one of which drops the other when both are given (or, with a value
+# of None, when the first is given and the second's value leaves it nothing to do)
+_PAIRS = (
+    ("cuts", "balance", "{0} places the stages, and {1} only balances stages placed "
+     "without it"),
+    ("sim_stage_compute_s", "sim_compute_s", "{0} gives each stage's time, in place of {1}"),
+)
+
+
+def _check_pairs(values: dict, given, shared, cli: bool) -> None:
+    """Refuse, in one line, two options given together where one drops the
+    other, and ``--straggler-factor`` without stragglers to slow (neither
+    ``--straggler-p`` nor ``--slow-fraction``): recorded, they would change
+    nothing. As ``--beta``, what ``compare`` gives every strategy is taken."""
+    mine = _mine(given, shared)
+    known = component_options()
+    for kept, dropped, why in _PAIRS:
+        if {kept, dropped} <= mine:
+            flags = known[kept].named(cli), known[dropped].named(cli)
+            raise ConfigError(why.format(*flags) + f": give {flags[0]} or {flags[1]}, not both")
+    engine = values["engine"]
+    if ("sim_straggler_factor" in mine and not engine.get("sim_straggler_p")
+            and not engine.get("sim_slow_fraction")):
+        flag = known["sim_straggler_factor"].named(cli)
+        raise ConfigError(f"{flag} slows stragglers, and there are none: add "
+                          f"{known['sim_straggler_p'].named(cli)} or "
+                          f"{known['sim_slow_fraction'].named(cli)}, or drop {flag}")
 
 
 def _standardize(problem, name: str, rules) -> None:
@@ -402,6 +437,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         values["rule"].update({k: v for k, v in defaults.items()
                                if k in values["rule"] and given.get(k) is None})
     _check_schedule(values["rule"], given, shared, cli)
+    _check_pairs(values, given, shared, cli)
     # the problem's values for the engine's options (spark: data's average_epochs)
     values["engine"].update({k: v for k, v in defaults.items()
                              if k in values["engine"] and given.get(k) is None})

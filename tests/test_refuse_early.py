@@ -220,6 +220,12 @@ X86_ONLY = pytest.mark.skipif(NEEDS_FENCE, reason="no shared-memory reduce on th
      ["--bandwidth: in hogwild", "drop --bandwidth"]),
     (["--engine", "sim", "--strategy", "pipeline", "--workers", "2", "--service-s", "1"],
      ["--service-s: in pipeline stages exchange activations with no server"]),
+    (["--strategy", "pipeline", "--workers", "2", "--cuts", "2", "--balance", "time"],
+     ["--cuts places the stages", "give --cuts or --balance, not both"]),
+    (["--engine", "sim", "--strategy", "pipeline", "--workers", "2", "--stage-compute-s",
+      "0.1,0.1", "--compute-s", "0.2"], ["give --stage-compute-s or --compute-s, not both"]),
+    (["--engine", "sim", "--strategy", "async", "--workers", "2", "--straggler-factor", "5"],
+     ["add --straggler-p or --slow-fraction, or drop --straggler-factor"]),
     (["--strategy", "serial", "--lr-gamma", "0.5"],
      ["--lr-gamma shapes the step schedule", "add --lr-schedule step"]),
     (["--strategy", "serial", "--lr-step-size", "3", "--lr-gamma", "0.5"],
@@ -313,6 +319,15 @@ def test_sim_takes_shards_and_delays_where_a_server_serves_messages():
     # compare passes them to every strategy: serial takes them without refusing
     check("exp", "serial", 1, engine="sim", shards=2, sim_latency_s=1.0, epochs=1,
           shared={"shards", "sim_latency_s"})
+
+
+def test_straggler_factor_is_taken_where_there_are_stragglers():
+    from monsoon.api import check
+
+    for stragglers in ({"sim_straggler_p": 0.1}, {"sim_slow_fraction": 0.5}):
+        check("exp", "async", 2, engine="sim", sim_straggler_factor=5.0, epochs=1, **stragglers)
+    check("exp", "async", 2, engine="sim", sim_straggler_factor=5.0, epochs=1,
+          shared={"sim_straggler_factor"})  # compare's, given to every strategy
 
 
 def test_diloco_takes_its_outer_momentum():
