@@ -44,6 +44,22 @@ def test_a_gradient_costs_compute_s_times_its_share_of_the_batch():
     assert model.compute_time(np.random.default_rng(1), 0, 4, 0.25) == pytest.approx(whole / 4)
 
 
+def test_a_slow_fraction_is_rounded_up_to_whole_workers_and_reported():
+    """round() went to the even count: 0.25 of 2 workers slowed none, 0.75
+    both. Now the fraction is rounded up, and the summary says how many."""
+    from monsoon.engines.sim.delays import DelayModel
+
+    counts = {f: DelayModel(slow_fraction=f).slow_workers(2) for f in (0.0, 0.25, 0.5, 0.75)}
+    assert counts == {0.0: 0, 0.25: 1, 0.5: 1, 0.75: 2}
+    assert DelayModel(slow_fraction=0.3).slow_workers(10) == 3  # 0.3 * 10 is 3.0000000000000004
+    run = monsoon.train("exp", "async", 2, engine="sim", sim_slow_fraction=0.25, steps=20,
+                        evals=0, progress=False)
+    assert run.summary["delays"]["slow_workers"] == 1
+    rng = np.random.default_rng(0)
+    model = DelayModel(compute_s=1.0, slow_fraction=0.25)
+    assert [model.compute_time(rng, rank, 2) for rank in (0, 1)] == [1.0, 10.0]
+
+
 @pytest.mark.parametrize("strategy,options", [
     ("async", dict(n_fetch=2, n_push=2, rule="adarevision")),
     ("hogwild", dict(rule="dcasgd-a", lr=0.05)),

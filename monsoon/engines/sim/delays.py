@@ -6,7 +6,8 @@
   lognormal (``compute_sigma`` > 0, the spread of log-time, mean kept).
   Stragglers: with probability ``straggler_p`` a step is
   ``straggler_factor`` times slower, and a fraction ``slow_fraction`` of the
-  workers (the highest ranks) are always that much slower.
+  workers (the highest ranks, rounded up to whole workers) are always that
+  much slower.
 - Network: a message of b bytes takes ``latency_s + b / bandwidth_Bps``
   (bandwidth 0 means infinite).
 - Server: each shard serves one request at a time, taking ``service_s``;
@@ -77,7 +78,8 @@ OPTIONS = (
     Option("sim_straggler_factor", float, 10.0, "how much slower a straggler is",
            flag="--straggler-factor", label="straggler factor", check=at_least(1.0)),
     Option("sim_slow_fraction", float, 0.0, "fraction of workers always --straggler-factor "
-           "times slower", flag="--slow-fraction", label="slow fraction", check=in_range(0, 1)),
+           "times slower, rounded up to whole workers (summary: delays.slow_workers)",
+           flag="--slow-fraction", label="slow fraction", check=in_range(0, 1)),
     Option("sim_latency_s", float, 0.0, "seconds per message, before bandwidth",
            flag="--latency-s", label="latency", check=_NOT_NEGATIVE),
     Option("sim_bandwidth", float, 0.0, "bytes per second per message (0: infinite)",
@@ -137,7 +139,10 @@ class DelayModel:
         return times
 
     def slow_workers(self, workers: int) -> int:
-        return int(round(self.slow_fraction * workers))
+        """The workers always slow: ``slow_fraction`` of them, rounded up (a
+        positive fraction slows one at least; 0.25 of 2 is 1, 0.75 of 2 is
+        2). Python's round() went to the even count: 0.5 to none, 1.5 to 2."""
+        return math.ceil(round(self.slow_fraction * workers, 9))  # 0.3 * 10 is 3, not 4
 
     def compute_time(self, rng: np.random.Generator, rank: int, workers: int,
                      share: float = 1.0) -> float:
@@ -156,5 +161,10 @@ class DelayModel:
     def message_time(self, nbytes: int) -> float:
         return self.latency_s + (nbytes / self.bandwidth_Bps if self.bandwidth_Bps > 0 else 0.0)
 
-    def describe(self) -> dict:
-        return asdict(self)
+    def describe(self, workers: int | None = None) -> dict:
+        """The model's settings; given the run's ``workers``, with the
+        number always slow (``slow_workers``) too, as the summary has it."""
+        out = asdict(self)
+        if workers is not None:
+            out["slow_workers"] = self.slow_workers(workers)
+        return out

@@ -328,7 +328,7 @@ class SimEngine(Engine):
             "utilization": {"workers": busy / (workers * end) if end > 0 else None,
                             "shards": float(self._shard_busy_by(end).sum() / (self.S * end))
                             if end > 0 else None},
-            "delays": self.delays.describe(),
+            "delays": self.delays.describe(workers),
             **summarize([w.sender.stats() for w in self.workers],
                         self.compression, self.total["updates"])}
         if self.ssp is not None:

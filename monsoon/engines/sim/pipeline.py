@@ -139,7 +139,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
              "real_time_s": time.perf_counter() - t_real,
              "utilization": {"workers": sum(busy) / (len(ws) * now) if now > 0 else None,
                              "shards": None},
-             "delays": delays.describe()}
+             "delays": delays.describe(len(ws))}
     result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, steps, stats,
                     stopped, w0, extra=extra, interrupted=due.interrupted,
                     states=[ws[s].buffers() for s in range(S)])
