@@ -114,7 +114,7 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
         raise ConfigError(f"--compress names {', '.join(sorted(named))}, not in --strategies "
                           f"({', '.join(strategies)}); give STRATEGY=SPEC for those listed")
     check_compare_compress(options.get("compress"), list(strategies))
-    check_error_feedback(options.get("compress"), options.get("no_error_feedback"))
+    check_error_feedback(options.get("compress"), options.get("no_error_feedback"), cli)
     out = Path(folder_path(out))
     resume = options.pop("resume", None)
     if resume is not None and Path(resume).resolve() != out.resolve():

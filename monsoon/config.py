@@ -201,13 +201,16 @@ def _compressed(spec) -> bool:
                for one in (specs.values() if specs is not None else [spec or "none"]))
 
 
-def check_error_feedback(spec, no_error_feedback) -> None:
+def check_error_feedback(spec, no_error_feedback, cli: bool = True) -> None:
     """Refuse, in one line, ``--no-error-feedback`` where nothing is
     compressed: it only changes how compressed messages are sent, and would
     be recorded in config.json while changing nothing."""
     if no_error_feedback and not _compressed(spec):
-        raise ConfigError("--no-error-feedback applies to compressed runs only; add --compress "
-                          "(e.g. --compress topk:0.01), or drop --no-error-feedback")
+        flag, compress = ((RUN["no_error_feedback"].cli, "--compress (e.g. --compress "
+                           "topk:0.01)") if cli else
+                          ("no_error_feedback=", 'compress= (e.g. compress="topk:0.01")'))
+        raise ConfigError(f"{flag} applies to compressed runs only; add {compress}, or drop "
+                          f"{flag}")
 
 
 def check_compare_compress(spec, strategies: list[str]) -> None:
@@ -410,7 +413,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         run["dtype"] = own
     if run["epochs"] is not None and run["steps"] is not None:
         raise ConfigError("give either --epochs or --steps, not both")
-    check_error_feedback(run["compress"], run["no_error_feedback"])
+    check_error_feedback(run["compress"], run["no_error_feedback"], cli)
     spec = problem_spec(run["problem"])[0] if instance is None else None
     if spec is not None and spec.engine is not None and run["engine"] != spec.engine:
         raise ConfigError(f"problem {run['problem']} lives in {spec.engine} and trains on the "
@@ -471,7 +474,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
 
     def build(lr):  # the rule and the strategy at learning rate lr
         rule = components["rule"].from_options(lr, **values["rule"])
-        info = RunInfo(workers=run["workers"], lr=lr, out=run["out"])
+        info = RunInfo(workers=run["workers"], lr=lr, out=run["out"], cli=cli)
         return (rule, *components["strategy"].from_options(info, rule, **values["strategy"]))
 
     rule, strat, server_rule = build(run["lr"])
@@ -498,12 +501,13 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         rule, strat, server_rule = build(run["lr"])
     _standardize(instance, run["rule"], (server_rule, rule, strat.local_rule))
     info = RunInfo(workers=run["workers"], lr=run["lr"], out=run["out"], problem=instance,
-                   device=run["device"])
+                   device=run["device"], cli=cli)
     if not (isinstance(components["engine"], type) and issubclass(components["engine"], Engine)):
         raise ConfigError(f"engine {run['engine']!r} does not follow the engine contract: its "
                           "class must subclass monsoon.engines.Engine (docs/extending.md)")
     engine = components["engine"].from_options(info, **values["engine"])
     engine.given = frozenset(given)
+    engine.cli = strat.cli = cli
     engine.shared = frozenset(shared)
     engine.compression = _messages.Compression.from_run(run["compress"],
                                                         run["no_error_feedback"], instance)

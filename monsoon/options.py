@@ -61,6 +61,13 @@ class Option:
         in Python (``--beta``: ``hogwild_beta=``)."""
         return self.cli if cli else f"{self.name}="
 
+    def given(self, value, cli: bool = True) -> str:
+        """The option as the caller gave it: ``--shards 1000`` on the command
+        line, ``shards=1000`` (a string quoted: ``resume="/x"``) in Python."""
+        if cli:
+            return f"{self.cli} {value}"
+        return f'{self.name}="{value}"' if isinstance(value, str) else f"{self.name}={value!r}"
+
     def value(self, raw, cli: bool = True):
         """``raw`` converted to this option's type and checked; ``cli``: it
         came from the command line (a refusal names the flag), else from

@@ -138,13 +138,40 @@ def test_an_option_no_chosen_component_takes_is_refused(kwargs, message, python)
     ({"strategy": "sync", "workers": 2, "hogwild_beta": 0.5},
      'hogwild_beta= applies to strategy="serial", "hogwild" only; strategy="sync" does not '
      'take it'),
+    # these named --resume, --no-error-feedback, --outer-momentum, --shards, --cuts,
+    # --micro-batches and --stage-compute-s
+    ({"resume": "/nonexistent-monsoon"},
+     'resume="/nonexistent-monsoon": no checkpoints folder there'),
+    ({"no_error_feedback": True},
+     'no_error_feedback= applies to compressed runs only; add compress= (e.g. '
+     'compress="topk:0.01"), or drop no_error_feedback='),
+    ({"strategy": "local-sgd", "workers": 2, "outer_momentum": 0.5},
+     "outer_momentum= is DiLoCo's outer momentum: add diloco=True, or drop outer_momentum= "
+     "(plain averaging has none)"),
+    ({"strategy": "async", "workers": 2, "shards": 1000},
+     "shards=1000: exp has 49 parameters, and a shard holds at least one; use shards=49 or "
+     "fewer"),
+    ({"problem": "digits", "strategy": "pipeline", "workers": 2, "cuts": "3"},
+     'cuts="3": cut points must increase and lie in 1..2 (the model has 3 layers)'),
+    ({"problem": "digits", "strategy": "pipeline", "workers": 2, "micro_batches": 33,
+      "batch_size": 32},
+     "micro_batches=33 cannot cut a batch of 32 examples (a replica's part of "
+     "batch_size=32); use micro_batches=32 or fewer, or a larger batch_size="),
+    ({"problem": "digits", "strategy": "pipeline", "workers": 2, "engine": "sim",
+      "sim_stage_compute_s": "1,2,3"},
+     'sim_stage_compute_s="1,2,3" gives 3 stage time(s), but the pipeline has 2 stages; '
+     "give 2, separated by commas"),
+    ({"strategy": "serial", "engine": "sim", "shards": 2},
+     "shards= splits the server's parameters; serial here has no server to split (its one "
+     "worker updates the parameters itself): drop shards="),
 ])
 def test_python_refusals_name_the_keyword_not_a_flag(tmp_path, kwargs, message):
     """monsoon.train's refusals named command-line flags its caller never
     typed (--compute-s, --beta, --strategy sync), and one that does not
     exist (--progress)."""
+    kwargs = dict(kwargs)
     with pytest.raises(monsoon.ConfigError) as info:
-        monsoon.train("exp", steps=3, out=tmp_path / "r", **kwargs)
+        monsoon.train(kwargs.pop("problem", "exp"), steps=3, out=tmp_path / "r", **kwargs)
     assert str(info.value) == message
     assert not (tmp_path / "r").exists()
 

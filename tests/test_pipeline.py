@@ -258,7 +258,9 @@ def test_each_worker_holds_only_its_stage():
     (["--workers", "4"], "only 3 layers"),
     (["--workers", "2", "--schedule", "zigzag"], "unknown schedule"),
     (["--workers", "2", "--stage-compute-s", "0.1,0.2,0.3"], "gives 3 stage time(s)"),
-    (["--workers", "2", "--stage-compute-s", "0.1,x"], "--stage-compute-s takes one number"),
+    (["--workers", "2", "--stage-compute-s", "0.1,x"],
+     "one number of seconds (0 or more) per pipeline stage, separated by commas, like "
+     "0.021,0.028, got '0.1,x'; fix --stage-compute-s"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, says):
     code = main(["train", "--problem", "digits", "--strategy", "pipeline", "--engine", "sim",

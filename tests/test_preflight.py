@@ -302,6 +302,9 @@ def test_compare_compresses_only_the_strategies_that_send_messages(tmp_path):
 
 NO_FEEDBACK_FIX = ("--no-error-feedback applies to compressed runs only; add --compress "
                    "(e.g. --compress topk:0.01), or drop --no-error-feedback")
+# from Python the line names the keywords (it named the flags)
+NO_FEEDBACK_FIX_API = ('no_error_feedback= applies to compressed runs only; add compress= (e.g. '
+                       'compress="topk:0.01"), or drop no_error_feedback=')
 
 
 @pytest.mark.parametrize("command", ["train", "simulate"])
@@ -340,7 +343,7 @@ def test_no_error_feedback_without_compress_is_refused_by_the_api(tmp_path):
                                         compress="sync=none", no_error_feedback=True)):
         with pytest.raises(ConfigError) as info:
             run()
-        assert str(info.value) == NO_FEEDBACK_FIX
+        assert str(info.value) == NO_FEEDBACK_FIX_API
     assert list(tmp_path.iterdir()) == []
     # with a compressor it is taken, by the strategies that send messages
     c = monsoon.compare("linear", "serial,sync", 2, out=tmp_path / "ok", steps=4,

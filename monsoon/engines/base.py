@@ -122,6 +122,7 @@ class Engine:
     # --resume is refused (``checkpoints.resume_refusal``).
     keeps_inner_state = True
     shared: frozenset = frozenset()  # those of them compare passes to every strategy
+    cli = True  # the options came from the command line, else from Python (resolve sets it)
     given: frozenset = frozenset()  # the options the user set (resolve fills it in): an
     #                                 engine may pick its own value for the others
     ops: frozenset = frozenset()
@@ -157,6 +158,11 @@ class Engine:
             args.update(checkpoint_paths(run.out, args.pop("checkpoint_every"),
                                          args.pop("resume")))
         return args
+
+    def option(self, name: str):
+        """Its option ``name``: ``.named(self.cli)`` and ``.given(value,
+        self.cli)`` name it as the caller gave it (a flag, or a keyword)."""
+        return next(o for o in type(self).options if o.name == name)
 
     def describe(self) -> dict:
         return {"engine": self.name,
@@ -200,9 +206,10 @@ class Engine:
         refuse_checkpoints(self, strategy, workers)
         shards = getattr(self, "shards", None)
         if shards and "shards" in self.given and shards > problem.n_params:
-            raise ConfigError(f"--shards {shards}: {problem.name} has {problem.n_params} "
-                              f"parameters, and a shard holds at least one; use --shards "
-                              f"{problem.n_params} or fewer")
+            option = self.option("shards")
+            raise ConfigError(f"{option.given(shards, self.cli)}: {problem.name} has "
+                              f"{problem.n_params} parameters, and a shard holds at least one; "
+                              f"use {option.given(problem.n_params, self.cli)} or fewer")
 
 
 def _lacks(engine, strategy, workers: int):

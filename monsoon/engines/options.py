@@ -31,8 +31,9 @@ def refuse_unused_shards(engine, problem, strategy, device: str = "cpu") -> None
     every strategy) where the run has no server shards (``no_shards``)."""
     why = no_shards(problem, strategy, device)
     if "shards" in engine.given - engine.shared and why:
-        raise ConfigError(f"--shards splits the server's parameters; {strategy.name} here "
-                          f"has no server to split ({why}): drop --shards")
+        flag = SHARDS.named(engine.cli)
+        raise ConfigError(f"{flag} splits the server's parameters; {strategy.name} here "
+                          f"has no server to split ({why}): drop {flag}")
 
 
 def no_shards(problem, strategy, device: str = "cpu") -> str | None:
@@ -77,15 +78,16 @@ def refuse_checkpoints(engine, strategy, workers: int) -> None:
     every = getattr(engine, "checkpoint_every", CHECKPOINT_EVERY.default)
     given = getattr(engine, "given", frozenset())
     asked = "checkpoint_every" in given if given else every != CHECKPOINT_EVERY.default
+    cli = getattr(engine, "cli", True)  # refusals name the option as the caller gave it
     if none is not None:
         why, keepers = none
         instead = (f", or run {strategy.name} on {keepers}, whose checkpoints hold them"
                    if keepers else "")
         if resume:
-            raise ConfigError(f"--resume {resume}: {why}, so this run cannot resume; drop "
-                              f"--resume{instead}")
+            raise ConfigError(f"{RESUME.given(resume, cli)}: {why}, so this run cannot "
+                              f"resume; drop {RESUME.named(cli)}{instead}")
         if asked and getattr(engine, "checkpoint_dir", None):
-            raise ConfigError(f"--checkpoint-every {every}: {why}, so this run writes none; "
-                              f"drop --checkpoint-every{instead}")
+            raise ConfigError(f"{CHECKPOINT_EVERY.given(every, cli)}: {why}, so this run "
+                              f"writes none; drop {CHECKPOINT_EVERY.named(cli)}{instead}")
     if resume and not os.path.isdir(resume_dir):
-        raise ConfigError(f"--resume {resume}: no checkpoints folder there")
+        raise ConfigError(f"{RESUME.given(resume, cli)}: no checkpoints folder there")

@@ -47,10 +47,12 @@ class RunInfo:
     out: str | None = None
     problem: object = None
     device: str = "cpu"   # the --device asked for (cpu, cuda, cuda:N, auto)
+    cli: bool = True      # options from the command line (refusals name flags), else Python
 
 
 class Strategy:
     name = "strategy"
+    cli = True  # its options came from the command line, else from Python (resolve sets it)
     # The op classes (``ops.py``) this strategy's program yields: an engine
     # takes the strategy only if it carries out every one (engines/base.py).
     uses: tuple = ()

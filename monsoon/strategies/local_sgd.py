@@ -58,8 +58,11 @@ class LocalSGD(Strategy):
         from ..rules import make_rule
 
         if outer_momentum is not None and not diloco:
-            raise ConfigError("--outer-momentum is DiLoCo's outer momentum: add --diloco, or "
-                              "drop --outer-momentum (plain averaging has none)")
+            named = {o.name: o.named(run.cli) for o in cls.options}
+            diloco_on = "--diloco" if run.cli else "diloco=True"
+            raise ConfigError(f"{named['outer_momentum']} is DiLoCo's outer momentum: add "
+                              f"{diloco_on}, or drop {named['outer_momentum']} (plain "
+                              "averaging has none)")
         if diloco:
             outer = make_rule("nesterov", outer_lr or 0.7,
                               momentum=0.9 if outer_momentum is None else outer_momentum)

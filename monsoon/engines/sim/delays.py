@@ -60,7 +60,11 @@ def parse_stage_times(text: str) -> tuple[float, ...]:
 
 
 def _stage_check(text: str):
-    parse_stage_times(text)  # raises with the flag's format
+    try:
+        parse_stage_times(text)
+    except ConfigError:  # Option.value names the option as given (flag or keyword)
+        return ("one number of seconds (0 or more) per pipeline stage, separated by commas, "
+                "like 0.021,0.028")
     return None
 
 
@@ -127,13 +131,16 @@ class DelayModel:
         if self.stage_compute_s is not None:
             parse_stage_times(self.stage_compute_s)
 
-    def stage_times(self, stages: int) -> tuple[float, ...] | None:
-        """Each pipeline stage's compute seconds per batch, or None (not given)."""
+    def stage_times(self, stages: int, cli: bool = True) -> tuple[float, ...] | None:
+        """Each pipeline stage's compute seconds per batch, or None (not
+        given); a refusal names the option as given (``cli``: the flag)."""
         if self.stage_compute_s is None:
             return None
         times = parse_stage_times(self.stage_compute_s)
         if len(times) != stages:
-            raise ConfigError(f"--stage-compute-s {self.stage_compute_s} gives {len(times)} "
+            option = next(o for o in OPTIONS if o.name == "sim_stage_compute_s")
+            given = option.given(self.stage_compute_s, cli)
+            raise ConfigError(f"{given} gives {len(times)} "
                               f"stage time(s), but the pipeline has {stages} stages; give "
                               f"{stages}, separated by commas")
         return times

@@ -200,13 +200,14 @@ class SimEngine(Engine):
         unused = [o for o in DELAY_OPTIONS
                   if o.name in self.given - self.shared and unused_delay(o.name, strategy)]
         if unused:
-            flags = ", ".join(o.cli for o in unused)
+            flags = ", ".join(o.named(self.cli) for o in unused)
             they = "it" if len(unused) == 1 else "they"
             raise ConfigError(f"{flags}: in {strategy.name} "
                               f"{unused_delay(unused[0].name, strategy)}, so {they} would "
                               f"change nothing: drop {flags}")
         if STAGES in strategy.needs(workers):  # one stage time per stage
-            self.delays.stage_times(getattr(strategy, "stages_for", lambda w: w)(workers))
+            self.delays.stage_times(getattr(strategy, "stages_for", lambda w: w)(workers),
+                                    self.cli)
         elif self.delays.stage_compute_s is not None:
             raise ConfigError(f"--stage-compute-s gives pipeline stages' times; the "
                               f"{strategy.name} strategy has no stages: use --compute-s")

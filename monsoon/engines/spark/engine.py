@@ -187,9 +187,10 @@ class SparkEngine(Engine):
 
             where = ", ".join(sorted(name for name, cls in STRATEGIES.all().items()
                                      if cls is not None and averages(cls)))
-            raise ConfigError(f"--average-epochs averages the server's parameters of a run "
-                              f"whose workers run in Spark tasks and push or average ({where}); "
-                              f"{strategy.name} keeps no such average: drop --average-epochs")
+            flag = self.option("average_epochs").named(self.cli)
+            raise ConfigError(f"{flag} averages the server's parameters of a run whose workers "
+                              f"run in Spark tasks and push or average ({where}); "
+                              f"{strategy.name} keeps no such average: drop {flag}")
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

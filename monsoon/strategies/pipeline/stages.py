@@ -157,19 +157,23 @@ def measured_costs(layers, problem, batch_size: int) -> list[float]:
     return costs
 
 
-def parse_cuts(text: str, n_layers: int, stages: int) -> list[int]:
+def parse_cuts(text: str, n_layers: int, stages: int, cli: bool = True) -> list[int]:
+    """``--cuts``' stage starts; a refusal names it as given (``cli``: the
+    flag, else the keyword)."""
+    flag, given = ("--cuts", f"--cuts {text}") if cli else ("cuts=", f'cuts="{text}"')
     try:
         starts = [int(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
-        raise ConfigError(f"--cuts takes layer indices separated by commas, like 2,4; got {text!r}")
+        raise ConfigError(f"{flag} takes layer indices separated by commas, like 2,4; got "
+                          f"{text!r}")
     if starts and starts[0] == 0:
         starts = starts[1:]
     if len(starts) != stages - 1:
-        raise ConfigError(f"--cuts {text} gives {len(starts) + 1} stages, but there are {stages} "
+        raise ConfigError(f"{given} gives {len(starts) + 1} stages, but there are {stages} "
                           f"stages; give {stages - 1} cut point(s)")
     cuts = [0] + starts
     if any(b <= a for a, b in zip(cuts, cuts[1:])) or cuts[-1] >= n_layers:
-        raise ConfigError(f"--cuts {text}: cut points must increase and lie in 1..{n_layers - 1} "
+        raise ConfigError(f"{given}: cut points must increase and lie in 1..{n_layers - 1} "
                           f"(the model has {n_layers} layers)")
     return cuts
 
@@ -193,7 +197,7 @@ def plan(problem, stages: int, balance: str = "params", cuts: str | None = None,
                       int(offsets[bounds[s + 1]])) for s in range(stages)]
 
 
-def check_plan(problem, stages: int, cuts: str | None = None):
+def check_plan(problem, stages: int, cuts: str | None = None, cli: bool = True):
     """What ``plan`` refuses, checked without cutting or timing anything:
     a model that is no nn.Sequential, tied weights across layers, more
     stages than layers, bad ``--cuts``, layers that do not own the
@@ -207,7 +211,7 @@ def check_plan(problem, stages: int, cuts: str | None = None):
     if sum(sizes) != problem.n_params:
         raise ConfigError("the model's layers do not hold all its parameters in order; the "
                           "pipeline needs an nn.Sequential whose layers own their parameters")
-    return layers, sizes, (parse_cuts(cuts, len(layers), stages) if cuts else None)
+    return layers, sizes, (parse_cuts(cuts, len(layers), stages, cli) if cuts else None)
 
 
 def stage_module(problem, spec: StageSpec, w: np.ndarray) -> nn.Sequential:

@@ -89,10 +89,13 @@ class Pipeline(Strategy):
         rows = batch_size // replicas  # the smallest replica's part of a batch
         if self.micro_batches > rows:
             if self.micro_given:
-                raise ConfigError(f"--micro-batches {self.micro_batches} cannot cut a batch of "
-                                  f"{rows} examples (a replica's part of --batch-size "
-                                  f"{batch_size}); use --micro-batches {rows} or fewer, or a "
-                                  "larger --batch-size")
+                micro = next(o for o in OPTIONS if o.name == "micro_batches")
+                batch = "--batch-size" if self.cli else "batch_size="
+                given = f"--batch-size {batch_size}" if self.cli else f"batch_size={batch_size}"
+                raise ConfigError(f"{micro.given(self.micro_batches, self.cli)} cannot cut a "
+                                  f"batch of {rows} examples (a replica's part of {given}); "
+                                  f"use {micro.given(rows, self.cli)} or fewer, or a larger "
+                                  f"{batch}")
             self.micro_batches = rows  # the default, cut to what a batch holds
 
     def pass_sizes(self, workers, batch_size, n_examples, steps=None) -> set:
@@ -109,7 +112,7 @@ class Pipeline(Strategy):
         """The model's cut checked (``stages.check_plan``) before the run starts."""
         from .stages import check_plan
 
-        check_plan(problem, self.stages_for(workers), self.cuts)
+        check_plan(problem, self.stages_for(workers), self.cuts, self.cli)
 
     def layout(self, problem, workers: int, batch_size: int):
         """The stages (cut now, from the problem's model), S and R."""
