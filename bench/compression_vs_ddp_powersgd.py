@@ -4,8 +4,8 @@ own PowerSGD communication hook (issue 33, acceptance 4).
 Both train the same MLP (784-512-512-10, from ``torch.manual_seed(0)``: the
 same start) on the same teacher-labelled random data (8192 examples) with
 plain SGD, 2 ranks on gloo, one torch thread each, the same global batch
-and number of steps, each walking the data in a fresh permutation an
-epoch (a different one: ours is monsoon's seeded order):
+and number of steps, on the same batches (monsoon's seed-0 permutation
+an epoch; each rank the same half of each batch):
 
 - ours: ``monsoon.train(problem, "sync", 2, engine="torch",
   compress="powersgd:2")``, error feedback on (the default): each rank
@@ -29,9 +29,9 @@ examples/s at least 1.0x the peer's (medians of ``--repeats``
 interleaved runs). Also printed: uncompressed sync's final loss and the
 bytes monsoon's ranks sent, with and without compression.
 
-On the same batches and steps (both replayed in one process) monsoon's
-powersgd:2 ends within 0.3% of the hook's algorithm; the two batch
-orders alone move the final loss by up to 2.6% at 300 steps, either way.
+With the same batches, what differs is the two PowerSGD implementations
+(replayed in one process: within 0.3% at 300 steps); two different batch
+orders alone moved the final loss by up to 2.6% there, either way.
 
     python bench/compression_vs_ddp_powersgd.py [--repeats 3] [--steps 300]
 """

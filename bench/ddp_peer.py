@@ -17,20 +17,26 @@ import os
 import socket
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 
-def epoch_batches(n: int, batch: int, rng):
+def epoch_batches(n: int, batch: int, seed: int = 0):
     """Batches of ``batch`` indices walking a fresh permutation of ``n``
     each epoch (what ``DistributedSampler(shuffle=True)`` gives a DDP
-    user, and how monsoon's runs walk the data), forever."""
+    user), forever: monsoon's own permutations for ``seed``
+    (``strategies/batches.epoch_permutation``), so that a peer and a
+    monsoon sync run of the same seed take the same batches, each rank the
+    same part of each."""
+    from monsoon.strategies.batches import epoch_permutation
+
+    epoch = 0
     while True:
-        order = rng.permutation(n)
+        order = epoch_permutation(n, seed, epoch)
         for a in range(0, n - batch + 1, batch):
             yield torch.from_numpy(order[a:a + batch])
+        epoch += 1
 
 
 def _free_port() -> int:
@@ -62,7 +68,7 @@ def _worker(rank, world, port, make_model, make_data, loss_fn, batch, lr, steps,
                                             warm_start=True, random_seed=0)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    batches = epoch_batches(len(X), batch, np.random.default_rng(0))
+    batches = epoch_batches(len(X), batch)
     per = batch // world
 
     def step():
@@ -121,7 +127,7 @@ def one_process_examples_per_s(make_model, make_data, loss_fn, batch: int, lr: f
         torch.manual_seed(0)
         model = make_model()
         opt = torch.optim.SGD(model.parameters(), lr=lr)
-        batches = epoch_batches(len(X), batch, np.random.default_rng(0))
+        batches = epoch_batches(len(X), batch)
         for i in range(steps):
             if i == warmup:
                 t0 = time.perf_counter()
