@@ -152,16 +152,10 @@ WHY = {
     "async_local_vs_ray": "A local worker's time went to memory-bound passes over the 4 MB "
                           "parameter vector (gradient, push, fetch), with little engine overhead, "
                           "in a py-spy profile at 9a402d3; this record was not profiled.",
-    "compression_vs_ddp_powersgd": "Examples/s beat DDP's PowerSGD hook, but powersgd:2's final "
-                                   "loss after 300 steps is 1.1% above the hook's (1.6% at 150), "
-                                   "measured (replaying both on one process) to come from the "
-                                   "benchmark, not from PowerSGD: the peer's 3 warm-up steps "
-                                   "also train (303 steps against 300: 3.8% lower loss there, "
-                                   "0.7% at 150) and its batches differ (drawn each step, not "
-                                   "epoch permutations); on the same batches and steps monsoon's "
-                                   "PowerSGD ends 0.27% above the hook's (0.07% at 150, the "
-                                   "hook's two uncompressed first steps all of that; on DDP's "
-                                   "batches 0.7% below it).",
+    "compression_vs_ddp_powersgd": "Both runs take the same batches and steps, so a miss is the "
+                                   "two PowerSGD implementations' (replayed in one process at "
+                                   "5aaa219: monsoon's within 0.3% of the hook's algorithm at 300 "
+                                   "steps, the hook's two uncompressed first steps most of it).",
     "ssp_sweep": "An S > 0 reaches the target loss 1.3x sooner than BSP on every problem and "
                  "rate, but no rate tried made async 5% worse than BSP, so the second "
                  "criterion is untested and counts as not met.",
