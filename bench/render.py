@@ -152,10 +152,6 @@ WHY = {
     "async_local_vs_ray": "A local worker's time went to memory-bound passes over the 4 MB "
                           "parameter vector (gradient, push, fetch), with little engine overhead, "
                           "in a py-spy profile at 9a402d3; this record was not profiled.",
-    "compression_vs_ddp_powersgd": "Both runs take the same batches and steps, so a miss is the "
-                                   "two PowerSGD implementations' (replayed in one process at "
-                                   "5aaa219: monsoon's within 0.3% of the hook's algorithm at 300 "
-                                   "steps, the hook's two uncompressed first steps most of it).",
     "ssp_sweep": "An S > 0 reaches the target loss 1.3x sooner than BSP on every problem and "
                  "rate, but no rate tried made async 5% worse than BSP, so the second "
                  "criterion is untested and counts as not met.",
