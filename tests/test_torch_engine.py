@@ -460,7 +460,8 @@ def test_local_steps_are_counted_in_their_own_unit_and_stop_a_diverging_run():
 def test_a_ranks_refusal_is_the_runs_not_restarted_and_the_folder_given_back(tmp_path):
     """A rank's ConfigError (every rank refuses the problem as it builds
     its instance) is raised as it is, once: no attempt is restarted under
-    --max-restarts (each would be refused alike), and the previous run's
+    --max-restarts (each would be refused alike: no rank refuses twice;
+    one that starts after another's refusal exits at once), and the previous run's
     folder is given back as it was. It failed as "rank 0 failed", after
     two restarts, the previous results wiped."""
     from faulty import RefusedInRanks
@@ -472,7 +473,8 @@ def test_a_ranks_refusal_is_the_runs_not_restarted_and_the_folder_given_back(tmp
     with pytest.raises(ConfigError, match="^problem refused in rank [01]$"):
         monsoon.train(RefusedInRanks(make_problem("exp"), log), "sync", 2, engine="torch",
                       max_restarts=2, steps=5, timeout=30, progress=False, out=out)
-    assert sorted(log.read_text().split()) == ["0", "1"]
+    refused = log.read_text().split()  # a rank that starts after another's refusal only exits
+    assert 1 <= len(refused) == len(set(refused)) and set(refused) <= {"0", "1"}, refused
     assert snapshot(out) == before
 
 
