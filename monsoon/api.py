@@ -125,17 +125,41 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _resumable(resolved, w0, folder) -> str | None:
+def _resumable(resolved, w0, folder):
     """The checkpoint in ``folder`` that this very command would resume from
-    with ``--resume`` (``check_resume``'s own checks), or None."""
+    with ``--resume`` (``check_resume``'s own checks, read whole), or None."""
     run = resolved.run
     try:
-        found = check_resume(resolved.engine, resolved.problem, resolved.strategy,
-                             resolved.rule, w0, resolved.processes, run["batch_size"],
-                             run["seed"], directory=folder)
+        return check_resume(resolved.engine, resolved.problem, resolved.strategy,
+                            resolved.rule, w0, resolved.processes, run["batch_size"],
+                            run["seed"], directory=folder)
     except (MonsoonError, OSError):
         return None
-    return None if found is None else str(found.path)
+
+
+def _curve_so_far(recorder, saved) -> tuple[list[dict], dict]:
+    """A failed run's curve (the recorder's snapshots so far, evaluated now,
+    as a finished run's are) and the counts its summary gives: ``updates``,
+    its last row's. Where the checkpoint the summary names (``saved``) is
+    further on, the curve and counts are that checkpoint's (its rows,
+    updates, examples, dropped and local steps), so the folder agrees with
+    it: the torch engine's recorder lives in rank 0, lost with the run, and
+    this process's holds no row. (A run whose engine returned, ``saved``
+    None, gives the engine's counts.)"""
+    try:
+        rows = list(recorder.settled_rows())
+    except Exception:  # noqa: BLE001 - the folder matters more than the curve
+        rows = list(recorder.rows)
+    done = rows[-1]["updates"] if rows else 0
+    if saved is None or _checkpoints.applied(saved.meta) <= done:
+        return rows, {"updates": done}
+    meta = saved.meta
+    counts = {"updates": _checkpoints.applied(meta), "examples": int(meta["examples"]),
+              "dropped_updates": int(meta["dropped"])}
+    if "local_updates" in meta:
+        counts.update(local_updates=int(meta["local_updates"]),
+                      dropped_local_updates=int(meta.get("dropped_local_updates", 0)))
+    return [dict(r) for r in meta["rows"]], counts
 
 
 def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
@@ -156,10 +180,11 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
     if lost:  # the evaluation may fail for the failed workers' reason: both are told
         reason += "; " + ", ".join(f"worker {f['worker']} had failed: {f['error']}"
                                    for f in lost)
-    checkpoint = None
+    saved = None
     folder = getattr(engine, "checkpoint_dir", None)
     if folder and w0 is not None and _checkpoints.checkpoint_files(folder):
-        checkpoint = _resumable(resolved, w0, folder)
+        saved = _resumable(resolved, w0, folder)
+    checkpoint = None if saved is None else str(saved.path)
     if out is None:
         where = "no run folder (give --out to keep one)"
     elif not getattr(engine, "writes_run_folder", True):
@@ -167,15 +192,12 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
     elif res is None and _keeps_previous(resolved):
         where = f"run folder {out}, which keeps the previous run's results"
     else:
-        try:  # the curve's snapshots so far, evaluated now (as a finished run's are)
-            rows = list(recorder.settled_rows())
-        except Exception:  # noqa: BLE001 - the folder matters more than the curve
-            rows = list(recorder.rows)
+        rows, counts = _curve_so_far(recorder, saved if res is None else None)
         summary = {"problem": run["problem"], "strategy": run["strategy"],
                    "engine": run["engine"], "workers": run["workers"], "seed": run["seed"],
                    "status": "failed", "error": reason,
                    "failed_worker": getattr(exc, "worker", None),
-                   "final_loss": None, "updates": rows[-1]["updates"] if rows else 0,
+                   "final_loss": None, **counts,
                    "checkpoint": checkpoint, "total_time_s": elapsed,
                    "monsoon_version": __version__}
         if res is not None:

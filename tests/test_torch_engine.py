@@ -348,6 +348,35 @@ def test_a_rank_lost_at_the_end_fails_the_run_naming_it_and_its_checkpoint_resum
         [5 * sent[rank]["sent"] for rank in range(2)]
 
 
+def test_a_failed_runs_folder_agrees_with_the_checkpoint_it_names(tmp_path):
+    """Rank 1 exits at its 46th gradient, after rank 0's checkpoint of step
+    40: the run fails, and this process, whose recorder holds no row (rank
+    0 kept the curve, lost with the run), writes a folder that agrees with
+    the checkpoint its summary names: its updates, examples and rows
+    (before: "updates": 0 and metrics.csv its header alone)."""
+    import csv
+    import json
+
+    from faulty import FaultyProblem
+    from monsoon.errors import WorkerError
+    from monsoon.problems import make_problem
+    from monsoon.record import checkpoints
+
+    problem = FaultyProblem(make_problem("exp", "float64"), "exit", rank=1, after=45)
+    with pytest.raises(WorkerError, match="rank 1 failed"):
+        monsoon.train(problem, "sync", 2, engine="torch", steps=100, seed=0, progress=False,
+                      timeout=30, checkpoint_every=20, out=tmp_path / "a")
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    meta = checkpoints.read(summary["checkpoint"]).meta
+    assert summary["status"] == "failed" and summary["updates"] == meta["updates"] == 40
+    assert (summary.get("examples"), summary.get("dropped_updates")) == (meta["examples"], 0)
+    with open(tmp_path / "a" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(meta["rows"]) > 1
+    assert [int(r["updates"]) for r in rows] == [r["updates"] for r in meta["rows"]]
+    assert [float(r["loss"]) for r in rows] == [r["loss"] for r in meta["rows"]]
+
+
 def test_startup_counts_the_launchers_agent_and_rendezvous(monkeypatch):
     """startup_s counted from each rank's entry: a run whose launch took 12 s
     said "+0.12 s start-up" (the agent's start, its rendezvous and the ranks'

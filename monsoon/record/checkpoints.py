@@ -200,7 +200,13 @@ class Start:
                    worker_rows(arrays, "sender.", workers), {}, saved,
                    dict(meta.get("totals") or {}),
                    (int(meta.get("local_updates", 0)), int(meta.get("dropped_local_updates", 0))),
-                   int(meta.get("applied", meta.get("updates", 0))))
+                   applied(meta))
+
+
+def applied(meta: dict) -> int:
+    """The updates applied up to a checkpoint (its meta): ``applied`` where
+    its ``updates`` counts dropped steps too (spark's server and driver)."""
+    return int(meta.get("applied", meta.get("updates", 0)))
 
 
 def private_arrays(private: dict) -> dict:
