@@ -194,7 +194,7 @@ class SimEngine(Engine):
     def preflight(self, problem, strategy, workers, batch_size) -> None:
         """Refuse what would change nothing yet be recorded: ``--shards``
         where the local engine refuses it, and a message or server delay
-        where no message or server is (``unused_delays``)."""
+        where no message or server is (``unused_delay``)."""
         super().preflight(problem, strategy, workers, batch_size)
         refuse_unused_shards(self, problem, strategy)
         unused = [o for o in DELAY_OPTIONS
