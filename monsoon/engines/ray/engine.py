@@ -92,15 +92,27 @@ def start_ray(ray, address) -> None:
     SIGTERM during start-up only marks the run stopped, and the run stops
     as it would at its first step, Ray shut down by the engine. Whatever
     the start-up raises, what it started is shut down. Afterwards the
-    run's handlers replace those Ray installed (``reclaim_signals``)."""
+    run's handlers replace those Ray installed (``reclaim_signals``).
+
+    The processes a local instance starts (GCS, raylet and, under it, the
+    workers) run in a session of their own, as Spark's JVM does: a SIGTERM
+    to monsoon's process group (GNU ``timeout``, a batch scheduler) then
+    reaches the run alone, which stops its workers cleanly and Ray with
+    them, instead of killing the raylet under the stop (the run failed with
+    "ActorUnavailableError"). They still end with this process: Ray gives
+    each the parent-death signal (its fate sharing), and Ctrl-C never
+    reached them (Ray blocks SIGINT in them)."""
     private = getattr(ray, "_private", None)
+    services = getattr(private, "services", None)
     # Private hooks, each left alone where a Ray version lacks it: Ray's
-    # Python SIGTERM handler, and the C++ failure-signal handler of the
+    # Python SIGTERM handler, the C++ failure-signal handler of the
     # driver's core worker (a stack dump and abort on SIGTERM; Ray's
-    # documented RAY_DISABLE_FAILURE_SIGNAL_HANDLER, for this process only)
+    # documented RAY_DISABLE_FAILURE_SIGNAL_HANDLER, for this process only),
+    # and the Popen that starts Ray's processes
     hooks = [(getattr(private, "utils", None), "set_sigterm_handler", lambda handler: None),
              (getattr(private, "ray_constants", None), "RAY_DISABLE_FAILURE_SIGNAL_HANDLER",
-              True)]
+              True),
+             (services, "ConsolePopen", _in_own_session(ray))]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in hooks
              if hasattr(owner, name)]
     for owner, name, value in hooks:
@@ -122,6 +134,25 @@ def start_ray(ray, address) -> None:
         for owner, name, value in saved:
             setattr(owner, name, value)
         reclaim_signals()  # over any handler Ray installed all the same
+
+
+def _in_own_session(ray):
+    """Ray's ``ConsolePopen`` starting each process in a new session
+    (``setsid``), where Ray makes its processes end with their parent (its
+    kernel fate sharing: Linux); else Ray's own, whose reaper then finds
+    them in this process's group."""
+    private = getattr(ray, "_private", None)
+    popen = getattr(getattr(private, "services", None), "ConsolePopen", None)
+    fate_sharing = getattr(getattr(private, "utils", None), "detect_fate_sharing_support", None)
+    if popen is None or fate_sharing is None or not fate_sharing():
+        return popen
+
+    class OwnSession(popen):
+        def __init__(self, *args, **kwargs):
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    return OwnSession
 
 
 def on_driver_node(ray):
