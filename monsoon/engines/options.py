@@ -10,10 +10,15 @@ from ..errors import ConfigError
 from ..options import Option, at_least, positive
 from ..server.shards import replicates_bytes
 from ..strategies.base import STAGES
+from ..strategies.ops import AllReduce, Average, Elastic, Fetch, Push
+
+# the ops that reach the server (its shards, on local and sim)
+SERVER_OPS = (Push, Fetch, AllReduce, Average, Elastic)
 
 TIMEOUT = Option("timeout", float, 60.0, "seconds any wait may last", check=positive)
 SHARDS = Option("shards", int, None, "parameter-server shards (default: workers, at most 8; "
-                "on ray, at most one per 262,144 parameters)", check=at_least(1))
+                "on ray, at most one per 262,144 parameters; hogwild on sim: the slices of "
+                "a worker's read)", check=at_least(1))
 CHECKPOINT_EVERY = Option("checkpoint_every", int, 1000, "write a checkpoint every K updates into "
                           "OUT/checkpoints, when there is a run folder (0: only when "
                           "interrupted); on the local engine K is a floor for every strategy "
@@ -26,24 +31,31 @@ CHECKPOINT_EVERY = Option("checkpoint_every", int, 1000, "write a checkpoint eve
 RESUME = Option("resume", str, None, "continue from the checkpoints of this run folder")
 
 
-def refuse_unused_shards(engine, problem, strategy, device: str = "cpu") -> None:
+def refuse_unused_shards(engine, problem, strategy, device: str = "cpu",
+                         reads_by_shard: bool = False) -> None:
     """Refuse, in one line, a given ``--shards`` (but compare's, given to
     every strategy) where the run has no server shards (``no_shards``)."""
-    why = no_shards(problem, strategy, device)
+    why = no_shards(problem, strategy, device, reads_by_shard)
     if "shards" in engine.given - engine.shared and why:
         flag = SHARDS.named(engine.cli)
         raise ConfigError(f"{flag} splits the server's parameters; {strategy.name} here "
                           f"has no server to split ({why}): drop {flag}")
 
 
-def no_shards(problem, strategy, device: str = "cpu") -> str | None:
+def no_shards(problem, strategy, device: str = "cpu",
+              reads_by_shard: bool = False) -> str | None:
     """Why a run has no server shards, or None: one worker in this process,
-    stages, or a replicated synchronous step (small parameters, on the CPU:
-    every worker applies the mean to its own copy)."""
+    stages, no op that reaches a server (Hogwild!'s in-place updates; but
+    where the engine cuts its read of the shared vector at the shards,
+    ``reads_by_shard``: the sim's), or a replicated synchronous step
+    (small parameters, on the CPU: every worker applies the mean to its own
+    copy)."""
     if strategy.single_worker:
         return "its one worker updates the parameters itself"
     if STAGES in strategy.needs(2):
         return "each stage updates its own parameters"
+    if not reads_by_shard and not set(SERVER_OPS) & set(strategy.uses):
+        return "its workers update the shared parameters in place"
     itemsize = np.dtype(problem.dtype).itemsize
     if device == "cpu" and replicates_bytes(strategy, problem.n_params * itemsize):
         return "its workers each apply the mean to their own copy of the parameters"

@@ -50,7 +50,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...strategies import WorkerJob
-from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
+from ...strategies.ops import AllReduce, Apply, Average, Clock, Fetch, Gradient, Push
 from ..base import ALL_OPS, BACKUP_WORKERS, SHARED_MEMORY, STAGES, Engine
 from ...server.collective import apply_mean
 from ...server.reduce import into_slot
@@ -62,7 +62,7 @@ from ...record import checkpoints
 from ...record.live import LOSS_CELLS, add_loss
 from ...record.progress import counters_shapes, counts
 from ...monitor.lifecycle import stop_reason, stop_requested
-from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, refuse_unused_shards
+from ..options import CHECKPOINT_EVERY, RESUME, SERVER_OPS, SHARDS, refuse_unused_shards
 from ...monitor.tally import EngineResult, local_totals, run_folder_extra
 from .delays import OPTIONS as DELAY_OPTIONS
 from .delays import DelayModel, delay_model
@@ -133,7 +133,7 @@ class _Worker(Worker):
         self.sim.local[column] += 1
 
 
-MESSAGES = (Push, Fetch, AllReduce, Average, Elastic)  # the ops that reach the server
+MESSAGES = SERVER_OPS  # the ops that reach the server
 
 
 def unused_delay(name: str, strategy) -> str | None:
@@ -193,10 +193,11 @@ class SimEngine(Engine):
 
     def preflight(self, problem, strategy, workers, batch_size) -> None:
         """Refuse what would change nothing yet be recorded: ``--shards``
-        where the local engine refuses it, and a message or server delay
-        where no message or server is (``unused_delay``)."""
+        where the local engine refuses it, but Hogwild!'s, whose read of the
+        shared vector is cut at the shards (``_inconsistent_read``), and a
+        message or server delay where no message or server is (``unused_delay``)."""
         super().preflight(problem, strategy, workers, batch_size)
-        refuse_unused_shards(self, problem, strategy)
+        refuse_unused_shards(self, problem, strategy, reads_by_shard=True)
         unused = [o for o in DELAY_OPTIONS
                   if o.name in self.given - self.shared and unused_delay(o.name, strategy)]
         if unused:
