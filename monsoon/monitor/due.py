@@ -98,13 +98,18 @@ class Due:
         none given: no live series). ``snapshot()`` gives (params, updates,
         dropped), read together, only when a row is due, and where the
         workers take local steps, their (applied, dropped) counts after them
-        (``Recorder.record``'s ``local``). Returns the row's reason to stop
-        (a divergence, the target; with ``stops``, a stop signal), or None."""
+        (``Recorder.record``'s ``local``; None: none), and where updates
+        land while the monitor looks (a server's threads), the examples of
+        those updates, read with them (the row's; else ``examples``). Returns
+        the row's reason to stop (a divergence, the target; with ``stops``,
+        a stop signal), or None."""
         if self.stops and (self.signal() or self.interrupted is not None):
             return self.stop_reason
         if self.row(at, examples):
-            params, updates, dropped, *local = snapshot()
-            local = local_counts(local[0] if local else None)
+            params, updates, dropped, *rest = snapshot()
+            local = local_counts(rest[0] if rest else None)
+            if len(rest) > 1:
+                examples = rest[1]
             reason = self.recorder.record(at, int(updates), int(examples), params, int(dropped),
                                           **({"local": local} if local is not None else {}))
             if reason is not None:

@@ -440,9 +440,12 @@ class DriverServer:
 
     # -- read together under the lock, for the curve and the live series -----
     def _snapshot(self):
+        """A row's parameters, counts and examples, read together under the
+        lock: a push applied after the monitor read ``tally.examples`` is in
+        both or in neither (``Due.look``)."""
         with self.lock:
             return (self.model.copy(), self.core.version, self.core.dropped,
-                    self.tally.local_totals(self.strategy, self.deltas))
+                    self.tally.local_totals(self.strategy, self.deltas), self.tally.examples)
 
     @property
     def model(self):
