@@ -95,6 +95,24 @@ def test_a_rows_examples_are_those_of_the_steps_it_holds(spark, workers):
     assert sync.summary["examples"] == 6 * kw["batch_size"]
 
 
+def test_each_rank_counts_the_bytes_of_its_all_reduces(spark):
+    """A step's all-reduce takes each rank's gradient sum in and gives the
+    ranks' sum back (torchrun counts its all-reduce so): per rank and step,
+    the parameters' size sent and received. The summary had no byte fields
+    and metrics.csv no bytes_sent column."""
+    kw = dict(KW, epochs=None, steps=6)
+    sync = monsoon.train("digits", strategy="sync", workers=2, engine="spark", evals=6, **kw)
+    s = sync.summary
+    assert s["spark_sync"] == "one barrier stage" and s["updates"] == 6
+    grad = sync.params.size * 8  # float64
+    assert s["bytes_sent_per_worker"] == s["bytes_received_per_worker"] == [6 * grad] * 2
+    assert s["bytes_sent"] == s["bytes_sent_uncompressed"] == 12 * grad
+    assert s["bytes_sent_per_update"] == 2 * grad
+    assert sync.history[-1]["updates"] == 6  # rows come as rank 0 asks: at least 0 and 6
+    assert [row["bytes_sent"] for row in sync.history] == \
+        [2 * grad * row["updates"] for row in sync.history]
+
+
 def test_the_driver_writes_the_stages_checkpoints_and_resume_is_exact(spark, tmp_path):
     kw = dict(strategy="sync", workers=2, engine="spark", evals=0, **KW)
     whole = monsoon.train("digits", **kw)
@@ -110,6 +128,11 @@ def test_the_driver_writes_the_stages_checkpoints_and_resume_is_exact(spark, tmp
     assert resumed.summary["spark_sync"] == "one barrier stage"
     np.testing.assert_array_equal(resumed.params, whole.params)
     assert resumed.summary["updates"] == whole.summary["updates"]
+    # its checkpoints hold no traffic: the bytes are the updates' after step 20
+    assert resumed.summary["counted_from_update"] == 20
+    assert resumed.summary["bytes_sent_per_update"] == whole.summary["bytes_sent_per_update"]
+    assert resumed.summary["bytes_sent"] == whole.summary["bytes_sent_per_update"] * (
+        whole.summary["updates"] - 20)
 
 
 def test_lbfgs_in_the_stage_equals_serial_and_resumes_exactly(spark, tmp_path):

@@ -47,6 +47,8 @@ def test_sync_retried_tasks_apply_once(spark):
     retried = monsoon.train(flaky, **kw)
     np.testing.assert_array_equal(retried.params, clean.params)
     assert retried.summary["updates"] == clean.summary["updates"] == 3
+    # the stage's all-reduce bytes: the finished attempt's, as the clean run's
+    assert retried.summary["bytes_sent"] == clean.summary["bytes_sent"] > 0
 
 
 def test_async_retried_tasks_push_once(spark):

@@ -50,10 +50,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from ...compressors.messages import Sender
 from ...errors import WaitTimeout, WorkerError
 from ...monitor.lifecycle import stop_requested
+from ...monitor.tally import RunTally
 from ...strategies.ops import AllReduce
-from ...record.checkpoints import Checkpointer, next_checkpoint
+from ...record.checkpoints import Checkpointer, applied, next_checkpoint
 from .jobs import every_slot_at_once, short_error
 
 ASK_EVERY_S = 0.01
@@ -231,6 +233,9 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
             buf[-4:] = (loss * count, count, 1.0 if recorder.stop_wanted else 0.0,
                         recorder.interrupt_wanted)  # rank 0's alone: the sum is the signal
             all_reduce(buf)
+            # this rank's gradient sum went in, the ranks' sum came back (its 4
+            # counts and flags are not counted, as torchrun's flags are not)
+            self.sender.dense(buf[:-4].nbytes, buf[:-4].nbytes)
             if buf[-2] > 0 and not recorder.stop_seen:
                 recorder.stop_seen = recorder.stop_wanted or "stopped by the driver"
             if buf[-1] > 0 and recorder.interrupted is None:
@@ -249,6 +254,7 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
     # the parameters' dtype (half the bytes to all-reduce in float32)
     dtype = np.float64 if rule.full_batch else np.asarray(w0).dtype
     programs.buffer = np.zeros(len(w0) + 4, dtype=dtype)
+    programs.sender = Sender(ctx.compression, block.index)  # the all-reduce's bytes
     return programs
 
 
@@ -280,11 +286,13 @@ def rank_task(ctx, rule, strategy, w0, driver, store_port, timeout, every, saved
                 sock.settimeout(timeout)
             recorder = RankRecorder(sock, ctx.target_loss)
             ckpts = RankCheckpoints(every, saved, sock)
-            out = _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder,
-                                 ckpts).run(recorder)
+            programs = _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder,
+                                      ckpts)
+            out = programs.run(recorder)
             if sock is not None:
                 send(sock, ("done",))
-            return [out] if rank == 0 else []
+            # every rank's traffic; rank 0's result
+            return [(rank, programs.sender.stats(), out if rank == 0 else None)]
         finally:
             dist.destroy_process_group()
             if sock is not None:
@@ -332,7 +340,7 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
             future = ctx.jobs.submit(stage, lambda it: list(it))
             started = _follow(future, server, ctx.timeout, recorder, ckpts)  # errors: the run's
             try:
-                (out,) = future.result()
+                ranks = future.result()
                 break
             except Exception as exc:  # noqa: BLE001 - the stage failed
                 if attempt == attempts:
@@ -342,6 +350,13 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
         ctx.jobs.cancel()
         server.close()
         store = None  # the last attempt's, kept alive until here
+    (out,) = [o for _, _, o in ranks if o is not None]
+    # each rank's bytes in the all-reduces, over the updates after the checkpoint resumed
+    # (its checkpoints hold no traffic)
+    tally = RunTally(ctx.workers, ctx.compression)
+    tally.from_update = 0 if saved is None else applied(saved.meta)
+    for rank, traffic, _ in ranks:
+        tally.add(rank, {"traffic": traffic})
     # the stage's launch (tasks, gloo group) is start-up: the run's clock starts after it
     out["launch_s"] = (started or submitted) - submitted
     stage_s = time.perf_counter() - began
@@ -350,7 +365,8 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
     out["extra"] = {"spark_sync": "one barrier stage", "barrier_attempts": attempt,
                     "barrier_stage_s": round(stage_s, 4),
                     "barrier_launch_s": round(out["launch_s"], 4),
-                    "spark_jobs": 1, "spark_job_share": None if share is None else round(share, 4)}
+                    "spark_jobs": 1, "spark_job_share": None if share is None else round(share, 4),
+                    **tally.extra(out["updates"])}
     return out
 
 
