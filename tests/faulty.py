@@ -4,8 +4,9 @@ It wraps a real problem and, on worker ``rank`` only (None: on every
 worker), after ``after`` gradient calls (and up to call ``until``, where
 given: its first faults only, then healthy again), raises, returns a NaN gradient,
 returns a finite gradient whose steps overflow the parameters (a
-diverging worker), exits the process, hangs, or takes 0.1 s longer per
-gradient (a straggler); in mode "exit-at-end" it exits as the worker
+diverging worker), exits the process (at once, or in mode
+"exit-after-pause" 1 s later: a Ray driver's polls have seen its figures),
+hangs, or takes 0.1 s longer per gradient (a straggler); in mode "exit-at-end" it exits as the worker
 reports at the end of its run (a rank lost after its last step: the
 report reads the problem's ``state``), the other ranks reporting 0.5 s
 later. ``SignalOnce`` presses Ctrl-C on
@@ -73,6 +74,9 @@ class FaultyProblem(Problem):
         if self.mode == "raise":
             raise RuntimeError(f"injected failure on worker {self.rank}")
         if self.mode == "exit":
+            os._exit(3)
+        if self.mode == "exit-after-pause":
+            time.sleep(1.0)
             os._exit(3)
         if self.mode == "hang":
             time.sleep(3600)

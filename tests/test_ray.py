@@ -261,6 +261,32 @@ def test_async_carries_on_when_a_worker_actor_is_killed():
     assert np.isfinite(summary["final_loss"])
 
 
+@pytest.mark.parametrize("strategy", ["async", "ssp"])
+def test_a_lost_workers_traffic_and_staleness_stay_counted(strategy):
+    """Worker 1's actor pauses at its 51st gradient, after 50 pushes (the
+    driver's polls see its figures), and exits: the run goes on without
+    it, and its summary counts those 50 pushes' bytes beside worker 0's,
+    one entry per worker, their staleness, and SSP's clock report. Before,
+    the lost worker's traffic and clock report were left out: one byte
+    entry for two workers, bytes_sent_per_update below a push's size,
+    its clocks 0."""
+    problem = FaultyProblem(make_problem("exp"), "exit-after-pause", rank=1, after=50)
+    run = monsoon.train(problem, strategy, 2, engine="ray", shards=1, epochs=20, seed=0,
+                        timeout=20, progress=False)
+    s = run.summary
+    assert [f["worker"] for f in s["failed_workers"]] == [1]
+    push = problem.n_params * np.dtype(problem.dtype).itemsize
+    assert s["bytes_sent_per_worker"] == [(s["updates"] - 50) * push, 50 * push]
+    assert s["bytes_sent"] == s["updates"] * push
+    assert s["bytes_sent_per_update"] == push
+    # async: its 50th push's staleness was still unread; SSP's tick had read it
+    assert sum(s["staleness_counts"].values()) == s["updates"] - (strategy == "async")
+    if strategy == "ssp":
+        # its clock report: 50 clocks, a count for each gradient begun (its 51st too)
+        assert s["clocks"] == [s["updates"] - 50, 50]
+        assert sum(s["clock_staleness_counts"].values()) == s["updates"] + 1
+
+
 def test_a_run_stopped_by_divergence_counts_what_its_workers_did():
     """Worker 1's gradients are all NaN after its second: every step is
     dropped and the recorder stops the run while both workers still run.

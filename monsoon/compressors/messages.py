@@ -254,8 +254,12 @@ class Sender:
         unapplied, which the resumed run sends again (``RunTally.carry``)."""
         self.sent_bytes, self.raw_bytes, self.received_bytes, self.messages = self.counted
 
-    def stats(self) -> dict:
-        norm = 0.0 if self.residual is None else float(np.linalg.norm(self.residual))
+    def stats(self, residual: bool = True) -> dict:
+        """The counts (``summarize`` reads them) and the residual's norm;
+        ``residual`` False: 0 there (a running worker's progress: the norm
+        is a pass over the vector, and a lost worker's residual is lost)."""
+        norm = 0.0 if self.residual is None or not residual \
+            else float(np.linalg.norm(self.residual))
         return {"sent": self.sent_bytes, "raw": self.raw_bytes,
                 "received": self.received_bytes, "messages": self.messages,
                 "residual_norm": norm}

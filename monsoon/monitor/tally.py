@@ -110,7 +110,8 @@ def merged(kept: dict | None, report: dict) -> dict:
     (``clocks``, ``wait_s``, ``staleness``) after ``report`` is added to
     what it held (``kept``, None: nothing): counts, bytes and waits sum,
     the residual's norm is the newest (the resumed sender carries its
-    residual on)."""
+    residual on). Also a worker's figures (``RemoteWorker.progress``):
+    its traffic and clock report merged so, None where it has none."""
     if not kept:
         return dict(report)
     out = dict(kept)
@@ -119,6 +120,8 @@ def merged(kept: dict | None, report: dict) -> dict:
             out[key] = value
         elif key == "staleness":
             out[key] = dict(summed_staleness([kept, report]))
+        elif value is None or isinstance(value, dict):
+            out[key] = merged(kept.get(key), value) if value else kept.get(key)
         else:
             out[key] = kept.get(key, 0) + value
     return out

@@ -6,8 +6,8 @@ Parameter-server shards are threaded Ray actors, on the driver's node
 the strategy program, turning ops into calls on the shards
 (``worker.py``). The driver (this process) watches them: it evaluates the
 loss on the shards' parameters, counts progress, and names a worker actor
-that dies in ``failed_workers`` (its last figures still count, its drops as
-its shards were told of them). async, local-sgd's and easgd's others carry
+that dies in ``failed_workers`` (its last figures, traffic too, count; its
+drops as its shards were told). async, local-sgd's and easgd's others carry
 on; sync carries on while its backup workers cover the loss, and otherwise
 fails fast with the worker's error. Every remote wait has a timeout.
 
@@ -72,7 +72,9 @@ from .shard import Shard
 from .worker import RemoteWorker
 
 
-LOST = -1  # among the workers' figures, by rank: the lost workers' last ones, summed
+# among the workers' figures, by rank: the lost workers' last ones, summed
+# (the rows, checkpoints and live reports); the tally adds them by rank
+LOST = -1
 
 
 def import_ray():
@@ -397,9 +399,10 @@ class RayEngine(Engine):
             results.update(self._told_drops(ray, shards, self._reports_now(
                 ray, {r: actors[r] for r in running.values()}, seen)))
         _last_live(due, wall, start.examples, results, shards_dropped["at_row"])
-        # the finished workers' reports, added to what the resumed run had counted
-        tally = RunTally.resumed(workers, self.compression, start.totals, results,
-                                 ssp=clock is not None)
+        # the lost workers' last figures and the finished ones' reports, added to
+        # what the resumed run had counted
+        tally = _by_rank(RunTally.resumed(workers, self.compression, start.totals,
+                                          ssp=clock is not None), lost, results)
         # an elastic run that lost workers still ran every step (Membership.lose
         # fails the run when no member is left)
         if ended and (stopped is None or due.interrupted) and \
@@ -539,6 +542,18 @@ class RayEngine(Engine):
             seen["at_row"] = shards_dropped
         return (np.concatenate([p for p, _, _ in parts]),
                 version - shards_dropped if synchronous else version, dropped)
+
+
+def _by_rank(tally: RunTally, lost: dict, results: dict) -> RunTally:
+    """``tally`` with the lost workers' last figures (``lost``) and then the
+    ``results`` added by rank (``LOST`` left out: its ranks are in
+    ``lost``), so that a lost worker's traffic and SSP clock report are its
+    own entries (an elastic rank's incarnations one entry) and its
+    staleness and counts up to its last progress are in the summary."""
+    for rank, figures in [*lost.items(), *results.items()]:
+        if rank != LOST:
+            tally.add(rank, figures)
+    return tally
 
 
 def _local_totals(strategy, figures: dict) -> tuple | None:

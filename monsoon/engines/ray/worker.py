@@ -18,7 +18,7 @@ contribution, a drift, EASGD's elastic difference) is its packed message
 object store; every shard reads it and decodes its own slice. A
 compressed elastic exchange reads the centre first, then sends
 D = C(alpha (x_i - x~) + e) and applies x_i -= D. The worker counts what it
-sends and receives (``Sender.stats``, in its result).
+sends and receives (``Sender.stats``, in its result and its progress).
 
 A synchronous step's calls on the shards are ``sync_step.py``'s: one
 ``contribute`` a shard, or, with backup workers on several shards, shard 0
@@ -104,7 +104,12 @@ class RemoteWorker(Worker):
         return True
 
     def progress(self) -> dict:
-        return {**self.counts, "staleness": dict(self.staleness)}
+        """Its figures so far, as ``RunTally.add`` reads a report: a worker
+        lost later counts them by rank (its traffic with no residual, SSP's
+        clock report; ``engine.py``'s ``_drive``)."""
+        return {**self.counts, "staleness": dict(self.staleness),
+                "traffic": self.sender.stats(residual=False),
+                "clocks": self.ssp.report() if self.ssp is not None else None}
 
     def report_now(self) -> dict:
         """The report ``run`` ends with, taken while the program still runs
