@@ -74,9 +74,11 @@ class Due:
             ask()
         return False
 
-    def seconds_to_row(self, at: float) -> float:
-        """How long until the next row is due, at the pace so far."""
-        return self.recorder.seconds_to_due(at, self.last_examples)
+    def seconds_to_row(self, at: float, clock_only: bool = False) -> float:
+        """How long until the next row is due, at the pace so far;
+        ``clock_only``: by the clock alone, where the rows that the example
+        count makes due come without the monitor (a snapshot ring)."""
+        return self.recorder.seconds_to_due(at, 0 if clock_only else self.last_examples)
 
     def live(self, at: float, totals, figures, final: bool = False) -> bool:
         """Hand the recorder a live update if one is due (True if so):

@@ -187,9 +187,11 @@ class WorkerMonitor:
         dies. Sleep until the next row is due (a worker's message or death
         wakes the monitor sooner): every wake-up preempts a worker, and its
         peers then wait for it at the barrier. With a snapshot ring, wake in
-        time to read it before it fills."""
+        time to read it before it fills, and for the rows the clock makes
+        due: those of the example count, worker 0 copies on its own."""
         store, elapsed = self.store, time.perf_counter() - self.t0
-        due_in = self.due.seconds_to_row(self.resume.time_s + elapsed)
+        due_in = self.due.seconds_to_row(self.resume.time_s + elapsed,
+                                         clock_only=self.ring and bool(store.control[SNAP_EVERY]))
         if self.ring:
             written = int(store.control[SNAP_WRITTEN])
             due_in = min(due_in, len(store.snap_params) / 2 * elapsed / written
