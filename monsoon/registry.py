@@ -69,8 +69,8 @@ class Registry:
                     component = ep.load()
                 except Exception as exc:  # noqa: BLE001 - named when asked for
                     self._broken[ep.name] = (
-                        f"the {self.kind} {ep.name!r} could not be loaded ({ep.value}: "
-                        f"{type(exc).__name__}: {exc}); reinstall the package that provides it")
+                        f"the {self.kind} plug-in {ep.name!r} ({ep.value}) "
+                        f"{_load_failure(ep, exc)}")
                     continue
                 misfit = self._misfit(component)
                 if misfit is not None:
@@ -143,3 +143,27 @@ class Registry:
 
 def _same(a: Option, b: Option) -> bool:
     return (a.cli, a.type, a.default) == (b.cli, b.type, b.default)
+
+
+def _load_failure(ep, exc: Exception) -> str:
+    """Why entry point ``ep`` failed to load with ``exc``, and what to
+    change: a typo in the entry point's module or attribute is fixed there;
+    an error raised while the plug-in's module imports (a dependency not
+    installed, a bug) is fixed in the plug-in's package."""
+    module, _, attr = ep.value.partition(":")
+    module, attr = module.strip(), attr.strip()
+    missing = getattr(exc, "name", None)
+    if isinstance(exc, ModuleNotFoundError) and missing and \
+            (module == missing or module.startswith(missing + ".")):
+        return (f"names the module {module!r}, which is not installed: fix the module in "
+                "its entry point, or install the package that provides it")
+    if isinstance(exc, AttributeError) and attr and module in sys.modules and \
+            getattr(exc, "obj", None) is sys.modules[module]:
+        return (f"names {attr!r}, which the module {module!r} does not define: fix the "
+                "name in its entry point")
+    if isinstance(exc, ModuleNotFoundError) and missing:
+        return (f"needs the module {missing!r}, which is not installed: install it "
+                f"(the plug-in's module {module!r} imports it)")
+    return (f"could not be loaded: importing {module!r} raised {type(exc).__name__}: {exc}; "
+            "fix it in the package that provides the plug-in")
+

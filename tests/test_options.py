@@ -442,6 +442,48 @@ def test_a_plugin_that_names_the_wrong_kind_is_refused_in_one_line_and_nothing_e
         assert not out.exists()
 
 
+def test_a_plugin_that_fails_to_load_says_what_to_fix(hand_plugin, tmp_path):
+    """An entry point that failed to load ended "reinstall the package that
+    provides it", wrong advice for a typo in the entry point itself. A typo
+    in the module or the attribute is named as such; a module the plug-in
+    imports that is not installed is named to install; any other import
+    error names the plug-in's package as the place to fix it."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "monsoon_hand_plugin_dep.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "site" / "monsoon_hand_plugin_bug.py").write_text(
+        "raise RuntimeError('a bug on import')\n")
+    hand_plugin("""
+        from monsoon.strategies.sync import Sync
+
+        class Real(Sync):
+            name = "real"
+    """, """
+        [monsoon.strategies]
+        module-typo = monsoon_hand_plugn:Real
+        attr-typo = monsoon_hand_plugin:Reall
+        needs-dep = monsoon_hand_plugin_dep:Real
+        raises = monsoon_hand_plugin_bug:Real
+    """)
+    for name, what in [
+            ("module-typo", "names the module 'monsoon_hand_plugn', which is not installed: "
+                            "fix the module in its entry point"),
+            ("attr-typo", "names 'Reall', which the module 'monsoon_hand_plugin' does not "
+                          "define: fix the name in its entry point"),
+            ("needs-dep", "needs the module 'no_such_dependency_xyz', which is not installed: "
+                          "install it"),
+            ("raises", "importing 'monsoon_hand_plugin_bug' raised RuntimeError: a bug on import; "
+                       "fix it in the package that provides the plug-in")]:
+        out = tmp_path / name
+        refused = cli("train", "--strategy", name, "--epochs", "1", "--out", str(out))
+        line = refused.stderr.splitlines()[-1]
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+        assert line.startswith(f"monsoon: error: the strategy plug-in {name!r} ("), line
+        assert what in line and "reinstall" not in line, line
+        assert not out.exists()
+    helped = cli("train", "--help")
+    assert helped.returncode == 0, helped.stderr
+
+
 def test_a_plugin_rule_without_apply_is_refused_before_any_worker_starts(hand_plugin, tmp_path):
     """A Rule subclass without ``apply`` ran its workers into Rule.apply's
     bare NotImplementedError: "worker 1 failed, and this strategy needs
