@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-from ...errors import ConfigError, WaitTimeout, WorkerError
+from ...errors import ConfigError
 from ...options import Option
 from ...strategies import WorkerJob
 from ...strategies.ops import (AllReduce, Average, Clock, Elastic, Fetch, Gradient, LocalApply,
@@ -66,7 +66,7 @@ from ...monitor.tally import (RunTally, local_totals, merged, run_folder_extra,
 from .checkpointing import ShardCheckpoints, dropped_so_far
 from .address import check_address
 from .clock import ClockServer
-from .hosts import POOL, error_line, kill
+from .hosts import POOL, get_or_fail, kill
 from .membership import Membership
 from .shard import Shard
 from .worker import RemoteWorker
@@ -427,19 +427,11 @@ class RayEngine(Engine):
         """Waits for each worker actor to have loaded its data, within
         ``start_timeout``; a worker that cannot start fails the run by rank,
         with the line of Ray's reason that names the error."""
-        from ray.exceptions import GetTimeoutError
-
         for rank, actor in enumerate(actors):
-            try:
-                ray.get(actor.ready.remote(), timeout=self.start_timeout)
-            except GetTimeoutError as exc:
-                raise WaitTimeout(f"Ray worker {rank} did not start within "
-                                  f"{self.start_timeout:g} s") from exc
-            except Exception as exc:  # noqa: BLE001 - reported by name, with Ray's reason
-                err = WorkerError(f"Ray worker {rank} could not start: {error_line(exc)} "
-                                  "(every node needs monsoon and the problem's code importable)")
-                err.worker = rank
-                raise err from exc
+            get_or_fail(ray, actor.ready.remote(), self.start_timeout,
+                        f"Ray worker {rank} did not start",
+                        f"Ray worker {rank} could not start: {{error}} (every node needs "
+                        "monsoon and the problem's code importable)", rank)
 
     def _result(self, ray, shards, start, results, failed, startup, wall, stopped, tally,
                 membership, strategy, interrupted=None):

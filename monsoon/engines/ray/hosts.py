@@ -41,6 +41,8 @@ import itertools
 import threading
 import time
 
+from ...errors import WaitTimeout, WorkerError
+
 IDLE_S = 10.0   # an idle host is killed after this long (it holds its CPU and GPU)
 MADE_S = 300.0  # the most a call waits for its object to be built
 
@@ -256,3 +258,21 @@ def error_line(exc) -> str:
     around it is many lines), or the whole text where none does."""
     lines = [line for line in str(exc).strip().splitlines() if "Error" in line]
     return lines[-1].strip() if lines else str(exc)
+
+
+def get_or_fail(ray, refs, timeout: float, late: str, failed: str, rank: int | None = None):
+    """``ray.get(refs)`` within ``timeout``, a failure said in one line:
+    past ``timeout``, ``WaitTimeout`` ("``late`` within T s"); an actor's
+    error, ``WorkerError`` with ``failed``, where ``{error}`` is the line of
+    Ray's reason that names it (``error_line``), and the worker ``rank``
+    whose call it was (None: refs of several actors)."""
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except GetTimeoutError as exc:
+        raise WaitTimeout(f"{late} within {timeout:g} s") from exc
+    except Exception as exc:  # noqa: BLE001 - an actor's error, reported in one line
+        err = WorkerError(failed.format(error=error_line(exc)))
+        err.worker = rank
+        raise err from exc

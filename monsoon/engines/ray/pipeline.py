@@ -1,22 +1,23 @@
-"""The pipeline strategy on the ray engine: one actor per (replica, stage), object refs between them.
+"""The pipeline strategy on the ray engine: one actor per (replica, stage),
+object refs between them.
 
 The driver submits each replica's ops in ``schedules.dependency_order``
 (each stage's in its schedule's order, each op after the neighbour's op it
 takes as input); an op's input is the object reference that op returned
 (an activation going forward, its gradient going back), so activations
 travel actor to actor through Ray's object store and never through the
-driver. A Ray actor runs
-the tasks one caller submits in submission order, waiting for their
-arguments, which is exactly the schedule. After a step's last op, each
-stage's gradient (``gather``) goes, as a reference, to every replica of
-that stage, which sums them in rank order and applies its rule
-(``apply``): replicas apply the same bits. At the end the driver takes
+driver. A Ray actor runs the tasks one caller submits in submission
+order, waiting for their arguments, which is exactly the schedule. After
+a step's last op, each stage's gradient (``gather``) goes, as a
+reference, to every replica of that stage, which sums them in rank order
+and applies its rule (``apply``): replicas apply the same bits. At the end the driver takes
 replica 0's stages' parameters and buffers (BatchNorm's, ``runner.finish``).
 
 The driver keeps at most two steps in flight, and every wait has the
 engine's timeout. SIGTERM/SIGINT stop the run at the next step boundary
-(the steps in flight finish), with no checkpoint: a pipeline writes none. An actor that fails fails the run with its error (a
-pipeline needs every stage).
+(the steps in flight finish), with no checkpoint: a pipeline writes none.
+An actor that fails fails the run with its error (a pipeline needs every
+stage).
 """
 from __future__ import annotations
 
@@ -24,14 +25,12 @@ import time
 
 import numpy as np
 
-from ...errors import WaitTimeout, WorkerError
 from ...strategies.batches import global_batches, part_bounds
-from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
+from ...strategies.pipeline.runner import StepTally, add_replicas, finish, stage_payloads
 from ...strategies.pipeline.schedules import dependency_order, schedule
 from ...monitor.tally import EngineResult
-from ...monitor.due import Due
 from ..options import refuse_checkpoints
-from .hosts import POOL, error_line, kill
+from .hosts import POOL, get_or_fail, kill
 
 
 class _OneOp:
@@ -139,16 +138,10 @@ def _params(ray, engine, actors, S):
 
 
 def _get(ray, refs, timeout, what):
-    from ray.exceptions import GetTimeoutError
-
-    try:
-        return ray.get(refs, timeout=timeout)
-    except GetTimeoutError as exc:
-        raise WaitTimeout(f"pipeline stage actors did not {what} within {timeout:g} s") from exc
-    except Exception as exc:  # noqa: BLE001 - an actor's error, reported in one line
-        # fail_if_lost's rule for a pipeline, said here: a get of many stages' refs names no rank
-        raise WorkerError(f"a pipeline stage actor failed, and a pipeline needs every stage: "
-                          f"{error_line(exc)}") from exc
+    # fail_if_lost's rule for a pipeline, said here: a get of many stages' refs names no rank
+    return get_or_fail(ray, refs, timeout, f"pipeline stage actors did not {what}",
+                       "a pipeline stage actor failed, and a pipeline needs every stage: "
+                       "{error}")
 
 
 def _submit_step(actors, S, R, t, batch, micro, name):
@@ -172,38 +165,27 @@ def _submit_step(actors, S, R, t, batch, micro, name):
 
 def _drive(ray, engine, strategy, actors, specs, S, R, w0, batch_size, seed, budget, recorder,
            startup, n):
-    recorder.start(w0)
-    due = Due(recorder)
+    tally = StepTally(recorder, w0)
     t0 = time.perf_counter()
     in_flight = []
-    examples = steps = dropped = 0
-    stopped = None
     for t, batch in enumerate(global_batches(n, batch_size, seed, budget)):
         in_flight.append((_submit_step(actors, S, R, t, batch, strategy.micro_batches,
                                        strategy.schedule), len(batch)))
         if len(in_flight) >= 2:
             refs, size = in_flight.pop(0)
-            dropped += any(_get(ray, refs, engine.timeout, "finish a step"))
-            steps, examples = steps + 1, examples + size
-            now = time.perf_counter() - t0
-            stopped = due.look(now, examples,
-                               lambda: (_params(ray, engine, actors, S), steps - dropped,
-                                        dropped))
-            if stopped is None and due.signal():  # SIGTERM/SIGINT: at this step boundary
-                stopped = due.stop_reason
-            if stopped is not None:
-                break
+            dropped = any(_get(ray, refs, engine.timeout, "finish a step"))
+            if tally.done(time.perf_counter() - t0, size, dropped,
+                          lambda: _params(ray, engine, actors, S)):
+                break  # the row's reason to stop, or SIGTERM/SIGINT: at this step boundary
     # a step already submitted is finished, stopped or not, so that the steps
     # and examples counted are those the stages ran (``finish`` counts their drops)
     for refs, size in in_flight:
         _get(ray, refs, engine.timeout, "finish a step")
-        steps, examples = steps + 1, examples + size
+        tally.count(size)
     wall = time.perf_counter() - t0
     params = _params(ray, engine, actors, S)
     stats = _get(ray, [a.stats.remote() for a in actors], engine.timeout, "report")
     states = _get(ray, [actors[s].buffers.remote() for s in range(S)], engine.timeout,
                   "send buffers")
-    result = finish(EngineResult, strategy, params, startup, wall, examples, steps, stats,
-                    stopped, w0, states=states)
-    result.interrupted = due.interrupted
-    return result
+    return finish(EngineResult, strategy, params, startup, wall, tally.examples, tally.steps,
+                  stats, tally.stopped, w0, interrupted=tally.interrupted, states=states)

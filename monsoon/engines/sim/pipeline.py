@@ -48,10 +48,9 @@ from collections import deque
 import numpy as np
 
 from ...strategies.batches import global_batches
-from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
+from ...strategies.pipeline.runner import StepTally, add_replicas, finish, stage_payloads
 from ...strategies.pipeline.schedules import dependency_order, timeline
 from ...monitor.tally import EngineResult
-from ...monitor.due import Due
 from ..options import refuse_checkpoints
 
 
@@ -104,10 +103,7 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
     links = [_Link(channels, r, s, sent) for r in range(R) for s in range(S)]
     busy = [0.0] * len(ws)
     now = 0.0
-    examples = steps = dropped = 0
-    stopped = None
-    recorder.start(w0)
-    due = Due(recorder)
+    tally = StepTally(recorder, w0)
     for t, batch in enumerate(global_batches(problem.n_examples, batch_size, seed, budget)):
         for w in ws:
             w.begin(batch)
@@ -124,25 +120,19 @@ def run_pipeline(engine, strategy, problem, rule, w0, workers, batch_size, seed,
                 if w is not group[0]:
                     w.grad[...] = group[0].grad
                 w.apply(t)
-        step_s = _step_time(ws, S, R, stage_s, batch_size, delays, rng, sent, busy)
-        now += step_s
-        steps += 1
-        dropped += any(w.dropped_steps[-1:] == [t] for w in ws)  # a step any stage dropped
-        examples += len(batch)
-        stopped = due.look(now, examples, lambda: (_params(ws, S), steps - dropped, dropped))
-        if stopped is None and due.signal():  # SIGTERM/SIGINT: after this step
-            stopped = due.stop_reason
-        if stopped is not None:
-            break
+        now += _step_time(ws, S, R, stage_s, batch_size, delays, rng, sent, busy)
+        dropped = any(w.dropped_steps[-1:] == [t] for w in ws)  # a step any stage dropped
+        if tally.done(now, len(batch), dropped, lambda: _params(ws, S)):
+            break  # the row's reason to stop, or SIGTERM/SIGINT: after this step
     stats = [{**w.stats(now), "busy_s": busy[i]} for i, w in enumerate(ws)]
-    extra = {"sim_step_s": now / max(steps, 1), "simulated_time_s": now,
+    extra = {"sim_step_s": now / max(tally.steps, 1), "simulated_time_s": now,
              "real_time_s": time.perf_counter() - t_real,
              "utilization": {"workers": sum(busy) / (len(ws) * now) if now > 0 else None,
                              "shards": None},
              "delays": delays.describe(len(ws))}
-    result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, examples, steps, stats,
-                    stopped, w0, extra=extra, interrupted=due.interrupted,
-                    states=[ws[s].buffers() for s in range(S)])
+    result = finish(EngineResult, strategy, _params(ws, S), 0.0, now, tally.examples,
+                    tally.steps, stats, tally.stopped, w0, extra=extra,
+                    interrupted=tally.interrupted, states=[ws[s].buffers() for s in range(S)])
     # the trained buffers left in the problem, as the sim's other strategies
     # leave them: every curve row is evaluated with them
     problem.load_state(result.worker_states.get(0))
@@ -169,7 +159,8 @@ def _step_time(ws, S, R, stage_s, batch_size, delays, rng, sent, busy) -> float:
             sizes = [len(p) for p in w._parts]
             forward.append([unit * k / 3 for k in sizes])
             backward.append([unit * k * 2 / 3 for k in sizes])
-            transfer.append([delays.message_time(sent.get((r, s, m), 0)) for m in range(len(sizes))])
+            transfer.append([delays.message_time(sent.get((r, s, m), 0))
+                             for m in range(len(sizes))])
         if not forward[0]:
             makespans.append(0.0)
             continue
