@@ -20,8 +20,7 @@ from ...strategies.ops import Fetch, Gradient
 from ...server.clocks import ClockTable, WorkerClock
 from ...server.worker import WAIT
 from ...monitor.tally import clock_fields
-
-REQUEST_BYTES = 64
+from .delays import REQUEST_BYTES
 
 
 class SimClocks:

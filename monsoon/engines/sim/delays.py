@@ -9,7 +9,8 @@
   workers (the highest ranks, rounded up to whole workers) are always that
   much slower.
 - Network: a message of b bytes takes ``latency_s + b / bandwidth_Bps``
-  (bandwidth 0 means infinite).
+  (bandwidth 0 means infinite); one with no payload (a request) counts
+  ``REQUEST_BYTES``.
 - Server: each shard serves one request at a time, taking ``service_s``;
   requests queue when it is busy, which is how a server becomes the
   bottleneck.
@@ -29,6 +30,8 @@ from ...errors import ConfigError
 from ...options import Option, at_least, in_range
 
 _NOT_NEGATIVE = lambda v: None if v >= 0 else "0 or more"  # noqa: E731
+
+REQUEST_BYTES = 64  # a message without a payload: a fetch request, SSP's clock reply
 
 # The largest --compute-sigma. A lognormal draw keeps its mean at compute_s
 # only through rare long draws: its median is exp(-sigma**2 / 2) of the mean,

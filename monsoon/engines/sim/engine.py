@@ -65,11 +65,9 @@ from ...monitor.lifecycle import stop_reason, stop_requested
 from ..options import CHECKPOINT_EVERY, RESUME, SERVER_OPS, SHARDS, refuse_unused_shards
 from ...monitor.tally import EngineResult, local_totals, run_folder_extra
 from .delays import OPTIONS as DELAY_OPTIONS
-from .delays import DelayModel, delay_model
+from .delays import REQUEST_BYTES, DelayModel, delay_model
 from ...compressors.messages import Sender, compressing, summarize
 from .clocks import SimClocks
-
-REQUEST_BYTES = 64  # a fetch request, an acknowledgement
 
 
 class _Worker(Worker):
@@ -133,9 +131,6 @@ class _Worker(Worker):
         self.sim.local[column] += 1
 
 
-MESSAGES = SERVER_OPS  # the ops that reach the server
-
-
 def unused_delay(name: str, strategy) -> str | None:
     """Why the delay option ``name`` has no effect on ``strategy``'s run,
     or None: without messages (in-memory updates: one worker, shared
@@ -145,7 +140,7 @@ def unused_delay(name: str, strategy) -> str | None:
         return None
     if STAGES in strategy.needs(2):
         return "stages exchange activations with no server" if name == "sim_service_s" else None
-    if not set(MESSAGES) & set(strategy.uses):
+    if not set(SERVER_OPS) & set(strategy.uses):
         return "no message is sent and no server serves (updates are made in memory)"
     return None
 
