@@ -25,7 +25,9 @@ It answers five questions, each cheap enough to ask between ops:
 
 The caller decides what to do about each (write which checkpoint, stop the
 workers how); this object only keeps the schedule, so that the paths agree
-on when.
+on when. ``StepTally`` asks it for the loops that run whole steps one
+after another (the sim's and Ray's pipeline drivers): after each step a
+row where one is due, then a stop at that step boundary.
 """
 from __future__ import annotations
 
@@ -153,3 +155,41 @@ class Due:
     def stop_reason(self) -> str:
         """Why the run stopped, for the result: the signal's name."""
         return stop_reason(self.interrupted)
+
+
+class StepTally:
+    """The steps finished by a driver that runs whole steps one after
+    another (a pipeline's: each one batch that every stage ran): the
+    examples, the steps and those dropped, as the curve's rows count them
+    (a pipeline's result counts its own from the stages' figures,
+    ``pipeline.runner.finish``). ``done`` counts a step, records a row where
+    one is due, and then says whether the run stops at this step boundary:
+    on the row's reason (a divergence, the target) or a stop signal
+    (SIGTERM/SIGINT, kept in ``interrupted``)."""
+
+    def __init__(self, recorder, w0):
+        recorder.start(w0)
+        self.due = Due(recorder)
+        self.examples = self.steps = self.dropped = 0
+        self.stopped: str | None = None
+
+    def count(self, size: int, dropped: bool = False) -> None:
+        """One more step of ``size`` examples (``dropped``: not applied)."""
+        self.steps, self.examples = self.steps + 1, self.examples + size
+        self.dropped += bool(dropped)
+
+    def done(self, now: float, size: int, dropped: bool, params) -> bool:
+        """A step finished at run time ``now`` (``count``), its row recorded
+        if one is due (``params()``: the parameters, read only then);
+        whether the run stops here (``stopped`` says why)."""
+        self.count(size, dropped)
+        self.stopped = self.due.look(now, self.examples, lambda: (
+            params(), self.steps - self.dropped, self.dropped))
+        if self.stopped is None and self.due.signal():
+            self.stopped = self.due.stop_reason
+        return self.stopped is not None
+
+    @property
+    def interrupted(self) -> int | None:
+        """The stop signal, once one was seen."""
+        return self.due.interrupted

@@ -26,9 +26,10 @@ import time
 import numpy as np
 
 from ...strategies.batches import global_batches, part_bounds
-from ...strategies.pipeline.runner import StepTally, add_replicas, finish, stage_payloads
+from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ...strategies.pipeline.schedules import dependency_order, schedule
 from ...monitor.tally import EngineResult
+from ...monitor.due import StepTally
 from ..options import refuse_checkpoints
 from .hosts import POOL, get_or_fail, kill
 

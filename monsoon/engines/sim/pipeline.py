@@ -48,9 +48,10 @@ from collections import deque
 import numpy as np
 
 from ...strategies.batches import global_batches
-from ...strategies.pipeline.runner import StepTally, add_replicas, finish, stage_payloads
+from ...strategies.pipeline.runner import add_replicas, finish, stage_payloads
 from ...strategies.pipeline.schedules import dependency_order, timeline
 from ...monitor.tally import EngineResult
+from ...monitor.due import StepTally
 from ..options import refuse_checkpoints
 
 

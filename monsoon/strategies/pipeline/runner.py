@@ -9,16 +9,11 @@ Worker ``rank`` is stage ``rank % S`` of replica ``rank // S``. A payload
 holds only that stage's layers and parameters, the data that stage reads
 (the inputs for the first stage, the targets for the last) and the rule,
 whose state the worker creates for its own slice.
-
-``StepTally`` is the step loop's count where the engine's driver runs the
-steps itself (the sim's, Ray's): after each step a curve row where one is
-due, then a stop at that step boundary on the row's reason or a signal.
 """
 from __future__ import annotations
 
 import functools
 
-from ...monitor.due import Due
 from .schedules import gpipe_bubble
 from .stages import stage_module
 from .worker import StageWorker
@@ -37,43 +32,6 @@ def stage_payloads(strategy, problem, rule, specs, replicas, w0, batch_size, see
             payloads.append({"make": make,
                              "batches": (problem.n_examples, batch_size, seed, budget)})
     return payloads
-
-
-class StepTally:
-    """The steps a pipeline run's driver has finished, each one batch that
-    every stage ran: the examples, the steps and those some stage dropped,
-    as the curve's rows count them (``finish`` counts the result's from the
-    stages' own figures). ``done`` counts a step, records a row where one is
-    due, and then says whether the run stops at this step boundary: on the
-    row's reason (a divergence, the target) or a stop signal (SIGTERM/SIGINT,
-    kept in ``interrupted``)."""
-
-    def __init__(self, recorder, w0):
-        recorder.start(w0)
-        self.due = Due(recorder)
-        self.examples = self.steps = self.dropped = 0
-        self.stopped: str | None = None
-
-    def count(self, size: int, dropped: bool = False) -> None:
-        """One more step of ``size`` examples (``dropped``: some stage dropped it)."""
-        self.steps, self.examples = self.steps + 1, self.examples + size
-        self.dropped += bool(dropped)
-
-    def done(self, now: float, size: int, dropped: bool, params) -> bool:
-        """A step finished at run time ``now`` (``count``), its row recorded
-        if one is due (``params()``: the stages' parameters, read only
-        then); whether the run stops here (``stopped`` says why)."""
-        self.count(size, dropped)
-        self.stopped = self.due.look(now, self.examples, lambda: (
-            params(), self.steps - self.dropped, self.dropped))
-        if self.stopped is None and self.due.signal():
-            self.stopped = self.due.stop_reason
-        return self.stopped is not None
-
-    @property
-    def interrupted(self) -> int | None:
-        """The stop signal, once one was seen."""
-        return self.due.interrupted
 
 
 def add_replicas(total, others) -> None:
