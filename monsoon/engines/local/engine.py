@@ -211,7 +211,7 @@ class _InlineWatch:
         self.store, self.problem, self.sender = store, problem, sender
         self.recorder, self.ck, self.resume = recorder, ck, resume
         self.kernel, self.n = engine.kernel, problem.n_examples
-        every = engine.checkpoint_every if ck.directory else 0
+        every = ck.every
         if self.kernel and every:  # positions count epochs: at most one checkpoint per epoch
             every = max(1, -(-every // self.n))
         recorder.start(store.params)
@@ -235,7 +235,7 @@ class _InlineWatch:
         out = checkpoints.buffer_arrays(self.problem)
         if self.sender.compression.stateful:
             n, dtype = self.store.params.size, self.store.params.dtype
-            out.update({"sender." + k: v[None] for k, v in self.sender.state(n, dtype).items()})
+            out.update(checkpoints.worker_arrays([self.sender.state(n, dtype)], "sender."))
         return out
 
     def boundary(self, steps: int) -> None:

@@ -56,7 +56,7 @@ class WorkerMonitor:
         self.startup = None  # seconds until every worker was ready, once they were
         self.wake = StopSignals.active.waitable() if StopSignals.active is not None else None
         self.n = problem.n_examples
-        every = engine.checkpoint_every if ck.directory else 0
+        every = ck.every
         if engine.kernel and every:  # positions count epochs: at most one checkpoint per epoch
             every = max(every, self.n)
         self.every = every
