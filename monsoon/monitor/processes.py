@@ -3,7 +3,8 @@ spawns them shares (the local engine's workers, its pipeline's stages).
 
 - ``torch_threads_per_worker``: workers x threads <= cores
   (oversubscription is a known 30x slowdown);
-- ``blas_threads``: the same share for the BLAS a spawned child loads;
+- ``blas_threads``: the same share for the BLAS a spawned child loads
+  (``environment``: variables set for the children started meanwhile);
 - ``single_torch_thread``, ``single_blas_thread``: one thread for the
   monitor's torch, and for worker threads' shared BLAS;
 - ``main_module_hidden``: a spawned child does not re-run the parent's
@@ -141,21 +142,32 @@ def main_module_hidden(needed: bool):
 
 
 @contextlib.contextmanager
+def environment(values: dict):
+    """``values`` in this process's environment meanwhile, for the children
+    started then (None: the variable unset), and the variables as they were
+    after, also where something else changed them meanwhile."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        _set_environment(values)
+        yield
+    finally:
+        _set_environment(saved)
+
+
+def _set_environment(values: dict) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def blas_threads(threads: int):
     """Spawned workers read these when NumPy loads its BLAS: give each the
     same share of the cores as its torch threads (the parent's are kept).
     A forked worker's BLAS is loaded already: ``limit_threads`` sets it."""
     names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update({k: str(threads) for k in names})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return environment(dict.fromkeys(names, str(threads)))
 
 
 @contextlib.contextmanager

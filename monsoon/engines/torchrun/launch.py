@@ -46,7 +46,7 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from ...monitor.lifecycle import on_stop
-    from ...monitor.processes import main_module_hidden, torch_threads_per_worker
+    from ...monitor.processes import environment, main_module_hidden, torch_threads_per_worker
     from .child import AgentStreams, rank_main, refusal, write_stop
 
     launched_at = time.time()  # the ranks' start-up counts from here (``rank.run_rank``)
@@ -65,18 +65,16 @@ def launch(engine, problem, rule, strategy, w0, workers, batch_size, seed, budge
                               monitor_interval=0.05, start_method=start_method(),
                               rdzv_configs={"join_timeout": max(30, int(engine.timeout))},
                               **agent_signals(LaunchConfig))
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads_per_worker(workers)))
+        # the ranks' share of the cores, unless the user set it (``child.rank_main``)
+        threads = os.environ.get("OMP_NUM_THREADS", str(torch_threads_per_worker(workers)))
         try:
-            with main_module_hidden(b"__main__" in job), agent_log_without_tracebacks(), \
+            with environment({"OMP_NUM_THREADS": threads}), \
+                    main_module_hidden(b"__main__" in job), agent_log_without_tracebacks(), \
                     signals_left_to_the_run(), on_stop(lambda signum: write_stop(folder, signum)):
                 elastic_launch(config, entrypoint=rank_main)(str(folder), os.getpid(),
                                                              AgentStreams())
         except ChildFailedError as exc:  # any rank lost: the collectives need every one
             raise refusal(folder) or failure_error(exc, folder, engine) from None
-        finally:
-            if saved is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
         refused = refusal(folder)
         if refused is not None:
             raise refused
@@ -131,22 +129,14 @@ def agent_signals(config_class) -> dict:
     return {"signals_to_handle": AGENT_SIGNALS}
 
 
-@contextlib.contextmanager
 def signals_left_to_the_run():
     """While the agent runs, ``agent_signals`` in the environment too (the
     agent sets it from its config, for the whole process): as it was after."""
     from ...monitor.lifecycle import StopSignals
+    from ...monitor.processes import environment
 
-    saved = os.environ.get(SIGNALS_ENV)
-    if StopSignals.active is not None:
-        os.environ[SIGNALS_ENV] = AGENT_SIGNALS
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(SIGNALS_ENV, None)
-        else:
-            os.environ[SIGNALS_ENV] = saved
+    handled = AGENT_SIGNALS if StopSignals.active is not None else os.environ.get(SIGNALS_ENV)
+    return environment({SIGNALS_ENV: handled})
 
 
 def start_method() -> str:
