@@ -29,6 +29,7 @@ from pathlib import Path
 from ...errors import ConfigError
 from ...monitor.lifecycle import worker_started
 from ...monitor.processes import limit_threads
+from ...record.atomic import atomic_write
 from .rank import run_rank
 
 STOP_FILE = "stop"  # the agent's stop signal, for rank 0 (``StopFile``)
@@ -64,7 +65,8 @@ def rank_main(folder: str, agent_pid: int, streams=None) -> None:
     already put the agent's output and error in place)."""
     rank = int(os.environ.get("RANK", -1))
     leave_the_process_group()
-    worker_started(agent_pid, f"monsoon-rank{rank}", ignore_sigterm=False)  # SIGINT ignored: the agent's to handle
+    # SIGINT ignored: the agent's to handle
+    worker_started(agent_pid, f"monsoon-rank{rank}", ignore_sigterm=False)
     # the agent's share of the cores; torch and BLAS were loaded before it was set
     limit_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
     folder = Path(folder)
@@ -123,9 +125,7 @@ class StopFile:
 
 def write_stop(folder: Path, signum: int) -> None:
     """The agent's side of ``StopFile``: the signal's number, whole at once."""
-    tmp = folder / (STOP_FILE + ".tmp")
-    tmp.write_text(str(int(signum)))
-    os.replace(tmp, folder / STOP_FILE)
+    atomic_write(folder / STOP_FILE, str(int(signum)), durable=False)
 
 
 def child_failed(folder: Path, rank: int, exc: BaseException) -> None:
@@ -137,9 +137,7 @@ def child_failed(folder: Path, rank: int, exc: BaseException) -> None:
 
 def write_refusal(folder: Path, exc: ConfigError) -> None:
     """A rank's ConfigError, whole at once (every rank may write it)."""
-    tmp = folder / f"{REFUSED_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(str(exc).strip())
-    os.replace(tmp, folder / REFUSED_FILE)
+    atomic_write(folder / REFUSED_FILE, str(exc).strip(), durable=False)
 
 
 def refusal(folder: Path) -> ConfigError | None:
@@ -152,7 +150,6 @@ def refusal(folder: Path) -> ConfigError | None:
 
 def write_result(folder: Path, result, recorder) -> None:
     state = {k: v for k, v in recorder.__dict__.items() if k not in RECORDER_SKIP}
-    tmp = folder / "result.pkl.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump({"result": result, "recorder": state}, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, folder / "result.pkl")
+    atomic_write(folder / "result.pkl", pickle.dumps({"result": result, "recorder": state},
+                                                      protocol=pickle.HIGHEST_PROTOCOL),
+                 durable=False)
