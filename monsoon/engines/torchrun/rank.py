@@ -57,7 +57,7 @@ from ...record import checkpoints
 from ...record.progress import counts
 from ...monitor.due import Due
 from ...monitor.lifecycle import STOP_SIGNALS, sigterm_deferred, stop_reason, stop_requested
-from ...monitor.tally import EngineResult, RunTally, local_totals, run_totals
+from ...monitor.tally import EngineResult, RunTally, local_totals, run_folder_extra, run_totals
 from ...compressors.messages import Sender, compressing, receive
 from ...server.reduce import finite
 from ...server.core import ServerCore
@@ -557,16 +557,16 @@ class RankWorker(Worker):
         known at this step: ``counted``, the carried ones and, where
         ``held`` has it, every rank's traffic); ``held``: what
         ``gather_ranks`` returned at this step (None: nothing gathered)."""
-        now = self.time_before + time.perf_counter() - self.t0
+        now, examples = self._now()
         arrays, traffic = held or ({}, {})
         if totals is None:
             reports = {rank: {"traffic": figures} for rank, figures in traffic.items()}
             reports[0] = {**reports.get(0, {}), **self.counted()}
             totals = run_totals(self.carried, reports)
         self.keeper.save(self.step, now, self.server, self.state,
-                         counts(reason, self.examples_before + self.examples * self.world,
-                                self.dropped, step=self.step, updates=self.updates, exact=True,
-                                totals=totals, launch=launch_id()), arrays)
+                         counts(reason, examples, self.dropped, step=self.step,
+                                updates=self.updates, exact=True, totals=totals,
+                                launch=launch_id()), arrays)
 
 
 def _resume_point(engine, comm, rule, strategy, w0, recorder) -> checkpoints.Start:
@@ -669,6 +669,7 @@ def _join(engine, problem, workers):
 
     from ...devices import rank_device
     from ...monitor.lifecycle import set_death_signal
+    from ...monitor.processes import torch_threads_per_worker
 
     env = rank_env()
     set_death_signal()  # torchrun starts ranks in sessions of their own: die with the agent
@@ -676,7 +677,7 @@ def _join(engine, problem, workers):
         raise ConfigError(f"--workers {workers}, but torchrun started {env['world_size']} "
                           f"ranks (WORLD_SIZE); pass --workers {env['world_size']}")
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))
+        torch.set_num_threads(torch_threads_per_worker(env["local_world_size"]))
     comm = Collectives(engine.dist_backend, engine.timeout, env)
     device = rank_device(problem, env["local_rank"], comm.device)
     if device is not None:  # --device cuda: the model computes on the rank's GPU
@@ -766,12 +767,10 @@ def _run_result(engine, comm, worker, start, tally, startup, wall, shm_used) -> 
              "restarts": comm.attempt, "agent_restarts": agent_restarts(),
              "bucket_count": worker.buckets.count
              if worker.buckets is not None else None,
-             **tally.extra(worker.updates)}
+             **tally.extra(worker.updates),
+             **run_folder_extra(worker.keeper.last_path, start.path)}
     if start.path:
-        extra["resumed_from"] = start.path
         extra["resumed_at_step"] = start.step
-    if worker.keeper.last_path:
-        extra["checkpoint"] = str(worker.keeper.last_path)
     # dropped: the collective steps (every rank's count, rank 0's taken); the
     # local steps: each rank's own (its report); the staleness: rank 0's count
     # (``RankWorker.counted``), on the resumed run's
