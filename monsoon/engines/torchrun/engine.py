@@ -53,7 +53,6 @@ from .collectives import agent_restarts, launch_id, pick_backend, rank_env, unde
 from .shm_reduce import REDUCE_VIA, uses_shm
 
 
-
 class TorchEngine(Engine):
     """No Push: Downpour's server answers each worker's push the moment it
     arrives, and torch.distributed's collectives move every rank at once.
@@ -82,8 +81,9 @@ class TorchEngine(Engine):
         TIMEOUT, CHECKPOINT_EVERY, RESUME,
         Option("dist_backend", str, "auto", "torch.distributed backend (auto: nccl where CUDA "
                "is available, else gloo)", choices=("auto", "gloo", "nccl")),
-        Option("bucket_mb", float, 25.0, "sync on torch problems, through the backend: all-reduce the gradient in "
-               "buckets of this many MB while backward runs (0: one all-reduce after it); "
+        Option("bucket_mb", float, 25.0, "sync on torch problems, through the backend: "
+               "all-reduce the gradient in buckets of this many MB while backward runs "
+               "(0: one all-reduce after it); "
                "refused where no bucket runs (shared memory, --compress)",
                check=lambda v: None if v >= 0 else "0 or more"),
         Option("reduce_via", str, "auto", "how the ranks sum their buffers: shm (through shared "

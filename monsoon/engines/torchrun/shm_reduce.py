@@ -2,8 +2,9 @@
 
 gloo reduces between processes of one machine over TCP loopback: copies
 through the kernel, and a sum in gloo's own threads that compete with the
-ranks' compute for the cores (bench/torch_engine_vs_ddp.py). Ranks that share a machine can meet in one block of shared memory
-instead, as NCCL's SHM transport and monsoon's local engine do:
+ranks' compute for the cores (bench/torch_engine_vs_ddp.py). Ranks that
+share a machine can meet in one block of shared memory instead, as NCCL's
+SHM transport and monsoon's local engine do:
 
 - the block holds two rounds of slots (by call parity), one slot per rank,
   and one counter per rank: the calls it has published;
