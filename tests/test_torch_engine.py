@@ -538,3 +538,36 @@ def test_the_agents_log_of_a_failed_rank_keeps_its_line_without_a_traceback(capl
     assert inside.getMessage() == outside.getMessage() == "failed (exitcode: -9) local_rank: 1"
     assert inside.exc_info is None and outside.exc_info is not None
     assert not log.filters
+
+
+def test_a_third_party_strategy_without_exact_checkpoints_is_refused_a_resume(tmp_path):
+    """``--resume`` of a strategy whose ranks do not share the parameters at
+    every step, yet keep no private copies that ``refuse_checkpoints`` would
+    name (a plug-in's sync on fetched copies): preflight lets it through,
+    and the rank's resume point refuses it in one line, before reading any
+    checkpoint (its non-sync branch is reachable)."""
+    from monsoon.engines.torchrun import rank
+    from monsoon.engines.torchrun.engine import TorchEngine
+    from monsoon.strategies.base import Strategy
+    from monsoon.strategies.ops import AllReduce, Fetch, Gradient
+
+    class PrivateSync(Strategy):
+        name = "private-sync"
+        uses = (Gradient, AllReduce, Fetch)
+        shared_params = False
+        synchronous = True
+
+    class Comm:
+        attempt, rank, world = 0, 0, 2
+
+    class Problem:
+        name, n_params, backward = "p", 3, None
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    engine = TorchEngine(resume_dir=str(folder))
+    engine.given = frozenset({"resume_dir"})
+    engine.check(PrivateSync(), 2)
+    engine.preflight(Problem(), PrivateSync(), 2, 4)
+    with pytest.raises(ConfigError, match="resumes runs whose ranks share the parameters"):
+        rank._resume_point(engine, Comm(), None, PrivateSync(), np.zeros(3), None)
