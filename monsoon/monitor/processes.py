@@ -60,16 +60,13 @@ def start_context():
     ctx.set_forkserver_preload(list(PRELOAD[:1] + torch + PRELOAD[1:]))
     # PR_SET_PDEATHSIG follows the thread that started a process: the fork
     # server relies on it only if the main thread starts it
-    os.environ[FORK_SERVER_ENV] = fork_server_env(
-        threading.current_thread() is threading.main_thread())
-    try:
+    main = threading.current_thread() is threading.main_thread()
+    with environment({FORK_SERVER_ENV: fork_server_env(main)}):
         # the resource tracker first: starting it unblocks SIGINT afterwards
         # (it blocks and unblocks it around its own start, as here)
         resource_tracker.ensure_running()
         with stop_signals_blocked(), start_method_kept():
             forkserver.ensure_running()
-    finally:
-        os.environ.pop(FORK_SERVER_ENV, None)
     return ctx
 
 
