@@ -3,8 +3,10 @@ spawns them shares (the local engine's workers, its pipeline's stages).
 
 - ``torch_threads_per_worker``: workers x threads <= cores
   (oversubscription is a known 30x slowdown);
-- ``blas_threads``: the same share for the BLAS a spawned child loads
-  (``environment``: variables set for the children started meanwhile);
+- ``blas_threads``: the same share for the BLAS a spawned child loads;
+- ``environment``: variables set for the children started meanwhile and
+  restored after (``blas_threads``, the fork server's start, the torch
+  launcher's agent and ranks);
 - ``single_torch_thread``, ``single_blas_thread``: one thread for the
   monitor's torch, and for worker threads' shared BLAS;
 - ``main_module_hidden``: a spawned child does not re-run the parent's
