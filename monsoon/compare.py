@@ -55,6 +55,7 @@ from .api import (Result, _carry_on, _first_line, _remove_empty as _remove_made,
 from .config import (COMPARE_DEFAULTS, RUN, check_compare_compress, check_error_feedback,
                      for_strategy, refuse_untaken, resolve)
 from .compressors.messages import by_strategy
+from .engines.options import RESUME
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed
 from .monitor.lifecycle import signal_name
 from .monitor.processes import leave_if_re_running_main
@@ -117,6 +118,9 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
     check_error_feedback(options.get("compress"), options.get("no_error_feedback"), cli)
     out = Path(folder_path(out))
     resume = options.pop("resume", None)
+    if resume is not None:  # a path, not empty: checked as train checks its own
+        resume = RESUME.value(os.fspath(resume) if isinstance(resume, os.PathLike) else resume,
+                              cli)
     if resume is not None and Path(resume).resolve() != out.resolve():
         given, wrote = ((f"compare --resume {resume}", "--out") if cli else
                         (f"resume={json.dumps(str(resume))}", "out="))

@@ -166,6 +166,30 @@ def test_an_empty_out_is_refused_and_the_current_directory_is_left_alone(tmp_pat
     assert {(tmp_path / n).read_text() for n in ("config.json", "metrics.csv")} == {"mine"}
 
 
+@pytest.mark.parametrize("resume", ["", "  "])
+def test_an_empty_resume_is_refused_and_the_earlier_run_is_left_alone(tmp_path, resume):
+    """resume="" named no folder, so train took it for no --resume at all:
+    a new run, the earlier run's results in its folder discarded. Now train,
+    compare and the command line refuse an empty (or blank) resume in one
+    line naming resume= (--resume), and the folder keeps what it held."""
+    import monsoon
+
+    out = tmp_path / "run"
+    first = monsoon.train("exp", "serial", steps=5, progress=False, out=out, seed=1)
+    kept = (out / "summary.json").read_text()
+    for call in (lambda: monsoon.train("exp", "serial", steps=5, progress=False, out=out,
+                                       resume=resume),
+                 lambda: monsoon.compare("exp", "serial", steps=5, out=tmp_path / "c",
+                                         resume=resume)):
+        with pytest.raises(ConfigError, match="fix resume=") as info:
+            call()
+        assert "\n" not in str(info.value) and "not empty" in str(info.value)
+    refused(cli("--steps", "5", "--out", str(out), "--resume", resume)[0], "fix --resume")
+    assert (out / "summary.json").read_text() == kept
+    assert json.loads(kept)["seed"] == first.summary["seed"] == 1
+    assert not (tmp_path / "c").exists()
+
+
 def test_a_folder_monsoon_did_not_write_is_refused_where_a_run_would_write_over_its_files(
         tmp_path, monkeypatch):
     """--out . in a folder of the user's own config.json and data wrote the

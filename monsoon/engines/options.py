@@ -28,7 +28,9 @@ CHECKPOINT_EVERY = Option("checkpoint_every", int, 1000, "write a checkpoint eve
                           "refused for a run that writes none: pipeline, and local-sgd and "
                           "easgd on ray, spark and torch",
                           check=lambda v: None if v >= 0 else "0 or more")
-RESUME = Option("resume", str, None, "continue from the checkpoints of this run folder")
+# an empty path named no folder: it resumed nothing and cleared the run folder as a new run
+RESUME = Option("resume", str, None, "continue from the checkpoints of this run folder",
+                check=lambda v: None if v.strip() else "a run folder's path, not empty")
 
 
 def refuse_unused_shards(engine, problem, strategy, device: str = "cpu",
