@@ -51,7 +51,7 @@ def no_shards(problem, strategy, device: str = "cpu",
     where the engine cuts its read of the shared vector at the shards,
     ``reads_by_shard``: the sim's), or a replicated synchronous step
     (small parameters, on the CPU: every worker applies the mean to its own
-    copy)."""
+    copy; ``device`` None: an engine that never replicates, ray)."""
     if strategy.single_worker:
         return "its one worker updates the parameters itself"
     if STAGES in strategy.needs(2):

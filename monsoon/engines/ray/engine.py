@@ -60,7 +60,7 @@ from ...server.summed import initial_sums
 from ...monitor.due import Due
 from ...monitor.lifecycle import reclaim_signals
 from ...monitor.pool import fail_if_lost
-from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT
+from ..options import CHECKPOINT_EVERY, RESUME, SHARDS, TIMEOUT, refuse_unused_shards
 from ...monitor.tally import (RunTally, local_totals, merged, run_folder_extra,
                               summed_staleness, workers_dropped)
 from .checkpointing import ShardCheckpoints, dropped_so_far
@@ -239,6 +239,14 @@ class RayEngine(Engine):
         if strategy.elastic and self.compression.active:
             raise ConfigError("--elastic does not combine with --compress yet (a regrouped "
                               "step would compress twice into one residual); drop one of them")
+
+    def preflight(self, problem, strategy, workers, batch_size) -> None:
+        """A given ``--shards`` where the run has no server to split (the
+        pipeline's stages) is refused, as on local and sim; every synchronous
+        step goes through the shards here, small parameters too (no
+        replicated step: ``device`` None)."""
+        super().preflight(problem, strategy, workers, batch_size)
+        refuse_unused_shards(self, problem, strategy, device=None)
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)

@@ -108,6 +108,7 @@ def run_pipeline(engine, ray, strategy, problem, rule, w0, workers, batch_size, 
     """Run ``strategy`` (one that needs ``STAGES``) on the ray ``engine``,
     whose Ray session (``ray``) is up."""
     refuse_checkpoints(engine, strategy, workers)
+    engine.shards_used = None  # stages hold their own slices: no server shards
     specs, S, R = strategy.layout(problem, workers, batch_size)
     actors, result = [], None
     try:
