@@ -546,12 +546,13 @@ def _set_aside(out: Path, resolved, w0, aside: SetAside) -> None:
 def _model_declares(problem) -> dict:
     """What the model computes per worker, beside its parameters, as its
     problem declares it: ``buffers``, how many it has (BatchNorm's running
-    statistics: ``Problem.state()``); ``random_draws``, where its problem
-    seeds random draws (``seed_rng``: a torch model's Dropout). The report
-    tells by them whether sync's steps can equal serial's."""
+    statistics: ``Problem.state()``); ``random_draws``, where its training
+    passes draw random numbers (``Problem.draws_random``: a torch model's
+    Dropout). The report tells by them whether sync's steps can equal
+    serial's."""
     state = problem.state()
     return {**({"buffers": len(state)} if state else {}),
-            **({"random_draws": True} if problem.seed_rng is not None else {})}
+            **({"random_draws": True} if problem.draws_random() else {})}
 
 
 def _constant_loss(problem) -> float | None:

@@ -415,15 +415,21 @@ def test_the_report_claims_sync_overlays_serial_only_where_its_model_computes_al
 
 
 def test_a_summary_declares_the_models_buffers_and_random_draws():
-    """What the report reads: a torch model's buffers and random draws
-    (its problem seeds them), none of either for a NumPy problem."""
+    """What the report reads: a torch model's buffers, and its random draws
+    where its training passes draw any (Dropout); none of either for a
+    NumPy problem. random_draws was true for every torch model (each
+    problem seeds its workers' draws), so the report gave Dropout as a
+    reason sync's curve left serial's for a model with none."""
     from test_resume_matrix import _torch_problem
 
     opts = dict(steps=2, batch_size=16, evals=0, progress=False)
     summary = monsoon.train(_torch_problem(batchnorm=True), "serial", **opts).summary
+    assert summary["buffers"] == 3 and "random_draws" not in summary
+    summary = monsoon.train(_torch_problem(batchnorm=True, dropout=True), "serial",
+                            **opts).summary
     assert summary["buffers"] == 3 and summary["random_draws"] is True
     summary = monsoon.train("exp", "serial", **opts).summary
-    assert "buffers" not in summary and summary["random_draws"] is True
+    assert "buffers" not in summary and "random_draws" not in summary
     summary = monsoon.train("linear", "serial", **opts).summary
     assert "buffers" not in summary and "random_draws" not in summary
 

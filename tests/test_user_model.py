@@ -126,6 +126,40 @@ def test_batchnorm_dropout_model_is_evaluated_in_eval_mode_under_every_strategy(
         assert losses["serial"] / 1.15 <= loss <= 1.15 * losses["serial"], losses
 
 
+def _draws_dropout_frozen():
+    net = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+    net[1].eval()  # the user's choice: no masks in training
+    return net
+
+
+@pytest.mark.parametrize("make,draws", [
+    (lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), False),
+    (lambda: nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)), False),
+    (lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1)), True),
+    (lambda: nn.Sequential(nn.Linear(4, 8), nn.RReLU(), nn.Linear(8, 1)), True),
+    # handed over in eval mode: training puts every layer in training mode
+    (lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1)).eval(), True),
+    (_draws_dropout_frozen, False),
+])
+def test_random_draws_are_declared_only_where_training_draws_random_numbers(make, draws):
+    """Every torch problem seeds its workers' draws, and random_draws said
+    true for every torch model, so the report could not tell a model with
+    Dropout from one without. Two training passes on the first rows under
+    other seeds tell, and leave the module's modes and buffers and torch's
+    generator as they were."""
+    torch.manual_seed(0)
+    net = make()
+    modes = [m.training for m in net.modules()]
+    buffers = [b.clone() for b in net.buffers()]
+    X, y = torch.randn(8, 4), torch.randn(8, 1)
+    rng = torch.get_rng_state()
+    problem = TorchProblem(net, nn.MSELoss(), X, y)
+    assert problem.draws_random() is draws
+    assert [m.training for m in problem.module.modules()] == modes
+    assert all(torch.equal(a, b) for a, b in zip(problem.module.buffers(), buffers))
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
 def test_the_modules_own_weights_are_the_start_and_seed_redraws_them():
     torch.manual_seed(7)
     module = _mlp().double()

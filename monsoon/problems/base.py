@@ -26,16 +26,16 @@ default, so that engines and the recorder read them instead of probing:
   refer to the data in shared memory (the local engine's worker processes),
   and the removal of its file once every worker mapped it. Default: none.
 - Attributes that are None where a problem lacks the capability (a problem
-  defines them as methods or values): ``prefetch`` (start loading a
-  worker's next batch), ``seed_rng`` (seed the problem's random draws for a
-  worker, from its gradients done: an engine forks torch's generator only
-  for it), ``sgd_pass`` (a compiled per-example SGD loop, ``sgd_pass(w,
-  order, lr) -> mean loss``), ``evaluate_many`` (``evaluate`` at many
-  points in one pass over the data), ``constant_loss`` (the best constant
-  predictor's loss), ``inverse_variance`` (1 / each feature's variance:
-  L-BFGS's metric, MLlib's standardization), ``row_ids`` (the data's ids
-  of the model's rows, saved beside it), and the torch model's: ``model_at``
-  (the module at ``w``), ``module``, ``place`` (``devices.py``),
+  defines them as methods or values): ``prefetch`` (start loading a worker's
+  next batch), ``seed_rng`` (seed a worker's random draws from its gradients
+  done: an engine forks torch's generator only for it; ``draws_random()``
+  says if training draws any), ``sgd_pass`` (a compiled per-example SGD loop,
+  ``sgd_pass(w, order, lr) -> mean loss``), ``evaluate_many`` (``evaluate``
+  at many points in one pass over the data), ``constant_loss`` (the best
+  constant predictor's loss), ``inverse_variance`` (1 / each feature's
+  variance: L-BFGS's metric, MLlib's standardization), ``row_ids`` (the
+  data's ids of the model's rows, saved beside it), and the torch model's:
+  ``model_at`` (the module at ``w``), ``module``, ``place`` (``devices.py``),
   ``worker_devices``, ``matrix_slices`` (PowerSGD), ``backward`` (the torch
   engine's gradient buckets), ``fewest_rows`` (a pass's fewest examples).
 """
@@ -114,6 +114,13 @@ class Problem(ABC):
     def unlink_shared(self) -> None:
         """Remove the shared data's file once every worker mapped it (or the
         start failed); here none."""
+
+    def draws_random(self) -> bool:
+        """Whether training passes draw random numbers (Dropout's masks), so
+        that workers splitting a batch compute other gradients than one
+        pass over it. Here: where the problem seeds its draws (``seed_rng``);
+        a torch model finds out whether it draws any."""
+        return self.seed_rng is not None
 
     def state(self):
         """Trained state beside the parameters (BatchNorm buffers), or None."""

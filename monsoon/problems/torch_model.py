@@ -21,7 +21,9 @@ asks for another; ``precision="bf16"`` runs forward and loss under
 workers' by the strategy's rule (``buffers.py``). Everything reported
 (``loss``, ``evaluate``) runs in eval mode under no_grad. A worker's random
 draws (Dropout) are seeded before each forward pass from (seed, rank, its
-passes so far: ``seed_rng``), so a resumed run draws an uninterrupted one's.
+passes so far: ``seed_rng``), so a resumed run draws an uninterrupted one's;
+whether it draws any at all (``draws_random``) is found when the problem is
+built: two training passes on its first rows under other seeds differ.
 
 Data reaches worker processes through shared memory (``shared_data()``:
 one block, mapped by every process), not a pickled copy per worker.
@@ -68,6 +70,7 @@ class TorchModel(Problem):
     precision = "32"        # or "bf16": autocast with float32 master weights
     _rng = None             # (a worker's seed, its forward passes so far): ``seed_rng``
     _norm_values = {}       # BatchNorm layer -> values per channel of one example (``_probe``)
+    _random_draws = None    # training passes draw random numbers (``_probe``); None: unprobed
     # The parameters are torch tensors even on the CPU (``array_device``):
     # the tests run the device path this way on machines without a GPU.
     resident = False
@@ -114,7 +117,7 @@ class TorchModel(Problem):
         shapes, rather than by a worker after the run has started. A Spark
         partition's rows are not probed: the driver compares the partitions'
         widths first, and a retried task must not call the loss twice."""
-        was_training = self.module.training
+        modes = _modes(self.module)
         self.module.eval()
         values = {}  # BatchNorm layer -> values per channel of one example (``fewest_rows``)
         hooks = [layer.register_forward_pre_hook(
@@ -143,13 +146,48 @@ class TorchModel(Problem):
         finally:
             for hook in hooks:
                 hook.remove()
-            if was_training:
-                self.module.train()
+            _restore_modes(modes)
         self._norm_values = {**self._norm_values, **values}
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
             got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ConfigError(f"loss_fn must return one number, the mean over the batch; it "
                               f"returned {got}: use reduction='mean' (torch's default)")
+        if self._random_draws is None:
+            self._random_draws = self._differs_by_seed(xb)
+
+    def _differs_by_seed(self, xb) -> bool | None:
+        """Whether two training passes over ``xb`` under other seeds of
+        torch's generator give other outputs: the module draws random
+        numbers in training (Dropout's masks, RReLU's slopes), a Dropout
+        the user froze with ``.eval()`` none. The passes run as training
+        runs them (a module handed over in eval mode is put in training
+        mode, ``_backward``), under no_grad; each layer's mode, the
+        buffers (BatchNorm's statistics) and the generator's state are put
+        back. None where a training pass fails on these rows: unknown."""
+        modes = _modes(self.module)
+        buffers = [(b, b.detach().clone()) for b in self.module.buffers()]
+        outs = []
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                if not self.module.training:
+                    self.module.train()
+                for seed in (1, 2):
+                    torch.default_generator.manual_seed(seed)
+                    outs.append(self.module(xb))
+        except Exception:  # noqa: BLE001 - a failing pass is the run's to report
+            return None
+        finally:
+            _restore_modes(modes)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+        return not _same_output(*outs)
+
+    def draws_random(self) -> bool:
+        """Whether training passes draw random numbers, as ``_probe`` found
+        when the problem was built; a module it could not tell of, or never
+        probed (a Spark table's rows stay on its executors), is taken to."""
+        return self._random_draws is not False
 
     def fewest_rows(self) -> tuple[int, str | None]:
         """The fewest examples one training forward pass may take, and why:
@@ -749,6 +787,34 @@ class TorchModel(Problem):
         clone.__setstate__(copy.deepcopy(self.__getstate__(), memo))
         clone._shm = getattr(self, "_shm", None)
         return clone
+
+
+def _modes(module) -> list:
+    """Each layer of ``module`` with its mode (training or eval), for
+    ``_restore_modes``."""
+    return [(layer, layer.training) for layer in module.modules()]
+
+
+def _restore_modes(modes: list) -> None:
+    """Put each layer back in its own mode: a layer the user froze with
+    ``.eval()`` (a BatchNorm's statistics, a Dropout) stays frozen, where
+    ``module.train()`` would set every layer training."""
+    for layer, training in modes:
+        layer.training = training
+
+
+def _same_output(a, b) -> bool:
+    """Two forward passes' outputs (tensors, or tuples, lists and dicts of
+    them) are equal, element for element."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return (isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(map(_same_output, a, b)))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(
+            _same_output(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def _as_tensor(a):
