@@ -126,6 +126,49 @@ def test_batchnorm_dropout_model_is_evaluated_in_eval_mode_under_every_strategy(
         assert losses["serial"] / 1.15 <= loss <= 1.15 * losses["serial"], losses
 
 
+def test_an_untracked_batchnorm_evaluates_a_last_chunk_of_one_row():
+    """BatchNorm1d(track_running_stats=False) normalises each evaluation
+    chunk by its own statistics, even in eval mode; 9 rows in chunks of 4
+    left a last chunk of 1 row, and the run failed evaluating ("Expected
+    more than 1 value per channel"). That row now joins the chunk before."""
+    from monsoon.problems.torch_model import eval_chunks
+
+    assert eval_chunks(9, 4, 2) == [(0, 4), (4, 9)]
+    assert eval_chunks(9, 4) == [(0, 4), (4, 8), (8, 9)]  # a model that takes one row
+    assert eval_chunks(8, 4, 2) == [(0, 4), (4, 8)] and eval_chunks(1, 4, 2) == [(0, 1)]
+    torch.manual_seed(0)
+    X, y = torch.randn(9, 4), torch.randn(9, 1)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8, track_running_stats=False),
+                        nn.Linear(8, 1))
+    problem = TorchProblem(net, nn.MSELoss(), X, y, eval_batch=4, val=(X, y))
+    result = monsoon.train(problem, "serial", steps=3, batch_size=3, progress=False)
+    model = result.model.eval()
+    with torch.no_grad():
+        want = (4 * float(nn.MSELoss()(model(X[:4]), y[:4]))
+                + 5 * float(nn.MSELoss()(model(X[4:]), y[4:]))) / 9
+    assert result.summary["final_loss"] == pytest.approx(want, rel=1e-6)
+    assert problem.evaluate(result.params)["val_loss"] == pytest.approx(want, rel=1e-6)
+
+
+def test_a_layer_the_user_froze_stays_frozen_through_evaluation():
+    """Evaluation ended with module.train(), which set every layer training:
+    a BatchNorm the user froze with .eval() then updated its statistics in
+    the next run on the same problem, and the trained model came back with
+    it training. Evaluation now puts back each layer's own mode."""
+    torch.manual_seed(0)
+    X, y = torch.randn(9, 4), torch.randn(9, 1)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    net[1].eval()
+    frozen = net[1].running_mean.clone()
+    problem = TorchProblem(net, nn.MSELoss(), X, y)
+    for _ in range(2):
+        result = monsoon.train(problem, "serial", steps=5, batch_size=3, evals=3,
+                               progress=False)
+        assert not problem.module[1].training and problem.module.training
+        assert not result.model[1].training and result.model.training
+        assert torch.equal(result.model[1].running_mean, frozen)
+
+
 def _draws_dropout_frozen():
     net = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1))
     net[1].eval()  # the user's choice: no masks in training

@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .torch_model import (TorchModel, check_targets, data_tensor, is_classification,
-                          validation_split)
+from .torch_model import (TorchModel, check_targets, data_tensor, eval_chunks,
+                          is_classification, validation_split)
 from ..errors import ConfigError
 
 _MAX_PENDING = 2
@@ -175,9 +175,8 @@ class DatasetProblem(TorchModel):
         return self._dataset_chunks(self.val_dataset), len(self.val_dataset)
 
     def _dataset_chunks(self, dataset):
-        n = len(dataset)
-        for start in range(0, n, self.eval_batch):
-            xb, yb = self._load(dataset, range(start, min(start + self.eval_batch, n)))
+        for start, stop in eval_chunks(len(dataset), self.eval_batch, self._fewest_eval_rows()):
+            xb, yb = self._load(dataset, range(start, stop))
             if self.device != "cpu":
                 xb, yb = xb.to(self.device), yb.to(self.device)
             yield xb, yb

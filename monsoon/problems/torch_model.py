@@ -19,11 +19,11 @@ asks for another; ``precision="bf16"`` runs forward and loss under
 ``bf16-mixed``). Buffers (BatchNorm's statistics) are trained state:
 ``state()`` / ``load_state()`` carry them to the caller, which combines the
 workers' by the strategy's rule (``buffers.py``). Everything reported
-(``loss``, ``evaluate``) runs in eval mode under no_grad. A worker's random
+(``loss``, ``evaluate``) runs in eval mode under no_grad, each layer's
+mode put back after (one the user froze stays so). A worker's random
 draws (Dropout) are seeded before each forward pass from (seed, rank, its
 passes so far: ``seed_rng``), so a resumed run draws an uninterrupted one's;
-whether it draws any at all (``draws_random``) is found when the problem is
-built: two training passes on its first rows under other seeds differ.
+whether it draws any (``draws_random``): two training passes under other seeds differ.
 
 Data reaches worker processes through shared memory (``shared_data()``:
 one block, mapped by every process), not a pickled copy per worker.
@@ -197,12 +197,28 @@ class TorchModel(Problem):
         which torch refuses for a batch of 1 ("Expected more than 1 value
         per channel when training"); else (1, None). A module handed over
         in eval mode trains every layer (``_backward``)."""
-        all_train = not self.module.training
+        name = self._norm_by_batch(training=True)
+        if name is None:
+            return 1, None
+        return 2, f"its BatchNorm layer {name!r} normalises one value per channel"
+
+    def _norm_by_batch(self, training: bool) -> str | None:
+        """The first BatchNorm layer that normalises one value per channel
+        by the batch's own statistics in a training pass (``training``) or
+        an evaluation: one without running statistics always, another where
+        it trains; None if none (``fewest_rows``)."""
+        all_train = training and not self.module.training
         for name, layer in self.module.named_modules():
             if (isinstance(layer, _BatchNorm) and self._norm_values.get(name, 1) == 1
-                    and (all_train or layer.training or layer.running_mean is None)):
-                return 2, f"its BatchNorm layer {name!r} normalises one value per channel"
-        return 1, None
+                    and (layer.running_mean is None
+                         or training and (all_train or layer.training))):
+                return name
+        return None
+
+    def _fewest_eval_rows(self) -> int:
+        """The fewest rows an evaluation chunk may hold: 2 where a BatchNorm
+        normalises it by its own statistics (``_norm_by_batch``), else 1."""
+        return 1 if self._norm_by_batch(training=False) is None else 2
 
     def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch, module=None):
         """The settings every torch problem has; returns the torch dtype:
@@ -562,8 +578,8 @@ class TorchModel(Problem):
         return None if self.val is None else (self._chunks(*self.val), len(self.val[0]))
 
     def _chunks(self, X, y):
-        for start in range(0, len(X), self.eval_batch):
-            yield X[start:start + self.eval_batch], y[start:start + self.eval_batch]
+        for start, stop in eval_chunks(len(X), self.eval_batch, self._fewest_eval_rows()):
+            yield X[start:stop], y[start:stop]
 
     def _gather_grads(self, flat=None, views=None) -> None:
         """Copy the fresh ``.grad`` tensors into the flat gradient buffer
@@ -610,7 +626,7 @@ class TorchModel(Problem):
         self._check(w)
         saved = self._bound
         self._use(w)
-        was_training = self.module.training
+        modes = _modes(self.module)  # each layer's own, put back after: a frozen one stays so
         self.module.eval()
         total = correct = None  # correct: (hits, predictions scored)
         try:
@@ -624,8 +640,7 @@ class TorchModel(Problem):
                         hits = count_correct(out, yb, self.loss_fn)
                         correct = hits if correct is None else correct + hits
         finally:
-            if was_training:
-                self.module.train()
+            _restore_modes(modes)
             if saved is not None and self._here(saved) and saved is not self._bound:
                 self._bind(saved)
         mean = float(total) / n if total is not None else float("nan")
@@ -675,7 +690,8 @@ class TorchModel(Problem):
         """A standalone copy of the module holding parameters ``w``."""
         self._check(w)
         model = copy.deepcopy(self.module).to("cpu")  # results live on the CPU side
-        model.train()
+        if not model.training:  # as training runs it; a layer the user froze stays frozen
+            model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         for p, view in zip(params, self._views(np.array(arrays.to_host(w), copy=True))):
             p.data = view.clone()
@@ -787,6 +803,17 @@ class TorchModel(Problem):
         clone.__setstate__(copy.deepcopy(self.__getstate__(), memo))
         clone._shm = getattr(self, "_shm", None)
         return clone
+
+
+def eval_chunks(n: int, size: int, fewest: int = 1) -> list[tuple[int, int]]:
+    """The [start, stop) of each evaluation chunk of ``size`` rows over
+    ``n``; a last chunk of fewer than ``fewest`` rows joins the one before:
+    a BatchNorm without running statistics normalises each chunk by its
+    own, which torch refuses for one row even in eval mode."""
+    starts = list(range(0, n, size))
+    if len(starts) > 1 and n - starts[-1] < fewest:
+        starts.pop()
+    return list(zip(starts, starts[1:] + [n]))
 
 
 def _modes(module) -> list:
