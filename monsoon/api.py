@@ -388,7 +388,7 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     try:
         result = _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder)
     except BaseException as exc:
-        _end_aside(aside, _ending(exc, resolved, out))
+        _end_aside(aside, _ending(exc, out))
         raise
     _end_aside(aside, "discard")
     return result
@@ -419,10 +419,11 @@ def _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder) 
 def _end_aside(aside, how: str) -> None:
     """A refused run gives the previous run's files back (``how``
     "restore"; its live writer is closed by then, so its own TensorBoard
-    file goes); a resumed run that ended without results of its own gives
-    back the previous run's and keeps its checkpoints ("give_back",
-    ``_keeps_previous``); any other end leaves the folder to this run's
-    files ("discard"). A file system error here is a warning: the run's own
+    file goes); a run that ended without results of its own (no summary:
+    a resumed run that failed, ``_keeps_previous``, or a new one whose
+    folder could not be written) gives back the previous run's and keeps
+    its checkpoints ("give_back"); any other end leaves the folder to this
+    run's files ("discard"). A file system error here is a warning: the run's own
     error, or its result, is what the user gets."""
     if aside is None:
         return
@@ -442,15 +443,15 @@ def _keeps_previous(resolved) -> bool:
     return bool(getattr(resolved.engine, "resume_dir", None))
 
 
-def _ending(exc: BaseException, resolved, out) -> str:
+def _ending(exc: BaseException, out) -> str:
     """``_end_aside``'s ``how`` for a run that raised ``exc``: "restore"
-    where it was refused; "give_back" where ``_keeps_previous`` and it
-    wrote no summary (a failure, or a stop the engine did not catch);
-    else "discard"."""
+    where it was refused; "give_back" where it wrote no summary (a resumed
+    run's failure, ``_keeps_previous``; a new run's summary that could not
+    be written; a stop the engine did not catch): the previous run's
+    results stay the folder's; else "discard"."""
     if isinstance(exc, ConfigError):
         return "restore"
-    if out is not None and _keeps_previous(resolved) and \
-            not (Path(out) / "summary.json").exists():
+    if out is not None and not (Path(out) / "summary.json").exists():
         return "give_back"
     return "discard"
 
@@ -516,8 +517,8 @@ def _start_folder(out: Path, resolved, w0) -> SetAside:
     is never removed: resuming from this folder, ``load_latest`` names it
     and the one used instead; otherwise it is moved to ``.damaged``, in one
     line. What goes is set aside (``SetAside``, returned) until the run
-    ends: a run refused once started gives it back, as does a resumed run
-    that ends without results of its own (``_end_aside``)."""
+    ends: a run refused once started gives it back, as does a run that
+    ends without results of its own (no summary written: ``_end_aside``)."""
     aside = SetAside(out)
     try:
         _set_aside(out, resolved, w0, aside)

@@ -308,6 +308,40 @@ def test_a_resumed_run_that_fails_gives_the_previous_runs_results_back(tmp_path,
     assert not list(run.rglob(".aside-*"))
 
 
+@pytest.mark.parametrize("fails", ["mid-run", "at-the-end"])
+def test_a_new_run_whose_summary_cannot_be_written_gives_the_previous_runs_results_back(
+        tmp_path, monkeypatch, fails):
+    """A new run (seed 1, no --resume) sets the previous run's results aside
+    when it starts; where its own summary could not be written (a full disk:
+    the write of a failed run's folder, or of a finished one's), they went
+    with it and the folder held no results at all. They come back, whole,
+    and nothing is left set aside."""
+    import monsoon.api as api
+
+    run = _good_run(tmp_path)
+    results = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    series = {p.name: p.read_bytes() for p in (run / "tb").iterdir()}  # TensorBoard's
+    ckpts = {p.name for p in (run / "checkpoints").glob("ckpt-*.npz")}
+
+    def full_disk(out, *args, **kwargs):  # the folder's first file is written, then none
+        (Path(out) / "config.json").write_text("{}")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(api, "write_run_folder", full_disk)
+    if fails == "mid-run":
+        def record(self, *args, **kwargs):
+            raise RuntimeError("injected monitor fault")
+
+        monkeypatch.setattr(recorder_module.Recorder, "record", record)
+    with pytest.raises((RunFailed, OSError)) as info:
+        monsoon.train("exp", "serial", epochs=1, seed=1, out=run, evals=2, checkpoint_every=0)
+    assert "No space left on device" in str(info.value)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == results
+    assert {p.name: p.read_bytes() for p in (run / "tb").iterdir()} == series and series
+    assert {p.name for p in (run / "checkpoints").glob("ckpt-*.npz")} == ckpts
+    assert not list(run.rglob(".aside-*"))
+
+
 def _interrupt_after_first_checkpoint(folder: Path) -> None:
     """SIGTERM to this process once ``folder`` holds a checkpoint newer than
     those there now (the run is well under way), as a user's Ctrl-C."""

@@ -196,7 +196,7 @@ class SetAside:
     event file). ``restore`` gives them back where the run was refused,
     after removing the result, TensorBoard and checkpoint files the refused
     run wrote, and ``give_back`` where a run that started left no results
-    of its own; ``discard`` deletes them once the run stands on its own
+    of its own (no summary); ``discard`` deletes them once the run stands on its own
     (finished, failed or interrupted, its results written). They take their disk space until
     then. Files set aside by a run that was killed go with the next run."""
 
@@ -235,13 +235,18 @@ class SetAside:
 
     def give_back(self) -> None:
         """A run that started but left no results of its own (a resumed run
-        that failed) gives the previous run's back, in place of any result
-        file (``RESULT_FILES``) it began to write; the rest of what it wrote
-        stays (its checkpoints: the line names the newest to carry on
-        from), and a file set aside whose place one of them took (another
-        run's checkpoint of the same step) goes."""
+        that failed, a new one whose summary could not be written) gives the
+        previous run's back, in place of any result file (``RESULT_FILES``)
+        it began to write, and of its TensorBoard files where the previous
+        run's were set aside (a new run's series, not carried on); the rest
+        of what it wrote stays (its checkpoints: the line names the newest
+        to carry on from), and a file set aside whose place one of them
+        took (another run's checkpoint of the same step) goes."""
+        tb = self.out / "tb"
+        new_series = any(path.parent == tb for path, _ in self.moved)
         for path in set(self._files("*")) - (self.before or set()):
-            if path.parent == self.out and path.name in RESULT_FILES:
+            if (path.parent == self.out and path.name in RESULT_FILES
+                    or new_series and path.parent == tb):
                 path.unlink(missing_ok=True)
         for path, there in self.moved:
             if path.exists():
