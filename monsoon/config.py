@@ -77,9 +77,10 @@ RUN_OPTIONS = (
            "runs/compare-PROBLEM, with each strategy's run in OUT/STRATEGY; "
            "monsoon.train writes none unless given); a run there replaces the previous run's "
            "results, and checkpoints of another run (set aside when it starts, given back "
-           "if it is refused); a folder another run is using is refused (exit 2), and so "
-           "is a folder monsoon did not write that holds a file a run (or compare) writes, "
-           "or where the problem's own data file would be written over"),
+           "if it is refused or ends without a summary of its own); a folder another run is "
+           "using is refused (exit 2), and so is a folder monsoon did not write that holds "
+           "a file a run (or compare) writes, or where the problem's own data file would be "
+           "written over"),
     Option("progress", bool, None, "show a progress bar (default: on a terminal)"),
     Option("live_every", float, 1.0, "write live series (each worker's mini-batch loss, "
            "examples/s, staleness) at most this often, in seconds (0: none); docs/live.md",
