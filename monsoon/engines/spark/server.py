@@ -378,10 +378,9 @@ class DriverServer:
     def run(self, recorder, poll_s: float = 0.05) -> dict:
         ctx = self.ctx
         recorder.start(self.w)
-        # rows, live updates, the no-progress backstop, SIGTERM/SIGINT (no result
-        # applied after it); and the checkpoints, every ``every`` updates after
-        # those resumed from (``_capture``)
-        due = self.due = Due(recorder, every=self.ckpts.every, timeout=ctx.timeout, stops=True)
+        # rows, live updates, the no-progress backstop; and the checkpoints,
+        # every ``every`` updates after those resumed from (``_capture``)
+        due = self.due = Due(recorder, every=self.ckpts.every, timeout=ctx.timeout)
         due.plan_checkpoint(self.core.version + self.core.dropped)
         self.t0 = t0 = time.perf_counter() - self.before
         threads = [threading.Thread(target=self.worker, args=(k,), daemon=True,
@@ -405,6 +404,8 @@ class DriverServer:
                              "--timeout if a push period is genuinely that slow)")
                 stopped = due.look(time.perf_counter() - t0, self.tally.examples,
                                    self._snapshot, self._totals, self._figures)
+                if not stopped and due.signal():  # SIGTERM/SIGINT: no result applied after
+                    stopped = due.stop_reason
                 if stopped:
                     break
                 self._write_captured()
