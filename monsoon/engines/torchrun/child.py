@@ -150,6 +150,7 @@ def refusal(folder: Path) -> ConfigError | None:
 
 def write_result(folder: Path, result, recorder) -> None:
     state = {k: v for k, v in recorder.__dict__.items() if k not in RECORDER_SKIP}
-    atomic_write(folder / "result.pkl", pickle.dumps({"result": result, "recorder": state},
-                                                      protocol=pickle.HIGHEST_PROTOCOL),
+    payload = {"result": result, "recorder": state}
+    atomic_write(folder / "result.pkl",
+                 lambda f: pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL),
                  durable=False)
