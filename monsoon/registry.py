@@ -21,6 +21,7 @@ known by its entry point's name, whatever its spec's ``name``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 from importlib.metadata import entry_points
 
@@ -147,18 +148,18 @@ def _same(a: Option, b: Option) -> bool:
 
 def _load_failure(ep, exc: Exception) -> str:
     """Why entry point ``ep`` failed to load with ``exc``, and what to
-    change: a typo in the entry point's module or attribute is fixed there;
-    an error raised while the plug-in's module imports (a dependency not
-    installed, a bug) is fixed in the plug-in's package."""
-    module, _, attr = ep.value.partition(":")
-    module, attr = module.strip(), attr.strip()
+    change: a typo in the entry point's module or attribute (dotted or
+    not) is fixed there; a module the plug-in imports that is not installed
+    is to install; any other error raised while the plug-in's module
+    imports is fixed in the plug-in's package."""
+    module, attr = ep.module, ep.attr or ""
     missing = getattr(exc, "name", None)
     if isinstance(exc, ModuleNotFoundError) and missing and \
             (module == missing or module.startswith(missing + ".")):
         return (f"names the module {module!r}, which is not installed: fix the module in "
                 "its entry point, or install the package that provides it")
     if isinstance(exc, AttributeError) and attr and module in sys.modules and \
-            getattr(exc, "obj", None) is sys.modules[module]:
+            _undefined(sys.modules[module], attr):
         return (f"names {attr!r}, which the module {module!r} does not define: fix the "
                 "name in its entry point")
     if isinstance(exc, ModuleNotFoundError) and missing:
@@ -167,3 +168,13 @@ def _load_failure(ep, exc: Exception) -> str:
     return (f"could not be loaded: importing {module!r} raised {type(exc).__name__}: {exc}; "
             "fix it in the package that provides the plug-in")
 
+
+def _undefined(obj, attr: str) -> bool:
+    """Whether the dotted name ``attr`` is missing from ``obj`` (the
+    module imported whole, so the entry point's name is at fault)."""
+    for part in attr.split("."):
+        try:
+            obj = inspect.getattr_static(obj, part)
+        except AttributeError:
+            return True
+    return False

@@ -461,6 +461,7 @@ def test_a_plugin_that_fails_to_load_says_what_to_fix(hand_plugin, tmp_path):
         [monsoon.strategies]
         module-typo = monsoon_hand_plugn:Real
         attr-typo = monsoon_hand_plugin:Reall
+        dotted-typo = monsoon_hand_plugin:Real.Inner [extra]
         needs-dep = monsoon_hand_plugin_dep:Real
         raises = monsoon_hand_plugin_bug:Real
     """)
@@ -469,6 +470,8 @@ def test_a_plugin_that_fails_to_load_says_what_to_fix(hand_plugin, tmp_path):
                             "fix the module in its entry point"),
             ("attr-typo", "names 'Reall', which the module 'monsoon_hand_plugin' does not "
                           "define: fix the name in its entry point"),
+            ("dotted-typo", "names 'Real.Inner', which the module 'monsoon_hand_plugin' does "
+                            "not define: fix the name in its entry point"),
             ("needs-dep", "needs the module 'no_such_dependency_xyz', which is not installed: "
                           "install it"),
             ("raises", "importing 'monsoon_hand_plugin_bug' raised RuntimeError: a bug on import; "
