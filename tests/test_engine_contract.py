@@ -265,6 +265,76 @@ def test_every_engine_weighs_a_short_last_batch_by_its_size(strategy, workers, e
     assert run.summary["examples"] == TAIL["epochs"] * 256  # no example added or dropped
 
 
+# -- the counts mean the same on every engine --------------------------------------------
+
+COUNTS = ("updates", "local_updates", "examples", "staleness_counts")
+CLUSTER = {"timeout": 60, "shards": 1}  # Ray on one shard, as above; Spark takes no shards
+
+
+def _cluster(engine) -> dict:
+    return {} if engine in ("local", "sim") else \
+        {k: v for k, v in CLUSTER.items() if k != "shards" or engine == "ray"}
+
+
+@pytest.mark.parametrize("engine", [
+    "sim",
+    pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+    pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow]),
+])
+def test_a_local_sgd_run_counts_what_the_local_engines_counts(engine, request):
+    """An update is an averaging round (docs/strategies.md): 40 steps of 8
+    local steps are 5 rounds, each worker's local step on every step counted
+    in local_updates, on every engine. Spark left to size its round (no
+    local_steps: docs/engines/spark.md) runs another run, whose summary
+    names the round it chose, and counts that run's rounds: 40 steps of 5
+    are 8, not the local engine's 5 rounds of its default 8."""
+    kw = dict(steps=40, evals=0, progress=False, seed=0)
+    local = monsoon.train("logistic", "local-sgd", 2, local_steps=8, **kw).summary
+    assert local["updates"] == 5 and local["local_updates"] == 2 * 40
+    with _with_plugin(engine, request):
+        run = monsoon.train("logistic", "local-sgd", 2, engine=engine, local_steps=8,
+                            **_cluster(engine), **kw).summary
+        assert {k: run[k] for k in COUNTS} == {k: local[k] for k in COUNTS}
+        if engine == "spark":
+            sized = monsoon.train("logistic", "local-sgd", 2, engine=engine, **_cluster(engine),
+                                  **kw).summary
+            assert sized["local_steps_chosen"] == sized["local_steps"]
+            assert sized["updates"] == -(-40 // sized["local_steps"])
+            assert sized["local_updates"] == local["local_updates"]
+
+
+@pytest.mark.parametrize("engine", [
+    "local", "sim",
+    pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+    pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow]),
+])
+def test_an_easgd_exchange_counts_the_others_exchanges_since_its_copy_met_the_centre(
+        engine, request):
+    """An exchange is an update, at async's staleness (server/elastic.py):
+    the other workers' exchanges since this worker's copy last met the
+    centre (its last exchange, or its start). One count an exchange, so the
+    histogram sums to updates. Two workers, 50 exchanges each: a worker's
+    staleness adds up to the other's exchanges between its start and its
+    last exchange, so the worker whose last exchange is the run's last adds
+    up to all 50 of the other's, and the run's total lies in [50, 100],
+    however the workers interleave. The sim's workers take turns: every
+    exchange but the first follows one of the other's. One worker is never
+    stale. (Spark counted every exchange at 0; local, sim and Ray kept no
+    histogram.)"""
+    kw = dict(easgd_tau=4, steps=400, evals=0, progress=False, seed=0)
+    with _with_plugin(engine, request):
+        s = monsoon.train("logistic", "easgd", 2, engine=engine, **_cluster(engine),
+                          **kw).summary
+    counts = {int(k): n for k, n in s["staleness_counts"].items()}
+    assert s["updates"] == 100 == sum(counts.values()), counts
+    assert 50 <= sum(tau * n for tau, n in counts.items()) <= 100, counts
+    if engine == "sim":
+        assert counts == {0: 1, 1: 99}
+    if engine in ("local", "sim"):
+        one = monsoon.train("logistic", "easgd", 1, engine=engine, **kw).summary
+        assert one["staleness_counts"] == {0: one["updates"]}
+
+
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_the_torch_engines_buckets_weigh_a_short_last_batch():

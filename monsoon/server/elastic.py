@@ -32,6 +32,12 @@ exchange is a collective (torch) joins it with nothing for that worker.
 With the centre finite and alpha in [0, 1], d is finite whenever x_i is,
 short of x_i - x~ overflowing (|x_i| + |x~| past the dtype's largest value
 in some coordinate).
+
+An exchange is an update, at async's staleness (ALGORITHMS.md): the
+centre's version at it less the one x_i last met (its last exchange, or its
+read at its start or a restart: ``Worker.took_centre``, ``exchanged``; Spark's
+driver keeps the copies and counts alike), once however many shards, at the
+stalest one's. (Torch's synchronous round moves the centre once: 0.)
 """
 from __future__ import annotations
 

@@ -41,6 +41,8 @@ before the run; this is the backstop).
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 
 from .. import arrays
@@ -68,7 +70,7 @@ LANDING = frozenset({Apply, Push, LocalStep, LocalApply, Elastic, Clock})  # a h
 class Worker:
     # slots: the sim runs tens of thousands of workers (its subclass has slots too)
     __slots__ = ("rank", "problem", "strategy", "work", "program", "local_rule", "handlers",
-                 "held")
+                 "held", "met")
     engine_name = "this"  # in ``cannot``'s error
     halt = (0,)           # never set: see the module docstring
     sender = None         # the engine's ``messages.Sender``, where it reports traffic
@@ -86,6 +88,8 @@ class Worker:
         # the examples of the gradients computed since the last push (None: the
         # program pushes nothing, and a gradient counts when it is computed)
         self.held = 0 if Push in strategy.uses else None
+        # the server's versions (a shard's each) this worker last took (``took_centre``)
+        self.met = None
 
     def advance(self, result=None, between_ops=None) -> bool:
         """Carry out ``program``'s ops from where it waits (``result``: what
@@ -189,6 +193,24 @@ class Worker:
         centre, read as its program's first Fetch read it. An engine whose
         exchange the other workers wait on replaces it."""
         return self.handlers[Fetch](Fetch())
+
+    def took_centre(self, ticket) -> None:
+        """The worker read the server's parameters at ``ticket`` (a Fetch's:
+        a version a shard, an array the fetch made for it): EASGD's copy
+        takes the centre there, at its start and at a restart, and its
+        exchanges' staleness counts from it (``exchanged``)."""
+        self.met = ticket
+
+    def exchanged(self, s: int, version: int) -> int:
+        """This worker's exchange lands on shard ``s`` at the shard's
+        ``version`` (before it): its staleness there, the other workers'
+        exchanges since this copy last met the centre (``elastic.py``);
+        the copy meets it again at ``version + 1``."""
+        if self.met is None:  # no Fetch before it: counted from version 0
+            self.met = defaultdict(int)
+        staleness = version - int(self.met[s])
+        self.met[s] = version + 1
+        return staleness
 
     def elastic_difference(self, centre, alpha: float, packed: bool = False) -> tuple:
         """EASGD's exchange with the difference compressed (Zhang et al.'s

@@ -315,6 +315,7 @@ class WorkerRuntime(Worker):
             with store.holding(s, self.rank):
                 ticket[s] = store.versions[s]
                 self.shards[s].read(self.rank, self.work[a:b])
+        self.took_centre(ticket)
         return ticket
 
     def send_push(self, grad, ticket) -> None:
@@ -364,19 +365,24 @@ class WorkerRuntime(Worker):
 
     def send_elastic(self, op: Elastic) -> None:
         store = self.store
-        if self.sender is not None and self.sender.compression.active:
+        worst = 0  # the exchange's staleness: its stalest shard's (``server/elastic.py``)
+        compressed = self.sender is not None and self.sender.compression.active
+        if compressed:
             # Zhang et al.'s asynchronous exchange with the difference compressed:
             # read x~, send D = C(alpha (x_i - x~) + e); x~ += D, x_i -= D
             _, sent = self.elastic_difference(store.params, op.alpha)
-            for s, (a, b) in enumerate(store.bounds):
-                with store.holding(s, self.rank):
+        for s, (a, b) in enumerate(store.bounds):
+            mine = self.work[a:b]
+            with store.holding(s, self.rank):
+                worst = max(worst, self.exchanged(s, int(store.versions[s])))
+                if compressed:
                     self.shards[s].add(sent[a:b])
-                    store.versions[s] += 1
-        else:
-            for s, (a, b) in enumerate(store.bounds):
-                mine = self.work[a:b]
-                with store.holding(s, self.rank):
+                else:
                     diff = self.shards[s].elastic(mine, op.alpha)
-                    store.versions[s] += 1
+                store.versions[s] += 1
+            if not compressed:
                 mine -= diff
+        self.staleness[worst] += 1
+        if self._live is not None:
+            self._stale(worst)
         self.counters[UPDATES] += 1

@@ -169,17 +169,23 @@ class Shard:
             self._taken()
             return staleness
 
-    def elastic(self, worker: int, alpha: float, x: np.ndarray) -> np.ndarray:
+    def elastic(self, worker: int, alpha: float, x: np.ndarray) -> tuple[np.ndarray, int]:
+        """EASGD's exchange: the worker's move and the version it landed at
+        (before it: the worker counts its staleness, ``server/elastic.py``)."""
         with self.lock:
+            version = self.core.version
             diff = self.core.elastic(x, alpha)
             self._taken()
-            return diff
+            return diff, version
 
-    def difference(self, message) -> None:
+    def difference(self, message) -> int:
+        """A compressed exchange's difference, added; the version it landed at."""
         d = self._take(message)
         with self.lock:
+            version = self.core.version
             self.core.add(d)
             self._taken()
+            return version
 
     # -- synchronous -----------------------------------------------------------
     def contribute(self, step: int, worker: int, grad, examples: int, gen: int = 0,

@@ -178,7 +178,9 @@ class RemoteWorker(Worker):
         self.counts["local" if applied else "local_dropped"] += 1
 
     def fetch(self, op):
-        return self._read(self.work)
+        ticket = self._read(self.work)
+        self.took_centre(ticket)
+        return ticket
 
     def _read(self, into):
         """Every shard's slice of the server's parameters, copied into
@@ -284,14 +286,17 @@ class RemoteWorker(Worker):
             centre = np.empty_like(self.work)
             self._read(centre)
             wire, _ = self.elastic_difference(centre, op.alpha, packed=True)
-            self._get([sh.difference.remote(part)
-                       for sh, part in zip(self.shards, self._per_shard(wire))])
+            versions = self._get([sh.difference.remote(part)
+                                  for sh, part in zip(self.shards, self._per_shard(wire))])
         else:
             moves = self._get([sh.elastic.remote(self.rank, op.alpha, self.work[a:b])
                                for sh, (a, b) in zip(self.shards, self.bounds)])
-            for (a, b), d in zip(self.bounds, moves):
+            for (a, b), (d, _) in zip(self.bounds, moves):
                 self.work[a:b] -= d
+            versions = [version for _, version in moves]
         self.counts["updates"] += 1  # one exchange, one update (the local engine's send_elastic)
+        # its staleness: its stalest shard's (``server/elastic.py``)
+        self.staleness[max(self.exchanged(s, v) for s, v in enumerate(versions))] += 1
 
 
 class RayClock(WorkerClock):

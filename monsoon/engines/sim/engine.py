@@ -565,7 +565,9 @@ class SimEngine(Engine):
         return self._read(w, w.work, self._fetched)
 
     def _fetched(self, w):
-        self._resume(w, w.ticket.copy())
+        ticket = w.ticket.copy()
+        w.took_centre(ticket)
+        self._resume(w, ticket)
 
     def _read(self, w, into, then, *args):
         """A request to every shard for its slice of the parameters, copied
@@ -637,10 +639,11 @@ class SimEngine(Engine):
             centre = np.empty_like(w.work)
             return self._read(w, centre, self._centre_read, centre, op.alpha)
         w.pending = self.S
+        left = {"shards": self.S, "worst": 0}  # the exchange's staleness: its stalest shard's
         for s in range(self.S):
             a, b = self.bounds[s]
             arrive = self.now + self._message((b - a) * self.params.itemsize)
-            self._at(arrive, self._shard_arrive, s, self._serve_elastic, w, op.alpha)
+            self._at(arrive, self._shard_arrive, s, self._serve_elastic, w, op.alpha, left)
         return WAIT
 
     def _centre_read(self, w, centre, alpha):
@@ -652,16 +655,26 @@ class SimEngine(Engine):
 
     def _serve_difference(self, s, w, sent, left):
         a, b = self.bounds[s]
+        self._exchanged(s, w, left)
         self.cores[s].add(sent[a:b])
-        self._landed(w, left)
+        if self._landed(w, left):
+            self.staleness[left["worst"]] += 1
 
-    def _serve_elastic(self, s, w, alpha):
+    def _serve_elastic(self, s, w, alpha, left):
         a, b = self.bounds[s]
+        self._exchanged(s, w, left)
         w.work[a:b] -= self.cores[s].elastic(w.work[a:b], alpha)
-        if s == self.S - 1:
+        left["shards"] -= 1
+        if not left["shards"]:
             self._taken(w, w.release())
             self._updated(w)
+            self.staleness[left["worst"]] += 1
         self._at(self._replied(a, b), self._reply, w, self._resume, (None,))
+
+    def _exchanged(self, s, w, left) -> None:
+        """``w``'s exchange reaches shard ``s``: its staleness there, into
+        the exchange's worst (``server/elastic.py``)."""
+        left["worst"] = max(left.get("worst", 0), w.exchanged(s, self.cores[s].version))
 
     # synchronous steps
     def _all_reduce(self, w, op):

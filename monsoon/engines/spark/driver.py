@@ -91,7 +91,9 @@ class _Program(Worker):
 
     def fetch(self, op):
         d = self.driver
-        return d.core.read(self.rank, None if d.shared else self.work)
+        version = d.core.read(self.rank, None if d.shared else self.work)
+        self.took_centre([version])
+        return version
 
     def admits(self, grad) -> bool:
         return self.driver.core.admits(grad)  # the server's check: it counts the drop
@@ -102,8 +104,8 @@ class _Program(Worker):
     def send_elastic(self, op) -> None:
         d = self.driver
         self.taken()
+        d.core.staleness[self.exchanged(0, d.core.version)] += 1  # ``server/elastic.py``
         self.work -= d.core.elastic(self.work, op.alpha)
-        d.core.staleness[0] += 1
 
     def count_local(self, applied: bool) -> None:
         self.driver.local[0 if applied else 1] += 1

@@ -88,6 +88,8 @@ class DriverServer:
         self.failed: dict[int, str] = {}
         self.finished: set[int] = set()
         self.own = {k: np.array(w0, copy=True) for k in range(ctx.workers)}  # EASGD's x_k
+        # the version each x_k last took the centre at: its staleness counts from there
+        self.met = [0] * ctx.workers
         self.deltas = pushes_deltas(rule, strategy)
         self.local_rules = {k: LocalUpdate(rule, k) if self.deltas else None
                             for k in range(ctx.workers)}
@@ -310,18 +312,21 @@ class DriverServer:
             self.core.drop()
             if op == "elastic":
                 res["work"][...] = self.w
+                self.met[k] = self.core.version
             return False
         if op == "push":
             self._push(k, res)
             return True
         if op != "elastic":
             return False
+        # its staleness: the others' exchanges since x_k last met the centre (``elastic.py``)
+        self.core.staleness[self.core.version - self.met[k]] += 1
         if "difference" in res:  # compressed: the centre takes the difference
             self.core.add(receive(self.compression, res["difference"], self.w.size,
                                   self.w.dtype))
         else:
             res["work"] -= self.core.elastic(res["work"], res["alpha"])
-        self.core.staleness[0] += 1
+        self.met[k] = self.core.version
         return True
 
     def _push(self, k: int, res: dict) -> None:
