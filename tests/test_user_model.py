@@ -169,6 +169,11 @@ def test_a_layer_the_user_froze_stays_frozen_through_evaluation():
         assert torch.equal(result.model[1].running_mean, frozen)
 
 
+class _OwnLayer(nn.Module):
+    def forward(self, x):  # noise while training, as a Dropout of its own
+        return x * (1 + 0.1 * torch.rand_like(x)) if self.training else x
+
+
 def _draws_dropout_frozen():
     net = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1))
     net[1].eval()  # the user's choice: no masks in training
@@ -183,13 +188,15 @@ def _draws_dropout_frozen():
     # handed over in eval mode: training puts every layer in training mode
     (lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1)).eval(), True),
     (_draws_dropout_frozen, False),
+    # a layer class of the user's: its forward may draw (torch.rand, F.dropout)
+    (lambda: nn.Sequential(nn.Linear(4, 8), _OwnLayer(), nn.Linear(8, 1)), True),
 ])
 def test_random_draws_are_declared_only_where_training_draws_random_numbers(make, draws):
     """Every torch problem seeds its workers' draws, and random_draws said
     true for every torch model, so the report could not tell a model with
-    Dropout from one without. Two training passes on the first rows under
-    other seeds tell, and leave the module's modes and buffers and torch's
-    generator as they were."""
+    Dropout from one without. Its layers tell, read without running the
+    module (a forward pass has the user's side effects), so its modes and
+    buffers and torch's generator stay as they were."""
     torch.manual_seed(0)
     net = make()
     modes = [m.training for m in net.modules()]

@@ -23,7 +23,7 @@ workers' by the strategy's rule (``buffers.py``). Everything reported
 mode put back after (one the user froze stays so). A worker's random
 draws (Dropout) are seeded before each forward pass from (seed, rank, its
 passes so far: ``seed_rng``), so a resumed run draws an uninterrupted one's;
-whether it draws any (``draws_random``): two training passes under other seeds differ.
+whether it draws any (``draws_random``) is read from its layers.
 
 Data reaches worker processes through shared memory (``shared_data()``:
 one block, mapped by every process), not a pickled copy per worker.
@@ -70,7 +70,7 @@ class TorchModel(Problem):
     precision = "32"        # or "bf16": autocast with float32 master weights
     _rng = None             # (a worker's seed, its forward passes so far): ``seed_rng``
     _norm_values = {}       # BatchNorm layer -> values per channel of one example (``_probe``)
-    _random_draws = None    # training passes draw random numbers (``_probe``); None: unprobed
+    _random_draws = None    # training passes draw random numbers; None: not read yet
     # The parameters are torch tensors even on the CPU (``array_device``):
     # the tests run the device path this way on machines without a GPU.
     resident = False
@@ -152,42 +152,26 @@ class TorchModel(Problem):
             got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ConfigError(f"loss_fn must return one number, the mean over the batch; it "
                               f"returned {got}: use reduction='mean' (torch's default)")
-        if self._random_draws is None:
-            self._random_draws = self._differs_by_seed(xb)
-
-    def _differs_by_seed(self, xb) -> bool | None:
-        """Whether two training passes over ``xb`` under other seeds of
-        torch's generator give other outputs: the module draws random
-        numbers in training (Dropout's masks, RReLU's slopes), a Dropout
-        the user froze with ``.eval()`` none. The passes run as training
-        runs them (a module handed over in eval mode is put in training
-        mode, ``_backward``), under no_grad; each layer's mode, the
-        buffers (BatchNorm's statistics) and the generator's state are put
-        back. None where a training pass fails on these rows: unknown."""
-        modes = _modes(self.module)
-        buffers = [(b, b.detach().clone()) for b in self.module.buffers()]
-        outs = []
-        try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                if not self.module.training:
-                    self.module.train()
-                for seed in (1, 2):
-                    torch.default_generator.manual_seed(seed)
-                    outs.append(self.module(xb))
-        except Exception:  # noqa: BLE001 - a failing pass is the run's to report
-            return None
-        finally:
-            _restore_modes(modes)
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
-        return not _same_output(*outs)
 
     def draws_random(self) -> bool:
-        """Whether training passes draw random numbers, as ``_probe`` found
-        when the problem was built; a module it could not tell of, or never
-        probed (a Spark table's rows stay on its executors), is taken to."""
-        return self._random_draws is not False
+        """Whether training passes draw random numbers (Dropout's masks,
+        RReLU's slopes), read from the module's layers without running it
+        (a forward pass has the user's side effects): a random torch layer
+        that trains (a module handed over in eval mode trains every layer,
+        ``_backward``; a Dropout the user froze with ``.eval()`` draws
+        none) draws; a module of torch's own layers alone draws none; a
+        layer class of the user's (its forward may draw) or a Spark table's
+        model, never seen here, is taken to draw."""
+        if self._random_draws is None:
+            all_train = not self.module.training
+            layers = list(self.module.modules())
+            if any(isinstance(m, _RANDOM_LAYERS) and (all_train or m.training)
+                   for m in layers):
+                self._random_draws = True
+            else:
+                self._random_draws = not all(
+                    type(m).__module__.startswith("torch.") for m in layers)
+        return self._random_draws
 
     def fewest_rows(self) -> tuple[int, str | None]:
         """The fewest examples one training forward pass may take, and why:
@@ -830,18 +814,8 @@ def _restore_modes(modes: list) -> None:
         layer.training = training
 
 
-def _same_output(a, b) -> bool:
-    """Two forward passes' outputs (tensors, or tuples, lists and dicts of
-    them) are equal, element for element."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, (list, tuple)):
-        return (isinstance(b, (list, tuple)) and len(a) == len(b)
-                and all(map(_same_output, a, b)))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(
-            _same_output(a[k], b[k]) for k in a)
-    return bool(a == b)
+# layers whose training passes draw from torch's generator (``draws_random``)
+_RANDOM_LAYERS = (torch.nn.modules.dropout._DropoutNd, torch.nn.RReLU)
 
 
 def _as_tensor(a):
