@@ -335,6 +335,31 @@ def test_an_easgd_exchange_counts_the_others_exchanges_since_its_copy_met_the_ce
         assert one["staleness_counts"] == {0: one["updates"]}
 
 
+@pytest.mark.parametrize("engine", [
+    "local", "sim",
+    pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+])
+def test_a_pipeline_step_counts_once_at_staleness_0(engine, request):
+    """A pipeline step is an update whose gradient is of the weights it
+    updates: GPipe and 1F1B (PipeDream-Flush) both flush before the step's
+    one update (strategies/pipeline/runner.py), so staleness_counts is
+    {0: updates}, on each schedule and with 2 replicas of 2 stages. A step
+    some stage dropped is no update and is not counted. (Local, sim and Ray
+    kept no histogram.)"""
+    kw = dict(steps=6, batch_size=64, evals=0, progress=False, seed=0, **_cluster(engine))
+    kw.pop("shards", None)  # the stages hold their own slices: no server shards
+    with _with_plugin(engine, request):
+        for workers, stages, schedule in ((2, 2, "gpipe"), (4, 2, "1f1b")):
+            s = monsoon.train("digits", "pipeline", workers, engine=engine,
+                              pipeline_stages=stages, schedule=schedule, micro_batches=2,
+                              **kw).summary
+            assert s["updates"] == 6 and s["staleness_counts"] == {0: 6}, (schedule, s)
+        s = monsoon.train("exp", "pipeline", 2, engine=engine, lr=1e6, epochs=2, batch_size=16,
+                          seed=0, evals=0, progress=False, raise_on_divergence=False,
+                          **{k: v for k, v in kw.items() if k == "timeout"}).summary
+        assert s["dropped_updates"] > 0 and s["staleness_counts"] == {0: s["updates"]}, s
+
+
 @pytest.mark.torchrun
 @pytest.mark.slow
 def test_the_torch_engines_buckets_weigh_a_short_last_batch():

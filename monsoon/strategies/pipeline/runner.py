@@ -13,6 +13,7 @@ whose state the worker creates for its own slice.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 from .schedules import gpipe_bubble
 from .stages import stage_module
@@ -102,7 +103,11 @@ def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, 
     """The run's result from its ``steps`` (each one batch, run by every
     stage) and the stages' ``stats``. As on every engine, ``updates`` are the
     steps applied and ``dropped_updates`` those that were not: a step that
-    any stage dropped counts as dropped. ``interrupted``: the stop signal
+    any stage dropped counts as dropped. Every update counts at staleness 0:
+    both schedules flush (a micro-batch's backward uses the weights its
+    forward used, and a stage's one update a step follows its last
+    backward), so no gradient is of weights older than those it updates,
+    and the histogram sums to ``updates``. ``interrupted``: the stop signal
     that ended the run, if one did. ``states``: replica 0's stages' buffers
     (``StageWorker.buffers``; None or {} for a stage without any), the
     model's as one worker's state (``api`` loads it into the model)."""
@@ -114,9 +119,8 @@ def finish(result_cls, strategy, params, startup, wall, examples, steps, stats, 
                "gpipe_bubble": gpipe_bubble(stages, strategy.micro_batches),
                "stages": stage_summary(stats, stages),
                "model_param_bytes": int(w0.nbytes), **(extra or {})}
-    from collections import Counter
-
     buffers = {name: array for state in states for name, array in (state or {}).items()}
-    return result_cls(params, startup, wall, examples, updates, dropped, Counter(), [],
+    return result_cls(params, startup, wall, examples, updates, dropped,
+                      Counter({0: updates} if updates else {}), [],
                       stopped=stopped, interrupted=interrupted, extra=summary,
                       worker_states={0: buffers} if buffers else {})
