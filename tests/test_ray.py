@@ -569,6 +569,33 @@ def test_a_push_to_two_shards_counts_its_staleness_once():
     assert s["shards"] == 2 and sum(s["staleness_counts"].values()) == s["updates"] == 40
 
 
+@pytest.mark.parametrize("strategy", ["async", "ssp"])
+def test_a_rows_examples_are_those_of_the_updates_its_parameters_hold(monkeypatch, strategy):
+    """Each push carries 2 batches of 32 (n_push 2), so a row at updates k
+    (shard 0's version) has 64 k examples, on two shards. The driver took
+    the examples from the workers' figures, then the shards' parameters and
+    versions: the pushes that landed in between were in the row's updates
+    and not its examples, and those still on their way in its examples and
+    not its updates (``late`` widens the gap, as a busy driver would). Now
+    shard 0 counts the examples of the pushes it applies and hands them
+    with its version."""
+    from monsoon.engines.ray.engine import RayEngine
+
+    params = RayEngine._params
+
+    def late(self, *args, **kwargs):
+        time.sleep(0.03)  # the workers' pushes land meanwhile
+        return params(self, *args, **kwargs)
+
+    monkeypatch.setattr(RayEngine, "_params", late)
+    run = monsoon.train("logistic", strategy, 2, engine="ray", shards=2, steps=480,
+                        batch_size=32, n_push=2, n_fetch=2, lr=0.1, seed=0, evals=24,
+                        timeout=60, progress=False)
+    rows = [(row["updates"], row["examples"]) for row in run.history]
+    assert len(rows) >= 4 and rows[-1] == (240, 480 * 32), rows
+    assert rows == [(k, 64 * k) for k, _ in rows]
+
+
 def test_cli_trains_on_the_ray_engine(tmp_path):
     from monsoon.cli import main
 

@@ -389,9 +389,8 @@ class RayEngine(Engine):
             examples = start.examples + sum(by_rank.values())
             due.progress(examples, f"no Ray worker made progress for {2 * self.timeout:g} s")
             stopped = due.look(now, examples,
-                               lambda: (*self._params(ray, shards, start, strategy.synchronous,
-                                                      figures, shards_dropped),
-                                        _local_totals(strategy, figures)),
+                               lambda: self._row(ray, shards, start, strategy, figures,
+                                                 shards_dropped),
                                lambda: _totals(examples, figures, shards_dropped["at_row"]),
                                lambda: ({r: f for r, f in figures.items() if r != LOST},
                                         summed_staleness(figures.values())))
@@ -448,8 +447,8 @@ class RayEngine(Engine):
         figures) and the resumed run's; each failed worker is listed with
         its error."""
         tally.failed.update(failed)
-        params, updates, dropped = self._params(ray, shards, start, strategy.synchronous,
-                                                results)
+        params, updates, dropped, _ = self._params(ray, shards, start, strategy.synchronous,
+                                                   results)
         extra = {"membership": membership.events} if membership is not None else {}
         return tally.result(params, startup, wall, start.examples + tally.examples,
                             updates, dropped,
@@ -525,6 +524,24 @@ class RayEngine(Engine):
         examples, losses, updates, staleness), by rank."""
         return self._ask(ray, live, "progress", min(1.0, self.timeout))
 
+    def _row(self, ray, shards, start, strategy, figures: dict, seen: dict) -> tuple:
+        """A curve row's snapshot (``Due.look``): the parameters, updates and
+        dropped updates (``_params``), the workers' local steps, and where
+        the workers push, the examples of the updates read with them: a
+        push lands on shard 0 with its examples under the shard's lock, so
+        the examples of the pushes its version counts are read with it (the
+        workers' figures, read before, would miss those landed since and
+        count those still on their way), and the pushes the workers dropped
+        add theirs, as they add to the dropped updates. Updates are shard
+        0's version: the other shards may have applied a few more or fewer."""
+        params, updates, dropped, applied = self._params(ray, shards, start,
+                                                         strategy.synchronous, figures, seen)
+        local = _local_totals(strategy, figures)
+        if Push not in strategy.uses:  # examples counted as computed: the workers' figures
+            return params, updates, dropped, local
+        return params, updates, dropped, local, start.examples + applied + sum(
+            f.get("dropped_examples", 0) for f in figures.values())
+
     def _params(self, ray, shards, start, synchronous: bool, figures: dict, seen=None):
         """The shards' parameters, the updates applied and the updates
         dropped, with those of the run this one resumed (for the curve's rows
@@ -534,14 +551,15 @@ class RayEngine(Engine):
         counts its synchronous steps, dropped ones too, so the shards' drops
         are taken off it. ``seen["at_row"]`` (where given) keeps the shards'
         count, which the live reports until the next row add to the
-        workers' (``_totals``: no call of their own)."""
+        workers' (``_totals``: no call of their own). Last, the examples of
+        the pushes shard 0 applied in this run (``Shard.snapshot``)."""
         parts = ray.get([sh.snapshot.remote() for sh in shards], timeout=self.timeout)
-        version = parts[0][1]
+        version, applied = parts[0][1:3]
         shards_dropped, dropped = dropped_so_far(start, parts, figures)
         if seen is not None:
             seen["at_row"] = shards_dropped
-        return (np.concatenate([p for p, _, _ in parts]),
-                version - shards_dropped if synchronous else version, dropped)
+        return (np.concatenate([p[0] for p in parts]),
+                version - shards_dropped if synchronous else version, dropped, applied)
 
 
 def _by_rank(tally: RunTally, lost: dict, results: dict) -> RunTally:

@@ -5,8 +5,8 @@ as NumPy arrays, and serves:
 
 - ``read(worker)``: the slice and its version (Downpour's fetch; the rule's
   ``on_read`` runs here, so delay-aware state never travels to workers);
-- ``push(worker, grad, read_version)``: the rule, applied at once. Both
-  first tell the rule of the worker's drops it has not heard of (``told``);
+- ``push(worker, grad, read_version, dropped, examples)``: the rule applied, its
+  examples counted (``snapshot``); both first tell the rule of unheard drops (``told``);
 - ``contribute(step, worker, grad, examples, gen, whole_finite)``: a
   synchronous step. The first ``counted`` contributions of a step count, and
   the last of them sums them and applies the rule (``collective.apply_mean``,
@@ -114,6 +114,7 @@ class Shard:
         # Local AdaAlter's shared sums on this slice (``server/summed.py``), or None
         self.sums = None if sums is None else SharedSums([np.array(a, copy=True) for a in sums])
         self.told_drops: dict[int, int] = {}  # rank -> its drops the rule was told of
+        self.examples = 0  # of the pushes applied here in this run (``snapshot``)
         # the ranks whose last count the driver told (``told``); elastic sync,
         # whose lost ranks come back, drops no push at a worker
         self.told_last: set[int] = set()
@@ -161,11 +162,13 @@ class Shard:
         return receive(self.compression, message, self.size, self.params.dtype)[
             self.start:self.end]
 
-    def push(self, worker: int, grad: np.ndarray, read_version: int, dropped: int = 0) -> int:
+    def push(self, worker: int, grad: np.ndarray, read_version: int, dropped: int = 0,
+             examples: int = 0) -> int:
         grad = self._take(grad)
         with self.lock:  # the worker dropped a non-finite gradient before sending it
             self._tell(worker, dropped)
             staleness = self.core.push(worker, grad, read_version, checked=True)
+            self.examples += examples
             self._taken()
             return staleness
 
@@ -360,8 +363,10 @@ class Shard:
             return out
 
     def snapshot(self):
+        """The slice, its version, the examples of the pushes applied here in
+        this run and the dropped count, read together (a curve row's)."""
         with self.lock:
-            return self.params.copy(), self.core.version, self.core.dropped
+            return self.params.copy(), self.core.version, self.examples, self.core.dropped
 
     def whole(self):
         """The slice, its rule state, version and dropped count, at one instant."""

@@ -84,8 +84,11 @@ class RemoteWorker(Worker):
         # losses (``add_loss``'s cells: a huge or non-finite loss spoils no
         # later row), updates: this worker's figures for the live series;
         # local, local_dropped: its local steps (local SGD, EASGD), for the recorder
+        # dropped_examples: those of the pushes dropped here, never sent (a
+        # curve row's examples: its shard's applied ones and these, ``engine.py``)
         self.counts = {"examples": 0, "dropped": 0, "late": 0, "losses": [0.0] * LOSS_CELLS,
-                       "updates": 0, "local": 0, "local_dropped": 0}
+                       "updates": 0, "local": 0, "local_dropped": 0, "dropped_examples": 0}
+        self.carried = 0  # the examples of the push under way (``release``)
         self.staleness = Counter()
         self.pending = []
         self.told = 0  # the pushes dropped here that the shards' rules have heard of
@@ -197,8 +200,14 @@ class RemoteWorker(Worker):
     def count_examples(self, examples):
         self.counts["examples"] += examples
 
+    def release(self) -> int:
+        self.carried = super().release()  # the push's examples, sent with it (``send_push``)
+        return self.carried
+
     def count_dropped(self):
         self.counts["dropped"] += 1
+        self.counts["dropped_examples"] += self.carried  # a push's; 0 for an exchange
+        self.carried = 0
 
     def _told(self) -> int:
         """The drops the shards' rules hear of with the call now made: all
@@ -210,8 +219,8 @@ class RemoteWorker(Worker):
         self._settle_pushes()
         # .remote() serializes its arguments at once: no copy needed here
         self.counts["updates"] += 1
-        told = self._told()
-        self.pending = [sh.push.remote(self.rank, part, int(ticket[s]), told)
+        told, examples, self.carried = self._told(), self.carried, 0
+        self.pending = [sh.push.remote(self.rank, part, int(ticket[s]), told, examples)
                         for s, (sh, part) in enumerate(zip(self.shards, self._per_shard(grad)))]
 
     def _settle_pushes(self):
