@@ -106,9 +106,9 @@ class Due:
         land while the monitor looks (a server's threads), the examples of
         those updates, read with them (the row's; else ``examples``). Returns
         the row's reason to stop (a divergence, the target; with ``stops``,
-        a stop signal), or None."""
-        if self.stops and (self.signal() or self.interrupted is not None):
-            return self.stop_reason
+        a stop signal), or None. A row due at a stop signal is recorded
+        first: the divergence it shows is the reason, never the signal (an
+        interrupted run's checkpoint would hold the non-finite model)."""
         if self.row(at, examples):
             params, updates, dropped, *rest = snapshot()
             local = local_counts(rest[0] if rest else None)
@@ -118,6 +118,8 @@ class Due:
                                           **({"local": local} if local is not None else {}))
             if reason is not None:
                 return reason
+        if self.stops and (self.signal() or self.interrupted is not None):
+            return self.stop_reason
         if figures is not None:
             self.live(at, totals, figures)
         return None

@@ -23,8 +23,8 @@ How the counts, positions and counters are reckoned is ``progress.py``'s.
 
 Invariants:
 
-- Writes are atomic: a temporary file in the same folder, fsync, rename,
-  then fsync of the folder. A reader sees a whole checkpoint or none.
+- Writes are atomic (temporary file, fsync, rename, fsync of the folder):
+  a reader sees a whole checkpoint or none; none holds a NaN or Inf parameter.
 - Loading unpickles nothing (``allow_pickle=False``; the metadata is JSON).
   Every member is read in full, so the zip's CRC-32 catches a corrupt
   file, and a partial one has no central directory.
@@ -628,6 +628,11 @@ def shapes(w0, rule, extra: dict | None = None) -> dict:
     return out
 
 
+def finite(params) -> bool:
+    """Whether every parameter is finite (a checkpoint holds none that is not)."""
+    return bool(np.isfinite(np.asarray(to_host(params))).all())
+
+
 def next_checkpoint(position: int, every: int) -> int | None:
     """When the next checkpoint is due: the first multiple of ``every``
     after ``position`` (None: ``every`` is 0, no checkpoints)."""
@@ -843,6 +848,7 @@ class Checkpointer:
         self.last_path = None
         self.resumed_from = None  # the checkpoint ``load`` returned
         self.next_at = None
+        self.refused = False  # a save of parameters not finite was refused
 
     @classmethod
     def for_engine(cls, engine, problem, strategy, rule, workers, batch_size, seed, recorder):
@@ -879,8 +885,18 @@ class Checkpointer:
              arrays: dict | None = None, rows=None):
         """Write one checkpoint named by ``updates``; ``meta`` may say more
         (its ``updates`` wins). The recorder's settled rows up to it travel
-        with it, or ``rows`` where given."""
+        with it, or ``rows`` where given. Parameters not finite are never
+        written (None: the run diverged, whatever stopped it; a resume takes
+        the last finite checkpoint, ``last_path``, which stays)."""
         if not self.directory:
+            return None
+        if not finite(params):
+            if not self.refused:  # once a run: its later ones are as far gone
+                kept = self.last_path or self.resumed_from
+                print(f"monsoon: no checkpoint at update {updates} or after: the parameters "
+                      "are not finite (the run diverged: lower the learning rate)"
+                      + (f"; the last finite one is {kept}" if kept else ""), file=sys.stderr)
+            self.refused = True
             return None
         self.next_at = next_checkpoint(updates, self.every)
         doc = {**self.ident, "updates": updates, "time_s": now, **meta}

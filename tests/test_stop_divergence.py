@@ -1,0 +1,114 @@
+"""A run that diverged is reported as diverged, and no checkpoint holds its
+non-finite parameters, also where a stop signal or a periodic checkpoint
+comes before its curve shows the divergence: ``Due.look(stops=True)``
+records a row due at the signal first, and ``Checkpointer.save`` writes
+no checkpoint of parameters that are not finite (a resume would start
+from a NaN model)."""
+import signal
+from collections import namedtuple
+
+import numpy as np
+import pytest
+
+import monsoon
+from monsoon.errors import TrainingDiverged
+from monsoon.monitor import due as due_module
+from monsoon.monitor.due import Due
+from monsoon.record import checkpoints
+
+
+class FakeRecorder:
+    """A row due at every look; ``record`` returns ``reason`` (a divergence)."""
+
+    def __init__(self, reason, due=True):
+        self.reason, self.is_due, self.rows = reason, due, []
+
+    def due(self, at, examples):
+        return self.is_due
+
+    def record(self, at, updates, examples, params, dropped, **kw):
+        self.rows.append((at, updates, np.array(params)))
+        return self.reason
+
+
+NO_STATE = namedtuple("NoState", [])()  # a stateless rule's
+
+
+def snapshot():
+    return np.array([np.nan, 1.0]), 3, 0
+
+
+@pytest.fixture
+def sigterm(monkeypatch):
+    monkeypatch.setattr(due_module, "stop_requested", lambda: signal.SIGTERM)
+
+
+def test_a_divergence_due_with_a_stop_signal_is_the_reason(sigterm):
+    recorder = FakeRecorder("diverged: the loss became nan")
+    due = Due(recorder, stops=True)
+    assert due.look(1.0, 10, snapshot) == "diverged: the loss became nan"
+    assert len(recorder.rows) == 1 and recorder.rows[0][1] == 3
+
+
+def test_a_row_due_at_a_stop_signal_is_recorded_then_the_signal_stops(sigterm):
+    recorder = FakeRecorder(None)
+    due = Due(recorder, stops=True)
+    assert due.look(1.0, 10, snapshot) == "interrupted by SIGTERM"
+    assert len(recorder.rows) == 1 and due.interrupted == signal.SIGTERM
+    # no row due: the signal alone, kept
+    recorder.is_due = False
+    assert due.look(2.0, 20, snapshot) == "interrupted by SIGTERM"
+    assert len(recorder.rows) == 1
+
+
+def test_no_checkpoint_holds_parameters_not_finite(tmp_path, capsys):
+    keeper = checkpoints.Checkpointer(tmp_path, 1, None, {"problem": "p"})
+    first = keeper.save(1, 0.1, np.ones(3), NO_STATE, {"dropped": 0})
+    assert first is not None and first.is_file()
+    for bad in (np.nan, np.inf):
+        assert keeper.save(2, 0.2, np.array([1.0, bad, 1.0]), NO_STATE, {"dropped": 0}) is None
+    assert checkpoints.checkpoint_files(tmp_path) == [first]
+    assert keeper.last_path == first  # what the summary names: the last finite one
+    err = capsys.readouterr().err
+    assert err.count("not finite") == 1 and str(first) in err
+
+
+@pytest.mark.parametrize("engine", ["local", "sim"])
+def test_a_run_diverged_between_rows_leaves_no_nan_checkpoint(tmp_path, engine):
+    """Periodic checkpoints every update, the curve's first row after the
+    divergence: before, each update's checkpoint held the NaN model."""
+    out = tmp_path / "run"
+    with pytest.raises(TrainingDiverged, match="lower the learning rate"):
+        monsoon.train("exp", "sync", 2, lr=1e305, epochs=50, evals=2, seed=0, out=out,
+                      checkpoint_every=1, engine=engine)
+    for path in checkpoints.checkpoint_files(out / "checkpoints"):
+        assert np.isfinite(checkpoints.read(path).arrays["params"]).all(), path
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_rounds_report_a_divergence_seen_at_a_stop_signal(monkeypatch):
+    """local-sgd's rounds on Spark (``Due(stops=True)``): SIGTERM arrives
+    during the round whose row shows the divergence (every average dropped;
+    the tolerated drops lowered to 2: the third round's). Before, the run
+    was reported interrupted, its divergence unrecorded."""
+    from monsoon.engines.spark import rounds
+    from monsoon.record import recorder
+    from spark_env import spark_session
+
+    averaged = []
+    apply_mean = rounds.apply_mean
+
+    def counted(*args, **kw):  # a round's average, before its look
+        averaged.append(1)
+        return apply_mean(*args, **kw)
+
+    monkeypatch.setattr(rounds, "apply_mean", counted)
+    monkeypatch.setattr(due_module, "stop_requested",
+                        lambda: signal.SIGTERM if len(averaged) >= 3 else None)
+    monkeypatch.setattr(recorder, "DROPS_TOLERATED", 2)
+    with spark_session("local[2]"):
+        with pytest.raises(TrainingDiverged, match="3 updates had non-finite gradients"):
+            monsoon.train("exp", "local-sgd", 2, engine="spark", lr=1e305, epochs=20,
+                          seed=0, evals=1000, local_steps=2)
+    assert len(averaged) == 3
