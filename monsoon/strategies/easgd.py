@@ -56,7 +56,7 @@ class EASGD(Strategy):
         self.tau = tau
 
     def program(self, job: WorkerJob):
-        yield Fetch()  # x_i starts at the centre
+        yield Fetch()  # x_i starts at the centre (resumed: at its checkpoint's copy)
         batches = skip(shard_batches(job.n_examples, job.batch_size, job.seed, job.budget,
                                      job.rank, job.workers), job.start_step)
         start, stop = part_bounds(job.n_examples, job.workers, job.rank)  # the shard's rows

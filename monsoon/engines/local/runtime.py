@@ -16,7 +16,8 @@ the loop before the next op. Op by op:
 - ``Fetch`` / ``Push``: per shard, under that shard's lock. A push counts
   the examples of the gradients it carries (``Worker.release``): an accrued
   sum that a stop leaves unpushed is not counted, and a resumed run does
-  those batches again.
+  those batches again. A worker resumed with its own copy (EASGD's x_i)
+  keeps it: its first Fetch takes the centre's versions, not its values.
 - ``AllReduce`` / ``Average``: write the slot, then one synchronous step
   (``synchronous.py``): sharded (each worker sums and applies 1/N of the
   vector, three barriers) or, for small models, replicated (every worker
@@ -150,6 +151,9 @@ class WorkerRuntime(Worker):
         self.staleness = SharedCounts(store.stale_counts[rank])
         self._sync = None
         self._grad_out = None
+        # a resumed private copy (EASGD's x_i) that the program's first Fetch
+        # meets the centre with but does not replace (``fetch``)
+        self.keeps_copy = False
         if store.replicated:
             self._sync = ReplicatedStep(self)
             self.work = self._sync.params  # a private replica
@@ -161,6 +165,7 @@ class WorkerRuntime(Worker):
             self.work = store.params if strategy.shared_params else arrays.copy(store.params)
             if work0 is not None and not strategy.shared_params:
                 arrays.copyto(self.work, work0)  # a resumed private copy
+                self.keeps_copy = True
         # Local AdaAlter's sums, shared in the store (None: the inner rule keeps none)
         self.shared_sums = SharedSums(store.sums) if store.sums is not None else None
         if self.shared_sums is not None:
@@ -311,10 +316,13 @@ class WorkerRuntime(Worker):
     def fetch(self, op: Fetch) -> np.ndarray:
         store = self.store
         ticket = np.empty(len(store.bounds), dtype=np.int64)
+        # EASGD's program starts with a Fetch (x_i = the centre); a worker
+        # resumed with its copy keeps it, as the uninterrupted run's did
+        keep, self.keeps_copy = self.keeps_copy, False
         for s, (a, b) in enumerate(store.bounds):
             with store.holding(s, self.rank):
                 ticket[s] = store.versions[s]
-                self.shards[s].read(self.rank, self.work[a:b])
+                self.shards[s].read(self.rank, None if keep else self.work[a:b])
         self.took_centre(ticket)
         return ticket
 
