@@ -160,10 +160,6 @@ WHY = {
                   "MLP (2048, batch 1024) reaches 1.09x, where the step is compute-bound and "
                   "both run near the one-process ceiling (sync 0.97x, DDP 0.89x of it), so the "
                   "target needs DDP 10% below that ceiling.",
-    "before_after": "This record compared e7e3d60 with eb1a620 and found sync ×2 on `exp` 8% "
-                    "slower: its monitor woke every ~10 ms for rows worker 0 copies on its own "
-                    "(743 polls a run against 356); b3c4503 removed those wake-ups (383 polls), "
-                    "and the comparison has not been re-run since.",
     "ssp_sweep": "An S > 0 reaches the target loss 1.3x sooner than BSP on every problem and "
                  "rate, but no rate tried made async 5% worse than BSP, so the second "
                  "criterion is untested and counts as not met.",
