@@ -2,6 +2,7 @@
 initial weights, its buffers trained and returned, every reported figure in
 eval mode, validation and accuracy, the saved model."""
 import copy
+import functools
 import re
 import json
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import monsoon
 from monsoon.problems import TorchProblem
@@ -619,18 +621,27 @@ def test_a_loss_not_finite_at_the_start_says_so_not_to_lower_the_learning_rate(t
     assert summary["status"] == "diverged" and summary["stopped"] in line
 
 
-@pytest.mark.parametrize("loss_fn", [nn.BCEWithLogitsLoss(), nn.BCELoss()])
-def test_binary_cross_entropy_targets_outside_0_1_are_refused_when_built(loss_fn):
+BCE_FORMS = [(nn.BCEWithLogitsLoss(), "BCEWithLogitsLoss", True),
+             (nn.BCELoss(), "BCELoss", False),
+             (F.binary_cross_entropy_with_logits, "F.binary_cross_entropy_with_logits", True),
+             (F.binary_cross_entropy, "F.binary_cross_entropy", False),
+             (functools.partial(F.binary_cross_entropy_with_logits, pos_weight=torch.tensor(2.0)),
+              "F.binary_cross_entropy_with_logits", True)]
+
+
+@pytest.mark.parametrize("loss_fn, name, logits", BCE_FORMS)
+def test_binary_cross_entropy_targets_outside_0_1_are_refused_when_built(loss_fn, name, logits):
     """Labels -1/+1 under BCE trained a loss that fell without bound (-54
     after 50 epochs) and the run said "finished". Refused in one line with
-    the fix, for y, a validation set's y and a Dataset's targets."""
+    the fix, for y, a validation set's y and a Dataset's targets, whether
+    the loss is the module, its functional form or a partial of that (the
+    functional form was not checked, and had no accuracy)."""
     from monsoon.errors import ConfigError
 
     X = torch.randn(20, 3)
     pm = torch.tensor([1.0, -1.0] * 10)[:, None]  # both labels among any two first rows
-    module = nn.Sequential(nn.Linear(3, 1), nn.Sigmoid()) if isinstance(
-        loss_fn, nn.BCELoss) else nn.Linear(3, 1)
-    words = re.escape(f"{type(loss_fn).__name__} takes targets in [0, 1]") + ".*{} holds -1 to 1" \
+    module = nn.Linear(3, 1) if logits else nn.Sequential(nn.Linear(3, 1), nn.Sigmoid())
+    words = re.escape(f"{name} takes targets in [0, 1]") + ".*{} holds -1 to 1" \
         + re.escape(": its loss would fall without bound; for labels -1/+1 give (y + 1) / 2")
     with pytest.raises(ConfigError, match=words.format("but y")):
         TorchProblem(module, loss_fn, X, pm)
@@ -639,13 +650,16 @@ def test_binary_cross_entropy_targets_outside_0_1_are_refused_when_built(loss_fn
     with pytest.raises(ConfigError, match=words.format("the dataset's first targets")):
         TorchProblem.from_dataset(torch.utils.data.TensorDataset(X, pm), module, loss_fn)
     problem = TorchProblem(module, loss_fn, X, (pm + 1) / 2)  # what the line says to give
-    assert "accuracy" in problem.evaluate(problem.initial_params(0))
+    with torch.no_grad():  # thresholded as the module form is: logits at 0, else 0.5
+        right = ((module(X) > (0.0 if logits else 0.5)).float() == (pm + 1) / 2).double().mean()
+    assert problem.evaluate(problem.initial_params(0))["accuracy"] == float(right)
 
 
 @pytest.mark.parametrize("loss_fn, name", [
     (nn.MSELoss(), "MSELoss"), (nn.L1Loss(), "L1Loss"), (nn.HuberLoss(), "HuberLoss"),
     (nn.BCEWithLogitsLoss(), "BCEWithLogitsLoss"),
-    (torch.nn.functional.mse_loss, "F.mse_loss")])
+    (torch.nn.functional.mse_loss, "F.mse_loss"),
+    (functools.partial(F.huber_loss, delta=0.5), "F.huber_loss")])
 def test_an_elementwise_loss_whose_targets_differ_from_the_output_in_shape_is_refused(
         loss_fn, name):
     """MSELoss on nn.Linear(5, 1)'s (N, 1) output with y of shape (N,) passed

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import weakref
 
@@ -940,9 +941,7 @@ def check_shapes(loss_fn, out, y, label: str) -> None:
     """Refuse, in one line, an element-wise loss's output and targets of
     different shapes: torch broadcasts (N, 1) against (N,) to (N, N), and the
     run trains a wrong model with only a UserWarning to show for it."""
-    name = next((kind.__name__ if isinstance(loss_fn, kind) else f"F.{fn.__name__}"
-                 for kind, fn in _ELEMENTWISE.items()
-                 if isinstance(loss_fn, kind) or loss_fn is fn), None)
+    name = _loss_name(loss_fn, _ELEMENTWISE)
     if name is None or not isinstance(out, torch.Tensor) or out.shape == y.shape:
         return
     try:
@@ -956,26 +955,51 @@ def check_shapes(loss_fn, out, y, label: str) -> None:
         "an output of one column, or squeeze the module's output")
 
 
+def _unwrapped(loss_fn):
+    """``loss_fn`` without its ``functools.partial`` wrappers: a partial's
+    arguments (weight=, pos_weight=, reduction=) leave the targets it
+    takes and the output it reads as they are."""
+    while isinstance(loss_fn, functools.partial):
+        loss_fn = loss_fn.func
+    return loss_fn
+
+
+def _loss_name(loss_fn, forms: dict) -> str | None:
+    """The name of ``loss_fn`` (``MSELoss``, ``F.mse_loss``) where it is one
+    of ``forms`` (module class -> functional form), as a module, its
+    functional form, or a ``functools.partial`` of either; else None."""
+    loss_fn = _unwrapped(loss_fn)
+    return next((kind.__name__ if isinstance(loss_fn, kind) else f"F.{fn.__name__}"
+                 for kind, fn in forms.items() if isinstance(loss_fn, kind) or loss_fn is fn),
+                None)
+
+
+# binary cross-entropy, on probabilities and on logits: targets in [0, 1]
+_BINARY = {torch.nn.BCELoss: F.binary_cross_entropy,
+           torch.nn.BCEWithLogitsLoss: F.binary_cross_entropy_with_logits}
+
+
 def check_targets(loss_fn, y, label: str = "y") -> None:
     """Refuse, in one line, targets that ``loss_fn`` takes but cannot mean:
-    binary cross-entropy's outside [0, 1] (labels -1/+1), whose loss falls
-    without bound as the logits grow, so the run "finishes" having learned
-    nothing."""
-    if isinstance(loss_fn, (torch.nn.BCEWithLogitsLoss, torch.nn.BCELoss)) and len(y):
+    binary cross-entropy's (module or functional form) outside [0, 1]
+    (labels -1/+1), whose loss falls without bound as the logits grow, so
+    the run "finishes" having learned nothing."""
+    name = _loss_name(loss_fn, _BINARY)
+    if name is not None and len(y):
         low, high = float(y.min()), float(y.max())
         if low < 0 or high > 1:
             raise ConfigError(
-                f"{type(loss_fn).__name__} takes targets in [0, 1] (the probability of "
-                f"class 1), but {label} holds {low:g} to {high:g}: its loss would fall "
-                f"without bound; for labels -1/+1 give (y + 1) / 2")
+                f"{name} takes targets in [0, 1] (the probability of class 1), but {label} "
+                f"holds {low:g} to {high:g}: its loss would fall without bound; for labels "
+                "-1/+1 give (y + 1) / 2")
 
 
 def is_classification(loss_fn, y) -> bool:
     """Accuracy applies: cross-entropy / NLL with class indices, or a binary
-    loss with 0/1 targets."""
+    loss (module or functional form) with 0/1 targets."""
     if isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
         return not y.is_floating_point()
-    if isinstance(loss_fn, (torch.nn.BCEWithLogitsLoss, torch.nn.BCELoss)):
+    if _loss_name(loss_fn, _BINARY) is not None:
         return bool(((y == 0) | (y == 1)).all())
     return False
 
@@ -987,13 +1011,15 @@ def count_correct(out, y, loss_fn):
     against outputs (N, C, d...) score every position; a position whose
     target is the loss's ``ignore_index`` is not scored, as the loss skips
     it. BCE: every target element (multi-label (N, k) too) is scored, the
-    output thresholded at 0.5 (BCELoss: probabilities) or 0
-    (BCEWithLogitsLoss: logits)."""
+    output thresholded at 0.5 (BCELoss, F.binary_cross_entropy:
+    probabilities) or 0 (the logits forms)."""
     if isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
         scored = y != loss_fn.ignore_index
         hits = (out.argmax(1) == y) & scored
         return torch.stack([hits.sum(), scored.sum()])
-    threshold = 0.5 if isinstance(loss_fn, torch.nn.BCELoss) else 0.0
+    bare = _unwrapped(loss_fn)
+    threshold = 0.5 if isinstance(bare, torch.nn.BCELoss) or bare is F.binary_cross_entropy \
+        else 0.0
     pred = (out.reshape(y.shape) > threshold).to(y.dtype)
     return torch.stack([(pred == y).sum(), torch.tensor(y.numel(), device=y.device)])
 
