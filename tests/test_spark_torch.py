@@ -257,6 +257,55 @@ def test_rows_of_different_lengths_in_different_partitions_are_refused(spark):
                                 label="c")
 
 
+class Squeezed(nn.Module):
+    """nn.Linear(D, 1) whose output is squeezed to (n,): a regression model
+    written for targets of shape (n,)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(D, 1)
+
+    def forward(self, x):
+        return self.linear(x).squeeze(-1)
+
+
+def test_an_output_of_another_shape_than_the_label_is_refused_before_any_run(
+        frame, monkeypatch, tmp_path, capsys):
+    """MSELoss on a module's (n,) output against Spark's float label, (n, 1),
+    trained a wrong model (torch broadcasts to (n, n), a UserWarning on the
+    executors at most): the shape check TorchProblem makes when it is built
+    was skipped on Spark. Refused in one line naming both shapes and the fix,
+    from Python and from the CLI (a plug-in's Spark problem: exit 2)."""
+    import re
+
+    from monsoon.cli import main
+    from monsoon.problems import PROBLEMS, ProblemSpec
+
+    says = re.escape(
+        "MSELoss compares the module's output and the targets element by element, but on "
+        "the first rows of the features the output has shape (2,) and the targets (2, 1), "
+        "which torch broadcasts to (2, 2): a float label column reaches the loss as targets "
+        "of shape (n, 1), so make the module's output (n, 1), one column")
+
+    def build(dtype="float64"):
+        return TorchProblem.from_spark(frame, Squeezed(), nn.MSELoss(), features="x",
+                                       label="t", dtype=dtype)
+
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert "\n" not in str(info.value) and re.match(r"partition \d: " + says, str(info.value))
+    PROBLEMS._load()
+    monkeypatch.setitem(PROBLEMS._plugins, "squeezed", ProblemSpec(
+        "squeezed", build, "a squeezed output on Spark", defaults={"lr": 0.1, "epochs": 1},
+        engine="spark"))
+    capsys.readouterr()
+    code = main(["train", "--problem", "squeezed", "--engine", "spark", "--strategy", "sync",
+                 "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and re.match(r"monsoon: error: partition \d: " + says, err), err
+    assert "\n" not in err and not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_a_dataframe_model_refuses_other_engines(classes):
     with pytest.raises(ConfigError, match="lives in Spark: train it with engine='spark'"):
         monsoon.train(classes[0], strategy="sync", workers=2, engine="local", steps=2, evals=0)

@@ -33,7 +33,11 @@ the driver.
 Refused in one line (ConfigError): before any job, a missing column, features
 or a label that are not numbers; after the conversion job (which reports,
 not fails), a null, rows of different lengths (within or across partitions),
-NaN or Inf, a class label that is not a whole number >= 0.
+NaN or Inf, a class label that is not a whole number >= 0; then, the rows'
+lengths agreeing, what ``TorchProblem``'s build-time probe refuses, found on
+each partition's first two rows without calling the loss (``misfit``): a
+module that does not take them, an element-wise loss on an output of
+another shape than the label's (n, 1).
 
 Not yet: buffers (BatchNorm statistics) are not trained on Spark (a task
 starts from the module's own), and Dropout is not seeded per worker.
@@ -108,6 +112,26 @@ def _labels(X, y, label, classes, dtype):
     return X, y.astype(dtype).reshape(-1, 1)
 
 
+# the shape check's advice here: a float label reaches the loss as (n, 1)
+SPARK_SHAPES_FIX = ("a float label column reaches the loss as targets of shape (n, 1), so "
+                    "make the module's output (n, 1), one column (drop its squeeze or flatten)")
+
+
+def misfit(part) -> str | None:
+    """What ``TorchProblem``'s build-time probe would refuse in a partition's
+    first two rows (a module that does not take them; an element-wise loss
+    on an output of another shape than the targets, which torch broadcasts),
+    as a line for the driver, or None. Run on the executor without the loss
+    (a retried task must not call it twice); the driver raises it once the
+    partitions' widths agree."""
+    try:
+        part._probe("the features", part.X[:2], part.y[:2], call_loss=False,
+                    fix=SPARK_SHAPES_FIX)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def evaluate_block(block, w):
     """(rows, every reported figure) of one partition at ``w``."""
     return (block.n, block.problem.evaluate(w)) if block.n else (0, {})
@@ -167,7 +191,7 @@ class SparkTorchData(SparkHeld, TorchModel):
             except (ConfigError, ValueError) as exc:  # NaN or Inf; a module that does not fit
                 return None, {"rows": 0, "error": str(exc)}
             return part, {"rows": len(X), "width": X.shape[1], "error": None,
-                          "classification": part.classification}
+                          "classification": part.classification, "misfit": misfit(part)}
 
         return convert
 
@@ -184,6 +208,9 @@ class SparkTorchData(SparkHeld, TorchModel):
             raise ConfigError(f"the features hold rows of {wa} numbers in partition {a} and "
                               f"{wb} in partition {b}: every row needs the same number of "
                               "features")
+        for k, s in enumerate(stats):  # the rows fit one another: now the module
+            if s.get("misfit"):
+                raise ConfigError(f"partition {k}: {s['misfit']}")
         self.n_features = next(iter(widths.values()))
         self.classification = all(s["classification"] for s in stats if s["rows"])
         return lambda part: part

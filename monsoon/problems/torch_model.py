@@ -110,14 +110,17 @@ class TorchModel(Problem):
         self.n_examples = int(len(self.X))
         self._setup_module(module)
 
-    def _probe(self, label: str, xb, yb) -> None:
+    def _probe(self, label: str, xb, yb, call_loss: bool = True, fix: str | None = None) -> None:
         """One forward pass and loss on two rows, in eval mode under no_grad
         (no buffer changes), when a user's problem is built (``TorchProblem``;
         ``DatasetProblem``, on its first two items):
         a module that does not fit the data is refused there, naming both
         shapes, rather than by a worker after the run has started. A Spark
-        partition's rows are not probed: the driver compares the partitions'
-        widths first, and a retried task must not call the loss twice."""
+        partition's rows are probed without the loss (``call_loss=False``:
+        a retried task must not call it twice), and what is refused there
+        reaches the driver as a report, raised after its check of the
+        partitions' widths (``spark_torch_data``). ``fix``: the shape
+        check's advice, where the targets' shape is not the user's to change."""
         modes = _modes(self.module)
         self.module.eval()
         values = {}  # BatchNorm layer -> values per channel of one example (``fewest_rows``)
@@ -135,24 +138,28 @@ class TorchModel(Problem):
                         f"of shape {tuple(xb.shape)} fails ({_first_line(exc)}); make the "
                         f"module's input fit rows of shape {tuple(xb.shape[1:])}, or reshape "
                         f"{label}") from None
-                check_shapes(self.loss_fn, out, yb, label)
-                try:
-                    loss = self.loss_fn(out, yb)
-                except Exception as exc:  # noqa: BLE001
-                    raise ConfigError(
-                        f"loss_fn does not take the module's output of shape "
-                        f"{tuple(out.shape) if hasattr(out, 'shape') else type(out).__name__} "
-                        f"with targets y of shape {tuple(yb.shape)} ({_first_line(exc)}); "
-                        "make the module's output and y fit the loss") from None
+                check_shapes(self.loss_fn, out, yb, label, fix)
+                loss = self._probe_loss(out, yb) if call_loss else None
         finally:
             for hook in hooks:
                 hook.remove()
             _restore_modes(modes)
         self._norm_values = {**self._norm_values, **values}
-        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        if call_loss and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
             got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ConfigError(f"loss_fn must return one number, the mean over the batch; it "
                               f"returned {got}: use reduction='mean' (torch's default)")
+
+    def _probe_loss(self, out, yb):
+        """The loss of ``_probe``'s forward pass, a failure refused in one line."""
+        try:
+            return self.loss_fn(out, yb)
+        except Exception as exc:  # noqa: BLE001 - any failure is a misfit
+            raise ConfigError(
+                f"loss_fn does not take the module's output of shape "
+                f"{tuple(out.shape) if hasattr(out, 'shape') else type(out).__name__} "
+                f"with targets y of shape {tuple(yb.shape)} ({_first_line(exc)}); "
+                "make the module's output and y fit the loss") from None
 
     def draws_random(self) -> bool:
         """Whether training passes draw random numbers (Dropout's masks,
@@ -937,10 +944,15 @@ _ELEMENTWISE = {torch.nn.MSELoss: F.mse_loss, torch.nn.L1Loss: F.l1_loss,
                 torch.nn.MultiLabelSoftMarginLoss: F.multilabel_soft_margin_loss}
 
 
-def check_shapes(loss_fn, out, y, label: str) -> None:
+SHAPES_FIX = ("make them one shape, y[:, None] (y.reshape(-1, 1)) for an output of one "
+              "column, or squeeze the module's output")
+
+
+def check_shapes(loss_fn, out, y, label: str, fix: str | None = None) -> None:
     """Refuse, in one line, an element-wise loss's output and targets of
     different shapes: torch broadcasts (N, 1) against (N,) to (N, N), and the
-    run trains a wrong model with only a UserWarning to show for it."""
+    run trains a wrong model with only a UserWarning to show for it. ``fix``
+    is what to change (default ``SHAPES_FIX``)."""
     name = _loss_name(loss_fn, _ELEMENTWISE)
     if name is None or not isinstance(out, torch.Tensor) or out.shape == y.shape:
         return
@@ -951,8 +963,7 @@ def check_shapes(loss_fn, out, y, label: str) -> None:
     raise ConfigError(
         f"{name} compares the module's output and the targets element by element, but on "
         f"the first rows of {label} the output has shape {tuple(out.shape)} and the targets "
-        f"{tuple(y.shape)}{wrong}: make them one shape, y[:, None] (y.reshape(-1, 1)) for "
-        "an output of one column, or squeeze the module's output")
+        f"{tuple(y.shape)}{wrong}: {fix or SHAPES_FIX}")
 
 
 def _unwrapped(loss_fn):
