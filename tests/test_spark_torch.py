@@ -275,7 +275,8 @@ def test_an_output_of_another_shape_than_the_label_is_refused_before_any_run(
     trained a wrong model (torch broadcasts to (n, n), a UserWarning on the
     executors at most): the shape check TorchProblem makes when it is built
     was skipped on Spark. Refused in one line naming both shapes and the fix,
-    from Python and from the CLI (a plug-in's Spark problem: exit 2)."""
+    from Python and from the CLI (a plug-in's Spark problem: exit 2); so is
+    a module that does not take the rows."""
     import re
 
     from monsoon.cli import main
@@ -294,6 +295,10 @@ def test_an_output_of_another_shape_than_the_label_is_refused_before_any_run(
     with pytest.raises(ConfigError) as info:
         build()
     assert "\n" not in str(info.value) and re.match(r"partition \d: " + says, str(info.value))
+    with pytest.raises(ConfigError, match=r"^partition \d: the module does not take the "
+                       r"features: a forward pass on 2 rows of shape \(2, 5\) fails"):
+        TorchProblem.from_spark(frame, nn.Linear(D + 1, 1), nn.MSELoss(), features="x",
+                                label="t")  # a module that does not fit: refused there too
     PROBLEMS._load()
     monkeypatch.setitem(PROBLEMS._plugins, "squeezed", ProblemSpec(
         "squeezed", build, "a squeezed output on Spark", defaults={"lr": 0.1, "epochs": 1},
