@@ -33,11 +33,7 @@ the driver.
 Refused in one line (ConfigError): before any job, a missing column, features
 or a label that are not numbers; after the conversion job (which reports,
 not fails), a null, rows of different lengths (within or across partitions),
-NaN or Inf, a class label that is not a whole number >= 0; then, the rows'
-lengths agreeing, what ``TorchProblem``'s build-time probe refuses, found on
-each partition's first two rows without calling the loss (``misfit``): a
-module that does not take them, an element-wise loss on an output of
-another shape than the label's (n, 1).
+NaN or Inf, a class label that is not a whole number >= 0; then ``misfit``.
 
 Not yet: buffers (BatchNorm statistics) are not trained on Spark (a task
 starts from the module's own), and Dropout is not seeded per worker.
