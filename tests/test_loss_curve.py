@@ -431,7 +431,9 @@ def test_above_a_constant_predictor_the_advice_follows_the_curve():
     advice even for a run whose loss was still falling at its end (MF with
     a small lr: 4.84 against 0.43, a step too small, not too large). A curve
     that ends at its lowest says train longer or raise the rate; one that was
-    lower before and rose again still says lower it."""
+    lower before and rose again, or rose above its start on the way (and
+    came down again, a step too large that the run survived: "still
+    falling" before), says lower it."""
     from monsoon.record.recorder import worse_than_start
 
     falling = [{"updates": u, "loss": v} for u, v in ((0, 9.0), (10, 7.0), (20, 5.0))]
@@ -441,10 +443,38 @@ def test_above_a_constant_predictor_the_advice_follows_the_curve():
     rose = [{"updates": u, "loss": v} for u, v in ((0, 9.0), (10, 0.5), (20, 0.9))]
     warning = worse_than_start(rose, 0.9, 0.4)
     assert "lower the learning rate (--lr)" in warning and "still falling" not in warning
+    assert "having been down to 0.5 before" in warning
+    spiked = [{"updates": u, "loss": v} for u, v in ((0, 9.0), (10, 12.0), (20, 5.0))]
+    warning = worse_than_start(spiked, 5.0, 0.4)
+    assert warning == ("did not converge: the loss ended at 5, above a constant predictor's "
+                       "(0.4), having risen to 12 on the way; lower the learning rate (--lr)")
     assert worse_than_start(falling, 0.3, 0.4) is None
-    mf = monsoon.train("mf-synthetic:users=60,items=40,ratings=3000,rank=3", "sync", 2,
-                       lr=0.002, seed=0, progress=False, epochs=2)
-    assert "still falling" in mf.summary["warning"], mf.summary.get("warning")
+
+
+def test_a_loss_that_barely_moved_says_raise_the_learning_rate():
+    """A loss that barely moved (MF at a per-example lr on mini-batches: a
+    step 64 times too small; here 1e-9, whose steps float32 parameters do
+    not even take) was told to lower the learning rate, above a constant
+    predictor's loss or a hair above its own start. Its curve shows no rise
+    beyond evaluation noise: raise the rate or train longer."""
+    from monsoon.record.recorder import worse_than_start
+
+    name = "mf-synthetic:users=60,items=40,ratings=3000,rank=3"
+    for lr in (1e-9, 0.002):
+        run = monsoon.train(name, "sync", 2, lr=lr, seed=0, progress=False, epochs=2)
+        losses = [r["loss"] for r in run.history]
+        assert max(losses) - min(losses) < 1e-4 * losses[0] and run.problem.constant_loss() \
+            < run.summary["final_loss"], (lr, losses)
+        warning = run.summary["warning"]
+        assert warning.endswith(", and barely moved from 0.425495: raise the learning rate "
+                                "(--lr) or train longer (--epochs)"), (lr, warning)
+        assert "a constant predictor's" in warning and "lower" not in warning
+    flat = [{"updates": u, "loss": v} for u, v in ((0, 2.3127439), (10, 2.3127436),
+                                                   (20, 2.3127441))]
+    warning = worse_than_start(flat, 2.3127441, None)  # above its start, by float noise
+    assert warning == ("did not converge: the loss ended at 2.31274, above its starting loss "
+                       "(2.31274), and barely moved from 2.31274: raise the learning rate "
+                       "(--lr) or train longer (--epochs)")
 
 
 @pytest.mark.parametrize("kind, label", [("logistic", 1.0), ("logistic", 0.0),

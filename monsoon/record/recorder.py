@@ -82,12 +82,13 @@ def converged(reason) -> bool:
     return isinstance(reason, str) and reason.startswith("converged:")
 
 
-NOT_CONVERGED = ("did not converge: the loss ended at {final:.6g}, above {what} ({ref:.6g}); "
-                 "lower the learning rate (--lr){more}")
-STILL_FALLING = ("did not converge: the loss ended at {final:.6g}, above a constant "
-                 "predictor's ({ref:.6g}), and was still falling: train longer (--epochs) "
-                 "or raise the learning rate (--lr)")
-FALLING_TOL = 1e-3  # a final loss within this share of the curve's lowest is still falling
+NOT_CONVERGED = ("did not converge: the loss ended at {final:.6g}, above {what} ({ref:.6g})"
+                 "{why}; lower the learning rate (--lr){more}")
+STEP_TOO_SMALL = ("did not converge: the loss ended at {final:.6g}, above {what} ({ref:.6g}), "
+                  "and {how}: {advice}")
+STILL_FALLING = "train longer (--epochs) or raise the learning rate (--lr)"
+BARELY_MOVED = "raise the learning rate (--lr) or train longer (--epochs)"
+NOISE = 1e-3  # a change within this share of the loss is taken for evaluation noise
 
 
 NOT_FINITE_AT_START = ("diverged: the loss is {loss} at the starting weights, before any "
@@ -107,33 +108,52 @@ def not_finite_at_start(rows: list[dict]) -> str | None:
 def worse_than_start(rows: list[dict], final: float, constant: float | None) -> str | None:
     """The warning for a run whose final loss is above its first row's (the
     loss at its starting parameters) or above the best constant predictor's
-    (``problem.constant_loss()``, where the problem has one), with advice:
-    lower the learning rate, unless a curve above the constant predictor's
-    was still falling at its end (``still_falling``: train longer or raise
-    it); None when neither, or when the loss is not finite
+    (``problem.constant_loss()``, where the problem has one), with the
+    advice its curve supports (``read_step``): lower the learning rate where
+    the loss rose or bounced, raise it or train longer where it only fell
+    or barely moved; None when neither, or when the loss is not finite
     (that run is marked diverged instead). The API puts it in the summary
     and on stderr, on every engine."""
     if not math.isfinite(final):
         return None
     start = rows[0]["loss"] if rows and rows[0].get("updates") == 0 else None
     if start is not None and math.isfinite(start) and final > start:
-        return NOT_CONVERGED.format(final=final, what="its starting loss", ref=start, more="")
-    if constant is not None and math.isfinite(constant) and final > constant:
-        if still_falling(rows, final):  # too small a step or too short a run, not too large
-            return STILL_FALLING.format(final=final, ref=constant + 0.0)  # never "-0"
-        return NOT_CONVERGED.format(final=final, what="a constant predictor's",
-                                    ref=constant + 0.0, more=", or train longer")
-    return None
+        what, ref = "its starting loss", start
+    elif constant is not None and math.isfinite(constant) and final > constant:
+        what, ref = "a constant predictor's", constant + 0.0  # never "-0"
+    else:
+        return None
+    step = read_step(rows, final)
+    if step is not None and step[0] == "small":
+        return STEP_TOO_SMALL.format(final=final, what=what, ref=ref, how=step[1],
+                                     advice=step[2])
+    # no curve to read: below a constant predictor's bar the budget may be too short
+    more = ", or train longer" if step is None and what != "its starting loss" else ""
+    return NOT_CONVERGED.format(final=final, what=what, ref=ref,
+                                why=step[1] if step else "", more=more)
 
 
-def still_falling(rows: list[dict], final: float) -> bool:
-    """Whether ``final`` is (within ``FALLING_TOL``) the lowest loss of a
-    curve that fell: the run ended on its way down, where a loss that had
-    been lower before and rose again (or bounced) points at too large a step."""
+def read_step(rows: list[dict], final: float) -> tuple | None:
+    """What the curve of a run that ended too high says of its step, from
+    its finite losses (changes within ``NOISE`` of the loss are noise):
+    ("large", why) where it rose above its first loss, or ended above its
+    lowest: lower the learning rate; ("small", how, advice) where it never
+    rose: it was still falling at its end (train longer, or raise the
+    rate), or it barely moved (raise the rate); None with fewer than two
+    losses, nothing to read."""
     losses = [float(r["loss"]) for r in rows if r.get("loss") is not None]
     losses = [v for v in losses if math.isfinite(v)]
-    return bool(losses) and max(losses) > final and final <= min(losses) + FALLING_TOL * abs(
-        min(losses))
+    if len(losses) < 2:
+        return None
+    first, low, top = losses[0], min(losses), max(losses)
+    noise = NOISE * max(abs(low), abs(final))
+    if top > first + noise:
+        return "large", f", having risen to {top:.6g} on the way" if top > final + noise else ""
+    if final > low + noise:
+        return "large", f", having been down to {low:.6g} before"
+    if top - low <= noise:
+        return "small", f"barely moved from {first:.6g}", BARELY_MOVED
+    return "small", "was still falling", STILL_FALLING
 
 
 # written where the problem reports them (``problem.evaluate``): torch
