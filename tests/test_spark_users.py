@@ -399,6 +399,55 @@ def test_a_label_that_is_not_a_number_is_one_line_with_no_stack(spark, tmp_path,
         _rows_to_arrays([([1.0, 2.0], 1.0), ([1.0, 0.0], None)], "features", "label", None)
 
 
+def _cli(*args):
+    """``monsoon ARGS --quiet`` in this process: (exit code, stderr's lines)."""
+    import contextlib
+    import io
+
+    from monsoon.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([*args, "--quiet"])
+    return code, err.getvalue().strip().splitlines()
+
+
+NAN = float("nan")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("row3, labels, says", [
+    ([1.0, 1.0], [1.0, None] * 20, "column 'label' holds a null: drop or fill those rows"),
+    ([None, 1.0], [1.0, 0.0] * 20, "the features 'features' hold a null inside a row: drop "
+                                   "or fill those rows first"),
+    ([NAN, 1.0], [1.0, 0.0] * 20, "the features 'features' row 3 holds nan; NaN and Inf "
+                                  "cannot be trained on: fix or remove that row"),
+    ([1.0, 1.0], [1.0, NAN] * 20, "the label column 'label' row 1 holds nan; NaN and Inf"),
+])
+def test_a_null_or_nan_in_spark_data_is_a_bad_input_on_the_command_line(spark, tmp_path,
+                                                                         row3, labels, says):
+    """A null inside an array of features, or a NaN feature, failed building
+    the blocks after Spark's retries (exit 1, "caching the converted
+    partitions failed ...: monsoon.errors.ConfigError: X row 3 holds nan");
+    a NaN label trained as class 0. The conversion job reports each, and
+    the command line refuses the data as a bad input: exit 2, one line
+    naming the partition, the column and (NaN) the partition's row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    features = [[float(i % 3), 1.0] for i in range(40)]
+    features[3] = row3
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"features": features, "label": labels}), path)
+    out = tmp_path / "run"
+    code, lines = _cli("train", "--problem", f"spark:{path}", "--engine", "spark",
+                       "--strategy", "serial", "--steps", "1", "--out", str(out))
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("monsoon: error: partition 0: ") and says in lines[0], lines
+    assert not out.exists()
+
+
 # -- job overhead: measured, reported, and the work per job it asks for ------
 
 @pytest.mark.parametrize("overhead, step, bound, expected", [
