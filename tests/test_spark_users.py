@@ -349,6 +349,31 @@ def test_a_libsvm_file_spark_cannot_parse_prints_no_java_stack(spark, tmp_path, 
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_a_libsvm_file_with_a_byte_order_mark_reads_as_the_file_without(spark, clicks,
+                                                                        tmp_path):
+    """A UTF-8 byte-order mark before the first line, as the local reader
+    (encoding utf-8-sig) skips it: Spark's libsvm reader (Hadoop's line
+    reader) skips it too, so the first row keeps its label and features and
+    the data is the same problem. A guard: it held before it was tested."""
+    from monsoon.engines.spark import SparkData
+
+    text = clicks.read_text()
+    bom = tmp_path / "bom.libsvm"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    plain, marked = SparkData(str(clicks)), SparkData(str(bom))
+    try:
+        w = np.random.default_rng(0).normal(size=plain.n_params)
+        assert marked.n_examples == plain.n_examples == len(text.splitlines())
+        assert marked.n_features == plain.n_features
+        assert marked.constant_loss() == plain.constant_loss()
+        assert marked.loss(w) == plain.loss(w)
+    finally:
+        plain.unpersist()
+        marked.unpersist()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_label_that_is_not_a_number_is_one_line_with_no_stack(spark, tmp_path, monkeypatch):
     """spark:PATH with a string label failed the conversion job on the
     executors: ~130 lines of Python and Java stacks, then a line that did
