@@ -81,6 +81,24 @@ def test_a_null_feature_is_named():
         batch_arrays(batch, many=False)
 
 
+def test_a_null_inside_an_array_or_a_row_is_named():
+    """A null inside an array of features came through Arrow as NaN, and a
+    null Vector or numeric feature through the row path too: the run
+    failed building the blocks (exit 1). Each is named as a null now."""
+    from pyspark.sql import Row
+
+    from monsoon.engines.spark.arrow import batch_arrays
+
+    batch = pa.RecordBatch.from_arrays([pa.array([[1.0, None], [2.0, 3.0]]),
+                                        pa.array([1.0, 0.0])], ["x", "label"])
+    with pytest.raises(ValueError, match="the features 'x' hold a null inside a row"):
+        batch_arrays(batch, many=False)
+    with pytest.raises(ValueError, match="column 'b' holds a null"):
+        _rows_to_arrays([Row(a=1.0, b=None, label=1.0)], ["a", "b"], "label", None)
+    with pytest.raises(ValueError, match="column 'x' holds a null"):
+        _rows_to_arrays([Row(x=None, label=1.0)], "x", "label", None)
+
+
 @pytest.fixture(scope="module")
 def spark():
     """One local[2] session for both Spark tests (a start costs seconds)."""

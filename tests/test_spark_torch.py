@@ -311,6 +311,43 @@ def test_an_output_of_another_shape_than_the_label_is_refused_before_any_run(
     assert "\n" not in err and not (tmp_path / "run" / "summary.json").exists()
 
 
+
+def test_an_untracked_batchnorm_evaluates_a_partition_of_one_row(spark):
+    """Partitions of 4 rows and 1 under BatchNorm1d(track_running_stats=False):
+    each partition is evaluated on its own executor, by its own statistics,
+    and the lone row's failed the evaluation job ("Expected more than 1 value
+    per channel"). Its loss is now the model's on that row alone (the layer
+    gives its bias), and the figures are the partitions' weighed by rows."""
+    torch.manual_seed(1)
+    X, c = torch.randn(5, D, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 2])
+    rows = [([float(v) for v in x], int(k)) for x, k in zip(X, c)]
+    df = spark.createDataFrame(spark.sparkContext.parallelize([rows[:4], rows[4:]], 2)
+                               .flatMap(lambda part: part), "x array<double>, c int")
+
+    def bn_net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(D, 8), nn.BatchNorm1d(8, track_running_stats=False),
+                             nn.Linear(8, CLASSES))
+
+    data = TorchProblem.from_spark(df, bn_net(), nn.CrossEntropyLoss(), features="x",
+                                   label="c", dtype="float64")
+    try:
+        assert data.counts == [4, 1]
+        w = data.initial_params(0)
+        got = data.evaluate(w)
+    finally:
+        data.unpersist()
+    parts = [TorchProblem(bn_net(), nn.CrossEntropyLoss(), X[a:b], c[a:b], dtype="float64")
+             .evaluate(w) for a, b in ((0, 4), (4, 5))]
+    net = bn_net().double()
+    with torch.no_grad():
+        lone = float(nn.CrossEntropyLoss()(net[2](net[1].bias.reshape(1, -1)), c[4:]))
+    assert parts[1]["loss"] == pytest.approx(lone, rel=1e-12)
+    assert got["loss"] == pytest.approx((4 * parts[0]["loss"] + lone) / 5, rel=1e-12)
+    assert got["accuracy"] == pytest.approx(
+        (4 * parts[0]["accuracy"] + parts[1]["accuracy"]) / 5, rel=1e-12)
+
+
 def test_a_dataframe_model_refuses_other_engines(classes):
     with pytest.raises(ConfigError, match="lives in Spark: train it with engine='spark'"):
         monsoon.train(classes[0], strategy="sync", workers=2, engine="local", steps=2, evals=0)

@@ -349,6 +349,31 @@ def test_a_libsvm_file_spark_cannot_parse_prints_no_java_stack(spark, tmp_path, 
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_a_libsvm_file_with_a_byte_order_mark_reads_as_the_file_without(spark, clicks,
+                                                                        tmp_path):
+    """A UTF-8 byte-order mark before the first line, as the local reader
+    (encoding utf-8-sig) skips it: Spark's libsvm reader (Hadoop's line
+    reader) skips it too, so the first row keeps its label and features and
+    the data is the same problem. A guard: it held before it was tested."""
+    from monsoon.engines.spark import SparkData
+
+    text = clicks.read_text()
+    bom = tmp_path / "bom.libsvm"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    plain, marked = SparkData(str(clicks)), SparkData(str(bom))
+    try:
+        w = np.random.default_rng(0).normal(size=plain.n_params)
+        assert marked.n_examples == plain.n_examples == len(text.splitlines())
+        assert marked.n_features == plain.n_features
+        assert marked.constant_loss() == plain.constant_loss()
+        assert marked.loss(w) == plain.loss(w)
+    finally:
+        plain.unpersist()
+        marked.unpersist()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_label_that_is_not_a_number_is_one_line_with_no_stack(spark, tmp_path, monkeypatch):
     """spark:PATH with a string label failed the conversion job on the
     executors: ~130 lines of Python and Java stacks, then a line that did
@@ -397,6 +422,55 @@ def test_a_label_that_is_not_a_number_is_one_line_with_no_stack(spark, tmp_path,
     assert levels() == before
     with pytest.raises(ValueError, match="column 'label' holds a null"):  # without Arrow
         _rows_to_arrays([([1.0, 2.0], 1.0), ([1.0, 0.0], None)], "features", "label", None)
+
+
+def _cli(*args):
+    """``monsoon ARGS --quiet`` in this process: (exit code, stderr's lines)."""
+    import contextlib
+    import io
+
+    from monsoon.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([*args, "--quiet"])
+    return code, err.getvalue().strip().splitlines()
+
+
+NAN = float("nan")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("row3, labels, says", [
+    ([1.0, 1.0], [1.0, None] * 20, "column 'label' holds a null: drop or fill those rows"),
+    ([None, 1.0], [1.0, 0.0] * 20, "the features 'features' hold a null inside a row: drop "
+                                   "or fill those rows first"),
+    ([NAN, 1.0], [1.0, 0.0] * 20, "the features 'features' row 3 holds nan; NaN and Inf "
+                                  "cannot be trained on: fix or remove that row"),
+    ([1.0, 1.0], [1.0, NAN] * 20, "the label column 'label' row 1 holds nan; NaN and Inf"),
+])
+def test_a_null_or_nan_in_spark_data_is_a_bad_input_on_the_command_line(spark, tmp_path,
+                                                                         row3, labels, says):
+    """A null inside an array of features, or a NaN feature, failed building
+    the blocks after Spark's retries (exit 1, "caching the converted
+    partitions failed ...: monsoon.errors.ConfigError: X row 3 holds nan");
+    a NaN label trained as class 0. The conversion job reports each, and
+    the command line refuses the data as a bad input: exit 2, one line
+    naming the partition, the column and (NaN) the partition's row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    features = [[float(i % 3), 1.0] for i in range(40)]
+    features[3] = row3
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"features": features, "label": labels}), path)
+    out = tmp_path / "run"
+    code, lines = _cli("train", "--problem", f"spark:{path}", "--engine", "spark",
+                       "--strategy", "serial", "--steps", "1", "--out", str(out))
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("monsoon: error: partition 0: ") and says in lines[0], lines
+    assert not out.exists()
 
 
 # -- job overhead: measured, reported, and the work per job it asks for ------

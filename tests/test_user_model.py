@@ -152,6 +152,29 @@ def test_an_untracked_batchnorm_evaluates_a_last_chunk_of_one_row():
     assert problem.evaluate(result.params)["val_loss"] == pytest.approx(want, rel=1e-6)
 
 
+def test_an_untracked_batchnorm_evaluates_a_one_row_validation_set():
+    """A validation set of one row under BatchNorm1d(track_running_stats=False):
+    no chunk before it to join, and the problem's probe refused it ("Expected
+    more than 1 value per channel"). The row is evaluated alone: normalised by
+    its own statistics, the layer gives its bias, and val_loss is the model's
+    loss on that row."""
+    torch.manual_seed(0)
+    X, y = torch.randn(9, 4), torch.randn(9, 1)
+    vX, vy = torch.randn(1, 4), torch.randn(1, 1)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8, track_running_stats=False),
+                        nn.Linear(8, 1))
+    problem = TorchProblem(net, nn.MSELoss(), X, y, val=(vX, vy))
+    result = monsoon.train(problem, "serial", steps=3, batch_size=3, progress=False)
+    model = result.model
+    with torch.no_grad():
+        want = float(nn.MSELoss()(model[2](model[1].bias.reshape(1, -1)), vy))
+        bias_shift = float(nn.MSELoss()(model[2](model[1].bias.reshape(1, -1) + 1), vy))
+    assert want != pytest.approx(bias_shift)  # the figure depends on the layer's bias
+    assert result.summary["val_loss"] == pytest.approx(want, rel=1e-6)
+    assert all(np.isfinite(row["val_loss"]) for row in result.history)
+    assert problem.evaluate(result.params)["val_loss"] == pytest.approx(want, rel=1e-6)
+
+
 def test_a_layer_the_user_froze_stays_frozen_through_evaluation():
     """Evaluation ended with module.train(), which set every layer training:
     a BatchNorm the user froze with .eval() then updated its statistics in

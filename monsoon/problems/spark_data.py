@@ -21,7 +21,10 @@ their global ids and persisted. The full-data loss the recorder reports
 is a Spark job too: each partition returns its loss sum. Call
 ``unpersist()`` to free the cached blocks. A DataFrame's label or features
 that are not numbers are refused in one line before any job
-(``check_columns``, which ``SparkTorchData`` shares); a null, by the job.
+(``check_columns``, which ``SparkTorchData`` shares); a null, NaN or Inf by
+the conversion job, which reports it (the column, and for NaN or Inf the
+partition's row) for the driver to refuse the data in one line: a bad input
+(ConfigError, the command line's exit 2), not a failed run.
 
 Layers: this module is the problem side (what a partition's rows become,
 the model's math); reading the source, the jobs that convert and persist
@@ -35,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from .base import Problem
+from .base import Problem, check_finite
 from .sparse_linear import column_moments, inverse_variance
 
 LOSSES = ("logistic", "hinge", "squared")
@@ -119,10 +122,14 @@ def _rows_to_arrays(rows, features, label, n_features):
             continue
         if hasattr(row, "asDict") and not isinstance(features, str):
             x, y = [row[c] for c in features], row[label]
+            if None in x:
+                raise NullCell(holds_null(features[x.index(None)]))
         elif hasattr(row, "asDict"):
             x, y = row[features], row[label]
         else:
             x, y = row
+        if x is None:
+            raise NullCell(holds_null(features if isinstance(features, str) else "features"))
         if hasattr(x, "indices") and hasattr(x, "size"):  # a SparseVector
             idx, val = np.asarray(x.indices, dtype=np.int64), np.asarray(x.values, dtype=float)
             width = max(width, int(x.size))
@@ -265,12 +272,15 @@ class SparkData(SparkHeld, Problem):
     def _convert(self):
         features, label, kind, dtype = self.features, self.label, self.kind, self.dtype
         n_features = self._n_features
+        names = features if isinstance(features, str) else ", ".join(features)
 
         def convert(rows):
             try:
                 X, y = _rows_to_arrays(rows, features, label, n_features)
-            except NullCell as exc:  # the driver refuses the data, naming the column
-                return None, {"rows": 0, "error": str(exc)}
+                check_finite(f"the features {names!r}", X.data, X.indptr)
+                check_finite(f"the label column {label!r}", y)
+            except (NullCell, ConfigError) as exc:  # the driver refuses the data, naming
+                return None, {"rows": 0, "error": str(exc)}  # the column (and the row)
             if kind in ("logistic", "hinge"):
                 y = (y > 0).astype(float)
             X, y = X.astype(dtype), y.astype(dtype)

@@ -219,7 +219,10 @@ class SparkTorchData(SparkHeld, TorchModel):
         raise ConfigError(f"{self.name} lives in Spark: train it with engine='spark'")
 
     def evaluate(self, w) -> dict:
-        """Every reported figure at ``w``: each partition's, weighed by its rows."""
+        """Every reported figure at ``w``: each partition's, weighed by its rows.
+        Each partition is evaluated on its own rows: a BatchNorm without
+        running statistics normalises them by the partition's statistics, and
+        a partition of one row by that row's (``TorchModel._forward_eval``)."""
         w = np.asarray(w, dtype=self.dtype)
         self._check(w)
         parts = [p for p in self._sums(w, evaluate_block) if p[0]]

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils._pytree import tree_map
 
 from .base import Problem, check_finite
 
@@ -131,7 +132,7 @@ class TorchModel(Problem):
         try:
             with torch.no_grad():
                 try:
-                    out = self.module(xb)
+                    out = self._forward_eval(xb)
                 except Exception as exc:  # noqa: BLE001 - any failure is a misfit
                     raise ConfigError(
                         f"the module does not take {label}: a forward pass on {len(xb)} rows "
@@ -211,6 +212,23 @@ class TorchModel(Problem):
         """The fewest rows an evaluation chunk may hold: 2 where a BatchNorm
         normalises it by its own statistics (``_norm_by_batch``), else 1."""
         return 1 if self._norm_by_batch(training=False) is None else 2
+
+    def _forward_eval(self, xb):
+        """The module's output on the batch ``xb`` in an evaluation pass. A
+        lone row (a tensor), where a BatchNorm normalises by the batch's own
+        statistics (``_norm_by_batch``), goes through as two copies of
+        itself and keeps the first row of the output: the copies' mean and
+        variance are the row's own (variance 0: the layer gives its bias, as
+        its formula does for one row), which torch refuses to compute on a
+        batch of one row ("Expected more than 1 value per channel"). So a
+        one-row validation set, or a Spark partition of one row (each
+        partition is evaluated on its own), has a finite loss: the model's
+        value on that row alone."""
+        if not (isinstance(xb, torch.Tensor) and len(xb) == 1
+                and self._norm_by_batch(training=False) is not None):
+            return self.module(xb)
+        return tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) else t,
+                        self.module(torch.cat([xb, xb])))
 
     def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch, module=None):
         """The settings every torch problem has; returns the torch dtype:
@@ -625,7 +643,7 @@ class TorchModel(Problem):
             with torch.no_grad():
                 for xb, yb in chunks:
                     with self._autocast():
-                        out = self.module(xb)
+                        out = self._forward_eval(xb)
                         part = self.loss_fn(out, yb).double() * len(yb)
                     total = part if total is None else total + part
                     if accuracy:

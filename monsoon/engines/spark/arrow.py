@@ -103,6 +103,9 @@ def batch_arrays(batch, many: bool):
     if col.null_count:
         raise NullCell(holds_null(name))
     if _is_list(col.type):  # an array of numbers a row: dense
+        if col.flatten().null_count:
+            raise NullCell(f"the features {name!r} hold a null inside a row: drop or fill "
+                           "those rows first")
         values, lengths = _flat(col)
         return _csr(values, None, lengths, np.ones(n, dtype=bool), int(lengths.max(initial=0)),
                     n), y
