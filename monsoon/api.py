@@ -279,6 +279,17 @@ def _resume_hint(resolved, out, what: str = "", checkpoint: bool = True) -> str:
     return f"; to carry on{' ' + what if what else ''}, {_carry_on(out, resolved.cli, 'train')}"
 
 
+def _diverged_unsaved(resolved) -> str:
+    """The end of a stopped run's line where its parameters are not finite
+    and it wrote no checkpoint (``Checkpointer.save`` writes none of such
+    parameters): a resume would have nothing to start from, so none is
+    offered; the line says why, and that a new run with a lower learning
+    rate is what to do instead."""
+    return ("; it cannot be carried on: it diverged (its parameters are not finite) before "
+            "it wrote any checkpoint; lower the learning rate "
+            f"({RUN['lr'].named(resolved.cli)}) and run it again from the start")
+
+
 def _carry_on(out, cli: bool, call: str) -> str:
     """How to carry a stopped run (or compare) in ``out`` on: the same command
     with ``--resume OUT``, or, from Python, ``call`` (train, compare) with
@@ -703,6 +714,8 @@ def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_diverge
         where = f"run folder {out}" if out is not None else "no run folder (give --out)"
         hint = (_resume_hint(resolved, out, checkpoint=bool(res.extra.get("checkpoint")))
                 if out is not None else "") or _no_checkpoint(resolved)
+        if not res.extra.get("checkpoint") and not _checkpoints.finite(res.params):
+            hint = _diverged_unsaved(resolved)
         err = Interrupted(f"interrupted by {signal_name(interrupted)} after {res.updates} "
                           f"updates: {where}{hint}", interrupted, result.run_dir)
         err.result = result
