@@ -221,6 +221,11 @@ class SetAside:
             os.replace(path, there)
             self.moved.append((path, there))
 
+    def holds_results(self) -> bool:
+        """Whether a previous run's results (``RESULT_FILES``) are set aside."""
+        return any(path.parent == self.out and path.name in RESULT_FILES
+                   for path, _ in self.moved)
+
     def begins(self) -> None:
         """The folder is set up (what goes is aside, a damaged checkpoint
         moved to ``.damaged``): what appears from now on is the run's."""
