@@ -170,7 +170,10 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
     run's results, ``_keeps_previous``) and how to carry on: from a checkpoint
     that ``--resume`` with this command would take, if there is one. ``res``:
     the engine's result where the run ended and the evaluation after it
-    failed; the folder then also holds its counts and trained model."""
+    failed; the folder then also holds its counts and trained model. Where
+    the folder gets no summary (a resumed run's, one that could not be
+    written), the previous run's results are given back only after this
+    (``_end_aside``): the line says so then (``folder_line``, ``_given_back``)."""
     run, engine = resolved.run, resolved.engine
     reason = _first_line(exc)
     if not isinstance(exc, MonsoonError):
@@ -185,12 +188,13 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
     if folder and w0 is not None and _checkpoints.checkpoint_files(folder):
         saved = _resumable(resolved, w0, folder)
     checkpoint = None if saved is None else str(saved.path)
+    back = ""  # what the line adds once the previous run's results are back (``_given_back``)
     if out is None:
         where = "no run folder (give --out to keep one)"
     elif not getattr(engine, "writes_run_folder", True):
         where = f"rank 0, if it is alive, writes the run folder {out}"
     elif res is None and _keeps_previous(resolved):
-        where = f"run folder {out}, which keeps the previous run's results"
+        where, back = f"run folder {out}", ", which keeps the previous run's results"
     else:
         rows, counts = _curve_so_far(recorder, saved if res is None else None)
         summary = {"problem": run["problem"], "strategy": run["strategy"],
@@ -211,6 +215,7 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
             where = f"run folder {out}"
         except Exception as write_error:  # noqa: BLE001
             where = f"the run folder {out} could not be written ({_first_line(write_error)})"
+            back = GIVEN_BACK
         else:
             if res is not None:
                 where += _save_trained(Path(out), resolved, res)
@@ -223,7 +228,21 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
     else:
         err = RunFailed(message)
     err.run_dir = Path(out) if out is not None else None
+    err.folder_line = (f"{reason} ({where}", back, f"){hint}")
     return err
+
+
+GIVEN_BACK = "; the previous run's results are back in place"
+
+
+def _given_back(err: BaseException) -> None:
+    """Say in ``err``'s line (``_failed``'s, ``_write_results``'s: its
+    ``folder_line``, the line's head, what to add, and its tail) that the
+    previous run's results are back in its folder (``_end_aside`` gave
+    them back)."""
+    head, back, tail = getattr(err, "folder_line", ("", "", ""))
+    if back:
+        err.args = (f"{head}{back}{tail}",)
 
 
 def _save_trained(out: Path, resolved, res) -> str:
@@ -277,6 +296,17 @@ def _resume_hint(resolved, out, what: str = "", checkpoint: bool = True) -> str:
     if not checkpoint:
         return ""
     return f"; to carry on{' ' + what if what else ''}, {_carry_on(out, resolved.cli, 'train')}"
+
+
+def _diverged_unsaved(resolved) -> str:
+    """The end of a stopped run's line where its parameters are not finite
+    and it wrote no checkpoint (``Checkpointer.save`` writes none of such
+    parameters): a resume would have nothing to start from, so none is
+    offered; the line says why, and that a new run with a lower learning
+    rate is what to do instead."""
+    return ("; it cannot be carried on: it diverged (its parameters are not finite) before "
+            "it wrote any checkpoint; lower the learning rate "
+            f"({RUN['lr'].named(resolved.cli)}) and run it again from the start")
 
 
 def _carry_on(out, cli: bool, call: str) -> str:
@@ -388,7 +418,8 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
     try:
         result = _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder)
     except BaseException as exc:
-        _end_aside(aside, _ending(exc, out))
+        if _end_aside(aside, _ending(exc, out)):
+            _given_back(exc)
         raise
     _end_aside(aside, "discard")
     return result
@@ -416,7 +447,7 @@ def _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder) 
     return result
 
 
-def _end_aside(aside, how: str) -> None:
+def _end_aside(aside, how: str) -> bool:
     """A refused run gives the previous run's files back (``how``
     "restore"; its live writer is closed by then, so its own TensorBoard
     file goes); a run that ended without results of its own (no summary:
@@ -424,15 +455,19 @@ def _end_aside(aside, how: str) -> None:
     folder could not be written) gives back the previous run's and keeps
     its checkpoints ("give_back"); any other end leaves the folder to this
     run's files ("discard"). A file system error here is a warning: the run's own
-    error, or its result, is what the user gets."""
+    error, or its result, is what the user gets. Returns whether the
+    previous run's results are back in place (given back whole)."""
     if aside is None:
-        return
+        return False
+    results = how == "give_back" and aside.holds_results()
     try:
         getattr(aside, how)()
     except OSError as exc:
         print(f"monsoon: warning: the previous run's files set aside in {aside.out} "
               f"could not be {'removed' if how == 'discard' else 'given back'}: {exc}",
               file=sys.stderr)
+        return False
+    return results
 
 
 def _keeps_previous(resolved) -> bool:
@@ -590,6 +625,24 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
                                raise_on_divergence, late)
 
 
+def _write_results(out: Path, config: dict, summary: dict, rows, problem, params) -> Path:
+    """The ended run's folder and trained model (``write_run_folder``,
+    ``save_model``); a folder that cannot be written (a full disk, a folder
+    made read-only) ends the run in one line (``RunFailed``), which says
+    so, and, once they are (``_given_back``), that the previous run's
+    results are back in place."""
+    try:
+        folder = write_run_folder(out, config, summary, rows)
+        save_model(folder, problem, params)
+    except OSError as exc:
+        line = (f"the run ended ({summary['status']}) after {summary['updates']} updates, "
+                f"but its run folder {out} could not be written ({_first_line(exc)})")
+        err = RunFailed(line)
+        err.run_dir, err.folder_line = out, (line, GIVEN_BACK, "")
+        raise err from exc
+    return folder
+
+
 def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_divergence,
             late) -> Result:
     """After the engine returned: the curve evaluated, the summary, the run
@@ -697,12 +750,14 @@ def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_diverge
     if out is not None:
         full_config = {**resolved.config(), "server_rule": rule.describe(), **strat.describe(),
                        **engine.describe(), "problem_info": problem.describe()}
-        result.run_dir = write_run_folder(Path(out), full_config, summary, recorder.rows)
-        save_model(result.run_dir, problem, res.params)
+        result.run_dir = _write_results(Path(out), full_config, summary, recorder.rows,
+                                        problem, res.params)
     if interrupted:
         where = f"run folder {out}" if out is not None else "no run folder (give --out)"
         hint = (_resume_hint(resolved, out, checkpoint=bool(res.extra.get("checkpoint")))
                 if out is not None else "") or _no_checkpoint(resolved)
+        if not res.extra.get("checkpoint") and not _checkpoints.finite(res.params):
+            hint = _diverged_unsaved(resolved)
         err = Interrupted(f"interrupted by {signal_name(interrupted)} after {res.updates} "
                           f"updates: {where}{hint}", interrupted, result.run_dir)
         err.result = result

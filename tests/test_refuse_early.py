@@ -44,7 +44,7 @@ def previous_run(folder):
         (folder / name).write_text(f"previous {name}")
     (folder / "config.json").write_text('{"problem": "previous", "strategy": "serial", '
                                         '"workers": 1}')
-    (folder / "tb" / "events.out.tfevents.1.previous").write_text("previous events")
+    (folder / "tb" / "events.out.tfevents.1.previous.monsoon").write_text("previous events")
     return snapshot(folder)
 
 
@@ -420,6 +420,29 @@ def test_the_previous_files_a_killed_run_set_aside_go_with_the_next_run(tmp_path
     assert (out / "summary.json").exists()
 
 
+def test_a_new_run_keeps_the_users_own_event_files_in_tb(tmp_path):
+    """tb/ may hold a user's own TensorBoard files (torch's SummaryWriter's
+    ``events.out.tfevents.TIME.HOST.PID.N``, TensorFlow's ``.v2``) beside
+    the runs': a new run there removes its previous run's event files
+    (monsoon's, named ``....monsoon``), as any result of it, and keeps the
+    user's, as any other file of theirs in the folder. Before, every
+    ``events.out.tfevents.*`` file went."""
+    out = tmp_path / "run"
+    assert cli("train", "--epochs", "1", "--out", str(out)).returncode == 0
+    tb = out / "tb"
+    (previous,) = tb.iterdir()
+    previous.write_bytes(previous.read_bytes() + b"previous run")
+    users = {"events.out.tfevents.1764680000.myhost.4242.0": b"the user's own",
+             "events.out.tfevents.1764680001.myhost.4242.17.v2": b"the user's TF2 events"}
+    for name, data in users.items():
+        (tb / name).write_bytes(data)
+    assert cli("train", "--epochs", "1", "--seed", "1", "--out", str(out)).returncode == 0
+    files = {p.name: p.read_bytes() for p in tb.iterdir()}
+    assert {name: files.get(name) for name in users} == users
+    (mine,) = set(files) - set(users)
+    assert mine.endswith(".monsoon") and b"previous run" not in files[mine]
+
+
 def test_a_refusal_of_the_live_series_gives_the_previous_folder_back(tmp_path, monkeypatch):
     """MLflow that cannot be reached (or is not installed) is refused after
     the folder was set up: the previous run's files are back, and no hidden
@@ -483,7 +506,7 @@ def test_a_refused_run_takes_its_own_files_with_it(tmp_path):
     aside.keep(out / "checkpoints" / "ckpt-000000000010.npz")
     aside.begins()
     (out / "checkpoints" / "ckpt-000000000010.npz").write_text("the refused run's")
-    (out / "tb" / "events.out.tfevents.2.refused").write_text("refused")
+    (out / "tb" / "events.out.tfevents.2.refused.monsoon").write_text("refused")
     (out / "metrics.csv").write_text("refused")
     aside.restore()
     assert snapshot(out) == {"checkpoints/ckpt-000000000010.npz": "another run's",

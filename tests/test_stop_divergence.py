@@ -112,3 +112,71 @@ def test_spark_rounds_report_a_divergence_seen_at_a_stop_signal(monkeypatch):
             monsoon.train("exp", "local-sgd", 2, engine="spark", lr=1e305, epochs=20,
                           seed=0, evals=1000, local_steps=2)
     assert len(averaged) == 3
+
+
+@pytest.fixture
+def stop_at_a_refused_checkpoint(monkeypatch):
+    """SIGTERM as soon as a checkpoint was refused for parameters not
+    finite, with no curve row due after the first (a long run's rows are
+    far apart): the divergence is not yet in the curve when the stop comes."""
+    from monsoon.record import recorder as recorder_module
+
+    refused = []
+    real_save, real_due = checkpoints.Checkpointer.save, recorder_module.Recorder.due
+
+    def save(self, *args, **kwargs):
+        path = real_save(self, *args, **kwargs)
+        if self.refused:
+            refused.append(args[0])
+        return path
+
+    monkeypatch.setattr(checkpoints.Checkpointer, "save", save)
+    monkeypatch.setattr(recorder_module.Recorder, "due",
+                        lambda self, now, examples: not self.rows and real_due(self, now,
+                                                                               examples))
+    monkeypatch.setattr(due_module, "stop_requested",
+                        lambda: signal.SIGTERM if refused else None)
+    return refused
+
+
+def stopped_line(capsys, out, problem, lr, *extra):
+    from monsoon.cli import main
+
+    code = main(["train", "--problem", problem, "--strategy", "sync", "--workers", "2",
+                 "--backend", "threads", "--lr", lr, "--epochs", "200", "--evals", "2",
+                 "--checkpoint-every", "1", "--out", str(out), "--quiet", *extra])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 128 + signal.SIGTERM, lines
+    assert lines[-1].startswith("monsoon: interrupted by SIGTERM"), lines
+    return lines[-1]
+
+
+def test_a_run_stopped_after_it_diverged_with_no_checkpoint_offers_no_resume(
+        tmp_path, capsys, stop_at_a_refused_checkpoint):
+    """Its first update makes the parameters infinite, so no checkpoint is
+    written, and the stop comes before a row shows the divergence. Before,
+    the line told nothing of it, and --resume was then refused ("no
+    checkpoints folder there"); now it offers none, says why and what to do."""
+    out = tmp_path / "run"
+    line = stopped_line(capsys, out, "exp", "1e305")
+    assert stop_at_a_refused_checkpoint and not checkpoints.checkpoint_files(out / "checkpoints")
+    assert "--resume" not in line, line
+    assert line.endswith("it cannot be carried on: it diverged (its parameters are not finite) "
+                         "before it wrote any checkpoint; lower the learning rate (--lr) and "
+                         "run it again from the start"), line
+
+
+def test_a_run_stopped_after_it_diverged_past_a_checkpoint_offers_its_resume(
+        tmp_path, capsys, stop_at_a_refused_checkpoint):
+    """Least squares at a learning rate that grows the parameters tenfold
+    and more an update: finite checkpoints come first, then one is refused
+    and the run stopped. The last finite one is there to carry on from,
+    and the line offers it, as --resume takes it."""
+    import monsoon.api
+
+    out = tmp_path / "run"
+    line = stopped_line(capsys, out, "linear", "100")
+    assert line.endswith(f"to carry on, run the same command with --resume {out}"), line
+    found = monsoon.api.check_resume_of("linear", "sync", 2, out=out, backend="threads",
+                                        lr=100, epochs=200, evals=2, checkpoint_every=1)
+    assert found is not None and np.isfinite(found.arrays["params"]).all()

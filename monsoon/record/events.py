@@ -84,15 +84,30 @@ def record(data: bytes) -> bytes:
             + struct.pack("<I", masked_crc(data)))
 
 
+# The end of monsoon's own event files' names: a new run in a used folder
+# clears its earlier runs' (``run_folder.clear_results``) and never the files
+# a user's own writer put in tb/ (torch's SummaryWriter names its
+# ``events.out.tfevents.TIME.HOST.PID.N``, TensorFlow's ``...v2``).
+OWN_SUFFIX = ".monsoon"
+OWN_PATTERN = "events.out.tfevents.*" + OWN_SUFFIX
+
+
+def is_own(name: str) -> bool:
+    """Whether ``name`` is that of an event file monsoon writes."""
+    return name.startswith("events.out.tfevents.") and name.endswith(OWN_SUFFIX)
+
+
 class EventFile:
     """An event file in ``directory``, named as TensorBoard looks for it
-    (``events.out.tfevents.TIME.HOST``), each event flushed as written."""
+    (``events.out.tfevents.TIME.HOST.PID.monsoon``: TensorBoard reads any
+    name holding "tfevents"), each event flushed as written."""
 
     def __init__(self, directory, wall_time: float | None = None):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         now = time.time() if wall_time is None else wall_time
-        name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}"
+        name = (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}"
+                f"{OWN_SUFFIX}")
         self.path = directory / name
         self._file = open(self.path, "ab")
         self._write(b"\x09" + struct.pack("<d", now) + _field(3, FILE_VERSION))

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .atomic import atomic_write
+from .events import OWN_PATTERN, is_own
 from .recorder import COLUMNS, OPTIONAL_COLUMNS
 
 
@@ -220,14 +221,27 @@ class SetAside:
             os.replace(path, there)
             self.moved.append((path, there))
 
+    def holds_results(self) -> bool:
+        """Whether a previous run's results (``RESULT_FILES``) are set aside."""
+        return any(path.parent == self.out and path.name in RESULT_FILES
+                   for path, _ in self.moved)
+
     def begins(self) -> None:
         """The folder is set up (what goes is aside, a damaged checkpoint
         moved to ``.damaged``): what appears from now on is the run's."""
         self.before = set(self._files("*"))
 
+    def _written_since(self) -> set:
+        """The files that appeared since ``begins``: the run's, but under
+        tb/ only monsoon's event files (``events.is_own``: a user's own
+        writer may add its files there meanwhile)."""
+        tb = self.out / "tb"
+        return {p for p in set(self._files("*")) - (self.before or set())
+                if p.parent != tb or is_own(p.name)}
+
     def restore(self) -> None:
         if self.before is not None:
-            for path in set(self._files("*")) - self.before:  # the refused run's own
+            for path in self._written_since():  # the refused run's own
                 path.unlink(missing_ok=True)
         for path, there in self.moved:
             os.replace(there, path)
@@ -244,7 +258,7 @@ class SetAside:
         took (another run's checkpoint of the same step) goes."""
         tb = self.out / "tb"
         new_series = any(path.parent == tb for path, _ in self.moved)
-        for path in set(self._files("*")) - (self.before or set()):
+        for path in self._written_since():
             if (path.parent == self.out and path.name in RESULT_FILES
                     or new_series and path.parent == tb):
                 path.unlink(missing_ok=True)
@@ -265,13 +279,16 @@ def clear_results(out: Path, resuming: bool, aside: SetAside | None = None) -> N
     """Remove a previous run's results from ``out`` before a run starts
     there (``RESULT_FILES``; and its TensorBoard event files under tb/,
     unless this run resumes it and carries its live series on), or move
-    them ``aside``."""
+    them ``aside``. Only monsoon's own event files go (``events.is_own``:
+    told by name, not by which process wrote them, since under torchrun
+    each rank names its own); other files in tb/, a user's own writer's,
+    stay, as does any file in ``out`` that monsoon does not write."""
     out = Path(out)
     remove = aside.keep if aside is not None else (lambda p: p.unlink(missing_ok=True))
     for name in RESULT_FILES:
         remove(out / name)
     if not resuming and (out / "tb").is_dir():
-        for path in sorted((out / "tb").glob("events.out.tfevents.*")):
+        for path in sorted((out / "tb").glob(OWN_PATTERN)):
             remove(path)
 
 
