@@ -311,7 +311,6 @@ def test_an_output_of_another_shape_than_the_label_is_refused_before_any_run(
     assert "\n" not in err and not (tmp_path / "run" / "summary.json").exists()
 
 
-
 def test_an_untracked_batchnorm_evaluates_a_partition_of_one_row(spark):
     """Partitions of 4 rows and 1 under BatchNorm1d(track_running_stats=False):
     each partition is evaluated on its own executor, by its own statistics,
