@@ -278,16 +278,36 @@ def test_the_datas_own_jobs_wait_the_runs_timeout(spark, clicks, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, says", [
     ("spark:/nonexistent/clicks.parquet", r"Spark cannot read /nonexistent/clicks.parquet as "
-                                          r"parquet \(.*\); give a Parquet folder"),
+                                          r"parquet \(.*\); no file or folder is there: give"),
+    ("spark:/nonexistent/clicks.libsvm", r"Spark cannot read /nonexistent/clicks.libsvm as "
+                                         r"libsvm \(.*\); no file or folder is there: give"),
     ("spark-table:no_such_table", r"no Spark table 'no_such_table' \(.*\); tables here:"),
 ])
 def test_unreadable_spark_data_is_refused_in_one_line(spark, name, says):
-    import re
-
+    """A missing path is told apart from a malformed file."""
     with pytest.raises(ConfigError) as info:
         monsoon.train(name, engine="spark", **FULL)
     message = str(info.value)
     assert "\n" not in message and re.search(says, message), message
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_missing_spark_path_prints_no_java_stack(tmp_path):
+    """``monsoon train --problem spark:MISSING`` in a process of its own (its
+    own JVM, which writes to the process's stderr): its one line, exit 2,
+    and none of Spark's warning about the missing path with its Java stack."""
+    import os
+
+    missing = tmp_path / "missing.libsvm"
+    env = dict(os.environ, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
+    done = subprocess.run([sys.executable, "-m", "monsoon", "train", "--problem", f"spark:{missing}",
+                           "--engine", "spark", "--quiet"], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"monsoon: error: Spark cannot read {missing} as libsvm" in done.stderr, done.stderr
+    assert "FileNotFoundException" not in done.stderr and "\tat org.apache" not in done.stderr, \
+        done.stderr
 
 
 @pytest.mark.spark

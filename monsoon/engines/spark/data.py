@@ -192,9 +192,14 @@ class SparkSource:
         except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and friends
             from .jobs import short_error
 
-            fix = ("fix the file: Spark's libsvm reader takes lines of 'label index:value "
-                   "...' with 1-based indices, and at least one such line" if fmt == "libsvm" else
-                   f"give a Parquet folder or a libsvm file ending in {', '.join(suffixes)}")
+            if "PATH_NOT_FOUND" in str(exc):  # a missing path is not a malformed file
+                fix = (f"no file or folder is there: give the path of a libsvm file (ending in "
+                       f"{', '.join(suffixes)}) or a Parquet folder")
+            elif fmt == "libsvm":
+                fix = ("fix the file: Spark's libsvm reader takes lines of 'label index:value "
+                       "...' with 1-based indices, and at least one such line")
+            else:
+                fix = f"give a Parquet folder or a libsvm file ending in {', '.join(suffixes)}"
             raise ConfigError(f"Spark cannot read {path} as {fmt} ({short_error(exc)}); "
                               f"{fix}") from None
 
@@ -219,10 +224,13 @@ class SparkSource:
 # The loggers that print a failed task's Java stack and Python traceback (in
 # local mode, in this process's terminal; the block manager's, for a task
 # that was filling a persisted partition) before the driver's exception
-# reaches ``read`` or ``load``.
+# reaches ``read`` or ``load``; and the one that warns, with a Java stack,
+# that a path to read does not exist (Spark 4's name, then Spark 3's).
 TASK_ERROR_LOGGERS = ("org.apache.spark.executor.Executor",
                       "org.apache.spark.scheduler.TaskSetManager",
-                      "org.apache.spark.storage.BlockManager")
+                      "org.apache.spark.storage.BlockManager",
+                      "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink",
+                      "org.apache.spark.sql.execution.streaming.FileStreamSink")
 
 
 class _quiet_task_errors:
