@@ -365,3 +365,75 @@ def test_repartition_cuts_the_data_into_the_runs_workers(frame):
     assert data.partitions == 1 and data.n_examples == N
     assert run.summary["examples"] == N and run.summary["updates"] == N // 200
     assert run.summary["final_loss"] < run.history[0]["loss"]
+
+
+def _partitioned(spark, sizes, seed=1):
+    """A DataFrame of len(sizes) partitions of those many rows (x: D
+    numbers, c: a class)."""
+    torch.manual_seed(seed)
+    n = sum(sizes)
+    X, c = torch.randn(n, D, dtype=torch.float64), torch.randint(0, CLASSES, (n,))
+    rows = [([float(v) for v in x], int(k)) for x, k in zip(X, c)]
+    parts = [rows[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
+    return spark.createDataFrame(spark.sparkContext.parallelize(parts, len(parts))
+                                 .flatMap(lambda part: part), "x array<double>, c int")
+
+
+@pytest.mark.parametrize("strategy, sizes, batch, says", [
+    ("async", [33, 33], 32, r"async on Spark partitions of 33, 33 rows at batch size 32 gives a "
+                            r"task one .*; use --batch-size 33,"),
+    ("local-sgd", [33, 33], 32, r"; use --batch-size 30,"),
+    ("sync", [4, 1], 2, r"partition 1 holds 1 row: sync on Spark .*; repartition the data"),
+])
+def test_a_batchnorm_that_needs_two_rows_is_refused_before_a_task_gets_one(
+        spark, strategy, sizes, batch, says):
+    """A BatchNorm1d over one value per channel cannot train on a pass of
+    one row: a partition's short last batch (async's tasks), its part of a
+    global batch (local SGD's), or a partition of one row (the driver's
+    sync) failed in a task after Spark's retries. It is refused before the
+    run in one line, and the batch size it names trains."""
+    import re
+
+    def bn_net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(D, 8), nn.BatchNorm1d(8), nn.Linear(8, CLASSES))
+
+    data = TorchProblem.from_spark(_partitioned(spark, sizes), bn_net(), nn.CrossEntropyLoss(),
+                                   features="x", label="c", dtype="float64")
+    try:
+        assert data.counts == sizes
+        with pytest.raises(ConfigError) as info:
+            monsoon.train(data, engine="spark", strategy=strategy, workers=len(sizes),
+                          batch_size=batch, epochs=1, progress=False)
+        message = str(info.value)
+        assert "\n" not in message and re.search(
+            r"^the model cannot train on a forward pass of 1 example \(its BatchNorm layer '1' "
+            r"normalises one value per channel; torch needs 2 or more in training\)", message)
+        assert re.search(says, message), message
+        advised = re.search(r"--batch-size (\d+)", message)
+        if advised:
+            run = monsoon.train(data, engine="spark", strategy=strategy, workers=len(sizes),
+                                batch_size=int(advised.group(1)), epochs=1, progress=False)
+            assert np.isfinite(run.summary["final_loss"])
+    finally:
+        data.unpersist()
+
+
+def test_a_batchnorm_over_more_values_per_row_trains_on_a_pass_of_one(spark):
+    """A BatchNorm1d over (channels, length) inputs has two values per
+    channel in one row, so a pass of one row trains: the partitions' probes
+    tell the driver so, and the run is not refused."""
+    def bn_net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(D, 8), nn.Unflatten(1, (4, 2)), nn.BatchNorm1d(4),
+                             nn.Flatten(), nn.Linear(8, CLASSES))
+
+    data = TorchProblem.from_spark(_partitioned(spark, [33, 33]), bn_net(),
+                                   nn.CrossEntropyLoss(), features="x", label="c",
+                                   dtype="float64")
+    try:
+        run = monsoon.train(data, engine="spark", strategy="async", workers=2, batch_size=32,
+                            epochs=1, progress=False)
+        assert np.isfinite(run.summary["final_loss"]) and run.summary["examples"] >= 66
+    finally:
+        data.unpersist()

@@ -138,7 +138,9 @@ class SparkTorchData(SparkHeld, TorchModel):
 
     _needs_torch = True
     label_takes = "class numbers, or a float target"
-    # not checked before the run: Spark's partitions, not the plan alone, cut its passes
+    # not checked with the run's options: Spark's partitions, not the plan alone, cut
+    # its passes (the engine checks them once it has counted the rows:
+    # ``placement.check_fewest_rows``)
     fewest_rows = None
 
     def _dense_names(self):
@@ -187,7 +189,8 @@ class SparkTorchData(SparkHeld, TorchModel):
             except (ConfigError, ValueError) as exc:  # NaN or Inf; a module that does not fit
                 return None, {"rows": 0, "error": str(exc)}
             return part, {"rows": len(X), "width": X.shape[1], "error": None,
-                          "classification": part.classification, "misfit": misfit(part)}
+                          "classification": part.classification, "misfit": misfit(part),
+                          "norm_values": part._norm_values}
 
         return convert
 
@@ -209,6 +212,8 @@ class SparkTorchData(SparkHeld, TorchModel):
                 raise ConfigError(f"partition {k}: {s['misfit']}")
         self.n_features = next(iter(widths.values()))
         self.classification = all(s["classification"] for s in stats if s["rows"])
+        for s in stats:  # what the partitions' probes saw (``fewest_rows``, on the engine)
+            self._norm_values = {**self._norm_values, **s.get("norm_values", {})}
         return lambda part: part
 
     # -- the Problem protocol, on the driver ----------------------------------

@@ -58,7 +58,7 @@ from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
 from ...monitor.tally import EngineResult, failed_list, run_folder_extra
 from .jobs import Jobs
-from .placement import averages, check_segments, in_tasks, task_job
+from .placement import averages, check_fewest_rows, check_segments, in_tasks, task_job
 
 
 @dataclass
@@ -226,6 +226,7 @@ class SparkEngine(Engine):
                 counts = dict(jobs.run(blocks, lambda it: [(b.index, b.n) for b in it],
                                        what="loading the data into the executors"))
                 sizes = [counts[k] for k in range(workers)]
+            check_fewest_rows(problem, strategy, sizes, batch_size, seed, budget)
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
                              seed, budget, self.timeout, strategy, self.compression,
                              recorder.target_loss, self.average_epochs)
