@@ -754,9 +754,11 @@ def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_diverge
                                         problem, res.params)
     if interrupted:
         where = f"run folder {out}" if out is not None else "no run folder (give --out)"
-        hint = (_resume_hint(resolved, out, checkpoint=bool(res.extra.get("checkpoint")))
+        # its own newest checkpoint, else the one it resumed from: either carries it on
+        saved = res.extra.get("checkpoint") or res.extra.get("resumed_from")
+        hint = (_resume_hint(resolved, out, checkpoint=bool(saved))
                 if out is not None else "") or _no_checkpoint(resolved)
-        if not res.extra.get("checkpoint") and not _checkpoints.finite(res.params):
+        if not saved and not _checkpoints.finite(res.params):
             hint = _diverged_unsaved(resolved)
         err = Interrupted(f"interrupted by {signal_name(interrupted)} after {res.updates} "
                           f"updates: {where}{hint}", interrupted, result.run_dir)

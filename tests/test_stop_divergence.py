@@ -180,3 +180,20 @@ def test_a_run_stopped_after_it_diverged_past_a_checkpoint_offers_its_resume(
     found = monsoon.api.check_resume_of("linear", "sync", 2, out=out, backend="threads",
                                         lr=100, epochs=200, evals=2, checkpoint_every=1)
     assert found is not None and np.isfinite(found.arrays["params"]).all()
+
+
+def test_a_resumed_run_stopped_after_it_diverged_offers_the_checkpoint_it_resumed_from(
+        tmp_path, capsys, stop_at_a_refused_checkpoint):
+    """The run above, resumed from its last finite checkpoint: its first
+    update makes the parameters infinite, so it writes no checkpoint of its
+    own, and is stopped. The checkpoint it resumed from is still there, and
+    the line offers it (before, it said to run again from the start)."""
+    out = tmp_path / "run"
+    stopped_line(capsys, out, "linear", "100")
+    written = checkpoints.checkpoint_files(out / "checkpoints")
+    assert written
+    stop_at_a_refused_checkpoint.clear()
+    line = stopped_line(capsys, out, "linear", "100", "--resume", str(out))
+    assert stop_at_a_refused_checkpoint, "the resumed run's first checkpoint was not refused"
+    assert checkpoints.checkpoint_files(out / "checkpoints") == written
+    assert line.endswith(f"to carry on, run the same command with --resume {out}"), line
