@@ -26,6 +26,7 @@ from .record.checkpoints import trajectory
 from .rules import RULES, Rule
 from .rules.sgd import SGD
 from .strategies import STRATEGIES, Budget, RunInfo
+from .strategies.base import refuse_short_passes
 from .strategies.ops import Apply, Push
 
 FALLBACK = {"lr": 0.01, "epochs": 10, "batch_size": 32}
@@ -555,19 +556,12 @@ def _check_fewest_rows(problem, strategy, workers: int, run: dict) -> None:
     def fewest(b):
         return min(strategy.pass_sizes(workers, b, n, steps), default=need)
 
-    if need < 2 or fewest(size) >= need:
-        return
-    largest = min(strategy.largest_batch(workers, n), n)
-    candidates = sorted(range(1, largest + 1), key=lambda b: (abs(b - size), -b))
-    fits = next((b for b in candidates if fewest(b) >= need), None)
-    advice = (f"use --batch-size {fits}, where every pass takes {need} or more" if fits else
-              f"no batch size gives every pass {need} or more with {workers} workers: use "
-              "fewer workers")
-    raise ConfigError(f"the model cannot train on a forward pass of {fewest(size)} example "
-                      f"({why}; torch needs {need} or more in training), and {strategy.name} "
-                      f"with {workers} worker{'s' if workers > 1 else ''} at batch size {size} "
-                      f"on {n} examples gives a worker one (an epoch's short last batch, or a "
-                      f"batch cut among the workers); {advice}")
+    refuse_short_passes(
+        need, why, fewest, size, min(strategy.largest_batch(workers, n), n),
+        f"{strategy.name} with {workers} worker{'s' if workers > 1 else ''} at batch size {size} "
+        f"on {n} examples gives a worker one (an epoch's short last batch, or a batch cut among "
+        "the workers)",
+        f"no batch size gives every pass {need} or more with {workers} workers: use fewer workers")
 
 
 def _loop_runs(engine, problem, rule, strategy, budget, given) -> bool:

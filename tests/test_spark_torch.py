@@ -380,8 +380,8 @@ def _partitioned(spark, sizes, seed=1):
 
 
 @pytest.mark.parametrize("strategy, sizes, batch, says", [
-    ("async", [33, 33], 32, r"async on Spark partitions of 33, 33 rows at batch size 32 gives a "
-                            r"task one .*; use --batch-size 33,"),
+    ("async", [33, 33], 32, r"async on Spark at batch size 32 gives the task on partition 0 "
+                            r"\(33 rows\) one .*; use --batch-size 33,"),
     ("local-sgd", [33, 33], 32, r"; use --batch-size 30,"),
     ("sync", [4, 1], 2, r"partition 1 holds 1 row: sync on Spark .*; repartition the data"),
 ])

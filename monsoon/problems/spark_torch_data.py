@@ -188,8 +188,9 @@ class SparkTorchData(SparkHeld, TorchModel):
                                   dtype=dtype, name="spark-partition", eval_batch=eval_batch)
             except (ConfigError, ValueError) as exc:  # NaN or Inf; a module that does not fit
                 return None, {"rows": 0, "error": str(exc)}
+            bad = misfit(part)  # its probe also counts the BatchNorms' values per channel
             return part, {"rows": len(X), "width": X.shape[1], "error": None,
-                          "classification": part.classification, "misfit": misfit(part),
+                          "classification": part.classification, "misfit": bad,
                           "norm_values": part._norm_values}
 
         return convert
@@ -212,8 +213,9 @@ class SparkTorchData(SparkHeld, TorchModel):
                 raise ConfigError(f"partition {k}: {s['misfit']}")
         self.n_features = next(iter(widths.values()))
         self.classification = all(s["classification"] for s in stats if s["rows"])
+        self._norm_values = dict(self._norm_values)  # the class's default is shared
         for s in stats:  # what the partitions' probes saw (``fewest_rows``, on the engine)
-            self._norm_values = {**self._norm_values, **s.get("norm_values", {})}
+            self._norm_values.update(s.get("norm_values", {}))
         return lambda part: part
 
     # -- the Problem protocol, on the driver ----------------------------------

@@ -185,3 +185,20 @@ class Strategy:
 
     def describe(self) -> dict:
         return {"strategy": self.name}
+
+
+def refuse_short_passes(need: int, why: str, fewest, batch_size: int, largest: int,
+                        where: str, otherwise: str) -> None:
+    """Refuse a plan whose smallest forward pass, ``fewest(batch_size)``,
+    holds fewer than ``need`` examples (a model that cannot train on it:
+    ``Problem.fewest_rows``'s ``why``), in one line: ``where`` says what
+    hands a worker that pass, and the advice names the batch size nearest
+    ``batch_size`` (up to ``largest``) whose passes all hold ``need`` or
+    more, else says ``otherwise``. The plan is never changed for it."""
+    if need < 2 or fewest(batch_size) >= need:
+        return
+    candidates = sorted(range(1, largest + 1), key=lambda b: (abs(b - batch_size), -b))
+    fits = next((b for b in candidates if fewest(b) >= need), None)
+    advice = f"use --batch-size {fits}, where every pass takes {need} or more" if fits else otherwise
+    raise ConfigError(f"the model cannot train on a forward pass of {fewest(batch_size)} example "
+                      f"({why}; torch needs {need} or more in training), and {where}; {advice}")

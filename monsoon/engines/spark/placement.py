@@ -23,8 +23,8 @@ declarations (never its name):
   example (a BatchNorm over one value per channel: ``TorchModel.fewest_rows``)
   is refused before the run where a task's plan on its partition would
   hand it one, or, for the driver's programs, where a partition holds one
-  row; it failed in a task after Spark's retries. The plan is never
-  changed for it.
+  row (a batch that gives a larger partition one row by chance is not
+  caught); it failed in a task after Spark's retries.
 - ``check_segments``: a task reads the parameters once, at its start. A dry
   run of the program (stub gradients) refuses one that reads them again
   before its exchange, or that goes on after a Push without reading them
@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ConfigError
-from ...strategies.base import SHARD, Budget, WorkerJob
+from ...strategies.base import SHARD, Budget, WorkerJob, refuse_short_passes
 from ...strategies.batches import chunk_sizes, part_bounds
 from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
 
@@ -68,19 +68,20 @@ def task_job(strategy, k: int, rows: int, workers: int, batch_size: int, seed: i
 
 def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int,
                       budget: Budget) -> None:
-    """Refuse, in one line naming a batch size that works, a plan that would
-    hand a torch model that needs two examples a training pass of one (see
-    the module doc): in tasks, each partition's own plan (``task_job``);
-    on the driver, a partition of fewer rows than that (its rows of every
-    batch that reaches it)."""
+    """Refuse, in one line, a plan that would hand a torch model that needs
+    two examples a training pass of one (see the module doc): in tasks,
+    each partition's own plan (``task_job``), naming a batch size that
+    works; on the driver, a partition of one row (the driver's programs
+    cut each batch among the partitions that hold its rows: a batch that
+    gives a larger partition one row by chance is not caught)."""
     from ...problems.torch_model import TorchModel
 
     if not isinstance(problem, TorchModel):
         return
     need, why = TorchModel.fewest_rows(problem)
-    workers = len(sizes)
-
-    if not in_tasks(strategy):  # a partition computes its rows' part of each batch
+    if need < 2:
+        return
+    if not in_tasks(strategy):
         small = min((rows for rows in sizes if rows), default=need)
         if small < need:
             raise ConfigError(f"the model cannot train on a forward pass of {small} example "
@@ -90,23 +91,18 @@ def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int
                               "data into fewer, larger partitions")
         return
 
-    def fewest(b):
-        jobs = [task_job(strategy, k, rows, workers, b, seed, budget)
-                for k, rows in enumerate(sizes)]
-        return min((min(chunk_sizes(j.n_examples, j.batch_size, j.budget.steps), default=need)
-                    for j in jobs), default=need)
+    def passes(b):  # each partition's smallest pass at batch size b
+        return [min(chunk_sizes(j.n_examples, j.batch_size, j.budget.steps), default=need)
+                for j in (task_job(strategy, k, rows, len(sizes), b, seed, budget)
+                          for k, rows in enumerate(sizes))]
 
-    if need < 2 or fewest(batch_size) >= need:
-        return
-    candidates = sorted(range(1, max(sizes) + 1), key=lambda b: (abs(b - batch_size), -b))
-    fits = next((b for b in candidates if fewest(b) >= need), None)
-    advice = (f"use --batch-size {fits}, where every pass takes {need} or more" if fits else
-              "repartition the data into fewer, larger partitions")
-    raise ConfigError(f"the model cannot train on a forward pass of {fewest(batch_size)} example "
-                      f"({why}; torch needs {need} or more in training), and {strategy.name} on "
-                      f"Spark partitions of {', '.join(map(str, sizes))} rows at batch size "
-                      f"{batch_size} gives a task one (a partition's short last batch, or its "
-                      f"part of each global batch); {advice}")
+    at = passes(batch_size)
+    k = at.index(min(at))
+    refuse_short_passes(
+        need, why, lambda b: min(passes(b)), batch_size, max(sizes),
+        f"{strategy.name} on Spark at batch size {batch_size} gives the task on partition {k} "
+        f"({sizes[k]} rows) one (its short last batch, or its part of each global batch)",
+        "repartition the data into fewer, larger partitions")
 
 
 def check_segments(strategy, segments: int = 3, max_ops: int = 10_000) -> None:
