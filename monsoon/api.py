@@ -426,11 +426,15 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
 
 
 def _live_run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Result:
-    """``_run`` with the live series (TensorBoard, MLflow) written as it goes."""
+    """``_run`` with the live series (TensorBoard, MLflow) written as it goes;
+    none where another process writes the run folder (under torchrun, a
+    rank other than 0: rank 0 writes the run's)."""
     run, engine = resolved.run, resolved.engine
-    live = make_live(run, out, {**resolved.config(), **engine.describe()},
-                     f"{run['problem']}-{run['strategy']}-x{run['workers']}",
-                     lambda name: RUN[name].named(resolved.cli), bar=recorder.bar_enabled())
+    live = None
+    if getattr(engine, "writes_run_folder", True):
+        live = make_live(run, out, {**resolved.config(), **engine.describe()},
+                         f"{run['problem']}-{run['strategy']}-x{run['workers']}",
+                         lambda name: RUN[name].named(resolved.cli), bar=recorder.bar_enabled())
     recorder.live_writer = live if live is not None and live.series else None
     try:
         result = _run(resolved, problem, w0, total, out, raise_on_divergence, recorder)

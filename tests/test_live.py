@@ -454,6 +454,64 @@ def test_torch_writes_each_ranks_loss(tmp_path):
     after_run(out, 2)
 
 
+def own_event_files(out: Path) -> list:
+    from monsoon.record.events import OWN_PATTERN
+
+    return sorted((out / "tb").glob(OWN_PATTERN))
+
+
+def _write_a_row(pickled: bytes) -> None:
+    import pickle
+
+    writer = pickle.loads(pickled)
+    writer.write(1.0, 10, 1, {0: {"loss": 2.0}})
+    writer.flush()
+
+
+def test_a_writer_carried_to_another_process_writes_on_in_its_file(tmp_path):
+    """A writer opened in one process, pickled to another that writes its
+    live rows (the torch engine's rank 0), then finished in the first (the
+    post-run curve): one event file, begun once, holding both."""
+    import multiprocessing
+    import pickle
+
+    from monsoon.record.live import LiveWriter
+
+    writer = LiveWriter(every=1.0, tb_dir=tmp_path / "tb").open()
+    child = multiprocessing.get_context("fork").Process(target=_write_a_row,
+                                                        args=(pickle.dumps(writer),))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    writer.finish([{"epoch": 0, "examples": 10, "time_s": 1.0, "loss": 3.0}], None, "FINISHED")
+    files = own_event_files(tmp_path)
+    assert len(files) == 1, [f.name for f in files]
+    assert files[0].read_bytes().count(b"brain.Event:2") == 1  # the first event, once
+    found = scalars(tmp_path / "tb")
+    assert found["loss/worker-0"] == [(10, 2.0)] and found["objective/loss"] == [(10, 3.0)]
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_a_torch_run_writes_one_event_file_with_a_local_runs_tags(tmp_path):
+    """The torch engine's launcher began an event file (the post-run curve
+    went there) and its rank 0 another (the live rows): TensorBoard showed
+    the run twice, its scalars split. One file holds them all now: a local
+    run's tags, but those docs/live.md says the torch engine's rows do not
+    carry (per-worker examples/s and updates, the bytes sent)."""
+    runs = {}
+    for engine, options in (("torch", {"timeout": 60}), ("local", {"backend": "threads"})):
+        out = tmp_path / engine
+        monsoon.train("digits", "sync", 2, engine=engine, epochs=1, seed=0, out=out,
+                      progress=False, tensorboard=True, **options)
+        files = own_event_files(out)
+        assert len(files) == 1, (engine, [f.name for f in files])
+        runs[engine] = set(scalars(files[0]))
+    not_carried = {"run/bytes_sent"} | {f"{kind}/worker-{k}" for k in range(2)
+                                        for kind in ("examples_per_s", "updates")}
+    assert runs["torch"] == runs["local"] - not_carried, sorted(runs["torch"] ^ runs["local"])
+
+
 def test_mlflow_gets_the_config_the_series_and_the_run_folder(tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for the opt-in

@@ -159,14 +159,19 @@ def two_nodes(tmp_path_factory):
 
 def test_two_nodes_train_together(two_nodes):
     """Each node's torchrun exits 0; one of them holds rank 0 and writes the
-    run folder; together they are one sync x2 run, equal to serial."""
+    run folder, with the run's one event file (rank 1 began one too, empty:
+    TensorBoard listed it); together they are one sync x2 run, equal to serial."""
+    import json
+
+    from monsoon.record.events import OWN_PATTERN
+
     out, codes, logs = two_nodes
     assert codes == [0, 0], "\n".join(logs)
     assert sum("run folder:" in log for log in logs) == 1  # only rank 0 reports
-    import json
-
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["workers"] == 2
+    tb = sorted(p.name for p in (out / "tb").glob(OWN_PATTERN))
+    assert len(tb) == 1, tb
     assert summary["updates"] == STEPS and summary["dist_backend"] == "gloo"
     serial = monsoon.train("exp", "serial", 1, dtype="float64", steps=STEPS, progress=False,
                            evals=0)

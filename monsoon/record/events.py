@@ -100,17 +100,21 @@ def is_own(name: str) -> bool:
 class EventFile:
     """An event file in ``directory``, named as TensorBoard looks for it
     (``events.out.tfevents.TIME.HOST.PID.monsoon``: TensorBoard reads any
-    name holding "tfevents"), each event flushed as written."""
+    name holding "tfevents"), each event flushed as written. ``path``: one
+    begun before (by another process of the run), carried on: appended to,
+    its first event not written again."""
 
-    def __init__(self, directory, wall_time: float | None = None):
+    def __init__(self, directory, wall_time: float | None = None, path=None):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         now = time.time() if wall_time is None else wall_time
-        name = (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}"
-                f"{OWN_SUFFIX}")
-        self.path = directory / name
-        self._file = open(self.path, "ab")
-        self._write(b"\x09" + struct.pack("<d", now) + _field(3, FILE_VERSION))
+        if path is None:
+            path = directory / (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}."
+                                f"{os.getpid()}{OWN_SUFFIX}")
+        self.path = Path(path)
+        self._file = open(self.path, "ab")  # appends: every write lands at the file's end
+        if self._file.tell() == 0:
+            self._write(b"\x09" + struct.pack("<d", now) + _field(3, FILE_VERSION))
 
     def _write(self, event: bytes) -> None:
         self._file.write(record(event))

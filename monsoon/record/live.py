@@ -33,7 +33,9 @@ Sinks:
 Per-worker series stop at ``PER_WORKER_MAX`` workers (the sim runs
 thousands); the run's series cover every worker. A writer is pickled (the
 torch engine's rank 0 runs in a child process) without its open files: it
-opens them again where it next writes.
+opens them again where it next writes, its event file by the path it began
+(appended to), so a run has one event file whichever of its processes
+write the live rows and the post-run curve.
 """
 from __future__ import annotations
 
@@ -245,6 +247,7 @@ class LiveWriter:
         self.last: dict = {}
         self._prev: dict | None = None
         self._tb = None
+        self._tb_path = None  # the run's event file, once begun (``open``)
 
     @property
     def series(self) -> bool:
@@ -324,9 +327,11 @@ class LiveWriter:
 
     def open(self) -> "LiveWriter":
         """Open the event file now (before the run's clock starts); a
-        writer that crossed to another process opens it where it writes."""
+        writer that crossed to another process opens the same file again
+        where it writes."""
         if self._tb is None and self.tb_dir is not None:
-            self._tb = EventFile(self.tb_dir)
+            self._tb = EventFile(self.tb_dir, path=self._tb_path)
+            self._tb_path = self._tb.path
         return self
 
     def _tensorboard(self, values: dict, step: int, wall: float) -> None:
