@@ -13,31 +13,31 @@ all-reduces (``rank.py``); there is no parameter server. Two ways to start:
   ``--workers`` must equal torchrun's world size; rank 0 writes the run
   folder, the other ranks print nothing (``monsoon.train`` returns them a
   Result whose summary is ``{"follower": True}``);
-- without torchrun, ``monsoon train --engine torch --workers N`` (or
-  ``monsoon.train(..., engine="torch")``) starts torchrun's elastic agent
-  itself on this machine (``launch.py``), with ``--max-restarts``.
+- without torchrun, ``monsoon train --engine torch --workers N`` (from Python
+  ``engine="torch"``) starts torchrun's elastic agent here (``launch.py``).
 
-Ops (the contract, ``engines/base.py``): AllReduce (all-reduce of the flat
-gradient: sync), Average (of the drifts: local-sgd, DiLoCo), Elastic
-(synchronous elastic averaging: easgd), Gradient, LocalApply, Fetch.
+Ops (the contract, ``engines/base.py``): AllReduce (of sync's gradient),
+Average (of local-sgd's and DiLoCo's drifts), Elastic (easgd), Gradient,
+LocalApply, Fetch. The all-reduce: where every rank runs on one machine and
+the backend is gloo, through shared memory (``shm_reduce.py``; bit-identical
+to gloo's sum; see bench/torch_engine_vs_ddp.py); otherwise through the
+backend's, for torch problems in buckets overlapped with backward
+(``buckets.py``). ``--compress``: an all-gather of packed messages instead
+(``rank.py``). No Push (async): Downpour's server answers each push the
+moment it arrives, which collectives (every rank at once) cannot do soundly;
+no Apply by several workers (hogwild): the ranks share no memory; no backup
+workers: an all-reduce takes every rank.
 
-The all-reduce: where every rank runs on one machine and the backend is
-gloo, the ranks sum through shared memory (``shm_reduce.py``; bit-identical
-to gloo's sum; see bench/torch_engine_vs_ddp.py); otherwise (several nodes,
-NCCL, or ``--reduce-via backend``) through the backend's all-reduce, for
-torch problems in buckets overlapped with backward (``buckets.py``).
-
-``--compress``: an all-gather of packed messages instead (``rank.py``).
-
-No Push (async): Downpour's server answers each worker's push the moment
-it arrives, which collectives (every rank at once) cannot do soundly; no
-Apply by several workers (hogwild): the ranks share no memory.
-
-Faults: every collective has ``--timeout`` (``init_process_group``'s
-timeout), so a rank that dies or hangs fails the others within it, not
-after torch's 30-minute default. Under ``--max-restarts`` the agent
-restarts every rank, and a sync run carries on from the run folder's newest
-checkpoint (``--checkpoint-every``), ending as the uninterrupted run would.
+Faults: every collective has ``--timeout``: a rank that dies or hangs fails
+the others within it, not after torch's 30-minute default; under
+``--max-restarts`` the agent restarts every rank and sync resumes from the
+newest checkpoint, ending as the uninterrupted run would. SIGTERM/SIGINT:
+rank 0 stops every rank after one collective, then writes the final
+checkpoint (sync: exact) and the run folder ("interrupted"). Without
+torchrun the run's process hands the signal to rank 0 through the job folder
+(``launch.py``); under torchrun the agent hands it to every rank, then exits
+with its ``SignalException`` (docs/faults.md); one reaching another rank
+alone goes to rank 0 with the next collective.
 """
 from __future__ import annotations
 
@@ -54,21 +54,8 @@ from .shm_reduce import REDUCE_VIA, uses_shm
 
 
 class TorchEngine(Engine):
-    """No Push: Downpour's server answers each worker's push the moment it
-    arrives, and torch.distributed's collectives move every rank at once.
-    No Apply: the ranks share no memory. No backup workers: an all-reduce
-    takes every rank.
-
-    SIGTERM/SIGINT (``stops_on_signal``): rank 0 stops every rank after the
-    same collective and writes the final checkpoint there (sync: exact),
-    then the run folder with status "interrupted" (``rank.RankWorker``).
-    Without torchrun the signal is the run's process's own, handed to rank
-    0 through the job folder (``launch.py``). Under torchrun, the signal
-    reaches torchrun's agent, which hands it to every rank (and kills those
-    not ended within its shutdown timeout, 30 s by default); rank 0's stops
-    the run, and torchrun then exits with its own ``SignalException``
-    traceback (docs/faults.md). One that reaches a rank other than 0 alone
-    is handed to rank 0 with the next collective (``rank.py``)."""
+    """The ``torch`` engine's contract and options; ``run`` hands the run
+    to this process's rank under torchrun, else to ``launch``."""
     name = "torch"
     compresses = True  # an all-gather of every rank's packed message (rank.py)
     device_placement = "index"  # a rank computes on its LOCAL_RANK's GPU (NCCL: its group's)
