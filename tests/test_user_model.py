@@ -175,6 +175,43 @@ def test_an_untracked_batchnorm_evaluates_a_one_row_validation_set():
     assert problem.evaluate(result.params)["val_loss"] == pytest.approx(want, rel=1e-6)
 
 
+
+def test_a_lone_rows_output_keeps_its_containers_each_tensor_cut_to_one_row():
+    """A lone row goes through as two copies (above); a module's output of
+    tensors in dicts, tuples (named ones too) and lists comes back in the
+    same containers, each tensor cut to the first row, anything else as it
+    is: a loss reading ``out["logits"]`` gets the row's value."""
+    import collections
+
+    from monsoon.problems.torch_model import _first_rows
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 8),
+                                      nn.BatchNorm1d(8, track_running_stats=False))
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x):
+            h = self.body(x)
+            return {"logits": self.head(h), "parts": (h, [h, "name"])}
+
+    torch.manual_seed(0)
+    X, y = torch.randn(9, 4), torch.randn(9, 1)
+    vX, vy = torch.randn(1, 4), torch.randn(1, 1)
+    net = Net()
+    problem = TorchProblem(net, lambda out, t: F.mse_loss(out["logits"], t), X, y, val=(vX, vy))
+    with torch.no_grad():
+        want = float(F.mse_loss(net.head(net.body[1].bias.reshape(1, -1)), vy))
+    assert problem.evaluate(problem.initial_params(0))["val_loss"] == pytest.approx(want, rel=1e-5)
+    pair = collections.namedtuple("Pair", "a b")
+    out = {"n": pair(torch.ones(2, 3), None),
+           "d": collections.defaultdict(list, x=torch.ones(2)), "m": torch.ones(2, 3).max(1)}
+    cut = _first_rows(out)
+    assert type(cut["n"]) is pair and cut["n"].a.shape == (1, 3) and cut["n"].b is None
+    assert cut["d"].default_factory is list and cut["d"]["x"].shape == (1,)
+    assert type(cut["m"]) is type(out["m"]) and cut["m"].indices.shape == (1,)
+
 def test_a_layer_the_user_froze_stays_frozen_through_evaluation():
     """Evaluation ended with module.train(), which set every layer training:
     a BatchNorm the user froze with .eval() then updated its statistics in

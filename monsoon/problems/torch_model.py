@@ -52,7 +52,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils._pytree import tree_map
 
 from .base import Problem, check_finite
 
@@ -228,8 +227,7 @@ class TorchModel(Problem):
         if not (isinstance(xb, torch.Tensor) and len(xb) == 1
                 and self._norm_by_batch(training=False) is not None):
             return self.module(xb)
-        return tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) else t,
-                        self.module(torch.cat([xb, xb])))
+        return _first_rows(self.module(torch.cat([xb, xb])))
 
     def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch, module=None):
         """The settings every torch problem has; returns the torch dtype:
@@ -1114,6 +1112,24 @@ def _from_shared(problem, block) -> None:
         problem._host_data = host
     else:
         problem.X, problem.y, problem.val = host
+
+
+def _first_rows(out):
+    """``out`` with every tensor in it cut to its first row (``[:1]``): a
+    tensor, or tensors nested in tuples (named ones and torch's return
+    types too), lists and dicts, each container rebuilt as its own type;
+    anything else as it is (``TorchModel._forward_eval``)."""
+    if isinstance(out, torch.Tensor):
+        return out[:1]
+    if isinstance(out, dict):
+        cut = copy.copy(out)  # keeps a defaultdict's factory, a dict subclass's type
+        for key, value in out.items():
+            cut[key] = _first_rows(value)
+        return cut
+    if isinstance(out, (tuple, list)):
+        cut = [_first_rows(value) for value in out]
+        return type(out)(*cut) if hasattr(out, "_fields") else type(out)(cut)
+    return out
 
 
 def _first_line(exc: BaseException) -> str:
