@@ -3,6 +3,8 @@
 same rows, async converges, nothing is collected to the driver, every kind
 of feature column gives the same run, every strategy the engine runs trains,
 a retried task's update lands once, and bad columns are refused in one line."""
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -136,6 +138,26 @@ def test_array_vector_and_numeric_columns_give_the_same_run(frame):
     for name in ("vector", "numeric"):  # the same numbers (BLAS may round in another order)
         np.testing.assert_allclose(runs[name], runs["array"], rtol=1e-12, atol=1e-15)
 
+
+
+@pytest.mark.parametrize("loss", [nn.functional.cross_entropy,
+                                  functools.partial(nn.functional.cross_entropy, ignore_index=-1)],
+                         ids=["function", "partial"])
+def test_a_functional_cross_entropy_gets_class_numbers_and_the_modules_accuracy(
+        frame, classes, loss):
+    """The functional form and a partial of it take the label as int64
+    class numbers and report the module's loss and accuracy (the function
+    reported no accuracy; a partial's labels became floats (n, 1), which it
+    cannot take)."""
+    data = TorchProblem.from_spark(frame, net(), loss, features="x", label="c",
+                                   dtype="float64")
+    try:
+        module = classes[0]
+        w = module.initial_params(0)
+        figures = data.evaluate(w)
+        assert "accuracy" in figures and figures == module.evaluate(w)
+    finally:
+        data.unpersist()
 
 def test_one_numeric_column_is_one_feature(frame):
     """features="x0" (a numeric column, not a list) is a model of one input,

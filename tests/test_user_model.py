@@ -175,6 +175,43 @@ def test_an_untracked_batchnorm_evaluates_a_one_row_validation_set():
     assert problem.evaluate(result.params)["val_loss"] == pytest.approx(want, rel=1e-6)
 
 
+
+def test_a_lone_rows_output_keeps_its_containers_each_tensor_cut_to_one_row():
+    """A lone row goes through as two copies (above); a module's output of
+    tensors in dicts, tuples (named ones too) and lists comes back in the
+    same containers, each tensor cut to the first row, anything else as it
+    is: a loss reading ``out["logits"]`` gets the row's value."""
+    import collections
+
+    from monsoon.problems.torch_model import _first_rows
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 8),
+                                      nn.BatchNorm1d(8, track_running_stats=False))
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x):
+            h = self.body(x)
+            return {"logits": self.head(h), "parts": (h, [h, "name"])}
+
+    torch.manual_seed(0)
+    X, y = torch.randn(9, 4), torch.randn(9, 1)
+    vX, vy = torch.randn(1, 4), torch.randn(1, 1)
+    net = Net()
+    problem = TorchProblem(net, lambda out, t: F.mse_loss(out["logits"], t), X, y, val=(vX, vy))
+    with torch.no_grad():
+        want = float(F.mse_loss(net.head(net.body[1].bias.reshape(1, -1)), vy))
+    assert problem.evaluate(problem.initial_params(0))["val_loss"] == pytest.approx(want, rel=1e-5)
+    pair = collections.namedtuple("Pair", "a b")
+    out = {"n": pair(torch.ones(2, 3), None),
+           "d": collections.defaultdict(list, x=torch.ones(2)), "m": torch.ones(2, 3).max(1)}
+    cut = _first_rows(out)
+    assert type(cut["n"]) is pair and cut["n"].a.shape == (1, 3) and cut["n"].b is None
+    assert cut["d"].default_factory is list and cut["d"]["x"].shape == (1,)
+    assert type(cut["m"]) is type(out["m"]) and cut["m"].indices.shape == (1,)
+
 def test_a_layer_the_user_froze_stays_frozen_through_evaluation():
     """Evaluation ended with module.train(), which set every layer training:
     a BatchNorm the user froze with .eval() then updated its statistics in
@@ -372,6 +409,66 @@ def test_accuracy_scores_every_target_entry_by_the_losss_own_convention(kind):
     assert (figures["accuracy"], figures["val_accuracy"]) == pytest.approx(expected, abs=1e-12)
     assert 0 < min(expected) and max(expected) < 1
 
+
+
+def _class_data(n=120, ignored=-100):
+    """Inputs (n, 6) and 3-class targets, some equal to ``ignored``."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(n, 6, generator=g)
+    return X, X[:, :3].argmax(1).masked_fill(X[:, 3] > 0.8, ignored)
+
+
+@pytest.mark.parametrize("module_loss, functional", [
+    (nn.CrossEntropyLoss(), F.cross_entropy), (nn.NLLLoss(), F.nll_loss)],
+    ids=["cross_entropy", "nll_loss"])
+def test_a_functional_class_index_loss_reports_the_modules_accuracy(module_loss, functional,
+                                                                    tmp_path):
+    """``loss=F.cross_entropy`` (or ``F.nll_loss``) trained as the module
+    does but reported no accuracy or val_accuracy. Same data and seed: the
+    same figures, targets at the function's default ignore_index (-100)
+    skipped as the module skips them. A loss wrapped in a lambda is not
+    read, and reports none."""
+    X, y = _class_data()
+    summaries = {}
+    for name, loss_fn in [("module", module_loss), ("functional", functional),
+                          ("lambda", lambda out, t: functional(out, t))]:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 3), nn.LogSoftmax(1)) \
+            if isinstance(module_loss, nn.NLLLoss) else nn.Linear(6, 3)
+        problem = TorchProblem(net, loss_fn, X, y, val_fraction=0.25)
+        summaries[name] = monsoon.train(problem, "serial", epochs=2, lr=0.5, seed=0,
+                                        progress=False, out=tmp_path / name).summary
+    module, functional_s, opaque = summaries["module"], summaries["functional"], \
+        summaries["lambda"]
+    assert 0 < module["accuracy"] < 1 and 0 < module["val_accuracy"] < 1
+    assert (functional_s["accuracy"], functional_s["val_accuracy"]) \
+        == (module["accuracy"], module["val_accuracy"])
+    assert functional_s["final_loss"] == module["final_loss"]
+    assert "accuracy" not in opaque and "val_accuracy" not in opaque
+
+
+def test_a_partials_ignore_index_is_the_one_accuracy_skips():
+    """``functools.partial(F.cross_entropy, ignore_index=2)``: positions
+    whose target is 2 are not scored, as the module with ignore_index=2
+    and the loss itself skip them (the function's default, -100, would
+    score them)."""
+    torch.manual_seed(3)
+    module = nn.Linear(6, 3)
+    X, y = _class_data(ignored=2)
+    vX, vy = X[:40], y[:40]
+    with torch.no_grad():
+        pred = module(X).argmax(1)
+    scored = y != 2
+    expected = float((pred == y)[scored].double().mean())
+    for loss_fn in (functools.partial(F.cross_entropy, ignore_index=2),
+                    nn.CrossEntropyLoss(ignore_index=2)):
+        problem = TorchProblem(module, loss_fn, X, y, val=(vX, vy), eval_batch=16)
+        figures = problem.evaluate(problem.initial_params(0))
+        assert figures["accuracy"] == pytest.approx(expected, abs=1e-12)
+        assert figures["val_accuracy"] == pytest.approx(
+            float((pred[:40] == vy)[scored[:40]].double().mean()), abs=1e-12)
+    assert 0 < expected < 1 and (~scored).sum() > 0
+    assert expected != pytest.approx(float((pred == y).double().mean()))  # 2s scored
 
 def test_saved_model_loads_weights_only_and_reproduces_the_result(tmp_path):
     X, _ = _digits()

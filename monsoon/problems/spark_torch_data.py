@@ -7,8 +7,9 @@
 Features: a column of arrays of numbers, a ``pyspark.ml`` Vector column
 (made arrays in the JVM by ``vector_to_array``), one numeric column, or a
 list of numeric columns. Label: a numeric column, given to a class-index
-loss (``CrossEntropyLoss``, ``NLLLoss``, their functional forms) as int64
-``(n,)``, to any other loss as floats ``(n, 1)`` (``nn.Linear(d, 1)``'s shape).
+loss (``CrossEntropyLoss``, ``NLLLoss``, their functional forms, a partial
+of one: ``class_index_loss``) as int64 ``(n,)``, to any other loss as
+floats ``(n, 1)`` (``nn.Linear(d, 1)``'s shape).
 
 Algorithm. Each partition's rows become tensors once, on its executor: one
 job turns them into a ``TorchModel`` on that partition's rows alone, with
@@ -47,15 +48,7 @@ import torch
 
 from ..errors import ConfigError
 from .spark_data import DenseChunk, SparkHeld, check_columns, holds_null
-from .torch_model import TorchModel
-
-
-def class_index_loss(loss_fn) -> bool:
-    """Does ``loss_fn`` take class numbers (int64) as its target?"""
-    import torch.nn.functional as F
-
-    return (isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
-            or loss_fn in (F.cross_entropy, F.nll_loss))
+from .torch_model import TorchModel, class_index_loss
 
 
 def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):

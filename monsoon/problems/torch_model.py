@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import math
 import weakref
 
@@ -51,7 +52,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils._pytree import tree_map
 
 from .base import Problem, check_finite
 
@@ -227,8 +227,7 @@ class TorchModel(Problem):
         if not (isinstance(xb, torch.Tensor) and len(xb) == 1
                 and self._norm_by_batch(training=False) is not None):
             return self.module(xb)
-        return tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) else t,
-                        self.module(torch.cat([xb, xb])))
+        return _first_rows(self.module(torch.cat([xb, xb])))
 
     def _setup(self, name, dtype, init_fn, init, loss_fn, eval_batch, module=None):
         """The settings every torch problem has; returns the torch dtype:
@@ -1023,10 +1022,37 @@ def check_targets(loss_fn, y, label: str = "y") -> None:
                 "-1/+1 give (y + 1) / 2")
 
 
+# losses that take class indices (cross-entropy's float targets are class
+# probabilities instead), each with its functional form
+_CLASS_INDEX = {torch.nn.CrossEntropyLoss: F.cross_entropy, torch.nn.NLLLoss: F.nll_loss}
+
+
+def class_index_loss(loss_fn) -> bool:
+    """Does ``loss_fn`` take class numbers (int64) as its target:
+    cross-entropy or NLL as a module, its functional form, or a
+    ``functools.partial`` of either?"""
+    return _loss_name(loss_fn, _CLASS_INDEX) is not None
+
+
+def _ignore_index(loss_fn) -> int:
+    """The target a class-index loss skips: the module's ``ignore_index``;
+    for the functional form, the ``ignore_index=`` a partial gives it, else
+    the function's default (-100)."""
+    bare = _unwrapped(loss_fn)
+    if isinstance(bare, torch.nn.Module):
+        return bare.ignore_index
+    while isinstance(loss_fn, functools.partial):
+        if "ignore_index" in loss_fn.keywords:
+            return loss_fn.keywords["ignore_index"]
+        loss_fn = loss_fn.func
+    return inspect.signature(bare).parameters["ignore_index"].default
+
+
 def is_classification(loss_fn, y) -> bool:
     """Accuracy applies: cross-entropy / NLL with class indices, or a binary
-    loss (module or functional form) with 0/1 targets."""
-    if isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
+    loss with 0/1 targets (each as a module, its functional form or a
+    partial of either; a loss the user wrapped otherwise is not read)."""
+    if class_index_loss(loss_fn):
         return not y.is_floating_point()
     if _loss_name(loss_fn, _BINARY) is not None:
         return bool(((y == 0) | (y == 1)).all())
@@ -1038,12 +1064,12 @@ def count_correct(out, y, loss_fn):
     where ``out`` is (read back by the caller, once). Cross-entropy / NLL:
     the classes are dimension 1 (torch's convention), so targets (N, d...)
     against outputs (N, C, d...) score every position; a position whose
-    target is the loss's ``ignore_index`` is not scored, as the loss skips
-    it. BCE: every target element (multi-label (N, k) too) is scored, the
+    target is the loss's ``ignore_index`` (``_ignore_index``) is not scored,
+    as the loss skips it. BCE: every target element (multi-label (N, k) too) is scored, the
     output thresholded at 0.5 (BCELoss, F.binary_cross_entropy:
     probabilities) or 0 (the logits forms)."""
-    if isinstance(loss_fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
-        scored = y != loss_fn.ignore_index
+    if class_index_loss(loss_fn):
+        scored = y != _ignore_index(loss_fn)
         hits = (out.argmax(1) == y) & scored
         return torch.stack([hits.sum(), scored.sum()])
     bare = _unwrapped(loss_fn)
@@ -1086,6 +1112,24 @@ def _from_shared(problem, block) -> None:
         problem._host_data = host
     else:
         problem.X, problem.y, problem.val = host
+
+
+def _first_rows(out):
+    """``out`` with every tensor in it cut to its first row (``[:1]``): a
+    tensor, or tensors nested in tuples (named ones and torch's return
+    types too), lists and dicts, each container rebuilt as its own type;
+    anything else as it is (``TorchModel._forward_eval``)."""
+    if isinstance(out, torch.Tensor):
+        return out[:1]
+    if isinstance(out, dict):
+        cut = copy.copy(out)  # keeps a defaultdict's factory, a dict subclass's type
+        for key, value in out.items():
+            cut[key] = _first_rows(value)
+        return cut
+    if isinstance(out, (tuple, list)):
+        cut = [_first_rows(value) for value in out]
+        return type(out)(*cut) if hasattr(out, "_fields") else type(out)(cut)
+    return out
 
 
 def _first_line(exc: BaseException) -> str:
