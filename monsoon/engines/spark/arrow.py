@@ -66,9 +66,9 @@ def chunks(df, n_feature_columns: int, dense_names: tuple | None = None):
 def dense_chunk(batch, many: bool, names: tuple) -> DenseChunk:
     features, label = names
     columns = batch.columns
-    if columns[-1].null_count or any(c.null_count for c in columns[:-1]):
-        where = label if columns[-1].null_count else features
-        return DenseChunk(error=holds_null(where))
+    nulls = [n for n, c in zip(batch.schema.names, columns) if c.null_count]
+    if nulls:  # the label's named first, else the first feature column's
+        return DenseChunk(error=holds_null(label if columns[-1].null_count else nulls[0]))
     y = np.asarray(columns[-1].to_numpy(zero_copy_only=False), dtype=float)
     if many or not _is_list(columns[0].type):
         X = np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), dtype=float)
