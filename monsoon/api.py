@@ -228,7 +228,7 @@ def _failed(exc: Exception, resolved, recorder, out, elapsed: float, w0=None,
     else:
         err = RunFailed(message)
     err.run_dir = Path(out) if out is not None else None
-    err.folder_line = (f"{reason} ({where}", back, f"){hint}")
+    err.folder_line = f"{reason} ({where}{back}){hint}" if back else None
     return err
 
 
@@ -237,12 +237,12 @@ GIVEN_BACK = "; the previous run's results are back in place"
 
 def _given_back(err: BaseException) -> None:
     """Say in ``err``'s line (``_failed``'s, ``_write_results``'s: its
-    ``folder_line``, the line's head, what to add, and its tail) that the
-    previous run's results are back in its folder (``_end_aside`` gave
-    them back)."""
-    head, back, tail = getattr(err, "folder_line", ("", "", ""))
-    if back:
-        err.args = (f"{head}{back}{tail}",)
+    ``folder_line``, the line as it reads then; None where it does not
+    change) that the previous run's results are back in its folder
+    (``_end_aside`` gave them back)."""
+    line = getattr(err, "folder_line", None)
+    if line:
+        err.args = (line,)
 
 
 def _save_trained(out: Path, resolved, res) -> str:
@@ -642,7 +642,7 @@ def _write_results(out: Path, config: dict, summary: dict, rows, problem, params
         line = (f"the run ended ({summary['status']}) after {summary['updates']} updates, "
                 f"but its run folder {out} could not be written ({_first_line(exc)})")
         err = RunFailed(line)
-        err.run_dir, err.folder_line = out, (line, GIVEN_BACK, "")
+        err.run_dir, err.folder_line = out, line + GIVEN_BACK
         raise err from exc
     return folder
 

@@ -87,12 +87,15 @@ def test_a_null_inside_an_array_or_a_row_is_named():
     failed building the blocks (exit 1). Each is named as a null now."""
     from pyspark.sql import Row
 
-    from monsoon.engines.spark.arrow import batch_arrays
+    from monsoon.engines.spark.arrow import batch_arrays, dense_chunk
 
     batch = pa.RecordBatch.from_arrays([pa.array([[1.0, None], [2.0, 3.0]]),
                                         pa.array([1.0, 0.0])], ["x", "label"])
     with pytest.raises(ValueError, match="the features 'x' hold a null inside a row"):
         batch_arrays(batch, many=False)
+    # a torch model's conversion says it in the same words (it added "or a non-number")
+    assert dense_chunk(batch, False, ("x", "label")).error == \
+        "the features 'x' hold a null inside a row: drop or fill those rows first"
     with pytest.raises(ValueError, match="column 'b' holds a null"):
         _rows_to_arrays([Row(a=1.0, b=None, label=1.0)], ["a", "b"], "label", None)
     with pytest.raises(ValueError, match="column 'x' holds a null"):

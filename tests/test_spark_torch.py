@@ -257,6 +257,7 @@ def odd(spark):
     ("x", "c", r"partition 0: the features column 'x' holds rows of 2 and 3 numbers: every "
                r"row needs the same number of features"),
     ("two", "n", r"partition 0: column 'n' holds a null: drop or fill those rows first"),
+    (["f", "n"], "c", r"partition 0: column 'n' holds a null: drop or fill those rows first"),
     ("two", "f", r"partition 0: the label column 'f' holds 0.5; a class-index loss needs "
                  r"class numbers 0, 1, 2"),
 ])
@@ -268,6 +269,20 @@ def test_bad_columns_are_refused_in_one_line(odd, features, label, says):
                                 features=features, label=label)
     message = str(info.value)
     assert "\n" not in message and re.search(says, message), message
+
+
+def test_a_null_in_one_of_several_feature_columns_is_named_on_the_row_path():
+    """Without Arrow a partition's rows come as Rows: a null in one of
+    several numeric feature columns was "the features 'f, n' hold a null
+    or a non-number", the columns named as one; it names the column."""
+    from monsoon.problems.spark_torch_data import partition_arrays
+
+    said = partition_arrays([(0.5, 1.0, 0), (1.0, None, 1)], True, (["f", "n"], "c"), True,
+                            np.float32)
+    assert said == "column 'n' holds a null: drop or fill those rows first (df.na.drop())"
+    said = partition_arrays([(0.5, None, 0), (1.0, 1.0, None)], True, (["f", "n"], "c"),
+                            True, np.float32)  # a null label is named first, as before
+    assert said.startswith("column 'c' holds a null"), said
 
 
 def test_rows_of_different_lengths_in_different_partitions_are_refused(spark):

@@ -493,6 +493,21 @@ def test_a_null_or_nan_in_spark_data_is_a_bad_input_on_the_command_line(spark, t
     assert not out.exists()
 
 
+@pytest.mark.spark
+def test_a_nan_in_one_of_several_feature_columns_names_each_column(spark):
+    """SparkData over features=["a", "b"] with a NaN in b: the line named
+    the columns as one ('a, b'), a column the DataFrame does not have; it
+    names each."""
+    from monsoon.engines.spark import SparkData
+
+    df = spark.createDataFrame([(1.0, 2.0, 1.0), (0.0, float("nan"), 0.0)],
+                               "a double, b double, label double").coalesce(1)
+    with pytest.raises(ConfigError) as info:
+        SparkData(df, features=["a", "b"], label="label")
+    message = str(info.value)
+    assert "partition 0: the features 'a', 'b' row 1 holds nan" in message, message
+
+
 # -- job overhead: measured, reported, and the work per job it asks for ------
 
 @pytest.mark.parametrize("overhead, step, bound, expected", [

@@ -61,6 +61,12 @@ SPARK_DEFAULTS = {"rule": "adagrad", "standardize_below": 0.01, "lr": 1.0, "batc
                   "by_strategy": {"sync": {"rule": "lbfgs"}}}
 
 
+def quoted(features) -> str:
+    """The features column, or each of a list of them, quoted for a line:
+    'a', 'b' (not the list as one name, 'a, b')."""
+    return ", ".join(map(repr, [features] if isinstance(features, str) else features))
+
+
 def holds_null(column: str) -> str:
     """What is wrong with a column that holds a null (on the executors)."""
     return f"column {column!r} holds a null: drop or fill those rows first (df.na.drop())"
@@ -272,12 +278,12 @@ class SparkData(SparkHeld, Problem):
     def _convert(self):
         features, label, kind, dtype = self.features, self.label, self.kind, self.dtype
         n_features = self._n_features
-        names = features if isinstance(features, str) else ", ".join(features)
+        names = quoted(features)
 
         def convert(rows):
             try:
                 X, y = _rows_to_arrays(rows, features, label, n_features)
-                check_finite(f"the features {names!r}", X.data, X.indptr)
+                check_finite(f"the features {names}", X.data, X.indptr)
                 check_finite(f"the label column {label!r}", y)
             except (NullCell, ConfigError) as exc:  # the driver refuses the data, naming
                 return None, {"rows": 0, "error": str(exc)}  # the column (and the row)

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .spark_data import DenseChunk, SparkHeld, check_columns, holds_null
+from .spark_data import DenseChunk, SparkHeld, check_columns, holds_null, quoted
 from .torch_model import TorchModel, class_index_loss
 
 
@@ -75,8 +75,11 @@ def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
         return _labels(X, y, label, classes, dtype)
     if not ys:  # an empty partition
         return np.zeros((0, 0), dtype=dtype), np.zeros(0)
-    if any(x is None for x in xs) or any(v is None for v in ys):
-        return holds_null(label if any(v is None for v in ys) else features)
+    if any(v is None for v in ys):
+        return holds_null(label)
+    for x in xs:  # a feature column's null: that column named
+        if x is None or (many and None in x):
+            return holds_null(features[list(x).index(None)] if many else features)
     if not many and not np.isscalar(xs[0]):  # one numeric column: one feature a row
         lengths = sorted({len(x) for x in xs})
         if len(lengths) > 1:
@@ -85,8 +88,8 @@ def partition_arrays(rows, many: bool, names: tuple, classes: bool, dtype):
     try:
         X = np.asarray(xs, dtype=dtype).reshape(len(xs), -1)
     except (TypeError, ValueError):
-        return (f"the features {features!r} hold a null or a non-number inside a row: drop "
-                "or fill those rows first")
+        return (f"the features {quoted(features)} hold a null or a non-number inside a row: "
+                "drop or fill those rows first")
     return _labels(X, np.asarray(ys, dtype=np.float64), label, classes, dtype)
 
 
@@ -137,8 +140,7 @@ class SparkTorchData(SparkHeld, TorchModel):
     fewest_rows = None
 
     def _dense_names(self):
-        many = not isinstance(self.features, str)
-        return (", ".join(self.features) if many else self.features, self.label)
+        return self.features, self.label
 
     def __init__(self, source, module: torch.nn.Module, loss_fn, features="features",
                  label: str = "label", dtype: str | None = None, name: str = "spark-torch",

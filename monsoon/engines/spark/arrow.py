@@ -66,18 +66,18 @@ def chunks(df, n_feature_columns: int, dense_names: tuple | None = None):
 def dense_chunk(batch, many: bool, names: tuple) -> DenseChunk:
     features, label = names
     columns = batch.columns
-    if columns[-1].null_count or any(c.null_count for c in columns[:-1]):
-        where = label if columns[-1].null_count else features
-        return DenseChunk(error=holds_null(where))
+    nulls = [n for n, c in zip(batch.schema.names, columns) if c.null_count]
+    if nulls:  # the label's named first, else the first feature column's
+        return DenseChunk(error=holds_null(label if columns[-1].null_count else nulls[0]))
     y = np.asarray(columns[-1].to_numpy(zero_copy_only=False), dtype=float)
     if many or not _is_list(columns[0].type):
         X = np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), dtype=float)
                              for c in columns[:-1]])
         return DenseChunk(X, y)
     lists = columns[0]
-    if lists.flatten().null_count:
-        return DenseChunk(error=f"the features {features!r} hold a null or a non-number "
-                                "inside a row: drop or fill those rows first")
+    error = _null_inside(lists, features)
+    if error:
+        return DenseChunk(error=error)
     values, lengths = _flat(lists)
     if len(lengths) and lengths.min() != lengths.max():
         return DenseChunk(error=f"the features column {features!r} holds rows of "
@@ -103,9 +103,9 @@ def batch_arrays(batch, many: bool):
     if col.null_count:
         raise NullCell(holds_null(name))
     if _is_list(col.type):  # an array of numbers a row: dense
-        if col.flatten().null_count:
-            raise NullCell(f"the features {name!r} hold a null inside a row: drop or fill "
-                           "those rows first")
+        error = _null_inside(col, name)
+        if error:
+            raise NullCell(error)
         values, lengths = _flat(col)
         return _csr(values, None, lengths, np.ones(n, dtype=bool), int(lengths.max(initial=0)),
                     n), y
@@ -132,6 +132,16 @@ def _numbers(col, name) -> np.ndarray:
     if col.null_count:
         raise NullCell(holds_null(name))
     return np.asarray(col.to_numpy(zero_copy_only=False), dtype=float)
+
+
+def _null_inside(lists, name) -> str | None:
+    """What is wrong with the array column ``name`` where a row holds a
+    null inside its array (an Arrow list of numbers holds nothing else
+    that is not a number), or None; one line for both conversions."""
+    if lists.flatten().null_count:
+        return (f"the features {name!r} hold a null inside a row: drop or fill those rows "
+                "first")
+    return None
 
 
 def _flat(lists):
