@@ -9,13 +9,12 @@ partition at once, task k is rank k, and the ranks build a
 torchrun's agent does (``BarrierTaskContext.allGather`` would do, but its
 JVM side polls once a second).
 
-Algorithm: every rank runs ``DriverPrograms`` (every worker's sync program,
-as the driver would), on its own partition's Block. A step's gradient is
-``_reduced`` in place: each rank sums the loss and gradient over its rows of
-the step's global batch and their count (a share the model cannot train on
-alone left out, with each worker's rows left out counted in the buffer:
-``driver.py``), one all-reduce adds the ranks' buffers, and every rank applies the rule once to the same mean. The ranks
-hold the same parameters throughout, and the run equals the driver-run
+Algorithm: every rank runs ``DriverPrograms`` (every worker's sync program, as
+the driver would), on its own Block. A step's gradient is ``_reduced`` in
+place: each rank sums the loss and gradient over its rows of the step's global
+batch, their count and each worker's rows left out (``tasks.usable``), one
+all-reduce adds the ranks' buffers, and every rank applies the rule once to the
+same mean. The ranks hold the same parameters: the run equals the driver-run
 sync, hence serial SGD, to floating-point reduction order (float64, 1e-9).
 
 The driver's part: rank 0 reports to the driver over a socket. At most

@@ -25,16 +25,8 @@ the union is the whole data set), and that mean is the step's. Either way
 sync equals serial to floating-point reduction order (float64, 1e-9), and
 a plug-in's program sees each worker's own gradient.
 
-A model that cannot train on a pass of fewer than ``ctx.fewest`` rows (a
-BatchNorm over one value per channel: ``placement.check_fewest_rows``,
-which refuses a partition that small): a partition whose share of a
-request is smaller leaves it out (``tasks.usable``), since torch refuses
-that pass. The gradient is then the mean over the rows taken, weighed by
-them, and only those count: in the examples held (``_Program.held``), in
-the example weights of the collective (``short``: the rows left out since
-a worker's last exchange) and in the live figures; a worker or step that
-took no row contributes nothing (an Apply of it is skipped). With
-``fewest`` 1 nothing is left out and the run is unchanged.
+A share too small for the model's pass is left out (``tasks.py``): only
+rows taken count (``held``, ``short``); a step or Apply taking none is void.
 
 Exactly once: only a finished job's results are applied, and a task Spark
 retries recomputes the same partition result. Where the driver waits: for
