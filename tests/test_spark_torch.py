@@ -404,12 +404,16 @@ def test_repartition_cuts_the_data_into_the_runs_workers(frame):
     assert run.summary["final_loss"] < run.history[0]["loss"]
 
 
+def _rows(n, seed=1):
+    """``_partitioned``'s rows: X (n, D) and the classes c."""
+    torch.manual_seed(seed)
+    return torch.randn(n, D, dtype=torch.float64), torch.randint(0, CLASSES, (n,))
+
+
 def _partitioned(spark, sizes, seed=1):
     """A DataFrame of len(sizes) partitions of those many rows (x: D
     numbers, c: a class)."""
-    torch.manual_seed(seed)
-    n = sum(sizes)
-    X, c = torch.randn(n, D, dtype=torch.float64), torch.randint(0, CLASSES, (n,))
+    X, c = _rows(sum(sizes), seed)
     rows = [([float(v) for v in x], int(k)) for x, k in zip(X, c)]
     parts = [rows[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
     return spark.createDataFrame(spark.sparkContext.parallelize(parts, len(parts))
@@ -474,3 +478,73 @@ def test_a_batchnorm_over_more_values_per_row_trains_on_a_pass_of_one(spark):
         assert np.isfinite(run.summary["final_loss"]) and run.summary["examples"] >= 66
     finally:
         data.unpersist()
+
+
+@pytest.mark.parametrize("sizes, batch", [([8, 8, 8, 7], 10), ([20, 20], 3)],
+                         ids=["driver", "barrier"])
+def test_sync_leaves_out_a_partitions_lone_row_of_a_batch(spark, sizes, batch):
+    """Partitions of several rows, yet a batch's draw gives some of them
+    one row of it: a BatchNorm1d over one value per channel cannot train
+    on that share, which failed the run in a task after Spark's retries
+    (4 partitions: sync on the driver, a job per step; 2 on local[2,4]:
+    the barrier stage). The share is left out of its step: the run equals
+    SGD on each step's mean over the partitions' shares of 2 rows or more,
+    each normalised by its own statistics, and counts only those rows as
+    its examples (a step that takes none applies no update)."""
+    from monsoon.strategies import Budget
+    from monsoon.strategies.batches import global_batches
+
+    def bn_net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(D, 8), nn.BatchNorm1d(8), nn.Linear(8, CLASSES))
+
+    lr, n, seed = 0.1, sum(sizes), 1
+    data = TorchProblem.from_spark(_partitioned(spark, sizes), bn_net(), nn.CrossEntropyLoss(),
+                                   features="x", label="c", dtype="float64")
+    try:
+        run = monsoon.train(data, engine="spark", strategy="sync", workers=len(sizes), lr=lr,
+                            batch_size=batch, epochs=1, seed=seed, evals=0, progress=False)
+    finally:
+        data.unpersist()
+    # the same steps on the driver: partition k holds global ids offsets[k]..offsets[k+1]-1
+    X, c = _rows(n)
+    offsets = np.cumsum([0] + sizes)
+    parts = [TorchProblem(bn_net(), nn.CrossEntropyLoss(), X[a:b], c[a:b], dtype="float64")
+             for a, b in zip(offsets, offsets[1:])]
+    w = parts[0].initial_params(seed)
+    examples = updates = 0
+    cut = set()  # how the steps that left a row out fared: some took others, some none
+    for ids in global_batches(n, batch, seed, Budget(epochs=1)):
+        k_of = np.searchsorted(offsets, ids, side="right") - 1
+        shares = [ids[k_of == k] - offsets[k] for k in range(len(sizes))]
+        taken = [(k, rows) for k, rows in enumerate(shares) if len(rows) >= 2]
+        count = sum(len(rows) for _, rows in taken)
+        if count < len(ids):
+            cut.add(bool(count))
+        if not taken:
+            continue
+        grad = sum(len(rows) * parts[k].gradient(w, rows)[1] for k, rows in taken) / count
+        w = w - lr * grad * len(ids) / batch  # an epoch's short last batch weighs less
+        examples, updates = examples + count, updates + 1
+    assert cut == {True, False}  # an epoch's last batch of one row takes none
+    assert run.summary["examples"] == examples and run.summary["updates"] == updates
+    np.testing.assert_allclose(run.params, w, rtol=1e-9, atol=1e-12)
+    assert np.isfinite(run.summary["final_loss"])
+
+
+def test_sync_without_a_batchnorm_takes_every_row_of_a_batch(spark):
+    """The same data and batches without the BatchNorm: nothing is left
+    out, and the run equals serial on the rows in partition order."""
+    sizes, X, c = [8, 8, 8, 7], *_rows(31)
+    data = TorchProblem.from_spark(_partitioned(spark, sizes), net(), nn.CrossEntropyLoss(),
+                                   features="x", label="c", dtype="float64")
+    kw = dict(lr=0.1, batch_size=10, epochs=1, seed=1, evals=0, progress=False)
+    try:
+        run = monsoon.train(data, engine="spark", strategy="sync", workers=4, **kw)
+    finally:
+        data.unpersist()
+    ref = monsoon.train(TorchProblem(net(), nn.CrossEntropyLoss(), X, c, dtype="float64"),
+                        strategy="serial", **kw)
+    assert run.summary["examples"] == ref.summary["examples"] == 31
+    assert run.summary["updates"] == ref.summary["updates"] == 4
+    np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12)

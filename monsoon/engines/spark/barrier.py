@@ -9,12 +9,12 @@ partition at once, task k is rank k, and the ranks build a
 torchrun's agent does (``BarrierTaskContext.allGather`` would do, but its
 JVM side polls once a second).
 
-Algorithm: every rank runs ``DriverPrograms`` (every worker's sync program,
-as the driver would), on its own partition's Block. A step's gradient is
-``_reduced`` in place: each rank sums the loss and gradient over its rows of
-the step's global batch and their count, one all-reduce adds the ranks'
-buffers, and every rank applies the rule once to the same mean. The ranks
-hold the same parameters throughout, and the run equals the driver-run
+Algorithm: every rank runs ``DriverPrograms`` (every worker's sync program, as
+the driver would), on its own Block. A step's gradient is ``_reduced`` in
+place: each rank sums the loss and gradient over its rows of the step's global
+batch, their count and each worker's rows left out (``tasks.usable``), one
+all-reduce adds the ranks' buffers, and every rank applies the rule once to the
+same mean. The ranks hold the same parameters: the run equals the driver-run
 sync, hence serial SGD, to floating-point reduction order (float64, 1e-9).
 
 The driver's part: rank 0 reports to the driver over a socket. At most
@@ -219,29 +219,33 @@ class RankCheckpoints(Checkpointer):
 
 def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
     from .driver import DriverPrograms
-    from .tasks import gradient_sum, step_union
+    from .tasks import gradient_sum, left_counts, step_union
 
     class RankPrograms(DriverPrograms):
         def _reduced(self, waiting, ranks):
             union = step_union(waiting, ranks, self.ctx.n_examples)
-            _, count, loss, grad = gradient_sum(block, self.w, union)
-            buf = self.buffer
+            _, count, loss, grad, left = gradient_sum(block, self.w, union, self.ctx.fewest)
+            buf, n = self.buffer, self.w.size
             if count:
-                np.multiply(grad, count, out=buf[:-4])
+                np.multiply(grad, count, out=buf[:n])
             else:
-                buf[:-4] = 0
+                buf[:n] = 0
+            buf[n:-4] = 0  # per worker, the rows of its indices this rank left out
+            for k, rows in left_counts(waiting, ranks, [left]).items():
+                buf[n + k] = rows
             buf[-4:] = (loss * count, count, 1.0 if recorder.stop_wanted else 0.0,
                         recorder.interrupt_wanted)  # rank 0's alone: the sum is the signal
             all_reduce(buf)
-            # this rank's gradient sum went in, the ranks' sum came back (its 4
+            # this rank's gradient sum went in, the ranks' sum came back (its
             # counts and flags are not counted, as torchrun's flags are not)
-            self.sender.dense(buf[:-4].nbytes, buf[:-4].nbytes)
+            self.sender.dense(buf[:n].nbytes, buf[:n].nbytes)
+            self.left.update({k: int(buf[n + k]) for k in ranks})
             if buf[-2] > 0 and not recorder.stop_seen:
                 recorder.stop_seen = recorder.stop_wanted or "stopped by the driver"
             if buf[-1] > 0 and recorder.interrupted is None:
                 recorder.interrupted = int(buf[-1])
             out = self.grads[0]
-            np.divide(buf[:-4], max(buf[-3], 1.0), out=out)
+            np.divide(buf[:n], max(buf[-3], 1.0), out=out)
             loss = float(buf[-4] / max(buf[-3], 1.0))
             self.full_loss = loss if union is None else None
             return {k: (loss, out) for k in ranks}
@@ -253,7 +257,7 @@ def _rank_programs(ctx, rule, strategy, w0, block, all_reduce, recorder, ckpts):
     # a full-batch rule's line search decides on the loss sum: float64 for it, else
     # the parameters' dtype (half the bytes to all-reduce in float32)
     dtype = np.float64 if rule.full_batch else np.asarray(w0).dtype
-    programs.buffer = np.zeros(len(w0) + 4, dtype=dtype)
+    programs.buffer = np.zeros(len(w0) + ctx.workers + 4, dtype=dtype)
     programs.sender = Sender(ctx.compression, block.index)  # the all-reduce's bytes
     return programs
 

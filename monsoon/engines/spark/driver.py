@@ -25,6 +25,9 @@ the union is the whole data set), and that mean is the step's. Either way
 sync equals serial to floating-point reduction order (float64, 1e-9), and
 a plug-in's program sees each worker's own gradient.
 
+A share too small for the model's pass is left out (``tasks.py``): only
+rows taken count (``held``, ``short``); a step or Apply taking none is void.
+
 Exactly once: only a finished job's results are applied, and a task Spark
 retries recomputes the same partition result. Where the driver waits: for
 each job, at most the run's ``timeout`` (``jobs.py``); a failed job fails
@@ -55,7 +58,7 @@ from ...monitor.due import Due
 from ...monitor.lifecycle import stop_reason
 from ...monitor.tally import local_totals
 from .jobs import share
-from .tasks import gradient_parts, gradient_sum, step_union
+from .tasks import gradient_parts, gradient_sum, left_counts, step_union
 
 class _Program(Worker):
     """Worker k's program on the driver: the server's ops carried out on the
@@ -83,10 +86,16 @@ class _Program(Worker):
     def count_examples(self, examples: int) -> None:
         self.driver.examples += examples  # a push's (``Worker.push``): applied at once
 
+    def release(self) -> int:
+        self.driver.short[self.rank] = 0  # its message carries them: the next starts afresh
+        return super().release()
+
     def apply(self, op) -> None:
         d = self.driver
+        took = self.held or not d.short[self.rank]  # not every row left out (``tasks.usable``)
         self.taken()
-        d.core.apply_sum(op.grad, d.core.version, worker=self.rank, loss=op.loss, counts=1)
+        if took:
+            d.core.apply_sum(op.grad, d.core.version, worker=self.rank, loss=op.loss, counts=1)
         d.steps += 1
 
     def fetch(self, op):
@@ -126,6 +135,8 @@ class DriverPrograms:
         self.acc, self.tmp = np.empty_like(self.w), np.empty_like(self.w)
         self.grads = {k: np.empty_like(self.w) for k in ranks}  # each worker's mean gradient
         self.programs, self.ops = {}, {}  # rank -> its _Program; -> the op it waits at
+        # rank -> the rows its last gradient left out; -> those since its last exchange
+        self.left, self.short = {}, dict.fromkeys(ranks, 0)
         self.steps = self.examples = 0
         self.jobs = 0  # Spark jobs run: one per round of gradients
         self.local = [0, 0]  # the programs' local steps (an inner rule): applied, dropped
@@ -143,16 +154,18 @@ class DriverPrograms:
     # -- gradients: one job --------------------------------------------------------
     def _gradients(self, waiting: dict) -> dict:
         ranks = sorted(waiting)
-        for k in ranks:  # counted once the step or push that carries them is taken
-            self.programs[k].held += len(waiting[k].indices)
         self.jobs += 1
+        self.left = dict.fromkeys(ranks, 0)  # the job's rows left out (``tasks.usable``)
         if self.raw:
             replies = self._reduced(waiting, ranks)
             self.step_loss = next(iter(replies.values()))[0] if replies else None
-            # one step's gradient, shared by its workers: weighted once (``ops.Gradient``)
-            ranks = ranks[:1]
         else:
             replies = self._parts(waiting, ranks)
+        for k in ranks:  # counted once the step or push that carries them is taken
+            self.programs[k].held += len(waiting[k].indices) - self.left[k]
+            self.short[k] += self.left[k]
+        if self.raw:  # one step's gradient, shared by its workers: weighted once (``ops.Gradient``)
+            ranks = ranks[:1]
         for k in ranks:
             if waiting[k].weight != 1.0:
                 replies[k][1][...] *= waiting[k].weight  # the driver's own buffer
@@ -161,7 +174,7 @@ class DriverPrograms:
     def _parts(self, waiting: dict, ranks: list) -> dict:
         """Each waiting worker's gradient at its own parameters (or the
         shared ones), its parts summed over the partitions."""
-        ctx = self.ctx
+        ctx, fewest = self.ctx, self.ctx.fewest
         params = [self.w] if self.shared else [self.work[k] for k in ranks]
         requests = [(k, 0 if self.shared else i, waiting[k].indices) for i, k in enumerate(ranks)]
         nbytes = sum(p.nbytes for p in params) + sum(r[2].nbytes for r in requests)
@@ -169,7 +182,7 @@ class DriverPrograms:
 
         def task(it, bc=bc):
             params_, requests_ = bc.value
-            return [part for b in it for part in gradient_parts(b, params_, requests_)]
+            return [part for b in it for part in gradient_parts(b, params_, requests_, fewest)]
 
         try:
             parts = ctx.jobs.run(ctx.blocks, task, what=f"the gradients of step {self.steps}")
@@ -177,7 +190,8 @@ class DriverPrograms:
             bc.destroy(blocking=False)
         replies = {}
         for k in ranks:
-            mine = sorted((p[1], p) for p in parts if p[0] == k)
+            self.left[k] = sum(p[5] for p in parts if p[0] == k)
+            mine = sorted((p[1], p) for p in parts if p[0] == k and p[2])
             count = sum(p[2] for _, p in mine)
             out = self.grads[k]
             if not mine:
@@ -187,7 +201,7 @@ class DriverPrograms:
             weighted_sum({i: p[4] for i, p in mine}, [i for i, _ in mine],
                          [p[2] for _, p in mine], out, self.tmp)
             replies[k] = (sum(p[2] * p[3] for _, p in mine) / count, out)
-        counts = {k: len(waiting[k].indices) for k in ranks}
+        counts = {k: len(waiting[k].indices) - self.left[k] for k in ranks}
         self.step_loss = sum(replies[k][0] * counts[k] for k in ranks) / max(1, sum(
             counts.values()))  # the step's mean loss (a rule may use it: lbfgs)
         return replies
@@ -195,23 +209,27 @@ class DriverPrograms:
     def _reduced(self, waiting: dict, ranks: list) -> dict:
         """Every worker's gradient goes to AllReduce unchanged: one sum per
         partition over the union of the indices, one mean for all."""
-        ctx = self.ctx
+        ctx, fewest = self.ctx, self.ctx.fewest
         union = step_union(waiting, ranks, ctx.n_examples)
         self.full_loss = None
         bc = share(ctx.sc, (self.w, union), self.w.nbytes + (0 if union is None else union.nbytes))
 
         def task(it, bc=bc):
             w_, batch_ = bc.value
-            return [gradient_sum(b, w_, batch_) for b in it]
+            return [gradient_sum(b, w_, batch_, fewest) for b in it]
 
         try:
-            parts = sorted(p for p in ctx.jobs.run(ctx.blocks, task,
-                                                   what=f"sync step {self.steps}") if p[1] > 0)
+            found = ctx.jobs.run(ctx.blocks, task, what=f"sync step {self.steps}")
         finally:
             bc.destroy(blocking=False)
+        parts = sorted((p[:4] for p in found if p[1] > 0), key=lambda p: p[0])
+        self.left.update(left_counts(waiting, ranks, [p[4] for p in found]))
         out = self.grads[0]
-        weighted_sum({p[0]: p[3] for p in parts}, [p[0] for p in parts],
-                     [p[1] for p in parts], out, self.tmp)
+        if parts:
+            weighted_sum({p[0]: p[3] for p in parts}, [p[0] for p in parts],
+                         [p[1] for p in parts], out, self.tmp)
+        else:  # every row left out (``tasks.usable``): the step counts none
+            out.fill(0)
         loss = sum(p[1] * p[2] for p in parts) / max(1, sum(p[1] for p in parts))
         if union is None:
             self.full_loss = loss
@@ -224,7 +242,9 @@ class DriverPrograms:
         if len(kinds) > 1:
             raise ConfigError(f"{self.strategy.name}'s workers wait at different collectives "
                               f"({', '.join(sorted(c.__name__ for c in kinds))}) at once")
-        counted = [k for k in ranks if ops[k].examples > 0
+        # a contribution's examples, less the rows its gradients left out (``tasks.usable``)
+        examples = {k: ops[k].examples - self.short[k] for k in ranks}
+        counted = [k for k in ranks if examples[k] > 0
                    and (type(ops[k]) is Average or ops[k].grad is not None)]
         if kinds == {Average}:
             parts = {k: self.w - self.work[k] for k in counted}
@@ -235,7 +255,7 @@ class DriverPrograms:
             # already the step's mean (``_reduced``)
             self.core.apply_sum(self.grads[0], self.core.version, **update)
         elif counted:
-            apply_mean([self.core], parts, counted, [ops[k].examples for k in counted],
+            apply_mean([self.core], parts, counted, [examples[k] for k in counted],
                        [(0, self.w.size)], self.acc, self.tmp, self.core.version, **update)
         self.steps += 1
         for k in ranks:  # a private copy starts the next step from the server's parameters
@@ -278,7 +298,9 @@ class DriverPrograms:
                 if waiting:
                     replies = self._gradients(waiting)
                     for k, reply in replies.items():
-                        add_figures(live, k, float(reply[0]), 1, len(waiting[k].indices))
+                        took = len(waiting[k].indices) - self.left[k]
+                        n = 0 if self.left[k] and not took else 1  # no loss where it took none
+                        add_figures(live, k, float(reply[0]) if n else 0.0, n, took)
                     if self.full_loss is not None and recorder.target_met(
                             self.full_loss, self.core.version, self.core.dropped):
                         stopped = recorder.target_reason  # the loss at w: no step more

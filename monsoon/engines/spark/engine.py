@@ -78,6 +78,7 @@ class RunContext:
     compression: object = None  # messages.Compression (--compress)
     target_loss: float | None = None  # the run stops once its loss is at it
     average_epochs: float = 0.0  # the server's tail average's horizon (server.py)
+    fewest: int = 1  # the fewest rows a training pass takes (``placement.check_fewest_rows``)
 
     def job(self, k: int) -> WorkerJob:
         """What worker k's program runs on in a task: its own partition, as
@@ -226,10 +227,10 @@ class SparkEngine(Engine):
                 counts = dict(jobs.run(blocks, lambda it: [(b.index, b.n) for b in it],
                                        what="loading the data into the executors"))
                 sizes = [counts[k] for k in range(workers)]
-            check_fewest_rows(problem, strategy, sizes, batch_size, seed, budget)
+            fewest = check_fewest_rows(problem, strategy, sizes, batch_size, seed, budget)
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
                              seed, budget, self.timeout, strategy, self.compression,
-                             recorder.target_loss, self.average_epochs)
+                             recorder.target_loss, self.average_epochs, fewest)
             sizing = self._size_jobs(ctx, strategy, rule, w0)
             startup = time.perf_counter() - t_begin
             ckpts = Checkpointer.for_engine(self, problem, strategy, rule, workers, batch_size,

@@ -23,8 +23,10 @@ declarations (never its name):
   example (a BatchNorm over one value per channel: ``TorchModel.fewest_rows``)
   is refused before the run where a task's plan on its partition would
   hand it one, or, for the driver's programs, where a partition holds one
-  row (a batch that gives a larger partition one row by chance is not
-  caught); it failed in a task after Spark's retries.
+  row; it failed in a task after Spark's retries. A batch that gives a
+  larger partition one row by chance cannot be foreseen: the driver's
+  programs leave that row out of the step (``tasks.usable``; the step is
+  the mean over the rows it took, and only those count as its examples).
 - ``check_segments``: a task reads the parameters once, at its start. A dry
   run of the program (stub gradients) refuses one that reads them again
   before its exchange, or that goes on after a Push without reading them
@@ -71,16 +73,18 @@ def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int
     """Refuse, in one line, a plan that would hand a torch model that needs
     two examples a training pass of one (see the module doc): in tasks,
     each partition's own plan (``task_job``), naming a batch size that
-    works; on the driver, a partition of one row (the driver's programs
+    works; on the driver, a partition of one row. Returns the fewest rows
+    a pass takes (1 where there is no such limit). The driver's programs
     cut each batch among the partitions that hold its rows: a batch that
-    gives a larger partition one row by chance is not caught)."""
+    gives a larger partition fewer rows than that by chance is not refused,
+    its share is left out of the step (``tasks.usable``)."""
     from ...problems.torch_model import TorchModel
 
     if not isinstance(problem, TorchModel):
-        return
+        return 1
     need, why = TorchModel.fewest_rows(problem)
     if need < 2:
-        return
+        return need
     if not in_tasks(strategy):
         small = min((rows for rows in sizes if rows), default=need)
         if small < need:
@@ -89,7 +93,7 @@ def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int
                               f"{sizes.index(small)} holds {small} row: {strategy.name} on Spark "
                               "computes each partition's rows of a batch there; repartition the "
                               "data into fewer, larger partitions")
-        return
+        return need
 
     def passes(b):  # each partition's smallest pass at batch size b
         return [min(chunk_sizes(j.n_examples, j.batch_size, j.budget.steps), default=need)
@@ -103,6 +107,7 @@ def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int
         f"{strategy.name} on Spark at batch size {batch_size} gives the task on partition {k} "
         f"({sizes[k]} rows) one (its short last batch, or its part of each global batch)",
         "repartition the data into fewer, larger partitions")
+    return need
 
 
 def check_segments(strategy, segments: int = 3, max_ops: int = 10_000) -> None:

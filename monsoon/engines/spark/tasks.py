@@ -14,6 +14,16 @@ rule's state does: a task keeps nothing between segments (a retried attempt
 starts from what the driver holds). What it sends (a push, a
 drift, EASGD's elastic difference) comes back packed (``Sender.pack``:
 ``Encoded.nbytes`` bytes when ``--compress`` is on, else the dense vector).
+
+The driver's programs (``driver.py``, ``barrier.py``) cut each global batch
+among the partitions that hold its rows. A torch model that cannot train
+on a pass of fewer than ``fewest`` rows (a BatchNorm over one value per
+channel: ``placement.check_fewest_rows``, which refuses a partition that
+small) would fail where a batch's draw gives a larger partition fewer rows
+of it: that share is left out of the step (``usable``), which is then the
+mean over the rows taken, and only those count as its examples (the ids
+left out come back, so the driver takes them off their workers' counts).
+With ``fewest`` 1 (every other model) nothing is left out.
 """
 from __future__ import annotations
 
@@ -33,28 +43,55 @@ def step_union(waiting: dict, ranks: list, n: int):
     return None if len(union) == n and np.bincount(union, minlength=n).all() else union
 
 
-def gradient_sum(block, w, batch):
+def left_counts(waiting: dict, ranks: list, left: list) -> dict:
+    """How many rows of each worker's indices are among the global ids a
+    step's partitions left out (``usable``; ``left``: their arrays)."""
+    ids = np.concatenate(left) if left else np.empty(0, dtype=np.int64)
+    if not len(ids):
+        return dict.fromkeys(ranks, 0)
+    return {k: int(np.isin(waiting[k].indices, ids).sum()) for k in ranks}
+
+
+def usable(block, batch, fewest: int = 1):
+    """This partition's rows of the global ids ``batch`` (None: every row)
+    that a training pass takes (``Block.local``), and the global ids it
+    leaves out: a share of fewer than ``fewest`` rows, which the model
+    cannot train on in a pass of its own (a BatchNorm over one value per
+    channel: ``TorchModel.fewest_rows``), is left out whole; else none
+    (an empty array)."""
+    rows = block.local(batch)
+    if 0 < len(rows) < fewest:
+        held = block.ids if batch is None else batch[np.isin(batch, block.ids)]
+        return rows[:0], held
+    return rows, rows[:0]
+
+
+def gradient_sum(block, w, batch, fewest: int = 1):
     """Gradients reduced where computed: this partition's share of the global batch ``batch`` (global
     ids; None: every row) at ``w``: ``(index, examples, mean loss, mean
-    gradient)``, the gradient None when the batch has none of its rows."""
-    rows = block.local(batch)
+    gradient, ids left out)``, the gradient None when the batch has none of
+    its rows it can take (``usable``)."""
+    rows, left = usable(block, batch, fewest)
     if len(rows) == 0:
-        return block.index, 0, 0.0, None
+        return block.index, 0, 0.0, None, left
     loss, grad = block.problem.gradient(w, rows)
-    return block.index, len(rows), float(loss), np.array(grad, copy=True)
+    return block.index, len(rows), float(loss), np.array(grad, copy=True), left
 
 
-def gradient_parts(block, params, requests):
+def gradient_parts(block, params, requests, fewest: int = 1):
     """Driver-run programs: for each request ``(worker, p, global ids)``,
     this partition's part of that worker's gradient at ``params[p]``:
-    ``(worker, index, rows, mean loss, mean gradient)``, none where the
-    partition holds none of its ids."""
+    ``(worker, index, rows, mean loss, mean gradient, rows left out)``,
+    none where the partition holds none of its ids; a share it leaves out
+    (``usable``) has 0 rows and no gradient."""
     out = []
     for k, p, ids in requests:
-        rows = block.local(ids)
+        rows, left = usable(block, ids, fewest)
         if len(rows):
             loss, grad = block.problem.gradient(params[p], rows)
-            out.append((k, block.index, len(rows), float(loss), np.array(grad, copy=True)))
+            out.append((k, block.index, len(rows), float(loss), np.array(grad, copy=True), 0))
+        elif len(left):
+            out.append((k, block.index, 0, 0.0, None, len(left)))
     return out
 
 
