@@ -312,27 +312,86 @@ def test_an_easgd_exchange_counts_the_others_exchanges_since_its_copy_met_the_ce
         engine, request):
     """An exchange is an update, at async's staleness (server/elastic.py):
     the other workers' exchanges since this worker's copy last met the
-    centre (its last exchange, or its start). One count an exchange, so the
-    histogram sums to updates. Two workers, 50 exchanges each: a worker's
-    staleness adds up to the other's exchanges between its start and its
-    last exchange, so the worker whose last exchange is the run's last adds
-    up to all 50 of the other's, and the run's total lies in [50, 100],
-    however the workers interleave. The sim's workers take turns: every
-    exchange but the first follows one of the other's. One worker is never
-    stale. (Spark counted every exchange at 0; local, sim and Ray kept no
-    histogram.)"""
+    centre (its last exchange, or its start), at its stalest shard's. One
+    count an exchange, so the histogram sums to updates. Two workers, 50
+    exchanges each; what holds however they interleave: an exchange is stale
+    by at most the other's 50 exchanges; on a shard, a worker's staleness
+    adds up to at most the other's 50 exchanges there, and counted at the
+    stalest shard's, to at most 50 a shard (an exchange of the other's that
+    overtakes one of its exchanges between shards counts in two of them). No
+    lower bound holds: a worker that starts after the other's last exchange
+    is never stale (the local engine's counts under such schedules:
+    ``test_a_local_exchange_counts_the_others_exchanges_turn_by_turn``).
+    The sim's workers take turns: every exchange but the first follows one
+    of the other's. One worker is never stale. (Spark counted every exchange
+    at 0; local, sim and Ray kept no histogram.)"""
     kw = dict(easgd_tau=4, steps=400, evals=0, progress=False, seed=0)
     with _with_plugin(engine, request):
         s = monsoon.train("logistic", "easgd", 2, engine=engine, **_cluster(engine),
                           **kw).summary
     counts = {int(k): n for k, n in s["staleness_counts"].items()}
     assert s["updates"] == 100 == sum(counts.values()), counts
-    assert 50 <= sum(tau * n for tau, n in counts.items()) <= 100, counts
+    assert max(counts) <= 50, counts
+    assert sum(tau * n for tau, n in counts.items()) <= 2 * 50 * s["shards"], (counts, s["shards"])
     if engine == "sim":
         assert counts == {0: 1, 1: 99}
     if engine in ("local", "sim"):
         one = monsoon.train("logistic", "easgd", 1, engine=engine, **kw).summary
         assert one["staleness_counts"] == {0: one["updates"]}
+
+
+def _local_exchanges(turns: str):
+    """Two local-engine workers of EASGD on a store of 2 shards, driven in
+    one thread through ``turns``, in order: "f0" rank 0 fetches (its start),
+    "e1" rank 1 exchanges, "e0+5" rank 0 exchanges and is overtaken between
+    its shards by 5 exchanges of rank 1. The staleness counts of rank 0 and
+    rank 1."""
+    from monsoon.engines.local.runtime import WorkerRuntime
+    from monsoon.engines.local.store import ParameterStore
+    from monsoon.problems import make_problem
+    from monsoon.rules import make_rule
+    from monsoon.strategies.easgd import EASGD
+    from monsoon.strategies.ops import Elastic, Fetch
+
+    problem = make_problem("logistic", dtype="float64")
+    store = ParameterStore(np.zeros(problem.n_params), make_rule("sgd", 1.0), 2, 2,
+                           sync_slots=False, backend="threads")
+    try:
+        strategy = EASGD(make_rule("sgd", 0.1), alpha=0.45)
+        workers = [WorkerRuntime(r, 2, store, problem, make_rule("sgd", 1.0), strategy,
+                                 timeout=10, live=False) for r in (0, 1)]
+        holding, overtaking = store.holding, {}  # rank: the other's exchanges to let by
+
+        def overtaken(s, rank):  # they land before the overtaken exchange takes shard 1
+            for _ in range(overtaking.pop(rank) if s == 1 and rank in overtaking else 0):
+                workers[1 - rank].elastic(Elastic(0.45))
+            return holding(s, rank)
+
+        store.holding = overtaken
+        for op in turns.split():
+            worker = workers[int(op[1])]
+            if op[0] == "f":
+                worker.fetch(Fetch())
+                continue
+            if "+" in op:
+                overtaking[worker.rank] = int(op.split("+")[1])
+            worker.elastic(Elastic(0.45))
+        return [dict(w.staleness) for w in workers]
+    finally:
+        store.close()
+
+
+def test_a_local_exchange_counts_the_others_exchanges_turn_by_turn():
+    """The local engine's exchanges counted under schedules a run cannot
+    force (``test_an_easgd_exchange_counts_...``): workers that take turns
+    count as the sim's do, every exchange but the first one of the other's;
+    a worker that exchanges only after the other's last is never stale; and
+    an exchange overtaken between its shards by 5 of the other's is stale
+    by 5 at shard 1, its next at shard 0 (the 5 landed there after it), so
+    rank 0's 2 exchanges add up to 10."""
+    assert _local_exchanges("f0 f1" + " e0 e1" * 50) == [{0: 1, 1: 49}, {1: 50}]
+    assert _local_exchanges("f0" + " e0" * 50 + " f1" + " e1" * 50) == [{0: 50}, {0: 50}]
+    assert _local_exchanges("f0 f1 e0+5 e0") == [{5: 2}, {1: 1, 0: 4}]
 
 
 @pytest.mark.parametrize("engine", [
