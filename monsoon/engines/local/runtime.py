@@ -374,6 +374,9 @@ class WorkerRuntime(Worker):
     def send_elastic(self, op: Elastic) -> None:
         store = self.store
         worst = 0  # the exchange's staleness: its stalest shard's (``server/elastic.py``)
+        # Shards go one at a time, each under its own lock: another worker's exchanges
+        # landing between two of them count here (at the stalest shard) and again in
+        # this worker's next exchange, so its total can pass the others' exchanges.
         compressed = self.sender is not None and self.sender.compression.active
         if compressed:
             # Zhang et al.'s asynchronous exchange with the difference compressed:
