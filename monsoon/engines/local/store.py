@@ -7,14 +7,9 @@ Everything workers share lives in one ``SharedArrays`` block:
   (on a GPU, ``to_device``: tensors there, with readers, slots and ``ckpt``);
 - ``reader.*[k]``: what a delay-aware rule remembers of worker k's last read
   (AdaRevision's gradient sum, DC-ASGD's parameters sent to k);
-- ``versions[s]``: updates applied to shard s (a push is a locked in-place
-  update of that shard, not a message); ``lock_owner``, ``lock_claims``:
-  whose each lock is, for the monitor (``holding``, ``release_locks_of``);
-- ``landed``: the pushes shard 0 has applied in this run, in ``counters``'
-  columns (their examples, and the pushes dropped at a worker: theirs
-  too), written under shard 0's lock and read with the parameters under it
-  for a curve row (``row_copy``): a worker counts a push's examples in
-  ``counters`` before it lands, and its update after;
+- ``versions[s]``: updates applied to shard s (a push: a locked in-place
+  update), ``landed``: shard 0's pushes, with examples (``row_copy``);
+  ``lock_owner``, ``lock_claims``: whose each lock is (``holding``);
 - ``slots[k]``, ``slot_examples[k]``: worker k's contribution to the current
   synchronous step and its examples; ``sync[STEP]`` counts completed steps,
   ``sync[ARRIVED|REDUCED|APPLIED]`` the arrivals at its three barriers,
@@ -342,8 +337,12 @@ class ParameterStore:
 
     def row_copy(self, timeout: float):
         """The parameters (a host copy) and ``landed``, read together under
-        shard 0's lock; None where the lock is not had within ``timeout``
-        (a worker lost holding it: the monitor releases it at a later wake)."""
+        shard 0's lock, for a curve row; None where the lock is not had
+        within ``timeout`` (a worker lost holding it: the monitor releases
+        it at a later wake). ``landed``: the pushes shard 0 applied in this
+        run, in ``counters``' columns (their examples; the pushes dropped at
+        a worker, with theirs), written under that lock, where a worker's
+        ``counters`` count a push's examples before it lands, its update after."""
         lock = self.locks[0]
         if not lock.acquire(True, timeout):
             return None
