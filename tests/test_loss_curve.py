@@ -541,3 +541,31 @@ def test_a_run_stopped_at_its_target_keeps_the_parameters_that_met_it():
     w[0] = 0.9  # a push after the check
     assert rec.target_params[0] == 0.4 and rec.target_params is not w
 
+
+
+@pytest.mark.parametrize("strategy,backend", [("async", "threads"), ("ssp", "threads"),
+                                              ("async", "processes")])
+def test_a_local_async_rows_examples_are_those_of_the_updates_its_parameters_hold(
+        monkeypatch, strategy, backend):
+    """Each push carries 2 batches of 32 (n_push 2), so a row at k updates
+    has 64 k examples. A worker counts a push's examples before the push
+    lands, and its update after: a row read from those counts could hold
+    one push more in its examples than in its updates. Shard 0 counts the
+    pushes it applies, with their examples, under its lock, and the
+    monitor reads them with the parameters (a row at every wake here; a
+    thread's push is held up on its way, as a busy machine would)."""
+    from monsoon.engines.local.runtime import WorkerRuntime
+
+    send_push = WorkerRuntime.send_push
+
+    def late(self, *args, **kwargs):
+        time.sleep(0.0005)
+        return send_push(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerRuntime, "send_push", late)
+    monkeypatch.setattr(Recorder, "due", lambda self, now, examples: True)
+    run = monsoon.train("logistic", strategy, 2, steps=3000, batch_size=32, n_push=2,
+                        lr=0.1, seed=0, backend=backend, progress=False, evals=1000)
+    rows = [(row["updates"], row["examples"]) for row in run.history]
+    assert len(rows) >= 20 and rows[-1] == (1500, 3000 * 32), rows[-3:]
+    assert rows == [(k, 64 * k) for k, _ in rows]

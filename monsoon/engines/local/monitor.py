@@ -11,7 +11,14 @@ and the no-progress timeout and a stop signal, it asks one ``Due``
 (``monitor/due.py``), the object the inline path asks too. A curve row
 keeps the workers' model buffers (``problems/buffers.py``) as they are
 when the monitor takes it (a ring row: when worker 0 wrote it); a
-checkpoint, as ``checkpointing.py`` says.
+checkpoint, as ``checkpointing.py`` says. A pushing program's row counts
+the pushes shard 0 has applied, their examples and the pushes dropped,
+read with the parameters under shard 0's lock (``store.row_copy``): a
+worker counts a push's examples before it lands and its update after, so
+its own counts could put one push more in a row's examples than in the
+updates its parameters hold. Hogwild!'s updates take no lock: its rows
+read the workers' counts (an update under way may be in a row's examples
+and its parameters, partly, before it is in the row's updates).
 """
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ from ...monitor.lifecycle import StopSignals
 from ...monitor.pool import fail_if_lost
 from ...problems.buffers import combine as combine_buffers, unflat
 from ...record import checkpoints, progress
-from ...record.progress import EXAMPLES
+from ...record.progress import DROPPED, EXAMPLES, UPDATES
+from ...strategies.ops import Push
 from ...monitor.tally import (EngineResult, RunTally, bytes_sent, counted_from, local_totals,
                               restarted)
 from .checkpointing import read_buffers, read_senders, read_traffic
@@ -35,6 +43,7 @@ from .store import (CKPT_STEP, FAILED, READY, SNAP_ASKED, SNAP_EVERY, SNAP_READ,
 MAIN_HINT = ("; the problem refers to code in your script, which every worker process "
              "re-runs: put the call to monsoon under `if __name__ == \"__main__\":`, "
              "or use --backend threads")
+ROW_LOCK_S = 1.0  # how long a row waits for shard 0's lock before it reads the counts as they are
 
 
 class WorkerMonitor:
@@ -145,6 +154,7 @@ class WorkerMonitor:
             store.control[SNAP_EVERY] = max(1, round(rows_every))
         self.t0 = time.perf_counter()
         self.updates_at_start = int(store.totals()[1])  # a resumed run's count goes on
+        self.at_start = store.totals().copy()  # store.landed counts this run's pushes
         store.control[START] = 1
         if self.due.every:
             self.due.plan_checkpoint(int(store.totals()[1]))
@@ -241,7 +251,12 @@ class WorkerMonitor:
         if self.ring:
             return self.ask_ring(at, ex)
         if self.due.row(at, ex):
-            return recorder.record(at, int(up), int(ex), store.params, int(dropped),
+            params = store.params
+            read = store.row_copy(ROW_LOCK_S) if Push in self.strategy.uses else None
+            if read is not None:  # the pushes the parameters hold (the module docstring)
+                params, landed = read
+                ex, up, dropped = (self.at_start[c] + landed[c] for c in (EXAMPLES, UPDATES, DROPPED))
+            return recorder.record(at, int(up), int(ex), params, int(dropped),
                                    self.local_totals(), self.row_buffers())
         return None
 

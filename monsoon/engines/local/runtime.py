@@ -16,7 +16,9 @@ the loop before the next op. Op by op:
 - ``Fetch`` / ``Push``: per shard, under that shard's lock. A push counts
   the examples of the gradients it carries (``Worker.release``): an accrued
   sum that a stop leaves unpushed is not counted, and a resumed run does
-  those batches again. A worker resumed with its own copy (EASGD's x_i)
+  those batches again. Shard 0 counts it again as it applies it, with its
+  examples, under its lock (``store.landed``: a curve row's counts, read
+  with the parameters); a push dropped at the worker is counted there too. A worker resumed with its own copy (EASGD's x_i)
   keeps it: its first Fetch takes the centre's versions, not its values.
 - ``AllReduce`` / ``Average``: write the slot, then one synchronous step
   (``synchronous.py``): sharded (each worker sums and applies 1/N of the
@@ -148,6 +150,7 @@ class WorkerRuntime(Worker):
         self.step_buffers = None
         self._keep_step_buffers = keeps_step_buffers(store)
         self.step_examples = 0  # the examples the last gradient counted (``undo_step``)
+        self.carried = 0  # the examples of the push under way (``store.landed``)
         self.staleness = SharedCounts(store.stale_counts[rank])
         self._sync = None
         self._grad_out = None
@@ -339,6 +342,9 @@ class WorkerRuntime(Worker):
                 worst = max(worst, core.push(self.rank, grad[a:b], int(ticket[s]),
                                              checked=True, count=False))
                 store.versions[s] = core.version
+                if s == 0:
+                    store.landed[EXAMPLES] += self.carried
+                    store.landed[UPDATES] += 1
         self.staleness[worst] += 1
         if self._live is not None:
             self._stale(worst)
@@ -364,9 +370,15 @@ class WorkerRuntime(Worker):
 
     def count_examples(self, examples: int) -> None:
         self.counters[EXAMPLES] += examples
+        self.carried = examples
 
     def count_dropped(self) -> None:
         self.counters[DROPPED] += 1
+        if self.held is not None:  # a push dropped here: it never reaches shard 0
+            store = self.store
+            with store.holding(0, self.rank):
+                store.landed[EXAMPLES] += self.carried
+                store.landed[DROPPED] += 1
 
     def count_local(self, applied: bool) -> None:
         self.local_counts[LOCAL_APPLIED if applied else LOCAL_DROPPED] += 1

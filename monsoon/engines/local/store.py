@@ -7,9 +7,9 @@ Everything workers share lives in one ``SharedArrays`` block:
   (on a GPU, ``to_device``: tensors there, with readers, slots and ``ckpt``);
 - ``reader.*[k]``: what a delay-aware rule remembers of worker k's last read
   (AdaRevision's gradient sum, DC-ASGD's parameters sent to k);
-- ``versions[s]``: updates applied to shard s (a push is a locked in-place
-  update of that shard, not a message); ``lock_owner``, ``lock_claims``:
-  whose each lock is, for the monitor (``holding``, ``release_locks_of``);
+- ``versions[s]``: updates applied to shard s (a push: a locked in-place
+  update), ``landed``: shard 0's pushes, with examples (``row_copy``);
+  ``lock_owner``, ``lock_claims``: whose each lock is (``holding``);
 - ``slots[k]``, ``slot_examples[k]``: worker k's contribution to the current
   synchronous step and its examples; ``sync[STEP]`` counts completed steps,
   ``sync[ARRIVED|REDUCED|APPLIED]`` the arrivals at its three barriers,
@@ -47,6 +47,7 @@ import time
 
 import numpy as np
 
+from ... import arrays
 from ...record.live import LOSS_CELLS
 from ...rules import Rule
 from ...server.shards import shard_bounds
@@ -101,6 +102,7 @@ class ParameterStore:
                   "lock_owner": ((shards + 1,), "int64"),
                   "lock_claims": ((workers,), "int64"),
                   "counters": ((workers, 4), "int64"),
+                  "landed": ((4,), "int64"),
                   "local_counts": ((workers, 2), "int64"),
                   "sent_counts": ((workers, len(SENT_FIELDS)), "int64"),
                   "stale_counts": ((workers, STALE_BINS), "int64"),
@@ -169,6 +171,7 @@ class ParameterStore:
         self.lock_owner = m["lock_owner"]
         self.lock_claims = m["lock_claims"]
         self.counters = m["counters"]
+        self.landed = m["landed"]
         self.local_counts = m["local_counts"]
         self.sent_counts, self.stale_counts = m["sent_counts"], m["stale_counts"]
         self.status = m["status"]
@@ -332,6 +335,22 @@ class ParameterStore:
         """Examples, updates, dropped updates and late gradients, summed over workers."""
         return self.counters.sum(axis=0)
 
+    def row_copy(self, timeout: float):
+        """The parameters (a host copy) and ``landed``, read together under
+        shard 0's lock, for a curve row; None where the lock is not had
+        within ``timeout`` (a worker lost holding it: the monitor releases
+        it at a later wake). ``landed``: the pushes shard 0 applied in this
+        run, in ``counters``' columns (their examples; the pushes dropped at
+        a worker, with theirs), written under that lock, where a worker's
+        ``counters`` count a push's examples before it lands, its update after."""
+        lock = self.locks[0]
+        if not lock.acquire(True, timeout):
+            return None
+        try:
+            return np.array(arrays.to_host(self.params), copy=True), self.landed.copy()
+        finally:
+            lock.release()
+
     def local_totals(self) -> tuple[int, int]:
         """Local steps applied and dropped, summed over workers."""
         applied, dropped = self.local_counts.sum(axis=0)
@@ -378,7 +397,7 @@ class ParameterStore:
                             "residual_norm": 0.0}}
 
     def close(self) -> None:
-        for name in ("_readers", "params", "versions", "counters", "local_counts", "sent_counts",
+        for name in ("_readers", "params", "versions", "counters", "landed", "local_counts", "sent_counts",
                      "stale_counts", "status",
                      "clocks", "control", "sync", "contributors", "slot_examples", "slots", "marks", "state",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
