@@ -255,7 +255,8 @@ class WorkerMonitor:
             read = store.row_copy(ROW_LOCK_S) if Push in self.strategy.uses else None
             if read is not None:  # the pushes the parameters hold (the module docstring)
                 params, landed = read
-                ex, up, dropped = (self.at_start[c] + landed[c] for c in (EXAMPLES, UPDATES, DROPPED))
+                ex, up, dropped = (self.at_start[c] + landed[c]
+                                   for c in (EXAMPLES, UPDATES, DROPPED))
             return recorder.record(at, int(up), int(ex), params, int(dropped),
                                    self.local_totals(), self.row_buffers())
         return None

@@ -397,8 +397,8 @@ class ParameterStore:
                             "residual_norm": 0.0}}
 
     def close(self) -> None:
-        for name in ("_readers", "params", "versions", "counters", "landed", "local_counts", "sent_counts",
-                     "stale_counts", "status",
+        for name in ("_readers", "params", "versions", "counters", "landed", "local_counts",
+                     "sent_counts", "stale_counts", "status",
                      "clocks", "control", "sync", "contributors", "slot_examples", "slots", "marks", "state",
                      "rep_slots", "rep_examples", "arrivals", "published", "ckpt",
                      "snap_params", "snap_meta", "snap_buffers", "buffers", "live", "sums", "sum_slots"):
