@@ -16,11 +16,10 @@ the loop before the next op. Op by op:
 - ``Fetch`` / ``Push``: per shard, under that shard's lock. A push counts
   the examples of the gradients it carries (``Worker.release``): an accrued
   sum that a stop leaves unpushed is not counted, and a resumed run does
-  those batches again. Shard 0 counts it again as it applies it, with its
-  examples, under its lock (``store.landed``: a curve row's counts, read
-  with the parameters); a push dropped at the worker is counted there too.
-  A worker resumed with its own copy (EASGD's x_i) keeps it: its first
-  Fetch takes the centre's versions, not its values.
+  those batches again. Shard 0 counts it again, and a push dropped at the
+  worker, under its lock (``store.landed``: a row's counts, read with the
+  parameters). A worker resumed with its own copy (EASGD's x_i) keeps it:
+  its first Fetch takes the centre's versions, not its values.
 - ``AllReduce`` / ``Average``: write the slot, then one synchronous step
   (``synchronous.py``): sharded (each worker sums and applies 1/N of the
   vector, three barriers) or, for small models, replicated (every worker
