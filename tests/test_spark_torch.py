@@ -425,14 +425,20 @@ def _partitioned(spark, sizes, seed=1):
                             r"\(33 rows\) one .*; use --batch-size 33,"),
     ("local-sgd", [33, 33], 32, r"; use --batch-size 30,"),
     ("sync", [4, 1], 2, r"partition 1 holds 1 row: sync on Spark .*; repartition the data"),
+    ("serial", [31], 10, r"serial on Spark at batch size 10 on 31 rows gives a gradient 1 row "
+                         r"in all \(an epoch's short last batch, .*; use --batch-size 11,"),
+    ("sync", [31], 1, r"sync on Spark at batch size 1 on 31 rows gives a gradient 1 row .*"
+                     r"; use --batch-size 4,"),
 ])
 def test_a_batchnorm_that_needs_two_rows_is_refused_before_a_task_gets_one(
         spark, strategy, sizes, batch, says):
     """A BatchNorm1d over one value per channel cannot train on a pass of
     one row: a partition's short last batch (async's tasks), its part of a
     global batch (local SGD's), or a partition of one row (the driver's
-    sync) failed in a task after Spark's retries. It is refused before the
-    run in one line, and the batch size it names trains."""
+    sync) failed in a task after Spark's retries; the driver's programs
+    left out a batch of one row (serial's epoch's short last batch: 31 rows
+    at 10; sync at batch size 1). It is refused before the run in one
+    line, and the batch size it names trains."""
     import re
 
     def bn_net():
@@ -480,7 +486,7 @@ def test_a_batchnorm_over_more_values_per_row_trains_on_a_pass_of_one(spark):
         data.unpersist()
 
 
-@pytest.mark.parametrize("sizes, batch", [([8, 8, 8, 7], 10), ([20, 20], 3)],
+@pytest.mark.parametrize("sizes, batch", [([8, 8, 8, 7], 9), ([20, 21], 3)],
                          ids=["driver", "barrier"])
 def test_sync_leaves_out_a_partitions_lone_row_of_a_batch(spark, sizes, batch):
     """Partitions of several rows, yet a batch's draw gives some of them
@@ -526,25 +532,60 @@ def test_sync_leaves_out_a_partitions_lone_row_of_a_batch(spark, sizes, batch):
         grad = sum(len(rows) * parts[k].gradient(w, rows)[1] for k, rows in taken) / count
         w = w - lr * grad * len(ids) / batch  # an epoch's short last batch weighs less
         examples, updates = examples + count, updates + 1
-    assert cut == {True, False}  # an epoch's last batch of one row takes none
+    assert cut == {True, False}  # a batch whose rows fall one to a partition takes none
     assert run.summary["examples"] == examples and run.summary["updates"] == updates
     np.testing.assert_allclose(run.params, w, rtol=1e-9, atol=1e-12)
     assert np.isfinite(run.summary["final_loss"])
 
 
-def test_sync_without_a_batchnorm_takes_every_row_of_a_batch(spark):
-    """The same data and batches without the BatchNorm: nothing is left
-    out, and the run equals serial on the rows in partition order."""
-    sizes, X, c = [8, 8, 8, 7], *_rows(31)
+@pytest.mark.parametrize("strategy, sizes, batch, epochs, updates", [
+    ("sync", [8, 8, 8, 7], 9, 1, 4), ("serial", [31], 10, 2, 8)])
+def test_without_a_batchnorm_the_driver_takes_every_row_of_a_batch(
+        spark, strategy, sizes, batch, epochs, updates):
+    """Without the BatchNorm nothing is left out, and the run equals serial
+    on the rows in partition order: sync on the same data and batches as
+    the lone-row test above; serial at 10 on 31 rows, the plan refused with
+    one above (its epochs' short last batches of one row), as the local
+    engine takes it."""
+    X, c = _rows(31)
     data = TorchProblem.from_spark(_partitioned(spark, sizes), net(), nn.CrossEntropyLoss(),
                                    features="x", label="c", dtype="float64")
-    kw = dict(lr=0.1, batch_size=10, epochs=1, seed=1, evals=0, progress=False)
+    kw = dict(lr=0.1, batch_size=batch, epochs=epochs, seed=1, evals=0, progress=False)
     try:
-        run = monsoon.train(data, engine="spark", strategy="sync", workers=4, **kw)
+        run = monsoon.train(data, engine="spark", strategy=strategy, workers=len(sizes), **kw)
     finally:
         data.unpersist()
     ref = monsoon.train(TorchProblem(net(), nn.CrossEntropyLoss(), X, c, dtype="float64"),
                         strategy="serial", **kw)
-    assert run.summary["examples"] == ref.summary["examples"] == 31
-    assert run.summary["updates"] == ref.summary["updates"] == 4
+    assert run.summary["examples"] == ref.summary["examples"] == 31 * epochs
+    assert run.summary["updates"] == ref.summary["updates"] == updates
     np.testing.assert_allclose(run.params, ref.params, rtol=1e-9, atol=1e-12)
+
+
+def test_the_driver_refuses_a_workers_part_of_one_row_but_not_a_chance_share():
+    """32 rows in 4 partitions at batch size 10: the epoch's last batch of 2
+    gives 2 of 4 workers a part of 1 row. Sync reduced where computed takes
+    each partition's rows of the whole batch, so a share of 1 row comes by
+    chance and is left out then (not refused); a sync of its own program
+    computes each worker's part, a gradient of 1 row: refused before the
+    run, naming a batch size that works."""
+    from monsoon.engines.spark.placement import check_fewest_rows
+    from monsoon.strategies import Budget
+    from monsoon.strategies.sync import Sync
+
+    class Clipped(Sync):
+        name = "clipped"
+
+        def program(self, job):
+            yield from super().program(job)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, 8), nn.BatchNorm1d(8), nn.Linear(8, CLASSES))
+    X, c = _rows(32)
+    problem = TorchProblem(model, nn.CrossEntropyLoss(), X, c, dtype="float64")
+    plan = ([8, 8, 8, 8], 10, 1, Budget(epochs=1))
+    assert check_fewest_rows(problem, Sync(), *plan) == 2
+    with pytest.raises(ConfigError, match=r"clipped on Spark at batch size 10 on 32 rows gives a "
+                                          r"gradient 1 row in all \(.*, or a worker's part of a "
+                                          r"batch cut among the workers\), .*; use --batch-size"):
+        check_fewest_rows(problem, Clipped(), *plan)

@@ -23,10 +23,12 @@ declarations (never its name):
   example (a BatchNorm over one value per channel: ``TorchModel.fewest_rows``)
   is refused before the run where a task's plan on its partition would
   hand it one, or, for the driver's programs, where a partition holds one
-  row; it failed in a task after Spark's retries. A batch that gives a
-  larger partition one row by chance cannot be foreseen: the driver's
-  programs leave that row out of the step (``tasks.usable``; the step is
-  the mean over the rows it took, and only those count as its examples).
+  row or the global plan has a gradient of one row in all (an epoch's
+  short last batch, a batch size of 1: ``_check_driver_plan``); it failed
+  in a task after Spark's retries. A batch that gives a larger partition
+  one row by chance cannot be foreseen: the driver's programs leave that
+  row out of the step (``tasks.usable``; the step is the mean over the
+  rows it took, and only those count as its examples).
 - ``check_segments``: a task reads the parameters once, at its start. A dry
   run of the program (stub gradients) refuses one that reads them again
   before its exchange, or that goes on after a Push without reading them
@@ -73,11 +75,12 @@ def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int
     """Refuse, in one line, a plan that would hand a torch model that needs
     two examples a training pass of one (see the module doc): in tasks,
     each partition's own plan (``task_job``), naming a batch size that
-    works; on the driver, a partition of one row. Returns the fewest rows
-    a pass takes (1 where there is no such limit). The driver's programs
-    cut each batch among the partitions that hold its rows: a batch that
-    gives a larger partition fewer rows than that by chance is not refused,
-    its share is left out of the step (``tasks.usable``)."""
+    works; on the driver, a partition of one row, and a gradient of one
+    row in all (``_check_driver_plan``). Returns the fewest rows a pass
+    takes (1 where there is no such limit). The driver's programs cut each
+    batch among the partitions that hold its rows: a batch that gives a
+    larger partition fewer rows than that by chance is not refused, its
+    share is left out of the step (``tasks.usable``)."""
     from ...problems.torch_model import TorchModel
 
     if not isinstance(problem, TorchModel):
@@ -93,6 +96,7 @@ def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int
                               f"{sizes.index(small)} holds {small} row: {strategy.name} on Spark "
                               "computes each partition's rows of a batch there; repartition the "
                               "data into fewer, larger partitions")
+        _check_driver_plan(need, why, strategy, len(sizes), batch_size, sum(sizes), budget)
         return need
 
     def passes(b):  # each partition's smallest pass at batch size b
@@ -108,6 +112,36 @@ def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int
         f"({sizes[k]} rows) one (its short last batch, or its part of each global batch)",
         "repartition the data into fewer, larger partitions")
     return need
+
+
+def _check_driver_plan(need: int, why: str, strategy, workers: int, batch_size: int, n: int,
+                       budget: Budget) -> None:
+    """Refuse, in one line naming a batch size that works, a plan of the
+    driver's programs with a gradient of fewer than ``need`` rows in all
+    (an epoch's short last batch, a batch size of 1, a worker's part of a
+    batch cut among the workers: ``Strategy.pass_sizes``, as ``config``
+    checks the local engine's plan): every partition's share of it is
+    short, so the driver would leave it out of every epoch's steps
+    (``tasks.usable``). A sync step reduced where it is computed
+    (``raw_gradients`` on shared parameters: ``driver.py``, ``barrier.py``)
+    takes each partition's rows of the whole global batch, so there only
+    the global batches count."""
+    parts = 1 if strategy.shared_params and strategy.raw_gradients else workers
+
+    def fewest(b):
+        return min(strategy.pass_sizes(parts, b, n, budget.steps), default=need)
+
+    k = fewest(batch_size)
+    cause = ("an epoch's short last batch, or a batch of that size" if parts == 1 else
+             "an epoch's short last batch, a batch of that size, or a worker's part of a batch "
+             "cut among the workers")
+    refuse_short_passes(
+        need, why, fewest, batch_size, min(strategy.largest_batch(parts, n), n),
+        f"{strategy.name} on Spark at batch size {batch_size} on {n} rows gives a gradient "
+        f"{k} row{'s' if k > 1 else ''} in all ({cause}), which the driver would leave out of "
+        "its steps",
+        f"no batch size gives every pass {need} or more with {workers} workers: use fewer "
+        "workers")
 
 
 def check_segments(strategy, segments: int = 3, max_ops: int = 10_000) -> None:
