@@ -3,9 +3,9 @@ local and Ray engines run) and carries out each op with torch.distributed.
 
 Every rank holds a replica of the parameters and the server rule's state;
 every collective is one sum all-reduce of a buffer ``[payload (n
-parameters), examples, active, stop, signalled, loss_0 .. loss_{N-1}]``
-(rank k writes its last loss in loss_k, so rank 0's live series get every
-rank's):
+parameters), examples, active, stop, signalled, loss_k, examples_k ...]``
+(rank k's last loss and its examples since its last collective: rank 0's
+live series get every rank's; ``flag_width``):
 
 - ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
   rescales by B / sum_k n_k where a batch is short, which gives the
@@ -68,7 +68,14 @@ from .collectives import Collectives, agent_restarts, launch_id, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
 
 EXAMPLES, ACTIVE, STOP, SIGNALLED = 0, 1, 2, 3  # SIGNALLED: a slot per stop signal
-LOSS = FLAGS = SIGNALLED + len(STOP_SIGNALS)  # the flags, then one loss slot per rank
+LOSS = FLAGS = SIGNALLED + len(STOP_SIGNALS)  # the flags, the ranks' losses, their examples
+
+
+def flag_width(world: int) -> int:
+    """The buffer's slots past the payload: the flags, then the ranks'
+    losses, then their examples (rank k writes its own, the others zeros
+    there; the drain at the end carries a rank's last ones)."""
+    return FLAGS + 2 * world
 
 
 def _zero(a) -> None:
@@ -122,9 +129,12 @@ class RankWorker(Worker):
         self.server = np.array(w0, copy=True)
         self.state = rule.init(n, w0.dtype) if start.state is None else start.state
         self.work = self.server if strategy.shared_params else np.array(w0, copy=True)
-        self.buf = np.zeros(n + FLAGS + self.world, dtype=w0.dtype)
+        self.buf = np.zeros(n + flag_width(self.world), dtype=w0.dtype)
         self.last_loss = 0.0
         self.losses_seen = None  # rank 0: every rank's loss, as the last step's flags had them
+        self.own = LOSS + self.world + self.rank  # this rank's examples slot
+        self.examples_sent = 0  # this rank's examples its collectives have carried
+        self.rank_examples = np.zeros(self.world)  # rank 0: every rank's, as they carried them
         self.grad, self.flags = self.buf[:n], self.buf[n:]
         self.whole = comm.tensor(self.buf)
         self.xp = np  # the arrays' functions (``arrays.namespace``)
@@ -170,7 +180,7 @@ class RankWorker(Worker):
         if shm is None and not self.compressed and strategy.raw_gradients \
                 and problem.backward is not None \
                 and engine.bucket_mb > 0:
-            self.buckets = Buckets(problem, self.buf, FLAGS + self.world, comm,
+            self.buckets = Buckets(problem, self.buf, flag_width(self.world), comm,
                                    int(engine.bucket_mb * 2**20))
         # the step's update (``server/core.py``), on the replica where it lives now
         self.core = ServerCore(self.server, rule, self.state)
@@ -196,7 +206,7 @@ class RankWorker(Worker):
         result are host copies."""
         import torch
 
-        width = FLAGS + self.world
+        width = flag_width(self.world)
         self.server = torch.from_numpy(self.server).to(device)
         self.work = self.server if self.strategy.shared_params else self.server.clone()
         self.state = type(self.state)(*(torch.from_numpy(a).to(device) for a in self.state))
@@ -237,10 +247,15 @@ class RankWorker(Worker):
         """Join the others' collectives with nothing until none is active."""
         while True:
             _zero(self.buf)
+            self.flags[:] = 0
+            self.flags[self.own] = self.examples - self.examples_sent
+            if self.dflags is not None:
+                self.dflags.copy_(self.readback[:-1], non_blocking=True)
             if self.compressed:
                 self._gather(None, "the end of the run", ACTIVE, drain=True)
             else:
                 self._reduce("the end of the run")
+            self._count_examples()
             if self.flags[ACTIVE] == 0:
                 return
 
@@ -325,6 +340,7 @@ class RankWorker(Worker):
         if own:
             self.flags[SIGNALLED + STOP_SIGNALS.index(own)] = 1
         self.flags[LOSS + self.rank] = self.last_loss
+        self.flags[self.own] = self.examples - self.examples_sent
         if self.dflags is not None:  # ordered before the collective on the device's stream
             self.dflags.copy_(self.readback[:-1], non_blocking=True)
 
@@ -473,15 +489,24 @@ class RankWorker(Worker):
         return np.zeros(1, dtype=np.int64)
 
     # -- after every collective ---------------------------------------------
+    def _count_examples(self) -> None:
+        """After a collective: the examples it carried are sent (each rank's
+        slot holds its own alone: the others wrote zeros there)."""
+        self.examples_sent += int(self.flags[self.own])
+        if self.due is not None:
+            self.rank_examples += self.flags[LOSS + self.world:]
+
     def _after_collective(self) -> None:
         self.step += 1
+        self._count_examples()
         stop = self.flags[STOP] > 0
         if self.every and self.step % self.every == 0:
             held = self.gather_ranks()  # every rank takes part
             if self.rank == 0:
                 self.save_checkpoint(held=held)
         if self.due is not None:
-            self.losses_seen = self.flags[LOSS:].copy()  # (the end's drain zeroes the flags)
+            # (the end's drain zeroes the flags)
+            self.losses_seen = self.flags[LOSS:LOSS + self.world].copy()
             now, examples = self._now()
             reason = self.due.look(  # every rank's loss came with the collective
                 now, examples, lambda: (self.server, self.updates, self.dropped, self.own_local()),
@@ -501,9 +526,12 @@ class RankWorker(Worker):
                 self.examples_before + self.examples * self.world)
 
     def _losses(self) -> tuple[dict, None]:
-        """Every rank's last loss, as the last collective's flags carried it."""
+        """Every rank's last loss, as the last collective's flags carried it,
+        its examples so far, and its updates: every rank applies each
+        collective's update to its replica, so each has the run's."""
         seen = [] if self.losses_seen is None else self.losses_seen
-        return {k: {"loss": float(loss)} for k, loss in enumerate(seen)}, None
+        return {k: {"loss": float(loss), "examples": int(self.rank_examples[k]),
+                    "updates": self.updates} for k, loss in enumerate(seen)}, None
 
     def last_live(self) -> None:
         """Rank 0: the run's last live row, once its program has ended."""
@@ -636,7 +664,7 @@ def run_rank(engine, problem, rule, strategy, w0, workers, batch_size, seed, bud
         seed_worker(problem, seed, rank, strategy.gradients_before(job))
         compressed = engine.compression.active
         if not compressed and uses_shm(engine.reduce_via, comm.backend, env):
-            shm = open_shm_reduce(comm, w.size + FLAGS + comm.world, w.dtype, engine.timeout,
+            shm = open_shm_reduce(comm, w.size + flag_width(comm.world), w.dtype, engine.timeout,
                                   required=engine.reduce_via == "shm")
         worker = RankWorker(comm, problem, rule, strategy, w, job, recorder, engine, start, shm,
                             stop)
