@@ -20,9 +20,10 @@ among the partitions that hold its rows. A torch model that cannot train
 on a pass of fewer than ``fewest`` rows (a BatchNorm over one value per
 channel: ``placement.check_fewest_rows``, which refuses a partition that
 small, and a batch or worker's part that small in all) would fail where a
-batch's draw gives a larger partition fewer rows of it: that share is left out of the step (``usable``), which is then the
-mean over the rows taken, and only those count as its examples (the ids
-left out come back, so the driver takes them off their workers' counts).
+batch's draw gives a larger partition fewer rows of it: that share is left
+out of the step (``usable``), which is then the mean over the rows taken,
+and only those count as its examples (the ids left out come back, so the
+driver takes them off their workers' counts).
 With ``fewest`` 1 (every other model) nothing is left out.
 """
 from __future__ import annotations
