@@ -203,6 +203,25 @@ class ReportsLoss(FaultyProblem):
         return (self.first if self.calls <= self.count else self.then), grad
 
 
+class CountsLoss(ReportsLoss):
+    """Trains as the inner problem does, but says its mini-batch loss is the
+    gradient's number on its worker (1, 2, ...) plus 1000 times the worker's
+    rank: the losses of any stretch of a worker's steps are known."""
+
+    def __init__(self, inner: Problem):
+        super().__init__(inner, 0.0)
+
+    def for_worker(self, rank, workers):
+        clone = CountsLoss(self.inner.for_worker(rank, workers))
+        clone.rank = rank
+        return clone
+
+    def gradient(self, w, indices, out=None, accumulate=False):
+        self.calls += 1
+        _, grad = self.inner.gradient(w, indices, out, accumulate)
+        return float(self.calls + 1000 * self.rank), grad
+
+
 class TellsDrops(SGD):
     """SGD that appends a line to the file ``told_file`` each time it is
     told of a dropped update (``Rule.on_dropped``): the size of the

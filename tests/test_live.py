@@ -454,6 +454,38 @@ def test_torch_writes_each_ranks_loss(tmp_path):
     after_run(out, 2)
 
 
+@pytest.mark.torchrun
+def test_torch_rows_read_each_ranks_mean_loss_since_the_row_before(tmp_path):
+    """Rank k's i-th mini-batch loss is i + 1000 k (``CountsLoss``). A row
+    at step S (the run's examples: every rank has taken t = S / B steps,
+    whose losses came with the collectives; no gradient buckets on a NumPy
+    problem) reads the mean of rank k's losses t' + 1 .. t, t' the row
+    before's; run/minibatch_loss the two ranks' mean. The rows read each
+    rank's last loss before the row (t + 1000 k)."""
+    from faulty import CountsLoss
+
+    from monsoon.problems import make_problem
+
+    out, batch, steps = tmp_path / "run", 16, 300
+    monsoon.train(CountsLoss(make_problem("exp")), "sync", 2, engine="torch", steps=steps,
+                  batch_size=batch, seed=0, out=out, progress=False, live_every=0.005,
+                  timeout=60)
+    found = scalars(out / "tb")
+    means = {}
+    for k in range(2):
+        before, windows = 0, []
+        for step, value in found[f"loss/worker-{k}"]:
+            assert step % batch == 0, step  # (B: the step's batch, over both ranks)
+            t = step // batch
+            assert value == pytest.approx((before + 1 + t) / 2 + 1000 * k), (k, step, before)
+            means[step] = means.get(step, 0.0) + value / 2
+            windows.append(t - before)
+            before = t
+        assert before == steps, k
+        assert max(windows) > 1, windows  # a mean of several losses, not one
+    assert dict(found["run/minibatch_loss"]) == pytest.approx(means)
+
+
 def own_event_files(out: Path) -> list:
     from monsoon.record.events import OWN_PATTERN
 

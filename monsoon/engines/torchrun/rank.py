@@ -3,9 +3,11 @@ local and Ray engines run) and carries out each op with torch.distributed.
 
 Every rank holds a replica of the parameters and the server rule's state;
 every collective is one sum all-reduce of a buffer ``[payload (n
-parameters), examples, active, stop, signalled, loss_k, examples_k ...]``
-(rank k's last loss and its examples since its last collective: rank 0's
-live series get every rank's; ``flag_width``):
+parameters), examples, active, stop, signalled, loss_k, examples_k,
+losses_k ...]`` (rank k's sum of its mini-batch losses, its examples and
+the count of those losses, since its last collective: rank 0 adds up every
+rank's, and its live rows have each rank's mean loss since the last row;
+``flag_width``):
 
 - ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
   rescales by B / sum_k n_k where a batch is short, which gives the
@@ -54,6 +56,7 @@ from ...problems.base import seed_worker
 from ...strategies import WorkerJob
 from ...strategies.ops import AllReduce, Average, Fetch
 from ...record import checkpoints
+from ...record.live import LOSS_CELLS, add_loss
 from ...record.progress import counts
 from ...monitor.due import Due
 from ...monitor.lifecycle import STOP_SIGNALS, sigterm_deferred, stop_reason, stop_requested
@@ -68,14 +71,15 @@ from .collectives import Collectives, agent_restarts, launch_id, rank_env
 from .shm_reduce import open_shm_reduce, uses_shm
 
 EXAMPLES, ACTIVE, STOP, SIGNALLED = 0, 1, 2, 3  # SIGNALLED: a slot per stop signal
-LOSS = FLAGS = SIGNALLED + len(STOP_SIGNALS)  # the flags, the ranks' losses, their examples
+# the flags, then per rank: its losses' sum, its examples, its losses' count
+LOSS = FLAGS = SIGNALLED + len(STOP_SIGNALS)
 
 
 def flag_width(world: int) -> int:
     """The buffer's slots past the payload: the flags, then the ranks'
-    losses, then their examples (rank k writes its own, the others zeros
-    there; the drain at the end carries a rank's last ones)."""
-    return FLAGS + 2 * world
+    loss sums, their examples, their loss counts (rank k writes its own,
+    the others zeros there; the drain at the end carries a rank's last ones)."""
+    return FLAGS + 3 * world
 
 
 def _zero(a) -> None:
@@ -130,11 +134,13 @@ class RankWorker(Worker):
         self.state = rule.init(n, w0.dtype) if start.state is None else start.state
         self.work = self.server if strategy.shared_params else np.array(w0, copy=True)
         self.buf = np.zeros(n + flag_width(self.world), dtype=w0.dtype)
-        self.last_loss = 0.0
-        self.losses_seen = None  # rank 0: every rank's loss, as the last step's flags had them
+        # this rank's mini-batch losses since it last wrote its flags: their sum, their count
+        self.loss_sum, self.loss_n = 0.0, 0
         self.own = LOSS + self.world + self.rank  # this rank's examples slot
         self.examples_sent = 0  # this rank's examples its collectives have carried
         self.rank_examples = np.zeros(self.world)  # rank 0: every rank's, as they carried them
+        # rank 0: every rank's losses (``add_loss``'s cells), once a collective carried them
+        self.rank_losses = None
         self.grad, self.flags = self.buf[:n], self.buf[n:]
         self.whole = comm.tensor(self.buf)
         self.xp = np  # the arrays' functions (``arrays.namespace``)
@@ -248,14 +254,14 @@ class RankWorker(Worker):
         while True:
             _zero(self.buf)
             self.flags[:] = 0
-            self.flags[self.own] = self.examples - self.examples_sent
+            self._own_figures()
             if self.dflags is not None:
                 self.dflags.copy_(self.readback[:-1], non_blocking=True)
             if self.compressed:
                 self._gather(None, "the end of the run", ACTIVE, drain=True)
             else:
                 self._reduce("the end of the run")
-            self._count_examples()
+            self._count_figures()
             if self.flags[ACTIVE] == 0:
                 return
 
@@ -339,8 +345,7 @@ class RankWorker(Worker):
         own = stop_requested() if self.rank else None  # this process's own, for rank 0
         if own:
             self.flags[SIGNALLED + STOP_SIGNALS.index(own)] = 1
-        self.flags[LOSS + self.rank] = self.last_loss
-        self.flags[self.own] = self.examples - self.examples_sent
+        self._own_figures()
         if self.dflags is not None:  # ordered before the collective on the device's stream
             self.dflags.copy_(self.readback[:-1], non_blocking=True)
 
@@ -356,9 +361,18 @@ class RankWorker(Worker):
         self.count_gradient(len(op.indices), loss)
         return loss, self.grad
 
+    def _own_figures(self) -> None:
+        """This rank's slots of the flags: its losses since it last wrote
+        them (their sum and count: sent now) and its examples not sent yet."""
+        self.flags[LOSS + self.rank] = self.loss_sum
+        self.flags[self.own] = self.examples - self.examples_sent
+        self.flags[self.own + self.world] = self.loss_n
+        self.loss_sum, self.loss_n = 0.0, 0
+
     def count_gradient(self, examples, loss):
         self.examples += examples
-        self.last_loss = float(loss)  # travels with the next step's flags
+        self.loss_sum += float(loss)  # travels with the next flags (a NaN, an Inf: as they are)
+        self.loss_n += 1
 
     def all_reduce(self, op):
         if self.compressed:
@@ -489,24 +503,31 @@ class RankWorker(Worker):
         return np.zeros(1, dtype=np.int64)
 
     # -- after every collective ---------------------------------------------
-    def _count_examples(self) -> None:
+    def _count_figures(self) -> None:
         """After a collective: the examples it carried are sent (each rank's
-        slot holds its own alone: the others wrote zeros there)."""
+        slot holds its own alone: the others wrote zeros there); rank 0 adds
+        every rank's examples and losses to its totals."""
         self.examples_sent += int(self.flags[self.own])
-        if self.due is not None:
-            self.rank_examples += self.flags[LOSS + self.world:]
+        if self.due is None:
+            return
+        world = self.world
+        self.rank_examples += self.flags[LOSS + world:LOSS + 2 * world]
+        if self.rank_losses is None:
+            self.rank_losses = np.zeros((world, LOSS_CELLS))
+        for k, (total, n) in enumerate(zip(self.flags[LOSS:LOSS + world],
+                                           self.flags[LOSS + 2 * world:LOSS + 3 * world])):
+            if n > 0:
+                add_loss(self.rank_losses[k], total, int(n))
 
     def _after_collective(self) -> None:
         self.step += 1
-        self._count_examples()
+        self._count_figures()
         stop = self.flags[STOP] > 0
         if self.every and self.step % self.every == 0:
             held = self.gather_ranks()  # every rank takes part
             if self.rank == 0:
                 self.save_checkpoint(held=held)
         if self.due is not None:
-            # (the end's drain zeroes the flags)
-            self.losses_seen = self.flags[LOSS:LOSS + self.world].copy()
             now, examples = self._now()
             reason = self.due.look(  # every rank's loss came with the collective
                 now, examples, lambda: (self.server, self.updates, self.dropped, self.own_local()),
@@ -526,12 +547,13 @@ class RankWorker(Worker):
                 self.examples_before + self.examples * self.world)
 
     def _losses(self) -> tuple[dict, None]:
-        """Every rank's last loss, as the last collective's flags carried it,
-        its examples so far, and its updates: every rank applies each
-        collective's update to its replica, so each has the run's."""
-        seen = [] if self.losses_seen is None else self.losses_seen
-        return {k: {"loss": float(loss), "examples": int(self.rank_examples[k]),
-                    "updates": self.updates} for k, loss in enumerate(seen)}, None
+        """Every rank's losses and examples so far, as the collectives
+        carried them (the live row: its mean loss since the last row), and
+        its updates: every rank applies each collective's update to its
+        replica, so each has the run's. None before the first collective."""
+        seen = [] if self.rank_losses is None else self.rank_losses
+        return {k: {"losses": cells, "examples": int(self.rank_examples[k]),
+                    "updates": self.updates} for k, cells in enumerate(seen)}, None
 
     def last_live(self) -> None:
         """Rank 0: the run's last live row, once its program has ended."""
