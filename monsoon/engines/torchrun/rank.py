@@ -3,11 +3,9 @@ local and Ray engines run) and carries out each op with torch.distributed.
 
 Every rank holds a replica of the parameters and the server rule's state;
 every collective is one sum all-reduce of a buffer ``[payload (n
-parameters), examples, active, stop, signalled, loss_k, examples_k,
-losses_k ...]`` (rank k's sum of its mini-batch losses, its examples and
-the count of those losses, since its last collective: rank 0 adds up every
-rank's, and its live rows have each rank's mean loss since the last row;
-``flag_width``):
+parameters), examples, active, stop, signalled, loss_k, examples_k, count_k ...]``
+(rank k's losses' sum, examples and losses' count since its last collective;
+rank 0's live rows: each rank's mean loss since the last row; ``flag_width``):
 
 - ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
   rescales by B / sum_k n_k where a batch is short, which gives the
