@@ -222,6 +222,25 @@ class CountsLoss(ReportsLoss):
         return float(self.calls + 1000 * self.rank), grad
 
 
+class CountedMSE:
+    """A torch problem's loss function that trains as mean squared error but
+    says its value is the training step's number on its rank (1, 2, ...)
+    plus 1000 times the rank (RANK, under torchrun): ``CountsLoss`` for a
+    torch model (the torch engine's gradient buckets)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, out, target):
+        import torch
+
+        mse = torch.nn.functional.mse_loss(out, target)
+        if not torch.is_grad_enabled():  # an evaluation, not a step
+            return mse
+        self.calls += 1
+        return mse - mse.detach() + (self.calls + 1000 * int(os.environ.get("RANK", 0)))
+
+
 class TellsDrops(SGD):
     """SGD that appends a line to the file ``told_file`` each time it is
     told of a dropped update (``Rule.on_dropped``): the size of the

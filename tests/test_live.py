@@ -486,6 +486,46 @@ def test_torch_rows_read_each_ranks_mean_loss_since_the_row_before(tmp_path):
     assert dict(found["run/minibatch_loss"]) == pytest.approx(means)
 
 
+@pytest.mark.torchrun
+@pytest.mark.parametrize("resident", [False, True])
+def test_torch_rows_in_gradient_buckets_read_each_step_with_its_own_collective(tmp_path,
+                                                                             resident):
+    """As above, with a torch model whose all-reduce runs in buckets during
+    backward: a step's examples and loss ride in its own first bucket (the
+    loss written once forward has computed it: into the host flags, or
+    into the device buffer's for a ``resident`` model), so each row at step
+    S holds exactly t = S / B steps per rank, the mean of rank k's losses
+    t' + 1 .. t."""
+    import torch
+    from faulty import CountedMSE
+    from torch import nn
+
+    from monsoon.problems import TorchProblem
+
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(64, 4, generator=g)
+    torch.manual_seed(0)
+    problem = TorchProblem(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)),
+                           CountedMSE(), X, X[:, :1].sin())
+    problem.resident = resident  # the ranks' arrays: tensors, the flags in the buffer
+    out, batch, steps = tmp_path / "run", 16, 60
+    run = monsoon.train(problem, "sync", 2, engine="torch", steps=steps, batch_size=batch,
+                        seed=0, lr=0.01, out=out, progress=False, live_every=0.001, evals=0,
+                        reduce_via="backend", timeout=60)
+    assert run.summary["bucket_count"] == 1 and run.summary["examples"] == steps * batch
+    found = scalars(out / "tb")
+    for k in range(2):
+        before = 0
+        for step, value in found[f"loss/worker-{k}"]:
+            assert step % batch == 0, step
+            t = step // batch
+            assert t > before and value == pytest.approx((before + 1 + t) / 2 + 1000 * k), \
+                (k, step, before)
+            before = t
+        assert before == steps, k
+    assert len(found["loss/worker-0"]) > 2
+
+
 def own_event_files(out: Path) -> list:
     from monsoon.record.events import OWN_PATTERN
 

@@ -576,3 +576,68 @@ def test_a_third_party_strategy_without_exact_checkpoints_is_refused_a_resume(tm
     engine.preflight(Problem(), PrivateSync(), 2, 4)
     with pytest.raises(ConfigError, match="resumes runs whose ranks share the parameters"):
         rank._resume_point(engine, Comm(), None, PrivateSync(), np.zeros(3), None)
+
+
+# 100 rows in batches of 16 over 3 ranks: six steps of 16 (parts 6, 5, 5) and one of
+# 4 (2, 1, 1) an epoch; rank 0's part times the ranks is not the step's batch
+UNEVEN = dict(batch_size=16, seed=0, lr=0.05, progress=False, timeout=60)
+
+
+def _uneven_problem() -> TorchProblem:
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(100, 4, generator=g)
+    torch.manual_seed(0)
+    return TorchProblem(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)),
+                        nn.MSELoss(), X, X[:, :1].sin())
+
+
+def _examples_after(updates: int) -> int:
+    """The examples the three ranks computed for ``updates`` steps of the plan."""
+    epochs, steps = divmod(updates, 7)
+    return 100 * epochs + 16 * min(steps, 6)
+
+
+@pytest.mark.parametrize("reduce_via,buckets", [("shm", None), ("backend", 1)])
+def test_rows_count_every_ranks_examples_with_uneven_shards(tmp_path, reduce_via, buckets):
+    """Each curve row and live row counts the examples the ranks really
+    computed for the updates its parameters hold (their sum, as the flags
+    carried them), in one all-reduce or in gradient buckets (where a step's
+    examples ride in its own first bucket), and the summary the same."""
+    from test_live import scalars
+
+    from monsoon.record import read_metrics
+
+    out = tmp_path / "run"
+    run = monsoon.train(_uneven_problem(), "sync", 3, engine="torch", epochs=2, evals=20,
+                        out=out, reduce_via=reduce_via, live_every=0.001, **UNEVEN)
+    assert run.summary["bucket_count"] == buckets
+    assert run.summary["updates"] == 14 and run.summary["examples"] == 200
+    rows = read_metrics(out / "metrics.csv")
+    assert len(rows) > 3 and rows[-1]["updates"] == 14
+    for row in rows:
+        assert row["examples"] == _examples_after(row["updates"]), row
+    exact = {_examples_after(u) for u in range(15)}
+    live = [step for step, _ in scalars(out / "tb")["run/minibatch_loss"]]
+    assert live and set(live) <= exact and live[-1] == 200, live
+
+
+def test_checkpoints_and_a_resumed_run_count_every_ranks_examples(tmp_path):
+    """Uneven shards: each periodic checkpoint holds the examples of the
+    steps it holds, and a run resumed from one counts on from there: its
+    rows and summary are those of an uninterrupted run."""
+    from monsoon.record import checkpoints, read_metrics
+
+    opts = dict(engine="torch", epochs=2, evals=20, **UNEVEN)
+    monsoon.train(_uneven_problem(), "sync", 3, out=tmp_path / "a", checkpoint_every=3, **opts)
+    files = checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")
+    for path in files:
+        meta = checkpoints.read(path).meta
+        assert meta["examples"] == _examples_after(meta["step"]), meta
+    for newer in files[:-1]:  # as a run killed after its oldest kept one left it
+        newer.unlink()
+    assert checkpoints.read(files[-1]).meta["step"] == 9  # past the first epoch's short step
+    resumed = monsoon.train(_uneven_problem(), "sync", 3, out=tmp_path / "b",
+                            resume=str(tmp_path / "a"), **opts)
+    assert resumed.summary["updates"] == 14 and resumed.summary["examples"] == 200
+    for row in read_metrics(tmp_path / "b" / "metrics.csv"):
+        assert row["examples"] == _examples_after(row["updates"]), row

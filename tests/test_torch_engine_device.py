@@ -36,11 +36,11 @@ class Seen(TorchProblem):
     each backward pass computed at (the ranks run in processes of their own)."""
     log = None
 
-    def _backward(self, w, indices, fresh):  # under gradient() and backward() alike
+    def _backward(self, w, indices, fresh, on_loss=None):  # under gradient() and backward()
         if self.log is not None:
             with open(Path(self.log) / f"{os.getpid()}.txt", "a") as f:
                 f.write(f"{type(w).__name__} {arrays.is_tensor(w) and w.data_ptr()}\n")
-        return super()._backward(w, indices, fresh)
+        return super()._backward(w, indices, fresh, on_loss)
 
 
 def _problem(log=None) -> TorchProblem:

@@ -527,14 +527,16 @@ class TorchModel(Problem):
             self._grad_host_t = torch.from_numpy(self._grad_host)
         return self._grad_host_t
 
-    def backward(self, w, indices, fresh: bool = True) -> float:
+    def backward(self, w, indices, fresh: bool = True, on_loss=None) -> float:
         """Forward and backward over ``indices`` at ``w``; returns the mean
         loss. ``fresh``: each parameter's ``.grad`` is autograd's own new
         tensor, for the caller to take (the torch engine's gradient hooks);
-        otherwise autograd adds into the ``.grad`` already there."""
-        return float(self._backward(w, indices, fresh))
+        otherwise autograd adds into the ``.grad`` already there.
+        ``on_loss(loss)``: called with the detached loss tensor between
+        forward and backward (the torch engine's flags, ``buckets.py``)."""
+        return float(self._backward(w, indices, fresh, on_loss))
 
-    def _backward(self, w, indices, fresh: bool):
+    def _backward(self, w, indices, fresh: bool, on_loss=None):
         """``backward``'s work; the loss stays a tensor where it was computed."""
         self._placed()
         self._use(w)
@@ -548,6 +550,8 @@ class TorchModel(Problem):
         xb, yb = self._rows(indices)
         with self._autocast():
             loss = self.loss_fn(self.module(xb), yb)
+        if on_loss is not None:
+            on_loss(loss.detach())
         loss.backward()
         return loss.detach()
 

@@ -353,11 +353,23 @@ class RankWorker(Worker):
             return super().gradient(op)
         if op.next is not None and self.problem.prefetch is not None:
             self.problem.prefetch(op.next)
+        # this step's examples and loss ride in its own flags (the first
+        # bucket): the examples now, the loss once forward has computed it
+        self.examples += len(op.indices)
+        self.loss_n += 1
         self._flags(len(op.indices))
         loss = self.buckets.gradient(self.work, op.indices,
-                                     len(op.indices) * op.weight / self.unit)
-        self.count_gradient(len(op.indices), loss)
+                                     len(op.indices) * op.weight / self.unit, self._own_loss)
         return loss, self.grad
+
+    def _own_loss(self, loss) -> None:
+        """The bucket path: this step's loss (a tensor, after forward, before
+        backward starts any bucket) into this rank's loss slot; device flags
+        take it on the device (no read), host flags as a float."""
+        if self.dflags is None:
+            self.flags[LOSS + self.rank] += float(loss)
+        else:
+            self.dflags[LOSS + self.rank].add_(loss)
 
     def _own_figures(self) -> None:
         """This rank's slots of the flags: its losses since it last wrote
@@ -540,9 +552,11 @@ class RankWorker(Worker):
             raise _Stop()
 
     def _now(self) -> tuple[float, int]:
-        """The run's time and examples so far (a resumed run's included)."""
+        """Rank 0: the run's time and examples so far (a resumed run's
+        included): every rank's examples as the collectives carried them,
+        those of the updates its replica holds (shards may be uneven)."""
         return (self.time_before + time.perf_counter() - self.t0,
-                self.examples_before + self.examples * self.world)
+                self.examples_before + int(self.rank_examples.sum()))
 
     def _losses(self) -> tuple[dict, None]:
         """Every rank's losses and examples so far, as the collectives
