@@ -13,7 +13,9 @@ starts an asynchronous all-reduce while backward goes on with the earlier
 layers. After backward the parameters the loss did not use get zeros, the
 buckets not started yet start, and every one is waited for: the buffer
 holds sum_k (n_k / B) g_k, and its flags (``FLAGS`` slots after the
-gradient, sent with the first bucket) sum_k n_k and the other flags.
+gradient, sent with the first bucket) sum_k n_k and the other flags: the
+rank's own examples and loss of this step too, the loss written between
+forward and backward (``on_loss``), before any bucket starts.
 
 The buffer is a NumPy array in host memory, or a tensor on the rank's
 device (``rank.py``: the ranks' arrays on a GPU): then each hook's scaled

@@ -4,15 +4,15 @@ local and Ray engines run) and carries out each op with torch.distributed.
 Every rank holds a replica of the parameters and the server rule's state;
 every collective is one sum all-reduce of a buffer ``[payload (n
 parameters), examples, active, stop, signalled, loss_k, examples_k, count_k ...]``
-(rank k's losses' sum, examples and losses' count since its last collective;
-rank 0's live rows: each rank's mean loss since the last row; ``flag_width``):
+(rank k's losses' sum, examples, losses' count since its last collective, its
+step's included; rank 0 sums them: rows' examples, losses; ``flag_width``):
 
 - ``AllReduce`` (sync): payload (n_k / B) g_k, B the batch size; every rank
   rescales by B / sum_k n_k where a batch is short, which gives the
   example-weighted mean gradient (the full-batch gradient), and applies
   the rule to its replica: as after DDP's all-reduce, the replicas stay
-  identical because the all-reduce hands every rank the same sum. For torch
-  problems the all-reduce runs in buckets during backward (``buckets.py``).
+  identical because the all-reduce hands every rank the same sum. Torch
+  problems: in buckets during backward, the flags in the first (``buckets.py``).
 - ``Average`` (local SGD, DiLoCo): payload n_k (theta - theta_k), the
   drift; the server's (outer) rule applies the mean drift to the replica,
   and the working copy is reset to it. An inner rule's sums (AdaGrad's)
