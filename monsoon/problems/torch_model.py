@@ -527,17 +527,17 @@ class TorchModel(Problem):
             self._grad_host_t = torch.from_numpy(self._grad_host)
         return self._grad_host_t
 
-    def backward(self, w, indices, fresh: bool = True, on_loss=None) -> float:
+    def backward(self, w, indices, fresh: bool = True) -> float:
         """Forward and backward over ``indices`` at ``w``; returns the mean
         loss. ``fresh``: each parameter's ``.grad`` is autograd's own new
         tensor, for the caller to take (the torch engine's gradient hooks);
-        otherwise autograd adds into the ``.grad`` already there.
-        ``on_loss(loss)``: called with the detached loss tensor between
-        forward and backward (the torch engine's flags, ``buckets.py``)."""
-        return float(self._backward(w, indices, fresh, on_loss))
+        otherwise autograd adds into the ``.grad`` already there."""
+        return float(self._backward(w, indices, fresh))
 
     def _backward(self, w, indices, fresh: bool, on_loss=None):
-        """``backward``'s work; the loss stays a tensor where it was computed."""
+        """``backward``'s work; the loss stays a tensor where it was computed.
+        ``on_loss(loss)``: called with it between forward and backward (the
+        torch engine's flags, ``buckets.py``)."""
         self._placed()
         self._use(w)
         if fresh:  # autograd hands over fresh tensors: one copy, no zeroing pass

@@ -102,14 +102,14 @@ class Buckets:
         self.left[k] = -1  # started
         self.next = k + 1
 
-    def gradient(self, w, indices, weight: float, on_loss=None) -> float:
+    def gradient(self, w, indices, weight: float, on_loss=None):
         """Backward at ``w`` over ``indices``, all-reducing as it goes; the
         caller has written the flags, ``on_loss(loss)`` (the loss tensor,
-        before any bucket starts) may add to them. ``finish`` completes the
-        step."""
+        before any bucket starts) may add to them. Returns the loss tensor;
+        ``finish`` completes the step."""
         self.begin(weight)
         try:
-            return self.problem.backward(w, indices, fresh=True, on_loss=on_loss)
+            return self.problem._backward(w, indices, True, on_loss)
         except BaseException:
             self.armed = False
             raise

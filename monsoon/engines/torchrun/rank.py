@@ -134,6 +134,7 @@ class RankWorker(Worker):
         self.buf = np.zeros(n + flag_width(self.world), dtype=w0.dtype)
         # this rank's mini-batch losses since it last wrote its flags: their sum, their count
         self.loss_sum, self.loss_n = 0.0, 0
+        self.read_loss = 0.0  # the bucket path, host flags: this step's loss (``_own_loss``)
         self.own = LOSS + self.world + self.rank  # this rank's examples slot
         self.examples_sent = 0  # this rank's examples its collectives have carried
         self.rank_examples = np.zeros(self.world)  # rank 0: every rank's, as they carried them
@@ -360,14 +361,16 @@ class RankWorker(Worker):
         self._flags(len(op.indices))
         loss = self.buckets.gradient(self.work, op.indices,
                                      len(op.indices) * op.weight / self.unit, self._own_loss)
-        return loss, self.grad
+        return (self.read_loss if self.dflags is None else float(loss)), self.grad
 
     def _own_loss(self, loss) -> None:
         """The bucket path: this step's loss (a tensor, after forward, before
         backward starts any bucket) into this rank's loss slot; device flags
-        take it on the device (no read), host flags as a float."""
+        take it on the device (no read: the step's one read is after
+        backward), host flags as a float, read once (``read_loss``)."""
         if self.dflags is None:
-            self.flags[LOSS + self.rank] += float(loss)
+            self.read_loss = float(loss)
+            self.flags[LOSS + self.rank] += self.read_loss
         else:
             self.dflags[LOSS + self.rank].add_(loss)
 
