@@ -576,3 +576,16 @@ def test_a_third_party_strategy_without_exact_checkpoints_is_refused_a_resume(tm
     engine.preflight(Problem(), PrivateSync(), 2, 4)
     with pytest.raises(ConfigError, match="resumes runs whose ranks share the parameters"):
         rank._resume_point(engine, Comm(), None, PrivateSync(), np.zeros(3), None)
+
+
+def test_a_torch_run_stops_at_its_target_before_its_budget():
+    """--target-loss stops a torch engine run as a local one
+    (``test_target_stop.py``): rank 0 evaluates its rows as it takes them,
+    and the first at the target stops every rank after the next collective."""
+    run = monsoon.train("logistic", "sync", 2, engine="torch", steps=3000, seed=0,
+                        target_loss=0.45, progress=False, timeout=30)
+    s = run.summary
+    assert s["status"] == "reached target" and "stopped" not in s, s
+    assert s["stopped_at_target"].startswith("reached the target loss 0.45"), s
+    assert s["updates"] < 3000 and s["final_loss"] <= 0.45, s
+    assert run.problem.loss(run.params) == pytest.approx(s["final_loss"], rel=1e-5)
