@@ -10,8 +10,8 @@ Each worker process sets its torch thread count so that workers x threads
 The calling process is the monitor (``monitor.py``): it starts the workers and waits (with
 ``start_timeout``) until every one is ready, which is ``startup_s``; then it
 releases them together and, until they finish, snapshots the parameters
-for the loss curve (the recorder evaluates them after the run), drives the
-progress bar, and watches for failure. Between looks it sleeps on the
+for the loss curve (evaluated after the run; with a target loss, as taken:
+the first at it stops the run), drives the progress bar, and watches for failure. Between looks it sleeps on the
 workers' pipes and process sentinels (``monitor/pool.py``; threads: their
 queue's doorbell), so a message, a death or a stop signal wakes it at
 once; otherwise it sleeps until the next row is due at the run's pace so
