@@ -54,8 +54,10 @@ RUN_OPTIONS = (
     Option("precision", str, "32", "torch problems: 32 (the module's own dtype), or bf16 "
            "(autocast in bfloat16, float32 master weights); docs/gpu.md",
            choices=("32", "bf16")),
-    Option("target_loss", float, None, "report the time to reach this loss (the spark engine "
-           "stops there)"),
+    Option("target_loss", float, None, "stop the run once an evaluated loss is at or below "
+           "this, and report the time to reach it: the local, ray, torch and spark engines "
+           "stop there (not spark's sync on mini-batches); the sim runs its whole budget and "
+           "reports the time"),
     Option("tol", float, None, "stop once an epoch lowers the loss by less than this fraction "
            "of it, as MLlib's tol (the spark engine, which evaluates the loss while it runs; "
            "a problem's default tol goes with its default budget)",

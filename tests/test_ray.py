@@ -725,3 +725,16 @@ def _processes_naming(text: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def test_a_ray_run_stops_at_its_target_before_its_budget():
+    """--target-loss stops a Ray run as a local one (``test_target_stop.py``):
+    the driver's rows are evaluated as they are taken, and the first at the
+    target ends the run, with the parameters that check found."""
+    run = monsoon.train("logistic", "async", 2, engine="ray", shards=1, steps=3000,
+                        target_loss=0.45, progress=False)
+    s = run.summary
+    assert s["status"] == "reached target" and "stopped" not in s, s
+    assert s["stopped_at_target"].startswith("reached the target loss 0.45"), s
+    assert s["updates"] < 3000 and s["final_loss"] <= 0.45, s
+    assert run.problem.loss(run.params) == pytest.approx(s["final_loss"], rel=1e-5)

@@ -48,7 +48,9 @@ def test_run_folder_has_the_contract_files(tmp_path):
         rows = list(csv.DictReader(f))
     assert {"time_s", "updates", "examples", "epoch", "loss"} <= set(rows[0])
     assert len(rows) >= 2 and float(rows[-1]["loss"]) == pytest.approx(summary["final_loss"])
-    assert int(rows[-1]["examples"]) == summary["examples"] == 3 * 256
+    # the loss is below 10 from the start: the run stops at its first checked row
+    assert int(rows[-1]["examples"]) == summary["examples"] <= 3 * 256
+    assert summary["status"] == "reached target"
     times = [float(r["time_s"]) for r in rows]
     assert times == sorted(times)
     config = json.loads((folder / "config.json").read_text())

@@ -641,3 +641,16 @@ def test_checkpoints_and_a_resumed_run_count_every_ranks_examples(tmp_path):
     assert resumed.summary["updates"] == 14 and resumed.summary["examples"] == 200
     for row in read_metrics(tmp_path / "b" / "metrics.csv"):
         assert row["examples"] == _examples_after(row["updates"]), row
+
+
+def test_a_torch_run_stops_at_its_target_before_its_budget():
+    """--target-loss stops a torch engine run as a local one
+    (``test_target_stop.py``): rank 0 evaluates its rows as it takes them,
+    and the first at the target stops every rank after the next collective."""
+    run = monsoon.train("logistic", "sync", 2, engine="torch", steps=3000, seed=0,
+                        target_loss=0.45, progress=False, timeout=30)
+    s = run.summary
+    assert s["status"] == "reached target" and "stopped" not in s, s
+    assert s["stopped_at_target"].startswith("reached the target loss 0.45"), s
+    assert s["updates"] < 3000 and s["final_loss"] <= 0.45, s
+    assert run.problem.loss(run.params) == pytest.approx(s["final_loss"], rel=1e-5)

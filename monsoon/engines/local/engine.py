@@ -10,8 +10,8 @@ Each worker process sets its torch thread count so that workers x threads
 The calling process is the monitor (``monitor.py``): it starts the workers and waits (with
 ``start_timeout``) until every one is ready, which is ``startup_s``; then it
 releases them together and, until they finish, snapshots the parameters
-for the loss curve (the recorder evaluates them after the run), drives the
-progress bar, and watches for failure. Between looks it sleeps on the
+for the loss curve (evaluated after the run; with a target loss, as taken:
+the first at it stops the run), drives the progress bar, and watches for failure. Between looks it sleeps on the
 workers' pipes and process sentinels (``monitor/pool.py``; threads: their
 queue's doorbell), so a message, a death or a stop signal wakes it at
 once; otherwise it sleeps until the next row is due at the run's pace so
@@ -275,8 +275,8 @@ class _InlineWatch:
                     self.watch = steps
 
     def record_if_due(self) -> None:
-        """Record a due curve row (a diverged one aborts the run), else hand
-        the live writer a due update."""
+        """Record a due curve row (a diverged one, or one at the target, aborts
+        the run), else hand the live writer a due update."""
         store, now = self.store, time.perf_counter() - self.t0
         at = self.resume.time_s + now
         if self.due.row(at, store.counters[:, EXAMPLES].sum()):
@@ -423,6 +423,10 @@ class LocalEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
+        # --target-loss: the rows' snapshots are evaluated as they are taken
+        # (cost-bounded, ``Recorder._check_target``), and the first at the
+        # target stops the run as a divergence does; without one, none is
+        recorder.check_target = recorder.target_loss is not None
         if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
             from .pipeline import run_pipeline
             return run_pipeline(self, strategy, problem, rule, w0, workers, batch_size, seed,
@@ -537,8 +541,8 @@ class LocalEngine(Engine):
         except Stopped:
             interrupted = stop_requested()
             stopped = stop_reason(interrupted)
-        except Aborted:
-            stopped = recorder.stop_reason
+        except Aborted:  # a divergence, or the target (``record_if_due``)
+            stopped = recorder.stop_reason or recorder.target_reason
         wall = time.perf_counter() - watch.t0
         ex, up, dropped, late = store.totals()
         watch.due.live(resume.time_s + wall, store.totals, watch.live_figures,

@@ -1,0 +1,79 @@
+"""``--target-loss`` stops a local run where its loss reaches the target, as
+it stops a Spark run: the curve's rows are evaluated as they are taken
+(``Recorder.check_target``, cost-bounded), the first at the target aborts
+the workers as a divergence does, and the summary says ``reached target``
+with ``stopped_at_target``; the run returns the parameters the check found
+(``target_params``). A run whose target is never met runs its whole
+budget; a run given no target evaluates nothing while it goes."""
+import json
+
+import pytest
+
+import monsoon
+from monsoon.record import checkpoints
+from monsoon.record.recorder import Recorder
+
+from test_record_cli import run_cli
+
+EPOCHS = 30  # "exp" falls from 1.56 to about 0.025 over them
+EASY = 0.2  # met within the first epochs on every path
+NEVER = 1e-4  # below what the budget reaches
+
+PATHS = [("serial", 1, {}),  # inline, in the calling thread
+         ("async", 2, {"backend": "threads"}),
+         ("sync", 2, {"backend": "processes"})]
+
+
+@pytest.mark.parametrize("strategy, workers, engine", PATHS, ids=[p[0] for p in PATHS])
+def test_a_local_run_stops_at_its_target_before_its_budget(strategy, workers, engine):
+    run = monsoon.train("exp", strategy, workers, epochs=EPOCHS, target_loss=EASY,
+                        progress=False, **engine)
+    s = run.summary
+    assert s["status"] == "reached target" and "stopped" not in s, s
+    assert s["stopped_at_target"].startswith(f"reached the target loss {EASY:g}"), s
+    assert s["epochs"] < EPOCHS, s["epochs"]
+    assert s["final_loss"] <= EASY and s["time_to_target_s"] is not None, s
+    assert run.history[-1]["loss"] == s["final_loss"] <= EASY
+    # the parameters returned are those the check found at the target
+    assert run.problem.loss(run.params) == pytest.approx(s["final_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("strategy, workers, engine", PATHS[:2], ids=[p[0] for p in PATHS[:2]])
+def test_a_target_never_met_runs_the_whole_budget(strategy, workers, engine):
+    run = monsoon.train("exp", strategy, workers, epochs=3, target_loss=NEVER,
+                        progress=False, **engine)
+    s = run.summary
+    assert s["status"] == "finished" and "stopped_at_target" not in s, s
+    assert s["epochs"] == pytest.approx(3) and s["time_to_target_s"] is None, s
+
+
+def test_only_a_run_given_a_target_evaluates_while_it_goes(monkeypatch):
+    """No slowdown for runs without --target-loss: their snapshots are
+    evaluated after the run only."""
+    checks = []
+    check = Recorder._check_target
+    monkeypatch.setattr(Recorder, "_check_target",
+                        lambda self, *a: (checks.append(a[1]), check(self, *a)))
+    for strategy, workers, engine in PATHS[:2]:
+        monsoon.train("exp", strategy, workers, epochs=2, progress=False, **engine)
+        assert checks == [], strategy
+        monsoon.train("exp", strategy, workers, epochs=2, target_loss=NEVER, progress=False,
+                      **engine)
+        assert checks, strategy
+        checks.clear()
+
+
+def test_a_run_stopped_at_its_target_is_finished_not_interrupted(tmp_path):
+    """With checkpoints written, the stop at the target is a run's end: the
+    command exits 0 and offers no --resume, and summary.json says why it
+    ended early."""
+    out = tmp_path / "run"
+    done = run_cli("train", "--problem", "exp", "--strategy", "sync", "--workers", "2",
+                   "--backend", "threads", "--epochs", str(EPOCHS), "--target-loss", str(EASY),
+                   "--checkpoint-every", "1", "--out", str(out))
+    assert checkpoints.checkpoint_files(out / "checkpoints")
+    assert done.returncode == 0, done.stderr
+    assert "--resume" not in done.stdout + done.stderr, done
+    assert done.stdout.strip().splitlines()[-1] == f"run folder: {out}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "reached target" and summary["epochs"] < EPOCHS, summary
