@@ -205,6 +205,9 @@ def _train(args) -> None:
                  if s["utilization"].get(key) is not None]
         print(f"utilization: {', '.join(parts) or 'none measured'}; "
               f"simulated in {s['real_time_s']:.3g} s")
+    early = s.get("stopped_at_target") or s.get("stopped_converged")
+    if early:  # the run ended before its budget, on purpose
+        print(f"stopped early: {early}")
     if s["failed_workers"]:
         print("failed workers: " + json.dumps(s["failed_workers"]))
     print(f"run folder: {result.run_dir}")

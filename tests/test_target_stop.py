@@ -74,6 +74,8 @@ def test_a_run_stopped_at_its_target_is_finished_not_interrupted(tmp_path):
     assert checkpoints.checkpoint_files(out / "checkpoints")
     assert done.returncode == 0, done.stderr
     assert "--resume" not in done.stdout + done.stderr, done
-    assert done.stdout.strip().splitlines()[-1] == f"run folder: {out}"
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == f"run folder: {out}"
+    assert lines[-2].startswith(f"stopped early: reached the target loss {EASY:g}"), lines
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "reached target" and summary["epochs"] < EPOCHS, summary

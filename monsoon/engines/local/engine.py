@@ -423,10 +423,6 @@ class LocalEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        # --target-loss: the rows' snapshots are evaluated as they are taken
-        # (cost-bounded, ``Recorder._check_target``), and the first at the
-        # target stops the run as a divergence does; without one, none is
-        recorder.check_target = recorder.target_loss is not None
         if STAGES in strategy.needs(workers):  # stage workers: this engine's pipeline runner
             from .pipeline import run_pipeline
             return run_pipeline(self, strategy, problem, rule, w0, workers, batch_size, seed,

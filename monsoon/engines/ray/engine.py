@@ -250,7 +250,6 @@ class RayEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        recorder.check_target = recorder.target_loss is not None  # rows stop at the target
         t_begin = time.perf_counter()
         S = shard_count(self.shards, workers, w0.size, min_shard=MIN_PROCESS_SHARD)
         self.shards_used = S

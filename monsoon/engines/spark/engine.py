@@ -296,8 +296,9 @@ class SparkEngine(Engine):
         if not in_tasks(strategy):
             from .barrier import fits, run_barrier
 
-            if fits(strategy, ctx.sc, ctx.workers, ctx.blocks):  # its slots are all taken: the
-                # target is checked on full-batch step losses alone (``barrier.py``)
+            if fits(strategy, ctx.sc, ctx.workers, ctx.blocks):  # its slots are all taken: no
+                # loss job can run; the target is checked on full-batch step losses alone
+                recorder.check_target = False  # (``barrier.py``)
                 return run_barrier(ctx, rule, strategy, w0, recorder, ckpts)
             from .driver import DriverPrograms
 

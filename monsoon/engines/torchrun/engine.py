@@ -185,7 +185,6 @@ class TorchEngine(Engine):
 
     def run(self, problem, rule, strategy, w0, workers, batch_size, seed, budget, recorder):
         self.check(strategy, workers)
-        recorder.check_target = recorder.target_loss is not None  # rows stop at the target
         self.identity = checkpoints.identity(problem, strategy, rule, workers, batch_size,
                                              seed, self.name, self.settings)
         if self.checkpoint_dir or self.resume_dir:  # the problem as given, not a rank's
