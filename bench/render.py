@@ -138,10 +138,6 @@ NEEDS = {"gpu": "a CUDA device"}
 # what misses and the measured cause, or that the cause is not yet measured. A
 # record's own summary["why"] wins over these.
 WHY = {
-    "hogwild_vs_torch": "Monsoon's two Hogwild! workers run fewer examples/s than PyTorch's "
-                        "`share_memory()` processes in most interleaved runs (the range shows "
-                        "each run's ratio; PyTorch's own runs vary most); where monsoon's step "
-                        "spends the difference is not yet measured.",
     "hogwild_sweep": "`n_jobs=1` ends at SGDClassifier's training log-loss on every dataset, "
                      "but on the raw (unnormalised) ones two threads' concurrent updates take "
                      "another path and stop at another epoch, ending 4.4% and 1.9% above it on two "

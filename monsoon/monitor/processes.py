@@ -15,7 +15,8 @@ spawns them shares (the local engine's workers, its pipeline's stages).
   (``leave_if_re_running_main``);
 - ``start_context``: workers are forked from a fork server that has
   imported monsoon (and torch, where the parent uses it) once, instead of
-  each importing them anew.
+  each importing them anew; its OpenBLAS has one thread, so that a forked
+  worker starts no BLAS threads it was not given.
 """
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ from .lifecycle import STOP_SIGNALS
 # where the parent has it (the pipeline's stages run torch modules).
 PRELOAD = ("monsoon.monitor.fork_server", "monsoon.engines.local.engine")
 PRELOAD_TORCH = ("torch", "monsoon.engines.local.pipeline")
+# The fork server's OpenBLAS (NumPy's and SciPy's each) starts with one thread.
+# With a pool of one per core, every forked worker's ``limit_threads`` (even to
+# one thread) rebuilds that pool after the fork: threads that busy-wait
+# (OpenBLAS's thread timeout) on the cores the workers start computing on. A
+# worker given more threads gets them from ``limit_threads``.
+FORK_SERVER_BLAS = {"OPENBLAS_NUM_THREADS": "1"}
 
 
 def start_context():
@@ -44,10 +51,11 @@ def start_context():
     then forks each worker in milliseconds. Spawned from scratch, each
     worker would import them itself, about two seconds for torch. The
     fork server imports only: no thread pool or CUDA context exists in it
-    when it forks. It is started here, by this thread, and told this
-    process's pid, so that it dies with this process
-    (``lifecycle.tie_fork_server``); a worker's parent is the fork server,
-    and each worker also watches a pipe from this process
+    when it forks, and its OpenBLAS has one thread (``FORK_SERVER_BLAS``):
+    each worker sets its own share (``limit_threads``). It is started
+    here, by this thread, and told this process's pid, so that it dies
+    with this process (``lifecycle.tie_fork_server``); a worker's parent is
+    the fork server, and each worker also watches a pipe from this process
     (``lifecycle.worker_started``). Where there is no fork server (not on
     Linux or macOS), workers are spawned."""
     if "forkserver" not in mp.get_all_start_methods():
@@ -63,7 +71,7 @@ def start_context():
     # PR_SET_PDEATHSIG follows the thread that started a process: the fork
     # server relies on it only if the main thread starts it
     main = threading.current_thread() is threading.main_thread()
-    with environment({FORK_SERVER_ENV: fork_server_env(main)}):
+    with environment({FORK_SERVER_ENV: fork_server_env(main), **FORK_SERVER_BLAS}):
         # the resource tracker first: starting it unblocks SIGINT afterwards
         # (it blocks and unblocks it around its own start, as here)
         resource_tracker.ensure_running()
