@@ -496,6 +496,25 @@ def test_the_report_of_diverged_runs_names_no_winner_and_no_harmless_staleness()
     assert "- Highest throughput: **sync**" in text
 
 
+def test_final_losses_equal_to_the_digits_shown_are_a_tie_not_a_win():
+    """A real exp compare: serial 0.0005406454, sync 0.0005406471, both
+    "0.0005406" in the table, and the report crowned serial the lowest; a
+    Dropout model's 1.0789 and 1.0793 (both "1.079") crowned sync. A
+    difference the table does not show is a tie, naming both."""
+    from monsoon.record.report import comparison_rows, report_markdown
+
+    runs = [[dict(_summary("serial", 100.0), final_loss=0.0005406454438343644)],
+            [dict(_summary("sync", 90.0), final_loss=0.00054064707364887)],
+            [dict(_summary("async", 80.0), final_loss=0.000547825125977397)]]
+    text = report_markdown("exp", comparison_rows(runs), None)
+    assert ("- Lowest final loss: a tie to the digits shown, **serial**, **sync** "
+            "(0.0005406;") in text, text
+    assert "**async**" not in text.split("Lowest final loss")[1].split("\n")[0]
+    runs[1] = [dict(_summary("sync", 90.0), final_loss=0.0004)]  # one lowest: as before
+    text = report_markdown("exp", comparison_rows(runs), None)
+    assert "- Lowest final loss: **sync** (0.0004)." in text, text
+
+
 def test_the_report_gives_a_tiny_serial_update_a_unit_that_shows_it():
     """Sparse serial's per-example loop: 200,000 updates in 0.04 s is 200 ns
     an update, not "0 us"."""

@@ -165,7 +165,7 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
     if finite:
         best = min(finite, key=lambda r: r["final_loss"])
         fastest = max(finite, key=lambda r: r["examples_per_s"] or 0)
-        lines.append(f"- Lowest final loss: **{best['strategy']}** ({_fmt(best['final_loss'])}).")
+        lines.append(_lowest_loss(finite, best))
         median = f"median over {fastest['repeats']} turns: " if fastest["repeats"] > 1 else ""
         lines.append(f"- Highest throughput: **{fastest['strategy']}** "
                      f"({median}{_fmt(fastest['examples_per_s'], 4)} examples/s).")
@@ -219,6 +219,18 @@ def report_markdown(problem: str, rows: list[dict], target) -> str:
               "updates applied between a worker's read of the parameters and its update.",
               "", "![loss curves](comparison.png)", ""]
     return "\n".join(lines)
+
+
+def _lowest_loss(finite: list[dict], best: dict) -> str:
+    """The lowest final loss, and every strategy whose loss equals it to the
+    digits the table shows: a difference the table hides crowns no winner."""
+    shown = _fmt(best["final_loss"])
+    tied = [r["strategy"] for r in finite if _fmt(r["final_loss"]) == shown]
+    if len(tied) == 1:
+        return f"- Lowest final loss: **{best['strategy']}** ({shown})."
+    return (f"- Lowest final loss: a tie to the digits shown, "
+            f"{', '.join(f'**{name}**' for name in tied)} ({shown}; comparison.csv has "
+            "every digit).")
 
 
 def explain(rows: list[dict]) -> list[str]:
