@@ -276,8 +276,8 @@ def explain(rows: list[dict]) -> list[str]:
         out.append(f"- {', '.join(slower)} ran slower than serial. One serial update{what} "
                    f"costs {_duration(step_s)} here, too little "
                    "work to share: coordinating workers "
-                   "(barriers, locks, contention for memory and cores) costs about as much as "
-                   "it saves. Parallel strategies pay off when an update costs many times "
+                   "(barriers, locks, contention for memory and cores) costs more than it "
+                   "saves. Parallel strategies pay off when an update costs many times "
                    "that (a larger model or batch) or when gradients are sparse (Hogwild!).")
     out += _spark_jobs(others, base) if base is not None else []
     for r in rows:
