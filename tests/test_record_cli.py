@@ -125,7 +125,7 @@ def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
     text = "\n".join(explain(rows))
     assert "- sync: as fast as serial within the range of 3 turns" in text
     assert "- async ran slower than serial" in text
-    single = "\n".join(explain(comparison_rows([serial[:1], [_summary("sync", 95.0)]])))
+    single = "\n".join(explain(comparison_rows([serial[:1], [_summary("sync", 70.0)]])))
     assert "sync ran slower than serial" in single and "--repeats 3" in single
     # no advice to repeat where one run says enough: a long run, or simulated time
     long_run = dict(serial[0], wall_time_s=60.0)
@@ -133,6 +133,24 @@ def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
     for base in (long_run, simulated):
         text = "\n".join(explain(comparison_rows([[base], [_summary("sync", 95.0)]])))
         assert "sync ran slower than serial" in text and "--repeats" not in text
+
+
+def test_one_short_runs_speed_within_its_noise_of_serials_is_no_slowdown():
+    """A real exp compare, one run each: hogwild at 0.992x serial on a 0.16 s
+    run was "slower than serial" with a cause (coordination costs), beside
+    the report's own note that such runs vary 20-30%. Within 20% of serial
+    it is now neither faster nor slower by that run; past it, still slower."""
+    from monsoon.record.report import comparison_rows, explain
+
+    serial = dict(_summary("serial", 65670.0), wall_time_s=0.156, updates=640)
+    rows = comparison_rows([[serial], [_summary("hogwild", 65130.0)],
+                            [_summary("sync", 18290.0)]])
+    text = "\n".join(explain(rows))
+    assert "hogwild: within 20% of serial's speed" in text, text
+    assert "- sync ran slower than serial." in text and "hogwild ran slower" not in text, text
+    long_run = dict(serial, wall_time_s=60.0)  # a long run's speed is read as measured
+    text = "\n".join(explain(comparison_rows([[long_run], [_summary("hogwild", 65130.0)]])))
+    assert "- hogwild ran slower than serial." in text and "within 20%" not in text, text
 
 
 def test_the_report_explains_a_simulated_slowdown_by_the_delay_model():

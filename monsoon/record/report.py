@@ -31,6 +31,7 @@ UNFINISHED = ("interrupted", "failed")  # stopped from outside, or broken: no sp
 
 
 SHORT_RUN_S = 10.0  # below this, one run's speed says little on a busy machine
+SHORT_RUN_NOISE = 0.2  # how far one short run's speed can stray (the report's 20-30%)
 
 
 def _spread(values: list) -> tuple:
@@ -262,9 +263,17 @@ def explain(rows: list[dict]) -> list[str]:
                        "runs of a second or two can differ by 20-30% from one to the next. "
                        "`--repeats 3` runs each three times in rotation and reports medians "
                        "and ranges.")
-    if ties:
+            # a speed within that noise of serial's is no slowdown to explain
+            ties = [r["strategy"] for r in others
+                    if 1 - SHORT_RUN_NOISE <= r["speedup_vs_serial"] <= 1 / (1 - SHORT_RUN_NOISE)]
+            slower = [s for s in slower if s not in ties]
+    if ties and turns > 1:
         out.append(f"- {', '.join(ties)}: as fast as serial within the range of {turns} turns "
                    "(a tie on this machine).")
+    elif ties:
+        out.append(f"- {', '.join(ties)}: within {SHORT_RUN_NOISE:.0%} of serial's speed, less "
+                   "than one short run varies by: neither faster nor slower than serial by "
+                   "this run.")
     read = slower and base is not None and _finished(base)  # a stopped serial: nothing to read
     step_s = base["wall_time_s"] / base["updates"] if read else None
     if read and base["simulated"]:  # the delay model's time
