@@ -127,7 +127,7 @@ def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
     text = "\n".join(explain(rows))
     assert "- sync: as fast as serial within the range of 3 turns" in text
     assert "- async ran slower than serial" in text
-    single = "\n".join(explain(comparison_rows([serial[:1], [_summary("sync", 95.0)]])))
+    single = "\n".join(explain(comparison_rows([serial[:1], [_summary("sync", 70.0)]])))
     assert "sync ran slower than serial" in single and "--repeats 3" in single
     # no advice to repeat where one run says enough: a long run, or simulated time
     long_run = dict(serial[0], wall_time_s=60.0)
@@ -135,6 +135,24 @@ def test_the_report_calls_a_speedup_a_tie_only_when_its_range_holds_one():
     for base in (long_run, simulated):
         text = "\n".join(explain(comparison_rows([[base], [_summary("sync", 95.0)]])))
         assert "sync ran slower than serial" in text and "--repeats" not in text
+
+
+def test_one_short_runs_speed_within_its_noise_of_serials_is_no_slowdown():
+    """A real exp compare, one run each: hogwild at 0.992x serial on a 0.16 s
+    run was "slower than serial" with a cause (coordination costs), beside
+    the report's own note that such runs vary 20-30%. Within 20% of serial
+    it is now neither faster nor slower by that run; past it, still slower."""
+    from monsoon.record.report import comparison_rows, explain
+
+    serial = dict(_summary("serial", 65670.0), wall_time_s=0.156, updates=640)
+    rows = comparison_rows([[serial], [_summary("hogwild", 65130.0)],
+                            [_summary("sync", 18290.0)]])
+    text = "\n".join(explain(rows))
+    assert "hogwild: within 20% of serial's speed" in text, text
+    assert "- sync ran slower than serial." in text and "hogwild ran slower" not in text, text
+    long_run = dict(serial, wall_time_s=60.0)  # a long run's speed is read as measured
+    text = "\n".join(explain(comparison_rows([[long_run], [_summary("hogwild", 65130.0)]])))
+    assert "- hogwild ran slower than serial." in text and "within 20%" not in text, text
 
 
 def test_the_report_explains_a_simulated_slowdown_by_the_delay_model():
@@ -169,7 +187,7 @@ def test_the_local_slowdown_names_no_threshold_below_the_cost_it_names():
     from monsoon.record.report import comparison_rows, explain
 
     serial = dict(_summary("serial", 100.0), wall_time_s=0.122)
-    text = "\n".join(explain(comparison_rows([[serial], [_summary("sync", 95.0)]])))
+    text = "\n".join(explain(comparison_rows([[serial], [_summary("sync", 70.0)]])))
     assert "One serial update costs 1.22 ms here, too little work to share" in text
     assert "pay off when an update costs many times that" in text
     assert "costs milliseconds" not in text
@@ -411,9 +429,27 @@ def test_the_report_claims_sync_overlays_serial_only_where_its_model_computes_al
         assert "its final loss (0.2532) is not serial's (0.2451)" in text, text
         assert ("BatchNorm" in text) == ("buffers" in model) and "Dropout" in text, text
         same = dict(sync, final_loss=0.24510004)  # equal to the digits shown
-        assert claim in "\n".join(explain(comparison_rows([[serial], [same]])))
+        text = "\n".join(explain(comparison_rows([[serial], [same]])))
+        assert claim not in text and "agrees with serial's to the digits shown" in text, text
     plain = dict(_summary("sync", 90.0), final_loss=0.51)  # declares neither
     assert claim in "\n".join(explain(comparison_rows([[_summary("serial", 100.0)], [plain]])))
+
+
+def test_a_dropout_models_sync_is_never_said_to_compute_serials_gradients():
+    """A Dropout model's sync and serial runs whose final losses agree to the
+    four digits the table shows (serial 1.0793427, sync 1.0789366: both
+    "1.079", a real compare of a user's Linear-ReLU-Dropout-Linear) got
+    "sync computes the same gradient per step as serial ... overlays
+    serial's", false where each worker draws its own masks. The report now
+    says the losses agree and why the gradients may still differ."""
+    from monsoon.record.report import comparison_rows, explain
+
+    serial = dict(_summary("serial", 100.0), final_loss=1.0793427228927612, random_draws=True)
+    sync = dict(_summary("sync", 90.0), final_loss=1.0789365768432617, random_draws=True)
+    text = "\n".join(explain(comparison_rows([[serial], [sync]])))
+    assert "same gradient" not in text and "overlays serial's" not in text, text
+    assert "agrees with serial's to the digits shown (1.079)" in text, text
+    assert "Dropout" in text and "own masks" in text, text
 
 
 def test_a_summary_declares_the_models_buffers_and_random_draws():
@@ -478,6 +514,38 @@ def test_the_report_of_diverged_runs_names_no_winner_and_no_harmless_staleness()
     text = report_markdown("exp", comparison_rows(runs), None)
     assert "- Lowest final loss: **sync** (0.5)." in text
     assert "- Highest throughput: **sync**" in text
+
+
+def test_final_losses_equal_to_the_digits_shown_are_a_tie_not_a_win():
+    """A real exp compare: serial 0.0005406454, sync 0.0005406471, both
+    "0.0005406" in the table, and the report crowned serial the lowest; a
+    Dropout model's 1.0789 and 1.0793 (both "1.079") crowned sync. A
+    difference the table does not show is a tie, naming both."""
+    from monsoon.record.report import comparison_rows, report_markdown
+
+    runs = [[dict(_summary("serial", 100.0), final_loss=0.0005406454438343644)],
+            [dict(_summary("sync", 90.0), final_loss=0.00054064707364887)],
+            [dict(_summary("async", 80.0), final_loss=0.000547825125977397)]]
+    text = report_markdown("exp", comparison_rows(runs), None)
+    assert ("- Lowest final loss: a tie to the digits shown, **serial**, **sync** "
+            "(0.0005406;") in text, text
+    assert "**async**" not in text.split("Lowest final loss")[1].split("\n")[0]
+    runs[1] = [dict(_summary("sync", 90.0), final_loss=0.0004)]  # one lowest: as before
+    text = report_markdown("exp", comparison_rows(runs), None)
+    assert "- Lowest final loss: **sync** (0.0004)." in text, text
+
+
+def test_a_strategy_slower_than_serial_is_said_to_pay_more_than_it_saves():
+    """sync at a third of serial's speed (a real exp compare: 0.337x) was
+    explained as coordination costing "about as much as it saves"; a run
+    slower than serial paid more for coordinating than sharing saved."""
+    from monsoon.record.report import comparison_rows, explain
+
+    rows = comparison_rows([[dict(_summary("serial", 12582.0), wall_time_s=4.07,
+                                  updates=3200)], [_summary("sync", 4133.0)]])
+    text = "\n".join(explain(rows))
+    assert "- sync ran slower than serial." in text, text
+    assert "costs more than it saves" in text and "about as much as" not in text, text
 
 
 def test_the_report_gives_a_tiny_serial_update_a_unit_that_shows_it():

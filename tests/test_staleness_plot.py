@@ -1,6 +1,7 @@
-"""The comparison's staleness plot draws what was counted: a staleness no
-update had is a share of 0 (a gap on the log axis), not the level of its
-neighbour carried across by the step line."""
+"""The comparison's plots draw what was counted: a staleness no update had
+is a share of 0 (a gap on the log axis), not the level of its neighbour
+carried across by the step line; a loss axis is logarithmic only where the
+losses span a decade, and labelled with what it shows."""
 from monsoon.record import plots
 
 
@@ -18,3 +19,32 @@ def test_a_staleness_no_update_had_is_drawn_as_none(tmp_path, monkeypatch):
     assert list(line.get_xdata()) == taus
     assert list(line.get_ydata()) == shares  # 0 at 2, 3 and 4: masked on the log axis
     assert drawn[0].axes[0].get_yscale() == "log"
+
+
+def _drawn_loss_plot(tmp_path, monkeypatch, curves):
+    drawn = []
+    monkeypatch.setattr(plots, "_save_png", lambda fig, path: drawn.append(fig))
+    plots.plot_loss(tmp_path / "comparison.png", curves)
+    drawn[0].canvas.draw()
+    return drawn[0].axes
+
+
+def test_a_narrow_loss_range_is_drawn_on_a_linear_axis_labelled_in_plain_numbers(
+        tmp_path, monkeypatch):
+    """A user's model whose losses went 1.117 -> 1.079 (3 epochs) was drawn on
+    a log axis labelled "1.08 x 10^0", "1.13 x 10^0"; a loss curve over
+    decades (exp: 1.6 -> 0.0005) stays logarithmic. The y label names the
+    dashed validation curves only where one is drawn."""
+    rows = [{"time_s": t, "epoch": t, "loss": v} for t, v in
+            enumerate((1.117, 1.098, 1.088, 1.079))]
+    axes = _drawn_loss_plot(tmp_path, monkeypatch, {"serial": rows, "sync": rows})
+    for ax in axes:
+        assert ax.get_yscale() == "linear"
+        labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)]
+        assert labels and not any("times" in t or "^" in t for t in labels), labels
+        assert ax.get_ylabel() == "loss (full training set)"
+    wide = [{"time_s": t, "epoch": t, "loss": v, "val_loss": v * 1.1}
+            for t, v in enumerate((1.6, 0.04, 0.003, 0.0005))]
+    axes = _drawn_loss_plot(tmp_path, monkeypatch, {"serial": wide})
+    assert [ax.get_yscale() for ax in axes] == ["log", "log"]
+    assert axes[0].get_ylabel() == "loss (full training set; dashed: validation)"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import matplotlib
@@ -21,14 +22,27 @@ def _save_png(fig, path: Path) -> None:
     atomic_write(path, buf.getvalue())
 
 
-def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> None:
+LOG_SPAN = 10.0  # losses spanning less than this factor read better on a linear axis
+
+
+def _log_scale(losses: list) -> bool:
+    """Whether the loss axis is logarithmic: every loss positive (a NaN
+    aside) and the finite ones spanning at least ``LOG_SPAN``; a narrower
+    range on a log axis is labelled in powers of ten (1.08 x 10^0)."""
+    if not all(v > 0 for v in losses if v == v):
+        return False
+    finite = [v for v in losses if math.isfinite(v)]
+    return bool(finite) and max(finite) >= LOG_SPAN * min(finite)
+
+
+def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> int:
     """Two panels: loss against wall time and against epochs, one curve per
     entry of ``curves`` (strategy name -> metrics rows), and a dashed
     validation curve beside it where the rows have ``val_loss``. Returns the
     number of validation curves drawn."""
     fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2))
-    positive = all(r[k] > 0 for rows in curves.values() for r in rows
-                   for k in ("loss", "val_loss") if r.get(k) is not None and r[k] == r[k])
+    log = _log_scale([r[k] for rows in curves.values() for r in rows
+                      for k in ("loss", "val_loss") if r.get(k) is not None])
     for i, (name, rows) in enumerate(curves.items()):
         if not rows:
             continue
@@ -43,10 +57,11 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> Non
                          linestyle="--", color=color, label=f"{name} (validation)")
             by_epoch.plot([r["epoch"] for r in val], [r["val_loss"] for r in val],
                           linestyle="--", color=color, label=f"{name} (validation)")
+    validated = sum(any(r.get("val_loss") is not None for r in rows) for rows in curves.values())
     for ax, xlabel in ((by_time, "wall time (s)"), (by_epoch, "epochs (examples / training set)")):
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("loss (full training set; dashed: validation)")
-        if positive:
+        ax.set_ylabel("loss (full training set" + ("; dashed: validation)" if validated else ")"))
+        if log:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:  # a failed run's folder may have no curve
@@ -54,7 +69,7 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> Non
     if title:
         fig.suptitle(title)
     _save_png(fig, path)
-    return sum(any(r.get("val_loss") is not None for r in rows) for rows in curves.values())
+    return validated
 
 
 def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
