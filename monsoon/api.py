@@ -535,7 +535,9 @@ def _check_resumed_budget(found, budget, problem, total: int) -> None:
     examples than this run's budget (``total``) holds: the resumed run
     would do nothing and report the checkpoint's run under a budget it
     exceeded."""
-    done = 0 if found is None else int(found.meta.get("examples", 0))
+    # the rows its steps drew: those taken and those left out (spark: ``examples_left_out``)
+    done = 0 if found is None else int(found.meta.get("examples", 0)) + int(
+        found.meta.get("examples_left_out", 0))
     if done <= total:
         return
     if budget.epochs is not None:
@@ -703,13 +705,17 @@ def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_diverge
         "updates": res.updates,
         "examples": res.examples,
         "examples_per_s": res.examples / res.wall_time_s if res.wall_time_s > 0 else None,
-        "epochs": res.examples / problem.n_examples,
+        # the passes over the data that ran: the rows taken and those left out
+        "epochs": (res.examples + (res.examples_left_out or 0)) / problem.n_examples,
         "staleness": staleness_stats(res.staleness),
         "staleness_counts": {int(k): int(v) for k, v in sorted(res.staleness.items())},
         "dropped_updates": res.dropped_updates,
         # the workers' local steps (local SGD, EASGD), in a unit of their own
         **({"local_updates": res.local_updates,
             "dropped_local_updates": res.dropped_local_updates} if local else {}),
+        # rows drawn that no update used (spark: a BatchNorm's one-row share of a batch)
+        **({"examples_left_out": res.examples_left_out}
+           if res.examples_left_out is not None else {}),
         "late_gradients": res.late_gradients,
         "failed_workers": [{"worker": f["worker"], "error": f["error"]} for f in res.failed_workers],
         "time_to_target_s": recorder.time_to_target_s,

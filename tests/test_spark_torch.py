@@ -538,6 +538,51 @@ def test_sync_leaves_out_a_partitions_lone_row_of_a_batch(spark, sizes, batch):
     assert np.isfinite(run.summary["final_loss"])
 
 
+@pytest.mark.parametrize("sizes, batch, resume", [([8, 8, 8, 7], 9, True), ([20, 21], 3, False)],
+                         ids=["driver", "barrier"])
+def test_epochs_count_the_rows_left_out_apart_from_the_examples(spark, tmp_path, sizes, batch,
+                                                                 resume):
+    """The rows sync leaves out (a partition's one-row share of a batch,
+    which a BatchNorm cannot train on) were drawn all the same: summary's
+    ``epochs`` reads the passes that ran (2 of 2, not the rows taken over
+    n), ``examples`` the rows the updates used (the plan's, batch by batch)
+    and ``examples_left_out`` the rest; both on the driver (4 partitions)
+    and in the barrier stage (2 on local[2,4]). On the driver, a run
+    resumed from the first epoch's checkpoints counts as the whole run
+    does (the barrier stage's checkpoints of a Spark-held problem are left
+    out: writing one evaluates the loss in a job the stage's slots block)."""
+    from monsoon.strategies import Budget
+    from monsoon.strategies.batches import global_batches
+
+    torch.manual_seed(0)  # no running statistics: Spark's checkpoints hold no buffers
+    bn_net = nn.Sequential(nn.Linear(D, 8), nn.BatchNorm1d(8, track_running_stats=False),
+                           nn.Linear(8, CLASSES))
+    n, epochs, seed = sum(sizes), 2, 1
+    data = TorchProblem.from_spark(_partitioned(spark, sizes), bn_net, nn.CrossEntropyLoss(),
+                                   features="x", label="c", dtype="float64")
+    kw = dict(engine="spark", strategy="sync", workers=len(sizes), lr=0.1, batch_size=batch,
+              seed=seed, evals=0, progress=False)
+    try:
+        s = monsoon.train(data, epochs=epochs, **kw).summary
+        if resume:
+            monsoon.train(data, epochs=1, checkpoint_every=1, out=tmp_path / "a", **kw)
+            resumed = monsoon.train(data, epochs=epochs, resume=str(tmp_path / "a"), **kw).summary
+    finally:
+        data.unpersist()
+    counts = ("examples", "examples_left_out", "epochs", "updates")
+    if resume:
+        assert {k: resumed[k] for k in counts} == {k: s[k] for k in counts}
+    offsets = np.cumsum([0] + sizes)
+    taken = 0  # the plan's rows in shares of 2 or more: those a step takes
+    for ids in global_batches(n, batch, seed, Budget(epochs=epochs)):
+        shares = np.bincount(np.searchsorted(offsets, ids, side="right") - 1)
+        taken += int(shares[shares >= 2].sum())
+    assert ("spark_sync" in s) == (len(sizes) == 2)
+    assert s["examples"] == taken and s["examples_left_out"] == epochs * n - taken > 0
+    assert s["epochs"] == pytest.approx(epochs)
+    assert s["examples_per_s"] == pytest.approx(s["examples"] / s["wall_time_s"])
+
+
 @pytest.mark.parametrize("strategy, sizes, batch, epochs, updates", [
     ("sync", [8, 8, 8, 7], 9, 1, 4), ("serial", [31], 10, 2, 8)])
 def test_without_a_batchnorm_the_driver_takes_every_row_of_a_batch(

@@ -73,6 +73,10 @@ class EngineResult:
     # the run takes none
     local_updates: int | None = None
     dropped_local_updates: int | None = None
+    # the rows of the batches drawn that no update used (spark: a partition's
+    # share too small for a BatchNorm's pass), apart from ``examples``; None
+    # where the run cannot leave any out
+    examples_left_out: int | None = None
 
 
 def summed_staleness(reports) -> Counter:

@@ -25,19 +25,19 @@ the union is the whole data set), and that mean is the step's. Either way
 sync equals serial to floating-point reduction order (float64, 1e-9), and
 a plug-in's program sees each worker's own gradient.
 
-A share too small for the model's pass is left out (``tasks.py``): only
-rows taken count (``held``, ``short``); a step or Apply taking none is void.
+A share too small for the model's pass is left out (``tasks.py``), counted
+apart (``short``, ``left_out``); a step or Apply taking none is void.
 
 Exactly once: only a finished job's results are applied, and a task Spark
-retries recomputes the same partition result. Where the driver waits: for
-each job, at most the run's ``timeout`` (``jobs.py``); a failed job fails
-the run. ``target_loss``: a full-batch step's loss is the full-data
-objective at w, so the run stops (``recorder.target_met``) before the step
-that would follow a loss at the target. Checkpoints (programs on the server's parameters): after a step,
-the parameters, rule state and steps done, which a resumed run's programs
-skip (``WorkerJob.start_step``). SIGTERM/SIGINT stop the programs where
-every gradient counted is applied (each waits for its next gradient), and
-a last checkpoint (``reason`` "interrupted") is written there.
+retries recomputes the same partition result. Where the driver waits: for each
+job, at most the run's ``timeout`` (``jobs.py``); a failed job fails the run.
+``target_loss``: a full-batch step's loss is the full-data objective at w, so
+the run stops (``recorder.target_met``) before the step that would follow a
+loss at the target. Checkpoints (programs on the server's parameters): after a
+step, the parameters, rule state, steps done (which a resumed run's programs
+skip: ``WorkerJob.start_step``) and rows left out. SIGTERM/SIGINT stop the
+programs where every gradient counted is applied (each waits for its next
+gradient): a last checkpoint there.
 """
 from __future__ import annotations
 
@@ -87,7 +87,9 @@ class _Program(Worker):
         self.driver.examples += examples  # a push's (``Worker.push``): applied at once
 
     def release(self) -> int:
-        self.driver.short[self.rank] = 0  # its message carries them: the next starts afresh
+        d = self.driver
+        d.left_out += d.short[self.rank]  # counted with the examples its message carries
+        d.short[self.rank] = 0  # its message carries them: the next starts afresh
         return super().release()
 
     def apply(self, op) -> None:
@@ -138,6 +140,7 @@ class DriverPrograms:
         # rank -> the rows its last gradient left out; -> those since its last exchange
         self.left, self.short = {}, dict.fromkeys(ranks, 0)
         self.steps = self.examples = 0
+        self.left_out = 0  # the rows left out of the examples counted (``tasks.usable``)
         self.jobs = 0  # Spark jobs run: one per round of gradients
         self.local = [0, 0]  # the programs' local steps (an inner rule): applied, dropped
         self.step_loss = None   # the last gradients' mean loss
@@ -273,6 +276,7 @@ class DriverPrograms:
             start.restore(self.w, self.core.state)
             self.steps, self.core.version = start.step, start.updates
             self.core.dropped, self.examples, before = start.dropped, start.examples, start.time_s
+            self.left_out = int(start.saved.meta.get("examples_left_out", 0))
             self.core.staleness[0] = self.core.version
         for k in range(ctx.workers):
             self.programs[k] = _Program(self, k, self.strategy.program(WorkerJob(
@@ -331,6 +335,7 @@ class DriverPrograms:
         if self.shared and stopped is None:
             self.rule.finish(self.w, self.core.state)
         return {"params": self.w, "wall": time.perf_counter() - t0, "examples": self.examples,
+                "left_out": self.left_out,
                 "updates": self.core.version, "dropped": self.core.dropped,
                 "local": local_totals(self.strategy, *self.local),
                 "staleness": self.core.staleness,
@@ -350,4 +355,5 @@ class DriverPrograms:
         parameters), written through ``ckpts`` (a rank's: by the driver)."""
         self.ckpts.save(self.core.version + self.core.dropped, now, self.w, self.core.state,
                         progress.counts(reason, self.examples, self.core.dropped,
-                                        step=self.steps, applied=self.core.version))
+                                        step=self.steps, applied=self.core.version,
+                                        examples_left_out=self.left_out))

@@ -254,6 +254,8 @@ class SparkEngine(Engine):
             # the workers' local steps (applied, dropped), where they take any
             local_updates=out["local"][0] if out.get("local") else None,
             dropped_local_updates=out["local"][1] if out.get("local") else None,
+            # the rows a step left out (``tasks.usable``), where a model's pass needs more than one
+            examples_left_out=out.get("left_out") if ctx.fewest > 1 else None,
             extra={"spark_master": master, "partitions": workers,
                    **(out["timing"].summary() if "timing" in out else {}),
                    **steps_per_exchange(strategy), **sizing, **out.get("extra", {}),
