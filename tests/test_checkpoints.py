@@ -286,14 +286,14 @@ def test_a_resumed_run_that_fails_gives_the_previous_runs_results_back(tmp_path,
     run = _good_run(tmp_path)
     results = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     newest = sorted((run / "checkpoints").glob("ckpt-*.npz"))[-1]
-    seen = []
     record = recorder_module.Recorder.record
 
-    def fail_late(self, *args, **kwargs):  # the resumed run fails well under way
-        seen.append(args)
-        if len(seen) > 5:
+    def fail_late(self, at, updates, *args, **kwargs):  # the resumed run fails well under
+        # way: at its first row past its own first checkpoint (update 64; it resumed at 48).
+        # A row count would depend on the pace rows are due at: a quick run takes fewer.
+        if updates > 64:
             raise RuntimeError("injected monitor fault")
-        return record(self, *args, **kwargs)
+        return record(self, at, updates, *args, **kwargs)
 
     monkeypatch.setattr(recorder_module.Recorder, "record", fail_late)
     with pytest.raises(RunFailed) as info:
