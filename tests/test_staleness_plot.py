@@ -1,7 +1,8 @@
 """The comparison's plots draw what was counted: a staleness no update had
 is a share of 0 (a gap on the log axis), not the level of its neighbour
 carried across by the step line; a loss axis is logarithmic only where the
-losses span a decade, and labelled with what it shows."""
+losses span a decade, and labelled with what it shows; the loss plot's
+legend, below its panels, hides no curve."""
 from monsoon.record import plots
 
 
@@ -48,3 +49,20 @@ def test_a_narrow_loss_range_is_drawn_on_a_linear_axis_labelled_in_plain_numbers
     axes = _drawn_loss_plot(tmp_path, monkeypatch, {"serial": wide})
     assert [ax.get_yscale() for ax in axes] == ["log", "log"]
     assert axes[0].get_ylabel() == "loss (full training set; dashed: validation)"
+
+
+def test_the_loss_plots_legend_hides_no_curve_with_eight_entries(tmp_path, monkeypatch):
+    """Four strategies, each with a validation curve: eight legend entries.
+    One legend serves both panels, below them: it covers neither panel, so
+    no curve hides behind it (inside a panel it covered the curves' ends)."""
+    curves = {f"s{k}": [{"time_s": t / 10, "epoch": t / 10, "loss": 1 / (1 + t) + k / 100,
+                         "val_loss": 1.1 / (1 + t)} for t in range(30)] for k in range(4)}
+    axes = _drawn_loss_plot(tmp_path, monkeypatch, curves)
+    fig = axes[0].figure
+    legends = list(fig.legends) + [ax.get_legend() for ax in axes if ax.get_legend()]
+    assert len(legends) == 1 and len(legends[0].get_texts()) == 8
+    box = legends[0].get_window_extent()
+    for ax in axes:
+        assert not box.overlaps(ax.get_window_extent()), (box, ax.get_window_extent())
+    assert box.y1 <= min(ax.get_window_extent().y0 for ax in axes)  # below the panels
+    assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)

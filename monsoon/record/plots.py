@@ -15,7 +15,8 @@ from .atomic import atomic_write  # noqa: E402
 
 def _save_png(fig, path: Path) -> None:
     """Render, then write atomically (a temp file renamed into place)."""
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure laid out as it is drawn keeps its own
+        fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
@@ -39,8 +40,9 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> int
     """Two panels: loss against wall time and against epochs, one curve per
     entry of ``curves`` (strategy name -> metrics rows), and a dashed
     validation curve beside it where the rows have ``val_loss``. Returns the
-    number of validation curves drawn."""
-    fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2))
+    number of validation curves drawn. One legend serves both panels, below
+    them, where it hides no curve however many strategies there are."""
+    fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
     log = _log_scale([r[k] for rows in curves.values() for r in rows
                       for k in ("loss", "val_loss") if r.get(k) is not None])
     for i, (name, rows) in enumerate(curves.items()):
@@ -64,8 +66,10 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> int
         if log:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # a failed run's folder may have no curve
-            ax.legend()
+    handles, labels = by_time.get_legend_handles_labels()
+    if handles:  # a failed run's folder may have no curve
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4),
+                   frameon=False)
     if title:
         fig.suptitle(title)
     _save_png(fig, path)
