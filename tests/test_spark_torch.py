@@ -13,6 +13,7 @@ from torch import nn
 import monsoon
 from monsoon.errors import ConfigError
 from monsoon.problems.torch_problem import TorchProblem
+from monsoon.record import checkpoints
 from spark_env import first_attempt, nothing_collected, spark_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -538,19 +539,19 @@ def test_sync_leaves_out_a_partitions_lone_row_of_a_batch(spark, sizes, batch):
     assert np.isfinite(run.summary["final_loss"])
 
 
-@pytest.mark.parametrize("sizes, batch, resume", [([8, 8, 8, 7], 9, True), ([20, 21], 3, False)],
+@pytest.mark.parametrize("sizes, batch", [([8, 8, 8, 7], 9), ([20, 21], 3)],
                          ids=["driver", "barrier"])
-def test_epochs_count_the_rows_left_out_apart_from_the_examples(spark, tmp_path, sizes, batch,
-                                                                 resume):
+def test_epochs_count_the_rows_left_out_apart_from_the_examples(spark, tmp_path, sizes, batch):
     """The rows sync leaves out (a partition's one-row share of a batch,
     which a BatchNorm cannot train on) were drawn all the same: summary's
     ``epochs`` reads the passes that ran (2 of 2, not the rows taken over
     n), ``examples`` the rows the updates used (the plan's, batch by batch)
     and ``examples_left_out`` the rest; both on the driver (4 partitions)
-    and in the barrier stage (2 on local[2,4]). On the driver, a run
-    resumed from the first epoch's checkpoints counts as the whole run
-    does (the barrier stage's checkpoints of a Spark-held problem are left
-    out: writing one evaluates the loss in a job the stage's slots block)."""
+    and in the barrier stage (2 on local[2,4]). A run resumed from the
+    first epoch's checkpoints counts as the whole run does; in the barrier
+    stage those checkpoints are written while the stage holds every slot
+    (no loss job can run then: a short timeout fails a wait for one), and
+    rewritten after it with the curve's rows evaluated."""
     from monsoon.strategies import Budget
     from monsoon.strategies.batches import global_batches
 
@@ -561,17 +562,24 @@ def test_epochs_count_the_rows_left_out_apart_from_the_examples(spark, tmp_path,
     data = TorchProblem.from_spark(_partitioned(spark, sizes), bn_net, nn.CrossEntropyLoss(),
                                    features="x", label="c", dtype="float64")
     kw = dict(engine="spark", strategy="sync", workers=len(sizes), lr=0.1, batch_size=batch,
-              seed=seed, evals=0, progress=False)
+              seed=seed, evals=0, progress=False, timeout=15)
     try:
         s = monsoon.train(data, epochs=epochs, **kw).summary
-        if resume:
-            monsoon.train(data, epochs=1, checkpoint_every=1, out=tmp_path / "a", **kw)
-            resumed = monsoon.train(data, epochs=epochs, resume=str(tmp_path / "a"), **kw).summary
+        first = monsoon.train(data, epochs=1, checkpoint_every=1, out=tmp_path / "a",
+                              **{**kw, "evals": 20})  # a curve for the checkpoints to carry
+        resumed = monsoon.train(data, epochs=epochs, resume=str(tmp_path / "a"), **kw).summary
     finally:
         data.unpersist()
     counts = ("examples", "examples_left_out", "epochs", "updates")
-    if resume:
-        assert {k: resumed[k] for k in counts} == {k: s[k] for k in counts}
+    assert {k: resumed[k] for k in counts} == {k: s[k] for k in counts}
+    assert ("spark_sync" in first.summary) == (len(sizes) == 2)
+    # the last checkpoint carries the curve from its start, each row with its loss: the
+    # run's rows (those its time for evaluating allowed), none past it
+    ckpt = checkpoints.read(checkpoints.checkpoint_files(tmp_path / "a" / "checkpoints")[0])
+    kept = [r["updates"] for r in ckpt.meta["rows"]]
+    assert kept and kept[0] == 0 and kept[-1] <= ckpt.meta["updates"]
+    assert set(kept) <= {r["updates"] for r in first.history}
+    assert all(np.isfinite(r["loss"]) for r in ckpt.meta["rows"])
     offsets = np.cumsum([0] + sizes)
     taken = 0  # the plan's rows in shares of 2 or more: those a step takes
     for ids in global_batches(n, batch, seed, Budget(epochs=epochs)):

@@ -26,9 +26,8 @@ The driver waits at most ``--timeout`` for each message; every collective
 has the same timeout, so a rank that dies or stalls fails the stage.
 
 Faults: Spark does not retry a failed barrier result stage; the engine
-starts the job again, with a new store, as often as Spark would retry a
-task (``task_attempts``). The failed attempt's snapshots are dropped and
-only a finished stage's result is used: nothing is applied twice.
+starts the job again (a new store) as often as Spark would retry a task
+(``task_attempts``), its failed attempt's snapshots dropped: nothing is applied twice.
 
 Used for sync (AllReduce of raw gradients on shared parameters) on two or
 more workers when the executors hold a slot for every partition at once
@@ -36,8 +35,9 @@ more workers when the executors hold a slot for every partition at once
 lineage is one Spark allows a barrier stage (``barrier_lineage``: a
 DataFrame built on a ``union`` is not); else the driver runs sync.
 Checkpoints: every rank knows when one is due; rank 0 sends it to the
-driver, which writes it as the driver-run sync does (so ``--resume``
-carries either on), and a resumed run's checkpoint is shipped to every rank.
+driver, which writes it at once with the curve rows already evaluated (no
+loss job can run: the stage holds every slot), and after the stage again
+with every row (``StageCheckpoints``); ``--resume`` carries either path on.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ from ...errors import WaitTimeout, WorkerError
 from ...monitor.lifecycle import stop_requested
 from ...monitor.tally import RunTally
 from ...strategies.ops import AllReduce
-from ...record.checkpoints import Checkpointer, applied, next_checkpoint
+from ...record.checkpoints import KEEP, Checkpointer, applied, next_checkpoint
 from .jobs import every_slot_at_once, short_error
 
 ASK_EVERY_S = 0.01
@@ -306,6 +306,32 @@ def rank_task(ctx, rule, strategy, w0, driver, store_port, timeout, every, saved
 
 
 # -- on the driver ---------------------------------------------------------------
+class StageCheckpoints:
+    """The driver's writer of rank 0's checkpoints. During the stage a
+    checkpoint carries the curve rows already evaluated: evaluating the
+    snapshots' loss (``settled_rows``) would be a Spark job on a Spark-held
+    problem, which waits for a slot the stage holds until it ends. After
+    the stage (``settle``) the last checkpoints are written again, each
+    with the rows up to it, every snapshot then evaluated."""
+
+    def __init__(self, ckpts, recorder):
+        self.ckpts, self.recorder = ckpts, recorder
+        self.kept: list[tuple] = []  # the newest KEEP checkpoints' contents
+
+    def save(self, updates, now, w, state, meta):
+        path = self.ckpts.save(updates, now, w, state, meta, rows=self.recorder.rows)
+        if path is not None:
+            self.kept = self.kept[-(KEEP - 1):] + [(updates, now, w, state, meta)]
+        return path
+
+    def settle(self, final_updates: int) -> None:
+        if not self.kept:
+            return
+        rows = self.recorder.settled_rows(final_updates=final_updates)
+        for updates, now, w, state, meta in self.kept:  # oldest first: the newest stays
+            self.ckpts.save(updates, now, w, state, meta, rows=rows)
+
+
 def driver_host(sc) -> str:
     return sc.getConf().get("spark.driver.host", None) or socket.gethostname()
 
@@ -327,6 +353,7 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
     retry a failed barrier result stage: the job is started again, from
     the run's start, as many times as Spark would run a failed task."""
     saved = ckpts.load(w0, rule)  # --resume: the recorder takes its rows now
+    stage_ckpts = StageCheckpoints(ckpts, recorder)
     light = replace(ctx, sc=None, jobs=None, blocks=None)  # what a task needs of it
     server = socket.create_server(("", 0))
     server.settimeout(0.2)
@@ -337,12 +364,13 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
     try:
         for attempt in range(1, attempts + 1):
             recorder.snapshots.clear()  # a failed attempt's: the run starts again
+            stage_ckpts.kept.clear()  # its checkpoints: the next attempt writes them again
             store = _store(ctx.timeout)  # each attempt its own: nothing stale in it
             stage = ctx.blocks.barrier().mapPartitions(rank_task(
                 light, rule, strategy, w0, address, store.port, ctx.timeout, ckpts.every, saved))
             submitted = time.perf_counter()
             future = ctx.jobs.submit(stage, lambda it: list(it))
-            started = _follow(future, server, ctx.timeout, recorder, ckpts)  # errors: the run's
+            started = _follow(future, server, ctx.timeout, recorder, stage_ckpts)  # errors: the run's
             try:
                 ranks = future.result()
                 break
@@ -355,6 +383,7 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
         server.close()
         store = None  # the last attempt's, kept alive until here
     (out,) = [o for _, _, o in ranks if o is not None]
+    stage_ckpts.settle(out["updates"])  # the slots are free: the curve's loss jobs can run
     # each rank's bytes in the all-reduces, over the updates after the checkpoint resumed
     # (its checkpoints hold no traffic)
     tally = RunTally(ctx.workers, ctx.compression)
