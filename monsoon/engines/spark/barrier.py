@@ -370,7 +370,8 @@ def run_barrier(ctx, rule, strategy, w0, recorder, ckpts) -> dict:
                 light, rule, strategy, w0, address, store.port, ctx.timeout, ckpts.every, saved))
             submitted = time.perf_counter()
             future = ctx.jobs.submit(stage, lambda it: list(it))
-            started = _follow(future, server, ctx.timeout, recorder, stage_ckpts)  # errors: the run's
+            started = _follow(future, server, ctx.timeout, recorder,
+                              stage_ckpts)  # errors: the run's
             try:
                 ranks = future.result()
                 break
