@@ -7,21 +7,21 @@ runs inline in the calling thread, with no engine overhead at all.
 Each worker process sets its torch thread count so that workers x threads
 <= cores (oversubscription is a known 30x slowdown).
 
-The calling process is the monitor (``monitor.py``): it starts the workers and waits (with
-``start_timeout``) until every one is ready, which is ``startup_s``; then it
-releases them together and, until they finish, snapshots the parameters
-for the loss curve (evaluated after the run; with a target loss, as taken:
-the first at it stops the run), drives the progress bar, and watches for failure. Between looks it sleeps on the
-workers' pipes and process sentinels (``monitor/pool.py``; threads: their
-queue's doorbell), so a message, a death or a stop signal wakes it at
-once; otherwise it sleeps until the next row is due at the run's pace so
-far, or the next checkpoint is (workers fill its buffer, the monitor
-writes the file), and at most ``idle_s``. A worker
-that raises or dies is named in ``failed_workers``; if the strategy needs
-all workers (sync) the others are aborted and the run fails with that
-worker's error. If no worker makes progress for twice ``timeout``
-seconds (a stuck barrier says so itself after ``timeout``), the run is
-aborted: nothing can hang forever.
+The calling process is the monitor (``monitor.py``): it starts the workers
+and waits (with ``start_timeout``) until every one is ready, which is
+``startup_s``; then it releases them together and, until they finish,
+snapshots the parameters for the loss curve (evaluated after the run; with a
+target loss, as taken: the first at it stops the run), drives the progress
+bar, and watches for failure. Between looks it sleeps on the workers' pipes
+and process sentinels (``monitor/pool.py``; threads: their queue's
+doorbell), so a message, a death or a stop signal wakes it at once;
+otherwise it sleeps until the next row is due at the run's pace so far, or
+the next checkpoint is (workers fill its buffer, the monitor writes the
+file), and at most ``idle_s``. A worker that raises or dies is named in
+``failed_workers``; if the strategy needs all workers (sync) the others are
+aborted and the run fails with that worker's error. If no worker makes
+progress for twice ``timeout`` seconds (a stuck barrier says so itself after
+``timeout``), the run is aborted: nothing can hang forever.
 
 Nothing is lost, nothing is left behind:
 
