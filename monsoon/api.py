@@ -411,10 +411,12 @@ def _train(resolved, problem, w0, total, out, raise_on_divergence) -> Result:
                         progress=run['progress'], cost_aware=not virtual,
                         eval_share=run['eval_share'], tol=run['tol'],
                         label=f"{run['problem']} {run['strategy']} x{run['workers']}")
-    # --target-loss: rows are evaluated as they are taken (cost-bounded,
-    # ``Recorder._check_target``) and the first at the target stops the run,
-    # as a divergence does; a run on virtual time (the sim) runs its budget
-    recorder.check_target = run['target_loss'] is not None and not virtual
+    # --target-loss, --tol: rows are evaluated as they are taken (cost-bounded,
+    # ``Recorder._check_target``) and the first at the target, or converged,
+    # stops the run, as a divergence does; a run on virtual time (the sim)
+    # runs its budget
+    recorder.check_target = ((run['target_loss'] is not None or run['tol'] is not None)
+                             and not virtual)
     _checked_resume(resolved, w0, total)
     aside = None
     if out is not None and getattr(engine, "writes_run_folder", True):

@@ -59,8 +59,9 @@ RUN_OPTIONS = (
            "stop there (not spark's sync on mini-batches); the sim runs its whole budget and "
            "reports the time"),
     Option("tol", float, None, "stop once an epoch lowers the loss by less than this fraction "
-           "of it, as MLlib's tol (the spark engine, which evaluates the loss while it runs; "
-           "a problem's default tol goes with its default budget)",
+           "of it, as MLlib's tol: the local, ray, torch and spark engines stop there (not "
+           "spark's sync; the sim refuses it); a problem's default tol goes with its default "
+           "budget, on spark",
            check=lambda v: None if v > 0 else "above 0"),
     Option("compress", str, "none", "compress what each worker sends: none, topk:FRACTION, "
            "randk:FRACTION, qsgd:LEVELS, sign or powersgd:RANK; strategies whose workers send "
@@ -463,11 +464,12 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         run["lr"] = defaults.get("lr", FALLBACK["lr"])
     if run["batch_size"] is None and not full_batch:
         run["batch_size"] = defaults.get("batch_size", FALLBACK["batch_size"])
-    evaluates = components["engine"].evaluates_while_running(components["strategy"])
-    if run["tol"] is not None and not evaluates:
+    engine_cls, strategy_cls = components["engine"], components["strategy"]
+    evaluates = engine_cls.evaluates_while_running(strategy_cls)
+    if run["tol"] is not None and not engine_cls.stops_on_loss(strategy_cls):
         raise ConfigError(f"--tol needs the loss evaluated while the run goes, which the "
                           f"{run['engine']} engine does not do for {run['strategy']}: drop "
-                          "--tol (--target-loss, or --epochs, bound the run)")
+                          "--tol (--epochs or --steps bound the run)")
     if run["epochs"] is None and run["steps"] is None:
         if run["tol"] is None and evaluates:
             run["tol"] = defaults.get("tol")  # the problem's stopping rule, with its budget

@@ -234,11 +234,13 @@ def test_spark_data_defaults_to_adagrad_unless_a_rule_is_given():
     assert resolve(problem, "async", 2, {"engine": "spark", "average_epochs": 0.0}
                    ).engine.average_epochs == 0.0
     assert resolve(problem, "async", 2, {"engine": "spark", "tol": 0.01}).run["tol"] == 0.01
-    # an engine that evaluates the curve after the run cannot stop by tol: refused, and the
-    # problem's default tol is not taken there
-    with pytest.raises(ConfigError, match="--tol needs the loss evaluated while the run goes"):
-        resolve(problem, "async", 2, {"tol": 0.01})
+    # an engine that evaluates the curve after the run stops at a --tol given (its recorder
+    # then checks rows as they are taken), but does not take the problem's default tol;
+    # the sim, on virtual time, refuses it
+    assert resolve(problem, "async", 2, {"tol": 0.01}).run["tol"] == 0.01
     assert resolve(problem, "async", 2, {}).run["tol"] is None
+    with pytest.raises(ConfigError, match="--tol needs the loss evaluated while the run goes"):
+        resolve(problem, "async", 2, {"engine": "sim", "tol": 0.01})
     # sync's barrier stage holds every slot: no loss job runs during it
     with pytest.raises(ConfigError, match="does not do for sync: drop --tol"):
         resolve(problem, "sync", 2, {"engine": "spark", "batch_size": 64, "tol": 0.01})

@@ -4,7 +4,8 @@ it stops a Spark run: the curve's rows are evaluated as they are taken
 the workers as a divergence does, and the summary says ``reached target``
 with ``stopped_at_target``; the run returns the parameters the check found
 (``target_params``). A run whose target is never met runs its whole
-budget; a run given no target evaluates nothing while it goes."""
+budget; a run given no target evaluates nothing while it goes. ``--tol``
+stops a local run the same way once an epoch gains less than tol."""
 import json
 
 import pytest
@@ -79,3 +80,38 @@ def test_a_run_stopped_at_its_target_is_finished_not_interrupted(tmp_path):
     assert lines[-2].startswith(f"stopped early: reached the target loss {EASY:g}"), lines
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "reached target" and summary["epochs"] < EPOCHS, summary
+
+
+TOL = 0.3  # "exp" gains less than 30% an epoch well before its 30 epochs end
+
+
+@pytest.mark.parametrize("strategy, workers, engine", PATHS, ids=[p[0] for p in PATHS])
+def test_a_local_run_given_tol_stops_once_an_epoch_gains_less(strategy, workers, engine):
+    """--tol stops local runs as it stops Spark's: once the best loss checked
+    so far is below the best of an epoch earlier by less than tol of itself."""
+    run = monsoon.train("exp", strategy, workers, epochs=EPOCHS, tol=TOL, progress=False,
+                        **engine)
+    s = run.summary
+    assert s["status"] == "converged" and "stopped" not in s, s
+    assert s["stopped_converged"].startswith(f"converged: the loss fell by less than {TOL:g}")
+    assert 1 < s["epochs"] < EPOCHS, s["epochs"]
+    assert s["final_loss"] < 0.5 * run.history[0]["loss"], s  # it trained before it stopped
+
+
+def test_the_sim_refuses_tol_in_one_line():
+    """The sim runs its whole budget on its virtual clock: --tol is refused
+    before the run, as Spark's barrier stage refuses it."""
+    with pytest.raises(monsoon.ConfigError, match="sim engine does not do for async: drop --tol"):
+        monsoon.train("exp", "async", 2, engine="sim", epochs=2, tol=TOL, progress=False)
+
+
+def test_a_run_stopped_by_tol_says_so_and_exits_0(tmp_path):
+    out = tmp_path / "run"
+    done = run_cli("train", "--problem", "exp", "--strategy", "async", "--workers", "2",
+                   "--backend", "threads", "--epochs", str(EPOCHS), "--tol", str(TOL),
+                   "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "--resume" not in done.stdout + done.stderr, done
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2].startswith(f"stopped early: converged: the loss fell by less than {TOL:g}")
+    assert json.loads((out / "summary.json").read_text())["status"] == "converged"

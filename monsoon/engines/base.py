@@ -9,9 +9,8 @@ An engine carries out the ops of a strategy's worker program
   ``describe`` reports the attributes named in ``described``;
 - ``virtual_time``: its clock is simulated (the recorder then charges no
   evaluation cost to the run);
-- ``evaluates_while_running(strategy)``: it has the recorder evaluate the
-  loss while that strategy's run goes (``check_target``), so ``--tol`` can
-  stop it;
+- ``evaluates_while_running(strategy)``, so a problem's default ``tol``
+  applies; ``stops_on_loss(strategy)``, so ``--tol`` is taken (below);
 - ``stops_on_signal``: SIGTERM/SIGINT make it stop its workers, write a
   final checkpoint and return (``lifecycle.StopSignals``);
 - ``keeps_buffers(strategy)``, ``keeps_private_copies``, ``checkpoint_shapes``:
@@ -170,7 +169,17 @@ class Engine:
 
     @classmethod
     def evaluates_while_running(cls, strategy) -> bool:
+        """Whether the recorder evaluates the loss while a run of
+        ``strategy`` goes, asked or not (``check_target``, as spark does
+        between its jobs)."""
         return False
+
+    @classmethod
+    def stops_on_loss(cls, strategy) -> bool:
+        """Whether a run of ``strategy`` given ``--target-loss`` or ``--tol``
+        stops at the recorder's check of a row's loss (``check_target``): any
+        engine on real time; the sim's virtual clock runs its whole budget."""
+        return not cls.virtual_time
 
     @classmethod
     def gives_loss(cls, strategy) -> bool:

@@ -382,8 +382,8 @@ class Recorder:
         return self._stop_format(dropped=dropped, updates=updates)
 
     def _check_target(self, now, updates, examples, params) -> None:
-        """``check_target`` (set by the engines that stop at ``target_loss``,
-        and spark's ``tol``): the snapshot's loss, evaluated now, at most every
+        """``check_target`` (set for a run given ``target_loss`` or ``tol``,
+        and by spark between its jobs): the snapshot's loss, evaluated now, at most every
         ``TARGET_SPACING`` times this evaluation's own time after the last
         (so it takes at most ~10% of the run); it is a row of the curve,
         not evaluated again after the run."""

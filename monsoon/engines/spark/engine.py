@@ -155,6 +155,12 @@ class SparkEngine(Engine):
         return AllReduce not in strategy.uses
 
     @classmethod
+    def stops_on_loss(cls, strategy) -> bool:
+        """Where a loss job can run (above); in the barrier stage only a
+        full-batch step's own loss is checked (``--target-loss``)."""
+        return cls.evaluates_while_running(strategy)
+
+    @classmethod
     def gives_loss(cls, strategy) -> bool:
         """Sync's steps all-reduce the step's loss with its gradient (barrier
         stage, or the driver's sum); serial's is its one worker's."""
