@@ -221,7 +221,8 @@ def check_error_feedback(spec, no_error_feedback, cli: bool = True) -> None:
 def check_compare_compress(spec, strategies: list[str]) -> None:
     """``compare``'s ``--compress``, refused in one line before any run: a
     spec named for a strategy that sends no messages, or one spec for
-    strategies none of which does (``messages.check_strategy``)."""
+    strategies none of which does (``messages.check_strategy``), each line
+    ending with what to change in compare's own flags."""
     if spec is None:
         return
     specs = _messages.by_strategy(spec)
@@ -229,10 +230,15 @@ def check_compare_compress(spec, strategies: list[str]) -> None:
         if _messages.parse(spec)[0] == "none" or any(
                 _messages.sends_messages(STRATEGIES.get(s)) for s in strategies):
             return
-        specs = {strategies[0]: spec}
+        takers = ", ".join(_messages.senders(STRATEGIES.all()))
+        _messages.check_strategy(spec, STRATEGIES.get(strategies[0]), STRATEGIES.all(),
+                                 f"drop --compress, or add to --strategies "
+                                 f"({','.join(strategies)}) one that sends messages: {takers}")
+        return
     for name, one in specs.items():
         if name in strategies and _messages.parse(one)[0] != "none":
-            _messages.check_strategy(one, STRATEGIES.get(name), STRATEGIES.all())
+            _messages.check_strategy(one, STRATEGIES.get(name), STRATEGIES.all(),
+                                     f"drop {name}={one} from --compress")
 
 
 @dataclass
