@@ -674,7 +674,8 @@ def _settle(resolved, problem, res, recorder, out, t_start, w0, raise_on_diverge
         recorder.settled_rows(final_updates=res.updates)
         if res.worker_states:
             problem.load_state(combine_buffers(res.worker_states, strat.buffers))
-        return recorder.finish(res.wall_time_s, res.updates, res.examples, res.params)
+        return recorder.finish(res.wall_time_s, res.updates, res.examples, res.params,
+                               res.examples_left_out or 0)
 
     # a failure here (a worker's bad data, met again over the whole set) ends
     # as an engine's does, the folder also holding what the run trained

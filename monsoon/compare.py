@@ -129,9 +129,7 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
     counts = {s: 1 if classes[s].single_worker else workers for s in strategies}
     # passed to every strategy: one that has no use for an option (serial, --shards) takes it
     shared = frozenset(k for k, v in options.items() if v is not None)
-    for s in strategies:  # every strategy's run checked before any starts
-        check(problem, s, counts[s], out=out / s, shared=shared, cli=cli,
-              **for_strategy(options, s))
+    _check_each(problem, strategies, counts, out, options, shared, cli)
     name = getattr(problem, "name", problem)
     check_out(out, COMPARE_FILES, name, cli, "the compare")
     for s in strategies:
@@ -148,6 +146,31 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
         raise
     finally:
         lock.release()
+
+
+def _check_each(problem, strategies, counts, out: Path, options, shared, cli: bool) -> None:
+    """Every strategy's run checked (``api.check``) before any starts. A
+    refusal of some strategies while others would run is one of those
+    strategies (an engine that cannot run it, a batch its workers' parts
+    cannot hold): its line then ends with what to change here, dropping
+    them from ``--strategies``; one that refuses all of them alike (a bad
+    option) is raised as it is."""
+    refused = {}
+    for s in strategies:
+        try:
+            check(problem, s, counts[s], out=out / s, shared=shared, cli=cli,
+                  **for_strategy(options, s))
+        except ConfigError as err:
+            refused[s] = err
+    if not refused:
+        return
+    first = next(iter(refused.values()))
+    runs = [s for s in strategies if s not in refused]
+    if not runs:
+        raise first
+    where = "--strategies" if cli else "strategies"
+    raise ConfigError(f"{first}; drop {', '.join(refused)} from {where} to compare "
+                      f"{', '.join(runs)}") from None
 
 
 def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, options,

@@ -71,7 +71,8 @@ RUN_OPTIONS = (
            "the residual to the next one (with --compress; refused without it)"),
     Option("evals", int, 100, "loss-curve points: one each 1/EVALS of the example budget, "
            "and one whenever max(0.5 s, 1/EVALS of the time so far) passes without one, so "
-           "about EVALS or more (0: none)",
+           "about EVALS or more (0: none, refused with --target-loss or --tol, which are "
+           "checked on these rows)",
            check=lambda v: None if v >= 0 else "0 or more"),
     Option("eval_share", float, 0.5, "the loss curve is evaluated after the run in at most "
            "this share of the run's time (and at least 5 s); past it, rows are thinned evenly",
@@ -221,7 +222,8 @@ def check_error_feedback(spec, no_error_feedback, cli: bool = True) -> None:
 def check_compare_compress(spec, strategies: list[str]) -> None:
     """``compare``'s ``--compress``, refused in one line before any run: a
     spec named for a strategy that sends no messages, or one spec for
-    strategies none of which does (``messages.check_strategy``)."""
+    strategies none of which does (``messages.check_strategy``), each line
+    ending with what to change in compare's own flags."""
     if spec is None:
         return
     specs = _messages.by_strategy(spec)
@@ -229,10 +231,15 @@ def check_compare_compress(spec, strategies: list[str]) -> None:
         if _messages.parse(spec)[0] == "none" or any(
                 _messages.sends_messages(STRATEGIES.get(s)) for s in strategies):
             return
-        specs = {strategies[0]: spec}
+        takers = ", ".join(_messages.senders(STRATEGIES.all()))
+        _messages.check_strategy(spec, STRATEGIES.get(strategies[0]), STRATEGIES.all(),
+                                 f"drop --compress, or add to --strategies "
+                                 f"({','.join(strategies)}) one that sends messages: {takers}")
+        return
     for name, one in specs.items():
         if name in strategies and _messages.parse(one)[0] != "none":
-            _messages.check_strategy(one, STRATEGIES.get(name), STRATEGIES.all())
+            _messages.check_strategy(one, STRATEGIES.get(name), STRATEGIES.all(),
+                                     f"drop {name}={one} from --compress")
 
 
 @dataclass
@@ -470,6 +477,7 @@ def resolve(problem, strategy: str, workers: int, given: dict,
         raise ConfigError(f"--tol needs the loss evaluated while the run goes, which the "
                           f"{run['engine']} engine does not do for {run['strategy']}: drop "
                           "--tol (--epochs or --steps bound the run)")
+    _check_evals(run, engine_cls, strategy_cls, full_batch, cli)
     if run["epochs"] is None and run["steps"] is None:
         if run["tol"] is None and evaluates:
             run["tol"] = defaults.get("tol")  # the problem's stopping rule, with its budget
@@ -544,6 +552,25 @@ def resolve(problem, strategy: str, workers: int, given: dict,
                         _devices.plan(device, engine, processes), cli)
     engine.settings = trajectory(resolved.config())  # what its checkpoints' identity holds
     return resolved
+
+
+def _check_evals(run: dict, engine, strategy, full_batch: bool, cli: bool) -> None:
+    """``--target-loss`` and ``--tol`` are checked on the loss curve's rows
+    (``Recorder.record``; the sim reports ``time_to_target_s`` from them):
+    with ``--evals 0`` there are none, so the run would never stop there nor
+    report a time to the target. Refused in one line before the run, but
+    where the engine stops at the target from each full-batch step's own
+    loss (``Engine.stops_at_step_loss``: spark's sync L-BFGS)."""
+    if run["evals"] != 0:
+        return
+    for name in ("target_loss", "tol"):
+        if run[name] is None or (name == "target_loss" and full_batch
+                                 and engine.stops_at_step_loss(strategy)):
+            continue
+        flag, evals = RUN[name].named(cli).rstrip("="), RUN["evals"]
+        raise ConfigError(f"{flag} is checked on the loss curve's rows and "
+                          f"{evals.given(0, cli)} records none: give {evals.named(cli)}"
+                          f"{' ' if cli else ''}1 or more, or drop {flag}")
 
 
 def _check_fewest_rows(problem, strategy, workers: int, run: dict) -> None:

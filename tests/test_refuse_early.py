@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from monsoon.errors import ConfigError
 from monsoon.record.run_folder import RESULT_FILES
 from monsoon.shared_memory import NEEDS_FENCE
 
@@ -512,3 +513,42 @@ def test_a_refused_run_takes_its_own_files_with_it(tmp_path):
     assert snapshot(out) == {"checkpoints/ckpt-000000000010.npz": "another run's",
                              "checkpoints/ckpt-000000000020.npz.damaged": "damaged",
                              "summary.json": "previous"}
+
+
+@pytest.mark.parametrize("args,ending", [
+    (["--engine", "spark", "--strategies", "serial,hogwild,sync"],
+     "engines that run hogwild: local, sim; drop hogwild from --strategies to compare serial, "
+     "sync"),
+    (["--engine", "torch", "--strategies", "serial,async,hogwild,sync"],
+     "engines that run serial: local, sim, spark; drop serial, async, hogwild from "
+     "--strategies to compare sync"),
+    (["--strategies", "serial,async", "--workers", "8", "--batch-size", "64"],
+     "use --batch-size 32 or less, or fewer workers; drop async from --strategies to compare "
+     "serial"),
+    (["--strategies", "sync,hogwild", "--compress", "hogwild=sign"],
+     "strategy hogwild sends no messages to compress; drop hogwild=sign from --compress"),
+    (["--strategies", "serial,hogwild", "--compress", "topk:0.5"],
+     "strategy serial sends no messages to compress; drop --compress, or add to --strategies "
+     "(serial,hogwild) one that sends messages: sync, async, local-sgd, easgd, ssp"),
+], ids=["spark-hogwild", "torch-three", "batch", "compress-one", "compress-all"])
+def test_compare_says_which_strategies_to_drop(tmp_path, args, ending):
+    """A strategy the run cannot take was refused in a run's words (the
+    engines that run it, --strategy): the line now ends with what to change
+    in compare's flags, naming the strategies to drop and those left."""
+    out = tmp_path / "cmp"
+    line = refused(cli("compare", "--epochs", "1", *args, "--out", str(out)))
+    assert line.endswith(ending), line
+    assert not out.exists()
+
+
+def test_compare_from_python_names_its_keyword_and_raises_a_shared_refusal_as_it_is(tmp_path):
+    import monsoon
+
+    with pytest.raises(ConfigError, match=r"which hogwild needs here; engines that run hogwild: "
+                       r"local, sim; drop hogwild from strategies to compare serial$"):
+        monsoon.compare("exp", "serial,hogwild", 2, out=tmp_path / "a", engine="spark", epochs=1)
+    # every strategy refused: no strategy left to compare, the run's own line
+    with pytest.raises(ConfigError, match=r"which serial uses; engines that run serial: local, "
+                       r"sim, spark$"):
+        monsoon.compare("exp", "serial,hogwild", 2, out=tmp_path / "b", engine="torch", epochs=1)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -539,6 +539,29 @@ def test_sync_leaves_out_a_partitions_lone_row_of_a_batch(spark, sizes, batch):
     assert np.isfinite(run.summary["final_loss"])
 
 
+def _epochs_count_the_rows_left_out(rows, summary, sizes, batch: int, seed: int) -> None:
+    """metrics.csv's epochs never go back, and each row's counts the rows
+    left out by the step its parameters came from (the plan's, batch by
+    batch: a step boundary where as many examples were taken), so the last
+    is summary.json's ``epochs`` (to the csv's precision, 6 decimals)."""
+    from monsoon.strategies import Budget
+    from monsoon.strategies.batches import global_batches
+
+    n, offsets = sum(sizes), np.cumsum([0] + sizes)
+    left_at, taken, left = {0: {0}}, 0, 0  # examples taken -> rows left out by then
+    for ids in global_batches(n, batch, seed, Budget(epochs=2)):
+        shares = np.bincount(np.searchsorted(offsets, ids, side="right") - 1)
+        took = int(shares[shares >= 2].sum())
+        taken, left = taken + took, left + len(ids) - took
+        left_at.setdefault(taken, set()).add(left)
+    epochs = [r["epoch"] for r in rows]
+    assert len(rows) > 2 and epochs == sorted(epochs), epochs
+    assert any(round(r["epoch"] * n) > r["examples"] for r in rows[1:-1]), rows
+    for r in rows:
+        assert round(r["epoch"] * n) - r["examples"] in left_at[r["examples"]], r
+    assert abs(epochs[-1] - summary["epochs"]) <= 5e-7, (epochs[-1], summary["epochs"])
+
+
 @pytest.mark.parametrize("sizes, batch", [([8, 8, 8, 7], 9), ([20, 21], 3)],
                          ids=["driver", "barrier"])
 def test_epochs_count_the_rows_left_out_apart_from_the_examples(spark, tmp_path, sizes, batch):
@@ -551,7 +574,11 @@ def test_epochs_count_the_rows_left_out_apart_from_the_examples(spark, tmp_path,
     first epoch's checkpoints counts as the whole run does; in the barrier
     stage those checkpoints are written while the stage holds every slot
     (no loss job can run then: a short timeout fails a wait for one), and
-    rewritten after it with the curve's rows evaluated."""
+    rewritten after it with the curve's rows evaluated. Each metrics.csv
+    row's ``epoch`` counts the rows left out by its parameters too, so the
+    last agrees with the summary's ``epochs`` (it read examples / n), the
+    resumed run's rows from the checkpoint's included."""
+    from monsoon.record.run_folder import read_metrics
     from monsoon.strategies import Budget
     from monsoon.strategies.batches import global_batches
 
@@ -567,9 +594,14 @@ def test_epochs_count_the_rows_left_out_apart_from_the_examples(spark, tmp_path,
         s = monsoon.train(data, epochs=epochs, **kw).summary
         first = monsoon.train(data, epochs=1, checkpoint_every=1, out=tmp_path / "a",
                               **{**kw, "evals": 20})  # a curve for the checkpoints to carry
-        resumed = monsoon.train(data, epochs=epochs, resume=str(tmp_path / "a"), **kw).summary
+        first_csv = read_metrics(tmp_path / "a" / "metrics.csv")
+        resumed_run = monsoon.train(data, epochs=epochs, resume=str(tmp_path / "a"), **kw)
+        resumed = resumed_run.summary
     finally:
         data.unpersist()
+    # the resumed run writes no folder: its rows, metrics.csv's had it one
+    for rows, summary in ((first_csv, first.summary), (resumed_run.history, resumed)):
+        _epochs_count_the_rows_left_out(rows, summary, sizes, batch, seed)
     counts = ("examples", "examples_left_out", "epochs", "updates")
     assert {k: resumed[k] for k in counts} == {k: s[k] for k in counts}
     assert ("spark_sync" in first.summary) == (len(sizes) == 2)

@@ -115,3 +115,53 @@ def test_a_run_stopped_by_tol_says_so_and_exits_0(tmp_path):
     lines = done.stdout.strip().splitlines()
     assert lines[-2].startswith(f"stopped early: converged: the loss fell by less than {TOL:g}")
     assert json.loads((out / "summary.json").read_text())["status"] == "converged"
+
+
+EVALS_0 = ("is checked on the loss curve's rows and --evals 0 records none: give --evals 1 or "
+           "more, or drop ")
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "--target-loss", "0.2"],
+    ["simulate", "--target-loss", "0.2"],
+    ["compare", "--strategies", "serial,sync", "--target-loss", "0.2"],
+    ["train", "--engine", "spark", "--problem", "logistic", "--strategy", "async",
+     "--workers", "2", "--tol", "0.01"],
+], ids=["train", "simulate", "compare", "spark-tol"])
+def test_evals_0_with_a_target_or_tol_is_refused_in_one_line(tmp_path, args):
+    """Only the curve's rows are checked for --target-loss and --tol, and
+    --evals 0 records none: the run went its whole budget, never stopping
+    and never reporting a time to the target. Refused, from the command in
+    its own process, before anything is written."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "monsoon", *args, "--evals", "0", "--epochs",
+                           "1", "--quiet", "--out", str(out)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    flag = "--tol" if "--tol" in args else "--target-loss"
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"monsoon: error: {flag} {EVALS_0}{flag}"]
+    assert not out.exists()
+
+
+def test_evals_0_is_refused_from_python_in_its_keywords_but_not_where_steps_stop():
+    """From Python the line names the keywords. Spark's sync L-BFGS checks
+    each full-batch step's own loss, not the curve's rows: it still stops at
+    the target with --evals 0 (docs/engines/spark.md), and is taken."""
+    from monsoon.config import resolve
+
+    with pytest.raises(monsoon.ConfigError, match=r"^target_loss is checked on the loss "
+                       r"curve's rows and evals=0 records none: give evals=1 or more, or "
+                       r"drop target_loss$"):
+        monsoon.train("exp", evals=0, target_loss=EASY, epochs=1, progress=False)
+    lbfgs = {"rule": "lbfgs", "evals": 0, "target_loss": 0.5}
+    with pytest.raises(monsoon.ConfigError, match="evals=0 records none"):
+        resolve("logistic", "serial", 1, lbfgs, cli=False)  # local: the curve's rows only
+    taken = resolve("logistic", "sync", 2, {**lbfgs, "engine": "spark"}, cli=False)
+    assert taken.run["evals"] == 0 and taken.run["target_loss"] == 0.5

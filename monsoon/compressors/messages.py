@@ -362,16 +362,22 @@ def sends_messages(strategy) -> bool:
                for op in getattr(strategy, "uses", ()))
 
 
-def check_strategy(spec: str, strategy, strategies: dict) -> None:
+def senders(strategies: dict) -> list[str]:
+    """The names of ``strategies`` ({name: class}) that send messages."""
+    return [name for name, cls in strategies.items() if cls is not None and sends_messages(cls)]
+
+
+def check_strategy(spec: str, strategy, strategies: dict, advice: str | None = None) -> None:
     """Refuse, in one line, ``--compress`` for a strategy that sends no
     messages (``sends_messages``), naming those of ``strategies`` (the
     registry's, {name: class}) that do: it would run uncompressed while its
-    summary recorded the compressor."""
+    summary recorded the compressor. ``advice``: what to change, where it is
+    not a run's (``compare``'s own flags)."""
     if sends_messages(strategy):
         return
-    takers = [name for name, cls in strategies.items() if cls is not None and sends_messages(cls)]
+    advice = advice or f"drop --compress, or use --strategy {', '.join(senders(strategies))}"
     raise ConfigError(f"--compress {spec}: strategy {strategy.name} sends no messages to "
-                      f"compress; drop --compress, or use --strategy {', '.join(takers)}")
+                      f"compress; {advice}")
 
 
 def check_engine(engine, strategy) -> None:

@@ -182,6 +182,13 @@ class Engine:
         return not cls.virtual_time
 
     @classmethod
+    def stops_at_step_loss(cls, strategy) -> bool:
+        """Whether ``--target-loss`` is checked on each full-batch step's
+        own loss (``Recorder.target_met``), not only on the curve's rows,
+        when this engine runs ``strategy`` (a class) with a full-batch rule."""
+        return False
+
+    @classmethod
     def gives_loss(cls, strategy) -> bool:
         """Whether this engine hands the rule each step's full-batch loss
         (``UpdateInfo.loss``: lbfgs) when it runs ``strategy`` (a class),

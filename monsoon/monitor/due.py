@@ -104,7 +104,9 @@ class Due:
         workers take local steps, their (applied, dropped) counts after them
         (``Recorder.record``'s ``local``; None: none), and where updates
         land while the monitor looks (a server's threads), the examples of
-        those updates, read with them (the row's; else ``examples``). Returns
+        those updates, read with them (the row's; else ``examples``), and
+        then the rows the steps left out by then (``Recorder.record``'s
+        ``left_out``: spark's; else none). Returns
         the row's reason to stop (a divergence, the target; with ``stops``,
         a stop signal), or None. A row due at a stop signal is recorded
         first: the divergence it shows is the reason, never the signal (an
@@ -114,8 +116,11 @@ class Due:
             local = local_counts(rest[0] if rest else None)
             if len(rest) > 1:
                 examples = rest[1]
+            extra = {"local": local} if local is not None else {}
+            if len(rest) > 2 and rest[2]:
+                extra["left_out"] = int(rest[2])
             reason = self.recorder.record(at, int(updates), int(examples), params, int(dropped),
-                                          **({"local": local} if local is not None else {}))
+                                          **extra)
             if reason is not None:
                 return reason
         if self.stops and (self.signal() or self.interrupted is not None):

@@ -243,6 +243,7 @@ class Recorder:
         self._known_next: tuple[tuple[int, int], float] | None = None  # its snapshot is next
         self._snapshot_keys: dict[tuple, tuple[int, int]] = {}  # snapshot[:3] -> (updates, dropped)
         self._buffers: dict[tuple, dict] = {}  # snapshot[:3] -> the buffers it is evaluated with
+        self._left_out: dict[tuple, int] = {}  # snapshot[:3] -> rows left out by then (spark)
 
     # -- during the run ----------------------------------------------------
     def start(self, params, buffers: dict | None = None) -> None:
@@ -252,11 +253,14 @@ class Recorder:
             self.record(0.0, 0, 0, params, buffers=buffers)
 
     def resume(self, rows: list[dict]) -> None:
-        """Carry on a checkpointed run's curve: its rows come first."""
+        """Carry on a checkpointed run's curve: its rows come first, each
+        with the rows left out by then that its epoch counts."""
         for row in rows:
+            left_out = max(0, round(row.get("epoch", 0) * self.n_examples) - row["examples"])
             self.add_row(row["time_s"], row["updates"], row["examples"],
                          {k: v for k, v in row.items() if k not in ("time_s", "updates",
-                                                                     "examples", "epoch")})
+                                                                     "examples", "epoch")},
+                         left_out)
 
     def due(self, now: float, examples: int) -> bool:
         return (self.evals > 0 and (now >= self._next or examples >= self._next_examples)
@@ -316,17 +320,22 @@ class Recorder:
         return row
 
     def record(self, now: float, updates: int, examples: int, params, dropped: int = 0,
-               local: tuple[int, int] | None = None, buffers: dict | None = None):
+               local: tuple[int, int] | None = None, buffers: dict | None = None,
+               left_out: int = 0):
         """Snapshot ``params`` (copied: the caller may go on writing them).
         ``local``: the workers' local steps so far, (applied, dropped), where
         the run takes any (None: none). ``buffers``: the model's buffers to
         evaluate the snapshot with (``Problem.state()``'s form; None: those
-        the problem holds then), where the workers train copies of them."""
+        the problem holds then), where the workers train copies of them.
+        ``left_out``: the rows the steps so far drew and left out (spark's
+        ``examples_left_out``), which the row's epoch counts."""
         began = time.thread_time()
         if self.evals > 0 or not self.snapshots:
             self._snapshot_keys[(now, updates, examples)] = (updates, dropped)
             if buffers is not None:
                 self._buffers[(now, updates, examples)] = buffers
+            if left_out:
+                self._left_out[(now, updates, examples)] = left_out
             self._keep(now, updates, examples, self._copy(params))
         evals = max(self.evals, 1)
         self._next = now + self._stride * max(self.min_interval_s, now / evals)
@@ -454,6 +463,7 @@ class Recorder:
             self._spares = [s[3] for s in rest[0::2]]  # the next snapshots' buffers
             for s in rest[0::2]:
                 self._buffers.pop(s[:3], None)
+                self._left_out.pop(s[:3], None)
             self._stride *= 2
 
     # -- after the run -----------------------------------------------------
@@ -463,7 +473,9 @@ class Recorder:
         snapshot taken at ``final_updates`` is dropped: the final row is that point."""
         if (final_updates is not None and len(self.snapshots) > 1
                 and self.snapshots[-1][1] == final_updates):
-            self._buffers.pop(self.snapshots.pop()[:3], None)
+            dropped = self.snapshots.pop()[:3]
+            self._buffers.pop(dropped, None)
+            self._left_out.pop(dropped, None)
         snaps, self.snapshots = self.snapshots, []
         if not snaps:
             return self.rows
@@ -508,7 +520,9 @@ class Recorder:
             self._buffers.pop(snap[:3], None)
         for i in sorted(done):
             t, up, ex, _ = snaps[i]
-            self.add_row(t, up, ex, done[i])
+            self.add_row(t, up, ex, done[i], self._left_out.get(snaps[i][:3], 0))
+        for snap in snaps:
+            self._left_out.pop(snap[:3], None)
         return self.rows
 
     def hurry(self, signum=None) -> None:
@@ -552,17 +566,19 @@ class Recorder:
             if i not in done and loss is not None:
                 done[i] = {"loss": loss}
 
-    def finish(self, now: float, updates: int, examples: int, params) -> dict:
+    def finish(self, now: float, updates: int, examples: int, params,
+               left_out: int = 0) -> dict:
         """Evaluate every snapshot and the final parameters; returns the final
         row, the one row at ``updates``: rows already settled there (by a
         checkpoint, a resumed run's, the monitor's last snapshots) give way
-        to it, which holds the final parameters and buffers."""
+        to it, which holds the final parameters and buffers (``left_out``:
+        the run's rows left out, as ``record``'s)."""
         self._spares = []  # no more copies: their memory goes back
         self.settled_rows(final_updates=updates)
         while self.rows and self.rows[-1]["updates"] == updates:
             self.rows.pop()
         final = self.evaluate(params)
-        self.add_row(now, updates, examples, final)
+        self.add_row(now, updates, examples, final, left_out)
         return self.rows[-1]
 
     def evaluate(self, params) -> dict:
@@ -571,12 +587,15 @@ class Recorder:
     def evaluate_all(self, ws: list) -> list[dict]:
         return evaluate_all(self.problem, ws)
 
-    def add_row(self, now: float, updates: int, examples: int, metrics) -> None:
+    def add_row(self, now: float, updates: int, examples: int, metrics,
+                left_out: int = 0) -> None:
+        """A curve row; its epoch counts the rows the steps drew, those
+        ``left_out`` too (as summary.json's ``epochs``), not only ``examples``."""
         if not isinstance(metrics, dict):
             metrics = {"loss": float(metrics)}
         loss = float(metrics["loss"])
         row = {"time_s": round(now, 6), "updates": updates, "examples": examples,
-               "epoch": round(examples / self.n_examples, 6), "loss": loss}
+               "epoch": round((examples + left_out) / self.n_examples, 6), "loss": loss}
         row.update({k: float(v) for k, v in metrics.items() if k in OPTIONAL_COLUMNS})
         self.rows.append(row)
         if (self.time_to_target_s is None and self.target_loss is not None

@@ -162,12 +162,12 @@ class RankRecorder:
         self.interrupt_wanted = signum or self.interrupt_wanted
         return row
 
-    def record(self, now, updates, examples, w, dropped=0, local=None):
+    def record(self, now, updates, examples, w, dropped=0, local=None, left_out=0):
         if self.stop_seen:
             return self.stop_seen
         if self.sock is not None:  # ``local``, the local steps' counts, where there are any
-            send(self.sock, ("record", now, updates, examples, np.asarray(w), dropped)
-                 + ((local,) if local is not None else ()))
+            send(self.sock, ("record", now, updates, examples, np.asarray(w), dropped, local,
+                             left_out))
             self.stop_wanted = receive(self.sock) or self.stop_wanted
         return None
 
@@ -467,8 +467,9 @@ def _answer(conn, message, recorder, ckpts) -> None:
         _, now, examples = message
         send(conn, (recorder.due(now, examples), recorder.live_due(now), stop_requested()))
     elif kind == "record":
-        _, now, updates, examples, w, dropped, *local = message
-        send(conn, recorder.record(now, updates, examples, w, dropped, *local))
+        _, now, updates, examples, w, dropped, local, left_out = message
+        send(conn, recorder.record(now, updates, examples, w, dropped, local,
+                                   left_out=left_out))
     elif kind == "known":  # one-way: the loss at the last snapshot, from a full-batch step
         recorder.target_met(*message[1:])
     elif kind == "live":

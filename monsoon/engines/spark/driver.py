@@ -317,7 +317,8 @@ class DriverPrograms:
                 stopped = due.look(
                     now, self.examples,
                     lambda: (self.w, self.core.version, self.core.dropped,
-                             local_totals(self.strategy, *self.local)),
+                             local_totals(self.strategy, *self.local), self.examples,
+                             self.left_out),
                     lambda: (self.examples, self.core.version, self.core.dropped),
                     lambda: (live, self.core.staleness))
                 if stopped:

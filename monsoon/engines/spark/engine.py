@@ -161,6 +161,12 @@ class SparkEngine(Engine):
         return cls.evaluates_while_running(strategy)
 
     @classmethod
+    def stops_at_step_loss(cls, strategy) -> bool:
+        """Sync's full-batch steps all-reduce the full-data loss with the
+        gradient, and the run stops at the first at the target."""
+        return AllReduce in strategy.uses and cls.gives_loss(strategy)
+
+    @classmethod
     def gives_loss(cls, strategy) -> bool:
         """Sync's steps all-reduce the step's loss with its gradient (barrier
         stage, or the driver's sum); serial's is its one worker's."""
