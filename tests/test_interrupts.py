@@ -144,7 +144,9 @@ def test_a_signal_stops_the_run_cleanly_and_it_resumes_bit_for_bit(tmp_path, how
     assert np.array_equal(resumed.params, whole.params)
 
 
-LONG = 300  # epochs: 4,800 updates, so a signal after the first live rows lands mid-run
+# epochs: 1,920 updates, so a signal after the first live rows lands mid-run (it
+# lands within the first 200 updates on an idle machine: 10x that is left)
+LONG = 120
 
 
 def wait_training(proc, out: Path, timeout=60.0) -> None:
