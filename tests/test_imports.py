@@ -1,7 +1,9 @@
 """A run on a NumPy problem never imports torch (about 2 s here), in the
 parent or in its workers' fork server: ``import monsoon`` loads torch only
 for torch problems, and the live series' event files are written without
-tensorboardX (which imports torch). Building ``digits`` never imports
+tensorboardX (which imports torch); the spark engine's checks of a NumPy
+problem (executors, a torch model's fewest rows, a partition's problem)
+ask whether it is a torch model without importing torch. Building ``digits`` never imports
 scikit-learn (about a second): it reads the file scikit-learn ships, and
 gets exactly what ``load_digits`` gives."""
 import subprocess
@@ -29,6 +31,31 @@ def test_a_numpy_run_never_imports_torch(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False"
+
+
+SPARK_CHECKS = """
+import sys
+import numpy as np
+from monsoon.engines.spark.blocks import restrict
+from monsoon.engines.spark.placement import check_fewest_rows
+from monsoon.problems import is_torch_model, make_problem
+from monsoon.strategies import make_strategy
+from monsoon.strategies.base import Budget
+p = make_problem("logistic")
+assert not is_torch_model(p)
+assert restrict(p, np.arange(10)).n_examples == 10
+assert check_fewest_rows(p, make_strategy("async"), [50, 50], 8, 0, Budget(epochs=1)) == 1
+print("torch" in sys.modules)
+from monsoon.problems import TorchProblem
+print(is_torch_model(TorchProblem.__new__(TorchProblem)))
+"""
+
+
+def test_the_spark_engines_checks_of_a_numpy_problem_never_import_torch():
+    proc = subprocess.run([sys.executable, "-c", SPARK_CHECKS], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True"]
 
 
 def test_digits_reads_sklearns_file_without_importing_sklearn():

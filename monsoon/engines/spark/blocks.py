@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...problems import is_torch_model
+
 
 @dataclass
 class Block:
@@ -56,8 +58,6 @@ def restrict(problem, rows: np.ndarray):
     monsoon does not know how to cut this kind of problem."""
     from ...problems.linear import DenseLinear
     from ...problems.sparse_linear import SparseLinear
-    from ...problems.torch_model import TorchModel
-    from ...problems.torch_problem import TorchProblem
 
     if type(problem) in (DenseLinear, SparseLinear):
         part = copy.copy(problem)  # inv_degree stays the full data's (the split L2)
@@ -66,6 +66,11 @@ def restrict(problem, rows: np.ndarray):
         part._grad = np.zeros_like(problem._grad)
         part._kernel_ready = False
         return part
+    if not is_torch_model(problem):
+        return None
+    from ...problems.torch_model import TorchModel
+    from ...problems.torch_problem import TorchProblem
+
     if type(problem) in (TorchModel, TorchProblem) and getattr(problem, "X", None) is not None:
         state = problem.__getstate__()
         index = torch_index(rows)

@@ -57,6 +57,7 @@ from ...monitor.lifecycle import reclaim_signals
 from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
 from ...monitor.tally import EngineResult, failed_list, run_folder_extra
+from ...problems import is_torch_model
 from .jobs import Jobs
 from .placement import averages, check_fewest_rows, check_segments, in_tasks, task_job
 
@@ -98,12 +99,6 @@ def steps_per_exchange(strategy) -> dict:
     """The steps per job the strategy runs (its declared ``period``: n_push,
     local_steps, tau), or {} where it declares none."""
     return {} if strategy.period is None else {strategy.period: strategy.period_steps()}
-
-
-def _is_torch(problem) -> bool:
-    from ...problems.torch_model import TorchModel
-
-    return isinstance(problem, TorchModel)
 
 
 class SparkEngine(Engine):
@@ -223,7 +218,7 @@ class SparkEngine(Engine):
 
         # start-up, not a step: starting the executors' Python (and torch) may take
         # longer than a short --timeout allows a step
-        check_executors(sc, max(self.timeout, TIMEOUT.default), torch=_is_torch(problem))
+        check_executors(sc, max(self.timeout, TIMEOUT.default), torch=is_torch_model(problem))
         jobs = Jobs(sc, self.timeout, strategy.name)  # names the run's job group
         blocks = None
         try:
