@@ -44,6 +44,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
@@ -149,12 +150,14 @@ def compare(problem="exp", strategies=COMPARE_DEFAULTS["strategies"], workers: i
 
 
 def _check_each(problem, strategies, counts, out: Path, options, shared, cli: bool) -> None:
-    """Every strategy's run checked (``api.check``) before any starts. A
-    refusal of some strategies while others would run is one of those
-    strategies (an engine that cannot run it, a batch its workers' parts
-    cannot hold): its line then ends with what to change here, dropping
-    them from ``--strategies``; one that refuses all of them alike (a bad
-    option) is raised as it is."""
+    """Every strategy's run checked (``api.check``) before any starts, and
+    every refusal told in one line, so that one round trip tells them all:
+    each distinct reason once (``_reasons``: an engine that cannot run a
+    strategy, a batch its workers' parts cannot hold), then what to change
+    here, the strategies to drop from ``--strategies`` to compare the rest.
+    One reason that refuses all of them alike (a bad option) is raised as it
+    is; all refused for different reasons, the line says that none runs
+    with these options, and why each does not (``_refusal``)."""
     refused = {}
     for s in strategies:
         try:
@@ -166,11 +169,48 @@ def _check_each(problem, strategies, counts, out: Path, options, shared, cli: bo
         return
     first = next(iter(refused.values()))
     runs = [s for s in strategies if s not in refused]
-    if not runs:
-        raise first
+    reasons = _reasons(refused)
+    if not runs and len(reasons) == 1:  # one reason for all: the run's own line
+        if reasons[0] == str(first):
+            raise first
+        raise ConfigError(reasons[0]) from None
     where = "--strategies" if cli else "strategies"
-    raise ConfigError(f"{first}; drop {', '.join(refused)} from {where} to compare "
-                      f"{', '.join(runs)}") from None
+    raise ConfigError(_refusal(reasons, list(refused), runs, where)) from None
+
+
+_NAME = "\0"  # a strategy's own name in its reason, where reasons are grouped
+
+
+def _reasons(refused: dict) -> list[str]:
+    """Each distinct reason in ``refused`` (strategy: its ConfigError) once,
+    in the strategies' order. Reasons that differ only in their strategy's
+    name (``each async worker``, ``each hogwild worker``) are one, naming
+    them all (``each async or hogwild worker``); a reason that names none
+    of its strategies is prefixed by them (``sync, async: ...``)."""
+    groups: dict[str, list[str]] = {}
+    for s, err in refused.items():
+        own = re.compile(rf"(?<![\w-]){re.escape(s)}(?![\w-])")
+        groups.setdefault(own.sub(_NAME, str(err)), []).append(s)
+    if len(groups) == 1 and _NAME not in next(iter(groups)):
+        return list(groups)  # one reason for all: no need to say whose
+    return [reason.replace(_NAME, _either(names)) if _NAME in reason
+            else f"{', '.join(names)}: {reason}" for reason, names in groups.items()]
+
+
+def _either(names: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _refusal(reasons: list[str], refused: list[str], runs: list[str], where: str) -> str:
+    """The line for strategies refused before any run: every reason, then
+    what to drop from ``where`` (``--strategies``, or ``strategies`` from
+    Python) to compare those left, or, where none is left (for different
+    reasons), that no strategy runs with these options."""
+    said = "; ".join(reasons)
+    if runs:
+        return f"{said}; drop {', '.join(refused)} from {where} to compare {', '.join(runs)}"
+    return f"no strategy in {where} runs with these options: {said}"
 
 
 def _run_all(problem, strategies, counts, out: Path, resume, repeats: int, options,

@@ -515,12 +515,23 @@ def test_a_refused_run_takes_its_own_files_with_it(tmp_path):
                              "summary.json": "previous"}
 
 
+# what the torch engine says of each strategy it cannot run
+TORCH_SERIAL = ("the torch engine cannot carry out Apply (an in-place update of the parameters by "
+                "the worker itself), which serial uses; engines that run serial: local, sim, spark")
+TORCH_ASYNC = ("the torch engine cannot carry out Push (a server that applies each push the moment "
+               "it arrives), which async uses; engines that run async: local, sim, ray, spark")
+TORCH_HOGWILD = ("the torch engine cannot carry out Apply (an in-place update of the parameters "
+                 "by the worker itself), which hogwild uses; engines that run hogwild: local, sim")
+TOO_MANY = "300 workers but only 256 training examples; use at most 256 workers"
+STAGES = "300 pipeline stages but the model has only 3 layers; use --pipeline-stages 3 or fewer"
+
+
 @pytest.mark.parametrize("args,ending", [
     (["--engine", "spark", "--strategies", "serial,hogwild,sync"],
      "engines that run hogwild: local, sim; drop hogwild from --strategies to compare serial, "
      "sync"),
     (["--engine", "torch", "--strategies", "serial,async,hogwild,sync"],
-     "engines that run serial: local, sim, spark; drop serial, async, hogwild from "
+     f"error: {TORCH_SERIAL}; {TORCH_ASYNC}; {TORCH_HOGWILD}; drop serial, async, hogwild from "
      "--strategies to compare sync"),
     (["--strategies", "serial,async", "--workers", "8", "--batch-size", "64"],
      "use --batch-size 32 or less, or fewer workers; drop async from --strategies to compare "
@@ -530,11 +541,36 @@ def test_a_refused_run_takes_its_own_files_with_it(tmp_path):
     (["--strategies", "serial,hogwild", "--compress", "topk:0.5"],
      "strategy serial sends no messages to compress; drop --compress, or add to --strategies "
      "(serial,hogwild) one that sends messages: sync, async, local-sgd, easgd, ssp"),
-], ids=["spark-hogwild", "torch-three", "batch", "compress-one", "compress-all"])
+    # reasons that differ only in the strategy's name are said once, naming both
+    (["--strategies", "serial,async,hogwild", "--workers", "8", "--batch-size", "64"],
+     "error: batch size 64 is larger than a worker's part of the data: each async or hogwild "
+     "worker draws its batches from its own 32 of the 256 examples; use --batch-size 32 or "
+     "less, or fewer workers; drop async, hogwild from --strategies to compare serial"),
+    (["--strategies", "async,hogwild", "--workers", "8", "--batch-size", "64"],
+     "error: batch size 64 is larger than a worker's part of the data: each async or hogwild "
+     "worker draws its batches from its own 32 of the 256 examples; use --batch-size 32 or "
+     "less, or fewer workers"),
+    # a reason that names none of its strategies is prefixed by them
+    (["--strategies", "serial,sync,pipeline", "--workers", "300"],
+     f"error: sync: {TOO_MANY}; {STAGES}; drop sync, pipeline from --strategies to compare "
+     "serial"),
+    (["--engine", "torch", "--strategies", "serial,hogwild"],
+     f"error: no strategy in --strategies runs with these options: {TORCH_SERIAL}; "
+     f"{TORCH_HOGWILD}"),
+    (["--strategies", "sync,async,pipeline", "--workers", "300"],
+     f"error: no strategy in --strategies runs with these options: sync, async: {TOO_MANY}; "
+     f"{STAGES}"),
+    # one reason shared by all (a bad option): the run's own line, as it is
+    (["--strategies", "sync,async", "--workers", "300"], f"error: {TOO_MANY}"),
+], ids=["spark-hogwild", "torch-three", "batch", "compress-one", "compress-all", "batch-two",
+        "batch-none-left", "workers-two-reasons", "torch-none-left", "workers-none-left",
+        "workers-shared"])
 def test_compare_says_which_strategies_to_drop(tmp_path, args, ending):
     """A strategy the run cannot take was refused in a run's words (the
     engines that run it, --strategy): the line now ends with what to change
-    in compare's flags, naming the strategies to drop and those left."""
+    in compare's flags, naming the strategies to drop and those left. Every
+    refused strategy's reason is in that one line, each distinct reason
+    once, so one round trip tells them all."""
     out = tmp_path / "cmp"
     line = refused(cli("compare", "--epochs", "1", *args, "--out", str(out)))
     assert line.endswith(ending), line
@@ -542,13 +578,25 @@ def test_compare_says_which_strategies_to_drop(tmp_path, args, ending):
 
 
 def test_compare_from_python_names_its_keyword_and_raises_a_shared_refusal_as_it_is(tmp_path):
+    import re
+
     import monsoon
 
     with pytest.raises(ConfigError, match=r"which hogwild needs here; engines that run hogwild: "
                        r"local, sim; drop hogwild from strategies to compare serial$"):
         monsoon.compare("exp", "serial,hogwild", 2, out=tmp_path / "a", engine="spark", epochs=1)
-    # every strategy refused: no strategy left to compare, the run's own line
-    with pytest.raises(ConfigError, match=r"which serial uses; engines that run serial: local, "
-                       r"sim, spark$"):
+    # every strategy refused, each for its own reason: both are said
+    with pytest.raises(ConfigError) as refusal:
         monsoon.compare("exp", "serial,hogwild", 2, out=tmp_path / "b", engine="torch", epochs=1)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert str(refusal.value) == ("no strategy in strategies runs with these options: "
+                                  f"{TORCH_SERIAL}; {TORCH_HOGWILD}")
+    with pytest.raises(ConfigError, match=re.escape(f"{TORCH_SERIAL}; {TORCH_HOGWILD}; drop "
+                                                    "serial, hogwild from strategies to compare "
+                                                    "sync") + "$"):
+        monsoon.compare("exp", "serial,hogwild,sync", 2, out=tmp_path / "c", engine="torch",
+                        epochs=1)
+    # every strategy refused alike: no strategy left to compare, the run's own line
+    with pytest.raises(ConfigError) as refusal:
+        monsoon.compare("exp", "sync,async", 300, out=tmp_path / "d", epochs=1)
+    assert type(refusal.value) is ConfigError and str(refusal.value) == TOO_MANY
+    assert not any((tmp_path / name).exists() for name in "abcd")
