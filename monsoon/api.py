@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -27,10 +28,10 @@ from .config import RUN, resolve
 from .record import checkpoints as _checkpoints
 from .record.checkpoints import check_resume
 from .monitor.lifecycle import StopSignals, on_stop, signal_name
-from .monitor.processes import leave_if_re_running_main
+from .monitor.processes import leave_if_re_running_main, single_blas_thread
 from .compressors.messages import add_bytes_column
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
-from .problems import Problem
+from .problems import Problem, is_torch_model
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
 from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
@@ -614,8 +615,15 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
     t_start = time.perf_counter()
 
     def train():
-        return engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
-                          run['seed'], budget, recorder)
+        # A torch problem's steps in this process (serial, the sim, worker
+        # threads) put torch's intra-op threads beside OpenBLAS's, which
+        # monsoon's own passes over the flat vector (asum, axpy) wake and
+        # which then spin on the same cores: one BLAS thread for the run
+        # (a 200k-parameter MLP's serial step was 15x slower otherwise).
+        # Workers in processes set their own; a NumPy problem keeps its BLAS.
+        with single_blas_thread() if is_torch_model(problem) else contextlib.nullcontext():
+            return engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
+                              run['seed'], budget, recorder)
 
     # engines that stop cleanly on SIGTERM/SIGINT say so (every built-in one);
     # ``late`` is entered inside, so no moment after the engine returns is left

@@ -138,6 +138,43 @@ def test_worker_threads_use_one_blas_thread_each(strategy, monkeypatch):
     assert after == before
 
 
+@pytest.mark.parametrize("problem,engine,threads", [("exp", "local", 1), ("exp", "sim", 1),
+                                                     ("logistic", "local", 2)])
+def test_a_torch_problems_steps_in_this_process_use_one_blas_thread(problem, engine, threads,
+                                                                    monkeypatch):
+    """A torch problem stepped in the calling process (serial, the sim) puts
+    torch's intra-op threads beside OpenBLAS's, which the rule's axpy and
+    the finiteness check wake: they would spin on the same cores, so the
+    run has one BLAS thread, and the caller's setting is back afterwards. A
+    NumPy problem's BLAS is its compute: it keeps the caller's threads."""
+    import scipy.linalg.blas  # noqa: F401 - the rules' BLAS, loaded
+    from threadpoolctl import threadpool_limits
+
+    from monsoon.rules.sgd import SGD
+
+    limits = threadpool_limits(limits=2, user_api="blas")  # as on a user's 2 cores
+    before = _blas_threads()
+    if not before:
+        pytest.skip("no BLAS library that threadpoolctl can see is loaded")
+    seen = []
+    original = SGD.apply
+
+    def apply(self, w, g, state, info):
+        if len(seen) < 2:
+            seen.append(_blas_threads())
+        return original(self, w, g, state, info)
+
+    monkeypatch.setattr(SGD, "apply", apply)
+    strategy, workers = ("serial", 1) if engine == "local" else ("sync", 2)
+    try:
+        monsoon.train(problem, strategy, workers, engine=engine, rule="sgd", epochs=1, evals=0)
+        after = _blas_threads()
+    finally:
+        limits.restore_original_limits()
+    assert seen and all(t == [threads] * len(before) for t in seen), seen
+    assert after == before
+
+
 def test_user_torch_module_trains_and_returns_model():
     import torch
 
