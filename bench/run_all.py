@@ -68,19 +68,22 @@ BUSY, LOAD0 = 2.2, 1.45
 # checked, so run_all prints each benchmark's minutes beside its estimate:
 # correct them from the records' ``elapsed_s`` (the ones measured on
 # 2026-11-27 are). Repeats are 2 where the hour allows, 1 where it does not
-# (the two slowest torch and Spark peers, checkpoint_cost); before_after runs
-# the two sync_sweep shapes its record judges.
+# (the two slowest torch and Spark peers, checkpoint_cost, serial_vs_torch on 4
+# of its 6 shapes); before_after runs
+# the larger sync_sweep shape its record judges.
 PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
     "quick_start": (["--repeats", "2"], 1.7, ["--repeats", "1", "--turns", "1"], 0.5),
     "seed_overhead": (["--repeats", "2", "--steps", "2000"], 1.3,
                       ["--repeats", "1", "--steps", "1000"], 0.3),
     "sync_vs_ddp": (["--repeats", "2"], 0.7, ["--repeats", "1"], 0.4),
     "sync_sweep": (["--repeats", "2"], 7.4,
-                   ["--quick", "--shapes", "mlp64-b32,mlp1024-b512,cnn-b128"], 0.6),
+                   ["--quick", "--shapes", "mlp64-b32,cnn-b128"], 0.4),
+    "serial_vs_torch": (["--repeats", "1", "--shapes", "mlp64-b32,mlp256-b128,mlp1024-b512,cnn-b128"],
+                        0.6, ["--quick", "--shapes", "mlp64-b32,cnn-b128"], 0.2),
     "torch_engine_vs_ddp": (["--repeats", "1", "--scale", "0.25"], 1.8,
                             ["--repeats", "1", "--scale", "0.25", "--shapes",
                              "mlp64-b32,cnn-b128"], 0.5),
-    "hogwild_vs_torch": (["--repeats", "3"], 0.6, ["--repeats", "1"], 0.3),
+    "hogwild_vs_torch": (["--repeats", "2"], 0.4, ["--repeats", "1"], 0.3),
     "hogwild_vs_sklearn": (["--repeats", "2"], 0.3, ["--repeats", "1", "--rows", "50000"], 0.3),
     "hogwild_sweep": (["--repeats", "2", "--min-seconds", "1.5"], 1.9,
                       ["--quick", "--only", "f100k"], 0.6),
@@ -90,7 +93,7 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
                                   0.5),
     "hogwild_average": (["--fits", "6"], 0.5, ["--quick"], 0.4),
     "async_local_vs_ray": (["--repeats", "3"], 1.2, ["--repeats", "1"], 0.5),
-    "ray_overhead": (["--repeats", "3"], 1.2, ["--repeats", "1"], 0.6),
+    "ray_overhead": (["--repeats", "2"], 0.8, ["--repeats", "1"], 0.6),
     "spark_overhead": (["--repeats", "2", "--steps", "4"], 1.1,
                        ["--repeats", "1", "--rows", "200000", "--features", "20000"], 0.6),
     "checkpoint_cost": (["--repeats", "1"], 1.1, ["--repeats", "1", "--steps", "1000"], 0.3),
@@ -110,8 +113,8 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
     # (940f801), on the CPU benchmarks it must not slow: the sync sweep and the
     # quick start
     "before_after": (["--before", "940f801", "--rounds", "1",
-                      "--bench", "sync_sweep --quick --shapes mlp64-b32,mlp1024-b512",
-                      "--bench", "quick_start --repeats 1 --turns 1"], 1.8,
+                      "--bench", "sync_sweep --quick --shapes mlp1024-b512",
+                      "--bench", "quick_start --repeats 1 --turns 1"], 1.4,
                      ["--before", "940f801", "--rounds", "1",
                       "--bench", "sync_sweep --quick --shapes cnn-b128"], 0.5),
     "gpu": ([], 5.0, ["--quick"], 2.5),
