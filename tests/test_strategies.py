@@ -175,6 +175,54 @@ def test_a_torch_problems_steps_in_this_process_use_one_blas_thread(problem, eng
     assert after == before
 
 
+class ThreadsSeen(monsoon.TorchProblem):
+    """Writes, once per process, the torch and BLAS thread counts its first
+    backward pass ran with (workers run in processes of their own)."""
+    log = None
+
+    def _backward(self, w, indices, fresh, on_loss=None):  # under gradient() and backward()
+        import os
+        from pathlib import Path
+
+        import torch
+
+        path = Path(self.log) / f"{os.getpid()}.txt"
+        if self.log is not None and not path.exists():
+            path.write_text(" ".join(map(str, [torch.get_num_threads(), *_blas_threads()])))
+        return super()._backward(w, indices, fresh, on_loss)
+
+
+@pytest.mark.parametrize("strategy,engine", [
+    ("async", "local"), ("sync", "local"),
+    pytest.param("sync", "torch", marks=pytest.mark.torchrun)])
+def test_a_torch_problems_worker_processes_give_torch_their_cores_and_blas_one_thread(
+        strategy, engine, tmp_path, monkeypatch):
+    """A worker process (the local engine's, a torchrun rank) gets its share
+    of the cores for torch, and one BLAS thread beside it: OpenBLAS's threads, woken by the rule's axpy and the
+    finiteness check, would spin beside torch's (one worker with two torch
+    and two BLAS threads on two cores ran 10x slower than serial)."""
+    import torch
+
+    from monsoon.monitor.processes import torch_threads_per_worker
+
+    torch.manual_seed(0)
+    X = torch.randn(256, 8)
+    problem = ThreadsSeen(torch.nn.Linear(8, 1), torch.nn.MSELoss(), X, X[:, :1] * 2,
+                          name="seen")
+    problem.log = str(tmp_path)
+    # torchrun gives its ranks OMP_NUM_THREADS (conftest's 1): a user's share here
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch_threads_per_worker(1)))
+    backend = {"backend": "processes"} if engine == "local" else {}
+    monsoon.train(problem, strategy, 1, engine=engine, epochs=1, evals=0, progress=False,
+                  **backend)
+    files = list(tmp_path.glob("*.txt"))
+    assert files, "no worker process ran a backward pass"
+    for f in files:
+        torch_threads, *blas = map(int, f.read_text().split())
+        assert torch_threads == torch_threads_per_worker(1)
+        assert blas and set(blas) == {1}, f.read_text()
+
+
 def test_user_torch_module_trains_and_returns_model():
     import torch
 

@@ -206,12 +206,17 @@ def single_blas_thread():
         yield
 
 
-def limit_threads(threads: int) -> None:
+def limit_threads(threads: int, torch_problem: bool = False) -> None:
     """In a worker process: ``threads`` threads for its BLAS and for torch
-    (when the worker's problem loaded it), whatever the process inherited."""
+    (when the worker's problem loaded it), whatever the process inherited.
+    A torch problem's BLAS gets one: torch computes, and OpenBLAS's threads,
+    woken by monsoon's passes over the flat vector (asum, axpy), would spin
+    beside torch's on the same cores (``single_blas_thread``)."""
     from threadpoolctl import threadpool_limits  # scikit-learn's dependency
 
     threadpool_limits(limits=threads)
+    if torch_problem:
+        threadpool_limits(limits=1, user_api="blas")
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...options import Option
+from ...problems import is_torch_model
 from ...problems.base import seed_worker
 from ...problems.buffers import flat as flat_buffers
 from ...strategies import WorkerJob
@@ -192,7 +193,7 @@ def _process_main(reader, outbox, locks, sync_lock) -> None:
     """A worker process (in ``pool._worker_process``)."""
     setup = read_payload(reader)
     setup.store.attach_locks(locks, sync_lock)
-    limit_threads(setup.torch_threads)
+    limit_threads(setup.torch_threads, is_torch_model(setup.problem))
     # this process is the worker's own
     seed_worker(setup.problem, setup.job.seed, setup.rank,
                 setup.strategy.gradients_before(setup.job))

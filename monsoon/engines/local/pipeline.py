@@ -93,7 +93,7 @@ def _stage_main(reader, outbox, conns, shared, rank, timeout, threads):
     worker = t0 = None
     try:
         setup = read_payload(reader)  # imports torch: a stage runs a torch module
-        limit_threads(threads)
+        limit_threads(threads, torch_problem=True)
         control, served, counters, snap = (shared["control"], shared["served"],
                                            shared["counters"], shared["snap"])
         worker = setup["make"]()
