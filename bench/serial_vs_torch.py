@@ -18,23 +18,12 @@ import numpy as np
 import torch
 from torch import nn
 
-import monsoon
-from common import examples_per_s_after_warmup, interleave, median, report
+from common import interleave, median, report
 from ddp_peer import one_process_examples_per_s
 from records import row, write_record
-from sync_sweep import LR, SHAPES, data
+from sync_sweep import LR, SHAPES, data, monsoon_rate
 
 TARGET = 0.9
-
-
-def monsoon_serial(make_model, batch, steps) -> float:
-    X, y = data()
-    torch.manual_seed(0)
-    problem = monsoon.TorchProblem(make_model(), nn.CrossEntropyLoss(), X, torch.as_tensor(y),
-                                   name="sweep")
-    run = monsoon.train(problem, "serial", steps=steps, batch_size=batch, lr=LR, seed=0,
-                        progress=False)
-    return examples_per_s_after_warmup(run)
 
 
 def plain(make_model, batch, steps) -> float:
@@ -54,7 +43,8 @@ def main():
         make_model, batch, steps = SHAPES[name]
         steps = max(8, steps // 4) if args.quick else steps
         print(f"{name}:", flush=True)
-        times = interleave({"serial": lambda: monsoon_serial(make_model, batch, steps),
+        times = interleave({"serial": lambda: monsoon_rate(make_model, batch, steps,
+                                                           "serial", 1),
                             "plain": lambda: plain(make_model, batch, steps)}, repeats)
         m = {k: median(v) for k, v in times.items()}
         ratio = m["serial"] / m["plain"]

@@ -66,13 +66,15 @@ SHAPES = {
 }
 
 
-def monsoon_sync(make_model, batch, steps) -> float:
+def monsoon_rate(make_model, batch, steps, strategy="sync", workers=2, **options) -> float:
+    """monsoon's examples/s on a shape (``sync`` x2 by default; the other
+    benchmarks of the sweep's shapes pass their strategy, engine, options)."""
     X, y = data()
     torch.manual_seed(0)
     problem = monsoon.TorchProblem(make_model(), nn.CrossEntropyLoss(), X, torch.as_tensor(y),
                                    name="sweep")
-    run = monsoon.train(problem, "sync", 2, steps=steps, batch_size=batch, lr=LR, seed=0,
-                        progress=False)
+    run = monsoon.train(problem, strategy, workers, steps=steps, batch_size=batch, lr=LR, seed=0,
+                        progress=False, **options)
     return examples_per_s_after_warmup(run)
 
 
@@ -100,7 +102,7 @@ def main():
         make_model, batch, steps = SHAPES[name]
         steps = max(4, steps // 4) if args.quick else steps
         print(f"{name}:", flush=True)
-        runs = {"sync": lambda: monsoon_sync(make_model, batch, steps),
+        runs = {"sync": lambda: monsoon_rate(make_model, batch, steps),
                 "ddp": lambda: ddp(make_model, batch, steps)}
         for threads in sorted({1, os.cpu_count() or 1}):
             runs[f"one process, {threads} thread(s)"] = functools.partial(

@@ -21,14 +21,12 @@ import argparse
 import os
 
 import numpy as np
-import torch
 from torch import nn
 
-import monsoon
-from common import examples_per_s_after_warmup, interleave, median, report
+from common import interleave, median, report
 from ddp_peer import ddp_examples_per_s
 from records import row, write_record
-from sync_sweep import LR, SHAPES, data
+from sync_sweep import LR, SHAPES, data, monsoon_rate
 
 # loss-curve rows: the CLI's default, as a user runs it (each also costs a
 # full-data evaluation after the run, outside the figure)
@@ -36,13 +34,8 @@ EVALS = 100
 
 
 def torch_engine(make_model, batch, steps) -> float:
-    X, y = data()
-    torch.manual_seed(0)
-    problem = monsoon.TorchProblem(make_model(), nn.CrossEntropyLoss(), X, torch.as_tensor(y),
-                                   name="sweep")
-    run = monsoon.train(problem, "sync", 2, engine="torch", dist_backend="gloo", steps=steps,
-                        batch_size=batch, lr=LR, seed=0, progress=False, evals=EVALS)
-    return examples_per_s_after_warmup(run)
+    return monsoon_rate(make_model, batch, steps, engine="torch", dist_backend="gloo",
+                        evals=EVALS)
 
 
 def ddp(make_model, batch, steps) -> float:

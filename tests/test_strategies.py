@@ -103,23 +103,21 @@ def _blas_threads() -> list[int]:
     return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 
 
-@pytest.mark.parametrize("strategy", ["sync", "hogwild"])
-def test_worker_threads_use_one_blas_thread_each(strategy, monkeypatch):
-    """OpenBLAS splits a long axpy over its own threads, which then spin on
-    the cores the worker threads need: during a threads run every BLAS pool
-    has one thread, and afterwards the caller's setting is back."""
+def _blas_during(monkeypatch, train) -> tuple[list, list, list]:
+    """(BLAS threads before, at the first two rule updates of ``train()``,
+    after it), the caller's BLAS given two threads first (conftest's
+    OMP_NUM_THREADS=1 gave OpenBLAS one; a user's process on two cores has
+    two); skips where threadpoolctl sees no BLAS."""
     import scipy.linalg.blas  # noqa: F401 - the rules' BLAS, loaded
     from threadpoolctl import threadpool_limits
 
     from monsoon.rules.sgd import SGD
 
-    # conftest's OMP_NUM_THREADS=1 gave OpenBLAS one thread: give it two, as
-    # a user's process on two cores has
     limits = threadpool_limits(limits=2, user_api="blas")
     before = _blas_threads()
     if not before:
+        limits.restore_original_limits()
         pytest.skip("no BLAS library that threadpoolctl can see is loaded")
-    assert before == [2] * len(before)
     seen = []
     original = SGD.apply
 
@@ -130,10 +128,21 @@ def test_worker_threads_use_one_blas_thread_each(strategy, monkeypatch):
 
     monkeypatch.setattr(SGD, "apply", apply)
     try:
-        monsoon.train("exp", strategy, 2, backend="threads", epochs=1, evals=0)
+        train()
         after = _blas_threads()
     finally:
         limits.restore_original_limits()
+    return before, seen, after
+
+
+@pytest.mark.parametrize("strategy", ["sync", "hogwild"])
+def test_worker_threads_use_one_blas_thread_each(strategy, monkeypatch):
+    """OpenBLAS splits a long axpy over its own threads, which then spin on
+    the cores the worker threads need: during a threads run every BLAS pool
+    has one thread, and afterwards the caller's setting is back."""
+    before, seen, after = _blas_during(monkeypatch, lambda: monsoon.train(
+        "exp", strategy, 2, backend="threads", epochs=1, evals=0))
+    assert before == [2] * len(before)
     assert seen and all(threads == [1] * len(before) for threads in seen)
     assert after == before
 
@@ -147,30 +156,9 @@ def test_a_torch_problems_steps_in_this_process_use_one_blas_thread(problem, eng
     the finiteness check wake: they would spin on the same cores, so the
     run has one BLAS thread, and the caller's setting is back afterwards. A
     NumPy problem's BLAS is its compute: it keeps the caller's threads."""
-    import scipy.linalg.blas  # noqa: F401 - the rules' BLAS, loaded
-    from threadpoolctl import threadpool_limits
-
-    from monsoon.rules.sgd import SGD
-
-    limits = threadpool_limits(limits=2, user_api="blas")  # as on a user's 2 cores
-    before = _blas_threads()
-    if not before:
-        pytest.skip("no BLAS library that threadpoolctl can see is loaded")
-    seen = []
-    original = SGD.apply
-
-    def apply(self, w, g, state, info):
-        if len(seen) < 2:
-            seen.append(_blas_threads())
-        return original(self, w, g, state, info)
-
-    monkeypatch.setattr(SGD, "apply", apply)
     strategy, workers = ("serial", 1) if engine == "local" else ("sync", 2)
-    try:
-        monsoon.train(problem, strategy, workers, engine=engine, rule="sgd", epochs=1, evals=0)
-        after = _blas_threads()
-    finally:
-        limits.restore_original_limits()
+    before, seen, after = _blas_during(monkeypatch, lambda: monsoon.train(
+        problem, strategy, workers, engine=engine, rule="sgd", epochs=1, evals=0))
     assert seen and all(t == [threads] * len(before) for t in seen), seen
     assert after == before
 
