@@ -159,11 +159,6 @@ WHY = {
                   "MLP (2048, batch 1024) reaches 1.09x, where the step is compute-bound and "
                   "both run near the one-process ceiling (sync 0.97x, DDP 0.89x of it), so the "
                   "target needs DDP 10% below that ceiling.",
-    "serial_vs_torch": "Two mid-size MLPs (256 and 512 wide) reach 0.88x and the other four "
-                       "shapes 0.99-1.16x, on a machine at load 2 where the plain loop's own "
-                       "runs spread by up to 1.8x; where serial's extra ~12% a step goes (its "
-                       "flat gradient copy, finiteness check and axpy, against `opt.step()` in "
-                       "place) is not yet measured.",
     "ssp_sweep": "An S > 0 reaches the target loss 1.3x sooner than BSP on every problem and "
                  "rate, but no rate tried made async 5% worse than BSP, so the second "
                  "criterion is untested and counts as not met.",
