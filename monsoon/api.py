@@ -31,7 +31,7 @@ from .monitor.lifecycle import StopSignals, on_stop, signal_name
 from .monitor.processes import leave_if_re_running_main, single_blas_thread
 from .compressors.messages import add_bytes_column
 from .errors import ConfigError, Interrupted, MonsoonError, RunFailed, TrainingDiverged
-from .problems import Problem, is_torch_model
+from .problems import Problem
 from .problems.buffers import combine as combine_buffers
 from .record import Recorder, write_run_folder
 from .record.recorder import (DIVERGED, OPTIONAL_COLUMNS, converged, reached_target,
@@ -621,7 +621,7 @@ def _run(resolved, problem, w0, total, out, raise_on_divergence, recorder) -> Re
         # which then spin on the same cores: one BLAS thread for the run
         # (a 200k-parameter MLP's serial step was 15x slower otherwise).
         # Workers in processes set their own; a NumPy problem keeps its BLAS.
-        with single_blas_thread() if is_torch_model(problem) else contextlib.nullcontext():
+        with single_blas_thread() if problem.uses_torch else contextlib.nullcontext():
             return engine.run(problem, rule, strat, w0, resolved.processes, run['batch_size'],
                               run['seed'], budget, recorder)
 

@@ -3,7 +3,7 @@ parent or in its workers' fork server: ``import monsoon`` loads torch only
 for torch problems, and the live series' event files are written without
 tensorboardX (which imports torch); the spark engine's checks of a NumPy
 problem (executors, a torch model's fewest rows, a partition's problem)
-ask whether it is a torch model without importing torch. Building ``digits`` never imports
+read whether it computes with torch (``uses_torch``) without importing it. Building ``digits`` never imports
 scikit-learn (about a second): it reads the file scikit-learn ships, and
 gets exactly what ``load_digits`` gives."""
 import subprocess
@@ -38,16 +38,16 @@ import sys
 import numpy as np
 from monsoon.engines.spark.blocks import restrict
 from monsoon.engines.spark.placement import check_fewest_rows
-from monsoon.problems import is_torch_model, make_problem
+from monsoon.problems import make_problem
 from monsoon.strategies import make_strategy
 from monsoon.strategies.base import Budget
 p = make_problem("logistic")
-assert not is_torch_model(p)
+assert not p.uses_torch
 assert restrict(p, np.arange(10)).n_examples == 10
 assert check_fewest_rows(p, make_strategy("async"), [50, 50], 8, 0, Budget(epochs=1)) == 1
 print("torch" in sys.modules)
 from monsoon.problems import TorchProblem
-print(is_torch_model(TorchProblem.__new__(TorchProblem)))
+print(TorchProblem.__new__(TorchProblem).uses_torch)
 """
 
 

@@ -8,7 +8,6 @@ catalog, the ones named with an argument (``libsvm:PATH``,
 from __future__ import annotations
 
 import inspect
-import sys
 
 import numpy as np
 
@@ -23,14 +22,6 @@ from .spark_data import SPARK_DEFAULTS, SparkData, SparkHeld
 __all__ = ["Problem", "TorchProblem", "ProblemSpec", "CATALOG", "PROBLEMS", "SPARK_DEFAULTS",
            "make_problem", "problem_defaults", "problem_names", "problem_spec"]
 
-
-
-def is_torch_model(problem) -> bool:
-    """Is ``problem`` a ``TorchModel`` (a torch problem)? Asked without
-    importing torch: where its module was never imported, no such problem
-    exists, so a NumPy run never loads torch for the answer."""
-    module = sys.modules.get(f"{__name__}.torch_model")
-    return module is not None and isinstance(problem, module.TorchModel)
 
 
 def __getattr__(name):

@@ -11,8 +11,7 @@ Invariants:
   valid until the next call; pass ``out=`` to have it written elsewhere, and
   ``accumulate=True`` to have it ADDED to ``out`` (the caller guarantees
   ``out`` holds zeros, which saves the problem a pass over it).
-- ``loss(w)`` is the mean objective over all training examples, the one
-  number runs are compared by.
+- ``loss(w)``: the mean objective over all training examples (runs' measure).
 
 Optional capabilities are declared on ``Problem`` itself, with a neutral
 default, so that engines and the recorder read them instead of probing:
@@ -37,7 +36,8 @@ default, so that engines and the recorder read them instead of probing:
   data's ids of the model's rows, saved beside it), and the torch model's:
   ``model_at`` (the module at ``w``), ``module``, ``place`` (``devices.py``),
   ``worker_devices``, ``matrix_slices`` (PowerSGD), ``backward`` (the torch
-  engine's gradient buckets), ``fewest_rows`` (a pass's fewest examples).
+  engine's gradient buckets), ``fewest_rows`` (a pass's fewest examples);
+  ``uses_torch`` (True for a ``TorchModel``, read without importing torch).
 """
 from __future__ import annotations
 
@@ -99,6 +99,7 @@ class Problem(ABC):
     prefetch = seed_rng = sgd_pass = evaluate_many = constant_loss = inverse_variance = None
     row_ids = None
     model_at = module = place = worker_devices = matrix_slices = backward = fewest_rows = None
+    uses_torch = False
 
     def evaluate(self, w) -> dict:
         """Every reported figure at ``w``; here the loss alone."""

@@ -209,7 +209,6 @@ class SparkHeld:
     # while a run's long tasks hold the executors' slots, the engine sets this to
     # evaluate ``per_block`` through them: streams(W, per_block) -> list, or None
     streams = None
-    _needs_torch = False
     _via_arrow = False
     label_takes = "0/1 or -1/+1 classes, or a float target for a squared loss"
 

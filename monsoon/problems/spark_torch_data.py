@@ -132,7 +132,6 @@ def evaluate_block(block, w):
 class SparkTorchData(SparkHeld, TorchModel):
     """``module`` under ``loss_fn`` on data held in Spark (see the module doc)."""
 
-    _needs_torch = True
     label_takes = "class numbers, or a float target"
     # not checked with the run's options: Spark's partitions, not the plan alone, cut
     # its passes (the engine checks them once it has counted the rows:

@@ -66,6 +66,7 @@ class TorchModel(Problem):
     """Train ``module`` on ``(X, y)`` under ``loss_fn(output, target)``, which
     must return the mean over the batch (the default of torch's losses)."""
 
+    uses_torch = True       # declared (``base.Problem``)
     device = "cpu"          # where this instance computes now
     worker_devices = None   # the run's device map (``devices.assign``)
     _target = None          # where it moves at its first computation

@@ -50,7 +50,6 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...options import Option
-from ...problems import is_torch_model
 from ...problems.base import seed_worker
 from ...problems.buffers import flat as flat_buffers
 from ...strategies import WorkerJob
@@ -193,7 +192,7 @@ def _process_main(reader, outbox, locks, sync_lock) -> None:
     """A worker process (in ``pool._worker_process``)."""
     setup = read_payload(reader)
     setup.store.attach_locks(locks, sync_lock)
-    limit_threads(setup.torch_threads, is_torch_model(setup.problem))
+    limit_threads(setup.torch_threads, setup.problem.uses_torch)
     # this process is the worker's own
     seed_worker(setup.problem, setup.job.seed, setup.rank,
                 setup.strategy.gradients_before(setup.job))

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...problems import is_torch_model
-
 
 @dataclass
 class Block:
@@ -66,7 +64,7 @@ def restrict(problem, rows: np.ndarray):
         part._grad = np.zeros_like(problem._grad)
         part._kernel_ready = False
         return part
-    if not is_torch_model(problem):
+    if not problem.uses_torch:
         return None
     from ...problems.torch_model import TorchModel
     from ...problems.torch_problem import TorchProblem

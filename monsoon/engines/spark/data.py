@@ -92,7 +92,7 @@ class SparkSource:
         from ..options import TIMEOUT
         from .preflight import check_executors
 
-        check_executors(problem._sc, TIMEOUT.default, torch=problem._needs_torch,
+        check_executors(problem._sc, TIMEOUT.default, torch=problem.uses_torch,
                         arrow=problem._via_arrow)
         convert = problem._convert()
         raw = rdd.mapPartitionsWithIndex(lambda k, rows: [(k, *convert(rows))]).persist()

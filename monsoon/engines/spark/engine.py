@@ -57,7 +57,6 @@ from ...monitor.lifecycle import reclaim_signals
 from ..base import Engine
 from ..options import CHECKPOINT_EVERY, RESUME, TIMEOUT
 from ...monitor.tally import EngineResult, failed_list, run_folder_extra
-from ...problems import is_torch_model
 from .jobs import Jobs
 from .placement import averages, check_fewest_rows, check_segments, in_tasks, task_job
 
@@ -218,7 +217,7 @@ class SparkEngine(Engine):
 
         # start-up, not a step: starting the executors' Python (and torch) may take
         # longer than a short --timeout allows a step
-        check_executors(sc, max(self.timeout, TIMEOUT.default), torch=is_torch_model(problem))
+        check_executors(sc, max(self.timeout, TIMEOUT.default), torch=problem.uses_torch)
         jobs = Jobs(sc, self.timeout, strategy.name)  # names the run's job group
         blocks = None
         try:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ConfigError
-from ...problems import is_torch_model
 from ...strategies.base import SHARD, Budget, WorkerJob, refuse_short_passes
 from ...strategies.batches import chunk_sizes, part_bounds
 from ...strategies.ops import AllReduce, Apply, Average, Clock, Elastic, Fetch, Gradient, Push
@@ -82,7 +81,7 @@ def check_fewest_rows(problem, strategy, sizes: list, batch_size: int, seed: int
     batch among the partitions that hold its rows: a batch that gives a
     larger partition fewer rows than that by chance is not refused, its
     share is left out of the step (``tasks.usable``)."""
-    if not is_torch_model(problem):
+    if not problem.uses_torch:
         return 1
     from ...problems.torch_model import TorchModel
 

@@ -735,7 +735,6 @@ def _join(engine, problem, workers):
     from ...devices import rank_device
     from ...monitor.lifecycle import set_death_signal
     from ...monitor.processes import limit_threads, torch_threads_per_worker
-    from ...problems import is_torch_model
 
     env = rank_env()
     set_death_signal()  # torchrun starts ranks in sessions of their own: die with the agent
@@ -744,7 +743,7 @@ def _join(engine, problem, workers):
                           f"ranks (WORLD_SIZE); pass --workers {env['world_size']}")
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(torch_threads_per_worker(env["local_world_size"]))
-    if is_torch_model(problem):  # one BLAS thread beside torch's (limit_threads)
+    if problem.uses_torch:  # one BLAS thread beside torch's (limit_threads)
         limit_threads(torch.get_num_threads(), torch_problem=True)
     comm = Collectives(engine.dist_backend, engine.timeout, env)
     device = rank_device(problem, env["local_rank"], comm.device)
