@@ -174,8 +174,8 @@ class ThreadsSeen(monsoon.TorchProblem):
 
         import torch
 
-        path = Path(self.log) / f"{os.getpid()}.txt"
-        if self.log is not None and not path.exists():
+        path = None if self.log is None else Path(self.log) / f"{os.getpid()}.txt"
+        if path is not None and not path.exists():
             path.write_text(" ".join(map(str, [torch.get_num_threads(), *_blas_threads()])))
         return super()._backward(w, indices, fresh, on_loss)
 
