@@ -63,10 +63,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 # The Spark modules in the order that starts the fewest sessions (spark_env
-# keeps one per master for the modules after): the module that needs one of
-# its own first, then those on local[2] (any module not named), then
+# keeps one per master for the modules after): the modules that need sessions
+# of their own first, then those on local[2] (any module not named), then
 # local[2,4], then the local cluster.
-SPARK_FIRST = ("test_spark_users.py",)
+SPARK_FIRST = ("test_spark_users.py", "test_spark_startup.py")
 SPARK_LAST = ("test_spark_faults.py", "test_spark_torch.py", "test_spark_cluster.py")
 
 

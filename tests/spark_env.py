@@ -13,7 +13,7 @@ import pytest
 _kept: dict = {}  # the session kept for the modules after: {"master": ..., "session": ...}
 
 
-def _stop_kept() -> None:
+def stop_kept() -> None:
     if _kept:
         _kept.pop("session").stop()
         _kept.clear()
@@ -34,7 +34,7 @@ def spark_session(master: str, share: bool = True):
 
     if _kept and (not share or _kept["master"] != master
                   or _kept["session"].sparkContext._jsc is None):  # stopped by a test
-        _stop_kept()
+        stop_kept()
     if share and _kept:
         yield _kept["session"]
         return
@@ -42,7 +42,7 @@ def spark_session(master: str, share: bool = True):
     spark.sparkContext.setLogLevel("ERROR")
     if share:
         _kept.update(master=master, session=spark)
-        atexit.register(_stop_kept)
+        atexit.register(stop_kept)
         yield spark
         return
     try:

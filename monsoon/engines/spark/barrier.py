@@ -62,15 +62,20 @@ ASK_EVERY_S = 0.01
 _LEN = struct.Struct("!Q")
 
 
+def may_fit(strategy, workers: int) -> bool:
+    """Whether this run's sync may go into one barrier stage, whatever its
+    session (``fits`` asks the session too): its ranks need torch."""
+    return (workers >= 2 and strategy.shared_params and strategy.raw_gradients
+            and AllReduce in strategy.uses)
+
+
 def fits(strategy, sc, workers: int, blocks) -> bool:
     """Can this run's sync go into one barrier stage (on ``blocks``)?"""
+    if not may_fit(strategy, workers):
+        return False
     import torch.distributed as dist
 
-    return (workers >= 2 and strategy.shared_params
-            and strategy.raw_gradients
-            and AllReduce in strategy.uses and dist.is_available()
-            and every_slot_at_once(sc, workers)
-            and barrier_lineage(blocks))
+    return dist.is_available() and every_slot_at_once(sc, workers) and barrier_lineage(blocks)
 
 
 def barrier_lineage(rdd) -> bool:

@@ -94,6 +94,15 @@ JOB_SHARE = 0.1  # the job overhead's share of a job that sizing aims under
 PUSHES_PER_EPOCH, PUSHES_PER_RUN = 4, 8
 
 
+def executors_need_torch(problem, strategy, workers: int) -> bool:
+    """Whether this run's tasks import torch: a torch problem's, or the
+    ranks of sync's barrier stage (gloo). A session the engine starts
+    imports it in its worker daemon only then (``daemon.py``)."""
+    from .barrier import may_fit
+
+    return problem.uses_torch or may_fit(strategy, workers)
+
+
 def steps_per_exchange(strategy) -> dict:
     """The steps per job the strategy runs (its declared ``period``: n_push,
     local_steps, tau), or {} where it declares none."""
@@ -210,7 +219,8 @@ class SparkEngine(Engine):
             sc, started = problem._sc, False
             problem.timeout = self.timeout  # its loss jobs on the executors wait as long
         else:
-            sc, started = session_for(self.master, workers)
+            sc, started = session_for(self.master, workers,
+                                      torch=executors_need_torch(problem, strategy, workers))
             reclaim_signals()  # a new SparkContext's SIGINT handler cancels every job
         master = sc.master
         from .preflight import check_executors
@@ -248,9 +258,7 @@ class SparkEngine(Engine):
             if blocks is not None and not spark_data:
                 blocks.unpersist()
             if started:
-                from pyspark.sql import SparkSession
-
-                SparkSession.builder.getOrCreate().stop()
+                sc.stop()
         return EngineResult(
             out["params"], startup + out.get("launch_s", 0.0), out["wall"], out["examples"], out["updates"],
             out["dropped"], out["staleness"],
