@@ -103,6 +103,17 @@ def executors_need_torch(problem, strategy, workers: int) -> bool:
     return problem.uses_torch or may_fit(strategy, workers)
 
 
+def loaded_sizes(sc, blocks, workers: int, wait: float, torch: bool) -> list:
+    """Rows per partition, counted by the job that loads (persists) the
+    Blocks in the executors, which carries the executor check
+    (``preflight.check_executors``) and so waits as long (``wait``)."""
+    from .preflight import check_executors
+
+    counts = dict(check_executors(sc, wait, torch=torch, carry=(
+        blocks, lambda it: [(b.index, b.n) for b in it], "loading the data into the executors")))
+    return [counts[k] for k in range(workers)]
+
+
 def steps_per_exchange(strategy) -> dict:
     """The steps per job the strategy runs (its declared ``period``: n_push,
     local_steps, tau), or {} where it declares none."""
@@ -223,11 +234,13 @@ class SparkEngine(Engine):
                                       torch=executors_need_torch(problem, strategy, workers))
             reclaim_signals()  # a new SparkContext's SIGINT handler cancels every job
         master = sc.master
-        from .preflight import check_executors
-
         # start-up, not a step: starting the executors' Python (and torch) may take
         # longer than a short --timeout allows a step
-        check_executors(sc, max(self.timeout, TIMEOUT.default), torch=problem.uses_torch)
+        wait = max(self.timeout, TIMEOUT.default)
+        if spark_data:  # its conversion checked the executors; a session it did not, here
+            from .preflight import check_executors
+
+            check_executors(sc, wait, torch=problem.uses_torch)
         jobs = Jobs(sc, self.timeout, strategy.name)  # names the run's job group
         blocks = None
         try:
@@ -240,9 +253,7 @@ class SparkEngine(Engine):
             if spark_data:  # its conversion counted each partition's rows
                 sizes = list(problem.counts)
             else:
-                counts = dict(jobs.run(blocks, lambda it: [(b.index, b.n) for b in it],
-                                       what="loading the data into the executors"))
-                sizes = [counts[k] for k in range(workers)]
+                sizes = loaded_sizes(sc, blocks, workers, wait, problem.uses_torch)
             fewest = check_fewest_rows(problem, strategy, sizes, batch_size, seed, budget)
             ctx = RunContext(sc, jobs, blocks, workers, problem.n_examples, sizes, batch_size,
                              seed, budget, self.timeout, strategy, self.compression,
