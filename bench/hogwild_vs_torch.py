@@ -8,12 +8,13 @@ lr 0.01, both sides one torch thread per process, start-up excluded. Prints
 examples/s of each and the ratio (DESIGN.md target >= 1.0).
 
 Where the target is missed, the record says whether the step itself is
-where: ``step_us`` times one step alone, in this process on one thread,
-interleaved (monsoon's worker step: the problem's gradient at the flat
-vector, its finiteness check and the rule's update; PyTorch's: zero_grad,
-forward, backward, ``opt.step``), and the record's ``why`` gives both, with
-the first, cold step PyTorch's workers take before their clock (timed in
-each worker): monsoon's workers take theirs inside the run's wall.
+where: ``step_us`` times one step alone, in this process on one torch
+thread and, as in a worker process, one BLAS thread, interleaved (monsoon's
+worker step: the problem's gradient at the flat vector, its finiteness
+check and the rule's update; PyTorch's: zero_grad, forward, backward,
+``opt.step``), and the record's ``why`` gives both, with the first, cold
+step PyTorch's workers take before their clock (timed in each worker):
+monsoon's workers take theirs inside the run's wall.
 
     python bench/hogwild_vs_torch.py [--epochs 3] [--repeats 3]
 """
@@ -97,6 +98,7 @@ def torch_rate(epochs: int) -> float:
 def step_us(rounds: int = 5) -> tuple[float, float]:
     """Median microseconds of one step alone (module docstring), monsoon's
     and PyTorch's, one thread, ``rounds`` interleaved rounds of STEPS."""
+    from monsoon.monitor.processes import single_blas_thread
     from monsoon.rules import Schedule, UpdateInfo
     from monsoon.rules.sgd import SGD
     from monsoon.server.reduce import finite
@@ -128,8 +130,9 @@ def step_us(rounds: int = 5) -> tuple[float, float]:
             opt.step()
         return (time.perf_counter() - t0) / STEPS * 1e6
 
-    ours(), theirs()  # warm up
-    times = interleave({"ours": ours, "theirs": theirs}, rounds)
+    with single_blas_thread():  # as in a worker process (``limit_threads``)
+        ours(), theirs()  # warm up
+        times = interleave({"ours": ours, "theirs": theirs}, rounds)
     return median(times["ours"]), median(times["theirs"])
 
 
