@@ -17,12 +17,12 @@ decodes its slice of it; every worker's bytes sent and received are in the
 summary (``messages.summarize``).
 
 Workers, shards and SSP's clock are built in pooled hosts (``hosts.py``):
-where Ray was up before the run (a notebook, a sweep), the next run of the
-driver reuses the processes of one that ended normally instead of
-starting new ones.
+where Ray was up before the run (a notebook, a sweep), the driver's next
+run reuses the processes of one that ended normally.
 
-``address=None`` starts a local Ray instance, even beside a ``ray start``
-here, and stops it after the run; ``"auto"`` or ``"HOST:PORT"`` joins one::
+``address=None`` starts a local Ray instance (no head process its driver
+never uses: ``_head_unneeded``), even beside a ``ray start`` here, and
+stops it after the run; ``"auto"`` or ``"HOST:PORT"`` joins one::
 
     ray start --head --port 6379                 # on the head node
     ray start --address HEAD_IP:6379             # on every other node
@@ -106,24 +106,26 @@ def start_ray(ray, address) -> None:
     reached them (Ray blocks SIGINT in them)."""
     private = getattr(ray, "_private", None)
     services = getattr(private, "services", None)
+    # joining a cluster (also by RAY_ADDRESS, which ray.init joins for None)
+    # takes its CPUs as they are; else "local", as ray.init's None would join
+    # the cluster a `ray start` on this machine recorded (ray_current_cluster)
+    joins = bool(address or os.environ.get("RAY_ADDRESS"))
     # Private hooks, each left alone where a Ray version lacks it: Ray's
     # Python SIGTERM handler, the C++ failure-signal handler of the
     # driver's core worker (a stack dump and abort on SIGTERM; Ray's
     # documented RAY_DISABLE_FAILURE_SIGNAL_HANDLER, for this process only),
-    # and the Popen that starts Ray's processes
+    # the Popen that starts Ray's processes and, for a local instance, the
+    # head processes its driver never uses
     hooks = [(getattr(private, "utils", None), "set_sigterm_handler", lambda handler: None),
              (getattr(private, "ray_constants", None), "RAY_DISABLE_FAILURE_SIGNAL_HANDLER",
               True),
-             (services, "ConsolePopen", _in_own_session(ray))]
+             (services, "ConsolePopen", _in_own_session(ray)),
+             *([] if joins else _head_unneeded(ray))]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in hooks
              if hasattr(owner, name)]
     for owner, name, value in hooks:
         if hasattr(owner, name):
             setattr(owner, name, value)
-    # joining a cluster (also by RAY_ADDRESS, which ray.init joins for None)
-    # takes its CPUs as they are; else "local", as ray.init's None would join
-    # the cluster a `ray start` on this machine recorded (ray_current_cluster)
-    joins = bool(address or os.environ.get("RAY_ADDRESS"))
     try:
         ray.init(address=address if joins else "local", include_dashboard=False,
                  log_to_driver=False,
@@ -136,6 +138,27 @@ def start_ray(ray, address) -> None:
         for owner, name, value in saved:
             setattr(owner, name, value)
         reclaim_signals()  # over any handler Ray installed all the same
+
+
+# The head processes a local instance starts that its one driver never
+# uses (``_head_unneeded``)
+HEAD_UNNEEDED = ("start_api_server", "start_monitor", "start_log_monitor")
+
+
+def _head_unneeded(ray) -> list:
+    """Hooks that leave out, of the local instance a run starts for itself,
+    the head processes its one driver never uses: the dashboard's server
+    (``include_dashboard=False`` still starts it, for usage stats alone,
+    and ``ray.init`` waits for it), the autoscaler's monitor (a local
+    instance has no nodes to add) and the log monitor (it streams the
+    workers' output to drivers, which ``log_to_driver=False`` ignores).
+    Each is a Python process importing Ray: ~2 s of ``ray.init`` on 2 cores,
+    ~1 s of ``ray.shutdown``. GCS, raylet and the raylet's agents start as
+    before; a cluster joined (``--address``) is Ray's own, untouched."""
+    node = getattr(getattr(ray, "_private", None), "node", None)
+    cls = getattr(node, "Node", None)
+    return [(cls, name, lambda self, *args, **kwargs: None) for name in HEAD_UNNEEDED
+            if cls is not None]
 
 
 def _in_own_session(ray):
