@@ -151,10 +151,6 @@ WHY = {
     "async_local_vs_ray": "A local worker's time went to memory-bound passes over the 4 MB "
                           "parameter vector (gradient, push, fetch), with little engine overhead, "
                           "in a py-spy profile at 9a402d3; this record was not profiled.",
-    "seed_overhead": "Sync ×2's median step was 1.11x serial's, 0.01 over the target, one of its "
-                     "three runs at 1.5x on a loaded machine (the two-process floor 1.03x); how "
-                     "its ~30 us a step over serial's splits between the barrier and the "
-                     "monitor is not yet measured.",
     "sync_sweep": "Against one process every shape meets its target; against DDP the largest "
                   "MLP (2048, batch 1024) reaches 1.09x, where the step is compute-bound and "
                   "both run near the one-process ceiling (sync 0.97x, DDP 0.89x of it), so the "

@@ -371,6 +371,22 @@ def test_curve_rows_count_the_examples_of_the_steps_applied(monkeypatch):
         [16 * row["updates"] for row in run.history]
 
 
+def test_curve_rows_count_unequal_parts_and_an_epochs_short_batch():
+    """Batch 15 splits 7 + 8 between two workers (the weighted mean, not
+    the compiled equal one), and each epoch ends on a shorter batch: worker
+    0's rows still count the examples of the steps applied, every worker's
+    part of each."""
+    n = make_problem("logistic").n_examples
+    full, tail = divmod(n, 15)
+    sizes = ([15] * full + [tail] * bool(tail)) * 3  # three epochs of batches
+    run = monsoon.train("logistic", "sync", 2, steps=len(sizes), batch_size=15, seed=0,
+                        evals=20, backend="processes", progress=False)
+    assert run.summary["sync_step"] == "replicated" and len(run.history) > 10
+    assert [row["examples"] for row in run.history] == \
+        [sum(sizes[:row["updates"]]) for row in run.history]
+    assert run.summary["examples"] == sum(sizes)
+
+
 def test_a_long_runs_curve_has_a_row_every_half_second_from_the_start(monkeypatch, tmp_path):
     """Worker 0's ring rows come every 1/evals of the budget in steps; a
     row the clock makes due (max(0.5 s, 1/evals of the time so far)) is

@@ -201,7 +201,11 @@ class ReplicatedStep(_Step):
         self.state = type(store.state)(*(aligned_copy(a) for a in store.state))
         self.core = ServerCore(self.params, runtime.rule, self.state, staleness=runtime.staleness)
         acc, tmp = aligned_copy(store.params), aligned_copy(store.params)
-        self.arrivals = store.arrivals
+        # The arrival marks and control cells through memoryviews: a cell
+        # reads as a Python int, without NumPy's scalar machinery, which
+        # costs microseconds a call when it runs cold between two gradients.
+        self.arrivals = memoryview(store.arrivals)
+        self.cells = memoryview(self.control)
         self.others = [k for k in range(self.workers) if k != self.rank]
         # Per step parity: this worker's slot, everyone's slots and examples,
         # the mean (compiled for equal weights, WeightedMean otherwise).
@@ -246,26 +250,35 @@ class ReplicatedStep(_Step):
                            may_stop=True)
         acc = self.acc
         ok = self.equal_mean_finite(self.slots[parity], counts, acc, self.scale)
-        if ok < 0:  # unequal examples
-            ok = finite(self.mean[parity](counts.tolist()))
+        if ok >= 0:  # every worker's examples equal this one's
+            total = examples * self.workers
+        else:  # unequal examples
+            listed = counts.tolist()
+            ok, total = finite(self.mean[parity](listed)), sum(listed)
         rt = self.rt
         ok = self.core.apply_sum(acc, step, self.rank, ok=bool(ok), counts=int(self.rank == 0))
         if self.rank == 0:
             rt.counters[UPDATES if ok else DROPPED] += 1
             if rt.live:
-                self._applied_examples += int(counts.sum())
-                control = self.control
-                every, asked = control[SNAP_EVERY], control[SNAP_ASKED]
-                if asked != control[SNAP_SERVED]:  # a row the monitor's clock made due
-                    if self._snapshot(control, asked=True):
-                        self._publish(control, SNAP_SERVED, asked)
-                elif every and target % every == 0:
-                    self._snapshot(control)
+                self._live_step(target, total)
         self.step = target
         rt._grad_out = self.slot[target & 1]  # the next gradient lands in the next slot
-        if target == self.next_ckpt or self.control[STOP]:
+        if target == self.next_ckpt or self.cells[STOP]:
             self._boundary()
         return 0
+
+    def _live_step(self, target: int, examples: int) -> None:
+        """Worker 0, after applying step ``target - 1`` of ``examples``
+        examples: a snapshot for a row the monitor's clock made due, or
+        every ``SNAP_EVERY`` steps."""
+        self._applied_examples += examples
+        cells = self.cells
+        every, asked = cells[SNAP_EVERY], cells[SNAP_ASKED]
+        if asked != cells[SNAP_SERVED]:  # a row the monitor's clock made due
+            if self._snapshot(self.control, asked=True):
+                self._publish(self.control, SNAP_SERVED, asked)
+        elif every and target % every == 0:
+            self._snapshot(self.control)
 
     def _snapshot(self, control, asked: bool = False) -> bool:
         """Worker 0: this step's parameters into the snapshot ring, unless it
