@@ -9,6 +9,7 @@ found in /proc."""
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -726,6 +727,28 @@ def stages_of(pid: int) -> list[int]:
     return [p for p in found if p in _descendants(pid)]
 
 
+def live_examples(run: Path) -> int:
+    """The examples of the last live row in ``run``'s event file (0: none
+    yet): its whole TFRecords (length, its CRC, the event, its CRC) holding
+    ``run/examples`` (an ``Event``: wall_time, then the step, the run's
+    examples, as a varint)."""
+    latest = 0
+    for path in (run / "tb").glob("events.out.tfevents.*"):
+        data, pos = path.read_bytes(), 0
+        while pos + 12 <= len(data):
+            end = pos + 16 + struct.unpack_from("<Q", data, pos)[0]
+            if end > len(data):
+                break  # a record still being written
+            event, pos = data[pos + 12:end - 4], end
+            if b"run/examples" in event and event[9:10] == b"\x10":
+                latest, shift = 0, 0
+                for byte in event[10:20]:
+                    latest, shift = latest | (byte & 0x7F) << shift, shift + 7
+                    if byte < 0x80:
+                        break
+    return latest
+
+
 def _descendants(pid: int) -> set[int]:
     parent = {}
     for entry in Path("/proc").iterdir():
@@ -759,7 +782,12 @@ def test_a_signal_to_the_group_stops_a_local_pipeline_at_a_step_boundary(tmp_pat
     while len(stages := stages_of(proc.pid)) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
-    time.sleep(6)  # the stages started and are training
+    # the stages are training: a live row (one a second) counts examples
+    while live_examples(run) == 0:
+        assert proc.poll() is None, ("the run ended with no live row of examples",
+                                     proc.communicate())
+        assert time.monotonic() < deadline, "no live row of examples: the stages never trained"
+        time.sleep(0.05)
     t0 = time.monotonic()
     os.killpg(proc.pid, getattr(signal, sig))
     _, err = proc.communicate(timeout=60)
@@ -772,6 +800,7 @@ def test_a_signal_to_the_group_stops_a_local_pipeline_at_a_step_boundary(tmp_pat
     assert summary["status"] == "interrupted" and summary["failed_workers"] == []
     n = summary["n_examples"]
     assert 0 < summary["updates"] < epochs * n // summary["batch_size"]
+    assert live_examples(run) == summary["examples"]  # the last live row: the run's counts
     assert np.isfinite(summary["final_loss"])
     wait_gone(stages)
 

@@ -261,12 +261,9 @@ def _watch(engine, strategy, pool, specs, shared, recorder, t0, due):
         pool.drain(0.002 if due.asking else min(0.05, engine.idle_s))
         _check(pool, strategy, specs)
         now = time.perf_counter() - t0
-        # the steps applied: of the steps every stage has decided, those no
-        # stage dropped (as ``finish`` counts them), so the curve never falls
-        done = int(counters[2 + len(specs):].min())
-        dropped = int(np.count_nonzero(shared["dropped_at"][:done]))
-        up, ex = done - dropped, int(counters[1])
+        up, ex, dropped = _counts(shared, len(specs))
         due.progress(ex, f"no pipeline step finished for {2 * engine.timeout:g} s")
+        due.live(now, lambda: (ex, up, dropped), _no_worker_figures)
         if due.signal():  # stop before step m + 2, which no stage has begun: 1 + (m + 2)
             stopped = due.stop_reason
             control[STOP] = int(counters[2 + len(specs):].max()) + 3
@@ -278,4 +275,22 @@ def _watch(engine, strategy, pool, specs, shared, recorder, t0, due):
             if reason is not None:
                 stopped = reason
                 control[ABORT] = 1
+    up, ex, dropped = _counts(shared, len(specs))  # the run's last live row: its final counts
+    due.live(time.perf_counter() - t0, lambda: (ex, up, dropped), _no_worker_figures, final=True)
     return stopped
+
+
+def _counts(shared, stages: int) -> tuple[int, int, int]:
+    """(updates, examples, dropped) so far. The steps applied: of the steps
+    every stage has decided, those no stage dropped (as ``finish`` counts
+    them), so the curve never falls."""
+    counters = shared["counters"]
+    done = int(counters[2 + stages:].min())
+    dropped = int(np.count_nonzero(shared["dropped_at"][:done]))
+    return done - dropped, int(counters[1]), dropped
+
+
+def _no_worker_figures() -> tuple:
+    """A live row's worker figures: none (a stage's losses stay in it), so
+    the pipeline's rows carry the run's counts and throughput only."""
+    return None, None
