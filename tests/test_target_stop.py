@@ -82,19 +82,22 @@ def test_a_run_stopped_at_its_target_is_finished_not_interrupted(tmp_path):
     assert summary["status"] == "reached target" and summary["epochs"] < EPOCHS, summary
 
 
-TOL = 0.3  # "exp" gains less than 30% an epoch well before its 30 epochs end
+TOL = 0.3  # "exp" gains less than 30% an epoch within its first ten epochs
+# A budget long past that: a monitor short of a core (a loaded machine) takes
+# its curve rows late, and the check needs two rows an epoch apart
+TOL_EPOCHS = 100
 
 
 @pytest.mark.parametrize("strategy, workers, engine", PATHS, ids=[p[0] for p in PATHS])
 def test_a_local_run_given_tol_stops_once_an_epoch_gains_less(strategy, workers, engine):
     """--tol stops local runs as it stops Spark's: once the best loss checked
     so far is below the best of an epoch earlier by less than tol of itself."""
-    run = monsoon.train("exp", strategy, workers, epochs=EPOCHS, tol=TOL, progress=False,
+    run = monsoon.train("exp", strategy, workers, epochs=TOL_EPOCHS, tol=TOL, progress=False,
                         **engine)
     s = run.summary
     assert s["status"] == "converged" and "stopped" not in s, s
     assert s["stopped_converged"].startswith(f"converged: the loss fell by less than {TOL:g}")
-    assert 1 < s["epochs"] < EPOCHS, s["epochs"]
+    assert 1 < s["epochs"] < TOL_EPOCHS, s["epochs"]
     assert s["final_loss"] < 0.5 * run.history[0]["loss"], s  # it trained before it stopped
 
 
@@ -108,7 +111,7 @@ def test_the_sim_refuses_tol_in_one_line():
 def test_a_run_stopped_by_tol_says_so_and_exits_0(tmp_path):
     out = tmp_path / "run"
     done = run_cli("train", "--problem", "exp", "--strategy", "async", "--workers", "2",
-                   "--backend", "threads", "--epochs", str(EPOCHS), "--tol", str(TOL),
+                   "--backend", "threads", "--epochs", str(TOL_EPOCHS), "--tol", str(TOL),
                    "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert "--resume" not in done.stdout + done.stderr, done
