@@ -186,7 +186,6 @@ def _figures_built_not_drawn(request, monkeypatch):
     from monsoon.record import plots
 
     def built_not_drawn(fig, path):
-        plots.plt.close(fig)
         Path(path).write_bytes(b"")
 
     monkeypatch.setattr(plots, "_save_png", built_not_drawn)

@@ -2,7 +2,11 @@
 is a share of 0 (a gap on the log axis), not the level of its neighbour
 carried across by the step line; a loss axis is logarithmic only where the
 losses span a decade, and labelled with what it shows; the loss plot's
-legend, below its panels, hides no curve."""
+legend, below its panels, hides no curve; with margins fixed in inches,
+every label, title and legend entry still lies whole inside its figure,
+clear of every other."""
+from matplotlib.text import Text
+
 from monsoon.record import plots
 
 
@@ -66,3 +70,71 @@ def test_the_loss_plots_legend_hides_no_curve_with_eight_entries(tmp_path, monke
         assert not box.overlaps(ax.get_window_extent()), (box, ax.get_window_extent())
     assert box.y1 <= min(ax.get_window_extent().y0 for ax in axes)  # below the panels
     assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)
+
+
+def _drawn_texts(fig):
+    """Every text the figure draws: titles, axis labels, offset texts, legend
+    entries, and the tick labels within their axis' view (matplotlib keeps
+    labels for ticks beyond it, and does not draw them)."""
+    ticks, drawn = set(), []
+    for ax in fig.axes:
+        for axis, coordinate in ((ax.xaxis, 0), (ax.yaxis, 1)):
+            low, high = sorted(axis.get_view_interval())
+            slack = 1e-9 * (high - low)
+            for label in axis.get_majorticklabels() + axis.get_minorticklabels():
+                ticks.add(id(label))
+                if low - slack <= label.get_position()[coordinate] <= high + slack:
+                    drawn.append(label)
+    drawn += [t for t in fig.findobj(Text) if id(t) not in ticks]
+    return [t for t in drawn if t.get_visible() and t.get_text().strip()]
+
+
+def _texts_fit_apart(fig):
+    """Every drawn text's box lies inside the figure and overlaps no other's."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _drawn_texts(fig)]
+    for text, box in boxes:
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, (text, box, fig.bbox)
+        assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, (text, box, fig.bbox)
+    for i, (text, box) in enumerate(boxes):
+        for other, other_box in boxes[i + 1:]:
+            assert not box.overlaps(other_box), (text, other, box, other_box)
+    return [text for text, _ in boxes]
+
+
+def test_every_label_fits_in_the_figure_clear_of_the_others(tmp_path, monkeypatch):
+    """The longest y label (with validation curves), power-of-ten tick labels
+    (10^-18 .. 10^-3, and 2 x 10^-1 between two decades), an offset text
+    above a panel (losses 0.26285 +- 1e-6), a title, eight strategies with
+    validation curves (sixteen legend entries, four rows) and a failed run's
+    empty panels, in the loss plot and the staleness plots."""
+    names = ["serial", "sync", "async", "hogwild", "local-sgd", "easgd", "ssp", "pipeline"]
+    cases = [
+        {s: [{"time_s": t / 10, "epoch": t / 3, "loss": 1 / (1 + t) + k / 100,
+              "val_loss": 1.2 / (1 + t)} for t in range(30)] for k, s in enumerate(names)},
+        {"serial": [{"time_s": t / 10, "epoch": t / 3, "loss": 1e-3 * 0.3 ** t}
+                    for t in range(30)]},
+        {"serial": [{"time_s": t / 10, "epoch": t / 3, "loss": 0.5 * 0.9 ** t}
+                    for t in range(30)]},
+        {"serial": [{"time_s": t / 1000, "epoch": t / 3, "loss": 0.26285 + 1e-7 * (30 - t)}
+                    for t in range(30)]},
+        {"sync": []},
+    ]
+    drawn = []
+    monkeypatch.setattr(plots, "_save_png", lambda fig, path: drawn.append(fig))
+    for curves in cases:
+        plots.plot_loss(tmp_path / "loss.png", curves, title="rcv1-like: loss by strategy")
+    assert "pipeline (validation)" in _texts_fit_apart(drawn[0])
+    for fig in drawn[1:]:
+        _texts_fit_apart(fig)
+    plots.plot_staleness(tmp_path / "staleness.png", {str(k): 10000 // (1 + k * k)
+                                                      for k in range(60)}, title="exp: async x8")
+    rows = [{"strategy": "async", "staleness_counts": {"0": 6, "1": 2, "5": 2},
+             "clock_staleness_counts": {}},
+            {"strategy": "ssp", "staleness_bound": 3, "staleness_counts": {"0": 9, "1": 4},
+             "clock_staleness_counts": {"0": 5, "1": 3, "2": 2, "3": 1}}]
+    plots.plot_staleness_by_strategy(tmp_path / "staleness.png", rows, title="exp: by strategy")
+    plots.plot_staleness_by_strategy(tmp_path / "staleness.png", rows[:1], title="exp")
+    for fig in drawn[len(cases):]:
+        _texts_fit_apart(fig)

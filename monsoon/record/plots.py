@@ -1,25 +1,65 @@
-"""Loss curves as PNG (matplotlib, no screen needed)."""
+"""Loss curves and staleness histograms as PNG files, drawn headless.
+
+Figures are built with matplotlib's object API: a ``Figure`` on its own Agg
+canvas, never through pyplot, so a user's backend, open figures and pyplot
+state stay as they were (``matplotlib.use("Agg")`` would switch a
+notebook's backend). matplotlib takes a good part of a second to import:
+only this module imports it, and only the code that writes a run folder or
+a comparison imports this module, when it draws; ``import monsoon`` and
+every worker process go without it.
+
+Margins are fixed, in inches, sized for the labels these plots carry (a
+y label of up to 3 inches, tick labels such as ``4 x 10^-1``, an offset
+text such as ``1e-6+2.6285e-1`` above a panel, the title): matplotlib's
+constrained layout would measure every text at each draw, the larger part
+of drawing a loss plot. The loss plot's figure grows by its legend's rows,
+so the panels keep their size however many curves the legend names.
+"""
 from __future__ import annotations
 
 import io
 import math
 from pathlib import Path
 
-import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from .atomic import atomic_write
 
-from .atomic import atomic_write  # noqa: E402
+DPI = 110
+WIDE = 11.0          # inches: the two-panel figures' width
+PANEL_HEIGHT = 3.0   # inches: fits the longest y label (2.9 in at 10 pt)
+TOP = 0.5            # inches above the panels: the title, and an axis' offset text
+BOTTOM = 0.6         # inches below the panels: x tick labels and the x label
+LEFT = 1.0           # inches left of each panel: tick labels (4 x 10^-1) and the y label
+RIGHT = 0.2          # inches right of the last panel: half its last x tick label
+LEGEND_ROW = 0.21    # inches a legend row takes at 10 pt
+LEGEND_PAD = 0.08    # inches between the legend and the figure's bottom edge
 
 
-def _save_png(fig, path: Path) -> None:
+def _figure(width: float, height: float) -> Figure:
+    """A figure drawn by Agg, unknown to pyplot."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _place_panels(fig: Figure, *, bottom: float, top: float = TOP) -> None:
+    """Fixed margins, in inches: ``LEFT`` left of every panel (the gap
+    between panels holds the right panel's y labels), ``RIGHT``, and
+    ``bottom`` and ``top``."""
+    width, height = fig.get_size_inches()
+    n = len(fig.axes)
+    panel = (width - n * LEFT - RIGHT) / n
+    fig.subplots_adjust(left=LEFT / width, right=1 - RIGHT / width, bottom=bottom / height,
+                        top=1 - top / height, wspace=LEFT / panel)
+
+
+def _save_png(fig: Figure, path: Path) -> None:
     """Render, then write atomically (a temp file renamed into place)."""
-    if fig.get_layout_engine() is None:  # a figure laid out as it is drawn keeps its own
-        fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
+    fig.savefig(buf, format="png", dpi=DPI)
     atomic_write(path, buf.getvalue())
 
 
@@ -42,7 +82,8 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> int
     validation curve beside it where the rows have ``val_loss``. Returns the
     number of validation curves drawn. One legend serves both panels, below
     them, where it hides no curve however many strategies there are."""
-    fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    fig = _figure(WIDE, TOP + PANEL_HEIGHT + BOTTOM)
+    by_time, by_epoch = fig.subplots(1, 2)
     log = _log_scale([r[k] for rows in curves.values() for r in rows
                       for k in ("loss", "val_loss") if r.get(k) is not None])
     for i, (name, rows) in enumerate(curves.items()):
@@ -66,14 +107,25 @@ def plot_loss(path: Path, curves: dict[str, list[dict]], title: str = "") -> int
         if log:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
-    handles, labels = by_time.get_legend_handles_labels()
-    if handles:  # a failed run's folder may have no curve
-        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4),
-                   frameon=False)
+    _legend_below(fig, *by_time.get_legend_handles_labels())
     if title:
         fig.suptitle(title)
     _save_png(fig, path)
     return validated
+
+
+def _legend_below(fig: Figure, handles: list, labels: list, columns: int = 4) -> None:
+    """One legend for every panel, below them: the figure grows by its rows,
+    so it covers no panel. A failed run's folder may have no curve, and
+    then no legend."""
+    rows = math.ceil(len(labels) / columns)
+    legend = rows * LEGEND_ROW + 2 * LEGEND_PAD if labels else 0.0
+    height = TOP + PANEL_HEIGHT + BOTTOM + legend
+    fig.set_size_inches(WIDE, height)
+    _place_panels(fig, bottom=BOTTOM + legend)
+    if labels:
+        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, LEGEND_PAD / height),
+                   ncol=min(len(labels), columns), frameon=False, borderaxespad=0.0)
 
 
 def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
@@ -83,7 +135,8 @@ def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
     values = [int(counts[t] if t in counts else counts[str(t)]) for t in taus]
     total = sum(values)
     mean = sum(t * v for t, v in zip(taus, values)) / total
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig = _figure(6.5, 4.0)
+    ax = fig.subplots()
     ax.bar(taus, values, width=0.9, color="tab:blue")
     ax.axvline(mean, color="tab:red", linestyle="--", label=f"mean {mean:.2f}")
     ax.set_xlabel("staleness (updates applied between read and update)")
@@ -92,6 +145,7 @@ def plot_staleness(path: Path, counts: dict, title: str = "") -> None:
         ax.set_yscale("log")
     ax.legend()
     ax.set_title(title)
+    _place_panels(fig, bottom=BOTTOM, top=0.4)
     _save_png(fig, path)
 
 
@@ -110,7 +164,8 @@ def plot_staleness_by_strategy(path: Path, rows: list[dict], title: str = "") ->
     """Side by side, one curve per strategy: the share of updates by their
     staleness in updates (left) and, for strategies with a clock (ssp), the
     share of gradients by their staleness in clocks, with the bound (right)."""
-    fig, (by_updates, by_clocks) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = _figure(WIDE, TOP + PANEL_HEIGHT + BOTTOM)
+    by_updates, by_clocks = fig.subplots(1, 2)
     for i, r in enumerate(rows):
         color = f"C{i % 10}"
         label = r["strategy"] + (f" (S={r['staleness_bound']})"
@@ -128,8 +183,6 @@ def plot_staleness_by_strategy(path: Path, rows: list[dict], title: str = "") ->
     by_updates.set_ylabel("share of updates")
     by_clocks.set_xlabel("staleness in clocks (dotted: the bound)")
     by_clocks.set_ylabel("share of gradients")
-    from matplotlib.ticker import MaxNLocator
-
     for ax in (by_updates, by_clocks):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if ax.lines:
@@ -139,6 +192,7 @@ def plot_staleness_by_strategy(path: Path, rows: list[dict], title: str = "") ->
             ax.text(0.5, 0.5, "no strategy with a clock", ha="center", va="center",
                     transform=ax.transAxes)
         ax.grid(True, alpha=0.3)
+    _place_panels(fig, bottom=BOTTOM)
     if title:
         fig.suptitle(title)
     _save_png(fig, path)
