@@ -2,9 +2,9 @@
 is a share of 0 (a gap on the log axis), not the level of its neighbour
 carried across by the step line; a loss axis is logarithmic only where the
 losses span a decade, and labelled with what it shows; the loss plot's
-legend, below its panels, hides no curve; with margins fixed in inches,
-every label, title and legend entry still lies whole inside its figure,
-clear of every other."""
+legend, below its panels, hides no curve; with margins fixed in inches
+(whatever layout a user's matplotlibrc asks for), every label, title and
+legend entry lies whole inside its figure, clear of every other."""
 from matplotlib.text import Text
 
 from monsoon.record import plots
@@ -138,3 +138,17 @@ def test_every_label_fits_in_the_figure_clear_of_the_others(tmp_path, monkeypatc
     plots.plot_staleness_by_strategy(tmp_path / "staleness.png", rows[:1], title="exp")
     for fig in drawn[len(cases):]:
         _texts_fit_apart(fig)
+
+
+def test_a_users_matplotlibrc_layout_leaves_the_margins_fixed(tmp_path, monkeypatch):
+    """A matplotlibrc asking for constrained layout would set the figures'
+    layout engine, which refuses the fixed margins (with a warning) and
+    moves every panel."""
+    import matplotlib
+
+    rows = {"serial": [{"time_s": t, "epoch": t, "loss": 1 / (1 + t)} for t in range(5)]}
+    plain = _drawn_loss_plot(tmp_path, monkeypatch, rows)
+    monkeypatch.setitem(matplotlib.rcParams, "figure.constrained_layout.use", True)
+    users = _drawn_loss_plot(tmp_path, monkeypatch, rows)
+    assert users[0].figure.get_layout_engine() is None
+    assert [ax.get_position().bounds for ax in users] == [ax.get_position().bounds for ax in plain]

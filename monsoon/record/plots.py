@@ -39,8 +39,9 @@ LEGEND_PAD = 0.08    # inches between the legend and the figure's bottom edge
 
 
 def _figure(width: float, height: float) -> Figure:
-    """A figure drawn by Agg, unknown to pyplot."""
-    fig = Figure(figsize=(width, height))
+    """A figure drawn by Agg, unknown to pyplot; no layout engine, whatever
+    the user's matplotlibrc says (the margins are ``_place_panels``')."""
+    fig = Figure(figsize=(width, height), layout="none")
     FigureCanvasAgg(fig)
     return fig
 
