@@ -109,7 +109,8 @@ PLAN: dict[str, tuple[list[str], float, list[str], float]] = {
     "compression": (["--steps", "40"], 2.1, ["--steps", "30", "--compress", "topk:0.01"], 0.4),
     "compression_vs_ddp_powersgd": (["--repeats", "2", "--steps", "300"], 1.4,
                                     ["--repeats", "1", "--steps", "100"], 0.5),
-    "ssp_sweep": (["--bounds", "0,1,4,16"], 0.6, ["--problems", "digits", "--bounds", "0,4"], 0.6),
+    "ssp_sweep": (["--bounds", "0,1,4,16", "--workers", "32,128"], 0.6,
+                  ["--problems", "digits", "--bounds", "0,4", "--workers", "32"], 0.6),
     # this round's device-array change (#45) against the main before it
     # (940f801), on the CPU benchmarks it must not slow: the sync sweep and the
     # quick start
