@@ -230,10 +230,11 @@ def plot(path, rows, curves, settings):
     import matplotlib.pyplot as plt
 
     keys = sorted({_key(r) for r in rows})
-    fig, axes = plt.subplots(3, len(keys), figsize=(3.6 * len(keys), 11), squeeze=False)
+    # one row of three panels per setting: the figure grows down, not across
+    fig, axes = plt.subplots(len(keys), 3, figsize=(12, 3.2 * len(keys)), squeeze=False)
     for j, key in enumerate(keys):
         group = {r["setting"]: r for r in rows if _key(r) == key}
-        ax = axes[0, j]
+        ax = axes[j, 0]
         for i, s in enumerate(settings):
             pts = curves[(*key, s)]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=s, color=f"C{i}")
@@ -243,7 +244,7 @@ def plot(path, rows, curves, settings):
         ax.set_xlabel("simulated time (s)")
         ax.set_ylabel("loss (dotted: target)")
         ax.legend(fontsize=7)
-        ax = axes[1, j]
+        ax = axes[j, 1]
         x = range(len(settings))
         t = [group[s]["time_to_target_s"] or math.nan for s in settings]
         ax.bar(x, t, color=[f"C{i}" for i in x])
@@ -252,7 +253,7 @@ def plot(path, rows, curves, settings):
         ax2.set_ylabel("final loss / sync's")
         ax.set_xticks(list(x), settings, rotation=45, fontsize=7)
         ax.set_ylabel("time to target (simulated s)")
-        ax = axes[2, j]
+        ax = axes[j, 2]
         for i, s in enumerate(settings):
             counts = group[s]["clock_staleness_counts"]
             if counts:
