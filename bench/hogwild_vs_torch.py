@@ -6,20 +6,23 @@ each run plain SGD on their slice of every epoch, as in PyTorch's
 
 Synthetic MNIST-shaped data (8192 examples), batch 64, lr 0.01, both sides
 at their defaults with one torch thread per process, start-up excluded. Each
-shape's runs last a couple of seconds a side (its epochs in SHAPES; 0.3 s
-runs were mostly noise on a shared 2-core machine), monsoon and PyTorch
-interleaved per repeat; per shape the ratio of the medians. The headline is
-the geometric mean of the shapes' ratios (DESIGN.md target >= 1.0): ratios
-multiply, so their geometric mean is the one average that does not depend
-on which side is the numerator, and unlike the median of three it counts
-every shape. Each shape's row keeps its own ratio and verdict.
+shape's runs last a couple of seconds a side (its epochs in SHAPES; runs of
+a fraction of a second are mostly noise on a shared 2-core machine), monsoon
+and PyTorch interleaved per repeat; per shape the ratio of the medians. The
+headline is the geometric mean of the shapes' ratios (DESIGN.md target
+>= 1.0): ratios multiply, so their geometric mean is the one average that
+does not depend on which side is the numerator, and unlike the median of
+three it counts every shape. Each shape's row keeps its own ratio and
+verdict.
 
 Where the target is missed, the record says whether the step itself is
 where: ``step_us`` times one step alone per shape, in this process on one
 torch thread and, as in a worker process, one BLAS thread, interleaved
 (monsoon's worker step: the problem's gradient at the flat vector, its
 finiteness check and the rule's update; PyTorch's: zero_grad, forward,
-backward, ``opt.step``), and the record's ``why`` sets both side by side.
+backward, ``opt.step``), with two passes of monsoon's step that PyTorch's
+makes none of timed alone (the ``.grad`` tensors' copy into the flat
+gradient, the finiteness check), and the record's ``why`` gives them all.
 Both sides' workers take their first, cold step inside the timed wall, as
 a user's run does (PyTorch's is timed in each worker and given in the
 ``why``).
@@ -115,9 +118,12 @@ def torch_rate(widths, epochs: int, colds: list) -> float:
     return epochs * N / (end - t0)
 
 
-def step_us(widths, rounds: int = 5) -> tuple[float, float]:
-    """Median microseconds of one step alone (module docstring), monsoon's
-    and PyTorch's, one thread, ``rounds`` interleaved rounds of STEPS."""
+def step_us(widths, rounds: int = 5) -> dict[str, float]:
+    """Median microseconds of one step alone (module docstring), one thread,
+    ``rounds`` interleaved rounds of STEPS: ``monsoon``'s and ``torch``'s,
+    and two passes of monsoon's step that PyTorch's loop does not make:
+    ``gather`` (the fresh ``.grad`` tensors copied into the flat gradient)
+    and ``finite`` (its finiteness check)."""
     from monsoon.monitor.processes import single_blas_thread
     from monsoon.rules import Schedule, UpdateInfo
     from monsoon.rules.sgd import SGD
@@ -150,10 +156,19 @@ def step_us(widths, rounds: int = 5) -> tuple[float, float]:
             opt.step()
         return (time.perf_counter() - t0) / STEPS * 1e6
 
+    def alone(one_pass):  # after a step: its ``.grad`` tensors and flat gradient are there
+        t0 = time.perf_counter()
+        for _ in range(STEPS):
+            one_pass()
+        return (time.perf_counter() - t0) / STEPS * 1e6
+
     with single_blas_thread():  # as in a worker process (``limit_threads``)
         ours(), theirs()  # warm up
-        times = interleave({"ours": ours, "theirs": theirs}, rounds)
-    return median(times["ours"]), median(times["theirs"])
+        grad = problem.gradient(w, batches[0])[1]
+        times = interleave({"monsoon": ours, "torch": theirs,
+                            "gather": lambda: alone(problem._gather_grads),
+                            "finite": lambda: alone(lambda: finite(grad))}, rounds)
+    return {name: median(runs) for name, runs in times.items()}
 
 
 def geometric_mean(values) -> float:
@@ -177,13 +192,17 @@ def why(shapes: list[dict], ratio: float) -> str:
     """The record's ``why`` for a missed target, from what this run measured."""
     each = "; ".join(
         f"{s['name']} {s['ratio']:.2f}x (runs {min(s['ratio_runs']):.2f}-"
-        f"{max(s['ratio_runs']):.2f}), a step alone {s['steps'][0]:.0f} us in monsoon's worker "
-        f"and {s['steps'][1]:.0f} us in PyTorch's loop ({s['steps'][1] / s['steps'][0]:.2f}x)"
-        for s in shapes)
+        f"{max(s['ratio_runs']):.2f}, PyTorch's {min(s['rates']['torch']):,.0f}-"
+        f"{max(s['rates']['torch']):,.0f}), step {s['steps']['monsoon']:.0f} vs "
+        f"{s['steps']['torch']:.0f} us ({s['steps']['torch'] / s['steps']['monsoon']:.2f}x), "
+        f"{s['steps']['gather']:.0f} + {s['steps']['finite']:.0f} us" for s in shapes)
     cold = max(s["cold_s"] / s["run_s"] for s in shapes)
-    return (f"The two-process runs give {ratio:.2f}x over the shapes (geometric mean), where "
-            f"one step alone (one process, one thread) gives: {each}. PyTorch's cold first "
-            f"step, inside its clock as monsoon's is, is at most {cold:.1%} of a run.")
+    return (f"The two-process runs give {ratio:.2f}x over the shapes (geometric mean); per "
+            f"shape the ratio (each run's, and PyTorch's own examples/s), then one step alone "
+            f"in one process on one thread, monsoon's worker vs PyTorch's loop, then the "
+            f"gradients' copy into monsoon's flat vector and its finiteness check, passes "
+            f"PyTorch's loop does not make: {each}. PyTorch's cold first step, inside its "
+            f"clock as monsoon's is, is at most {cold:.1%} of a run.")
 
 
 def main():
@@ -206,13 +225,12 @@ def main():
         lines.append((f"{s['name']} examples/s monsoon / PyTorch, ratio",
                       f"{m:.0f} / {t:.0f}, {s['ratio']:.2f}"))
         lines.append((f"{s['name']} one step alone, monsoon / PyTorch",
-                      f"{s['steps'][0]:.0f} us / {s['steps'][1]:.0f} us"))
+                      f"{s['steps']['monsoon']:.0f} us / {s['steps']['torch']:.0f} us"))
     lines.append(("geometric mean of the ratios", f"{ratio:.2f}   (target >= 1.0)"))
     report(f"Hogwild! MLPs, 2 processes: monsoon vs PyTorch share_memory, median of "
            f"{args.repeats}", lines, {s["name"]: s["rates"] for s in shapes})
     summary = {"ratio": ratio, "ratio_runs": spread, "target": ">= 1.0", "met": ratio >= 1.0,
-               "step_us": {s["name"]: {"monsoon": s["steps"][0], "torch": s["steps"][1]}
-                           for s in shapes},
+               "step_us": {s["name"]: s["steps"] for s in shapes},
                "line": f"dense Hogwild! x2 runs {ratio:.2f}x PyTorch's share_memory pattern's "
                        f"examples/s, geometric mean over {len(shapes)} shapes (target >= 1.0)"}
     if not summary["met"]:
@@ -221,7 +239,7 @@ def main():
         row(f"{s['name']} hogwild x2 / share_memory x2", s["rates"]["monsoon"],
             s["rates"]["torch"], s["ratio"], ">= 1.0", s["ratio"] >= 1.0, unit="examples/s",
             ratio_runs=s["ratio_runs"], epochs=s["epochs"],
-            step_us={"monsoon": s["steps"][0], "torch": s["steps"][1]})
+            step_us=s["steps"])
         for s in shapes], summary,
         partial=f"--shapes {args.shapes}" if set(names) != set(SHAPES) else None)
 

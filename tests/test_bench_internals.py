@@ -47,8 +47,11 @@ def test_the_hogwild_benchmark_sweeps_its_shapes_and_refuses_others(monkeypatch,
 def test_the_hogwild_benchmarks_why_is_one_line_the_render_takes():
     import hogwild_vs_torch as bench
 
-    shape = {"name": "mlp256", "ratio": 0.9, "ratio_runs": [0.8, 0.95], "steps": (900.0, 950.0),
-             "cold_s": 0.007, "run_s": 2.0}
+    shape = {"name": "mlp256", "ratio": 0.9, "ratio_runs": [0.8, 0.95],
+             "rates": {"monsoon": [9.0e4, 9.5e4], "torch": [1.0e5, 1.2e5]}, "cold_s": 0.007,
+             "steps": {"monsoon": 900.0, "torch": 950.0, "gather": 30.0, "finite": 10.0},
+             "run_s": 2.0}
     why = bench.why([shape, {**shape, "name": "mlp1024"}], 0.9)
     assert "\n" not in why and "|" not in why
-    assert "mlp1024 0.90x (runs 0.80-0.95)" in why and "(1.06x)" in why and "0.4%" in why
+    assert ("mlp1024 0.90x (runs 0.80-0.95, PyTorch's 100,000-120,000), step 900 vs 950 us "
+            "(1.06x), 30 + 10 us") in why and "0.4% of a run" in why
