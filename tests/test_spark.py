@@ -176,7 +176,8 @@ def test_async_workers_train_on_equal_partitions(spark, tmp_path, capfd):
 
     synced = SparkData(df, features="features", label="label", dtype="float64", repartition=True)
     sync = {k: v for k, v in kw.items() if k not in ("n_push", "n_fetch")}
-    run = monsoon.train(synced, **{**sync, "strategy": "sync", "epochs": 1})
+    # on the driver a step is a Spark job: a few steps show where the batches come from
+    run = monsoon.train(synced, **{**sync, "strategy": "sync", "epochs": None, "steps": 4})
     assert synced.counts == [1400, 600]  # sync's batches take rows from every partition
     # Spark refuses a barrier stage over a union's partitions: the driver runs sync
     assert "spark_sync" not in run.summary and run.summary["updates"] > 0
