@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 150  # 2,400 updates: the signal lands after the first checkpoint, at update 100
 ARGS = ["--problem", "exp", "--epochs", str(EPOCHS), "--seed", "0", "--quiet", "--evals", "20",
         "--timeout", "20"]
+# a NumPy problem (its command imports no torch, nor does its fork server) for a
+# test whose stop is the command's and the monitor's whatever the problem computes
+NUMPY = ("--problem", "logistic")
 
 
 def children(pid: int) -> list[int]:
@@ -493,7 +496,9 @@ def test_timeouts_sigterm_to_the_run_then_its_group_is_one_stop(tmp_path, when):
     stopped at once, without a checkpoint", no folder), and at start-up the
     fork server died of it ("EOFError", status failed)."""
     run = tmp_path / "run"
-    proc = start(run, strategy="async", extra=("--epochs", "5000"))
+    # mid-run, the stop is the command's and the monitor's: NumPy's run stops alike
+    proc = start(run, strategy="async",
+                 extra=("--epochs", "5000", *(NUMPY if when == "running" else ())))
     deadline = time.monotonic() + 60
     while when == "fork-server" and not fork_servers(proc.pid):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
