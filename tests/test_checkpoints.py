@@ -403,10 +403,16 @@ def _interrupt_after_first_checkpoint(folder: Path) -> None:
     threading.Thread(target=signal_once_going, daemon=True).start()
 
 
+@pytest.fixture(scope="module")
+def whole_400():
+    """The uninterrupted run that both cases below resume to (the same options)."""
+    return monsoon.train("exp", "serial", epochs=400, lr=0.01, seed=0, evals=10)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("first_lr", [0.05, 0.01])  # another lr, and the very same settings
 def test_an_interrupted_run_resumes_its_own_checkpoint_not_an_earlier_runs(tmp_path,
-                                                                           first_lr):
+                                                                           first_lr, whole_400):
     """A finished run leaves later checkpoints in the folder than a second
     run interrupted early: the second's checkpoint, which its message and
     summary name, exists, and --resume carries on the second run."""
@@ -428,9 +434,8 @@ def test_an_interrupted_run_resumes_its_own_checkpoint_not_an_earlier_runs(tmp_p
     assert sorted((out / "checkpoints").glob("ckpt-*.npz"))[-1] == named
     resumed = monsoon.train("exp", "serial", epochs=400, lr=0.01, resume=str(out), **opts)
     assert resumed.summary["resumed_from"] == str(named)
-    whole = monsoon.train("exp", "serial", epochs=400, lr=0.01, seed=0, evals=10)
-    assert np.array_equal(resumed.params, whole.params)
-    assert resumed.summary["updates"] == whole.summary["updates"]
+    assert np.array_equal(resumed.params, whole_400.params)
+    assert resumed.summary["updates"] == whole_400.summary["updates"]
 
 
 def test_a_checkpoint_with_other_trajectory_settings_is_refused(tmp_path):

@@ -21,8 +21,12 @@ from monsoon.errors import ConfigError
 from monsoon.record.folder_lock import LOCK_NAME, FolderLock
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN = ["train", "--problem", "parabola", "--strategy", "serial", "--quiet",
+# logistic (NumPy): the lock is the run folder's, whatever the problem; its
+# subprocesses import no torch. LONG steps train ~2 s after the first
+# checkpoint, within which the first run is stopped (SIGSTOP).
+TRAIN = ["train", "--problem", "logistic", "--strategy", "serial", "--quiet",
          "--checkpoint-every", "100"]
+LONG = 20000
 
 
 def _env() -> dict:
@@ -88,12 +92,12 @@ def _refused(first, second, what: str) -> None:
 
 def test_a_second_run_on_a_folder_in_use_is_refused_and_the_first_keeps_its_results(tmp_path):
     out = tmp_path / "run"
-    first, second, untouched = _meet([*TRAIN, "--lr", "0.01", "--steps", "3000"],
+    first, second, untouched = _meet([*TRAIN, "--lr", "0.01", "--steps", str(LONG)],
                                      [*TRAIN, "--lr", "0.02", "--steps", "300"], out, out)
     _refused(first, second, "run")
     assert untouched  # nothing in the folder touched
     assert json.loads((out / "config.json").read_text())["lr"] == 0.01
-    assert json.loads((out / "summary.json").read_text())["updates"] == 3000
+    assert json.loads((out / "summary.json").read_text())["updates"] == LONG
     assert {_lr(c) for c in (out / "checkpoints").glob("ckpt-*.npz")} == {0.01}
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
@@ -116,14 +120,14 @@ def test_after_the_holder_is_killed_a_new_run_takes_the_folder(tmp_path):
 
 def test_a_second_compare_on_a_folder_in_use_is_refused(tmp_path):
     out = tmp_path / "cmp"
-    args = ["compare", "--problem", "parabola", "--strategies", "serial", "--checkpoint-every",
+    args = ["compare", "--problem", "logistic", "--strategies", "serial", "--checkpoint-every",
             "100", "--out", str(out)]
-    first, second, untouched = _meet([*args, "--steps", "3000"], [*args, "--steps", "300"],
+    first, second, untouched = _meet([*args, "--steps", str(LONG)], [*args, "--steps", "300"],
                                      out, out / "serial")
     _refused(first, second, "compare")
     assert untouched
     assert (out / "report.md").is_file() and not (out / LOCK_NAME).exists()
-    assert json.loads((out / "serial" / "summary.json").read_text())["updates"] == 3000
+    assert json.loads((out / "serial" / "summary.json").read_text())["updates"] == LONG
 
 
 def test_a_compare_clears_an_old_strategys_folder_only_when_no_run_holds_it(tmp_path):

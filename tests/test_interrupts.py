@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 150  # 2,400 updates: the signal lands after the first checkpoint, at update 100
 ARGS = ["--problem", "exp", "--epochs", str(EPOCHS), "--seed", "0", "--quiet", "--evals", "20",
         "--timeout", "20"]
+# a NumPy problem (its command imports no torch, nor does its fork server) for
+# tests whose stop is the command's and the monitor's whatever the problem computes
+NUMPY = ("--problem", "logistic")
 
 
 def children(pid: int) -> list[int]:
@@ -333,11 +336,12 @@ def test_an_interrupted_compressed_sync_run_checkpoints_where_it_stopped(
 def test_an_interrupted_run_offers_resume_only_where_it_would_be_accepted(tmp_path):
     """Async's checkpoints do not hold the workers' compressor state, so
     --resume refuses them: the interrupt's line says so instead of offering
-    the command (the same check, ``checkpoints.resume_refusal``)."""
+    the command (the same check, ``checkpoints.resume_refusal``; it reads
+    the strategy and the compressor, not the problem: NumPy's here)."""
     from monsoon.errors import ConfigError
 
     run = tmp_path / "run"
-    proc = start(run, strategy="async", extra=["--compress", "topk:0.5",
+    proc = start(run, strategy="async", extra=[*NUMPY, "--compress", "topk:0.5",
                                                "--checkpoint-every", "100"])
     wait_running(proc, run, 2)
     os.killpg(proc.pid, signal.SIGINT)
@@ -348,7 +352,7 @@ def test_an_interrupted_run_offers_resume_only_where_it_would_be_accepted(tmp_pa
     assert "cannot be carried on" in lines[0] and "compressor state" in lines[0], err
     assert json.loads((run / "summary.json").read_text())["checkpoint"]
     with pytest.raises(ConfigError, match="compressor state"):
-        monsoon.train("exp", "async", 2, epochs=EPOCHS, seed=0, compress="topk:0.5",
+        monsoon.train(NUMPY[1], "async", 2, epochs=EPOCHS, seed=0, compress="topk:0.5",
                       resume=str(run), progress=False)
 
 
@@ -493,7 +497,9 @@ def test_timeouts_sigterm_to_the_run_then_its_group_is_one_stop(tmp_path, when):
     stopped at once, without a checkpoint", no folder), and at start-up the
     fork server died of it ("EOFError", status failed)."""
     run = tmp_path / "run"
-    proc = start(run, strategy="async", extra=("--epochs", "5000"))
+    # mid-run, the stop is the command's and the monitor's: NumPy's run stops alike
+    proc = start(run, strategy="async",
+                 extra=("--epochs", "5000", *(NUMPY if when == "running" else ())))
     deadline = time.monotonic() + 60
     while when == "fork-server" and not fork_servers(proc.pid):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

@@ -25,7 +25,7 @@ def spark():
     ("async", dict(n_push=2, n_fetch=2), 960),  # a push: 2 steps of its worker's batches
     ("ssp", dict(n_push=2, n_fetch=2), 960),    # a clock: the same
     ("easgd", dict(easgd_tau=2), 960),          # an exchange: tau steps
-    ("local-sgd", dict(local_steps=2), 96),     # a round (a job): 2 global batches, split
+    ("local-sgd", dict(local_steps=2), 32),     # a round (a job): 2 global batches, split
 ])
 def test_a_rows_examples_are_those_of_its_updates(spark, monkeypatch, strategy, options, steps):
     """Every update carries 2 x 64 examples, so a row at ``updates`` k has
