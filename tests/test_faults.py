@@ -64,12 +64,29 @@ def test_async_and_hogwild_carry_on_without_a_failed_worker(strategy, mode):
 
 
 @pytest.mark.slow
-def test_sync_does_not_hang_when_a_worker_hangs():
+def test_sync_does_not_hang_when_a_worker_hangs(monkeypatch):
+    # the workers' join, timed: a worker that is not stuck ends within a step of the abort,
+    # so the hung one is killed after a few of its (millisecond) steps' time and the error
+    # comes out: not after the timeout again, or a SIGTERM that workers ignore
+    from monsoon.monitor.lifecycle import alive
+    from monsoon.monitor.pool import WorkerPool
+
+    joins, join = [], WorkerPool.join
+
+    def timed_join(pool, wait_s):
+        t = time.monotonic()
+        join(pool, wait_s)
+        joins.append((time.monotonic() - t, [h.pid for h in pool.handles]))
+
+    monkeypatch.setattr(WorkerPool, "join", timed_join)
     problem = FaultyProblem(make_problem("exp"), "hang", rank=1, after=3)
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match="waited 3 s"):
         monsoon.train(problem, "sync", 2, epochs=50, timeout=3)
     assert time.monotonic() - t0 < 30
+    [(took, pids)] = joins
+    assert took < 3.5, f"the workers' join took {took:.1f} s after the run failed"
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_sync_fails_when_a_worker_process_dies():

@@ -223,13 +223,13 @@ def limit_threads(threads: int, torch_problem: bool = False) -> None:
 
 def join_or_kill(handles, wait_s: float) -> None:
     """Join worker processes (threads: only joined), all within ``wait_s``;
-    a process still alive then is terminated, and killed if SIGTERM does
-    not end it within 2 s. No process outlives the run that started it."""
+    a process still alive then is killed: a pool's workers ignore SIGTERM
+    (``lifecycle.worker_started``), so it would only add a wait. No process
+    outlives the run that started it."""
     deadline = time.monotonic() + wait_s
     for h in handles:
         h.join(max(0.0, deadline - time.monotonic()))
     for h in handles:
-        for end in ("terminate", "kill"):
-            if h.is_alive() and hasattr(h, end):
-                getattr(h, end)()
-                h.join(2.0)
+        if h.is_alive() and hasattr(h, "kill"):
+            h.kill()
+            h.join(2.0)

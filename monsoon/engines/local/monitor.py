@@ -74,6 +74,7 @@ class WorkerMonitor:
         self.due = Due(recorder, 0 if self.exact else every, engine.timeout)
         self.stopped = None
         self.stop_deadline = None
+        self.paced = None  # (examples, updates, perf_counter) where the examples last moved
         self.ring = False
         # the buffers' names and shapes, where the workers keep them in slots
         self.template = problem.state() if store.buffers is not None else None
@@ -102,8 +103,25 @@ class WorkerMonitor:
             store.abort()
             raise
         finally:
-            pool.join(max(5.0, min(self.engine.timeout, 30.0)))
+            pool.join(self.join_wait())
         return self.result(params, wall, totals)
+
+    def join_wait(self) -> float:
+        """How long the workers get to end before they are terminated. One
+        that is not stuck ends within a step of the run's end or abort: it
+        gets three steps' time (at least 2 s), its steps timed up to the
+        run's last progress (this run's updates per worker). Never more than
+        ``--timeout`` or 30 s (at least 5 s), which is also the wait before
+        any step was timed: a hung worker holds a failed run's message for
+        seconds, not for the timeout a second time."""
+        cap = max(5.0, min(self.engine.timeout, 30.0))
+        if self.paced is None:
+            return cap
+        _, updates, at = self.paced
+        steps = updates - self.updates_at_start
+        if steps <= 0:
+            return cap
+        return min(cap, max(2.0, 3.0 * (at - self.t0) * self.workers / steps))
 
     # -- the workers' messages and deaths -------------------------------------
     def drain(self, block_s: float = 0.0) -> None:
@@ -169,6 +187,8 @@ class WorkerMonitor:
         self.check_failed()
         ex, up = store.totals()[:2]
         self.due.progress(ex)
+        if self.paced is None or ex != self.paced[0]:
+            self.paced = (ex, int(up), time.perf_counter())
         self.checkpoint_if_due(time.perf_counter() - self.t0, up)
         # the row's time and counts are read after the checkpoint, which can
         # take long (it evaluates the curve's rows and writes): the workers
