@@ -107,7 +107,7 @@ class WorkerMonitor:
         return self.result(params, wall, totals)
 
     def join_wait(self) -> float:
-        """How long the workers get to end before they are terminated. One
+        """How long the workers get to end before they are killed. One
         that is not stuck ends within a step of the run's end or abort: it
         gets three steps' time (at least 2 s), its steps timed up to the
         run's last progress (this run's updates per worker). Never more than
